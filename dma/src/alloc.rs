@@ -1,0 +1,207 @@
+//! A page-granular allocator that carves device-mapped regions into
+//! [`DmaBuffer`]s. Not on the I/O path: queues, PRP list pages and I/O buffers
+//! are allocated once and reused; a dropped buffer's pages come back here.
+
+use std::sync::{Arc, Mutex};
+
+use crate::PAGE_SIZE;
+use crate::error::DmaError;
+pub use crate::memory::DmaMapper;
+use crate::memory::{DmaBuffer, DmaRegion, PageBacking};
+
+struct Region {
+    region: DmaRegion,
+    /// Free page runs as (offset, len), unsorted.
+    free: Vec<(usize, usize)>,
+}
+
+struct State {
+    regions: Vec<Region>,
+}
+
+/// Hands out page-aligned [`DmaBuffer`]s from hugepage regions mapped through a
+/// [`DmaMapper`], mapping a new region when the existing ones are full.
+#[derive(Clone)]
+pub struct DmaAllocator {
+    mapper: Arc<dyn DmaMapper>,
+    backing: PageBacking,
+    state: Arc<Mutex<State>>,
+}
+
+impl std::fmt::Debug for DmaAllocator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let regions = self.state.lock().map(|s| s.regions.len()).unwrap_or(0);
+        f.debug_struct("DmaAllocator")
+            .field("backing", &self.backing)
+            .field("regions", &regions)
+            .finish()
+    }
+}
+
+impl DmaAllocator {
+    /// An allocator drawing memory of `backing` mapped through `mapper`.
+    pub fn new(mapper: Arc<dyn DmaMapper>, backing: PageBacking) -> Self {
+        DmaAllocator {
+            mapper,
+            backing,
+            state: Arc::new(Mutex::new(State {
+                regions: Vec::new(),
+            })),
+        }
+    }
+
+    /// The page backing of new regions.
+    pub fn backing(&self) -> PageBacking {
+        self.backing
+    }
+
+    /// Allocates a zeroed buffer of `len` bytes rounded up to whole 4 KiB pages,
+    /// aligned to 4 KiB and contiguous in IOVA space.
+    pub fn alloc(&self, len: usize) -> Result<DmaBuffer, DmaError> {
+        if len == 0 {
+            return Err(DmaError::InvalidAllocation("zero-length buffer".into()));
+        }
+        let len = len
+            .checked_next_multiple_of(PAGE_SIZE)
+            .ok_or_else(|| DmaError::InvalidAllocation(format!("{len} bytes")))?;
+        let mut state = self
+            .state
+            .lock()
+            .map_err(|_| DmaError::InvalidAllocation("allocator poisoned".into()))?;
+        let found = state.regions.iter_mut().find_map(|r| {
+            let i = r.free.iter().position(|&(_, l)| l >= len)?;
+            let (off, l) = r.free[i];
+            if l == len {
+                r.free.swap_remove(i);
+            } else {
+                r.free[i] = (off + len, l - len);
+            }
+            Some((r.region.clone(), off))
+        });
+        let (region, offset) = match found {
+            Some(f) => f,
+            None => {
+                // At least one backing page, and at least 2 MiB so 4 KiB-backed
+                // allocators do not map (and IOMMU-map) page by page.
+                let size = len.max(self.backing.page_size()).max(2 << 20);
+                let region = DmaRegion::new(size, self.backing, self.mapper.clone())?;
+                let mut free = Vec::new();
+                if region.len() > len {
+                    free.push((len, region.len() - len));
+                }
+                state.regions.push(Region {
+                    region: region.clone(),
+                    free,
+                });
+                (region, 0)
+            }
+        };
+        drop(state);
+        let weak = Arc::downgrade(&self.state);
+        let buf = DmaBuffer::new(
+            region,
+            offset,
+            len,
+            Some(Box::new(move |region: &DmaRegion, off, l| {
+                if let Some(state) = weak.upgrade()
+                    && let Ok(mut s) = state.lock()
+                    && let Some(r) = s
+                        .regions
+                        .iter_mut()
+                        .find(|r| r.region.iova() == region.iova())
+                {
+                    r.free.push((off, l));
+                    coalesce(&mut r.free);
+                }
+            })),
+        )?;
+        buf.fill(0, len, 0)?;
+        Ok(buf)
+    }
+
+    /// Number of regions mapped so far.
+    pub fn regions(&self) -> usize {
+        self.state.lock().map(|s| s.regions.len()).unwrap_or(0)
+    }
+
+    /// Bytes currently free across all regions.
+    pub fn free_bytes(&self) -> usize {
+        self.state
+            .lock()
+            .map(|s| {
+                s.regions
+                    .iter()
+                    .flat_map(|r| r.free.iter().map(|&(_, l)| l))
+                    .sum()
+            })
+            .unwrap_or(0)
+    }
+}
+
+fn coalesce(free: &mut Vec<(usize, usize)>) {
+    free.sort_unstable();
+    let mut out: Vec<(usize, usize)> = Vec::with_capacity(free.len());
+    for &(off, len) in free.iter() {
+        match out.last_mut() {
+            Some(last) if last.0 + last.1 == off => last.1 += len,
+            _ => out.push((off, len)),
+        }
+    }
+    *free = out;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::HostMemory;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// Hands out fake IOVAs and counts maps/unmaps.
+    struct FakeMapper {
+        next: AtomicU64,
+        live: AtomicU64,
+    }
+    impl DmaMapper for FakeMapper {
+        fn map(&self, mem: &Arc<HostMemory>) -> Result<u64, DmaError> {
+            self.live.fetch_add(1, Ordering::SeqCst);
+            Ok(self.next.fetch_add(mem.len() as u64, Ordering::SeqCst))
+        }
+        fn unmap(&self, _iova: u64, _len: usize) {
+            self.live.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    #[test]
+    fn carves_reuses_and_unmaps() {
+        let mapper = Arc::new(FakeMapper {
+            next: AtomicU64::new(0x10_0000_0000),
+            live: AtomicU64::new(0),
+        });
+        let a = DmaAllocator::new(mapper.clone(), PageBacking::Small4K);
+        let b1 = a.alloc(100).unwrap();
+        let b2 = a.alloc(8192).unwrap();
+        assert_eq!(b1.len(), 4096);
+        assert_eq!(b1.iova() % 4096, 0);
+        assert_eq!(b2.iova(), b1.iova() + 4096);
+        assert_eq!(a.regions(), 1);
+        b2.write_u64(8, 0x1122_3344_5566_7788).unwrap();
+        assert_eq!(b2.read_u64(8).unwrap(), 0x1122_3344_5566_7788);
+        assert_eq!(b2.read_u32(12).unwrap(), 0x1122_3344);
+        assert!(b2.read_u32(8190).is_err());
+        assert!(b2.write_bytes(8000, &[0; 200]).is_err());
+        let before = a.free_bytes();
+        drop(b2);
+        assert_eq!(a.free_bytes(), before + 8192);
+        let b3 = a.alloc(8192).unwrap();
+        assert_eq!(b3.to_vec(), vec![0; 8192], "reused pages are zeroed");
+        let big = a.alloc(3 << 20).unwrap();
+        assert_eq!(a.regions(), 2);
+        drop((b1, b3, big));
+        drop(a);
+        assert_eq!(
+            mapper.live.load(Ordering::SeqCst),
+            0,
+            "every region unmapped"
+        );
+    }
+}

@@ -1,0 +1,170 @@
+//! Errors of the DMA/VFIO layer. Every setup error names the cause and the
+//! command that fixes it.
+
+use std::io;
+use std::path::PathBuf;
+
+/// What went wrong while opening a device, mapping memory or talking to VFIO.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DmaError {
+    /// The PCI address string could not be parsed.
+    #[error(
+        "invalid PCI address '{input}': {reason}; expected DOMAIN:BUS:DEVICE.FUNCTION such as 0000:00:04.0 (see `upnvme list`)"
+    )]
+    InvalidPciAddress {
+        /// What the caller passed.
+        input: String,
+        /// Why it is not an address.
+        reason: &'static str,
+    },
+    /// No device with this address exists.
+    #[error(
+        "no PCI device at {address} (no {path}); run `upnvme list` to see the NVMe controllers on this machine"
+    )]
+    NoSuchDevice {
+        /// The address asked for.
+        address: String,
+        /// The sysfs path that is missing.
+        path: PathBuf,
+    },
+    /// The device exists but is not an NVMe controller.
+    #[error(
+        "PCI device {address} has class 0x{class:06x}, not an NVMe controller (class 0x010802); run `upnvme list` to find one"
+    )]
+    NotNvme {
+        /// The address asked for.
+        address: String,
+        /// Its class code (base class, subclass, programming interface).
+        class: u32,
+    },
+    /// The device is bound to a driver other than vfio-pci (or to none).
+    #[error(
+        "PCI device {address} is {}; bind it to vfio-pci with `upnvme setup {address}` (or: echo vfio-pci > /sys/bus/pci/devices/{address}/driver_override; echo {address} > /sys/bus/pci/devices/{address}/driver/unbind; echo {address} > /sys/bus/pci/drivers_probe)",
+        match .driver { Some(d) => format!("bound to driver '{d}'"), None => "not bound to any driver".to_string() }
+    )]
+    NotBoundToVfio {
+        /// The address asked for.
+        address: String,
+        /// The driver it is bound to, if any.
+        driver: Option<String>,
+    },
+    /// The device has no IOMMU group: the IOMMU is off or absent.
+    #[error(
+        "PCI device {address} has no IOMMU group: the IOMMU is disabled; enable VT-d/AMD-Vi in firmware and boot with intel_iommu=on (or amd_iommu=on) iommu=pt"
+    )]
+    NoIommuGroup {
+        /// The address asked for.
+        address: String,
+    },
+    /// Other devices of the IOMMU group are not bound to vfio-pci.
+    #[error(
+        "IOMMU group {group} of {address} is not viable: {} must also be bound to vfio-pci (or unbound) before the group can be used; `upnvme setup <address>` for each",
+        .others.join(", ")
+    )]
+    GroupNotViable {
+        /// The address asked for.
+        address: String,
+        /// The group number.
+        group: u32,
+        /// The other devices of the group and their drivers.
+        others: Vec<String>,
+    },
+    /// The VFIO group character device could not be opened.
+    #[error("cannot open {path}: {source}; {hint}")]
+    GroupOpen {
+        /// /dev/vfio/N.
+        path: PathBuf,
+        /// The OS error.
+        source: io::Error,
+        /// How to fix it.
+        hint: &'static str,
+    },
+    /// Not enough hugepages for a DMA region.
+    #[error(
+        "cannot map {bytes} bytes of {page_kib} KiB hugepages ({free} of {total} free): reserve more with `echo {suggest} > {sysctl}` or `upnvme setup --hugepages {suggest}` (or set PageBacking::Small4K to opt in to 4 KiB pages)"
+    )]
+    HugepagesUnavailable {
+        /// Bytes requested.
+        bytes: usize,
+        /// Hugepage size in KiB.
+        page_kib: usize,
+        /// Free hugepages of that size.
+        free: u64,
+        /// Reserved hugepages of that size.
+        total: u64,
+        /// A total that would satisfy the request.
+        suggest: u64,
+        /// Where to write it.
+        sysctl: String,
+    },
+    /// The IOMMU refused a mapping (often the locked-memory limit).
+    #[error(
+        "VFIO_IOMMU_MAP_DMA of {size} bytes at IOVA 0x{iova:x} failed: {source}; if this is ENOMEM/EPERM raise the locked-memory limit (`ulimit -l unlimited`) or run as root"
+    )]
+    MapDma {
+        /// IOVA asked for.
+        iova: u64,
+        /// Size asked for.
+        size: usize,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// No IOVA space left in the ranges the IOMMU reported.
+    #[error("no free IOVA space for {size} bytes inside the IOMMU's valid ranges {ranges}")]
+    IovaExhausted {
+        /// Bytes requested.
+        size: usize,
+        /// The ranges, formatted.
+        ranges: String,
+    },
+    /// A VFIO ioctl or other system call failed.
+    #[error("{what} failed: {source}")]
+    Sys {
+        /// Which call, on what.
+        what: String,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// The kernel's VFIO lacks something upnvme needs.
+    #[error(
+        "VFIO does not support {what}; upnvme needs Linux >= 4.x with vfio_iommu_type1 loaded (`modprobe vfio-pci`)"
+    )]
+    Unsupported {
+        /// The missing feature.
+        what: String,
+    },
+    /// The device's BAR0 is not usable.
+    #[error("BAR0 of {address} is not usable: {reason}")]
+    Bar {
+        /// The device.
+        address: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// An access outside a DMA buffer or BAR was attempted.
+    #[error("access of {len} bytes at offset {offset} is outside a {size}-byte {what}")]
+    OutOfBounds {
+        /// "DMA buffer" or "BAR".
+        what: &'static str,
+        /// Offset of the access.
+        offset: usize,
+        /// Length of the access.
+        len: usize,
+        /// Size of the object.
+        size: usize,
+    },
+    /// A zero-length or otherwise invalid allocation request.
+    #[error("invalid DMA allocation: {0}")]
+    InvalidAllocation(String),
+}
+
+impl DmaError {
+    /// Builds [`DmaError::Sys`] from the last OS error.
+    pub(crate) fn last_os(what: impl Into<String>) -> Self {
+        DmaError::Sys {
+            what: what.into(),
+            source: io::Error::last_os_error(),
+        }
+    }
+}

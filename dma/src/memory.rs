@@ -1,0 +1,535 @@
+//! Host memory the device can reach: hugepage mappings, their IOVA, and the
+//! buffer type through which the CPU touches them.
+//!
+//! The rule of this module: **no Rust reference ever points into memory the
+//! device may write.** The CPU reads and writes it by copy (`read_bytes`,
+//! `write_bytes`), by volatile access (`read_u32`, `write_u64`, ...), or by an
+//! atomic acquire load (`load_acquire_u32`, used for the completion queue
+//! entry's phase word). Every access is bounds-checked and returns an error
+//! instead of touching memory outside the mapping.
+
+use std::fmt;
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use crate::error::DmaError;
+
+/// What backs DMA memory.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PageBacking {
+    /// 2 MiB hugepages (the default): physically contiguous per page, never
+    /// swapped or migrated; `/proc/sys/vm/nr_hugepages` must reserve them.
+    #[default]
+    Huge2M,
+    /// 1 GiB hugepages (`/sys/kernel/mm/hugepages/hugepages-1048576kB/nr_hugepages`).
+    Huge1G,
+    /// Ordinary 4 KiB pages, locked with `MAP_LOCKED`. An explicit opt-in for
+    /// machines without hugepages: VFIO pins them, so DMA is still correct, but
+    /// IOTLB reach is worse.
+    Small4K,
+}
+
+impl PageBacking {
+    /// Size of one page of this backing.
+    pub fn page_size(self) -> usize {
+        match self {
+            PageBacking::Huge2M => 2 << 20,
+            PageBacking::Huge1G => 1 << 30,
+            PageBacking::Small4K => 4096,
+        }
+    }
+
+    fn hugepage_dir(self) -> Option<&'static str> {
+        match self {
+            PageBacking::Huge2M => Some("/sys/kernel/mm/hugepages/hugepages-2048kB"),
+            PageBacking::Huge1G => Some("/sys/kernel/mm/hugepages/hugepages-1048576kB"),
+            PageBacking::Small4K => None,
+        }
+    }
+}
+
+/// A private anonymous mapping of host memory, populated and locked, unmapped on
+/// drop. It has no IOVA of its own: see [`DmaRegion`].
+///
+/// It is shared (`Arc`) between the [`DmaRegion`] that maps it for the device
+/// and, in tests, an emulated device that reads and writes it as the device
+/// would.
+pub struct HostMemory {
+    ptr: NonNull<u8>,
+    len: usize,
+    backing: PageBacking,
+}
+
+// SAFETY: `HostMemory` owns its mapping exclusively; the raw pointer is never
+// handed out as a reference, and every access goes through volatile, atomic or
+// copy operations that are sound from any thread (concurrent accesses to the
+// same bytes are the same kind of race the device itself creates, and the data
+// path's ownership protocol orders them).
+unsafe impl Send for HostMemory {}
+// SAFETY: as for `Send`: all methods take `&self` and perform only raw-pointer
+// volatile/atomic/copy accesses within bounds.
+unsafe impl Sync for HostMemory {}
+
+impl fmt::Debug for HostMemory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HostMemory")
+            .field("vaddr", &format_args!("{:#x}", self.ptr.as_ptr() as usize))
+            .field("len", &self.len)
+            .field("backing", &self.backing)
+            .finish()
+    }
+}
+
+impl HostMemory {
+    /// Maps `len` bytes (rounded up to the backing's page size), zeroed,
+    /// populated and locked.
+    pub fn map(len: usize, backing: PageBacking) -> Result<Arc<HostMemory>, DmaError> {
+        if len == 0 {
+            return Err(DmaError::InvalidAllocation("zero-length mapping".into()));
+        }
+        let page = backing.page_size();
+        let len = len
+            .checked_next_multiple_of(page)
+            .ok_or_else(|| DmaError::InvalidAllocation(format!("{len} bytes")))?;
+        let mut flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE;
+        match backing {
+            PageBacking::Huge2M => flags |= libc::MAP_HUGETLB | libc::MAP_HUGE_2MB,
+            PageBacking::Huge1G => flags |= libc::MAP_HUGETLB | libc::MAP_HUGE_1GB,
+            PageBacking::Small4K => flags |= libc::MAP_LOCKED,
+        }
+        // SAFETY: an anonymous mapping at an address of the kernel's choosing
+        // cannot alias any existing Rust object; the result is checked below.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                flags,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            let err = std::io::Error::last_os_error();
+            return Err(match backing.hugepage_dir() {
+                Some(dir) => hugepage_error(len, page, dir),
+                None => DmaError::Sys {
+                    what: format!("mmap of {len} locked bytes (check `ulimit -l`)"),
+                    source: err,
+                },
+            });
+        }
+        let ptr = NonNull::new(ptr.cast::<u8>()).ok_or_else(|| DmaError::Sys {
+            what: "mmap returned a null mapping".into(),
+            source: std::io::Error::from(std::io::ErrorKind::Other),
+        })?;
+        Ok(Arc::new(HostMemory { ptr, len, backing }))
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: mappings are never empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// What backs this memory.
+    pub fn backing(&self) -> PageBacking {
+        self.backing
+    }
+
+    /// The process virtual address, for handing to the IOMMU (VFIO_IOMMU_MAP_DMA).
+    pub fn vaddr(&self) -> usize {
+        self.ptr.as_ptr() as usize
+    }
+
+    #[inline(always)]
+    fn check(&self, offset: usize, len: usize, align: usize) -> Result<*mut u8, DmaError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len && offset % align == 0 => {
+                // The pointer arithmetic itself is safe (wrapping_add); it stays
+                // inside the mapping because of the check above.
+                Ok(self.ptr.as_ptr().wrapping_add(offset))
+            }
+            _ => Err(DmaError::OutOfBounds {
+                what: "DMA mapping (or misaligned access)",
+                offset,
+                len,
+                size: self.len,
+            }),
+        }
+    }
+
+    /// Volatile little-endian 16-bit read.
+    #[inline]
+    pub fn read_u16(&self, offset: usize) -> Result<u16, DmaError> {
+        let p = self.check(offset, 2, 2)?;
+        // SAFETY: `p` is inside the live mapping and 2-byte aligned (checked).
+        Ok(u16::from_le(unsafe { p.cast::<u16>().read_volatile() }))
+    }
+
+    /// Volatile little-endian 16-bit write.
+    #[inline]
+    pub fn write_u16(&self, offset: usize, value: u16) -> Result<(), DmaError> {
+        let p = self.check(offset, 2, 2)?;
+        // SAFETY: `p` is inside the live mapping and 2-byte aligned (checked).
+        unsafe { p.cast::<u16>().write_volatile(value.to_le()) };
+        Ok(())
+    }
+
+    /// Volatile little-endian 32-bit read.
+    #[inline]
+    pub fn read_u32(&self, offset: usize) -> Result<u32, DmaError> {
+        let p = self.check(offset, 4, 4)?;
+        // SAFETY: `p` is inside the live mapping and 4-byte aligned (checked).
+        Ok(u32::from_le(unsafe { p.cast::<u32>().read_volatile() }))
+    }
+
+    /// Volatile little-endian 32-bit write.
+    #[inline]
+    pub fn write_u32(&self, offset: usize, value: u32) -> Result<(), DmaError> {
+        let p = self.check(offset, 4, 4)?;
+        // SAFETY: `p` is inside the live mapping and 4-byte aligned (checked).
+        unsafe { p.cast::<u32>().write_volatile(value.to_le()) };
+        Ok(())
+    }
+
+    /// Volatile little-endian 64-bit read.
+    #[inline]
+    pub fn read_u64(&self, offset: usize) -> Result<u64, DmaError> {
+        let p = self.check(offset, 8, 8)?;
+        // SAFETY: `p` is inside the live mapping and 8-byte aligned (checked).
+        Ok(u64::from_le(unsafe { p.cast::<u64>().read_volatile() }))
+    }
+
+    /// Volatile little-endian 64-bit write.
+    #[inline]
+    pub fn write_u64(&self, offset: usize, value: u64) -> Result<(), DmaError> {
+        let p = self.check(offset, 8, 8)?;
+        // SAFETY: `p` is inside the live mapping and 8-byte aligned (checked).
+        unsafe { p.cast::<u64>().write_volatile(value.to_le()) };
+        Ok(())
+    }
+
+    /// Atomic 32-bit load with acquire ordering: every read of this memory that
+    /// follows observes what the device wrote before this word. Used for the
+    /// completion queue entry's status/phase dword before reading the rest.
+    #[inline]
+    pub fn load_acquire_u32(&self, offset: usize) -> Result<u32, DmaError> {
+        let p = self.check(offset, 4, 4)?;
+        // SAFETY: `p` is inside the live mapping, 4-byte aligned, and valid for
+        // the lifetime of `self`; the `&AtomicU32` exists only for this one
+        // load, and an atomic view of shared memory is exactly what
+        // `AtomicU32::from_ptr` is for. No plain reference is formed.
+        let v = unsafe { AtomicU32::from_ptr(p.cast::<u32>()) }.load(Ordering::Acquire);
+        Ok(u32::from_le(v))
+    }
+
+    /// Atomic 32-bit store with release ordering: all earlier stores to this
+    /// memory are visible before it (shadow doorbell updates).
+    #[inline]
+    pub fn store_release_u32(&self, offset: usize, value: u32) -> Result<(), DmaError> {
+        let p = self.check(offset, 4, 4)?;
+        // SAFETY: as in `load_acquire_u32`: in bounds, aligned, atomic access only.
+        unsafe { AtomicU32::from_ptr(p.cast::<u32>()) }.store(value.to_le(), Ordering::Release);
+        Ok(())
+    }
+
+    /// Copies `src` into the mapping at `offset`.
+    #[inline]
+    pub fn write_bytes(&self, offset: usize, src: &[u8]) -> Result<(), DmaError> {
+        let p = self.check(offset, src.len(), 1)?;
+        // SAFETY: destination range is inside the live mapping (checked); `src`
+        // is a Rust slice and cannot overlap device memory because no Rust
+        // reference into the mapping is ever created.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), p, src.len()) };
+        Ok(())
+    }
+
+    /// Copies from the mapping at `offset` into `dst`.
+    #[inline]
+    pub fn read_bytes(&self, offset: usize, dst: &mut [u8]) -> Result<(), DmaError> {
+        let p = self.check(offset, dst.len(), 1)?;
+        // SAFETY: source range is inside the live mapping (checked); `dst` is a
+        // Rust slice that cannot overlap the mapping (no references into it
+        // exist).
+        unsafe { std::ptr::copy_nonoverlapping(p, dst.as_mut_ptr(), dst.len()) };
+        Ok(())
+    }
+
+    /// Sets `len` bytes at `offset` to `byte`.
+    pub fn fill(&self, offset: usize, len: usize, byte: u8) -> Result<(), DmaError> {
+        let p = self.check(offset, len, 1)?;
+        // SAFETY: the range is inside the live mapping (checked).
+        unsafe { std::ptr::write_bytes(p, byte, len) };
+        Ok(())
+    }
+}
+
+impl Drop for HostMemory {
+    fn drop(&mut self) {
+        // SAFETY: `ptr`/`len` describe exactly the mapping created in `map`,
+        // and no reference into it can outlive `self`. The IOMMU mapping (if
+        // any) was removed first by `DmaRegion`'s drop, which holds an `Arc`
+        // to this memory.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+fn hugepage_error(bytes: usize, page: usize, dir: &str) -> DmaError {
+    let read = |f: &str| {
+        std::fs::read_to_string(format!("{dir}/{f}"))
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let free = read("free_hugepages");
+    let total = read("nr_hugepages");
+    let need = bytes.div_ceil(page) as u64;
+    DmaError::HugepagesUnavailable {
+        bytes,
+        page_kib: page / 1024,
+        free,
+        total,
+        suggest: total + need.saturating_sub(free).max(need),
+        sysctl: format!("{dir}/nr_hugepages"),
+    }
+}
+
+/// Something that makes [`HostMemory`] reachable by a device and returns its
+/// IOVA: the VFIO container, or an emulated controller in tests.
+pub trait DmaMapper: Send + Sync {
+    /// Maps `mem` for device reads and writes; returns the IOVA of its first byte.
+    fn map(&self, mem: &Arc<HostMemory>) -> Result<u64, DmaError>;
+    /// Removes the mapping made by [`DmaMapper::map`].
+    fn unmap(&self, iova: u64, len: usize);
+}
+
+struct RegionInner {
+    mem: Arc<HostMemory>,
+    iova: u64,
+    mapper: Arc<dyn DmaMapper>,
+}
+
+impl Drop for RegionInner {
+    fn drop(&mut self) {
+        // The device must lose access before the memory is returned to the OS.
+        self.mapper.unmap(self.iova, self.mem.len());
+    }
+}
+
+/// Host memory mapped for the device at a known IOVA; unmapped (IOMMU first,
+/// then the memory) when the last handle goes away.
+#[derive(Clone)]
+pub struct DmaRegion {
+    inner: Arc<RegionInner>,
+}
+
+impl fmt::Debug for DmaRegion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DmaRegion")
+            .field("iova", &format_args!("{:#x}", self.inner.iova))
+            .field("len", &self.inner.mem.len())
+            .finish()
+    }
+}
+
+impl DmaRegion {
+    /// Maps `len` bytes of `backing` memory and makes it device-visible through
+    /// `mapper`.
+    pub fn new(
+        len: usize,
+        backing: PageBacking,
+        mapper: Arc<dyn DmaMapper>,
+    ) -> Result<DmaRegion, DmaError> {
+        let mem = HostMemory::map(len, backing)?;
+        let iova = mapper.map(&mem)?;
+        Ok(DmaRegion {
+            inner: Arc::new(RegionInner { mem, iova, mapper }),
+        })
+    }
+
+    /// IOVA of the first byte.
+    pub fn iova(&self) -> u64 {
+        self.inner.iova
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.inner.mem.len()
+    }
+
+    /// Always false.
+    pub fn is_empty(&self) -> bool {
+        self.inner.mem.is_empty()
+    }
+
+    /// The host memory behind the region.
+    pub fn memory(&self) -> &Arc<HostMemory> {
+        &self.inner.mem
+    }
+}
+
+/// Called when a [`DmaBuffer`] is dropped with its region, offset and length.
+pub type ReleaseFn = Box<dyn FnOnce(&DmaRegion, usize, usize) + Send + Sync>;
+
+/// A page-aligned slice of a [`DmaRegion`]: the unit of DMA memory the driver
+/// and its users work with (queues, PRP lists, I/O data).
+///
+/// Every page of a buffer has a known IOVA ([`DmaBuffer::iova_at`]); the whole
+/// buffer is contiguous in IOVA space. Offsets in all accessors are relative to
+/// the start of the buffer and bounds-checked against its length.
+pub struct DmaBuffer {
+    mem: Arc<HostMemory>,
+    region: DmaRegion,
+    offset: usize,
+    len: usize,
+    release: Option<ReleaseFn>,
+}
+
+impl fmt::Debug for DmaBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DmaBuffer")
+            .field("iova", &format_args!("{:#x}", self.iova()))
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl Drop for DmaBuffer {
+    fn drop(&mut self) {
+        if let Some(release) = self.release.take() {
+            release(&self.region, self.offset, self.len);
+        }
+    }
+}
+
+impl DmaBuffer {
+    /// A buffer over `len` bytes of `region` at `offset`; `release` runs on drop
+    /// (the allocator's way to take the pages back).
+    pub fn new(
+        region: DmaRegion,
+        offset: usize,
+        len: usize,
+        release: Option<ReleaseFn>,
+    ) -> Result<DmaBuffer, DmaError> {
+        if offset.checked_add(len).is_none_or(|end| end > region.len()) || len == 0 {
+            return Err(DmaError::OutOfBounds {
+                what: "DMA region",
+                offset,
+                len,
+                size: region.len(),
+            });
+        }
+        Ok(DmaBuffer {
+            mem: region.memory().clone(),
+            region,
+            offset,
+            len,
+            release,
+        })
+    }
+
+    /// Length in bytes.
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: buffers are never empty.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// IOVA of the first byte.
+    #[inline]
+    pub fn iova(&self) -> u64 {
+        self.region.iova() + self.offset as u64
+    }
+
+    /// IOVA of byte `offset` (which may equal `len()`, one past the end).
+    #[inline]
+    pub fn iova_at(&self, offset: usize) -> Option<u64> {
+        (offset <= self.len).then(|| self.iova() + offset as u64)
+    }
+
+    #[inline(always)]
+    fn at(&self, offset: usize, len: usize) -> Result<usize, DmaError> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len => Ok(self.offset + offset),
+            _ => Err(DmaError::OutOfBounds {
+                what: "DMA buffer",
+                offset,
+                len,
+                size: self.len,
+            }),
+        }
+    }
+
+    /// Volatile little-endian 16-bit read.
+    #[inline]
+    pub fn read_u16(&self, offset: usize) -> Result<u16, DmaError> {
+        self.mem.read_u16(self.at(offset, 2)?)
+    }
+    /// Volatile little-endian 16-bit write.
+    #[inline]
+    pub fn write_u16(&self, offset: usize, v: u16) -> Result<(), DmaError> {
+        self.mem.write_u16(self.at(offset, 2)?, v)
+    }
+    /// Volatile little-endian 32-bit read.
+    #[inline]
+    pub fn read_u32(&self, offset: usize) -> Result<u32, DmaError> {
+        self.mem.read_u32(self.at(offset, 4)?)
+    }
+    /// Volatile little-endian 32-bit write.
+    #[inline]
+    pub fn write_u32(&self, offset: usize, v: u32) -> Result<(), DmaError> {
+        self.mem.write_u32(self.at(offset, 4)?, v)
+    }
+    /// Volatile little-endian 64-bit read.
+    #[inline]
+    pub fn read_u64(&self, offset: usize) -> Result<u64, DmaError> {
+        self.mem.read_u64(self.at(offset, 8)?)
+    }
+    /// Volatile little-endian 64-bit write.
+    #[inline]
+    pub fn write_u64(&self, offset: usize, v: u64) -> Result<(), DmaError> {
+        self.mem.write_u64(self.at(offset, 8)?, v)
+    }
+    /// Atomic acquire load of a 32-bit word (see [`HostMemory::load_acquire_u32`]).
+    #[inline]
+    pub fn load_acquire_u32(&self, offset: usize) -> Result<u32, DmaError> {
+        self.mem.load_acquire_u32(self.at(offset, 4)?)
+    }
+    /// Atomic release store of a 32-bit word.
+    #[inline]
+    pub fn store_release_u32(&self, offset: usize, v: u32) -> Result<(), DmaError> {
+        self.mem.store_release_u32(self.at(offset, 4)?, v)
+    }
+    /// Copies `src` into the buffer at `offset`.
+    #[inline]
+    pub fn write_bytes(&self, offset: usize, src: &[u8]) -> Result<(), DmaError> {
+        self.mem.write_bytes(self.at(offset, src.len())?, src)
+    }
+    /// Copies from the buffer at `offset` into `dst`.
+    #[inline]
+    pub fn read_bytes(&self, offset: usize, dst: &mut [u8]) -> Result<(), DmaError> {
+        self.mem.read_bytes(self.at(offset, dst.len())?, dst)
+    }
+    /// Sets `len` bytes at `offset` to `byte`.
+    pub fn fill(&self, offset: usize, len: usize, byte: u8) -> Result<(), DmaError> {
+        self.mem.fill(self.at(offset, len)?, len, byte)
+    }
+    /// Copies the whole buffer into a new vector.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = vec![0; self.len];
+        // In bounds by construction.
+        let _ = self.read_bytes(0, &mut v);
+        v
+    }
+}

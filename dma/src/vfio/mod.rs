@@ -1,0 +1,496 @@
+//! VFIO: container (Type1v2 IOMMU), group, device, PCI configuration space and
+//! IOMMU DMA mappings — a thin, fully checked layer over the kernel ABI in
+//! [`abi`].
+//!
+//! Ownership: a [`VfioDevice`] holds an `Arc<VfioContainer>`; the container owns
+//! the group file descriptor, so the IOMMU context stays alive as long as any
+//! device or DMA region (whose mapper is the container) still needs it. Drop
+//! order inside [`VfioDevice`]: bus mastering off, BAR unmapped, device fd closed.
+
+pub mod abi;
+
+use std::ffi::CString;
+use std::fs::{File, OpenOptions};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use crate::error::DmaError;
+use crate::iova::{IovaAllocator, IovaRange};
+use crate::memory::{DmaMapper, HostMemory};
+use crate::mmio::Bar;
+use crate::pci::{PciAddress, Sysfs};
+
+/// PCI configuration space: Command register offset.
+pub const PCI_COMMAND: u64 = 0x04;
+/// Command register: Memory Space Enable.
+pub const PCI_COMMAND_MEMORY: u16 = 1 << 1;
+/// Command register: Bus Master Enable.
+pub const PCI_COMMAND_MASTER: u16 = 1 << 2;
+/// Command register: Interrupt Disable (INTx).
+pub const PCI_COMMAND_INTX_DISABLE: u16 = 1 << 10;
+
+fn ioctl_ptr<T>(fd: &impl AsRawFd, req: u64, arg: &mut T, what: &str) -> Result<i32, DmaError> {
+    // SAFETY: `arg` is a live, exclusively borrowed `#[repr(C)]` argument
+    // structure of the layout the kernel expects for `req` (see `abi`), with its
+    // `argsz` set by the caller; the kernel writes at most `argsz` bytes.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), req as _, arg as *mut T) };
+    if r < 0 {
+        return Err(DmaError::last_os(what));
+    }
+    Ok(r)
+}
+
+fn ioctl_val(fd: &impl AsRawFd, req: u64, arg: libc::c_ulong, what: &str) -> Result<i32, DmaError> {
+    // SAFETY: `req` takes an integer argument (or none), so no memory is passed.
+    let r = unsafe { libc::ioctl(fd.as_raw_fd(), req as _, arg) };
+    if r < 0 {
+        return Err(DmaError::last_os(what));
+    }
+    Ok(r)
+}
+
+/// A VFIO container with the Type1v2 IOMMU set, owning one group, and the IOVA
+/// allocator for its address space. It is the [`DmaMapper`] of the device's
+/// DMA memory.
+#[derive(Debug)]
+pub struct VfioContainer {
+    container: OwnedFd,
+    _group: OwnedFd,
+    group_id: u32,
+    iova: Mutex<IovaAllocator>,
+    pgsizes: u64,
+}
+
+impl VfioContainer {
+    /// Opens a new container, attaches `group` and sets the Type1v2 IOMMU.
+    fn open_with_group(group: OwnedFd, group_id: u32) -> Result<Arc<VfioContainer>, DmaError> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/vfio/vfio")
+            .map_err(|e| DmaError::GroupOpen {
+                path: PathBuf::from("/dev/vfio/vfio"),
+                source: e,
+                hint: "load the VFIO modules (`modprobe vfio-pci`) and run as root",
+            })?;
+        let container = OwnedFd::from(file);
+        let v = ioctl_val(
+            &container,
+            abi::VFIO_GET_API_VERSION,
+            0,
+            "VFIO_GET_API_VERSION",
+        )?;
+        if v != abi::VFIO_API_VERSION {
+            return Err(DmaError::Unsupported {
+                what: format!("API version {v}"),
+            });
+        }
+        let ok = ioctl_val(
+            &container,
+            abi::VFIO_CHECK_EXTENSION,
+            abi::VFIO_TYPE1V2_IOMMU as _,
+            "VFIO_CHECK_EXTENSION",
+        )?;
+        if ok == 0 {
+            return Err(DmaError::Unsupported {
+                what: "the Type1v2 IOMMU".into(),
+            });
+        }
+        let mut cfd: i32 = container.as_raw_fd();
+        ioctl_ptr(
+            &group,
+            abi::VFIO_GROUP_SET_CONTAINER,
+            &mut cfd,
+            "VFIO_GROUP_SET_CONTAINER",
+        )?;
+        ioctl_val(
+            &container,
+            abi::VFIO_SET_IOMMU,
+            abi::VFIO_TYPE1V2_IOMMU as _,
+            "VFIO_SET_IOMMU (Type1v2); on QEMU the intel-iommu needs intremap=on",
+        )?;
+        let (ranges, pgsizes) = iommu_info(&container)?;
+        Ok(Arc::new(VfioContainer {
+            container,
+            _group: group,
+            group_id,
+            iova: Mutex::new(IovaAllocator::new(ranges)),
+            pgsizes,
+        }))
+    }
+
+    /// The IOMMU group number.
+    pub fn group_id(&self) -> u32 {
+        self.group_id
+    }
+
+    /// The valid IOVA ranges the IOMMU reported.
+    pub fn iova_ranges(&self) -> Vec<IovaRange> {
+        self.iova
+            .lock()
+            .map(|a| a.ranges().to_vec())
+            .unwrap_or_default()
+    }
+
+    /// Bitmap of IOMMU page sizes supported (VFIO_IOMMU_GET_INFO iova_pgsizes).
+    pub fn iova_pgsizes(&self) -> u64 {
+        self.pgsizes
+    }
+}
+
+/// Reads the IOMMU's page sizes and valid IOVA ranges, following the
+/// capability chain (VFIO_IOMMU_TYPE1_INFO_CAP_IOVA_RANGE).
+fn iommu_info(container: &OwnedFd) -> Result<(Vec<IovaRange>, u64), DmaError> {
+    let mut head = abi::IommuInfo {
+        argsz: std::mem::size_of::<abi::IommuInfo>() as u32,
+        ..Default::default()
+    };
+    ioctl_ptr(
+        container,
+        abi::VFIO_IOMMU_GET_INFO,
+        &mut head,
+        "VFIO_IOMMU_GET_INFO",
+    )?;
+    let pgsizes = head.iova_pgsizes;
+    let full = (head.argsz as usize).max(std::mem::size_of::<abi::IommuInfo>());
+    // Without the capability (old kernels), the whole 64-bit space minus page 0
+    // is assumed valid, as the kernel itself did before it reported ranges.
+    let fallback = vec![IovaRange {
+        start: 0,
+        end: (1u64 << 39) - 1,
+    }];
+    if head.flags & abi::VFIO_IOMMU_INFO_CAPS == 0 || full <= std::mem::size_of::<abi::IommuInfo>()
+    {
+        return Ok((fallback, pgsizes));
+    }
+    // u64 words keep the buffer 8-byte aligned for the kernel's structures.
+    let mut buf = vec![0u64; full.div_ceil(8)];
+    let bytes_len = buf.len() * 8;
+    let hdr = abi::IommuInfo {
+        argsz: full as u32,
+        ..Default::default()
+    };
+    // SAFETY: `buf` is at least `size_of::<IommuInfo>()` bytes and 8-byte
+    // aligned; we write the header as a plain value.
+    unsafe { buf.as_mut_ptr().cast::<abi::IommuInfo>().write(hdr) };
+    // SAFETY: the buffer is `full` bytes long (argsz), writable and aligned; the
+    // kernel fills at most argsz bytes.
+    let r = unsafe {
+        libc::ioctl(
+            container.as_raw_fd(),
+            abi::VFIO_IOMMU_GET_INFO as _,
+            buf.as_mut_ptr(),
+        )
+    };
+    if r < 0 {
+        return Err(DmaError::last_os("VFIO_IOMMU_GET_INFO (capabilities)"));
+    }
+    let bytes: Vec<u8> = buf.iter().flat_map(|w| w.to_ne_bytes()).collect();
+    let rd32 = |o: usize| {
+        bytes
+            .get(o..o + 4)
+            .map(|b| u32::from_ne_bytes(b.try_into().unwrap_or([0; 4])))
+    };
+    let rd16 = |o: usize| {
+        bytes
+            .get(o..o + 2)
+            .map(|b| u16::from_ne_bytes(b.try_into().unwrap_or([0; 2])))
+    };
+    let rd64 = |o: usize| {
+        bytes
+            .get(o..o + 8)
+            .map(|b| u64::from_ne_bytes(b.try_into().unwrap_or([0; 8])))
+    };
+    let mut off = rd32(16).unwrap_or(0) as usize; // cap_offset
+    let mut hops = 0;
+    while off != 0 && off + 8 <= bytes_len && hops < 64 {
+        hops += 1;
+        let id = rd16(off).unwrap_or(0);
+        let next = rd32(off + 4).unwrap_or(0) as usize;
+        if id == abi::VFIO_IOMMU_TYPE1_INFO_CAP_IOVA_RANGE {
+            let n = rd32(off + 8).unwrap_or(0) as usize;
+            let mut ranges = Vec::with_capacity(n);
+            for i in 0..n {
+                let base = off + 16 + i * 16;
+                if let (Some(start), Some(end)) = (rd64(base), rd64(base + 8)) {
+                    ranges.push(IovaRange { start, end });
+                }
+            }
+            if !ranges.is_empty() {
+                return Ok((ranges, pgsizes));
+            }
+        }
+        off = next;
+    }
+    Ok((fallback, pgsizes))
+}
+
+impl DmaMapper for VfioContainer {
+    fn map(&self, mem: &Arc<HostMemory>) -> Result<u64, DmaError> {
+        let len = mem.len();
+        let align = mem.backing().page_size().min(2 << 20) as u64;
+        let iova = self
+            .iova
+            .lock()
+            .map_err(|_| DmaError::InvalidAllocation("IOVA allocator poisoned".into()))?
+            .alloc(len as u64, align)?;
+        let mut m = abi::DmaMap {
+            argsz: std::mem::size_of::<abi::DmaMap>() as u32,
+            flags: abi::VFIO_DMA_MAP_FLAG_READ | abi::VFIO_DMA_MAP_FLAG_WRITE,
+            vaddr: mem.vaddr() as u64,
+            iova,
+            size: len as u64,
+        };
+        if let Err(e) = ioctl_ptr(&self.container, abi::VFIO_IOMMU_MAP_DMA, &mut m, "map") {
+            if let Ok(mut a) = self.iova.lock() {
+                a.free(iova, len as u64);
+            }
+            let source = match e {
+                DmaError::Sys { source, .. } => source,
+                other => std::io::Error::other(other.to_string()),
+            };
+            return Err(DmaError::MapDma {
+                iova,
+                size: len,
+                source,
+            });
+        }
+        Ok(iova)
+    }
+
+    fn unmap(&self, iova: u64, len: usize) {
+        let mut u = abi::DmaUnmap {
+            argsz: std::mem::size_of::<abi::DmaUnmap>() as u32,
+            flags: 0,
+            iova,
+            size: len as u64,
+        };
+        // An unmap can only fail if the mapping is already gone; either way the
+        // device has no access afterwards, and the IOVA can be reused.
+        let _ = ioctl_ptr(&self.container, abi::VFIO_IOMMU_UNMAP_DMA, &mut u, "unmap");
+        if let Ok(mut a) = self.iova.lock() {
+            a.free(iova, len as u64);
+        }
+    }
+}
+
+/// An opened VFIO PCI device: configuration space, BAR0 mapping, and the
+/// container that maps its DMA memory.
+#[derive(Debug)]
+pub struct VfioDevice {
+    address: PciAddress,
+    bar0: Bar,
+    device: File,
+    config_offset: u64,
+    container: Arc<VfioContainer>,
+}
+
+impl VfioDevice {
+    /// Opens `address` (checked through `sysfs` first so that every setup
+    /// mistake is reported with its fix), enables memory space and bus
+    /// mastering, disables INTx, and maps BAR0.
+    pub fn open(address: &PciAddress, sysfs: &Sysfs) -> Result<VfioDevice, DmaError> {
+        let group_id = sysfs.check_vfio_ready(address)?;
+        let path = PathBuf::from(format!("/dev/vfio/{group_id}"));
+        let group = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|e| {
+                let hint = match e.raw_os_error() {
+                    Some(libc::EBUSY) => {
+                        "the group is already open: another process (or another Controller in this process) uses this device"
+                    }
+                    Some(libc::ENOENT) => {
+                        "the vfio-pci module is not loaded or the device is not bound to it (`upnvme setup <address>`)"
+                    }
+                    Some(libc::EACCES) | Some(libc::EPERM) => {
+                        "permission denied: run as root or give your user the group file (chown)"
+                    }
+                    _ => "check that the device is bound to vfio-pci (`upnvme list`)",
+                };
+                DmaError::GroupOpen {
+                    path: path.clone(),
+                    source: e,
+                    hint,
+                }
+            })?;
+        let group = OwnedFd::from(group);
+        let mut status = abi::GroupStatus {
+            argsz: std::mem::size_of::<abi::GroupStatus>() as u32,
+            flags: 0,
+        };
+        ioctl_ptr(
+            &group,
+            abi::VFIO_GROUP_GET_STATUS,
+            &mut status,
+            "VFIO_GROUP_GET_STATUS",
+        )?;
+        if status.flags & abi::VFIO_GROUP_FLAGS_VIABLE == 0 {
+            return Err(DmaError::GroupNotViable {
+                address: address.to_string(),
+                group: group_id,
+                others: sysfs.group_blockers(group_id, address),
+            });
+        }
+        let container = VfioContainer::open_with_group(group, group_id)?;
+        let name = CString::new(address.to_string()).map_err(|_| DmaError::InvalidPciAddress {
+            input: address.to_string(),
+            reason: "contains NUL",
+        })?;
+        // SAFETY: `name` is a valid NUL-terminated string that outlives the call;
+        // the kernel only reads it.
+        let fd = unsafe {
+            libc::ioctl(
+                container._group.as_raw_fd(),
+                abi::VFIO_GROUP_GET_DEVICE_FD as _,
+                name.as_ptr(),
+            )
+        };
+        if fd < 0 {
+            return Err(DmaError::last_os(format!(
+                "VFIO_GROUP_GET_DEVICE_FD for {address}"
+            )));
+        }
+        // SAFETY: `fd` is a fresh file descriptor returned by the kernel that
+        // nothing else owns.
+        let device = File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+        let mut info = abi::DeviceInfo {
+            argsz: std::mem::size_of::<abi::DeviceInfo>() as u32,
+            ..Default::default()
+        };
+        ioctl_ptr(
+            &device,
+            abi::VFIO_DEVICE_GET_INFO,
+            &mut info,
+            "VFIO_DEVICE_GET_INFO",
+        )?;
+        if info.flags & abi::VFIO_DEVICE_FLAGS_PCI == 0
+            || info.num_regions <= abi::VFIO_PCI_CONFIG_REGION_INDEX
+        {
+            return Err(DmaError::Unsupported {
+                what: format!("{address} as a PCI device (flags 0x{:x})", info.flags),
+            });
+        }
+        let config = region_info(&device, abi::VFIO_PCI_CONFIG_REGION_INDEX)?;
+        let bar = region_info(&device, abi::VFIO_PCI_BAR0_REGION_INDEX)?;
+        if bar.flags & abi::VFIO_REGION_INFO_FLAG_MMAP == 0 || bar.size == 0 {
+            return Err(DmaError::Bar {
+                address: address.to_string(),
+                reason: format!(
+                    "region flags 0x{:x}, size {}: not mappable",
+                    bar.flags, bar.size
+                ),
+            });
+        }
+        let bar_len = usize::try_from(bar.size).map_err(|_| DmaError::Bar {
+            address: address.to_string(),
+            reason: "too large".into(),
+        })?;
+        let bar0 = Bar::map(
+            device.as_raw_fd(),
+            bar.offset,
+            bar_len,
+            &address.to_string(),
+        )?;
+        let dev = VfioDevice {
+            address: *address,
+            bar0,
+            device,
+            config_offset: config.offset,
+            container,
+        };
+        let cmd = dev.config_read16(PCI_COMMAND)?;
+        dev.config_write16(
+            PCI_COMMAND,
+            cmd | PCI_COMMAND_MEMORY | PCI_COMMAND_MASTER | PCI_COMMAND_INTX_DISABLE,
+        )?;
+        Ok(dev)
+    }
+
+    /// The device's PCI address.
+    pub fn address(&self) -> PciAddress {
+        self.address
+    }
+
+    /// BAR0, the controller's registers.
+    pub fn bar0(&self) -> &Bar {
+        &self.bar0
+    }
+
+    /// The container (the DMA mapper for this device).
+    pub fn container(&self) -> &Arc<VfioContainer> {
+        &self.container
+    }
+
+    /// Reads `buf.len()` bytes of configuration space at `offset`.
+    pub fn config_read(&self, offset: u64, buf: &mut [u8]) -> Result<(), DmaError> {
+        self.device
+            .read_exact_at(buf, self.config_offset + offset)
+            .map_err(|e| DmaError::Sys {
+                what: format!("config space read at 0x{offset:x} of {}", self.address),
+                source: e,
+            })
+    }
+
+    /// Writes `buf` to configuration space at `offset`.
+    pub fn config_write(&self, offset: u64, buf: &[u8]) -> Result<(), DmaError> {
+        self.device
+            .write_all_at(buf, self.config_offset + offset)
+            .map_err(|e| DmaError::Sys {
+                what: format!("config space write at 0x{offset:x} of {}", self.address),
+                source: e,
+            })
+    }
+
+    /// Reads a little-endian 16-bit configuration register.
+    pub fn config_read16(&self, offset: u64) -> Result<u16, DmaError> {
+        let mut b = [0; 2];
+        self.config_read(offset, &mut b)?;
+        Ok(u16::from_le_bytes(b))
+    }
+
+    /// Writes a little-endian 16-bit configuration register.
+    pub fn config_write16(&self, offset: u64, v: u16) -> Result<(), DmaError> {
+        self.config_write(offset, &v.to_le_bytes())
+    }
+
+    /// Reads a little-endian 32-bit configuration register.
+    pub fn config_read32(&self, offset: u64) -> Result<u32, DmaError> {
+        let mut b = [0; 4];
+        self.config_read(offset, &mut b)?;
+        Ok(u32::from_le_bytes(b))
+    }
+}
+
+impl Drop for VfioDevice {
+    fn drop(&mut self) {
+        // Belt and braces after the driver's shutdown: with bus mastering off the
+        // device cannot DMA at all, whatever state it is in.
+        if let Ok(cmd) = self.config_read16(PCI_COMMAND) {
+            let _ = self.config_write16(PCI_COMMAND, cmd & !PCI_COMMAND_MASTER);
+        }
+    }
+}
+
+fn region_info(device: &File, index: u32) -> Result<abi::RegionInfo, DmaError> {
+    let mut info = abi::RegionInfo {
+        argsz: std::mem::size_of::<abi::RegionInfo>() as u32,
+        index,
+        ..Default::default()
+    };
+    ioctl_ptr(
+        device,
+        abi::VFIO_DEVICE_GET_REGION_INFO,
+        &mut info,
+        "VFIO_DEVICE_GET_REGION_INFO",
+    )?;
+    if info.flags & (abi::VFIO_REGION_INFO_FLAG_READ | abi::VFIO_REGION_INFO_FLAG_WRITE) == 0 {
+        return Err(DmaError::Unsupported {
+            what: format!("region {index} without read/write access"),
+        });
+    }
+    Ok(info)
+}
