@@ -1,1 +1,36 @@
-//! placeholder
+//! # upnvme: a userspace, polled NVMe PCIe driver
+//!
+//! VFIO maps the controller's BAR0 and hugepage DMA memory into the process;
+//! the driver brings the controller up, talks to it over the admin queue, and
+//! (in upcoming work) gives every core its own interrupt-less I/O queue pair.
+//!
+//! ```no_run
+//! use upnvme::{Controller, ControllerOptions};
+//! let ctrl = Controller::open("0000:00:04.0", ControllerOptions::default())?;
+//! println!("{} {} ({} namespaces)", ctrl.identify().mn, ctrl.identify().sn, ctrl.namespaces().len());
+//! let smart = ctrl.smart_log()?;
+//! println!("temperature {} K", smart.temperature_kelvin);
+//! ctrl.close()?;
+//! # Ok::<(), upnvme::Error>(())
+//! ```
+//!
+//! Crate map: [`device`] (the register + DMA abstraction and its VFIO
+//! implementation), [`controller`] (bring-up, admin commands, shutdown),
+//! [`namespace`], [`options`], [`error`].
+
+mod admin;
+pub mod controller;
+pub mod device;
+pub mod error;
+pub mod namespace;
+pub mod options;
+
+pub use controller::{BringupStep, Controller, ShadowBuffers, list_controllers};
+pub use device::{Device, VfioNvme};
+pub use error::{Error, Result};
+pub use namespace::Namespace;
+pub use options::ControllerOptions;
+pub use upnvme_dma as dma;
+pub use upnvme_dma::{DmaBuffer, PageBacking, PciAddress};
+pub use upnvme_queues as queues;
+pub use upnvme_queues::{AsyncEvent, Cqe, Sqe, Status};

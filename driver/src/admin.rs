@@ -1,0 +1,303 @@
+//! The admin queue: submit a command, wait for its completion with a bound,
+//! keep Asynchronous Event Requests outstanding, and validate everything the
+//! controller writes back (NVMe 2.0 §3.3 "Queue Mechanism", §5 "Admin Command
+//! Set").
+//!
+//! The admin queue is not on the I/O path: it lives behind the controller's
+//! mutex, rings the SQ tail doorbell once per command and writes the CQ head
+//! doorbell once per reap. It never uses shadow doorbells (they apply to I/O
+//! queues only, as in Linux and QEMU).
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use upnvme_dma::DmaBuffer;
+use upnvme_queues::regs::{REG_CSTS, cq_head_doorbell, sq_tail_doorbell};
+use upnvme_queues::{AsyncEvent, CidTable, CqRing, Cqe, Csts, SqRing, Sqe};
+
+use crate::device::Device;
+use crate::error::{Error, Result};
+
+/// Bytes per submission / completion queue entry (CC.IOSQES = 6, CC.IOCQES = 4).
+const SQE_BYTES: usize = 64;
+const CQE_BYTES: usize = 16;
+
+/// Empty polls between two clock reads while waiting: keeps clock_gettime
+/// (about 1 us under emulation) out of the tight loop.
+const POLLS_PER_CLOCK: u32 = 256;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SlotKind {
+    Free,
+    /// A synchronous command; the completion is parked here for its waiter.
+    Sync,
+    /// An Asynchronous Event Request.
+    Aer,
+}
+
+/// What is waiting on a CID slot.
+#[derive(Debug)]
+struct Slot {
+    kind: SlotKind,
+    opcode: u8,
+    done: Option<Cqe>,
+}
+
+/// The admin submission/completion queue pair (qid 0).
+#[derive(Debug)]
+pub(crate) struct AdminQueue {
+    sq: DmaBuffer,
+    cq: DmaBuffer,
+    sq_ring: SqRing,
+    cq_ring: CqRing,
+    cids: CidTable,
+    slots: Vec<Slot>,
+    sq_db: usize,
+    cq_db: usize,
+    events: VecDeque<AsyncEvent>,
+    /// AERs the controller completed that must be re-posted.
+    aer_to_post: u32,
+    /// Buffers of commands that timed out: kept until the controller is
+    /// disabled, because a late DMA into freed memory is silent corruption.
+    quarantine: Vec<DmaBuffer>,
+}
+
+impl AdminQueue {
+    /// Allocates the admin queues' memory.
+    pub(crate) fn new<D: Device>(dev: &D, entries: u32, dstrd: u8) -> Result<AdminQueue> {
+        let sq_ring = SqRing::new(entries).map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        let cq_ring = CqRing::new(entries).map_err(|e| Error::InvalidArgument(e.to_string()))?;
+        let sq = dev.alloc_dma(entries as usize * SQE_BYTES)?;
+        let cq = dev.alloc_dma(entries as usize * CQE_BYTES)?;
+        // One slot is always empty in a ring, so entries-1 commands fit.
+        let slots_n = (entries - 1) as u16;
+        Ok(AdminQueue {
+            sq,
+            cq,
+            sq_ring,
+            cq_ring,
+            cids: CidTable::new(slots_n),
+            slots: (0..slots_n)
+                .map(|_| Slot {
+                    kind: SlotKind::Free,
+                    opcode: 0,
+                    done: None,
+                })
+                .collect(),
+            sq_db: sq_tail_doorbell(0, dstrd),
+            cq_db: cq_head_doorbell(0, dstrd),
+            events: VecDeque::new(),
+            aer_to_post: 0,
+            quarantine: Vec::new(),
+        })
+    }
+
+    /// IOVA of the submission queue (for ASQ).
+    pub(crate) fn sq_iova(&self) -> u64 {
+        self.sq.iova()
+    }
+
+    /// IOVA of the completion queue (for ACQ).
+    pub(crate) fn cq_iova(&self) -> u64 {
+        self.cq.iova()
+    }
+
+    /// Entries of each admin queue.
+    pub(crate) fn entries(&self) -> u32 {
+        self.sq_ring.entries()
+    }
+
+    /// Writes `sqe` (with a fresh CID) into the SQ and rings the tail doorbell.
+    /// Returns the CID slot.
+    fn submit<D: Device>(&mut self, dev: &D, mut sqe: Sqe, kind: SlotKind) -> Result<u16> {
+        if self.sq_ring.is_full() {
+            return Err(Error::InvalidArgument(
+                "admin queue full: too many admin commands outstanding".into(),
+            ));
+        }
+        let cid = self.cids.alloc().ok_or_else(|| {
+            Error::InvalidArgument("admin queue full: no free command identifier".into())
+        })?;
+        sqe.set_cid(cid.value);
+        let Some(pos) = self.sq_ring.push() else {
+            let _ = self.cids.cancel(cid.slot);
+            return Err(Error::InvalidArgument("admin queue full".into()));
+        };
+        self.sq
+            .write_bytes(pos as usize * SQE_BYTES, &sqe.to_le_bytes())?;
+        let slot = &mut self.slots[cid.slot as usize];
+        slot.kind = kind;
+        slot.opcode = sqe.opcode();
+        slot.done = None;
+        if let Some(tail) = self.sq_ring.commit() {
+            // The doorbell write orders the SQE stores before it (Device::write32).
+            dev.write32(self.sq_db, tail as u32);
+        }
+        Ok(cid.slot)
+    }
+
+    /// Reaps every completion that is ready; returns how many were reaped.
+    /// Any protocol violation by the device is an error (the caller marks the
+    /// controller failed).
+    pub(crate) fn reap<D: Device>(&mut self, dev: &D, name: &str) -> Result<u32> {
+        let mut n = 0;
+        loop {
+            let off = self.cq_ring.head() as usize * CQE_BYTES;
+            // Acquire: the rest of the entry is read only after its phase is seen.
+            let dw3 = self.cq.load_acquire_u32(off + 12)?;
+            if Cqe::phase_of_dw3(dw3) != self.cq_ring.phase() {
+                break;
+            }
+            let cqe = Cqe {
+                dw: [
+                    self.cq.read_u32(off)?,
+                    self.cq.read_u32(off + 4)?,
+                    self.cq.read_u32(off + 8)?,
+                    dw3,
+                ],
+            };
+            self.cq_ring.advance();
+            n += 1;
+            let fault = |what: String| Error::DeviceFault {
+                device: name.to_string(),
+                what,
+            };
+            if cqe.sqid() != 0 {
+                return Err(fault(format!(
+                    "admin completion names SQ {} (cid 0x{:04x})",
+                    cqe.sqid(),
+                    cqe.cid()
+                )));
+            }
+            self.sq_ring
+                .update_head(cqe.sqhd())
+                .map_err(|e| fault(format!("admin completion: {e}")))?;
+            let slot = self
+                .cids
+                .complete(cqe.cid())
+                .map_err(|e| fault(format!("admin completion: {e}")))?;
+            let s = &mut self.slots[slot as usize];
+            match s.kind {
+                SlotKind::Aer => {
+                    s.kind = SlotKind::Free;
+                    if cqe.status().is_success() {
+                        self.events.push_back(AsyncEvent::from_dw0(cqe.dw0()));
+                        self.aer_to_post += 1;
+                    }
+                    // An AER completing with an error (e.g. Asynchronous Event
+                    // Request Limit Exceeded, or aborted at SQ deletion) is not
+                    // re-posted.
+                }
+                SlotKind::Sync => s.done = Some(cqe),
+                SlotKind::Free => {
+                    return Err(fault(format!(
+                        "completion for cid 0x{:04x} that has no waiter",
+                        cqe.cid()
+                    )));
+                }
+            }
+        }
+        if n > 0 {
+            if let Some(head) = self.cq_ring.commit() {
+                dev.write32(self.cq_db, head as u32);
+            }
+        }
+        Ok(n)
+    }
+
+    /// Submits `sqe` and waits for its completion, at most `timeout`. `data` is
+    /// the command's data buffer, if any: on timeout it is quarantined (kept
+    /// until the controller is disabled) rather than returned.
+    pub(crate) fn execute<D: Device>(
+        &mut self,
+        dev: &D,
+        name: &str,
+        sqe: Sqe,
+        data: Option<DmaBuffer>,
+        timeout: Duration,
+        what: &str,
+    ) -> Result<(Cqe, Option<DmaBuffer>)> {
+        let slot = self.submit(dev, sqe, SlotKind::Sync)?;
+        let start = Instant::now();
+        let mut polls = 0u32;
+        loop {
+            self.reap(dev, name)?;
+            if let Some(cqe) = self.slots[slot as usize].done.take() {
+                self.slots[slot as usize].kind = SlotKind::Free;
+                return Ok((cqe, data));
+            }
+            polls += 1;
+            if polls >= POLLS_PER_CLOCK {
+                polls = 0;
+                check_csts(dev, name)?;
+                let waited = start.elapsed();
+                if waited >= timeout {
+                    if let Some(buf) = data {
+                        self.quarantine.push(buf);
+                    }
+                    return Err(Error::Timeout {
+                        what: format!("{what} to complete on the admin queue"),
+                        after: waited,
+                    });
+                }
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    /// Posts Asynchronous Event Requests until `target` are outstanding (plus
+    /// re-posting those that completed).
+    pub(crate) fn post_aers<D: Device>(&mut self, dev: &D, target: u32) -> Result<()> {
+        let outstanding = self
+            .slots
+            .iter()
+            .filter(|s| s.kind == SlotKind::Aer)
+            .count() as u32;
+        let mut want = target.saturating_sub(outstanding);
+        while want > 0 && self.sq_ring.free_slots() > 2 {
+            self.submit(dev, Sqe::async_event_request(), SlotKind::Aer)?;
+            want -= 1;
+        }
+        self.aer_to_post = 0;
+        Ok(())
+    }
+
+    /// Number of AERs that completed since the last [`AdminQueue::post_aers`].
+    pub(crate) fn aers_to_repost(&self) -> u32 {
+        self.aer_to_post
+    }
+
+    /// Takes the asynchronous events received so far.
+    pub(crate) fn take_events(&mut self) -> Vec<AsyncEvent> {
+        self.events.drain(..).collect()
+    }
+
+    /// Forgets every command in flight: only valid once the controller is
+    /// disabled (CSTS.RDY = 0), when no more DMA can happen. Releases
+    /// quarantined buffers.
+    pub(crate) fn forget_in_flight(&mut self) {
+        let slots: Vec<u16> = self.cids.in_flight_slots().collect();
+        for s in slots {
+            let _ = self.cids.cancel(s);
+            self.slots[s as usize].kind = SlotKind::Free;
+            self.slots[s as usize].done = None;
+        }
+        self.quarantine.clear();
+    }
+}
+
+/// Checks CSTS for a vanished (all ones) or fatally failed (CFS) controller.
+pub(crate) fn check_csts<D: Device>(dev: &D, name: &str) -> Result<Csts> {
+    let csts = Csts(dev.read32(REG_CSTS));
+    if csts.is_all_ones() {
+        return Err(Error::ControllerGone {
+            device: name.to_string(),
+        });
+    }
+    if csts.cfs() {
+        return Err(Error::ControllerFatal {
+            device: name.to_string(),
+        });
+    }
+    Ok(csts)
+}

@@ -1,0 +1,807 @@
+//! The controller: open, bring up, talk over the admin queue, shut down.
+//!
+//! Bring-up follows NVMe 2.0 §3.5.1 "Memory-based Controller Initialization" as
+//! an explicit sequence of [`BringupStep`]s, each bounded by a timeout derived
+//! from CAP.TO (or the caller's options), never a bare spin.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use upnvme_dma::{DmaBuffer, PciAddress, Sysfs};
+use upnvme_queues::regs::{REG_ACQ, REG_AQA, REG_ASQ, REG_CAP, REG_CC, REG_CSTS, REG_VS, aqa};
+use upnvme_queues::{
+    AsyncEvent, Cap, Cc, Cqe, Csts, ErrorLogEntry, FirmwareSlotLog, IdentifyController,
+    IdentifyNamespace, SmartLog, Sqe, Vs, parse_ns_list,
+};
+use upnvme_queues::{cns, feature, log_id};
+
+use crate::admin::{AdminQueue, check_csts};
+use crate::device::{Device, VfioNvme};
+use crate::error::{Error, Result};
+use crate::namespace::Namespace;
+use crate::options::ControllerOptions;
+
+/// Memory page size the driver configures (CC.MPS = 0).
+const PAGE: usize = 4096;
+
+/// The steps of controller bring-up, in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BringupStep {
+    /// CC.EN = 0, wait for CSTS.RDY = 0.
+    Disable,
+    /// Allocate the admin queues; program AQA, ASQ, ACQ.
+    ConfigureAdminQueue,
+    /// CC with IOSQES = 6, IOCQES = 4, MPS = 0, CSS = NVM, EN = 1; wait CSTS.RDY = 1.
+    Enable,
+    /// Identify Controller (CNS 01h).
+    IdentifyController,
+    /// Set Features, Number of Queues (FID 07h).
+    SetNumberOfQueues,
+    /// Identify Active Namespace ID list (CNS 02h) and each namespace (CNS 00h).
+    IdentifyNamespaces,
+    /// Doorbell Buffer Config, when OACS bit 8 says it is supported.
+    DoorbellBufferConfig,
+    /// Post Asynchronous Event Requests.
+    AsyncEventRequests,
+}
+
+/// Shadow doorbell and EventIdx buffers registered with Doorbell Buffer Config.
+#[derive(Debug)]
+pub struct ShadowBuffers {
+    /// The Shadow Doorbell buffer (PRP1 of the command).
+    pub doorbells: DmaBuffer,
+    /// The EventIdx buffer (PRP2 of the command).
+    pub event_idx: DmaBuffer,
+}
+
+pub(crate) struct Inner<D: Device> {
+    pub(crate) dev: D,
+    pub(crate) name: String,
+    pub(crate) cap: Cap,
+    vs: Vs,
+    pub(crate) options: ControllerOptions,
+    admin: Mutex<AdminQueue>,
+    admin_timeout: Duration,
+    ready_timeout: Duration,
+    failure: Mutex<Option<String>>,
+    closed: AtomicBool,
+    identify: IdentifyController,
+    namespaces: Vec<Namespace>,
+    granted_io_queues: u16,
+    pub(crate) shadow: Option<ShadowBuffers>,
+    aer_target: u32,
+}
+
+/// An NVMe controller brought up and ready for admin commands.
+///
+/// Generic over the [`Device`] it runs on: [`VfioNvme`] by default, or the
+/// in-memory model in tests. `Controller` is `Send + Sync`; admin commands from
+/// several threads serialise on the admin queue's mutex (the I/O path does not
+/// touch it).
+///
+/// Dropping the last handle (or calling [`Controller::close`]) shuts the
+/// controller down: CC.SHN = normal, wait for CSTS.SHST = complete, then
+/// CC.EN = 0, so no DMA happens after the process stops using the device.
+pub struct Controller<D: Device = VfioNvme> {
+    inner: Arc<Inner<D>>,
+}
+
+impl<D: Device> std::fmt::Debug for Controller<D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Controller")
+            .field("device", &self.inner.name)
+            .field("model", &self.inner.identify.mn)
+            .field("namespaces", &self.inner.namespaces.len())
+            .finish()
+    }
+}
+
+impl Controller<VfioNvme> {
+    /// Opens the NVMe controller at `pci_address` (e.g. `"0000:00:04.0"`), which
+    /// must be bound to vfio-pci, and brings it up.
+    ///
+    /// Every setup problem is reported with its fix: a malformed address, no
+    /// such device, a device that is not NVMe or is bound to another driver, an
+    /// IOMMU that is off, a group that is not viable, missing hugepages.
+    pub fn open(pci_address: &str, options: ControllerOptions) -> Result<Self> {
+        let addr: PciAddress = pci_address.parse()?;
+        let dev = VfioNvme::open(&addr, options.page_backing, &Sysfs::default())?;
+        Controller::with_device(dev, options)
+    }
+}
+
+impl<D: Device> Controller<D> {
+    /// Brings up the controller behind `dev`.
+    pub fn with_device(dev: D, options: ControllerOptions) -> Result<Self> {
+        let inner = bring_up(dev, options)?;
+        Ok(Controller {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// The device name (PCI address, or the model's name).
+    pub fn device_name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The device this controller runs on.
+    pub fn device(&self) -> &D {
+        &self.inner.dev
+    }
+
+    /// Controller Capabilities (CAP) as read at bring-up.
+    pub fn cap(&self) -> Cap {
+        self.inner.cap
+    }
+
+    /// Version (VS).
+    pub fn version(&self) -> Vs {
+        self.inner.vs
+    }
+
+    /// Identify Controller data captured at bring-up.
+    pub fn identify(&self) -> &IdentifyController {
+        &self.inner.identify
+    }
+
+    /// The active namespaces found at bring-up, by ascending NSID.
+    pub fn namespaces(&self) -> &[Namespace] {
+        &self.inner.namespaces
+    }
+
+    /// The active namespace `nsid`.
+    pub fn namespace(&self, nsid: u32) -> Result<&Namespace> {
+        self.inner
+            .namespaces
+            .iter()
+            .find(|n| n.id() == nsid)
+            .ok_or_else(|| Error::NoSuchNamespace {
+                device: self.inner.name.clone(),
+                nsid,
+                active: self.inner.namespaces.iter().map(|n| n.id()).collect(),
+            })
+    }
+
+    /// How many I/O queue pairs the controller granted (Set Features, Number of
+    /// Queues: min(NSQA, NCQA) + 1).
+    pub fn granted_io_queues(&self) -> u16 {
+        self.inner.granted_io_queues
+    }
+
+    /// Largest transfer in bytes (MDTS × minimum memory page size), or `None`
+    /// when MDTS is 0 (no limit).
+    pub fn max_transfer_bytes(&self) -> Option<usize> {
+        match self.inner.identify.mdts {
+            0 => None,
+            m => self
+                .inner
+                .cap
+                .min_page_size()
+                .checked_shl(m as u32)
+                .or(Some(usize::MAX)),
+        }
+    }
+
+    /// Whether shadow doorbells were configured (Doorbell Buffer Config).
+    pub fn shadow_doorbells(&self) -> bool {
+        self.inner.shadow.is_some()
+    }
+
+    /// The admin queue's entry count.
+    pub fn admin_queue_entries(&self) -> u32 {
+        self.inner.admin().map(|a| a.entries()).unwrap_or(0)
+    }
+
+    /// Reads CSTS now; an error if the controller is gone or fatally failed.
+    pub fn status(&self) -> Result<Csts> {
+        check_csts(&self.inner.dev, &self.inner.name)
+    }
+
+    /// The failure that put this controller out of service, if any.
+    pub fn failure(&self) -> Option<String> {
+        self.inner.failure.lock().ok().and_then(|f| f.clone())
+    }
+
+    /// Allocates zeroed DMA memory of at least `len` bytes (page granular).
+    pub fn alloc_dma(&self, len: usize) -> Result<DmaBuffer> {
+        Ok(self.inner.dev.alloc_dma(len)?)
+    }
+
+    /// Identify Controller (CNS 01h), read now.
+    pub fn identify_controller(&self) -> Result<IdentifyController> {
+        let data = self.inner.identify_raw(cns::CONTROLLER, 0)?;
+        IdentifyController::parse(&data)
+            .map_err(|e| self.inner.fault(format!("Identify Controller: {e}")))
+    }
+
+    /// Identify Namespace (CNS 00h) for `nsid`, read now.
+    pub fn identify_namespace(&self, nsid: u32) -> Result<IdentifyNamespace> {
+        let data = self.inner.identify_raw(cns::NAMESPACE, nsid)?;
+        IdentifyNamespace::parse(&data)
+            .map_err(|e| self.inner.fault(format!("Identify Namespace: {e}")))
+    }
+
+    /// Active Namespace ID list (CNS 02h) of NSIDs greater than `start`.
+    pub fn active_namespace_ids(&self, start: u32) -> Result<Vec<u32>> {
+        let data = self.inner.identify_raw(cns::ACTIVE_NSID_LIST, start)?;
+        Ok(parse_ns_list(&data))
+    }
+
+    /// Raw Identify data for any CNS.
+    pub fn identify_raw(&self, cns: u8, nsid: u32) -> Result<Vec<u8>> {
+        self.inner.identify_raw(cns, nsid)
+    }
+
+    /// Get Features: returns completion dword 0. `sel` is the Select field
+    /// (0 current, 1 default, 2 saved, 3 supported capabilities).
+    pub fn get_features(&self, fid: u8, sel: u8, cdw11: u32) -> Result<u32> {
+        let sqe = Sqe::get_features(fid, sel, cdw11);
+        let (cqe, _) = self
+            .inner
+            .execute(sqe, None, &format!("Get Features (FID 0x{fid:02x})"))?;
+        Ok(cqe.dw0())
+    }
+
+    /// Set Features: returns completion dword 0.
+    pub fn set_features(&self, fid: u8, cdw11: u32, save: bool) -> Result<u32> {
+        let sqe = Sqe::set_features(fid, cdw11, save);
+        let (cqe, _) = self
+            .inner
+            .execute(sqe, None, &format!("Set Features (FID 0x{fid:02x})"))?;
+        Ok(cqe.dw0())
+    }
+
+    /// Get Log Page: `len` bytes (a multiple of 4) of log `lid` for `nsid`
+    /// (0xffff_ffff = controller-wide) from byte `offset`.
+    pub fn get_log_page(&self, lid: u8, nsid: u32, len: usize, offset: u64) -> Result<Vec<u8>> {
+        if len == 0 || len % 4 != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "log page length {len} must be a non-zero multiple of 4"
+            )));
+        }
+        let sqe = Sqe::get_log_page(lid, nsid, (len / 4) as u32, offset, false);
+        let (_, data) =
+            self.inner
+                .execute(sqe, Some(len), &format!("Get Log Page (LID 0x{lid:02x})"))?;
+        Ok(data)
+    }
+
+    /// The SMART / Health Information log (LID 02h), controller-wide.
+    pub fn smart_log(&self) -> Result<SmartLog> {
+        let data = self.get_log_page(log_id::SMART_HEALTH, 0xffff_ffff, 512, 0)?;
+        SmartLog::parse(&data).map_err(|e| self.inner.fault(format!("SMART log: {e}")))
+    }
+
+    /// The Error Information log (LID 01h): up to `entries` entries (the
+    /// controller keeps ELPE + 1).
+    pub fn error_log(&self, entries: usize) -> Result<Vec<ErrorLogEntry>> {
+        let max = self.inner.identify.elpe as usize + 1;
+        let n = entries.clamp(1, max);
+        let data = self.get_log_page(log_id::ERROR_INFO, 0xffff_ffff, n * 64, 0)?;
+        Ok(upnvme_queues::parse_error_log(&data))
+    }
+
+    /// The Firmware Slot Information log (LID 03h).
+    pub fn firmware_slot_log(&self) -> Result<FirmwareSlotLog> {
+        let data = self.get_log_page(log_id::FIRMWARE_SLOT, 0xffff_ffff, 512, 0)?;
+        FirmwareSlotLog::parse(&data)
+            .map_err(|e| self.inner.fault(format!("firmware slot log: {e}")))
+    }
+
+    /// Polls the admin queue and returns the asynchronous events that arrived
+    /// since the last call; completed Asynchronous Event Requests are re-posted.
+    ///
+    /// The controller masks an event type until the host reads the log page
+    /// the event names ([`AsyncEvent::log_page`]) with Retain Asynchronous
+    /// Event cleared, which [`Controller::get_log_page`] does.
+    pub fn poll_async_events(&self) -> Result<Vec<AsyncEvent>> {
+        self.inner.with_admin(|dev, name, admin| {
+            admin.reap(dev, name)?;
+            let events = admin.take_events();
+            if admin.aers_to_repost() > 0 {
+                admin.post_aers(dev, self.inner.aer_target)?;
+            }
+            Ok(events)
+        })
+    }
+
+    /// Raw admin command passthrough: the command's CID and PRPs are filled in
+    /// by the driver; `data_len` bytes of data (0 for none) are transferred
+    /// through a driver-owned buffer: for a command that writes to the host,
+    /// the data is returned; for one that reads from the host, pass it in
+    /// `data_out`. Returns the completion entry and the data buffer's contents.
+    ///
+    /// An error status is returned as [`Error::Command`].
+    pub fn admin_passthrough(
+        &self,
+        sqe: Sqe,
+        data_len: usize,
+        data_out: Option<&[u8]>,
+    ) -> Result<(Cqe, Vec<u8>)> {
+        let len = data_out.map_or(data_len, |d| d.len().max(data_len));
+        let what = format!("admin command 0x{:02x}", sqe.opcode());
+        self.inner
+            .execute_with(sqe, (len > 0).then_some(len), data_out, &what)
+    }
+
+    /// Shuts the controller down now (CC.SHN normal, wait CSTS.SHST complete,
+    /// CC.EN = 0). Further calls on this controller or its queue pairs fail with
+    /// [`Error::Closed`]. Dropping the controller does the same.
+    pub fn close(self) -> Result<()> {
+        self.inner.shutdown()
+    }
+}
+
+impl<D: Device> Inner<D> {
+    pub(crate) fn admin(&self) -> Result<MutexGuard<'_, AdminQueue>> {
+        self.admin.lock().map_err(|_| Error::ControllerFailed {
+            device: self.name.clone(),
+            reason: "admin queue lock poisoned".into(),
+        })
+    }
+
+    /// Builds a [`Error::DeviceFault`] and marks the controller failed.
+    pub(crate) fn fault(&self, what: String) -> Error {
+        let e = Error::DeviceFault {
+            device: self.name.clone(),
+            what,
+        };
+        self.mark_failed(&e);
+        e
+    }
+
+    pub(crate) fn mark_failed(&self, e: &Error) {
+        if let Ok(mut f) = self.failure.lock()
+            && f.is_none()
+        {
+            *f = Some(e.to_string());
+        }
+    }
+
+    /// Fails fast when the controller is closed or failed.
+    pub(crate) fn check_usable(&self) -> Result<()> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::Closed {
+                device: self.name.clone(),
+            });
+        }
+        if let Ok(f) = self.failure.lock()
+            && let Some(reason) = f.as_ref()
+        {
+            return Err(Error::ControllerFailed {
+                device: self.name.clone(),
+                reason: reason.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Runs `f` on the admin queue; device-level failures mark the controller
+    /// failed.
+    fn with_admin<T>(&self, f: impl FnOnce(&D, &str, &mut AdminQueue) -> Result<T>) -> Result<T> {
+        self.check_usable()?;
+        let mut admin = self.admin()?;
+        let r = f(&self.dev, &self.name, &mut admin);
+        if let Err(e) = &r
+            && matches!(
+                e,
+                Error::DeviceFault { .. }
+                    | Error::Timeout { .. }
+                    | Error::ControllerGone { .. }
+                    | Error::ControllerFatal { .. }
+            )
+        {
+            self.mark_failed(e);
+        }
+        r
+    }
+
+    fn execute(&self, sqe: Sqe, data_len: Option<usize>, what: &str) -> Result<(Cqe, Vec<u8>)> {
+        self.execute_with(sqe, data_len, None, what)
+    }
+
+    /// Executes an admin command with an optional data buffer of `data_len`
+    /// bytes (filled from `data_out` when given) and checks its status.
+    fn execute_with(
+        &self,
+        mut sqe: Sqe,
+        data_len: Option<usize>,
+        data_out: Option<&[u8]>,
+        what: &str,
+    ) -> Result<(Cqe, Vec<u8>)> {
+        let timeout = self.admin_timeout;
+        let (buf, _list) = match data_len {
+            Some(len) => {
+                let (buf, list) = admin_data_buffer(&self.dev, len, &mut sqe, self.mdts_bytes())?;
+                if let Some(d) = data_out {
+                    buf.write_bytes(0, d)?;
+                }
+                (Some(buf), list)
+            }
+            None => (None, None),
+        };
+        let (cqe, buf) =
+            self.with_admin(|dev, name, admin| admin.execute(dev, name, sqe, buf, timeout, what))?;
+        if !cqe.status().is_success() {
+            return Err(Error::Command {
+                command: what.to_string(),
+                status: cqe.status(),
+            });
+        }
+        let data = match (buf, data_len) {
+            (Some(b), Some(len)) => {
+                let mut v = vec![0; len];
+                b.read_bytes(0, &mut v)?;
+                v
+            }
+            _ => Vec::new(),
+        };
+        Ok((cqe, data))
+    }
+
+    fn mdts_bytes(&self) -> usize {
+        match self.identify.mdts {
+            0 => usize::MAX,
+            m => PAGE.checked_shl(m as u32).unwrap_or(usize::MAX),
+        }
+    }
+
+    fn identify_raw(&self, cns: u8, nsid: u32) -> Result<Vec<u8>> {
+        let sqe = Sqe::identify(cns, nsid, 0);
+        let (_, data) = self.execute(
+            sqe,
+            Some(PAGE),
+            &format!("Identify (CNS 0x{cns:02x}, NSID {nsid})"),
+        )?;
+        Ok(data)
+    }
+
+    /// Normal shutdown (NVMe 2.0 §3.6.1): CC.SHN = 01b, wait for CSTS.SHST =
+    /// 10b within RTD3E (or CAP.TO), then CC.EN = 0 and wait CSTS.RDY = 0.
+    pub(crate) fn shutdown(&self) -> Result<()> {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let csts = Csts(self.dev.read32(REG_CSTS));
+        if csts.is_all_ones() {
+            return Err(Error::ControllerGone {
+                device: self.name.clone(),
+            });
+        }
+        let mut result = Ok(());
+        if csts.rdy() && !csts.cfs() {
+            let cc = Cc(self.dev.read32(REG_CC));
+            self.dev.write32(REG_CC, cc.with_shn(Cc::SHN_NORMAL).0);
+            let timeout =
+                self.options
+                    .shutdown_timeout
+                    .unwrap_or_else(|| match self.identify.rtd3e {
+                        0 => self.ready_timeout,
+                        us => Duration::from_micros(us as u64).max(Duration::from_millis(500)),
+                    });
+            result = wait_csts(
+                &self.dev,
+                &self.name,
+                timeout,
+                "CSTS.SHST = shutdown complete",
+                |c| c.shst() == Csts::SHST_COMPLETE,
+            );
+        }
+        let disabled = disable(&self.dev, &self.name, self.ready_timeout);
+        if disabled.is_ok()
+            && let Ok(mut admin) = self.admin.lock()
+        {
+            admin.forget_in_flight();
+        }
+        result.and(disabled)
+    }
+}
+
+impl<D: Device> Drop for Inner<D> {
+    fn drop(&mut self) {
+        let _ = self.shutdown();
+    }
+}
+
+/// Allocates a data buffer for an admin command and fills in its PRPs
+/// (NVMe 2.0 §4.3.1): one page → PRP1; two → PRP2 is the second page; more →
+/// PRP2 points to a PRP list (one list page, up to 513 pages of data).
+fn admin_data_buffer<D: Device>(
+    dev: &D,
+    len: usize,
+    sqe: &mut Sqe,
+    mdts: usize,
+) -> Result<(DmaBuffer, Option<DmaBuffer>)> {
+    let pages = len.div_ceil(PAGE);
+    if len > mdts || pages > 513 {
+        return Err(Error::InvalidArgument(format!(
+            "admin data of {len} bytes exceeds the transfer limit ({} bytes)",
+            mdts.min(513 * PAGE)
+        )));
+    }
+    let buf = dev.alloc_dma(len)?;
+    sqe.set_prp1(buf.iova());
+    let list = match pages {
+        1 => None,
+        2 => {
+            sqe.set_prp2(buf.iova() + PAGE as u64);
+            None
+        }
+        _ => {
+            let list = dev.alloc_dma(PAGE)?;
+            for i in 1..pages {
+                list.write_u64((i - 1) * 8, buf.iova() + (i * PAGE) as u64)?;
+            }
+            sqe.set_prp2(list.iova());
+            Some(list)
+        }
+    };
+    Ok((buf, list))
+}
+
+/// Waits until `done(CSTS)` holds, at most `timeout`; all ones → gone, CFS →
+/// fatal. Polls without sleeping for the first few reads (fast controllers),
+/// then sleeps 100 us between reads.
+pub(crate) fn wait_csts<D: Device>(
+    dev: &D,
+    name: &str,
+    timeout: Duration,
+    what: &str,
+    done: impl Fn(Csts) -> bool,
+) -> Result<()> {
+    let start = Instant::now();
+    let mut reads = 0u32;
+    loop {
+        let csts = Csts(dev.read32(REG_CSTS));
+        if csts.is_all_ones() {
+            return Err(Error::ControllerGone {
+                device: name.to_string(),
+            });
+        }
+        if done(csts) {
+            return Ok(());
+        }
+        if csts.cfs() {
+            return Err(Error::ControllerFatal {
+                device: name.to_string(),
+            });
+        }
+        let waited = start.elapsed();
+        if waited >= timeout {
+            return Err(Error::Timeout {
+                what: format!("{what} on {name}"),
+                after: waited,
+            });
+        }
+        reads += 1;
+        if reads > 16 {
+            std::thread::sleep(Duration::from_micros(100));
+        }
+    }
+}
+
+/// CC.EN = 0 and wait for CSTS.RDY = 0 (CFS does not stop a disable: disabling
+/// is how a fatally failed controller is reset).
+pub(crate) fn disable<D: Device>(dev: &D, name: &str, timeout: Duration) -> Result<()> {
+    let cc = Cc(dev.read32(REG_CC));
+    let csts = Csts(dev.read32(REG_CSTS));
+    if csts.is_all_ones() {
+        return Err(Error::ControllerGone {
+            device: name.to_string(),
+        });
+    }
+    if cc.en() && !csts.rdy() && !csts.cfs() {
+        // §3.5.1: wait for RDY to match EN before changing EN; if it never does,
+        // disable anyway.
+        let _ = wait_csts(dev, name, timeout, "CSTS.RDY = 1 before disabling", |c| {
+            c.rdy()
+        });
+    }
+    if cc.en() {
+        dev.write32(REG_CC, cc.with_en(false).with_shn(Cc::SHN_NONE).0);
+    }
+    wait_csts(dev, name, timeout, "CSTS.RDY = 0 after CC.EN = 0", |c| {
+        !c.rdy() || c.cfs()
+    })
+    .and_then(|()| {
+        // CFS with RDY still 1 after the timeout-free check: wait for RDY only.
+        wait_csts_ignoring_cfs(dev, name, timeout)
+    })
+}
+
+fn wait_csts_ignoring_cfs<D: Device>(dev: &D, name: &str, timeout: Duration) -> Result<()> {
+    let start = Instant::now();
+    loop {
+        let csts = Csts(dev.read32(REG_CSTS));
+        if csts.is_all_ones() {
+            return Err(Error::ControllerGone {
+                device: name.to_string(),
+            });
+        }
+        if !csts.rdy() {
+            return Ok(());
+        }
+        let waited = start.elapsed();
+        if waited >= timeout {
+            return Err(Error::Timeout {
+                what: format!("CSTS.RDY = 0 after CC.EN = 0 on {name}"),
+                after: waited,
+            });
+        }
+        std::thread::sleep(Duration::from_micros(100));
+    }
+}
+
+/// Runs the bring-up sequence.
+fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<Inner<D>> {
+    let name = dev.name();
+    let cap = Cap(dev.read64(REG_CAP));
+    if cap.0 == u64::MAX {
+        return Err(Error::ControllerGone { device: name });
+    }
+    let unsupported = |what: String| Error::Unsupported {
+        device: name.clone(),
+        what,
+    };
+    if cap.css() & 1 == 0 {
+        return Err(unsupported(format!(
+            "CAP.CSS 0x{:02x} lacks the NVM command set",
+            cap.css()
+        )));
+    }
+    if cap.min_page_size() > PAGE {
+        return Err(unsupported(format!(
+            "CAP.MPSMIN requires {}-byte memory pages; upnvme uses 4 KiB",
+            cap.min_page_size()
+        )));
+    }
+    let ready_timeout = options
+        .ready_timeout
+        .unwrap_or(Duration::from_millis(cap.timeout_ms()));
+    let admin_timeout = options
+        .admin_timeout
+        .unwrap_or(Duration::from_millis(cap.timeout_ms()).max(Duration::from_secs(5)));
+    let vs = Vs(dev.read32(REG_VS));
+    let step_err = |step: BringupStep, e: Error| match e {
+        Error::Timeout { what, after } => Error::Timeout {
+            what: format!("{what} (bring-up step {step:?})"),
+            after,
+        },
+        other => other,
+    };
+
+    // Disable.
+    disable(&dev, &name, ready_timeout).map_err(|e| step_err(BringupStep::Disable, e))?;
+
+    // Configure the admin queue.
+    let entries = options
+        .admin_queue_entries
+        .clamp(2, 4096)
+        .min(cap.max_queue_entries());
+    let mut admin = AdminQueue::new(&dev, entries, cap.dstrd())?;
+    dev.write32(REG_AQA, aqa(entries, entries));
+    dev.write64(REG_ASQ, admin.sq_iova());
+    dev.write64(REG_ACQ, admin.cq_iova());
+
+    // Enable.
+    let cc = Cc::new()
+        .with_css(Cc::CSS_NVM)
+        .with_mps(0)
+        .with_ams(0)
+        .with_iosqes(6)
+        .with_iocqes(4)
+        .with_en(true);
+    dev.write32(REG_CC, cc.0);
+    wait_csts(
+        &dev,
+        &name,
+        ready_timeout,
+        "CSTS.RDY = 1 after CC.EN = 1",
+        |c| c.rdy(),
+    )
+    .map_err(|e| step_err(BringupStep::Enable, e))?;
+
+    // From here on the admin queue works; build the controller and let it run
+    // the remaining steps as admin commands (its Drop disables the controller
+    // if a step fails).
+    let placeholder = IdentifyController::parse(&[0u8; PAGE])
+        .map_err(|e| Error::InvalidArgument(format!("identify layout: {e}")))?;
+    admin.post_aers(&dev, 0)?;
+    let mut inner = Inner {
+        dev,
+        name: name.clone(),
+        cap,
+        vs,
+        options,
+        admin: Mutex::new(admin),
+        admin_timeout,
+        ready_timeout,
+        failure: Mutex::new(None),
+        closed: AtomicBool::new(false),
+        identify: placeholder,
+        namespaces: Vec::new(),
+        granted_io_queues: 0,
+        shadow: None,
+        aer_target: 0,
+    };
+
+    // Identify Controller.
+    let data = inner.identify_raw(cns::CONTROLLER, 0)?;
+    let id = IdentifyController::parse(&data)
+        .map_err(|e| inner.fault(format!("Identify Controller: {e}")))?;
+    if id.sqes & 0x0f > 6 || (id.sqes >> 4) < 6 || id.cqes & 0x0f > 4 || (id.cqes >> 4) < 4 {
+        return Err(unsupported(format!(
+            "SQES 0x{:02x} / CQES 0x{:02x} do not allow 64-byte SQEs and 16-byte CQEs",
+            id.sqes, id.cqes
+        )));
+    }
+    inner.identify = id;
+
+    // Set Features, Number of Queues (FID 07h): both counts are 0-based.
+    let want = inner.options.io_queues.clamp(1, 0xfffe) - 1;
+    let (cqe, _) = inner.execute(
+        Sqe::set_features(
+            feature::NUMBER_OF_QUEUES,
+            ((want as u32) << 16) | want as u32,
+            false,
+        ),
+        None,
+        "Set Features (Number of Queues)",
+    )?;
+    let nsqa = cqe.dw0() & 0xffff;
+    let ncqa = cqe.dw0() >> 16;
+    inner.granted_io_queues = (nsqa.min(ncqa) + 1).min(want as u32 + 1) as u16;
+
+    // Identify namespaces.
+    let mut namespaces = Vec::new();
+    let mut start = 0u32;
+    loop {
+        let data = inner.identify_raw(cns::ACTIVE_NSID_LIST, start)?;
+        let ids = parse_ns_list(&data);
+        let full = ids.len() == 1024;
+        for &nsid in &ids {
+            let data = inner.identify_raw(cns::NAMESPACE, nsid)?;
+            let idns = IdentifyNamespace::parse(&data)
+                .map_err(|e| inner.fault(format!("Identify Namespace {nsid}: {e}")))?;
+            if idns.is_active()
+                && let Some(ns) = Namespace::from_identify(nsid, idns)
+            {
+                namespaces.push(ns);
+            }
+        }
+        match ids.last() {
+            Some(&last) if full && last < 0xffff_fffe => start = last,
+            _ => break,
+        }
+    }
+    inner.namespaces = namespaces;
+
+    // Doorbell Buffer Config (admin 7Ch), when OACS bit 8 says so.
+    if inner.options.shadow_doorbells && inner.identify.oacs_doorbell_buffer_config() {
+        let stride = 4usize << cap.dstrd();
+        let len = ((inner.granted_io_queues as usize + 1) * 2 * stride).max(PAGE);
+        let doorbells = inner.dev.alloc_dma(len)?;
+        let event_idx = inner.dev.alloc_dma(len)?;
+        inner.execute(
+            Sqe::doorbell_buffer_config(doorbells.iova(), event_idx.iova()),
+            None,
+            "Doorbell Buffer Config",
+        )?;
+        inner.shadow = Some(ShadowBuffers {
+            doorbells,
+            event_idx,
+        });
+    }
+
+    // Asynchronous Event Requests: up to AERL + 1 outstanding.
+    inner.aer_target = (inner.options.async_events as u32).min(inner.identify.aerl as u32 + 1);
+    let target = inner.aer_target;
+    inner.with_admin(|dev, _, admin| admin.post_aers(dev, target))?;
+    Ok(inner)
+}
+
+/// What `upnvme list` shows about a controller without opening it.
+pub fn list_controllers() -> Result<Vec<upnvme_dma::pci::PciFunction>> {
+    Ok(Sysfs::default().nvme_controllers()?)
+}

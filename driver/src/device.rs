@@ -1,0 +1,92 @@
+//! The device abstraction the driver is written against: a register file
+//! (BAR0) plus a way to get DMA memory the device can reach.
+//!
+//! Two implementations exist: [`VfioNvme`] (a real or QEMU-emulated controller
+//! through VFIO) and the in-memory controller model in the `upnvme-tests` crate,
+//! which reads commands from the real submission queue memory and writes real
+//! completion entries — so host tests and the guest run the same driver code.
+
+use std::sync::Arc;
+
+use upnvme_dma::{DmaAllocator, DmaBuffer, DmaError, PageBacking, PciAddress, Sysfs, VfioDevice};
+
+/// Registers and DMA memory of one NVMe controller.
+///
+/// Register accessors are infallible by design: like a PCI master abort, an
+/// access the implementation cannot perform reads all ones and drops writes.
+/// The driver treats an all-ones `CSTS` as "device gone" on every wait.
+pub trait Device: Send + Sync + 'static {
+    /// Reads a 32-bit register of BAR0 at `offset`.
+    fn read32(&self, offset: usize) -> u32;
+    /// Writes a 32-bit register (or doorbell) of BAR0 at `offset`. Every store to
+    /// DMA memory made before the call is visible to the device before the write.
+    fn write32(&self, offset: usize, value: u32);
+    /// Reads a 64-bit register (`CAP`, `ASQ`, `ACQ`).
+    fn read64(&self, offset: usize) -> u64;
+    /// Writes a 64-bit register (`ASQ`, `ACQ`).
+    fn write64(&self, offset: usize, value: u64);
+    /// Size of BAR0 in bytes; doorbells beyond it do not exist.
+    fn bar_len(&self) -> usize;
+    /// Allocates zeroed, page-aligned DMA memory of at least `len` bytes.
+    fn alloc_dma(&self, len: usize) -> Result<DmaBuffer, DmaError>;
+    /// A name for messages: the PCI address, or "model".
+    fn name(&self) -> String;
+}
+
+/// An NVMe controller reached through VFIO: BAR0 registers and hugepage DMA
+/// memory mapped in the device's IOMMU container.
+#[derive(Debug)]
+pub struct VfioNvme {
+    // Field order is drop order: DMA memory first (it holds the container), then
+    // the device (bus mastering off, BAR unmapped).
+    alloc: DmaAllocator,
+    device: VfioDevice,
+}
+
+impl VfioNvme {
+    /// Opens the controller at `address` (which must be bound to vfio-pci) with
+    /// DMA memory of the given page backing.
+    pub fn open(
+        address: &PciAddress,
+        backing: PageBacking,
+        sysfs: &Sysfs,
+    ) -> Result<Self, DmaError> {
+        let device = VfioDevice::open(address, sysfs)?;
+        let mapper: Arc<dyn upnvme_dma::DmaMapper> = device.container().clone();
+        let alloc = DmaAllocator::new(mapper, backing);
+        Ok(VfioNvme { alloc, device })
+    }
+
+    /// The underlying VFIO device (configuration space access).
+    pub fn vfio(&self) -> &VfioDevice {
+        &self.device
+    }
+}
+
+impl Device for VfioNvme {
+    #[inline]
+    fn read32(&self, offset: usize) -> u32 {
+        self.device.bar0().read32(offset)
+    }
+    #[inline]
+    fn write32(&self, offset: usize, value: u32) {
+        self.device.bar0().write32(offset, value)
+    }
+    #[inline]
+    fn read64(&self, offset: usize) -> u64 {
+        self.device.bar0().read64(offset)
+    }
+    #[inline]
+    fn write64(&self, offset: usize, value: u64) {
+        self.device.bar0().write64(offset, value)
+    }
+    fn bar_len(&self) -> usize {
+        self.device.bar0().len()
+    }
+    fn alloc_dma(&self, len: usize) -> Result<DmaBuffer, DmaError> {
+        self.alloc.alloc(len)
+    }
+    fn name(&self) -> String {
+        self.device.address().to_string()
+    }
+}

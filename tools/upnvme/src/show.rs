@@ -1,0 +1,199 @@
+//! Human-readable output of `list`, `identify` and `smart-log`.
+
+use anyhow::Result;
+use upnvme::{Controller, ControllerOptions, Namespace};
+
+fn human_bytes(b: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u < UNITS.len() - 1 {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.2} {}", UNITS[u])
+    }
+}
+
+/// `upnvme list`.
+pub fn list() -> Result<()> {
+    let all = upnvme::list_controllers()?;
+    println!(
+        "{:<14} {:<10} {:<20} {:<20} {:>4} {:>12}",
+        "Address", "Driver", "Model", "Serial", "NS", "Capacity"
+    );
+    for f in all {
+        let driver = f.driver.clone().unwrap_or_else(|| "none".into());
+        let (model, serial, ns, cap) = if driver == "vfio-pci" {
+            match Controller::open(
+                &f.address.to_string(),
+                ControllerOptions {
+                    async_events: 0,
+                    ..Default::default()
+                },
+            ) {
+                Ok(c) => {
+                    let id = c.identify();
+                    let total: u64 = c.namespaces().iter().map(Namespace::size_bytes).sum();
+                    let r = (
+                        id.mn.clone(),
+                        id.sn.clone(),
+                        c.namespaces().len().to_string(),
+                        human_bytes(total),
+                    );
+                    let _ = c.close();
+                    r
+                }
+                Err(e) => (format!("({e})"), String::new(), "-".into(), "-".into()),
+            }
+        } else {
+            let note = format!("(vendor {:04x} device {:04x})", f.vendor, f.device);
+            (note, String::new(), "-".into(), "-".into())
+        };
+        println!(
+            "{:<14} {:<10} {:<20} {:<20} {:>4} {:>12}",
+            f.address.to_string(),
+            driver,
+            model,
+            serial,
+            ns,
+            cap
+        );
+    }
+    Ok(())
+}
+
+/// `upnvme identify`.
+pub fn identify(c: &Controller, nsid: Option<u32>) -> Result<()> {
+    if nsid.is_none() {
+        let id = c.identify();
+        let cap = c.cap();
+        println!("Controller {}", c.device_name());
+        println!("  vid     : 0x{:04x}", id.vid);
+        println!("  ssvid   : 0x{:04x}", id.ssvid);
+        println!("  sn      : {}", id.sn);
+        println!("  mn      : {}", id.mn);
+        println!("  fr      : {}", id.fr);
+        println!(
+            "  ver     : {}.{}.{} (VS register {})",
+            id.ver >> 16,
+            (id.ver >> 8) & 0xff,
+            id.ver & 0xff,
+            c.version()
+        );
+        println!("  cntlid  : 0x{:04x}", id.cntlid);
+        match c.max_transfer_bytes() {
+            Some(b) => println!(
+                "  mdts    : {} ({} max transfer)",
+                id.mdts,
+                human_bytes(b as u64)
+            ),
+            None => println!("  mdts    : 0 (no limit)"),
+        }
+        println!(
+            "  oacs    : 0x{:04x}{}",
+            id.oacs,
+            if id.oacs_doorbell_buffer_config() {
+                " (Doorbell Buffer Config)"
+            } else {
+                ""
+            }
+        );
+        println!(
+            "  oncs    : 0x{:04x} (compare {}, dsm {}, write zeroes {})",
+            id.oncs,
+            id.oncs_compare(),
+            id.oncs_dsm(),
+            id.oncs_write_zeroes()
+        );
+        println!("  aerl    : {}", id.aerl);
+        println!("  elpe    : {}", id.elpe);
+        println!("  sqes    : 0x{:02x}", id.sqes);
+        println!("  cqes    : 0x{:02x}", id.cqes);
+        println!("  nn      : {}", id.nn);
+        println!("  vwc     : 0x{:02x}", id.vwc);
+        println!("  rtd3e   : {} us", id.rtd3e);
+        println!("  subnqn  : {}", id.subnqn);
+        println!(
+            "  CAP     : 0x{:016x} (mqes {}, to {} ms, dstrd {}, mpsmin {} B)",
+            cap.0,
+            cap.max_queue_entries(),
+            cap.timeout_ms(),
+            cap.dstrd(),
+            cap.min_page_size()
+        );
+        println!("  I/O queue pairs granted : {}", c.granted_io_queues());
+        println!(
+            "  shadow doorbells        : {}",
+            if c.shadow_doorbells() { "on" } else { "off" }
+        );
+    }
+    for ns in c.namespaces() {
+        if nsid.is_some_and(|n| n != ns.id()) {
+            continue;
+        }
+        let id = ns.identify();
+        println!("Namespace {}", ns.id());
+        println!(
+            "  nsze    : {} blocks ({})",
+            id.nsze,
+            human_bytes(ns.size_bytes())
+        );
+        println!("  ncap    : {}", id.ncap);
+        println!("  nuse    : {}", id.nuse);
+        println!("  nsfeat  : 0x{:02x}", id.nsfeat);
+        println!("  nlbaf   : {}", id.nlbaf);
+        println!("  flbas   : 0x{:02x}", id.flbas);
+        for (i, f) in id.lbaf.iter().enumerate() {
+            println!(
+                "  lbaf {i:2} : ms {:<3} lbads {:<2} rp {}{}",
+                f.ms,
+                f.lbads,
+                f.rp,
+                if (id.flbas & 0xf) as usize == i {
+                    " (in use)"
+                } else {
+                    ""
+                }
+            );
+        }
+        println!(
+            "  lba size: {} bytes, metadata {} bytes",
+            ns.lba_size(),
+            ns.metadata_size()
+        );
+    }
+    if let Some(n) = nsid {
+        c.namespace(n)?;
+    }
+    Ok(())
+}
+
+/// `upnvme smart-log`.
+pub fn smart_log(c: &Controller) -> Result<()> {
+    let s = c.smart_log()?;
+    println!("SMART / Health Information log of {}", c.device_name());
+    println!("  critical_warning    : 0x{:02x}", s.critical_warning);
+    println!(
+        "  temperature         : {} K ({} C)",
+        s.temperature_kelvin,
+        s.temperature_kelvin as i32 - 273
+    );
+    println!("  available_spare     : {}%", s.avail_spare);
+    println!("  spare_threshold     : {}%", s.spare_thresh);
+    println!("  percentage_used     : {}%", s.percent_used);
+    println!("  data_units_read     : {}", s.data_units_read);
+    println!("  data_units_written  : {}", s.data_units_written);
+    println!("  host_read_commands  : {}", s.host_read_commands);
+    println!("  host_write_commands : {}", s.host_write_commands);
+    println!("  controller_busy_time: {}", s.ctrl_busy_time);
+    println!("  power_cycles        : {}", s.power_cycles);
+    println!("  power_on_hours      : {}", s.power_on_hours);
+    println!("  unsafe_shutdowns    : {}", s.unsafe_shutdowns);
+    println!("  media_errors        : {}", s.media_errors);
+    println!("  num_err_log_entries : {}", s.num_err_log_entries);
+    Ok(())
+}
