@@ -434,6 +434,20 @@ impl DmaBuffer {
         })
     }
 
+    /// Moves the ownership of this buffer's pages into a new handle: `self`
+    /// stays a valid view of the same memory, but dropping it no longer returns
+    /// the pages to their allocator — dropping the returned handle does. Used
+    /// to quarantine memory the device may still access.
+    pub fn take_ownership(&mut self) -> DmaBuffer {
+        DmaBuffer {
+            mem: self.mem.clone(),
+            region: self.region.clone(),
+            offset: self.offset,
+            len: self.len,
+            release: self.release.take(),
+        }
+    }
+
     /// Length in bytes.
     #[inline]
     pub fn len(&self) -> usize {

@@ -65,7 +65,14 @@ pub(crate) struct Inner<D: Device> {
     admin_timeout: Duration,
     ready_timeout: Duration,
     failure: Mutex<Option<String>>,
+    /// Set with `failure`: the I/O path checks this flag, not the mutex.
+    failed: AtomicBool,
     closed: AtomicBool,
+    /// I/O queue IDs in use (index = qid - 1).
+    qids: Mutex<Vec<bool>>,
+    /// Memory the device may still access (timed-out commands, queues whose
+    /// deletion failed): released only after the controller is disabled.
+    quarantine: Mutex<Vec<DmaBuffer>>,
     identify: IdentifyController,
     namespaces: Vec<Namespace>,
     granted_io_queues: u16,
@@ -84,7 +91,7 @@ pub(crate) struct Inner<D: Device> {
 /// controller down: CC.SHN = normal, wait for CSTS.SHST = complete, then
 /// CC.EN = 0, so no DMA happens after the process stops using the device.
 pub struct Controller<D: Device = VfioNvme> {
-    inner: Arc<Inner<D>>,
+    pub(crate) inner: Arc<Inner<D>>,
 }
 
 impl<D: Device> std::fmt::Debug for Controller<D> {
@@ -357,6 +364,81 @@ impl<D: Device> Inner<D> {
         {
             *f = Some(e.to_string());
         }
+        self.failed.store(true, Ordering::Release);
+    }
+
+    /// Cheap check for the I/O path: neither failed nor closed.
+    #[inline]
+    pub(crate) fn is_usable(&self) -> bool {
+        !self.failed.load(Ordering::Relaxed) && !self.closed.load(Ordering::Relaxed)
+    }
+
+    /// The error that explains why the controller is not usable.
+    pub(crate) fn unusable_error(&self) -> Error {
+        match self.check_usable() {
+            Err(e) => e,
+            Ok(()) => Error::ControllerFailed {
+                device: self.name.clone(),
+                reason: "the queue pair saw a device fault".into(),
+            },
+        }
+    }
+
+    /// The active namespaces.
+    pub(crate) fn namespaces(&self) -> &[Namespace] {
+        &self.namespaces
+    }
+
+    /// Largest transfer in bytes per command, `None` when MDTS = 0.
+    pub(crate) fn max_transfer(&self) -> Option<usize> {
+        match self.identify.mdts {
+            0 => None,
+            m => Some(
+                self.cap
+                    .min_page_size()
+                    .checked_shl(m as u32)
+                    .unwrap_or(usize::MAX),
+            ),
+        }
+    }
+
+    /// Takes a free I/O queue ID.
+    pub(crate) fn alloc_qid(&self) -> Result<u16> {
+        let mut q = self.qids.lock().map_err(|_| Error::ControllerFailed {
+            device: self.name.clone(),
+            reason: "queue ID lock poisoned".into(),
+        })?;
+        match q.iter().position(|used| !used) {
+            Some(i) => {
+                q[i] = true;
+                Ok(i as u16 + 1)
+            }
+            None => Err(Error::NoQueuesLeft {
+                device: self.name.clone(),
+                granted: self.granted_io_queues,
+            }),
+        }
+    }
+
+    /// Returns an I/O queue ID.
+    pub(crate) fn free_qid(&self, qid: u16) {
+        if let Ok(mut q) = self.qids.lock()
+            && let Some(u) = q.get_mut(qid as usize - 1)
+        {
+            *u = false;
+        }
+    }
+
+    /// Keeps memory alive until the controller is disabled.
+    pub(crate) fn quarantine(&self, bufs: Vec<DmaBuffer>) {
+        if let Ok(mut q) = self.quarantine.lock() {
+            q.extend(bufs);
+        }
+    }
+
+    /// Executes an admin command without data; an error status is an error.
+    pub(crate) fn admin_command(&self, sqe: Sqe, what: &str) -> Result<Cqe> {
+        self.execute(sqe, None, what).map(|(c, _)| c)
     }
 
     /// Fails fast when the controller is closed or failed.
@@ -489,10 +571,13 @@ impl<D: Device> Inner<D> {
             );
         }
         let disabled = disable(&self.dev, &self.name, self.ready_timeout);
-        if disabled.is_ok()
-            && let Ok(mut admin) = self.admin.lock()
-        {
-            admin.forget_in_flight();
+        if disabled.is_ok() {
+            if let Ok(mut admin) = self.admin.lock() {
+                admin.forget_in_flight();
+            }
+            if let Ok(mut q) = self.quarantine.lock() {
+                q.clear();
+            }
         }
         result.and(disabled)
     }
@@ -718,7 +803,10 @@ fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<Inner<D>> {
         admin_timeout,
         ready_timeout,
         failure: Mutex::new(None),
+        failed: AtomicBool::new(false),
         closed: AtomicBool::new(false),
+        qids: Mutex::new(Vec::new()),
+        quarantine: Mutex::new(Vec::new()),
         identify: placeholder,
         namespaces: Vec::new(),
         granted_io_queues: 0,
@@ -752,6 +840,9 @@ fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<Inner<D>> {
     let nsqa = cqe.dw0() & 0xffff;
     let ncqa = cqe.dw0() >> 16;
     inner.granted_io_queues = (nsqa.min(ncqa) + 1).min(want as u32 + 1) as u16;
+    if let Ok(mut q) = inner.qids.lock() {
+        *q = vec![false; inner.granted_io_queues as usize];
+    }
 
     // Identify namespaces.
     let mut namespaces = Vec::new();

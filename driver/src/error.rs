@@ -83,6 +83,27 @@ pub enum Error {
         what: String,
     },
 
+    /// The queue pair has as many commands in flight as it can hold; reap
+    /// completions and retry. Returned at once, never blocks.
+    #[error(
+        "I/O queue {qid} is full: reap completions (process_completions) before submitting more"
+    )]
+    QueueFull {
+        /// The queue ID.
+        qid: u16,
+    },
+
+    /// Every I/O queue the controller granted is in use.
+    #[error(
+        "controller {device} has no I/O queue left: all {granted} granted queue pairs are in use (ask for more with ControllerOptions::io_queues, or drop a queue pair)"
+    )]
+    NoQueuesLeft {
+        /// The device name.
+        device: String,
+        /// How many the controller granted.
+        granted: u16,
+    },
+
     /// The caller passed something invalid.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),

@@ -24,13 +24,18 @@ pub mod device;
 pub mod error;
 pub mod namespace;
 pub mod options;
+pub mod qpair;
 
 pub use controller::{BringupStep, Controller, ShadowBuffers, list_controllers};
 pub use device::{Device, VfioNvme};
 pub use error::{Error, Result};
 pub use namespace::Namespace;
 pub use options::ControllerOptions;
+pub use qpair::{
+    BLOCKING_TAG, Backoff, Completion, CqHeadPolicy, IoCommand, IoError, IoFailure, IoQueuePair,
+    QueuePairOptions, QueueStats,
+};
 pub use upnvme_dma as dma;
 pub use upnvme_dma::{DmaBuffer, PageBacking, PciAddress};
 pub use upnvme_queues as queues;
-pub use upnvme_queues::{AsyncEvent, Cqe, Sqe, Status};
+pub use upnvme_queues::{AsyncEvent, Cqe, DsmRange, Sqe, Status};

@@ -1,1 +1,7 @@
-//! guest
+//! Guest integration tests: built by `cargo xtask test` (feature `guest`) and run inside
+//! the QEMU test bed as `upnvme-guest-tests --test-threads=1`, because the tests open
+//! VFIO devices, which is exclusive.
+
+mod bed;
+mod driver;
+mod io;

@@ -1,0 +1,53 @@
+//! Per-queue-pair counters: the doorbell economy made visible.
+
+/// Counters of one I/O queue pair. Plain integers updated by the owning thread
+/// after the doorbell write (never before it); read them with
+/// [`crate::IoQueuePair::stats`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueueStats {
+    /// Commands submitted (written to the SQ and announced to the device).
+    pub submissions: u64,
+    /// Completions reaped.
+    pub completions: u64,
+    /// Calls that looked at the CQ (process_completions and internal reaps).
+    pub polls: u64,
+    /// Polls that found nothing.
+    pub idle_polls: u64,
+    /// SQ tail doorbell writes over MMIO.
+    pub sq_doorbell_mmio: u64,
+    /// CQ head doorbell writes over MMIO.
+    pub cq_doorbell_mmio: u64,
+    /// SQ tail updates written to the shadow doorbell buffer.
+    pub sq_shadow_updates: u64,
+    /// CQ head updates written to the shadow doorbell buffer.
+    pub cq_shadow_updates: u64,
+    /// Reap batches after which the CQ head doorbell was not yet due and was
+    /// skipped (moderation).
+    pub cq_doorbell_skipped: u64,
+    /// Shadow updates for which the event index made the MMIO write unnecessary.
+    pub mmio_skipped_by_event_idx: u64,
+}
+
+impl QueueStats {
+    /// MMIO doorbell writes (SQ + CQ) per completed command.
+    pub fn mmio_per_io(&self) -> f64 {
+        if self.completions == 0 {
+            return 0.0;
+        }
+        (self.sq_doorbell_mmio + self.cq_doorbell_mmio) as f64 / self.completions as f64
+    }
+
+    /// Adds another queue pair's counters (for totals).
+    pub fn add(&mut self, o: &QueueStats) {
+        self.submissions += o.submissions;
+        self.completions += o.completions;
+        self.polls += o.polls;
+        self.idle_polls += o.idle_polls;
+        self.sq_doorbell_mmio += o.sq_doorbell_mmio;
+        self.cq_doorbell_mmio += o.cq_doorbell_mmio;
+        self.sq_shadow_updates += o.sq_shadow_updates;
+        self.cq_shadow_updates += o.cq_shadow_updates;
+        self.cq_doorbell_skipped += o.cq_doorbell_skipped;
+        self.mmio_skipped_by_event_idx += o.mmio_skipped_by_event_idx;
+    }
+}

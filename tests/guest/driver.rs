@@ -1,0 +1,245 @@
+//! Guest tests of the driver core: open, bring-up, identify, namespaces, logs,
+//! shutdown and re-open, two controllers at once, and the setup errors a user
+//! can meet — against QEMU's emulated NVMe controller through VFIO.
+
+use std::fs;
+use std::time::Duration;
+
+use upnvme::dma::DmaError;
+use upnvme::{Controller, ControllerOptions, Error};
+
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("{name} not set: run inside `cargo xtask vm`"))
+}
+
+fn env_u64(name: &str) -> u64 {
+    env(name)
+        .parse()
+        .unwrap_or_else(|_| panic!("{name} is not a number"))
+}
+
+/// The vfio-bound controllers, in order.
+fn devices() -> Vec<String> {
+    env("UPNVME_VM_DEVICES")
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
+}
+
+fn open(addr: &str) -> Controller {
+    Controller::open(addr, ControllerOptions::default())
+        .unwrap_or_else(|e| panic!("open {addr}: {e}"))
+}
+
+#[test]
+fn identify_matches_vm_configuration() {
+    let prefix = env("UPNVME_VM_SERIAL_PREFIX");
+    let mdts = env_u64("UPNVME_VM_MDTS");
+    for (i, addr) in devices().iter().enumerate() {
+        let c = open(addr);
+        let id = c.identify();
+        assert_eq!(id.mn, "QEMU NVMe Ctrl", "model number of {addr}");
+        assert_eq!(id.sn, format!("{prefix}{i}"), "serial of {addr}");
+        assert_eq!(id.mdts as u64, mdts, "MDTS of {addr}");
+        assert_eq!(c.max_transfer_bytes(), Some(4096usize << mdts));
+        assert!(c.granted_io_queues() >= 1);
+        assert!(c.version().major() >= 1);
+        // Re-reading Identify Controller returns the same data as bring-up.
+        let again = c.identify_controller().unwrap();
+        assert_eq!(again.sn, id.sn);
+        assert_eq!(again.nn, id.nn);
+        c.close().unwrap();
+    }
+}
+
+#[test]
+fn namespaces_match_vm_configuration() {
+    let per_ctrl = env_u64("UPNVME_VM_NAMESPACES") as usize;
+    let lba = env_u64("UPNVME_VM_LBA_SIZE") as u32;
+    let disk = env_u64("UPNVME_VM_DISK_SIZE");
+    for addr in devices() {
+        let c = open(&addr);
+        let ns = c.namespaces();
+        assert_eq!(ns.len(), per_ctrl, "namespaces on {addr}");
+        for (i, n) in ns.iter().enumerate() {
+            assert_eq!(n.id(), i as u32 + 1);
+            assert_eq!(n.lba_size(), lba, "LBA size of ns {} on {addr}", n.id());
+            assert_eq!(n.size_bytes(), disk, "size of ns {} on {addr}", n.id());
+            assert_eq!(n.lba_count(), disk / lba as u64);
+            assert_eq!(n.metadata_size(), 0);
+        }
+        let ids = c.active_namespace_ids(0).unwrap();
+        assert_eq!(ids, (1..=per_ctrl as u32).collect::<Vec<_>>());
+        // An inactive NSID is a typed error.
+        let e = c.namespace(per_ctrl as u32 + 7).unwrap_err();
+        assert!(matches!(e, Error::NoSuchNamespace { .. }), "{e}");
+        c.close().unwrap();
+    }
+}
+
+#[test]
+fn smart_and_logs_are_readable() {
+    let c = open(&devices()[0]);
+    let smart = c.smart_log().unwrap();
+    // QEMU reports a plausible temperature (it defaults to 323 K = 50 C... or
+    // whatever it was told); zero would mean we parsed the wrong bytes.
+    assert!(
+        (200..400).contains(&smart.temperature_kelvin),
+        "temperature {} K",
+        smart.temperature_kelvin
+    );
+    assert_eq!(smart.critical_warning, 0);
+    c.error_log(4).unwrap();
+    let fw = c.firmware_slot_log().unwrap();
+    assert!(
+        fw.afi & 0x7 >= 1,
+        "an active firmware slot: afi 0x{:x}",
+        fw.afi
+    );
+    // Features: the number of queues read back matches what was granted.
+    let nq = c.get_features(0x07, 0, 0).unwrap();
+    assert!((nq & 0xffff) + 1 >= c.granted_io_queues() as u32);
+    // An invalid Get Features FID is a typed NVMe status error, and the
+    // controller stays usable.
+    let e = c.get_features(0xee, 0, 0).unwrap_err();
+    assert!(matches!(e, Error::Command { .. }), "{e}");
+    assert!(e.to_string().contains("Invalid Field"), "{e}");
+    c.smart_log().unwrap();
+    c.close().unwrap();
+}
+
+#[test]
+fn shutdown_completes_and_reopen_works() {
+    let addr = &devices()[0];
+    for _ in 0..3 {
+        let c = open(addr);
+        assert!(c.status().unwrap().rdy());
+        // close() waits for CSTS.SHST = complete and then CSTS.RDY = 0; it fails
+        // with a typed timeout otherwise.
+        c.close().unwrap();
+    }
+    // Drop shuts down too, and the next open succeeds right after.
+    drop(open(addr));
+    let c = open(addr);
+    assert_eq!(c.identify().mn, "QEMU NVMe Ctrl");
+}
+
+#[test]
+fn two_controllers_in_one_process() {
+    let devs = devices();
+    if devs.len() < 2 {
+        eprintln!("single-controller configuration: covered by the two-controller run");
+        return;
+    }
+    let a = open(&devs[0]);
+    let b = Controller::open(
+        &devs[1],
+        ControllerOptions {
+            admin_queue_entries: 8,
+            shadow_doorbells: false,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert_ne!(a.identify().sn, b.identify().sn);
+    assert_eq!(b.admin_queue_entries(), 8);
+    assert!(!b.shadow_doorbells());
+    a.smart_log().unwrap();
+    b.smart_log().unwrap();
+    a.close().unwrap();
+    b.close().unwrap();
+}
+
+#[test]
+fn async_event_polling_is_quiet_when_nothing_happened() {
+    let c = open(&devices()[0]);
+    for _ in 0..10 {
+        assert!(c.poll_async_events().unwrap().is_empty());
+    }
+    c.close().unwrap();
+}
+
+#[test]
+fn the_same_controller_cannot_be_opened_twice() {
+    let addr = &devices()[0];
+    let a = open(addr);
+    let e = Controller::open(addr, ControllerOptions::default()).unwrap_err();
+    assert!(e.to_string().contains("already open"), "{e}");
+    a.close().unwrap();
+}
+
+#[test]
+fn bad_addresses_are_explained() {
+    let e = Controller::open("00:04", ControllerOptions::default()).unwrap_err();
+    assert!(
+        matches!(e, Error::Dma(DmaError::InvalidPciAddress { .. })),
+        "{e}"
+    );
+    let e = Controller::open("0000:00:1e.6", ControllerOptions::default()).unwrap_err();
+    assert!(
+        matches!(e, Error::Dma(DmaError::NoSuchDevice { .. })),
+        "{e}"
+    );
+    assert!(e.to_string().contains("upnvme list"), "{e}");
+    // The q35 host bridge is a PCI device but not an NVMe controller.
+    let e = Controller::open("0000:00:00.0", ControllerOptions::default()).unwrap_err();
+    assert!(matches!(e, Error::Dma(DmaError::NotNvme { .. })), "{e}");
+}
+
+#[test]
+fn device_bound_to_another_driver_is_explained() {
+    if let Ok(k) = std::env::var("UPNVME_VM_KERNEL_NVME")
+        && !k.is_empty()
+    {
+        let e = Controller::open(&k, ControllerOptions::default()).unwrap_err();
+        assert!(
+            matches!(e, Error::Dma(DmaError::NotBoundToVfio { driver: Some(ref d), .. }) if d == "nvme"),
+            "{e}"
+        );
+        assert!(e.to_string().contains("upnvme setup"), "{e}");
+    }
+    // Unbind a controller from vfio-pci, check the error, and bind it back.
+    let addr = &devices()[0];
+    fs::write("/sys/bus/pci/drivers/vfio-pci/unbind", addr).unwrap();
+    let e = Controller::open(addr, ControllerOptions::default()).unwrap_err();
+    let rebind = fs::write("/sys/bus/pci/drivers_probe", addr);
+    assert!(
+        matches!(e, Error::Dma(DmaError::NotBoundToVfio { driver: None, .. })),
+        "{e}"
+    );
+    assert!(e.to_string().contains("vfio-pci"), "{e}");
+    rebind.unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    open(addr).close().unwrap();
+}
+
+#[test]
+fn missing_hugepages_are_explained() {
+    let path = "/proc/sys/vm/nr_hugepages";
+    let before = fs::read_to_string(path).unwrap();
+    fs::write(path, "0").unwrap();
+    let r = Controller::open(&devices()[0], ControllerOptions::default());
+    fs::write(path, before.trim()).unwrap();
+    let e = r.unwrap_err();
+    assert!(
+        matches!(e, Error::Dma(DmaError::HugepagesUnavailable { .. })),
+        "{e}"
+    );
+    let msg = e.to_string();
+    assert!(msg.contains("nr_hugepages"), "{msg}");
+    // With hugepages back, the same open works.
+    open(&devices()[0]).close().unwrap();
+    // And the documented 4 KiB opt-in works without hugepages.
+    fs::write(path, "0").unwrap();
+    let r = Controller::open(
+        &devices()[0],
+        ControllerOptions {
+            page_backing: upnvme::PageBacking::Small4K,
+            ..Default::default()
+        },
+    );
+    fs::write(path, before.trim()).unwrap();
+    let c = r.unwrap();
+    c.smart_log().unwrap();
+    c.close().unwrap();
+}
