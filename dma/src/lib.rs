@@ -28,6 +28,7 @@ pub mod iova;
 pub mod memory;
 pub mod mmio;
 pub mod pci;
+pub mod tsc;
 pub mod vfio;
 
 pub use alloc::{DmaAllocator, DmaMapper};

@@ -1,8 +1,9 @@
 //! `upnvme`: the command-line face of the upnvme driver, in nvme-cli's spirit.
 //!
-//! Subcommands so far: `list`, `identify`, `smart-log`, `setup`. The `perf`
-//! subcommand arrives with the I/O queue pairs.
+//! Subcommands: `perf` (4 KiB round-trip latency and IOPS), `list`,
+//! `identify`, `smart-log`, `setup`.
 
+mod perf;
 mod setup;
 mod show;
 
@@ -22,6 +23,8 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Measure I/O latency and IOPS (spdk_nvme_perf-compatible flags).
+    Perf(perf::PerfArgs),
     /// List every NVMe controller on the PCI bus with its driver, and (for
     /// vfio-bound ones) model, serial, namespaces and capacity.
     List,
@@ -121,6 +124,13 @@ fn default_device() -> Result<String> {
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
+        Command::Perf(a) => {
+            if perf::run(a)? {
+                Ok(())
+            } else {
+                Err(anyhow::anyhow!(VerifyFailed))
+            }
+        }
         Command::List => show::list(),
         Command::Identify { dev, nsid } => {
             let c = dev.open()?;
@@ -142,6 +152,18 @@ fn run(cli: Cli) -> Result<()> {
     }
 }
 
+/// `--verify` found mismatches (the count was printed with the report).
+#[derive(Debug)]
+struct VerifyFailed;
+
+impl std::fmt::Display for VerifyFailed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("verification found mismatching blocks")
+    }
+}
+
+impl std::error::Error for VerifyFailed {}
+
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(c) => c,
@@ -158,7 +180,11 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("upnvme: {e:#}");
-            ExitCode::FAILURE
+            if e.downcast_ref::<perf::UsageError>().is_some() {
+                ExitCode::from(2)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }

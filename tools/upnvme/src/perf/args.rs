@@ -1,0 +1,187 @@
+//! `upnvme perf` flags (spdk_nvme_perf-compatible where they overlap) and their
+//! validation: every bad input is one clear line and exit status 2, before any
+//! I/O is issued.
+
+use std::path::PathBuf;
+
+use clap::{Args, ValueEnum};
+
+/// The I/O pattern (`-w`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Workload {
+    /// Sequential reads.
+    Read,
+    /// Sequential writes.
+    Write,
+    /// Random reads.
+    Randread,
+    /// Random writes.
+    Randwrite,
+    /// Sequential mix of reads and writes (`-M` percent reads).
+    Rw,
+    /// Random mix of reads and writes (`-M` percent reads).
+    Randrw,
+}
+
+impl Workload {
+    /// Whether LBAs are chosen at random.
+    pub fn random(self) -> bool {
+        matches!(
+            self,
+            Workload::Randread | Workload::Randwrite | Workload::Randrw
+        )
+    }
+
+    /// Percentage of reads.
+    pub fn read_percent(self, mix: u8) -> u8 {
+        match self {
+            Workload::Read | Workload::Randread => 100,
+            Workload::Write | Workload::Randwrite => 0,
+            Workload::Rw | Workload::Randrw => mix,
+        }
+    }
+
+    /// The spelling used on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Workload::Read => "read",
+            Workload::Write => "write",
+            Workload::Randread => "randread",
+            Workload::Randwrite => "randwrite",
+            Workload::Rw => "rw",
+            Workload::Randrw => "randrw",
+        }
+    }
+}
+
+/// Flags of `upnvme perf`.
+#[derive(Args, Debug, Clone)]
+pub struct PerfArgs {
+    /// Queue depth per core (outstanding I/Os).
+    #[arg(short = 'q', long = "queue-depth", default_value_t = 1)]
+    pub depth: u32,
+    /// I/O size in bytes (a multiple of the LBA size, at most MDTS).
+    #[arg(short = 'o', long = "io-size", default_value_t = 4096)]
+    pub io_size: usize,
+    /// I/O pattern.
+    #[arg(short = 'w', long = "workload", value_enum, default_value_t = Workload::Randread)]
+    pub workload: Workload,
+    /// Percentage of reads for rw/randrw.
+    #[arg(short = 'M', long = "rwmixread", default_value_t = 50, value_parser = clap::value_parser!(u8).range(0..=100))]
+    pub read_mix: u8,
+    /// Run time in seconds (after the warm-up).
+    #[arg(short = 't', long = "time", default_value_t = 5)]
+    pub seconds: u64,
+    /// Stop after this many I/Os per core instead of after -t seconds.
+    #[arg(long = "io-count")]
+    pub io_count: Option<u64>,
+    /// Cores to run workers on: a list ("0,2-3") or a hex mask ("0x3").
+    /// One worker thread per core, pinned, each with its own queue pair.
+    #[arg(short = 'c', long = "core-mask", default_value = "0")]
+    pub cores: String,
+    /// Namespace ID (default: 1, or every active namespace with --all-namespaces).
+    #[arg(short = 'n', long = "nsid")]
+    pub nsid: Option<u32>,
+    /// Warm-up seconds before measuring (I/O runs, results are discarded).
+    #[arg(long = "warmup", default_value_t = 1)]
+    pub warmup: u64,
+    /// Reap completions right after every submit (the opportunistic reap).
+    #[arg(long = "reap-on-submit")]
+    pub reap_on_submit: bool,
+    /// Do not let shadow doorbells skip MMIO writes.
+    #[arg(long = "no-shadow-doorbell")]
+    pub no_shadow_doorbell: bool,
+    /// Write the CQ head doorbell after every reap batch instead of the
+    /// adaptive moderation.
+    #[arg(long = "cq-head-every-reap")]
+    pub cq_head_every_reap: bool,
+    /// Submission queue entries per queue pair (default: the driver's choice).
+    #[arg(long = "queue-entries")]
+    pub queue_entries: Option<u32>,
+    /// PCI address of the controller (default: the only vfio-bound NVMe controller).
+    #[arg(long = "device", short = 'd')]
+    pub device: Option<String>,
+    /// -L: latency percentiles; -LL: plus a histogram table.
+    #[arg(short = 'L', action = clap::ArgAction::Count)]
+    pub latency: u8,
+    /// Print polls, idle polls and doorbell writes per core.
+    #[arg(long = "transport-stats")]
+    pub transport_stats: bool,
+    /// Print one JSON document with everything instead of the tables.
+    #[arg(long = "json")]
+    pub json: bool,
+    /// Write the latency histogram as `bucket_us,count` rows to FILE.
+    #[arg(long = "histogram-csv")]
+    pub histogram_csv: Option<PathBuf>,
+    /// For write workloads: stamp every block, read everything written back at
+    /// the end and count mismatches (non-zero exit on any).
+    #[arg(long = "verify")]
+    pub verify: bool,
+    /// Use 4 KiB pages instead of hugepages for DMA memory.
+    #[arg(long = "no-hugepages")]
+    pub no_hugepages: bool,
+    /// Seed of the random LBA generator (default: from the clock).
+    #[arg(long = "seed")]
+    pub seed: Option<u64>,
+}
+
+/// Parses "0,2-3" or "0x3" into sorted, de-duplicated core IDs.
+pub fn parse_cores(s: &str) -> Result<Vec<usize>, String> {
+    let s = s.trim();
+    let mut out = Vec::new();
+    if let Some(hex) = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        let mask = u128::from_str_radix(hex, 16)
+            .map_err(|_| format!("core mask '{s}' is not hexadecimal"))?;
+        if mask == 0 {
+            return Err(format!("core mask '{s}' selects no core"));
+        }
+        out.extend((0..128).filter(|i| mask & (1u128 << i) != 0));
+    } else {
+        for part in s.split(',') {
+            let part = part.trim();
+            let num = |t: &str| {
+                t.trim()
+                    .parse::<usize>()
+                    .map_err(|_| format!("core list '{s}': '{t}' is not a core number"))
+            };
+            match part.split_once('-') {
+                Some((a, b)) => {
+                    let (a, b) = (num(a)?, num(b)?);
+                    if a > b {
+                        return Err(format!("core list '{s}': range {a}-{b} is backwards"));
+                    }
+                    out.extend(a..=b);
+                }
+                None => out.push(num(part)?),
+            }
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn core_lists_and_masks() {
+        assert_eq!(parse_cores("0").unwrap(), vec![0]);
+        assert_eq!(parse_cores("0x3").unwrap(), vec![0, 1]);
+        assert_eq!(parse_cores("0,2-3,2").unwrap(), vec![0, 2, 3]);
+        assert!(parse_cores("0x0").is_err());
+        assert!(parse_cores("a").is_err());
+        assert!(parse_cores("3-1").is_err());
+        assert!(parse_cores("0xzz").is_err());
+    }
+
+    #[test]
+    fn workload_read_percent() {
+        assert_eq!(Workload::Randread.read_percent(30), 100);
+        assert_eq!(Workload::Write.read_percent(30), 0);
+        assert_eq!(Workload::Randrw.read_percent(30), 30);
+        assert!(Workload::Randrw.random());
+        assert!(!Workload::Rw.random());
+    }
+}

@@ -1,0 +1,351 @@
+//! `upnvme perf`: 4 KiB round-trip latency and IOPS, measured the way
+//! spdk_nvme_perf does (closed loop per queue pair, latency from just before
+//! submission to the reap of the completion), with fio-like readability.
+
+pub mod args;
+mod report;
+mod worker;
+
+use std::io::{IsTerminal, Write};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow};
+use upnvme::dma::tsc;
+use upnvme::{Controller, ControllerOptions, CqHeadPolicy, PageBacking, QueuePairOptions};
+
+pub use args::PerfArgs;
+use args::parse_cores;
+use worker::{JobResult, NsPlan, WorkerPlan};
+
+/// Bad input: one line, exit status 2, before any I/O.
+#[derive(Debug)]
+pub struct UsageError(pub String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+fn usage(msg: impl Into<String>) -> anyhow::Error {
+    anyhow!(UsageError(msg.into()))
+}
+
+/// Runs `upnvme perf`; returns whether verification (if any) found no mismatch.
+pub fn run(a: PerfArgs) -> Result<bool> {
+    // Checks that need no device.
+    if a.depth == 0 {
+        return Err(usage("queue depth (-q) must be at least 1"));
+    }
+    if a.io_size == 0 {
+        return Err(usage("I/O size (-o) must be at least one block"));
+    }
+    if a.seconds == 0 && a.io_count.is_none() {
+        return Err(usage(
+            "run time (-t) must be at least 1 second (or use --io-count)",
+        ));
+    }
+    if a.io_count == Some(0) {
+        return Err(usage("--io-count must be at least 1"));
+    }
+    let cores = parse_cores(&a.cores).map_err(usage)?;
+    let present: Vec<usize> = core_affinity::get_core_ids()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|c| c.id)
+        .collect();
+    if let Some(bad) = cores.iter().find(|c| !present.contains(c)) {
+        return Err(usage(format!(
+            "core {bad} is not available (cores present: {present:?})"
+        )));
+    }
+    let read_percent = a.workload.read_percent(a.read_mix);
+    if a.verify && read_percent == 100 {
+        return Err(usage(
+            "--verify needs a workload that writes (write, randwrite, rw, randrw)",
+        ));
+    }
+
+    let addr = match &a.device {
+        Some(d) => d.clone(),
+        None => crate::default_device()?,
+    };
+    let ctrl = Controller::open(
+        &addr,
+        ControllerOptions {
+            page_backing: if a.no_hugepages {
+                PageBacking::Small4K
+            } else {
+                PageBacking::Huge2M
+            },
+            ..Default::default()
+        },
+    )
+    .with_context(|| format!("opening {addr}"))?;
+
+    // Checks against the device, still before any I/O.
+    let nsids: Vec<u32> = match a.nsid {
+        Some(n) => {
+            if ctrl.namespace(n).is_err() {
+                let active: Vec<u32> = ctrl.namespaces().iter().map(|n| n.id()).collect();
+                return Err(usage(format!(
+                    "namespace {n} is not active on {addr} (active: {active:?})"
+                )));
+            }
+            vec![n]
+        }
+        None => ctrl.namespaces().iter().map(|n| n.id()).collect(),
+    };
+    if nsids.is_empty() {
+        return Err(usage(format!("{addr} has no active namespace")));
+    }
+    let mut namespaces = Vec::new();
+    for &n in &nsids {
+        let ns = ctrl.namespace(n)?;
+        let lba = ns.lba_size() as usize;
+        if a.io_size % lba != 0 {
+            return Err(usage(format!(
+                "I/O size {} is not a multiple of namespace {n}'s LBA size {lba}",
+                a.io_size
+            )));
+        }
+        if (a.io_size as u64) > ns.size_bytes() {
+            return Err(usage(format!(
+                "I/O size {} is larger than namespace {n} ({} bytes)",
+                a.io_size,
+                ns.size_bytes()
+            )));
+        }
+        namespaces.push(NsPlan {
+            nsid: n,
+            lba_size: ns.lba_size(),
+            blocks: ns.lba_count(),
+        });
+    }
+    if let Some(max) = ctrl.max_transfer_bytes()
+        && a.io_size > max
+    {
+        return Err(usage(format!(
+            "I/O size {} exceeds the controller's maximum transfer of {max} bytes (MDTS {}); perf does not split I/Os",
+            a.io_size,
+            ctrl.identify().mdts
+        )));
+    }
+    let mqes = ctrl.cap().max_queue_entries();
+    if let Some(e) = a.queue_entries
+        && !(2..=mqes).contains(&e)
+    {
+        return Err(usage(format!(
+            "--queue-entries {e}: must be 2..={mqes} (CAP.MQES + 1)"
+        )));
+    }
+    let entries = a
+        .queue_entries
+        .unwrap_or_else(|| (a.depth + 1).max(256).min(mqes));
+    if a.depth >= entries {
+        return Err(usage(format!(
+            "queue depth {} does not fit a queue of {entries} entries (at most {}); the controller allows {mqes} entries",
+            a.depth,
+            entries - 1
+        )));
+    }
+    let pairs = cores.len() * nsids.len();
+    if pairs > ctrl.granted_io_queues() as usize {
+        return Err(usage(format!(
+            "{pairs} queue pairs needed ({} cores x {} namespaces) but the controller granted {}",
+            cores.len(),
+            nsids.len(),
+            ctrl.granted_io_queues()
+        )));
+    }
+
+    let tsc_hz = tsc::calibrate(Duration::from_millis(100))
+        .ok_or_else(|| anyhow!("the CPU time-stamp counter does not advance"))?;
+    let ticks = |s: u64| (s as f64 * tsc_hz) as u64;
+    let seed = a.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1)
+    });
+    let policy = if a.cq_head_every_reap {
+        CqHeadPolicy::EveryReap
+    } else {
+        CqHeadPolicy::default()
+    };
+    let qp = QueuePairOptions {
+        entries: Some(entries),
+        cq_entries: Some((entries * 2).min(mqes).max(entries)),
+        shadow_doorbells: !a.no_shadow_doorbell,
+        reap_on_submit: a.reap_on_submit,
+        cq_head_policy: policy,
+        ..Default::default()
+    };
+    let ctrl = Arc::new(ctrl);
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut handles = Vec::new();
+    let mut progress = Vec::new();
+    for (index, &core) in cores.iter().enumerate() {
+        let plan = WorkerPlan {
+            core,
+            index,
+            namespaces: namespaces.clone(),
+            depth: a.depth,
+            io_size: a.io_size,
+            read_percent,
+            random: a.workload.random(),
+            warmup_ticks: ticks(a.warmup),
+            run_ticks: ticks(a.seconds),
+            io_count: a.io_count,
+            ns_per_tick: 1e9 / tsc_hz,
+            verify: a.verify,
+            seed,
+            qp: qp.clone(),
+        };
+        let p = Arc::new(AtomicU64::new(0));
+        progress.push(p.clone());
+        let (c, s) = (ctrl.clone(), stop.clone());
+        handles.push(
+            std::thread::Builder::new()
+                .name(format!("upnvme-perf-{core}"))
+                .spawn(move || worker::run(c, plan, p, s))
+                .context("spawning a worker")?,
+        );
+    }
+
+    // Live progress, one line per second, only on a terminal and without --json.
+    let live = std::io::stderr().is_terminal() && !a.json;
+    let started = Instant::now();
+    let mut last = 0u64;
+    while handles.iter().any(|h| !h.is_finished()) {
+        std::thread::sleep(Duration::from_millis(100));
+        if live && started.elapsed().as_secs() > 0 && started.elapsed().as_millis() % 1000 < 100 {
+            let total: u64 = progress.iter().map(|p| p.load(Ordering::Relaxed)).sum();
+            eprint!(
+                "\r[{:>4}s] {:>10} I/Os, {:>10.0} IOPS   ",
+                started.elapsed().as_secs(),
+                total,
+                (total - last) as f64
+            );
+            let _ = std::io::stderr().flush();
+            last = total;
+        }
+    }
+    if live {
+        eprintln!();
+    }
+    let mut jobs: Vec<JobResult> = Vec::new();
+    let mut first_err = None;
+    for h in handles {
+        match h.join() {
+            Ok(Ok(r)) => jobs.extend(r),
+            Ok(Err(e)) => {
+                stop.store(true, Ordering::Relaxed);
+                first_err.get_or_insert(e);
+            }
+            Err(_) => {
+                first_err.get_or_insert(anyhow!("a worker thread panicked"));
+            }
+        }
+    }
+    if let Some(e) = first_err {
+        return Err(e);
+    }
+    jobs.sort_by_key(|j| (j.nsid, j.core));
+
+    let mismatches = if a.verify {
+        Some(verify(&ctrl, &mut jobs, seed, &qp)?)
+    } else {
+        None
+    };
+    let info = report::RunInfo {
+        device: addr.clone(),
+        model: ctrl.identify().mn.clone(),
+        workload: a.workload.name(),
+        read_percent,
+        io_size: a.io_size,
+        depth: a.depth,
+        seconds: if a.io_count.is_some() { 0 } else { a.seconds },
+        warmup: a.warmup,
+        reap_on_submit: a.reap_on_submit,
+        shadow: ctrl.shadow_doorbells() && !a.no_shadow_doorbell,
+        cq_policy: if a.cq_head_every_reap {
+            "every-reap".into()
+        } else {
+            "adaptive".into()
+        },
+        tsc_hz,
+    };
+    if a.json {
+        let doc = report::json_doc(&info, &jobs, mismatches)?;
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+    } else {
+        print!(
+            "{}",
+            report::text(&info, &jobs, a.latency, a.transport_stats)?
+        );
+        if let Some(m) = mismatches {
+            let blocks: u64 = jobs
+                .iter()
+                .flat_map(|j| j.written.iter().map(|e| e.1 as u64))
+                .sum();
+            println!("verify: {blocks} blocks read back, {m} mismatches");
+        }
+    }
+    if let Some(path) = &a.histogram_csv {
+        report::histogram_csv(path, &jobs)?;
+    }
+    let errors: u64 = jobs.iter().map(|j| j.errors).sum();
+    drop(jobs);
+    if let Ok(c) = Arc::try_unwrap(ctrl) {
+        c.close()?;
+    }
+    if errors > 0 {
+        return Err(anyhow!("{errors} I/Os completed with an error status"));
+    }
+    Ok(mismatches.unwrap_or(0) == 0)
+}
+
+/// Reads back every stamped extent and counts blocks that differ.
+fn verify(
+    ctrl: &Controller,
+    jobs: &mut [JobResult],
+    seed: u64,
+    qp: &QueuePairOptions,
+) -> Result<u64> {
+    let mut q = ctrl.io_queue_pair(QueuePairOptions {
+        reap_on_submit: false,
+        ..qp.clone()
+    })?;
+    let mut total = 0;
+    for j in jobs.iter_mut() {
+        let ns = ctrl.namespace(j.nsid)?;
+        let lba = ns.lba_size() as usize;
+        let mut want = vec![0u8; lba];
+        let mut got = vec![0u8; lba];
+        let mut buf = None;
+        for &(slba, blocks) in &j.written {
+            let b = match buf.take() {
+                Some(b) => b,
+                None => ctrl.alloc_dma(blocks as usize * lba)?,
+            };
+            let b = q
+                .read_blocking(j.nsid, slba, blocks, b, Duration::from_secs(30))
+                .map_err(|e| anyhow!("verify read at LBA {slba}: {e}"))?;
+            for i in 0..blocks as u64 {
+                worker::stamp(&mut want, seed, j.nsid, slba + i);
+                b.read_bytes(i as usize * lba, &mut got)?;
+                if want != got {
+                    j.mismatches += 1;
+                }
+            }
+            buf = Some(b);
+        }
+        total += j.mismatches;
+    }
+    Ok(total)
+}

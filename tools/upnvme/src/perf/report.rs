@@ -1,0 +1,321 @@
+//! Output of `upnvme perf`: spdk_nvme_perf-style tables, percentiles, a
+//! histogram, transport statistics, JSON and CSV.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use hdrhistogram::Histogram;
+use serde_json::{Value, json};
+use upnvme::QueueStats;
+
+use super::worker::JobResult;
+
+/// Percentiles printed by -L (as spdk_nvme_perf's summary).
+pub const PERCENTILES: [f64; 8] = [1.0, 10.0, 50.0, 90.0, 99.0, 99.9, 99.99, 99.999];
+
+/// The run's parameters, for headers and JSON.
+pub struct RunInfo {
+    /// Controller address.
+    pub device: String,
+    /// Model number.
+    pub model: String,
+    /// Workload name.
+    pub workload: &'static str,
+    /// Percent reads.
+    pub read_percent: u8,
+    /// Bytes per I/O.
+    pub io_size: usize,
+    /// Depth per (namespace, core).
+    pub depth: u32,
+    /// Seconds requested (or 0 in count mode).
+    pub seconds: u64,
+    /// Warm-up seconds.
+    pub warmup: u64,
+    /// reap_on_submit.
+    pub reap_on_submit: bool,
+    /// Shadow doorbells active and allowed to skip MMIO.
+    pub shadow: bool,
+    /// CQ head policy name.
+    pub cq_policy: String,
+    /// Measured TSC frequency.
+    pub tsc_hz: f64,
+}
+
+fn us(ns: u64) -> f64 {
+    ns as f64 / 1000.0
+}
+
+struct Row {
+    iops: f64,
+    mibs: f64,
+    avg: f64,
+    min: f64,
+    max: f64,
+}
+
+fn row(ios: u64, bytes: u64, seconds: f64, h: &Histogram<u64>) -> Row {
+    let s = seconds.max(1e-9);
+    let empty = h.is_empty();
+    Row {
+        iops: ios as f64 / s,
+        mibs: bytes as f64 / s / (1024.0 * 1024.0),
+        avg: if empty { 0.0 } else { h.mean() / 1000.0 },
+        min: if empty { 0.0 } else { us(h.min()) },
+        max: if empty { 0.0 } else { us(h.max()) },
+    }
+}
+
+/// Merges the jobs' histograms.
+pub fn total_histogram(jobs: &[JobResult]) -> Result<Histogram<u64>> {
+    let mut t = Histogram::new_with_bounds(1, 60_000_000_000, 3)?;
+    for j in jobs {
+        t.add(&j.hist).context("merging histograms")?;
+    }
+    Ok(t)
+}
+
+/// The human-readable report.
+pub fn text(info: &RunInfo, jobs: &[JobResult], latency: u8, transport: bool) -> Result<String> {
+    let mut o = String::new();
+    let total = total_histogram(jobs)?;
+    let ios: u64 = jobs.iter().map(|j| j.ios).sum();
+    let bytes: u64 = jobs.iter().map(|j| j.bytes).sum();
+    let secs = jobs.iter().map(|j| j.seconds).fold(0.0, f64::max);
+    writeln!(
+        o,
+        "upnvme perf: {} {}% reads, {} B I/Os, depth {} per queue pair, reap_on_submit {}, shadow doorbells {}, CQ head {}",
+        info.workload,
+        info.read_percent,
+        info.io_size,
+        info.depth,
+        if info.reap_on_submit { "on" } else { "off" },
+        if info.shadow { "on" } else { "off" },
+        info.cq_policy
+    )?;
+    writeln!(
+        o,
+        "========================================================"
+    )?;
+    writeln!(o, "{:>94}", "Latency(us)")?;
+    writeln!(
+        o,
+        "{:<50}: {:>10} {:>10} {:>10} {:>10} {:>10}",
+        "Device Information", "IOPS", "MiB/s", "Average", "min", "max"
+    )?;
+    for j in jobs {
+        let r = row(j.ios, j.bytes, j.seconds, &j.hist);
+        let name = format!(
+            "PCIE ({}) NSID {} from core {:>2}",
+            info.device, j.nsid, j.core
+        );
+        writeln!(
+            o,
+            "{:<50}: {:>10.2} {:>10.2} {:>10.2} {:>10.2} {:>10.2}",
+            name, r.iops, r.mibs, r.avg, r.min, r.max
+        )?;
+    }
+    writeln!(
+        o,
+        "========================================================"
+    )?;
+    let r = row(ios, bytes, secs, &total);
+    writeln!(
+        o,
+        "{:<50}: {:>10.2} {:>10.2} {:>10.2} {:>10.2} {:>10.2}",
+        "Total", r.iops, r.mibs, r.avg, r.min, r.max
+    )?;
+    let errors: u64 = jobs.iter().map(|j| j.errors).sum();
+    if errors > 0 {
+        writeln!(o, "I/O errors: {errors}")?;
+    }
+    if latency >= 1 {
+        writeln!(o)?;
+        writeln!(o, "Summary latency data for all namespaces and cores:")?;
+        writeln!(
+            o,
+            "================================================================================="
+        )?;
+        for p in PERCENTILES {
+            writeln!(
+                o,
+                "{:>10.5}% : {:>12.3}us",
+                p,
+                us(total.value_at_quantile(p / 100.0))
+            )?;
+        }
+    }
+    if latency >= 2 {
+        writeln!(o)?;
+        writeln!(o, "Latency histogram for all namespaces and cores:")?;
+        writeln!(
+            o,
+            "=============================================================================="
+        )?;
+        writeln!(o, "       Range in us     Cumulative    IO count")?;
+        let n = total.len().max(1) as f64;
+        let mut cum = 0u64;
+        let mut lo = 0u64;
+        for v in total.iter_log(1000, 1.25) {
+            let c = v.count_since_last_iteration();
+            if c == 0 {
+                lo = v.value_iterated_to();
+                continue;
+            }
+            cum += c;
+            writeln!(
+                o,
+                "{:>10.3} - {:>10.3}: {:>9.4}%  ({:>9})",
+                us(lo),
+                us(v.value_iterated_to()),
+                cum as f64 * 100.0 / n,
+                c
+            )?;
+            lo = v.value_iterated_to();
+        }
+    }
+    if transport {
+        writeln!(o)?;
+        writeln!(o, "Transport statistics (per namespace and core):")?;
+        writeln!(
+            o,
+            "{:<18} {:>12} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>9}",
+            "core/nsid",
+            "polls",
+            "idle_polls",
+            "completions",
+            "sq_mmio",
+            "cq_mmio",
+            "sq_shadow",
+            "cq_shadow",
+            "cq_skipped",
+            "mmio/io"
+        )?;
+        let mut sum = QueueStats::default();
+        for j in jobs {
+            sum.add(&j.stats);
+            write_stats(
+                &mut o,
+                &format!("core {} nsid {}", j.core, j.nsid),
+                &j.stats,
+            )?;
+        }
+        write_stats(&mut o, "total", &sum)?;
+    }
+    Ok(o)
+}
+
+fn write_stats(o: &mut String, name: &str, s: &QueueStats) -> Result<()> {
+    writeln!(
+        o,
+        "{:<18} {:>12} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>9.3}",
+        name,
+        s.polls,
+        s.idle_polls,
+        s.completions,
+        s.sq_doorbell_mmio,
+        s.cq_doorbell_mmio,
+        s.sq_shadow_updates,
+        s.cq_shadow_updates,
+        s.cq_doorbell_skipped,
+        s.mmio_per_io()
+    )?;
+    Ok(())
+}
+
+fn stats_json(s: &QueueStats) -> Value {
+    json!({
+        "submissions": s.submissions,
+        "completions": s.completions,
+        "polls": s.polls,
+        "idle_polls": s.idle_polls,
+        "sq_doorbell_mmio": s.sq_doorbell_mmio,
+        "cq_doorbell_mmio": s.cq_doorbell_mmio,
+        "sq_shadow_updates": s.sq_shadow_updates,
+        "cq_shadow_updates": s.cq_shadow_updates,
+        "cq_doorbell_skipped": s.cq_doorbell_skipped,
+        "mmio_skipped_by_event_idx": s.mmio_skipped_by_event_idx,
+        "mmio_per_io": s.mmio_per_io(),
+    })
+}
+
+fn latency_json(h: &Histogram<u64>) -> Value {
+    let pct: serde_json::Map<String, Value> = PERCENTILES
+        .iter()
+        .map(|p| (format!("p{p}"), json!(us(h.value_at_quantile(p / 100.0)))))
+        .collect();
+    json!({
+        "mean_us": if h.is_empty() { 0.0 } else { h.mean() / 1000.0 },
+        "min_us": if h.is_empty() { 0.0 } else { us(h.min()) },
+        "max_us": if h.is_empty() { 0.0 } else { us(h.max()) },
+        "stdev_us": h.stdev() / 1000.0,
+        "percentiles_us": pct,
+    })
+}
+
+/// The JSON document.
+pub fn json_doc(info: &RunInfo, jobs: &[JobResult], mismatches: Option<u64>) -> Result<Value> {
+    let total = total_histogram(jobs)?;
+    let ios: u64 = jobs.iter().map(|j| j.ios).sum();
+    let bytes: u64 = jobs.iter().map(|j| j.bytes).sum();
+    let secs = jobs.iter().map(|j| j.seconds).fold(0.0, f64::max);
+    let r = row(ios, bytes, secs, &total);
+    let mut sum = QueueStats::default();
+    let rows: Vec<Value> = jobs
+        .iter()
+        .map(|j| {
+            sum.add(&j.stats);
+            let r = row(j.ios, j.bytes, j.seconds, &j.hist);
+            json!({
+                "core": j.core,
+                "nsid": j.nsid,
+                "ios": j.ios,
+                "errors": j.errors,
+                "seconds": j.seconds,
+                "iops": r.iops,
+                "mib_per_s": r.mibs,
+                "latency": latency_json(&j.hist),
+                "transport": stats_json(&j.stats),
+            })
+        })
+        .collect();
+    let hist: Vec<Value> = total
+        .iter_recorded()
+        .map(|v| json!([us(v.value_iterated_to()), v.count_at_value()]))
+        .collect();
+    Ok(json!({
+        "device": info.device,
+        "model": info.model,
+        "workload": info.workload,
+        "read_percent": info.read_percent,
+        "io_size": info.io_size,
+        "queue_depth": info.depth,
+        "seconds": info.seconds,
+        "warmup_seconds": info.warmup,
+        "reap_on_submit": info.reap_on_submit,
+        "shadow_doorbells": info.shadow,
+        "cq_head_policy": info.cq_policy,
+        "tsc_hz": info.tsc_hz,
+        "jobs": rows,
+        "total": {
+            "ios": ios,
+            "errors": jobs.iter().map(|j| j.errors).sum::<u64>(),
+            "iops": r.iops,
+            "mib_per_s": r.mibs,
+            "latency": latency_json(&total),
+            "transport": stats_json(&sum),
+        },
+        "histogram_us_count": hist,
+        "verify_mismatches": mismatches,
+    }))
+}
+
+/// Writes `bucket_us,count` rows.
+pub fn histogram_csv(path: &Path, jobs: &[JobResult]) -> Result<()> {
+    let total = total_histogram(jobs)?;
+    let mut s = String::from("bucket_us,count\n");
+    for v in total.iter_recorded() {
+        writeln!(s, "{:.3},{}", us(v.value_iterated_to()), v.count_at_value())?;
+    }
+    std::fs::write(path, s).with_context(|| format!("writing {}", path.display()))
+}

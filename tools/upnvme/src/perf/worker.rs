@@ -1,0 +1,335 @@
+//! One worker per core: pinned, its own queue pair per namespace, a closed loop
+//! of `depth` I/Os per namespace, latency from just before submission to the
+//! moment the completion is reaped, in TSC ticks converted to nanoseconds.
+//! The loop takes no lock and allocates nothing once it runs.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use anyhow::{Context, Result, bail};
+use hdrhistogram::Histogram;
+use upnvme::dma::tsc::rdtsc;
+use upnvme::{
+    Completion, Controller, DmaBuffer, IoCommand, IoQueuePair, QueuePairOptions, QueueStats,
+};
+
+/// What one worker does.
+#[derive(Clone, Debug)]
+pub struct WorkerPlan {
+    /// Core to pin to.
+    pub core: usize,
+    /// Index among workers (seeds and sequential offsets).
+    pub index: usize,
+    /// Namespaces, each with its own queue pair.
+    pub namespaces: Vec<NsPlan>,
+    /// Outstanding I/Os per namespace.
+    pub depth: u32,
+    /// Bytes per I/O.
+    pub io_size: usize,
+    /// Percent reads.
+    pub read_percent: u8,
+    /// Random LBAs.
+    pub random: bool,
+    /// TSC ticks of warm-up.
+    pub warmup_ticks: u64,
+    /// TSC ticks of measurement (ignored with `io_count`).
+    pub run_ticks: u64,
+    /// I/Os per namespace instead of a duration.
+    pub io_count: Option<u64>,
+    /// Nanoseconds per TSC tick.
+    pub ns_per_tick: f64,
+    /// Stamp written blocks for --verify.
+    pub verify: bool,
+    /// RNG seed.
+    pub seed: u64,
+    /// Queue pair options.
+    pub qp: QueuePairOptions,
+}
+
+/// A namespace as the worker needs it.
+#[derive(Clone, Copy, Debug)]
+pub struct NsPlan {
+    /// NSID.
+    pub nsid: u32,
+    /// Bytes per LBA.
+    pub lba_size: u32,
+    /// Blocks in the namespace.
+    pub blocks: u64,
+}
+
+/// What one (namespace, core) job measured.
+pub struct JobResult {
+    /// Core.
+    pub core: usize,
+    /// NSID.
+    pub nsid: u32,
+    /// I/Os completed in the measured window.
+    pub ios: u64,
+    /// Bytes moved in the measured window.
+    pub bytes: u64,
+    /// Measured seconds.
+    pub seconds: f64,
+    /// Latency histogram in nanoseconds.
+    pub hist: Histogram<u64>,
+    /// Completions with an error status.
+    pub errors: u64,
+    /// Queue pair counters over the measured window.
+    pub stats: QueueStats,
+    /// Blocks that were stamped, as (slba, blocks) extents, for --verify.
+    pub written: Vec<(u64, u32)>,
+    /// Verification mismatches (filled in by the verify pass).
+    pub mismatches: u64,
+}
+
+struct Job {
+    ns: NsPlan,
+    qp: IoQueuePair,
+    start: Vec<u64>,
+    hist: Histogram<u64>,
+    ios: u64,
+    bytes: u64,
+    errors: u64,
+    submitted: u64,
+    in_flight: u32,
+    next_seq: u64,
+    io_blocks: u32,
+    slots: u64,
+    written: Vec<bool>,
+    done: Vec<Completion>,
+}
+
+/// xorshift64*: cheap, good enough for LBA choice.
+#[inline]
+fn next_rand(x: &mut u64) -> u64 {
+    *x ^= *x >> 12;
+    *x ^= *x << 25;
+    *x ^= *x >> 27;
+    x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+}
+
+/// The verification stamp of one block: deterministic in (seed, nsid, lba).
+pub fn stamp(buf: &mut [u8], seed: u64, nsid: u32, lba: u64) {
+    let mut x = seed ^ ((nsid as u64) << 48) ^ lba.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    for chunk in buf.chunks_mut(8) {
+        let v = next_rand(&mut x).to_le_bytes();
+        chunk.copy_from_slice(&v[..chunk.len()]);
+    }
+    // The LBA itself at the start makes misplaced blocks obvious in a dump.
+    if buf.len() >= 8 {
+        buf[..8].copy_from_slice(&lba.to_le_bytes());
+    }
+}
+
+impl Job {
+    fn new(ctrl: &Controller, plan: &WorkerPlan, ns: NsPlan) -> Result<(Job, Vec<DmaBuffer>)> {
+        let qp = ctrl
+            .io_queue_pair(plan.qp.clone())
+            .with_context(|| format!("creating a queue pair on core {}", plan.core))?;
+        if plan.depth > qp.max_depth() {
+            bail!(
+                "queue depth {} exceeds what a queue pair of {} entries holds ({}); use --queue-entries {}",
+                plan.depth,
+                qp.sq_entries(),
+                qp.max_depth(),
+                plan.depth + 1
+            );
+        }
+        let bufs = (0..plan.depth)
+            .map(|_| ctrl.alloc_dma(plan.io_size))
+            .collect::<Result<Vec<_>, _>>()?;
+        let io_blocks = (plan.io_size / ns.lba_size as usize) as u32;
+        let slots = ns.blocks / io_blocks as u64;
+        let hist = Histogram::new_with_bounds(1, 60_000_000_000, 3)?;
+        Ok((
+            Job {
+                ns,
+                qp,
+                start: vec![0; plan.depth as usize],
+                hist,
+                ios: 0,
+                bytes: 0,
+                errors: 0,
+                submitted: 0,
+                in_flight: 0,
+                next_seq: (plan.index as u64 * 7919) % slots.max(1),
+                io_blocks,
+                slots,
+                written: if plan.verify {
+                    vec![false; slots as usize]
+                } else {
+                    Vec::new()
+                },
+                done: Vec::with_capacity(plan.depth as usize),
+            },
+            bufs,
+        ))
+    }
+
+    /// Submits one I/O with `buf` under `tag`.
+    #[inline]
+    fn submit(&mut self, plan: &WorkerPlan, rng: &mut u64, buf: DmaBuffer, tag: u64) -> Result<()> {
+        let slot = if plan.random {
+            next_rand(rng) % self.slots
+        } else {
+            let s = self.next_seq;
+            self.next_seq = if s + 1 >= self.slots { 0 } else { s + 1 };
+            s
+        };
+        let slba = slot * self.io_blocks as u64;
+        let read = match plan.read_percent {
+            100 => true,
+            0 => false,
+            p => (next_rand(rng) % 100) < p as u64,
+        };
+        let nsid = self.ns.nsid;
+        let blocks = self.io_blocks;
+        let cmd = if read {
+            IoCommand::Read { nsid, slba, blocks }
+        } else {
+            if plan.verify {
+                let lba = self.ns.lba_size as usize;
+                let mut block = vec![0u8; lba];
+                for b in 0..blocks as u64 {
+                    stamp(&mut block, plan.seed, nsid, slba + b);
+                    buf.write_bytes(b as usize * lba, &block)?;
+                }
+                self.written[slot as usize] = true;
+            }
+            IoCommand::Write { nsid, slba, blocks }
+        };
+        self.start[tag as usize] = rdtsc();
+        self.qp
+            .submit(cmd, Some(buf), tag)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        self.submitted += 1;
+        self.in_flight += 1;
+        Ok(())
+    }
+}
+
+/// Runs one worker to completion.
+pub fn run(
+    ctrl: Arc<Controller>,
+    plan: WorkerPlan,
+    progress: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+) -> Result<Vec<JobResult>> {
+    if !core_affinity::set_for_current(core_affinity::CoreId { id: plan.core }) {
+        bail!("could not pin a worker to core {}", plan.core);
+    }
+    let mut jobs = Vec::new();
+    let mut pools = Vec::new();
+    for ns in &plan.namespaces {
+        let (job, bufs) = Job::new(&ctrl, &plan, *ns)?;
+        jobs.push(job);
+        pools.push(bufs);
+    }
+    let mut rng = plan.seed ^ (plan.index as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    for (job, bufs) in jobs.iter_mut().zip(pools) {
+        for (tag, buf) in bufs.into_iter().enumerate() {
+            job.submit(&plan, &mut rng, buf, tag as u64)?;
+        }
+    }
+
+    let t0 = rdtsc();
+    let warm_end = t0 + plan.warmup_ticks;
+    let mut measuring = plan.warmup_ticks == 0;
+    let mut t_measure = t0;
+    let mut end = if measuring {
+        t0 + plan.run_ticks
+    } else {
+        u64::MAX
+    };
+    let count_mode = plan.io_count.is_some();
+    let mut finished = false;
+    let mut total_done = 0u64;
+    let ns_per_tick = plan.ns_per_tick;
+
+    while !finished {
+        let now = rdtsc();
+        if !measuring && now >= warm_end {
+            measuring = true;
+            t_measure = now;
+            end = now + plan.run_ticks;
+            for job in &mut jobs {
+                job.hist.reset();
+                job.ios = 0;
+                job.bytes = 0;
+                job.submitted = job.in_flight as u64;
+                job.qp.reset_stats();
+            }
+        }
+        let time_up = (!count_mode && measuring && now >= end) || stop.load(Ordering::Relaxed);
+        finished = true;
+        for job in &mut jobs {
+            let mut done = std::mem::take(&mut job.done);
+            let start = &job.start;
+            let hist = &mut job.hist;
+            let mut ios = 0u64;
+            let mut errors = 0u64;
+            job.qp
+                .process_completions(u32::MAX, |c| {
+                    let ticks = rdtsc().saturating_sub(start[c.tag as usize]);
+                    hist.saturating_record(((ticks as f64) * ns_per_tick) as u64);
+                    ios += 1;
+                    if c.result.is_err() {
+                        errors += 1;
+                    }
+                    done.push(c);
+                })
+                .context("reaping completions")?;
+            if measuring {
+                job.ios += ios;
+                job.bytes += ios * plan.io_size as u64;
+            }
+            job.errors += errors;
+            job.in_flight -= ios as u32;
+            total_done += ios;
+            for c in done.drain(..) {
+                let more = match plan.io_count {
+                    Some(n) => job.submitted < n,
+                    None => !time_up,
+                };
+                if let (true, Some(buf)) = (more, c.buffer) {
+                    job.submit(&plan, &mut rng, buf, c.tag)?;
+                }
+            }
+            job.done = done;
+            if job.in_flight > 0 || (count_mode && job.submitted < plan.io_count.unwrap_or(0)) {
+                finished = false;
+            }
+        }
+        if total_done & 0xff == 0 {
+            progress.store(total_done, Ordering::Relaxed);
+        }
+    }
+    progress.store(total_done, Ordering::Relaxed);
+    let seconds = (rdtsc().saturating_sub(t_measure)) as f64 * ns_per_tick / 1e9;
+    Ok(jobs
+        .into_iter()
+        .map(|j| {
+            let written = if plan.verify {
+                j.written
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, w)| **w)
+                    .map(|(s, _)| (s as u64 * j.io_blocks as u64, j.io_blocks))
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            JobResult {
+                core: plan.core,
+                nsid: j.ns.nsid,
+                ios: j.ios,
+                bytes: j.bytes,
+                seconds,
+                hist: j.hist,
+                errors: j.errors,
+                stats: j.qp.stats(),
+                written,
+                mismatches: 0,
+            }
+        })
+        .collect())
+}
