@@ -324,11 +324,11 @@ fn batch_submit_rings_once_and_full_queue_pushes_back() {
     qp.ring();
     let after = qp.stats();
     assert_eq!(after.submissions - before.submissions, 7);
-    assert_eq!(
-        (after.sq_doorbell_mmio + after.sq_shadow_updates)
-            - (before.sq_doorbell_mmio + before.sq_shadow_updates),
-        1,
-        "one SQ doorbell update for the batch"
+    let mmio = after.sq_doorbell_mmio - before.sq_doorbell_mmio;
+    let shadow = after.sq_shadow_updates - before.sq_shadow_updates;
+    assert!(
+        mmio <= 1 && shadow <= 1 && mmio + shadow >= 1,
+        "one SQ doorbell update for the batch: mmio {mmio}, shadow {shadow}"
     );
     let mut got = Vec::new();
     let start = std::time::Instant::now();

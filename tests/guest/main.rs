@@ -3,5 +3,6 @@
 //! VFIO devices, which is exclusive.
 
 mod bed;
+mod cli;
 mod driver;
 mod io;

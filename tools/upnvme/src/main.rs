@@ -4,6 +4,7 @@
 //! `identify`, `smart-log`, `setup`.
 
 mod perf;
+mod rw;
 mod setup;
 mod show;
 
@@ -35,11 +36,38 @@ enum Command {
         /// Show only this namespace (default: the controller and every namespace).
         #[arg(short, long)]
         nsid: Option<u32>,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Show the SMART / Health Information log page.
     SmartLog {
         #[command(flatten)]
         dev: DeviceArgs,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Read logical blocks to a file (default: stdout), byte-exact.
+    Read {
+        #[command(flatten)]
+        dev: DeviceArgs,
+        #[command(flatten)]
+        range: BlockRange,
+        /// Output file (default: stdout).
+        #[arg(long)]
+        data: Option<std::path::PathBuf>,
+    },
+    /// Write logical blocks from a file (default: stdin), byte-exact: the input
+    /// must hold exactly block-count x LBA-size bytes.
+    Write {
+        #[command(flatten)]
+        dev: DeviceArgs,
+        #[command(flatten)]
+        range: BlockRange,
+        /// Input file (default: stdin).
+        #[arg(long)]
+        data: Option<std::path::PathBuf>,
     },
     /// Bind NVMe controllers to vfio-pci and reserve hugepages (run as root).
     Setup {
@@ -53,6 +81,20 @@ enum Command {
         #[arg(long)]
         reset: bool,
     },
+}
+
+/// Which blocks of which namespace.
+#[derive(clap::Args, Debug)]
+struct BlockRange {
+    /// Namespace ID.
+    #[arg(short, long, default_value_t = 1)]
+    nsid: u32,
+    /// First logical block.
+    #[arg(short, long, default_value_t = 0)]
+    start_block: u64,
+    /// Number of logical blocks.
+    #[arg(short = 'c', long, default_value_t = 1)]
+    block_count: u64,
 }
 
 /// Which controller to open.
@@ -132,15 +174,43 @@ fn run(cli: Cli) -> Result<()> {
             }
         }
         Command::List => show::list(),
-        Command::Identify { dev, nsid } => {
+        Command::Identify { dev, nsid, json } => {
             let c = dev.open()?;
-            show::identify(&c, nsid)?;
+            if json {
+                show::identify_json(&c, nsid)?;
+            } else {
+                show::identify(&c, nsid)?;
+            }
             c.close()?;
             Ok(())
         }
-        Command::SmartLog { dev } => {
+        Command::SmartLog { dev, json } => {
             let c = dev.open()?;
-            show::smart_log(&c)?;
+            show::smart_log(&c, json)?;
+            c.close()?;
+            Ok(())
+        }
+        Command::Read { dev, range, data } => {
+            let c = dev.open()?;
+            rw::read(
+                &c,
+                range.nsid,
+                range.start_block,
+                range.block_count,
+                data.as_deref(),
+            )?;
+            c.close()?;
+            Ok(())
+        }
+        Command::Write { dev, range, data } => {
+            let c = dev.open()?;
+            rw::write(
+                &c,
+                range.nsid,
+                range.start_block,
+                range.block_count,
+                data.as_deref(),
+            )?;
             c.close()?;
             Ok(())
         }

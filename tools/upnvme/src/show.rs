@@ -172,9 +172,84 @@ pub fn identify(c: &Controller, nsid: Option<u32>) -> Result<()> {
     Ok(())
 }
 
-/// `upnvme smart-log`.
-pub fn smart_log(c: &Controller) -> Result<()> {
+/// `upnvme identify --json`.
+pub fn identify_json(c: &Controller, nsid: Option<u32>) -> Result<()> {
+    if let Some(n) = nsid {
+        c.namespace(n)?;
+    }
+    let id = c.identify();
+    let cap = c.cap();
+    let namespaces: Vec<serde_json::Value> = c
+        .namespaces()
+        .iter()
+        .filter(|ns| nsid.is_none_or(|n| n == ns.id()))
+        .map(|ns| {
+            let i = ns.identify();
+            serde_json::json!({
+                "nsid": ns.id(),
+                "nsze": i.nsze,
+                "ncap": i.ncap,
+                "nuse": i.nuse,
+                "nsfeat": i.nsfeat,
+                "nlbaf": i.nlbaf,
+                "flbas": i.flbas,
+                "lba_size": ns.lba_size(),
+                "metadata_size": ns.metadata_size(),
+                "size_bytes": ns.size_bytes(),
+                "lbaf": i.lbaf.iter().map(|f| serde_json::json!({"ms": f.ms, "lbads": f.lbads, "rp": f.rp})).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    let doc = serde_json::json!({
+        "device": c.device_name(),
+        "controller": {
+            "vid": id.vid, "ssvid": id.ssvid, "sn": id.sn, "mn": id.mn, "fr": id.fr,
+            "rab": id.rab, "cmic": id.cmic, "mdts": id.mdts, "cntlid": id.cntlid, "ver": id.ver,
+            "rtd3r": id.rtd3r, "rtd3e": id.rtd3e, "oaes": id.oaes, "ctratt": id.ctratt,
+            "oacs": id.oacs, "acl": id.acl, "aerl": id.aerl, "frmw": id.frmw, "lpa": id.lpa,
+            "elpe": id.elpe, "npss": id.npss, "wctemp": id.wctemp, "cctemp": id.cctemp,
+            "sqes": id.sqes, "cqes": id.cqes, "nn": id.nn, "oncs": id.oncs, "fuses": id.fuses,
+            "fna": id.fna, "vwc": id.vwc, "awun": id.awun, "awupf": id.awupf, "sgls": id.sgls,
+            "subnqn": id.subnqn,
+        },
+        "registers": {
+            "cap": cap.0, "mqes": cap.mqes(), "to_ms": cap.timeout_ms(), "dstrd": cap.dstrd(),
+            "version": c.version().to_string(),
+        },
+        "granted_io_queue_pairs": c.granted_io_queues(),
+        "max_transfer_bytes": c.max_transfer_bytes(),
+        "shadow_doorbells": c.shadow_doorbells(),
+        "namespaces": namespaces,
+    });
+    println!("{}", serde_json::to_string_pretty(&doc)?);
+    Ok(())
+}
+
+/// `upnvme smart-log [--json]`.
+pub fn smart_log(c: &Controller, json: bool) -> Result<()> {
     let s = c.smart_log()?;
+    if json {
+        let doc = serde_json::json!({
+            "device": c.device_name(),
+            "critical_warning": s.critical_warning,
+            "temperature_kelvin": s.temperature_kelvin,
+            "available_spare": s.avail_spare,
+            "spare_threshold": s.spare_thresh,
+            "percentage_used": s.percent_used,
+            "data_units_read": s.data_units_read.to_string(),
+            "data_units_written": s.data_units_written.to_string(),
+            "host_read_commands": s.host_read_commands.to_string(),
+            "host_write_commands": s.host_write_commands.to_string(),
+            "controller_busy_time": s.ctrl_busy_time.to_string(),
+            "power_cycles": s.power_cycles.to_string(),
+            "power_on_hours": s.power_on_hours.to_string(),
+            "unsafe_shutdowns": s.unsafe_shutdowns.to_string(),
+            "media_errors": s.media_errors.to_string(),
+            "num_err_log_entries": s.num_err_log_entries.to_string(),
+        });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+        return Ok(());
+    }
     println!("SMART / Health Information log of {}", c.device_name());
     println!("  critical_warning    : 0x{:02x}", s.critical_warning);
     println!(

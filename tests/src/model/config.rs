@@ -1,0 +1,188 @@
+//! What the model controller looks like: the values it reports in its
+//! registers (NVMe Base Specification 2.0, §3.1.3) and in Identify Controller /
+//! Identify Namespace (§5.17; NVM Command Set Specification, "Identify
+//! Namespace data structure").
+
+/// Configuration of a [`ModelController`](super::ModelController).
+///
+/// [`Default`] describes what QEMU's `nvme` device reports with its default
+/// properties (MDTS 7, MQES 2047, 64 queue pairs, shadow doorbells supported),
+/// with one 64 MiB namespace of 4096-byte LBAs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModelConfig {
+    /// Identify Controller SN (bytes 23:04), Serial Number; ASCII, padded with
+    /// spaces to 20 bytes (longer strings are cut).
+    pub serial: String,
+    /// Identify Controller MN (bytes 63:24), Model Number; padded to 40 bytes.
+    pub model: String,
+    /// Identify Controller FR (bytes 71:64), Firmware Revision; padded to 8
+    /// bytes. Also reported in the Firmware Slot Information log page, slot 1.
+    pub firmware: String,
+    /// Identify Controller VID (bytes 01:00) and SSVID (bytes 03:02), PCI
+    /// (Subsystem) Vendor ID.
+    pub vid: u16,
+    /// Identify Controller CNTLID (bytes 79:78), Controller ID.
+    pub cntlid: u16,
+    /// Identify Controller MDTS (byte 77), Maximum Data Transfer Size, as a
+    /// power of two in units of the minimum memory page size (CAP.MPSMIN,
+    /// 4 KiB); 0 means no limit.
+    pub mdts: u8,
+    /// CAP.MQES (bits 15:0), Maximum Queue Entries Supported, **0-based**
+    /// (2047 means 2048 entries). Applies to I/O queues.
+    pub mqes: u16,
+    /// The most I/O submission/completion queue pairs the model grants through
+    /// Set Features — Number of Queues (§5.27); also the highest valid I/O
+    /// queue identifier.
+    pub max_ioqpairs: u16,
+    /// CAP.TO (bits 31:24), Timeout, in 500 ms units.
+    pub cap_to: u8,
+    /// CAP.DSTRD (bits 35:32), Doorbell Stride: doorbells are `4 << dstrd`
+    /// bytes apart.
+    pub dstrd: u8,
+    /// Identify Controller RTD3E (bytes 91:88), RTD3 Entry Latency, in
+    /// microseconds.
+    pub rtd3e_us: u32,
+    /// Identify Controller AERL (byte 259), Asynchronous Event Request Limit,
+    /// 0-based: the model holds up to `aerl + 1` outstanding requests.
+    pub aerl: u8,
+    /// Identify Controller OACS bit 8: Doorbell Buffer Config command
+    /// supported (shadow doorbells, §5.8).
+    pub oacs_dbbc: bool,
+    /// Identify Controller VWC (byte 525) bit 0: a volatile write cache is
+    /// present, so Set Features — Volatile Write Cache is accepted.
+    pub vwc: bool,
+    /// Identify Controller ONCS (bytes 521:520), Optional NVM Command Support.
+    /// The model implements Compare (bit 0), Dataset Management (bit 2) and
+    /// Write Zeroes (bit 3); clearing a bit makes that command fail with
+    /// Invalid Command Opcode.
+    pub oncs: u16,
+    /// Identify Controller KAS (bytes 321:320) non-zero and the Keep Alive
+    /// command accepted. Off by default, as in QEMU (Keep Alive is then an
+    /// Invalid Command Opcode).
+    pub keep_alive: bool,
+    /// SMART / Health Information log, Critical Warning (byte 0), as QEMU's
+    /// `smart_critical_warning` property.
+    pub smart_critical_warning: u8,
+    /// Namespaces attached to the controller. Identify Controller NN is the
+    /// largest NSID configured.
+    pub namespaces: Vec<NamespaceConfig>,
+    /// Size of BAR0 in bytes (register file plus doorbells).
+    pub bar_len: usize,
+    /// Number of CSTS reads after a CC.EN transition before CSTS.RDY follows
+    /// it (0: at once). Exercises the driver's wait loops.
+    pub ready_delay_reads: u32,
+    /// Number of CSTS reads after a shutdown notification (CC.SHN) during
+    /// which CSTS.SHST reports "shutdown processing occurring" before it
+    /// reports "complete" (0: complete at once).
+    pub shutdown_delay_reads: u32,
+}
+
+impl ModelConfig {
+    /// Identify Controller ONCS bit 0: Compare command supported.
+    pub const ONCS_COMPARE: u16 = 1 << 0;
+    /// Identify Controller ONCS bit 2: Dataset Management command supported.
+    pub const ONCS_DSM: u16 = 1 << 2;
+    /// Identify Controller ONCS bit 3: Write Zeroes command supported.
+    pub const ONCS_WRITE_ZEROES: u16 = 1 << 3;
+
+    /// Identify Controller NN: the largest configured NSID (at least 1).
+    pub fn nn(&self) -> u32 {
+        self.namespaces
+            .iter()
+            .map(|n| n.nsid)
+            .max()
+            .unwrap_or(1)
+            .max(1)
+    }
+
+    /// Checks that the configuration describes a controller the model can
+    /// build: non-zero and distinct NSIDs below the broadcast value, LBA sizes
+    /// 512 or 4096, at least two queue entries, a BAR large enough for the
+    /// doorbells of every queue.
+    pub fn validate(&self) -> Result<(), String> {
+        let mut seen = Vec::new();
+        for ns in &self.namespaces {
+            if ns.nsid == 0 || ns.nsid >= 0xffff_fffe {
+                return Err(format!("namespace ID {:#x} is reserved", ns.nsid));
+            }
+            if seen.contains(&ns.nsid) {
+                return Err(format!("namespace ID {} configured twice", ns.nsid));
+            }
+            seen.push(ns.nsid);
+            if !matches!(ns.lba_size, 512 | 4096) {
+                return Err(format!(
+                    "namespace {}: LBA size {} (the model supports 512 and 4096)",
+                    ns.nsid, ns.lba_size
+                ));
+            }
+            if ns.blocks == 0 {
+                return Err(format!("namespace {} has no blocks", ns.nsid));
+            }
+        }
+        if self.mqes == 0 {
+            return Err("CAP.MQES is 0-based and must be at least 1".into());
+        }
+        if self.dstrd > 15 {
+            return Err(format!("CAP.DSTRD {} does not fit 4 bits", self.dstrd));
+        }
+        let stride = 4usize << self.dstrd;
+        let doorbells = 2 * (usize::from(self.max_ioqpairs) + 1) * stride;
+        if self.bar_len < 0x1000 + doorbells {
+            return Err(format!(
+                "BAR0 of {:#x} bytes has no room for the doorbells of {} I/O queue pairs (stride {stride})",
+                self.bar_len, self.max_ioqpairs
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        ModelConfig {
+            serial: "MODEL0".into(),
+            model: "upnvme model ctrl".into(),
+            firmware: "1.0".into(),
+            vid: 0x1b36,
+            cntlid: 0,
+            mdts: 7,
+            mqes: 2047,
+            max_ioqpairs: 64,
+            cap_to: 2,
+            dstrd: 0,
+            rtd3e_us: 0,
+            aerl: 3,
+            oacs_dbbc: true,
+            vwc: false,
+            oncs: Self::ONCS_COMPARE | Self::ONCS_DSM | Self::ONCS_WRITE_ZEROES,
+            keep_alive: false,
+            smart_critical_warning: 0,
+            namespaces: vec![NamespaceConfig::default()],
+            bar_len: 0x4000,
+            ready_delay_reads: 0,
+            shutdown_delay_reads: 0,
+        }
+    }
+}
+
+/// One namespace of the model (what Identify Namespace reports).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NamespaceConfig {
+    /// Namespace identifier (1 ..= 0xFFFF_FFFD).
+    pub nsid: u32,
+    /// LBA data size in bytes (LBA Format 0, LBADS): 512 or 4096.
+    pub lba_size: u32,
+    /// NSZE / NCAP: size of the namespace in logical blocks.
+    pub blocks: u64,
+}
+
+impl Default for NamespaceConfig {
+    /// Namespace 1, 4096-byte LBAs, 64 MiB.
+    fn default() -> Self {
+        NamespaceConfig {
+            nsid: 1,
+            lba_size: 4096,
+            blocks: (64 << 20) / 4096,
+        }
+    }
+}

@@ -1,0 +1,152 @@
+//! Identify (NVMe Base Specification 2.0, §5.17): CNS 00h Identify Namespace
+//! (NVM Command Set Specification), CNS 01h Identify Controller, CNS 02h Active Namespace ID list.
+
+use super::command::Command;
+use super::config::ModelConfig;
+use super::engine::Outcome;
+use super::regs::VERSION;
+use super::state::State;
+use super::status::Status;
+use super::storage::Namespace;
+
+/// Size of every Identify data structure.
+const PAGE: usize = 4096;
+
+/// Writes `v` little-endian at `off` (bounds are compile-time constants
+/// inside the 4 KiB page; an out-of-range write is skipped, never a panic).
+fn put(page: &mut [u8], off: usize, v: &[u8]) {
+    if let Some(dst) = page.get_mut(off..off + v.len()) {
+        dst.copy_from_slice(v);
+    }
+}
+
+/// ASCII string field, space padded / cut to `len` bytes.
+fn put_str(page: &mut [u8], off: usize, len: usize, s: &str) {
+    let mut field = vec![b' '; len];
+    for (d, b) in field.iter_mut().zip(s.bytes()) {
+        *d = b;
+    }
+    put(page, off, &field);
+}
+
+/// The Identify Controller data structure (CNS 01h) for `cfg`.
+pub(crate) fn controller(cfg: &ModelConfig) -> Vec<u8> {
+    let mut p = vec![0u8; PAGE];
+    put(&mut p, 0, &cfg.vid.to_le_bytes()); // VID
+    put(&mut p, 2, &cfg.vid.to_le_bytes()); // SSVID
+    put_str(&mut p, 4, 20, &cfg.serial); // SN
+    put_str(&mut p, 24, 40, &cfg.model); // MN
+    put_str(&mut p, 64, 8, &cfg.firmware); // FR
+    p[72] = 6; // RAB
+    put(&mut p, 73, &[0x00, 0x54, 0x52]); // IEEE OUI (QEMU's)
+    p[76] = 0; // CMIC
+    p[77] = cfg.mdts; // MDTS
+    put(&mut p, 78, &cfg.cntlid.to_le_bytes()); // CNTLID
+    put(&mut p, 80, &VERSION.to_le_bytes()); // VER
+    put(&mut p, 84, &0u32.to_le_bytes()); // RTD3R
+    put(&mut p, 88, &cfg.rtd3e_us.to_le_bytes()); // RTD3E
+    put(&mut p, 92, &(1u32 << 8).to_le_bytes()); // OAES: Namespace Attribute Notices
+    put(&mut p, 96, &0u32.to_le_bytes()); // CTRATT
+    let oacs: u16 = if cfg.oacs_dbbc { 1 << 8 } else { 0 };
+    put(&mut p, 256, &oacs.to_le_bytes()); // OACS
+    p[258] = 3; // ACL (0-based)
+    p[259] = cfg.aerl; // AERL (0-based)
+    p[260] = 0x03; // FRMW: slot 1 read-only, 1 slot
+    p[261] = 0x04; // LPA: extended data for Get Log Page (NUMDU, LPOL/LPOU)
+    p[262] = 3; // ELPE: 4 Error Information entries (0-based)
+    p[263] = 0; // NPSS
+    put(&mut p, 266, &0x0157u16.to_le_bytes()); // WCTEMP 343 K
+    put(&mut p, 268, &0x0175u16.to_le_bytes()); // CCTEMP 373 K
+    let kas: u16 = u16::from(cfg.keep_alive);
+    put(&mut p, 320, &kas.to_le_bytes()); // KAS (100 ms units)
+    p[512] = 0x66; // SQES: 64-byte entries
+    p[513] = 0x44; // CQES: 16-byte entries
+    put(&mut p, 516, &cfg.nn().to_le_bytes()); // NN
+    put(&mut p, 520, &cfg.oncs.to_le_bytes()); // ONCS
+    put(&mut p, 522, &0u16.to_le_bytes()); // FUSES
+    p[524] = 0; // FNA
+    p[525] = if cfg.vwc { 0x07 } else { 0x00 }; // VWC (+ flush broadcast bits 2:1 = 11b)
+    put(&mut p, 526, &0u16.to_le_bytes()); // AWUN
+    put(&mut p, 528, &0u16.to_le_bytes()); // AWUPF
+    put(&mut p, 536, &0u32.to_le_bytes()); // SGLS: SGLs not supported
+    let nqn = format!("nqn.2024-01.invalid.upnvme:model:{}", cfg.serial);
+    let mut subnqn = [0u8; 256];
+    for (d, b) in subnqn.iter_mut().zip(nqn.bytes().take(255)) {
+        *d = b;
+    }
+    put(&mut p, 768, &subnqn); // SUBNQN (NUL terminated)
+    p
+}
+
+/// The Identify Namespace data structure (CNS 00h) for an active namespace.
+pub(crate) fn namespace(ns: &Namespace) -> Vec<u8> {
+    let mut p = vec![0u8; PAGE];
+    let blocks = ns.cfg.blocks;
+    put(&mut p, 0, &blocks.to_le_bytes()); // NSZE
+    put(&mut p, 8, &blocks.to_le_bytes()); // NCAP
+    put(&mut p, 16, &blocks.to_le_bytes()); // NUSE
+    p[24] = 0; // NSFEAT
+    p[25] = 0; // NLBAF: one format (0-based)
+    p[26] = 0; // FLBAS: format 0, no metadata
+    p[27] = 0; // MC
+    p[28] = 0; // DPC
+    p[29] = 0; // DPS
+    p[30] = 0; // NMIC
+    // DLFEAT: deallocated blocks read as zeroes (001b), Write Zeroes
+    // supports DEAC (bit 3).
+    p[33] = 0x09;
+    let lbads = ns.cfg.lba_size.trailing_zeros();
+    put(&mut p, 128, &(lbads << 16).to_le_bytes()); // LBAF0: MS 0, LBADS, RP 0
+    p
+}
+
+impl State {
+    /// Identify (§5.17): CDW10 CNS (7:0); data to PRP1/PRP2.
+    pub(crate) fn identify(&mut self, cmd: &Command) -> Outcome {
+        let cns = cmd.cdw(10) & 0xff;
+        let nsid = cmd.nsid();
+        if let Some(data) = self.identify_overrides.get(&(cns as u8, nsid)) {
+            let mut page = data.clone();
+            page.resize(PAGE, 0);
+            return match self.write_host_data(cmd, &page, PAGE) {
+                Ok(()) => Outcome::ok(0),
+                Err(s) => Outcome::err(s),
+            };
+        }
+        let page = match cns {
+            0x00 => {
+                if nsid == 0 || nsid > self.cfg.nn() {
+                    return Outcome::err(Status::INVALID_NAMESPACE.with_dnr());
+                }
+                match self.namespace(nsid).and_then(|i| self.namespaces.get(i)) {
+                    Some(ns) => namespace(ns),
+                    // An inactive NSID: a zero-filled structure.
+                    None => vec![0u8; PAGE],
+                }
+            }
+            0x01 => controller(&self.cfg),
+            0x02 => {
+                if nsid >= 0xffff_fffe {
+                    return Outcome::err(Status::INVALID_NAMESPACE.with_dnr());
+                }
+                let mut ids: Vec<u32> = self
+                    .namespaces
+                    .iter()
+                    .map(|n| n.cfg.nsid)
+                    .filter(|&id| id > nsid)
+                    .collect();
+                ids.sort_unstable();
+                let mut p = vec![0u8; PAGE];
+                for (i, id) in ids.iter().take(PAGE / 4).enumerate() {
+                    put(&mut p, i * 4, &id.to_le_bytes());
+                }
+                p
+            }
+            _ => return Outcome::err(Status::INVALID_FIELD.with_dnr()),
+        };
+        match self.write_host_data(cmd, &page, PAGE) {
+            Ok(()) => Outcome::ok(0),
+            Err(s) => Outcome::err(s),
+        }
+    }
+}

@@ -1,0 +1,146 @@
+//! Get Log Page (NVMe Base Specification 2.0, §5.16) and the log pages the
+//! model keeps: Error Information (01h), SMART / Health Information
+//! (02h), Firmware Slot Information (03h).
+
+use std::collections::VecDeque;
+
+use super::command::Command;
+use super::engine::Outcome;
+use super::state::State;
+use super::status::Status;
+
+/// LID 01h, Error Information.
+const LID_ERROR_INFO: u8 = 0x01;
+/// LID 02h, SMART / Health Information.
+const LID_SMART: u8 = 0x02;
+/// LID 03h, Firmware Slot Information.
+const LID_FIRMWARE_SLOT: u8 = 0x03;
+/// Error Information entries kept: Identify Controller ELPE + 1.
+const ERROR_ENTRIES: usize = 4;
+/// Composite temperature reported, in kelvins (QEMU's default).
+const COMPOSITE_TEMPERATURE: u16 = 0x0143;
+
+/// SMART / Health counters the model maintains.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Health {
+    /// Critical Warning (byte 0).
+    pub critical_warning: u8,
+    /// 512-byte units read by Read commands.
+    pub units_read: u128,
+    /// 512-byte units written by Write commands.
+    pub units_written: u128,
+    /// Host Read Commands: Read and Compare.
+    pub host_reads: u128,
+    /// Host Write Commands: Write.
+    pub host_writes: u128,
+    /// Power Cycles: counted at every CC.EN 0→1.
+    pub power_cycles: u128,
+    /// Unsafe Shutdowns: CC.EN 1→0 without a shutdown notification first.
+    pub unsafe_shutdowns: u128,
+}
+
+impl Health {
+    /// The 512-byte SMART / Health Information log page.
+    fn page(&self, error_entries: u64) -> Vec<u8> {
+        let mut p = vec![0u8; 512];
+        let put = |p: &mut Vec<u8>, off: usize, v: &[u8]| {
+            if let Some(d) = p.get_mut(off..off + v.len()) {
+                d.copy_from_slice(v);
+            }
+        };
+        put(&mut p, 0, &[self.critical_warning]);
+        put(&mut p, 1, &COMPOSITE_TEMPERATURE.to_le_bytes());
+        put(&mut p, 3, &[100, 10, 0]); // Available Spare, threshold, Percentage Used
+        // Data Units are thousands of 512-byte units, rounded up.
+        put(&mut p, 32, &self.units_read.div_ceil(1000).to_le_bytes());
+        put(&mut p, 48, &self.units_written.div_ceil(1000).to_le_bytes());
+        put(&mut p, 64, &self.host_reads.to_le_bytes());
+        put(&mut p, 80, &self.host_writes.to_le_bytes());
+        put(&mut p, 112, &self.power_cycles.to_le_bytes());
+        put(&mut p, 144, &self.unsafe_shutdowns.to_le_bytes());
+        put(&mut p, 176, &u128::from(error_entries).to_le_bytes());
+        p
+    }
+}
+
+/// The Error Information log: newest entry first.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ErrorLog {
+    /// Error Count of the newest entry (total errors recorded).
+    pub count: u64,
+    entries: VecDeque<[u8; 64]>,
+}
+
+impl ErrorLog {
+    /// Records a command that completed with an error (Error Information Log Entry).
+    pub fn record(&mut self, sqid: u16, cid: u16, status: Status, nsid: u32) {
+        self.count += 1;
+        let mut e = [0u8; 64];
+        e[0..8].copy_from_slice(&self.count.to_le_bytes());
+        e[8..10].copy_from_slice(&sqid.to_le_bytes());
+        e[10..12].copy_from_slice(&cid.to_le_bytes());
+        // Status Field (bits 15:1) and Phase Tag (bit 0, 0 here).
+        e[12..14].copy_from_slice(&(status.0 << 1).to_le_bytes());
+        e[14..16].copy_from_slice(&0xffffu16.to_le_bytes()); // Parameter Error Location: n/a
+        e[24..28].copy_from_slice(&nsid.to_le_bytes());
+        self.entries.push_front(e);
+        self.entries.truncate(ERROR_ENTRIES);
+    }
+
+    fn page(&self) -> Vec<u8> {
+        let mut p = vec![0u8; 64 * ERROR_ENTRIES];
+        for (dst, e) in p.chunks_exact_mut(64).zip(&self.entries) {
+            dst.copy_from_slice(e);
+        }
+        p
+    }
+}
+
+impl State {
+    /// Firmware Slot Information: slot 1 active, FRS1 = FR.
+    fn firmware_slot_page(&self) -> Vec<u8> {
+        let mut p = vec![0u8; 512];
+        p[0] = 0x01; // AFI: slot 1 active
+        let mut frs = [b' '; 8];
+        for (d, b) in frs.iter_mut().zip(self.cfg.firmware.bytes()) {
+            *d = b;
+        }
+        p[8..16].copy_from_slice(&frs);
+        p
+    }
+
+    /// Get Log Page (§5.16): CDW10 LID (7:0), NUMDL (31:16); CDW11 NUMDU
+    /// (15:0); CDW12/13 LPOL/LPOU, a dword-aligned byte offset. Bytes past
+    /// the end of the page are not transferred (as QEMU); an offset past it
+    /// is Invalid Field in Command.
+    pub(crate) fn get_log_page(&mut self, cmd: &Command) -> Outcome {
+        let (cdw10, cdw11) = (cmd.cdw(10), cmd.cdw(11));
+        let lid = (cdw10 & 0xff) as u8;
+        let numd = u64::from(cdw10 >> 16) | u64::from(cdw11 & 0xffff) << 16;
+        let len = ((numd + 1) * 4) as usize;
+        let offset = u64::from(cmd.cdw(12)) | u64::from(cmd.cdw(13)) << 32;
+        let nsid = cmd.nsid();
+        let page = match lid {
+            LID_ERROR_INFO => self.errors.page(),
+            LID_SMART => {
+                // LPA bit 0 clear: only the controller-wide page exists.
+                if nsid != 0 && nsid != 0xffff_ffff {
+                    return Outcome::err(Status::INVALID_FIELD.with_dnr());
+                }
+                self.health.page(self.errors.count)
+            }
+            LID_FIRMWARE_SLOT => self.firmware_slot_page(),
+            _ => return Outcome::err(Status::INVALID_LOG_PAGE.with_dnr()),
+        };
+        if offset % 4 != 0 || offset >= page.len() as u64 {
+            return Outcome::err(Status::INVALID_FIELD.with_dnr());
+        }
+        let start = offset as usize;
+        let end = page.len().min(start.saturating_add(len));
+        let data = page.get(start..end).unwrap_or_default();
+        match self.write_host_data(cmd, data, len) {
+            Ok(()) => Outcome::ok(0),
+            Err(s) => Outcome::err(s),
+        }
+    }
+}

@@ -1,0 +1,504 @@
+//! An in-memory NVMe controller that implements [`upnvme::Device`].
+//!
+//! [`ModelController`] is a controller in the sense of the NVMe Base
+//! Specification 2.0: a register file (§3.1.3), an admin queue and I/O queues
+//! in host memory, admin and NVM commands, completions with phase tags.
+//! The driver reaches it only through [`Device`]: register reads and writes,
+//! and DMA memory from [`Device::alloc_dma`], which the model maps at fake
+//! IOVAs in its own IOMMU table so that it can fetch submission queue entries,
+//! walk PRP lists, move data and post completion queue entries by IOVA — as a
+//! PCIe device does.
+//!
+//! Work happens synchronously inside the MMIO doorbell write that makes it
+//! due ([`Device::write32`]): every submission queue entry between the
+//! model's head and the new tail is fetched, executed and completed before
+//! `write32` returns, unless a [`Fault`] holds the completion back or the
+//! completion queue is full.
+//!
+//! # A checker as well as a device
+//!
+//! A hostile or buggy driver cannot make the model panic; what it does wrong
+//! is recorded and the offending access is ignored, as a controller would
+//! ignore it. Tests assert that [`ModelController::violations`] is empty and
+//! [`ModelController::dma_faults`] is 0. Recorded violations include: SQ tail
+//! or CQ head doorbells beyond the queue size or for queues that do not
+//! exist, a CQ head doorbell that releases entries not yet posted, a
+//! completion due while the completion queue is full ("Full Queue": the
+//! controller may not post; the completion is held until the host moves the
+//! head), doorbells while the controller is not ready, a command identifier
+//! reused while its command is outstanding, CC fields changed while enabled,
+//! invalid register accesses.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use upnvme::Device;
+//! use upnvme_tests::{ModelConfig, ModelController};
+//!
+//! let model = ModelController::new(ModelConfig::default());
+//! let cap = model.read64(0);
+//! assert_eq!(cap & 0xffff, 2047); // CAP.MQES
+//! // ... drive it with the driver, then:
+//! assert!(model.violations().is_empty());
+//! assert_eq!(model.dma_faults(), 0);
+//! ```
+
+mod admin;
+mod command;
+mod config;
+mod engine;
+mod faults;
+mod features;
+mod identify;
+mod io;
+mod logs;
+mod memory;
+mod post;
+mod prp;
+mod regs;
+mod shadow;
+mod state;
+mod status;
+mod storage;
+
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use upnvme::Device;
+use upnvme_dma::{DmaAllocator, DmaBuffer, DmaError, PageBacking};
+
+pub use config::{ModelConfig, NamespaceConfig};
+pub use faults::{Fault, Match};
+pub use status::Status;
+
+use memory::IovaTable;
+use state::State;
+
+/// The model's view of a submission queue (for test assertions).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SqState {
+    /// Number of entries.
+    pub size: u32,
+    /// SQ Head Pointer: the next entry the model fetches.
+    pub head: u32,
+    /// Tail as last written by the host.
+    pub tail: u32,
+    /// Completion queue the SQ completes to.
+    pub cqid: u16,
+}
+
+/// The model's view of a completion queue (for test assertions).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CqState {
+    /// Number of entries.
+    pub size: u32,
+    /// Head as last written by the host (MMIO or shadow doorbell).
+    pub head: u32,
+    /// Next slot the model posts to.
+    pub tail: u32,
+    /// Phase Tag of the next entry the model posts.
+    pub phase: bool,
+    /// Completions due but held because the queue is full.
+    pub backlog: usize,
+    /// Create I/O CQ IEN (Interrupts Enabled) as the host set it.
+    pub interrupts_enabled: bool,
+}
+
+struct Shared {
+    table: Arc<IovaTable>,
+    alloc: DmaAllocator,
+    state: Mutex<State>,
+}
+
+/// An in-memory NVMe controller; see the [module documentation](self).
+///
+/// A cheap handle: clones share one controller, so a test can keep one while
+/// the driver owns another (as `Arc<dyn Device>`).
+#[derive(Clone)]
+pub struct ModelController {
+    inner: Arc<Shared>,
+}
+
+impl fmt::Debug for ModelController {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = self.state();
+        f.debug_struct("ModelController")
+            .field("serial", &s.cfg.serial)
+            .field("cc", &format_args!("{:#x}", s.regs.cc))
+            .field("csts", &format_args!("{:#x}", s.csts_peek()))
+            .field("queues", &s.sqs.len())
+            .field("violations", &s.stats.violations.len())
+            .field("dma_faults", &s.stats.dma_faults)
+            .finish()
+    }
+}
+
+impl ModelController {
+    /// A powered-on, disabled controller (CC.EN = 0) with empty namespaces.
+    ///
+    /// # Panics
+    ///
+    /// If the configuration is invalid ([`ModelConfig::validate`]): that is a
+    /// mistake in the test, not input from the driver.
+    pub fn new(config: ModelConfig) -> Self {
+        match Self::try_new(config) {
+            Ok(m) => m,
+            Err(e) => panic!("invalid ModelConfig: {e}"),
+        }
+    }
+
+    /// As [`ModelController::new`], returning configuration errors.
+    pub fn try_new(config: ModelConfig) -> Result<Self, String> {
+        config.validate()?;
+        let table = Arc::new(IovaTable::new());
+        let alloc = DmaAllocator::new(table.clone(), PageBacking::Small4K);
+        let state = Mutex::new(State::new(config, table.clone()));
+        Ok(ModelController {
+            inner: Arc::new(Shared {
+                table,
+                alloc,
+                state,
+            }),
+        })
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.inner
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The configuration the model was built with.
+    pub fn config(&self) -> ModelConfig {
+        self.state().cfg.clone()
+    }
+
+    // ----- fault injection -------------------------------------------------
+
+    /// Queues a one-shot [`Fault`].
+    pub fn inject(&self, fault: Fault) {
+        self.state().faults.push(fault);
+    }
+
+    /// Faults injected and not yet consumed.
+    pub fn pending_faults(&self) -> Vec<Fault> {
+        self.state().faults.pending()
+    }
+
+    /// Removes every fault not yet consumed.
+    pub fn clear_faults(&self) {
+        self.state().faults.clear();
+    }
+
+    /// Posts every completion held by [`Fault::DelayCompletion`] now (subject
+    /// to completion queue space); returns how many were released.
+    pub fn release_delayed(&self) -> usize {
+        self.state().release_all_delayed()
+    }
+
+    /// Number of completions currently held by [`Fault::DelayCompletion`].
+    pub fn delayed_completions(&self) -> usize {
+        self.state().held.len()
+    }
+
+    /// Commands whose completion was dropped by [`Fault::DropCompletion`] and
+    /// that the controller has not forgotten (by reset or SQ deletion), as
+    /// (SQ id, CID).
+    pub fn dropped_completions(&self) -> Vec<(u16, u16)> {
+        self.state().dropped.clone()
+    }
+
+    /// Sets CSTS.CFS (Controller Fatal Status) now: from here on
+    /// nothing is fetched or completed until the host resets the controller
+    /// (CC.EN 1→0, which clears CFS).
+    pub fn set_fatal(&self) {
+        self.state().fatal = true;
+    }
+
+    /// Surprise removal: every register read returns all ones, writes and
+    /// doorbells are ignored, no completion is ever posted again. DMA memory
+    /// allocation keeps working (it is host memory).
+    pub fn unplug(&self) {
+        self.state().gone = true;
+    }
+
+    /// True after [`ModelController::unplug`] or [`Fault::UnplugOn`].
+    pub fn is_unplugged(&self) -> bool {
+        self.state().gone
+    }
+
+    /// Raises an asynchronous event (Asynchronous Event Request, §5.2):
+    /// completes one outstanding
+    /// Asynchronous Event Request with dword 0 = Asynchronous Event Type
+    /// (2:0) | Asynchronous Event Information (15:8) | Log Page Identifier
+    /// (23:16), or keeps the event until the host posts a request.
+    pub fn raise_async_event(&self, event_type: u8, info: u8, log_page: u8) {
+        let event = u32::from(event_type & 7) | u32::from(info) << 8 | u32::from(log_page) << 16;
+        self.state().async_event(event);
+    }
+
+    /// Sets the SMART / Health Information log's Critical Warning byte (for
+    /// example before raising a SMART / Health asynchronous event).
+    pub fn set_critical_warning(&self, warning: u8) {
+        self.state().health.critical_warning = warning;
+    }
+
+    /// Asynchronous Event Requests the model holds outstanding.
+    pub fn outstanding_async_requests(&self) -> usize {
+        self.state().aers.len()
+    }
+
+    /// Simulates a controller that polls the shadow doorbell buffer (§5.8):
+    /// reads every I/O queue's shadow SQ tail and CQ head, processes new
+    /// commands, posts what is due and updates the EventIdx buffer — without
+    /// an MMIO doorbell write. Does nothing before Doorbell Buffer Config or
+    /// while the controller is not ready.
+    pub fn process_shadow(&self) {
+        let mut s = self.state();
+        if s.shadow.is_some() && s.regs.rdy && !s.shut_down {
+            s.wake();
+        }
+    }
+
+    /// Writes a hand-made completion queue entry into the next slot of
+    /// completion queue `cqid`, as if the controller posted it: `dwords` are
+    /// CQE dwords 0-3 (Completion Queue Entry layout) and the Phase Tag (dword 3 bit 16) is
+    /// replaced by the queue's current phase so the host sees a new entry.
+    /// For hostile-completion and fuzz tests: any CID, SQ head, SQ id or
+    /// status. Returns false (and posts nothing) when the queue does not
+    /// exist, is full, or the controller is failed or unplugged.
+    pub fn post_raw_completion(&self, cqid: u16, dwords: [u32; 4]) -> bool {
+        self.state().post_raw(cqid, dwords)
+    }
+
+    /// Makes Identify with this CNS and NSID return `data` (zero-padded or
+    /// cut to 4096 bytes) instead of the model's own structure, or restores
+    /// the model's own with `None`. For tests that feed the driver unusual
+    /// or hostile Identify data.
+    pub fn set_identify_data(&self, cns: u8, nsid: u32, data: Option<Vec<u8>>) {
+        let mut s = self.state();
+        match data {
+            Some(d) => s.identify_overrides.insert((cns, nsid), d),
+            None => s.identify_overrides.remove(&(cns, nsid)),
+        };
+    }
+
+    // ----- inspection ------------------------------------------------------
+
+    /// Every protocol violation by the host recorded so far, oldest first.
+    pub fn violations(&self) -> Vec<String> {
+        let s = self.state();
+        let mut v = s.stats.violations.clone();
+        if s.stats.violations_lost > 0 {
+            v.push(format!("... and {} more", s.stats.violations_lost));
+        }
+        v
+    }
+
+    /// Returns the violations recorded so far and forgets them (for tests
+    /// that provoke violations on purpose).
+    pub fn take_violations(&self) -> Vec<String> {
+        let mut s = self.state();
+        s.stats.violations_lost = 0;
+        std::mem::take(&mut s.stats.violations)
+    }
+
+    /// Number of DMA accesses the model attempted to IOVAs that are not
+    /// mapped — the equivalent of the guest's DMAR fault count. Each faulting
+    /// command completed with Data Transfer Error.
+    pub fn dma_faults(&self) -> u64 {
+        self.state().stats.dma_faults
+    }
+
+    /// Descriptions of the DMA faults (what was accessed, where).
+    pub fn dma_fault_log(&self) -> Vec<String> {
+        self.state().stats.dma_fault_log.clone()
+    }
+
+    /// MMIO doorbell writes to queue `qid`: (SQ tail doorbell, CQ head
+    /// doorbell), counting every write, valid or not.
+    pub fn doorbell_writes(&self, qid: u16) -> (u64, u64) {
+        self.state()
+            .stats
+            .doorbells
+            .get(&qid)
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// MMIO doorbell writes to all queues.
+    pub fn total_doorbell_writes(&self) -> u64 {
+        self.state().stats.doorbell_total
+    }
+
+    /// Every command fetched, in order: (SQ id, opcode, CID). The log keeps
+    /// the first 2^20 commands; [`ModelController::commands_fetched`] counts
+    /// them all.
+    pub fn commands_seen(&self) -> Vec<(u16, u8, u16)> {
+        self.state().stats.seen.clone()
+    }
+
+    /// Number of commands fetched since the model was created (what
+    /// [`Match::Nth`] counts).
+    pub fn commands_fetched(&self) -> u64 {
+        self.state().stats.fetched
+    }
+
+    /// Reads `blocks` logical blocks of namespace `nsid` from `lba`
+    /// (unwritten or deallocated blocks read as zeros).
+    ///
+    /// # Panics
+    ///
+    /// If the namespace does not exist or the range is outside it (a test
+    /// mistake).
+    pub fn namespace_data(&self, nsid: u32, lba: u64, blocks: u64) -> Vec<u8> {
+        let s = self.state();
+        let ns = s
+            .namespace(nsid)
+            .and_then(|i| s.namespaces.get(i))
+            .unwrap_or_else(|| panic!("no namespace {nsid}"));
+        assert!(
+            ns.in_range(lba, blocks),
+            "LBA range outside namespace {nsid}"
+        );
+        ns.read(lba, blocks)
+    }
+
+    /// Writes whole logical blocks of namespace `nsid` from `lba` directly
+    /// (no command involved).
+    ///
+    /// # Panics
+    ///
+    /// If the namespace does not exist, `data` is not a whole number of
+    /// blocks, or the range is outside the namespace (a test mistake).
+    pub fn write_namespace_data(&self, nsid: u32, lba: u64, data: &[u8]) {
+        let mut s = self.state();
+        let i = s
+            .namespace(nsid)
+            .unwrap_or_else(|| panic!("no namespace {nsid}"));
+        let Some(ns) = s.namespaces.get_mut(i) else {
+            return;
+        };
+        let bs = ns.lba_size();
+        assert!(
+            data.len() % bs == 0,
+            "data is not a whole number of {bs}-byte blocks"
+        );
+        assert!(
+            ns.in_range(lba, (data.len() / bs) as u64),
+            "LBA range outside namespace {nsid}"
+        );
+        ns.write(lba, data);
+    }
+
+    /// Number of blocks of namespace `nsid` that hold written data (not
+    /// deallocated); 0 for an unknown namespace.
+    pub fn allocated_blocks(&self, nsid: u32) -> u64 {
+        let s = self.state();
+        s.namespace(nsid)
+            .and_then(|i| s.namespaces.get(i))
+            .map_or(0, |ns| ns.allocated_blocks())
+    }
+
+    /// CC as last written by the host.
+    pub fn cc(&self) -> u32 {
+        self.state().regs.cc
+    }
+
+    /// CSTS as the host would read it now, without advancing delayed RDY or
+    /// SHST transitions (reads all ones after unplug).
+    pub fn csts(&self) -> u32 {
+        let s = self.state();
+        if s.gone { u32::MAX } else { s.csts_peek() }
+    }
+
+    /// True when a submission or completion queue with identifier `qid`
+    /// exists (0 is the admin queue pair).
+    pub fn queue_exists(&self, qid: u16) -> bool {
+        let s = self.state();
+        s.sqs.contains_key(&qid) || s.cqs.contains_key(&qid)
+    }
+
+    /// The model's view of submission queue `qid`.
+    pub fn sq_state(&self, qid: u16) -> Option<SqState> {
+        self.state().sqs.get(&qid).map(|q| SqState {
+            size: q.size,
+            head: q.head,
+            tail: q.tail,
+            cqid: q.cqid,
+        })
+    }
+
+    /// The model's view of completion queue `qid`.
+    pub fn cq_state(&self, qid: u16) -> Option<CqState> {
+        self.state().cqs.get(&qid).map(|q| CqState {
+            size: q.size,
+            head: q.head,
+            tail: q.tail,
+            phase: q.phase,
+            backlog: q.backlog.len(),
+            interrupts_enabled: q.ien,
+        })
+    }
+
+    /// Whether Create I/O Completion Queue set IEN (Interrupts Enabled) for
+    /// `qid`; `None` if the queue does not exist.
+    pub fn cq_interrupts_enabled(&self, qid: u16) -> Option<bool> {
+        self.state().cqs.get(&qid).map(|q| q.ien)
+    }
+
+    /// The shadow doorbell configuration from Doorbell Buffer Config:
+    /// (Shadow Doorbell buffer IOVA, EventIdx buffer IOVA).
+    pub fn shadow_config(&self) -> Option<(u64, u64)> {
+        self.state().shadow.map(|s| (s.db, s.ei))
+    }
+
+    /// I/O queues granted by Set Features — Number of Queues, as counts
+    /// (submission queues, completion queues); `None` before the feature was
+    /// set.
+    pub fn granted_queues(&self) -> Option<(u16, u16)> {
+        self.state()
+            .features
+            .granted
+            .map(|(s, c)| (s.saturating_add(1), c.saturating_add(1)))
+    }
+
+    /// Number of DMA regions currently mapped in the model's IOMMU table.
+    pub fn iova_mappings(&self) -> usize {
+        self.inner.table.mappings()
+    }
+}
+
+impl Device for ModelController {
+    fn read32(&self, offset: usize) -> u32 {
+        self.state().read32(offset)
+    }
+
+    fn write32(&self, offset: usize, value: u32) {
+        self.state().write32(offset, value);
+    }
+
+    fn read64(&self, offset: usize) -> u64 {
+        self.state().read64(offset)
+    }
+
+    fn write64(&self, offset: usize, value: u64) {
+        self.state().write64(offset, value);
+    }
+
+    fn bar_len(&self) -> usize {
+        self.state().cfg.bar_len
+    }
+
+    fn alloc_dma(&self, len: usize) -> Result<DmaBuffer, DmaError> {
+        self.inner.alloc.alloc(len)
+    }
+
+    fn name(&self) -> String {
+        "model".into()
+    }
+}

@@ -1,0 +1,79 @@
+//! Namespace contents: a sparse map of written logical blocks. A block that
+//! was never written, or was deallocated (Dataset Management, Write Zeroes
+//! with DEAC), reads as zeros — what Identify Namespace DLFEAT = 001b
+//! ("deallocated blocks read as all zeros") promises.
+
+use std::collections::HashMap;
+
+use super::config::NamespaceConfig;
+
+/// One namespace: its geometry and its data.
+#[derive(Debug)]
+pub(crate) struct Namespace {
+    /// The configured geometry.
+    pub cfg: NamespaceConfig,
+    blocks: HashMap<u64, Box<[u8]>>,
+}
+
+impl Namespace {
+    /// An empty (all-zero) namespace.
+    pub fn new(cfg: NamespaceConfig) -> Self {
+        Namespace {
+            cfg,
+            blocks: HashMap::new(),
+        }
+    }
+
+    /// LBA data size in bytes.
+    pub fn lba_size(&self) -> usize {
+        self.cfg.lba_size as usize
+    }
+
+    /// True when `[slba, slba + nlb)` lies inside the namespace (NSZE).
+    pub fn in_range(&self, slba: u64, nlb: u64) -> bool {
+        slba.checked_add(nlb)
+            .is_some_and(|end| end <= self.cfg.blocks)
+    }
+
+    /// Reads `nlb` blocks from `slba`; the caller checked the range.
+    pub fn read(&self, slba: u64, nlb: u64) -> Vec<u8> {
+        let bs = self.lba_size();
+        let mut out = Vec::with_capacity(bs.saturating_mul(nlb as usize));
+        for lba in slba..slba.saturating_add(nlb) {
+            match self.blocks.get(&lba) {
+                Some(b) => out.extend_from_slice(b),
+                None => out.resize(out.len() + bs, 0),
+            }
+        }
+        out
+    }
+
+    /// Writes whole blocks from `data` starting at `slba`; a partial trailing
+    /// block is ignored. The caller checked the range.
+    pub fn write(&mut self, slba: u64, data: &[u8]) {
+        let bs = self.lba_size();
+        for (i, chunk) in data.chunks_exact(bs).enumerate() {
+            self.blocks.insert(
+                slba.saturating_add(i as u64),
+                chunk.to_vec().into_boxed_slice(),
+            );
+        }
+    }
+
+    /// Deallocates `nlb` blocks from `slba` (they read as zeros afterwards).
+    pub fn deallocate(&mut self, slba: u64, nlb: u64) {
+        if nlb >= self.blocks.len() as u64 {
+            let end = slba.saturating_add(nlb);
+            self.blocks.retain(|&lba, _| lba < slba || lba >= end);
+        } else {
+            for lba in slba..slba.saturating_add(nlb) {
+                self.blocks.remove(&lba);
+            }
+        }
+    }
+
+    /// Number of blocks holding written data.
+    pub fn allocated_blocks(&self) -> u64 {
+        self.blocks.len() as u64
+    }
+}
