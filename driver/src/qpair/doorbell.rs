@@ -8,7 +8,7 @@
 //! * **SQ tail**: once per submit batch, only if the tail moved. With shadow
 //!   doorbells (Doorbell Buffer Config) the tail goes to the shadow buffer and
 //!   an MMIO write happens only when the controller's EventIdx asks for it.
-//! * **CQ head** (without shadow doorbells): written only when it is *due*:
+//! * **CQ head**: written (to the shadow buffer and/or MMIO) only when it is *due*:
 //!   with `CqHeadPolicy::Adaptive` when the entries consumed since the last
 //!   write (`U`) exceed `cq_entries - 1 - max_depth`, or when a configured batch
 //!   is reached; with `CqHeadPolicy::EveryReap` after every reap that consumed
@@ -38,7 +38,9 @@ use upnvme_queues::need_mmio;
 use crate::device::Device;
 use crate::qpair::stats::QueueStats;
 
-/// When the CQ head doorbell is written (without shadow doorbells).
+/// When the CQ head doorbell is written. With shadow doorbells the same rule
+/// decides when the shadow value is updated (QEMU sets the CQ EventIdx to the
+/// head it last saw, so an update per reap would cost an MMIO write per reap).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CqHeadPolicy {
     /// Only when the controller's free-CQ budget requires it, or when `batch`

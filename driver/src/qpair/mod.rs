@@ -734,14 +734,12 @@ impl<D: Device> IoQueuePair<D> {
     #[inline]
     fn update_cq_head(&mut self) {
         let u = self.cq_ring.uncommitted();
-        let due = if self.doorbells.shadow.is_some() && self.doorbells.use_event_idx {
-            // A shadow update is a memory write; the EventIdx decides about MMIO.
-            true
-        } else {
-            match self.policy {
-                CqHeadPolicy::EveryReap => true,
-                CqHeadPolicy::Adaptive { batch } => u > self.cq_slack || (batch > 0 && u >= batch),
-            }
+        // The moderation rule applies with shadow doorbells too: a controller
+        // that sets the CQ EventIdx to the head it last saw (QEMU does) would
+        // otherwise ask for an MMIO write on every reap.
+        let due = match self.policy {
+            CqHeadPolicy::EveryReap => true,
+            CqHeadPolicy::Adaptive { batch } => u > self.cq_slack || (batch > 0 && u >= batch),
         };
         if due {
             if let Some(head) = self.cq_ring.commit() {

@@ -165,7 +165,8 @@ impl Job {
         ))
     }
 
-    /// Submits one I/O with `buf` under `tag`.
+    /// Queues one I/O with `buf` under `tag` (the doorbell is rung once per
+    /// batch by the caller, as spdk_nvme_perf's delayed submission does).
     #[inline]
     fn submit(&mut self, plan: &WorkerPlan, rng: &mut u64, buf: DmaBuffer, tag: u64) -> Result<()> {
         let slot = if plan.random {
@@ -229,6 +230,7 @@ pub fn run(
         for (tag, buf) in bufs.into_iter().enumerate() {
             job.submit(&plan, &mut rng, buf, tag as u64)?;
         }
+        job.qp.ring();
     }
 
     let t0 = rdtsc();
@@ -294,6 +296,8 @@ pub fn run(
                     job.submit(&plan, &mut rng, buf, c.tag)?;
                 }
             }
+            // One SQ doorbell for everything resubmitted from this batch.
+            job.qp.ring();
             job.done = done;
             if job.in_flight > 0 || (count_mode && job.submitted < plan.io_count.unwrap_or(0)) {
                 finished = false;
