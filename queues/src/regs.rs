@@ -368,13 +368,8 @@ mod tests {
     fn cap_fields() {
         // QEMU-like CAP: MQES=2047, CQR=1, AMS=0, TO=15, DSTRD=0, NSSRS=1,
         // CSS=0xc1 (NVM + I/O sets + admin only bit), MPSMIN=0, MPSMAX=4, CMBS=1.
-        let raw: u64 = 2047
-            | (1 << 16)
-            | (15 << 24)
-            | (1 << 36)
-            | (0xc1 << 37)
-            | (4 << 52)
-            | (1 << 57);
+        let raw: u64 =
+            2047 | (1 << 16) | (15 << 24) | (1 << 36) | (0xc1 << 37) | (4 << 52) | (1 << 57);
         let cap = Cap(raw);
         assert_eq!(cap.mqes(), 2047);
         assert_eq!(cap.max_queue_entries(), 2048);

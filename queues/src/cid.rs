@@ -1,0 +1,341 @@
+//! Command identifiers: tracker slot | generation bits.
+//!
+//! The NVMe Base Specification 2.0 (§4.2, CDW0.CID "Command Identifier")
+//! only requires a CID to be unique among the commands outstanding on one
+//! submission queue. upnvme encodes in it the index of the tracker slot
+//! holding the request (so completion lookup is an array index) and, in the
+//! remaining upper bits, a per-slot generation counter bumped every time the
+//! slot is released. A completion carrying a CID for a slot that is not in
+//! flight, or with an old generation (a stale or duplicated completion from a
+//! misbehaving device), is detected instead of completing the wrong request.
+//!
+//! Encoding: with `slot_bits = ceil(log2(slots))` (0 for a single slot),
+//! `cid = (generation << slot_bits) | slot`; the generation has
+//! `16 - slot_bits` bits (at least 4, since `slots <= 4096`) and wraps.
+//! The value `0xFFFF` is never handed out: the Error Information log uses it
+//! to mean "not associated with a command".
+
+use core::fmt;
+
+/// Largest number of slots a [`CidTable`] supports.
+pub const MAX_SLOTS: u16 = 4096;
+
+/// A command identifier handed out by [`CidTable::alloc`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Cid {
+    /// The value for CDW0.CID.
+    pub value: u16,
+    /// The tracker slot index encoded in the low bits of `value`.
+    pub slot: u16,
+}
+
+/// A device-reported (or caller-supplied) CID that does not match a command
+/// in flight. From the device this is a controller fault.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CidError {
+    /// The slot bits of this CID name no slot of the table.
+    UnknownSlot(u16),
+    /// The slot is valid but has no command in flight (e.g. a duplicate
+    /// completion of a command already completed). For [`CidTable::cancel`]
+    /// the payload is the slot index.
+    NotInFlight(u16),
+    /// The slot is in flight, but for a later command: the CID carries an old
+    /// generation (a stale completion).
+    StaleGeneration {
+        /// The CID reported.
+        cid: u16,
+        /// The CID of the command currently in flight in that slot.
+        expected: u16,
+    },
+}
+
+impl fmt::Display for CidError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            CidError::UnknownSlot(cid) => {
+                write!(f, "command identifier {cid:#06x} names no tracker slot")
+            }
+            CidError::NotInFlight(cid) => write!(
+                f,
+                "command identifier {cid:#06x} has no command in flight (duplicate or \
+                 spurious completion)"
+            ),
+            CidError::StaleGeneration { cid, expected } => write!(
+                f,
+                "command identifier {cid:#06x} is stale: the slot now holds {expected:#06x}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for CidError {}
+
+/// Fixed table of tracker slots with per-slot generations and an O(1) free
+/// list. All memory is allocated in [`CidTable::new`]; `alloc`, `complete`
+/// and `cancel` never allocate.
+#[derive(Clone, Debug)]
+pub struct CidTable {
+    slot_bits: u32,
+    slot_mask: u16,
+    gen_mask: u16,
+    /// Generation per slot (already masked to the generation width).
+    generation: Vec<u16>,
+    in_flight: Vec<bool>,
+    /// Stack of free slot indices; capacity == slots, so pushes never reallocate.
+    free: Vec<u16>,
+}
+
+impl CidTable {
+    /// A table of `slots` slots, all free, all at generation 0. `slots` is
+    /// clamped to 1..=[`MAX_SLOTS`] (4096).
+    pub fn new(slots: u16) -> CidTable {
+        let slots = slots.clamp(1, MAX_SLOTS);
+        let slot_bits = if slots == 1 {
+            0
+        } else {
+            16 - (slots - 1).leading_zeros()
+        };
+        let slot_mask = ((1u32 << slot_bits) - 1) as u16;
+        let gen_mask = ((1u32 << (16 - slot_bits)) - 1) as u16;
+        // Pop order: slot 0 first.
+        let free: Vec<u16> = (0..slots).rev().collect();
+        CidTable {
+            slot_bits,
+            slot_mask,
+            gen_mask,
+            generation: vec![0; usize::from(slots)],
+            in_flight: vec![false; usize::from(slots)],
+            free,
+        }
+    }
+
+    /// Number of slots.
+    pub fn slots(&self) -> u16 {
+        self.in_flight.len() as u16
+    }
+
+    /// Number of low CID bits that hold the slot index.
+    pub fn slot_bits(&self) -> u32 {
+        self.slot_bits
+    }
+
+    /// Number of commands in flight.
+    pub fn in_flight(&self) -> u32 {
+        (self.in_flight.len() - self.free.len()) as u32
+    }
+
+    /// The slot index encoded in `cid` (may be out of range for hostile input;
+    /// [`CidTable::complete`] checks).
+    #[inline]
+    pub fn slot_of(&self, cid: u16) -> u16 {
+        cid & self.slot_mask
+    }
+
+    #[inline]
+    fn encode(&self, slot: u16, generation: u16) -> u16 {
+        // generation < 2^(16 - slot_bits), so the shift never loses bits that
+        // matter; widen to avoid a shift overflow when slot_bits == 0.
+        ((u32::from(generation) << self.slot_bits) as u16) | slot
+    }
+
+    /// Allocates a free slot and returns its CID, or `None` when every slot is
+    /// in flight. O(1).
+    #[inline]
+    pub fn alloc(&mut self) -> Option<Cid> {
+        let slot = self.free.pop()?;
+        let i = usize::from(slot);
+        let mut value = self.encode(slot, self.generation[i]);
+        if value == 0xffff {
+            // Reserved value: skip this generation.
+            self.generation[i] = self.generation[i].wrapping_add(1) & self.gen_mask;
+            value = self.encode(slot, self.generation[i]);
+        }
+        self.in_flight[i] = true;
+        Some(Cid { value, slot })
+    }
+
+    /// Checks that `cid` is the CID of a command in flight, without releasing
+    /// it; returns its slot.
+    #[inline]
+    pub fn validate(&self, cid: u16) -> Result<u16, CidError> {
+        let slot = cid & self.slot_mask;
+        let i = usize::from(slot);
+        if i >= self.in_flight.len() {
+            return Err(CidError::UnknownSlot(cid));
+        }
+        if !self.in_flight[i] {
+            return Err(CidError::NotInFlight(cid));
+        }
+        let expected = self.encode(slot, self.generation[i]);
+        if expected != cid {
+            return Err(CidError::StaleGeneration { cid, expected });
+        }
+        Ok(slot)
+    }
+
+    /// Completes the command with `cid`: validates it (see [`CidError`]),
+    /// frees the slot, bumps its generation, and returns the slot index. On
+    /// error the table is unchanged.
+    #[inline]
+    pub fn complete(&mut self, cid: u16) -> Result<u16, CidError> {
+        let slot = self.validate(cid)?;
+        self.release(slot);
+        Ok(slot)
+    }
+
+    fn release(&mut self, slot: u16) {
+        let i = usize::from(slot);
+        self.in_flight[i] = false;
+        self.generation[i] = self.generation[i].wrapping_add(1) & self.gen_mask;
+        // Cannot reallocate: at most `slots` entries are ever free.
+        self.free.push(slot);
+    }
+
+    /// Frees an in-flight slot whose command was abandoned (only legitimate
+    /// once the controller has been disabled, so no completion can arrive
+    /// and no DMA can touch its buffers). Bumps the generation, so a late
+    /// completion for it would be reported as stale or not in flight.
+    pub fn cancel(&mut self, slot: u16) -> Result<(), CidError> {
+        let i = usize::from(slot);
+        if i >= self.in_flight.len() {
+            return Err(CidError::UnknownSlot(slot));
+        }
+        if !self.in_flight[i] {
+            return Err(CidError::NotInFlight(slot));
+        }
+        self.release(slot);
+        Ok(())
+    }
+
+    /// True if `slot` has a command in flight.
+    pub fn is_in_flight(&self, slot: u16) -> bool {
+        self.in_flight
+            .get(usize::from(slot))
+            .copied()
+            .unwrap_or(false)
+    }
+
+    /// The CID of the command in flight in `slot` (e.g. for an Abort command),
+    /// or `None` if the slot is free or out of range.
+    pub fn cid_of(&self, slot: u16) -> Option<u16> {
+        if self.is_in_flight(slot) {
+            Some(self.encode(slot, self.generation[usize::from(slot)]))
+        } else {
+            None
+        }
+    }
+
+    /// Iterates over the slots that have a command in flight, in slot order.
+    pub fn in_flight_slots(&self) -> impl Iterator<Item = u16> + '_ {
+        self.in_flight
+            .iter()
+            .enumerate()
+            .filter(|(_, f)| **f)
+            .map(|(i, _)| i as u16)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encoding() {
+        let t = CidTable::new(256);
+        assert_eq!(t.slot_bits(), 8);
+        assert_eq!(CidTable::new(257).slot_bits(), 9);
+        assert_eq!(CidTable::new(1).slot_bits(), 0);
+        assert_eq!(CidTable::new(2).slot_bits(), 1);
+        assert_eq!(CidTable::new(4096).slot_bits(), 12);
+        assert_eq!(CidTable::new(60000).slots(), 4096);
+        assert_eq!(CidTable::new(0).slots(), 1);
+    }
+
+    #[test]
+    fn alloc_complete_generation() {
+        let mut t = CidTable::new(4);
+        let a = t.alloc().unwrap();
+        assert_eq!(a, Cid { value: 0, slot: 0 });
+        let b = t.alloc().unwrap();
+        assert_eq!(b.slot, 1);
+        assert_eq!(t.in_flight(), 2);
+        assert_eq!(t.complete(a.value), Ok(0));
+        // Duplicate completion.
+        assert_eq!(t.complete(a.value), Err(CidError::NotInFlight(0)));
+        let c = t.alloc().unwrap();
+        assert_eq!(c.slot, 0);
+        assert_eq!(c.value, 1 << 2);
+        // Stale completion of the previous command in slot 0.
+        assert_eq!(
+            t.complete(a.value),
+            Err(CidError::StaleGeneration {
+                cid: 0,
+                expected: 4
+            })
+        );
+        // A 3-slot table has 2 slot bits, so slot bits 0b11 name no slot.
+        let mut u = CidTable::new(3);
+        assert_eq!(u.complete(3), Err(CidError::UnknownSlot(3)));
+        assert_eq!(t.cid_of(0), Some(4));
+        assert_eq!(t.cid_of(2), None);
+        assert_eq!(t.in_flight_slots().collect::<Vec<_>>(), vec![0, 1]);
+        assert_eq!(t.complete(c.value), Ok(0));
+        assert_eq!(t.complete(b.value), Ok(1));
+        assert_eq!(t.in_flight(), 0);
+    }
+
+    #[test]
+    fn exhaustion() {
+        let mut t = CidTable::new(3);
+        assert!(t.alloc().is_some());
+        assert!(t.alloc().is_some());
+        assert!(t.alloc().is_some());
+        assert!(t.alloc().is_none());
+        assert_eq!(t.in_flight(), 3);
+    }
+
+    #[test]
+    fn cancel() {
+        let mut t = CidTable::new(2);
+        let a = t.alloc().unwrap();
+        assert_eq!(t.cancel(1), Err(CidError::NotInFlight(1)));
+        assert_eq!(t.cancel(7), Err(CidError::UnknownSlot(7)));
+        t.cancel(a.slot).unwrap();
+        assert_eq!(t.in_flight(), 0);
+        // A late completion for the cancelled command is rejected.
+        assert!(t.complete(a.value).is_err());
+    }
+
+    #[test]
+    fn never_hands_out_ffff() {
+        let mut t = CidTable::new(4096);
+        // Drive slot 4095 through all 16 generations.
+        let all: Vec<Cid> = (0..4096).map(|_| t.alloc().unwrap()).collect();
+        for c in &all[..4095] {
+            t.complete(c.value).unwrap();
+        }
+        let mut last = all[4095];
+        for _ in 0..40 {
+            assert_ne!(last.value, 0xffff);
+            assert_eq!(last.slot, 4095);
+            t.complete(last.value).unwrap();
+            // Drain the other free slots so 4095 is reused: it is on top (LIFO).
+            last = t.alloc().unwrap();
+        }
+    }
+
+    #[test]
+    fn single_slot_table() {
+        let mut t = CidTable::new(1);
+        let rounds = if cfg!(miri) { 300 } else { 70000u32 };
+        for i in 0..rounds {
+            let c = t.alloc().unwrap();
+            assert_eq!(c.slot, 0);
+            assert_ne!(c.value, 0xffff);
+            if i < 0xffff {
+                assert_eq!(u32::from(c.value), i);
+            }
+            assert_eq!(t.complete(c.value), Ok(0));
+        }
+    }
+}

@@ -1,0 +1,449 @@
+//! Submission and completion ring state (NVMe Base Specification 2.0, §3.3.1
+//! "Memory-Based Transport Queue Model": circular queues, "Full Queue"
+//! (one slot always left empty), "Empty Queue", and the Phase Tag rules of
+//! §4.6 "Completion Queue Entry").
+//!
+//! Rings of any size from 2 to 65536 entries are supported, not only powers of
+//! two. Indices wrap by compare-and-reset, so the hot path has no division or
+//! modulo. These types only track indices; the queue memory itself lives in
+//! the `dma` crate and the driver copies entries in and out of it.
+
+use core::fmt;
+
+/// Smallest queue size the specification allows (QSIZE = 1, 0-based).
+pub const MIN_ENTRIES: u32 = 2;
+/// Largest queue size the specification allows (QSIZE = 0xffff, 0-based).
+pub const MAX_ENTRIES: u32 = 65536;
+
+/// Errors from ring construction and from validating device-reported indices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RingError {
+    /// The requested queue size is outside 2..=65536.
+    InvalidSize(u32),
+    /// A completion reported an SQ Head Pointer (CQE DW2.SQHD) that is not a
+    /// slot of the queue at all.
+    SqHeadOutOfRange {
+        /// The SQHD value reported by the device.
+        sqhd: u16,
+        /// Number of entries in the submission queue.
+        entries: u32,
+    },
+    /// A completion reported an SQ Head Pointer outside the window of entries
+    /// the controller may have consumed: it would move the head backwards or
+    /// past the tail the host last wrote to the doorbell.
+    SqHeadOutsideWindow {
+        /// The SQHD value reported by the device.
+        sqhd: u16,
+        /// The host's current view of the SQ head.
+        head: u16,
+        /// The tail last written to the doorbell (the committed tail).
+        tail: u16,
+    },
+}
+
+impl fmt::Display for RingError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            RingError::InvalidSize(n) => write!(
+                f,
+                "invalid queue size {n}: NVMe queues hold {MIN_ENTRIES} to {MAX_ENTRIES} entries \
+                 (and at most CAP.MQES+1)"
+            ),
+            RingError::SqHeadOutOfRange { sqhd, entries } => write!(
+                f,
+                "device fault: completion reports SQ head {sqhd}, but the submission queue \
+                 has only {entries} entries"
+            ),
+            RingError::SqHeadOutsideWindow { sqhd, head, tail } => write!(
+                f,
+                "device fault: completion reports SQ head {sqhd}, outside the submitted \
+                 window [head {head}, tail {tail}]"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for RingError {}
+
+fn check_entries(entries: u32) -> Result<(), RingError> {
+    if (MIN_ENTRIES..=MAX_ENTRIES).contains(&entries) {
+        Ok(())
+    } else {
+        Err(RingError::InvalidSize(entries))
+    }
+}
+
+/// `i + 1` wrapped to `0..n` without division (requires `i < n`).
+#[inline]
+fn next(i: u32, n: u32) -> u32 {
+    let j = i + 1;
+    if j == n { 0 } else { j }
+}
+
+/// Distance from `from` forward to `to` on a ring of `n` (both `< n`).
+#[inline]
+fn distance(from: u32, to: u32, n: u32) -> u32 {
+    if to >= from { to - from } else { to + n - from }
+}
+
+/// Host-side state of a submission queue: where the next SQE goes (tail), what
+/// the doorbell was last told (committed tail), and how far the controller
+/// has consumed (head, learned from CQE.SQHD).
+///
+/// Invariant: `head`, `committed_tail` and `tail` appear in that order going
+/// forward around the ring, and at most `entries - 1` slots are occupied.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SqRing {
+    entries: u32,
+    head: u32,
+    tail: u32,
+    committed: u32,
+}
+
+impl SqRing {
+    /// A ring of `entries` slots (2..=65536), empty, with all indices at 0.
+    pub fn new(entries: u32) -> Result<SqRing, RingError> {
+        check_entries(entries)?;
+        Ok(SqRing {
+            entries,
+            head: 0,
+            tail: 0,
+            committed: 0,
+        })
+    }
+
+    /// Number of slots in the ring.
+    pub fn entries(&self) -> u32 {
+        self.entries
+    }
+
+    /// The slot the next SQE goes into (SQ Tail).
+    pub fn tail(&self) -> u16 {
+        self.tail as u16
+    }
+
+    /// The host's view of the SQ Head: the oldest slot the controller may
+    /// not have fetched yet.
+    pub fn head(&self) -> u16 {
+        self.head as u16
+    }
+
+    /// The tail value last returned by [`SqRing::commit`], i.e. last written to
+    /// the SQ Tail doorbell (or shadow doorbell).
+    pub fn committed_tail(&self) -> u16 {
+        self.committed as u16
+    }
+
+    /// Number of occupied slots: pushed but not yet reported consumed.
+    pub fn outstanding(&self) -> u32 {
+        distance(self.head, self.tail, self.entries)
+    }
+
+    /// Number of SQEs that can still be pushed (`entries - 1 - outstanding`).
+    pub fn free_slots(&self) -> u32 {
+        self.entries - 1 - self.outstanding()
+    }
+
+    /// True when the queue is full: the tail is one slot behind the head
+    /// ("Full Queue": one entry is always left empty).
+    pub fn is_full(&self) -> bool {
+        next(self.tail, self.entries) == self.head
+    }
+
+    /// True when no slot is occupied (head equals tail).
+    pub fn is_empty(&self) -> bool {
+        self.head == self.tail
+    }
+
+    /// Reserves the tail slot: returns its index (where the SQE must be
+    /// written) and advances the tail, or `None` when the queue is full. The
+    /// new tail is only made visible to the device by [`SqRing::commit`].
+    #[inline]
+    pub fn push(&mut self) -> Option<u16> {
+        let n = next(self.tail, self.entries);
+        if n == self.head {
+            return None;
+        }
+        let slot = self.tail as u16;
+        self.tail = n;
+        Some(slot)
+    }
+
+    /// Marks the tail as written to the doorbell. Returns `Some(new_tail)` when
+    /// the tail moved since the previous commit (ring the doorbell with that
+    /// value), `None` when there is nothing to ring.
+    #[inline]
+    pub fn commit(&mut self) -> Option<u16> {
+        if self.tail == self.committed {
+            None
+        } else {
+            self.committed = self.tail;
+            Some(self.tail as u16)
+        }
+    }
+
+    /// Takes a device-reported SQ Head Pointer (CQE DW2.SQHD) as the new head.
+    ///
+    /// The value is untrusted: it must be a slot of the queue and lie in the
+    /// window from the current head forward to the committed tail (inclusive:
+    /// `sqhd == committed tail` means everything submitted was fetched). A head
+    /// that would move backwards or past what the doorbell announced is a
+    /// device fault and leaves the ring unchanged.
+    #[inline]
+    pub fn update_head(&mut self, sqhd: u16) -> Result<(), RingError> {
+        let h = u32::from(sqhd);
+        if h >= self.entries {
+            return Err(RingError::SqHeadOutOfRange {
+                sqhd,
+                entries: self.entries,
+            });
+        }
+        let window = distance(self.head, self.committed, self.entries);
+        if distance(self.head, h, self.entries) > window {
+            return Err(RingError::SqHeadOutsideWindow {
+                sqhd,
+                head: self.head as u16,
+                tail: self.committed as u16,
+            });
+        }
+        self.head = h;
+        Ok(())
+    }
+}
+
+/// Host-side state of a completion queue: the next slot to look at (head), the
+/// Phase Tag value that marks a new entry there, and the head last written to
+/// the CQ Head doorbell.
+///
+/// The expected phase starts at `true` (the controller writes P = 1 on its
+/// first pass over zeroed memory) and flips each time the head wraps to 0.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CqRing {
+    entries: u32,
+    head: u32,
+    phase: bool,
+    committed: u32,
+    uncommitted: u32,
+}
+
+impl CqRing {
+    /// A ring of `entries` slots (2..=65536), head 0, expected phase `true`.
+    pub fn new(entries: u32) -> Result<CqRing, RingError> {
+        check_entries(entries)?;
+        Ok(CqRing {
+            entries,
+            head: 0,
+            phase: true,
+            committed: 0,
+            uncommitted: 0,
+        })
+    }
+
+    /// Number of slots in the ring.
+    pub fn entries(&self) -> u32 {
+        self.entries
+    }
+
+    /// The slot of the next completion to examine (CQ Head).
+    pub fn head(&self) -> u16 {
+        self.head as u16
+    }
+
+    /// The Phase Tag value a new entry at [`CqRing::head`] carries.
+    pub fn phase(&self) -> bool {
+        self.phase
+    }
+
+    /// True when an entry whose Phase Tag is `p` at the head slot is new.
+    #[inline]
+    pub fn is_new(&self, p: bool) -> bool {
+        p == self.phase
+    }
+
+    /// Consumes the head entry: head + 1, wrapping to 0 and inverting the
+    /// expected phase at the end of the ring.
+    #[inline]
+    pub fn advance(&mut self) {
+        let n = self.head + 1;
+        if n == self.entries {
+            self.head = 0;
+            self.phase = !self.phase;
+        } else {
+            self.head = n;
+        }
+        // Saturating: at most entries - 1 can be consumed between doorbells
+        // without the controller seeing a full queue; the driver's policy
+        // reads this counter to decide when the CQ head doorbell is due.
+        self.uncommitted = self.uncommitted.saturating_add(1);
+    }
+
+    /// The head value last returned by [`CqRing::commit`] (last written to the
+    /// CQ Head doorbell).
+    pub fn committed_head(&self) -> u16 {
+        self.committed as u16
+    }
+
+    /// Entries consumed since the last [`CqRing::commit`]: the controller
+    /// still counts these slots as occupied.
+    pub fn uncommitted(&self) -> u32 {
+        self.uncommitted
+    }
+
+    /// True when the CQ Head doorbell must be written before more commands
+    /// can safely complete: the controller counts the [`CqRing::uncommitted`]
+    /// slots as still occupied, and each of up to `max_in_flight` commands
+    /// (those outstanding plus any that may be submitted before the host next
+    /// gets a chance to write the doorbell) needs one more slot. A controller
+    /// that finds its CQ full stops posting completions, so the doorbell is
+    /// due when `uncommitted + max_in_flight > entries - 1`. A CQ larger than
+    /// the number of trackers leaves slack for batching doorbell writes.
+    #[inline]
+    pub fn head_doorbell_due(&self, max_in_flight: u32) -> bool {
+        self.uncommitted > 0 && self.uncommitted.saturating_add(max_in_flight) > self.entries - 1
+    }
+
+    /// Marks the head as written to the CQ Head doorbell. Returns
+    /// `Some(new_head)` when entries were consumed since the previous commit,
+    /// `None` when the doorbell need not be written.
+    #[inline]
+    pub fn commit(&mut self) -> Option<u16> {
+        if self.uncommitted == 0 {
+            None
+        } else {
+            self.uncommitted = 0;
+            self.committed = self.head;
+            Some(self.head as u16)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(SqRing::new(1), Err(RingError::InvalidSize(1)));
+        assert_eq!(SqRing::new(0), Err(RingError::InvalidSize(0)));
+        assert_eq!(
+            CqRing::new(65537).unwrap_err(),
+            RingError::InvalidSize(65537)
+        );
+        assert!(SqRing::new(2).is_ok());
+        assert!(SqRing::new(65536).is_ok());
+        assert!(CqRing::new(3).is_ok());
+    }
+
+    #[test]
+    fn sq_full_and_wrap() {
+        let mut sq = SqRing::new(3).unwrap();
+        assert_eq!(sq.free_slots(), 2);
+        assert_eq!(sq.push(), Some(0));
+        assert_eq!(sq.push(), Some(1));
+        assert!(sq.is_full());
+        assert_eq!(sq.push(), None);
+        assert_eq!(sq.outstanding(), 2);
+        assert_eq!(sq.commit(), Some(2));
+        assert_eq!(sq.commit(), None);
+        sq.update_head(1).unwrap();
+        assert_eq!(sq.push(), Some(2));
+        assert_eq!(sq.tail(), 0);
+        assert!(sq.is_full());
+        assert_eq!(sq.commit(), Some(0));
+        sq.update_head(0).unwrap();
+        assert!(sq.is_empty());
+        assert_eq!(sq.free_slots(), 2);
+    }
+
+    #[test]
+    fn sq_largest_ring_indices() {
+        let mut sq = SqRing::new(65536).unwrap();
+        for _ in 0..65535 {
+            assert!(sq.push().is_some());
+        }
+        assert!(sq.is_full());
+        assert_eq!(sq.tail(), 65535);
+        assert_eq!(sq.commit(), Some(65535));
+        sq.update_head(65535).unwrap();
+        assert_eq!(sq.push(), Some(65535));
+        assert_eq!(sq.tail(), 0);
+    }
+
+    #[test]
+    fn sqhd_validation() {
+        let mut sq = SqRing::new(8).unwrap();
+        for _ in 0..4 {
+            sq.push();
+        }
+        // Nothing committed yet: the device cannot have fetched anything.
+        assert!(matches!(
+            sq.update_head(1),
+            Err(RingError::SqHeadOutsideWindow { .. })
+        ));
+        sq.commit();
+        assert_eq!(
+            sq.update_head(8),
+            Err(RingError::SqHeadOutOfRange {
+                sqhd: 8,
+                entries: 8
+            })
+        );
+        assert!(sq.update_head(5).is_err());
+        sq.update_head(0).unwrap(); // no progress is fine
+        sq.update_head(2).unwrap();
+        // Backwards is a fault.
+        assert_eq!(
+            sq.update_head(1),
+            Err(RingError::SqHeadOutsideWindow {
+                sqhd: 1,
+                head: 2,
+                tail: 4
+            })
+        );
+        assert_eq!(sq.head(), 2);
+        sq.update_head(4).unwrap();
+        assert!(sq.is_empty());
+        let msg = RingError::SqHeadOutOfRange {
+            sqhd: 9,
+            entries: 8,
+        }
+        .to_string();
+        assert!(msg.contains("device fault"));
+    }
+
+    #[test]
+    fn cq_phase_flips_on_wrap() {
+        let mut cq = CqRing::new(3).unwrap();
+        assert!(cq.phase());
+        assert!(cq.is_new(true));
+        cq.advance();
+        cq.advance();
+        assert_eq!(cq.head(), 2);
+        assert!(cq.phase());
+        cq.advance();
+        assert_eq!(cq.head(), 0);
+        assert!(!cq.phase());
+        assert_eq!(cq.uncommitted(), 3);
+        assert_eq!(cq.commit(), Some(0));
+        assert_eq!(cq.commit(), None);
+        assert_eq!(cq.committed_head(), 0);
+        cq.advance();
+        assert_eq!(cq.commit(), Some(1));
+    }
+
+    #[test]
+    fn cq_head_doorbell_due() {
+        let mut cq = CqRing::new(8).unwrap();
+        assert!(!cq.head_doorbell_due(100)); // nothing consumed: nothing to tell
+        cq.advance();
+        cq.advance();
+        // 2 uncommitted + 5 in flight = 7 = entries - 1: still fits.
+        assert!(!cq.head_doorbell_due(5));
+        assert!(cq.head_doorbell_due(6));
+        cq.commit();
+        assert!(!cq.head_doorbell_due(7));
+        assert!(!cq.head_doorbell_due(u32::MAX));
+        cq.advance();
+        assert!(cq.head_doorbell_due(u32::MAX));
+    }
+}
