@@ -4,7 +4,7 @@
 //! an explicit sequence of [`BringupStep`]s, each bounded by a timeout derived
 //! from CAP.TO (or the caller's options), never a bare spin.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -67,6 +67,12 @@ pub(crate) struct Inner<D: Device> {
     failure: Mutex<Option<String>>,
     /// Set with `failure`: the I/O path checks this flag, not the mutex.
     failed: AtomicBool,
+    /// Incremented by every controller reset once the controller is disabled
+    /// (no DMA possible): queue pairs compare it with their own copy to learn
+    /// that their commands are dead and their queues must be re-created.
+    pub(crate) generation: AtomicU64,
+    /// Controller resets performed.
+    resets: AtomicU64,
     closed: AtomicBool,
     /// I/O queue IDs in use (index = qid - 1).
     qids: Mutex<Vec<bool>>,
@@ -332,6 +338,19 @@ impl<D: Device> Controller<D> {
             .execute_with(sqe, (len > 0).then_some(len), data_out, &what)
     }
 
+    /// Resets the controller (disable, re-enable, re-create the admin state)
+    /// and clears a failure. Queue pairs survive: each completes its in-flight
+    /// commands once with [`crate::IoError::ControllerReset`] at its next call
+    /// and re-creates its queues (see [`crate::IoQueuePair`]).
+    pub fn reset(&self) -> Result<()> {
+        self.inner.reset()
+    }
+
+    /// How many controller resets happened (explicit and automatic).
+    pub fn resets(&self) -> u64 {
+        self.inner.resets.load(Ordering::Relaxed)
+    }
+
     /// Shuts the controller down now (CC.SHN normal, wait CSTS.SHST complete,
     /// CC.EN = 0). Further calls on this controller or its queue pairs fail with
     /// [`Error::Closed`]. Dropping the controller does the same.
@@ -465,6 +484,14 @@ impl<D: Device> Inner<D> {
         self.check_usable()?;
         let mut admin = self.admin()?;
         let r = f(&self.dev, &self.name, &mut admin);
+        drop(admin);
+        if let Err(Error::ControllerFatal { .. }) = &r {
+            // Automatic recovery: CSTS.CFS means the controller must be reset.
+            // The command that saw it still fails; the next one may succeed.
+            if self.reset().is_ok() {
+                return r;
+            }
+        }
         if let Err(e) = &r
             && matches!(
                 e,
@@ -537,6 +564,124 @@ impl<D: Device> Inner<D> {
             &format!("Identify (CNS 0x{cns:02x}, NSID {nsid})"),
         )?;
         Ok(data)
+    }
+
+    /// Controller reset (NVMe 2.0 §3.7.2, Controller Level Reset by CC.EN):
+    /// disable, then bring the controller back with a fresh admin queue, the
+    /// same number of I/O queues, Doorbell Buffer Config and AERs.
+    ///
+    /// What queue pairs see: once the controller is disabled (no DMA can
+    /// happen any more) the reset generation is bumped; at its next call each
+    /// queue pair completes every command it had in flight exactly once with
+    /// [`crate::IoError::ControllerReset`] (buffers returned), re-creates its
+    /// I/O queues under the same queue ID and carries on.
+    pub(crate) fn reset(&self) -> Result<()> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::Closed {
+                device: self.name.clone(),
+            });
+        }
+        let mut admin = self.admin.lock().map_err(|_| Error::ControllerFailed {
+            device: self.name.clone(),
+            reason: "admin queue lock poisoned".into(),
+        })?;
+        let r = self.reset_locked(&mut admin);
+        if let Err(e) = &r {
+            self.mark_failed(e);
+        }
+        r
+    }
+
+    fn reset_locked(&self, admin: &mut AdminQueue) -> Result<()> {
+        let dev = &self.dev;
+        let name = self.name.as_str();
+        disable(dev, name, self.ready_timeout)?;
+        // The controller is disabled: nothing it was doing can touch memory any
+        // more. Release what was kept for it and tell the queue pairs.
+        admin.forget_in_flight();
+        if let Ok(mut q) = self.quarantine.lock() {
+            q.clear();
+        }
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        self.resets.fetch_add(1, Ordering::Relaxed);
+
+        *admin = enable_with_admin_queue(dev, name, self.cap, admin.entries(), self.ready_timeout)?;
+        let t = self.admin_timeout;
+        let check = |cqe: Cqe, what: &str| -> Result<Cqe> {
+            if cqe.status().is_success() {
+                Ok(cqe)
+            } else {
+                Err(Error::Command {
+                    command: what.to_string(),
+                    status: cqe.status(),
+                })
+            }
+        };
+        // Same device? (A different serial number means something else now
+        // sits at this address: refuse to carry on with the old state.)
+        let mut sqe = Sqe::identify(cns::CONTROLLER, 0, 0);
+        let (buf, _list) = admin_data_buffer(dev, PAGE, &mut sqe, PAGE)?;
+        let (cqe, buf) = admin.execute(dev, name, sqe, Some(buf), t, "Identify Controller")?;
+        check(cqe, "Identify Controller (after reset)")?;
+        let mut data = vec![0u8; PAGE];
+        if let Some(b) = buf {
+            b.read_bytes(0, &mut data)?;
+        }
+        let id = IdentifyController::parse(&data).map_err(|e| Error::DeviceFault {
+            device: name.to_string(),
+            what: format!("Identify Controller after reset: {e}"),
+        })?;
+        if id.sn != self.identify.sn {
+            return Err(Error::DeviceFault {
+                device: name.to_string(),
+                what: format!(
+                    "serial number changed across reset ({:?} -> {:?})",
+                    self.identify.sn, id.sn
+                ),
+            });
+        }
+        let n = self.granted_io_queues.saturating_sub(1) as u32;
+        let what = "Set Features (Number of Queues)";
+        let (cqe, _) = admin.execute(
+            dev,
+            name,
+            Sqe::set_features(feature::NUMBER_OF_QUEUES, (n << 16) | n, false),
+            None,
+            t,
+            what,
+        )?;
+        let cqe = check(cqe, what)?;
+        let granted = (cqe.dw0() & 0xffff).min(cqe.dw0() >> 16) + 1;
+        if granted < self.granted_io_queues as u32 {
+            return Err(Error::DeviceFault {
+                device: name.to_string(),
+                what: format!(
+                    "granted {granted} I/O queues after reset, {} before",
+                    self.granted_io_queues
+                ),
+            });
+        }
+        if let Some(s) = &self.shadow {
+            s.doorbells.fill(0, s.doorbells.len(), 0)?;
+            s.event_idx.fill(0, s.event_idx.len(), 0)?;
+            let what = "Doorbell Buffer Config";
+            let (cqe, _) = admin.execute(
+                dev,
+                name,
+                Sqe::doorbell_buffer_config(s.doorbells.iova(), s.event_idx.iova()),
+                None,
+                t,
+                what,
+            )?;
+            check(cqe, what)?;
+        }
+        admin.post_aers(dev, self.aer_target)?;
+        // Usable again.
+        if let Ok(mut f) = self.failure.lock() {
+            *f = None;
+        }
+        self.failed.store(false, Ordering::Release);
+        Ok(())
     }
 
     /// Normal shutdown (NVMe 2.0 §3.6.1): CC.SHN = 01b, wait for CSTS.SHST =
@@ -718,6 +863,38 @@ fn wait_csts_ignoring_cfs<D: Device>(dev: &D, name: &str, timeout: Duration) -> 
     }
 }
 
+/// Allocates a fresh admin queue, programs AQA/ASQ/ACQ, writes CC (CSS = NVM,
+/// MPS = 4 KiB, AMS = round robin, IOSQES = 6, IOCQES = 4, EN = 1) and waits for
+/// CSTS.RDY = 1. The controller must be disabled.
+fn enable_with_admin_queue<D: Device>(
+    dev: &D,
+    name: &str,
+    cap: Cap,
+    entries: u32,
+    ready_timeout: Duration,
+) -> Result<AdminQueue> {
+    let admin = AdminQueue::new(dev, entries, cap.dstrd())?;
+    dev.write32(REG_AQA, aqa(entries, entries));
+    dev.write64(REG_ASQ, admin.sq_iova());
+    dev.write64(REG_ACQ, admin.cq_iova());
+    let cc = Cc::new()
+        .with_css(Cc::CSS_NVM)
+        .with_mps(0)
+        .with_ams(0)
+        .with_iosqes(6)
+        .with_iocqes(4)
+        .with_en(true);
+    dev.write32(REG_CC, cc.0);
+    wait_csts(
+        dev,
+        name,
+        ready_timeout,
+        "CSTS.RDY = 1 after CC.EN = 1",
+        |c| c.rdy(),
+    )?;
+    Ok(admin)
+}
+
 /// Runs the bring-up sequence.
 fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<Inner<D>> {
     let name = dev.name();
@@ -759,33 +936,13 @@ fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<Inner<D>> {
     // Disable.
     disable(&dev, &name, ready_timeout).map_err(|e| step_err(BringupStep::Disable, e))?;
 
-    // Configure the admin queue.
+    // Configure the admin queue, enable.
     let entries = options
         .admin_queue_entries
         .clamp(2, 4096)
         .min(cap.max_queue_entries());
-    let mut admin = AdminQueue::new(&dev, entries, cap.dstrd())?;
-    dev.write32(REG_AQA, aqa(entries, entries));
-    dev.write64(REG_ASQ, admin.sq_iova());
-    dev.write64(REG_ACQ, admin.cq_iova());
-
-    // Enable.
-    let cc = Cc::new()
-        .with_css(Cc::CSS_NVM)
-        .with_mps(0)
-        .with_ams(0)
-        .with_iosqes(6)
-        .with_iocqes(4)
-        .with_en(true);
-    dev.write32(REG_CC, cc.0);
-    wait_csts(
-        &dev,
-        &name,
-        ready_timeout,
-        "CSTS.RDY = 1 after CC.EN = 1",
-        |c| c.rdy(),
-    )
-    .map_err(|e| step_err(BringupStep::Enable, e))?;
+    let mut admin = enable_with_admin_queue(&dev, &name, cap, entries, ready_timeout)
+        .map_err(|e| step_err(BringupStep::Enable, e))?;
 
     // From here on the admin queue works; build the controller and let it run
     // the remaining steps as admin commands (its Drop disables the controller
@@ -804,6 +961,8 @@ fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<Inner<D>> {
         ready_timeout,
         failure: Mutex::new(None),
         failed: AtomicBool::new(false),
+        generation: AtomicU64::new(0),
+        resets: AtomicU64::new(0),
         closed: AtomicBool::new(false),
         qids: Mutex::new(Vec::new()),
         quarantine: Mutex::new(Vec::new()),

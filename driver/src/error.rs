@@ -23,6 +23,16 @@ pub enum Error {
         status: Status,
     },
 
+    /// An I/O command ended without an NVMe status: ended by a reset, timed
+    /// out, or abandoned with a failed controller.
+    #[error("{command} did not complete: {error}")]
+    Io {
+        /// The command, by spec name.
+        command: String,
+        /// How it ended.
+        error: crate::qpair::IoError,
+    },
+
     /// A wait exceeded its bound (a register state change or a command).
     #[error("timed out after {} ms waiting for {what}", .after.as_millis())]
     Timeout {

@@ -6,3 +6,4 @@ mod bed;
 mod cli;
 mod driver;
 mod io;
+mod reliability;

@@ -110,6 +110,12 @@ pub enum IoError {
     /// The command was abandoned because the controller failed or was disabled;
     /// the device can no longer access its buffer.
     ControllerFailed,
+    /// The controller was reset while the command was in flight; the command may
+    /// or may not have taken effect. The device can no longer access its buffer.
+    ControllerReset,
+    /// The command exceeded the queue pair's `command_timeout` and was aborted
+    /// (Abort command) or ended by a controller reset.
+    TimedOut,
 }
 
 impl std::fmt::Display for IoError {
@@ -119,6 +125,8 @@ impl std::fmt::Display for IoError {
             IoError::ControllerFailed => {
                 f.write_str("abandoned: the controller failed and was disabled")
             }
+            IoError::ControllerReset => f.write_str("ended by a controller reset while in flight"),
+            IoError::TimedOut => f.write_str("timed out (aborted or ended by a controller reset)"),
         }
     }
 }

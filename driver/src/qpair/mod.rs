@@ -26,6 +26,7 @@
 //! generation), the SQ head taken from SQHD is validated against the window of
 //! submitted commands, and only then is the buffer handed back.
 
+mod clock;
 mod command;
 mod doorbell;
 mod stats;
@@ -103,6 +104,11 @@ pub struct QueuePairOptions {
     pub cq_head_policy: CqHeadPolicy,
     /// How blocking helpers wait.
     pub backoff: Backoff,
+    /// A command not completed after this long is aborted (Abort admin
+    /// command); if it still has not completed after another `command_timeout`,
+    /// the controller is reset. It then completes exactly once with
+    /// [`IoError::TimedOut`]. `None` disables command timeouts.
+    pub command_timeout: Option<Duration>,
 }
 
 impl Default for QueuePairOptions {
@@ -114,6 +120,7 @@ impl Default for QueuePairOptions {
             reap_on_submit: false,
             cq_head_policy: CqHeadPolicy::default(),
             backoff: Backoff::default(),
+            command_timeout: Some(Duration::from_secs(30)),
         }
     }
 }
@@ -123,6 +130,10 @@ impl Default for QueuePairOptions {
 struct Tracker {
     tag: u64,
     buffer: Option<DmaBuffer>,
+    /// Clock ticks (see `clock.rs`) when the command was announced; 0 before.
+    submitted: u64,
+    /// Abort sent for this command (its deadline is then `submitted` + 2 x timeout).
+    aborted: bool,
 }
 
 /// What the queue pair caches about a namespace for argument checks.
@@ -166,6 +177,15 @@ pub struct IoQueuePair<D: Device = VfioNvme> {
     prp_scratch: Box<[u64]>,
     max_transfer: usize,
     backoff: Backoff,
+    /// Command timeout in clock ticks (0 = none).
+    timeout_ticks: u64,
+    /// Controller reset generation this pair's queues belong to.
+    generation: u64,
+    /// The queues must be re-created (after a reset) before the next command.
+    needs_recreate: bool,
+    /// Slots queued since the last `ring` (their timestamps are taken after
+    /// the doorbell). Capacity `max_depth`.
+    pending_slots: Box<[u16]>,
     ctrl: Arc<Inner<D>>,
     /// `Cell` is `Send + !Sync`: the pair can move between threads but never be
     /// shared.
@@ -282,6 +302,8 @@ impl<D: Device> IoQueuePair<D> {
             return Err(e);
         }
 
+        let generation = ctrl.generation.load(std::sync::atomic::Ordering::Acquire);
+        let timeout_ticks = opts.command_timeout.map_or(0, |d| clock::ticks(d).max(1));
         let namespaces = ctrl
             .namespaces()
             .iter()
@@ -321,6 +343,10 @@ impl<D: Device> IoQueuePair<D> {
             prp_scratch: vec![0u64; list_pages_per_slot * PAGE / 8].into_boxed_slice(),
             max_transfer,
             backoff: opts.backoff,
+            timeout_ticks,
+            generation,
+            needs_recreate: false,
+            pending_slots: vec![0u16; max_depth as usize].into_boxed_slice(),
             ctrl,
             _not_sync: PhantomData,
         })
@@ -428,6 +454,12 @@ impl<D: Device> IoQueuePair<D> {
                 .ring_sq(&self.ctrl.dev, shadow, tail, &mut self.stats);
         }
         // Bookkeeping strictly after the doorbell (see the module docs).
+        if self.timeout_ticks > 0 && self.pending > 0 {
+            let now = clock::now().max(1);
+            for &slot in &self.pending_slots[..self.pending as usize] {
+                self.trackers[slot as usize].submitted = now;
+            }
+        }
         self.stats.submissions += self.pending as u64;
         self.pending = 0;
         if self.reap_on_submit && !self.failed {
@@ -511,7 +543,11 @@ impl<D: Device> IoQueuePair<D> {
                 Sqe::dataset_management(ns.nsid, ranges.len() as u32, true)
             }
         };
-        if self.cids.in_flight() >= self.max_depth || self.sq_ring.is_full() {
+        // Completions waiting in `ready` count against the depth too, so that
+        // queue never grows beyond its preallocated capacity.
+        if self.cids.in_flight() + self.ready.len() as u32 >= self.max_depth
+            || self.sq_ring.is_full()
+        {
             return Err(Error::QueueFull { qid: self.qid });
         }
         let cid = self
@@ -536,7 +572,11 @@ impl<D: Device> IoQueuePair<D> {
             self.failed = true;
             return Err(e.into());
         }
-        self.trackers[cid.slot as usize].tag = tag;
+        let t = &mut self.trackers[cid.slot as usize];
+        t.tag = tag;
+        t.submitted = 0;
+        t.aborted = false;
+        self.pending_slots[self.pending as usize] = cid.slot;
         self.pending += 1;
         Ok(cid.slot)
     }
@@ -634,6 +674,16 @@ impl<D: Device> IoQueuePair<D> {
     /// buffers until the controller is disabled.
     #[inline]
     pub fn process_completions(&mut self, max: u32, mut f: impl FnMut(Completion)) -> Result<u32> {
+        if self.generation
+            != self
+                .ctrl
+                .generation
+                .load(std::sync::atomic::Ordering::Acquire)
+            || self.needs_recreate
+        {
+            // Deliver what the reset ended even if re-creating fails now.
+            let _ = self.sync_generation();
+        }
         if self.pending > 0 {
             self.ring();
         }
@@ -653,10 +703,133 @@ impl<D: Device> IoQueuePair<D> {
             }
             return Err(self.ctrl.unusable_error());
         }
-        if n < max {
+        if n < max && !self.needs_recreate {
             n += self.reap(max - n, &mut |_, c| f(c))?;
         }
+        if self.timeout_ticks > 0 && self.stats.polls & 1023 == 0 && self.cids.in_flight() > 0 {
+            self.check_timeouts()?;
+        }
         Ok(n)
+    }
+
+    /// Aborts commands older than the timeout; resets the controller when an
+    /// aborted command is still not back after a second timeout, or when CSTS
+    /// shows a fatal error.
+    fn check_timeouts(&mut self) -> Result<()> {
+        let now = clock::now();
+        let t = self.timeout_ticks;
+        let mut to_abort = Vec::new();
+        let mut reset = false;
+        for slot in self.cids.in_flight_slots() {
+            let tr = &self.trackers[slot as usize];
+            if tr.submitted == 0 {
+                continue;
+            }
+            let age = now.saturating_sub(tr.submitted);
+            if !tr.aborted && age > t {
+                to_abort.push(slot);
+            } else if tr.aborted && age > t.saturating_mul(2) {
+                reset = true;
+            }
+        }
+        if to_abort.is_empty() && !reset {
+            return Ok(());
+        }
+        // Something is overdue: is the controller still alive?
+        match crate::admin::check_csts(&self.ctrl.dev, &self.ctrl.name) {
+            Ok(_) => {}
+            Err(Error::ControllerFatal { .. }) => reset = true,
+            Err(e) => {
+                self.ctrl.mark_failed(&e);
+                return Err(e);
+            }
+        }
+        for slot in to_abort {
+            if let Some(cid) = self.cids.cid_of(slot) {
+                // The Abort's own result does not matter: either the command
+                // completes (with Command Abort Requested) or, after a second
+                // timeout, the controller is reset.
+                let _ = self.ctrl.admin_command(
+                    Sqe::abort(self.qid, cid),
+                    &format!("Abort (SQ {}, CID 0x{cid:04x})", self.qid),
+                );
+                self.trackers[slot as usize].aborted = true;
+                self.stats.aborts += 1;
+            }
+        }
+        if reset {
+            self.stats.timeout_resets += 1;
+            self.ctrl.reset()?;
+            self.sync_generation()?;
+        }
+        Ok(())
+    }
+
+    /// After a controller reset: completes every command in flight exactly once
+    /// (TimedOut if it had been aborted, ControllerReset otherwise) — the
+    /// controller is disabled, so no buffer is still reachable by the device —
+    /// then re-creates the queues.
+    fn sync_generation(&mut self) -> Result<()> {
+        let g = self
+            .ctrl
+            .generation
+            .load(std::sync::atomic::Ordering::Acquire);
+        if g != self.generation {
+            let slots: Vec<u16> = self.cids.in_flight_slots().collect();
+            for slot in slots {
+                let t = &mut self.trackers[slot as usize];
+                let result = Err(if t.aborted {
+                    IoError::TimedOut
+                } else {
+                    IoError::ControllerReset
+                });
+                self.ready.push_back(Completion {
+                    tag: t.tag,
+                    result,
+                    buffer: t.buffer.take(),
+                });
+                t.aborted = false;
+                t.submitted = 0;
+                let _ = self.cids.cancel(slot);
+            }
+            self.pending = 0;
+            self.sq_ring = SqRing::new(self.sq_ring.entries())
+                .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+            self.cq_ring = CqRing::new(self.cq_ring.entries())
+                .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+            // Stale entries would look new to the restarted phase.
+            self.cq.fill(0, self.cq.len(), 0)?;
+            self.doorbells.last_sq = 0;
+            self.doorbells.last_cq = 0;
+            self.generation = g;
+            self.failed = false;
+            self.needs_recreate = true;
+        }
+        if self.needs_recreate {
+            self.ctrl.check_usable()?;
+            if let (Some(slots), Some(s)) = (self.doorbells.shadow, &self.ctrl.shadow) {
+                for b in [&s.doorbells, &s.event_idx] {
+                    b.write_u32(slots.sq, 0)?;
+                    b.write_u32(slots.cq, 0)?;
+                }
+            }
+            self.ctrl.admin_command(
+                Sqe::create_io_cq(self.qid, self.cq_ring.entries(), self.cq.iova(), false, 0),
+                &format!("Create I/O Completion Queue {} (after reset)", self.qid),
+            )?;
+            self.ctrl.admin_command(
+                Sqe::create_io_sq(
+                    self.qid,
+                    self.sq_ring.entries(),
+                    self.sq.iova(),
+                    self.qid,
+                    0,
+                ),
+                &format!("Create I/O Submission Queue {} (after reset)", self.qid),
+            )?;
+            self.needs_recreate = false;
+        }
+        Ok(())
     }
 
     /// Looks at the CQ once and consumes up to `max` new entries.
@@ -688,9 +861,14 @@ impl<D: Device> IoQueuePair<D> {
             let status = cqe.status();
             let result = if status.is_success() {
                 Ok(dw0)
+            } else if t.aborted && status.sct() == 0 && status.sc() == 0x07 {
+                // Command Abort Requested, after our timeout's Abort.
+                Err(IoError::TimedOut)
             } else {
                 Err(IoError::Status(status))
             };
+            t.aborted = false;
+            t.submitted = 0;
             sink(
                 slot,
                 Completion {
@@ -776,15 +954,11 @@ impl<D: Device> IoQueuePair<D> {
             Err(error) => return Err(IoFailure { error, buffer }),
         };
         self.trackers[slot as usize].buffer = buffer;
+        // No opportunistic reap here: the loop below reaps, and knows which
+        // completion is ours by its slot.
+        let reap_on_submit = std::mem::replace(&mut self.reap_on_submit, false);
         self.ring();
-        // The command may already have been reaped by reap_on_submit.
-        if let Some(i) = self.ready.iter().position(|c| c.tag == BLOCKING_TAG) {
-            let c = self.ready.remove(i).ok_or_else(|| IoFailure {
-                error: Error::InvalidArgument("ready queue".into()),
-                buffer: None,
-            })?;
-            return finish_blocking(c, &cmd);
-        }
+        self.reap_on_submit = reap_on_submit;
         let start = Instant::now();
         let mut empty = 0u32;
         loop {
@@ -807,9 +981,32 @@ impl<D: Device> IoQueuePair<D> {
             if let Some(c) = mine {
                 return finish_blocking(c, &cmd);
             }
+            if self.generation
+                != self
+                    .ctrl
+                    .generation
+                    .load(std::sync::atomic::Ordering::Acquire)
+            {
+                // A reset ended the command: it completes here, once.
+                let t = &mut self.trackers[slot as usize];
+                let c = Completion {
+                    tag: BLOCKING_TAG,
+                    result: Err(if t.aborted {
+                        IoError::TimedOut
+                    } else {
+                        IoError::ControllerReset
+                    }),
+                    buffer: t.buffer.take(),
+                };
+                t.aborted = false;
+                t.submitted = 0;
+                let _ = self.cids.cancel(slot);
+                let _ = self.sync_generation();
+                return finish_blocking(c, &cmd);
+            }
             empty = empty.saturating_add(1);
-            // Clock reads and back-off only every so often: no PAUSE and no
-            // clock_gettime in the tight loop.
+            // Clock reads, CSTS checks and back-off only every so often: no PAUSE
+            // and no clock_gettime in the tight loop.
             if empty % 1024 == 0 {
                 if start.elapsed() >= timeout {
                     return Err(IoFailure {
@@ -821,6 +1018,31 @@ impl<D: Device> IoQueuePair<D> {
                     });
                 }
                 if let Err(error) = self.check_usable() {
+                    return Err(IoFailure {
+                        error,
+                        buffer: None,
+                    });
+                }
+                if empty % (16 * 1024) == 0 {
+                    // A dead or fatally failed controller ends the wait early.
+                    match crate::admin::check_csts(&self.ctrl.dev, &self.ctrl.name) {
+                        Ok(_) => {}
+                        Err(Error::ControllerFatal { .. }) => {
+                            let _ = self.ctrl.reset();
+                            continue;
+                        }
+                        Err(error) => {
+                            self.ctrl.mark_failed(&error);
+                            return Err(IoFailure {
+                                error,
+                                buffer: None,
+                            });
+                        }
+                    }
+                }
+                if self.timeout_ticks > 0
+                    && let Err(error) = self.check_timeouts()
+                {
                     return Err(IoFailure {
                         error,
                         buffer: None,
@@ -891,8 +1113,11 @@ fn finish_blocking(
             },
             buffer: c.buffer,
         }),
-        Err(IoError::ControllerFailed) => Err(IoFailure {
-            error: Error::InvalidArgument("controller failed".into()),
+        Err(e) => Err(IoFailure {
+            error: Error::Io {
+                command: cmd.name().to_string(),
+                error: e,
+            },
             buffer: c.buffer,
         }),
     }
@@ -903,6 +1128,16 @@ impl<D: Device> Drop for IoQueuePair<D> {
         // Delete I/O SQ first: the controller completes or aborts every command
         // in it before the deletion completes; then the CQ. After both, the
         // device cannot touch the queues or any command's buffer.
+        let generation = self
+            .ctrl
+            .generation
+            .load(std::sync::atomic::Ordering::Acquire);
+        if generation != self.generation || self.needs_recreate {
+            // A reset disabled the controller since these queues were created:
+            // they no longer exist and nothing can reach their memory.
+            self.ctrl.free_qid(self.qid);
+            return;
+        }
         let deleted = self.ctrl.is_usable()
             && self
                 .ctrl

@@ -26,6 +26,11 @@ pub struct QueueStats {
     pub cq_doorbell_skipped: u64,
     /// Shadow updates for which the event index made the MMIO write unnecessary.
     pub mmio_skipped_by_event_idx: u64,
+    /// Abort commands sent for overdue commands.
+    pub aborts: u64,
+    /// Controller resets this pair triggered because an aborted command did
+    /// not come back (or CSTS.CFS was set).
+    pub timeout_resets: u64,
 }
 
 impl QueueStats {
@@ -49,5 +54,7 @@ impl QueueStats {
         self.cq_shadow_updates += o.cq_shadow_updates;
         self.cq_doorbell_skipped += o.cq_doorbell_skipped;
         self.mmio_skipped_by_event_idx += o.mmio_skipped_by_event_idx;
+        self.aborts += o.aborts;
+        self.timeout_resets += o.timeout_resets;
     }
 }
