@@ -23,6 +23,7 @@
 #![allow(unsafe_code)]
 
 pub mod alloc;
+pub mod alloc_count;
 pub mod error;
 pub mod iova;
 pub mod memory;

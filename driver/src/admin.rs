@@ -253,8 +253,14 @@ impl AdminQueue {
             .iter()
             .filter(|s| s.kind == SlotKind::Aer)
             .count() as u32;
-        let mut want = target.saturating_sub(outstanding);
-        while want > 0 && self.sq_ring.free_slots() > 2 {
+        // Keep at least two command identifiers for real admin commands, however
+        // small the admin queue.
+        let cap = (self.slots.len() as u32).saturating_sub(2);
+        let mut want = target.min(cap).saturating_sub(outstanding);
+        while want > 0
+            && self.sq_ring.free_slots() > 2
+            && self.cids.in_flight() + 2 < self.slots.len() as u32
+        {
             self.submit(dev, Sqe::async_event_request(), SlotKind::Aer)?;
             want -= 1;
         }

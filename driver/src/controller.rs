@@ -386,6 +386,11 @@ impl<D: Device> Inner<D> {
         self.failed.store(true, Ordering::Release);
     }
 
+    /// Whether `close()` (or the last drop) shut the controller down.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
     /// Cheap check for the I/O path: neither failed nor closed.
     #[inline]
     pub(crate) fn is_usable(&self) -> bool {
@@ -723,6 +728,9 @@ impl<D: Device> Inner<D> {
             if let Ok(mut q) = self.quarantine.lock() {
                 q.clear();
             }
+            // Queue pairs still alive complete their in-flight commands once
+            // (ControllerFailed, buffers returned) at their next call.
+            self.generation.fetch_add(1, Ordering::AcqRel);
         }
         result.and(disabled)
     }
@@ -941,8 +949,15 @@ fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<Inner<D>> {
         .admin_queue_entries
         .clamp(2, 4096)
         .min(cap.max_queue_entries());
-    let mut admin = enable_with_admin_queue(&dev, &name, cap, entries, ready_timeout)
-        .map_err(|e| step_err(BringupStep::Enable, e))?;
+    let mut admin = match enable_with_admin_queue(&dev, &name, cap, entries, ready_timeout) {
+        Ok(a) => a,
+        Err(e) => {
+            // Leave the controller disabled: ASQ/ACQ point at memory that is
+            // about to be freed.
+            let _ = disable(&dev, &name, ready_timeout);
+            return Err(step_err(BringupStep::Enable, e));
+        }
+    };
 
     // From here on the admin queue works; build the controller and let it run
     // the remaining steps as admin commands (its Drop disables the controller

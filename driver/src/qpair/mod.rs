@@ -441,7 +441,9 @@ impl<D: Device> IoQueuePair<D> {
     /// does the bookkeeping, then (with `reap_on_submit`) reaps what is ready.
     #[inline]
     pub fn ring(&mut self) {
-        if self.failed {
+        if self.failed || !self.ctrl.is_usable() {
+            // Never ring a doorbell of a closed or failed controller; the queued
+            // commands end with the next reset or close.
             return;
         }
         if let Some(tail) = self.sq_ring.commit() {
@@ -703,6 +705,11 @@ impl<D: Device> IoQueuePair<D> {
             }
             return Err(self.ctrl.unusable_error());
         }
+        if n == 0 && !self.ctrl.is_usable() {
+            // Closed or failed elsewhere (admin path, another pair): say so
+            // instead of reporting an empty queue forever.
+            return Err(self.ctrl.unusable_error());
+        }
         if n < max && !self.needs_recreate {
             n += self.reap(max - n, &mut |_, c| f(c))?;
         }
@@ -775,10 +782,13 @@ impl<D: Device> IoQueuePair<D> {
             .generation
             .load(std::sync::atomic::Ordering::Acquire);
         if g != self.generation {
+            let closed = self.ctrl.is_closed();
             let slots: Vec<u16> = self.cids.in_flight_slots().collect();
             for slot in slots {
                 let t = &mut self.trackers[slot as usize];
-                let result = Err(if t.aborted {
+                let result = Err(if closed {
+                    IoError::ControllerFailed
+                } else if t.aborted {
                     IoError::TimedOut
                 } else {
                     IoError::ControllerReset
@@ -973,9 +983,11 @@ impl<D: Device> IoQueuePair<D> {
             });
             self.ready = ready;
             if let Err(error) = r {
+                // Our own completion may have come in the same batch as the
+                // fault: its buffer is the caller's again.
                 return Err(IoFailure {
                     error,
-                    buffer: None,
+                    buffer: mine.and_then(|c| c.buffer),
                 });
             }
             if let Some(c) = mine {

@@ -1,0 +1,619 @@
+//! Host tests of the admin command set through the driver against the model:
+//! NVMe status decoding into `Error::Command` (SCT, SC, DNR, More, Display
+//! text with the spec's names, the failing command), Get/Set Features, log
+//! pages (SMART counters follow I/O, Error Information, Firmware Slot),
+//! asynchronous events (delivered once, AERs re-posted, none lost when more
+//! events than requests), raw admin passthrough, admin timeouts that fail the
+//! controller, queue creation failures, and admin use from several threads.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{T, admin_op, assert_clean, model, open, opts, setup};
+use upnvme::queues::{feature, log_id};
+use upnvme::{ControllerOptions, Error, QueuePairOptions, Sqe};
+use upnvme_tests::{Fault, Match, ModelConfig, Status};
+
+fn on_admin(opcode: u8) -> Match {
+    Match::Opcode { qid: 0, opcode }
+}
+
+#[test]
+fn injected_status_is_decoded_with_spec_names() {
+    let (m, c) = setup(ModelConfig::default());
+    m.inject(Fault::Status {
+        on: on_admin(admin_op::GET_FEATURES),
+        status: Status::INVALID_FIELD.with_dnr(),
+    });
+    let e = c
+        .get_features(feature::NUMBER_OF_QUEUES, 0, 0)
+        .expect_err("injected failure");
+    match &e {
+        Error::Command { command, status } => {
+            assert!(command.contains("Get Features"), "{command}");
+            assert_eq!(status.sct(), 0);
+            assert_eq!(status.sc(), 0x02);
+            assert!(status.dnr());
+            assert!(!status.more());
+        }
+        other => panic!("expected Command, got {other:?}"),
+    }
+    let text = e.to_string();
+    assert!(text.contains("Invalid Field in Command"), "{text}");
+    assert!(text.contains("Get Features (FID 0x07)"), "{text}");
+    assert!(text.contains("dnr"), "{text}");
+    // A command error does not fail the controller.
+    assert!(c.failure().is_none());
+    assert_eq!(
+        c.get_features(feature::NUMBER_OF_QUEUES, 0, 0).unwrap(),
+        63 << 16 | 63
+    );
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn media_status_with_more_bit() {
+    let (m, c) = setup(ModelConfig::default());
+    // Unrecovered Read Error with More set, no DNR.
+    m.inject(Fault::Status {
+        on: on_admin(admin_op::GET_LOG_PAGE),
+        status: Status(Status::new(2, 0x81).0 | 1 << 13),
+    });
+    let e = c.smart_log().expect_err("injected failure");
+    let Error::Command { command, status } = &e else {
+        panic!("expected Command, got {e:?}");
+    };
+    assert!(command.contains("Get Log Page (LID 0x02)"), "{command}");
+    assert_eq!((status.sct(), status.sc()), (2, 0x81));
+    assert!(status.more() && !status.dnr());
+    let text = e.to_string();
+    assert!(text.contains("Unrecovered Read Error"), "{text}");
+    assert!(text.contains("more"), "{text}");
+    assert!(!text.contains("dnr"), "{text}");
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn real_command_specific_status_from_the_model() {
+    let (m, c) = setup(ModelConfig::default());
+    // Saving a feature: the model has no saveable features.
+    let e = c
+        .set_features(feature::ASYNC_EVENT_CONFIG, 0x100, true)
+        .expect_err("not saveable");
+    let Error::Command { status, .. } = &e else {
+        panic!("{e:?}")
+    };
+    assert_eq!((status.sct(), status.sc()), (1, 0x0d));
+    assert!(
+        e.to_string().contains("Feature Identifier Not Saveable"),
+        "{e}"
+    );
+    // Unknown log page.
+    let e = c.get_log_page(0x55, 0xffff_ffff, 512, 0).unwrap_err();
+    assert!(e.to_string().contains("Invalid Log Page"), "{e}");
+    assert!(e.to_string().contains("LID 0x55"), "{e}");
+    // Identify with an unsupported CNS.
+    let e = c.identify_raw(0x7f, 0).unwrap_err();
+    assert!(e.to_string().contains("Invalid Field in Command"), "{e}");
+    assert!(e.to_string().contains("CNS 0x7f"), "{e}");
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn get_and_set_features() {
+    let (m, c) = setup(ModelConfig {
+        vwc: true,
+        ..Default::default()
+    });
+    // Temperature Threshold: current, default, set, read back.
+    const TEMP: u8 = 0x04;
+    assert_eq!(c.get_features(TEMP, 0, 0).unwrap(), 0x0157);
+    c.set_features(TEMP, 0x0160, false).unwrap();
+    assert_eq!(c.get_features(TEMP, 0, 0).unwrap(), 0x0160);
+    assert_eq!(c.get_features(TEMP, 1, 0).unwrap(), 0x0157, "default");
+    // Under-temperature threshold (THSEL = 1) is a separate value.
+    c.set_features(TEMP, 1 << 20 | 0x0100, false).unwrap();
+    assert_eq!(c.get_features(TEMP, 0, 1 << 20).unwrap(), 0x0100);
+    assert_eq!(c.get_features(TEMP, 0, 0).unwrap(), 0x0160);
+    // Volatile Write Cache.
+    c.set_features(feature::VOLATILE_WRITE_CACHE, 1, false)
+        .unwrap();
+    assert_eq!(
+        c.get_features(feature::VOLATILE_WRITE_CACHE, 0, 0).unwrap(),
+        1
+    );
+    c.set_features(feature::VOLATILE_WRITE_CACHE, 0, false)
+        .unwrap();
+    assert_eq!(
+        c.get_features(feature::VOLATILE_WRITE_CACHE, 0, 0).unwrap(),
+        0
+    );
+    // Supported capabilities (SEL = 3): changeable.
+    assert_eq!(
+        c.get_features(feature::VOLATILE_WRITE_CACHE, 3, 0).unwrap() & 4,
+        4
+    );
+    // Asynchronous Event Configuration.
+    c.set_features(feature::ASYNC_EVENT_CONFIG, 0x1ff, false)
+        .unwrap();
+    assert_eq!(
+        c.get_features(feature::ASYNC_EVENT_CONFIG, 0, 0).unwrap(),
+        0x1ff
+    );
+    // Number of Queues cannot change once I/O queues exist.
+    let qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let e = c
+        .set_features(feature::NUMBER_OF_QUEUES, 0x0001_0001, false)
+        .unwrap_err();
+    assert!(e.to_string().contains("Command Sequence Error"), "{e}");
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn volatile_write_cache_absent_is_not_changeable() {
+    let (m, c) = setup(ModelConfig::default());
+    let e = c
+        .set_features(feature::VOLATILE_WRITE_CACHE, 1, false)
+        .unwrap_err();
+    let Error::Command { status, .. } = &e else {
+        panic!("{e:?}")
+    };
+    assert_eq!((status.sct(), status.sc(), status.dnr()), (1, 0x0e, true));
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn smart_counters_follow_io() {
+    let (m, c) = setup(ModelConfig::default());
+    let before = c.smart_log().unwrap();
+    assert_eq!(before.host_write_commands, 0);
+    assert_eq!(before.host_read_commands, 0);
+    assert_eq!(before.temperature_kelvin, 0x0143);
+    assert_eq!(before.power_cycles, 1);
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let mut buf = c.alloc_dma(8 * 4096).unwrap();
+    for i in 0..5 {
+        buf = qp.write_blocking(1, i * 8, 8, buf, T).unwrap();
+    }
+    for i in 0..3 {
+        buf = qp.read_blocking(1, i * 8, 8, buf, T).unwrap();
+    }
+    let after = c.smart_log().unwrap();
+    assert_eq!(after.host_write_commands, 5);
+    assert_eq!(after.host_read_commands, 3);
+    // 5 × 32 KiB = 320 units of 512 bytes → 1 data unit (thousands, rounded up).
+    assert_eq!(after.data_units_written, 1);
+    assert_eq!(after.data_units_read, 1);
+    m.set_critical_warning(0x02);
+    assert_eq!(c.smart_log().unwrap().critical_warning, 0x02);
+    // A partial read of the page at an offset is the same bytes.
+    let full = c
+        .get_log_page(log_id::SMART_HEALTH, 0xffff_ffff, 512, 0)
+        .unwrap();
+    let part = c
+        .get_log_page(log_id::SMART_HEALTH, 0xffff_ffff, 32, 64)
+        .unwrap();
+    assert_eq!(part, full[64..96]);
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn error_and_firmware_logs() {
+    let (m, c) = setup(ModelConfig {
+        firmware: "FW-7".into(),
+        ..Default::default()
+    });
+    let fw = c.firmware_slot_log().unwrap();
+    assert_eq!(fw.active_slot(), 1);
+    assert_eq!(fw.frs[0].trim_end(), "FW-7");
+    // Make the controller record an error: an unknown log page.
+    let _ = c.get_log_page(0x55, 0xffff_ffff, 64, 0).unwrap_err();
+    let log = c.error_log(4).unwrap();
+    assert!(!log.is_empty());
+    let e = &log[0];
+    assert_eq!(e.error_count, 1);
+    assert_eq!(e.sqid, 0);
+    let st = e.status_field();
+    assert_eq!((st.sct(), st.sc()), (1, 0x09), "Invalid Log Page");
+    assert_eq!(c.smart_log().unwrap().num_err_log_entries, 1);
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn log_page_length_must_be_dwords() {
+    let (m, c) = setup(ModelConfig::default());
+    for len in [0usize, 3, 510] {
+        assert!(
+            matches!(
+                c.get_log_page(log_id::SMART_HEALTH, 0xffff_ffff, len, 0),
+                Err(Error::InvalidArgument(_))
+            ),
+            "len {len}"
+        );
+    }
+    // Nothing was sent for the rejected calls.
+    assert!(
+        !m.commands_seen()
+            .iter()
+            .any(|&(q, op, _)| q == 0 && op == admin_op::GET_LOG_PAGE)
+    );
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn async_events_are_delivered_and_requests_reposted() {
+    let (m, c) = setup(ModelConfig::default());
+    assert_eq!(m.outstanding_async_requests(), 4);
+    m.set_critical_warning(0x01);
+    // SMART / Health event: spare below threshold, log page 02h.
+    m.raise_async_event(1, 0x01, 0x02);
+    assert_eq!(m.outstanding_async_requests(), 3);
+    let ev = c.poll_async_events().unwrap();
+    assert_eq!(ev.len(), 1);
+    assert_eq!(
+        (ev[0].event_type, ev[0].event_info, ev[0].log_page),
+        (1, 1, 2)
+    );
+    assert_eq!(
+        m.outstanding_async_requests(),
+        4,
+        "the request was re-posted"
+    );
+    // Delivered once only.
+    assert!(c.poll_async_events().unwrap().is_empty());
+    // Reading the log page the event names works as usual.
+    assert_eq!(c.smart_log().unwrap().critical_warning, 0x01);
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn more_events_than_requests_are_not_lost() {
+    let (m, c) = setup(ModelConfig::default());
+    for i in 0..6u8 {
+        m.raise_async_event(2, i, 0x04);
+    }
+    let mut got = Vec::new();
+    for _ in 0..10 {
+        got.extend(c.poll_async_events().unwrap());
+        if got.len() >= 6 {
+            break;
+        }
+    }
+    let infos: Vec<u8> = got.iter().map(|e| e.event_info).collect();
+    assert_eq!(infos, vec![0, 1, 2, 3, 4, 5], "every event once, in order");
+    // Events arriving during other admin work are kept for the next poll.
+    m.raise_async_event(0, 0x07, 0x01);
+    c.get_features(feature::NUMBER_OF_QUEUES, 0, 0).unwrap();
+    let ev = c.poll_async_events().unwrap();
+    assert_eq!(ev.len(), 1);
+    assert_eq!(ev[0].event_info, 0x07);
+    assert_eq!(m.outstanding_async_requests(), 4);
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn async_events_disabled_posts_none() {
+    let m = model();
+    let c = open(
+        &m,
+        ControllerOptions {
+            async_events: 0,
+            ..opts()
+        },
+    );
+    m.raise_async_event(1, 0, 2);
+    assert!(c.poll_async_events().unwrap().is_empty());
+    assert_eq!(m.outstanding_async_requests(), 0);
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn admin_passthrough_with_data_and_errors() {
+    let (m, c) = setup(ModelConfig {
+        model: "passthrough ctrl".into(),
+        ..Default::default()
+    });
+    // Identify Controller through the raw path.
+    let (cqe, data) = c
+        .admin_passthrough(Sqe::identify(1, 0, 0), 4096, None)
+        .unwrap();
+    assert!(cqe.status().is_success());
+    assert_eq!(data.len(), 4096);
+    assert_eq!(
+        String::from_utf8_lossy(&data[24..64]).trim_end(),
+        "passthrough ctrl"
+    );
+    // Get Features returns its dword 0 in the CQE.
+    let (cqe, data) = c
+        .admin_passthrough(Sqe::get_features(feature::NUMBER_OF_QUEUES, 0, 0), 0, None)
+        .unwrap();
+    assert!(data.is_empty());
+    assert_eq!(cqe.dw0(), 63 << 16 | 63);
+    // A vendor opcode the model does not know.
+    let mut sqe = Sqe::identify(1, 0, 0);
+    sqe.set_opcode(0xc5);
+    let e = c.admin_passthrough(sqe, 0, None).unwrap_err();
+    let Error::Command { command, status } = &e else {
+        panic!("{e:?}")
+    };
+    assert!(command.contains("0xc5"), "{command}");
+    assert_eq!((status.sct(), status.sc(), status.dnr()), (0, 0x01, true));
+    assert!(e.to_string().contains("Invalid Command Opcode"), "{e}");
+    // The CID the caller left in the SQE is replaced by the driver's.
+    let mut sqe = Sqe::get_features(feature::NUMBER_OF_QUEUES, 0, 0);
+    sqe.set_cid(0xbeef);
+    c.admin_passthrough(sqe, 0, None).unwrap();
+    assert_ne!(m.commands_seen().last().unwrap().2, 0xbeef);
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn admin_data_of_several_pages_uses_prp_lists() {
+    let (m, c) = setup(ModelConfig::default());
+    // Error Information log: 4 entries of 64 bytes; one page.
+    assert!(c.error_log(4).unwrap().len() <= 4);
+    // A three-page read (PRP list) of the firmware slot log: only 512 bytes
+    // exist, the rest is left as the driver allocated it (zero).
+    let data = c
+        .get_log_page(log_id::FIRMWARE_SLOT, 0xffff_ffff, 3 * 4096, 0)
+        .unwrap();
+    assert_eq!(data.len(), 3 * 4096);
+    assert_eq!(data[0], 1);
+    assert!(data[512..].iter().all(|&b| b == 0));
+    // Two pages (PRP2 is the second page).
+    let data = c
+        .get_log_page(log_id::FIRMWARE_SLOT, 0xffff_ffff, 2 * 4096, 0)
+        .unwrap();
+    assert_eq!(data[0], 1);
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn admin_timeout_fails_the_controller_and_keeps_memory_safe() {
+    let m = model();
+    let c = open(
+        &m,
+        ControllerOptions {
+            admin_timeout: Some(Duration::from_millis(150)),
+            ..opts()
+        },
+    );
+    m.inject(Fault::DelayCompletion {
+        on: on_admin(admin_op::GET_LOG_PAGE),
+        doorbells: None,
+    });
+    let start = Instant::now();
+    let e = c.smart_log().unwrap_err();
+    let took = start.elapsed();
+    assert!(matches!(e, Error::Timeout { .. }), "{e:?}");
+    assert!(e.to_string().contains("Get Log Page"), "{e}");
+    assert!(took >= Duration::from_millis(150) && took < Duration::from_secs(3));
+    // The controller is out of service from now on.
+    assert!(c.failure().is_some());
+    for r in [
+        c.get_features(feature::NUMBER_OF_QUEUES, 0, 0).map(|_| ()),
+        c.identify_controller().map(|_| ()),
+        c.poll_async_events().map(|_| ()),
+        c.io_queue_pair(QueuePairOptions::default()).map(|_| ()),
+    ] {
+        assert!(matches!(r, Err(Error::ControllerFailed { .. })), "{r:?}");
+    }
+    // The late completion would land in the log buffer the driver kept; the
+    // controller still holds it, and close() resets before memory is freed.
+    assert_eq!(m.delayed_completions(), 1);
+    c.close().unwrap();
+    assert_eq!(m.release_delayed(), 0, "the reset forgot the command");
+    assert_clean(&m);
+}
+
+#[test]
+fn failed_queue_creation_frees_the_qid_and_the_cq() {
+    let (m, c) = setup(ModelConfig::default());
+    m.inject(Fault::Status {
+        on: on_admin(admin_op::CREATE_IO_CQ),
+        status: Status::INVALID_QUEUE_SIZE.with_dnr(),
+    });
+    let e = c.io_queue_pair(QueuePairOptions::default()).unwrap_err();
+    assert!(
+        e.to_string().contains("Create I/O Completion Queue 1"),
+        "{e}"
+    );
+    assert!(e.to_string().contains("Invalid Queue Size"), "{e}");
+    assert!(!m.queue_exists(1));
+    // SQ creation fails: the CQ created just before is deleted again.
+    m.inject(Fault::Status {
+        on: on_admin(admin_op::CREATE_IO_SQ),
+        status: Status::INVALID_QID.with_dnr(),
+    });
+    let e = c.io_queue_pair(QueuePairOptions::default()).unwrap_err();
+    assert!(
+        e.to_string().contains("Create I/O Submission Queue 1"),
+        "{e}"
+    );
+    assert!(!m.queue_exists(1), "CQ 1 deleted after the SQ failed");
+    let ops: Vec<u8> = m
+        .commands_seen()
+        .iter()
+        .filter(|c| c.0 == 0)
+        .map(|c| c.1)
+        .collect();
+    assert_eq!(
+        &ops[ops.len() - 3..],
+        &[
+            admin_op::CREATE_IO_CQ,
+            admin_op::CREATE_IO_SQ,
+            admin_op::DELETE_IO_CQ
+        ]
+    );
+    // qid 1 is free again.
+    let qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    assert_eq!(qp.qid(), 1);
+    assert!(c.failure().is_none());
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn queue_entries_are_checked_against_mqes() {
+    let (m, c) = setup(ModelConfig {
+        mqes: 63,
+        ..Default::default()
+    });
+    for (sq, cq) in [
+        (Some(1), None),
+        (Some(65), None),
+        (Some(8), Some(65)),
+        (Some(8), Some(1)),
+    ] {
+        let r = c.io_queue_pair(QueuePairOptions {
+            entries: sq,
+            cq_entries: cq,
+            ..Default::default()
+        });
+        match r {
+            Err(Error::InvalidArgument(msg)) => assert!(msg.contains("64"), "{msg}"),
+            other => panic!("{sq:?}/{cq:?}: {other:?}"),
+        }
+    }
+    // The default fits the small MQES: SQ 32, CQ 64.
+    let qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    assert_eq!((qp.sq_entries(), qp.cq_entries()), (32, 64));
+    assert_eq!(m.sq_state(qp.qid()).unwrap().size, 32);
+    assert_eq!(m.cq_state(qp.qid()).unwrap().size, 64);
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn admin_commands_from_several_threads() {
+    let (m, c) = setup(ModelConfig::default());
+    std::thread::scope(|s| {
+        for t in 0..4u32 {
+            let c = &c;
+            s.spawn(move || {
+                for i in 0..50u32 {
+                    if (i + t) % 2 == 0 {
+                        assert_eq!(c.identify().mn, c.identify_controller().unwrap().mn);
+                    } else {
+                        assert_eq!(
+                            c.get_features(feature::NUMBER_OF_QUEUES, 0, 0).unwrap(),
+                            63 << 16 | 63
+                        );
+                    }
+                }
+            });
+        }
+    });
+    assert!(c.failure().is_none());
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn tiny_admin_queue_works() {
+    for entries in [2u32, 3, 4, 8] {
+        let m = model();
+        let c = open(
+            &m,
+            ControllerOptions {
+                admin_queue_entries: entries,
+                ..opts()
+            },
+        );
+        assert_eq!(c.admin_queue_entries(), entries);
+        let aers = m.outstanding_async_requests();
+        assert!(
+            aers + 2 <= entries as usize,
+            "{entries} entries, {aers} AERs"
+        );
+        for _ in 0..3 * entries {
+            c.get_features(feature::NUMBER_OF_QUEUES, 0, 0).unwrap();
+        }
+        let qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+        drop(qp);
+        drop(c);
+        assert_clean(&m);
+    }
+}
+
+#[test]
+fn reposted_aers_never_starve_admin_commands() {
+    for entries in [4u32, 5, 6, 8] {
+        let m = model();
+        let c = open(
+            &m,
+            ControllerOptions {
+                admin_queue_entries: entries,
+                async_events: 4,
+                ..opts()
+            },
+        );
+        let at_bringup = m.outstanding_async_requests();
+        for round in 0..4u8 {
+            m.raise_async_event(2, round, 4);
+            assert_eq!(c.poll_async_events().unwrap().len(), 1);
+            assert!(
+                m.outstanding_async_requests() <= at_bringup,
+                "{entries} entries: {} AERs after re-posting, {at_bringup} at bring-up",
+                m.outstanding_async_requests()
+            );
+            // Synchronous admin commands still find a free slot.
+            c.get_features(feature::NUMBER_OF_QUEUES, 0, 0)
+                .unwrap_or_else(|e| panic!("{entries} entries, round {round}: {e}"));
+        }
+        drop(c);
+        assert_clean(&m);
+    }
+}
+
+#[test]
+fn error_log_names_the_failed_io_command() {
+    let (m, c) = setup(ModelConfig::default());
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    // A Compare that fails (the device really compared and found a mismatch).
+    let buf = c.alloc_dma(4096).unwrap();
+    buf.fill(0, 4096, 0xff).unwrap();
+    let f = qp
+        .execute_blocking(
+            upnvme::IoCommand::Compare {
+                nsid: 1,
+                slba: 5,
+                blocks: 1,
+            },
+            Some(buf),
+            T,
+        )
+        .unwrap_err();
+    assert!(matches!(&f.error, Error::Command { status, .. } if status.is_compare_failure()));
+    let (_, _, cid) = *m
+        .commands_seen()
+        .iter()
+        .rev()
+        .find(|s| s.0 == qp.qid())
+        .unwrap();
+    let log = c.error_log(4).unwrap();
+    let e = &log[0];
+    assert_eq!((e.sqid, e.cid, e.nsid), (qp.qid(), cid, 1));
+    assert!(e.status_field().is_compare_failure());
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}

@@ -1,0 +1,674 @@
+//! Host tests of controller bring-up and shutdown against the in-memory model:
+//! the register sequence (CC.EN = 0 / RDY = 0, AQA/ASQ/ACQ, CC fields, EN = 1),
+//! the admin commands of bring-up in order, Identify data reaching
+//! `Controller::identify()`, namespaces of 512- and 4096-byte LBAs, granted
+//! queues, Doorbell Buffer Config, Asynchronous Event Requests, every bounded
+//! wait (NeverReady, CFS, device gone, NeverShutdownComplete) and
+//! open → close → open on one model.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Access, Spy, admin_op, assert_clean, model, open, opts, reg};
+use upnvme::{Controller, ControllerOptions, Device, Error, QueuePairOptions};
+use upnvme_tests::{Fault, Match, ModelConfig, ModelController, NamespaceConfig};
+
+/// Enables the model by hand (as a previous user of the device would have
+/// left it), so that bring-up has to disable it first.
+fn leave_enabled(m: &ModelController) -> Vec<upnvme::DmaBuffer> {
+    let sq = m.alloc_dma(4096).unwrap();
+    let cq = m.alloc_dma(4096).unwrap();
+    m.write32(reg::AQA, 1 | 1 << 16);
+    m.write64(reg::ASQ, sq.iova());
+    m.write64(reg::ACQ, cq.iova());
+    m.write32(reg::CC, 0x0046_0001);
+    assert!((0..100).any(|_| m.read32(reg::CSTS) & 1 == 1), "RDY");
+    vec![sq, cq]
+}
+
+#[test]
+fn register_sequence_disable_configure_enable() {
+    let m = ModelController::new(ModelConfig {
+        ready_delay_reads: 3,
+        ..Default::default()
+    });
+    let _old = leave_enabled(&m);
+    let spy = Spy::new(m.clone());
+    let c = Controller::with_device(spy.clone(), opts()).unwrap();
+    let log = spy.log();
+
+    let pos = |pred: &dyn Fn(&Access) -> bool| log.iter().position(pred);
+    // 1. CC.EN = 0 first.
+    let disable =
+        pos(&|a| matches!(a, Access::W32(reg::CC, v) if v & 1 == 0)).expect("CC.EN = 0 written");
+    // 2. ... then CSTS read until RDY = 0.
+    let rdy0 = pos(&|a| matches!(a, Access::R32(reg::CSTS, v) if v & 1 == 0))
+        .expect("CSTS.RDY = 0 observed");
+    assert!(disable < rdy0);
+    // With ready_delay_reads = 3 the driver had to poll: RDY = 1 reads between.
+    let polls = log[disable..rdy0]
+        .iter()
+        .filter(|a| matches!(a, Access::R32(reg::CSTS, v) if v & 1 == 1))
+        .count();
+    assert!(
+        polls >= 3,
+        "driver polled CSTS {polls} times before RDY = 0"
+    );
+    // 3. AQA / ASQ / ACQ only after RDY = 0.
+    let aqa = pos(&|a| matches!(a, Access::W32(reg::AQA, _))).expect("AQA written");
+    let asq = pos(&|a| matches!(a, Access::W64(reg::ASQ, _))).expect("ASQ written");
+    let acq = pos(&|a| matches!(a, Access::W64(reg::ACQ, _))).expect("ACQ written");
+    assert!(rdy0 < aqa && rdy0 < asq && rdy0 < acq);
+    let Access::W32(_, aqa_v) = log[aqa] else {
+        unreachable!()
+    };
+    assert_eq!(aqa_v, 31 | 31 << 16, "AQA = 32 entries (0-based) both ways");
+    for i in [asq, acq] {
+        let Access::W64(_, iova) = log[i] else {
+            unreachable!()
+        };
+        assert!(iova != 0 && iova % 4096 == 0, "queue base {iova:#x}");
+    }
+    // 4. CC with the fields and EN = 1, written after the admin queue setup.
+    let enable =
+        pos(&|a| matches!(a, Access::W32(reg::CC, v) if v & 1 == 1)).expect("CC.EN = 1 written");
+    assert!(aqa < enable && asq < enable && acq < enable);
+    let Access::W32(_, cc) = log[enable] else {
+        unreachable!()
+    };
+    assert_eq!((cc >> 16) & 0xf, 6, "IOSQES");
+    assert_eq!((cc >> 20) & 0xf, 4, "IOCQES");
+    assert_eq!((cc >> 7) & 0xf, 0, "MPS");
+    assert_eq!((cc >> 4) & 0x7, 0, "CSS = NVM");
+    assert_eq!((cc >> 14) & 0x3, 0, "SHN");
+    assert_eq!(m.cc(), cc);
+    // 5. No doorbell before CSTS.RDY = 1 was seen after the enable.
+    let rdy1 = log[enable..]
+        .iter()
+        .position(|a| matches!(a, Access::R32(reg::CSTS, v) if v & 1 == 1))
+        .map(|i| i + enable)
+        .expect("CSTS.RDY = 1 observed");
+    let first_db =
+        pos(&|a| matches!(a, Access::W32(o, _) if *o >= reg::DOORBELLS)).expect("admin doorbell");
+    assert!(rdy1 < first_db);
+    // The CC was never changed while enabled (the model would record it).
+    c.close().unwrap();
+    assert_eq!(m.cc() & 1, 0, "closed controller is disabled");
+    assert_clean(&m);
+}
+
+#[test]
+fn bringup_admin_commands_in_order() {
+    let m = model();
+    let c = open(&m, opts());
+    let admin: Vec<u8> = m
+        .commands_seen()
+        .iter()
+        .filter(|(q, _, _)| *q == 0)
+        .map(|&(_, op, _)| op)
+        .collect();
+    // Identify Controller, Number of Queues, namespace list, namespace 1,
+    // Doorbell Buffer Config, then the AERs.
+    assert_eq!(
+        &admin[..5],
+        &[
+            admin_op::IDENTIFY,
+            admin_op::SET_FEATURES,
+            admin_op::IDENTIFY,
+            admin_op::IDENTIFY,
+            admin_op::DBBC
+        ]
+    );
+    assert!(admin[5..].iter().all(|&op| op == admin_op::AER));
+    assert_eq!(admin.len() - 5, 4);
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn identify_fields_reach_the_controller() {
+    let m = ModelController::new(ModelConfig {
+        serial: "SN-HOST-42".into(),
+        model: "upnvme host test ctrl".into(),
+        firmware: "9.8".into(),
+        vid: 0x1234,
+        cntlid: 7,
+        mdts: 5,
+        oncs: ModelConfig::ONCS_COMPARE,
+        ..Default::default()
+    });
+    let c = open(&m, opts());
+    let id = c.identify();
+    assert_eq!(id.sn.trim_end(), "SN-HOST-42");
+    assert_eq!(id.mn.trim_end(), "upnvme host test ctrl");
+    assert_eq!(id.fr.trim_end(), "9.8");
+    assert_eq!(id.vid, 0x1234);
+    assert_eq!(id.cntlid, 7);
+    assert_eq!(id.mdts, 5);
+    assert_eq!(id.oncs, ModelConfig::ONCS_COMPARE);
+    assert_eq!(c.max_transfer_bytes(), Some(4096 << 5));
+    assert_eq!(c.cap().mqes(), 2047);
+    assert_eq!(c.version().major(), 1);
+    assert_eq!(c.version().minor(), 4);
+    // Identify read now agrees with the data captured at bring-up.
+    assert_eq!(c.identify_controller().unwrap().sn, id.sn);
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn namespaces_of_both_lba_sizes_sparse_nsids() {
+    let m = ModelController::new(ModelConfig {
+        namespaces: vec![
+            NamespaceConfig {
+                nsid: 1,
+                lba_size: 512,
+                blocks: 2048,
+            },
+            NamespaceConfig {
+                nsid: 2,
+                lba_size: 4096,
+                blocks: 1000,
+            },
+            NamespaceConfig {
+                nsid: 5,
+                lba_size: 512,
+                blocks: 77,
+            },
+        ],
+        ..Default::default()
+    });
+    let c = open(&m, opts());
+    let got: Vec<(u32, u32, u64, u64)> = c
+        .namespaces()
+        .iter()
+        .map(|n| (n.id(), n.lba_size(), n.lba_count(), n.size_bytes()))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            (1, 512, 2048, 2048 * 512),
+            (2, 4096, 1000, 1000 * 4096),
+            (5, 512, 77, 77 * 512)
+        ]
+    );
+    assert_eq!(c.identify().nn, 5);
+    assert_eq!(c.namespace(2).unwrap().lba_size(), 4096);
+    match c.namespace(3) {
+        Err(Error::NoSuchNamespace { nsid, active, .. }) => {
+            assert_eq!(nsid, 3);
+            assert_eq!(active, vec![1, 2, 5]);
+        }
+        other => panic!("namespace 3: {other:?}"),
+    }
+    assert_eq!(c.active_namespace_ids(1).unwrap(), vec![2, 5]);
+    assert_eq!(c.identify_namespace(5).unwrap().nsze, 77);
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn granted_queues_are_min_of_requested_and_supported() {
+    for (max, requested, granted) in [(4u16, 64u16, 4u16), (64, 2, 2), (8, 8, 8), (3, 1, 1)] {
+        let m = ModelController::new(ModelConfig {
+            max_ioqpairs: max,
+            ..Default::default()
+        });
+        let c = open(
+            &m,
+            ControllerOptions {
+                io_queues: requested,
+                ..opts()
+            },
+        );
+        assert_eq!(
+            c.granted_io_queues(),
+            granted,
+            "max {max} requested {requested}"
+        );
+        assert_eq!(m.granted_queues(), Some((granted, granted)));
+        // Exactly `granted` queue pairs can be created.
+        let pairs: Vec<_> = (0..granted)
+            .map(|_| c.io_queue_pair(QueuePairOptions::default()).unwrap())
+            .collect();
+        match c.io_queue_pair(QueuePairOptions::default()) {
+            Err(Error::NoQueuesLeft { granted: g, .. }) => assert_eq!(g, granted),
+            other => panic!("expected NoQueuesLeft, got {other:?}"),
+        }
+        drop(pairs);
+        drop(c);
+        assert_clean(&m);
+    }
+}
+
+#[test]
+fn doorbell_buffer_config_iff_oacs_and_option() {
+    for (oacs, option, expected) in [
+        (true, true, true),
+        (true, false, false),
+        (false, true, false),
+        (false, false, false),
+    ] {
+        let m = ModelController::new(ModelConfig {
+            oacs_dbbc: oacs,
+            ..Default::default()
+        });
+        let c = open(
+            &m,
+            ControllerOptions {
+                shadow_doorbells: option,
+                ..opts()
+            },
+        );
+        let issued = m
+            .commands_seen()
+            .iter()
+            .any(|&(q, op, _)| q == 0 && op == admin_op::DBBC);
+        assert_eq!(issued, expected, "OACS {oacs} option {option}");
+        assert_eq!(c.shadow_doorbells(), expected);
+        assert_eq!(m.shadow_config().is_some(), expected);
+        let qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+        assert_eq!(qp.shadow_doorbells(), expected);
+        drop(qp);
+        drop(c);
+        assert_clean(&m);
+    }
+}
+
+#[test]
+fn async_event_requests_posted_up_to_aerl_plus_one() {
+    for (aerl, option, expected) in [
+        (3u8, 4u8, 4usize),
+        (3, 10, 4),
+        (1, 4, 2),
+        (3, 1, 1),
+        (3, 0, 0),
+    ] {
+        let m = ModelController::new(ModelConfig {
+            aerl,
+            ..Default::default()
+        });
+        let c = open(
+            &m,
+            ControllerOptions {
+                async_events: option,
+                ..opts()
+            },
+        );
+        assert_eq!(
+            m.outstanding_async_requests(),
+            expected,
+            "AERL {aerl} option {option}"
+        );
+        // No request was refused with AER Limit Exceeded: nothing surfaced.
+        assert!(c.poll_async_events().unwrap().is_empty());
+        assert_eq!(m.outstanding_async_requests(), expected);
+        drop(c);
+        assert_clean(&m);
+    }
+}
+
+#[test]
+fn never_ready_times_out_with_the_callers_bound() {
+    // CAP.TO of 30 s: the caller's 100 ms must win, and the call must not hang.
+    let m = ModelController::new(ModelConfig {
+        cap_to: 60,
+        ..Default::default()
+    });
+    m.inject(Fault::NeverReady);
+    let start = Instant::now();
+    let r = Controller::with_device(
+        m.clone(),
+        ControllerOptions {
+            ready_timeout: Some(Duration::from_millis(100)),
+            ..opts()
+        },
+    );
+    let took = start.elapsed();
+    match r {
+        Err(Error::Timeout { what, after }) => {
+            assert!(what.contains("RDY"), "{what}");
+            assert!(what.contains("Enable"), "names the bring-up step: {what}");
+            assert!(after >= Duration::from_millis(100));
+        }
+        other => panic!("expected Timeout, got {other:?}"),
+    }
+    assert!(took < Duration::from_secs(3), "took {took:?}");
+    // The fault was one-shot: the same model comes up now.
+    let c = open(&m, opts());
+    assert_eq!(c.namespaces().len(), 1);
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn failed_enable_step_leaves_the_controller_disabled() {
+    let m = model();
+    m.inject(Fault::NeverReady);
+    let r = Controller::with_device(
+        m.clone(),
+        ControllerOptions {
+            ready_timeout: Some(Duration::from_millis(50)),
+            ..opts()
+        },
+    );
+    assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
+    // ASQ/ACQ point at memory the driver has just freed: the controller must
+    // not be left enabled on them.
+    assert_eq!(m.cc() & 1, 0, "CC {:#x}", m.cc());
+    assert_clean(&m);
+}
+
+#[test]
+fn never_ready_bound_comes_from_cap_to_by_default() {
+    // CAP.TO = 1: 500 ms.
+    let m = ModelController::new(ModelConfig {
+        cap_to: 1,
+        ..Default::default()
+    });
+    m.inject(Fault::NeverReady);
+    let start = Instant::now();
+    let r = Controller::with_device(
+        m.clone(),
+        ControllerOptions {
+            ready_timeout: None,
+            ..opts()
+        },
+    );
+    let took = start.elapsed();
+    assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
+    assert!(took >= Duration::from_millis(500), "took {took:?}");
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    assert_clean(&m);
+}
+
+#[test]
+fn fatal_status_during_bringup_is_controller_fatal() {
+    let m = model();
+    // CSTS.CFS when Identify Controller is fetched.
+    m.inject(Fault::FatalOn(Match::Opcode {
+        qid: 0,
+        opcode: admin_op::IDENTIFY,
+    }));
+    let start = Instant::now();
+    let r = Controller::with_device(m.clone(), opts());
+    assert!(matches!(r, Err(Error::ControllerFatal { .. })), "{r:?}");
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "no waiting for timeouts"
+    );
+    // The failed bring-up reset the controller (CFS cleared by CC.EN = 0)...
+    assert_eq!(m.csts() & 2, 0, "CFS cleared by the reset");
+    assert_eq!(m.cc() & 1, 0, "left disabled");
+    // ... so it can be opened again.
+    let c = open(&m, opts());
+    c.close().unwrap();
+    assert_clean(&m);
+}
+
+#[test]
+fn fatal_status_before_bringup_is_controller_fatal() {
+    let m = model();
+    m.set_fatal();
+    let r = Controller::with_device(m.clone(), opts());
+    assert!(matches!(r, Err(Error::ControllerFatal { .. })), "{r:?}");
+    assert_clean(&m);
+}
+
+#[test]
+fn unplugged_device_is_controller_gone() {
+    let m = model();
+    m.unplug();
+    let start = Instant::now();
+    let r = Controller::with_device(m.clone(), opts());
+    match r {
+        Err(e @ Error::ControllerGone { .. }) => {
+            assert!(e.to_string().contains("all ones"), "{e}");
+        }
+        other => panic!("expected ControllerGone, got {other:?}"),
+    }
+    assert!(start.elapsed() < Duration::from_secs(1));
+    assert_clean(&m);
+}
+
+#[test]
+fn unplug_during_bringup_is_controller_gone() {
+    let m = model();
+    m.inject(Fault::UnplugOn(Match::Opcode {
+        qid: 0,
+        opcode: admin_op::SET_FEATURES,
+    }));
+    let start = Instant::now();
+    let r = Controller::with_device(m.clone(), opts());
+    assert!(matches!(r, Err(Error::ControllerGone { .. })), "{r:?}");
+    assert!(start.elapsed() < Duration::from_secs(2));
+    assert_clean(&m);
+}
+
+#[test]
+fn shutdown_that_never_completes_times_out_without_hanging() {
+    let m = model();
+    let c = open(
+        &m,
+        ControllerOptions {
+            shutdown_timeout: Some(Duration::from_millis(150)),
+            ..opts()
+        },
+    );
+    m.inject(Fault::NeverShutdownComplete);
+    let start = Instant::now();
+    match c.close() {
+        Err(Error::Timeout { what, .. }) => assert!(what.contains("SHST"), "{what}"),
+        other => panic!("expected Timeout, got {other:?}"),
+    }
+    let took = start.elapsed();
+    assert!(took >= Duration::from_millis(150), "took {took:?}");
+    assert!(took < Duration::from_secs(3), "took {took:?}");
+    // Disabled anyway, and reusable.
+    assert_eq!(m.cc() & 1, 0);
+    let c = open(&m, opts());
+    c.close().unwrap();
+    assert_clean(&m);
+}
+
+#[test]
+fn slow_shutdown_is_waited_for() {
+    let m = ModelController::new(ModelConfig {
+        shutdown_delay_reads: 50,
+        ready_delay_reads: 5,
+        ..Default::default()
+    });
+    let c = open(&m, opts());
+    c.close().unwrap();
+    // SHN was written and completed before the disable.
+    assert_eq!(m.cc() & 1, 0);
+    let c = open(&m, opts());
+    let smart = c.smart_log().unwrap();
+    assert_eq!(smart.unsafe_shutdowns, 0, "the shutdown was a clean one");
+    c.close().unwrap();
+    assert_clean(&m);
+}
+
+#[test]
+fn open_close_open_keeps_data_and_counts_power_cycles() {
+    let m = model();
+    let c = open(&m, opts());
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let data = common::pattern(7, 4096);
+    let buf = common::buffer_with(&c, &data);
+    qp.write_blocking(1, 3, 1, buf, common::T).unwrap();
+    drop(qp);
+    c.close().unwrap();
+    assert_eq!(m.cc() & 1, 0);
+    assert!(!m.queue_exists(0));
+
+    let c = open(&m, opts());
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    assert_eq!(qp.qid(), 1);
+    let buf = c.alloc_dma(4096).unwrap();
+    let buf = qp.read_blocking(1, 3, 1, buf, common::T).unwrap();
+    assert_eq!(common::read_back(&buf, 4096), data);
+    let smart = c.smart_log().unwrap();
+    assert_eq!(smart.power_cycles, 2);
+    assert_eq!(smart.unsafe_shutdowns, 0);
+    drop(qp);
+    drop(c); // drop shuts down as close does
+    assert_eq!(m.cc() & 1, 0);
+    assert_clean(&m);
+}
+
+#[test]
+fn two_controllers_with_different_options_in_one_process() {
+    let a = model();
+    let b = ModelController::new(ModelConfig {
+        serial: "OTHER".into(),
+        ..Default::default()
+    });
+    let ca = open(
+        &a,
+        ControllerOptions {
+            shadow_doorbells: true,
+            async_events: 2,
+            admin_queue_entries: 8,
+            ..opts()
+        },
+    );
+    let cb = open(
+        &b,
+        ControllerOptions {
+            shadow_doorbells: false,
+            async_events: 0,
+            admin_queue_entries: 64,
+            ..opts()
+        },
+    );
+    assert!(ca.shadow_doorbells() && !cb.shadow_doorbells());
+    assert_eq!(a.outstanding_async_requests(), 2);
+    assert_eq!(b.outstanding_async_requests(), 0);
+    assert_eq!(ca.admin_queue_entries(), 8);
+    assert_eq!(cb.admin_queue_entries(), 64);
+    assert_eq!(cb.identify().sn.trim_end(), "OTHER");
+    ca.close().unwrap();
+    // Closing one leaves the other working.
+    assert!(cb.smart_log().is_ok());
+    assert_eq!(a.cc() & 1, 0, "closed controller disabled");
+    assert!(!a.queue_exists(0));
+    cb.close().unwrap();
+    assert_clean(&a);
+    assert_clean(&b);
+}
+
+#[test]
+fn submit_after_close_returns_closed_with_the_buffer() {
+    let m = model();
+    let c = open(&m, opts());
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    c.close().unwrap();
+    let buf = m.alloc_dma(4096).unwrap();
+    let f = qp
+        .submit(
+            upnvme::IoCommand::Read {
+                nsid: 1,
+                slba: 0,
+                blocks: 1,
+            },
+            Some(buf),
+            1,
+        )
+        .expect_err("submit on a closed controller");
+    assert!(matches!(f.error, Error::Closed { .. }), "{:?}", f.error);
+    assert!(f.buffer.is_some(), "buffer handed back");
+    let buf = m.alloc_dma(4096).unwrap();
+    let f = qp.read_blocking(1, 0, 1, buf, common::T).unwrap_err();
+    assert!(matches!(f.error, Error::Closed { .. }), "{:?}", f.error);
+    assert!(f.buffer.is_some());
+    // Dropping the pair after close sends nothing to the disabled controller.
+    let seen = m.commands_fetched();
+    drop(qp);
+    assert_eq!(m.commands_fetched(), seen);
+    assert_clean(&m);
+}
+
+#[test]
+fn process_completions_after_close_returns_closed() {
+    let m = model();
+    let c = open(&m, opts());
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    c.close().unwrap();
+    // A caller polling for completions must learn that none will come.
+    let r = qp.process_completions(8, |_| {});
+    assert!(matches!(r, Err(Error::Closed { .. })), "{r:?}");
+    drop(qp);
+    assert_clean(&m);
+}
+
+#[test]
+fn in_flight_commands_complete_once_after_close() {
+    let m = model();
+    let c = open(&m, opts());
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    m.inject(Fault::DelayCompletion {
+        on: Match::Queue(qp.qid()),
+        doorbells: None,
+    });
+    let buf = m.alloc_dma(4096).unwrap();
+    let iova = buf.iova();
+    qp.submit(
+        upnvme::IoCommand::Read {
+            nsid: 1,
+            slba: 0,
+            blocks: 1,
+        },
+        Some(buf),
+        5,
+    )
+    .unwrap();
+    // The controller is disabled by close(): the device can no longer touch
+    // the buffer, so the command must end (once, with an error) and hand it
+    // back.
+    c.close().unwrap();
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        let _ = qp.process_completions(8, |cpl| got.push(cpl));
+    }
+    assert_eq!(
+        got.len(),
+        1,
+        "exactly one completion for the in-flight command"
+    );
+    assert_eq!(got[0].tag, 5);
+    assert!(got[0].result.is_err());
+    assert_eq!(got[0].buffer.as_ref().map(|b| b.iova()), Some(iova));
+    drop(qp);
+    assert_clean(&m);
+}
+
+#[test]
+fn queued_commands_are_not_rung_after_close() {
+    let m = model();
+    let c = open(&m, opts());
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let buf = m.alloc_dma(4096).unwrap();
+    qp.queue(
+        upnvme::IoCommand::Read {
+            nsid: 1,
+            slba: 0,
+            blocks: 1,
+        },
+        Some(buf),
+        9,
+    )
+    .unwrap();
+    c.close().unwrap();
+    let (sq_before, _) = m.doorbell_writes(qp.qid());
+    qp.ring();
+    let _ = qp.process_completions(8, |_| {});
+    assert_eq!(
+        m.doorbell_writes(qp.qid()).0,
+        sq_before,
+        "no doorbell write to a disabled controller"
+    );
+    drop(qp);
+    assert_clean(&m);
+}

@@ -1,0 +1,238 @@
+//! Helpers shared by the host-side driver tests: building a model and a
+//! driver on it, a register-access recorder, deterministic data patterns and
+//! the end-of-test cleanliness check.
+
+#![allow(dead_code)]
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use upnvme::{Controller, ControllerOptions, DmaBuffer, PageBacking};
+use upnvme_dma::DmaError;
+use upnvme_tests::{ModelConfig, ModelController, NamespaceConfig};
+
+/// Generous bound for blocking calls that are expected to succeed.
+pub const T: Duration = Duration::from_secs(5);
+
+/// Controller options every host test starts from: 4 KiB pages (the model's
+/// DMA memory is ordinary memory), bounded waits.
+pub fn opts() -> ControllerOptions {
+    ControllerOptions {
+        page_backing: PageBacking::Small4K,
+        ready_timeout: Some(Duration::from_secs(2)),
+        admin_timeout: Some(Duration::from_secs(2)),
+        shutdown_timeout: Some(Duration::from_secs(2)),
+        ..Default::default()
+    }
+}
+
+/// A model with one namespace of `lba_size`-byte blocks (`blocks` of them).
+pub fn config_one_ns(lba_size: u32, blocks: u64) -> ModelConfig {
+    ModelConfig {
+        namespaces: vec![NamespaceConfig {
+            nsid: 1,
+            lba_size,
+            blocks,
+        }],
+        ..Default::default()
+    }
+}
+
+/// A default model (one 64 MiB namespace of 4 KiB blocks).
+pub fn model() -> ModelController {
+    ModelController::new(ModelConfig::default())
+}
+
+/// Brings a driver up on (a clone of) `model`.
+pub fn open(model: &ModelController, options: ControllerOptions) -> Controller<ModelController> {
+    Controller::with_device(model.clone(), options).expect("bring-up on the model")
+}
+
+/// Model + driver with the default options of these tests.
+pub fn setup(cfg: ModelConfig) -> (ModelController, Controller<ModelController>) {
+    let m = ModelController::new(cfg);
+    let c = open(&m, opts());
+    (m, c)
+}
+
+/// Asserts that the driver never broke a spec rule the model checks and
+/// never made the model touch unmapped memory.
+#[track_caller]
+pub fn assert_clean(m: &ModelController) {
+    assert_eq!(m.violations(), Vec::<String>::new(), "model violations");
+    assert_eq!(m.dma_faults(), 0, "DMA faults: {:?}", m.dma_fault_log());
+}
+
+/// Deterministic, seed- and position-dependent bytes (xorshift).
+pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x2545_f491_4f6c_dd1d;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+/// A DMA buffer of `data.len()` bytes holding `data`.
+pub fn buffer_with<D: upnvme::Device>(c: &Controller<D>, data: &[u8]) -> DmaBuffer {
+    let b = c.alloc_dma(data.len()).expect("alloc_dma");
+    b.write_bytes(0, data).expect("write_bytes");
+    b
+}
+
+/// The first `len` bytes of `buf`.
+pub fn read_back(buf: &DmaBuffer, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    buf.read_bytes(0, &mut v).expect("read_bytes");
+    v
+}
+
+/// One register or doorbell access seen by [`Spy`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// 32-bit read (offset, value returned).
+    R32(usize, u32),
+    /// 32-bit write (offset, value).
+    W32(usize, u32),
+    /// 64-bit read (offset, value returned).
+    R64(usize, u64),
+    /// 64-bit write (offset, value).
+    W64(usize, u64),
+}
+
+/// Runs `f` as the device's own work: allocation counting leaves it out.
+fn in_device<R>(f: impl FnOnce() -> R) -> R {
+    upnvme_dma::alloc_count::excluded(f)
+}
+
+/// A [`upnvme::Device`] that forwards to the model and records every
+/// register access in order.
+#[derive(Clone)]
+pub struct Spy {
+    /// The model behind it.
+    pub model: ModelController,
+    log: Arc<Mutex<Vec<Access>>>,
+}
+
+impl Spy {
+    /// A recorder in front of `model`.
+    pub fn new(model: ModelController) -> Spy {
+        Spy {
+            model,
+            log: Arc::new(Mutex::new(Vec::new())),
+        }
+    }
+
+    /// The accesses recorded so far.
+    pub fn log(&self) -> Vec<Access> {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// Forgets the accesses recorded so far.
+    pub fn clear(&self) {
+        self.log.lock().unwrap().clear();
+    }
+
+    fn push(&self, a: Access) {
+        self.log.lock().unwrap().push(a);
+    }
+}
+
+impl upnvme::Device for Spy {
+    fn read32(&self, offset: usize) -> u32 {
+        in_device(|| {
+            let v = self.model.read32(offset);
+            self.push(Access::R32(offset, v));
+            v
+        })
+    }
+    fn write32(&self, offset: usize, value: u32) {
+        in_device(|| {
+            self.push(Access::W32(offset, value));
+            self.model.write32(offset, value);
+        })
+    }
+    fn read64(&self, offset: usize) -> u64 {
+        in_device(|| {
+            let v = self.model.read64(offset);
+            self.push(Access::R64(offset, v));
+            v
+        })
+    }
+    fn write64(&self, offset: usize, value: u64) {
+        in_device(|| {
+            self.push(Access::W64(offset, value));
+            self.model.write64(offset, value);
+        })
+    }
+    fn bar_len(&self) -> usize {
+        in_device(|| self.model.bar_len())
+    }
+    fn alloc_dma(&self, len: usize) -> Result<DmaBuffer, DmaError> {
+        in_device(|| self.model.alloc_dma(len))
+    }
+    fn name(&self) -> String {
+        in_device(|| self.model.name())
+    }
+}
+
+/// Register offsets (NVMe Base Specification 2.0, §3.1.3).
+pub mod reg {
+    /// Controller Capabilities.
+    pub const CAP: usize = 0x00;
+    /// Controller Configuration.
+    pub const CC: usize = 0x14;
+    /// Controller Status.
+    pub const CSTS: usize = 0x1c;
+    /// Admin Queue Attributes.
+    pub const AQA: usize = 0x24;
+    /// Admin Submission Queue Base Address.
+    pub const ASQ: usize = 0x28;
+    /// Admin Completion Queue Base Address.
+    pub const ACQ: usize = 0x30;
+    /// First doorbell (SQ 0 tail).
+    pub const DOORBELLS: usize = 0x1000;
+}
+
+/// Admin opcodes (NVMe Base Specification 2.0, §5).
+pub mod admin_op {
+    /// Delete I/O Submission Queue.
+    pub const DELETE_IO_SQ: u8 = 0x00;
+    /// Create I/O Submission Queue.
+    pub const CREATE_IO_SQ: u8 = 0x01;
+    /// Get Log Page.
+    pub const GET_LOG_PAGE: u8 = 0x02;
+    /// Delete I/O Completion Queue.
+    pub const DELETE_IO_CQ: u8 = 0x04;
+    /// Create I/O Completion Queue.
+    pub const CREATE_IO_CQ: u8 = 0x05;
+    /// Identify.
+    pub const IDENTIFY: u8 = 0x06;
+    /// Set Features.
+    pub const SET_FEATURES: u8 = 0x09;
+    /// Get Features.
+    pub const GET_FEATURES: u8 = 0x0a;
+    /// Asynchronous Event Request.
+    pub const AER: u8 = 0x0c;
+    /// Doorbell Buffer Config.
+    pub const DBBC: u8 = 0x7c;
+}
+
+/// I/O opcodes (NVM Command Set Specification 1.0).
+pub mod io_op {
+    /// Flush.
+    pub const FLUSH: u8 = 0x00;
+    /// Write.
+    pub const WRITE: u8 = 0x01;
+    /// Read.
+    pub const READ: u8 = 0x02;
+    /// Compare.
+    pub const COMPARE: u8 = 0x05;
+    /// Write Zeroes.
+    pub const WRITE_ZEROES: u8 = 0x08;
+    /// Dataset Management.
+    pub const DSM: u8 = 0x09;
+}

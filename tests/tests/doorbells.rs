@@ -1,0 +1,416 @@
+//! Doorbell economy (issue 8) measured on the model's MMIO doorbell counters:
+//! with shadow doorbells off, the adaptive CQ-head policy at QD1 writes the CQ
+//! head about once per `cq_slack + 1` I/Os (not once per I/O); a batch limit
+//! bounds that; `EveryReap` writes once per reap batch that consumed entries;
+//! one SQ tail write per batch of queued commands; a due SQ tail is written
+//! before a due CQ head; shadow-doorbell mode moderates the CQ head the same
+//! way and writes MMIO only when the EventIdx asks; and the queue pair's
+//! `QueueStats` agree with what the device counted.
+
+mod common;
+
+use common::{Access, Spy, T, assert_clean, config_one_ns, opts, reg};
+use upnvme::{
+    Controller, ControllerOptions, CqHeadPolicy, Device, IoCommand, IoQueuePair, QueuePairOptions,
+    QueueStats,
+};
+use upnvme_tests::ModelController;
+
+const BS: usize = 512;
+
+fn controller(shadow: bool) -> (ModelController, Controller<ModelController>) {
+    let m = ModelController::new(config_one_ns(BS as u32, 1024));
+    let c = Controller::with_device(
+        m.clone(),
+        ControllerOptions {
+            shadow_doorbells: shadow,
+            ..opts()
+        },
+    )
+    .unwrap();
+    (m, c)
+}
+
+fn pair<D: Device>(c: &Controller<D>, sq: u32, cq: u32, policy: CqHeadPolicy) -> IoQueuePair<D> {
+    c.io_queue_pair(QueuePairOptions {
+        entries: Some(sq),
+        cq_entries: Some(cq),
+        shadow_doorbells: false,
+        cq_head_policy: policy,
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+/// `n` reads at queue depth 1 through submit + process_completions.
+fn qd1<D: Device>(qp: &mut IoQueuePair<D>, c: &Controller<D>, n: u64) {
+    let mut buf = Some(c.alloc_dma(BS).unwrap());
+    for i in 0..n {
+        qp.submit(
+            IoCommand::Read {
+                nsid: 1,
+                slba: i % 1024,
+                blocks: 1,
+            },
+            buf.take(),
+            i,
+        )
+        .unwrap();
+        let mut got = 0;
+        while got == 0 {
+            got = qp
+                .process_completions(1, |cpl| {
+                    assert_eq!(cpl.tag, i);
+                    buf = cpl.buffer;
+                })
+                .unwrap();
+        }
+    }
+}
+
+fn assert_stats_match(m: &ModelController, qid: u16, st: &QueueStats) {
+    let (sq, cq) = m.doorbell_writes(qid);
+    assert_eq!(st.sq_doorbell_mmio, sq, "SQ MMIO: driver vs device");
+    assert_eq!(st.cq_doorbell_mmio, cq, "CQ MMIO: driver vs device");
+}
+
+#[test]
+fn adaptive_qd1_writes_cq_head_once_per_slack() {
+    let (m, c) = controller(false);
+    // SQ 16, CQ 32: max_depth 15, cq_slack = 32 - 1 - 15 = 16.
+    let mut qp = pair(&c, 16, 32, CqHeadPolicy::Adaptive { batch: 0 });
+    assert_eq!(qp.max_depth(), 15);
+    let n = 340u64;
+    qd1(&mut qp, &c, n);
+    let (sq, cq) = m.doorbell_writes(qp.qid());
+    assert_eq!(sq, n, "one SQ tail write per I/O at QD1");
+    assert_eq!(cq, n / 17, "one CQ head write per cq_slack + 1 completions");
+    assert!(cq * 10 < n, "far fewer CQ writes than I/Os");
+    let st = qp.stats();
+    assert_stats_match(&m, qp.qid(), &st);
+    assert_eq!(st.submissions, n);
+    assert_eq!(st.completions, n);
+    assert_eq!(st.cq_doorbell_skipped, n - cq);
+    assert_eq!(
+        st.idle_polls, 0,
+        "the model completes inside the doorbell write"
+    );
+    assert_eq!(st.polls, n);
+    assert!(st.mmio_per_io() < 1.1, "{}", st.mmio_per_io());
+    assert_eq!(st.sq_shadow_updates + st.cq_shadow_updates, 0);
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn adaptive_default_sizes_qd1() {
+    let (m, c) = controller(false);
+    let mut qp = c
+        .io_queue_pair(QueuePairOptions {
+            shadow_doorbells: false,
+            ..Default::default()
+        })
+        .unwrap();
+    // Default: SQ 256, CQ 512 → max_depth 255, slack 256.
+    assert_eq!((qp.sq_entries(), qp.cq_entries()), (256, 512));
+    let n = 1000;
+    qd1(&mut qp, &c, n);
+    let (_, cq) = m.doorbell_writes(qp.qid());
+    assert_eq!(cq, n / 257);
+    assert_stats_match(&m, qp.qid(), &qp.stats());
+    // The blocking helpers follow the same rule.
+    qp.reset_stats();
+    let mut buf = c.alloc_dma(BS).unwrap();
+    for i in 0..300 {
+        buf = qp.read_blocking(1, i, 1, buf, T).unwrap();
+    }
+    let st = qp.stats();
+    assert!(st.cq_doorbell_mmio <= 2, "{st:?}");
+    assert_eq!(st.sq_doorbell_mmio, 300);
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn adaptive_batch_limit() {
+    let (m, c) = controller(false);
+    let mut qp = pair(&c, 16, 64, CqHeadPolicy::Adaptive { batch: 4 });
+    let n = 200;
+    qd1(&mut qp, &c, n);
+    let (_, cq) = m.doorbell_writes(qp.qid());
+    assert_eq!(cq, n / 4, "a CQ head write every 4 consumed entries");
+    assert_stats_match(&m, qp.qid(), &qp.stats());
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn every_reap_writes_once_per_reap_batch() {
+    let (m, c) = controller(false);
+    let mut qp = pair(&c, 16, 32, CqHeadPolicy::EveryReap);
+    let n = 100;
+    qd1(&mut qp, &c, n);
+    assert_eq!(
+        m.doorbell_writes(qp.qid()),
+        (n, n),
+        "QD1: one batch per I/O"
+    );
+    // Batches of 8: queue 8, ring once, reap all in one call.
+    let qid = qp.qid();
+    let (sq0, cq0) = m.doorbell_writes(qid);
+    for round in 0..10u64 {
+        for i in 0..8 {
+            let buf = c.alloc_dma(BS).unwrap();
+            qp.queue(
+                IoCommand::Read {
+                    nsid: 1,
+                    slba: i,
+                    blocks: 1,
+                },
+                Some(buf),
+                round * 8 + i,
+            )
+            .unwrap();
+        }
+        qp.ring();
+        let n = qp.process_completions(u32::MAX, |_| {}).unwrap();
+        assert_eq!(n, 8);
+        // An empty poll writes nothing.
+        assert_eq!(qp.process_completions(u32::MAX, |_| {}).unwrap(), 0);
+    }
+    assert_eq!(m.doorbell_writes(qid), (sq0 + 10, cq0 + 10));
+    // Reaping a batch in pieces: one CQ write per call that consumed entries.
+    for i in 0..8 {
+        let buf = c.alloc_dma(BS).unwrap();
+        qp.queue(
+            IoCommand::Read {
+                nsid: 1,
+                slba: i,
+                blocks: 1,
+            },
+            Some(buf),
+            1000 + i,
+        )
+        .unwrap();
+    }
+    qp.ring();
+    for _ in 0..4 {
+        assert_eq!(qp.process_completions(2, |_| {}).unwrap(), 2);
+    }
+    assert_eq!(m.doorbell_writes(qid), (sq0 + 11, cq0 + 14));
+    let st = qp.stats();
+    assert_stats_match(&m, qid, &st);
+    assert_eq!(st.cq_doorbell_skipped, 0);
+    assert!(st.idle_polls >= 10);
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn queue_depth_32_writes_few_doorbells_per_io() {
+    let (m, c) = controller(false);
+    let mut qp = c
+        .io_queue_pair(QueuePairOptions {
+            shadow_doorbells: false,
+            ..Default::default()
+        })
+        .unwrap();
+    let mut bufs: Vec<_> = (0..32).map(|_| Some(c.alloc_dma(BS).unwrap())).collect();
+    let mut free: Vec<usize> = (0..32).collect();
+    let mut done = 0u64;
+    let mut next = 0u64;
+    let n = 3200u64;
+    while done < n {
+        while next < n && !free.is_empty() {
+            let slot = free.pop().unwrap();
+            qp.queue(
+                IoCommand::Read {
+                    nsid: 1,
+                    slba: next % 1024,
+                    blocks: 1,
+                },
+                bufs[slot].take(),
+                slot as u64,
+            )
+            .unwrap();
+            next += 1;
+        }
+        qp.ring();
+        done += u64::from(
+            qp.process_completions(u32::MAX, |cpl| {
+                bufs[cpl.tag as usize] = cpl.buffer;
+                free.push(cpl.tag as usize);
+            })
+            .unwrap(),
+        );
+    }
+    let st = qp.stats();
+    assert_stats_match(&m, qp.qid(), &st);
+    assert!(
+        st.mmio_per_io() <= 0.1,
+        "{} MMIO writes per I/O at QD32 ({st:?})",
+        st.mmio_per_io()
+    );
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn due_sq_tail_is_written_before_due_cq_head() {
+    let m = ModelController::new(config_one_ns(BS as u32, 1024));
+    let spy = Spy::new(m.clone());
+    let c = Controller::with_device(
+        spy.clone(),
+        ControllerOptions {
+            shadow_doorbells: false,
+            ..opts()
+        },
+    )
+    .unwrap();
+    let mut qp = pair(&c, 8, 8, CqHeadPolicy::EveryReap);
+    let qid = qp.qid() as usize;
+    let (sq_db, cq_db) = (reg::DOORBELLS + 8 * qid, reg::DOORBELLS + 8 * qid + 4);
+    // Commands completed but not reaped, and new commands queued: the next
+    // process_completions has both an SQ tail and a CQ head to write.
+    for i in 0..3u64 {
+        qp.submit(
+            IoCommand::Read {
+                nsid: 1,
+                slba: i,
+                blocks: 1,
+            },
+            Some(c.alloc_dma(BS).unwrap()),
+            i,
+        )
+        .unwrap();
+    }
+    for i in 3..5u64 {
+        qp.queue(
+            IoCommand::Read {
+                nsid: 1,
+                slba: i,
+                blocks: 1,
+            },
+            Some(c.alloc_dma(BS).unwrap()),
+            i,
+        )
+        .unwrap();
+    }
+    spy.clear();
+    let n = qp.process_completions(u32::MAX, |_| {}).unwrap();
+    assert!(n >= 3);
+    let writes: Vec<usize> = spy
+        .log()
+        .iter()
+        .filter_map(|a| match a {
+            Access::W32(o, _) if *o == sq_db || *o == cq_db => Some(*o),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(writes, vec![sq_db, cq_db], "SQ tail first, then CQ head");
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn shadow_doorbells_keep_the_buffer_current() {
+    let (m, c) = controller(true);
+    assert!(c.shadow_doorbells());
+    let mut qp = c
+        .io_queue_pair(QueuePairOptions {
+            entries: Some(16),
+            cq_entries: Some(32),
+            shadow_doorbells: true,
+            ..Default::default()
+        })
+        .unwrap();
+    assert!(qp.shadow_doorbells());
+    let qid = qp.qid();
+    let n = 100;
+    qd1(&mut qp, &c, n);
+    let st = qp.stats();
+    assert_stats_match(&m, qid, &st);
+    // Every tail update goes to the shadow buffer; CQ head updates follow
+    // the moderation rule (slack 16: one per 17 completions) there too ...
+    assert_eq!(st.sq_shadow_updates, n);
+    assert_eq!(st.cq_shadow_updates, n / 17);
+    // ... and MMIO writes happen only when the EventIdx asks for them.
+    assert_eq!(
+        st.sq_doorbell_mmio + st.cq_doorbell_mmio + st.mmio_skipped_by_event_idx,
+        st.sq_shadow_updates + st.cq_shadow_updates
+    );
+    // The controller's view (read from the shadow buffer) is current.
+    let sq = m.sq_state(qid).unwrap();
+    let cq = m.cq_state(qid).unwrap();
+    assert_eq!(sq.tail, (n % 16) as u32);
+    assert_eq!(sq.head, sq.tail);
+    m.process_shadow();
+    assert_eq!(m.cq_state(qid).unwrap().head, ((n / 17 * 17) % 32) as u32);
+    assert_eq!(cq.backlog, 0);
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn shadow_buffer_with_event_index_off_still_writes_mmio() {
+    let (m, c) = controller(true);
+    let mut qp = c
+        .io_queue_pair(QueuePairOptions {
+            entries: Some(16),
+            cq_entries: Some(32),
+            shadow_doorbells: false,
+            cq_head_policy: CqHeadPolicy::Adaptive { batch: 0 },
+            ..Default::default()
+        })
+        .unwrap();
+    let n = 170;
+    qd1(&mut qp, &c, n);
+    let st = qp.stats();
+    assert_stats_match(&m, qp.qid(), &st);
+    assert_eq!(st.mmio_skipped_by_event_idx, 0);
+    assert_eq!(st.sq_doorbell_mmio, n);
+    // The adaptive policy still moderates the CQ head.
+    assert_eq!(st.cq_doorbell_mmio, n / 17);
+    // Shadow values are kept current for the controller.
+    assert_eq!(st.sq_shadow_updates, st.sq_doorbell_mmio);
+    assert_eq!(st.cq_shadow_updates, st.cq_doorbell_mmio);
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn admin_queue_never_uses_shadow_doorbells() {
+    let (m, c) = controller(true);
+    let (sq0, cq0) = m.doorbell_writes(0);
+    for _ in 0..10 {
+        c.get_features(0x07, 0, 0).unwrap();
+    }
+    assert_eq!(m.doorbell_writes(0), (sq0 + 10, cq0 + 10));
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn no_doorbell_without_work() {
+    let (m, c) = controller(false);
+    let mut qp = pair(&c, 8, 16, CqHeadPolicy::Adaptive { batch: 0 });
+    let before = m.doorbell_writes(qp.qid());
+    for _ in 0..100 {
+        assert_eq!(qp.process_completions(8, |_| {}).unwrap(), 0);
+        qp.ring();
+    }
+    assert_eq!(m.doorbell_writes(qp.qid()), before);
+    let st = qp.stats();
+    assert_eq!((st.polls, st.idle_polls), (100, 100));
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}

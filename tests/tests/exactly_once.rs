@@ -1,0 +1,352 @@
+//! Exactly-once completion and the CQ-full rule under random interleavings
+//! (issues 4 and 8): a property test drives one queue pair with random
+//! submit / queue / ring / process_completions(max) / blocking calls, random
+//! SQ and CQ sizes 2..=64, shadow doorbells on and off (controller and pair),
+//! `reap_on_submit` on and off, and every CQ head policy. Every accepted
+//! command must complete exactly once with its tag and its buffer, QueueFull
+//! must hand the buffer back, the data on the namespace must be what the last
+//! write in submission order put there, the driver's counters must agree with
+//! the model's, and the model must never see a full CQ with commands
+//! outstanding (no violations). A deterministic sweep keeps every queue size
+//! at full depth through several wraparounds.
+
+mod common;
+
+use std::collections::HashSet;
+
+use common::{T, assert_clean, buffer_with, config_one_ns, open, opts, pattern};
+use proptest::prelude::*;
+use upnvme::{
+    BLOCKING_TAG, Completion, Controller, ControllerOptions, CqHeadPolicy, Error, IoCommand,
+    IoQueuePair, QueuePairOptions,
+};
+use upnvme_tests::ModelController;
+
+const LBAS: u64 = 32;
+const BS: usize = 512;
+
+#[derive(Clone, Copy, Debug)]
+enum Op {
+    Submit { write: bool, lba: u64 },
+    Queue { write: bool, lba: u64 },
+    Ring,
+    Process(u32),
+    Blocking { write: bool, lba: u64 },
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Setup {
+    sq: u32,
+    cq: u32,
+    ctrl_shadow: bool,
+    pair_shadow: bool,
+    reap_on_submit: bool,
+    policy: CqHeadPolicy,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (any::<bool>(), 0..LBAS).prop_map(|(write, lba)| Op::Submit { write, lba }),
+        4 => (any::<bool>(), 0..LBAS).prop_map(|(write, lba)| Op::Queue { write, lba }),
+        2 => Just(Op::Ring),
+        4 => (1u32..10).prop_map(Op::Process),
+        1 => (any::<bool>(), 0..LBAS).prop_map(|(write, lba)| Op::Blocking { write, lba }),
+    ]
+}
+
+fn policy() -> impl Strategy<Value = CqHeadPolicy> {
+    prop_oneof![
+        Just(CqHeadPolicy::EveryReap),
+        (0u32..6).prop_map(|batch| CqHeadPolicy::Adaptive { batch }),
+    ]
+}
+
+fn setup() -> impl Strategy<Value = Setup> {
+    (
+        2u32..=64,
+        2u32..=64,
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+        policy(),
+    )
+        .prop_map(
+            |(sq, cq, ctrl_shadow, pair_shadow, reap_on_submit, policy)| Setup {
+                sq,
+                cq,
+                ctrl_shadow,
+                pair_shadow,
+                reap_on_submit,
+                policy,
+            },
+        )
+}
+
+fn controller(shadow: bool) -> (ModelController, Controller<ModelController>) {
+    let m = ModelController::new(config_one_ns(BS as u32, LBAS));
+    let c = open(
+        &m,
+        ControllerOptions {
+            shadow_doorbells: shadow,
+            ..opts()
+        },
+    );
+    (m, c)
+}
+
+fn pair(c: &Controller<ModelController>, s: &Setup) -> IoQueuePair<ModelController> {
+    c.io_queue_pair(QueuePairOptions {
+        entries: Some(s.sq),
+        cq_entries: Some(s.cq),
+        shadow_doorbells: s.pair_shadow,
+        reap_on_submit: s.reap_on_submit,
+        cq_head_policy: s.policy,
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+/// The test's book of what is outstanding and what must be on the media.
+struct Book {
+    outstanding: HashSet<u64>,
+    last_write: [Option<u64>; LBAS as usize],
+    accepted: u64,
+    next: u64,
+}
+
+impl Book {
+    fn complete(&mut self, c: Completion) {
+        assert_ne!(c.tag, BLOCKING_TAG, "no blocking call timed out");
+        assert!(
+            self.outstanding.remove(&c.tag),
+            "tag {} completed twice or never submitted",
+            c.tag
+        );
+        assert!(c.result.is_ok(), "tag {}: {:?}", c.tag, c.result);
+        let b = c.buffer.expect("the buffer comes back with the completion");
+        assert!(b.len() >= BS);
+    }
+}
+
+fn run(s: Setup, ops: &[Op]) {
+    let (m, c) = controller(s.ctrl_shadow);
+    let mut qp = pair(&c, &s);
+    let qid = qp.qid();
+    let max_depth = qp.max_depth();
+    assert_eq!(max_depth, (s.sq - 1).min(s.cq - 1));
+    let mut book = Book {
+        outstanding: HashSet::new(),
+        last_write: [None; LBAS as usize],
+        accepted: 0,
+        next: 0,
+    };
+    let cmd = |write: bool, lba: u64| {
+        if write {
+            IoCommand::Write {
+                nsid: 1,
+                slba: lba,
+                blocks: 1,
+            }
+        } else {
+            IoCommand::Read {
+                nsid: 1,
+                slba: lba,
+                blocks: 1,
+            }
+        }
+    };
+    for &o in ops {
+        match o {
+            Op::Submit { write, lba } | Op::Queue { write, lba } => {
+                let tag = book.next;
+                book.next += 1;
+                let buf = buffer_with(&c, &pattern(tag, BS));
+                let r = match o {
+                    Op::Submit { .. } => qp.submit(cmd(write, lba), Some(buf), tag),
+                    _ => qp.queue(cmd(write, lba), Some(buf), tag),
+                };
+                match r {
+                    Ok(()) => {
+                        book.outstanding.insert(tag);
+                        book.accepted += 1;
+                        if write {
+                            book.last_write[lba as usize] = Some(tag);
+                        }
+                    }
+                    Err(f) => {
+                        assert!(matches!(f.error, Error::QueueFull { .. }), "{:?}", f.error);
+                        assert!(f.buffer.is_some(), "QueueFull hands the buffer back");
+                        assert!(
+                            !book.outstanding.is_empty(),
+                            "QueueFull with nothing undelivered"
+                        );
+                    }
+                }
+            }
+            Op::Ring => qp.ring(),
+            Op::Process(max) => {
+                let mut got = Vec::new();
+                let n = qp.process_completions(max, |c| got.push(c)).unwrap();
+                assert_eq!(n as usize, got.len());
+                assert!(n <= max);
+                for c in got {
+                    book.complete(c);
+                }
+            }
+            Op::Blocking { write, lba } => {
+                let seed = book.next;
+                book.next += 1;
+                let buf = buffer_with(&c, &pattern(seed, BS));
+                match qp.execute_blocking(cmd(write, lba), Some(buf), T) {
+                    Ok(b) => {
+                        assert!(b.is_some());
+                        book.accepted += 1;
+                        if write {
+                            book.last_write[lba as usize] = Some(seed);
+                        }
+                    }
+                    Err(f) => {
+                        assert!(matches!(f.error, Error::QueueFull { .. }), "{:?}", f.error);
+                        assert!(f.buffer.is_some());
+                    }
+                }
+            }
+        }
+        assert!(qp.in_flight() <= max_depth);
+    }
+    // Drain.
+    for _ in 0..10_000 {
+        if book.outstanding.is_empty() {
+            break;
+        }
+        let mut got = Vec::new();
+        qp.process_completions(u32::MAX, |c| got.push(c)).unwrap();
+        for c in got {
+            book.complete(c);
+        }
+    }
+    assert!(
+        book.outstanding.is_empty(),
+        "never completed: {:?}",
+        book.outstanding
+    );
+    assert_eq!(qp.in_flight(), 0);
+    assert_eq!(
+        qp.process_completions(u32::MAX, |c| panic!("extra completion {}", c.tag))
+            .unwrap(),
+        0
+    );
+    // Media content: the last write of each LBA in submission order.
+    for (lba, w) in book.last_write.iter().enumerate() {
+        if let Some(seed) = w {
+            assert_eq!(
+                m.namespace_data(1, lba as u64, 1),
+                pattern(*seed, BS),
+                "LBA {lba}"
+            );
+        }
+    }
+    // Counters agree with the device's.
+    let st = qp.stats();
+    assert_eq!(st.submissions, book.accepted);
+    assert_eq!(st.completions, book.accepted);
+    let (sq_db, cq_db) = m.doorbell_writes(qid);
+    assert_eq!(st.sq_doorbell_mmio, sq_db, "SQ doorbell MMIO writes");
+    assert_eq!(st.cq_doorbell_mmio, cq_db, "CQ doorbell MMIO writes");
+    if !(s.ctrl_shadow && s.pair_shadow) {
+        assert_eq!(st.mmio_skipped_by_event_idx, 0);
+    }
+    if !s.ctrl_shadow {
+        assert_eq!(st.sq_shadow_updates + st.cq_shadow_updates, 0);
+    }
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 256,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn every_command_completes_exactly_once(
+        s in setup(),
+        ops in proptest::collection::vec(op(), 1..160),
+    ) {
+        run(s, &ops);
+    }
+}
+
+/// Keeps the pair at full depth for three wraparounds of the larger ring,
+/// reaping in small batches, for every SQ size 2..=64 and a CQ that is the
+/// same size, twice the size (capped) or minimal.
+#[test]
+fn full_depth_through_wraparounds_at_every_size() {
+    let (m, c) = controller(false);
+    for sq in 2u32..=64 {
+        for cq in [sq, (2 * sq).min(64), 2] {
+            for policy in [
+                CqHeadPolicy::Adaptive { batch: 0 },
+                CqHeadPolicy::Adaptive { batch: 3 },
+                CqHeadPolicy::EveryReap,
+            ] {
+                let s = Setup {
+                    sq,
+                    cq,
+                    ctrl_shadow: false,
+                    pair_shadow: false,
+                    reap_on_submit: false,
+                    policy,
+                };
+                let (sq0, cq0) = m.doorbell_writes(1);
+                let mut qp = pair(&c, &s);
+                assert_eq!(qp.qid(), 1);
+                let depth = qp.max_depth() as u64;
+                let total = 3 * u64::from(sq.max(cq)) + depth;
+                let mut done = HashSet::new();
+                let mut next = 0u64;
+                let mut reap = 1u32;
+                while (done.len() as u64) < total {
+                    while next < total && u64::from(qp.in_flight()) < depth {
+                        let buf = c.alloc_dma(BS).unwrap();
+                        qp.submit(
+                            IoCommand::Read {
+                                nsid: 1,
+                                slba: next % LBAS,
+                                blocks: 1,
+                            },
+                            Some(buf),
+                            next,
+                        )
+                        .unwrap();
+                        next += 1;
+                    }
+                    qp.process_completions(reap, |c| {
+                        assert!(c.is_ok());
+                        assert!(done.insert(c.tag), "tag {} twice", c.tag);
+                    })
+                    .unwrap();
+                    reap = reap % 3 + 1;
+                }
+                let st = qp.stats();
+                let (sq1, cq1) = m.doorbell_writes(1);
+                drop(qp);
+                assert_eq!(st.completions, total);
+                assert_eq!(
+                    (st.sq_doorbell_mmio, st.cq_doorbell_mmio),
+                    (sq1 - sq0, cq1 - cq0)
+                );
+                assert_eq!(
+                    m.violations(),
+                    Vec::<String>::new(),
+                    "SQ {sq} CQ {cq} {policy:?}"
+                );
+            }
+        }
+    }
+    drop(c);
+    assert_clean(&m);
+}

@@ -1,0 +1,681 @@
+//! Hostile and failing devices (issue 7 preview, design "The device is
+//! untrusted input"): corrupted CIDs (unknown slot, stale generation),
+//! duplicate completions, SQ heads out of range, completions with the wrong
+//! phase, hand-made garbage completions on I/O and admin queues, a controller
+//! that turns fatal or disappears mid-I/O, and blocking helpers that time
+//! out. Each must give a typed error — never a panic, never a hang — leave
+//! the controller failed where the device broke the protocol, and never hand
+//! a buffer out twice or while the device may still write it.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{T, admin_op, assert_clean, open, opts, read_back, setup};
+use upnvme::{
+    BLOCKING_TAG, Completion, Controller, ControllerOptions, Error, IoCommand, IoQueuePair,
+    QueuePairOptions,
+};
+use upnvme_tests::{Fault, Match, ModelConfig, ModelController};
+
+fn read(slba: u64) -> IoCommand<'static> {
+    IoCommand::Read {
+        nsid: 1,
+        slba,
+        blocks: 1,
+    }
+}
+
+/// A pair with 3 tracker slots (2 slot bits in the CID).
+fn small_pair(c: &Controller<ModelController>) -> IoQueuePair<ModelController> {
+    c.io_queue_pair(QueuePairOptions {
+        entries: Some(4),
+        cq_entries: Some(8),
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+/// Collects whatever `process_completions` delivers plus its result.
+fn process(qp: &mut IoQueuePair<ModelController>) -> (Vec<Completion>, upnvme::Result<u32>) {
+    let mut got = Vec::new();
+    let r = qp.process_completions(u32::MAX, |c| got.push(c));
+    (got, r)
+}
+
+/// After a protocol violation: the pair, the controller's admin path and new
+/// queue pairs all refuse with ControllerFailed, quickly.
+fn assert_failed_everywhere(
+    c: &Controller<ModelController>,
+    qp: &mut IoQueuePair<ModelController>,
+) {
+    let start = Instant::now();
+    assert!(c.failure().is_some());
+    let buf = c.alloc_dma(4096).unwrap();
+    let f = qp.submit(read(0), Some(buf), 1).unwrap_err();
+    assert!(
+        matches!(f.error, Error::ControllerFailed { .. }),
+        "{:?}",
+        f.error
+    );
+    assert!(f.buffer.is_some(), "the refused buffer comes back");
+    let buf = c.alloc_dma(4096).unwrap();
+    let f = qp.read_blocking(1, 0, 1, buf, T).unwrap_err();
+    assert!(
+        matches!(f.error, Error::ControllerFailed { .. }),
+        "{:?}",
+        f.error
+    );
+    assert!(f.buffer.is_some());
+    let (got, r) = process(qp);
+    assert!(got.is_empty());
+    assert!(matches!(r, Err(Error::ControllerFailed { .. })), "{r:?}");
+    let r = c.get_features(0x07, 0, 0);
+    assert!(matches!(r, Err(Error::ControllerFailed { .. })), "{r:?}");
+    let r = c.io_queue_pair(QueuePairOptions::default());
+    assert!(matches!(r, Err(Error::ControllerFailed { .. })), "{r:?}");
+    assert!(start.elapsed() < Duration::from_secs(1));
+}
+
+#[test]
+fn corrupt_cid_unknown_slot_is_a_device_fault() {
+    let (m, c) = setup(ModelConfig::default());
+    let mut qp = small_pair(&c);
+    // CID 0 (slot 0) becomes 3: slot 3 does not exist (3 slots).
+    m.inject(Fault::CorruptCid {
+        on: Match::Queue(qp.qid()),
+        xor: 0x3,
+    });
+    let buf = c.alloc_dma(4096).unwrap();
+    qp.submit(read(0), Some(buf), 10).unwrap();
+    let (got, r) = process(&mut qp);
+    assert!(got.is_empty(), "nothing delivered for an unknown CID");
+    match r {
+        Err(Error::DeviceFault { what, .. }) => {
+            assert!(what.contains("0x0003"), "{what}");
+            assert!(what.contains("no tracker slot"), "{what}");
+        }
+        other => panic!("expected DeviceFault, got {other:?}"),
+    }
+    assert_failed_everywhere(&c, &mut qp);
+    drop(qp);
+    c.close().unwrap();
+    assert_clean(&m);
+}
+
+#[test]
+fn corrupt_cid_stale_generation_is_a_device_fault() {
+    let (m, c) = setup(ModelConfig::default());
+    let mut qp = small_pair(&c);
+    // Generation bits start above the 2 slot bits.
+    m.inject(Fault::CorruptCid {
+        on: Match::Queue(qp.qid()),
+        xor: 1 << 2,
+    });
+    let buf = c.alloc_dma(4096).unwrap();
+    qp.submit(read(0), Some(buf), 10).unwrap();
+    let (got, r) = process(&mut qp);
+    assert!(got.is_empty());
+    match r {
+        Err(e @ Error::DeviceFault { .. }) => {
+            let text = e.to_string();
+            assert!(text.contains("stale"), "{text}");
+            assert!(text.contains("marked failed"), "{text}");
+        }
+        other => panic!("expected DeviceFault, got {other:?}"),
+    }
+    assert_failed_everywhere(&c, &mut qp);
+    drop(qp);
+    c.close().unwrap();
+    assert_clean(&m);
+}
+
+#[test]
+fn stale_cid_of_a_reused_slot_is_caught() {
+    let (m, c) = setup(ModelConfig::default());
+    let mut qp = small_pair(&c);
+    // Complete a command on slot 0 normally, so slot 0's generation moves on.
+    let buf = c.alloc_dma(4096).unwrap();
+    let buf = qp.read_blocking(1, 0, 1, buf, T).unwrap();
+    // The next command on slot 0 completes with the previous generation's CID.
+    let old_gen_xor = 1 << 2;
+    m.inject(Fault::CorruptCid {
+        on: Match::Queue(qp.qid()),
+        xor: old_gen_xor,
+    });
+    qp.submit(read(1), Some(buf), 11).unwrap();
+    let (got, r) = process(&mut qp);
+    assert!(got.is_empty());
+    assert!(matches!(r, Err(Error::DeviceFault { .. })), "{r:?}");
+    drop(qp);
+    c.close().unwrap();
+    assert_clean(&m);
+}
+
+#[test]
+fn duplicate_completion_is_delivered_once_then_fails() {
+    let (m, c) = setup(ModelConfig::default());
+    let mut qp = small_pair(&c);
+    m.inject(Fault::DuplicateCompletion(Match::Queue(qp.qid())));
+    let buf = c.alloc_dma(4096).unwrap();
+    let iova = buf.iova();
+    qp.submit(read(0), Some(buf), 42).unwrap();
+    let (got, r) = process(&mut qp);
+    // The genuine completion is delivered, once, with its buffer ...
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].tag, 42);
+    assert!(got[0].is_ok());
+    assert_eq!(got[0].buffer.as_ref().map(|b| b.iova()), Some(iova));
+    // ... the copy is a protocol violation.
+    match r {
+        Err(Error::DeviceFault { what, .. }) => {
+            assert!(what.contains("no command in flight"), "{what}")
+        }
+        other => panic!("expected DeviceFault, got {other:?}"),
+    }
+    assert_failed_everywhere(&c, &mut qp);
+    drop(qp);
+    c.close().unwrap();
+    assert_clean(&m);
+}
+
+#[test]
+fn duplicate_completion_in_a_blocking_call_is_a_typed_error() {
+    let (m, c) = setup(ModelConfig::default());
+    let mut qp = small_pair(&c);
+    m.inject(Fault::DuplicateCompletion(Match::Queue(qp.qid())));
+    let buf = c.alloc_dma(4096).unwrap();
+    let start = Instant::now();
+    let f = qp.read_blocking(1, 0, 1, buf, T).unwrap_err();
+    assert!(
+        matches!(f.error, Error::DeviceFault { .. }),
+        "{:?}",
+        f.error
+    );
+    assert!(start.elapsed() < Duration::from_secs(1));
+    let (got, r) = process(&mut qp);
+    assert!(got.is_empty(), "no completion handed out a second time");
+    assert!(matches!(r, Err(Error::ControllerFailed { .. })), "{r:?}");
+    drop(qp);
+    c.close().unwrap();
+    assert_clean(&m);
+}
+
+#[test]
+fn sq_head_out_of_range_is_a_device_fault() {
+    let (m, c) = setup(ModelConfig::default());
+    let mut qp = small_pair(&c);
+    m.inject(Fault::BadSqHead {
+        on: Match::Queue(qp.qid()),
+        sqhd: 1000,
+    });
+    let buf = c.alloc_dma(4096).unwrap();
+    qp.submit(read(0), Some(buf), 1).unwrap();
+    let (got, r) = process(&mut qp);
+    assert!(got.is_empty());
+    match r {
+        Err(Error::DeviceFault { what, .. }) => assert!(what.contains("1000"), "{what}"),
+        other => panic!("expected DeviceFault, got {other:?}"),
+    }
+    assert_failed_everywhere(&c, &mut qp);
+    drop(qp);
+    c.close().unwrap();
+    assert_clean(&m);
+}
+
+#[test]
+fn sq_head_moving_backwards_is_a_device_fault() {
+    let (m, c) = setup(ModelConfig::default());
+    let mut qp = small_pair(&c);
+    for i in 0..2 {
+        let buf = c.alloc_dma(4096).unwrap();
+        qp.read_blocking(1, i, 1, buf, T).unwrap();
+    }
+    // The SQ head is 2 now; a completion claiming head 0 moves it backwards.
+    m.inject(Fault::BadSqHead {
+        on: Match::Queue(qp.qid()),
+        sqhd: 0,
+    });
+    let buf = c.alloc_dma(4096).unwrap();
+    let f = qp.read_blocking(1, 0, 1, buf, T).unwrap_err();
+    assert!(
+        matches!(f.error, Error::DeviceFault { .. }),
+        "{:?}",
+        f.error
+    );
+    drop(qp);
+    c.close().unwrap();
+    assert_clean(&m);
+}
+
+#[test]
+fn wrong_phase_completion_is_invisible_and_times_out() {
+    // What happens: the entry carries the old phase, so the driver cannot
+    // tell it from a stale slot and never consumes it; every later entry
+    // lies behind it, so the queue pair stalls. The blocking call ends with
+    // Timeout (the device may still own the buffer: None); the controller is
+    // not failed, and deleting the queue pair (Delete SQ/CQ) works.
+    let (m, c) = setup(ModelConfig::default());
+    let mut qp = small_pair(&c);
+    let qid = qp.qid();
+    m.inject(Fault::WrongPhase(Match::Queue(qid)));
+    let buf = c.alloc_dma(4096).unwrap();
+    let start = Instant::now();
+    let f = qp
+        .read_blocking(1, 0, 1, buf, Duration::from_millis(200))
+        .unwrap_err();
+    let took = start.elapsed();
+    assert!(matches!(f.error, Error::Timeout { .. }), "{:?}", f.error);
+    assert!(f.buffer.is_none(), "the device may still own the buffer");
+    assert!(took >= Duration::from_millis(200) && took < Duration::from_secs(3));
+    assert_eq!(qp.in_flight(), 1);
+    // The model posted it (tail moved) but the driver saw nothing.
+    assert_eq!(m.cq_state(qid).unwrap().tail, 1);
+    let (got, r) = process(&mut qp);
+    assert!(got.is_empty());
+    assert_eq!(r.unwrap(), 0);
+    assert!(c.failure().is_none());
+    drop(qp);
+    assert!(!m.queue_exists(qid));
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn garbage_completions_on_an_io_queue() {
+    // (what the entry says, what the fault message must mention)
+    let cases: [([u32; 4], &str); 4] = [
+        // CID 0x0002 while nothing is in flight.
+        ([0, 0, 1 << 16, 0x0002], "no command in flight"),
+        // Names SQ 9 on CQ 1.
+        ([0, 0, 9 << 16, 0x0000], "names SQ 9"),
+        // Every bit set.
+        ([u32::MAX; 4], "SQ"),
+        // Plausible entry with an SQ head beyond anything submitted.
+        ([0, 0, 1 << 16 | 3, 0x0000], "queue 1"),
+    ];
+    for (dwords, what) in cases {
+        let (m, c) = setup(ModelConfig::default());
+        let mut qp = small_pair(&c);
+        assert_eq!(qp.qid(), 1);
+        assert!(m.post_raw_completion(1, dwords));
+        let (got, r) = process(&mut qp);
+        assert!(got.is_empty(), "{dwords:x?}");
+        match r {
+            Err(Error::DeviceFault { what: w, .. }) => {
+                assert!(w.contains(what), "{dwords:x?}: {w}")
+            }
+            other => panic!("{dwords:x?}: expected DeviceFault, got {other:?}"),
+        }
+        assert_failed_everywhere(&c, &mut qp);
+        drop(qp);
+        c.close().unwrap();
+        assert_clean(&m);
+    }
+}
+
+#[test]
+fn garbage_completion_while_commands_are_in_flight_keeps_their_buffers() {
+    let (m, c) = setup(ModelConfig::default());
+    let mut qp = small_pair(&c);
+    let qid = qp.qid();
+    // One command held by the device, then a forged entry in front of its
+    // completion.
+    m.inject(Fault::DelayCompletion {
+        on: Match::Queue(qid),
+        doorbells: None,
+    });
+    let buf = c.alloc_dma(4096).unwrap();
+    qp.submit(read(0), Some(buf), 5).unwrap();
+    assert!(m.post_raw_completion(qid, [0, 0, u32::from(qid) << 16 | 1, 0x0003]));
+    let (got, r) = process(&mut qp);
+    assert!(got.is_empty());
+    assert!(matches!(r, Err(Error::DeviceFault { .. })), "{r:?}");
+    // The real completion arrives later: the failed pair hands nothing out
+    // (the device was untrustworthy; the buffer stays quarantined).
+    assert_eq!(m.release_delayed(), 1);
+    let (got, r) = process(&mut qp);
+    assert!(got.is_empty(), "no buffer handed out after the fault");
+    assert!(r.is_err());
+    drop(qp);
+    c.close().unwrap();
+    assert_clean(&m);
+}
+
+#[test]
+fn garbage_completion_on_the_admin_queue() {
+    let (m, c) = setup(ModelConfig::default());
+    // CID 0xffff names no admin tracker slot (AERs hold slots 0..3).
+    assert!(m.post_raw_completion(0, [0, 0, 0, 0xffff]));
+    let r = c.get_features(0x07, 0, 0);
+    assert!(matches!(r, Err(Error::DeviceFault { .. })), "{r:?}");
+    let r = c.smart_log();
+    assert!(matches!(r, Err(Error::ControllerFailed { .. })), "{r:?}");
+    let r = c.poll_async_events();
+    assert!(matches!(r, Err(Error::ControllerFailed { .. })), "{r:?}");
+    c.close().unwrap();
+    assert_clean(&m);
+
+    // An admin completion naming an I/O SQ.
+    let (m, c) = setup(ModelConfig::default());
+    assert!(m.post_raw_completion(0, [0, 0, 1 << 16, 0x0000]));
+    let r = c.poll_async_events();
+    match r {
+        Err(Error::DeviceFault { what, .. }) => assert!(what.contains("names SQ 1"), "{what}"),
+        other => panic!("{other:?}"),
+    }
+    c.close().unwrap();
+    assert_clean(&m);
+}
+
+/// How a blocking call that was cut short by a dead controller may end: a
+/// typed error, and the buffer back only when the device can no longer
+/// reach it (the controller was reset), never while it may still write it.
+fn check_cut_short(f: &upnvme::IoFailure) {
+    let text = f.error.to_string();
+    let reset = text.contains("reset");
+    match &f.error {
+        Error::Timeout { .. }
+        | Error::ControllerFatal { .. }
+        | Error::ControllerGone { .. }
+        | Error::ControllerFailed { .. } => {
+            assert!(
+                f.buffer.is_none(),
+                "{text}: the device may still own the buffer"
+            )
+        }
+        _ if reset => assert!(f.buffer.is_some(), "{text}: reset → buffer back"),
+        other => panic!("unexpected error {other:?}"),
+    }
+}
+
+#[test]
+fn fatal_mid_io_blocking_call_returns_an_error_without_hanging() {
+    let (m, c) = setup(ModelConfig::default());
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let buf = c.alloc_dma(4096).unwrap();
+    let buf = qp.read_blocking(1, 0, 1, buf, T).unwrap();
+    // The controller dies when the next command is fetched.
+    m.inject(Fault::FatalOn(Match::Queue(qp.qid())));
+    let timeout = Duration::from_millis(300);
+    let start = Instant::now();
+    let f = qp.read_blocking(1, 1, 1, buf, timeout).unwrap_err();
+    let took = start.elapsed();
+    assert!(took < timeout + Duration::from_secs(2), "took {took:?}");
+    check_cut_short(&f);
+    // The controller is either out of service (CFS seen on the admin path) or
+    // was reset and works again; either way nothing hangs.
+    let start = Instant::now();
+    match c.get_features(0x07, 0, 0) {
+        Ok(_) => assert!(m.csts() & 2 == 0, "working again only after a reset"),
+        Err(Error::ControllerFatal { .. } | Error::ControllerFailed { .. }) => {
+            let r = c.get_features(0x07, 0, 0);
+            assert!(matches!(r, Err(Error::ControllerFailed { .. })), "{r:?}");
+        }
+        Err(e) => panic!("{e:?}"),
+    }
+    assert!(start.elapsed() < Duration::from_secs(2));
+    drop(qp);
+    // close() resets a fatal controller (CFS cleared); it reopens.
+    c.close().unwrap();
+    assert_eq!(m.csts() & 2, 0);
+    let c = open(&m, opts());
+    c.close().unwrap();
+    assert_clean(&m);
+}
+
+#[test]
+fn fatal_mid_io_is_detected_before_the_timeout() {
+    let (m, c) = setup(ModelConfig::default());
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let buf = c.alloc_dma(4096).unwrap();
+    m.inject(Fault::DelayCompletion {
+        on: Match::Queue(qp.qid()),
+        doorbells: None,
+    });
+    let m2 = m.clone();
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        m2.set_fatal();
+    });
+    let start = Instant::now();
+    let f = qp
+        .read_blocking(1, 0, 1, buf, Duration::from_secs(10))
+        .unwrap_err();
+    let took = start.elapsed();
+    killer.join().unwrap();
+    assert!(
+        took < Duration::from_secs(2),
+        "took {took:?}: waited for the timeout"
+    );
+    assert!(!matches!(f.error, Error::Timeout { .. }), "{:?}", f.error);
+    check_cut_short(&f);
+    drop(qp);
+    c.close().unwrap();
+    assert_clean(&m);
+}
+
+#[test]
+fn unplug_mid_io_blocking_call_returns_an_error_without_hanging() {
+    let (m, c) = setup(ModelConfig::default());
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    m.inject(Fault::UnplugOn(Match::Queue(qp.qid())));
+    let buf = c.alloc_dma(4096).unwrap();
+    let timeout = Duration::from_millis(300);
+    let start = Instant::now();
+    let f = qp.read_blocking(1, 0, 1, buf, timeout).unwrap_err();
+    assert!(start.elapsed() < timeout + Duration::from_secs(2));
+    check_cut_short(&f);
+    assert!(f.buffer.is_none(), "a removed device is never reset");
+    assert!(m.is_unplugged());
+    // The admin path reports the device gone (or the failure that says so).
+    let r = c.smart_log();
+    match &r {
+        Err(Error::ControllerGone { .. }) => {}
+        Err(e @ Error::ControllerFailed { .. }) => {
+            assert!(e.to_string().contains("gone"), "{e}")
+        }
+        other => panic!("{other:?}"),
+    }
+    let r = c.smart_log();
+    assert!(matches!(r, Err(Error::ControllerFailed { .. })), "{r:?}");
+    let buf = c.alloc_dma(4096).unwrap();
+    let f = qp.submit(read(0), Some(buf), 1).unwrap_err();
+    assert!(
+        matches!(
+            f.error,
+            Error::ControllerFailed { .. } | Error::ControllerGone { .. }
+        ),
+        "{:?}",
+        f.error
+    );
+    assert!(f.buffer.is_some());
+    drop(qp);
+    // Shutting down a device that is gone reports it, without hanging.
+    let start = Instant::now();
+    let r = c.close();
+    assert!(matches!(r, Err(Error::ControllerGone { .. })), "{r:?}");
+    assert!(start.elapsed() < Duration::from_secs(1));
+    assert_clean(&m);
+}
+
+#[test]
+fn unplug_mid_io_is_detected_before_the_timeout() {
+    let (m, c) = setup(ModelConfig::default());
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    m.inject(Fault::UnplugOn(Match::Queue(qp.qid())));
+    let buf = c.alloc_dma(4096).unwrap();
+    let start = Instant::now();
+    let f = qp
+        .read_blocking(1, 0, 1, buf, Duration::from_secs(10))
+        .unwrap_err();
+    let took = start.elapsed();
+    assert!(
+        took < Duration::from_secs(2),
+        "took {took:?}: waited for the timeout"
+    );
+    assert!(
+        matches!(f.error, Error::ControllerGone { .. }),
+        "{:?}",
+        f.error
+    );
+    assert!(f.buffer.is_none());
+    let buf = c.alloc_dma(4096).unwrap();
+    let f = qp.submit(read(0), Some(buf), 1).unwrap_err();
+    assert!(
+        matches!(f.error, Error::ControllerFailed { .. }),
+        "{:?}",
+        f.error
+    );
+    drop(qp);
+    let _ = c.close();
+    assert_clean(&m);
+}
+
+#[test]
+fn blocking_timeout_keeps_the_buffer_until_the_completion_surfaces() {
+    let (m, c) = setup(ModelConfig::default());
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let data = common::pattern(77, 4096);
+    m.write_namespace_data(1, 9, &data);
+    m.inject(Fault::DelayCompletion {
+        on: Match::Queue(qp.qid()),
+        doorbells: None,
+    });
+    let buf = c.alloc_dma(4096).unwrap();
+    let iova = buf.iova();
+    let start = Instant::now();
+    let f = qp
+        .read_blocking(1, 9, 1, buf, Duration::from_millis(100))
+        .unwrap_err();
+    let took = start.elapsed();
+    match &f.error {
+        Error::Timeout { what, after } => {
+            assert!(what.contains("Read"), "{what}");
+            assert!(*after >= Duration::from_millis(100));
+        }
+        other => panic!("expected Timeout, got {other:?}"),
+    }
+    assert!(took < Duration::from_secs(3), "took {took:?}");
+    assert!(f.buffer.is_none(), "the device may still write the buffer");
+    assert_eq!(qp.in_flight(), 1);
+    // A timeout is not a device fault: the pair and the controller go on.
+    assert!(c.failure().is_none());
+    let (got, r) = process(&mut qp);
+    assert!(got.is_empty());
+    assert_eq!(r.unwrap(), 0);
+    // Other commands still complete while the late one is outstanding.
+    let b2 = c.alloc_dma(4096).unwrap();
+    qp.read_blocking(1, 9, 1, b2, T).unwrap();
+    // The late completion surfaces once, with the blocking tag and the buffer
+    // (holding the data the device wrote).
+    assert_eq!(m.release_delayed(), 1);
+    let (mut got, r) = process(&mut qp);
+    assert_eq!(r.unwrap(), 1);
+    let cpl = got.pop().unwrap();
+    assert_eq!(cpl.tag, BLOCKING_TAG);
+    assert!(cpl.is_ok());
+    let b = cpl
+        .buffer
+        .expect("the buffer comes back with the completion");
+    assert_eq!(b.iova(), iova);
+    assert_eq!(read_back(&b, 4096), data);
+    assert_eq!(qp.in_flight(), 0);
+    let (got, r) = process(&mut qp);
+    assert!(got.is_empty());
+    assert_eq!(r.unwrap(), 0);
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn lost_completion_times_out_and_is_cleaned_up_by_queue_deletion() {
+    let (m, c) = setup(ModelConfig::default());
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let qid = qp.qid();
+    m.inject(Fault::DropCompletion(Match::Queue(qid)));
+    let buf = c.alloc_dma(4096).unwrap();
+    let f = qp
+        .write_blocking(1, 0, 1, buf, Duration::from_millis(100))
+        .unwrap_err();
+    assert!(matches!(f.error, Error::Timeout { .. }), "{:?}", f.error);
+    assert!(f.buffer.is_none());
+    assert_eq!(m.dropped_completions().len(), 1);
+    // Deleting the SQ makes the controller forget the command.
+    drop(qp);
+    assert!(m.dropped_completions().is_empty());
+    assert!(!m.queue_exists(qid));
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn many_hostile_completions_never_panic() {
+    // A sweep of forged entries at random-looking values, each on a fresh
+    // controller with commands in flight: always a typed result.
+    let mut x = 0x1234_5678_9abc_def0u64;
+    for _ in 0..40 {
+        let (m, c) = setup(ModelConfig::default());
+        let mut qp = small_pair(&c);
+        let qid = qp.qid();
+        m.inject(Fault::DelayCompletion {
+            on: Match::Queue(qid),
+            doorbells: None,
+        });
+        let buf = c.alloc_dma(4096).unwrap();
+        qp.submit(read(0), Some(buf), 1).unwrap();
+        let mut words = [0u32; 4];
+        for w in &mut words {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *w = x as u32;
+        }
+        assert!(m.post_raw_completion(qid, words));
+        let mut delivered = 0;
+        let r = qp.process_completions(u32::MAX, |cpl| {
+            delivered += 1;
+            assert_eq!(cpl.tag, 1);
+        });
+        match r {
+            Ok(n) => assert_eq!(n, delivered),
+            Err(Error::DeviceFault { .. }) => assert_eq!(delivered, 0),
+            Err(e) => panic!("{words:x?}: {e:?}"),
+        }
+        m.release_delayed();
+        let _ = qp.process_completions(u32::MAX, |cpl| {
+            delivered += 1;
+            assert_eq!(cpl.tag, 1);
+        });
+        assert!(delivered <= 1, "{words:x?}: delivered {delivered} times");
+        drop(qp);
+        let _ = c.close();
+        // Forged entries may leave the CQ looking fuller than the driver
+        // accounted for; that is the fault's doing, not the driver's.
+        let _ = m.take_violations();
+        assert_eq!(m.dma_faults(), 0);
+    }
+}
+
+#[test]
+fn admin_command_on_a_fatal_controller_does_not_wait_for_its_timeout() {
+    let m = ModelController::new(ModelConfig::default());
+    let c = open(
+        &m,
+        ControllerOptions {
+            admin_timeout: Some(Duration::from_secs(30)),
+            ..opts()
+        },
+    );
+    m.inject(Fault::FatalOn(Match::Opcode {
+        qid: 0,
+        opcode: admin_op::GET_LOG_PAGE,
+    }));
+    let start = Instant::now();
+    let r = c.smart_log();
+    assert!(matches!(r, Err(Error::ControllerFatal { .. })), "{r:?}");
+    assert!(start.elapsed() < Duration::from_secs(2));
+    c.close().unwrap();
+    assert_clean(&m);
+}
