@@ -1,0 +1,258 @@
+//! Building the workspace's programs statically for the guest (it has no libc).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+
+use crate::paths::Paths;
+use crate::{elf, proc};
+
+/// The target triple: explicit, so that `+crt-static` does not reach proc-macros.
+pub const TRIPLE: &str = "x86_64-unknown-linux-gnu";
+/// The guest integration test binary's name in the guest.
+pub const TEST_BINARY: &str = "upnvme-guest-tests";
+/// How long one guest build may take.
+const BUILD_TIMEOUT: Duration = Duration::from_secs(90 * 60);
+
+/// A program to copy into the guest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuestBinary {
+    /// The file on the host.
+    pub host: PathBuf,
+    /// Its absolute path in the guest.
+    pub guest: String,
+}
+
+fn cargo(paths: &Paths) -> Command {
+    let mut c = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    let mut flags = std::env::var("RUSTFLAGS").unwrap_or_default();
+    flags.push_str(" -C target-feature=+crt-static");
+    c.current_dir(&paths.root)
+        .env("RUSTFLAGS", flags.trim())
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .arg("--color")
+        .arg(if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+            "always"
+        } else {
+            "never"
+        });
+    c
+}
+
+/// Runs a cargo command whose stdout is JSON messages; progress and diagnostics go to the
+/// terminal. Returns the executables of the artifacts as (kind, path).
+fn cargo_json(cmd: &mut Command) -> Result<Vec<(String, PathBuf)>> {
+    cmd.arg("--message-format=json-render-diagnostics")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped());
+    let what = proc::describe(cmd);
+    let mut child = cmd
+        .spawn()
+        .with_context(|| format!("cannot run `{what}`"))?;
+    let mut stdout = child.stdout.take().expect("piped");
+    let reader = proc::background(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut stdout, &mut s);
+        s
+    });
+    let status = proc::wait_timeout(&mut child, BUILD_TIMEOUT)?;
+    let json = reader.wait(proc::PIPE_GRACE).unwrap_or_default();
+    match status {
+        None => bail!(
+            "`{what}` did not finish within {} s and was killed",
+            BUILD_TIMEOUT.as_secs()
+        ),
+        Some(s) if !s.success() => bail!("guest build failed: `{what}` ({s})"),
+        Some(_) => Ok(json.lines().filter_map(artifact_executable).collect()),
+    }
+}
+
+/// From one cargo JSON message: the target kind and executable of a compiler artifact.
+fn artifact_executable(line: &str) -> Option<(String, PathBuf)> {
+    if json_string_field(line, "reason")? != "compiler-artifact" {
+        return None;
+    }
+    let exe = json_string_field(line, "executable")?;
+    let kind = if line.contains(r#""kind":["test"]"#) {
+        "test"
+    } else {
+        "bin"
+    };
+    Some((kind.to_string(), PathBuf::from(exe)))
+}
+
+/// The string value of the first `"key":"…"` in a JSON text (keys are unique enough in
+/// cargo's messages for `reason` and `executable`); `None` when absent or not a string.
+pub fn json_string_field(json: &str, key: &str) -> Option<String> {
+    let pat = format!("\"{key}\":");
+    let start = json.find(&pat)? + pat.len();
+    let rest = json[start..].trim_start();
+    let mut chars = rest.strip_prefix('"')?.chars();
+    let mut out = String::new();
+    loop {
+        match chars.next()? {
+            '"' => return Some(out),
+            '\\' => match chars.next()? {
+                'n' => out.push('\n'),
+                't' => out.push('\t'),
+                'r' => out.push('\r'),
+                'b' => out.push('\u{8}'),
+                'f' => out.push('\u{c}'),
+                'u' => {
+                    let hex: String = chars.by_ref().take(4).collect();
+                    out.push(
+                        char::from_u32(u32::from_str_radix(&hex, 16).ok()?).unwrap_or('\u{fffd}'),
+                    );
+                }
+                c => out.push(c),
+            },
+            c => out.push(c),
+        }
+    }
+}
+
+fn check_static(path: &Path) -> Result<()> {
+    let data = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    if !elf::is_static(&data).with_context(|| path.display().to_string())? {
+        bail!(
+            "{} is dynamically linked; the guest has no libc (build with --target {TRIPLE} and \
+             RUSTFLAGS='-C target-feature=+crt-static')",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+/// Builds `upnvme` and the guest integration tests statically into target/guest.
+pub fn build(paths: &Paths) -> Result<Vec<GuestBinary>> {
+    eprintln!(
+        "xtask: building the guest programs (static, release, {TRIPLE}) into {}",
+        paths.guest_target.display()
+    );
+    let mut bins = cargo(paths);
+    bins.args(["build", "--release", "--target", TRIPLE, "--target-dir"])
+        .arg(&paths.guest_target)
+        .args(["-p", "upnvme-cli", "--bins"]);
+    let mut out = Vec::new();
+    for (kind, exe) in cargo_json(&mut bins)? {
+        if kind == "bin" {
+            let name = exe
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned();
+            out.push(GuestBinary {
+                guest: format!("/bin/{name}"),
+                host: exe,
+            });
+        }
+    }
+    let mut tests = cargo(paths);
+    tests
+        .args(["test", "--release", "--target", TRIPLE, "--target-dir"])
+        .arg(&paths.guest_target)
+        .args([
+            "-p",
+            "upnvme-tests",
+            "--features",
+            "guest",
+            "--test",
+            "guest",
+            "--no-run",
+        ]);
+    let test_exe = cargo_json(&mut tests)?
+        .into_iter()
+        .find(|(kind, _)| kind == "test")
+        .map(|(_, exe)| exe)
+        .context("cargo test --no-run named no guest test executable")?;
+    out.push(GuestBinary {
+        host: test_exe,
+        guest: format!("/bin/{TEST_BINARY}"),
+    });
+    for b in &out {
+        check_static(&b.host)?;
+    }
+    Ok(out)
+}
+
+/// The guest programs from an earlier build (`--no-build`).
+pub fn prebuilt(paths: &Paths) -> Result<Vec<GuestBinary>> {
+    let release = paths.guest_target.join(TRIPLE).join("release");
+    let mut out = Vec::new();
+    let upnvme = release.join("upnvme");
+    if upnvme.exists() {
+        out.push(GuestBinary {
+            host: upnvme,
+            guest: "/bin/upnvme".into(),
+        });
+    }
+    let newest_test = std::fs::read_dir(release.join("deps"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            n.strip_prefix("guest-")
+                .is_some_and(|h| h.len() == 16 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+        })
+        .filter_map(|e| Some((e.metadata().ok()?.modified().ok()?, e.path())))
+        .max()
+        .map(|(_, p)| p);
+    if let Some(t) = newest_test {
+        out.push(GuestBinary {
+            host: t,
+            guest: format!("/bin/{TEST_BINARY}"),
+        });
+    }
+    if out.is_empty() {
+        bail!(
+            "--no-build: no guest programs in {}; run once without --no-build",
+            release.display()
+        );
+    }
+    for b in &out {
+        check_static(&b.host)?;
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cargo_messages() {
+        let line = r#"{"reason":"compiler-artifact","package_id":"path+file:///w#upnvme-tests@0.1.0","target":{"kind":["test"],"crate_types":["bin"],"name":"guest","src_path":"/w/tests/guest/main.rs","edition":"2024","doc":false,"doctest":false,"test":true},"profile":{"opt_level":"3","debuginfo":1,"debug_assertions":false,"overflow_checks":false,"test":true},"features":["guest"],"filenames":["/w/target/guest/x86_64-unknown-linux-gnu/release/deps/guest-0123456789abcdef"],"executable":"/w/target/guest/x86_64-unknown-linux-gnu/release/deps/guest-0123456789abcdef","fresh":true}"#;
+        assert_eq!(
+            artifact_executable(line),
+            Some((
+                "test".into(),
+                "/w/target/guest/x86_64-unknown-linux-gnu/release/deps/guest-0123456789abcdef"
+                    .into()
+            ))
+        );
+        let lib = r#"{"reason":"compiler-artifact","target":{"kind":["lib"]},"executable":null,"fresh":true}"#;
+        assert_eq!(artifact_executable(lib), None);
+        let bin = r#"{"reason":"compiler-artifact","target":{"kind":["bin"],"name":"upnvme"},"executable":"/w/t/release/upnvme"}"#;
+        assert_eq!(
+            artifact_executable(bin),
+            Some(("bin".into(), "/w/t/release/upnvme".into()))
+        );
+        assert_eq!(
+            artifact_executable(r#"{"reason":"build-finished","success":true}"#),
+            None
+        );
+    }
+
+    #[test]
+    fn json_strings() {
+        assert_eq!(
+            json_string_field(r#"{"a": "x\"y\\z\u0041"}"#, "a").as_deref(),
+            Some("x\"y\\zA")
+        );
+        assert_eq!(json_string_field(r#"{"a":1}"#, "a"), None);
+        assert_eq!(json_string_field(r#"{"a":"unterminated"#, "a"), None);
+    }
+}

@@ -1,0 +1,310 @@
+//! `cargo xtask test`: host tests, then the guest integration tests in several guest
+//! configurations, and one summary.
+
+use std::io::{BufRead, BufReader, IsTerminal};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+
+use crate::cli::{TestCmd, VmArgs, shell_quote};
+use crate::console::strip_ansi;
+use crate::guest_build::TEST_BINARY;
+use crate::paths::Paths;
+use crate::proc;
+use crate::vm::Bed;
+
+/// A guest configuration the integration tests run in.
+pub struct GuestConfig {
+    /// Short name for the summary and `--config`.
+    pub name: &'static str,
+    /// `cargo xtask vm` options.
+    pub args: &'static [&'static str],
+}
+
+/// The guest configurations, in order.
+pub const CONFIGS: &[GuestConfig] = &[
+    GuestConfig {
+        name: "default",
+        args: &[],
+    },
+    GuestConfig {
+        name: "lba512",
+        args: &["--lba-size", "512"],
+    },
+    GuestConfig {
+        name: "2ctrl-2ns-small-queues",
+        args: &["--controllers", "2", "--namespaces", "2", "--mqes", "31"],
+    },
+    GuestConfig {
+        name: "kernel-nvme",
+        args: &["--kernel-nvme", "--namespaces", "2"],
+    },
+];
+
+/// libtest's counts, summed over its `test result:` lines.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct TestCounts {
+    /// Tests that passed.
+    pub passed: u32,
+    /// Tests that failed.
+    pub failed: u32,
+    /// Tests that were ignored.
+    pub ignored: u32,
+    /// Number of `test result:` lines seen.
+    pub results: u32,
+}
+
+impl TestCounts {
+    /// Adds one output line; counts `test result: ok. 3 passed; 1 failed; 2 ignored; ...`.
+    pub fn add_line(&mut self, line: &str) {
+        let line = strip_ansi(line);
+        let Some(rest) = line.trim().strip_prefix("test result:") else {
+            return;
+        };
+        self.results += 1;
+        for part in rest.split([';', '.']) {
+            let mut words = part.split_whitespace();
+            if let (Some(n), Some(what)) = (words.next(), words.next()) {
+                let Ok(n) = n.parse::<u32>() else { continue };
+                match what {
+                    "passed" => self.passed += n,
+                    "failed" => self.failed += n,
+                    "ignored" => self.ignored += n,
+                    _ => {}
+                }
+            }
+        }
+    }
+}
+
+/// One row of the summary.
+struct Row {
+    name: String,
+    ok: bool,
+    counts: Option<TestCounts>,
+    dmar: Option<u32>,
+    time: Duration,
+    note: String,
+}
+
+/// Runs `cargo xtask test`; returns the exit code.
+pub fn test(cmd: &TestCmd) -> Result<i32> {
+    let mut rows = Vec::new();
+    if !cmd.guest_only {
+        rows.push(host_tests()?);
+    }
+    if !cmd.host_only {
+        guest_tests(cmd, &mut rows);
+    }
+    print_summary(&rows);
+    Ok(if rows.iter().all(|r| r.ok) { 0 } else { 1 })
+}
+
+fn host_tests() -> Result<Row> {
+    eprintln!("xtask: === host tests: cargo test --workspace ===");
+    let paths = Paths::discover();
+    let start = Instant::now();
+    let mut child = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()))
+        .args(["test", "--workspace"])
+        .current_dir(&paths.root)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("cannot run cargo test")?;
+    let stdout = child.stdout.take().expect("piped");
+    let reader = proc::background(move || {
+        let mut counts = TestCounts::default();
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            println!("{line}");
+            counts.add_line(&line);
+        }
+        counts
+    });
+    let status = proc::wait_timeout(&mut child, Duration::from_secs(90 * 60))?;
+    let counts = reader.wait(proc::PIPE_GRACE).unwrap_or_default();
+    let ok = status.is_some_and(|s| s.success()) && counts.failed == 0;
+    Ok(Row {
+        name: "host".into(),
+        ok,
+        counts: Some(counts),
+        dmar: None,
+        time: start.elapsed(),
+        note: match status {
+            None => "timed out".into(),
+            Some(s) if !s.success() => format!("cargo test --workspace: {s}"),
+            Some(_) => "cargo test --workspace".into(),
+        },
+    })
+}
+
+fn guest_tests(cmd: &TestCmd, rows: &mut Vec<Row>) {
+    let start = Instant::now();
+    let bed = match Bed::prepare(cmd.no_build) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("xtask: error: {e:#}");
+            rows.push(Row {
+                name: "guest setup".into(),
+                ok: false,
+                counts: None,
+                dmar: None,
+                time: start.elapsed(),
+                note: first_line(&format!("{e:#}")),
+            });
+            return;
+        }
+    };
+    let color = if std::io::stdout().is_terminal() {
+        "always"
+    } else {
+        "never"
+    };
+    let mut command = format!("{TEST_BINARY} --test-threads=1 --color {color}");
+    for a in &cmd.test_args {
+        command.push(' ');
+        command.push_str(&shell_quote(a));
+    }
+    for config in CONFIGS
+        .iter()
+        .filter(|c| cmd.config.as_deref().is_none_or(|f| c.name.contains(f)))
+    {
+        let mut args = VmArgs::parse_from_args(config.args).expect("built-in configurations parse");
+        args.timeout = cmd.timeout;
+        args.verbose = cmd.verbose;
+        let mut note = if config.args.is_empty() {
+            "(default options)".to_string()
+        } else {
+            config.args.join(" ")
+        };
+        if args.mqes.is_some() && !bed.caps().has_nvme_prop("mqes") {
+            args.mqes = None;
+            note = format!(
+                "{note} (QEMU {} has no mqes property: ran with its fixed CAP.MQES 2047)",
+                bed.caps().version
+            );
+        }
+        eprintln!(
+            "xtask: === guest tests, configuration `{}`: {} ===",
+            config.name, note
+        );
+        let start = Instant::now();
+        match bed.run(&args, &command, true) {
+            Ok(outcome) => {
+                let mut counts = TestCounts::default();
+                for l in &outcome.command_lines {
+                    counts.add_line(l);
+                }
+                let ok = outcome.status == 0
+                    && outcome.dmar_faults == 0
+                    && counts.failed == 0
+                    && counts.results > 0;
+                if outcome.dmar_faults > 0 {
+                    eprintln!(
+                        "xtask: {} IOMMU (DMAR) fault(s) in configuration `{}`:",
+                        outcome.dmar_faults, config.name
+                    );
+                    for l in &outcome.dmar_lines {
+                        eprintln!("  {l}");
+                    }
+                }
+                if outcome.status != 0 {
+                    note = format!("exit status {}; {note}", outcome.status);
+                } else if counts.results == 0 {
+                    note = format!("no libtest result line; {note}");
+                }
+                rows.push(Row {
+                    name: config.name.into(),
+                    ok,
+                    counts: Some(counts),
+                    dmar: Some(outcome.dmar_faults),
+                    time: outcome.elapsed,
+                    note,
+                });
+            }
+            Err(e) => {
+                eprintln!("xtask: error in configuration `{}`: {e:#}", config.name);
+                rows.push(Row {
+                    name: config.name.into(),
+                    ok: false,
+                    counts: None,
+                    dmar: None,
+                    time: start.elapsed(),
+                    note: first_line(&format!("{e:#}")),
+                });
+            }
+        }
+    }
+}
+
+fn first_line(s: &str) -> String {
+    s.lines().next().unwrap_or("").to_string()
+}
+
+fn print_summary(rows: &[Row]) {
+    let width = rows.iter().map(|r| r.name.len()).max().unwrap_or(6).max(6);
+    println!();
+    println!("xtask test summary:");
+    println!(
+        "  {:<width$}  {:<6}  {:>6}  {:>6}  {:>7}  {:>4}  {:>7}  notes",
+        "config", "result", "passed", "failed", "ignored", "DMAR", "time"
+    );
+    for r in rows {
+        let (p, f, i) = match r.counts {
+            Some(c) => (
+                c.passed.to_string(),
+                c.failed.to_string(),
+                c.ignored.to_string(),
+            ),
+            None => ("-".into(), "-".into(), "-".into()),
+        };
+        println!(
+            "  {:<width$}  {:<6}  {p:>6}  {f:>6}  {i:>7}  {:>4}  {:>6.1}s  {}",
+            r.name,
+            if r.ok { "ok" } else { "FAILED" },
+            r.dmar.map_or("-".to_string(), |d| d.to_string()),
+            r.time.as_secs_f64(),
+            r.note
+        );
+    }
+    let failed = rows.iter().filter(|r| !r.ok).count();
+    println!(
+        "  {}",
+        if failed == 0 {
+            "all passed".to_string()
+        } else {
+            format!("{failed} of {} FAILED", rows.len())
+        }
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn libtest_lines() {
+        let mut c = TestCounts::default();
+        c.add_line("running 5 tests");
+        c.add_line("test bed::hugepages_are_reserved ... ok");
+        c.add_line("test result: \x1b[32mok\x1b[0m. 4 passed; 1 failed; 2 ignored; 0 measured; 0 filtered out; finished in 0.52s");
+        c.add_line("test result: ok. 3 passed; 0 failed; 0 ignored; 0 measured; 1 filtered out; finished in 0.00s");
+        assert_eq!(
+            c,
+            TestCounts {
+                passed: 7,
+                failed: 1,
+                ignored: 2,
+                results: 2
+            }
+        );
+    }
+
+    #[test]
+    fn configs_parse() {
+        for c in CONFIGS {
+            VmArgs::parse_from_args(c.args).unwrap();
+        }
+    }
+}
