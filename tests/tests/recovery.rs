@@ -1,0 +1,231 @@
+//! Issue 7 on the model: command timeouts (Abort, then reset), explicit and
+//! automatic controller resets, and what a queue pair sees — every command
+//! completes exactly once, buffers come back only when the device is done, and
+//! the handle works again afterwards.
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use common::{T, assert_clean, buffer_with, config_one_ns, open, opts, pattern, read_back};
+use upnvme::{Completion, Error, IoCommand, IoError, IoQueuePair, QueuePairOptions};
+use upnvme_tests::{Fault, Match, ModelController};
+
+const READ: u8 = 0x02;
+
+fn qp_opts(timeout_ms: u64) -> QueuePairOptions {
+    QueuePairOptions {
+        entries: Some(16),
+        command_timeout: Some(Duration::from_millis(timeout_ms)),
+        ..Default::default()
+    }
+}
+
+/// Polls until `n` completions arrived (bounded).
+fn collect<D: upnvme::Device>(qp: &mut IoQueuePair<D>, n: usize) -> Vec<Completion> {
+    let mut out = Vec::new();
+    let start = Instant::now();
+    while out.len() < n {
+        assert!(
+            start.elapsed() < T * 2,
+            "only {} of {n} completions",
+            out.len()
+        );
+        match qp.process_completions(u32::MAX, |c| out.push(c)) {
+            Ok(_) => {}
+            Err(e) => panic!("process_completions: {e}"),
+        }
+    }
+    out
+}
+
+#[test]
+fn overdue_command_is_aborted_and_completes_once_as_timed_out() {
+    let m = ModelController::new(config_one_ns(4096, 256));
+    let c = open(&m, opts());
+    let mut qp = c.io_queue_pair(qp_opts(50)).unwrap();
+    m.inject(Fault::DelayCompletion {
+        on: Match::Opcode {
+            qid: qp.qid(),
+            opcode: READ,
+        },
+        doorbells: None,
+    });
+    let b = c.alloc_dma(4096).unwrap();
+    qp.submit(
+        IoCommand::Read {
+            nsid: 1,
+            slba: 3,
+            blocks: 1,
+        },
+        Some(b),
+        11,
+    )
+    .unwrap();
+    let done = collect(&mut qp, 1);
+    assert_eq!(done[0].tag, 11);
+    assert_eq!(done[0].result, Err(IoError::TimedOut));
+    assert!(
+        done[0].buffer.is_some(),
+        "the aborted command's buffer comes back"
+    );
+    assert_eq!(qp.stats().aborts, 1);
+    assert_eq!(c.resets(), 0, "the Abort was enough");
+    // The pair keeps working.
+    let b = qp
+        .read_blocking(1, 3, 1, c.alloc_dma(4096).unwrap(), T)
+        .unwrap();
+    drop(b);
+    drop(qp);
+    assert_clean(&m);
+}
+
+#[test]
+fn lost_completion_leads_to_reset_and_exactly_once_completion() {
+    let m = ModelController::new(config_one_ns(4096, 256));
+    let c = open(&m, opts());
+    let mut qp = c.io_queue_pair(qp_opts(50)).unwrap();
+    // Data written before the trouble must survive the reset.
+    let data = pattern(5, 4096);
+    qp.write_blocking(1, 7, 1, buffer_with(&c, &data), T)
+        .unwrap();
+    m.inject(Fault::DropCompletion(Match::Opcode {
+        qid: qp.qid(),
+        opcode: READ,
+    }));
+    for i in 0..4u64 {
+        let b = c.alloc_dma(4096).unwrap();
+        qp.submit(
+            IoCommand::Read {
+                nsid: 1,
+                slba: i,
+                blocks: 1,
+            },
+            Some(b),
+            i,
+        )
+        .unwrap();
+    }
+    let done = collect(&mut qp, 4);
+    let tags: HashSet<u64> = done.iter().map(|c| c.tag).collect();
+    assert_eq!(tags.len(), 4, "each command completed exactly once");
+    assert!(done.iter().all(|c| c.buffer.is_some()));
+    let lost: Vec<_> = done.iter().filter(|c| c.result.is_err()).collect();
+    assert_eq!(lost.len(), 1, "{done:?}");
+    assert_eq!(lost[0].result, Err(IoError::TimedOut));
+    assert_eq!(
+        c.resets(),
+        1,
+        "the Abort could not find the lost command: reset"
+    );
+    assert_eq!(qp.stats().timeout_resets, 1);
+    // After the reset the same handle works and the data is intact.
+    let b = qp
+        .read_blocking(1, 7, 1, c.alloc_dma(4096).unwrap(), T)
+        .unwrap();
+    assert_eq!(read_back(&b, 4096), data);
+    // Nothing more arrives later.
+    std::thread::sleep(Duration::from_millis(120));
+    let mut late = 0;
+    qp.process_completions(u32::MAX, |_| late += 1).unwrap();
+    assert_eq!(late, 0);
+    drop(qp);
+    assert!(m.take_violations().iter().all(|v| !v.contains("CQ full")));
+    assert_eq!(m.dma_faults(), 0);
+}
+
+#[test]
+fn explicit_reset_ends_in_flight_commands_once_and_pairs_recover() {
+    let m = ModelController::new(config_one_ns(4096, 256));
+    let c = open(&m, opts());
+    let mut a = c.io_queue_pair(qp_opts(60_000)).unwrap();
+    let mut b = c.io_queue_pair(qp_opts(60_000)).unwrap();
+    for i in 0..3u64 {
+        m.inject(Fault::DelayCompletion {
+            on: Match::Queue(a.qid()),
+            doorbells: None,
+        });
+        a.submit(
+            IoCommand::Read {
+                nsid: 1,
+                slba: i,
+                blocks: 1,
+            },
+            Some(c.alloc_dma(4096).unwrap()),
+            i,
+        )
+        .unwrap();
+    }
+    // Queued but never rung: also ended by the reset.
+    b.queue(
+        IoCommand::Read {
+            nsid: 1,
+            slba: 9,
+            blocks: 1,
+        },
+        Some(c.alloc_dma(4096).unwrap()),
+        99,
+    )
+    .unwrap();
+    c.reset().unwrap();
+    assert_eq!(c.resets(), 1);
+    let done = collect(&mut a, 3);
+    assert!(
+        done.iter()
+            .all(|x| x.result == Err(IoError::ControllerReset) && x.buffer.is_some())
+    );
+    let done_b = collect(&mut b, 1);
+    assert_eq!(done_b[0].tag, 99);
+    assert_eq!(done_b[0].result, Err(IoError::ControllerReset));
+    // Both pairs work again under their old queue IDs.
+    for qp in [&mut a, &mut b] {
+        let data = pattern(qp.qid() as u64, 4096);
+        qp.write_blocking(1, 20 + qp.qid() as u64, 1, buffer_with(&c, &data), T)
+            .unwrap();
+        let r = qp
+            .read_blocking(1, 20 + qp.qid() as u64, 1, c.alloc_dma(4096).unwrap(), T)
+            .unwrap();
+        assert_eq!(read_back(&r, 4096), data);
+    }
+    // Released delayed completions from before the reset never surface.
+    m.release_delayed();
+    let mut late = 0;
+    a.process_completions(u32::MAX, |_| late += 1).unwrap();
+    assert_eq!(late, 0);
+    drop((a, b));
+    assert_clean(&m);
+}
+
+#[test]
+fn fatal_status_mid_io_resets_automatically() {
+    let m = ModelController::new(config_one_ns(4096, 256));
+    let c = open(&m, opts());
+    let mut qp = c.io_queue_pair(qp_opts(60_000)).unwrap();
+    m.inject(Fault::FatalOn(Match::Opcode {
+        qid: qp.qid(),
+        opcode: READ,
+    }));
+    let e = qp
+        .read_blocking(1, 0, 1, c.alloc_dma(4096).unwrap(), Duration::from_secs(30))
+        .unwrap_err();
+    assert!(
+        matches!(
+            e.error,
+            Error::Io {
+                error: IoError::ControllerReset,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(
+        e.buffer.is_some(),
+        "the controller was disabled: the buffer is back"
+    );
+    assert_eq!(c.resets(), 1);
+    qp.read_blocking(1, 0, 1, c.alloc_dma(4096).unwrap(), T)
+        .unwrap();
+    drop(qp);
+    assert_eq!(m.dma_faults(), 0);
+}
