@@ -79,7 +79,7 @@ fn verified_mixed_sizes_at_depth() {
             lba_next += b as u64;
         }
     }
-    let depth = 16usize;
+    let depth = 16usize.min(qp.max_depth() as usize);
     // Write phase.
     let mut expected: HashMap<u64, Vec<u8>> = HashMap::new();
     let mut i = 0;

@@ -158,7 +158,8 @@ fn reset_in_the_middle_of_a_verified_workload() {
         reset_after,
     };
     // Write everything at depth 16 with a reset after a third of the completions.
-    let done = run(&c, &mut qp, &ops, job(true, 16, Some(ops.len() / 3))).results;
+    let depth = 16.min(qp.max_depth() as usize);
+    let done = run(&c, &mut qp, &ops, job(true, depth, Some(ops.len() / 3))).results;
     assert_eq!(done.len(), ops.len(), "every write completed exactly once");
     assert_eq!(c.resets(), 1);
     let (mut ok, mut reset) = (0, 0);
@@ -217,7 +218,8 @@ fn whole_namespace_verified_at_mixed_sizes_and_depths() {
     };
     // Write the first half at depth 1, the second at depth 32.
     let half = ops.len() / 2;
-    for (part, depth) in [(&ops[..half], 1), (&ops[half..], 32)] {
+    let deep = 32.min(qp.max_depth() as usize);
+    for (part, depth) in [(&ops[..half], 1), (&ops[half..], deep)] {
         let w = run(&c, &mut qp, part, job(true, depth));
         assert!(
             w.results.values().all(|r| r.is_ok()),
