@@ -453,7 +453,7 @@ fn queue_pairs_work_from_several_threads() {
                     let b = qp.write_blocking(1, slba, 1, b, T).unwrap();
                     b.fill(0, lba, 0).unwrap();
                     let b = qp.read_blocking(1, slba, 1, b, T).unwrap();
-                    assert!(b.to_vec() == data);
+                    assert!(b.to_vec()[..lba] == data[..]);
                 }
             })
         })
