@@ -483,6 +483,17 @@ impl<D: Device> IoQueuePair<D> {
         buffer: Option<&DmaBuffer>,
         tag: u64,
     ) -> Result<u16> {
+        if self.needs_recreate
+            || self.generation
+                != self
+                    .ctrl
+                    .generation
+                    .load(std::sync::atomic::Ordering::Acquire)
+        {
+            // A reset happened since the last call: end what it ended and
+            // re-create the queues before anything is written to them.
+            self.sync_generation()?;
+        }
         self.check_usable()?;
         let ns = self.ns(cmd.nsid())?;
         let mut sqe = match cmd {
