@@ -40,7 +40,7 @@ pub enum DmaError {
     },
     /// The device is bound to a driver other than vfio-pci (or to none).
     #[error(
-        "PCI device {address} is {}; bind it to vfio-pci with `upnvme setup {address}` (or: echo vfio-pci > /sys/bus/pci/devices/{address}/driver_override; echo {address} > /sys/bus/pci/devices/{address}/driver/unbind; echo {address} > /sys/bus/pci/drivers_probe)",
+        "PCI device {address} is {}; bind it to vfio-pci with `upnvme setup bind {address}` (or: echo vfio-pci > /sys/bus/pci/devices/{address}/driver_override; echo {address} > /sys/bus/pci/devices/{address}/driver/unbind; echo {address} > /sys/bus/pci/drivers_probe)",
         match .driver { Some(d) => format!("bound to driver '{d}'"), None => "not bound to any driver".to_string() }
     )]
     NotBoundToVfio {
@@ -59,7 +59,7 @@ pub enum DmaError {
     },
     /// Other devices of the IOMMU group are not bound to vfio-pci.
     #[error(
-        "IOMMU group {group} of {address} is not viable: {} must also be bound to vfio-pci (or unbound) before the group can be used; `upnvme setup <address>` for each",
+        "IOMMU group {group} of {address} is not viable: {} must also be bound to vfio-pci (or unbound) before the group can be used; `upnvme setup bind <address>` for each (see `upnvme setup status`)",
         .others.join(", ")
     )]
     GroupNotViable {
@@ -82,7 +82,7 @@ pub enum DmaError {
     },
     /// Not enough hugepages for a DMA region.
     #[error(
-        "cannot map {bytes} bytes of {page_kib} KiB hugepages ({free} of {total} free): reserve more with `echo {suggest} > {sysctl}` or `upnvme setup --hugepages {suggest}` (or set PageBacking::Small4K to opt in to 4 KiB pages)"
+        "cannot map {bytes} bytes of {page_kib} KiB hugepages ({free} of {total} free): reserve more with `echo {suggest} > {sysctl}` or `upnvme setup hugepages {suggest}` (or set PageBacking::Small4K to opt in to 4 KiB pages)"
     )]
     HugepagesUnavailable {
         /// Bytes requested.

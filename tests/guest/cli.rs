@@ -1,8 +1,20 @@
-//! Guest tests of the `upnvme` tool: read/write byte-exact, perf output (text
-//! and JSON), identify/smart-log JSON, and bad input answered with exit
-//! status 2 before any I/O.
+//! Guest tests of the `upnvme` tool: every subcommand against the emulated
+//! controllers — `setup status|bind|unbind|hugepages` (including the
+//! refusals), `list`, `identify` (fields equal the VM options), `smart-log`,
+//! `read`/`write` byte-exact through files, `perf` with and without each
+//! option (text, `--json` with the documented fields, `--histogram-csv`),
+//! `--verify` finding no mismatch, and bad input answered with its exact text
+//! and exit status 2 before any I/O.
+//!
+//! Tests that move a controller between drivers or change hugepages put the
+//! machine back as they found it, also when they fail (drop guards).
 
+use std::fs;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
 
 fn upnvme(args: &[&str]) -> Output {
     Command::new("upnvme")
@@ -11,13 +23,41 @@ fn upnvme(args: &[&str]) -> Output {
         .expect("upnvme is on the guest's PATH (cargo xtask vm puts it there)")
 }
 
-fn device() -> String {
-    std::env::var("UPNVME_VM_DEVICES")
-        .expect("run inside cargo xtask vm")
+fn env(name: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| panic!("{name} not set: run inside `cargo xtask vm`"))
+}
+
+fn env_u64(name: &str) -> u64 {
+    env(name)
+        .parse()
+        .unwrap_or_else(|_| panic!("{name} is not a number"))
+}
+
+/// The vfio-bound controllers, in order.
+fn devices() -> Vec<String> {
+    env("UPNVME_VM_DEVICES")
         .split_whitespace()
-        .next()
-        .expect("a device")
-        .to_string()
+        .map(str::to_string)
+        .collect()
+}
+
+fn device() -> String {
+    devices().into_iter().next().expect("a device")
+}
+
+/// The controller the kernel's nvme driver drives (`--kernel-nvme`).
+fn kernel_nvme() -> Option<String> {
+    std::env::var("UPNVME_VM_KERNEL_NVME")
+        .ok()
+        .filter(|k| !k.is_empty())
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).to_string()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).to_string()
 }
 
 fn ok(o: &Output) -> String {
@@ -25,24 +65,163 @@ fn ok(o: &Output) -> String {
         o.status.success(),
         "exit {:?}\nstdout: {}\nstderr: {}",
         o.status.code(),
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
+        stdout(o),
+        stderr(o)
     );
-    String::from_utf8_lossy(&o.stdout).to_string()
+    stdout(o)
 }
+
+/// Asserts exit status `code` and returns stderr.
+fn fails(o: &Output, code: i32) -> String {
+    assert_eq!(
+        o.status.code(),
+        Some(code),
+        "stdout: {}\nstderr: {}",
+        stdout(o),
+        stderr(o)
+    );
+    stderr(o)
+}
+
+fn json(o: &Output) -> Value {
+    let out = ok(o);
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("not one JSON document ({e}):\n{out}"))
+}
+
+/// This process's command name, as `upnvme setup` reports it.
+fn my_comm() -> String {
+    fs::read_to_string("/proc/self/comm")
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+fn pci_dir(addr: &str) -> PathBuf {
+    Path::new("/sys/bus/pci/devices").join(addr)
+}
+
+/// The driver `addr` is bound to, if any.
+fn driver_of(addr: &str) -> Option<String> {
+    fs::read_link(pci_dir(addr).join("driver"))
+        .ok()
+        .and_then(|t| t.file_name().map(|n| n.to_string_lossy().into_owned()))
+}
+
+fn iommu_group(addr: &str) -> u32 {
+    fs::read_link(pci_dir(addr).join("iommu_group"))
+        .unwrap()
+        .file_name()
+        .unwrap()
+        .to_string_lossy()
+        .parse()
+        .unwrap()
+}
+
+/// Binds `addr` to vfio-pci through sysfs (no upnvme involved), waiting for it.
+fn force_vfio(addr: &str) {
+    if driver_of(addr).as_deref() == Some("vfio-pci") {
+        return;
+    }
+    let dir = pci_dir(addr);
+    let _ = fs::write(dir.join("driver_override"), "vfio-pci");
+    if driver_of(addr).is_some() {
+        let _ = fs::write(dir.join("driver/unbind"), addr);
+    }
+    let _ = fs::write("/sys/bus/pci/drivers_probe", addr);
+    wait_for_driver(addr, Some("vfio-pci"));
+}
+
+fn wait_for_driver(addr: &str, want: Option<&str>) -> Option<String> {
+    let start = Instant::now();
+    loop {
+        let d = driver_of(addr);
+        if d.as_deref() == want || start.elapsed() > Duration::from_secs(5) {
+            return d;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Puts the vfio-bound controllers back on vfio-pci when dropped.
+struct RebindAll;
+
+impl Drop for RebindAll {
+    fn drop(&mut self) {
+        for d in devices() {
+            force_vfio(&d);
+        }
+    }
+}
+
+/// Sets a hugepage pool back to its size when dropped.
+struct RestoreHugepages {
+    path: PathBuf,
+    before: String,
+}
+
+impl RestoreHugepages {
+    fn new(size_kib: u64) -> Option<RestoreHugepages> {
+        let path = PathBuf::from(format!(
+            "/sys/kernel/mm/hugepages/hugepages-{size_kib}kB/nr_hugepages"
+        ));
+        let before = fs::read_to_string(&path).ok()?.trim().to_string();
+        Some(RestoreHugepages { path, before })
+    }
+
+    fn now(&self) -> u64 {
+        fs::read_to_string(&self.path)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    }
+}
+
+impl Drop for RestoreHugepages {
+    fn drop(&mut self) {
+        let _ = fs::write(&self.path, &self.before);
+    }
+}
+
+/// Block devices (namespaces) of the kernel-driven controller at `addr`, sorted.
+fn namespaces_of(addr: &str) -> Vec<String> {
+    let nvme = pci_dir(addr).join("nvme");
+    let mut out = Vec::new();
+    for c in fs::read_dir(&nvme).unwrap().flatten() {
+        for e in fs::read_dir(c.path()).unwrap().flatten() {
+            let n = e.file_name().to_string_lossy().into_owned();
+            let rest = n.strip_prefix("nvme").unwrap_or("");
+            if let Some((x, z)) = rest.split_once('n')
+                && !x.is_empty()
+                && !z.is_empty()
+                && x.bytes().chain(z.bytes()).all(|b| b.is_ascii_digit())
+            {
+                out.push(n);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// NVM read + write commands the controller has completed (SMART log).
+fn io_commands(dev: &str) -> u128 {
+    let v = json(&upnvme(&["smart-log", "-d", dev, "--json"]));
+    let n = |k: &str| v[k].as_str().unwrap().parse::<u128>().unwrap();
+    n("host_read_commands") + n("host_write_commands")
+}
+
+// ---------------------------------------------------------------- read/write
 
 #[test]
 fn write_then_read_is_byte_exact() {
     let dev = device();
-    let lba: usize = std::env::var("UPNVME_VM_LBA_SIZE")
-        .unwrap()
-        .parse()
-        .unwrap();
+    let lba = env_u64("UPNVME_VM_LBA_SIZE") as usize;
     let blocks = 300usize; // more than one MDTS-sized chunk at 512-byte blocks
     let data: Vec<u8> = (0..blocks * lba)
         .map(|i| (i * 7 + i / 4096) as u8)
         .collect();
-    std::fs::write("/tmp/in.bin", &data).unwrap();
+    fs::write("/tmp/in.bin", &data).unwrap();
     let count = blocks.to_string();
     ok(&upnvme(&[
         "write",
@@ -66,9 +245,13 @@ fn write_then_read_is_byte_exact() {
         "--data",
         "/tmp/out.bin",
     ]));
-    assert!(std::fs::read("/tmp/out.bin").unwrap() == data);
+    assert!(fs::read("/tmp/out.bin").unwrap() == data);
+    // To stdout as well.
+    let o = upnvme(&["read", "-d", &dev, "-s", "34", "-c", "2"]);
+    ok(&o);
+    assert!(o.stdout == data[lba..3 * lba], "read to stdout");
     // Short input is an error, not silent padding.
-    std::fs::write("/tmp/short.bin", &data[..lba + 1]).unwrap();
+    fs::write("/tmp/short.bin", &data[..lba + 1]).unwrap();
     let o = upnvme(&[
         "write",
         "-d",
@@ -80,56 +263,743 @@ fn write_then_read_is_byte_exact() {
         "--data",
         "/tmp/short.bin",
     ]);
-    assert!(!o.status.success());
-    assert!(String::from_utf8_lossy(&o.stderr).contains("input ended"));
+    let err = fails(&o, 1);
+    assert_eq!(
+        err.trim(),
+        format!(
+            "upnvme: input ended before {} bytes (2 blocks of {lba}) were read: failed to fill whole buffer",
+            2 * lba
+        )
+    );
+}
+
+// ---------------------------------------------------------------- identify, list, smart-log
+
+#[test]
+fn identify_fields_equal_the_vm_options() {
+    let prefix = env("UPNVME_VM_SERIAL_PREFIX");
+    let mdts = env_u64("UPNVME_VM_MDTS");
+    let mqes = env_u64("UPNVME_VM_MQES");
+    let namespaces = env_u64("UPNVME_VM_NAMESPACES");
+    let lba = env_u64("UPNVME_VM_LBA_SIZE");
+    let disk = env_u64("UPNVME_VM_DISK_SIZE");
+    let max_pairs = env_u64("UPNVME_VM_MAX_IOQPAIRS");
+    for (i, dev) in devices().iter().enumerate() {
+        let v = json(&upnvme(&["identify", "-d", dev, "--json"]));
+        assert_eq!(v["device"], dev.as_str());
+        let c = &v["controller"];
+        assert_eq!(c["mn"], "QEMU NVMe Ctrl");
+        assert_eq!(c["sn"], format!("{prefix}{i}"), "serial of {dev}");
+        assert_eq!(c["mdts"], mdts, "MDTS of {dev}");
+        assert!(c["nn"].as_u64().unwrap() >= namespaces, "{c}");
+        assert_eq!(v["registers"]["mqes"], mqes, "CAP.MQES of {dev}");
+        assert_eq!(v["max_transfer_bytes"], 4096u64 << mdts);
+        let granted = v["granted_io_queue_pairs"].as_u64().unwrap();
+        assert!((1..=max_pairs).contains(&granted), "granted {granted}");
+        let ns = v["namespaces"].as_array().unwrap();
+        assert_eq!(ns.len() as u64, namespaces, "namespaces of {dev}");
+        for (k, n) in ns.iter().enumerate() {
+            assert_eq!(n["nsid"], k as u64 + 1);
+            assert_eq!(n["lba_size"], lba, "LBA size of {dev} ns {}", k + 1);
+            assert_eq!(n["size_bytes"], disk, "size of {dev} ns {}", k + 1);
+            assert_eq!(n["nsze"], disk / lba);
+        }
+        // The text form shows the same.
+        let t = ok(&upnvme(&["identify", "-d", dev]));
+        assert!(t.contains(&format!("  sn      : {prefix}{i}\n")), "{t}");
+        assert!(t.contains("  mn      : QEMU NVMe Ctrl\n"), "{t}");
+        assert!(t.contains(&format!("  mdts    : {mdts} (")), "{t}");
+        assert!(t.contains(&format!("mqes {}", mqes + 1)), "{t}");
+        assert_eq!(t.matches("\nNamespace ").count() as u64, namespaces, "{t}");
+        assert!(t.contains(&format!("  lba size: {lba} bytes")), "{t}");
+        // One namespace only.
+        let v = json(&upnvme(&["identify", "-d", dev, "--nsid", "1", "--json"]));
+        assert_eq!(v["namespaces"].as_array().unwrap().len(), 1);
+        let t = ok(&upnvme(&["identify", "-d", dev, "--nsid", "1"]));
+        assert!(t.starts_with("Namespace 1\n"), "{t}");
+    }
 }
 
 #[test]
-fn perf_reports_rows_and_json() {
+fn list_and_smart_log() {
+    let prefix = env("UPNVME_VM_SERIAL_PREFIX");
+    let namespaces = env_u64("UPNVME_VM_NAMESPACES");
+    let out = ok(&upnvme(&["list"]));
+    for (i, dev) in devices().iter().enumerate() {
+        let line = out
+            .lines()
+            .find(|l| l.starts_with(dev.as_str()))
+            .unwrap_or_else(|| panic!("{dev} missing from\n{out}"));
+        assert!(line.contains("vfio-pci"), "{line}");
+        assert!(line.contains("QEMU NVMe Ctrl"), "{line}");
+        assert!(line.contains(&format!("{prefix}{i}")), "{line}");
+        assert!(
+            line.split_whitespace().any(|w| w == namespaces.to_string()),
+            "{line}"
+        );
+    }
+    if let Some(k) = kernel_nvme() {
+        let line = out.lines().find(|l| l.starts_with(&k)).unwrap();
+        assert!(line.contains("nvme"), "{line}");
+    }
+    let dev = device();
+    let v = json(&upnvme(&["smart-log", "-d", &dev, "--json"]));
+    assert!(v["temperature_kelvin"].as_u64().unwrap() > 200);
+    assert_eq!(v["critical_warning"], 0);
+    let t = ok(&upnvme(&["smart-log", "-d", &dev]));
+    assert!(t.contains("temperature"), "{t}");
+    assert!(t.contains("host_read_commands"), "{t}");
+}
+
+#[test]
+fn default_device_is_the_only_vfio_bound_controller() {
+    let o = upnvme(&["identify", "--json"]);
+    match devices().as_slice() {
+        [one] => assert_eq!(json(&o)["device"], one.as_str()),
+        many => {
+            let err = fails(&o, 1);
+            assert_eq!(
+                err.trim(),
+                format!(
+                    "upnvme: several vfio-bound NVMe controllers ({}); choose one with --device",
+                    many.join(", ")
+                )
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------- setup
+
+#[test]
+fn setup_status_describes_the_test_bed() {
+    let devs = devices();
+    let kernel = kernel_nvme();
+    let text = ok(&upnvme(&["setup", "status"]));
+    assert!(text.starts_with("IOMMU: on, "), "{text}");
+    assert!(text.contains("intel_iommu=on"), "{text}");
+    assert!(text.contains("Drivers: vfio-pci loaded"), "{text}");
+    assert!(text.contains("\n  2 MiB "), "{text}");
+    for d in &devs {
+        let line = text
+            .lines()
+            .find(|l| l.trim_start().starts_with(d.as_str()))
+            .unwrap_or_else(|| panic!("{d} missing:\n{text}"));
+        assert!(line.contains("vfio-pci"), "{line}");
+        assert!(line.contains(" yes    yes "), "viable and ready: {line}");
+    }
+
+    let v = json(&upnvme(&["setup", "status", "--json"]));
+    assert_eq!(v["iommu"]["enabled"], true);
+    assert!(v["iommu"]["groups"].as_u64().unwrap() >= devs.len() as u64);
+    assert_eq!(v["iommu"]["advice"], Value::Null);
+    assert_eq!(v["drivers"]["vfio-pci"], true);
+    assert_eq!(v["drivers"]["nvme"], kernel.is_some());
+    let pools = v["hugepages"].as_array().unwrap();
+    let two_mib = pools.iter().find(|p| p["size_kib"] == 2048).unwrap();
+    assert_eq!(two_mib["reserved"], env_u64("UPNVME_VM_HUGEPAGES"));
+    assert!(two_mib["free"].as_u64().unwrap() > 0);
+    let ctrls = v["controllers"].as_array().unwrap();
+    assert_eq!(ctrls.len(), devs.len() + usize::from(kernel.is_some()));
+    for d in &devs {
+        let c = ctrls.iter().find(|c| c["address"] == d.as_str()).unwrap();
+        assert_eq!(c["driver"], "vfio-pci");
+        assert_eq!(c["driver_override"], "vfio-pci");
+        assert_eq!(c["iommu_group"], iommu_group(d));
+        assert_eq!(c["group_viable"], true);
+        assert_eq!(c["ready"], true);
+        assert_eq!(c["vendor"], "1b36");
+        assert_eq!(c["advice"], Value::Null);
+        assert!(c["block_devices"].as_array().unwrap().is_empty());
+    }
+    if let Some(k) = &kernel {
+        let c = ctrls.iter().find(|c| c["address"] == k.as_str()).unwrap();
+        assert_eq!(c["driver"], "nvme");
+        assert_eq!(c["ready"], false);
+        assert_eq!(c["group_viable"], true);
+        let names: Vec<&str> = c["block_devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, namespaces_of(k));
+        assert_eq!(names.len() as u64, env_u64("UPNVME_VM_NAMESPACES"));
+        assert!(c["in_use"].as_array().unwrap().is_empty());
+        assert_eq!(
+            c["advice"],
+            format!("{k}: bind it with `upnvme setup bind {k}`")
+        );
+    }
+}
+
+#[test]
+fn setup_unbind_and_bind_round_trip() {
+    let _restore = RebindAll;
+    let devs = devices();
+    let dev = devs.last().unwrap().clone();
+    let kernel = kernel_nvme();
+    let group = iommu_group(&dev);
+
+    // While a process holds the VFIO group, unbind refuses and changes nothing.
+    let held = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(format!("/dev/vfio/{group}"))
+        .unwrap();
+    let err = fails(&upnvme(&["setup", "unbind", &dev]), 1);
+    assert_eq!(
+        err.trim(),
+        format!(
+            "upnvme: refusing to unbind {dev}: its VFIO group /dev/vfio/{group} is open by pid {} ({}) (unbinding would wait until it is closed); stop that process first, then run `upnvme setup unbind {dev}` again; nothing was changed",
+            std::process::id(),
+            my_comm()
+        )
+    );
+    assert_eq!(driver_of(&dev).as_deref(), Some("vfio-pci"));
+    drop(held);
+
+    // Unbind: to nvme when the kernel's driver is loaded, else to no driver.
+    let out = ok(&upnvme(&["setup", "unbind", &dev]));
+    let want = kernel.as_ref().map(|_| "nvme");
+    assert_eq!(wait_for_driver(&dev, want).as_deref(), want, "{out}");
+    let override_now = fs::read_to_string(pci_dir(&dev).join("driver_override")).unwrap();
+    assert_eq!(override_now.trim(), "(null)", "driver_override cleared");
+    match want {
+        Some(d) => assert_eq!(out.trim(), format!("{dev}: vfio-pci -> {d}")),
+        None => assert_eq!(
+            out.trim(),
+            format!(
+                "{dev}: vfio-pci -> no driver: the kernel's nvme driver is not loaded; load it (`modprobe nvme`) and run `upnvme setup unbind {dev}` again to hand the controller to it"
+            )
+        ),
+    }
+    // upnvme cannot open it now, and says how to fix that.
+    let err = fails(&upnvme(&["identify", "-d", &dev]), 1);
+    assert!(err.contains("upnvme setup"), "{err}");
+    let v = json(&upnvme(&["setup", "status", "--json"]));
+    let c = v["controllers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["address"] == dev.as_str())
+        .unwrap()
+        .clone();
+    assert_eq!(c["ready"], false);
+    assert_eq!(
+        c["advice"],
+        format!("{dev}: bind it with `upnvme setup bind {dev}`")
+    );
+
+    // Bind it back, twice: the second is a no-op.
+    let out = ok(&upnvme(&["setup", "bind", &dev]));
+    assert_eq!(
+        out.trim(),
+        format!(
+            "{dev}: {} -> vfio-pci (IOMMU group {group}, /dev/vfio/{group})",
+            want.unwrap_or("no driver")
+        )
+    );
+    assert_eq!(driver_of(&dev).as_deref(), Some("vfio-pci"));
+    let out = ok(&upnvme(&["setup", "bind", &dev]));
+    assert_eq!(
+        out.trim(),
+        format!("{dev}: already bound to vfio-pci (IOMMU group {group})")
+    );
+    let v = json(&upnvme(&["identify", "-d", &dev, "--json"]));
+    assert_eq!(
+        v["controller"]["sn"],
+        format!("{}{}", env("UPNVME_VM_SERIAL_PREFIX"), devs.len() - 1)
+    );
+
+    // Without addresses (only where no kernel controller would be taken too):
+    // unbind every vfio-bound controller, then bind them all back.
+    if kernel.is_none() {
+        let out = ok(&upnvme(&["setup", "unbind"]));
+        for d in &devs {
+            assert!(
+                out.contains(&format!("{d}: vfio-pci -> no driver")),
+                "{out}"
+            );
+            assert_eq!(driver_of(d), None);
+        }
+        let out = ok(&upnvme(&["setup", "bind"]));
+        for d in &devs {
+            assert!(
+                out.contains(&format!("{d}: no driver -> vfio-pci")),
+                "{out}"
+            );
+            assert_eq!(driver_of(d).as_deref(), Some("vfio-pci"));
+        }
+        let out = ok(&upnvme(&["setup", "bind"]));
+        assert_eq!(out.lines().count(), devs.len(), "{out}");
+        assert!(out.lines().all(|l| l.contains("already bound")), "{out}");
+    }
+    for d in &devs {
+        ok(&upnvme(&["smart-log", "-d", d]));
+    }
+}
+
+/// Turns a swap area off when dropped.
+struct SwapOff(String);
+
+impl Drop for SwapOff {
+    fn drop(&mut self) {
+        let _ = Command::new("swapoff").arg(&self.0).status();
+    }
+}
+
+/// Unmounts when dropped.
+struct Unmount(&'static str);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.0).status();
+    }
+}
+
+#[test]
+fn setup_bind_refuses_namespaces_in_use() {
+    let Some(k) = kernel_nvme() else {
+        // Only the --kernel-nvme configuration has namespaces the kernel uses.
+        return;
+    };
+    let _restore = RebindAll;
+    let ns = namespaces_of(&k);
+    assert!(ns.len() >= 2, "{ns:?}");
+    let (n1, n2) = (ns[0].clone(), ns[1].clone());
+    let refused = |reason: &str| {
+        format!(
+            "upnvme: refusing to bind {k} to vfio-pci: its namespaces are in use, and binding would pull them from under their users: {reason}; then run `upnvme setup bind {k}` again; nothing was changed"
+        )
+    };
+
+    // Swap on the first namespace.
+    let dev1 = format!("/dev/{n1}");
+    let st = Command::new("mkswap").arg(&dev1).output().unwrap();
+    assert!(st.status.success(), "mkswap: {}", stderr(&st));
+    let st = Command::new("swapon").arg(&dev1).output().unwrap();
+    assert!(st.status.success(), "swapon: {}", stderr(&st));
+    let swap = SwapOff(dev1.clone());
+    let err = fails(&upnvme(&["setup", "bind", &k]), 1);
+    assert_eq!(
+        err.trim(),
+        refused(&format!(
+            "{n1} is an active swap area: turn it off first (`swapoff {dev1}`)"
+        ))
+    );
+    assert_eq!(driver_of(&k).as_deref(), Some("nvme"));
+    // Several addresses: one refusal changes nothing for the others either.
+    let dev = devices()[0].clone();
+    let err = fails(&upnvme(&["setup", "bind", &dev, &k]), 1);
+    assert!(err.contains("nothing was changed"), "{err}");
+    // Without addresses, the controller in use is skipped and the rest bound.
+    let out = ok(&upnvme(&["setup", "bind"]));
+    assert!(
+        out.contains(&format!(
+            "{k}: skipped, in use: {n1} is an active swap area"
+        )),
+        "{out}"
+    );
+    for d in devices() {
+        assert!(
+            out.contains(&format!("{d}: already bound to vfio-pci")),
+            "{out}"
+        );
+    }
+    assert_eq!(driver_of(&k).as_deref(), Some("nvme"));
+    // status shows why.
+    let v = json(&upnvme(&["setup", "status", "--json"]));
+    let c = v["controllers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["address"] == k.as_str())
+        .unwrap()
+        .clone();
+    assert_eq!(c["block_devices"][0]["swap"], true);
+    assert_eq!(c["in_use"].as_array().unwrap().len(), 1);
+    let text = ok(&upnvme(&["setup", "status"]));
+    assert!(text.contains(&format!("{n1} (in use)")), "{text}");
+    drop(swap);
+
+    // Open by a process (this test).
+    let held = fs::File::open(format!("/dev/{n2}")).unwrap();
+    let err = fails(&upnvme(&["setup", "bind", &k]), 1);
+    assert_eq!(
+        err.trim(),
+        refused(&format!(
+            "/dev/{n2} is open by pid {} ({}): stop that process first",
+            std::process::id(),
+            my_comm()
+        ))
+    );
+    drop(held);
+
+    // Mounted. The test bed's kernel has no disk file system loaded, so this
+    // mounts a tmpfs whose source is the namespace's device node: the mount
+    // table then names the block device exactly as for a real file system.
+    fs::create_dir_all("/tmp/mnt-in-use").unwrap();
+    let st = Command::new("mount")
+        .args(["-t", "tmpfs", &format!("/dev/{n2}"), "/tmp/mnt-in-use"])
+        .output()
+        .unwrap();
+    assert!(st.status.success(), "mount: {}", stderr(&st));
+    let mounted = Unmount("/tmp/mnt-in-use");
+    let err = fails(&upnvme(&["setup", "bind", &k]), 1);
+    assert_eq!(
+        err.trim(),
+        refused(&format!(
+            "{n2} is mounted at /tmp/mnt-in-use: unmount it first (`umount /tmp/mnt-in-use`)"
+        ))
+    );
+    drop(mounted);
+    assert_eq!(driver_of(&k).as_deref(), Some("nvme"));
+}
+
+#[test]
+fn setup_rejects_what_is_not_an_nvme_controller() {
+    let err = fails(&upnvme(&["setup", "bind", "0000:00:00.0"]), 1);
+    assert!(
+        err.contains("PCI device 0000:00:00.0 has class 0x060000, not an NVMe controller"),
+        "{err}"
+    );
+    let err = fails(&upnvme(&["setup", "unbind", "0000:00:1e.6"]), 1);
+    assert!(err.contains("no PCI device at 0000:00:1e.6"), "{err}");
+    let err = fails(&upnvme(&["setup", "bind", "00:04"]), 1);
+    assert!(err.contains("invalid PCI address '00:04'"), "{err}");
+    // The old form is a usage error.
+    let err = fails(&upnvme(&["setup", &device()]), 2);
+    assert!(err.contains("unrecognized subcommand"), "{err}");
+    fails(&upnvme(&["setup"]), 2);
+}
+
+#[test]
+fn setup_hugepages_reserves_and_reports() {
+    let pool = RestoreHugepages::new(2048).unwrap();
+    let before = pool.now();
+    let raised = (before + 2).to_string();
+    let out = ok(&upnvme(&["setup", "hugepages", &raised]));
+    assert_eq!(pool.now(), before + 2);
+    assert!(
+        out.starts_with(&format!("2 MiB hugepages: {} reserved (", before + 2)),
+        "{out}"
+    );
+    assert!(
+        out.trim_end()
+            .ends_with(&format!("asked for {raised}, was {before}")),
+        "{out}"
+    );
+    let out = ok(&upnvme(&[
+        "setup",
+        "hugepages",
+        &before.to_string(),
+        "--size",
+        "2M",
+    ]));
+    assert_eq!(pool.now(), before, "{out}");
+    let v = json(&upnvme(&["setup", "status", "--json"]));
+    let p = v["hugepages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["size_kib"] == 2048)
+        .unwrap()
+        .clone();
+    assert_eq!(p["reserved"], before);
+
+    // A 1 GiB page cannot be carved out of this 1 GiB guest at run time: the
+    // error says how many the kernel gave and what to do.
+    let giant = RestoreHugepages::new(1 << 20);
+    let err = fails(&upnvme(&["setup", "hugepages", "1", "--size", "1G"]), 1);
+    if giant.is_some() {
+        assert!(
+            err.starts_with("upnvme: only 0 of 1 1 GiB hugepages could be reserved"),
+            "{err}"
+        );
+        assert!(err.contains("`hugepagesz=1G hugepages=1`"), "{err}");
+    } else {
+        assert!(err.contains("offers no 1 GiB hugepages"), "{err}");
+    }
+    drop(giant);
+    // A size the kernel does not offer.
+    let err = fails(&upnvme(&["setup", "hugepages", "1", "--size", "4M"]), 1);
+    assert!(
+        err.starts_with("upnvme: the kernel offers no 4 MiB hugepages; sizes offered: 2 MiB"),
+        "{err}"
+    );
+    fails(&upnvme(&["setup", "hugepages", "1", "--size", "4X"]), 2);
+}
+
+// ---------------------------------------------------------------- perf
+
+/// `upnvme perf -d DEV --io-count 200 --warmup 0 EXTRA…`.
+fn perf(extra: &[&str]) -> Output {
+    let dev = device();
+    let mut args = vec!["perf", "-d", &dev, "--io-count", "200", "--warmup", "0"];
+    args.extend_from_slice(extra);
+    upnvme(&args)
+}
+
+fn perf_json(extra: &[&str]) -> Value {
+    let mut args = extra.to_vec();
+    args.push("--json");
+    let v = json(&perf(&args));
+    let jobs = v["jobs"].as_array().unwrap();
+    assert!(!jobs.is_empty());
+    for j in jobs {
+        assert_eq!(j["ios"], 200, "{extra:?}: {j}");
+        assert_eq!(j["errors"], 0, "{extra:?}: {j}");
+    }
+    v
+}
+
+/// The fields docs/perf.md documents, all present.
+fn assert_documented_fields(v: &Value) {
+    for k in [
+        "device",
+        "model",
+        "workload",
+        "read_percent",
+        "io_size",
+        "queue_depth",
+        "seconds",
+        "warmup_seconds",
+        "io_count",
+        "cores",
+        "sq_entries",
+        "cq_entries",
+        "seed",
+        "reap_on_submit",
+        "shadow_doorbells",
+        "cq_head_policy",
+        "tsc_hz",
+        "jobs",
+        "total",
+        "histogram_us_count",
+        "verify_mismatches",
+    ] {
+        assert!(v.get(k).is_some(), "{k} missing from {v}");
+    }
+    let latency = |l: &Value| {
+        for k in ["mean_us", "min_us", "max_us", "stdev_us"] {
+            assert!(l[k].is_number(), "{k} in {l}");
+        }
+        for p in [
+            "p1", "p10", "p50", "p90", "p99", "p99.9", "p99.99", "p99.999",
+        ] {
+            assert!(l["percentiles_us"][p].as_f64().unwrap() > 0.0, "{p} in {l}");
+        }
+    };
+    let transport = |t: &Value| {
+        for k in [
+            "submissions",
+            "completions",
+            "polls",
+            "idle_polls",
+            "sq_doorbell_mmio",
+            "cq_doorbell_mmio",
+            "sq_shadow_updates",
+            "cq_shadow_updates",
+            "cq_doorbell_skipped",
+            "mmio_skipped_by_event_idx",
+        ] {
+            assert!(t[k].is_u64(), "{k} in {t}");
+        }
+        assert!(t["mmio_per_io"].is_number(), "{t}");
+    };
+    for j in v["jobs"].as_array().unwrap() {
+        for k in [
+            "core",
+            "nsid",
+            "ios",
+            "errors",
+            "seconds",
+            "iops",
+            "mib_per_s",
+        ] {
+            assert!(j[k].is_number(), "{k} in {j}");
+        }
+        latency(&j["latency"]);
+        transport(&j["transport"]);
+    }
+    let t = &v["total"];
+    for k in ["ios", "errors", "iops", "mib_per_s"] {
+        assert!(t[k].is_number(), "{k} in {t}");
+    }
+    latency(&t["latency"]);
+    transport(&t["transport"]);
+    let h = v["histogram_us_count"].as_array().unwrap();
+    let n: u64 = h.iter().map(|b| b[1].as_u64().unwrap()).sum();
+    assert_eq!(n, t["ios"].as_u64().unwrap(), "histogram counts every I/O");
+}
+
+#[test]
+fn perf_json_has_the_documented_fields() {
+    let dev = device();
+    let namespaces = env_u64("UPNVME_VM_NAMESPACES");
+    let v = perf_json(&["-q", "2", "--seed", "42"]);
+    assert_documented_fields(&v);
+    assert_eq!(v["device"], dev.as_str());
+    assert_eq!(v["model"], "QEMU NVMe Ctrl");
+    assert_eq!(v["workload"], "randread");
+    assert_eq!(v["read_percent"], 100);
+    assert_eq!(v["io_size"], 4096);
+    assert_eq!(v["queue_depth"], 2);
+    assert_eq!(v["seconds"], 0);
+    assert_eq!(v["warmup_seconds"], 0);
+    assert_eq!(v["io_count"], 200);
+    assert_eq!(v["cores"], serde_json::json!([0]));
+    assert_eq!(v["seed"], 42);
+    assert_eq!(v["reap_on_submit"], false);
+    assert_eq!(v["cq_head_policy"], "adaptive");
+    assert_eq!(v["verify_mismatches"], Value::Null);
+    assert!(v["tsc_hz"].as_f64().unwrap() > 1e8);
+    // One job per namespace on core 0; every I/O counted once.
+    let jobs = v["jobs"].as_array().unwrap();
+    assert_eq!(jobs.len() as u64, namespaces);
+    assert_eq!(v["total"]["ios"], 200 * namespaces);
+    assert!(v["total"]["transport"]["completions"].as_u64().unwrap() >= 200 * namespaces);
+}
+
+#[test]
+fn perf_runs_with_and_without_each_option() {
+    let mqes = env_u64("UPNVME_VM_MQES");
+    let namespaces = env_u64("UPNVME_VM_NAMESPACES");
+
+    // Without any option.
+    let base = perf_json(&[]);
+    assert_eq!(base["reap_on_submit"], false);
+    assert_eq!(base["cq_head_policy"], "adaptive");
+    let shadow_default = base["shadow_doorbells"].as_bool().unwrap();
+
+    // Each transport option, on its own.
+    let v = perf_json(&["--reap-on-submit"]);
+    assert_eq!(v["reap_on_submit"], true);
+    let v = perf_json(&["--no-shadow-doorbell"]);
+    assert_eq!(v["shadow_doorbells"], false);
+    // No MMIO write is skipped because of the EventIdx.
+    assert_eq!(
+        v["total"]["transport"]["mmio_skipped_by_event_idx"], 0,
+        "{v}"
+    );
+    if !shadow_default {
+        // The controller has no Doorbell Buffer Config: the flag changes nothing.
+        assert_eq!(base["total"]["transport"]["mmio_skipped_by_event_idx"], 0);
+    }
+    let v = perf_json(&["--cq-head-every-reap"]);
+    assert_eq!(v["cq_head_policy"], "every-reap");
+    assert_eq!(v["total"]["transport"]["cq_doorbell_skipped"], 0, "{v}");
+
+    // Every workload, with -M for the mixed ones.
+    for (w, reads) in [
+        ("read", 100),
+        ("write", 0),
+        ("randread", 100),
+        ("randwrite", 0),
+        ("rw", 30),
+        ("randrw", 30),
+    ] {
+        let v = perf_json(&["-w", w, "-M", "30"]);
+        assert_eq!(v["workload"], w);
+        assert_eq!(v["read_percent"], reads, "{w}");
+    }
+
+    // Two cores (the guest has two vCPUs): one job per (namespace, core).
+    let v = perf_json(&["-c", "0,1"]);
+    assert_eq!(v["cores"], serde_json::json!([0, 1]));
+    let jobs = v["jobs"].as_array().unwrap();
+    assert_eq!(jobs.len() as u64, 2 * namespaces);
+    assert!(jobs.iter().any(|j| j["core"] == 1));
+    let v = perf_json(&["-c", "0x3", "-n", "1"]);
+    assert_eq!(v["jobs"].as_array().unwrap().len(), 2);
+
+    // Queue size and depth, within what the controller allows.
+    let entries = 64.min(mqes + 1);
+    let e = entries.to_string();
+    let depth = (entries - 1).to_string();
+    let v = perf_json(&["--queue-entries", &e, "-q", &depth]);
+    assert_eq!(v["sq_entries"], entries);
+    assert_eq!(v["queue_depth"], entries - 1);
+    // Larger I/Os (two blocks of 4 KiB), a fixed seed, 4 KiB-page DMA memory.
+    let v = perf_json(&["-o", "8192", "--seed", "7", "--no-hugepages"]);
+    assert_eq!(v["io_size"], 8192);
+    assert_eq!(v["seed"], 7);
+
+    // Text output: rows, -L percentiles, -LL histogram, transport statistics.
+    let out = ok(&perf(&[]));
+    assert!(out.contains("NSID 1 from core  0"), "{out}");
+    assert!(out.contains("\nTotal "), "{out}");
+    assert!(!out.contains("99.99000%"), "{out}");
+    assert!(!out.contains("sq_mmio"), "{out}");
+    let out = ok(&perf(&["-L"]));
+    for p in [
+        "1.00000%",
+        "10.00000%",
+        "50.00000%",
+        "90.00000%",
+        "99.00000%",
+        "99.90000%",
+        "99.99000%",
+        "99.99900%",
+    ] {
+        assert!(out.contains(p), "{p}: {out}");
+    }
+    assert!(!out.contains("Range in us"), "{out}");
+    let out = ok(&perf(&["-LL"]));
+    assert!(out.contains("99.99900%"), "{out}");
+    assert!(out.contains("Range in us"), "{out}");
+    assert!(out.contains("Latency histogram"), "{out}");
+    let out = ok(&perf(&["--transport-stats"]));
+    for k in [
+        "polls",
+        "idle_polls",
+        "sq_mmio",
+        "cq_mmio",
+        "sq_shadow",
+        "mmio/io",
+    ] {
+        assert!(out.contains(k), "{k}: {out}");
+    }
+    let out = ok(&perf(&[
+        "--reap-on-submit",
+        "--no-shadow-doorbell",
+        "--cq-head-every-reap",
+    ]));
+    assert!(
+        out.contains("reap_on_submit on, shadow doorbells off, CQ head every-reap"),
+        "{out}"
+    );
+    // A time-bounded run (-t) works as well.
     let dev = device();
     let out = ok(&upnvme(&[
-        "perf",
-        "-d",
-        &dev,
-        "-q",
-        "4",
-        "-t",
-        "1",
-        "--warmup",
-        "0",
-        "-L",
-        "--transport-stats",
+        "perf", "-d", &dev, "-t", "1", "--warmup", "0", "-q", "4",
     ]));
     assert!(out.contains("Total"), "{out}");
-    assert!(out.contains("NSID 1 from core  0"), "{out}");
-    assert!(out.contains("99.90000%"), "{out}");
-    assert!(out.contains("sq_mmio"), "{out}");
-    let out = ok(&upnvme(&[
-        "perf",
-        "-d",
-        &dev,
-        "-q",
-        "2",
-        "--io-count",
-        "500",
-        "--warmup",
-        "0",
-        "--json",
-    ]));
-    let v: serde_json::Value =
-        serde_json::from_str(&out).expect("perf --json prints one JSON document");
-    // With --io-count every I/O is counted: each job does exactly 500.
-    let jobs = v["jobs"].as_array().unwrap();
-    for j in jobs {
-        assert_eq!(j["ios"], 500, "{j}");
+}
+
+#[test]
+fn perf_histogram_csv() {
+    let path = "/tmp/upnvme-hist.csv";
+    let _ = fs::remove_file(path);
+    let v = perf_json(&["--histogram-csv", path]);
+    let csv = fs::read_to_string(path).unwrap();
+    let mut lines = csv.lines();
+    assert_eq!(lines.next(), Some("bucket_us,count"));
+    let mut total = 0u64;
+    let mut rows = 0;
+    for l in lines {
+        let (b, c) = l.split_once(',').unwrap_or_else(|| panic!("{l}"));
+        assert!(b.parse::<f64>().unwrap() > 0.0, "{l}");
+        total += c.parse::<u64>().unwrap();
+        rows += 1;
     }
-    assert!(
-        v["total"]["latency"]["percentiles_us"]["p50"]
-            .as_f64()
-            .unwrap()
-            > 0.0
-    );
-    assert!(v["total"]["transport"]["completions"].as_u64().unwrap() >= 500);
+    assert!(rows > 0, "{csv}");
+    assert_eq!(total, v["total"]["ios"].as_u64().unwrap());
+    // Also next to the text report.
+    fs::remove_file(path).unwrap();
+    ok(&perf(&["--histogram-csv", path]));
+    assert!(fs::metadata(path).unwrap().len() > "bucket_us,count\n".len() as u64);
 }
 
 #[test]
@@ -152,44 +1022,170 @@ fn perf_verify_counts_no_mismatch() {
         "1",
     ]));
     assert!(out.contains(" 0 mismatches"), "{out}");
-}
-
-#[test]
-fn perf_bad_input_exits_2_before_io() {
-    let dev = device();
-    for args in [
-        vec!["perf", "-d", &dev, "-q", "0"],
-        vec!["perf", "-d", &dev, "-w", "sideways"],
-        vec!["perf", "-d", &dev, "-o", "1000"],
-        vec!["perf", "-d", &dev, "-o", "16777216"],
-        vec!["perf", "-d", &dev, "-c", "9"],
-        vec!["perf", "-d", &dev, "-n", "77"],
-        vec!["perf", "-d", &dev, "-q", "5000"],
-        vec!["perf", "-d", &dev, "--queue-entries", "1"],
-        vec!["perf", "-d", &dev, "-w", "randread", "--verify"],
-    ] {
-        let o = upnvme(&args);
-        assert_eq!(
-            o.status.code(),
-            Some(2),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        let err = String::from_utf8_lossy(&o.stderr);
-        assert!(!err.trim().is_empty(), "{args:?} printed why");
+    for (w, mix) in [("write", "0"), ("rw", "30"), ("randrw", "70")] {
+        let v = perf_json(&["-w", w, "-M", mix, "-q", "4", "--verify", "-c", "0,1"]);
+        assert_eq!(v["verify_mismatches"], 0, "{w}");
     }
 }
 
+/// Bad input: the exact one-line text of docs/bad-input.md, exit status 2
+/// for perf's checks (1 for the other subcommands), and nothing reaches the
+/// controller.
 #[test]
-fn identify_and_smart_log_json() {
+fn bad_input_texts_and_exit_codes() {
     let dev = device();
-    let v: serde_json::Value =
-        serde_json::from_str(&ok(&upnvme(&["identify", "-d", &dev, "--json"]))).unwrap();
-    assert_eq!(v["controller"]["mn"], "QEMU NVMe Ctrl");
-    assert!(!v["namespaces"].as_array().unwrap().is_empty());
-    let v: serde_json::Value =
-        serde_json::from_str(&ok(&upnvme(&["smart-log", "-d", &dev, "--json"]))).unwrap();
-    assert!(v["temperature_kelvin"].as_u64().unwrap() > 200);
-    let out = ok(&upnvme(&["list"]));
-    assert!(out.contains(&dev) && out.contains("vfio-pci"), "{out}");
+    let lba = env_u64("UPNVME_VM_LBA_SIZE");
+    let mdts = env_u64("UPNVME_VM_MDTS");
+    let entries = env_u64("UPNVME_VM_MQES") + 1;
+    let smp = env_u64("UPNVME_VM_SMP");
+    let nsze = env_u64("UPNVME_VM_DISK_SIZE") / lba;
+    let active: Vec<u64> = (1..=env_u64("UPNVME_VM_NAMESPACES")).collect();
+    let cores: Vec<u64> = (0..smp).collect();
+    let max = 4096u64 << mdts;
+    let too_big = (2 * max).to_string();
+    let before = io_commands(&dev);
+
+    let perf_cases: Vec<(Vec<&str>, String)> = vec![
+        (
+            vec!["-q", "0"],
+            "queue depth (-q) must be at least 1".into(),
+        ),
+        (
+            vec!["-q", "5000"],
+            format!(
+                "queue depth 5000 does not fit a queue of {entries} entries (at most {}); the controller allows {entries} entries",
+                entries - 1
+            ),
+        ),
+        (
+            vec!["-o", "0"],
+            "I/O size (-o) must be at least one block".into(),
+        ),
+        (
+            vec!["-o", "1000"],
+            format!("I/O size 1000 is not a multiple of namespace 1's LBA size {lba}"),
+        ),
+        (
+            vec!["-o", &too_big],
+            format!(
+                "I/O size {too_big} exceeds the controller's maximum transfer of {max} bytes (MDTS {mdts}); perf does not split I/Os"
+            ),
+        ),
+        (
+            vec!["-c", "9"],
+            format!("core 9 is not available (cores present: {cores:?})"),
+        ),
+        (vec!["-c", "0x0"], "core mask '0x0' selects no core".into()),
+        (
+            vec!["-c", "a"],
+            "core list 'a': 'a' is not a core number".into(),
+        ),
+        (
+            vec!["-c", "3-1"],
+            "core list '3-1': range 3-1 is backwards".into(),
+        ),
+        (
+            vec!["-n", "77"],
+            format!("namespace 77 is not active on {dev} (active: {active:?})"),
+        ),
+        (
+            vec!["--queue-entries", "1"],
+            format!("--queue-entries 1: must be 2..={entries} (CAP.MQES + 1)"),
+        ),
+        (
+            vec!["-w", "randread", "--verify"],
+            "--verify needs a workload that writes (write, randwrite, rw, randrw)".into(),
+        ),
+        (
+            vec!["-t", "0"],
+            "run time (-t) must be at least 1 second (or use --io-count)".into(),
+        ),
+        (
+            vec!["--io-count", "0"],
+            "--io-count must be at least 1".into(),
+        ),
+    ];
+    for (args, msg) in &perf_cases {
+        let mut all = vec!["perf", "-d", &dev];
+        all.extend_from_slice(args);
+        let err = fails(&upnvme(&all), 2);
+        assert_eq!(err.trim(), format!("upnvme: {msg}"), "{args:?}");
+    }
+    // clap's own checks.
+    let err = fails(&upnvme(&["perf", "-d", &dev, "-w", "sideways"]), 2);
+    assert!(
+        err.starts_with("error: invalid value 'sideways' for '--workload <WORKLOAD>'"),
+        "{err}"
+    );
+    assert!(
+        err.contains("[possible values: read, write, randread, randwrite, rw, randrw]"),
+        "{err}"
+    );
+    let err = fails(&upnvme(&["perf", "-d", &dev, "-M", "101"]), 2);
+    assert!(
+        err.starts_with(
+            "error: invalid value '101' for '--rwmixread <READ_MIX>': 101 is not in 0..=100"
+        ),
+        "{err}"
+    );
+    // None of that issued a read or a write.
+    assert_eq!(
+        io_commands(&dev),
+        before,
+        "bad input reached the controller"
+    );
+
+    // read / write input (exit 1).
+    let s = nsze.to_string();
+    let err = fails(&upnvme(&["read", "-d", &dev, "-s", &s, "-c", "1"]), 1);
+    assert_eq!(
+        err.trim(),
+        format!("upnvme: blocks {nsze}..+1 are outside namespace 1 ({nsze} blocks)")
+    );
+    let err = fails(
+        &upnvme(&[
+            "write",
+            "-d",
+            &dev,
+            "-s",
+            "18446744073709551615",
+            "-c",
+            "2",
+            "--data",
+            "/dev/null",
+        ]),
+        1,
+    );
+    assert_eq!(
+        err.trim(),
+        format!("upnvme: blocks 18446744073709551615..+2 are outside namespace 1 ({nsze} blocks)")
+    );
+    let err = fails(&upnvme(&["read", "-d", &dev, "-c", "0"]), 1);
+    assert_eq!(err.trim(), "upnvme: --block-count must be at least 1");
+    let err = fails(&upnvme(&["read", "-d", &dev, "-n", "9"]), 1);
+    assert_eq!(
+        err.trim(),
+        format!("upnvme: namespace 9 is not active on {dev} (active: {active:?})")
+    );
+    // Bad addresses.
+    let err = fails(&upnvme(&["identify", "-d", "00:04"]), 1);
+    assert!(
+        err.starts_with(
+            "upnvme: opening 00:04: invalid PCI address '00:04': missing '.FUNCTION'; expected"
+        ),
+        "{err}"
+    );
+    let err = fails(&upnvme(&["smart-log", "-d", "0000:00:1e.6"]), 1);
+    assert!(
+        err.starts_with("upnvme: opening 0000:00:1e.6: no PCI device at 0000:00:1e.6 ("),
+        "{err}"
+    );
+    let err = fails(&upnvme(&["identify", "-d", "0000:00:00.0"]), 1);
+    assert!(
+        err.starts_with("upnvme: opening 0000:00:00.0: PCI device 0000:00:00.0 has class 0x060000, not an NVMe controller ("),
+        "{err}"
+    );
+    // --help and --version are not errors.
+    assert!(ok(&upnvme(&["--version"])).starts_with("upnvme "));
+    assert!(ok(&upnvme(&["perf", "--help"])).contains("--queue-depth"));
 }

@@ -304,7 +304,7 @@ impl VfioDevice {
                         "the group is already open: another process (or another Controller in this process) uses this device"
                     }
                     Some(libc::ENOENT) => {
-                        "the vfio-pci module is not loaded or the device is not bound to it (`upnvme setup <address>`)"
+                        "the vfio-pci module is not loaded or the device is not bound to it (`upnvme setup bind <address>`)"
                     }
                     Some(libc::EACCES) | Some(libc::EPERM) => {
                         "permission denied: run as root or give your user the group file (chown)"

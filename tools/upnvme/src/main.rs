@@ -1,7 +1,7 @@
 //! `upnvme`: the command-line face of the upnvme driver, in nvme-cli's spirit.
 //!
 //! Subcommands: `perf` (4 KiB round-trip latency and IOPS), `list`,
-//! `identify`, `smart-log`, `setup`.
+//! `identify`, `smart-log`, `read`, `write`, `setup status|bind|unbind|hugepages`.
 
 mod perf;
 mod rw;
@@ -10,8 +10,9 @@ mod show;
 
 use std::process::ExitCode;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
+use upnvme::dma::pci::PciFunction;
 use upnvme::{Controller, ControllerOptions, PageBacking};
 
 /// A userspace, polled NVMe driver: inspect and set up controllers bound to vfio-pci.
@@ -69,18 +70,11 @@ enum Command {
         #[arg(long)]
         data: Option<std::path::PathBuf>,
     },
-    /// Bind NVMe controllers to vfio-pci and reserve hugepages (run as root).
-    Setup {
-        /// Controllers to bind (default: every NVMe controller on the PCI bus;
-        /// careful on a machine that boots from NVMe).
-        devices: Vec<String>,
-        /// 2 MiB hugepages to reserve.
-        #[arg(long, default_value_t = 512)]
-        hugepages: u64,
-        /// Give the controllers back to the kernel's nvme driver instead.
-        #[arg(long)]
-        reset: bool,
-    },
+    /// Prepare the machine (run as root): `status` shows the IOMMU, the NVMe
+    /// controllers with their drivers and IOMMU groups, and the hugepages;
+    /// `bind` / `unbind` move controllers between vfio-pci and the kernel's
+    /// nvme driver; `hugepages` reserves hugepages.
+    Setup(setup::SetupArgs),
 }
 
 /// Which blocks of which namespace.
@@ -128,15 +122,24 @@ impl DeviceArgs {
 
 /// The only vfio-bound NVMe controller, or an error listing the candidates.
 fn default_device() -> Result<String> {
-    let all = upnvme::list_controllers()?;
-    let vfio: Vec<_> = all
+    Ok(choose_device(&upnvme::list_controllers()?)?)
+}
+
+/// Picks the controller to use when `--device` is not given: the only NVMe
+/// controller bound to vfio-pci. With none or several, the error lists the
+/// candidates and says what to do.
+fn choose_device(all: &[PciFunction]) -> Result<String, DeviceChoiceError> {
+    let vfio: Vec<&PciFunction> = all
         .iter()
         .filter(|f| f.driver.as_deref() == Some("vfio-pci"))
         .collect();
     match vfio.as_slice() {
         [one] => Ok(one.address.to_string()),
+        [] if all.is_empty() => Err(DeviceChoiceError(
+            "no NVMe controller found on the PCI bus".into(),
+        )),
         [] => {
-            let others: Vec<String> = all
+            let found: Vec<String> = all
                 .iter()
                 .map(|f| {
                     format!(
@@ -146,23 +149,32 @@ fn default_device() -> Result<String> {
                     )
                 })
                 .collect();
-            if others.is_empty() {
-                bail!("no NVMe controller found on the PCI bus")
-            }
-            bail!(
-                "no NVMe controller is bound to vfio-pci; found {}; bind one with `upnvme setup <address>`",
-                others.join(", ")
-            )
+            Err(DeviceChoiceError(format!(
+                "no NVMe controller is bound to vfio-pci; found {}; bind one with `upnvme setup bind <address>`",
+                found.join(", ")
+            )))
         }
-        many => bail!(
+        many => Err(DeviceChoiceError(format!(
             "several vfio-bound NVMe controllers ({}); choose one with --device",
             many.iter()
                 .map(|f| f.address.to_string())
                 .collect::<Vec<_>>()
                 .join(", ")
-        ),
+        ))),
     }
 }
+
+/// No `--device` and no single vfio-bound controller to default to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct DeviceChoiceError(String);
+
+impl std::fmt::Display for DeviceChoiceError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for DeviceChoiceError {}
 
 fn run(cli: Cli) -> Result<()> {
     match cli.command {
@@ -214,11 +226,7 @@ fn run(cli: Cli) -> Result<()> {
             c.close()?;
             Ok(())
         }
-        Command::Setup {
-            devices,
-            hugepages,
-            reset,
-        } => setup::run(&devices, hugepages, reset),
+        Command::Setup(a) => setup::run(a),
     }
 }
 
@@ -234,27 +242,140 @@ impl std::fmt::Display for VerifyFailed {
 
 impl std::error::Error for VerifyFailed {}
 
+/// The exit status of a failed run: 2 for bad input found before any I/O
+/// (`perf`'s checks), 1 for everything else.
+fn exit_status(e: &anyhow::Error) -> u8 {
+    if e.downcast_ref::<perf::UsageError>().is_some() {
+        2
+    } else {
+        1
+    }
+}
+
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(c) => c,
         Err(e) => {
             let _ = e.print();
-            return if e.use_stderr() {
-                ExitCode::from(2)
-            } else {
-                ExitCode::SUCCESS
-            };
+            // 2 for usage errors, 0 for --help and --version.
+            return ExitCode::from(e.exit_code() as u8);
         }
     };
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("upnvme: {e:#}");
-            if e.downcast_ref::<perf::UsageError>().is_some() {
-                ExitCode::from(2)
-            } else {
-                ExitCode::FAILURE
+            ExitCode::from(exit_status(&e))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use upnvme::PciAddress;
+
+    fn function(addr: &str, driver: Option<&str>) -> PciFunction {
+        PciFunction {
+            address: addr.parse::<PciAddress>().unwrap(),
+            class: upnvme::dma::pci::NVME_CLASS,
+            vendor: 0x1b36,
+            device: 0x0010,
+            driver: driver.map(str::to_string),
+            iommu_group: Some(3),
+        }
+    }
+
+    #[test]
+    fn default_device_is_the_only_vfio_bound_controller() {
+        let none = choose_device(&[]).unwrap_err();
+        assert_eq!(none.to_string(), "no NVMe controller found on the PCI bus");
+
+        let unbound = choose_device(&[
+            function("0000:00:05.0", Some("nvme")),
+            function("0000:00:06.0", None),
+        ])
+        .unwrap_err();
+        assert_eq!(
+            unbound.to_string(),
+            "no NVMe controller is bound to vfio-pci; found 0000:00:05.0 (nvme), 0000:00:06.0 (no driver); bind one with `upnvme setup bind <address>`"
+        );
+
+        let one = choose_device(&[
+            function("0000:00:04.0", Some("vfio-pci")),
+            function("0000:00:05.0", Some("nvme")),
+        ]);
+        assert_eq!(one, Ok("0000:00:04.0".to_string()));
+
+        let several = choose_device(&[
+            function("0000:00:04.0", Some("vfio-pci")),
+            function("0000:00:05.0", Some("nvme")),
+            function("0000:00:06.0", Some("vfio-pci")),
+        ])
+        .unwrap_err();
+        assert_eq!(
+            several.to_string(),
+            "several vfio-bound NVMe controllers (0000:00:04.0, 0000:00:06.0); choose one with --device"
+        );
+        // Not a usage error: exit status 1.
+        assert_eq!(exit_status(&anyhow::Error::from(several)), 1);
+    }
+
+    #[test]
+    fn every_subcommand_parses() {
+        for args in [
+            &["upnvme", "list"][..],
+            &[
+                "upnvme",
+                "identify",
+                "-d",
+                "0000:00:04.0",
+                "--nsid",
+                "1",
+                "--json",
+            ],
+            &["upnvme", "smart-log", "--json"],
+            &[
+                "upnvme", "read", "-n", "1", "-s", "8", "-c", "2", "--data", "f",
+            ],
+            &["upnvme", "write", "-d", "00:04.0", "--no-hugepages"],
+            &["upnvme", "setup", "status", "--json"],
+            &["upnvme", "setup", "bind"],
+            &["upnvme", "setup", "bind", "0000:00:04.0", "0000:00:05.0"],
+            &["upnvme", "setup", "unbind", "0000:00:04.0"],
+            &["upnvme", "setup", "hugepages", "512"],
+            &["upnvme", "setup", "hugepages", "2", "--size", "1G"],
+            &["upnvme", "perf"],
+        ] {
+            Cli::try_parse_from(args).unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        }
+        let Command::Setup(s) = Cli::try_parse_from(["upnvme", "setup", "hugepages", "3"])
+            .unwrap()
+            .command
+        else {
+            panic!("not setup")
+        };
+        assert!(matches!(
+            s.command,
+            setup::SetupCommand::Hugepages {
+                count: 3,
+                size: 2048
             }
+        ));
+    }
+
+    #[test]
+    fn setup_misuse_is_a_usage_error() {
+        for args in [
+            &["upnvme", "setup"][..],
+            &["upnvme", "setup", "0000:00:04.0"],
+            &["upnvme", "setup", "--hugepages", "512"],
+            &["upnvme", "setup", "hugepages"],
+            &["upnvme", "setup", "hugepages", "-1"],
+            &["upnvme", "setup", "hugepages", "2", "--size", "3X"],
+        ] {
+            let e = Cli::try_parse_from(args).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{args:?}: {e}");
         }
     }
 }

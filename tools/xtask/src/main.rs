@@ -6,9 +6,12 @@
 //! - `cargo xtask test` runs the host tests, then the guest integration tests in several
 //!   guest configurations.
 //! - `cargo xtask perf [ARGS...]` runs `upnvme perf ARGS...` in the default guest.
+//! - `cargo xtask bench` compares upnvme with the raw floor and the kernel's polled path
+//!   in one guest boot; `cargo xtask cost` counts the driver's instructions per I/O.
 //!
 //! See docs/testbed.md.
 
+mod bench;
 mod cli;
 mod console;
 mod deps;
@@ -34,12 +37,22 @@ fn main() {
         Command::Test(t) => test::test(t),
         Command::Perf(p) => {
             let mut command = String::from("upnvme perf");
-            for a in &p.args {
+            // The README's main job: with no arguments, the 4 KiB QD1 round-trip
+            // report with percentiles.
+            let defaults = ["-q", "1", "-o", "4096", "-w", "randread", "-t", "10", "-L"];
+            let args: Vec<String> = if p.args.is_empty() {
+                defaults.iter().map(|s| s.to_string()).collect()
+            } else {
+                p.args.clone()
+            };
+            for a in &args {
                 command.push(' ');
                 command.push_str(&shell_quote(a));
             }
             vm::vm(&p.vm, &command)
         }
+        Command::Bench(b) => bench::bench(b),
+        Command::Cost(c) => bench::cost(c),
     };
     let code = match result {
         Ok(code) => code,

@@ -1,6 +1,5 @@
-//! `upnvme perf` flags (spdk_nvme_perf-compatible where they overlap) and their
-//! validation: every bad input is one clear line and exit status 2, before any
-//! I/O is issued.
+//! `upnvme perf` flags (spdk_nvme_perf-compatible where they overlap) and the
+//! core list syntax; [`super::plan`] validates them.
 
 use std::path::PathBuf;
 
@@ -72,14 +71,15 @@ pub struct PerfArgs {
     /// Run time in seconds (after the warm-up).
     #[arg(short = 't', long = "time", default_value_t = 5)]
     pub seconds: u64,
-    /// Stop after this many I/Os per core instead of after -t seconds.
+    /// Stop after this many I/Os per queue pair instead of after -t seconds.
     #[arg(long = "io-count")]
     pub io_count: Option<u64>,
     /// Cores to run workers on: a list ("0,2-3") or a hex mask ("0x3").
     /// One worker thread per core, pinned, each with its own queue pair.
     #[arg(short = 'c', long = "core-mask", default_value = "0")]
     pub cores: String,
-    /// Namespace ID (default: 1, or every active namespace with --all-namespaces).
+    /// Namespace ID (default: every active namespace; one queue pair per
+    /// namespace and core).
     #[arg(short = 'n', long = "nsid")]
     pub nsid: Option<u32>,
     /// Warm-up seconds before measuring (I/O runs, results are discarded).

@@ -3,6 +3,7 @@
 //! submission to the reap of the completion), with fio-like readability.
 
 pub mod args;
+pub mod plan;
 mod report;
 mod worker;
 
@@ -16,59 +17,24 @@ use upnvme::dma::tsc;
 use upnvme::{Controller, ControllerOptions, CqHeadPolicy, PageBacking, QueuePairOptions};
 
 pub use args::PerfArgs;
-use args::parse_cores;
-use worker::{JobResult, NsPlan, WorkerPlan};
+pub use plan::UsageError;
+use plan::{DeviceFacts, check_args, validate};
+use worker::{JobResult, WorkerPlan};
 
-/// Bad input: one line, exit status 2, before any I/O.
-#[derive(Debug)]
-pub struct UsageError(pub String);
-
-impl std::fmt::Display for UsageError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for UsageError {}
-
-fn usage(msg: impl Into<String>) -> anyhow::Error {
-    anyhow!(UsageError(msg.into()))
+/// The IDs of the cores this process may run on.
+pub fn cores_present() -> Vec<usize> {
+    core_affinity::get_core_ids()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|c| c.id)
+        .collect()
 }
 
 /// Runs `upnvme perf`; returns whether verification (if any) found no mismatch.
 pub fn run(a: PerfArgs) -> Result<bool> {
-    // Checks that need no device.
-    if a.depth == 0 {
-        return Err(usage("queue depth (-q) must be at least 1"));
-    }
-    if a.io_size == 0 {
-        return Err(usage("I/O size (-o) must be at least one block"));
-    }
-    if a.seconds == 0 && a.io_count.is_none() {
-        return Err(usage(
-            "run time (-t) must be at least 1 second (or use --io-count)",
-        ));
-    }
-    if a.io_count == Some(0) {
-        return Err(usage("--io-count must be at least 1"));
-    }
-    let cores = parse_cores(&a.cores).map_err(usage)?;
-    let present: Vec<usize> = core_affinity::get_core_ids()
-        .unwrap_or_default()
-        .into_iter()
-        .map(|c| c.id)
-        .collect();
-    if let Some(bad) = cores.iter().find(|c| !present.contains(c)) {
-        return Err(usage(format!(
-            "core {bad} is not available (cores present: {present:?})"
-        )));
-    }
-    let read_percent = a.workload.read_percent(a.read_mix);
-    if a.verify && read_percent == 100 {
-        return Err(usage(
-            "--verify needs a workload that writes (write, randwrite, rw, randrw)",
-        ));
-    }
+    // Checks that need no device come before opening it.
+    let present = cores_present();
+    check_args(&a, &present)?;
 
     let addr = match &a.device {
         Some(d) => d.clone(),
@@ -88,80 +54,8 @@ pub fn run(a: PerfArgs) -> Result<bool> {
     .with_context(|| format!("opening {addr}"))?;
 
     // Checks against the device, still before any I/O.
-    let nsids: Vec<u32> = match a.nsid {
-        Some(n) => {
-            if ctrl.namespace(n).is_err() {
-                let active: Vec<u32> = ctrl.namespaces().iter().map(|n| n.id()).collect();
-                return Err(usage(format!(
-                    "namespace {n} is not active on {addr} (active: {active:?})"
-                )));
-            }
-            vec![n]
-        }
-        None => ctrl.namespaces().iter().map(|n| n.id()).collect(),
-    };
-    if nsids.is_empty() {
-        return Err(usage(format!("{addr} has no active namespace")));
-    }
-    let mut namespaces = Vec::new();
-    for &n in &nsids {
-        let ns = ctrl.namespace(n)?;
-        let lba = ns.lba_size() as usize;
-        if a.io_size % lba != 0 {
-            return Err(usage(format!(
-                "I/O size {} is not a multiple of namespace {n}'s LBA size {lba}",
-                a.io_size
-            )));
-        }
-        if (a.io_size as u64) > ns.size_bytes() {
-            return Err(usage(format!(
-                "I/O size {} is larger than namespace {n} ({} bytes)",
-                a.io_size,
-                ns.size_bytes()
-            )));
-        }
-        namespaces.push(NsPlan {
-            nsid: n,
-            lba_size: ns.lba_size(),
-            blocks: ns.lba_count(),
-        });
-    }
-    if let Some(max) = ctrl.max_transfer_bytes()
-        && a.io_size > max
-    {
-        return Err(usage(format!(
-            "I/O size {} exceeds the controller's maximum transfer of {max} bytes (MDTS {}); perf does not split I/Os",
-            a.io_size,
-            ctrl.identify().mdts
-        )));
-    }
-    let mqes = ctrl.cap().max_queue_entries();
-    if let Some(e) = a.queue_entries
-        && !(2..=mqes).contains(&e)
-    {
-        return Err(usage(format!(
-            "--queue-entries {e}: must be 2..={mqes} (CAP.MQES + 1)"
-        )));
-    }
-    let entries = a
-        .queue_entries
-        .unwrap_or_else(|| (a.depth + 1).max(256).min(mqes));
-    if a.depth >= entries {
-        return Err(usage(format!(
-            "queue depth {} does not fit a queue of {entries} entries (at most {}); the controller allows {mqes} entries",
-            a.depth,
-            entries - 1
-        )));
-    }
-    let pairs = cores.len() * nsids.len();
-    if pairs > ctrl.granted_io_queues() as usize {
-        return Err(usage(format!(
-            "{pairs} queue pairs needed ({} cores x {} namespaces) but the controller granted {}",
-            cores.len(),
-            nsids.len(),
-            ctrl.granted_io_queues()
-        )));
-    }
+    let plan = validate(&a, &DeviceFacts::of(&ctrl, &addr), &present)?;
+    let (cores, namespaces, read_percent) = (plan.cores, plan.namespaces, plan.read_percent);
 
     let tsc_hz = tsc::calibrate(Duration::from_millis(100))
         .ok_or_else(|| anyhow!("the CPU time-stamp counter does not advance"))?;
@@ -178,8 +72,8 @@ pub fn run(a: PerfArgs) -> Result<bool> {
         CqHeadPolicy::default()
     };
     let qp = QueuePairOptions {
-        entries: Some(entries),
-        cq_entries: Some((entries * 2).min(mqes).max(entries)),
+        entries: Some(plan.sq_entries),
+        cq_entries: Some(plan.cq_entries),
         shadow_doorbells: !a.no_shadow_doorbell,
         reap_on_submit: a.reap_on_submit,
         cq_head_policy: policy,
@@ -279,6 +173,10 @@ pub fn run(a: PerfArgs) -> Result<bool> {
             "adaptive".into()
         },
         tsc_hz,
+        io_count: a.io_count,
+        cores: cores.clone(),
+        queue_entries: (plan.sq_entries, plan.cq_entries),
+        seed,
     };
     if a.json {
         let doc = report::json_doc(&info, &jobs, mismatches)?;

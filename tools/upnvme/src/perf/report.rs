@@ -40,6 +40,14 @@ pub struct RunInfo {
     pub cq_policy: String,
     /// Measured TSC frequency.
     pub tsc_hz: f64,
+    /// `--io-count`: I/Os per queue pair instead of a duration.
+    pub io_count: Option<u64>,
+    /// Cores that ran a worker.
+    pub cores: Vec<usize>,
+    /// Submission / completion queue entries per queue pair.
+    pub queue_entries: (u32, u32),
+    /// Seed of the LBA generator and the verification stamps.
+    pub seed: u64,
 }
 
 fn us(ns: u64) -> f64 {
@@ -296,6 +304,11 @@ pub fn json_doc(info: &RunInfo, jobs: &[JobResult], mismatches: Option<u64>) -> 
         "shadow_doorbells": info.shadow,
         "cq_head_policy": info.cq_policy,
         "tsc_hz": info.tsc_hz,
+        "io_count": info.io_count,
+        "cores": info.cores,
+        "sq_entries": info.queue_entries.0,
+        "cq_entries": info.queue_entries.1,
+        "seed": info.seed,
         "jobs": rows,
         "total": {
             "ios": ios,

@@ -47,7 +47,7 @@ pub struct WorkerPlan {
 }
 
 /// A namespace as the worker needs it.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct NsPlan {
     /// NSID.
     pub nsid: u32,

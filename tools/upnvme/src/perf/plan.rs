@@ -1,0 +1,685 @@
+//! Validation of `upnvme perf`'s flags against the machine and the controller,
+//! as pure functions so that host tests can cover every bad input.
+//!
+//! [`check_args`] needs nothing but the flags and the cores present, and runs
+//! before the controller is opened; [`validate`] adds the checks against what
+//! the controller reported ([`DeviceFacts`]) and returns the [`Plan`] the
+//! workers run. Every failure is a [`UsageError`]: one line, exit status 2,
+//! before any I/O is issued.
+
+use super::args::{PerfArgs, parse_cores};
+use super::worker::NsPlan;
+
+/// Bad input: one line on stderr and exit status 2, before any I/O.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UsageError(pub String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+fn usage(msg: impl Into<String>) -> UsageError {
+    UsageError(msg.into())
+}
+
+/// One active namespace as Identify Namespace describes it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NsFacts {
+    /// Namespace ID.
+    pub nsid: u32,
+    /// Bytes per logical block.
+    pub lba_size: u32,
+    /// Logical blocks in the namespace (NSZE).
+    pub blocks: u64,
+}
+
+/// What the opened controller reported that the flags are checked against.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceFacts {
+    /// The controller's PCI address (for messages).
+    pub device: String,
+    /// Active namespaces, in NSID order.
+    pub namespaces: Vec<NsFacts>,
+    /// The maximum data transfer in bytes (from MDTS), `None` without a limit.
+    pub max_transfer: Option<usize>,
+    /// The raw MDTS field (for messages).
+    pub mdts: u8,
+    /// Entries a queue may have: CAP.MQES + 1.
+    pub max_queue_entries: u32,
+    /// I/O queue pairs the controller granted (Set Features Number of Queues).
+    pub granted_queue_pairs: u32,
+}
+
+impl DeviceFacts {
+    /// Reads the facts from an open controller.
+    pub fn of(ctrl: &upnvme::Controller, device: &str) -> DeviceFacts {
+        DeviceFacts {
+            device: device.to_string(),
+            namespaces: ctrl
+                .namespaces()
+                .iter()
+                .map(|n| NsFacts {
+                    nsid: n.id(),
+                    lba_size: n.lba_size(),
+                    blocks: n.lba_count(),
+                })
+                .collect(),
+            max_transfer: ctrl.max_transfer_bytes(),
+            mdts: ctrl.identify().mdts,
+            max_queue_entries: ctrl.cap().max_queue_entries(),
+            granted_queue_pairs: u32::from(ctrl.granted_io_queues()),
+        }
+    }
+}
+
+/// The flags' device-independent meaning, after [`check_args`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ArgPlan {
+    /// Cores to run one pinned worker on each, sorted.
+    pub cores: Vec<usize>,
+    /// Percentage of reads (100 for read workloads, 0 for write workloads).
+    pub read_percent: u8,
+}
+
+/// What the workers run, after [`validate`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Plan {
+    /// Cores, one pinned worker each.
+    pub cores: Vec<usize>,
+    /// Percentage of reads.
+    pub read_percent: u8,
+    /// Namespaces, one queue pair per (namespace, core).
+    pub namespaces: Vec<NsPlan>,
+    /// Submission queue entries per queue pair.
+    pub sq_entries: u32,
+    /// Completion queue entries per queue pair.
+    pub cq_entries: u32,
+}
+
+/// The checks that need no controller: depth, size, run length, cores,
+/// `--verify` on a workload that writes. `cores_present` are the IDs of the
+/// cores this process may run on.
+pub fn check_args(a: &PerfArgs, cores_present: &[usize]) -> Result<ArgPlan, UsageError> {
+    if a.depth == 0 {
+        return Err(usage("queue depth (-q) must be at least 1"));
+    }
+    if a.io_size == 0 {
+        return Err(usage("I/O size (-o) must be at least one block"));
+    }
+    if a.seconds == 0 && a.io_count.is_none() {
+        return Err(usage(
+            "run time (-t) must be at least 1 second (or use --io-count)",
+        ));
+    }
+    if a.io_count == Some(0) {
+        return Err(usage("--io-count must be at least 1"));
+    }
+    if a.read_mix > 100 {
+        // clap's range check normally catches this first.
+        return Err(usage(format!(
+            "read percentage (-M) {} is above 100",
+            a.read_mix
+        )));
+    }
+    let cores = parse_cores(&a.cores).map_err(UsageError)?;
+    if let Some(bad) = cores.iter().find(|c| !cores_present.contains(c)) {
+        return Err(usage(format!(
+            "core {bad} is not available (cores present: {cores_present:?})"
+        )));
+    }
+    let read_percent = a.workload.read_percent(a.read_mix);
+    if a.verify && read_percent == 100 {
+        return Err(usage(
+            "--verify needs a workload that writes (write, randwrite, rw, randrw)",
+        ));
+    }
+    Ok(ArgPlan {
+        cores,
+        read_percent,
+    })
+}
+
+/// Every check of the flags: [`check_args`], then against the controller —
+/// namespace present, I/O size a multiple of the LBA size, within the
+/// namespace and within MDTS, `--queue-entries` within CAP.MQES + 1, the depth
+/// fitting the queue, enough granted queue pairs.
+pub fn validate(
+    a: &PerfArgs,
+    dev: &DeviceFacts,
+    cores_present: &[usize],
+) -> Result<Plan, UsageError> {
+    let ArgPlan {
+        cores,
+        read_percent,
+    } = check_args(a, cores_present)?;
+    let addr = &dev.device;
+    let chosen: Vec<NsFacts> = match a.nsid {
+        Some(n) => match dev.namespaces.iter().find(|ns| ns.nsid == n) {
+            Some(ns) => vec![*ns],
+            None => {
+                let active: Vec<u32> = dev.namespaces.iter().map(|n| n.nsid).collect();
+                return Err(usage(format!(
+                    "namespace {n} is not active on {addr} (active: {active:?})"
+                )));
+            }
+        },
+        None => dev.namespaces.clone(),
+    };
+    if chosen.is_empty() {
+        return Err(usage(format!("{addr} has no active namespace")));
+    }
+    let mut namespaces = Vec::with_capacity(chosen.len());
+    for ns in &chosen {
+        let (n, lba) = (ns.nsid, ns.lba_size as usize);
+        if lba == 0 || a.io_size % lba != 0 {
+            return Err(usage(format!(
+                "I/O size {} is not a multiple of namespace {n}'s LBA size {lba}",
+                a.io_size
+            )));
+        }
+        let size = ns.blocks.saturating_mul(lba as u64);
+        if a.io_size as u64 > size {
+            return Err(usage(format!(
+                "I/O size {} is larger than namespace {n} ({size} bytes)",
+                a.io_size
+            )));
+        }
+        namespaces.push(NsPlan {
+            nsid: n,
+            lba_size: ns.lba_size,
+            blocks: ns.blocks,
+        });
+    }
+    if let Some(max) = dev.max_transfer
+        && a.io_size > max
+    {
+        return Err(usage(format!(
+            "I/O size {} exceeds the controller's maximum transfer of {max} bytes (MDTS {}); perf does not split I/Os",
+            a.io_size, dev.mdts
+        )));
+    }
+    let mqes = dev.max_queue_entries;
+    if let Some(e) = a.queue_entries
+        && !(2..=mqes).contains(&e)
+    {
+        return Err(usage(format!(
+            "--queue-entries {e}: must be 2..={mqes} (CAP.MQES + 1)"
+        )));
+    }
+    let sq_entries = a
+        .queue_entries
+        .unwrap_or_else(|| a.depth.saturating_add(1).max(256).min(mqes));
+    if a.depth >= sq_entries {
+        return Err(usage(format!(
+            "queue depth {} does not fit a queue of {sq_entries} entries (at most {}); the controller allows {mqes} entries",
+            a.depth,
+            sq_entries - 1
+        )));
+    }
+    let pairs = cores.len() * namespaces.len();
+    if pairs > dev.granted_queue_pairs as usize {
+        return Err(usage(format!(
+            "{pairs} queue pairs needed ({} cores x {} namespaces) but the controller granted {}",
+            cores.len(),
+            namespaces.len(),
+            dev.granted_queue_pairs
+        )));
+    }
+    Ok(Plan {
+        cores,
+        read_percent,
+        namespaces,
+        sq_entries,
+        cq_entries: sq_entries.saturating_mul(2).min(mqes).max(sq_entries),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Cli, Command, exit_status};
+    use clap::Parser;
+
+    /// The QEMU test bed's default controller: one 4 KiB-block namespace of
+    /// 1 GiB, MDTS 7 (512 KiB), 2048 queue entries, 64 queue pairs.
+    fn qemu() -> DeviceFacts {
+        DeviceFacts {
+            device: "0000:00:04.0".into(),
+            namespaces: vec![NsFacts {
+                nsid: 1,
+                lba_size: 4096,
+                blocks: 262_144,
+            }],
+            max_transfer: Some(512 * 1024),
+            mdts: 7,
+            max_queue_entries: 2048,
+            granted_queue_pairs: 64,
+        }
+    }
+
+    const CORES: [usize; 2] = [0, 1];
+
+    /// `upnvme perf ARGS…` as clap parses it.
+    fn parse(args: &[&str]) -> Result<PerfArgs, clap::Error> {
+        let argv = ["upnvme", "perf"].iter().chain(args).copied();
+        match Cli::try_parse_from(argv)?.command {
+            Command::Perf(a) => Ok(a),
+            c => panic!("parsed as {c:?}"),
+        }
+    }
+
+    /// The usage error `args` get against `dev`, after checking that it is
+    /// one (exit status 2).
+    fn bad(args: &[&str], dev: &DeviceFacts) -> String {
+        let a = parse(args).unwrap_or_else(|e| panic!("{args:?} does not parse: {e}"));
+        let e = validate(&a, dev, &CORES).expect_err("accepted");
+        assert_eq!(exit_status(&anyhow::Error::from(e.clone())), 2, "{args:?}");
+        e.0
+    }
+
+    /// clap's error for `args`, after checking that it is a usage error (exit 2).
+    fn clap_bad(args: &[&str]) -> String {
+        let e = parse(args).expect_err("parsed");
+        assert_eq!(e.exit_code(), 2, "{args:?}: {e}");
+        e.to_string()
+    }
+
+    #[test]
+    fn defaults_are_spdk_like() {
+        let a = parse(&[]).unwrap();
+        assert_eq!(a.depth, 1);
+        assert_eq!(a.io_size, 4096);
+        assert_eq!(a.workload, super::super::args::Workload::Randread);
+        assert_eq!(a.read_mix, 50);
+        assert_eq!(a.seconds, 5);
+        assert_eq!(a.io_count, None);
+        assert_eq!(a.cores, "0");
+        assert_eq!(a.nsid, None);
+        assert_eq!(a.warmup, 1);
+        assert_eq!(a.latency, 0);
+        assert!(!a.reap_on_submit && !a.no_shadow_doorbell && !a.cq_head_every_reap);
+        assert!(!a.json && !a.transport_stats && !a.verify && !a.no_hugepages);
+        let p = validate(&a, &qemu(), &CORES).unwrap();
+        assert_eq!(
+            p,
+            Plan {
+                cores: vec![0],
+                read_percent: 100,
+                namespaces: vec![NsPlan {
+                    nsid: 1,
+                    lba_size: 4096,
+                    blocks: 262_144
+                }],
+                sq_entries: 256,
+                cq_entries: 512,
+            }
+        );
+    }
+
+    #[test]
+    fn every_flag_parses() {
+        let a = parse(&[
+            "-q",
+            "32",
+            "-o",
+            "8192",
+            "-w",
+            "randrw",
+            "-M",
+            "70",
+            "-t",
+            "3",
+            "--io-count",
+            "100",
+            "-c",
+            "0x3",
+            "-n",
+            "1",
+            "--warmup",
+            "0",
+            "--reap-on-submit",
+            "--no-shadow-doorbell",
+            "--cq-head-every-reap",
+            "--queue-entries",
+            "64",
+            "-d",
+            "0000:00:04.0",
+            "-LL",
+            "--transport-stats",
+            "--json",
+            "--histogram-csv",
+            "/tmp/h.csv",
+            "--verify",
+            "--no-hugepages",
+            "--seed",
+            "7",
+        ])
+        .unwrap();
+        assert_eq!(
+            (a.depth, a.io_size, a.read_mix, a.seconds),
+            (32, 8192, 70, 3)
+        );
+        assert_eq!((a.io_count, a.nsid, a.warmup), (Some(100), Some(1), 0));
+        assert_eq!(a.latency, 2);
+        assert_eq!(a.queue_entries, Some(64));
+        assert_eq!(a.device.as_deref(), Some("0000:00:04.0"));
+        assert_eq!(a.seed, Some(7));
+        assert!(a.reap_on_submit && a.no_shadow_doorbell && a.cq_head_every_reap);
+        assert!(a.transport_stats && a.json && a.verify && a.no_hugepages);
+        let p = validate(&a, &qemu(), &CORES).unwrap();
+        assert_eq!(p.cores, [0, 1]);
+        assert_eq!(p.read_percent, 70);
+        assert_eq!((p.sq_entries, p.cq_entries), (64, 128));
+        // Long spellings, and -L twice as two flags.
+        let a = parse(&[
+            "--queue-depth",
+            "4",
+            "--io-size",
+            "4096",
+            "--workload",
+            "write",
+            "--rwmixread",
+            "10",
+            "--time",
+            "2",
+            "--core-mask",
+            "0-1",
+            "--nsid",
+            "1",
+            "--device",
+            "00:04.0",
+            "-L",
+            "-L",
+        ])
+        .unwrap();
+        assert_eq!(a.latency, 2);
+        let p = validate(&a, &qemu(), &CORES).unwrap();
+        assert_eq!(p.read_percent, 0, "-M only matters for rw/randrw");
+        assert_eq!(p.cores, [0, 1]);
+    }
+
+    #[test]
+    fn unknown_workload() {
+        let e = clap_bad(&["-w", "sideways"]);
+        assert!(
+            e.contains("invalid value 'sideways' for '--workload <WORKLOAD>'"),
+            "{e}"
+        );
+        assert!(
+            e.contains("[possible values: read, write, randread, randwrite, rw, randrw]"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn read_percentage_above_100() {
+        let e = clap_bad(&["-w", "rw", "-M", "101"]);
+        assert!(
+            e.contains("invalid value '101' for '--rwmixread <READ_MIX>': 101 is not in 0..=100"),
+            "{e}"
+        );
+        // Built without clap, the same check holds.
+        let mut a = parse(&["-w", "rw"]).unwrap();
+        a.read_mix = 150;
+        let e = validate(&a, &qemu(), &CORES).unwrap_err();
+        assert_eq!(e.0, "read percentage (-M) 150 is above 100");
+    }
+
+    #[test]
+    fn not_a_number() {
+        let e = clap_bad(&["-q", "deep"]);
+        assert!(e.contains("invalid value 'deep' for '--queue-depth"), "{e}");
+        let e = clap_bad(&["-q", "-1"]);
+        assert!(e.contains("-1"), "{e}");
+    }
+
+    #[test]
+    fn depth_zero() {
+        assert_eq!(
+            bad(&["-q", "0"], &qemu()),
+            "queue depth (-q) must be at least 1"
+        );
+    }
+
+    #[test]
+    fn depth_larger_than_the_queue_allows() {
+        assert_eq!(
+            bad(&["-q", "5000"], &qemu()),
+            "queue depth 5000 does not fit a queue of 2048 entries (at most 2047); the controller allows 2048 entries"
+        );
+        // The deepest that fits, and one more.
+        let a = parse(&["-q", "2047"]).unwrap();
+        let p = validate(&a, &qemu(), &CORES).unwrap();
+        assert_eq!((p.sq_entries, p.cq_entries), (2048, 2048));
+        assert_eq!(
+            bad(&["-q", "2048"], &qemu()),
+            "queue depth 2048 does not fit a queue of 2048 entries (at most 2047); the controller allows 2048 entries"
+        );
+        // With an explicit queue size.
+        assert_eq!(
+            bad(&["-q", "64", "--queue-entries", "64"], &qemu()),
+            "queue depth 64 does not fit a queue of 64 entries (at most 63); the controller allows 2048 entries"
+        );
+        // A small-MQES controller (the test bed's --mqes 31).
+        let small = DeviceFacts {
+            max_queue_entries: 32,
+            ..qemu()
+        };
+        assert_eq!(
+            bad(&["-q", "32"], &small),
+            "queue depth 32 does not fit a queue of 32 entries (at most 31); the controller allows 32 entries"
+        );
+        let p = validate(&parse(&["-q", "31"]).unwrap(), &small, &CORES).unwrap();
+        assert_eq!((p.sq_entries, p.cq_entries), (32, 32));
+    }
+
+    #[test]
+    fn size_zero_or_not_a_multiple_of_the_lba_size() {
+        assert_eq!(
+            bad(&["-o", "0"], &qemu()),
+            "I/O size (-o) must be at least one block"
+        );
+        assert_eq!(
+            bad(&["-o", "1000"], &qemu()),
+            "I/O size 1000 is not a multiple of namespace 1's LBA size 4096"
+        );
+        assert_eq!(
+            bad(&["-o", "6144"], &qemu()),
+            "I/O size 6144 is not a multiple of namespace 1's LBA size 4096"
+        );
+        // 512-byte blocks take 512-byte multiples.
+        let lba512 = DeviceFacts {
+            namespaces: vec![NsFacts {
+                nsid: 1,
+                lba_size: 512,
+                blocks: 2_097_152,
+            }],
+            ..qemu()
+        };
+        validate(&parse(&["-o", "1536"]).unwrap(), &lba512, &CORES).unwrap();
+        assert_eq!(
+            bad(&["-o", "1000"], &lba512),
+            "I/O size 1000 is not a multiple of namespace 1's LBA size 512"
+        );
+    }
+
+    #[test]
+    fn size_above_mdts() {
+        assert_eq!(
+            bad(&["-o", "1048576"], &qemu()),
+            "I/O size 1048576 exceeds the controller's maximum transfer of 524288 bytes (MDTS 7); perf does not split I/Os"
+        );
+        validate(&parse(&["-o", "524288"]).unwrap(), &qemu(), &CORES).unwrap();
+        // No MDTS limit.
+        let unlimited = DeviceFacts {
+            max_transfer: None,
+            mdts: 0,
+            ..qemu()
+        };
+        validate(&parse(&["-o", "1048576"]).unwrap(), &unlimited, &CORES).unwrap();
+    }
+
+    #[test]
+    fn size_above_the_namespace() {
+        let tiny = DeviceFacts {
+            namespaces: vec![NsFacts {
+                nsid: 1,
+                lba_size: 4096,
+                blocks: 2,
+            }],
+            ..qemu()
+        };
+        assert_eq!(
+            bad(&["-o", "12288"], &tiny),
+            "I/O size 12288 is larger than namespace 1 (8192 bytes)"
+        );
+    }
+
+    #[test]
+    fn core_not_present() {
+        assert_eq!(
+            bad(&["-c", "9"], &qemu()),
+            "core 9 is not available (cores present: [0, 1])"
+        );
+        assert_eq!(
+            bad(&["-c", "0x4"], &qemu()),
+            "core 2 is not available (cores present: [0, 1])"
+        );
+        assert_eq!(
+            bad(&["-c", "0x0"], &qemu()),
+            "core mask '0x0' selects no core"
+        );
+        assert_eq!(
+            bad(&["-c", "a"], &qemu()),
+            "core list 'a': 'a' is not a core number"
+        );
+        assert_eq!(
+            bad(&["-c", "3-1"], &qemu()),
+            "core list '3-1': range 3-1 is backwards"
+        );
+        assert_eq!(
+            bad(&["-c", "0xzz"], &qemu()),
+            "core mask '0xzz' is not hexadecimal"
+        );
+    }
+
+    #[test]
+    fn namespace_absent() {
+        assert_eq!(
+            bad(&["-n", "77"], &qemu()),
+            "namespace 77 is not active on 0000:00:04.0 (active: [1])"
+        );
+        let empty = DeviceFacts {
+            namespaces: Vec::new(),
+            ..qemu()
+        };
+        assert_eq!(bad(&[], &empty), "0000:00:04.0 has no active namespace");
+    }
+
+    #[test]
+    fn run_length() {
+        assert_eq!(
+            bad(&["-t", "0"], &qemu()),
+            "run time (-t) must be at least 1 second (or use --io-count)"
+        );
+        assert_eq!(
+            bad(&["--io-count", "0"], &qemu()),
+            "--io-count must be at least 1"
+        );
+        // -t 0 is fine when the run is bounded by --io-count.
+        validate(
+            &parse(&["-t", "0", "--io-count", "10"]).unwrap(),
+            &qemu(),
+            &CORES,
+        )
+        .unwrap();
+    }
+
+    #[test]
+    fn queue_entries_out_of_range() {
+        assert_eq!(
+            bad(&["--queue-entries", "1"], &qemu()),
+            "--queue-entries 1: must be 2..=2048 (CAP.MQES + 1)"
+        );
+        assert_eq!(
+            bad(&["--queue-entries", "4096"], &qemu()),
+            "--queue-entries 4096: must be 2..=2048 (CAP.MQES + 1)"
+        );
+        let p = validate(&parse(&["--queue-entries", "2"]).unwrap(), &qemu(), &CORES).unwrap();
+        assert_eq!((p.sq_entries, p.cq_entries), (2, 4));
+    }
+
+    #[test]
+    fn too_many_queue_pairs() {
+        let two_ns = DeviceFacts {
+            namespaces: vec![
+                NsFacts {
+                    nsid: 1,
+                    lba_size: 4096,
+                    blocks: 1024,
+                },
+                NsFacts {
+                    nsid: 2,
+                    lba_size: 4096,
+                    blocks: 1024,
+                },
+            ],
+            granted_queue_pairs: 3,
+            ..qemu()
+        };
+        assert_eq!(
+            bad(&["-c", "0,1"], &two_ns),
+            "4 queue pairs needed (2 cores x 2 namespaces) but the controller granted 3"
+        );
+        // One namespace on two cores fits.
+        let p = validate(&parse(&["-c", "0,1", "-n", "2"]).unwrap(), &two_ns, &CORES).unwrap();
+        assert_eq!(p.namespaces.len(), 1);
+        assert_eq!(p.namespaces[0].nsid, 2);
+    }
+
+    #[test]
+    fn verify_on_read_workloads() {
+        for w in ["read", "randread"] {
+            assert_eq!(
+                bad(&["-w", w, "--verify"], &qemu()),
+                "--verify needs a workload that writes (write, randwrite, rw, randrw)"
+            );
+        }
+        // -M 100 makes rw read-only too.
+        assert_eq!(
+            bad(&["-w", "rw", "-M", "100", "--verify"], &qemu()),
+            "--verify needs a workload that writes (write, randwrite, rw, randrw)"
+        );
+        for w in ["write", "randwrite", "rw", "randrw"] {
+            validate(&parse(&["-w", w, "--verify"]).unwrap(), &qemu(), &CORES).unwrap();
+        }
+    }
+
+    #[test]
+    fn device_free_checks_come_first() {
+        // check_args alone (before the controller is opened) catches these.
+        for (args, msg) in [
+            (&["-q", "0"][..], "queue depth (-q) must be at least 1"),
+            (
+                &["-c", "9"],
+                "core 9 is not available (cores present: [0, 1])",
+            ),
+            (
+                &["-w", "read", "--verify"],
+                "--verify needs a workload that writes (write, randwrite, rw, randrw)",
+            ),
+        ] {
+            let a = parse(args).unwrap();
+            assert_eq!(check_args(&a, &CORES).unwrap_err().0, msg);
+        }
+        // When several things are wrong, the device-free one is reported.
+        assert_eq!(
+            bad(&["-q", "0", "-n", "77"], &qemu()),
+            "queue depth (-q) must be at least 1"
+        );
+    }
+}

@@ -1,0 +1,997 @@
+//! What `upnvme setup` reads about the machine: the IOMMU, the NVMe
+//! controllers with their drivers, IOMMU groups and block devices (and who
+//! uses those), and the hugepage pools.
+//!
+//! Everything is read below a sysfs root and a procfs root held by [`Host`],
+//! so host tests build a fake tree in a temporary directory.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use upnvme::dma::pci::{NVME_CLASS, PciAddress, PciFunction, Sysfs};
+
+/// The roots of sysfs and procfs (normally `/sys` and `/proc`).
+#[derive(Clone, Debug)]
+pub struct Host {
+    sys: PathBuf,
+    proc_root: PathBuf,
+}
+
+/// The IOMMU as the kernel shows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IommuState {
+    /// Entries of `/sys/kernel/iommu_groups` (0 when the IOMMU is off).
+    pub groups: usize,
+    /// IOMMU-related words of the kernel command line (`intel_iommu=on`, …).
+    pub cmdline: Vec<String>,
+}
+
+impl IommuState {
+    /// Whether the IOMMU is on: it has put devices into groups.
+    pub fn enabled(&self) -> bool {
+        self.groups > 0
+    }
+
+    /// What to do when it is off (empty when it is on).
+    pub fn advice(&self) -> Option<String> {
+        if self.enabled() {
+            return None;
+        }
+        let asked = self
+            .cmdline
+            .iter()
+            .any(|w| w == "intel_iommu=on" || w == "amd_iommu=on");
+        Some(if asked {
+            format!(
+                "the kernel command line asks for the IOMMU ({}) but there are no IOMMU groups: enable VT-d (Intel) or AMD-Vi/IOMMU (AMD) in the firmware setup and reboot",
+                self.cmdline.join(" ")
+            )
+        } else {
+            "the IOMMU is off: enable VT-d/AMD-Vi in the firmware setup and boot with `intel_iommu=on iommu=pt` (Intel) or `amd_iommu=on iommu=pt` (AMD) on the kernel command line".to_string()
+        })
+    }
+}
+
+/// A process, for "in use by" messages.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ProcUser {
+    /// Process ID.
+    pub pid: u32,
+    /// Its command name (`/proc/PID/comm`).
+    pub comm: String,
+}
+
+impl std::fmt::Display for ProcUser {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "pid {} ({})", self.pid, self.comm)
+    }
+}
+
+/// A namespace block device of a controller driven by the kernel, or one of
+/// its partitions, and whatever uses it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BlockDevice {
+    /// Kernel name, e.g. `nvme0n1` or `nvme0n1p2`.
+    pub name: String,
+    /// The namespace it belongs to (its own name for a namespace).
+    pub namespace: String,
+    /// `major:minor`.
+    pub dev: Option<String>,
+    /// Where it is mounted.
+    pub mounts: Vec<String>,
+    /// Whether it is an active swap area.
+    pub swap: bool,
+    /// Devices stacked on it (device mapper, MD RAID, bcache: `holders/`).
+    pub holders: Vec<String>,
+    /// Processes that have `/dev/NAME` open.
+    pub open_by: Vec<ProcUser>,
+}
+
+impl BlockDevice {
+    /// Why binding its controller away from the kernel would break something,
+    /// each with what to do (empty when it is unused).
+    pub fn uses(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for m in &self.mounts {
+            if m == "/" {
+                out.push(format!(
+                    "{} is mounted at / (the root file system): this controller holds the running system; never bind it",
+                    self.name
+                ));
+            } else {
+                out.push(format!(
+                    "{} is mounted at {m}: unmount it first (`umount {m}`)",
+                    self.name
+                ));
+            }
+        }
+        if self.swap {
+            out.push(format!(
+                "{} is an active swap area: turn it off first (`swapoff /dev/{}`)",
+                self.name, self.name
+            ));
+        }
+        if !self.holders.is_empty() {
+            out.push(format!(
+                "{} is held by {} (LVM, dm-crypt, MD RAID or another stacked device): deactivate that first (`dmsetup remove`, `vgchange -an`, `mdadm --stop`, `cryptsetup close`)",
+                self.name,
+                self.holders.join(", ")
+            ));
+        }
+        if !self.open_by.is_empty() {
+            let who: Vec<String> = self.open_by.iter().map(|p| p.to_string()).collect();
+            out.push(format!(
+                "/dev/{} is open by {}: stop {} first",
+                self.name,
+                who.join(", "),
+                if who.len() == 1 {
+                    "that process"
+                } else {
+                    "those processes"
+                }
+            ));
+        }
+        out
+    }
+}
+
+/// Another PCI function of a controller's IOMMU group.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupMember {
+    /// Its address.
+    pub address: String,
+    /// Its driver, if any.
+    pub driver: Option<String>,
+}
+
+/// One NVMe controller and everything `setup` decides on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ControllerInfo {
+    /// Address, class, IDs, driver, IOMMU group.
+    pub function: PciFunction,
+    /// `driver_override`, if set.
+    pub driver_override: Option<String>,
+    /// The other functions of its IOMMU group.
+    pub group_members: Vec<GroupMember>,
+    /// Those of them that keep the group from being usable through VFIO
+    /// (bound to a host driver), as "address (bound to driver)".
+    pub blockers: Vec<String>,
+    /// Namespace block devices and partitions (only while a kernel driver
+    /// drives the controller).
+    pub block_devices: Vec<BlockDevice>,
+    /// Processes holding the VFIO group (`/dev/vfio/GROUP`) open.
+    pub group_users: Vec<ProcUser>,
+}
+
+impl ControllerInfo {
+    /// Its address.
+    pub fn address(&self) -> PciAddress {
+        self.function.address
+    }
+
+    /// Its driver, or `None`.
+    pub fn driver(&self) -> Option<&str> {
+        self.function.driver.as_deref()
+    }
+
+    /// Whether every other device of its IOMMU group allows VFIO use.
+    pub fn group_viable(&self) -> bool {
+        self.function.iommu_group.is_some() && self.blockers.is_empty()
+    }
+
+    /// Why the controller's namespaces are in use (empty when they are not).
+    pub fn in_use(&self) -> Vec<String> {
+        self.block_devices.iter().flat_map(|b| b.uses()).collect()
+    }
+
+    /// Whether `upnvme` can open it now.
+    pub fn ready(&self) -> bool {
+        self.driver() == Some("vfio-pci") && self.group_viable()
+    }
+}
+
+/// One hugepage pool (`/sys/kernel/mm/hugepages/hugepages-<size>kB`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HugePool {
+    /// Page size in KiB.
+    pub size_kib: u64,
+    /// `nr_hugepages`: pages reserved.
+    pub reserved: u64,
+    /// `free_hugepages`: reserved and not mapped by anyone.
+    pub free: u64,
+    /// `surplus_hugepages`: allocated beyond the reservation (overcommit).
+    pub surplus: u64,
+}
+
+/// A hugepage size for humans: `2 MiB`, `1 GiB`, `64 KiB`.
+pub fn size_name(kib: u64) -> String {
+    if kib >= 1 << 20 && kib % (1 << 20) == 0 {
+        format!("{} GiB", kib >> 20)
+    } else if kib >= 1 << 10 && kib % (1 << 10) == 0 {
+        format!("{} MiB", kib >> 10)
+    } else {
+        format!("{kib} KiB")
+    }
+}
+
+fn read_trim(p: &Path) -> Option<String> {
+    fs::read_to_string(p).ok().map(|s| s.trim().to_string())
+}
+
+fn read_u64(p: &Path) -> u64 {
+    read_trim(p).and_then(|s| s.parse().ok()).unwrap_or(0)
+}
+
+fn link_name(p: &Path) -> Option<String> {
+    fs::read_link(p)
+        .ok()
+        .and_then(|t| t.file_name().map(|n| n.to_string_lossy().into_owned()))
+}
+
+fn dir_names(p: &Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(p)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// Undoes the octal escapes of /proc/mounts, mountinfo and swaps (`\040` is a space).
+fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
+            out.push(v);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// `nvme<X>c<Y>n<Z>` (a multipath controller path) to its head `nvme<X>n<Z>`.
+fn multipath_head(name: &str) -> Option<String> {
+    let rest = name.strip_prefix("nvme")?;
+    let (x, rest) = rest.split_once('c')?;
+    let (y, z) = rest.split_once('n')?;
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    (digits(x) && digits(y) && digits(z)).then(|| format!("nvme{x}n{z}"))
+}
+
+/// Whether `name` is a namespace block device `nvme<X>n<Z>`.
+fn is_namespace(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix("nvme") else {
+        return false;
+    };
+    let Some((x, z)) = rest.split_once('n') else {
+        return false;
+    };
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    digits(x) && digits(z)
+}
+
+/// One mounted file system: `major:minor`, source and mount point.
+struct Mount {
+    dev: String,
+    source: String,
+    point: String,
+}
+
+impl Default for Host {
+    fn default() -> Self {
+        Host::at("/sys", "/proc")
+    }
+}
+
+impl Host {
+    /// A host whose sysfs is at `sys` and procfs at `proc_root`.
+    pub fn at(sys: impl Into<PathBuf>, proc_root: impl Into<PathBuf>) -> Host {
+        Host {
+            sys: sys.into(),
+            proc_root: proc_root.into(),
+        }
+    }
+
+    /// The library's view of the same sysfs.
+    pub fn sysfs(&self) -> Sysfs {
+        Sysfs::at(&self.sys)
+    }
+
+    /// A path below the sysfs root (`rel` without a leading `/`).
+    pub fn sys_path(&self, rel: &str) -> PathBuf {
+        self.sys.join(rel)
+    }
+
+    /// `/sys/bus/pci/devices/ADDR`.
+    pub fn device_dir(&self, addr: &PciAddress) -> PathBuf {
+        self.sysfs().device_dir(addr)
+    }
+
+    /// Whether a PCI driver is registered (module loaded or built in).
+    pub fn driver_loaded(&self, name: &str) -> bool {
+        self.sys.join("bus/pci/drivers").join(name).is_dir()
+    }
+
+    /// IOMMU groups and the kernel command line's IOMMU words.
+    pub fn iommu(&self) -> IommuState {
+        let groups = dir_names(&self.sys.join("kernel/iommu_groups")).len();
+        let cmdline = read_trim(&self.proc_root.join("cmdline"))
+            .unwrap_or_default()
+            .split_whitespace()
+            .filter(|w| {
+                w.starts_with("intel_iommu=")
+                    || w.starts_with("amd_iommu=")
+                    || w.starts_with("iommu=")
+                    || w.starts_with("iommu.")
+                    || w.starts_with("vfio")
+            })
+            .map(str::to_string)
+            .collect();
+        IommuState { groups, cmdline }
+    }
+
+    /// Hugepage pools, smallest size first.
+    pub fn hugepage_pools(&self) -> Vec<HugePool> {
+        let base = self.sys.join("kernel/mm/hugepages");
+        let mut v: Vec<HugePool> = dir_names(&base)
+            .iter()
+            .filter_map(|n| {
+                let kib = n
+                    .strip_prefix("hugepages-")?
+                    .strip_suffix("kB")?
+                    .parse()
+                    .ok()?;
+                let d = base.join(n);
+                Some(HugePool {
+                    size_kib: kib,
+                    reserved: read_u64(&d.join("nr_hugepages")),
+                    free: read_u64(&d.join("free_hugepages")),
+                    surplus: read_u64(&d.join("surplus_hugepages")),
+                })
+            })
+            .collect();
+        v.sort_by_key(|p| p.size_kib);
+        v
+    }
+
+    /// The pool directory of one page size.
+    pub fn hugepage_dir(&self, size_kib: u64) -> PathBuf {
+        self.sys
+            .join("kernel/mm/hugepages")
+            .join(format!("hugepages-{size_kib}kB"))
+    }
+
+    /// `MemFree` of /proc/meminfo in KiB, if readable.
+    pub fn mem_free_kib(&self) -> Option<u64> {
+        let text = fs::read_to_string(self.proc_root.join("meminfo")).ok()?;
+        text.lines()
+            .find_map(|l| l.strip_prefix("MemFree:"))
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+    }
+
+    /// Every NVMe controller, sorted by address.
+    pub fn controllers(&self) -> Result<Vec<ControllerInfo>> {
+        let functions = self.sysfs().nvme_controllers()?;
+        let ctx = self.usage_context(&functions);
+        Ok(functions.into_iter().map(|f| self.info(f, &ctx)).collect())
+    }
+
+    /// One controller; an error that says what to do when `addr` is not an
+    /// NVMe controller.
+    pub fn controller(&self, addr: &PciAddress) -> Result<ControllerInfo> {
+        let f = self.sysfs().function(addr)?;
+        if f.class != NVME_CLASS {
+            anyhow::bail!(
+                "PCI device {addr} has class 0x{:06x}, not an NVMe controller (class 0x010802); upnvme setup only binds NVMe controllers (run `upnvme setup status` to see them)",
+                f.class
+            );
+        }
+        let ctx = self.usage_context(std::slice::from_ref(&f));
+        Ok(self.info(f, &ctx))
+    }
+
+    /// Mounts, swaps and open files, read once for many controllers.
+    fn usage_context(&self, functions: &[PciFunction]) -> UsageContext {
+        let mounts = self.mounts();
+        let swaps = self.swaps();
+        let mut targets: Vec<PathBuf> = Vec::new();
+        let mut blocks = BTreeMap::new();
+        for f in functions {
+            let b = self.block_dirs(&f.address);
+            for (name, _, _) in &b {
+                targets.push(PathBuf::from("/dev").join(name));
+            }
+            if let Some(g) = f.iommu_group {
+                targets.push(PathBuf::from(format!("/dev/vfio/{g}")));
+            }
+            blocks.insert(f.address, b);
+        }
+        let users = if targets.is_empty() {
+            BTreeMap::new()
+        } else {
+            self.fd_users(&targets)
+        };
+        UsageContext {
+            mounts,
+            swaps,
+            users,
+            blocks,
+        }
+    }
+
+    fn info(&self, f: PciFunction, ctx: &UsageContext) -> ControllerInfo {
+        let dir = self.device_dir(&f.address);
+        let driver_override =
+            read_trim(&dir.join("driver_override")).filter(|s| !s.is_empty() && s != "(null)");
+        let (group_members, blockers) = match f.iommu_group {
+            Some(g) => {
+                let gdir = self
+                    .sys
+                    .join("kernel/iommu_groups")
+                    .join(g.to_string())
+                    .join("devices");
+                let me = f.address.to_string();
+                let members = dir_names(&gdir)
+                    .into_iter()
+                    .filter(|n| *n != me)
+                    .map(|n| GroupMember {
+                        driver: link_name(&gdir.join(&n).join("driver")),
+                        address: n,
+                    })
+                    .collect();
+                (members, self.sysfs().group_blockers(g, &f.address))
+            }
+            None => (Vec::new(), Vec::new()),
+        };
+        let block_devices = ctx
+            .blocks
+            .get(&f.address)
+            .map(|b| {
+                b.iter()
+                    .map(|(name, namespace, path)| ctx.block_device(name, namespace, path))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let group_users = f
+            .iommu_group
+            .and_then(|g| ctx.users.get(&PathBuf::from(format!("/dev/vfio/{g}"))))
+            .cloned()
+            .unwrap_or_default();
+        ControllerInfo {
+            function: f,
+            driver_override,
+            group_members,
+            blockers,
+            block_devices,
+            group_users,
+        }
+    }
+
+    /// Namespace block devices of a kernel-driven controller and their
+    /// partitions: (name, namespace name, sysfs directory).
+    fn block_dirs(&self, addr: &PciAddress) -> Vec<(String, String, PathBuf)> {
+        let nvme = self.device_dir(addr).join("nvme");
+        let mut out = Vec::new();
+        for ctrl in dir_names(&nvme) {
+            let cdir = nvme.join(&ctrl);
+            for entry in dir_names(&cdir) {
+                let ns_dir = if is_namespace(&entry) {
+                    (entry.clone(), cdir.join(&entry))
+                } else if let Some(head) = multipath_head(&entry) {
+                    (head.clone(), self.sys.join("block").join(&head))
+                } else {
+                    continue;
+                };
+                let (ns, dir) = ns_dir;
+                if out.iter().any(|(n, _, _)| *n == ns) {
+                    continue;
+                }
+                for part in dir_names(&dir) {
+                    let p = dir.join(&part);
+                    if part.starts_with(&ns) && p.join("partition").exists() {
+                        out.push((part, ns.clone(), p));
+                    }
+                }
+                out.push((ns.clone(), ns, dir));
+            }
+        }
+        out.sort();
+        out
+    }
+
+    fn mounts(&self) -> Vec<Mount> {
+        if let Ok(text) = fs::read_to_string(self.proc_root.join("self/mountinfo")) {
+            return text
+                .lines()
+                .filter_map(|l| {
+                    let (left, right) = l.split_once(" - ")?;
+                    let f: Vec<&str> = left.split_whitespace().collect();
+                    let source = right.split_whitespace().nth(1)?;
+                    Some(Mount {
+                        dev: f.get(2)?.to_string(),
+                        point: unescape(f.get(4)?),
+                        source: unescape(source),
+                    })
+                })
+                .collect();
+        }
+        fs::read_to_string(self.proc_root.join("mounts"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| {
+                let mut f = l.split_whitespace();
+                Some(Mount {
+                    dev: String::new(),
+                    source: unescape(f.next()?),
+                    point: unescape(f.next()?),
+                })
+            })
+            .collect()
+    }
+
+    fn swaps(&self) -> Vec<String> {
+        fs::read_to_string(self.proc_root.join("swaps"))
+            .unwrap_or_default()
+            .lines()
+            .skip(1)
+            .filter_map(|l| l.split_whitespace().next().map(unescape))
+            .collect()
+    }
+
+    /// For each of `targets`, the processes with an open file descriptor on it.
+    fn fd_users(&self, targets: &[PathBuf]) -> BTreeMap<PathBuf, Vec<ProcUser>> {
+        let mut out: BTreeMap<PathBuf, Vec<ProcUser>> = BTreeMap::new();
+        let me = std::process::id();
+        for pid in dir_names(&self.proc_root) {
+            let Ok(pid_n) = pid.parse::<u32>() else {
+                continue;
+            };
+            if pid_n == me && self.proc_root == Path::new("/proc") {
+                continue;
+            }
+            let fd_dir = self.proc_root.join(&pid).join("fd");
+            let Ok(fds) = fs::read_dir(&fd_dir) else {
+                continue;
+            };
+            for fd in fds.flatten() {
+                let Ok(t) = fs::read_link(fd.path()) else {
+                    continue;
+                };
+                if let Some(target) = targets.iter().find(|x| **x == t) {
+                    let comm = read_trim(&self.proc_root.join(&pid).join("comm"))
+                        .unwrap_or_else(|| "?".into());
+                    let users = out.entry(target.clone()).or_default();
+                    let u = ProcUser { pid: pid_n, comm };
+                    if !users.contains(&u) {
+                        users.push(u);
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+/// What is mounted, swapped on and open on the machine.
+struct UsageContext {
+    mounts: Vec<Mount>,
+    swaps: Vec<String>,
+    users: BTreeMap<PathBuf, Vec<ProcUser>>,
+    blocks: BTreeMap<PciAddress, Vec<(String, String, PathBuf)>>,
+}
+
+impl UsageContext {
+    fn block_device(&self, name: &str, namespace: &str, dir: &Path) -> BlockDevice {
+        let dev = read_trim(&dir.join("dev"));
+        let node = PathBuf::from("/dev").join(name);
+        // A source such as /dev/disk/by-uuid/… is a symlink to the node.
+        let is_node = |s: &str| {
+            Path::new(s) == node
+                || (s.starts_with("/dev/") && fs::canonicalize(s).is_ok_and(|c| c == node))
+        };
+        let mut mounts: Vec<String> = self
+            .mounts
+            .iter()
+            .filter(|m| dev.as_deref() == Some(m.dev.as_str()) || is_node(&m.source))
+            .map(|m| m.point.clone())
+            .collect();
+        mounts.sort();
+        mounts.dedup();
+        BlockDevice {
+            name: name.to_string(),
+            namespace: namespace.to_string(),
+            mounts,
+            swap: self.swaps.iter().any(|s| is_node(s)),
+            holders: dir_names(&dir.join("holders")),
+            open_by: self.users.get(&node).cloned().unwrap_or_default(),
+            dev,
+        }
+    }
+}
+
+/// Which of `infos` match `wanted` addresses (all when empty); an unknown or
+/// non-NVMe address is an error that says what to do.
+pub fn resolve_targets(host: &Host, wanted: &[String]) -> Result<Vec<ControllerInfo>> {
+    if wanted.is_empty() {
+        return host.controllers();
+    }
+    let mut out: Vec<ControllerInfo> = Vec::new();
+    for w in wanted {
+        let addr: PciAddress = w.parse().map_err(anyhow::Error::from)?;
+        if out.iter().any(|c| c.address() == addr) {
+            continue;
+        }
+        out.push(
+            host.controller(&addr)
+                .with_context(|| format!("checking {addr}"))?,
+        );
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+pub mod fake {
+    //! A fake sysfs + procfs tree for host tests.
+
+    use std::fs;
+    use std::os::unix::fs::symlink;
+    use std::path::{Path, PathBuf};
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::Host;
+
+    /// A temporary directory holding `sys/` and `proc/`, removed on drop.
+    pub struct Tree {
+        /// The directory.
+        pub root: PathBuf,
+    }
+
+    impl Drop for Tree {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.root);
+        }
+    }
+
+    impl Tree {
+        /// An empty tree.
+        pub fn new() -> Tree {
+            static N: AtomicU32 = AtomicU32::new(0);
+            let root = std::env::temp_dir().join(format!(
+                "upnvme-cli-fake-{}-{}",
+                std::process::id(),
+                N.fetch_add(1, Ordering::Relaxed)
+            ));
+            let _ = fs::remove_dir_all(&root);
+            fs::create_dir_all(root.join("sys/bus/pci/devices")).unwrap();
+            fs::create_dir_all(root.join("sys/kernel/iommu_groups")).unwrap();
+            fs::create_dir_all(root.join("proc")).unwrap();
+            Tree { root }
+        }
+
+        /// The host over this tree.
+        pub fn host(&self) -> Host {
+            Host::at(self.root.join("sys"), self.root.join("proc"))
+        }
+
+        /// Writes `text` to `rel` (below the tree), creating directories.
+        pub fn write(&self, rel: &str, text: &str) {
+            let p = self.root.join(rel);
+            fs::create_dir_all(p.parent().unwrap()).unwrap();
+            fs::write(p, text).unwrap();
+        }
+
+        /// A PCI function.
+        pub fn device(&self, addr: &str, class: &str, driver: Option<&str>, group: Option<u32>) {
+            let sys = self.root.join("sys");
+            let dir = sys.join("bus/pci/devices").join(addr);
+            fs::create_dir_all(&dir).unwrap();
+            fs::write(dir.join("class"), format!("{class}\n")).unwrap();
+            fs::write(dir.join("vendor"), "0x1b36\n").unwrap();
+            fs::write(dir.join("device"), "0x0010\n").unwrap();
+            fs::write(dir.join("driver_override"), "(null)\n").unwrap();
+            if let Some(d) = driver {
+                let ddir = sys.join("bus/pci/drivers").join(d);
+                fs::create_dir_all(&ddir).unwrap();
+                symlink(&ddir, dir.join("driver")).unwrap();
+            }
+            if let Some(g) = group {
+                let gdir = sys.join("kernel/iommu_groups").join(g.to_string());
+                fs::create_dir_all(gdir.join("devices")).unwrap();
+                symlink(&gdir, dir.join("iommu_group")).unwrap();
+                symlink(&dir, gdir.join("devices").join(addr)).unwrap();
+            }
+        }
+
+        /// A namespace block device `nvme<ctrl>n<ns>` (with `partitions`
+        /// partitions) of the kernel-driven controller at `addr`; returns the
+        /// namespace's sysfs directory.
+        pub fn namespace(&self, addr: &str, ctrl: u32, ns: u32, partitions: u32) -> PathBuf {
+            let cdir = self
+                .root
+                .join("sys/bus/pci/devices")
+                .join(addr)
+                .join("nvme")
+                .join(format!("nvme{ctrl}"));
+            let name = format!("nvme{ctrl}n{ns}");
+            let dir = cdir.join(&name);
+            fs::create_dir_all(dir.join("holders")).unwrap();
+            fs::write(dir.join("dev"), format!("259:{}\n", ns * 10)).unwrap();
+            for p in 1..=partitions {
+                let pdir = dir.join(format!("{name}p{p}"));
+                fs::create_dir_all(pdir.join("holders")).unwrap();
+                fs::write(pdir.join("partition"), format!("{p}\n")).unwrap();
+                fs::write(pdir.join("dev"), format!("259:{}\n", ns * 10 + p)).unwrap();
+            }
+            dir
+        }
+
+        /// A process with `files` open.
+        pub fn process(&self, pid: u32, comm: &str, files: &[&str]) {
+            let dir = self.root.join("proc").join(pid.to_string());
+            fs::create_dir_all(dir.join("fd")).unwrap();
+            fs::write(dir.join("comm"), format!("{comm}\n")).unwrap();
+            for (i, f) in files.iter().enumerate() {
+                symlink(Path::new(f), dir.join("fd").join((i + 3).to_string())).unwrap();
+            }
+        }
+
+        /// A hugepage pool.
+        pub fn hugepages(&self, size_kib: u64, nr: u64, free: u64) {
+            let d = format!("sys/kernel/mm/hugepages/hugepages-{size_kib}kB");
+            self.write(&format!("{d}/nr_hugepages"), &format!("{nr}\n"));
+            self.write(&format!("{d}/free_hugepages"), &format!("{free}\n"));
+            self.write(&format!("{d}/surplus_hugepages"), "0\n");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fake::Tree;
+    use super::*;
+
+    #[test]
+    fn names_of_block_devices() {
+        assert!(is_namespace("nvme0n1"));
+        assert!(is_namespace("nvme12n3"));
+        assert!(!is_namespace("nvme0n1p1"));
+        assert!(!is_namespace("nvme0c1n1"));
+        assert!(!is_namespace("nvme0"));
+        assert_eq!(multipath_head("nvme0c1n3").as_deref(), Some("nvme0n3"));
+        assert_eq!(multipath_head("nvme0n1"), None);
+        assert_eq!(unescape(r"/mnt/my\040disk"), "/mnt/my disk");
+        assert_eq!(unescape(r"a\\b"), r"a\\b");
+        assert_eq!(size_name(2048), "2 MiB");
+        assert_eq!(size_name(1048576), "1 GiB");
+        assert_eq!(size_name(64), "64 KiB");
+    }
+
+    #[test]
+    fn iommu_state_and_advice() {
+        let t = Tree::new();
+        t.write("proc/cmdline", "BOOT_IMAGE=/vmlinuz ro quiet\n");
+        let s = t.host().iommu();
+        assert!(!s.enabled());
+        assert!(s.advice().unwrap().contains("intel_iommu=on iommu=pt"));
+        t.write(
+            "proc/cmdline",
+            "BOOT_IMAGE=/vmlinuz intel_iommu=on iommu=pt quiet\n",
+        );
+        let s = t.host().iommu();
+        assert_eq!(s.cmdline, ["intel_iommu=on", "iommu=pt"]);
+        assert!(s.advice().unwrap().contains("firmware"), "{:?}", s.advice());
+        t.device("0000:00:04.0", "0x010802", Some("vfio-pci"), Some(3));
+        let s = t.host().iommu();
+        assert!(s.enabled());
+        assert_eq!(s.groups, 1);
+        assert_eq!(s.advice(), None);
+    }
+
+    #[test]
+    fn controllers_groups_and_viability() {
+        let t = Tree::new();
+        t.device("0000:00:04.0", "0x010802", Some("vfio-pci"), Some(3));
+        t.device("0000:00:05.0", "0x010802", Some("nvme"), Some(4));
+        t.device("0000:00:08.0", "0x010802", Some("vfio-pci"), Some(6));
+        t.device("0000:00:08.1", "0x0c0330", Some("xhci_hcd"), Some(6));
+        t.device("0000:00:08.2", "0x0c0330", None, Some(6));
+        t.device("0000:00:09.0", "0x010802", None, None);
+        t.device("0000:00:1f.0", "0x060100", Some("lpc_ich"), Some(9));
+        t.write(
+            "sys/bus/pci/devices/0000:00:04.0/driver_override",
+            "vfio-pci\n",
+        );
+        let cs = t.host().controllers().unwrap();
+        let addrs: Vec<String> = cs.iter().map(|c| c.address().to_string()).collect();
+        assert_eq!(
+            addrs,
+            [
+                "0000:00:04.0",
+                "0000:00:05.0",
+                "0000:00:08.0",
+                "0000:00:09.0"
+            ]
+        );
+        assert!(cs[0].ready());
+        assert_eq!(cs[0].driver_override.as_deref(), Some("vfio-pci"));
+        assert_eq!(cs[1].driver_override, None);
+        assert!(!cs[1].ready() && cs[1].group_viable());
+        assert!(!cs[2].group_viable());
+        assert_eq!(cs[2].blockers, ["0000:00:08.1 (bound to xhci_hcd)"]);
+        assert_eq!(
+            cs[2].group_members,
+            [
+                GroupMember {
+                    address: "0000:00:08.1".into(),
+                    driver: Some("xhci_hcd".into())
+                },
+                GroupMember {
+                    address: "0000:00:08.2".into(),
+                    driver: None
+                }
+            ]
+        );
+        assert!(!cs[3].group_viable(), "no IOMMU group is not viable");
+        let e = t
+            .host()
+            .controller(&"0000:00:1f.0".parse().unwrap())
+            .unwrap_err();
+        assert!(e.to_string().contains("not an NVMe controller"), "{e:#}");
+        let e = resolve_targets(&t.host(), &["0000:00:1e.0".into()]).unwrap_err();
+        assert!(
+            format!("{e:#}").contains("no PCI device at 0000:00:1e.0"),
+            "{e:#}"
+        );
+        let e = resolve_targets(&t.host(), &["00:04".into()]).unwrap_err();
+        assert!(format!("{e:#}").contains("invalid PCI address"), "{e:#}");
+        let r = resolve_targets(&t.host(), &["00:04.0".into(), "0000:00:04.0".into()]).unwrap();
+        assert_eq!(r.len(), 1, "duplicates are folded");
+    }
+
+    #[test]
+    fn namespaces_in_use_are_found_with_the_reason() {
+        let t = Tree::new();
+        t.device("0000:00:05.0", "0x010802", Some("nvme"), Some(4));
+        t.namespace("0000:00:05.0", 0, 1, 2);
+        t.namespace("0000:00:05.0", 0, 2, 0);
+        let ns3 = t.namespace("0000:00:05.0", 0, 3, 0);
+        let host = t.host();
+        let addr = "0000:00:05.0".parse().unwrap();
+
+        // Nothing uses them yet.
+        let c = host.controller(&addr).unwrap();
+        let names: Vec<&str> = c.block_devices.iter().map(|b| b.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["nvme0n1", "nvme0n1p1", "nvme0n1p2", "nvme0n2", "nvme0n3"]
+        );
+        assert_eq!(c.block_devices[1].namespace, "nvme0n1");
+        assert!(c.in_use().is_empty(), "{:?}", c.in_use());
+
+        // Mounted by major:minor (mountinfo), by name (/dev/nvme0n2), swap,
+        // a holder, an open file.
+        t.write(
+            "proc/self/mountinfo",
+            "22 1 259:12 / / rw,relatime - ext4 /dev/root rw\n\
+             23 22 259:11 / /boot\\040efi rw - vfat /dev/nvme0n1p1 rw\n\
+             24 22 0:45 / /data rw - btrfs /dev/nvme0n2 rw\n\
+             25 22 0:5 / /dev rw - devtmpfs udev rw\n",
+        );
+        t.write(
+            "proc/swaps",
+            "Filename\tType\tSize\tUsed\tPriority\n/dev/nvme0n3\tpartition\t1024\t0\t-2\n",
+        );
+        fs::create_dir_all(ns3.join("holders/dm-0")).unwrap();
+        t.process(4242, "qemu-system-x86", &["/dev/null", "/dev/nvme0n3"]);
+        let c = host.controller(&addr).unwrap();
+        let uses = c.in_use();
+        assert_eq!(
+            uses,
+            [
+                "nvme0n1p1 is mounted at /boot efi: unmount it first (`umount /boot efi`)",
+                "nvme0n1p2 is mounted at / (the root file system): this controller holds the running system; never bind it",
+                "nvme0n2 is mounted at /data: unmount it first (`umount /data`)",
+                "nvme0n3 is an active swap area: turn it off first (`swapoff /dev/nvme0n3`)",
+                "nvme0n3 is held by dm-0 (LVM, dm-crypt, MD RAID or another stacked device): deactivate that first (`dmsetup remove`, `vgchange -an`, `mdadm --stop`, `cryptsetup close`)",
+                "/dev/nvme0n3 is open by pid 4242 (qemu-system-x86): stop that process first",
+            ]
+        );
+    }
+
+    #[test]
+    fn mounts_fall_back_to_proc_mounts() {
+        let t = Tree::new();
+        t.device("0000:00:05.0", "0x010802", Some("nvme"), Some(4));
+        t.namespace("0000:00:05.0", 1, 1, 0);
+        t.write(
+            "proc/mounts",
+            "/dev/nvme1n1 /srv ext4 rw 0 0\nproc /proc proc rw 0 0\n",
+        );
+        let c = t
+            .host()
+            .controller(&"0000:00:05.0".parse().unwrap())
+            .unwrap();
+        assert_eq!(c.block_devices[0].mounts, ["/srv"]);
+    }
+
+    #[test]
+    fn multipath_heads_are_checked() {
+        let t = Tree::new();
+        t.device("0000:00:05.0", "0x010802", Some("nvme"), Some(4));
+        let cdir = t.root.join("sys/bus/pci/devices/0000:00:05.0/nvme/nvme0");
+        fs::create_dir_all(cdir.join("nvme0c0n1")).unwrap();
+        t.write("sys/block/nvme0n1/dev", "259:0\n");
+        t.write(
+            "proc/swaps",
+            "Filename Type Size Used Priority\n/dev/nvme0n1 partition 1 0 -2\n",
+        );
+        let c = t
+            .host()
+            .controller(&"0000:00:05.0".parse().unwrap())
+            .unwrap();
+        assert_eq!(c.block_devices.len(), 1);
+        assert_eq!(c.block_devices[0].name, "nvme0n1");
+        assert!(c.block_devices[0].swap);
+    }
+
+    #[test]
+    fn vfio_group_users_are_found() {
+        let t = Tree::new();
+        t.device("0000:00:04.0", "0x010802", Some("vfio-pci"), Some(3));
+        t.process(77, "upnvme", &["/dev/vfio/vfio", "/dev/vfio/3"]);
+        t.process(78, "sh", &["/dev/vfio/4"]);
+        let host = t.host();
+        let c = host.controller(&"0000:00:04.0".parse().unwrap()).unwrap();
+        assert_eq!(
+            c.group_users,
+            [ProcUser {
+                pid: 77,
+                comm: "upnvme".into()
+            }]
+        );
+        assert_eq!(c.group_users[0].to_string(), "pid 77 (upnvme)");
+    }
+
+    #[test]
+    fn hugepage_pools_and_meminfo() {
+        let t = Tree::new();
+        t.hugepages(1048576, 0, 0);
+        t.hugepages(2048, 128, 120);
+        t.write("proc/meminfo", "MemTotal: 1000 kB\nMemFree:   5120 kB\n");
+        let host = t.host();
+        let p = host.hugepage_pools();
+        assert_eq!(
+            p,
+            [
+                HugePool {
+                    size_kib: 2048,
+                    reserved: 128,
+                    free: 120,
+                    surplus: 0
+                },
+                HugePool {
+                    size_kib: 1048576,
+                    reserved: 0,
+                    free: 0,
+                    surplus: 0
+                }
+            ]
+        );
+        assert_eq!(host.mem_free_kib(), Some(5120));
+    }
+}

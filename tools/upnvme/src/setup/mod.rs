@@ -1,0 +1,859 @@
+//! `upnvme setup status|bind|unbind|hugepages`: what SPDK's `setup.sh` does,
+//! for upnvme — show whether the machine is ready (IOMMU, drivers, IOMMU
+//! groups, hugepages), bind NVMe controllers to vfio-pci (never one whose
+//! namespaces are in use), give them back to the kernel's nvme driver, and
+//! reserve hugepages. Every refusal says why and what to do.
+
+pub mod host;
+
+use std::fmt::Write as _;
+use std::fs;
+use std::io::ErrorKind;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use clap::{Args, Subcommand};
+use serde_json::{Value, json};
+
+use host::{ControllerInfo, Host, HugePool, resolve_targets, size_name};
+
+/// `upnvme setup`.
+#[derive(Args, Debug)]
+#[command(subcommand_required = true, arg_required_else_help = true)]
+pub struct SetupArgs {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: SetupCommand,
+}
+
+/// The `setup` subcommands.
+#[derive(Subcommand, Debug)]
+pub enum SetupCommand {
+    /// Show the IOMMU state, every NVMe controller with its driver, IOMMU group
+    /// (and whether the group is viable) and block devices, and the hugepage
+    /// reservation of every page size.
+    Status {
+        /// Print one JSON document instead of the tables.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Bind NVMe controllers to vfio-pci (loads the vfio-pci module if needed).
+    /// Refuses a controller whose namespaces are mounted, used as swap,
+    /// stacked on (LVM, RAID, dm-crypt) or open. Binding a controller that is
+    /// already bound is a no-op.
+    Bind {
+        /// PCI addresses (default: every NVMe controller whose namespaces are
+        /// not in use).
+        #[arg(value_name = "ADDRESS")]
+        devices: Vec<String>,
+    },
+    /// Give NVMe controllers back to the kernel's nvme driver (clears
+    /// driver_override and re-probes). Refuses a controller that a process has
+    /// open through VFIO.
+    Unbind {
+        /// PCI addresses (default: every NVMe controller bound to vfio-pci).
+        #[arg(value_name = "ADDRESS")]
+        devices: Vec<String>,
+    },
+    /// Reserve COUNT hugepages of a size in total (writes nr_hugepages) and
+    /// report what the kernel gave; fails when it gave fewer.
+    Hugepages {
+        /// Pages to have reserved (0 releases the reservation).
+        count: u64,
+        /// Page size: 2M or 1G (any size the kernel offers, e.g. 2048k).
+        #[arg(long, default_value = "2M", value_parser = parse_page_size)]
+        size: u64,
+    },
+}
+
+/// Parses a page size (`2M`, `1G`, `2048k`, `1GiB`, `2097152`) into KiB.
+pub fn parse_page_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("'{s}' is not a size such as 2M or 1G"))?;
+    let kib = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => {
+            if n % 1024 != 0 {
+                return Err(format!("'{s}' is not a whole number of KiB"));
+            }
+            n / 1024
+        }
+        "k" | "kb" | "kib" => n,
+        "m" | "mb" | "mib" => n * 1024,
+        "g" | "gb" | "gib" => n * 1024 * 1024,
+        _ => return Err(format!("'{s}': unknown unit '{unit}' (use K, M or G)")),
+    };
+    if kib == 0 {
+        return Err(format!("'{s}' is not a page size"));
+    }
+    Ok(kib)
+}
+
+/// Runs `upnvme setup …` on this machine.
+pub fn run(args: SetupArgs) -> Result<()> {
+    let host = Host::default();
+    match args.command {
+        SetupCommand::Status { json } => {
+            let s = Status::read(&host)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&s.json())?);
+            } else {
+                print!("{}", s.text());
+            }
+            Ok(())
+        }
+        SetupCommand::Bind { devices } => bind(&host, &devices),
+        SetupCommand::Unbind { devices } => unbind(&host, &devices),
+        SetupCommand::Hugepages { count, size } => hugepages(&host, count, size),
+    }
+}
+
+/// Everything `setup status` shows.
+pub struct Status {
+    /// The IOMMU.
+    pub iommu: host::IommuState,
+    /// Whether the vfio-pci driver is registered.
+    pub vfio_pci: bool,
+    /// Whether the kernel's nvme driver is registered.
+    pub nvme: bool,
+    /// The NVMe controllers.
+    pub controllers: Vec<ControllerInfo>,
+    /// The hugepage pools.
+    pub hugepages: Vec<HugePool>,
+}
+
+impl Status {
+    /// Reads the machine.
+    pub fn read(host: &Host) -> Result<Status> {
+        Ok(Status {
+            iommu: host.iommu(),
+            vfio_pci: host.driver_loaded("vfio-pci"),
+            nvme: host.driver_loaded("nvme"),
+            controllers: host.controllers()?,
+            hugepages: host.hugepage_pools(),
+        })
+    }
+
+    /// What to do about one controller (`None` when upnvme can use it).
+    fn advice(&self, c: &ControllerInfo) -> Option<String> {
+        let a = c.address();
+        if c.function.iommu_group.is_none() {
+            return Some(format!("{a}: no IOMMU group; see the IOMMU line above"));
+        }
+        let uses = c.in_use();
+        if !uses.is_empty() {
+            return Some(format!(
+                "{a}: in use by the kernel, leave it there or free it first: {}",
+                uses.join("; ")
+            ));
+        }
+        let mut notes = Vec::new();
+        if c.driver() != Some("vfio-pci") {
+            notes.push(format!("bind it with `upnvme setup bind {a}`"));
+        }
+        if !c.blockers.is_empty() {
+            notes.push(format!(
+                "IOMMU group {} is not viable: {} must be bound to vfio-pci or unbound too",
+                c.function.iommu_group.unwrap_or_default(),
+                c.blockers.join(", ")
+            ));
+        }
+        if !c.group_users.is_empty() {
+            let who: Vec<String> = c.group_users.iter().map(|u| u.to_string()).collect();
+            notes.push(format!("open by {}", who.join(", ")));
+        }
+        (!notes.is_empty()).then(|| format!("{a}: {}", notes.join("; ")))
+    }
+
+    /// The human-readable report.
+    pub fn text(&self) -> String {
+        let mut o = String::new();
+        let i = &self.iommu;
+        let cmdline = if i.cmdline.is_empty() {
+            "no IOMMU options on the kernel command line".to_string()
+        } else {
+            format!("kernel command line: {}", i.cmdline.join(" "))
+        };
+        if i.enabled() {
+            let _ = writeln!(o, "IOMMU: on, {} groups ({cmdline})", i.groups);
+        } else {
+            let _ = writeln!(o, "IOMMU: off ({cmdline})");
+            if let Some(a) = i.advice() {
+                let _ = writeln!(o, "  {a}");
+            }
+        }
+        let loaded = |b: bool| if b { "loaded" } else { "not loaded" };
+        let _ = writeln!(
+            o,
+            "Drivers: vfio-pci {}, nvme {}",
+            loaded(self.vfio_pci),
+            loaded(self.nvme)
+        );
+        let _ = writeln!(o);
+        let _ = writeln!(o, "Hugepages:");
+        if self.hugepages.is_empty() {
+            let _ = writeln!(o, "  (none: the kernel has no hugetlb support)");
+        } else {
+            let _ = writeln!(
+                o,
+                "  {:<8} {:>9} {:>9} {:>9}",
+                "Size", "Reserved", "Free", "Surplus"
+            );
+            for p in &self.hugepages {
+                let _ = writeln!(
+                    o,
+                    "  {:<8} {:>9} {:>9} {:>9}",
+                    size_name(p.size_kib),
+                    p.reserved,
+                    p.free,
+                    p.surplus
+                );
+            }
+            if self
+                .hugepages
+                .iter()
+                .find(|p| p.size_kib == 2048)
+                .is_some_and(|p| p.free == 0)
+            {
+                let _ = writeln!(
+                    o,
+                    "  no free 2 MiB hugepage: reserve some with `upnvme setup hugepages 512`"
+                );
+            }
+        }
+        let _ = writeln!(o);
+        let _ = writeln!(o, "NVMe controllers:");
+        if self.controllers.is_empty() {
+            let _ = writeln!(o, "  (none on the PCI bus)");
+            return o;
+        }
+        let _ = writeln!(
+            o,
+            "  {:<13} {:<10} {:<9} {:<9} {:>5} {:<6} {:<6} Block devices",
+            "Address", "Vendor:ID", "Driver", "Override", "Group", "Viable", "Ready"
+        );
+        for c in &self.controllers {
+            let f = &c.function;
+            let blocks: Vec<String> = c
+                .block_devices
+                .iter()
+                .map(|b| {
+                    if b.uses().is_empty() {
+                        b.name.clone()
+                    } else {
+                        format!("{} (in use)", b.name)
+                    }
+                })
+                .collect();
+            let _ = writeln!(
+                o,
+                "  {:<13} {:<10} {:<9} {:<9} {:>5} {:<6} {:<6} {}",
+                f.address.to_string(),
+                format!("{:04x}:{:04x}", f.vendor, f.device),
+                f.driver.as_deref().unwrap_or("none"),
+                c.driver_override.as_deref().unwrap_or("-"),
+                f.iommu_group
+                    .map_or_else(|| "-".to_string(), |g| g.to_string()),
+                if c.group_viable() { "yes" } else { "no" },
+                if c.ready() { "yes" } else { "no" },
+                if blocks.is_empty() {
+                    "-".to_string()
+                } else {
+                    blocks.join(" ")
+                }
+            );
+        }
+        let mut groups = Vec::new();
+        for c in &self.controllers {
+            if !c.group_members.is_empty() {
+                let m: Vec<String> = c
+                    .group_members
+                    .iter()
+                    .map(|m| {
+                        format!(
+                            "{} ({})",
+                            m.address,
+                            m.driver.as_deref().unwrap_or("no driver")
+                        )
+                    })
+                    .collect();
+                groups.push(format!(
+                    "  group {} of {} also holds {}",
+                    c.function.iommu_group.unwrap_or_default(),
+                    c.address(),
+                    m.join(", ")
+                ));
+            }
+        }
+        if !groups.is_empty() {
+            let _ = writeln!(o);
+            let _ = writeln!(o, "IOMMU groups shared with other devices:");
+            for g in groups {
+                let _ = writeln!(o, "{g}");
+            }
+        }
+        let advice: Vec<String> = self
+            .controllers
+            .iter()
+            .filter_map(|c| self.advice(c))
+            .collect();
+        if !advice.is_empty() {
+            let _ = writeln!(o);
+            let _ = writeln!(o, "To do:");
+            for a in advice {
+                let _ = writeln!(o, "  {a}");
+            }
+        }
+        o
+    }
+
+    /// The JSON document (fields documented in docs/setup.md).
+    pub fn json(&self) -> Value {
+        let controllers: Vec<Value> = self
+            .controllers
+            .iter()
+            .map(|c| {
+                let f = &c.function;
+                json!({
+                    "address": f.address.to_string(),
+                    "vendor": format!("{:04x}", f.vendor),
+                    "device": format!("{:04x}", f.device),
+                    "driver": f.driver,
+                    "driver_override": c.driver_override,
+                    "iommu_group": f.iommu_group,
+                    "group_members": c.group_members.iter().map(|m| json!({
+                        "address": m.address,
+                        "driver": m.driver,
+                    })).collect::<Vec<_>>(),
+                    "group_viable": c.group_viable(),
+                    "group_blockers": c.blockers,
+                    "group_open_by": c.group_users.iter().map(|u| json!({"pid": u.pid, "comm": u.comm})).collect::<Vec<_>>(),
+                    "block_devices": c.block_devices.iter().map(|b| json!({
+                        "name": b.name,
+                        "namespace": b.namespace,
+                        "mounts": b.mounts,
+                        "swap": b.swap,
+                        "holders": b.holders,
+                        "open_by": b.open_by.iter().map(|u| json!({"pid": u.pid, "comm": u.comm})).collect::<Vec<_>>(),
+                    })).collect::<Vec<_>>(),
+                    "in_use": c.in_use(),
+                    "ready": c.ready(),
+                    "advice": self.advice(c),
+                })
+            })
+            .collect();
+        json!({
+            "iommu": {
+                "enabled": self.iommu.enabled(),
+                "groups": self.iommu.groups,
+                "cmdline": self.iommu.cmdline,
+                "advice": self.iommu.advice(),
+            },
+            "drivers": {
+                "vfio-pci": self.vfio_pci,
+                "nvme": self.nvme,
+            },
+            "controllers": controllers,
+            "hugepages": self.hugepages.iter().map(|p| json!({
+                "size_kib": p.size_kib,
+                "reserved": p.reserved,
+                "free": p.free,
+                "surplus": p.surplus,
+            })).collect::<Vec<_>>(),
+        })
+    }
+}
+
+/// Why `bind` must not touch `c`, with what to do (`None`: go ahead).
+pub fn bind_refusal(c: &ControllerInfo, iommu: &host::IommuState) -> Option<String> {
+    let a = c.address();
+    let uses = c.in_use();
+    if !uses.is_empty() {
+        return Some(format!(
+            "refusing to bind {a} to vfio-pci: its namespaces are in use, and binding would pull them from under their users: {}; then run `upnvme setup bind {a}` again",
+            uses.join("; ")
+        ));
+    }
+    if c.function.iommu_group.is_none() {
+        let why = iommu
+            .advice()
+            .unwrap_or_else(|| format!("{a} is not in an IOMMU group"));
+        return Some(format!(
+            "refusing to bind {a} to vfio-pci: it has no IOMMU group, so vfio-pci cannot take it; {why}"
+        ));
+    }
+    None
+}
+
+/// Why `unbind` must not touch `c` (`None`: go ahead).
+pub fn unbind_refusal(c: &ControllerInfo) -> Option<String> {
+    if c.group_users.is_empty() {
+        return None;
+    }
+    let a = c.address();
+    let who: Vec<String> = c.group_users.iter().map(|u| u.to_string()).collect();
+    Some(format!(
+        "refusing to unbind {a}: its VFIO group /dev/vfio/{} is open by {} (unbinding would wait until it is closed); stop {} first, then run `upnvme setup unbind {a}` again",
+        c.function.iommu_group.unwrap_or_default(),
+        who.join(", "),
+        if who.len() == 1 {
+            "that process"
+        } else {
+            "those processes"
+        }
+    ))
+}
+
+/// Writes a sysfs attribute; permission problems say to run as root.
+fn write_attr(path: &Path, value: &str) -> Result<()> {
+    fs::write(path, value).map_err(|e| {
+        if matches!(e.kind(), ErrorKind::PermissionDenied) || e.raw_os_error() == Some(1) {
+            anyhow!(
+                "writing {value:?} to {}: {e}; run upnvme setup as root (sudo)",
+                path.display()
+            )
+        } else {
+            anyhow!("writing {value:?} to {}: {e}", path.display())
+        }
+    })
+}
+
+/// The driver of `addr` now, waiting up to `wait` for it to become `want`.
+fn driver_after(
+    host: &Host,
+    c: &ControllerInfo,
+    want: Option<&str>,
+    wait: Duration,
+) -> Option<String> {
+    let link = host.device_dir(&c.address()).join("driver");
+    let start = Instant::now();
+    loop {
+        let now = fs::read_link(&link)
+            .ok()
+            .and_then(|t| t.file_name().map(|n| n.to_string_lossy().into_owned()));
+        if now.as_deref() == want || start.elapsed() >= wait {
+            return now;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Loads the vfio-pci driver if it is not registered.
+fn ensure_vfio_pci(host: &Host) -> Result<()> {
+    if host.driver_loaded("vfio-pci") {
+        return Ok(());
+    }
+    let why = match Command::new("modprobe").arg("vfio-pci").output() {
+        Ok(o) if o.status.success() => String::new(),
+        Ok(o) => format!(
+            "`modprobe vfio-pci` failed: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        ),
+        Err(e) => format!("modprobe could not be run ({e})"),
+    };
+    if host.driver_loaded("vfio-pci") {
+        return Ok(());
+    }
+    bail!(
+        "the vfio-pci driver is not available{}{why}; load it (`modprobe vfio-pci`, as root) or use a kernel built with CONFIG_VFIO_PCI",
+        if why.is_empty() { "" } else { ": " }
+    )
+}
+
+/// `upnvme setup bind [ADDRESS…]`.
+fn bind(host: &Host, wanted: &[String]) -> Result<()> {
+    let targets = resolve_targets(host, wanted)?;
+    if targets.is_empty() {
+        bail!("no NVMe controller found on the PCI bus (run `upnvme setup status`)");
+    }
+    let iommu = host.iommu();
+    let mut go = Vec::new();
+    let mut refusals = Vec::new();
+    for c in targets {
+        // Without addresses, controllers in use by the kernel are skipped.
+        if wanted.is_empty() && !c.in_use().is_empty() {
+            let a = c.address();
+            println!("{a}: skipped, in use: {}", c.in_use().join("; "));
+            continue;
+        }
+        match bind_refusal(&c, &iommu) {
+            None => go.push(c),
+            Some(r) => refusals.push(r),
+        }
+    }
+    if !refusals.is_empty() {
+        bail!("{}; nothing was changed", refusals.join("\n"));
+    }
+    if go.iter().any(|c| c.driver() != Some("vfio-pci")) {
+        ensure_vfio_pci(host)?;
+    }
+    for c in &go {
+        bind_one(host, c)?;
+    }
+    Ok(())
+}
+
+fn bind_one(host: &Host, c: &ControllerInfo) -> Result<()> {
+    let a = c.address();
+    let dir = host.device_dir(&a);
+    let group = c.function.iommu_group.unwrap_or_default();
+    let viability = if c.blockers.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "\n  warning: IOMMU group {group} is not viable: {} must be bound to vfio-pci or unbound before upnvme can open {a}",
+            c.blockers.join(", ")
+        )
+    };
+    if c.driver_override.as_deref() != Some("vfio-pci") {
+        // Also for a bound controller: the override keeps it on vfio-pci
+        // across a re-probe.
+        write_attr(&dir.join("driver_override"), "vfio-pci")?;
+    }
+    if c.driver() == Some("vfio-pci") {
+        println!("{a}: already bound to vfio-pci (IOMMU group {group}){viability}");
+        return Ok(());
+    }
+    if let Some(d) = c.driver()
+        && d != "vfio-pci"
+    {
+        write_attr(&dir.join("driver/unbind"), &a.to_string())
+            .with_context(|| format!("unbinding {a} from {d}"))?;
+    }
+    write_attr(&host.sys_path("bus/pci/drivers_probe"), &a.to_string())?;
+    let now = driver_after(host, c, Some("vfio-pci"), Duration::from_secs(2));
+    if now.as_deref() != Some("vfio-pci") {
+        bail!(
+            "{a} did not bind to vfio-pci (now: {}); the kernel log (`dmesg | tail`) says why; `upnvme setup unbind {a}` gives it back to {}",
+            now.as_deref().unwrap_or("no driver"),
+            c.driver().unwrap_or("the kernel")
+        );
+    }
+    // The group's device node appears with the binding.
+    let node = Path::new("/dev/vfio").join(group.to_string());
+    let start = Instant::now();
+    while !node.exists() && start.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    println!(
+        "{a}: {} -> vfio-pci (IOMMU group {group}, {}){viability}",
+        c.driver().unwrap_or("no driver"),
+        node.display()
+    );
+    Ok(())
+}
+
+/// `upnvme setup unbind [ADDRESS…]`.
+fn unbind(host: &Host, wanted: &[String]) -> Result<()> {
+    let mut targets = resolve_targets(host, wanted)?;
+    if wanted.is_empty() {
+        targets.retain(|c| {
+            c.driver() == Some("vfio-pci") || c.driver_override.as_deref() == Some("vfio-pci")
+        });
+        if targets.is_empty() {
+            println!("no NVMe controller is bound to vfio-pci; nothing to do");
+            return Ok(());
+        }
+    }
+    let refusals: Vec<String> = targets.iter().filter_map(unbind_refusal).collect();
+    if !refusals.is_empty() {
+        bail!("{}; nothing was changed", refusals.join("\n"));
+    }
+    let nvme_loaded = host.driver_loaded("nvme");
+    for c in &targets {
+        let a = c.address();
+        let dir = host.device_dir(&a);
+        if c.driver() == Some("nvme") && c.driver_override.is_none() {
+            println!("{a}: already bound to nvme");
+            continue;
+        }
+        // An empty line clears driver_override.
+        write_attr(&dir.join("driver_override"), "\n")?;
+        if let Some(d) = c.driver()
+            && d != "nvme"
+        {
+            write_attr(&dir.join("driver/unbind"), &a.to_string())
+                .with_context(|| format!("unbinding {a} from {d}"))?;
+        }
+        write_attr(&host.sys_path("bus/pci/drivers_probe"), &a.to_string())?;
+        let want = nvme_loaded.then_some("nvme");
+        let now = driver_after(host, c, want, Duration::from_secs(5));
+        let from = c.driver().unwrap_or("no driver");
+        match now.as_deref() {
+            Some(d) => println!("{a}: {from} -> {d}"),
+            None if !nvme_loaded => println!(
+                "{a}: {from} -> no driver: the kernel's nvme driver is not loaded; load it (`modprobe nvme`) and run `upnvme setup unbind {a}` again to hand the controller to it"
+            ),
+            None => bail!(
+                "{a}: {from} -> no driver: the nvme driver did not take it; the kernel log (`dmesg | tail`) says why"
+            ),
+        }
+    }
+    Ok(())
+}
+
+/// `upnvme setup hugepages COUNT [--size S]`.
+fn hugepages(host: &Host, count: u64, size_kib: u64) -> Result<()> {
+    let name = size_name(size_kib);
+    let dir = host.hugepage_dir(size_kib);
+    if !dir.is_dir() {
+        let sizes: Vec<String> = host
+            .hugepage_pools()
+            .iter()
+            .map(|p| size_name(p.size_kib))
+            .collect();
+        let hint = if size_kib == 1 << 20 {
+            " (1 GiB pages need a CPU with the pdpe1gb flag)"
+        } else {
+            ""
+        };
+        bail!(
+            "the kernel offers no {name} hugepages{hint}; sizes offered: {}",
+            if sizes.is_empty() {
+                "none (a kernel without CONFIG_HUGETLBFS)".to_string()
+            } else {
+                sizes.join(", ")
+            }
+        );
+    }
+    let before = host
+        .hugepage_pools()
+        .into_iter()
+        .find(|p| p.size_kib == size_kib);
+    write_attr(&dir.join("nr_hugepages"), &count.to_string())?;
+    let after = host
+        .hugepage_pools()
+        .into_iter()
+        .find(|p| p.size_kib == size_kib)
+        .ok_or_else(|| anyhow!("{} disappeared", dir.display()))?;
+    println!(
+        "{name} hugepages: {} reserved ({} free), asked for {count}{}",
+        after.reserved,
+        after.free,
+        before.map_or(String::new(), |b| format!(", was {}", b.reserved))
+    );
+    let verdict = hugepage_verdict(count, size_kib, &after, host.mem_free_kib());
+    match verdict {
+        Ok(Some(note)) => {
+            println!("{note}");
+            Ok(())
+        }
+        Ok(None) => Ok(()),
+        Err(e) => Err(anyhow!(e)),
+    }
+}
+
+/// A page size as `--size` and `hugepagesz=` spell it: `2M`, `1G`, `64K`.
+fn size_flag(kib: u64) -> String {
+    size_name(kib).replace(' ', "").replace("iB", "")
+}
+
+/// Whether the kernel gave the `asked` pages: an error with the reason and
+/// what to do when it gave fewer, a note when it kept more.
+pub fn hugepage_verdict(
+    asked: u64,
+    size_kib: u64,
+    got: &HugePool,
+    mem_free_kib: Option<u64>,
+) -> Result<Option<String>, String> {
+    let name = size_name(size_kib);
+    if got.reserved < asked {
+        let free = mem_free_kib.map_or(String::new(), |k| {
+            format!(" ({} MiB of memory are free in all)", k / 1024)
+        });
+        let boot = if size_kib == 2048 {
+            format!("`hugepages={asked}`")
+        } else {
+            format!("`hugepagesz={} hugepages={asked}`", size_flag(size_kib))
+        };
+        return Err(format!(
+            "only {} of {asked} {name} hugepages could be reserved: the kernel found no more free, contiguous, aligned {name} blocks{free}; free memory (stop programs, `echo 3 > /proc/sys/vm/drop_caches`, `echo 1 > /proc/sys/vm/compact_memory`) and run `upnvme setup hugepages {asked}{}` again, or reserve them at boot with {boot} on the kernel command line",
+            got.reserved,
+            if size_kib == 2048 {
+                String::new()
+            } else {
+                format!(" --size {}", size_flag(size_kib))
+            },
+        ));
+    }
+    if got.reserved > asked {
+        return Ok(Some(format!(
+            "{} {name} hugepages are still mapped by running programs and are released when those exit",
+            got.reserved - asked
+        )));
+    }
+    Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::host::fake::Tree;
+    use super::*;
+
+    #[test]
+    fn page_sizes() {
+        assert_eq!(parse_page_size("2M"), Ok(2048));
+        assert_eq!(parse_page_size("2m"), Ok(2048));
+        assert_eq!(parse_page_size("1G"), Ok(1 << 20));
+        assert_eq!(parse_page_size("1GiB"), Ok(1 << 20));
+        assert_eq!(parse_page_size("2048k"), Ok(2048));
+        assert_eq!(parse_page_size("2097152"), Ok(2048));
+        assert!(parse_page_size("2X").unwrap_err().contains("unknown unit"));
+        assert!(parse_page_size("M").is_err());
+        assert!(parse_page_size("0M").is_err());
+        assert!(parse_page_size("1000").is_err());
+    }
+
+    #[test]
+    fn hugepage_verdicts() {
+        let pool = |reserved| HugePool {
+            size_kib: 2048,
+            reserved,
+            free: reserved,
+            surplus: 0,
+        };
+        assert_eq!(hugepage_verdict(128, 2048, &pool(128), None), Ok(None));
+        let e = hugepage_verdict(1000, 2048, &pool(300), Some(10240)).unwrap_err();
+        assert_eq!(
+            e,
+            "only 300 of 1000 2 MiB hugepages could be reserved: the kernel found no more free, contiguous, aligned 2 MiB blocks (10 MiB of memory are free in all); free memory (stop programs, `echo 3 > /proc/sys/vm/drop_caches`, `echo 1 > /proc/sys/vm/compact_memory`) and run `upnvme setup hugepages 1000` again, or reserve them at boot with `hugepages=1000` on the kernel command line"
+        );
+        let g = HugePool {
+            size_kib: 1 << 20,
+            reserved: 0,
+            free: 0,
+            surplus: 0,
+        };
+        let e = hugepage_verdict(2, 1 << 20, &g, None).unwrap_err();
+        assert!(e.starts_with("only 0 of 2 1 GiB hugepages"), "{e}");
+        assert!(e.contains("`upnvme setup hugepages 2 --size 1G`"), "{e}");
+        assert!(e.contains("`hugepagesz=1G hugepages=2`"), "{e}");
+        let note = hugepage_verdict(0, 2048, &pool(4), None).unwrap().unwrap();
+        assert!(
+            note.contains("4 2 MiB hugepages are still mapped"),
+            "{note}"
+        );
+    }
+
+    #[test]
+    fn refusals_say_why_and_what_to_do() {
+        let t = Tree::new();
+        t.device("0000:00:04.0", "0x010802", Some("vfio-pci"), Some(3));
+        t.device("0000:00:05.0", "0x010802", Some("nvme"), Some(4));
+        t.device("0000:00:06.0", "0x010802", Some("nvme"), Some(5));
+        t.device("0000:00:09.0", "0x010802", None, None);
+        t.namespace("0000:00:05.0", 0, 1, 1);
+        t.namespace("0000:00:06.0", 1, 1, 0);
+        t.write(
+            "proc/self/mountinfo",
+            "23 22 259:11 / /home rw - ext4 /dev/nvme0n1p1 rw\n",
+        );
+        t.process(99, "upnvme", &["/dev/vfio/3"]);
+        let host = t.host();
+        let cs = host.controllers().unwrap();
+        let iommu = host.iommu();
+        // Bound to vfio-pci, nothing mounted: bind is fine, unbind is not while open.
+        assert_eq!(bind_refusal(&cs[0], &iommu), None);
+        assert_eq!(
+            unbind_refusal(&cs[0]).unwrap(),
+            "refusing to unbind 0000:00:04.0: its VFIO group /dev/vfio/3 is open by pid 99 (upnvme) (unbinding would wait until it is closed); stop that process first, then run `upnvme setup unbind 0000:00:04.0` again"
+        );
+        // A mounted partition.
+        assert_eq!(
+            bind_refusal(&cs[1], &iommu).unwrap(),
+            "refusing to bind 0000:00:05.0 to vfio-pci: its namespaces are in use, and binding would pull them from under their users: nvme0n1p1 is mounted at /home: unmount it first (`umount /home`); then run `upnvme setup bind 0000:00:05.0` again"
+        );
+        assert_eq!(unbind_refusal(&cs[1]), None);
+        // Kernel-driven but unused: fine.
+        assert_eq!(bind_refusal(&cs[2], &iommu), None);
+        // No IOMMU group.
+        let r = bind_refusal(&cs[3], &iommu).unwrap();
+        assert!(
+            r.starts_with("refusing to bind 0000:00:09.0 to vfio-pci: it has no IOMMU group"),
+            "{r}"
+        );
+    }
+
+    #[test]
+    fn status_text_and_json() {
+        let t = Tree::new();
+        t.write("proc/cmdline", "console=ttyS0 intel_iommu=on quiet\n");
+        t.device("0000:00:04.0", "0x010802", Some("vfio-pci"), Some(3));
+        t.write(
+            "sys/bus/pci/devices/0000:00:04.0/driver_override",
+            "vfio-pci\n",
+        );
+        t.device("0000:00:05.0", "0x010802", Some("nvme"), Some(4));
+        t.device("0000:00:05.1", "0x0c0330", Some("xhci_hcd"), Some(4));
+        t.namespace("0000:00:05.0", 0, 1, 0);
+        t.write(
+            "proc/swaps",
+            "Filename Type\n/dev/nvme0n1 partition 1 0 -2\n",
+        );
+        t.hugepages(2048, 128, 126);
+        t.hugepages(1 << 20, 0, 0);
+        let s = Status::read(&t.host()).unwrap();
+        let text = s.text();
+        assert!(
+            text.contains("IOMMU: on, 2 groups (kernel command line: intel_iommu=on)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("Drivers: vfio-pci loaded, nvme loaded"),
+            "{text}"
+        );
+        assert!(text.contains("2 MiB          128       126"), "{text}");
+        assert!(text.contains("1 GiB"), "{text}");
+        assert!(
+            text.contains("0000:00:04.0  1b36:0010  vfio-pci  vfio-pci      3 yes    yes    -"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "0000:00:05.0  1b36:0010  nvme      -             4 no     no     nvme0n1 (in use)"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("group 4 of 0000:00:05.0 also holds 0000:00:05.1 (xhci_hcd)"),
+            "{text}"
+        );
+        assert!(text.contains("swapoff /dev/nvme0n1"), "{text}");
+        let v = s.json();
+        assert_eq!(v["iommu"]["enabled"], true);
+        assert_eq!(v["iommu"]["groups"], 2);
+        assert_eq!(v["drivers"]["vfio-pci"], true);
+        assert_eq!(v["hugepages"][0]["size_kib"], 2048);
+        assert_eq!(v["hugepages"][0]["reserved"], 128);
+        assert_eq!(v["hugepages"][0]["free"], 126);
+        let c = &v["controllers"][0];
+        assert_eq!(c["address"], "0000:00:04.0");
+        assert_eq!(c["driver"], "vfio-pci");
+        assert_eq!(c["iommu_group"], 3);
+        assert_eq!(c["group_viable"], true);
+        assert_eq!(c["ready"], true);
+        assert_eq!(c["advice"], Value::Null);
+        let c = &v["controllers"][1];
+        assert_eq!(c["group_viable"], false);
+        assert_eq!(c["group_blockers"][0], "0000:00:05.1 (bound to xhci_hcd)");
+        assert_eq!(c["block_devices"][0]["name"], "nvme0n1");
+        assert_eq!(c["block_devices"][0]["swap"], true);
+        assert_eq!(c["in_use"].as_array().unwrap().len(), 1);
+
+        // IOMMU off.
+        let t = Tree::new();
+        t.write("proc/cmdline", "quiet\n");
+        t.device("0000:00:09.0", "0x010802", None, None);
+        let s = Status::read(&t.host()).unwrap();
+        let text = s.text();
+        assert!(text.contains("IOMMU: off"), "{text}");
+        assert!(text.contains("intel_iommu=on iommu=pt"), "{text}");
+        assert!(text.contains("0000:00:09.0: no IOMMU group"), "{text}");
+        assert_eq!(s.json()["iommu"]["enabled"], false);
+    }
+}
