@@ -316,7 +316,10 @@ mod tests {
         assert_eq!(s.check_vfio_ready(&a("0000:00:04.0")).unwrap(), 3);
         let e = s.check_vfio_ready(&a("0000:00:05.0")).unwrap_err();
         assert!(matches!(e, DmaError::NotBoundToVfio { driver: Some(ref d), .. } if d == "nvme"));
-        assert!(e.to_string().contains("upnvme setup bind 0000:00:05.0"), "{e}");
+        assert!(
+            e.to_string().contains("upnvme setup bind 0000:00:05.0"),
+            "{e}"
+        );
         let e = s.check_vfio_ready(&a("0000:00:06.0")).unwrap_err();
         assert!(
             matches!(
