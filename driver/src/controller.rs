@@ -185,15 +185,7 @@ impl<D: Device> Controller<D> {
     /// Largest transfer in bytes (MDTS × minimum memory page size), or `None`
     /// when MDTS is 0 (no limit).
     pub fn max_transfer_bytes(&self) -> Option<usize> {
-        match self.inner.identify.mdts {
-            0 => None,
-            m => self
-                .inner
-                .cap
-                .min_page_size()
-                .checked_shl(m as u32)
-                .or(Some(usize::MAX)),
-        }
+        self.inner.max_transfer()
     }
 
     /// Whether shadow doorbells were configured (Doorbell Buffer Config).
@@ -415,15 +407,7 @@ impl<D: Device> Inner<D> {
 
     /// Largest transfer in bytes per command, `None` when MDTS = 0.
     pub(crate) fn max_transfer(&self) -> Option<usize> {
-        match self.identify.mdts {
-            0 => None,
-            m => Some(
-                self.cap
-                    .min_page_size()
-                    .checked_shl(m as u32)
-                    .unwrap_or(usize::MAX),
-            ),
-        }
+        mdts_limit(self.cap.min_page_size(), self.identify.mdts)
     }
 
     /// Takes a free I/O queue ID.
@@ -555,10 +539,7 @@ impl<D: Device> Inner<D> {
     }
 
     fn mdts_bytes(&self) -> usize {
-        match self.identify.mdts {
-            0 => usize::MAX,
-            m => PAGE.checked_shl(m as u32).unwrap_or(usize::MAX),
-        }
+        self.max_transfer().unwrap_or(usize::MAX)
     }
 
     fn identify_raw(&self, cns: u8, nsid: u32) -> Result<Vec<u8>> {
@@ -871,6 +852,17 @@ fn wait_csts_ignoring_cfs<D: Device>(dev: &D, name: &str, timeout: Duration) -> 
     }
 }
 
+/// The transfer limit MDTS encodes (2^MDTS units of CAP.MPSMIN pages), `None`
+/// for 0 (no limit). A value too large for the address space also means "no
+/// limit" (`1 << 52` pages would otherwise wrap to 0 — a device's odd MDTS must
+/// not turn into a zero transfer limit).
+pub(crate) fn mdts_limit(min_page: usize, mdts: u8) -> Option<usize> {
+    if mdts == 0 || u32::from(mdts) + min_page.trailing_zeros() >= usize::BITS - 1 {
+        return None;
+    }
+    Some(min_page << mdts)
+}
+
 /// Allocates a fresh admin queue, programs AQA/ASQ/ACQ, writes CC (CSS = NVM,
 /// MPS = 4 KiB, AMS = round robin, IOSQES = 6, IOCQES = 4, EN = 1) and waits for
 /// CSTS.RDY = 1. The controller must be disabled.
@@ -1019,25 +1011,37 @@ fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<Inner<D>> {
     }
 
     // Identify namespaces.
-    let mut namespaces = Vec::new();
+    // The list is untrusted: only NSIDs 1..=min(NN, FFFFFFFEh), each once, in
+    // ascending order; a list that does not advance ends the paging (a device
+    // that ignores the starting NSID would otherwise loop forever).
+    let max_nsid = inner.identify.nn.min(0xffff_fffe);
+    let mut nsids = Vec::new();
     let mut start = 0u32;
-    loop {
+    for _page in 0..4096 {
         let data = inner.identify_raw(cns::ACTIVE_NSID_LIST, start)?;
         let ids = parse_ns_list(&data);
         let full = ids.len() == 1024;
-        for &nsid in &ids {
-            let data = inner.identify_raw(cns::NAMESPACE, nsid)?;
-            let idns = IdentifyNamespace::parse(&data)
-                .map_err(|e| inner.fault(format!("Identify Namespace {nsid}: {e}")))?;
-            if idns.is_active()
-                && let Some(ns) = Namespace::from_identify(nsid, idns)
-            {
-                namespaces.push(ns);
-            }
-        }
-        match ids.last() {
-            Some(&last) if full && last < 0xffff_fffe => start = last,
+        let last = ids.iter().copied().max();
+        nsids.extend(
+            ids.into_iter()
+                .filter(|&n| n > start && n >= 1 && n <= max_nsid),
+        );
+        match last {
+            Some(l) if full && l > start && l < max_nsid => start = l,
             _ => break,
+        }
+    }
+    nsids.sort_unstable();
+    nsids.dedup();
+    let mut namespaces = Vec::new();
+    for nsid in nsids {
+        let data = inner.identify_raw(cns::NAMESPACE, nsid)?;
+        let idns = IdentifyNamespace::parse(&data)
+            .map_err(|e| inner.fault(format!("Identify Namespace {nsid}: {e}")))?;
+        if idns.is_active()
+            && let Some(ns) = Namespace::from_identify(nsid, idns)
+        {
+            namespaces.push(ns);
         }
     }
     inner.namespaces = namespaces;

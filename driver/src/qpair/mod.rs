@@ -56,8 +56,10 @@ use crate::error::{Error, Result};
 const PAGE: usize = 4096;
 const SQE_BYTES: usize = 64;
 const CQE_BYTES: usize = 16;
-/// Largest transfer per command when MDTS reports no limit.
-const UNLIMITED_MDTS_CAP: usize = 2 << 20;
+/// Largest transfer per command the queue pair accepts, whatever MDTS allows
+/// (larger I/Os are split by the caller; the PRP list pages for it are
+/// preallocated per tracker).
+const MAX_TRANSFER_CAP: usize = 4 << 20;
 /// Most ranges a Dataset Management command carries (NR is 8 bits, 0-based).
 const MAX_DSM_RANGES: usize = 256;
 
@@ -239,7 +241,12 @@ impl<D: Device> IoQueuePair<D> {
             .min(cq_entries - 1)
             .min(upnvme_queues::cid::MAX_SLOTS as u32);
         let cq_slack = cq_entries - 1 - max_depth;
-        let max_transfer = ctrl.max_transfer().unwrap_or(UNLIMITED_MDTS_CAP);
+        // PRP list pages are preallocated per tracker for the largest transfer:
+        // cap it so an MDTS of 2 GiB (or none) does not pin gigabytes per queue.
+        let max_transfer = ctrl
+            .max_transfer()
+            .unwrap_or(MAX_TRANSFER_CAP)
+            .min(MAX_TRANSFER_CAP);
         // A transfer of max_transfer bytes at any dword offset touches at most
         // this many memory pages; PRP1 covers the first.
         let list_entries = max_transfer / PAGE + 1;
@@ -441,6 +448,18 @@ impl<D: Device> IoQueuePair<D> {
     /// does the bookkeeping, then (with `reap_on_submit`) reaps what is ready.
     #[inline]
     pub fn ring(&mut self) {
+        if self.needs_recreate
+            || self.generation
+                != self
+                    .ctrl
+                    .generation
+                    .load(std::sync::atomic::Ordering::Acquire)
+        {
+            // A reset since these commands were queued deleted the queue they are
+            // in: they end (once, ControllerReset) instead of being announced.
+            let _ = self.sync_generation();
+            return;
+        }
         if self.failed || !self.ctrl.is_usable() {
             // Never ring a doorbell of a closed or failed controller; the queued
             // commands end with the next reset or close.

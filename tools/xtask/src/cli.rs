@@ -32,6 +32,12 @@ pub enum Command {
     Test(TestCmd),
     /// Boot the default guest and run `upnvme perf ARGS...` inside it.
     Perf(PerfCmd),
+    /// Benchmark upnvme against the raw floor and the kernel's polled path in one guest
+    /// boot; writes docs/benchmarks.md and docs/latency.png.
+    Bench(crate::bench::BenchCmd),
+    /// Count the driver's instructions per 4 KiB I/O (submit + reap) with callgrind
+    /// against the in-memory controller model.
+    Cost(crate::bench::CostCmd),
 }
 
 /// `cargo xtask vm`.

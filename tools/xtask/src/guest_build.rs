@@ -181,12 +181,14 @@ pub fn build(paths: &Paths) -> Result<Vec<GuestBinary>> {
 pub fn prebuilt(paths: &Paths) -> Result<Vec<GuestBinary>> {
     let release = paths.guest_target.join(TRIPLE).join("release");
     let mut out = Vec::new();
-    let upnvme = release.join("upnvme");
-    if upnvme.exists() {
-        out.push(GuestBinary {
-            host: upnvme,
-            guest: "/bin/upnvme".into(),
-        });
+    for name in ["upnvme", "upnvme-rawfloor"] {
+        let exe = release.join(name);
+        if exe.exists() {
+            out.push(GuestBinary {
+                host: exe,
+                guest: format!("/bin/{name}"),
+            });
+        }
     }
     let newest_test = std::fs::read_dir(release.join("deps"))
         .into_iter()

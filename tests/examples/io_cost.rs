@@ -1,0 +1,150 @@
+//! The driver's own CPU work per 4 KiB read, for `cargo xtask cost`.
+//!
+//! Runs `N` round trips (submit one 4 KiB read, then `process_completions`
+//! until it is reaped) on a queue pair whose controller is the in-memory
+//! model ([`upnvme_tests::ModelController`]). The model is reached through
+//! [`Meter`], a [`Device`] whose register accessors are never inlined, so a
+//! profiler can tell the model's work (inside `Meter::*`) from the driver's:
+//!
+//! ```text
+//! valgrind --tool=callgrind --toggle-collect='*io_cost*one_io*' \
+//!          --toggle-collect='*io_cost*Meter*' target/release/examples/io_cost 100000
+//! ```
+//!
+//! collects instructions only inside [`one_io`] and outside the model
+//! (callgrind flips collection on entry to and exit from each listed
+//! function, so the nested `Meter` calls switch it off again). `cargo xtask
+//! cost` runs it for `N` and `2N` and divides the difference by `N`, which
+//! removes everything that is not per I/O.
+//!
+//! Shadow doorbells are off (every doorbell is an MMIO write the model sees
+//! synchronously); queue pair options are the defaults (`reap_on_submit`
+//! off, adaptive CQ head moderation).
+
+use std::time::Duration;
+
+use upnvme::{
+    Controller, ControllerOptions, Device, DmaBuffer, IoCommand, IoQueuePair, PageBacking,
+    QueuePairOptions,
+};
+use upnvme_dma::DmaError;
+use upnvme_tests::{ModelConfig, ModelController, NamespaceConfig};
+
+/// Blocks of the model's namespace (4 KiB each: 64 MiB).
+const BLOCKS: u64 = 16 * 1024;
+/// I/Os before the measured ones (lazy initialisation, first-touch effects).
+const WARMUP: u64 = 1000;
+
+/// The model behind register accessors that are never inlined, so their
+/// (the model's) cost is separable in a profile.
+#[derive(Clone)]
+struct Meter(ModelController);
+
+impl Device for Meter {
+    #[inline(never)]
+    fn read32(&self, offset: usize) -> u32 {
+        self.0.read32(offset)
+    }
+    #[inline(never)]
+    fn write32(&self, offset: usize, value: u32) {
+        self.0.write32(offset, value)
+    }
+    #[inline(never)]
+    fn read64(&self, offset: usize) -> u64 {
+        self.0.read64(offset)
+    }
+    #[inline(never)]
+    fn write64(&self, offset: usize, value: u64) {
+        self.0.write64(offset, value)
+    }
+    fn bar_len(&self) -> usize {
+        self.0.bar_len()
+    }
+    #[inline(never)]
+    fn alloc_dma(&self, len: usize) -> Result<DmaBuffer, DmaError> {
+        self.0.alloc_dma(len)
+    }
+    fn name(&self) -> String {
+        "model (metered)".into()
+    }
+}
+
+/// One 4 KiB read: submit, then reap until its completion arrives. Returns
+/// the buffer. Never inlined: the profiler collects inside it.
+#[inline(never)]
+fn one_io(qp: &mut IoQueuePair<Meter>, buf: DmaBuffer, slba: u64) -> DmaBuffer {
+    if let Err(f) = qp.submit(
+        IoCommand::Read {
+            nsid: 1,
+            slba,
+            blocks: 1,
+        },
+        Some(buf),
+        7,
+    ) {
+        panic!("submit failed: {}", f.error);
+    }
+    let mut back = None;
+    while back.is_none() {
+        qp.process_completions(u32::MAX, |c| {
+            assert!(c.result.is_ok(), "read failed: {:?}", c.result);
+            back = c.buffer;
+        })
+        .expect("process_completions");
+    }
+    back.expect("the completion returns the buffer")
+}
+
+fn main() {
+    let n: u64 = std::env::args()
+        .nth(1)
+        .map(|s| s.parse().expect("usage: io_cost [N]"))
+        .unwrap_or(100_000);
+    let model = ModelController::new(ModelConfig {
+        namespaces: vec![NamespaceConfig {
+            nsid: 1,
+            lba_size: 4096,
+            blocks: BLOCKS,
+        }],
+        ..Default::default()
+    });
+    let ctrl = Controller::with_device(
+        Meter(model.clone()),
+        ControllerOptions {
+            page_backing: PageBacking::Small4K,
+            shadow_doorbells: false,
+            admin_timeout: Some(Duration::from_secs(5)),
+            ready_timeout: Some(Duration::from_secs(5)),
+            shutdown_timeout: Some(Duration::from_secs(5)),
+            ..Default::default()
+        },
+    )
+    .expect("bring-up on the model");
+    let mut qp = ctrl
+        .io_queue_pair(QueuePairOptions::default())
+        .expect("queue pair");
+    let mut buf = ctrl.alloc_dma(4096).expect("DMA buffer");
+    // Deterministic LBAs: a fixed xorshift sequence.
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % BLOCKS
+    };
+    for _ in 0..WARMUP {
+        buf = one_io(&mut qp, buf, next());
+    }
+    for _ in 0..n {
+        buf = one_io(&mut qp, buf, next());
+    }
+    let stats = qp.stats();
+    drop(buf);
+    drop(qp);
+    ctrl.close().expect("shutdown");
+    assert_eq!(model.violations(), Vec::<String>::new(), "model violations");
+    println!(
+        "io_cost: {n} measured 4 KiB reads (+{WARMUP} warm-up), {} SQ and {} CQ doorbell MMIO writes",
+        stats.sq_doorbell_mmio, stats.cq_doorbell_mmio
+    );
+}

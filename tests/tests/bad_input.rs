@@ -1,0 +1,1169 @@
+//! The bad-input table (docs/bad-input.md), host side: every invalid argument
+//! and environment the library can meet outside a VFIO guest, each asserting
+//! the error variant and the exact text a user sees. Environments that need a
+//! real IOMMU, VFIO or hugepage pool (group already open, no hugepages at
+//! all) and the `upnvme` tool are covered by the guest tests the table names.
+//!
+//! The VFIO / sysfs rows run against a fake sysfs tree (as dma/src/pci.rs
+//! does): `VfioNvme::open` checks sysfs before it touches /dev/vfio, so each
+//! setup mistake is reported from the tree alone.
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{T, assert_clean, config_one_ns, open, opts, setup};
+use upnvme::dma::memory::HostMemory;
+use upnvme::dma::{DmaAllocator, DmaMapper, DmaRegion, PciAddress, Sysfs};
+use upnvme::{
+    Controller, ControllerOptions, DmaBuffer, DsmRange, Error, IoCommand, IoQueuePair, PageBacking,
+    QueuePairOptions, VfioNvme,
+};
+use upnvme_dma::DmaError;
+use upnvme_tests::{Fault, Match, ModelConfig, ModelController};
+
+type Pair = IoQueuePair<ModelController>;
+type Ctrl = Controller<ModelController>;
+
+/// Namespace 1 of these tests: 1000 blocks of 4 KiB.
+const BLOCKS: u64 = 1000;
+
+fn read(nsid: u32, slba: u64, blocks: u32) -> IoCommand<'static> {
+    IoCommand::Read { nsid, slba, blocks }
+}
+
+/// A controller with namespace 1 (1000 × 4 KiB, MDTS 7 = 512 KiB) and a
+/// default queue pair.
+fn pair() -> (ModelController, Ctrl, Pair) {
+    let (m, c) = setup(config_one_ns(4096, BLOCKS));
+    let qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    (m, c, qp)
+}
+
+/// Submits `cmd` with a buffer of `len` bytes (none for 0), expects it to be
+/// refused before the device saw it, with the buffer handed back; returns
+/// the error.
+fn refused(m: &ModelController, c: &Ctrl, qp: &mut Pair, cmd: IoCommand<'_>, len: usize) -> Error {
+    let fetched = m.commands_fetched();
+    let buf = (len > 0).then(|| c.alloc_dma(len).unwrap());
+    let iova = buf.as_ref().map(DmaBuffer::iova);
+    let f = qp.submit(cmd, buf, 7).unwrap_err();
+    assert_eq!(
+        f.buffer.as_ref().map(DmaBuffer::iova),
+        iova,
+        "{cmd:?}: the buffer comes back"
+    );
+    assert_eq!(m.commands_fetched(), fetched, "{cmd:?} reached the device");
+    assert_eq!(qp.in_flight(), 0);
+    f.error
+}
+
+// ------------------------------------------------------------- sysfs / VFIO
+
+/// A fake sysfs tree in a fresh temporary directory, removed on drop.
+struct FakeSysfs {
+    root: PathBuf,
+}
+
+impl FakeSysfs {
+    fn new(name: &str) -> FakeSysfs {
+        let root =
+            std::env::temp_dir().join(format!("upnvme-bad-input-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        fs::create_dir_all(root.join("bus/pci/devices")).unwrap();
+        FakeSysfs { root }
+    }
+
+    /// A PCI function with its class, bound driver and IOMMU group.
+    fn device(&self, addr: &str, class: &str, driver: Option<&str>, group: Option<u32>) {
+        let root = &self.root;
+        let dir = root.join("bus/pci/devices").join(addr);
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("class"), format!("{class}\n")).unwrap();
+        fs::write(dir.join("vendor"), "0x1b36\n").unwrap();
+        fs::write(dir.join("device"), "0x0010\n").unwrap();
+        if let Some(d) = driver {
+            let ddir = root.join("bus/pci/drivers").join(d);
+            fs::create_dir_all(&ddir).unwrap();
+            symlink(&ddir, dir.join("driver")).unwrap();
+        }
+        if let Some(g) = group {
+            let gdir = root.join("kernel/iommu_groups").join(g.to_string());
+            fs::create_dir_all(gdir.join("devices")).unwrap();
+            symlink(&gdir, dir.join("iommu_group")).unwrap();
+            symlink(&dir, gdir.join("devices").join(addr)).unwrap();
+        }
+    }
+
+    fn sysfs(&self) -> Sysfs {
+        Sysfs::at(&self.root)
+    }
+
+    fn path(&self) -> &Path {
+        &self.root
+    }
+}
+
+impl Drop for FakeSysfs {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.root);
+    }
+}
+
+/// What opening `addr` through the library's VFIO path says.
+fn open_fake(s: &FakeSysfs, addr: &str) -> Error {
+    let a: PciAddress = addr.parse().unwrap();
+    match VfioNvme::open(&a, PageBacking::Small4K, &s.sysfs()) {
+        Ok(_) => panic!("{addr} opened"),
+        Err(e) => Error::from(e),
+    }
+}
+
+#[test]
+fn malformed_pci_address() {
+    let shape = "expected DOMAIN:BUS:DEVICE.FUNCTION such as 0000:00:04.0 (see `upnvme list`)";
+    for (input, reason) in [
+        ("", "missing '.FUNCTION'"),
+        ("00:04", "missing '.FUNCTION'"),
+        (
+            "1:2:3:4.0",
+            "expected two or three ':'-separated fields before '.'",
+        ),
+        ("00000:00:04.0", "domain is not a 16-bit hex number"),
+        ("0000:zz:04.0", "bus is not an 8-bit hex number"),
+        ("0000:00:20.0", "device is not a hex number 0..1f"),
+        ("0000:00:04.8", "function is not a number 0..7"),
+    ] {
+        let e = Controller::open(input, ControllerOptions::default()).unwrap_err();
+        assert!(
+            matches!(e, Error::Dma(DmaError::InvalidPciAddress { .. })),
+            "{input:?}: {e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            format!("invalid PCI address '{input}': {reason}; {shape}")
+        );
+    }
+}
+
+#[test]
+fn nonexistent_pci_address() {
+    // The real sysfs: no machine has a PCI domain ffff with this function.
+    let e = Controller::open("ffff:ff:1f.7", ControllerOptions::default()).unwrap_err();
+    assert!(
+        matches!(e, Error::Dma(DmaError::NoSuchDevice { .. })),
+        "{e:?}"
+    );
+    assert_eq!(
+        e.to_string(),
+        "no PCI device at ffff:ff:1f.7 (no /sys/bus/pci/devices/ffff:ff:1f.7); run `upnvme list` to see the NVMe controllers on this machine"
+    );
+    // The short form names the same device with domain 0.
+    let s = FakeSysfs::new("nodev");
+    let e = open_fake(&s, "00:1f.0");
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "no PCI device at 0000:00:1f.0 (no {}/bus/pci/devices/0000:00:1f.0); run `upnvme list` to see the NVMe controllers on this machine",
+            s.path().display()
+        )
+    );
+}
+
+#[test]
+fn pci_device_that_is_not_nvme() {
+    let s = FakeSysfs::new("notnvme");
+    s.device("0000:00:06.0", "0x020000", Some("vfio-pci"), Some(5));
+    let e = open_fake(&s, "0000:00:06.0");
+    assert!(
+        matches!(
+            e,
+            Error::Dma(DmaError::NotNvme {
+                class: 0x02_0000,
+                ..
+            })
+        ),
+        "{e:?}"
+    );
+    assert_eq!(
+        e.to_string(),
+        "PCI device 0000:00:06.0 has class 0x020000, not an NVMe controller (class 0x010802); run `upnvme list` to find one"
+    );
+}
+
+#[test]
+fn nvme_device_bound_to_another_driver() {
+    let s = FakeSysfs::new("nvmedrv");
+    s.device("0000:00:05.0", "0x010802", Some("nvme"), Some(4));
+    let e = open_fake(&s, "0000:00:05.0");
+    assert!(
+        matches!(e, Error::Dma(DmaError::NotBoundToVfio { driver: Some(ref d), .. }) if d == "nvme"),
+        "{e:?}"
+    );
+    assert_eq!(
+        e.to_string(),
+        "PCI device 0000:00:05.0 is bound to driver 'nvme'; bind it to vfio-pci with `upnvme setup bind 0000:00:05.0` (or: echo vfio-pci > /sys/bus/pci/devices/0000:00:05.0/driver_override; echo 0000:00:05.0 > /sys/bus/pci/devices/0000:00:05.0/driver/unbind; echo 0000:00:05.0 > /sys/bus/pci/drivers_probe)"
+    );
+}
+
+#[test]
+fn nvme_device_bound_to_no_driver() {
+    let s = FakeSysfs::new("unbound");
+    s.device("0000:00:09.0", "0x010802", None, Some(7));
+    let e = open_fake(&s, "0000:00:09.0");
+    assert!(
+        matches!(e, Error::Dma(DmaError::NotBoundToVfio { driver: None, .. })),
+        "{e:?}"
+    );
+    assert_eq!(
+        e.to_string(),
+        "PCI device 0000:00:09.0 is not bound to any driver; bind it to vfio-pci with `upnvme setup bind 0000:00:09.0` (or: echo vfio-pci > /sys/bus/pci/devices/0000:00:09.0/driver_override; echo 0000:00:09.0 > /sys/bus/pci/devices/0000:00:09.0/driver/unbind; echo 0000:00:09.0 > /sys/bus/pci/drivers_probe)"
+    );
+}
+
+#[test]
+fn nvme_device_without_iommu_group() {
+    let s = FakeSysfs::new("nogroup");
+    s.device("0000:00:07.0", "0x010802", Some("vfio-pci"), None);
+    let e = open_fake(&s, "0000:00:07.0");
+    assert!(
+        matches!(e, Error::Dma(DmaError::NoIommuGroup { .. })),
+        "{e:?}"
+    );
+    assert_eq!(
+        e.to_string(),
+        "PCI device 0000:00:07.0 has no IOMMU group: the IOMMU is disabled; enable VT-d/AMD-Vi in firmware and boot with intel_iommu=on (or amd_iommu=on) iommu=pt"
+    );
+}
+
+#[test]
+fn iommu_group_that_is_not_viable() {
+    let s = FakeSysfs::new("notviable");
+    s.device("0000:00:08.0", "0x010802", Some("vfio-pci"), Some(6));
+    // Two more functions in the group: one bound to a host driver blocks it,
+    // one without a driver does not.
+    let root = s.path().to_path_buf();
+    for (addr, driver) in [("0000:00:08.1", Some("xhci_hcd")), ("0000:00:08.2", None)] {
+        let dir = root.join("bus/pci/devices").join(addr);
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("class"), "0x0c0330\n").unwrap();
+        fs::write(dir.join("vendor"), "0x8086\n").unwrap();
+        fs::write(dir.join("device"), "0x1234\n").unwrap();
+        if let Some(d) = driver {
+            let ddir = root.join("bus/pci/drivers").join(d);
+            fs::create_dir_all(&ddir).unwrap();
+            symlink(&ddir, dir.join("driver")).unwrap();
+        }
+        symlink(&dir, root.join("kernel/iommu_groups/6/devices").join(addr)).unwrap();
+    }
+    let e = open_fake(&s, "0000:00:08.0");
+    assert!(
+        matches!(
+            e,
+            Error::Dma(DmaError::GroupNotViable {
+                group: 6,
+                ref others,
+                ..
+            }) if others.len() == 1
+        ),
+        "{e:?}"
+    );
+    assert_eq!(
+        e.to_string(),
+        "IOMMU group 6 of 0000:00:08.0 is not viable: 0000:00:08.1 (bound to xhci_hcd) must also be bound to vfio-pci (or unbound) before the group can be used; `upnvme setup bind <address>` for each (see `upnvme setup status`)"
+    );
+}
+
+#[test]
+fn vfio_group_node_missing() {
+    // Everything sysfs says is right, but /dev/vfio/<group> does not exist
+    // (vfio-pci not loaded, or this machine has no such group).
+    let group = 4242;
+    if Path::new(&format!("/dev/vfio/{group}")).exists() {
+        eprintln!("skipped: /dev/vfio/{group} exists here");
+        return;
+    }
+    let s = FakeSysfs::new("nonode");
+    s.device("0000:00:04.0", "0x010802", Some("vfio-pci"), Some(group));
+    let e = open_fake(&s, "0000:00:04.0");
+    assert!(matches!(e, Error::Dma(DmaError::GroupOpen { .. })), "{e:?}");
+    assert_eq!(
+        e.to_string(),
+        "cannot open /dev/vfio/4242: No such file or directory (os error 2); the vfio-pci module is not loaded or the device is not bound to it (`upnvme setup bind <address>`)"
+    );
+}
+
+// ------------------------------------------------------------- DMA memory
+
+/// A mapper for host memory nobody will DMA to (the tests only need the
+/// allocation paths).
+struct NoDevice;
+
+impl DmaMapper for NoDevice {
+    fn map(&self, _mem: &Arc<HostMemory>) -> Result<u64, DmaError> {
+        Ok(0x4000_0000)
+    }
+    fn unmap(&self, _iova: u64, _len: usize) {}
+}
+
+fn hugepage_counts() -> (u64, u64) {
+    let read = |f: &str| {
+        fs::read_to_string(format!("/sys/kernel/mm/hugepages/hugepages-2048kB/{f}"))
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    (read("free_hugepages"), read("nr_hugepages"))
+}
+
+#[test]
+fn too_few_hugepages() {
+    // More 2 MiB hugepages than any machine running these tests reserves.
+    let bytes: usize = 1 << 40;
+    let alloc = DmaAllocator::new(Arc::new(NoDevice), PageBacking::Huge2M);
+    let e = Error::from(alloc.alloc(bytes).unwrap_err());
+    let (free, total) = hugepage_counts();
+    let need = (bytes / (2 << 20)) as u64;
+    let suggest = total + need.saturating_sub(free).max(need);
+    assert!(
+        matches!(
+            e,
+            Error::Dma(DmaError::HugepagesUnavailable { page_kib: 2048, .. })
+        ),
+        "{e:?}"
+    );
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "cannot map 1099511627776 bytes of 2048 KiB hugepages ({free} of {total} free): reserve more with `echo {suggest} > /sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages` or `upnvme setup hugepages {suggest}` (or set PageBacking::Small4K to opt in to 4 KiB pages)"
+        )
+    );
+}
+
+#[test]
+fn zero_length_dma_allocation() {
+    let (m, c) = setup(ModelConfig::default());
+    let e = c.alloc_dma(0).unwrap_err();
+    assert!(
+        matches!(e, Error::Dma(DmaError::InvalidAllocation(_))),
+        "{e:?}"
+    );
+    assert_eq!(e.to_string(), "invalid DMA allocation: zero-length buffer");
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn dma_buffer_access_past_its_end() {
+    let (m, c) = setup(ModelConfig::default());
+    let buf = c.alloc_dma(4096).unwrap();
+    let e = Error::from(buf.write_bytes(4090, &[0u8; 8]).unwrap_err());
+    assert_eq!(
+        e.to_string(),
+        "access of 8 bytes at offset 4090 is outside a 4096-byte DMA buffer"
+    );
+    let e = Error::from(buf.read_u64(usize::MAX - 2).unwrap_err());
+    assert!(
+        matches!(e, Error::Dma(DmaError::OutOfBounds { .. })),
+        "{e:?}"
+    );
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn data_buffer_not_dword_aligned() {
+    // alloc_dma only hands out page-aligned buffers; one built by hand at an
+    // odd offset of a region cannot be described by a PRP (bits 1:0 of PRP1
+    // must be zero) and is refused before the device sees it.
+    let (m, c, mut qp) = pair();
+    let region = DmaRegion::new(8192, PageBacking::Small4K, Arc::new(NoDevice)).unwrap();
+    let odd = DmaBuffer::new(region, 2, 4096, None).unwrap();
+    let fetched = m.commands_fetched();
+    let f = qp.submit(read(1, 0, 1), Some(odd), 1).unwrap_err();
+    assert!(f.buffer.is_some(), "buffer handed back");
+    assert_eq!(m.commands_fetched(), fetched);
+    assert!(
+        matches!(f.error, Error::InvalidArgument(_)),
+        "{:?}",
+        f.error
+    );
+    assert_eq!(
+        f.error.to_string(),
+        "invalid argument: PRP: PRP1 0x40000002 is not dword aligned"
+    );
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
+// ------------------------------------------------------------- namespaces
+
+#[test]
+fn namespace_that_is_not_active() {
+    let (m, c, mut qp) = pair();
+    let e = c.namespace(2).unwrap_err();
+    assert!(matches!(e, Error::NoSuchNamespace { nsid: 2, .. }), "{e:?}");
+    assert_eq!(
+        e.to_string(),
+        "namespace 2 is not active on model (active: [1])"
+    );
+    let e = refused(&m, &c, &mut qp, read(2, 0, 1), 4096);
+    assert_eq!(
+        e.to_string(),
+        "namespace 2 is not active on model (active: [1])"
+    );
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn namespace_id_zero() {
+    let (m, c, mut qp) = pair();
+    assert_eq!(
+        c.namespace(0).unwrap_err().to_string(),
+        "namespace 0 is not active on model (active: [1])"
+    );
+    let e = refused(&m, &c, &mut qp, IoCommand::Flush { nsid: 0 }, 0);
+    assert!(matches!(e, Error::NoSuchNamespace { nsid: 0, .. }), "{e:?}");
+    assert_eq!(
+        e.to_string(),
+        "namespace 0 is not active on model (active: [1])"
+    );
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn broadcast_namespace_id() {
+    // NSID FFFFFFFFh addresses every namespace; the I/O path takes one
+    // namespace at a time, so it is refused for every command (Flush too).
+    let (m, c, mut qp) = pair();
+    for cmd in [
+        IoCommand::Flush { nsid: u32::MAX },
+        IoCommand::Write {
+            nsid: u32::MAX,
+            slba: 0,
+            blocks: 1,
+        },
+    ] {
+        let e = refused(&m, &c, &mut qp, cmd, 4096);
+        assert!(
+            matches!(e, Error::NoSuchNamespace { nsid: u32::MAX, .. }),
+            "{e:?}"
+        );
+        assert_eq!(
+            e.to_string(),
+            "namespace 4294967295 is not active on model (active: [1])"
+        );
+    }
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
+// ------------------------------------------------------------- LBA ranges
+
+#[test]
+fn lba_range_past_the_end() {
+    let (m, c, mut qp) = pair();
+    for (slba, blocks) in [(BLOCKS, 1), (BLOCKS - 1, 2)] {
+        let e = refused(&m, &c, &mut qp, read(1, slba, blocks), 8192);
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "invalid argument: LBA range {slba}..+{blocks} is outside namespace 1 (1000 blocks)"
+            )
+        );
+    }
+    // Write Zeroes checks its range the same way.
+    let wz = IoCommand::WriteZeroes {
+        nsid: 1,
+        slba: 999,
+        blocks: 2,
+        deallocate: false,
+    };
+    let e = refused(&m, &c, &mut qp, wz, 0);
+    assert_eq!(
+        e.to_string(),
+        "invalid argument: LBA range 999..+2 is outside namespace 1 (1000 blocks)"
+    );
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn lba_range_that_overflows_u64() {
+    let (m, c, mut qp) = pair();
+    let e = refused(&m, &c, &mut qp, read(1, u64::MAX, 2), 8192);
+    assert_eq!(
+        e.to_string(),
+        "invalid argument: LBA range 18446744073709551615..+2 is outside namespace 1 (1000 blocks)"
+    );
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn zero_blocks() {
+    let (m, c, mut qp) = pair();
+    let e = refused(&m, &c, &mut qp, read(1, 0, 0), 4096);
+    assert_eq!(
+        e.to_string(),
+        "invalid argument: block count 0: must be 1..=65536"
+    );
+    let wz = IoCommand::WriteZeroes {
+        nsid: 1,
+        slba: 0,
+        blocks: 0,
+        deallocate: true,
+    };
+    let e = refused(&m, &c, &mut qp, wz, 0);
+    assert_eq!(
+        e.to_string(),
+        "invalid argument: block count 0: must be 1..=65536"
+    );
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn more_than_65536_blocks() {
+    // NLB is a 16-bit, 0-based field.
+    let (m, c, mut qp) = pair();
+    let wz = IoCommand::WriteZeroes {
+        nsid: 1,
+        slba: 0,
+        blocks: 65_537,
+        deallocate: false,
+    };
+    let e = refused(&m, &c, &mut qp, wz, 0);
+    assert_eq!(
+        e.to_string(),
+        "invalid argument: block count 65537: must be 1..=65536"
+    );
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
+// ------------------------------------------------------------- sizes
+
+#[test]
+fn buffer_too_small() {
+    let (m, c, mut qp) = pair();
+    let e = refused(&m, &c, &mut qp, read(1, 0, 2), 4096);
+    assert_eq!(
+        e.to_string(),
+        "invalid argument: Read of 2 blocks needs 8192 bytes; the buffer has 4096"
+    );
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn missing_data_buffer() {
+    let (m, c, mut qp) = pair();
+    for (cmd, name) in [
+        (read(1, 0, 1), "Read"),
+        (
+            IoCommand::Write {
+                nsid: 1,
+                slba: 0,
+                blocks: 1,
+            },
+            "Write",
+        ),
+        (
+            IoCommand::Compare {
+                nsid: 1,
+                slba: 0,
+                blocks: 1,
+            },
+            "Compare",
+        ),
+    ] {
+        let e = refused(&m, &c, &mut qp, cmd, 0);
+        assert_eq!(
+            e.to_string(),
+            format!("invalid argument: {name} of 1 blocks needs a data buffer")
+        );
+    }
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn transfer_above_mdts() {
+    let (m, c, mut qp) = pair();
+    assert_eq!(qp.max_transfer(), 512 << 10, "MDTS 7 with 4 KiB pages");
+    let e = refused(&m, &c, &mut qp, read(1, 0, 129), 129 * 4096);
+    assert_eq!(
+        e.to_string(),
+        "invalid argument: Read of 528384 bytes exceeds the controller's maximum transfer of 524288 bytes (MDTS); split it"
+    );
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn log_page_length_not_a_dword_multiple() {
+    let (m, c) = setup(ModelConfig::default());
+    for len in [0, 3, 514] {
+        let e = c.get_log_page(0x02, u32::MAX, len, 0).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!("invalid argument: log page length {len} must be a non-zero multiple of 4")
+        );
+    }
+    assert!(c.failure().is_none(), "an argument error fails nothing");
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn admin_data_above_mdts() {
+    let (m, c) = setup(ModelConfig::default());
+    let fetched = m.commands_fetched();
+    let sqe = upnvme::Sqe::get_log_page(0x02, u32::MAX, (1 << 20) / 4, 0, false);
+    let e = c.admin_passthrough(sqe, 1 << 20, None).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "invalid argument: admin data of 1048576 bytes exceeds the transfer limit (524288 bytes)"
+    );
+    assert_eq!(m.commands_fetched(), fetched);
+    drop(c);
+    assert_clean(&m);
+}
+
+// ------------------------------------------------------------- depths and queues
+
+#[test]
+fn more_commands_than_the_queue_holds() {
+    // A queue of 4 entries holds 3 commands; completions not yet reaped
+    // still count.
+    let (m, c) = setup(config_one_ns(4096, BLOCKS));
+    let mut qp = c
+        .io_queue_pair(QueuePairOptions {
+            entries: Some(4),
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(qp.max_depth(), 3);
+    for i in 0..3 {
+        let buf = c.alloc_dma(4096).unwrap();
+        qp.submit(read(1, i, 1), Some(buf), i).unwrap();
+    }
+    let fetched = m.commands_fetched();
+    let buf = c.alloc_dma(4096).unwrap();
+    let f = qp.submit(read(1, 3, 1), Some(buf), 3).unwrap_err();
+    assert!(f.buffer.is_some(), "buffer handed back");
+    assert!(
+        matches!(f.error, Error::QueueFull { qid: 1 }),
+        "{:?}",
+        f.error
+    );
+    assert_eq!(
+        f.error.to_string(),
+        "I/O queue 1 is full: reap completions (process_completions) before submitting more"
+    );
+    assert_eq!(m.commands_fetched(), fetched);
+    // Reaping makes room again.
+    assert_eq!(
+        qp.process_completions(u32::MAX, |c| assert!(c.is_ok()))
+            .unwrap(),
+        3
+    );
+    qp.submit(read(1, 3, 1), f.buffer, 3).unwrap();
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn every_granted_queue_pair_in_use() {
+    let (m, c) = setup(ModelConfig {
+        max_ioqpairs: 2,
+        ..Default::default()
+    });
+    assert_eq!(c.granted_io_queues(), 2);
+    let a = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let b = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let e = c.io_queue_pair(QueuePairOptions::default()).unwrap_err();
+    assert!(matches!(e, Error::NoQueuesLeft { granted: 2, .. }), "{e:?}");
+    assert_eq!(
+        e.to_string(),
+        "controller model has no I/O queue left: all 2 granted queue pairs are in use (ask for more with ControllerOptions::io_queues, or drop a queue pair)"
+    );
+    // Dropping one gives its queue ID back.
+    drop(a);
+    let a = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    drop((a, b));
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn queue_entries_outside_2_to_mqes() {
+    let (m, c) = setup(ModelConfig {
+        mqes: 63,
+        ..Default::default()
+    });
+    let queues = m.commands_fetched();
+    for (entries, cq_entries, text) in [
+        (
+            Some(0),
+            None,
+            "queue entries of 0: must be 2..=64 (CAP.MQES + 1)",
+        ),
+        (
+            Some(1),
+            None,
+            "queue entries of 1: must be 2..=64 (CAP.MQES + 1)",
+        ),
+        (
+            Some(65),
+            None,
+            "queue entries of 65: must be 2..=64 (CAP.MQES + 1)",
+        ),
+        (
+            Some(8),
+            Some(1),
+            "completion queue entries of 1: must be 2..=64 (CAP.MQES + 1)",
+        ),
+        (
+            Some(8),
+            Some(65),
+            "completion queue entries of 65: must be 2..=64 (CAP.MQES + 1)",
+        ),
+    ] {
+        let e = c
+            .io_queue_pair(QueuePairOptions {
+                entries,
+                cq_entries,
+                ..Default::default()
+            })
+            .unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
+        assert_eq!(e.to_string(), format!("invalid argument: {text}"));
+    }
+    assert_eq!(m.commands_fetched(), queues, "no queue was created");
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn out_of_range_controller_options_are_clamped() {
+    // Counts in ControllerOptions are requests: out-of-range values are
+    // clamped to what the controller and the spec allow, not errors.
+    let m = ModelController::new(ModelConfig {
+        mqes: 15,
+        ..Default::default()
+    });
+    for (admin, io_queues, want_admin, want_io) in
+        [(0, 0, 2, 1), (1, 1, 2, 1), (100_000, 500, 16, 64)]
+    {
+        let c = open(
+            &m,
+            ControllerOptions {
+                admin_queue_entries: admin,
+                io_queues,
+                ..opts()
+            },
+        );
+        assert_eq!(
+            c.admin_queue_entries(),
+            want_admin,
+            "admin_queue_entries {admin}"
+        );
+        assert_eq!(c.granted_io_queues(), want_io, "io_queues {io_queues}");
+        c.close().unwrap();
+    }
+    assert_clean(&m);
+}
+
+// ------------------------------------------------------------- Dataset Management
+
+#[test]
+fn dataset_management_range_count() {
+    let (m, c, mut qp) = pair();
+    for n in [0usize, 257] {
+        let ranges = vec![
+            DsmRange {
+                cattr: 0,
+                nlb: 1,
+                slba: 0,
+            };
+            n
+        ];
+        let cmd = IoCommand::Deallocate {
+            nsid: 1,
+            ranges: &ranges,
+        };
+        let e = refused(&m, &c, &mut qp, cmd, 0);
+        assert_eq!(
+            e.to_string(),
+            format!("invalid argument: Dataset Management with {n} ranges: must be 1..=256")
+        );
+    }
+    // 256 ranges are fine.
+    let ranges: Vec<DsmRange> = (0..256)
+        .map(|i| DsmRange {
+            cattr: 0,
+            nlb: 1,
+            slba: i,
+        })
+        .collect();
+    let cmd = IoCommand::Deallocate {
+        nsid: 1,
+        ranges: &ranges,
+    };
+    qp.execute_blocking(cmd, None, T).unwrap();
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn dataset_management_range_outside_the_namespace() {
+    let (m, c, mut qp) = pair();
+    let ranges = [
+        DsmRange {
+            cattr: 0,
+            nlb: 1,
+            slba: 0,
+        },
+        DsmRange {
+            cattr: 0,
+            nlb: 5,
+            slba: 998,
+        },
+    ];
+    let cmd = IoCommand::Deallocate {
+        nsid: 1,
+        ranges: &ranges,
+    };
+    let e = refused(&m, &c, &mut qp, cmd, 0);
+    assert_eq!(
+        e.to_string(),
+        "invalid argument: LBA range 998..+5 is outside namespace 1 (1000 blocks)"
+    );
+    let ranges = [DsmRange {
+        cattr: 0,
+        nlb: 0,
+        slba: 0,
+    }];
+    let cmd = IoCommand::Deallocate {
+        nsid: 1,
+        ranges: &ranges,
+    };
+    let e = refused(&m, &c, &mut qp, cmd, 0);
+    assert_eq!(
+        e.to_string(),
+        "invalid argument: block count 0: must be 1..=65536"
+    );
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
+// ------------------------------------------------------------- closed handles
+
+#[test]
+fn queue_pair_calls_after_close() {
+    let (m, c, mut qp) = pair();
+    let buf = c.alloc_dma(4096).unwrap();
+    c.close().unwrap();
+    let fetched = m.commands_fetched();
+    let doorbells = m.total_doorbell_writes();
+    let closed = "controller model is closed";
+    // submit and queue: refused, buffer back.
+    let f = qp.submit(read(1, 0, 1), Some(buf), 1).unwrap_err();
+    assert!(matches!(f.error, Error::Closed { .. }), "{:?}", f.error);
+    assert_eq!(f.error.to_string(), closed);
+    let f = qp.queue(read(1, 0, 1), f.buffer, 1).unwrap_err();
+    assert_eq!(f.error.to_string(), closed);
+    // Blocking helpers.
+    let f = qp.read_blocking(1, 0, 1, f.buffer.unwrap(), T).unwrap_err();
+    assert_eq!(f.error.to_string(), closed);
+    assert!(f.buffer.is_some());
+    // process_completions: not an empty queue forever.
+    let e = qp.process_completions(8, |_| {}).unwrap_err();
+    assert_eq!(e.to_string(), closed);
+    // ring() is a no-op.
+    qp.ring();
+    // Dropping the pair sends no Delete I/O SQ/CQ to the disabled controller.
+    drop(qp);
+    assert_eq!(m.commands_fetched(), fetched, "admin commands after close");
+    assert_eq!(
+        m.total_doorbell_writes(),
+        doorbells,
+        "doorbells after close"
+    );
+    assert_clean(&m);
+}
+
+#[test]
+fn admin_calls_after_close_are_not_expressible() {
+    // `Controller::close(self)` consumes the handle, so admin calls after it
+    // do not compile; what remains reachable is a queue pair, whose own admin
+    // commands (re-creating its queues after a reset) must not be sent.
+    let (m, c, mut qp) = pair();
+    c.reset().unwrap();
+    c.close().unwrap();
+    let fetched = m.commands_fetched();
+    let e = qp.process_completions(8, |_| {}).unwrap_err();
+    assert_eq!(e.to_string(), "controller model is closed");
+    assert_eq!(
+        m.commands_fetched(),
+        fetched,
+        "Create I/O CQ/SQ after close"
+    );
+    drop(qp);
+    assert_clean(&m);
+}
+
+// ------------------------------------------------------------- failed controllers
+
+#[test]
+fn calls_on_a_failed_controller() {
+    let (m, c, mut qp) = pair();
+    // The device completes with an unknown command identifier.
+    assert!(m.post_raw_completion(qp.qid(), [0, 0, 1 << 16, 0x00ff]));
+    let e = qp.process_completions(8, |_| {}).unwrap_err();
+    assert!(matches!(e, Error::DeviceFault { .. }), "{e:?}");
+    let fault = e.to_string();
+    assert!(
+        fault.starts_with("controller model misbehaved: queue 1: ")
+            && fault.ends_with("; the controller is marked failed"),
+        "{fault}"
+    );
+    let failed =
+        format!("controller model has failed earlier ({fault}) and accepts no more commands");
+    assert_eq!(c.failure().as_deref(), Some(fault.as_str()));
+    let buf = c.alloc_dma(4096).unwrap();
+    let f = qp.submit(read(1, 0, 1), Some(buf), 1).unwrap_err();
+    assert!(
+        matches!(f.error, Error::ControllerFailed { .. }),
+        "{:?}",
+        f.error
+    );
+    assert_eq!(f.error.to_string(), failed);
+    assert!(f.buffer.is_some());
+    assert_eq!(
+        qp.process_completions(8, |_| {}).unwrap_err().to_string(),
+        failed
+    );
+    assert_eq!(c.smart_log().unwrap_err().to_string(), failed);
+    assert_eq!(c.identify_controller().unwrap_err().to_string(), failed);
+    assert_eq!(
+        c.io_queue_pair(QueuePairOptions::default())
+            .unwrap_err()
+            .to_string(),
+        failed
+    );
+    // A reset puts it back in service; the pair re-creates its queues at its
+    // next call.
+    c.reset().unwrap();
+    assert!(c.failure().is_none());
+    let buf = c.alloc_dma(4096).unwrap();
+    qp.read_blocking(1, 0, 1, buf, T).unwrap();
+    drop(qp);
+    c.close().unwrap();
+    let _ = m.take_violations();
+    assert_eq!(m.dma_faults(), 0);
+}
+
+#[test]
+fn device_gone() {
+    let m = ModelController::new(ModelConfig::default());
+    m.unplug();
+    let e = Controller::with_device(m.clone(), opts()).unwrap_err();
+    assert!(matches!(e, Error::ControllerGone { .. }), "{e:?}");
+    assert_eq!(
+        e.to_string(),
+        "controller model is gone (register reads return all ones): hot-removed, reset by someone else, or its PCI link is down"
+    );
+    // Gone after bring-up: every call says so.
+    let (m, c, mut qp) = pair();
+    m.unplug();
+    let gone = "controller model is gone (register reads return all ones): hot-removed, reset by someone else, or its PCI link is down";
+    assert_eq!(c.status().unwrap_err().to_string(), gone);
+    let buf = c.alloc_dma(4096).unwrap();
+    let f = qp
+        .read_blocking(1, 0, 1, buf, Duration::from_secs(5))
+        .unwrap_err();
+    assert_eq!(f.error.to_string(), gone);
+    assert!(f.buffer.is_none(), "the device may still own the buffer");
+    let e = c.smart_log().unwrap_err();
+    assert!(matches!(e, Error::ControllerFailed { .. }), "{e:?}");
+    assert_eq!(
+        e.to_string(),
+        format!("controller model has failed earlier ({gone}) and accepts no more commands")
+    );
+    drop(qp);
+    assert_eq!(c.close().unwrap_err().to_string(), gone);
+}
+
+#[test]
+fn controller_fatal_status() {
+    let fatal = "controller model reports Controller Fatal Status (CSTS.CFS); it must be reset";
+    let m = ModelController::new(ModelConfig::default());
+    m.set_fatal();
+    let e = Controller::with_device(m.clone(), opts()).unwrap_err();
+    assert!(matches!(e, Error::ControllerFatal { .. }), "{e:?}");
+    assert_eq!(e.to_string(), fatal);
+    // Fatal after bring-up: reported, and a reset recovers.
+    let (m, c) = setup(ModelConfig::default());
+    m.set_fatal();
+    let e = c.status().unwrap_err();
+    assert!(matches!(e, Error::ControllerFatal { .. }), "{e:?}");
+    assert_eq!(e.to_string(), fatal);
+    c.reset().unwrap();
+    c.status().unwrap();
+    c.close().unwrap();
+    assert_clean(&m);
+}
+
+#[test]
+fn controller_that_never_becomes_ready() {
+    let m = ModelController::new(ModelConfig::default());
+    m.inject(Fault::NeverReady);
+    let e = Controller::with_device(
+        m.clone(),
+        ControllerOptions {
+            ready_timeout: Some(Duration::from_millis(100)),
+            ..opts()
+        },
+    )
+    .unwrap_err();
+    let Error::Timeout { ref what, after } = e else {
+        panic!("expected Timeout, got {e:?}");
+    };
+    assert_eq!(
+        what,
+        "CSTS.RDY = 1 after CC.EN = 1 on model (bring-up step Enable)"
+    );
+    assert!(after >= Duration::from_millis(100));
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "timed out after {} ms waiting for CSTS.RDY = 1 after CC.EN = 1 on model (bring-up step Enable)",
+            after.as_millis()
+        )
+    );
+    assert_eq!(m.cc() & 1, 0, "left disabled");
+    assert_clean(&m);
+}
+
+#[test]
+fn blocking_call_that_times_out() {
+    let (m, c, mut qp) = pair();
+    m.inject(Fault::DelayCompletion {
+        on: Match::Queue(qp.qid()),
+        doorbells: None,
+    });
+    let buf = c.alloc_dma(4096).unwrap();
+    let f = qp
+        .read_blocking(1, 0, 1, buf, Duration::from_millis(50))
+        .unwrap_err();
+    let Error::Timeout { ref what, after } = f.error else {
+        panic!("expected Timeout, got {:?}", f.error);
+    };
+    assert_eq!(what, "Read on queue 1");
+    assert_eq!(
+        f.error.to_string(),
+        format!(
+            "timed out after {} ms waiting for Read on queue 1",
+            after.as_millis()
+        )
+    );
+    assert!(f.buffer.is_none(), "kept until the completion arrives");
+    m.release_delayed();
+    let mut back = None;
+    qp.process_completions(8, |c| back = c.buffer).unwrap();
+    assert!(back.is_some());
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn controller_without_64_byte_sqes() {
+    // A controller whose Identify says SQES/CQES cannot be 64/16 bytes.
+    let m = ModelController::new(ModelConfig::default());
+    let c = open(&m, opts());
+    let mut page = c.identify_raw(0x01, 0).unwrap();
+    c.close().unwrap();
+    page[512] = 0x77; // SQES: at least 128-byte entries
+    m.set_identify_data(0x01, 0, Some(page));
+    let e = Controller::with_device(m.clone(), opts()).unwrap_err();
+    assert!(matches!(e, Error::Unsupported { .. }), "{e:?}");
+    assert_eq!(
+        e.to_string(),
+        "controller model is not supported: SQES 0x77 / CQES 0x44 do not allow 64-byte SQEs and 16-byte CQEs"
+    );
+    assert_eq!(m.cc() & 1, 0, "left disabled");
+    assert_clean(&m);
+}
+
+#[test]
+fn submit_right_after_a_reset() {
+    // After Controller::reset the queue pair's queues no longer exist on the
+    // controller. A command submitted after the reset must run on re-created
+    // queues: no doorbell for a queue that does not exist, no
+    // ControllerReset for a command the reset never saw.
+    let (m, c, mut qp) = pair();
+    c.reset().unwrap();
+    let buf = c.alloc_dma(4096).unwrap();
+    let r = qp.read_blocking(1, 0, 1, buf, T);
+    assert_eq!(m.take_violations(), Vec::<String>::new());
+    r.unwrap();
+    // The same after a device fault and the reset that clears it.
+    assert!(m.post_raw_completion(qp.qid(), [0, 0, 1 << 16, 0x00ff]));
+    assert!(qp.process_completions(8, |_| {}).is_err());
+    c.reset().unwrap();
+    let buf = c.alloc_dma(4096).unwrap();
+    qp.read_blocking(1, 0, 1, buf, T).unwrap();
+    drop(qp);
+    drop(c);
+    let _ = m.take_violations();
+    assert_eq!(m.dma_faults(), 0);
+}
+
+#[test]
+fn commands_queued_before_a_reset_are_not_rung_after_it() {
+    // queue() writes an SQE, a reset deletes the queue, ring() announces the
+    // command: nothing may reach the deleted queue's doorbell; the command
+    // completes once, with ControllerReset and its buffer.
+    let (m, c, mut qp) = pair();
+    let buf = c.alloc_dma(4096).unwrap();
+    qp.queue(read(1, 0, 1), Some(buf), 5).unwrap();
+    c.reset().unwrap();
+    qp.ring();
+    assert_eq!(m.take_violations(), Vec::<String>::new());
+    let mut got = Vec::new();
+    qp.process_completions(8, |c| got.push(c)).unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].tag, 5);
+    assert!(matches!(
+        got[0].result,
+        Err(upnvme::IoError::ControllerReset)
+    ));
+    assert!(got[0].buffer.is_some());
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}

@@ -1,0 +1,453 @@
+//! `upnvme-rawfloor`: the barest polled NVMe read loop that can exist, a
+//! bench-only program that shows what upnvme's abstractions cost.
+//!
+//! [`Controller::open`] is used for bring-up only (with shadow doorbells off,
+//! so the controller reads doorbells from MMIO alone). The program then creates
+//! its own I/O completion/submission queue pair with raw admin commands on a
+//! queue ID no queue pair uses, and per I/O does exactly this, directly against
+//! the mapped BAR and DMA memory:
+//!
+//! 1. one 64-byte SQE write into the submission queue memory,
+//! 2. one SQ tail doorbell write (MMIO),
+//! 3. a spin on the phase bit of the next completion entry (acquire load; no
+//!    PAUSE, no clock read per poll),
+//! 4. one CQ head doorbell write (MMIO).
+//!
+//! No command-ID table, no PRP building beyond PRP1, no statistics, no
+//! validation of the completion beyond its status. At depth > 1 it submits
+//! `depth` reads and resubmits one per completion (same four steps). Latency
+//! runs from just before the SQE write to the moment the phase bit is seen,
+//! as in `upnvme perf`, timed with the TSC.
+//!
+//! `--json` prints the same fields as `upnvme perf --json` (the `total` object,
+//! `histogram_us_count`), so `cargo xtask bench` parses both the same way.
+
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use clap::Parser;
+use hdrhistogram::Histogram;
+use serde_json::{Value, json};
+use upnvme::dma::tsc::{self, rdtsc};
+use upnvme::queues::regs::{cq_head_doorbell, sq_tail_doorbell};
+use upnvme::{Controller, ControllerOptions, Device, DmaBuffer, Sqe};
+
+/// Percentiles reported in JSON (as `upnvme perf`).
+const PERCENTILES: [f64; 8] = [1.0, 10.0, 50.0, 90.0, 99.0, 99.9, 99.99, 99.999];
+/// Bytes per I/O.
+const IO_SIZE: usize = 4096;
+/// A submission queue entry's size.
+const SQE_BYTES: usize = 64;
+/// A completion queue entry's size.
+const CQE_BYTES: usize = 16;
+/// How long the loop waits for one completion before giving up.
+const COMPLETION_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Command line.
+#[derive(Debug, Parser)]
+#[command(
+    name = "upnvme-rawfloor",
+    about = "The barest polled 4 KiB random-read loop (one SQE write, one SQ doorbell, spin on \
+             the phase bit, one CQ doorbell per I/O), for comparison with upnvme perf"
+)]
+struct Args {
+    /// Controller (PCI address) bound to vfio-pci; default: the only one.
+    #[arg(short = 'd', long = "device", value_name = "BDF")]
+    device: Option<String>,
+    /// Outstanding reads.
+    #[arg(short = 'q', long = "queue-depth", default_value_t = 1)]
+    depth: u32,
+    /// Measured seconds, after the warm-up.
+    #[arg(short = 't', long = "time", default_value_t = 5)]
+    seconds: u64,
+    /// Warm-up seconds (I/O whose latency is discarded).
+    #[arg(long, default_value_t = 1)]
+    warmup: u64,
+    /// Namespace to read from.
+    #[arg(short = 'n', long = "nsid", default_value_t = 1)]
+    nsid: u32,
+    /// Core to pin the loop to.
+    #[arg(short = 'c', long = "core", default_value_t = 0)]
+    core: usize,
+    /// Seed of the random LBA sequence.
+    #[arg(long, default_value_t = 0x5eed)]
+    seed: u64,
+    /// Print one JSON document (the fields of `upnvme perf --json`).
+    #[arg(long)]
+    json: bool,
+}
+
+/// xorshift64*, as `upnvme perf` uses for LBA choice.
+#[inline(always)]
+fn next_rand(x: &mut u64) -> u64 {
+    *x ^= *x >> 12;
+    *x ^= *x << 25;
+    *x ^= *x >> 27;
+    x.wrapping_mul(0x2545_f491_4f6c_dd1d)
+}
+
+/// The only controller bound to vfio-pci.
+fn default_device() -> Result<String> {
+    let vfio: Vec<String> = upnvme::list_controllers()?
+        .into_iter()
+        .filter(|f| f.driver.as_deref() == Some("vfio-pci"))
+        .map(|f| f.address.to_string())
+        .collect();
+    match vfio.as_slice() {
+        [one] => Ok(one.clone()),
+        [] => {
+            bail!(
+                "no NVMe controller is bound to vfio-pci; bind one with `upnvme setup bind <address>`"
+            )
+        }
+        many => bail!(
+            "several vfio-bound NVMe controllers ({}); choose one with --device",
+            many.join(", ")
+        ),
+    }
+}
+
+/// What the loop measured.
+struct Measured {
+    ios: u64,
+    errors: u64,
+    seconds: f64,
+    hist: Histogram<u64>,
+}
+
+/// The queue pair the loop owns, created with raw admin commands.
+struct RawQueues {
+    qid: u16,
+    sq: DmaBuffer,
+    cq: DmaBuffer,
+    sq_entries: u32,
+    cq_entries: u32,
+    sq_db: usize,
+    cq_db: usize,
+}
+
+impl RawQueues {
+    /// Creates I/O CQ `qid` (no interrupts) and I/O SQ `qid` bound to it.
+    fn create(ctrl: &Controller, qid: u16, entries: u32) -> Result<Self> {
+        let sq = ctrl.alloc_dma(entries as usize * SQE_BYTES)?;
+        let cq = ctrl.alloc_dma(entries as usize * CQE_BYTES)?;
+        let dstrd = ctrl.cap().dstrd();
+        ctrl.admin_passthrough(
+            Sqe::create_io_cq(qid, entries, cq.iova(), false, 0),
+            0,
+            None,
+        )
+        .with_context(|| format!("Create I/O Completion Queue {qid}"))?;
+        if let Err(e) =
+            ctrl.admin_passthrough(Sqe::create_io_sq(qid, entries, sq.iova(), qid, 0), 0, None)
+        {
+            let _ = ctrl.admin_passthrough(Sqe::delete_io_cq(qid), 0, None);
+            return Err(e).with_context(|| format!("Create I/O Submission Queue {qid}"));
+        }
+        Ok(RawQueues {
+            qid,
+            sq,
+            cq,
+            sq_entries: entries,
+            cq_entries: entries,
+            sq_db: sq_tail_doorbell(qid, dstrd),
+            cq_db: cq_head_doorbell(qid, dstrd),
+        })
+    }
+
+    /// Deletes the SQ, then the CQ.
+    fn delete(self, ctrl: &Controller) -> Result<()> {
+        ctrl.admin_passthrough(Sqe::delete_io_sq(self.qid), 0, None)
+            .with_context(|| format!("Delete I/O Submission Queue {}", self.qid))?;
+        ctrl.admin_passthrough(Sqe::delete_io_cq(self.qid), 0, None)
+            .with_context(|| format!("Delete I/O Completion Queue {}", self.qid))?;
+        Ok(())
+    }
+}
+
+/// The loop's state: ring positions, buffers, start stamps.
+struct Floor<'a> {
+    dev: &'a upnvme::VfioNvme,
+    q: &'a RawQueues,
+    bufs: Vec<DmaBuffer>,
+    start: Vec<u64>,
+    sq_tail: u32,
+    cq_head: u32,
+    phase: u32,
+    nsid: u32,
+    blocks: u32,
+    slots: u64,
+    rng: u64,
+}
+
+impl Floor<'_> {
+    /// Writes one read SQE with CID `cid` at the tail and rings the SQ doorbell.
+    #[inline(always)]
+    fn submit(&mut self, cid: u16) -> Result<()> {
+        let slba = (next_rand(&mut self.rng) % self.slots) * u64::from(self.blocks);
+        let mut sqe = Sqe::read(self.nsid, slba, self.blocks);
+        sqe.set_cid(cid);
+        sqe.set_prp1(self.bufs[cid as usize].iova());
+        self.start[cid as usize] = rdtsc();
+        self.q
+            .sq
+            .write_bytes(self.sq_tail as usize * SQE_BYTES, &sqe.to_le_bytes())?;
+        self.sq_tail += 1;
+        if self.sq_tail == self.q.sq_entries {
+            self.sq_tail = 0;
+        }
+        // `write32` orders the SQE stores before the doorbell store.
+        self.dev.write32(self.q.sq_db, self.sq_tail);
+        Ok(())
+    }
+
+    /// Spins on the next CQE's phase bit, rings the CQ head doorbell, and
+    /// returns the entry's dword 3 (CID, phase, status) and the TSC when the
+    /// phase bit was seen. Fails after [`COMPLETION_TIMEOUT`] without one (the
+    /// clock is read only every 2^20 empty polls).
+    #[inline(always)]
+    fn reap(&mut self, timeout_ticks: u64) -> Result<(u32, u64)> {
+        let off = self.cq_head as usize * CQE_BYTES + 12;
+        let mut spins = 0u32;
+        let mut deadline = 0u64;
+        let dw3 = loop {
+            let dw3 = self.q.cq.load_acquire_u32(off)?;
+            if (dw3 >> 16) & 1 == self.phase {
+                break dw3;
+            }
+            spins = spins.wrapping_add(1);
+            if spins & 0xf_ffff == 0 {
+                let now = rdtsc();
+                if deadline == 0 {
+                    deadline = now + timeout_ticks;
+                } else if now > deadline {
+                    bail!(
+                        "no completion on queue {} within {} s",
+                        self.q.qid,
+                        COMPLETION_TIMEOUT.as_secs()
+                    );
+                }
+            }
+        };
+        let seen = rdtsc();
+        self.cq_head += 1;
+        if self.cq_head == self.q.cq_entries {
+            self.cq_head = 0;
+            self.phase ^= 1;
+        }
+        self.dev.write32(self.q.cq_db, self.cq_head);
+        Ok((dw3, seen))
+    }
+}
+
+fn run(a: &Args) -> Result<Value> {
+    ensure!(a.depth >= 1, "queue depth (-q) must be at least 1");
+    ensure!(a.seconds >= 1, "run time (-t) must be at least 1 second");
+    let addr = match &a.device {
+        Some(d) => d.clone(),
+        None => default_device()?,
+    };
+    if !core_affinity::set_for_current(core_affinity::CoreId { id: a.core }) {
+        bail!("could not pin to core {}", a.core);
+    }
+    let ctrl = Controller::open(
+        &addr,
+        ControllerOptions {
+            // MMIO doorbells only: with Doorbell Buffer Config active, the
+            // controller would read tails and heads from the shadow buffer.
+            shadow_doorbells: false,
+            async_events: 0,
+            ..Default::default()
+        },
+    )
+    .with_context(|| format!("opening {addr}"))?;
+    let ns = ctrl.namespace(a.nsid)?;
+    let lba = ns.lba_size() as usize;
+    ensure!(
+        IO_SIZE % lba == 0,
+        "namespace {} has {lba}-byte blocks; 4096 is not a multiple",
+        a.nsid
+    );
+    let blocks = (IO_SIZE / lba) as u32;
+    let slots = ns.lba_count() / u64::from(blocks);
+    ensure!(slots > 0, "namespace {} is smaller than 4 KiB", a.nsid);
+    let max_entries = ctrl.cap().max_queue_entries();
+    let entries = (2 * a.depth).clamp(64, 1024).min(max_entries);
+    ensure!(
+        a.depth < entries,
+        "queue depth {} needs more than the controller's {max_entries} queue entries",
+        a.depth
+    );
+    // The highest granted queue ID: no queue pair of this process uses it.
+    let qid = ctrl.granted_io_queues();
+    ensure!(qid >= 1, "the controller granted no I/O queue");
+    let tsc_hz = tsc::calibrate(Duration::from_millis(100)).context("the TSC does not advance")?;
+    let ns_per_tick = 1e9 / tsc_hz;
+
+    let q = RawQueues::create(&ctrl, qid, entries)?;
+    let result = measure(&ctrl, &q, a, blocks, slots, tsc_hz, ns_per_tick);
+    let deleted = q.delete(&ctrl);
+    let m = result?;
+    deleted?;
+    ctrl.close()?;
+    Ok(doc(a, &addr, &m))
+}
+
+/// Runs the warm-up and the measured window.
+fn measure(
+    ctrl: &Controller,
+    q: &RawQueues,
+    a: &Args,
+    blocks: u32,
+    slots: u64,
+    tsc_hz: f64,
+    ns_per_tick: f64,
+) -> Result<Measured> {
+    let bufs = (0..a.depth)
+        .map(|_| ctrl.alloc_dma(IO_SIZE))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut f = Floor {
+        dev: ctrl.device(),
+        q,
+        bufs,
+        start: vec![0; a.depth as usize],
+        sq_tail: 0,
+        cq_head: 0,
+        phase: 1,
+        nsid: a.nsid,
+        blocks,
+        slots,
+        rng: a.seed | 1,
+    };
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
+    let timeout_ticks = (COMPLETION_TIMEOUT.as_secs_f64() * tsc_hz) as u64;
+    let warmup_ticks = (a.warmup as f64 * tsc_hz) as u64;
+    let run_ticks = (a.seconds as f64 * tsc_hz) as u64;
+
+    for cid in 0..a.depth as u16 {
+        f.submit(cid)?;
+    }
+    let t0 = rdtsc();
+    let mut measuring = warmup_ticks == 0;
+    let mut t_measure = t0;
+    let mut end = if measuring { t0 + run_ticks } else { u64::MAX };
+    let warm_end = t0 + warmup_ticks;
+    let (mut ios, mut errors) = (0u64, 0u64);
+    let mut in_flight = a.depth;
+    let mut stopping = false;
+    while in_flight > 0 {
+        let (dw3, now) = f.reap(timeout_ticks)?;
+        let cid = dw3 as u16;
+        ensure!(
+            cid < a.depth as u16,
+            "completion with unknown CID {cid} on queue {}",
+            q.qid
+        );
+        in_flight -= 1;
+        if measuring {
+            let ticks = now.saturating_sub(f.start[cid as usize]);
+            hist.saturating_record((ticks as f64 * ns_per_tick) as u64);
+            ios += 1;
+            errors += u64::from(dw3 >> 17 != 0);
+            if now >= end {
+                stopping = true;
+            }
+        } else if now >= warm_end {
+            measuring = true;
+            t_measure = now;
+            end = now + run_ticks;
+        }
+        if !stopping {
+            f.submit(cid)?;
+            in_flight += 1;
+        }
+    }
+    let seconds = (rdtsc().saturating_sub(t_measure)) as f64 * ns_per_tick / 1e9;
+    Ok(Measured {
+        ios,
+        errors,
+        seconds,
+        hist,
+    })
+}
+
+fn us(ns: u64) -> f64 {
+    ns as f64 / 1000.0
+}
+
+/// The JSON document, with `upnvme perf --json`'s field names.
+fn doc(a: &Args, device: &str, m: &Measured) -> Value {
+    let h = &m.hist;
+    let empty = h.is_empty();
+    let pct: serde_json::Map<String, Value> = PERCENTILES
+        .iter()
+        .map(|p| (format!("p{p}"), json!(us(h.value_at_quantile(p / 100.0)))))
+        .collect();
+    let iops = m.ios as f64 / m.seconds.max(1e-9);
+    let hist: Vec<Value> = h
+        .iter_recorded()
+        .map(|v| json!([us(v.value_iterated_to()), v.count_at_value()]))
+        .collect();
+    json!({
+        "program": "upnvme-rawfloor",
+        "device": device,
+        "workload": "randread",
+        "read_percent": 100,
+        "io_size": IO_SIZE,
+        "queue_depth": a.depth,
+        "seconds": a.seconds,
+        "warmup_seconds": a.warmup,
+        "total": {
+            "ios": m.ios,
+            "errors": m.errors,
+            "iops": iops,
+            "mib_per_s": iops * IO_SIZE as f64 / (1024.0 * 1024.0),
+            "latency": {
+                "mean_us": if empty { 0.0 } else { h.mean() / 1000.0 },
+                "min_us": if empty { 0.0 } else { us(h.min()) },
+                "max_us": if empty { 0.0 } else { us(h.max()) },
+                "stdev_us": h.stdev() / 1000.0,
+                "percentiles_us": pct,
+            },
+            "transport": {
+                "sq_doorbell_mmio": m.ios,
+                "cq_doorbell_mmio": m.ios,
+                "mmio_per_io": 2.0,
+            },
+        },
+        "histogram_us_count": hist,
+    })
+}
+
+fn main() {
+    let a = Args::parse();
+    match run(&a) {
+        Ok(d) => {
+            if a.json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&d).expect("JSON values serialise")
+                );
+            } else {
+                let t = &d["total"];
+                let l = &t["latency"];
+                println!(
+                    "upnvme-rawfloor: randread 4096 B, depth {}: {:.2} IOPS, mean {:.2} us, p50 {:.2} us, p99 {:.2} us, {} errors",
+                    a.depth,
+                    t["iops"].as_f64().unwrap_or(0.0),
+                    l["mean_us"].as_f64().unwrap_or(0.0),
+                    l["percentiles_us"]["p50"].as_f64().unwrap_or(0.0),
+                    l["percentiles_us"]["p99"].as_f64().unwrap_or(0.0),
+                    t["errors"]
+                );
+            }
+            if d["total"]["errors"].as_u64().unwrap_or(0) > 0 {
+                std::process::exit(1);
+            }
+        }
+        Err(e) => {
+            eprintln!("upnvme-rawfloor: error: {e:#}");
+            std::process::exit(1);
+        }
+    }
+}

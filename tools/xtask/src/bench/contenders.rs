@@ -1,0 +1,318 @@
+//! The contenders of `cargo xtask bench` and the guest script that runs them in
+//! interleaved rounds.
+
+use std::fmt::Write as _;
+
+/// How a contender is run and how its output is parsed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// `upnvme perf` on the vfio-bound controller.
+    Upnvme {
+        /// `--reap-on-submit`.
+        reap_on_submit: bool,
+        /// Shadow doorbells allowed to skip MMIO writes (off: `--no-shadow-doorbell`).
+        shadow: bool,
+    },
+    /// `upnvme-rawfloor` on the vfio-bound controller.
+    RawFloor,
+    /// fio on the kernel's nvme driver.
+    Fio(FioEngine),
+}
+
+/// The fio profiles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FioEngine {
+    /// io_uring with `hipri` (completions polled on the poll queues).
+    IoUringHipri,
+    /// pvsync2 (preadv2) with `hipri` (RWF_HIPRI).
+    Pvsync2Hipri,
+    /// libaio (interrupt-driven).
+    Libaio,
+}
+
+/// One contender: a program, a configuration and a depth.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Contender {
+    /// Stable identifier (no spaces), used in the result markers.
+    pub id: String,
+    /// Name in tables and plots.
+    pub label: String,
+    /// Outstanding I/Os.
+    pub qd: u32,
+    /// What runs.
+    pub kind: Kind,
+}
+
+impl Contender {
+    fn new(kind: Kind, qd: u32) -> Self {
+        let (id, label) = match kind {
+            Kind::Upnvme {
+                reap_on_submit,
+                shadow,
+            } => {
+                let mut id = String::from("upnvme");
+                let mut label = String::from("upnvme");
+                let mut extra = Vec::new();
+                if reap_on_submit {
+                    id.push_str("-ros");
+                    extra.push("reap_on_submit");
+                }
+                if !shadow {
+                    id.push_str("-noshadow");
+                    extra.push("no shadow db");
+                }
+                if !extra.is_empty() {
+                    label = format!("upnvme ({})", extra.join(", "));
+                }
+                (id, label)
+            }
+            Kind::RawFloor => ("rawfloor".into(), "raw floor".into()),
+            Kind::Fio(FioEngine::IoUringHipri) => {
+                ("fio-io_uring-hipri".into(), "kernel io_uring hipri".into())
+            }
+            Kind::Fio(FioEngine::Pvsync2Hipri) => {
+                ("fio-pvsync2-hipri".into(), "kernel pvsync2 hipri".into())
+            }
+            Kind::Fio(FioEngine::Libaio) => ("fio-libaio".into(), "kernel libaio".into()),
+        };
+        Contender {
+            id: format!("{id}-qd{qd}"),
+            label,
+            qd,
+            kind,
+        }
+    }
+
+    /// True for upnvme perf in its default configuration (reap_on_submit off,
+    /// shadow doorbells on): the configuration the targets are judged on.
+    pub fn is_upnvme_default(&self) -> bool {
+        self.kind
+            == Kind::Upnvme {
+                reap_on_submit: false,
+                shadow: true,
+            }
+    }
+
+    /// The shell command that runs this contender for `seconds` (plus a
+    /// 1-second warm-up) and prints one JSON document on stdout.
+    pub fn command(&self, seconds: u64) -> String {
+        match self.kind {
+            Kind::Upnvme {
+                reap_on_submit,
+                shadow,
+            } => {
+                let mut c = format!(
+                    "upnvme perf -d \"$DEV\" -q {} -o 4096 -w randread -t {seconds} --warmup {WARMUP} --json",
+                    self.qd
+                );
+                if reap_on_submit {
+                    c.push_str(" --reap-on-submit");
+                }
+                if !shadow {
+                    c.push_str(" --no-shadow-doorbell");
+                }
+                c
+            }
+            Kind::RawFloor => format!(
+                "upnvme-rawfloor -d \"$DEV\" -q {} -t {seconds} --warmup {WARMUP} --json",
+                self.qd
+            ),
+            Kind::Fio(engine) => {
+                let engine_opts = match engine {
+                    // Fixed buffers and registered files: the kernel's best
+                    // polled path (as t/io_uring runs it).
+                    FioEngine::IoUringHipri => {
+                        "--ioengine=io_uring --hipri=1 --fixedbufs=1 --registerfiles=1"
+                    }
+                    FioEngine::Pvsync2Hipri => "--ioengine=pvsync2 --hipri=1",
+                    FioEngine::Libaio => "--ioengine=libaio",
+                };
+                format!(
+                    "fio --name=bench --filename=\"$KDEV\" --direct=1 --rw=randread --bs=4k \
+                     {engine_opts} --iodepth={} --time_based=1 --runtime={seconds} \
+                     --ramp_time={WARMUP} --cpus_allowed=0 --clocksource=cpu --norandommap=1 \
+                     --randrepeat=0 --lat_percentiles=1 --percentile_list={} --output-format=json",
+                    self.qd,
+                    FIO_PERCENTILES
+                        .iter()
+                        .map(|p| p.to_string())
+                        .collect::<Vec<_>>()
+                        .join(":")
+                )
+            }
+        }
+    }
+}
+
+/// Warm-up seconds of every contender (results discarded).
+pub const WARMUP: u64 = 1;
+
+/// The percentiles fio reports (fio 3.33 keeps at most 20), the points of its
+/// latency CDF.
+pub const FIO_PERCENTILES: [f64; 20] = [
+    1.0, 5.0, 10.0, 20.0, 30.0, 40.0, 50.0, 60.0, 70.0, 75.0, 80.0, 85.0, 90.0, 95.0, 97.5, 99.0,
+    99.5, 99.9, 99.95, 99.99,
+];
+
+/// Every contender, in the order of the first round.
+pub fn all() -> Vec<Contender> {
+    let mut v = Vec::new();
+    for qd in [1, 32] {
+        for (reap_on_submit, shadow) in [(false, true), (true, true), (false, false), (true, false)]
+        {
+            v.push(Contender::new(
+                Kind::Upnvme {
+                    reap_on_submit,
+                    shadow,
+                },
+                qd,
+            ));
+        }
+        v.push(Contender::new(Kind::RawFloor, qd));
+        v.push(Contender::new(Kind::Fio(FioEngine::IoUringHipri), qd));
+    }
+    v.push(Contender::new(Kind::Fio(FioEngine::Pvsync2Hipri), 1));
+    v.push(Contender::new(Kind::Fio(FioEngine::Libaio), 1));
+    v
+}
+
+/// The order of round `r` (0-based): the contender list rotated by `r` places,
+/// so that no contender always runs right after the same neighbour or at the
+/// same point of the boot.
+pub fn round_order(contenders: &[Contender], r: usize) -> Vec<&Contender> {
+    let n = contenders.len();
+    (0..n).map(|i| &contenders[(i + r) % n]).collect()
+}
+
+/// Marker that starts one result on the results port:
+/// `BENCH-RESULT <id> <round> <exit status>`, then the gzipped, base64-encoded
+/// output, then [`RESULT_END`].
+pub const RESULT: &str = "BENCH-RESULT";
+/// Ends one result.
+pub const RESULT_END: &str = "BENCH-RESULT-END";
+/// Guest facts: `BENCH-INFO <key> <value...>`.
+pub const INFO: &str = "BENCH-INFO";
+/// The guest's serial port that carries results (QEMU writes it to a host file).
+pub const RESULTS_TTY: &str = "/dev/ttyS1";
+/// The guest's serial port for progress lines (QEMU writes it to its stderr).
+pub const PROGRESS_TTY: &str = "/dev/ttyS2";
+
+/// The busybox shell script that runs `rounds` interleaved rounds of every
+/// contender, each for `seconds`, in one guest boot.
+pub fn guest_script(contenders: &[Contender], rounds: usize, seconds: u64) -> String {
+    let mut s = String::new();
+    let _ = write!(
+        s,
+        r#"#!/bin/sh
+# Generated by `cargo xtask bench` (tools/xtask/src/bench/contenders.rs).
+# Progress goes to {PROGRESS_TTY} (QEMU's stderr), results to {RESULTS_TTY} (a host file);
+# nothing is printed on the console.
+stty -F {RESULTS_TTY} raw -echo clocal 2>/dev/null
+stty -F {PROGRESS_TTY} raw -echo clocal 2>/dev/null
+exec 3>{PROGRESS_TTY}
+exec 1>&3 2>&3
+say() {{ echo "bench: $*" >&3; }}
+info() {{ echo "{INFO} $*" > {RESULTS_TTY}; }}
+DEV=${{UPNVME_VM_DEVICES%% *}}
+KCTRL=$(ls /sys/bus/pci/devices/$UPNVME_VM_KERNEL_NVME/nvme/ 2>/dev/null | head -n 1)
+KDEV=/dev/${{KCTRL}}n1
+export DEV KDEV
+export LD_LIBRARY_PATH=/lib/x86_64-linux-gnu:/usr/lib/x86_64-linux-gnu:/usr/lib/x86_64-linux-gnu/ceph
+if [ -z "$DEV" ] || [ ! -b "$KDEV" ]; then
+    say "setup failed: vfio controller '$DEV', kernel namespace '$KDEV'"
+    exit 2
+fi
+info kernel $(uname -r)
+info fio $(fio --version 2>&1 | head -n 1)
+info io_poll $(cat /sys/block/${{KCTRL}}n1/queue/io_poll 2>/dev/null)
+info poll_queues $UPNVME_VM_KERNEL_NVME_POLL_QUEUES
+info vfio_device $DEV
+info kernel_device $KDEV
+info cpus $(nproc)
+say "upnvme on $DEV, kernel nvme on $KDEV (io_poll $(cat /sys/block/${{KCTRL}}n1/queue/io_poll 2>/dev/null)); {rounds} rounds of {n} runs, {seconds} s each"
+failed=0
+run() {{
+    id=$1; r=$2; shift 2
+    start=$(cut -d' ' -f1 /proc/uptime)
+    sh -c "$*" > /tmp/out.json 2> /tmp/err.txt
+    st=$?
+    end=$(cut -d' ' -f1 /proc/uptime)
+    if [ $st -ne 0 ]; then
+        failed=$((failed + 1))
+        say "round $r: $id FAILED (exit status $st): $(tail -n 3 /tmp/err.txt | tr '\n' ' ')"
+        cat /tmp/err.txt >> /tmp/out.json
+    else
+        say "round $r: $id done ($start - $end s)"
+    fi
+    {{
+        echo "{RESULT} $id $r $st"
+        gzip -c /tmp/out.json | base64
+        echo "{RESULT_END}"
+    }} > {RESULTS_TTY}
+}}
+"#,
+        n = contenders.len(),
+    );
+    for r in 0..rounds {
+        for c in round_order(contenders, r) {
+            let _ = writeln!(
+                s,
+                "run {} {} '{}'",
+                c.id,
+                r + 1,
+                c.command(seconds).replace('\'', r"'\''")
+            );
+        }
+    }
+    s.push_str("say \"finished, $failed failed run(s)\"\nexit $failed\n");
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn contender_set() {
+        let all = all();
+        assert_eq!(all.len(), 14);
+        let ids: std::collections::BTreeSet<_> = all.iter().map(|c| c.id.as_str()).collect();
+        assert_eq!(ids.len(), all.len(), "ids are unique");
+        assert!(ids.contains("upnvme-qd1"));
+        assert!(ids.contains("upnvme-ros-noshadow-qd32"));
+        assert!(ids.contains("rawfloor-qd32"));
+        assert!(ids.contains("fio-io_uring-hipri-qd32"));
+        assert!(ids.contains("fio-pvsync2-hipri-qd1"));
+        assert!(ids.contains("fio-libaio-qd1"));
+        assert!(all.iter().all(|c| !c.id.contains(' ')));
+        assert_eq!(all.iter().filter(|c| c.is_upnvme_default()).count(), 2);
+    }
+
+    #[test]
+    fn commands() {
+        let all = all();
+        let find = |id: &str| all.iter().find(|c| c.id == id).unwrap().command(5);
+        let c = find("upnvme-ros-noshadow-qd32");
+        assert!(c.contains("-q 32") && c.contains("-t 5") && c.contains("--json"));
+        assert!(c.contains("--reap-on-submit") && c.contains("--no-shadow-doorbell"));
+        let c = find("upnvme-qd1");
+        assert!(!c.contains("--reap-on-submit") && !c.contains("--no-shadow-doorbell"));
+        let c = find("fio-io_uring-hipri-qd1");
+        assert!(c.contains("--ioengine=io_uring --hipri=1") && c.contains("--iodepth=1"));
+        assert!(c.contains("--runtime=5") && c.contains("--output-format=json"));
+        assert!(find("fio-libaio-qd1").contains("--ioengine=libaio"));
+        assert!(find("rawfloor-qd1").starts_with("upnvme-rawfloor"));
+    }
+
+    #[test]
+    fn rounds_rotate() {
+        let all = all();
+        let r0: Vec<_> = round_order(&all, 0).iter().map(|c| c.id.clone()).collect();
+        let r1: Vec<_> = round_order(&all, 1).iter().map(|c| c.id.clone()).collect();
+        assert_eq!(r0[1], r1[0]);
+        assert_eq!(r0[0], *r1.last().unwrap());
+        let script = guest_script(&all, 3, 5);
+        assert_eq!(script.matches("\nrun ").count(), 3 * all.len());
+        assert!(script.contains("run upnvme-qd1 1 'upnvme perf -d \"$DEV\" -q 1"));
+    }
+}

@@ -1,0 +1,170 @@
+//! docs/latency.png: the latency CDF of the QD1 contenders, drawn with plotters'
+//! bitmap backend into memory and written with [`super::png`].
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, anyhow, bail};
+use plotters::prelude::*;
+
+use super::png;
+use crate::deps;
+
+/// Image size in pixels.
+const SIZE: (u32, u32) = (1000, 620);
+/// Where Debian's fonts-dejavu-core puts its sans-serif face.
+const FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
+
+/// One line of the plot.
+pub struct Line {
+    /// Legend text.
+    pub label: String,
+    /// (latency µs, fraction of I/Os at or below), increasing.
+    pub points: Vec<(f64, f64)>,
+}
+
+/// Finds (installing fonts-dejavu-core when missing) and registers the font
+/// plotters draws text with.
+fn register_font() -> Result<()> {
+    let path = PathBuf::from(FONT);
+    if !path.exists() {
+        deps::apt_install(&["fonts-dejavu-core"])
+            .context("the plot needs a TrueType font (fonts-dejavu-core)")?;
+    }
+    let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+    // plotters keeps fonts for the life of the process.
+    let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+    plotters::style::register_font("sans-serif", FontStyle::Normal, bytes)
+        .map_err(|_| anyhow!("{} is not a usable TrueType font", path.display()))
+}
+
+/// Colours: upnvme variants in blues and greens, the floor in black, the kernel in
+/// warm colours.
+fn colour(label: &str, i: usize) -> RGBColor {
+    const UPNVME: [RGBColor; 4] = [
+        RGBColor(0x1f, 0x4e, 0xd8),
+        RGBColor(0x5a, 0x9b, 0xf0),
+        RGBColor(0x17, 0x9c, 0x6e),
+        RGBColor(0x7f, 0xc9, 0x7f),
+    ];
+    match label {
+        l if l.starts_with("upnvme") => UPNVME[i % UPNVME.len()],
+        l if l.contains("floor") => RGBColor(0x20, 0x20, 0x20),
+        l if l.contains("io_uring") => RGBColor(0xd6, 0x27, 0x28),
+        l if l.contains("pvsync2") => RGBColor(0xff, 0x7f, 0x0e),
+        _ => RGBColor(0x9b, 0x4d, 0xca),
+    }
+}
+
+/// Draws the CDF of `lines` and writes it as a PNG to `out`.
+pub fn latency_cdf(lines: &[Line], title: &str, out: &Path) -> Result<()> {
+    let lines: Vec<&Line> = lines.iter().filter(|l| l.points.len() >= 2).collect();
+    if lines.is_empty() {
+        bail!("no latency data to plot");
+    }
+    register_font()?;
+    // x range: from the smallest latency to the largest 99.9th percentile.
+    let lo = lines
+        .iter()
+        .map(|l| l.points[0].0)
+        .fold(f64::INFINITY, f64::min)
+        .max(0.1);
+    let hi = lines
+        .iter()
+        .map(|l| {
+            l.points
+                .iter()
+                .find(|(_, f)| *f >= 0.999)
+                .unwrap_or(l.points.last().expect("two points"))
+                .0
+        })
+        .fold(0.0, f64::max)
+        .max(lo * 2.0);
+    let (lo, hi) = (lo * 0.9, hi * 1.1);
+    let mut rgb = vec![0u8; (SIZE.0 * SIZE.1 * 3) as usize];
+    {
+        let root = BitMapBackend::with_buffer(&mut rgb, SIZE).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| anyhow!("{e}"))?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, ("sans-serif", 22))
+            .margin(18)
+            .x_label_area_size(50)
+            .y_label_area_size(60)
+            .build_cartesian_2d((lo..hi).log_scale(), 0f64..1f64)
+            .map_err(|e| anyhow!("{e}"))?;
+        chart
+            .configure_mesh()
+            .x_desc("latency (µs, log scale)")
+            .y_desc("fraction of I/Os at or below")
+            .x_label_formatter(&|v| format!("{v:.0}"))
+            .y_label_formatter(&|v| format!("{v:.1}"))
+            .label_style(("sans-serif", 15))
+            .axis_desc_style(("sans-serif", 17))
+            .draw()
+            .map_err(|e| anyhow!("{e}"))?;
+        let mut upnvme_seen = 0;
+        for l in &lines {
+            let c = colour(&l.label, upnvme_seen);
+            if l.label.starts_with("upnvme") {
+                upnvme_seen += 1;
+            }
+            let width = if l.label == "upnvme" || l.label.contains("io_uring") {
+                3
+            } else {
+                2
+            };
+            let pts: Vec<(f64, f64)> = l
+                .points
+                .iter()
+                .copied()
+                .filter(|(x, _)| *x >= lo && *x <= hi)
+                .collect();
+            chart
+                .draw_series(LineSeries::new(pts, c.stroke_width(width)))
+                .map_err(|e| anyhow!("{e}"))?
+                .label(l.label.clone())
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 24, y)], c.stroke_width(width))
+                });
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::LowerRight)
+            .label_font(("sans-serif", 15))
+            .background_style(WHITE.mix(0.9))
+            .border_style(BLACK)
+            .draw()
+            .map_err(|e| anyhow!("{e}"))?;
+        root.present().map_err(|e| anyhow!("{e}"))?;
+    }
+    let png = png::encode_rgb(SIZE.0, SIZE.1, &rgb);
+    std::fs::write(out, png).with_context(|| format!("writing {}", out.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn draws_a_png() {
+        if !Path::new(FONT).exists() {
+            eprintln!("skipped: {FONT} is not installed");
+            return;
+        }
+        let out = std::env::temp_dir().join(format!("xtask-plot-{}.png", std::process::id()));
+        let lines = vec![
+            Line {
+                label: "upnvme".into(),
+                points: vec![(8.0, 0.1), (20.0, 0.5), (90.0, 0.999), (200.0, 1.0)],
+            },
+            Line {
+                label: "kernel io_uring hipri".into(),
+                points: vec![(40.0, 0.01), (80.0, 0.5), (300.0, 1.0)],
+            },
+        ];
+        latency_cdf(&lines, "test", &out).unwrap();
+        let data = std::fs::read(&out).unwrap();
+        assert!(data.starts_with(b"\x89PNG"));
+        assert!(data.len() > 1000);
+        std::fs::remove_file(out).unwrap();
+    }
+}
