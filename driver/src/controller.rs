@@ -182,10 +182,16 @@ impl<D: Device> Controller<D> {
         self.inner.granted_io_queues
     }
 
-    /// Largest transfer in bytes (MDTS × minimum memory page size), or `None`
-    /// when MDTS is 0 (no limit).
+    /// Largest data transfer of one I/O command in bytes: MDTS × the minimum
+    /// memory page size, capped at 4 MiB (the queue pairs' per-command limit;
+    /// also the value when MDTS is 0, "no limit"). Always `Some`.
     pub fn max_transfer_bytes(&self) -> Option<usize> {
-        self.inner.max_transfer()
+        Some(
+            self.inner
+                .max_transfer()
+                .unwrap_or(crate::qpair::MAX_TRANSFER_CAP)
+                .min(crate::qpair::MAX_TRANSFER_CAP),
+        )
     }
 
     /// Whether shadow doorbells were configured (Doorbell Buffer Config).

@@ -29,7 +29,7 @@ use upnvme::{
     BLOCKING_TAG, Completion, Controller, CqHeadPolicy, DmaBuffer, DsmRange, Error, IoCommand,
     IoFailure, IoQueuePair, QueuePairOptions,
 };
-use upnvme_fuzz::{Reader, known_issue, options};
+use upnvme_fuzz::{Reader, options};
 use upnvme_tests::{Fault, Match, ModelConfig, ModelController, NamespaceConfig, Status};
 
 /// Blocks in the fuzzed namespace: small, so random LBAs often fall outside.
@@ -450,25 +450,19 @@ impl Harness {
             _ => self.process(u32::MAX),
         };
         // After a reset, the pair re-creates its queues before it writes to
-        // them: no doorbell for a queue that does not exist (was KNOWN-6).
+        // them: no doorbell for a queue that does not exist.
         let stale: Vec<String> = self
             .m
             .take_violations()
             .into_iter()
             .filter(|v| v.contains("does not exist"))
             .collect();
-        // KNOWN-7: commands queued before a reset and announced by `ring`
-        // after it still ring the deleted queue's doorbell.
-        if action == 5 {
-            known_issue("KNOWN-7", stale.is_empty(), || {
-                format!("ring() after a reset: {stale:?}")
-            });
-        } else {
-            assert!(
-                stale.is_empty(),
-                "doorbell for a deleted queue (action {action}): {stale:?}"
-            );
-        }
+        // Was KNOWN-6 (first submission after a reset) and KNOWN-7 (`ring`
+        // of commands queued before a reset); both fixed.
+        assert!(
+            stale.is_empty(),
+            "doorbell for a deleted queue (action {action}): {stale:?}"
+        );
         if failed_before && self.c.resets() == resets_before {
             // A failed controller refuses everything until it is reset.
             match outcome {

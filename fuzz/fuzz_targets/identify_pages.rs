@@ -20,10 +20,13 @@ use std::time::Duration;
 
 use libfuzzer_sys::fuzz_target;
 use upnvme::{Controller, Error, QueuePairOptions};
-use upnvme_fuzz::{Reader, known_issue, options};
+use upnvme_fuzz::{Reader, options};
 use upnvme_tests::{ModelConfig, ModelController, NamespaceConfig};
 
 const PAGE: usize = 4096;
+/// Largest transfer a queue pair may accept (the driver's cap: PRP list
+/// pages are preallocated for it per command slot).
+const MAX_PAIR_TRANSFER: usize = 4 << 20;
 /// Most namespace pages one input overrides.
 const MAX_NS_PAGES: u32 = 6;
 
@@ -147,10 +150,9 @@ fuzz_target!(|data: &[u8]| {
             ids_page(&ids)
         };
         m.set_identify_data(0x02, 0, Some(p.clone()));
-        // KNOWN-5: a full list served again for its own last NSID makes
-        // bring-up loop forever; only strict mode builds that device.
-        let full_loop = ids.len() >= 1024 && p == ids_page(&ids);
-        if flags & 4 != 0 && (!full_loop || upnvme_fuzz::strict("KNOWN-5")) {
+        // A full list served again for its own last NSID once made bring-up
+        // loop forever (KNOWN-5, fixed).
+        if flags & 4 != 0 {
             // A device that ignores the start NSID: the same page for the
             // continuation request.
             for &id in ids.iter().rev().take(1) {
@@ -176,12 +178,13 @@ fuzz_target!(|data: &[u8]| {
         Ok(c) => c,
         Err(e) => {
             // A typed error that renders. The options are valid, so the
-            // error is never the caller's (KNOWN-3: MDTS 52..=63 wraps the
-            // transfer limit to 0 and Identify fails as InvalidArgument).
+            // error is never the caller's (KNOWN-3, fixed: MDTS 52..=63 wrapped
+            // the transfer limit to 0 and Identify failed as InvalidArgument).
             let text = e.to_string();
-            known_issue("KNOWN-3", !matches!(e, Error::InvalidArgument(_)), || {
-                format!("bring-up blames the caller: {text}")
-            });
+            assert!(
+                !matches!(e, Error::InvalidArgument(_)),
+                "bring-up blames the caller: {text}"
+            );
             return;
         }
     };
@@ -201,12 +204,16 @@ fuzz_target!(|data: &[u8]| {
     let mut last = 0u32;
     for ns in c.namespaces() {
         let id = ns.id();
-        known_issue("KNOWN-1", id != 0 && id < 0xffff_ffff, || {
-            format!("namespace ID {id:#x} is not a valid NSID")
-        });
-        known_issue("KNOWN-2", id > last, || {
-            format!("namespaces not in ascending, unique order: {id} after {last}")
-        });
+        // KNOWN-1 and KNOWN-2, fixed: the list is untrusted.
+        assert!(
+            id != 0 && id <= c.identify().nn && id < 0xffff_ffff,
+            "namespace ID {id:#x} is not a valid NSID (NN {})",
+            c.identify().nn
+        );
+        assert!(
+            id > last,
+            "namespaces not in ascending, unique order: {id} after {last}"
+        );
         last = id;
         let lba = ns.lba_size();
         assert!(
@@ -223,19 +230,11 @@ fuzz_target!(|data: &[u8]| {
         o.io_queues
     );
     if let Some(t) = c.max_transfer_bytes() {
-        known_issue("KNOWN-3", t >= PAGE, || {
-            format!(
-                "MDTS {} gives a maximum transfer of {t} bytes",
-                c.identify().mdts
-            )
-        });
-        // KNOWN-4: a queue pair reserves PRP list pages for the largest
-        // transfer MDTS allows, without a cap: MDTS 27 pins GiBs. Only
-        // strict mode goes on to create one.
-        if !upnvme_fuzz::strict("KNOWN-4") && t > 8 << 20 {
-            let _ = c.close();
-            return;
-        }
+        assert!(
+            t >= PAGE,
+            "MDTS {} gives a maximum transfer of {t} bytes",
+            c.identify().mdts
+        );
     }
 
     // Use it: one queue pair, one read on the first namespace.
@@ -248,9 +247,14 @@ fuzz_target!(|data: &[u8]| {
         entries,
         ..Default::default()
     }) {
-        known_issue("KNOWN-3", qp.max_transfer() >= PAGE, || {
-            format!("queue pair max transfer {}", qp.max_transfer())
-        });
+        // KNOWN-3 and KNOWN-4, fixed: at least a page, and capped so that
+        // the PRP list memory a pair pins stays small whatever MDTS says.
+        assert!(
+            (PAGE..=MAX_PAIR_TRANSFER).contains(&qp.max_transfer()),
+            "queue pair max transfer {} (MDTS {})",
+            qp.max_transfer(),
+            c.identify().mdts
+        );
         if let Some(ns) = c.namespaces().first() {
             let len = (ns.lba_size() as usize).min(1 << 16);
             if let Ok(buf) = c.alloc_dma(len) {

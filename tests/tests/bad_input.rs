@@ -611,11 +611,39 @@ fn transfer_above_mdts() {
     let e = refused(&m, &c, &mut qp, read(1, 0, 129), 129 * 4096);
     assert_eq!(
         e.to_string(),
-        "invalid argument: Read of 528384 bytes exceeds the controller's maximum transfer of 524288 bytes (MDTS); split it"
+        "invalid argument: Read of 528384 bytes exceeds the maximum transfer of 524288 bytes per command (MDTS, at most 4 MiB); split it"
     );
     drop(qp);
     drop(c);
     assert_clean(&m);
+}
+
+#[test]
+fn transfer_above_the_queue_pairs_cap() {
+    // MDTS 0 (no limit) or a large MDTS: a queue pair still takes at most
+    // 4 MiB per command (its PRP list pages are preallocated per slot), and
+    // says so. Controller::max_transfer_bytes reports the same capped limit.
+    for mdts in [0u8, 12] {
+        let (m, c) = setup(ModelConfig {
+            mdts,
+            ..config_one_ns(4096, 4096)
+        });
+        let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+        assert_eq!(qp.max_transfer(), 4 << 20, "MDTS {mdts}");
+        // The controller reports the per-command limit its queue pairs apply.
+        assert_eq!(c.max_transfer_bytes(), Some(4 << 20), "MDTS {mdts}");
+        let e = refused(&m, &c, &mut qp, read(1, 0, 1025), 1025 * 4096);
+        assert_eq!(
+            e.to_string(),
+            "invalid argument: Read of 4198400 bytes exceeds the maximum transfer of 4194304 bytes per command (MDTS, at most 4 MiB); split it"
+        );
+        // 4 MiB itself works.
+        let buf = c.alloc_dma(4 << 20).unwrap();
+        qp.read_blocking(1, 0, 1024, buf, T).unwrap();
+        drop(qp);
+        drop(c);
+        assert_clean(&m);
+    }
 }
 
 #[test]

@@ -146,7 +146,11 @@ fn unlimited_mdts_is_capped_by_the_driver() {
         mdts: 0,
         ..Default::default()
     });
-    assert_eq!(c.max_transfer_bytes(), None);
+    assert_eq!(
+        c.max_transfer_bytes(),
+        Some(4 << 20),
+        "MDTS 0: the driver's per-command cap"
+    );
     let mut qp = c
         .io_queue_pair(QueuePairOptions {
             entries: Some(2),

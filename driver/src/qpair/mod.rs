@@ -59,7 +59,7 @@ const CQE_BYTES: usize = 16;
 /// Largest transfer per command the queue pair accepts, whatever MDTS allows
 /// (larger I/Os are split by the caller; the PRP list pages for it are
 /// preallocated per tracker).
-const MAX_TRANSFER_CAP: usize = 4 << 20;
+pub(crate) const MAX_TRANSFER_CAP: usize = 4 << 20;
 /// Most ranges a Dataset Management command carries (NR is 8 bits, 0-based).
 const MAX_DSM_RANGES: usize = 256;
 
@@ -536,7 +536,7 @@ impl<D: Device> IoQueuePair<D> {
                 }
                 if bytes > self.max_transfer {
                     return Err(Error::InvalidArgument(format!(
-                        "{} of {bytes} bytes exceeds the controller's maximum transfer of {} bytes (MDTS); split it",
+                        "{} of {bytes} bytes exceeds the maximum transfer of {} bytes per command (MDTS, at most 4 MiB); split it",
                         cmd.name(),
                         self.max_transfer
                     )));
