@@ -175,7 +175,7 @@ fn run_guest(
     );
     let outcome = bed.run(&vm, "sh /root/bench.sh", false)?;
     meta["load_after"] = json!(loadavg());
-    meta["guest_seconds"] = json!(outcome.elapsed.as_secs_f64().round());
+    meta["guest_seconds"] = json!(outcome.elapsed.as_secs_f64().round() as u64);
     let text = std::fs::read_to_string(&results)
         .with_context(|| format!("reading {}", results.display()))?;
     std::fs::write(dir.join("meta.json"), serde_json::to_string_pretty(&meta)?)?;
@@ -210,7 +210,7 @@ pub fn bench(cmd: &BenchCmd) -> Result<i32> {
     let summary = summary::summarise(&all, &collected.runs);
     let wall = started.elapsed().as_secs_f64();
     if cmd.from_results.is_none() {
-        meta["wall_seconds"] = json!(wall.round());
+        meta["wall_seconds"] = json!(wall.round() as u64);
         let _ = std::fs::write(dir.join("meta.json"), serde_json::to_string_pretty(&meta)?);
     }
     meta["guest"] = json!(collected.info);
@@ -280,6 +280,9 @@ fn bench_markdown(s: &summary::Summary, meta: &Value, (rounds, seconds): (u64, u
     let m = |k: &str| match &meta[k] {
         Value::String(v) => v.clone(),
         Value::Null => "?".into(),
+        Value::Number(n) if n.as_f64().is_some_and(|f| f.fract() == 0.0) => {
+            format!("{:.0}", n.as_f64().unwrap_or_default())
+        }
         v => v.to_string(),
     };
     let g = |k: &str| meta["guest"][k].as_str().unwrap_or("?").to_string();
