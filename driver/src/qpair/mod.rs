@@ -802,6 +802,30 @@ impl<D: Device> IoQueuePair<D> {
         Ok(())
     }
 
+    /// Ends the in-flight command in `slot` once the controller was disabled
+    /// (nothing can reach its buffer any more): frees its CID and builds its
+    /// only completion — ControllerFailed after close, TimedOut if we had
+    /// aborted it, ControllerReset otherwise.
+    fn end_in_flight(&mut self, slot: u16, closed: bool) -> Completion {
+        let t = &mut self.trackers[slot as usize];
+        let result = Err(if closed {
+            IoError::ControllerFailed
+        } else if t.aborted {
+            IoError::TimedOut
+        } else {
+            IoError::ControllerReset
+        });
+        let c = Completion {
+            tag: t.tag,
+            result,
+            buffer: t.buffer.take(),
+        };
+        t.aborted = false;
+        t.submitted = 0;
+        let _ = self.cids.cancel(slot);
+        c
+    }
+
     /// After a controller reset: completes every command in flight exactly once
     /// (TimedOut if it had been aborted, ControllerReset otherwise) — the
     /// controller is disabled, so no buffer is still reachable by the device —
@@ -815,22 +839,8 @@ impl<D: Device> IoQueuePair<D> {
             let closed = self.ctrl.is_closed();
             let slots: Vec<u16> = self.cids.in_flight_slots().collect();
             for slot in slots {
-                let t = &mut self.trackers[slot as usize];
-                let result = Err(if closed {
-                    IoError::ControllerFailed
-                } else if t.aborted {
-                    IoError::TimedOut
-                } else {
-                    IoError::ControllerReset
-                });
-                self.ready.push_back(Completion {
-                    tag: t.tag,
-                    result,
-                    buffer: t.buffer.take(),
-                });
-                t.aborted = false;
-                t.submitted = 0;
-                let _ = self.cids.cancel(slot);
+                let c = self.end_in_flight(slot, closed);
+                self.ready.push_back(c);
             }
             self.pending = 0;
             self.sq_ring = SqRing::new(self.sq_ring.entries())
@@ -1030,19 +1040,7 @@ impl<D: Device> IoQueuePair<D> {
                     .load(std::sync::atomic::Ordering::Acquire)
             {
                 // A reset ended the command: it completes here, once.
-                let t = &mut self.trackers[slot as usize];
-                let c = Completion {
-                    tag: BLOCKING_TAG,
-                    result: Err(if t.aborted {
-                        IoError::TimedOut
-                    } else {
-                        IoError::ControllerReset
-                    }),
-                    buffer: t.buffer.take(),
-                };
-                t.aborted = false;
-                t.submitted = 0;
-                let _ = self.cids.cancel(slot);
+                let c = self.end_in_flight(slot, false);
                 let _ = self.sync_generation();
                 return finish_blocking(c, &cmd);
             }
