@@ -191,12 +191,25 @@ fn namespaces_of(addr: &str) -> Vec<String> {
         for e in fs::read_dir(c.path()).unwrap().flatten() {
             let n = e.file_name().to_string_lossy().into_owned();
             let rest = n.strip_prefix("nvme").unwrap_or("");
-            if let Some((x, z)) = rest.split_once('n')
-                && !x.is_empty()
-                && !z.is_empty()
-                && x.bytes().chain(z.bytes()).all(|b| b.is_ascii_digit())
-            {
+            let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+            let Some((x, z)) = rest.split_once('n') else {
+                continue;
+            };
+            if digits(x) && digits(z) {
                 out.push(n);
+            } else if let Some((x, y)) = x.split_once('c')
+                && digits(x)
+                && digits(y)
+                && digits(z)
+            {
+                // A shared namespace (QEMU 10's nvme-ns defaults to shared=on)
+                // under the kernel's native multipath: the controller holds the
+                // hidden path `nvme<X>c<Y>n<Z>`, the block device is the head
+                // `nvme<X>n<Z>`.
+                let head = format!("nvme{x}n{z}");
+                if !out.contains(&head) {
+                    out.push(head);
+                }
             }
         }
     }

@@ -23,6 +23,21 @@ fn open() -> Controller {
     Controller::open(&devices()[0], ControllerOptions::default()).unwrap()
 }
 
+/// The CQ head policies the integrity tests run under: adaptive moderation
+/// (the default), moderation off (one write per reap batch), and adaptive with
+/// a small batch limit.
+const POLICIES: [CqHeadPolicy; 3] = [
+    CqHeadPolicy::Adaptive { batch: 0 },
+    CqHeadPolicy::EveryReap,
+    CqHeadPolicy::Adaptive { batch: 5 },
+];
+
+/// `n` queue entries, or CAP.MQES + 1 when the controller allows fewer
+/// (the small-queues configuration runs with `--mqes 16`).
+fn entries(c: &Controller, n: u32) -> u32 {
+    n.min(c.cap().max_queue_entries())
+}
+
 /// A deterministic pattern for (lba, byte offset, seed).
 fn pattern(seed: u64, lba: u64, len: usize) -> Vec<u8> {
     let mut x = seed ^ (lba.wrapping_mul(0x9e37_79b9_7f4a_7c15)) ^ 0x2545_f491_4f6c_dd1d;
@@ -59,9 +74,20 @@ fn hello_world_round_trip() {
 #[test]
 fn verified_mixed_sizes_at_depth() {
     let c = open();
+    for (i, policy) in POLICIES.into_iter().enumerate() {
+        verified_mixed_sizes_with(&c, policy, 0x1000 * i as u64);
+    }
+}
+
+fn verified_mixed_sizes_with(c: &Controller, policy: CqHeadPolicy, seed_base: u64) {
     let ns = c.namespace(1).unwrap().clone();
     let lba = ns.lba_size() as usize;
-    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let mut qp = c
+        .io_queue_pair(QueuePairOptions {
+            cq_head_policy: policy,
+            ..Default::default()
+        })
+        .unwrap();
     let max_blocks = (qp.max_transfer() / lba) as u32;
     let sizes: Vec<u32> = [1, 2, 3, 8, 9, 16, 31, 64, 100, max_blocks]
         .into_iter()
@@ -75,7 +101,7 @@ fn verified_mixed_sizes_at_depth() {
             if lba_next + b as u64 > ns.lba_count() {
                 lba_next = 16;
             }
-            layout.push((lba_next, b, round as u64));
+            layout.push((lba_next, b, seed_base + round as u64));
             lba_next += b as u64;
         }
     }
@@ -122,7 +148,7 @@ fn verified_mixed_sizes_at_depth() {
     // the layout never overlaps within one pass of `sizes` but may across
     // rounds; `expected` keeps the last data per starting LBA, so compare
     // only the final round's extents).
-    let last_round = 5u64;
+    let last_round = seed_base + 5;
     let mut mismatches = 0;
     for &(slba, b, seed) in layout.iter().filter(|l| l.2 == last_round) {
         let buf = c.alloc_dma(b as usize * lba).unwrap();
@@ -132,7 +158,7 @@ fn verified_mixed_sizes_at_depth() {
             mismatches += 1;
         }
     }
-    assert_eq!(mismatches, 0);
+    assert_eq!(mismatches, 0, "with {policy:?}");
 }
 
 #[test]
@@ -351,8 +377,8 @@ fn cq_head_policies_and_reap_on_submit_all_complete_everything() {
     ] {
         let mut qp = c
             .io_queue_pair(QueuePairOptions {
-                entries: Some(16),
-                cq_entries: Some(20),
+                entries: Some(entries(&c, 16)),
+                cq_entries: Some(entries(&c, 20)),
                 cq_head_policy: policy,
                 reap_on_submit: reap,
                 shadow_doorbells: shadow,
@@ -564,31 +590,57 @@ fn write_zeroes_and_deallocate_read_back_as_dlfeat_says() {
 }
 
 /// Integrity at every depth from 1 to the queue's maximum, with a per-run salt
-/// and a per-pass stamp, through at least three wraps of the SQ and CQ.
+/// and a per-pass stamp, through at least three wraps of the SQ and CQ — under
+/// every CQ head policy (moderation on and off), with a 64/96-entry pair and
+/// with the default sizes (both capped by CAP.MQES: the small-queues
+/// configuration runs with `--mqes 16`).
 #[test]
 fn integrity_at_depths_up_to_the_queue_size() {
     let c = open();
-    let ns = c.namespace(1).unwrap().clone();
-    let lba = ns.lba_size() as usize;
     let salt = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_nanos() as u64;
-    let mut qp = c
-        .io_queue_pair(QueuePairOptions {
-            entries: Some(64),
-            cq_entries: Some(96),
-            ..Default::default()
-        })
-        .unwrap();
+    let mut run = 0u64;
+    for sizes in [Some((64, 96)), None] {
+        for policy in POLICIES {
+            let (sq, cq) = match sizes {
+                Some((sq, cq)) => (Some(entries(&c, sq)), Some(entries(&c, cq))),
+                None => (None, None),
+            };
+            let qp = c
+                .io_queue_pair(QueuePairOptions {
+                    entries: sq,
+                    cq_entries: cq,
+                    cq_head_policy: policy,
+                    ..Default::default()
+                })
+                .unwrap();
+            eprintln!(
+                "integrity: SQ {} / CQ {} entries, {policy:?}",
+                qp.sq_entries(),
+                qp.cq_entries()
+            );
+            integrity_at_depths(&c, qp, salt ^ (run << 48));
+            run += 1;
+        }
+    }
+}
+
+fn integrity_at_depths(c: &Controller, mut qp: upnvme::IoQueuePair, salt: u64) {
+    let ns = c.namespace(1).unwrap().clone();
+    let lba = ns.lba_size() as usize;
     let max = qp.max_depth() as usize;
-    let mut depths = vec![1usize, 2, 7, 16, max];
+    let mut depths: Vec<usize> = [1usize, 2, 7, 16, max]
+        .into_iter()
+        .filter(|&d| d <= max)
+        .collect();
     depths.dedup();
+    // At least three wraps of the SQ over all passes.
+    let n = (256u64).max(4 * qp.sq_entries() as u64 / depths.len() as u64);
     let mut submitted_total = 0u64;
     for (pass, &depth) in depths.iter().enumerate() {
         let seed = salt ^ ((pass as u64) << 56);
-        // 4 * 64 commands per pass: several wraps of a 64-entry SQ / 96-entry CQ.
-        let n = 256u64;
         let mut bufs: Vec<_> = (0..depth).map(|_| c.alloc_dma(lba).unwrap()).collect();
         let mut next = 0u64;
         let mut done = 0u64;
@@ -653,4 +705,6 @@ fn integrity_at_depths_up_to_the_queue_size() {
     }
     let wraps = submitted_total / qp.sq_entries() as u64;
     assert!(wraps >= 3, "{wraps} SQ wraps");
+    let s = qp.stats();
+    assert_eq!(s.completions, submitted_total, "exactly once: {s:?}");
 }

@@ -7,7 +7,8 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use upnvme::{
-    Controller, ControllerOptions, DmaBuffer, IoCommand, IoError, IoQueuePair, QueuePairOptions,
+    Controller, ControllerOptions, CqHeadPolicy, DmaBuffer, IoCommand, IoError, IoQueuePair,
+    QueuePairOptions,
 };
 
 fn device() -> String {
@@ -74,6 +75,9 @@ fn run(c: &Controller, qp: &mut IoQueuePair, ops: &[(u64, u32)], job: Job) -> Ou
         seed,
         reset_after,
     } = job;
+    // Never deeper than the pair allows (the small-queues configuration runs
+    // with `--mqes 16`: 8-entry SQs by default).
+    let depth = depth.min(qp.max_depth() as usize);
     let max = ops.iter().map(|o| o.1 as usize).max().unwrap_or(1) * lba;
     let mut pool: Vec<DmaBuffer> = (0..depth).map(|_| c.alloc_dma(max).unwrap()).collect();
     let mut results = HashMap::new();
@@ -199,13 +203,35 @@ fn reset_in_the_middle_of_a_verified_workload() {
     c.close().unwrap();
 }
 
+/// The CQ head policy of the whole-namespace test: `UPNVME_TEST_CQ_HEAD` is
+/// `adaptive` (default), `every-reap` (moderation off) or `batch:N`; `cargo
+/// xtask test` sets it per guest configuration.
+fn cq_head_policy() -> CqHeadPolicy {
+    let v = std::env::var("UPNVME_TEST_CQ_HEAD").unwrap_or_default();
+    match v.as_str() {
+        "" | "adaptive" => CqHeadPolicy::Adaptive { batch: 0 },
+        "every-reap" => CqHeadPolicy::EveryReap,
+        other => match other.strip_prefix("batch:").map(str::parse) {
+            Some(Ok(batch)) => CqHeadPolicy::Adaptive { batch },
+            _ => panic!("UPNVME_TEST_CQ_HEAD={other}: want adaptive, every-reap or batch:N"),
+        },
+    }
+}
+
 #[test]
 fn whole_namespace_verified_at_mixed_sizes_and_depths() {
     let c = Controller::open(&device(), ControllerOptions::default()).unwrap();
     let ns = c.namespace(1).unwrap().clone();
     let lba = ns.lba_size() as usize;
     let total = ns.lba_count().min((256 << 20) / lba as u64);
-    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let policy = cq_head_policy();
+    eprintln!("CQ head policy {policy:?}");
+    let mut qp = c
+        .io_queue_pair(QueuePairOptions {
+            cq_head_policy: policy,
+            ..Default::default()
+        })
+        .unwrap();
     let max_blocks = (qp.max_transfer() / lba) as u32;
     let ops = extents(total, &[1, 2, 7, 8, 32, 33, 128, 1024], max_blocks);
     let seed = 0xfeed;

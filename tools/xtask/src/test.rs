@@ -20,6 +20,9 @@ pub struct GuestConfig {
     pub name: &'static str,
     /// `cargo xtask vm` options.
     pub args: &'static [&'static str],
+    /// Environment of the test binary in the guest (`NAME=value`), e.g. the CQ
+    /// head policy the whole-namespace integrity test runs under.
+    pub env: &'static [&'static str],
 }
 
 /// The guest configurations, in order.
@@ -27,18 +30,22 @@ pub const CONFIGS: &[GuestConfig] = &[
     GuestConfig {
         name: "default",
         args: &[],
+        env: &[],
     },
     GuestConfig {
-        name: "lba512",
+        name: "lba512-every-reap",
         args: &["--lba-size", "512"],
+        env: &["UPNVME_TEST_CQ_HEAD=every-reap"],
     },
     GuestConfig {
         name: "2ctrl-2ns-small-queues",
-        args: &["--controllers", "2", "--namespaces", "2", "--mqes", "31"],
+        args: &["--controllers", "2", "--namespaces", "2", "--mqes", "16"],
+        env: &[],
     },
     GuestConfig {
         name: "kernel-nvme",
         args: &["--kernel-nvme", "--namespaces", "2"],
+        env: &["UPNVME_TEST_CQ_HEAD=batch:8"],
     },
 ];
 
@@ -161,22 +168,34 @@ fn guest_tests(cmd: &TestCmd, rows: &mut Vec<Row>) {
     } else {
         "never"
     };
-    let mut command = format!("{TEST_BINARY} --test-threads=1 --color {color}");
+    let mut test_command = format!("{TEST_BINARY} --test-threads=1 --color {color}");
     for a in &cmd.test_args {
-        command.push(' ');
-        command.push_str(&shell_quote(a));
+        test_command.push(' ');
+        test_command.push_str(&shell_quote(a));
     }
     for config in CONFIGS
         .iter()
         .filter(|c| cmd.config.as_deref().is_none_or(|f| c.name.contains(f)))
     {
+        let mut command = String::new();
+        for e in config.env {
+            command.push_str(&shell_quote(e));
+            command.push(' ');
+        }
+        command.push_str(&test_command);
         let mut args = VmArgs::parse_from_args(config.args).expect("built-in configurations parse");
         args.timeout = cmd.timeout;
         args.verbose = cmd.verbose;
-        let mut note = if config.args.is_empty() {
+        let mut note = if config.args.is_empty() && config.env.is_empty() {
             "(default options)".to_string()
         } else {
-            config.args.join(" ")
+            config
+                .args
+                .iter()
+                .chain(config.env)
+                .copied()
+                .collect::<Vec<_>>()
+                .join(" ")
         };
         if args.mqes.is_some() && !bed.caps().has_nvme_prop("mqes") {
             args.mqes = None;
@@ -305,6 +324,11 @@ mod tests {
     fn configs_parse() {
         for c in CONFIGS {
             VmArgs::parse_from_args(c.args).unwrap();
+            for e in c.env {
+                // Prefixed to the command as a shell assignment: must stay unquoted.
+                assert_eq!(shell_quote(e), *e);
+                assert!(e.split_once('=').is_some_and(|(k, _)| !k.is_empty()));
+            }
         }
     }
 }
