@@ -970,6 +970,9 @@ fn perf_runs_with_and_without_each_option() {
         "sq_mmio",
         "cq_mmio",
         "sq_shadow",
+        "ei_skipped",
+        "sq/io",
+        "cq/io",
         "mmio/io",
     ] {
         assert!(out.contains(k), "{k}: {out}");
@@ -980,9 +983,38 @@ fn perf_runs_with_and_without_each_option() {
         "--cq-head-every-reap",
     ]));
     assert!(
-        out.contains("reap_on_submit on, shadow doorbells off, CQ head every-reap"),
+        out.contains(
+            "reap_on_submit on, shadow doorbells mmio (buffer kept current), CQ head every-reap"
+        ),
         "{out}"
     );
+    // Without the Doorbell Buffer Config every doorbell is MMIO and no shadow
+    // value is written.
+    let v = perf_json(&["--no-doorbell-buffer"]);
+    assert_eq!(v["shadow_doorbells"], false, "{v}");
+    assert_eq!(v["doorbell_buffer"], false, "{v}");
+    let t = &v["total"]["transport"];
+    assert_eq!(t["sq_shadow_updates"], 0, "{t}");
+    assert_eq!(t["cq_shadow_updates"], 0, "{t}");
+    assert!(t["sq_doorbell_mmio"].as_u64().unwrap() > 0, "{t}");
+    let out = ok(&perf(&["--no-doorbell-buffer"]));
+    assert!(out.contains("shadow doorbells off"), "{out}");
+    // A reader that went away (`| head`) ends the run quietly with the
+    // SIGPIPE status, without a panic: the pipe's read end is closed before
+    // perf writes its report.
+    let dev = device();
+    let mut child = Command::new("upnvme")
+        .args(["perf", "-d", &dev, "--io-count", "2000", "--warmup", "0"])
+        .args(["-q", "4", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(141), "{err}");
+    assert!(err.is_empty(), "{err}");
     // A time-bounded run (-t) works as well.
     let dev = device();
     let out = ok(&upnvme(&[

@@ -34,12 +34,22 @@ pub struct QueueStats {
 }
 
 impl QueueStats {
-    /// MMIO doorbell writes (SQ + CQ) per completed command.
+    /// MMIO doorbell writes (SQ tail + CQ head) per completed command.
     pub fn mmio_per_io(&self) -> f64 {
-        if self.completions == 0 {
-            return 0.0;
-        }
-        (self.sq_doorbell_mmio + self.cq_doorbell_mmio) as f64 / self.completions as f64
+        per_io(
+            self.sq_doorbell_mmio + self.cq_doorbell_mmio,
+            self.completions,
+        )
+    }
+
+    /// SQ y Tail Doorbell MMIO writes per completed command.
+    pub fn sq_mmio_per_io(&self) -> f64 {
+        per_io(self.sq_doorbell_mmio, self.completions)
+    }
+
+    /// CQ y Head Doorbell MMIO writes per completed command.
+    pub fn cq_mmio_per_io(&self) -> f64 {
+        per_io(self.cq_doorbell_mmio, self.completions)
     }
 
     /// Adds another queue pair's counters (for totals).
@@ -56,5 +66,32 @@ impl QueueStats {
         self.mmio_skipped_by_event_idx += o.mmio_skipped_by_event_idx;
         self.aborts += o.aborts;
         self.timeout_resets += o.timeout_resets;
+    }
+}
+
+fn per_io(n: u64, completions: u64) -> f64 {
+    if completions == 0 {
+        0.0
+    } else {
+        n as f64 / completions as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::QueueStats;
+
+    #[test]
+    fn per_io_ratios() {
+        let s = QueueStats {
+            completions: 200,
+            sq_doorbell_mmio: 100,
+            cq_doorbell_mmio: 1,
+            ..QueueStats::default()
+        };
+        assert_eq!(s.sq_mmio_per_io(), 0.5);
+        assert_eq!(s.cq_mmio_per_io(), 0.005);
+        assert_eq!(s.mmio_per_io(), 0.505);
+        assert_eq!(QueueStats::default().mmio_per_io(), 0.0);
     }
 }

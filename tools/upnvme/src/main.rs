@@ -3,6 +3,23 @@
 //! Subcommands: `perf` (4 KiB round-trip latency and IOPS), `list`,
 //! `identify`, `smart-log`, `read`, `write`, `setup status|bind|unbind|hugepages`.
 
+/// `print!` that returns an error instead of panicking when stdout is gone
+/// (`upnvme perf --json | head`): use inside functions returning `Result`.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        write!(std::io::stdout().lock(), $($arg)*)?
+    }};
+}
+
+/// `println!` counterpart of [`out!`].
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($arg)*)?
+    }};
+}
+
 mod perf;
 mod rw;
 mod setup;
@@ -252,6 +269,14 @@ fn exit_status(e: &anyhow::Error) -> u8 {
     }
 }
 
+/// True when writing to stdout failed because its reader closed the pipe.
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(c) => c,
@@ -263,6 +288,11 @@ fn main() -> ExitCode {
     };
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if is_broken_pipe(&e) => {
+            // The reader went away (`| head`): stop quietly, with the status a
+            // shell shows for a program ended by SIGPIPE.
+            ExitCode::from(141)
+        }
         Err(e) => {
             eprintln!("upnvme: {e:#}");
             ExitCode::from(exit_status(&e))

@@ -21,9 +21,14 @@ fn human_bytes(b: u64) -> String {
 /// `upnvme list`.
 pub fn list() -> Result<()> {
     let all = upnvme::list_controllers()?;
-    println!(
+    outln!(
         "{:<14} {:<10} {:<20} {:<20} {:>4} {:>12}",
-        "Address", "Driver", "Model", "Serial", "NS", "Capacity"
+        "Address",
+        "Driver",
+        "Model",
+        "Serial",
+        "NS",
+        "Capacity"
     );
     for f in all {
         let driver = f.driver.clone().unwrap_or_else(|| "none".into());
@@ -53,7 +58,7 @@ pub fn list() -> Result<()> {
             let note = format!("(vendor {:04x} device {:04x})", f.vendor, f.device);
             (note, String::new(), "-".into(), "-".into())
         };
-        println!(
+        outln!(
             "{:<14} {:<10} {:<20} {:<20} {:>4} {:>12}",
             f.address.to_string(),
             driver,
@@ -71,29 +76,29 @@ pub fn identify(c: &Controller, nsid: Option<u32>) -> Result<()> {
     if nsid.is_none() {
         let id = c.identify();
         let cap = c.cap();
-        println!("Controller {}", c.device_name());
-        println!("  vid     : 0x{:04x}", id.vid);
-        println!("  ssvid   : 0x{:04x}", id.ssvid);
-        println!("  sn      : {}", id.sn);
-        println!("  mn      : {}", id.mn);
-        println!("  fr      : {}", id.fr);
-        println!(
+        outln!("Controller {}", c.device_name());
+        outln!("  vid     : 0x{:04x}", id.vid);
+        outln!("  ssvid   : 0x{:04x}", id.ssvid);
+        outln!("  sn      : {}", id.sn);
+        outln!("  mn      : {}", id.mn);
+        outln!("  fr      : {}", id.fr);
+        outln!(
             "  ver     : {}.{}.{} (VS register {})",
             id.ver >> 16,
             (id.ver >> 8) & 0xff,
             id.ver & 0xff,
             c.version()
         );
-        println!("  cntlid  : 0x{:04x}", id.cntlid);
+        outln!("  cntlid  : 0x{:04x}", id.cntlid);
         match c.max_transfer_bytes() {
-            Some(b) => println!(
+            Some(b) => outln!(
                 "  mdts    : {} ({} max transfer)",
                 id.mdts,
                 human_bytes(b as u64)
             ),
-            None => println!("  mdts    : 0 (no limit)"),
+            None => outln!("  mdts    : 0 (no limit)"),
         }
-        println!(
+        outln!(
             "  oacs    : 0x{:04x}{}",
             id.oacs,
             if id.oacs_doorbell_buffer_config() {
@@ -102,22 +107,22 @@ pub fn identify(c: &Controller, nsid: Option<u32>) -> Result<()> {
                 ""
             }
         );
-        println!(
+        outln!(
             "  oncs    : 0x{:04x} (compare {}, dsm {}, write zeroes {})",
             id.oncs,
             id.oncs_compare(),
             id.oncs_dsm(),
             id.oncs_write_zeroes()
         );
-        println!("  aerl    : {}", id.aerl);
-        println!("  elpe    : {}", id.elpe);
-        println!("  sqes    : 0x{:02x}", id.sqes);
-        println!("  cqes    : 0x{:02x}", id.cqes);
-        println!("  nn      : {}", id.nn);
-        println!("  vwc     : 0x{:02x}", id.vwc);
-        println!("  rtd3e   : {} us", id.rtd3e);
-        println!("  subnqn  : {}", id.subnqn);
-        println!(
+        outln!("  aerl    : {}", id.aerl);
+        outln!("  elpe    : {}", id.elpe);
+        outln!("  sqes    : 0x{:02x}", id.sqes);
+        outln!("  cqes    : 0x{:02x}", id.cqes);
+        outln!("  nn      : {}", id.nn);
+        outln!("  vwc     : 0x{:02x}", id.vwc);
+        outln!("  rtd3e   : {} us", id.rtd3e);
+        outln!("  subnqn  : {}", id.subnqn);
+        outln!(
             "  CAP     : 0x{:016x} (mqes {}, to {} ms, dstrd {}, mpsmin {} B)",
             cap.0,
             cap.max_queue_entries(),
@@ -125,8 +130,8 @@ pub fn identify(c: &Controller, nsid: Option<u32>) -> Result<()> {
             cap.dstrd(),
             cap.min_page_size()
         );
-        println!("  I/O queue pairs granted : {}", c.granted_io_queues());
-        println!(
+        outln!("  I/O queue pairs granted : {}", c.granted_io_queues());
+        outln!(
             "  shadow doorbells        : {}",
             if c.shadow_doorbells() { "on" } else { "off" }
         );
@@ -136,19 +141,19 @@ pub fn identify(c: &Controller, nsid: Option<u32>) -> Result<()> {
             continue;
         }
         let id = ns.identify();
-        println!("Namespace {}", ns.id());
-        println!(
+        outln!("Namespace {}", ns.id());
+        outln!(
             "  nsze    : {} blocks ({})",
             id.nsze,
             human_bytes(ns.size_bytes())
         );
-        println!("  ncap    : {}", id.ncap);
-        println!("  nuse    : {}", id.nuse);
-        println!("  nsfeat  : 0x{:02x}", id.nsfeat);
-        println!("  nlbaf   : {}", id.nlbaf);
-        println!("  flbas   : 0x{:02x}", id.flbas);
+        outln!("  ncap    : {}", id.ncap);
+        outln!("  nuse    : {}", id.nuse);
+        outln!("  nsfeat  : 0x{:02x}", id.nsfeat);
+        outln!("  nlbaf   : {}", id.nlbaf);
+        outln!("  flbas   : 0x{:02x}", id.flbas);
         for (i, f) in id.lbaf.iter().enumerate() {
-            println!(
+            outln!(
                 "  lbaf {i:2} : ms {:<3} lbads {:<2} rp {}{}",
                 f.ms,
                 f.lbads,
@@ -160,7 +165,7 @@ pub fn identify(c: &Controller, nsid: Option<u32>) -> Result<()> {
                 }
             );
         }
-        println!(
+        outln!(
             "  lba size: {} bytes, metadata {} bytes",
             ns.lba_size(),
             ns.metadata_size()
@@ -221,7 +226,7 @@ pub fn identify_json(c: &Controller, nsid: Option<u32>) -> Result<()> {
         "shadow_doorbells": c.shadow_doorbells(),
         "namespaces": namespaces,
     });
-    println!("{}", serde_json::to_string_pretty(&doc)?);
+    outln!("{}", serde_json::to_string_pretty(&doc)?);
     Ok(())
 }
 
@@ -247,28 +252,28 @@ pub fn smart_log(c: &Controller, json: bool) -> Result<()> {
             "media_errors": s.media_errors.to_string(),
             "num_err_log_entries": s.num_err_log_entries.to_string(),
         });
-        println!("{}", serde_json::to_string_pretty(&doc)?);
+        outln!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(());
     }
-    println!("SMART / Health Information log of {}", c.device_name());
-    println!("  critical_warning    : 0x{:02x}", s.critical_warning);
-    println!(
+    outln!("SMART / Health Information log of {}", c.device_name());
+    outln!("  critical_warning    : 0x{:02x}", s.critical_warning);
+    outln!(
         "  temperature         : {} K ({} C)",
         s.temperature_kelvin,
         s.temperature_kelvin as i32 - 273
     );
-    println!("  available_spare     : {}%", s.avail_spare);
-    println!("  spare_threshold     : {}%", s.spare_thresh);
-    println!("  percentage_used     : {}%", s.percent_used);
-    println!("  data_units_read     : {}", s.data_units_read);
-    println!("  data_units_written  : {}", s.data_units_written);
-    println!("  host_read_commands  : {}", s.host_read_commands);
-    println!("  host_write_commands : {}", s.host_write_commands);
-    println!("  controller_busy_time: {}", s.ctrl_busy_time);
-    println!("  power_cycles        : {}", s.power_cycles);
-    println!("  power_on_hours      : {}", s.power_on_hours);
-    println!("  unsafe_shutdowns    : {}", s.unsafe_shutdowns);
-    println!("  media_errors        : {}", s.media_errors);
-    println!("  num_err_log_entries : {}", s.num_err_log_entries);
+    outln!("  available_spare     : {}%", s.avail_spare);
+    outln!("  spare_threshold     : {}%", s.spare_thresh);
+    outln!("  percentage_used     : {}%", s.percent_used);
+    outln!("  data_units_read     : {}", s.data_units_read);
+    outln!("  data_units_written  : {}", s.data_units_written);
+    outln!("  host_read_commands  : {}", s.host_read_commands);
+    outln!("  host_write_commands : {}", s.host_write_commands);
+    outln!("  controller_busy_time: {}", s.ctrl_busy_time);
+    outln!("  power_cycles        : {}", s.power_cycles);
+    outln!("  power_on_hours      : {}", s.power_on_hours);
+    outln!("  unsafe_shutdowns    : {}", s.unsafe_shutdowns);
+    outln!("  media_errors        : {}", s.media_errors);
+    outln!("  num_err_log_entries : {}", s.num_err_log_entries);
     Ok(())
 }

@@ -88,9 +88,14 @@ pub struct PerfArgs {
     /// Reap completions right after every submit (the opportunistic reap).
     #[arg(long = "reap-on-submit")]
     pub reap_on_submit: bool,
-    /// Do not let shadow doorbells skip MMIO writes.
+    /// Do not let shadow doorbells skip MMIO writes (the Doorbell Buffer
+    /// Config stays active and its values current; every update is MMIO too).
     #[arg(long = "no-shadow-doorbell")]
     pub no_shadow_doorbell: bool,
+    /// Do not set up shadow doorbells at all (no Doorbell Buffer Config
+    /// command at bring-up): the controller reads only MMIO doorbells.
+    #[arg(long = "no-doorbell-buffer")]
+    pub no_doorbell_buffer: bool,
     /// Write the CQ head doorbell after every reap batch instead of the
     /// adaptive moderation.
     #[arg(long = "cq-head-every-reap")]

@@ -48,6 +48,7 @@ pub fn run(a: PerfArgs) -> Result<bool> {
             } else {
                 PageBacking::Huge2M
             },
+            shadow_doorbells: !a.no_doorbell_buffer,
             ..Default::default()
         },
     )
@@ -167,6 +168,7 @@ pub fn run(a: PerfArgs) -> Result<bool> {
         warmup: a.warmup,
         reap_on_submit: a.reap_on_submit,
         shadow: ctrl.shadow_doorbells() && !a.no_shadow_doorbell,
+        doorbell_buffer: ctrl.shadow_doorbells(),
         cq_policy: if a.cq_head_every_reap {
             "every-reap".into()
         } else {
@@ -180,9 +182,9 @@ pub fn run(a: PerfArgs) -> Result<bool> {
     };
     if a.json {
         let doc = report::json_doc(&info, &jobs, mismatches)?;
-        println!("{}", serde_json::to_string_pretty(&doc)?);
+        outln!("{}", serde_json::to_string_pretty(&doc)?);
     } else {
-        print!(
+        out!(
             "{}",
             report::text(&info, &jobs, a.latency, a.transport_stats)?
         );
@@ -191,7 +193,7 @@ pub fn run(a: PerfArgs) -> Result<bool> {
                 .iter()
                 .flat_map(|j| j.written.iter().map(|e| e.1 as u64))
                 .sum();
-            println!("verify: {blocks} blocks read back, {m} mismatches");
+            outln!("verify: {blocks} blocks read back, {m} mismatches");
         }
     }
     if let Some(path) = &a.histogram_csv {

@@ -36,6 +36,9 @@ pub struct RunInfo {
     pub reap_on_submit: bool,
     /// Shadow doorbells active and allowed to skip MMIO.
     pub shadow: bool,
+    /// Doorbell Buffer Config active on the controller (shadow values kept
+    /// current even when `shadow` is off).
+    pub doorbell_buffer: bool,
     /// CQ head policy name.
     pub cq_policy: String,
     /// Measured TSC frequency.
@@ -98,7 +101,11 @@ pub fn text(info: &RunInfo, jobs: &[JobResult], latency: u8, transport: bool) ->
         info.io_size,
         info.depth,
         if info.reap_on_submit { "on" } else { "off" },
-        if info.shadow { "on" } else { "off" },
+        match (info.shadow, info.doorbell_buffer) {
+            (true, _) => "on",
+            (false, true) => "mmio (buffer kept current)",
+            (false, false) => "off",
+        },
         info.cq_policy
     )?;
     writeln!(
@@ -187,7 +194,7 @@ pub fn text(info: &RunInfo, jobs: &[JobResult], latency: u8, transport: bool) ->
         writeln!(o, "Transport statistics (per namespace and core):")?;
         writeln!(
             o,
-            "{:<18} {:>12} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>9}",
+            "{:<18} {:>12} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8} {:>8} {:>8}",
             "core/nsid",
             "polls",
             "idle_polls",
@@ -197,6 +204,9 @@ pub fn text(info: &RunInfo, jobs: &[JobResult], latency: u8, transport: bool) ->
             "sq_shadow",
             "cq_shadow",
             "cq_skipped",
+            "ei_skipped",
+            "sq/io",
+            "cq/io",
             "mmio/io"
         )?;
         let mut sum = QueueStats::default();
@@ -216,7 +226,7 @@ pub fn text(info: &RunInfo, jobs: &[JobResult], latency: u8, transport: bool) ->
 fn write_stats(o: &mut String, name: &str, s: &QueueStats) -> Result<()> {
     writeln!(
         o,
-        "{:<18} {:>12} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>9.3}",
+        "{:<18} {:>12} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8.3} {:>8.3} {:>8.3}",
         name,
         s.polls,
         s.idle_polls,
@@ -226,6 +236,9 @@ fn write_stats(o: &mut String, name: &str, s: &QueueStats) -> Result<()> {
         s.sq_shadow_updates,
         s.cq_shadow_updates,
         s.cq_doorbell_skipped,
+        s.mmio_skipped_by_event_idx,
+        s.sq_mmio_per_io(),
+        s.cq_mmio_per_io(),
         s.mmio_per_io()
     )?;
     Ok(())
@@ -244,6 +257,8 @@ fn stats_json(s: &QueueStats) -> Value {
         "cq_doorbell_skipped": s.cq_doorbell_skipped,
         "mmio_skipped_by_event_idx": s.mmio_skipped_by_event_idx,
         "mmio_per_io": s.mmio_per_io(),
+        "sq_mmio_per_io": s.sq_mmio_per_io(),
+        "cq_mmio_per_io": s.cq_mmio_per_io(),
     })
 }
 
@@ -302,6 +317,7 @@ pub fn json_doc(info: &RunInfo, jobs: &[JobResult], mismatches: Option<u64>) -> 
         "warmup_seconds": info.warmup,
         "reap_on_submit": info.reap_on_submit,
         "shadow_doorbells": info.shadow,
+        "doorbell_buffer": info.doorbell_buffer,
         "cq_head_policy": info.cq_policy,
         "tsc_hz": info.tsc_hz,
         "io_count": info.io_count,

@@ -246,6 +246,7 @@ pub fn run(
     let count_mode = plan.io_count.is_some();
     let mut finished = false;
     let mut total_done = 0u64;
+    let mut published = 0u64;
     let ns_per_tick = plan.ns_per_tick;
 
     while !finished {
@@ -304,8 +305,11 @@ pub fn run(
                 finished = false;
             }
         }
-        if total_done & 0xff == 0 {
+        // Completions come in batches, so `total_done` steps over exact
+        // multiples: publish whenever 256 more have been done.
+        if total_done - published >= 256 {
             progress.store(total_done, Ordering::Relaxed);
+            published = total_done;
         }
     }
     progress.store(total_done, Ordering::Relaxed);

@@ -101,9 +101,9 @@ pub fn run(args: SetupArgs) -> Result<()> {
         SetupCommand::Status { json } => {
             let s = Status::read(&host)?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&s.json())?);
+                outln!("{}", serde_json::to_string_pretty(&s.json())?);
             } else {
-                print!("{}", s.text());
+                out!("{}", s.text());
             }
             Ok(())
         }
@@ -478,7 +478,7 @@ fn bind(host: &Host, wanted: &[String]) -> Result<()> {
         // Without addresses, controllers in use by the kernel are skipped.
         if wanted.is_empty() && !c.in_use().is_empty() {
             let a = c.address();
-            println!("{a}: skipped, in use: {}", c.in_use().join("; "));
+            outln!("{a}: skipped, in use: {}", c.in_use().join("; "));
             continue;
         }
         match bind_refusal(&c, &iommu) {
@@ -516,7 +516,7 @@ fn bind_one(host: &Host, c: &ControllerInfo) -> Result<()> {
         write_attr(&dir.join("driver_override"), "vfio-pci")?;
     }
     if c.driver() == Some("vfio-pci") {
-        println!("{a}: already bound to vfio-pci (IOMMU group {group}){viability}");
+        outln!("{a}: already bound to vfio-pci (IOMMU group {group}){viability}");
         return Ok(());
     }
     if let Some(d) = c.driver()
@@ -540,7 +540,7 @@ fn bind_one(host: &Host, c: &ControllerInfo) -> Result<()> {
     while !node.exists() && start.elapsed() < Duration::from_secs(2) {
         std::thread::sleep(Duration::from_millis(20));
     }
-    println!(
+    outln!(
         "{a}: {} -> vfio-pci (IOMMU group {group}, {}){viability}",
         c.driver().unwrap_or("no driver"),
         node.display()
@@ -556,7 +556,7 @@ fn unbind(host: &Host, wanted: &[String]) -> Result<()> {
             c.driver() == Some("vfio-pci") || c.driver_override.as_deref() == Some("vfio-pci")
         });
         if targets.is_empty() {
-            println!("no NVMe controller is bound to vfio-pci; nothing to do");
+            outln!("no NVMe controller is bound to vfio-pci; nothing to do");
             return Ok(());
         }
     }
@@ -569,7 +569,7 @@ fn unbind(host: &Host, wanted: &[String]) -> Result<()> {
         let a = c.address();
         let dir = host.device_dir(&a);
         if c.driver() == Some("nvme") && c.driver_override.is_none() {
-            println!("{a}: already bound to nvme");
+            outln!("{a}: already bound to nvme");
             continue;
         }
         // An empty line clears driver_override.
@@ -585,8 +585,8 @@ fn unbind(host: &Host, wanted: &[String]) -> Result<()> {
         let now = driver_after(host, c, want, Duration::from_secs(5));
         let from = c.driver().unwrap_or("no driver");
         match now.as_deref() {
-            Some(d) => println!("{a}: {from} -> {d}"),
-            None if !nvme_loaded => println!(
+            Some(d) => outln!("{a}: {from} -> {d}"),
+            None if !nvme_loaded => outln!(
                 "{a}: {from} -> no driver: the kernel's nvme driver is not loaded; load it (`modprobe nvme`) and run `upnvme setup unbind {a}` again to hand the controller to it"
             ),
             None => bail!(
@@ -631,7 +631,7 @@ fn hugepages(host: &Host, count: u64, size_kib: u64) -> Result<()> {
         .into_iter()
         .find(|p| p.size_kib == size_kib)
         .ok_or_else(|| anyhow!("{} disappeared", dir.display()))?;
-    println!(
+    outln!(
         "{name} hugepages: {} reserved ({} free), asked for {count}{}",
         after.reserved,
         after.free,
@@ -640,7 +640,7 @@ fn hugepages(host: &Host, count: u64, size_kib: u64) -> Result<()> {
     let verdict = hugepage_verdict(count, size_kib, &after, host.mem_free_kib());
     match verdict {
         Ok(Some(note)) => {
-            println!("{note}");
+            outln!("{note}");
             Ok(())
         }
         Ok(None) => Ok(()),

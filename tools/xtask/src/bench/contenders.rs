@@ -10,13 +10,28 @@ pub enum Kind {
     Upnvme {
         /// `--reap-on-submit`.
         reap_on_submit: bool,
-        /// Shadow doorbells allowed to skip MMIO writes (off: `--no-shadow-doorbell`).
-        shadow: bool,
+        /// How shadow doorbells are used.
+        shadow: Shadow,
+        /// `--cq-head-every-reap` (CQ head moderation off).
+        every_reap: bool,
     },
     /// `upnvme-rawfloor` on the vfio-bound controller.
     RawFloor,
     /// fio on the kernel's nvme driver.
     Fio(FioEngine),
+}
+
+/// Shadow doorbell modes of `upnvme perf`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shadow {
+    /// Doorbell Buffer Config active and the EventIdx may skip MMIO writes
+    /// (the default).
+    On,
+    /// Doorbell Buffer Config active, every update also written over MMIO
+    /// (`--no-shadow-doorbell`).
+    NoEventIdx,
+    /// No Doorbell Buffer Config at all (`--no-doorbell-buffer`).
+    Off,
 }
 
 /// The fio profiles.
@@ -49,6 +64,7 @@ impl Contender {
             Kind::Upnvme {
                 reap_on_submit,
                 shadow,
+                every_reap,
             } => {
                 let mut id = String::from("upnvme");
                 let mut label = String::from("upnvme");
@@ -57,9 +73,20 @@ impl Contender {
                     id.push_str("-ros");
                     extra.push("reap_on_submit");
                 }
-                if !shadow {
-                    id.push_str("-noshadow");
-                    extra.push("no shadow db");
+                match shadow {
+                    Shadow::On => {}
+                    Shadow::NoEventIdx => {
+                        id.push_str("-noshadow");
+                        extra.push("no EventIdx");
+                    }
+                    Shadow::Off => {
+                        id.push_str("-nodbbuf");
+                        extra.push("no doorbell buffer");
+                    }
+                }
+                if every_reap {
+                    id.push_str("-everyreap");
+                    extra.push("CQ head every reap");
                 }
                 if !extra.is_empty() {
                     label = format!("upnvme ({})", extra.join(", "));
@@ -84,13 +111,10 @@ impl Contender {
     }
 
     /// True for upnvme perf in its default configuration (reap_on_submit off,
-    /// shadow doorbells on): the configuration the targets are judged on.
+    /// shadow doorbells on, adaptive CQ head): the configuration the targets
+    /// are judged on.
     pub fn is_upnvme_default(&self) -> bool {
-        self.kind
-            == Kind::Upnvme {
-                reap_on_submit: false,
-                shadow: true,
-            }
+        self.kind == UPNVME_DEFAULT
     }
 
     /// The shell command that runs this contender for `seconds` (plus a
@@ -100,6 +124,7 @@ impl Contender {
             Kind::Upnvme {
                 reap_on_submit,
                 shadow,
+                every_reap,
             } => {
                 let mut c = format!(
                     "upnvme perf -d \"$DEV\" -q {} -o 4096 -w randread -t {seconds} --warmup {WARMUP} --json",
@@ -108,8 +133,13 @@ impl Contender {
                 if reap_on_submit {
                     c.push_str(" --reap-on-submit");
                 }
-                if !shadow {
-                    c.push_str(" --no-shadow-doorbell");
+                match shadow {
+                    Shadow::On => {}
+                    Shadow::NoEventIdx => c.push_str(" --no-shadow-doorbell"),
+                    Shadow::Off => c.push_str(" --no-doorbell-buffer"),
+                }
+                if every_reap {
+                    c.push_str(" --cq-head-every-reap");
                 }
                 c
             }
@@ -154,22 +184,51 @@ pub const FIO_PERCENTILES: [f64; 20] = [
     99.5, 99.9, 99.95, 99.99,
 ];
 
-/// Every contender, in the order of the first round.
+/// upnvme perf's defaults.
+pub const UPNVME_DEFAULT: Kind = Kind::Upnvme {
+    reap_on_submit: false,
+    shadow: Shadow::On,
+    every_reap: false,
+};
+
+/// The upnvme configurations: the default, then one option changed at a time.
+pub const UPNVME_VARIANTS: [Kind; 5] = [
+    UPNVME_DEFAULT,
+    Kind::Upnvme {
+        reap_on_submit: true,
+        shadow: Shadow::On,
+        every_reap: false,
+    },
+    Kind::Upnvme {
+        reap_on_submit: false,
+        shadow: Shadow::NoEventIdx,
+        every_reap: false,
+    },
+    Kind::Upnvme {
+        reap_on_submit: false,
+        shadow: Shadow::Off,
+        every_reap: false,
+    },
+    Kind::Upnvme {
+        reap_on_submit: false,
+        shadow: Shadow::On,
+        every_reap: true,
+    },
+];
+
+/// Every contender, in the order of the first round: the upnvme variants at
+/// depths 1, 4 and 32 (the shadow doorbell question is per depth), the raw
+/// floor and io_uring at 1 and 32, the other kernel profiles at 1.
 pub fn all() -> Vec<Contender> {
     let mut v = Vec::new();
-    for qd in [1, 32] {
-        for (reap_on_submit, shadow) in [(false, true), (true, true), (false, false), (true, false)]
-        {
-            v.push(Contender::new(
-                Kind::Upnvme {
-                    reap_on_submit,
-                    shadow,
-                },
-                qd,
-            ));
+    for qd in [1, 4, 32] {
+        for kind in UPNVME_VARIANTS {
+            v.push(Contender::new(kind, qd));
         }
-        v.push(Contender::new(Kind::RawFloor, qd));
-        v.push(Contender::new(Kind::Fio(FioEngine::IoUringHipri), qd));
+        if qd != 4 {
+            v.push(Contender::new(Kind::RawFloor, qd));
+            v.push(Contender::new(Kind::Fio(FioEngine::IoUringHipri), qd));
+        }
     }
     v.push(Contender::new(Kind::Fio(FioEngine::Pvsync2Hipri), 1));
     v.push(Contender::new(Kind::Fio(FioEngine::Libaio), 1));
@@ -275,28 +334,40 @@ mod tests {
     #[test]
     fn contender_set() {
         let all = all();
-        assert_eq!(all.len(), 14);
+        assert_eq!(all.len(), 5 * 3 + 2 * 2 + 2);
         let ids: std::collections::BTreeSet<_> = all.iter().map(|c| c.id.as_str()).collect();
         assert_eq!(ids.len(), all.len(), "ids are unique");
         assert!(ids.contains("upnvme-qd1"));
-        assert!(ids.contains("upnvme-ros-noshadow-qd32"));
+        assert!(ids.contains("upnvme-noshadow-qd32"));
+        assert!(ids.contains("upnvme-nodbbuf-qd4"));
+        assert!(ids.contains("upnvme-everyreap-qd1"));
         assert!(ids.contains("rawfloor-qd32"));
         assert!(ids.contains("fio-io_uring-hipri-qd32"));
         assert!(ids.contains("fio-pvsync2-hipri-qd1"));
         assert!(ids.contains("fio-libaio-qd1"));
         assert!(all.iter().all(|c| !c.id.contains(' ')));
-        assert_eq!(all.iter().filter(|c| c.is_upnvme_default()).count(), 2);
+        assert_eq!(all.iter().filter(|c| c.is_upnvme_default()).count(), 3);
     }
 
     #[test]
     fn commands() {
         let all = all();
         let find = |id: &str| all.iter().find(|c| c.id == id).unwrap().command(5);
-        let c = find("upnvme-ros-noshadow-qd32");
+        let c = find("upnvme-noshadow-qd32");
         assert!(c.contains("-q 32") && c.contains("-t 5") && c.contains("--json"));
-        assert!(c.contains("--reap-on-submit") && c.contains("--no-shadow-doorbell"));
+        assert!(!c.contains("--reap-on-submit") && c.contains("--no-shadow-doorbell"));
+        assert!(find("upnvme-ros-qd4").contains("--reap-on-submit"));
+        assert!(find("upnvme-nodbbuf-qd1").contains("--no-doorbell-buffer"));
+        assert!(find("upnvme-everyreap-qd32").contains("--cq-head-every-reap"));
         let c = find("upnvme-qd1");
-        assert!(!c.contains("--reap-on-submit") && !c.contains("--no-shadow-doorbell"));
+        for flag in [
+            "--reap-on-submit",
+            "--no-shadow",
+            "--no-doorbell",
+            "--cq-head",
+        ] {
+            assert!(!c.contains(flag), "{c}");
+        }
         let c = find("fio-io_uring-hipri-qd1");
         assert!(c.contains("--ioengine=io_uring --hipri=1") && c.contains("--iodepth=1"));
         assert!(c.contains("--runtime=5") && c.contains("--output-format=json"));

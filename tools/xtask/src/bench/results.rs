@@ -322,14 +322,7 @@ mod tests {
 
     #[test]
     fn upnvme_json() {
-        let m = parse_output(
-            Kind::Upnvme {
-                reap_on_submit: false,
-                shadow: true,
-            },
-            UPNVME,
-        )
-        .unwrap();
+        let m = parse_output(contenders::UPNVME_DEFAULT, UPNVME).unwrap();
         assert_eq!((m.mean_us, m.p50_us, m.p99_us), (24.5, 20.1, 80.2));
         assert_eq!(m.iops, 40000.5);
         assert_eq!(m.sq_mmio_per_io, Some(1.0));

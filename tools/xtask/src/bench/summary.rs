@@ -167,10 +167,11 @@ pub fn summarise(contenders: &[Contender], runs: &[RunResult]) -> Summary {
         if r.ok == 0 {
             continue;
         }
+        // Only depths with references get ratios (QD4 runs only upnvme).
         if r.contender.qd == 1 {
             r.vs_io_uring = u1.as_ref().map(|u| r.mean_us.median / u.mean_us.median);
             r.vs_floor = f1.as_ref().map(|f| r.mean_us.median / f.mean_us.median);
-        } else {
+        } else if r.contender.qd == 32 {
             r.vs_io_uring = u32_.as_ref().map(|u| r.iops.median / u.iops.median);
             r.vs_floor = f32_.as_ref().map(|f| r.iops.median / f.iops.median);
         }
