@@ -984,7 +984,7 @@ fn perf_runs_with_and_without_each_option() {
     ]));
     assert!(
         out.contains(
-            "reap_on_submit on, shadow doorbells mmio (buffer kept current), CQ head every-reap"
+            "reap_on_submit on, shadow doorbells mmio (buffer kept current), CQ head every-reap, SQ doorbell per batch"
         ),
         "{out}"
     );
@@ -999,6 +999,20 @@ fn perf_runs_with_and_without_each_option() {
     assert!(t["sq_doorbell_mmio"].as_u64().unwrap() > 0, "{t}");
     let out = ok(&perf(&["--no-doorbell-buffer"]));
     assert!(out.contains("shadow doorbells off"), "{out}");
+    // --ring-per-io: one SQ tail update per I/O; batched resubmission needs
+    // fewer at depth 4.
+    let v = perf_json(&["--ring-per-io", "-q", "4"]);
+    assert_eq!(v["ring_per_io"], true, "{v}");
+    let t = &v["total"]["transport"];
+    assert_eq!(t["sq_shadow_updates"], t["submissions"], "{t}");
+    let v = perf_json(&["-q", "4"]);
+    assert_eq!(v["ring_per_io"], false, "{v}");
+    let t = &v["total"]["transport"];
+    assert!(
+        t["sq_shadow_updates"].as_u64() < t["submissions"].as_u64(),
+        "{t}"
+    );
+    assert!(ok(&perf(&["--ring-per-io"])).contains("SQ doorbell per I/O"));
     // A reader that went away (`| head`) ends the run quietly with the
     // SIGPIPE status, without a panic: the pipe's read end is closed before
     // perf writes its report.

@@ -96,6 +96,11 @@ pub struct PerfArgs {
     /// command at bring-up): the controller reads only MMIO doorbells.
     #[arg(long = "no-doorbell-buffer")]
     pub no_doorbell_buffer: bool,
+    /// Ring the SQ tail doorbell for every I/O (`submit`), as an application
+    /// submitting one command at a time would, instead of once per batch of
+    /// resubmissions (`queue` + `ring`, spdk_nvme_perf's way).
+    #[arg(long = "ring-per-io")]
+    pub ring_per_io: bool,
     /// Write the CQ head doorbell after every reap batch instead of the
     /// adaptive moderation.
     #[arg(long = "cq-head-every-reap")]

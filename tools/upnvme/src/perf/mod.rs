@@ -98,6 +98,7 @@ pub fn run(a: PerfArgs) -> Result<bool> {
             io_count: a.io_count,
             ns_per_tick: 1e9 / tsc_hz,
             verify: a.verify,
+            ring_per_io: a.ring_per_io,
             seed,
             qp: qp.clone(),
         };
@@ -167,6 +168,7 @@ pub fn run(a: PerfArgs) -> Result<bool> {
         seconds: if a.io_count.is_some() { 0 } else { a.seconds },
         warmup: a.warmup,
         reap_on_submit: a.reap_on_submit,
+        ring_per_io: a.ring_per_io,
         shadow: ctrl.shadow_doorbells() && !a.no_shadow_doorbell,
         doorbell_buffer: ctrl.shadow_doorbells(),
         cq_policy: if a.cq_head_every_reap {

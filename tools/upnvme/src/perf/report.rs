@@ -34,6 +34,8 @@ pub struct RunInfo {
     pub warmup: u64,
     /// reap_on_submit.
     pub reap_on_submit: bool,
+    /// `--ring-per-io`: one SQ doorbell per I/O instead of per batch.
+    pub ring_per_io: bool,
     /// Shadow doorbells active and allowed to skip MMIO.
     pub shadow: bool,
     /// Doorbell Buffer Config active on the controller (shadow values kept
@@ -95,7 +97,7 @@ pub fn text(info: &RunInfo, jobs: &[JobResult], latency: u8, transport: bool) ->
     let secs = jobs.iter().map(|j| j.seconds).fold(0.0, f64::max);
     writeln!(
         o,
-        "upnvme perf: {} {}% reads, {} B I/Os, depth {} per queue pair, reap_on_submit {}, shadow doorbells {}, CQ head {}",
+        "upnvme perf: {} {}% reads, {} B I/Os, depth {} per queue pair, reap_on_submit {}, shadow doorbells {}, CQ head {}, SQ doorbell per {}",
         info.workload,
         info.read_percent,
         info.io_size,
@@ -106,7 +108,8 @@ pub fn text(info: &RunInfo, jobs: &[JobResult], latency: u8, transport: bool) ->
             (false, true) => "mmio (buffer kept current)",
             (false, false) => "off",
         },
-        info.cq_policy
+        info.cq_policy,
+        if info.ring_per_io { "I/O" } else { "batch" }
     )?;
     writeln!(
         o,
@@ -316,6 +319,7 @@ pub fn json_doc(info: &RunInfo, jobs: &[JobResult], mismatches: Option<u64>) -> 
         "seconds": info.seconds,
         "warmup_seconds": info.warmup,
         "reap_on_submit": info.reap_on_submit,
+        "ring_per_io": info.ring_per_io,
         "shadow_doorbells": info.shadow,
         "doorbell_buffer": info.doorbell_buffer,
         "cq_head_policy": info.cq_policy,

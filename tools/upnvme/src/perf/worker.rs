@@ -40,6 +40,9 @@ pub struct WorkerPlan {
     pub ns_per_tick: f64,
     /// Stamp written blocks for --verify.
     pub verify: bool,
+    /// `--ring-per-io`: `submit` (queue + ring) every I/O instead of one ring
+    /// per batch.
+    pub ring_per_io: bool,
     /// RNG seed.
     pub seed: u64,
     /// Queue pair options.
@@ -199,10 +202,13 @@ impl Job {
             IoCommand::Write { nsid, slba, blocks }
         };
         self.start[tag as usize] = rdtsc();
-        // Queued only: the caller rings once for the whole batch.
-        self.qp
-            .queue(cmd, Some(buf), tag)
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        if plan.ring_per_io {
+            self.qp.submit(cmd, Some(buf), tag)
+        } else {
+            // Queued only: the caller rings once for the whole batch.
+            self.qp.queue(cmd, Some(buf), tag)
+        }
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
         self.submitted += 1;
         self.in_flight += 1;
         Ok(())

@@ -14,6 +14,8 @@ pub enum Kind {
         shadow: Shadow,
         /// `--cq-head-every-reap` (CQ head moderation off).
         every_reap: bool,
+        /// `--ring-per-io` (one SQ doorbell per I/O instead of per batch).
+        ring_per_io: bool,
     },
     /// `upnvme-rawfloor` on the vfio-bound controller.
     RawFloor,
@@ -65,10 +67,15 @@ impl Contender {
                 reap_on_submit,
                 shadow,
                 every_reap,
+                ring_per_io,
             } => {
                 let mut id = String::from("upnvme");
                 let mut label = String::from("upnvme");
                 let mut extra = Vec::new();
+                if ring_per_io {
+                    id.push_str("-perio");
+                    extra.push("SQ doorbell per I/O");
+                }
                 if reap_on_submit {
                     id.push_str("-ros");
                     extra.push("reap_on_submit");
@@ -125,6 +132,7 @@ impl Contender {
                 reap_on_submit,
                 shadow,
                 every_reap,
+                ring_per_io,
             } => {
                 let mut c = format!(
                     "upnvme perf -d \"$DEV\" -q {} -o 4096 -w randread -t {seconds} --warmup {WARMUP} --json",
@@ -140,6 +148,9 @@ impl Contender {
                 }
                 if every_reap {
                     c.push_str(" --cq-head-every-reap");
+                }
+                if ring_per_io {
+                    c.push_str(" --ring-per-io");
                 }
                 c
             }
@@ -189,6 +200,7 @@ pub const UPNVME_DEFAULT: Kind = Kind::Upnvme {
     reap_on_submit: false,
     shadow: Shadow::On,
     every_reap: false,
+    ring_per_io: false,
 };
 
 /// The upnvme configurations: the default, then one option changed at a time.
@@ -198,32 +210,60 @@ pub const UPNVME_VARIANTS: [Kind; 5] = [
         reap_on_submit: true,
         shadow: Shadow::On,
         every_reap: false,
+        ring_per_io: false,
     },
     Kind::Upnvme {
         reap_on_submit: false,
         shadow: Shadow::NoEventIdx,
         every_reap: false,
+        ring_per_io: false,
     },
     Kind::Upnvme {
         reap_on_submit: false,
         shadow: Shadow::Off,
         every_reap: false,
+        ring_per_io: false,
     },
     Kind::Upnvme {
         reap_on_submit: false,
         shadow: Shadow::On,
         every_reap: true,
+        ring_per_io: false,
+    },
+];
+
+/// One SQ doorbell per I/O, as an application calling `submit` for every
+/// command does: where the EventIdx can save MMIO writes. Run at QD > 1 only
+/// (at QD1 every batch is one I/O).
+pub const UPNVME_PER_IO: [Kind; 2] = [
+    Kind::Upnvme {
+        reap_on_submit: false,
+        shadow: Shadow::On,
+        every_reap: false,
+        ring_per_io: true,
+    },
+    Kind::Upnvme {
+        reap_on_submit: false,
+        shadow: Shadow::NoEventIdx,
+        every_reap: false,
+        ring_per_io: true,
     },
 ];
 
 /// Every contender, in the order of the first round: the upnvme variants at
-/// depths 1, 4 and 32 (the shadow doorbell question is per depth), the raw
+/// depths 1, 4 and 32 (the shadow doorbell question is per depth) and the
+/// one-doorbell-per-I/O pair at 4 and 32, the raw
 /// floor and io_uring at 1 and 32, the other kernel profiles at 1.
 pub fn all() -> Vec<Contender> {
     let mut v = Vec::new();
     for qd in [1, 4, 32] {
         for kind in UPNVME_VARIANTS {
             v.push(Contender::new(kind, qd));
+        }
+        if qd > 1 {
+            for kind in UPNVME_PER_IO {
+                v.push(Contender::new(kind, qd));
+            }
         }
         if qd != 4 {
             v.push(Contender::new(Kind::RawFloor, qd));
@@ -334,7 +374,7 @@ mod tests {
     #[test]
     fn contender_set() {
         let all = all();
-        assert_eq!(all.len(), 5 * 3 + 2 * 2 + 2);
+        assert_eq!(all.len(), 5 * 3 + 2 * 2 + 2 * 2 + 2);
         let ids: std::collections::BTreeSet<_> = all.iter().map(|c| c.id.as_str()).collect();
         assert_eq!(ids.len(), all.len(), "ids are unique");
         assert!(ids.contains("upnvme-qd1"));
@@ -359,6 +399,9 @@ mod tests {
         assert!(find("upnvme-ros-qd4").contains("--reap-on-submit"));
         assert!(find("upnvme-nodbbuf-qd1").contains("--no-doorbell-buffer"));
         assert!(find("upnvme-everyreap-qd32").contains("--cq-head-every-reap"));
+        let c = find("upnvme-perio-noshadow-qd32");
+        assert!(c.contains("--ring-per-io") && c.contains("--no-shadow-doorbell"));
+        assert!(!all.iter().any(|c| c.id == "upnvme-perio-qd1"));
         let c = find("upnvme-qd1");
         for flag in [
             "--reap-on-submit",
