@@ -71,12 +71,12 @@ pub enum DmaError {
         others: Vec<String>,
     },
     /// The VFIO group character device could not be opened.
-    #[error("cannot open {path}: {source}; {hint}")]
+    #[error("cannot open {path}: {os_error}; {hint}")]
     GroupOpen {
         /// /dev/vfio/N.
         path: PathBuf,
         /// The OS error.
-        source: io::Error,
+        os_error: io::Error,
         /// How to fix it.
         hint: &'static str,
     },
@@ -100,7 +100,7 @@ pub enum DmaError {
     },
     /// The IOMMU refused a mapping (often the locked-memory limit).
     #[error(
-        "VFIO_IOMMU_MAP_DMA of {size} bytes at IOVA 0x{iova:x} failed: {source}; if this is ENOMEM/EPERM raise the locked-memory limit (`ulimit -l unlimited`) or run as root"
+        "VFIO_IOMMU_MAP_DMA of {size} bytes at IOVA 0x{iova:x} failed: {os_error}; if this is ENOMEM/EPERM raise the locked-memory limit (`ulimit -l unlimited`) or run as root"
     )]
     MapDma {
         /// IOVA asked for.
@@ -108,7 +108,7 @@ pub enum DmaError {
         /// Size asked for.
         size: usize,
         /// The OS error.
-        source: io::Error,
+        os_error: io::Error,
     },
     /// No IOVA space left in the ranges the IOMMU reported.
     #[error("no free IOVA space for {size} bytes inside the IOMMU's valid ranges {ranges}")]
@@ -119,12 +119,12 @@ pub enum DmaError {
         ranges: String,
     },
     /// A VFIO ioctl or other system call failed.
-    #[error("{what} failed: {source}")]
+    #[error("{what} failed: {os_error}")]
     Sys {
         /// Which call, on what.
         what: String,
         /// The OS error.
-        source: io::Error,
+        os_error: io::Error,
     },
     /// The kernel's VFIO lacks something upnvme needs.
     #[error(
@@ -164,7 +164,7 @@ impl DmaError {
     pub(crate) fn last_os(what: impl Into<String>) -> Self {
         DmaError::Sys {
             what: what.into(),
-            source: io::Error::last_os_error(),
+            os_error: io::Error::last_os_error(),
         }
     }
 }

@@ -116,13 +116,13 @@ impl HostMemory {
                 Some(dir) => hugepage_error(len, page, dir),
                 None => DmaError::Sys {
                     what: format!("mmap of {len} locked bytes (check `ulimit -l`)"),
-                    source: err,
+                    os_error: err,
                 },
             });
         }
         let ptr = NonNull::new(ptr.cast::<u8>()).ok_or_else(|| DmaError::Sys {
             what: "mmap returned a null mapping".into(),
-            source: std::io::Error::from(std::io::ErrorKind::Other),
+            os_error: std::io::Error::from(std::io::ErrorKind::Other),
         })?;
         Ok(Arc::new(HostMemory { ptr, len, backing }))
     }

@@ -134,12 +134,12 @@ impl Sysfs {
             let p = dir.join(name);
             let s = fs::read_to_string(&p).map_err(|e| DmaError::Sys {
                 what: format!("reading {}", p.display()),
-                source: e,
+                os_error: e,
             })?;
             let s = s.trim().trim_start_matches("0x");
             u32::from_str_radix(s, 16).map_err(|_| DmaError::Sys {
                 what: format!("parsing {}", p.display()),
-                source: std::io::Error::new(std::io::ErrorKind::InvalidData, s.to_string()),
+                os_error: std::io::Error::new(std::io::ErrorKind::InvalidData, s.to_string()),
             })
         };
         let class = read_hex("class")?;
@@ -162,7 +162,7 @@ impl Sysfs {
         let dir = self.root.join("bus/pci/devices");
         let entries = fs::read_dir(&dir).map_err(|e| DmaError::Sys {
             what: format!("listing {}", dir.display()),
-            source: e,
+            os_error: e,
         })?;
         let mut out = Vec::new();
         for entry in entries.flatten() {

@@ -679,7 +679,8 @@ fn setup_rejects_what_is_not_an_nvme_controller() {
     );
     let err = fails(&upnvme(&["setup", "unbind", "0000:00:1e.6"]), 1);
     assert!(err.contains("no PCI device at 0000:00:1e.6"), "{err}");
-    let err = fails(&upnvme(&["setup", "bind", "00:04"]), 1);
+    // A malformed address is a usage error.
+    let err = fails(&upnvme(&["setup", "bind", "00:04"]), 2);
     assert!(err.contains("invalid PCI address '00:04'"), "{err}");
     // The old form is a usage error.
     let err = fails(&upnvme(&["setup", &device()]), 2);
@@ -784,7 +785,9 @@ fn assert_documented_fields(v: &Value) {
         "cq_entries",
         "seed",
         "reap_on_submit",
+        "ring_per_io",
         "shadow_doorbells",
+        "doorbell_buffer",
         "cq_head_policy",
         "tsc_hz",
         "jobs",
@@ -813,13 +816,16 @@ fn assert_documented_fields(v: &Value) {
             "sq_doorbell_mmio",
             "cq_doorbell_mmio",
             "sq_shadow_updates",
+            "sq_shadow_early",
             "cq_shadow_updates",
             "cq_doorbell_skipped",
             "mmio_skipped_by_event_idx",
         ] {
             assert!(t[k].is_u64(), "{k} in {t}");
         }
-        assert!(t["mmio_per_io"].is_number(), "{t}");
+        for k in ["mmio_per_io", "sq_mmio_per_io", "cq_mmio_per_io"] {
+            assert!(t[k].is_number(), "{k} in {t}");
+        }
     };
     for j in v["jobs"].as_array().unwrap() {
         for k in [
@@ -1227,10 +1233,12 @@ fn bad_input_texts_and_exit_codes() {
         format!("upnvme: namespace 9 is not active on {dev} (active: {active:?})")
     );
     // Bad addresses.
-    let err = fails(&upnvme(&["identify", "-d", "00:04"]), 1);
+    // Malformed: a usage error (exit 2) from the argument parser, before any
+    // device is touched.
+    let err = fails(&upnvme(&["identify", "-d", "00:04"]), 2);
     assert!(
-        err.starts_with(
-            "upnvme: opening 00:04: invalid PCI address '00:04': missing '.FUNCTION'; expected"
+        err.contains(
+            "invalid value '00:04' for '--device <DEVICE>': invalid PCI address '00:04': missing '.FUNCTION'; expected"
         ),
         "{err}"
     );

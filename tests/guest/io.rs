@@ -356,6 +356,14 @@ fn batch_submit_rings_once_and_full_queue_pushes_back() {
         mmio <= 1 && shadow <= 1 && mmio + shadow >= 1,
         "one SQ doorbell update for the batch: mmio {mmio}, shadow {shadow}"
     );
+    // With the EventIdx in use each queued tail was already published to the
+    // shadow buffer (QEMU reads it): `ring` checked the EventIdx once.
+    let early = after.sq_shadow_early - before.sq_shadow_early;
+    if qp.shadow_doorbells() {
+        assert_eq!(before.sq_shadow_early, 7, "{before:?}");
+    } else {
+        assert_eq!(before.sq_shadow_early + early, 0);
+    }
     let mut got = Vec::new();
     let start = std::time::Instant::now();
     while got.len() < 7 && start.elapsed() < T {

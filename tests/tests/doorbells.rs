@@ -414,3 +414,102 @@ fn no_doorbell_without_work() {
     drop(c);
     assert_clean(&m);
 }
+
+/// With the EventIdx in use, `queue` publishes each tail to the shadow buffer
+/// at once: a controller that reads the shadow buffer (here: the model's
+/// `process_shadow`, as a polling controller would) completes the commands
+/// before `ring`, their SQ heads are accepted, and `ring` then needs no MMIO
+/// write because the EventIdx shows the controller has seen the tail.
+#[test]
+fn queue_publishes_the_tail_to_the_shadow_buffer_before_ring() {
+    let (m, c) = controller(true);
+    let mut qp = c
+        .io_queue_pair(QueuePairOptions {
+            entries: Some(16),
+            cq_entries: Some(32),
+            shadow_doorbells: true,
+            ..Default::default()
+        })
+        .unwrap();
+    let qid = qp.qid();
+    for i in 0..3u64 {
+        let b = c.alloc_dma(BS).unwrap();
+        qp.queue(
+            IoCommand::Read {
+                nsid: 1,
+                slba: i,
+                blocks: 1,
+            },
+            Some(b),
+            i,
+        )
+        .unwrap();
+        assert_eq!(qp.stats().sq_shadow_early, i + 1);
+    }
+    // No MMIO yet; the controller picks the commands up from the shadow tail.
+    assert_eq!(m.doorbell_writes(qid).0, 0);
+    m.process_shadow();
+    assert_eq!(m.sq_state(qid).unwrap().tail, 3);
+    let mut got = Vec::new();
+    let start = std::time::Instant::now();
+    while got.len() < 3 && start.elapsed() < T {
+        qp.process_completions(u32::MAX, |cpl| {
+            assert!(cpl.is_ok(), "{:?}", cpl.result);
+            got.push(cpl.tag);
+        })
+        .unwrap();
+    }
+    got.sort();
+    assert_eq!(got, [0, 1, 2]);
+    let st = qp.stats();
+    assert_stats_match(&m, qid, &st);
+    // ring() made one EventIdx check for the three and found no MMIO due.
+    assert_eq!(st.sq_shadow_updates, 1);
+    assert_eq!(st.sq_doorbell_mmio, 0);
+    assert_eq!(st.mmio_skipped_by_event_idx, 1);
+    assert_eq!(st.submissions, 3);
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
+/// Without the EventIdx (or without Doorbell Buffer Config) nothing is
+/// published before `ring`: the controller sees queued commands only when the
+/// batch is rung, with one MMIO write.
+#[test]
+fn queue_publishes_nothing_early_without_the_event_index() {
+    for ctrl_shadow in [true, false] {
+        let (m, c) = controller(ctrl_shadow);
+        let mut qp = pair(&c, 16, 32, CqHeadPolicy::default());
+        let qid = qp.qid();
+        for i in 0..3u64 {
+            let b = c.alloc_dma(BS).unwrap();
+            qp.queue(
+                IoCommand::Read {
+                    nsid: 1,
+                    slba: i,
+                    blocks: 1,
+                },
+                Some(b),
+                i,
+            )
+            .unwrap();
+        }
+        m.process_shadow();
+        assert_eq!(m.sq_state(qid).unwrap().tail, 0, "shadow {ctrl_shadow}");
+        qp.ring();
+        assert_eq!(m.doorbell_writes(qid).0, 1);
+        let mut n = 0;
+        let start = std::time::Instant::now();
+        while n < 3 && start.elapsed() < T {
+            n += qp.process_completions(u32::MAX, |_| {}).unwrap();
+        }
+        assert_eq!(n, 3);
+        let st = qp.stats();
+        assert_eq!(st.sq_shadow_early, 0);
+        assert_stats_match(&m, qid, &st);
+        drop(qp);
+        drop(c);
+        assert_clean(&m);
+    }
+}

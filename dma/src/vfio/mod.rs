@@ -72,7 +72,7 @@ impl VfioContainer {
             .open("/dev/vfio/vfio")
             .map_err(|e| DmaError::GroupOpen {
                 path: PathBuf::from("/dev/vfio/vfio"),
-                source: e,
+                os_error: e,
                 hint: "load the VFIO modules (`modprobe vfio-pci`) and run as root",
             })?;
         let container = OwnedFd::from(file);
@@ -247,14 +247,14 @@ impl DmaMapper for VfioContainer {
             if let Ok(mut a) = self.iova.lock() {
                 a.free(iova, len as u64);
             }
-            let source = match e {
-                DmaError::Sys { source, .. } => source,
+            let os_error = match e {
+                DmaError::Sys { os_error, .. } => os_error,
                 other => std::io::Error::other(other.to_string()),
             };
             return Err(DmaError::MapDma {
                 iova,
                 size: len,
-                source,
+                os_error,
             });
         }
         Ok(iova)
@@ -313,7 +313,7 @@ impl VfioDevice {
                 };
                 DmaError::GroupOpen {
                     path: path.clone(),
-                    source: e,
+                    os_error: e,
                     hint,
                 }
             })?;
@@ -431,7 +431,7 @@ impl VfioDevice {
             .read_exact_at(buf, self.config_offset + offset)
             .map_err(|e| DmaError::Sys {
                 what: format!("config space read at 0x{offset:x} of {}", self.address),
-                source: e,
+                os_error: e,
             })
     }
 
@@ -441,7 +441,7 @@ impl VfioDevice {
             .write_all_at(buf, self.config_offset + offset)
             .map_err(|e| DmaError::Sys {
                 what: format!("config space write at 0x{offset:x} of {}", self.address),
-                source: e,
+                os_error: e,
             })
     }
 

@@ -438,9 +438,26 @@ impl<D: Device> IoQueuePair<D> {
         match self.queue_inner(cmd, buffer.as_ref(), tag) {
             Ok(slot) => {
                 self.trackers[slot as usize].buffer = buffer;
+                self.publish_early();
                 Ok(())
             }
             Err(error) => Err(IoFailure { error, buffer }),
+        }
+    }
+
+    /// With the EventIdx in use, makes the tail of the command just queued
+    /// visible in the shadow doorbell at once (see doorbell.rs); its tracker
+    /// (tag and buffer) is complete, so the device may start on it now. The
+    /// SQ ring counts it as announced, so a completion for it is in the SQ
+    /// head window even before `ring`.
+    #[inline]
+    fn publish_early(&mut self) {
+        if self.doorbells.publishes_early()
+            && let Some(s) = &self.ctrl.shadow
+            && let Some(tail) = self.sq_ring.commit()
+        {
+            self.doorbells
+                .publish_sq(&s.doorbells, tail, &mut self.stats);
         }
     }
 
@@ -465,7 +482,12 @@ impl<D: Device> IoQueuePair<D> {
             // commands end with the next reset or close.
             return;
         }
-        if let Some(tail) = self.sq_ring.commit() {
+        // Tails `queue` already published to the shadow buffer are committed
+        // in the ring but not yet checked against the EventIdx: ring when the
+        // tail moved since the last check.
+        let _ = self.sq_ring.commit();
+        let tail = self.sq_ring.committed_tail();
+        if tail != self.doorbells.last_sq {
             let shadow = self
                 .ctrl
                 .shadow
@@ -1004,6 +1026,7 @@ impl<D: Device> IoQueuePair<D> {
             Err(error) => return Err(IoFailure { error, buffer }),
         };
         self.trackers[slot as usize].buffer = buffer;
+        self.publish_early();
         // No opportunistic reap here: the loop below reaps, and knows which
         // completion is ours by its slot.
         let reap_on_submit = std::mem::replace(&mut self.reap_on_submit, false);

@@ -112,11 +112,19 @@ struct BlockRange {
 #[derive(clap::Args, Debug)]
 struct DeviceArgs {
     /// PCI address of the controller (default: the only vfio-bound NVMe controller).
-    #[arg(short, long)]
+    #[arg(short, long, value_parser = pci_address)]
     device: Option<String>,
     /// Use 4 KiB pages instead of hugepages for DMA memory.
     #[arg(long)]
     no_hugepages: bool,
+}
+
+/// Checks the shape of a PCI address at parse time, so a malformed one is a
+/// usage error (exit status 2) like any other bad argument.
+pub(crate) fn pci_address(s: &str) -> std::result::Result<String, String> {
+    s.parse::<upnvme::PciAddress>()
+        .map(|_| s.to_string())
+        .map_err(|e| e.to_string())
 }
 
 impl DeviceArgs {

@@ -300,7 +300,8 @@ fn bench_markdown(s: &summary::Summary, meta: &Value, (rounds, seconds): (u64, u
            to completion). Figures are medians over the rounds, (min–max) across rounds; ratios \
            are of medians: at QD1 mean latency against kernel io_uring hipri QD1 and the raw \
            floor QD1 (lower is better), at QD32 IOPS against the same at QD32 (higher is \
-           better). Doorbell MMIO/IO counts SQ tail plus CQ head MMIO writes.\n\n",
+           better); QD4 runs only upnvme's configurations, without ratios. Doorbell MMIO/IO \
+           counts SQ tail plus CQ head MMIO writes.\n\n",
         command = m("command"),
         date = m("date"),
         wall = m("wall_seconds"),

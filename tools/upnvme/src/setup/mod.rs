@@ -46,7 +46,7 @@ pub enum SetupCommand {
     Bind {
         /// PCI addresses (default: every NVMe controller whose namespaces are
         /// not in use).
-        #[arg(value_name = "ADDRESS")]
+        #[arg(value_name = "ADDRESS", value_parser = crate::pci_address)]
         devices: Vec<String>,
     },
     /// Give NVMe controllers back to the kernel's nvme driver (clears
@@ -54,7 +54,7 @@ pub enum SetupCommand {
     /// open through VFIO.
     Unbind {
         /// PCI addresses (default: every NVMe controller bound to vfio-pci).
-        #[arg(value_name = "ADDRESS")]
+        #[arg(value_name = "ADDRESS", value_parser = crate::pci_address)]
         devices: Vec<String>,
     },
     /// Reserve COUNT hugepages of a size in total (writes nr_hugepages) and
