@@ -816,7 +816,6 @@ fn assert_documented_fields(v: &Value) {
             "sq_doorbell_mmio",
             "cq_doorbell_mmio",
             "sq_shadow_updates",
-            "sq_shadow_early",
             "cq_shadow_updates",
             "cq_doorbell_skipped",
             "mmio_skipped_by_event_idx",

@@ -8,14 +8,17 @@
 //! * **SQ tail**: once per submit batch, only if the tail moved. With shadow
 //!   doorbells (Doorbell Buffer Config) the tail goes to the shadow buffer and
 //!   an MMIO write happens only when the controller's EventIdx asks for it.
-//!   When the EventIdx is in use, `queue` also publishes each new tail to the
-//!   shadow buffer at once (a plain release store, no fence, no EventIdx
-//!   read, no MMIO): a controller that is still working through the SQ picks
-//!   the command up without waiting for `ring`, and `ring` does the one
-//!   EventIdx check for everything published since the last check.
-//!   Measured under QEMU 10 at QD32 (docs/benchmarks.md): announcing each
-//!   command as it is queued instead of once per batch raised IOPS by about a
-//!   quarter at the same 0.03 MMIO writes per I/O.
+//!   When the EventIdx is in use, `queue` announces each command at once
+//!   (shadow store, fence, EventIdx check), so the MMIO writes are exactly
+//!   the ones the controller asks for, and `ring` has nothing left to do.
+//!   Each check covers one new tail: a controller still working through the
+//!   SQ has not caught up with it and asks for nothing. Checking once after
+//!   the whole batch instead covers a range that a working controller has
+//!   usually entered (it moves its EventIdx as it goes), so it asks for a
+//!   second MMIO write, which under QEMU waits for the emulator's lock while
+//!   the batch is processed. Measured under QEMU 10 at QD32
+//!   (docs/benchmarks.md): about 160k IOPS ringing per batch, 190k
+//!   announcing at once, both at about one MMIO write per batch.
 //! * **CQ head**: written (to the shadow buffer and/or MMIO) only when it is *due*:
 //!   with `CqHeadPolicy::Adaptive` when the entries consumed since the last
 //!   write (`U`) exceed `cq_entries - 1 - max_depth`, or when a configured batch
@@ -82,8 +85,7 @@ pub(crate) struct Doorbells {
     /// current — a controller with Doorbell Buffer Config active reads it — but
     /// every update is also written over MMIO.
     pub use_event_idx: bool,
-    /// SQ tail at the last EventIdx check / MMIO write (the `old` of the
-    /// EventIdx test; tails published early by `publish_sq` lie after it).
+    /// SQ tail last written (shadow `old` value).
     pub last_sq: u16,
     /// CQ head last written (shadow `old` value).
     pub last_cq: u16,
@@ -97,27 +99,6 @@ pub(crate) struct ShadowSlots {
 }
 
 impl Doorbells {
-    /// True when `queue` publishes each new SQ tail to the shadow buffer at
-    /// once (shadow slots exist and the EventIdx may skip MMIO writes).
-    #[inline]
-    pub fn publishes_early(&self) -> bool {
-        self.use_event_idx && self.shadow.is_some()
-    }
-
-    /// Publishes SQ tail `tail` to the shadow doorbell without checking the
-    /// EventIdx (NVMe 2.0 §5.8: a controller may read the shadow doorbell at
-    /// any time). Release store: the SQE written before it is visible to a
-    /// controller that reads this value. `ring_sq` later makes the EventIdx
-    /// decision for every tail published since `last_sq`.
-    #[inline]
-    pub fn publish_sq(&self, db: &DmaBuffer, tail: u16, stats: &mut QueueStats) {
-        if let Some(slots) = self.shadow
-            && db.store_release_u32(slots.sq, tail as u32).is_ok()
-        {
-            stats.sq_shadow_early += 1;
-        }
-    }
-
     /// Announces SQ tail `tail`.
     #[inline]
     pub fn ring_sq<D: Device>(

@@ -445,19 +445,24 @@ impl<D: Device> IoQueuePair<D> {
         }
     }
 
-    /// With the EventIdx in use, makes the tail of the command just queued
-    /// visible in the shadow doorbell at once (see doorbell.rs); its tracker
-    /// (tag and buffer) is complete, so the device may start on it now. The
-    /// SQ ring counts it as announced, so a completion for it is in the SQ
-    /// head window even before `ring`.
+    /// With the EventIdx in use, announces the command just queued at once,
+    /// as `submit` would (see doorbell.rs): shadow tail store, fence,
+    /// EventIdx check, and an MMIO write only if the controller asks for one.
+    /// Its tracker (tag and buffer) is complete, so the device may start on
+    /// it now; the SQ ring counts it as announced, so its completion is in
+    /// the SQ head window.
     #[inline]
     fn publish_early(&mut self) {
-        if self.doorbells.publishes_early()
+        if self.doorbells.use_event_idx
             && let Some(s) = &self.ctrl.shadow
             && let Some(tail) = self.sq_ring.commit()
         {
-            self.doorbells
-                .publish_sq(&s.doorbells, tail, &mut self.stats);
+            self.doorbells.ring_sq(
+                &self.ctrl.dev,
+                Some((&s.doorbells, &s.event_idx)),
+                tail,
+                &mut self.stats,
+            );
         }
     }
 

@@ -17,13 +17,9 @@ pub struct QueueStats {
     pub sq_doorbell_mmio: u64,
     /// CQ head doorbell writes over MMIO.
     pub cq_doorbell_mmio: u64,
-    /// SQ tail updates written to the shadow doorbell buffer by `ring` (each
-    /// followed by an EventIdx check).
+    /// SQ tail updates written to the shadow doorbell buffer (each followed
+    /// by an EventIdx check).
     pub sq_shadow_updates: u64,
-    /// SQ tails published to the shadow doorbell buffer by `queue`, before
-    /// `ring` (EventIdx in use): a controller reading the shadow buffer may
-    /// start on the command before the batch is rung.
-    pub sq_shadow_early: u64,
     /// CQ head updates written to the shadow doorbell buffer.
     pub cq_shadow_updates: u64,
     /// Reap batches after which the CQ head doorbell was not yet due and was
@@ -66,7 +62,6 @@ impl QueueStats {
         self.sq_doorbell_mmio += o.sq_doorbell_mmio;
         self.cq_doorbell_mmio += o.cq_doorbell_mmio;
         self.sq_shadow_updates += o.sq_shadow_updates;
-        self.sq_shadow_early += o.sq_shadow_early;
         self.cq_shadow_updates += o.cq_shadow_updates;
         self.cq_doorbell_skipped += o.cq_doorbell_skipped;
         self.mmio_skipped_by_event_idx += o.mmio_skipped_by_event_idx;

@@ -256,7 +256,6 @@ fn stats_json(s: &QueueStats) -> Value {
         "sq_doorbell_mmio": s.sq_doorbell_mmio,
         "cq_doorbell_mmio": s.cq_doorbell_mmio,
         "sq_shadow_updates": s.sq_shadow_updates,
-        "sq_shadow_early": s.sq_shadow_early,
         "cq_shadow_updates": s.cq_shadow_updates,
         "cq_doorbell_skipped": s.cq_doorbell_skipped,
         "mmio_skipped_by_event_idx": s.mmio_skipped_by_event_idx,
