@@ -11,14 +11,13 @@
 //!   When the EventIdx is in use, `queue` announces each command at once
 //!   (shadow store, fence, EventIdx check), so the MMIO writes are exactly
 //!   the ones the controller asks for, and `ring` has nothing left to do.
-//!   Each check covers one new tail: a controller still working through the
-//!   SQ has not caught up with it and asks for nothing. Checking once after
-//!   the whole batch instead covers a range that a working controller has
-//!   usually entered (it moves its EventIdx as it goes), so it asks for a
-//!   second MMIO write, which under QEMU waits for the emulator's lock while
-//!   the batch is processed. Measured under QEMU 10 at QD32
-//!   (docs/benchmarks.md): about 160k IOPS ringing per batch, 190k
-//!   announcing at once, both at about one MMIO write per batch.
+//!   Each check covers one new tail, which a controller still working
+//!   through the SQ has not reached, so it asks for nothing. Ringing once
+//!   after the batch instead leaves an idle controller idle while the host
+//!   queues (an idle QEMU reads the shadow buffer only after an MMIO write).
+//!   Measured under QEMU 10 at QD32 (docs/benchmarks.md): 157–161k IOPS
+//!   ringing per batch, 185k (bench) to 207k (spot checks) announcing at
+//!   once, at about one SQ MMIO write per reap batch either way.
 //! * **CQ head**: written (to the shadow buffer and/or MMIO) only when it is *due*:
 //!   with `CqHeadPolicy::Adaptive` when the entries consumed since the last
 //!   write (`U`) exceed `cq_entries - 1 - max_depth`, or when a configured batch
