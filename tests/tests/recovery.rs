@@ -229,3 +229,47 @@ fn fatal_status_mid_io_resets_automatically() {
     drop(qp);
     assert_eq!(m.dma_faults(), 0);
 }
+
+/// A blocking read whose completion is lost: the timeout scan inside the
+/// blocking wait aborts it, then resets the controller. The reset ends the
+/// command, and the blocking call returns that ending (TimedOut, with the
+/// buffer) instead of waiting for its own deadline and returning a bare
+/// Timeout without the buffer.
+#[test]
+fn blocking_call_ended_by_a_reset_returns_its_buffer() {
+    let m = ModelController::new(config_one_ns(4096, 256));
+    let c = open(&m, opts());
+    let mut qp = c.io_queue_pair(qp_opts(50)).unwrap();
+    m.inject(Fault::DropCompletion(Match::Opcode {
+        qid: qp.qid(),
+        opcode: READ,
+    }));
+    let start = Instant::now();
+    let e = qp
+        .read_blocking(1, 3, 1, c.alloc_dma(4096).unwrap(), T)
+        .unwrap_err();
+    assert!(
+        matches!(
+            e.error,
+            Error::Io {
+                error: IoError::TimedOut,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(
+        e.buffer.is_some(),
+        "the controller was disabled: buffer back"
+    );
+    assert!(start.elapsed() < T, "ended by the reset, not the deadline");
+    assert_eq!(c.resets(), 1);
+    // Exactly once: nothing surfaces later.
+    let mut late = 0;
+    qp.process_completions(u32::MAX, |_| late += 1).unwrap();
+    assert_eq!(late, 0);
+    qp.read_blocking(1, 3, 1, c.alloc_dma(4096).unwrap(), T)
+        .unwrap();
+    drop(qp);
+    assert_eq!(m.dma_faults(), 0);
+}

@@ -158,7 +158,8 @@ pub struct IoQueuePair<D: Device = VfioNvme> {
     doorbells: Doorbells,
     trackers: Box<[Tracker]>,
     stats: QueueStats,
-    /// SQEs written but not yet announced by a doorbell.
+    /// Commands queued since the last `ring`: not yet stamped for timeouts
+    /// or counted, and (with MMIO doorbells) not yet announced.
     pending: u32,
     max_depth: u32,
     /// `cq_entries - 1 - max_depth`: consumed entries the controller may be
@@ -171,7 +172,7 @@ pub struct IoQueuePair<D: Device = VfioNvme> {
     /// Completions reaped on behalf of the owner (by `reap_on_submit` or a
     /// blocking helper), delivered by the next `process_completions`.
     /// Capacity `max_depth`: pushing never allocates.
-    ready: VecDeque<Completion>,
+    ready: VecDeque<(u16, Completion)>,
     namespaces: Box<[NsInfo]>,
     /// PRP list pages: `list_pages_per_slot` pages per tracker slot.
     prp_lists: DmaBuffer,
@@ -424,10 +425,16 @@ impl<D: Device> IoQueuePair<D> {
         Ok(())
     }
 
-    /// Writes one command into the SQ without ringing the doorbell: a batch is
-    /// several `queue` calls followed by one [`IoQueuePair::ring`] (one doorbell
-    /// write for the whole batch). `process_completions` and the blocking
-    /// helpers ring pending commands first.
+    /// Writes one command into the SQ for a batch: several `queue` calls
+    /// followed by one [`IoQueuePair::ring`]. With MMIO doorbells nothing is
+    /// announced until `ring` writes the SQ tail once for the whole batch.
+    /// With shadow doorbells and the EventIdx in use (the default where the
+    /// controller offers Doorbell Buffer Config), `queue` announces the
+    /// command at once through the shadow doorbell (an MMIO write only when
+    /// the controller's EventIdx asks for one), so the device may start, or
+    /// even finish, before `ring`; `ring` then only does the bookkeeping.
+    /// `process_completions` and the blocking helpers ring pending commands
+    /// first.
     #[inline]
     pub fn queue(
         &mut self,
@@ -453,6 +460,20 @@ impl<D: Device> IoQueuePair<D> {
     /// the SQ head window.
     #[inline]
     fn publish_early(&mut self) {
+        // As in `ring`: never announce to a queue a reset deleted since
+        // `queue_inner` checked, nor to a failed or closed controller; the
+        // command then stays pending and `ring` ends or announces it.
+        if self.failed
+            || self.needs_recreate
+            || !self.ctrl.is_usable()
+            || self.generation
+                != self
+                    .ctrl
+                    .generation
+                    .load(std::sync::atomic::Ordering::Acquire)
+        {
+            return;
+        }
         if self.doorbells.use_event_idx
             && let Some(s) = &self.ctrl.shadow
             && let Some(tail) = self.sq_ring.commit()
@@ -466,8 +487,10 @@ impl<D: Device> IoQueuePair<D> {
         }
     }
 
-    /// Announces every queued command with one SQ tail doorbell write, then
-    /// does the bookkeeping, then (with `reap_on_submit`) reaps what is ready.
+    /// Announces every queued command not yet announced with one SQ tail
+    /// doorbell write (nothing is left with the EventIdx in use, see
+    /// [`IoQueuePair::queue`]), then does the bookkeeping (timeout stamps,
+    /// statistics), then (with `reap_on_submit`) reaps what is ready.
     #[inline]
     pub fn ring(&mut self) {
         if self.needs_recreate
@@ -512,7 +535,7 @@ impl<D: Device> IoQueuePair<D> {
         self.pending = 0;
         if self.reap_on_submit && !self.failed {
             let mut ready = std::mem::take(&mut self.ready);
-            let r = self.reap(u32::MAX, &mut |_, c| ready.push_back(c));
+            let r = self.reap(u32::MAX, &mut |slot, c| ready.push_back((slot, c)));
             self.ready = ready;
             // A device fault found here is reported by the next
             // process_completions (the pair is marked failed).
@@ -749,7 +772,7 @@ impl<D: Device> IoQueuePair<D> {
         let mut n = 0;
         while n < max {
             match self.ready.pop_front() {
-                Some(c) => {
+                Some((_, c)) => {
                     f(c);
                     n += 1;
                 }
@@ -867,7 +890,7 @@ impl<D: Device> IoQueuePair<D> {
             let slots: Vec<u16> = self.cids.in_flight_slots().collect();
             for slot in slots {
                 let c = self.end_in_flight(slot, closed);
-                self.ready.push_back(c);
+                self.ready.push_back((slot, c));
             }
             self.pending = 0;
             self.sq_ring = SqRing::new(self.sq_ring.entries())
@@ -1046,7 +1069,7 @@ impl<D: Device> IoQueuePair<D> {
                 if s == slot && mine.is_none() {
                     mine = Some(c);
                 } else {
-                    ready.push_back(c);
+                    ready.push_back((s, c));
                 }
             });
             self.ready = ready;
@@ -1060,6 +1083,16 @@ impl<D: Device> IoQueuePair<D> {
             }
             if let Some(c) = mine {
                 return finish_blocking(c, &cmd);
+            }
+            if !self.cids.is_in_flight(slot) {
+                // A reset handled by `ring` or by a timeout scan ended the
+                // command and parked its completion in `ready`; the newest
+                // entry for this slot is ours (nothing was queued since).
+                if let Some(i) = self.ready.iter().rposition(|(s, _)| *s == slot)
+                    && let Some((_, c)) = self.ready.remove(i)
+                {
+                    return finish_blocking(c, &cmd);
+                }
             }
             if self.generation
                 != self
