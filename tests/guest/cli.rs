@@ -1004,19 +1004,33 @@ fn perf_runs_with_and_without_each_option() {
     assert!(t["sq_doorbell_mmio"].as_u64().unwrap() > 0, "{t}");
     let out = ok(&perf(&["--no-doorbell-buffer"]));
     assert!(out.contains("shadow doorbells off"), "{out}");
-    // --ring-per-io: one SQ tail update per I/O; batched resubmission needs
-    // fewer at depth 4.
-    let v = perf_json(&["--ring-per-io", "-q", "4"]);
+    // --ring-per-io with MMIO doorbells: one SQ tail MMIO write per I/O;
+    // batched resubmission writes at most that many.
+    let v = perf_json(&["--ring-per-io", "-q", "4", "--no-shadow-doorbell"]);
     assert_eq!(v["ring_per_io"], true, "{v}");
     let t = &v["total"]["transport"];
-    assert_eq!(t["sq_shadow_updates"], t["submissions"], "{t}");
-    let v = perf_json(&["-q", "4"]);
+    assert_eq!(t["sq_doorbell_mmio"], t["submissions"], "{t}");
+    let v = perf_json(&["-q", "4", "--no-shadow-doorbell"]);
     assert_eq!(v["ring_per_io"], false, "{v}");
     let t = &v["total"]["transport"];
     assert!(
-        t["sq_shadow_updates"].as_u64() < t["submissions"].as_u64(),
+        t["sq_doorbell_mmio"].as_u64() <= t["submissions"].as_u64(),
         "{t}"
     );
+    // With the EventIdx (the default) every command is announced as it is
+    // queued, batched or not; MMIO writes only where QEMU asked for them.
+    for extra in [&["-q", "4"][..], &["-q", "4", "--ring-per-io"][..]] {
+        let v = perf_json(extra);
+        let t = &v["total"]["transport"];
+        assert_eq!(t["sq_shadow_updates"], t["submissions"], "{extra:?}: {t}");
+        assert_eq!(
+            t["sq_doorbell_mmio"].as_u64().unwrap()
+                + t["mmio_skipped_by_event_idx"].as_u64().unwrap(),
+            t["sq_shadow_updates"].as_u64().unwrap() + t["cq_shadow_updates"].as_u64().unwrap()
+                - t["cq_doorbell_mmio"].as_u64().unwrap(),
+            "{extra:?}: every SQ shadow update either wrote MMIO or was skipped: {t}"
+        );
+    }
     assert!(ok(&perf(&["--ring-per-io"])).contains("SQ doorbell per I/O"));
     // A reader that went away (`| head`) ends the run quietly with the
     // SIGPIPE status, without a panic: the pipe's read end is closed before
