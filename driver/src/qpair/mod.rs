@@ -463,7 +463,9 @@ impl<D: Device> IoQueuePair<D> {
         // As in `ring`: never announce to a queue a reset deleted since
         // `queue_inner` checked, nor to a failed or closed controller; the
         // command then stays pending and `ring` ends or announces it.
-        if self.failed
+        if !self.doorbells.use_event_idx
+            || self.ctrl.shadow.is_none()
+            || self.failed
             || self.needs_recreate
             || !self.ctrl.is_usable()
             || self.generation
@@ -474,8 +476,7 @@ impl<D: Device> IoQueuePair<D> {
         {
             return;
         }
-        if self.doorbells.use_event_idx
-            && let Some(s) = &self.ctrl.shadow
+        if let Some(s) = &self.ctrl.shadow
             && let Some(tail) = self.sq_ring.commit()
         {
             self.doorbells.ring_sq(
