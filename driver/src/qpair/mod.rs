@@ -360,6 +360,17 @@ impl<D: Device> IoQueuePair<D> {
         })
     }
 
+    /// True when a controller reset or close bumped the generation since this
+    /// pair's queues were created (or last re-created): they no longer exist.
+    #[inline]
+    fn generation_changed(&self) -> bool {
+        self.generation
+            != self
+                .ctrl
+                .generation
+                .load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// The queue ID (SQ and CQ share it).
     pub fn qid(&self) -> u16 {
         self.qid
@@ -468,11 +479,7 @@ impl<D: Device> IoQueuePair<D> {
             || self.failed
             || self.needs_recreate
             || !self.ctrl.is_usable()
-            || self.generation
-                != self
-                    .ctrl
-                    .generation
-                    .load(std::sync::atomic::Ordering::Acquire)
+            || self.generation_changed()
         {
             return;
         }
@@ -494,13 +501,7 @@ impl<D: Device> IoQueuePair<D> {
     /// statistics), then (with `reap_on_submit`) reaps what is ready.
     #[inline]
     pub fn ring(&mut self) {
-        if self.needs_recreate
-            || self.generation
-                != self
-                    .ctrl
-                    .generation
-                    .load(std::sync::atomic::Ordering::Acquire)
-        {
+        if self.needs_recreate || self.generation_changed() {
             // A reset since these commands were queued deleted the queue they are
             // in: they end (once, ControllerReset) instead of being announced.
             let _ = self.sync_generation();
@@ -553,13 +554,7 @@ impl<D: Device> IoQueuePair<D> {
         buffer: Option<&DmaBuffer>,
         tag: u64,
     ) -> Result<u16> {
-        if self.needs_recreate
-            || self.generation
-                != self
-                    .ctrl
-                    .generation
-                    .load(std::sync::atomic::Ordering::Acquire)
-        {
+        if self.needs_recreate || self.generation_changed() {
             // A reset happened since the last call: end what it ended and
             // re-create the queues before anything is written to them.
             self.sync_generation()?;
@@ -757,13 +752,7 @@ impl<D: Device> IoQueuePair<D> {
     /// buffers until the controller is disabled.
     #[inline]
     pub fn process_completions(&mut self, max: u32, mut f: impl FnMut(Completion)) -> Result<u32> {
-        if self.generation
-            != self
-                .ctrl
-                .generation
-                .load(std::sync::atomic::Ordering::Acquire)
-            || self.needs_recreate
-        {
+        if self.generation_changed() || self.needs_recreate {
             // Deliver what the reset ended even if re-creating fails now.
             let _ = self.sync_generation();
         }
@@ -1095,12 +1084,7 @@ impl<D: Device> IoQueuePair<D> {
                     return finish_blocking(c, &cmd);
                 }
             }
-            if self.generation
-                != self
-                    .ctrl
-                    .generation
-                    .load(std::sync::atomic::Ordering::Acquire)
-            {
+            if self.generation_changed() {
                 // A reset ended the command: it completes here, once.
                 let c = self.end_in_flight(slot, false);
                 let _ = self.sync_generation();
