@@ -476,6 +476,66 @@ fn queue_announces_at_once_with_the_event_index() {
     assert_clean(&m);
 }
 
+/// The same with a controller that is still working (its EventIdx lags):
+/// after the first command's MMIO write, the EventIdx checks of the others
+/// find nothing to write, a polling controller picks them up from the shadow
+/// buffer, and every command completes once with its SQ head accepted.
+#[test]
+fn queue_skips_mmio_while_the_controller_has_not_caught_up() {
+    let (m, c) = controller(true);
+    let mut qp = c
+        .io_queue_pair(QueuePairOptions {
+            entries: Some(16),
+            cq_entries: Some(32),
+            shadow_doorbells: true,
+            ..Default::default()
+        })
+        .unwrap();
+    let qid = qp.qid();
+    m.freeze_event_idx(true);
+    for i in 0..5u64 {
+        let b = c.alloc_dma(BS).unwrap();
+        qp.queue(
+            IoCommand::Read {
+                nsid: 1,
+                slba: i,
+                blocks: 1,
+            },
+            Some(b),
+            i,
+        )
+        .unwrap();
+    }
+    let st = qp.stats();
+    assert_eq!(st.sq_shadow_updates, 5);
+    // EventIdx 0: only the first tail (1) passes it.
+    assert_eq!(st.sq_doorbell_mmio, 1);
+    assert_eq!(st.mmio_skipped_by_event_idx, 4);
+    assert_eq!(m.doorbell_writes(qid).0, 1);
+    // The first was processed at its MMIO write; the rest wait for a poll.
+    assert_eq!(m.sq_state(qid).unwrap().tail, 1);
+    m.process_shadow();
+    assert_eq!(m.sq_state(qid).unwrap().tail, 5);
+    m.freeze_event_idx(false);
+    let mut got = Vec::new();
+    let start = std::time::Instant::now();
+    while got.len() < 5 && start.elapsed() < T {
+        qp.process_completions(u32::MAX, |cpl| {
+            assert!(cpl.is_ok(), "{:?}", cpl.result);
+            got.push(cpl.tag);
+        })
+        .unwrap();
+    }
+    got.sort();
+    assert_eq!(got, [0, 1, 2, 3, 4]);
+    let st = qp.stats();
+    assert_stats_match(&m, qid, &st);
+    assert_eq!(st.sq_doorbell_mmio, 1, "ring had nothing left: {st:?}");
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
 /// Without the EventIdx (or without Doorbell Buffer Config) nothing is
 /// published before `ring`: the controller sees queued commands only when the
 /// batch is rung, with one MMIO write.

@@ -156,7 +156,9 @@ impl State {
         }
         self.release_due();
         self.process_all();
-        if let Some(sh) = shadow {
+        if let Some(sh) = shadow
+            && !self.event_idx_frozen
+        {
             self.write_event_idx(sh);
         }
     }

@@ -264,6 +264,15 @@ impl ModelController {
         }
     }
 
+    /// While `frozen`, the model leaves the EventIdx buffer unchanged after
+    /// it processes (NVMe 2.0 §5.8 lets a controller move its EventIdx when
+    /// it likes): the host's EventIdx checks then see a controller that has
+    /// not caught up and skip MMIO writes, so only `process_shadow` (a
+    /// controller polling the shadow doorbells) picks those commands up.
+    pub fn freeze_event_idx(&self, frozen: bool) {
+        self.state().event_idx_frozen = frozen;
+    }
+
     /// Writes a hand-made completion queue entry into the next slot of
     /// completion queue `cqid`, as if the controller posted it: `dwords` are
     /// CQE dwords 0-3 (Completion Queue Entry layout) and the Phase Tag (dword 3 bit 16) is

@@ -206,6 +206,10 @@ pub(crate) struct State {
     pub features: Features,
     /// Shadow doorbells, once configured.
     pub shadow: Option<Shadow>,
+    /// Leave the EventIdx buffer as it is after processing, like a
+    /// controller still working through its queues that has not yet moved
+    /// its EventIdx (see [`super::ModelController::freeze_event_idx`]).
+    pub event_idx_frozen: bool,
     /// Namespaces.
     pub namespaces: Vec<Namespace>,
     /// SMART / Health counters.
@@ -244,6 +248,7 @@ impl State {
             events: VecDeque::new(),
             features: Features::default(),
             shadow: None,
+            event_idx_frozen: false,
             namespaces,
             health,
             errors: ErrorLog::default(),
