@@ -536,6 +536,61 @@ fn queue_skips_mmio_while_the_controller_has_not_caught_up() {
     assert_clean(&m);
 }
 
+/// Commands announced through the shadow buffer only (no MMIO write yet, the
+/// controller not caught up) when the controller is reset: each ends exactly
+/// once, with ControllerReset and its buffer, and the pair works afterwards.
+#[test]
+fn commands_announced_early_end_once_at_a_reset() {
+    let (m, c) = controller(true);
+    let mut qp = c
+        .io_queue_pair(QueuePairOptions {
+            entries: Some(16),
+            cq_entries: Some(32),
+            shadow_doorbells: true,
+            ..Default::default()
+        })
+        .unwrap();
+    m.freeze_event_idx(true);
+    for i in 0..3u64 {
+        let b = c.alloc_dma(BS).unwrap();
+        qp.queue(
+            IoCommand::Read {
+                nsid: 1,
+                slba: i,
+                blocks: 1,
+            },
+            Some(b),
+            i,
+        )
+        .unwrap();
+    }
+    assert_eq!(qp.stats().mmio_skipped_by_event_idx, 2);
+    m.freeze_event_idx(false);
+    c.reset().unwrap();
+    let mut got = Vec::new();
+    let start = std::time::Instant::now();
+    while got.len() < 3 && start.elapsed() < T {
+        qp.process_completions(u32::MAX, |cpl| got.push(cpl))
+            .unwrap();
+    }
+    got.sort_by_key(|c| c.tag);
+    assert_eq!(got.iter().map(|c| c.tag).collect::<Vec<_>>(), [0, 1, 2]);
+    for cpl in &got {
+        assert_eq!(cpl.result, Err(upnvme::IoError::ControllerReset), "{cpl:?}");
+        assert!(cpl.buffer.is_some());
+    }
+    // Nothing more, and the re-created queues work.
+    assert_eq!(qp.process_completions(u32::MAX, |_| {}).unwrap(), 0);
+    let b = qp
+        .read_blocking(1, 0, 1, c.alloc_dma(BS).unwrap(), T)
+        .unwrap();
+    drop(b);
+    drop(got);
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
 /// Without the EventIdx (or without Doorbell Buffer Config) nothing is
 /// published before `ring`: the controller sees queued commands only when the
 /// batch is rung, with one MMIO write.
