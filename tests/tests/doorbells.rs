@@ -11,8 +11,8 @@ mod common;
 
 use common::{Access, Spy, T, assert_clean, config_one_ns, opts, reg};
 use upnvme::{
-    Controller, ControllerOptions, CqHeadPolicy, Device, IoCommand, IoQueuePair, QueuePairOptions,
-    QueueStats,
+    Completion, Controller, ControllerOptions, CqHeadPolicy, Device, IoCommand, IoQueuePair,
+    QueuePairOptions, QueueStats,
 };
 use upnvme_tests::ModelController;
 
@@ -415,6 +415,54 @@ fn no_doorbell_without_work() {
     assert_clean(&m);
 }
 
+/// A 16/32-entry pair whose EventIdx may skip MMIO writes.
+fn event_idx_pair<D: Device>(c: &Controller<D>) -> IoQueuePair<D> {
+    c.io_queue_pair(QueuePairOptions {
+        entries: Some(16),
+        cq_entries: Some(32),
+        shadow_doorbells: true,
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+/// Queues (without `ring`) a one-block read of LBA `i` with tag `i`.
+fn queue_read<D: Device>(qp: &mut IoQueuePair<D>, c: &Controller<D>, i: u64) {
+    let b = c.alloc_dma(BS).unwrap();
+    qp.queue(
+        IoCommand::Read {
+            nsid: 1,
+            slba: i,
+            blocks: 1,
+        },
+        Some(b),
+        i,
+    )
+    .unwrap();
+}
+
+/// Reaps until `n` completions arrived (or `T` passed); sorted by tag.
+fn reap_n<D: Device>(qp: &mut IoQueuePair<D>, n: usize) -> Vec<Completion> {
+    let mut got = Vec::new();
+    let start = std::time::Instant::now();
+    while got.len() < n && start.elapsed() < T {
+        qp.process_completions(u32::MAX, |cpl| got.push(cpl))
+            .unwrap();
+    }
+    got.sort_by_key(|c| c.tag);
+    got
+}
+
+/// The tags of `got`, each of which must have succeeded.
+fn ok_tags(got: &[Completion]) -> Vec<u64> {
+    got.iter()
+        .map(|cpl| {
+            assert!(cpl.is_ok(), "{:?}", cpl.result);
+            cpl.tag
+        })
+        .collect()
+}
+
 /// With the EventIdx in use, `queue` announces each command at once (shadow
 /// update, EventIdx check, MMIO only when the controller asks): the
 /// controller has all three before `ring`, which has nothing left to write.
@@ -423,27 +471,10 @@ fn no_doorbell_without_work() {
 #[test]
 fn queue_announces_at_once_with_the_event_index() {
     let (m, c) = controller(true);
-    let mut qp = c
-        .io_queue_pair(QueuePairOptions {
-            entries: Some(16),
-            cq_entries: Some(32),
-            shadow_doorbells: true,
-            ..Default::default()
-        })
-        .unwrap();
+    let mut qp = event_idx_pair(&c);
     let qid = qp.qid();
     for i in 0..3u64 {
-        let b = c.alloc_dma(BS).unwrap();
-        qp.queue(
-            IoCommand::Read {
-                nsid: 1,
-                slba: i,
-                blocks: 1,
-            },
-            Some(b),
-            i,
-        )
-        .unwrap();
+        queue_read(&mut qp, &c, i);
         let st = qp.stats();
         assert_eq!(st.sq_shadow_updates, i + 1);
         assert_eq!(m.sq_state(qid).unwrap().tail, i as u32 + 1);
@@ -454,17 +485,7 @@ fn queue_announces_at_once_with_the_event_index() {
     assert_eq!(st.sq_shadow_updates, before.sq_shadow_updates);
     assert_eq!(st.sq_doorbell_mmio, before.sq_doorbell_mmio);
     assert_eq!(st.submissions, 3);
-    let mut got = Vec::new();
-    let start = std::time::Instant::now();
-    while got.len() < 3 && start.elapsed() < T {
-        qp.process_completions(u32::MAX, |cpl| {
-            assert!(cpl.is_ok(), "{:?}", cpl.result);
-            got.push(cpl.tag);
-        })
-        .unwrap();
-    }
-    got.sort();
-    assert_eq!(got, [0, 1, 2]);
+    assert_eq!(ok_tags(&reap_n(&mut qp, 3)), [0, 1, 2]);
     let st = qp.stats();
     assert_stats_match(&m, qid, &st);
     // The model completes each command at its MMIO write and moves its
@@ -483,28 +504,11 @@ fn queue_announces_at_once_with_the_event_index() {
 #[test]
 fn queue_skips_mmio_while_the_controller_has_not_caught_up() {
     let (m, c) = controller(true);
-    let mut qp = c
-        .io_queue_pair(QueuePairOptions {
-            entries: Some(16),
-            cq_entries: Some(32),
-            shadow_doorbells: true,
-            ..Default::default()
-        })
-        .unwrap();
+    let mut qp = event_idx_pair(&c);
     let qid = qp.qid();
     m.freeze_event_idx(true);
     for i in 0..5u64 {
-        let b = c.alloc_dma(BS).unwrap();
-        qp.queue(
-            IoCommand::Read {
-                nsid: 1,
-                slba: i,
-                blocks: 1,
-            },
-            Some(b),
-            i,
-        )
-        .unwrap();
+        queue_read(&mut qp, &c, i);
     }
     let st = qp.stats();
     assert_eq!(st.sq_shadow_updates, 5);
@@ -517,17 +521,7 @@ fn queue_skips_mmio_while_the_controller_has_not_caught_up() {
     m.process_shadow();
     assert_eq!(m.sq_state(qid).unwrap().tail, 5);
     m.freeze_event_idx(false);
-    let mut got = Vec::new();
-    let start = std::time::Instant::now();
-    while got.len() < 5 && start.elapsed() < T {
-        qp.process_completions(u32::MAX, |cpl| {
-            assert!(cpl.is_ok(), "{:?}", cpl.result);
-            got.push(cpl.tag);
-        })
-        .unwrap();
-    }
-    got.sort();
-    assert_eq!(got, [0, 1, 2, 3, 4]);
+    assert_eq!(ok_tags(&reap_n(&mut qp, 5)), [0, 1, 2, 3, 4]);
     let st = qp.stats();
     assert_stats_match(&m, qid, &st);
     assert_eq!(st.sq_doorbell_mmio, 1, "ring had nothing left: {st:?}");
@@ -542,38 +536,15 @@ fn queue_skips_mmio_while_the_controller_has_not_caught_up() {
 #[test]
 fn commands_announced_early_end_once_at_a_reset() {
     let (m, c) = controller(true);
-    let mut qp = c
-        .io_queue_pair(QueuePairOptions {
-            entries: Some(16),
-            cq_entries: Some(32),
-            shadow_doorbells: true,
-            ..Default::default()
-        })
-        .unwrap();
+    let mut qp = event_idx_pair(&c);
     m.freeze_event_idx(true);
     for i in 0..3u64 {
-        let b = c.alloc_dma(BS).unwrap();
-        qp.queue(
-            IoCommand::Read {
-                nsid: 1,
-                slba: i,
-                blocks: 1,
-            },
-            Some(b),
-            i,
-        )
-        .unwrap();
+        queue_read(&mut qp, &c, i);
     }
     assert_eq!(qp.stats().mmio_skipped_by_event_idx, 2);
     m.freeze_event_idx(false);
     c.reset().unwrap();
-    let mut got = Vec::new();
-    let start = std::time::Instant::now();
-    while got.len() < 3 && start.elapsed() < T {
-        qp.process_completions(u32::MAX, |cpl| got.push(cpl))
-            .unwrap();
-    }
-    got.sort_by_key(|c| c.tag);
+    let got = reap_n(&mut qp, 3);
     assert_eq!(got.iter().map(|c| c.tag).collect::<Vec<_>>(), [0, 1, 2]);
     for cpl in &got {
         assert_eq!(cpl.result, Err(upnvme::IoError::ControllerReset), "{cpl:?}");
@@ -601,28 +572,13 @@ fn queue_publishes_nothing_early_without_the_event_index() {
         let mut qp = pair(&c, 16, 32, CqHeadPolicy::default());
         let qid = qp.qid();
         for i in 0..3u64 {
-            let b = c.alloc_dma(BS).unwrap();
-            qp.queue(
-                IoCommand::Read {
-                    nsid: 1,
-                    slba: i,
-                    blocks: 1,
-                },
-                Some(b),
-                i,
-            )
-            .unwrap();
+            queue_read(&mut qp, &c, i);
         }
         m.process_shadow();
         assert_eq!(m.sq_state(qid).unwrap().tail, 0, "shadow {ctrl_shadow}");
         qp.ring();
         assert_eq!(m.doorbell_writes(qid).0, 1);
-        let mut n = 0;
-        let start = std::time::Instant::now();
-        while n < 3 && start.elapsed() < T {
-            n += qp.process_completions(u32::MAX, |_| {}).unwrap();
-        }
-        assert_eq!(n, 3);
+        assert_eq!(reap_n(&mut qp, 3).len(), 3);
         let st = qp.stats();
         assert_stats_match(&m, qid, &st);
         drop(qp);
