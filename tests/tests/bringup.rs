@@ -627,7 +627,19 @@ fn in_flight_commands_complete_once_after_close() {
     // The controller is disabled by close(): the device can no longer touch
     // the buffer, so the command must end (once, with an error) and hand it
     // back.
+    let from = m.commands_seen().len();
     c.close().unwrap();
+    let admin: Vec<u8> = m.commands_seen()[from..]
+        .iter()
+        .filter(|(sqid, _, _)| *sqid == 0)
+        .map(|(_, opcode, _)| *opcode)
+        .collect();
+    assert_eq!(
+        admin,
+        [0x00, 0x04],
+        "close deletes the live pair's SQ, then its CQ, before CC.SHN"
+    );
+    assert_eq!(m.delayed_completions(), 0, "the SQ deletion ended it");
     let mut got = Vec::new();
     for _ in 0..3 {
         let _ = qp.process_completions(8, |cpl| got.push(cpl));

@@ -273,3 +273,156 @@ fn blocking_call_ended_by_a_reset_returns_its_buffer() {
     drop(qp);
     assert_eq!(m.dma_faults(), 0);
 }
+
+const DELETE_IO_SQ: u8 = 0x00;
+const DELETE_IO_CQ: u8 = 0x04;
+const IDENTIFY: u8 = 0x06;
+
+/// Admin opcodes the model fetched from index `from` of its command log on.
+fn admin_opcodes_since(m: &ModelController, from: usize) -> Vec<u8> {
+    m.commands_seen()[from..]
+        .iter()
+        .filter(|(sqid, _, _)| *sqid == 0)
+        .map(|(_, opcode, _)| *opcode)
+        .collect()
+}
+
+fn read_cmd(slba: u64) -> IoCommand<'static> {
+    IoCommand::Read {
+        nsid: 1,
+        slba,
+        blocks: 1,
+    }
+}
+
+/// A reset of a working controller deletes every I/O SQ, then every I/O CQ,
+/// before CC.EN = 0 (Identify Controller is the first command after it); the
+/// command the deletion aborted still ends exactly once, as ControllerReset,
+/// with its buffer.
+#[test]
+fn reset_deletes_io_queues_first_and_their_commands_end_once() {
+    let m = ModelController::new(config_one_ns(4096, 256));
+    let c = open(&m, opts());
+    let mut a = c.io_queue_pair(qp_opts(60_000)).unwrap();
+    let mut b = c.io_queue_pair(qp_opts(60_000)).unwrap();
+    m.inject(Fault::DelayCompletion {
+        on: Match::Queue(a.qid()),
+        doorbells: None,
+    });
+    a.submit(read_cmd(1), Some(c.alloc_dma(4096).unwrap()), 7)
+        .unwrap();
+    assert_eq!(m.delayed_completions(), 1);
+    let from = m.commands_seen().len();
+    c.reset().unwrap();
+    let ops = admin_opcodes_since(&m, from);
+    assert_eq!(
+        &ops[..5],
+        &[
+            DELETE_IO_SQ,
+            DELETE_IO_SQ,
+            DELETE_IO_CQ,
+            DELETE_IO_CQ,
+            IDENTIFY
+        ],
+        "admin commands of the reset: {ops:02x?}"
+    );
+    assert_eq!(m.delayed_completions(), 0, "the SQ deletion ended it");
+    let done = collect(&mut a, 1);
+    assert_eq!(done[0].tag, 7);
+    assert_eq!(done[0].result, Err(IoError::ControllerReset));
+    assert!(done[0].buffer.is_some());
+    let mut late = 0;
+    a.process_completions(u32::MAX, |_| late += 1).unwrap();
+    assert_eq!(late, 0, "exactly once");
+    for qp in [&mut a, &mut b] {
+        qp.read_blocking(1, 2, 1, c.alloc_dma(4096).unwrap(), T)
+            .unwrap();
+    }
+    drop((a, b));
+    assert_clean(&m);
+}
+
+/// A pair that reaps a completion with Command Aborted due to SQ Deletion
+/// (what a reset's deletion posts while another thread still polls) reports
+/// it as ControllerReset, like the commands the reset itself ends.
+#[test]
+fn completion_aborted_by_sq_deletion_reads_as_controller_reset() {
+    let m = ModelController::new(config_one_ns(4096, 256));
+    let c = open(&m, opts());
+    let mut qp = c.io_queue_pair(qp_opts(60_000)).unwrap();
+    m.inject(Fault::DropCompletion(Match::Queue(qp.qid())));
+    qp.submit(read_cmd(4), Some(c.alloc_dma(4096).unwrap()), 21)
+        .unwrap();
+    let &(sqid, _, cid) = m.commands_seen().last().unwrap();
+    assert_eq!(sqid, qp.qid());
+    // DW2: SQ head 1 (one command fetched), SQ id; DW3: CID, status SCT 0h /
+    // SC 08h (Command Aborted due to SQ Deletion).
+    let dw2 = 1 | (u32::from(sqid) << 16);
+    let dw3 = u32::from(cid) | (0x08 << 17);
+    assert!(m.post_raw_completion(qp.qid(), [0, 0, dw2, dw3]));
+    let done = collect(&mut qp, 1);
+    assert_eq!(done[0].tag, 21);
+    assert_eq!(done[0].result, Err(IoError::ControllerReset));
+    assert!(done[0].buffer.is_some());
+    qp.read_blocking(1, 4, 1, c.alloc_dma(4096).unwrap(), T)
+        .unwrap();
+    drop(qp);
+    assert_clean(&m);
+}
+
+/// A controller that never answers Delete I/O Submission Queue is disabled
+/// after one admin timeout: the reset neither hangs nor fails, sends no
+/// further deletion, and the pair works afterwards.
+#[test]
+fn reset_does_not_wait_forever_for_a_deletion() {
+    let m = ModelController::new(config_one_ns(4096, 256));
+    let options = upnvme::ControllerOptions {
+        admin_timeout: Some(Duration::from_millis(200)),
+        ..opts()
+    };
+    let c = open(&m, options);
+    let mut qp = c.io_queue_pair(qp_opts(60_000)).unwrap();
+    m.inject(Fault::DelayCompletion {
+        on: Match::Queue(qp.qid()),
+        doorbells: None,
+    });
+    qp.submit(read_cmd(5), Some(c.alloc_dma(4096).unwrap()), 3)
+        .unwrap();
+    m.inject(Fault::DropCompletion(Match::Opcode {
+        qid: 0,
+        opcode: DELETE_IO_SQ,
+    }));
+    let from = m.commands_seen().len();
+    let start = Instant::now();
+    c.reset().unwrap();
+    assert!(start.elapsed() < T, "bounded by the admin timeout");
+    let ops = admin_opcodes_since(&m, from);
+    assert_eq!(&ops[..2], &[DELETE_IO_SQ, IDENTIFY], "{ops:02x?}");
+    let done = collect(&mut qp, 1);
+    assert_eq!(done[0].result, Err(IoError::ControllerReset));
+    assert!(done[0].buffer.is_some());
+    qp.read_blocking(1, 5, 1, c.alloc_dma(4096).unwrap(), T)
+        .unwrap();
+    drop(qp);
+    assert_clean(&m);
+}
+
+/// A fatally failed controller (CSTS.CFS) gets no admin commands before the
+/// reset's CC.EN = 0: it would not answer them.
+#[test]
+fn reset_of_a_fatal_controller_deletes_nothing_first() {
+    let m = ModelController::new(config_one_ns(4096, 256));
+    let c = open(&m, opts());
+    let mut qp = c.io_queue_pair(qp_opts(60_000)).unwrap();
+    m.set_fatal();
+    let from = m.commands_seen().len();
+    let start = Instant::now();
+    c.reset().unwrap();
+    assert!(start.elapsed() < T);
+    let ops = admin_opcodes_since(&m, from);
+    assert_eq!(ops.first(), Some(&IDENTIFY), "{ops:02x?}");
+    qp.read_blocking(1, 6, 1, c.alloc_dma(4096).unwrap(), T)
+        .unwrap();
+    drop(qp);
+    assert_clean(&m);
+}

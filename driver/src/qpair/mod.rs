@@ -41,6 +41,7 @@ use upnvme_dma::DmaBuffer;
 use upnvme_queues::prp::{build_contiguous, list_pages};
 use upnvme_queues::regs::{cq_head_doorbell, sq_tail_doorbell};
 use upnvme_queues::shadow::{cq_head_offset, sq_tail_offset};
+use upnvme_queues::status::sc::generic as sc;
 use upnvme_queues::{CidTable, CqRing, Cqe, SqRing, Sqe};
 
 pub use command::{Completion, IoCommand, IoError, IoFailure};
@@ -951,9 +952,20 @@ impl<D: Device> IoQueuePair<D> {
             let status = cqe.status();
             let result = if status.is_success() {
                 Ok(dw0)
-            } else if t.aborted && status.sct() == 0 && status.sc() == 0x07 {
+            } else if t.aborted && status.sct() == 0 && status.sc() == sc::ABORT_REQUESTED {
                 // Command Abort Requested, after our timeout's Abort.
                 Err(IoError::TimedOut)
+            } else if status.sct() == 0 && status.sc() == sc::ABORTED_SQ_DELETION {
+                // Only a reset or a close deletes an SQ under a live pair
+                // (`Inner::delete_io_queues`): the same ending as the commands
+                // the reset finds still in flight.
+                Err(if self.ctrl.is_closed() {
+                    IoError::ControllerFailed
+                } else if t.aborted {
+                    IoError::TimedOut
+                } else {
+                    IoError::ControllerReset
+                })
             } else {
                 Err(IoError::Status(status))
             };
