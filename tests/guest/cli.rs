@@ -3,7 +3,8 @@
 //! refusals), `list`, `identify` (fields equal the VM options), `smart-log`,
 //! `read`/`write` byte-exact through files, `perf` with and without each
 //! option (text, `--json` with the documented fields, `--histogram-csv`),
-//! `--verify` finding no mismatch, and bad input answered with its exact text
+//! `--verify` finding no mismatch, SIGINT/SIGTERM ending a run early with its
+//! report and a clean shutdown, and bad input answered with its exact text
 //! and exit status 2 before any I/O.
 //!
 //! Tests that move a controller between drivers or change hugepages put the
@@ -11,7 +12,7 @@
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -772,6 +773,7 @@ fn perf_json(extra: &[&str]) -> Value {
 fn assert_documented_fields(v: &Value) {
     for k in [
         "device",
+        "interrupted",
         "model",
         "workload",
         "read_percent",
@@ -1054,6 +1056,63 @@ fn perf_runs_with_and_without_each_option() {
         "perf", "-d", &dev, "-t", "1", "--warmup", "0", "-q", "4",
     ]));
     assert!(out.contains("Total"), "{out}");
+}
+
+/// A first SIGINT or SIGTERM ends `perf` early but cleanly: the report
+/// covers what ran, the controller is shut down (it opens again), and the
+/// exit status is 128 + the signal.
+#[test]
+fn perf_reports_and_shuts_down_when_interrupted() {
+    let dev = device();
+    for (sig, code, json) in [("INT", 130, false), ("TERM", 143, true)] {
+        let mut args = vec!["perf", "-d", &dev, "-q", "8", "-t", "60", "--warmup", "0"];
+        if json {
+            args.push("--json");
+        }
+        let child = Command::new("upnvme")
+            .args(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("upnvme is on the guest's PATH");
+        // Well past bring-up: the handlers are installed before the device opens.
+        std::thread::sleep(Duration::from_secs(2));
+        let pid = child.id().to_string();
+        let kill = Command::new("kill")
+            .args(["-s", sig, &pid])
+            .status()
+            .unwrap();
+        assert!(kill.success());
+        // Collect the output on another thread (the JSON document is larger
+        // than a pipe buffer), with a deadline.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || tx.send(child.wait_with_output()));
+        let o = match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(o) => o.unwrap(),
+            Err(_) => {
+                let _ = Command::new("kill").args(["-9", &pid]).status();
+                panic!("perf did not end within 30 s of SIG{sig}");
+            }
+        };
+        let err = fails(&o, code);
+        assert!(err.contains(&format!("interrupted by SIG{sig}")), "{err}");
+        if json {
+            let v: Value = serde_json::from_slice(&o.stdout).expect("one JSON document");
+            assert_eq!(v["interrupted"], format!("SIG{sig}"));
+            assert!(v["total"]["ios"].as_u64().unwrap() > 0, "{v}");
+            assert_eq!(v["total"]["errors"], 0);
+            assert!(v["jobs"][0]["seconds"].as_f64().unwrap() < 30.0);
+        } else {
+            let out = stdout(&o);
+            assert!(
+                out.contains(&format!("interrupted by SIG{sig} after")),
+                "{out}"
+            );
+            assert!(out.contains("Total"), "{out}");
+        }
+    }
+    // Shut down cleanly: the controller opens again at once.
+    ok(&upnvme(&["identify", "-d", &dev]));
 }
 
 #[test]

@@ -268,10 +268,13 @@ impl std::fmt::Display for VerifyFailed {
 impl std::error::Error for VerifyFailed {}
 
 /// The exit status of a failed run: 2 for bad input found before any I/O
-/// (`perf`'s checks), 1 for everything else.
+/// (`perf`'s checks), 128 + the signal for a `perf` run a signal cut short
+/// (after its report), 1 for everything else.
 fn exit_status(e: &anyhow::Error) -> u8 {
     if e.downcast_ref::<perf::UsageError>().is_some() {
         2
+    } else if let Some(perf::Interrupted(sig)) = e.downcast_ref::<perf::Interrupted>() {
+        (128 + sig) as u8
     } else {
         1
     }

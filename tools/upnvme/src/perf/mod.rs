@@ -3,6 +3,7 @@
 //! submission to the reap of the completion), with fio-like readability.
 
 pub mod args;
+mod interrupt;
 pub mod plan;
 mod report;
 mod worker;
@@ -17,6 +18,7 @@ use upnvme::dma::tsc;
 use upnvme::{Controller, ControllerOptions, CqHeadPolicy, PageBacking, QueuePairOptions};
 
 pub use args::PerfArgs;
+pub use interrupt::Interrupted;
 pub use plan::UsageError;
 use plan::{DeviceFacts, check_args, validate};
 use worker::{JobResult, WorkerPlan};
@@ -35,6 +37,9 @@ pub fn run(a: PerfArgs) -> Result<bool> {
     // Checks that need no device come before opening it.
     let present = cores_present();
     check_args(&a, &present)?;
+    // From here on a first SIGINT/SIGTERM ends the run early but cleanly.
+    let stop = Arc::new(AtomicBool::new(false));
+    let interrupt = interrupt::Interrupt::watch(&stop)?;
 
     let addr = match &a.device {
         Some(d) => d.clone(),
@@ -81,7 +86,6 @@ pub fn run(a: PerfArgs) -> Result<bool> {
         ..Default::default()
     };
     let ctrl = Arc::new(ctrl);
-    let stop = Arc::new(AtomicBool::new(false));
     let mut handles = Vec::new();
     let mut progress = Vec::new();
     for (index, &core) in cores.iter().enumerate() {
@@ -158,7 +162,9 @@ pub fn run(a: PerfArgs) -> Result<bool> {
     } else {
         None
     };
+    let interrupted = interrupt.signal();
     let info = report::RunInfo {
+        interrupted: interrupted.map(interrupt::name),
         device: addr.clone(),
         model: ctrl.identify().mn.clone(),
         workload: a.workload.name(),
@@ -208,6 +214,9 @@ pub fn run(a: PerfArgs) -> Result<bool> {
     }
     if errors > 0 {
         return Err(anyhow!("{errors} I/Os completed with an error status"));
+    }
+    if let Some(sig) = interrupted {
+        return Err(anyhow!(Interrupted(sig)));
     }
     Ok(mismatches.unwrap_or(0) == 0)
 }

@@ -16,6 +16,8 @@ pub const PERCENTILES: [f64; 8] = [1.0, 10.0, 50.0, 90.0, 99.0, 99.9, 99.99, 99.
 
 /// The run's parameters, for headers and JSON.
 pub struct RunInfo {
+    /// The signal that ended the run early ("SIGINT", "SIGTERM"), if any.
+    pub interrupted: Option<String>,
     /// Controller address.
     pub device: String,
     /// Model number.
@@ -111,6 +113,12 @@ pub fn text(info: &RunInfo, jobs: &[JobResult], latency: u8, transport: bool) ->
         info.cq_policy,
         if info.ring_per_io { "I/O" } else { "batch" }
     )?;
+    if let Some(sig) = &info.interrupted {
+        writeln!(
+            o,
+            "interrupted by {sig} after {secs:.1} s of measurement: the figures cover that time"
+        )?;
+    }
     writeln!(
         o,
         "========================================================"
@@ -311,6 +319,7 @@ pub fn json_doc(info: &RunInfo, jobs: &[JobResult], mismatches: Option<u64>) -> 
         .collect();
     Ok(json!({
         "device": info.device,
+        "interrupted": info.interrupted,
         "model": info.model,
         "workload": info.workload,
         "read_percent": info.read_percent,

@@ -297,7 +297,7 @@ pub fn run(
             total_done += ios;
             for c in done.drain(..) {
                 let more = match plan.io_count {
-                    Some(n) => job.submitted < n,
+                    Some(n) => job.submitted < n && !time_up,
                     None => !time_up,
                 };
                 if let (true, Some(buf)) = (more, c.buffer) {
@@ -307,7 +307,9 @@ pub fn run(
             // One SQ doorbell for everything resubmitted from this batch.
             job.qp.ring();
             job.done = done;
-            if job.in_flight > 0 || (count_mode && job.submitted < plan.io_count.unwrap_or(0)) {
+            if job.in_flight > 0
+                || (count_mode && !time_up && job.submitted < plan.io_count.unwrap_or(0))
+            {
                 finished = false;
             }
         }
