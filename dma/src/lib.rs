@@ -29,6 +29,7 @@ pub mod iova;
 pub mod memory;
 pub mod mmio;
 pub mod pci;
+pub mod sigbus;
 pub mod tsc;
 pub mod vfio;
 

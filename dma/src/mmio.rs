@@ -57,6 +57,9 @@ impl Bar {
             address: what.to_string(),
             reason: "mmap returned null".into(),
         })?;
+        // A revoked mapping (surprise removal) then reads all ones instead of
+        // raising SIGBUS; see sigbus.rs.
+        crate::sigbus::watch(ptr.as_ptr(), len);
         Ok(Bar { ptr, len })
     }
 
@@ -127,8 +130,10 @@ impl Bar {
 
 impl Drop for Bar {
     fn drop(&mut self) {
-        // SAFETY: unmaps exactly the mapping created in `map`; no reference into
-        // it exists.
+        crate::sigbus::unwatch(self.ptr.as_ptr());
+        // SAFETY: unmaps exactly the mapping created in `map` (or the all-ones
+        // memory the SIGBUS handler put in its place); no reference into it
+        // exists.
         unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
     }
 }

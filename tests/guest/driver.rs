@@ -243,3 +243,44 @@ fn missing_hugepages_are_explained() {
     c.smart_log().unwrap();
     c.close().unwrap();
 }
+
+/// A BAR the kernel revokes under a running driver (as on surprise removal:
+/// here by clearing PCI Command.MSE through VFIO, which makes vfio-pci zap
+/// the BAR mapping) must read as a vanished device, not kill the process
+/// with SIGBUS: the driver's handler maps all-ones memory over the BAR, and
+/// the driver reports `ControllerGone`. The controller opens again afterwards
+/// (vfio-pci re-enables memory decoding when the device is opened).
+#[test]
+fn revoked_bar_reads_as_gone_instead_of_sigbus() {
+    let addr = devices().into_iter().next().expect("a device");
+    let c = open(&addr);
+    let mut qp = c
+        .io_queue_pair(upnvme::QueuePairOptions::default())
+        .unwrap();
+    let buf = c.alloc_dma(4096).unwrap();
+    let buf = qp
+        .read_blocking(1, 0, 1, buf, Duration::from_secs(10))
+        .unwrap();
+    let before = upnvme::dma::sigbus::revoked_accesses();
+    let vfio = c.device().vfio();
+    let cmd = vfio.config_read16(0x04).unwrap();
+    vfio.config_write16(0x04, cmd & !0x0002).unwrap(); // Command.MSE = 0
+    let e = qp
+        .read_blocking(1, 0, 1, buf, Duration::from_secs(10))
+        .unwrap_err();
+    assert!(
+        matches!(e.error, Error::ControllerGone { .. }),
+        "want ControllerGone, got {e}"
+    );
+    assert!(
+        upnvme::dma::sigbus::revoked_accesses() > before,
+        "the access faulted and was answered with all ones"
+    );
+    let r = c.reset();
+    assert!(matches!(r, Err(Error::ControllerGone { .. })), "{r:?}");
+    drop(qp);
+    drop(c);
+    let c = open(&addr);
+    assert!(!c.identify().sn.is_empty());
+    c.close().unwrap();
+}
