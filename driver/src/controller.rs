@@ -841,6 +841,19 @@ pub(crate) fn wait_csts<D: Device>(
     what: &str,
     done: impl Fn(Csts) -> bool,
 ) -> Result<()> {
+    poll_csts(dev, name, timeout, what, true, done)
+}
+
+/// [`wait_csts`], with CSTS.CFS ending the wait as `ControllerFatal` only
+/// when `cfs_is_fatal`.
+fn poll_csts<D: Device>(
+    dev: &D,
+    name: &str,
+    timeout: Duration,
+    what: &str,
+    cfs_is_fatal: bool,
+    done: impl Fn(Csts) -> bool,
+) -> Result<()> {
     let start = Instant::now();
     let mut reads = 0u32;
     loop {
@@ -853,7 +866,7 @@ pub(crate) fn wait_csts<D: Device>(
         if done(csts) {
             return Ok(());
         }
-        if csts.cfs() {
+        if cfs_is_fatal && csts.cfs() {
             return Err(Error::ControllerFatal {
                 device: name.to_string(),
             });
@@ -892,36 +905,15 @@ pub(crate) fn disable<D: Device>(dev: &D, name: &str, timeout: Duration) -> Resu
     if cc.en() {
         dev.write32(REG_CC, cc.with_en(false).with_shn(Cc::SHN_NONE).0);
     }
-    wait_csts(dev, name, timeout, "CSTS.RDY = 0 after CC.EN = 0", |c| {
-        !c.rdy() || c.cfs()
-    })
-    .and_then(|()| {
-        // CFS with RDY still 1 after the timeout-free check: wait for RDY only.
-        wait_csts_ignoring_cfs(dev, name, timeout)
-    })
-}
-
-fn wait_csts_ignoring_cfs<D: Device>(dev: &D, name: &str, timeout: Duration) -> Result<()> {
-    let start = Instant::now();
-    loop {
-        let csts = Csts(dev.read32(REG_CSTS));
-        if csts.is_all_ones() {
-            return Err(Error::ControllerGone {
-                device: name.to_string(),
-            });
-        }
-        if !csts.rdy() {
-            return Ok(());
-        }
-        let waited = start.elapsed();
-        if waited >= timeout {
-            return Err(Error::Timeout {
-                what: format!("CSTS.RDY = 0 after CC.EN = 0 on {name}"),
-                after: waited,
-            });
-        }
-        std::thread::sleep(Duration::from_micros(100));
-    }
+    // CFS does not end this wait: a fatally failed controller still clears RDY.
+    poll_csts(
+        dev,
+        name,
+        timeout,
+        "CSTS.RDY = 0 after CC.EN = 0",
+        false,
+        |c| !c.rdy(),
+    )
 }
 
 /// The transfer limit MDTS encodes (2^MDTS units of CAP.MPSMIN pages), `None`
