@@ -73,17 +73,28 @@ impl std::error::Error for CidError {}
 /// Fixed table of tracker slots with per-slot generations and an O(1) free
 /// list. All memory is allocated in [`CidTable::new`]; `alloc`, `complete`
 /// and `cancel` never allocate.
+///
+/// Each slot keeps the CID in flight in it (or [`FREE`]) and the CID it hands
+/// out next, so allocation is a pop and a copy, and checking a completion is
+/// one load and one compare; the generation is the CID's upper bits.
 #[derive(Clone, Debug)]
 pub struct CidTable {
-    slot_bits: u32,
-    slot_mask: u16,
-    gen_mask: u16,
-    /// Generation per slot (already masked to the generation width).
-    generation: Vec<u16>,
-    in_flight: Vec<bool>,
+    slots: Box<[Slot]>,
     /// Stack of free slot indices; capacity == slots, so pushes never reallocate.
     free: Vec<u16>,
+    slot_mask: u16,
+    slot_bits: u32,
 }
+
+/// A slot's CIDs: `cid` in flight (or [`FREE`]) and the `next` one to hand out.
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    cid: u16,
+    next: u16,
+}
+
+/// `Slot::cid` of a free slot: 0xFFFF, the one value never handed out.
+const FREE: u16 = 0xffff;
 
 impl CidTable {
     /// A table of `slots` slots, all free, all at generation 0. `slots` is
@@ -96,22 +107,21 @@ impl CidTable {
             16 - (slots - 1).leading_zeros()
         };
         let slot_mask = ((1u32 << slot_bits) - 1) as u16;
-        let gen_mask = ((1u32 << (16 - slot_bits)) - 1) as u16;
         // Pop order: slot 0 first.
         let free: Vec<u16> = (0..slots).rev().collect();
         CidTable {
-            slot_bits,
-            slot_mask,
-            gen_mask,
-            generation: vec![0; usize::from(slots)],
-            in_flight: vec![false; usize::from(slots)],
+            // Generation 0: the CID is the slot index (never 0xFFFF, as
+            // slots <= 4096).
+            slots: (0..slots).map(|i| Slot { cid: FREE, next: i }).collect(),
             free,
+            slot_mask,
+            slot_bits,
         }
     }
 
     /// Number of slots.
     pub fn slots(&self) -> u16 {
-        self.in_flight.len() as u16
+        self.slots.len() as u16
     }
 
     /// Number of low CID bits that hold the slot index.
@@ -120,8 +130,9 @@ impl CidTable {
     }
 
     /// Number of commands in flight.
+    #[inline]
     pub fn in_flight(&self) -> u32 {
-        (self.in_flight.len() - self.free.len()) as u32
+        (self.slots.len() - self.free.len()) as u32
     }
 
     /// The slot index encoded in `cid` (may be out of range for hostile input;
@@ -131,11 +142,15 @@ impl CidTable {
         cid & self.slot_mask
     }
 
+    /// The CID after `cid` in its slot: the generation (upper bits) plus one,
+    /// wrapping, skipping the reserved 0xFFFF.
     #[inline]
-    fn encode(&self, slot: u16, generation: u16) -> u16 {
-        // generation < 2^(16 - slot_bits), so the shift never loses bits that
-        // matter; widen to avoid a shift overflow when slot_bits == 0.
-        ((u32::from(generation) << self.slot_bits) as u16) | slot
+    fn successor(&self, cid: u16) -> u16 {
+        let step = (1u32 << self.slot_bits) as u16;
+        match cid.wrapping_add(step) {
+            FREE => FREE.wrapping_add(step),
+            n => n,
+        }
     }
 
     /// Allocates a free slot and returns its CID, or `None` when every slot is
@@ -143,15 +158,12 @@ impl CidTable {
     #[inline]
     pub fn alloc(&mut self) -> Option<Cid> {
         let slot = self.free.pop()?;
-        let i = usize::from(slot);
-        let mut value = self.encode(slot, self.generation[i]);
-        if value == 0xffff {
-            // Reserved value: skip this generation.
-            self.generation[i] = self.generation[i].wrapping_add(1) & self.gen_mask;
-            value = self.encode(slot, self.generation[i]);
-        }
-        self.in_flight[i] = true;
-        Some(Cid { value, slot })
+        let s = &mut self.slots[usize::from(slot)];
+        s.cid = s.next;
+        Some(Cid {
+            value: s.cid,
+            slot,
+        })
     }
 
     /// Checks that `cid` is the CID of a command in flight, without releasing
@@ -159,23 +171,27 @@ impl CidTable {
     #[inline]
     pub fn validate(&self, cid: u16) -> Result<u16, CidError> {
         let slot = cid & self.slot_mask;
-        let i = usize::from(slot);
-        if i >= self.in_flight.len() {
-            return Err(CidError::UnknownSlot(cid));
+        match self.slots.get(usize::from(slot)) {
+            Some(s) if s.cid == cid && cid != FREE => Ok(slot),
+            found => Err(Self::mismatch(cid, found)),
         }
-        if !self.in_flight[i] {
-            return Err(CidError::NotInFlight(cid));
-        }
-        let expected = self.encode(slot, self.generation[i]);
-        if expected != cid {
-            return Err(CidError::StaleGeneration { cid, expected });
-        }
-        Ok(slot)
     }
 
-    /// Completes the command with `cid`: validates it (see [`CidError`]),
-    /// frees the slot, bumps its generation, and returns the slot index. On
-    /// error the table is unchanged.
+    #[cold]
+    fn mismatch(cid: u16, found: Option<&Slot>) -> CidError {
+        match found {
+            None => CidError::UnknownSlot(cid),
+            Some(s) if s.cid == FREE => CidError::NotInFlight(cid),
+            Some(s) => CidError::StaleGeneration {
+                cid,
+                expected: s.cid,
+            },
+        }
+    }
+
+    /// Completes the command with this CID: checks it (see
+    /// [`CidTable::validate`]), frees its slot and bumps the slot's
+    /// generation. Returns the slot.
     #[inline]
     pub fn complete(&mut self, cid: u16) -> Result<u16, CidError> {
         let slot = self.validate(cid)?;
@@ -183,10 +199,11 @@ impl CidTable {
         Ok(slot)
     }
 
+    #[inline]
     fn release(&mut self, slot: u16) {
         let i = usize::from(slot);
-        self.in_flight[i] = false;
-        self.generation[i] = self.generation[i].wrapping_add(1) & self.gen_mask;
+        let next = self.successor(self.slots[i].cid);
+        self.slots[i] = Slot { cid: FREE, next };
         // Cannot reallocate: at most `slots` entries are ever free.
         self.free.push(slot);
     }
@@ -196,41 +213,38 @@ impl CidTable {
     /// and no DMA can touch its buffers). Bumps the generation, so a late
     /// completion for it would be reported as stale or not in flight.
     pub fn cancel(&mut self, slot: u16) -> Result<(), CidError> {
-        let i = usize::from(slot);
-        if i >= self.in_flight.len() {
-            return Err(CidError::UnknownSlot(slot));
+        match self.slots.get(usize::from(slot)) {
+            None => Err(CidError::UnknownSlot(slot)),
+            Some(s) if s.cid == FREE => Err(CidError::NotInFlight(slot)),
+            Some(_) => {
+                self.release(slot);
+                Ok(())
+            }
         }
-        if !self.in_flight[i] {
-            return Err(CidError::NotInFlight(slot));
-        }
-        self.release(slot);
-        Ok(())
     }
 
     /// True if `slot` has a command in flight.
     pub fn is_in_flight(&self, slot: u16) -> bool {
-        self.in_flight
+        self.slots
             .get(usize::from(slot))
-            .copied()
-            .unwrap_or(false)
+            .is_some_and(|s| s.cid != FREE)
     }
 
     /// The CID of the command in flight in `slot` (e.g. for an Abort command),
     /// or `None` if the slot is free or out of range.
     pub fn cid_of(&self, slot: u16) -> Option<u16> {
-        if self.is_in_flight(slot) {
-            Some(self.encode(slot, self.generation[usize::from(slot)]))
-        } else {
-            None
-        }
+        self.slots
+            .get(usize::from(slot))
+            .map(|s| s.cid)
+            .filter(|&c| c != FREE)
     }
 
     /// Iterates over the slots that have a command in flight, in slot order.
     pub fn in_flight_slots(&self) -> impl Iterator<Item = u16> + '_ {
-        self.in_flight
+        self.slots
             .iter()
             .enumerate()
-            .filter(|(_, f)| **f)
+            .filter(|(_, s)| s.cid != FREE)
             .map(|(i, _)| i as u16)
     }
 }

@@ -322,6 +322,31 @@ pub struct Prps {
     pub list_len: usize,
 }
 
+/// The I/O fast path of [`plan`] for 4 KiB memory pages (CC.MPS = 0): PRP1
+/// and PRP2 of a transfer that touches one or two pages (NVMe 2.0 §4.3.1:
+/// PRP2 is 0 for one page, the second page's address for two), or `None`
+/// when it needs a PRP List or is not a valid transfer (`len` 0, PRP1 not
+/// dword aligned, or the last byte beyond the address space) — then use
+/// [`build_contiguous`], which says why.
+#[inline]
+pub fn prp_pair_4k(first_iova: u64, len: usize) -> Option<(u64, u64)> {
+    const PS: u64 = 4096;
+    let end = (first_iova & (PS - 1)).checked_add(len as u64)?;
+    if len == 0
+        || first_iova & 3 != 0
+        || end > 2 * PS
+        || first_iova.checked_add(len as u64 - 1).is_none()
+    {
+        return None;
+    }
+    let prp2 = if end > PS {
+        (first_iova & !(PS - 1)) + PS
+    } else {
+        0
+    };
+    Some((first_iova, prp2))
+}
+
 /// Plans and builds PRPs for an IOVA-contiguous buffer in one step: PRP1 and
 /// PRP2 for the command, and the PRP List (if any) written into `list` (see
 /// [`build_list`] for `list` and `list_page_iova`).

@@ -8,7 +8,7 @@ use proptest::prelude::*;
 use std::collections::HashMap;
 use upnvme_queues::prp::{
     self, PrpError, PrpLayout, PrpSegment, build_contiguous, build_list, decode, list_pages,
-    list_slots, plan, prp_pages,
+    list_slots, plan, prp_pages, prp_pair_4k,
 };
 
 fn page_size() -> impl Strategy<Value = usize> {
@@ -159,4 +159,23 @@ fn list_too_small_is_reported() {
         0x100_0000 + i as u64 * 4096
     });
     assert_eq!(r, Err(PrpError::ListTooSmall { available: 3 }));
+}
+
+proptest! {
+    #![proptest_config(common::config(2048))]
+
+    /// The 4 KiB fast path agrees with `plan` wherever it answers, and
+    /// answers for every valid one- or two-page transfer.
+    #[test]
+    fn prp_pair_4k_agrees_with_plan(
+        iova in prop_oneof![0u64..0x10_0000, (u64::MAX - 0x3000)..=u64::MAX],
+        len in 0usize..0x3000,
+    ) {
+        let fast = prp_pair_4k(iova, len);
+        match plan(iova, len, 4096) {
+            Ok(PrpLayout::One { prp1 }) => prop_assert_eq!(fast, Some((prp1, 0))),
+            Ok(PrpLayout::Two { prp1, prp2 }) => prop_assert_eq!(fast, Some((prp1, prp2))),
+            Ok(PrpLayout::List { .. }) | Err(_) => prop_assert_eq!(fast, None),
+        }
+    }
 }

@@ -38,7 +38,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use upnvme_dma::DmaBuffer;
-use upnvme_queues::prp::{build_contiguous, list_pages};
+use upnvme_queues::prp::{build_contiguous, list_pages, prp_pair_4k};
 use upnvme_queues::regs::{cq_head_doorbell, sq_tail_doorbell};
 use upnvme_queues::shadow::{cq_head_offset, sq_tail_offset};
 use upnvme_queues::status::sc::generic as sc;
@@ -55,6 +55,8 @@ use crate::error::{Error, Result};
 
 /// NVMe memory page size used by the driver (CC.MPS = 0).
 const PAGE: usize = 4096;
+// `prp_pair_4k` is the fast path for this memory page size (CC.MPS = 0).
+const _: () = assert!(PAGE == 4096);
 const SQE_BYTES: usize = 64;
 const CQE_BYTES: usize = 16;
 /// Largest transfer per command the queue pair accepts, whatever MDTS allows
@@ -562,7 +564,8 @@ impl<D: Device> IoQueuePair<D> {
         }
         self.check_usable()?;
         let ns = self.ns(cmd.nsid())?;
-        let mut sqe = match cmd {
+        // The SQE, and for data commands the buffer and transfer length.
+        let (mut sqe, data) = match cmd {
             IoCommand::Read { slba, blocks, .. }
             | IoCommand::Write { slba, blocks, .. }
             | IoCommand::Compare { slba, blocks, .. } => {
@@ -588,13 +591,14 @@ impl<D: Device> IoQueuePair<D> {
                         self.max_transfer
                     )));
                 }
-                match cmd {
+                let sqe = match cmd {
                     IoCommand::Read { .. } => Sqe::read(ns.nsid, slba, blocks),
                     IoCommand::Write { .. } => Sqe::write(ns.nsid, slba, blocks),
                     _ => Sqe::compare(ns.nsid, slba, blocks),
-                }
+                };
+                (sqe, Some((buf, bytes)))
             }
-            IoCommand::Flush { .. } => Sqe::flush(ns.nsid),
+            IoCommand::Flush { .. } => (Sqe::flush(ns.nsid), None),
             IoCommand::WriteZeroes {
                 slba,
                 blocks,
@@ -607,7 +611,7 @@ impl<D: Device> IoQueuePair<D> {
                         "Write Zeroes of {blocks} blocks: at most 65536 per command"
                     )));
                 }
-                Sqe::write_zeroes(ns.nsid, slba, blocks, deallocate)
+                (Sqe::write_zeroes(ns.nsid, slba, blocks, deallocate), None)
             }
             IoCommand::Deallocate { ranges, .. } => {
                 if ranges.is_empty() || ranges.len() > MAX_DSM_RANGES {
@@ -619,7 +623,10 @@ impl<D: Device> IoQueuePair<D> {
                 for r in ranges {
                     self.check_range(&ns, r.slba, r.nlb)?;
                 }
-                Sqe::dataset_management(ns.nsid, ranges.len() as u32, true)
+                (
+                    Sqe::dataset_management(ns.nsid, ranges.len() as u32, true),
+                    None,
+                )
             }
         };
         // Completions waiting in `ready` count against the depth too, so that
@@ -629,12 +636,12 @@ impl<D: Device> IoQueuePair<D> {
         {
             return Err(Error::QueueFull { qid: self.qid });
         }
-        let cid = self
-            .cids
-            .alloc()
-            .ok_or(Error::QueueFull { qid: self.qid })?;
+        // Not `ok_or`: building (and dropping) the error on every I/O costs.
+        let Some(cid) = self.cids.alloc() else {
+            return Err(Error::QueueFull { qid: self.qid });
+        };
         sqe.set_cid(cid.value);
-        if let Err(e) = self.place_data(&cmd, &ns, buffer, cid.slot, &mut sqe) {
+        if let Err(e) = self.place_data(&cmd, data, cid.slot, &mut sqe) {
             let _ = self.cids.cancel(cid.slot);
             return Err(e);
         }
@@ -666,39 +673,35 @@ impl<D: Device> IoQueuePair<D> {
     fn place_data(
         &mut self,
         cmd: &IoCommand<'_>,
-        ns: &NsInfo,
-        buffer: Option<&DmaBuffer>,
+        data: Option<(&DmaBuffer, usize)>,
         slot: u16,
         sqe: &mut Sqe,
     ) -> Result<()> {
-        let list_base = slot as usize * self.list_pages_per_slot * PAGE;
-        match *cmd {
-            IoCommand::Read { blocks, .. }
-            | IoCommand::Write { blocks, .. }
-            | IoCommand::Compare { blocks, .. } => {
-                let Some(buf) = buffer else {
-                    return Err(Error::InvalidArgument("missing data buffer".into()));
-                };
-                let bytes = (blocks as usize) << ns.lba_shift;
-                let list_iova = self.prp_lists.iova() + list_base as u64;
-                let prps = build_contiguous(buf.iova(), bytes, PAGE, &mut self.prp_scratch, |i| {
-                    list_iova + (i * PAGE) as u64
-                })
-                .map_err(|e| Error::InvalidArgument(format!("PRP: {e}")))?;
-                for (i, entry) in self.prp_scratch[..prps.list_len].iter().enumerate() {
-                    self.prp_lists.write_u64(list_base + i * 8, *entry)?;
-                }
-                sqe.set_prp1(prps.prp1);
-                sqe.set_prp2(prps.prp2);
+        if let Some((buf, bytes)) = data {
+            if let Some((prp1, prp2)) = prp_pair_4k(buf.iova(), bytes) {
+                // One or two pages (every 4 KiB I/O): no PRP List.
+                sqe.set_prp1(prp1);
+                sqe.set_prp2(prp2);
+                return Ok(());
             }
-            IoCommand::Deallocate { ranges, .. } => {
-                for (i, r) in ranges.iter().enumerate() {
-                    self.prp_lists
-                        .write_bytes(list_base + i * 16, &r.to_le_bytes())?;
-                }
-                sqe.set_prp1(self.prp_lists.iova() + list_base as u64);
+            let list_base = slot as usize * self.list_pages_per_slot * PAGE;
+            let list_iova = self.prp_lists.iova() + list_base as u64;
+            let prps = build_contiguous(buf.iova(), bytes, PAGE, &mut self.prp_scratch, |i| {
+                list_iova + (i * PAGE) as u64
+            })
+            .map_err(|e| Error::InvalidArgument(format!("PRP: {e}")))?;
+            for (i, entry) in self.prp_scratch[..prps.list_len].iter().enumerate() {
+                self.prp_lists.write_u64(list_base + i * 8, *entry)?;
             }
-            IoCommand::Flush { .. } | IoCommand::WriteZeroes { .. } => {}
+            sqe.set_prp1(prps.prp1);
+            sqe.set_prp2(prps.prp2);
+        } else if let IoCommand::Deallocate { ranges, .. } = *cmd {
+            let list_base = slot as usize * self.list_pages_per_slot * PAGE;
+            for (i, r) in ranges.iter().enumerate() {
+                self.prp_lists
+                    .write_bytes(list_base + i * 16, &r.to_le_bytes())?;
+            }
+            sqe.set_prp1(self.prp_lists.iova() + list_base as u64);
         }
         Ok(())
     }
