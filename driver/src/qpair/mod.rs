@@ -944,12 +944,8 @@ impl<D: Device> IoQueuePair<D> {
             let cqe = Cqe {
                 dw: [dw0, 0, dw2, dw3],
             };
-            let slot = match self.validate(&cqe) {
-                Ok(slot) => slot,
-                Err(e) => {
-                    self.failed = true;
-                    return Err(e);
-                }
+            let Some(slot) = self.validate(&cqe) else {
+                return Err(self.bad_completion(&cqe));
             };
             let t = &mut self.trackers[slot as usize];
             let status = cqe.status();
@@ -993,24 +989,40 @@ impl<D: Device> IoQueuePair<D> {
         Ok(n)
     }
 
-    /// Checks a CQE against what we submitted; returns its tracker slot.
-    #[inline]
-    fn validate(&mut self, cqe: &Cqe) -> Result<u16> {
-        if cqe.sqid() != self.qid {
-            return Err(self.ctrl.fault(format!(
+    /// Checks a CQE against what we submitted; returns its tracker slot, or
+    /// `None` for a protocol violation (the pair is then failed, see
+    /// [`IoQueuePair::bad_completion`]).
+    #[inline(always)]
+    fn validate(&mut self, cqe: &Cqe) -> Option<u16> {
+        if cqe.sqid() != self.qid || self.sq_ring.update_head(cqe.sqhd()).is_err() {
+            return None;
+        }
+        self.cids.complete(cqe.cid()).ok()
+    }
+
+    /// The DeviceFault for a CQE [`IoQueuePair::validate`] refused (checked
+    /// again here, off the hot path, to say what was wrong); fails the
+    /// controller.
+    #[cold]
+    #[inline(never)]
+    fn bad_completion(&mut self, cqe: &Cqe) -> Error {
+        self.failed = true;
+        let what = if cqe.sqid() != self.qid {
+            format!(
                 "completion on CQ {} names SQ {} (cid 0x{:04x})",
                 self.qid,
                 cqe.sqid(),
                 cqe.cid()
-            )));
-        }
-        if let Err(e) = self.sq_ring.update_head(cqe.sqhd()) {
-            return Err(self.ctrl.fault(format!("queue {}: {e}", self.qid)));
-        }
-        match self.cids.complete(cqe.cid()) {
-            Ok(slot) => Ok(slot),
-            Err(e) => Err(self.ctrl.fault(format!("queue {}: {e}", self.qid))),
-        }
+            )
+        } else if let Err(e) = self.sq_ring.update_head(cqe.sqhd()) {
+            format!("queue {}: {e}", self.qid)
+        } else {
+            match self.cids.validate(cqe.cid()) {
+                Err(e) => format!("queue {}: {e}", self.qid),
+                Ok(_) => format!("queue {}: completion refused (cid 0x{:04x})", self.qid, cqe.cid()),
+            }
+        };
+        self.ctrl.fault(what)
     }
 
     /// Writes the CQ head doorbell if it is due (see doorbell.rs).
