@@ -160,10 +160,7 @@ impl CidTable {
         let slot = self.free.pop()?;
         let s = &mut self.slots[usize::from(slot)];
         s.cid = s.next;
-        Some(Cid {
-            value: s.cid,
-            slot,
-        })
+        Some(Cid { value: s.cid, slot })
     }
 
     /// Checks that `cid` is the CID of a command in flight, without releasing

@@ -1064,8 +1064,15 @@ fn perf_runs_with_and_without_each_option() {
 #[test]
 fn perf_reports_and_shuts_down_when_interrupted() {
     let dev = device();
-    for (sig, code, json) in [("INT", 130, false), ("TERM", 143, true)] {
-        let mut args = vec!["perf", "-d", &dev, "-q", "8", "-t", "60", "--warmup", "0"];
+    // (signal, exit status, --json, --warmup)
+    for (sig, code, json, warmup) in [
+        ("INT", 130, false, "0"),
+        ("TERM", 143, true, "0"),
+        ("INT", 130, false, "60"),
+    ] {
+        let mut args = vec![
+            "perf", "-d", &dev, "-q", "8", "-t", "60", "--warmup", warmup,
+        ];
         if json {
             args.push("--json");
         }
@@ -1102,6 +1109,14 @@ fn perf_reports_and_shuts_down_when_interrupted() {
             assert!(v["total"]["ios"].as_u64().unwrap() > 0, "{v}");
             assert_eq!(v["total"]["errors"], 0);
             assert!(v["jobs"][0]["seconds"].as_f64().unwrap() < 30.0);
+        } else if warmup != "0" {
+            let out = stdout(&o);
+            assert!(
+                out.contains(&format!(
+                    "interrupted by SIG{sig} during the warm-up: nothing was measured"
+                )),
+                "{out}"
+            );
         } else {
             let out = stdout(&o);
             assert!(

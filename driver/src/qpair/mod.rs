@@ -1019,7 +1019,11 @@ impl<D: Device> IoQueuePair<D> {
         } else {
             match self.cids.validate(cqe.cid()) {
                 Err(e) => format!("queue {}: {e}", self.qid),
-                Ok(_) => format!("queue {}: completion refused (cid 0x{:04x})", self.qid, cqe.cid()),
+                Ok(_) => format!(
+                    "queue {}: completion refused (cid 0x{:04x})",
+                    self.qid,
+                    cqe.cid()
+                ),
             }
         };
         self.ctrl.fault(what)

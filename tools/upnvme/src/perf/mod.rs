@@ -85,6 +85,11 @@ pub fn run(a: PerfArgs) -> Result<bool> {
         cq_head_policy: policy,
         ..Default::default()
     };
+    if let Some(sig) = interrupt.signal() {
+        // Interrupted during bring-up: no I/O at all.
+        drop(ctrl);
+        return Err(anyhow!(Interrupted(sig)));
+    }
     let ctrl = Arc::new(ctrl);
     let mut handles = Vec::new();
     let mut progress = Vec::new();
@@ -212,13 +217,21 @@ pub fn run(a: PerfArgs) -> Result<bool> {
     if let Ok(c) = Arc::try_unwrap(ctrl) {
         c.close()?;
     }
+    // A failure outranks the interruption: exit 1 for errors or mismatches
+    // even when a signal cut the run short.
     if errors > 0 {
         return Err(anyhow!("{errors} I/Os completed with an error status"));
     }
-    if let Some(sig) = interrupted {
+    if mismatches.unwrap_or(0) > 0 {
+        return Ok(false);
+    }
+    // Also a signal that came after the workers stopped (during --verify,
+    // the report or the shutdown): the run finished, the exit status says a
+    // signal asked to stop.
+    if let Some(sig) = interrupt.signal() {
         return Err(anyhow!(Interrupted(sig)));
     }
-    Ok(mismatches.unwrap_or(0) == 0)
+    Ok(true)
 }
 
 /// Reads back every stamped extent and counts blocks that differ.

@@ -113,11 +113,16 @@ pub fn text(info: &RunInfo, jobs: &[JobResult], latency: u8, transport: bool) ->
         info.cq_policy,
         if info.ring_per_io { "I/O" } else { "batch" }
     )?;
-    if let Some(sig) = &info.interrupted {
-        writeln!(
+    match &info.interrupted {
+        Some(sig) if ios == 0 && secs == 0.0 => writeln!(
+            o,
+            "interrupted by {sig} during the warm-up: nothing was measured"
+        )?,
+        Some(sig) => writeln!(
             o,
             "interrupted by {sig} after {secs:.1} s of measurement: the figures cover that time"
-        )?;
+        )?,
+        None => {}
     }
     writeln!(
         o,

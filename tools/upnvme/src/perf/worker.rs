@@ -321,10 +321,21 @@ pub fn run(
         }
     }
     progress.store(total_done, Ordering::Relaxed);
-    let seconds = (rdtsc().saturating_sub(t_measure)) as f64 * ns_per_tick / 1e9;
+    // Stopped (by a signal) before the warm-up ended: nothing was measured.
+    let seconds = if measuring {
+        (rdtsc().saturating_sub(t_measure)) as f64 * ns_per_tick / 1e9
+    } else {
+        0.0
+    };
     Ok(jobs
         .into_iter()
-        .map(|j| {
+        .map(|mut j| {
+            if !measuring {
+                j.hist.reset();
+                j.ios = 0;
+                j.bytes = 0;
+                j.qp.reset_stats();
+            }
             let written = if plan.verify {
                 j.written
                     .iter()
