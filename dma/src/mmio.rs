@@ -16,6 +16,8 @@ use crate::error::DmaError;
 pub struct Bar {
     ptr: NonNull<u8>,
     len: usize,
+    /// Watched by the SIGBUS handler (see sigbus.rs).
+    watched: bool,
 }
 
 // SAFETY: the mapping is owned by this value; all accesses are volatile MMIO
@@ -59,8 +61,8 @@ impl Bar {
         })?;
         // A revoked mapping (surprise removal) then reads all ones instead of
         // raising SIGBUS; see sigbus.rs.
-        crate::sigbus::watch(ptr.as_ptr(), len);
-        Ok(Bar { ptr, len })
+        let watched = crate::sigbus::watch(ptr.as_ptr(), len);
+        Ok(Bar { ptr, len, watched })
     }
 
     /// Size of the mapping in bytes.
@@ -71,6 +73,13 @@ impl Bar {
     /// Always false.
     pub fn is_empty(&self) -> bool {
         self.len == 0
+    }
+
+    /// Whether an access after the kernel revoked this mapping (surprise
+    /// removal) reads all ones instead of raising SIGBUS: true unless the
+    /// SIGBUS handler could not watch it (see [`crate::sigbus`]).
+    pub fn revocation_safe(&self) -> bool {
+        self.watched
     }
 
     #[inline(always)]
@@ -130,7 +139,9 @@ impl Bar {
 
 impl Drop for Bar {
     fn drop(&mut self) {
-        crate::sigbus::unwatch(self.ptr.as_ptr());
+        if self.watched {
+            crate::sigbus::unwatch(self.ptr.as_ptr());
+        }
         // SAFETY: unmaps exactly the mapping created in `map` (or the all-ones
         // memory the SIGBUS handler put in its place); no reference into it
         // exists.

@@ -6,29 +6,55 @@
 //!
 //! A process-wide SIGBUS handler, installed when the first BAR is mapped,
 //! looks up the faulting address among the live BAR mappings. If it lies in
-//! one, the handler maps private anonymous memory filled with all ones over
-//! that whole mapping (`MAP_FIXED`) and returns: the faulting access runs
-//! again and reads all ones (what a PCI master abort reads), later writes land
-//! in that memory, and the driver reports the device as gone
-//! (`ControllerGone`, from an all-ones CSTS) like any other vanished device.
-//! Any other SIGBUS goes to the handler that was installed before, or gets
+//! one, the handler maps a memfd prepared when the BAR was mapped, already
+//! filled with all ones, privately over that whole mapping (`MAP_FIXED`, one
+//! atomic replacement: no thread ever sees anything but the device or all
+//! ones) and returns: the faulting access runs again and reads all ones (what
+//! a PCI master abort reads), later writes land in private copies, and the
+//! driver reports the device as gone (`ControllerGone`, from an all-ones
+//! CSTS) like any other vanished device. Only a kernel-generated fault
+//! (`si_code` BUS_ADRERR, which is what a zapped mapping raises) is handled;
+//! any other SIGBUS goes to the handler that was installed before, or gets
 //! the default action. SPDK handles a removed device the same way.
+//!
+//! Why a fault's address is safe to act on: the kernel raises it on the
+//! faulting thread while that thread is inside a volatile access through a
+//! live `&Bar`, so the mapping cannot be unmapped (`Bar::drop` needs the
+//! `Bar` itself) until the handler returns.
+//!
+//! Watching is best effort: with more than [`SLOTS`] BARs mapped at once, or
+//! when a memfd cannot be made, a BAR is mapped unwatched
+//! ([`crate::Bar::revocation_safe`] says which).
 //!
 //! An application that installs its own SIGBUS handler after opening a
 //! controller replaces this one; it should chain to the previous handler.
 
 use std::ffi::c_void;
 use std::sync::Once;
-use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU64, Ordering};
 
 /// How many BAR mappings can be watched at once.
-const SLOTS: usize = 64;
+pub const SLOTS: usize = 64;
 const PAGE_SHIFT: u32 = 12;
+/// `Slot::region` while a slot is being filled in.
+const CLAIMED: u64 = u64::MAX;
 
-/// Live mappings, one per slot: `(start >> 12) << 28 | (len >> 12)`; 0 = free.
-/// One atomic word per mapping, so the handler never sees half an update.
-static REGIONS: [AtomicU64; SLOTS] = [const { AtomicU64::new(0) }; SLOTS];
-/// Accesses answered with all ones since the process started.
+/// A watched mapping.
+struct Slot {
+    /// `(start >> 12) << 28 | (len >> 12)`; 0 = free, [`CLAIMED`] = being set up.
+    /// One atomic word per mapping, so the handler never sees half of one.
+    region: AtomicU64,
+    /// The all-ones memfd to map over it (valid while `region` names it).
+    fd: AtomicI32,
+}
+
+static SLOT_TABLE: [Slot; SLOTS] = [const {
+    Slot {
+        region: AtomicU64::new(0),
+        fd: AtomicI32::new(-1),
+    }
+}; SLOTS];
+/// Mappings replaced with all ones since the process started.
 static REVOKED: AtomicU64 = AtomicU64::new(0);
 /// The SIGBUS action in place before ours (null until installed).
 static PREVIOUS: AtomicPtr<libc::sigaction> = AtomicPtr::new(std::ptr::null_mut());
@@ -37,9 +63,10 @@ static INSTALL: Once = Once::new();
 /// An SA_SIGINFO signal handler.
 type SigInfoHandler = extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut c_void);
 
-/// Number of BAR accesses that faulted because the kernel had revoked the
-/// mapping, and were answered with all ones, since the process started.
-pub fn revoked_accesses() -> u64 {
+/// Number of revoked BAR mappings the handler replaced with all ones since
+/// the process started (one per mapping, however many accesses then read
+/// the all-ones memory).
+pub fn revoked_mappings() -> u64 {
     REVOKED.load(Ordering::Relaxed)
 }
 
@@ -48,7 +75,8 @@ fn pack(start: usize, len: usize) -> Option<u64> {
         (start >> PAGE_SHIFT) as u64,
         len.div_ceil(1 << PAGE_SHIFT) as u64,
     );
-    (start % (1 << PAGE_SHIFT) == 0 && s < (1 << 36) && l > 0 && l < (1 << 28))
+    // 47-bit user addresses: the packed value is never CLAIMED.
+    (start % (1 << PAGE_SHIFT) == 0 && s < (1 << 35) && l > 0 && l < (1 << 28))
         .then_some((s << 28) | l)
 }
 
@@ -59,10 +87,32 @@ fn unpack(v: u64) -> (usize, usize) {
     )
 }
 
+/// A memfd of `len` bytes (rounded up to pages), every byte 0xFF.
+fn all_ones_memfd(len: usize) -> Option<i32> {
+    let len = len.div_ceil(1 << PAGE_SHIFT) << PAGE_SHIFT;
+    // SAFETY: a NUL-terminated name and valid flags; the result is checked.
+    let fd = unsafe { libc::memfd_create(c"upnvme-bar-gone".as_ptr(), libc::MFD_CLOEXEC) };
+    if fd < 0 {
+        return None;
+    }
+    let page = [0xffu8; 1 << PAGE_SHIFT];
+    let mut off = 0;
+    while off < len {
+        // SAFETY: writes from a live local buffer of the length given.
+        let n = unsafe { libc::pwrite(fd, page.as_ptr().cast(), page.len(), off as libc::off_t) };
+        if n <= 0 {
+            // SAFETY: closes the fd made above, used nowhere else.
+            unsafe { libc::close(fd) };
+            return None;
+        }
+        off += n as usize;
+    }
+    Some(fd)
+}
+
 /// Watches the BAR mapping at `start` (page aligned, `len` bytes): installs
-/// the handler on first use. Returns false, and leaves the mapping
-/// unprotected, when it cannot be watched (no free slot, or the handler could
-/// not be installed).
+/// the handler on first use and prepares its all-ones replacement. Returns
+/// false, and leaves the mapping unwatched, when that is not possible.
 pub(crate) fn watch(start: *mut u8, len: usize) -> bool {
     INSTALL.call_once(install);
     if PREVIOUS.load(Ordering::Acquire).is_null() {
@@ -71,18 +121,36 @@ pub(crate) fn watch(start: *mut u8, len: usize) -> bool {
     let Some(v) = pack(start as usize, len) else {
         return false;
     };
-    REGIONS.iter().any(|slot| {
-        slot.compare_exchange(0, v, Ordering::AcqRel, Ordering::Relaxed)
+    let Some(slot) = SLOT_TABLE.iter().find(|s| {
+        s.region
+            .compare_exchange(0, CLAIMED, Ordering::AcqRel, Ordering::Relaxed)
             .is_ok()
-    })
+    }) else {
+        return false;
+    };
+    let Some(fd) = all_ones_memfd(len) else {
+        slot.region.store(0, Ordering::Release);
+        return false;
+    };
+    slot.fd.store(fd, Ordering::Relaxed);
+    // Publishes the fd with the region.
+    slot.region.store(v, Ordering::Release);
+    true
 }
 
 /// Stops watching the mapping at `start`; called before it is unmapped.
 pub(crate) fn unwatch(start: *mut u8) {
-    for slot in &REGIONS {
-        let v = slot.load(Ordering::Acquire);
-        if v != 0 && unpack(v).0 == start as usize {
-            let _ = slot.compare_exchange(v, 0, Ordering::AcqRel, Ordering::Relaxed);
+    for slot in &SLOT_TABLE {
+        let v = slot.region.load(Ordering::Acquire);
+        if v != 0 && v != CLAIMED && unpack(v).0 == start as usize {
+            let fd = slot.fd.swap(-1, Ordering::Relaxed);
+            slot.region.store(0, Ordering::Release);
+            if fd >= 0 {
+                // SAFETY: the memfd `watch` made for this mapping; no one else
+                // uses it (a fault on this mapping cannot be in progress: see
+                // the module docs).
+                unsafe { libc::close(fd) };
+            }
         }
     }
 }
@@ -105,56 +173,90 @@ fn install() {
     }
 }
 
-/// The SIGBUS handler. Only async-signal-safe work: atomic loads, mmap,
-/// memset, sigaction, raise.
+/// The SIGBUS handler. Only async-signal-safe work (atomic loads, and the
+/// raw system calls mmap, sigaction and raise), and errno is preserved.
 extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
+    let errno = Errno::save();
     // SAFETY: for an SA_SIGINFO handler the kernel passes a valid siginfo.
     let info_ref = unsafe { &*info };
-    // SAFETY: `si_addr` reads the union member that holds the faulting
-    // address of a memory fault (meaningless, but harmless, for a kill).
-    let addr = unsafe { info_ref.si_addr() } as usize;
-    for slot in &REGIONS {
-        let v = slot.load(Ordering::Acquire);
-        if v == 0 {
+    let code = info_ref.si_code;
+    if !(code == libc::BUS_ADRERR && replace_mapping(info_ref)) {
+        forward(sig, code, info, ctx);
+    }
+    errno.restore();
+}
+
+/// The thread's errno, kept across the handler's system calls.
+struct Errno(libc::c_int);
+
+impl Errno {
+    fn location() -> *mut libc::c_int {
+        // SAFETY: returns the calling thread's errno location; no arguments.
+        unsafe { libc::__errno_location() }
+    }
+
+    fn save() -> Self {
+        // SAFETY: the thread's own errno location, valid while it runs.
+        Errno(unsafe { *Self::location() })
+    }
+
+    fn restore(self) {
+        // SAFETY: as in `save`.
+        unsafe { *Self::location() = self.0 };
+    }
+}
+
+/// For a fault inside a watched mapping: maps its all-ones memfd over it.
+fn replace_mapping(info: &libc::siginfo_t) -> bool {
+    // SAFETY: for a kernel-generated memory fault (BUS_ADRERR, checked by the
+    // caller) the union holds the faulting address.
+    let addr = unsafe { info.si_addr() } as usize;
+    for slot in &SLOT_TABLE {
+        let v = slot.region.load(Ordering::Acquire);
+        if v == 0 || v == CLAIMED {
             continue;
         }
         let (start, len) = unpack(v);
         if addr < start || addr - start >= len {
             continue;
         }
-        // SAFETY: `start..start + len` is a BAR mapping this crate created
-        // and still owns (`unwatch` runs before its munmap); replacing its
-        // pages with private anonymous memory affects no other mapping, and
-        // no Rust reference points into it (BAR accesses are volatile through
-        // raw pointers).
+        let fd = slot.fd.load(Ordering::Relaxed);
+        // SAFETY: `start..start + len` is a live BAR mapping this crate made
+        // (a fault in it means a `&Bar` access is in progress on this thread,
+        // so it cannot be unmapped meanwhile); replacing its pages affects no
+        // other mapping, and no Rust reference points into it (BAR accesses
+        // are volatile through raw pointers). `fd` is its prepared memfd of
+        // at least `len` bytes.
         let p = unsafe {
             libc::mmap(
                 start as *mut c_void,
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
-                -1,
+                libc::MAP_PRIVATE | libc::MAP_FIXED,
+                fd,
                 0,
             )
         };
         if p != libc::MAP_FAILED {
-            // SAFETY: `p` is the fresh `len`-byte anonymous mapping just made.
-            unsafe { libc::memset(p, 0xff, len) };
             REVOKED.fetch_add(1, Ordering::Relaxed);
-            return;
+            return true;
         }
     }
-    forward(sig, info, ctx);
+    false
 }
 
-/// Hands a SIGBUS that is not ours to the previous action, or ends the
-/// process as the default action would.
-fn forward(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
+/// Hands a SIGBUS that is not ours to the previous action, or gets the
+/// default action for it.
+fn forward(sig: libc::c_int, code: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
     let prev = PREVIOUS.load(Ordering::Acquire);
     if !prev.is_null() {
         // SAFETY: set once from a leaked Box and never freed or written again.
         let prev = unsafe { &*prev };
         let handler = prev.sa_sigaction;
+        if handler == libc::SIG_IGN && code <= 0 {
+            // A SIGBUS someone sent, to a process that ignored SIGBUS.
+            return;
+        }
         if handler != libc::SIG_DFL && handler != libc::SIG_IGN {
             if prev.sa_flags & libc::SA_SIGINFO != 0 {
                 // SAFETY: the previous action was installed with SA_SIGINFO, so
@@ -175,9 +277,14 @@ fn forward(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut c_void) {
     dfl.sa_sigaction = libc::SIG_DFL;
     // SAFETY: restores the default action from a valid struct.
     unsafe { libc::sigaction(sig, &dfl, std::ptr::null_mut()) };
-    // SAFETY: re-raises: the signal is blocked inside this handler, so it is
-    // delivered (and ends the process) as soon as the handler returns.
-    unsafe { libc::raise(sig) };
+    if code <= 0 {
+        // Sent, not a fault: deliver it again, now with the default action
+        // (blocked inside this handler, so it arrives when the handler returns).
+        // SAFETY: raise is async-signal-safe.
+        unsafe { libc::raise(sig) };
+    }
+    // A fault: returning runs the access again, and the kernel raises it
+    // anew, with its own address and code, under the default action.
 }
 
 #[cfg(test)]
@@ -226,13 +333,24 @@ mod tests {
         assert!(watch(p, 0x2000));
         // Truncating the file revokes the pages: the next access is SIGBUS.
         f.set_len(0).unwrap();
-        let before = revoked_accesses();
+        let before = revoked_mappings();
         // SAFETY: inside the live mapping; volatile, as for a BAR.
         let q = unsafe { p.add(0x1000) }.cast::<u32>();
         // SAFETY: see above.
         let v = unsafe { q.read_volatile() };
         assert_eq!(v, u32::MAX);
-        assert_eq!(revoked_accesses(), before + 1);
+        assert_eq!(revoked_mappings(), before + 1);
+        // The whole mapping was replaced at once, and stays writable (a
+        // doorbell write after the removal lands in a private copy).
+        // SAFETY: inside the mapping, now the private all-ones copy.
+        let first = unsafe { p.cast::<u32>().read_volatile() };
+        assert_eq!(first, u32::MAX);
+        // SAFETY: as above.
+        unsafe { p.cast::<u32>().write_volatile(7) };
+        // SAFETY: as above.
+        let back = unsafe { p.cast::<u32>().read_volatile() };
+        assert_eq!(back, 7);
+        assert_eq!(revoked_mappings(), before + 1, "one fault, one replacement");
         unwatch(p);
         // SAFETY: unmaps the mapping made above.
         unsafe { libc::munmap(p.cast(), 0x2000) };

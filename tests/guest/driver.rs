@@ -261,7 +261,7 @@ fn revoked_bar_reads_as_gone_instead_of_sigbus() {
     let buf = qp
         .read_blocking(1, 0, 1, buf, Duration::from_secs(10))
         .unwrap();
-    let before = upnvme::dma::sigbus::revoked_accesses();
+    let before = upnvme::dma::sigbus::revoked_mappings();
     let vfio = c.device().vfio();
     let cmd = vfio.config_read16(0x04).unwrap();
     vfio.config_write16(0x04, cmd & !0x0002).unwrap(); // Command.MSE = 0
@@ -273,7 +273,7 @@ fn revoked_bar_reads_as_gone_instead_of_sigbus() {
         "want ControllerGone, got {e}"
     );
     assert!(
-        upnvme::dma::sigbus::revoked_accesses() > before,
+        upnvme::dma::sigbus::revoked_mappings() > before,
         "the access faulted and was answered with all ones"
     );
     let r = c.reset();
