@@ -450,6 +450,46 @@ impl<D: Device> Inner<D> {
         }
     }
 
+    /// Create I/O Completion Queue `qid`, then Create I/O Submission Queue
+    /// `qid` on it (deleting the CQ again if the SQ fails), under one hold of
+    /// the admin lock; returns the reset generation read under that lock —
+    /// the one the new queues belong to, since a reset (which holds the lock
+    /// throughout) cannot come between.
+    pub(crate) fn create_io_queues(&self, cq: Sqe, sq: Sqe, qid: u16, when: &str) -> Result<u64> {
+        let t = self.admin_timeout;
+        self.with_admin(|dev, name, admin| {
+            let check = |cqe: Cqe, what: String| -> Result<()> {
+                if cqe.status().is_success() {
+                    Ok(())
+                } else {
+                    Err(Error::Command {
+                        command: what,
+                        status: cqe.status(),
+                    })
+                }
+            };
+            let what = format!("Create I/O Completion Queue {qid}{when}");
+            let (cqe, _) = admin.execute(dev, name, cq, None, t, &what)?;
+            check(cqe, what)?;
+            let what = format!("Create I/O Submission Queue {qid}{when}");
+            let created = admin
+                .execute(dev, name, sq, None, t, &what)
+                .and_then(|(cqe, _)| check(cqe, what));
+            if let Err(e) = created {
+                let _ = admin.execute(
+                    dev,
+                    name,
+                    Sqe::delete_io_cq(qid),
+                    None,
+                    t,
+                    "Delete I/O Completion Queue",
+                );
+                return Err(e);
+            }
+            Ok(self.generation.load(Ordering::Acquire))
+        })
+    }
+
     /// Executes an admin command without data; an error status is an error.
     pub(crate) fn admin_command(&self, sqe: Sqe, what: &str) -> Result<Cqe> {
         self.execute(sqe, None, what).map(|(c, _)| c)
@@ -478,6 +518,9 @@ impl<D: Device> Inner<D> {
     fn with_admin<T>(&self, f: impl FnOnce(&D, &str, &mut AdminQueue) -> Result<T>) -> Result<T> {
         self.check_usable()?;
         let mut admin = self.admin()?;
+        // Again under the lock: a close may have deleted the I/O queues and
+        // released it while this caller waited (nothing may be created then).
+        self.check_usable()?;
         let r = f(&self.dev, &self.name, &mut admin);
         drop(admin);
         if let Err(Error::ControllerFatal { .. }) = &r {

@@ -258,6 +258,55 @@ fn repeated_resets_under_load_end_every_command_once() {
     c.close().unwrap();
 }
 
+/// Resets from another thread — a management thread — while the queue
+/// pair runs a verified write workload on its own: the pair learns of each
+/// reset at its next call, while it may be reaping completions the
+/// deletions posted, or re-creating its queues when the next reset comes.
+/// Every write still ends exactly once (successfully or ControllerReset),
+/// and the data of every completed one reads back intact.
+#[test]
+fn resets_from_another_thread_end_every_command_once() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let c = Controller::open(&device(), ControllerOptions::default()).unwrap();
+    let ns = c.namespace(1).unwrap().clone();
+    let lba = ns.lba_size() as usize;
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let max_blocks = (qp.max_transfer() / lba) as u32;
+    let ops = extents(4096, &[1, 2, 1, 4, 8], max_blocks);
+    let seed = 0x5eed_0003;
+    let depth = 32.min(qp.max_depth() as usize);
+    let stop = AtomicBool::new(false);
+    let (done, resets) = std::thread::scope(|s| {
+        let resetter = s.spawn(|| {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(3));
+                c.reset().expect("reset from the management thread");
+                n += 1;
+            }
+            n
+        });
+        let job = Job {
+            write: true,
+            depth,
+            lba,
+            seed,
+            resets_at: vec![],
+        };
+        let done = run(&c, &mut qp, &ops, job).results;
+        stop.store(true, Ordering::Relaxed);
+        (done, resetter.join().expect("resetter"))
+    });
+    assert!(resets > 0);
+    assert_eq!(c.resets(), resets);
+    let (ok, reset) = verify_after_resets(&c, &mut qp, &ops, &done, lba, seed);
+    eprintln!(
+        "{resets} resets from another thread: {ok} writes completed, {reset} ended by a reset"
+    );
+    drop(qp);
+    c.close().unwrap();
+}
+
 /// The CQ head policy of the whole-namespace test: `UPNVME_TEST_CQ_HEAD` is
 /// `adaptive` (default), `every-reap` (moderation off) or `batch:N`; `cargo
 /// xtask test` sets it per guest configuration.

@@ -297,23 +297,18 @@ impl<D: Device> IoQueuePair<D> {
             None => None,
         };
 
-        if let Err(e) = ctrl.admin_command(
+        let generation = match ctrl.create_io_queues(
             Sqe::create_io_cq(qid, cq_entries, cq.iova(), false, 0),
-            &format!("Create I/O Completion Queue {qid}"),
-        ) {
-            ctrl.free_qid(qid);
-            return Err(e);
-        }
-        if let Err(e) = ctrl.admin_command(
             Sqe::create_io_sq(qid, sq_entries, sq.iova(), qid, 0),
-            &format!("Create I/O Submission Queue {qid}"),
+            qid,
+            "",
         ) {
-            let _ = ctrl.admin_command(Sqe::delete_io_cq(qid), "Delete I/O Completion Queue");
-            ctrl.free_qid(qid);
-            return Err(e);
-        }
-
-        let generation = ctrl.generation.load(std::sync::atomic::Ordering::Acquire);
+            Ok(g) => g,
+            Err(e) => {
+                ctrl.free_qid(qid);
+                return Err(e);
+            }
+        };
         let timeout_ticks = opts.command_timeout.map_or(0, |d| clock::ticks(d).max(1));
         let namespaces = ctrl
             .namespaces()
@@ -907,11 +902,11 @@ impl<D: Device> IoQueuePair<D> {
                     b.write_u32(slots.cq, 0)?;
                 }
             }
-            self.ctrl.admin_command(
+            // Nothing is in flight and the rings are fresh, so if another
+            // reset came since the generation was taken above, the queues
+            // created now simply belong to that newer one.
+            self.generation = self.ctrl.create_io_queues(
                 Sqe::create_io_cq(self.qid, self.cq_ring.entries(), self.cq.iova(), false, 0),
-                &format!("Create I/O Completion Queue {} (after reset)", self.qid),
-            )?;
-            self.ctrl.admin_command(
                 Sqe::create_io_sq(
                     self.qid,
                     self.sq_ring.entries(),
@@ -919,7 +914,8 @@ impl<D: Device> IoQueuePair<D> {
                     self.qid,
                     0,
                 ),
-                &format!("Create I/O Submission Queue {} (after reset)", self.qid),
+                self.qid,
+                " (after reset)",
             )?;
             self.needs_recreate = false;
         }
