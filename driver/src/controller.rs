@@ -324,6 +324,13 @@ impl<D: Device> Controller<D> {
     /// `data_out`. Returns the completion entry and the data buffer's contents.
     ///
     /// An error status is returned as [`Error::Command`].
+    ///
+    /// Queue management is the driver's: creating or deleting I/O queues
+    /// (Create/Delete I/O Submission/Completion Queue) under a queue ID that
+    /// an [`crate::IoQueuePair`] uses breaks that pair, and a Doorbell
+    /// Buffer Config replaces the driver's shadow buffers. Queues created
+    /// here under other IDs are the caller's to delete before a reset or a
+    /// close (which delete only the pairs' queues).
     pub fn admin_passthrough(
         &self,
         sqe: Sqe,

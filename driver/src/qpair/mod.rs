@@ -951,9 +951,11 @@ impl<D: Device> IoQueuePair<D> {
                 // Command Abort Requested, after our timeout's Abort.
                 Err(IoError::TimedOut)
             } else if status.sct() == 0 && status.sc() == sc::ABORTED_SQ_DELETION {
-                // Only a reset or a close deletes an SQ under a live pair
-                // (`Inner::delete_io_queues`): the same ending as the commands
-                // the reset finds still in flight.
+                // The driver deletes a live pair's SQ only in a reset or a
+                // close (`Inner::delete_io_queues`): the same ending as the
+                // commands the reset finds still in flight. (A Delete sent
+                // through `admin_passthrough` for a pair's queue ID breaks
+                // that pair; its doc says so.)
                 Err(if self.ctrl.is_closed() {
                     IoError::ControllerFailed
                 } else if t.aborted {
