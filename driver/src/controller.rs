@@ -618,6 +618,17 @@ impl<D: Device> Inner<D> {
     /// [`crate::IoError::ControllerReset`] (buffers returned), re-creates its
     /// I/O queues under the same queue ID and carries on.
     pub(crate) fn reset(&self) -> Result<()> {
+        self.reset_with(self.admin_timeout)
+    }
+
+    /// [`Inner::reset`] for a controller that let a command time out even
+    /// after an Abort: it may not complete the queue deletions either, so
+    /// they get at most one second (the reset itself does not need them).
+    pub(crate) fn reset_after_timeout(&self) -> Result<()> {
+        self.reset_with(self.admin_timeout.min(Duration::from_secs(1)))
+    }
+
+    fn reset_with(&self, deletion_budget: Duration) -> Result<()> {
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::Closed {
                 device: self.name.clone(),
@@ -627,17 +638,17 @@ impl<D: Device> Inner<D> {
             device: self.name.clone(),
             reason: "admin queue lock poisoned".into(),
         })?;
-        let r = self.reset_locked(&mut admin);
+        let r = self.reset_locked(&mut admin, deletion_budget);
         if let Err(e) = &r {
             self.mark_failed(e);
         }
         r
     }
 
-    fn reset_locked(&self, admin: &mut AdminQueue) -> Result<()> {
+    fn reset_locked(&self, admin: &mut AdminQueue, deletion_budget: Duration) -> Result<()> {
         let dev = &self.dev;
         let name = self.name.as_str();
-        self.delete_io_queues(admin);
+        self.delete_io_queues(admin, deletion_budget);
         disable(dev, name, self.ready_timeout)?;
         // The controller is disabled: nothing it was doing can touch memory any
         // more. Release what was kept for it and tell the queue pairs.
@@ -741,13 +752,14 @@ impl<D: Device> Inner<D> {
     /// QEMU crashes (use after free in `nvme_rw_complete_cb`). A real device
     /// also gets the orderly end of its commands the spec describes.
     ///
-    /// Best effort, within one admin timeout in total: a controller that is
+    /// Best effort, within `budget` in total (one admin timeout, or less after
+    /// a command timeout): a controller that is
     /// gone, fatally failed, not ready, marked failed by the driver, or that
     /// does not answer a deletion in time is simply disabled. A queue that does
     /// not exist at the controller (its pair re-creates queues lazily after a
     /// reset) answers Invalid Queue Identifier, which is fine. Returns the
     /// number of deletions the controller completed.
-    fn delete_io_queues(&self, admin: &mut AdminQueue) -> u32 {
+    fn delete_io_queues(&self, admin: &mut AdminQueue, budget: Duration) -> u32 {
         let csts = Csts(self.dev.read32(REG_CSTS));
         if csts.is_all_ones() || !csts.rdy() || csts.cfs() || self.failed.load(Ordering::Acquire) {
             return 0;
@@ -759,7 +771,7 @@ impl<D: Device> Inner<D> {
                 .collect(),
             Err(_) => return 0,
         };
-        let deadline = Instant::now() + self.admin_timeout;
+        let deadline = Instant::now() + budget;
         let mut completed = 0;
         let deletions = qids
             .iter()
@@ -804,7 +816,7 @@ impl<D: Device> Inner<D> {
         let mut result = Ok(());
         if csts.rdy() && !csts.cfs() {
             if let Ok(mut admin) = self.admin.lock() {
-                self.delete_io_queues(&mut admin);
+                self.delete_io_queues(&mut admin, self.admin_timeout);
             }
             let cc = Cc(self.dev.read32(REG_CC));
             self.dev.write32(REG_CC, cc.with_shn(Cc::SHN_NORMAL).0);

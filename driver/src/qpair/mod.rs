@@ -835,7 +835,7 @@ impl<D: Device> IoQueuePair<D> {
         }
         if reset {
             self.stats.timeout_resets += 1;
-            self.ctrl.reset()?;
+            self.ctrl.reset_after_timeout()?;
             self.sync_generation()?;
         }
         Ok(())
