@@ -147,6 +147,12 @@ impl HostMemory {
         self.ptr.as_ptr() as usize
     }
 
+    /// Start of the mapping.
+    #[inline(always)]
+    fn base(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
     #[inline(always)]
     fn check(&self, offset: usize, len: usize, align: usize) -> Result<*mut u8, DmaError> {
         match offset.checked_add(len) {
@@ -495,15 +501,46 @@ impl DmaBuffer {
     pub fn write_u16(&self, offset: usize, v: u16) -> Result<(), DmaError> {
         self.mem.write_u16(self.at(offset, 2)?, v)
     }
+    /// Pointer to byte `offset` for an access of `len` bytes aligned to
+    /// `align` (a power of two): the hot accessors' single bounds check. It
+    /// is against the buffer only; the buffer lies inside its mapping
+    /// (`new` checks `offset + len <= region.len()`, the mapping's length),
+    /// so no second check against the mapping is needed.
+    #[inline(always)]
+    fn ptr(&self, offset: usize, len: usize, align: usize) -> Result<*mut u8, DmaError> {
+        let what = match offset.checked_add(len) {
+            Some(end) if end <= self.len => {
+                if (self.offset + offset) & (align - 1) == 0 {
+                    // Stays inside the mapping (see above); wrapping_add is safe.
+                    return Ok(self.mem.base().wrapping_add(self.offset + offset));
+                }
+                "DMA buffer (misaligned access)"
+            }
+            _ => "DMA buffer",
+        };
+        Err(DmaError::OutOfBounds {
+            what,
+            offset,
+            len,
+            size: self.len,
+        })
+    }
+
     /// Volatile little-endian 32-bit read.
     #[inline]
     pub fn read_u32(&self, offset: usize) -> Result<u32, DmaError> {
-        self.mem.read_u32(self.at(offset, 4)?)
+        let p = self.ptr(offset, 4, 4)?;
+        // SAFETY: `p` is inside the live mapping (kept alive by `self.mem`) and
+        // 4-byte aligned, both checked by `ptr`.
+        Ok(u32::from_le(unsafe { p.cast::<u32>().read_volatile() }))
     }
     /// Volatile little-endian 32-bit write.
     #[inline]
     pub fn write_u32(&self, offset: usize, v: u32) -> Result<(), DmaError> {
-        self.mem.write_u32(self.at(offset, 4)?, v)
+        let p = self.ptr(offset, 4, 4)?;
+        // SAFETY: as in `read_u32`.
+        unsafe { p.cast::<u32>().write_volatile(v.to_le()) };
+        Ok(())
     }
     /// Volatile little-endian 64-bit read.
     #[inline]
@@ -518,17 +555,30 @@ impl DmaBuffer {
     /// Atomic acquire load of a 32-bit word (see [`HostMemory::load_acquire_u32`]).
     #[inline]
     pub fn load_acquire_u32(&self, offset: usize) -> Result<u32, DmaError> {
-        self.mem.load_acquire_u32(self.at(offset, 4)?)
+        let p = self.ptr(offset, 4, 4)?;
+        // SAFETY: in bounds and aligned (checked by `ptr`), valid while `self`
+        // lives; the `&AtomicU32` exists only for this one load (an atomic
+        // view of shared memory, what `AtomicU32::from_ptr` is for).
+        let v = unsafe { AtomicU32::from_ptr(p.cast::<u32>()) }.load(Ordering::Acquire);
+        Ok(u32::from_le(v))
     }
     /// Atomic release store of a 32-bit word.
     #[inline]
     pub fn store_release_u32(&self, offset: usize, v: u32) -> Result<(), DmaError> {
-        self.mem.store_release_u32(self.at(offset, 4)?, v)
+        let p = self.ptr(offset, 4, 4)?;
+        // SAFETY: as in `load_acquire_u32`.
+        unsafe { AtomicU32::from_ptr(p.cast::<u32>()) }.store(v.to_le(), Ordering::Release);
+        Ok(())
     }
     /// Copies `src` into the buffer at `offset`.
     #[inline]
     pub fn write_bytes(&self, offset: usize, src: &[u8]) -> Result<(), DmaError> {
-        self.mem.write_bytes(self.at(offset, src.len())?, src)
+        let p = self.ptr(offset, src.len(), 1)?;
+        // SAFETY: the destination range is inside the live mapping (checked
+        // by `ptr`); `src` is a Rust slice and cannot overlap device memory,
+        // since no Rust reference into a mapping is ever created.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), p, src.len()) };
+        Ok(())
     }
     /// Copies from the buffer at `offset` into `dst`.
     #[inline]

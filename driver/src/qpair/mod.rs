@@ -497,17 +497,11 @@ impl<D: Device> IoQueuePair<D> {
     /// doorbell write (nothing is left with the EventIdx in use, see
     /// [`IoQueuePair::queue`]), then does the bookkeeping (timeout stamps,
     /// statistics), then (with `reap_on_submit`) reaps what is ready.
-    #[inline]
+    #[inline(always)]
     pub fn ring(&mut self) {
-        if self.needs_recreate || self.generation_changed() {
-            // A reset since these commands were queued deleted the queue they are
-            // in: they end (once, ControllerReset) instead of being announced.
-            let _ = self.sync_generation();
-            return;
-        }
-        if self.failed || !self.ctrl.is_usable() {
-            // Never ring a doorbell of a closed or failed controller; the queued
-            // commands end with the next reset or close.
+        if self.needs_recreate || self.failed || self.generation_changed() || !self.ctrl.is_usable()
+        {
+            self.ring_refused();
             return;
         }
         // Tails `queue` already published to the shadow buffer are committed
@@ -533,14 +527,35 @@ impl<D: Device> IoQueuePair<D> {
         }
         self.stats.submissions += self.pending as u64;
         self.pending = 0;
-        if self.reap_on_submit && !self.failed {
-            let mut ready = std::mem::take(&mut self.ready);
-            let r = self.reap(u32::MAX, &mut |slot, c| ready.push_back((slot, c)));
-            self.ready = ready;
-            // A device fault found here is reported by the next
-            // process_completions (the pair is marked failed).
-            let _ = r;
+        if self.reap_on_submit {
+            self.reap_after_ring();
         }
+    }
+
+    /// `ring` when nothing may be announced: after a reset the queued
+    /// commands end (once, ControllerReset) with the queue the reset deleted;
+    /// a closed or failed controller never gets a doorbell (its queued
+    /// commands end with the next reset or close).
+    #[cold]
+    #[inline(never)]
+    fn ring_refused(&mut self) {
+        if self.needs_recreate || self.generation_changed() {
+            let _ = self.sync_generation();
+        }
+    }
+
+    /// `reap_on_submit`: reaps what is ready right after the doorbell, for
+    /// the next `process_completions` to deliver.
+    #[inline(never)]
+    fn reap_after_ring(&mut self) {
+        if self.failed {
+            return;
+        }
+        let mut ready = std::mem::take(&mut self.ready);
+        // A device fault found here is reported by the next
+        // process_completions (the pair is marked failed).
+        let _ = self.reap(u32::MAX, &mut |slot, c| ready.push_back((slot, c)));
+        self.ready = ready;
     }
 
     /// Validates, writes the SQE and fills the tracker's tag; returns the slot.
