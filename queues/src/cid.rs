@@ -155,7 +155,7 @@ impl CidTable {
 
     /// Allocates a free slot and returns its CID, or `None` when every slot is
     /// in flight. O(1).
-    #[inline]
+    #[inline(always)]
     pub fn alloc(&mut self) -> Option<Cid> {
         let slot = self.free.pop()?;
         let s = &mut self.slots[usize::from(slot)];

@@ -328,7 +328,7 @@ pub struct Prps {
 /// when it needs a PRP List or is not a valid transfer (`len` 0, PRP1 not
 /// dword aligned, or the last byte beyond the address space) — then use
 /// [`build_contiguous`], which says why.
-#[inline]
+#[inline(always)]
 pub fn prp_pair_4k(first_iova: u64, len: usize) -> Option<(u64, u64)> {
     const PS: u64 = 4096;
     let end = (first_iova & (PS - 1)).checked_add(len as u64)?;

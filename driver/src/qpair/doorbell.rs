@@ -99,7 +99,7 @@ pub(crate) struct ShadowSlots {
 
 impl Doorbells {
     /// Announces SQ tail `tail`.
-    #[inline]
+    #[inline(always)]
     pub fn ring_sq<D: Device>(
         &mut self,
         dev: &D,

@@ -42,7 +42,7 @@ use upnvme_queues::prp::{build_contiguous, list_pages, prp_pair_4k};
 use upnvme_queues::regs::{cq_head_doorbell, sq_tail_doorbell};
 use upnvme_queues::shadow::{cq_head_offset, sq_tail_offset};
 use upnvme_queues::status::sc::generic as sc;
-use upnvme_queues::{CidTable, CqRing, Cqe, SqRing, Sqe};
+use upnvme_queues::{CidTable, CqRing, Cqe, DsmRange, SqRing, Sqe};
 
 pub use command::{Completion, IoCommand, IoError, IoFailure};
 pub use doorbell::CqHeadPolicy;
@@ -679,7 +679,7 @@ impl<D: Device> IoQueuePair<D> {
 
     /// Fills DPTR: PRPs for data commands (PRP lists go to the slot's
     /// preallocated list pages), the range list for Dataset Management.
-    #[inline]
+    #[inline(always)]
     fn place_data(
         &mut self,
         cmd: &IoCommand<'_>,
@@ -687,32 +687,56 @@ impl<D: Device> IoQueuePair<D> {
         slot: u16,
         sqe: &mut Sqe,
     ) -> Result<()> {
-        if let Some((buf, bytes)) = data {
-            if let Some((prp1, prp2)) = prp_pair_4k(buf.iova(), bytes) {
+        match data {
+            Some((buf, bytes)) => match prp_pair_4k(buf.iova(), bytes) {
                 // One or two pages (every 4 KiB I/O): no PRP List.
-                sqe.set_prp1(prp1);
-                sqe.set_prp2(prp2);
-                return Ok(());
-            }
-            let list_base = slot as usize * self.list_pages_per_slot * PAGE;
-            let list_iova = self.prp_lists.iova() + list_base as u64;
-            let prps = build_contiguous(buf.iova(), bytes, PAGE, &mut self.prp_scratch, |i| {
-                list_iova + (i * PAGE) as u64
-            })
-            .map_err(|e| Error::InvalidArgument(format!("PRP: {e}")))?;
-            for (i, entry) in self.prp_scratch[..prps.list_len].iter().enumerate() {
-                self.prp_lists.write_u64(list_base + i * 8, *entry)?;
-            }
-            sqe.set_prp1(prps.prp1);
-            sqe.set_prp2(prps.prp2);
-        } else if let IoCommand::Deallocate { ranges, .. } = *cmd {
-            let list_base = slot as usize * self.list_pages_per_slot * PAGE;
-            for (i, r) in ranges.iter().enumerate() {
-                self.prp_lists
-                    .write_bytes(list_base + i * 16, &r.to_le_bytes())?;
-            }
-            sqe.set_prp1(self.prp_lists.iova() + list_base as u64);
+                Some((prp1, prp2)) => {
+                    sqe.set_prp1(prp1);
+                    sqe.set_prp2(prp2);
+                    Ok(())
+                }
+                None => self.place_prp_list(buf, bytes, slot, sqe),
+            },
+            None => match *cmd {
+                IoCommand::Deallocate { ranges, .. } => self.place_ranges(ranges, slot, sqe),
+                _ => Ok(()),
+            },
         }
+    }
+
+    /// PRP1 and a PRP List in the slot's list pages, for a transfer of more
+    /// than two memory pages.
+    #[inline(never)]
+    fn place_prp_list(
+        &mut self,
+        buf: &DmaBuffer,
+        bytes: usize,
+        slot: u16,
+        sqe: &mut Sqe,
+    ) -> Result<()> {
+        let list_base = slot as usize * self.list_pages_per_slot * PAGE;
+        let list_iova = self.prp_lists.iova() + list_base as u64;
+        let prps = build_contiguous(buf.iova(), bytes, PAGE, &mut self.prp_scratch, |i| {
+            list_iova + (i * PAGE) as u64
+        })
+        .map_err(|e| Error::InvalidArgument(format!("PRP: {e}")))?;
+        for (i, entry) in self.prp_scratch[..prps.list_len].iter().enumerate() {
+            self.prp_lists.write_u64(list_base + i * 8, *entry)?;
+        }
+        sqe.set_prp1(prps.prp1);
+        sqe.set_prp2(prps.prp2);
+        Ok(())
+    }
+
+    /// Dataset Management ranges in the slot's list page; PRP1 points there.
+    #[inline(never)]
+    fn place_ranges(&mut self, ranges: &[DsmRange], slot: u16, sqe: &mut Sqe) -> Result<()> {
+        let list_base = slot as usize * self.list_pages_per_slot * PAGE;
+        for (i, r) in ranges.iter().enumerate() {
+            self.prp_lists
+                .write_bytes(list_base + i * 16, &r.to_le_bytes())?;
+        }
+        sqe.set_prp1(self.prp_lists.iova() + list_base as u64);
         Ok(())
     }
 
@@ -1043,7 +1067,7 @@ impl<D: Device> IoQueuePair<D> {
     }
 
     /// Writes the CQ head doorbell if it is due (see doorbell.rs).
-    #[inline]
+    #[inline(always)]
     fn update_cq_head(&mut self) {
         let u = self.cq_ring.uncommitted();
         // The moderation rule applies with shadow doorbells too: a controller
