@@ -4,7 +4,7 @@
 //! an explicit sequence of [`BringupStep`]s, each bounded by a timeout derived
 //! from CAP.TO (or the caller's options), never a bare spin.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -55,6 +55,13 @@ pub struct ShadowBuffers {
     pub event_idx: DmaBuffer,
 }
 
+/// `Inner::state` bit: closed.
+const STATE_CLOSED: u64 = 1;
+/// `Inner::state` bit: failed.
+const STATE_FAILED: u64 = 2;
+/// `Inner::state`: the reset generation starts at this bit.
+pub(crate) const STATE_GENERATION_SHIFT: u32 = 2;
+
 pub(crate) struct Inner<D: Device> {
     pub(crate) dev: D,
     pub(crate) name: String,
@@ -65,15 +72,15 @@ pub(crate) struct Inner<D: Device> {
     admin_timeout: Duration,
     ready_timeout: Duration,
     failure: Mutex<Option<String>>,
-    /// Set with `failure`: the I/O path checks this flag, not the mutex.
-    failed: AtomicBool,
-    /// Incremented by every controller reset once the controller is disabled
-    /// (no DMA possible): queue pairs compare it with their own copy to learn
-    /// that their commands are dead and their queues must be re-created.
-    pub(crate) generation: AtomicU64,
+    /// What the I/O path checks, in one word (one load per check): bit 0
+    /// closed, bit 1 failed (set with `failure`), and above
+    /// [`STATE_GENERATION_SHIFT`] the reset generation, incremented by every
+    /// controller reset once the controller is disabled (no DMA possible):
+    /// queue pairs compare it with their own copy to learn that their
+    /// commands are dead and their queues must be re-created.
+    state: AtomicU64,
     /// Controller resets performed.
     resets: AtomicU64,
-    closed: AtomicBool,
     /// I/O queue IDs in use (index = qid - 1).
     qids: Mutex<Vec<bool>>,
     /// Memory the device may still access (timed-out commands, queues whose
@@ -388,18 +395,38 @@ impl<D: Device> Inner<D> {
         {
             *f = Some(e.to_string());
         }
-        self.failed.store(true, Ordering::Release);
+        self.state.fetch_or(STATE_FAILED, Ordering::AcqRel);
     }
 
     /// Whether `close()` (or the last drop) shut the controller down.
     pub(crate) fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::Acquire)
+        self.state.load(Ordering::Acquire) & STATE_CLOSED != 0
     }
 
     /// Cheap check for the I/O path: neither failed nor closed.
     #[inline]
     pub(crate) fn is_usable(&self) -> bool {
-        !self.failed.load(Ordering::Relaxed) && !self.closed.load(Ordering::Relaxed)
+        self.state.load(Ordering::Acquire) & (STATE_CLOSED | STATE_FAILED) == 0
+    }
+
+    /// The state word (see `state`): equal to `generation <<
+    /// STATE_GENERATION_SHIFT` exactly when the controller is usable and no
+    /// reset happened since `generation` — the I/O path's one-load check.
+    #[inline(always)]
+    pub(crate) fn state(&self) -> u64 {
+        self.state.load(Ordering::Acquire)
+    }
+
+    /// The reset generation.
+    #[inline]
+    pub(crate) fn generation(&self) -> u64 {
+        self.state.load(Ordering::Acquire) >> STATE_GENERATION_SHIFT
+    }
+
+    /// A reset or close disabled the controller: a new generation.
+    fn bump_generation(&self) {
+        self.state
+            .fetch_add(1 << STATE_GENERATION_SHIFT, Ordering::AcqRel);
     }
 
     /// The error that explains why the controller is not usable.
@@ -493,7 +520,7 @@ impl<D: Device> Inner<D> {
                 );
                 return Err(e);
             }
-            Ok(self.generation.load(Ordering::Acquire))
+            Ok(self.generation())
         })
     }
 
@@ -504,7 +531,7 @@ impl<D: Device> Inner<D> {
 
     /// Fails fast when the controller is closed or failed.
     pub(crate) fn check_usable(&self) -> Result<()> {
-        if self.closed.load(Ordering::Acquire) {
+        if self.is_closed() {
             return Err(Error::Closed {
                 device: self.name.clone(),
             });
@@ -629,7 +656,7 @@ impl<D: Device> Inner<D> {
     }
 
     fn reset_with(&self, deletion_budget: Duration) -> Result<()> {
-        if self.closed.load(Ordering::Acquire) {
+        if self.is_closed() {
             return Err(Error::Closed {
                 device: self.name.clone(),
             });
@@ -656,7 +683,7 @@ impl<D: Device> Inner<D> {
         if let Ok(mut q) = self.quarantine.lock() {
             q.clear();
         }
-        self.generation.fetch_add(1, Ordering::AcqRel);
+        self.bump_generation();
         self.resets.fetch_add(1, Ordering::Relaxed);
 
         *admin = enable_with_admin_queue(dev, name, self.cap, admin.entries(), self.ready_timeout)?;
@@ -734,7 +761,7 @@ impl<D: Device> Inner<D> {
         if let Ok(mut f) = self.failure.lock() {
             *f = None;
         }
-        self.failed.store(false, Ordering::Release);
+        self.state.fetch_and(!STATE_FAILED, Ordering::AcqRel);
         Ok(())
     }
 
@@ -761,7 +788,7 @@ impl<D: Device> Inner<D> {
     /// number of deletions the controller completed.
     fn delete_io_queues(&self, admin: &mut AdminQueue, budget: Duration) -> u32 {
         let csts = Csts(self.dev.read32(REG_CSTS));
-        if csts.is_all_ones() || !csts.rdy() || csts.cfs() || self.failed.load(Ordering::Acquire) {
+        if csts.is_all_ones() || !csts.rdy() || csts.cfs() || self.state() & STATE_FAILED != 0 {
             return 0;
         }
         let qids: Vec<u16> = match self.qids.lock() {
@@ -804,7 +831,7 @@ impl<D: Device> Inner<D> {
     /// Normal shutdown (NVMe 2.0 §3.6.1): CC.SHN = 01b, wait for CSTS.SHST =
     /// 10b within RTD3E (or CAP.TO), then CC.EN = 0 and wait CSTS.RDY = 0.
     pub(crate) fn shutdown(&self) -> Result<()> {
-        if self.closed.swap(true, Ordering::AcqRel) {
+        if self.state.fetch_or(STATE_CLOSED, Ordering::AcqRel) & STATE_CLOSED != 0 {
             return Ok(());
         }
         let csts = Csts(self.dev.read32(REG_CSTS));
@@ -845,7 +872,7 @@ impl<D: Device> Inner<D> {
             }
             // Queue pairs still alive complete their in-flight commands once
             // (ControllerFailed, buffers returned) at their next call.
-            self.generation.fetch_add(1, Ordering::AcqRel);
+            self.bump_generation();
         }
         result.and(disabled)
     }
@@ -1093,10 +1120,8 @@ fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<Inner<D>> {
         admin_timeout,
         ready_timeout,
         failure: Mutex::new(None),
-        failed: AtomicBool::new(false),
-        generation: AtomicU64::new(0),
+        state: AtomicU64::new(0),
         resets: AtomicU64::new(0),
-        closed: AtomicBool::new(false),
         qids: Mutex::new(Vec::new()),
         quarantine: Mutex::new(Vec::new()),
         identify: placeholder,

@@ -49,7 +49,7 @@ pub use doorbell::CqHeadPolicy;
 use doorbell::{Doorbells, ShadowSlots};
 pub use stats::QueueStats;
 
-use crate::controller::{Controller, Inner};
+use crate::controller::{Controller, Inner, STATE_GENERATION_SHIFT};
 use crate::device::{Device, VfioNvme};
 use crate::error::{Error, Result};
 
@@ -358,15 +358,18 @@ impl<D: Device> IoQueuePair<D> {
         })
     }
 
+    /// One load: the controller is usable and was not reset since this
+    /// pair's queues were created (see `Inner::state`).
+    #[inline(always)]
+    fn ctrl_current(&self) -> bool {
+        self.ctrl.state() == self.generation << STATE_GENERATION_SHIFT
+    }
+
     /// True when a controller reset or close bumped the generation since this
     /// pair's queues were created (or last re-created): they no longer exist.
     #[inline]
     fn generation_changed(&self) -> bool {
-        self.generation
-            != self
-                .ctrl
-                .generation
-                .load(std::sync::atomic::Ordering::Acquire)
+        self.generation != self.ctrl.generation()
     }
 
     /// The queue ID (SQ and CQ share it).
@@ -476,8 +479,7 @@ impl<D: Device> IoQueuePair<D> {
             || self.ctrl.shadow.is_none()
             || self.failed
             || self.needs_recreate
-            || !self.ctrl.is_usable()
-            || self.generation_changed()
+            || !self.ctrl_current()
         {
             return;
         }
@@ -499,8 +501,7 @@ impl<D: Device> IoQueuePair<D> {
     /// statistics), then (with `reap_on_submit`) reaps what is ready.
     #[inline(always)]
     pub fn ring(&mut self) {
-        if self.needs_recreate || self.failed || self.generation_changed() || !self.ctrl.is_usable()
-        {
+        if self.needs_recreate || self.failed || !self.ctrl_current() {
             self.ring_refused();
             return;
         }
@@ -567,12 +568,9 @@ impl<D: Device> IoQueuePair<D> {
         buffer: Option<&DmaBuffer>,
         tag: u64,
     ) -> Result<u16> {
-        if self.needs_recreate || self.generation_changed() {
-            // A reset happened since the last call: end what it ended and
-            // re-create the queues before anything is written to them.
-            self.sync_generation()?;
+        if self.needs_recreate || self.failed || !self.ctrl_current() {
+            self.queue_refused_or_resynced()?;
         }
-        self.check_usable()?;
         let ns = self.ns(cmd.nsid())?;
         // The SQE, and for data commands the buffer and transfer length.
         let (mut sqe, data) = match cmd {
@@ -769,6 +767,18 @@ impl<D: Device> IoQueuePair<D> {
         }
     }
 
+    /// `queue_inner` off the hot path: after a reset, end what it ended and
+    /// re-create the queues before anything is written to them; then refuse
+    /// if the pair or the controller is failed or closed.
+    #[cold]
+    #[inline(never)]
+    fn queue_refused_or_resynced(&mut self) -> Result<()> {
+        if self.needs_recreate || self.generation_changed() {
+            self.sync_generation()?;
+        }
+        self.check_usable()
+    }
+
     #[inline]
     fn check_usable(&self) -> Result<()> {
         if self.failed || !self.ctrl.is_usable() {
@@ -790,7 +800,7 @@ impl<D: Device> IoQueuePair<D> {
     /// buffers until the controller is disabled.
     #[inline]
     pub fn process_completions(&mut self, max: u32, mut f: impl FnMut(Completion)) -> Result<u32> {
-        if self.generation_changed() || self.needs_recreate {
+        if self.needs_recreate || (!self.ctrl_current() && self.generation_changed()) {
             // Deliver what the reset ended even if re-creating fails now.
             let _ = self.sync_generation();
         }
@@ -909,10 +919,7 @@ impl<D: Device> IoQueuePair<D> {
     /// controller is disabled, so no buffer is still reachable by the device —
     /// then re-creates the queues.
     fn sync_generation(&mut self) -> Result<()> {
-        let g = self
-            .ctrl
-            .generation
-            .load(std::sync::atomic::Ordering::Acquire);
+        let g = self.ctrl.generation();
         if g != self.generation {
             let closed = self.ctrl.is_closed();
             let slots: Vec<u16> = self.cids.in_flight_slots().collect();
@@ -1282,10 +1289,7 @@ impl<D: Device> Drop for IoQueuePair<D> {
         // Delete I/O SQ first: the controller completes or aborts every command
         // in it before the deletion completes; then the CQ. After both, the
         // device cannot touch the queues or any command's buffer.
-        let generation = self
-            .ctrl
-            .generation
-            .load(std::sync::atomic::Ordering::Acquire);
+        let generation = self.ctrl.generation();
         if generation != self.generation || self.needs_recreate {
             // A reset disabled the controller since these queues were created:
             // they no longer exist and nothing can reach their memory.
