@@ -14,6 +14,7 @@
 mod bench;
 mod cli;
 mod console;
+mod crash;
 mod deps;
 mod elf;
 mod guest_build;

@@ -280,6 +280,9 @@ pub struct QemuRun {
     pub stderr: String,
     /// Wall time from QEMU's start to its end.
     pub elapsed: Duration,
+    /// When QEMU died of a signal: its backtrace from the core dump, or where
+    /// the dump went (see crash.rs).
+    pub crash: Option<String>,
 }
 
 /// How one QEMU run is watched.
@@ -295,6 +298,8 @@ pub struct RunOptions {
     pub timeout: Duration,
     /// Kill QEMU if COMMAND has not started (and setup has not failed) after this long.
     pub boot_timeout: Duration,
+    /// QEMU's working directory (the run directory: a core dump lands there).
+    pub dir: PathBuf,
 }
 
 /// Seconds the guest may take to power off after reporting COMMAND's exit status.
@@ -305,13 +310,16 @@ const POWEROFF_GRACE: Duration = Duration::from_secs(20);
 /// does not power off.
 pub fn run(qemu: &Path, args: &[String], opts: &RunOptions) -> Result<QemuRun> {
     let start = Instant::now();
+    let started_wall = std::time::SystemTime::now();
     let mut child = Command::new(qemu)
         .args(args)
+        .current_dir(&opts.dir)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .with_context(|| format!("cannot start {}", qemu.display()))?;
+    crate::crash::allow_core_dump(child.id());
     let exited = Arc::new(AtomicBool::new(false));
     let booted = Arc::new(AtomicBool::new(false));
     let mut stdout = child.stdout.take().expect("piped");
@@ -385,6 +393,9 @@ pub fn run(qemu: &Path, args: &[String], opts: &RunOptions) -> Result<QemuRun> {
         .context("the guest console reader did not finish")?
         .context("reading the guest console")?;
     let stderr = stderr_thread.wait(proc::PIPE_GRACE).unwrap_or_default();
+    let crash = status
+        .filter(|s| std::os::unix::process::ExitStatusExt::signal(s).is_some())
+        .and_then(|_| crate::crash::diagnose(qemu, child.id(), &opts.dir, started_wall));
     Ok(QemuRun {
         report,
         status,
@@ -392,6 +403,7 @@ pub fn run(qemu: &Path, args: &[String], opts: &RunOptions) -> Result<QemuRun> {
         boot_stalled,
         stderr,
         elapsed: start.elapsed(),
+        crash,
     })
 }
 

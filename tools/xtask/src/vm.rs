@@ -203,6 +203,7 @@ impl Bed {
             capture,
             timeout: Duration::from_secs(args.timeout),
             boot_timeout: Duration::from_secs(args.boot_timeout),
+            dir: run_dir.path.clone(),
         };
         let mut attempt = 1;
         let run = loop {
@@ -232,6 +233,7 @@ impl Bed {
             run.timed_out,
             run.status,
             &run.stderr,
+            run.crash.as_deref(),
             args.timeout,
             run.elapsed,
         )
@@ -517,6 +519,7 @@ fn judge(
     timed_out: bool,
     status: Option<std::process::ExitStatus>,
     stderr: &str,
+    crash: Option<&str>,
     timeout_secs: u64,
     elapsed: Duration,
 ) -> Result<VmOutcome> {
@@ -566,11 +569,15 @@ fn judge(
         ));
     }
     let qemu_status = status.map_or("killed".to_string(), |s| s.to_string());
-    let qemu_said = if stderr.trim().is_empty() {
+    let mut qemu_said = if stderr.trim().is_empty() {
         String::new()
     } else {
         format!("\nQEMU said:\n{}", proc::tail_lines(stderr, 10))
     };
+    if let Some(c) = crash {
+        qemu_said.push('\n');
+        qemu_said.push_str(c);
+    }
     if !report.begun {
         return Err(failure(
             EXIT_BED,
@@ -723,7 +730,16 @@ mod tests {
 
     #[test]
     fn judging() {
-        let ok = judge(report(Some(7), &[]), false, None, "", 600, Duration::ZERO).unwrap();
+        let ok = judge(
+            report(Some(7), &[]),
+            false,
+            None,
+            "",
+            None,
+            600,
+            Duration::ZERO,
+        )
+        .unwrap();
         assert_eq!((ok.status, ok.dmar_faults), (7, 0));
         assert_eq!(exit_code(&ok, false).unwrap(), 7);
 
@@ -733,6 +749,7 @@ mod tests {
             false,
             None,
             "",
+            None,
             600,
             Duration::ZERO,
         )
@@ -746,28 +763,29 @@ mod tests {
             false,
             None,
             "",
+            None,
             600,
             Duration::ZERO,
         )
         .unwrap();
         assert_eq!(code(exit_code(&bad3, false).unwrap_err()), 3);
 
-        let e = judge(report(None, &[]), true, None, "", 5, Duration::ZERO).unwrap_err();
+        let e = judge(report(None, &[]), true, None, "", None, 5, Duration::ZERO).unwrap_err();
         assert_eq!(code(e), EXIT_TIMEOUT);
         let mut r = report(None, &[]);
         r.panic = Some("Kernel panic - not syncing: x".into());
         assert_eq!(
-            code(judge(r, false, None, "", 5, Duration::ZERO).unwrap_err()),
+            code(judge(r, false, None, "", None, 5, Duration::ZERO).unwrap_err()),
             EXIT_BED
         );
         let mut r = report(None, &[]);
         r.begun = false;
         r.setup_failure = Some("cannot bind".into());
-        let e = judge(r, false, None, "", 5, Duration::ZERO).unwrap_err();
+        let e = judge(r, false, None, "", None, 5, Duration::ZERO).unwrap_err();
         assert!(e.to_string().contains("cannot bind"));
         assert_eq!(code(e), EXIT_BED);
         assert_eq!(
-            code(judge(report(None, &[]), false, None, "", 5, Duration::ZERO).unwrap_err()),
+            code(judge(report(None, &[]), false, None, "", None, 5, Duration::ZERO).unwrap_err()),
             EXIT_BED
         );
     }
