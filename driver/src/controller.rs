@@ -492,23 +492,13 @@ impl<D: Device> Inner<D> {
     pub(crate) fn create_io_queues(&self, cq: Sqe, sq: Sqe, qid: u16, when: &str) -> Result<u64> {
         let t = self.admin_timeout;
         self.with_admin(|dev, name, admin| {
-            let check = |cqe: Cqe, what: String| -> Result<()> {
-                if cqe.status().is_success() {
-                    Ok(())
-                } else {
-                    Err(Error::Command {
-                        command: what,
-                        status: cqe.status(),
-                    })
-                }
-            };
             let what = format!("Create I/O Completion Queue {qid}{when}");
             let (cqe, _) = admin.execute(dev, name, cq, None, t, &what)?;
-            check(cqe, what)?;
+            succeeded(cqe, &what)?;
             let what = format!("Create I/O Submission Queue {qid}{when}");
             let created = admin
                 .execute(dev, name, sq, None, t, &what)
-                .and_then(|(cqe, _)| check(cqe, what));
+                .and_then(|(cqe, _)| succeeded(cqe, &what));
             if let Err(e) = created {
                 let _ = admin.execute(
                     dev,
@@ -604,12 +594,7 @@ impl<D: Device> Inner<D> {
         };
         let (cqe, buf) =
             self.with_admin(|dev, name, admin| admin.execute(dev, name, sqe, buf, timeout, what))?;
-        if !cqe.status().is_success() {
-            return Err(Error::Command {
-                command: what.to_string(),
-                status: cqe.status(),
-            });
-        }
+        let cqe = succeeded(cqe, what)?;
         let data = match (buf, data_len) {
             (Some(b), Some(len)) => {
                 let mut v = vec![0; len];
@@ -688,22 +673,12 @@ impl<D: Device> Inner<D> {
 
         *admin = enable_with_admin_queue(dev, name, self.cap, admin.entries(), self.ready_timeout)?;
         let t = self.admin_timeout;
-        let check = |cqe: Cqe, what: &str| -> Result<Cqe> {
-            if cqe.status().is_success() {
-                Ok(cqe)
-            } else {
-                Err(Error::Command {
-                    command: what.to_string(),
-                    status: cqe.status(),
-                })
-            }
-        };
         // Same device? (A different serial number means something else now
         // sits at this address: refuse to carry on with the old state.)
         let mut sqe = Sqe::identify(cns::CONTROLLER, 0, 0);
         let (buf, _list) = admin_data_buffer(dev, PAGE, &mut sqe, PAGE)?;
         let (cqe, buf) = admin.execute(dev, name, sqe, Some(buf), t, "Identify Controller")?;
-        check(cqe, "Identify Controller (after reset)")?;
+        succeeded(cqe, "Identify Controller (after reset)")?;
         let mut data = vec![0u8; PAGE];
         if let Some(b) = buf {
             b.read_bytes(0, &mut data)?;
@@ -731,7 +706,7 @@ impl<D: Device> Inner<D> {
             t,
             what,
         )?;
-        let cqe = check(cqe, what)?;
+        let cqe = succeeded(cqe, what)?;
         let granted = (cqe.dw0() & 0xffff).min(cqe.dw0() >> 16) + 1;
         if granted < self.granted_io_queues as u32 {
             return Err(Error::DeviceFault {
@@ -754,7 +729,7 @@ impl<D: Device> Inner<D> {
                 t,
                 what,
             )?;
-            check(cqe, what)?;
+            succeeded(cqe, what)?;
         }
         admin.post_aers(dev, self.aer_target)?;
         // Usable again.
@@ -784,22 +759,20 @@ impl<D: Device> Inner<D> {
     /// gone, fatally failed, not ready, marked failed by the driver, or that
     /// does not answer a deletion in time is simply disabled. A queue that does
     /// not exist at the controller (its pair re-creates queues lazily after a
-    /// reset) answers Invalid Queue Identifier, which is fine. Returns the
-    /// number of deletions the controller completed.
-    fn delete_io_queues(&self, admin: &mut AdminQueue, budget: Duration) -> u32 {
+    /// reset) answers Invalid Queue Identifier, which is fine.
+    fn delete_io_queues(&self, admin: &mut AdminQueue, budget: Duration) {
         let csts = Csts(self.dev.read32(REG_CSTS));
         if csts.is_all_ones() || !csts.rdy() || csts.cfs() || self.state() & STATE_FAILED != 0 {
-            return 0;
+            return;
         }
         let qids: Vec<u16> = match self.qids.lock() {
             Ok(q) => (1..)
                 .zip(q.iter())
                 .filter_map(|(qid, used)| used.then_some(qid))
                 .collect(),
-            Err(_) => return 0,
+            Err(_) => return,
         };
         let deadline = Instant::now() + budget;
-        let mut completed = 0;
         let deletions = qids
             .iter()
             .map(|&q| {
@@ -823,9 +796,7 @@ impl<D: Device> Inner<D> {
             {
                 break;
             }
-            completed += 1;
         }
-        completed
     }
 
     /// Normal shutdown (NVMe 2.0 §3.6.1): CC.SHN = 01b, wait for CSTS.SHST =
@@ -881,6 +852,19 @@ impl<D: Device> Inner<D> {
 impl<D: Device> Drop for Inner<D> {
     fn drop(&mut self) {
         let _ = self.shutdown();
+    }
+}
+
+/// The completion of `what`, or [`Error::Command`] with its status when that
+/// is not Successful Completion.
+fn succeeded(cqe: Cqe, what: &str) -> Result<Cqe> {
+    if cqe.status().is_success() {
+        Ok(cqe)
+    } else {
+        Err(Error::Command {
+            command: what.to_string(),
+            status: cqe.status(),
+        })
     }
 }
 

@@ -141,13 +141,19 @@ fn run(c: &Controller, qp: &mut IoQueuePair, ops: &[(u64, u32)], job: Job) -> Ou
     }
 }
 
+/// The controller, a default queue pair, namespace 1's LBA size and the most
+/// blocks one command may move.
+fn open_pair() -> (Controller, IoQueuePair, usize, u32) {
+    let c = Controller::open(&device(), ControllerOptions::default()).unwrap();
+    let lba = c.namespace(1).unwrap().lba_size() as usize;
+    let qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let max_blocks = (qp.max_transfer() / lba) as u32;
+    (c, qp, lba, max_blocks)
+}
+
 #[test]
 fn reset_in_the_middle_of_a_verified_workload() {
-    let c = Controller::open(&device(), ControllerOptions::default()).unwrap();
-    let ns = c.namespace(1).unwrap().clone();
-    let lba = ns.lba_size() as usize;
-    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
-    let max_blocks = (qp.max_transfer() / lba) as u32;
+    let (c, mut qp, lba, max_blocks) = open_pair();
     let total = (8 << 20) as u64 / lba as u64; // 8 MiB of the namespace
     let ops = extents(total, &[1, 8, 3, 64, 2, 17], max_blocks);
     let seed = 0x5eed;
@@ -229,11 +235,7 @@ fn verify_after_resets(
 /// drain are still in flight, and crashes; see docs/DESIGN.md, "Reset".)
 #[test]
 fn repeated_resets_under_load_end_every_command_once() {
-    let c = Controller::open(&device(), ControllerOptions::default()).unwrap();
-    let ns = c.namespace(1).unwrap().clone();
-    let lba = ns.lba_size() as usize;
-    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
-    let max_blocks = (qp.max_transfer() / lba) as u32;
+    let (c, mut qp, lba, max_blocks) = open_pair();
     // 2048 blocks in extents of 1-4 blocks: about a thousand writes.
     let ops = extents(2048, &[1, 2, 1, 4], max_blocks);
     let seed = 0x5eed_0002;
@@ -267,11 +269,7 @@ fn repeated_resets_under_load_end_every_command_once() {
 #[test]
 fn resets_from_another_thread_end_every_command_once() {
     use std::sync::atomic::{AtomicBool, Ordering};
-    let c = Controller::open(&device(), ControllerOptions::default()).unwrap();
-    let ns = c.namespace(1).unwrap().clone();
-    let lba = ns.lba_size() as usize;
-    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
-    let max_blocks = (qp.max_transfer() / lba) as u32;
+    let (c, mut qp, lba, max_blocks) = open_pair();
     let ops = extents(4096, &[1, 2, 1, 4, 8], max_blocks);
     let seed = 0x5eed_0003;
     let depth = 32.min(qp.max_depth() as usize);
