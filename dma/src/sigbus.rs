@@ -100,6 +100,9 @@ fn all_ones_memfd(len: usize) -> Option<i32> {
     while off < len {
         // SAFETY: writes from a live local buffer of the length given.
         let n = unsafe { libc::pwrite(fd, page.as_ptr().cast(), page.len(), off as libc::off_t) };
+        if n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+            continue;
+        }
         if n <= 0 {
             // SAFETY: closes the fd made above, used nowhere else.
             unsafe { libc::close(fd) };
