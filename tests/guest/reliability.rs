@@ -59,6 +59,19 @@ struct Job {
     resets_at: Vec<usize>,
 }
 
+impl Job {
+    /// A job that never resets the controller.
+    fn without_resets(write: bool, depth: usize, lba: usize, seed: u64) -> Job {
+        Job {
+            write,
+            depth,
+            lba,
+            seed,
+            resets_at: vec![],
+        }
+    }
+}
+
 /// What happened: the result per tag (= index into the ops), and for reads the
 /// number of extents whose data differed from the pattern.
 struct Outcome {
@@ -197,13 +210,7 @@ fn verify_after_resets(
         }
     }
     assert!(ok > 0);
-    let job = |write, depth| Job {
-        write,
-        depth,
-        lba,
-        seed,
-        resets_at: vec![],
-    };
+    let job = |write, depth| Job::without_resets(write, depth, lba, seed);
     let pick = |want_ok: bool| -> Vec<(u64, u32)> {
         ops.iter()
             .enumerate()
@@ -337,13 +344,7 @@ fn whole_namespace_verified_at_mixed_sizes_and_depths() {
     let max_blocks = (qp.max_transfer() / lba) as u32;
     let ops = extents(total, &[1, 2, 7, 8, 32, 33, 128, 1024], max_blocks);
     let seed = 0xfeed;
-    let job = |write, depth| Job {
-        write,
-        depth,
-        lba,
-        seed,
-        resets_at: vec![],
-    };
+    let job = |write, depth| Job::without_resets(write, depth, lba, seed);
     // Write the first half at depth 1, the second at depth 32.
     let half = ops.len() / 2;
     let deep = 32.min(qp.max_depth() as usize);
