@@ -981,8 +981,24 @@ fn perf_runs_with_and_without_each_option() {
         "sq/io",
         "cq/io",
         "mmio/io",
+        "Driver call time",
+        "submit_us/io",
+        "reap_us/completion",
     ] {
         assert!(out.contains(k), "{k}: {out}");
+    }
+    // Call timing: only with --transport-stats; every measured command was
+    // submitted and reaped by a timed call, each taking some time.
+    assert!(perf_json(&[])["total"]["call_timing"].is_null());
+    let v = perf_json(&["--transport-stats", "-q", "4"]);
+    let jobs = v["jobs"].as_array().unwrap();
+    let per_job = jobs.iter().map(|j| (&j["call_timing"], 200));
+    let total = (&v["total"]["call_timing"], 200 * jobs.len() as u64);
+    for (t, ios) in per_job.chain([total]) {
+        assert_eq!(t["reaped"], ios, "{t}");
+        assert_eq!(t["submitted"], ios, "{t}");
+        assert!(t["submit_us_per_io"].as_f64().unwrap() > 0.0, "{t}");
+        assert!(t["reap_us_per_completion"].as_f64().unwrap() > 0.0, "{t}");
     }
     let out = ok(&perf(&[
         "--reap-on-submit",
@@ -1342,4 +1358,35 @@ fn bad_input_texts_and_exit_codes() {
     // --help and --version are not errors.
     assert!(ok(&upnvme(&["--version"])).starts_with("upnvme "));
     assert!(ok(&upnvme(&["perf", "--help"])).contains("--queue-depth"));
+}
+
+/// The raw floor loop (the benchmark's baseline) runs, reads without errors,
+/// and reports its submit time with `--time-calls` (and only then).
+#[test]
+fn rawfloor_runs_and_times_its_submissions() {
+    let dev = device();
+    for depth in ["1", "4"] {
+        let run = |extra: &[&str]| {
+            let mut args = vec!["-d", dev.as_str(), "-q", depth, "-t", "1", "--warmup", "0"];
+            args.extend_from_slice(extra);
+            args.push("--json");
+            let o = Command::new("upnvme-rawfloor")
+                .args(&args)
+                .output()
+                .expect("upnvme-rawfloor is on the guest's PATH");
+            json(&o)
+        };
+        let v = run(&[]);
+        let t = &v["total"];
+        assert_eq!(v["queue_depth"], depth.parse::<u64>().unwrap(), "{v}");
+        assert!(t["ios"].as_u64().unwrap() > 0, "{t}");
+        assert_eq!(t["errors"], 0, "{t}");
+        assert!(t["call_timing"].is_null(), "{t}");
+        let v = run(&["--time-calls"]);
+        let c = &v["total"]["call_timing"];
+        // Every completion but the last `depth` was followed by a timed
+        // resubmission; the first `depth` submissions were timed too.
+        assert_eq!(c["submitted"], v["total"]["ios"], "{c}");
+        assert!(c["submit_us_per_io"].as_f64().unwrap() > 0.0, "{c}");
+    }
 }

@@ -75,6 +75,11 @@ struct Args {
     /// Print one JSON document (the fields of `upnvme perf --json`).
     #[arg(long)]
     json: bool,
+    /// Also time each submission, from the start stamp to after the SQ tail
+    /// doorbell write (one more TSC read per I/O), as `upnvme perf
+    /// --transport-stats` times its submit calls.
+    #[arg(long = "time-calls")]
+    time_calls: bool,
 }
 
 /// xorshift64*, as `upnvme perf` uses for LBA choice.
@@ -113,6 +118,9 @@ struct Measured {
     errors: u64,
     seconds: f64,
     hist: Histogram<u64>,
+    /// With `--time-calls`: (TSC ticks from stamp to after the SQ doorbell,
+    /// submissions) over the measured window, in nanoseconds.
+    submit: Option<(f64, u64)>,
 }
 
 /// The queue pair the loop owns, created with raw admin commands.
@@ -178,6 +186,10 @@ struct Floor<'a> {
     blocks: u32,
     slots: u64,
     rng: u64,
+    /// `--time-calls`: accumulate submit ticks and count.
+    time_calls: bool,
+    submit_ticks: u64,
+    submitted: u64,
 }
 
 impl Floor<'_> {
@@ -188,7 +200,8 @@ impl Floor<'_> {
         let mut sqe = Sqe::read(self.nsid, slba, self.blocks);
         sqe.set_cid(cid);
         sqe.set_prp1(self.bufs[cid as usize].iova());
-        self.start[cid as usize] = rdtsc();
+        let start = rdtsc();
+        self.start[cid as usize] = start;
         self.q
             .sq
             .write_bytes(self.sq_tail as usize * SQE_BYTES, &sqe.to_le_bytes())?;
@@ -198,6 +211,10 @@ impl Floor<'_> {
         }
         // `write32` orders the SQE stores before the doorbell store.
         self.dev.write32(self.q.sq_db, self.sq_tail);
+        if self.time_calls {
+            self.submit_ticks += rdtsc().saturating_sub(start);
+            self.submitted += 1;
+        }
         Ok(())
     }
 
@@ -318,6 +335,9 @@ fn measure(
         blocks,
         slots,
         rng: a.seed | 1,
+        time_calls: a.time_calls,
+        submit_ticks: 0,
+        submitted: 0,
     };
     let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
     let timeout_ticks = (COMPLETION_TIMEOUT.as_secs_f64() * tsc_hz) as u64;
@@ -356,6 +376,8 @@ fn measure(
             measuring = true;
             t_measure = now;
             end = now + run_ticks;
+            f.submit_ticks = 0;
+            f.submitted = 0;
         }
         if !stopping {
             f.submit(cid)?;
@@ -363,11 +385,15 @@ fn measure(
         }
     }
     let seconds = (rdtsc().saturating_sub(t_measure)) as f64 * ns_per_tick / 1e9;
+    let submit = a
+        .time_calls
+        .then_some((f.submit_ticks as f64 * ns_per_tick, f.submitted));
     Ok(Measured {
         ios,
         errors,
         seconds,
         hist,
+        submit,
     })
 }
 
@@ -414,6 +440,13 @@ fn doc(a: &Args, device: &str, m: &Measured) -> Value {
                 "cq_doorbell_mmio": m.ios,
                 "mmio_per_io": 2.0,
             },
+            "call_timing": match m.submit {
+                None => Value::Null,
+                Some((ns, n)) => json!({
+                    "submitted": n,
+                    "submit_us_per_io": (n > 0).then(|| ns / n as f64 / 1000.0),
+                }),
+            },
         },
         "histogram_us_count": hist,
     })
@@ -440,6 +473,11 @@ fn main() {
                     l["percentiles_us"]["p99"].as_f64().unwrap_or(0.0),
                     t["errors"]
                 );
+                if let Some(us) = t["call_timing"]["submit_us_per_io"].as_f64() {
+                    println!(
+                        "upnvme-rawfloor: submit (SQE write + SQ doorbell) {us:.3} us per I/O"
+                    );
+                }
             }
             if d["total"]["errors"].as_u64().unwrap_or(0) > 0 {
                 std::process::exit(1);

@@ -114,7 +114,8 @@ pub struct PerfArgs {
     /// -L: latency percentiles; -LL: plus a histogram table.
     #[arg(short = 'L', action = clap::ArgAction::Count)]
     pub latency: u8,
-    /// Print polls, idle polls and doorbell writes per core.
+    /// Print polls, idle polls and doorbell writes per core, and time the
+    /// driver's submit and reap calls (two TSC reads around each).
     #[arg(long = "transport-stats")]
     pub transport_stats: bool,
     /// Print one JSON document with everything instead of the tables.

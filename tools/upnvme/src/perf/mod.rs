@@ -108,6 +108,7 @@ pub fn run(a: PerfArgs) -> Result<bool> {
             ns_per_tick: 1e9 / tsc_hz,
             verify: a.verify,
             ring_per_io: a.ring_per_io,
+            time_calls: a.transport_stats,
             seed,
             qp: qp.clone(),
         };

@@ -9,7 +9,7 @@ use hdrhistogram::Histogram;
 use serde_json::{Value, json};
 use upnvme::QueueStats;
 
-use super::worker::JobResult;
+use super::worker::{CallTiming, JobResult};
 
 /// Percentiles printed by -L (as spdk_nvme_perf's summary).
 pub const PERCENTILES: [f64; 8] = [1.0, 10.0, 50.0, 90.0, 99.0, 99.9, 99.99, 99.999];
@@ -235,8 +235,61 @@ pub fn text(info: &RunInfo, jobs: &[JobResult], latency: u8, transport: bool) ->
             )?;
         }
         write_stats(&mut o, "total", &sum)?;
+        write_timing(&mut o, jobs)?;
     }
     Ok(o)
+}
+
+/// The driver-call timing table (`--transport-stats`): mean microseconds
+/// inside the submit calls per command and inside the reaping calls per
+/// completion. Skipped when no job timed its calls.
+fn write_timing(o: &mut String, jobs: &[JobResult]) -> Result<()> {
+    if jobs.iter().all(|j| j.timing.is_none()) {
+        return Ok(());
+    }
+    writeln!(o)?;
+    writeln!(
+        o,
+        "Driver call time (two TSC reads around each call; submit = queue/submit + ring, \
+         reap = process_completions calls that reaped):"
+    )?;
+    writeln!(
+        o,
+        "{:<18} {:>16} {:>16}",
+        "core/nsid", "submit_us/io", "reap_us/completion"
+    )?;
+    let mut sum = CallTiming::default();
+    for j in jobs {
+        if let Some(t) = &j.timing {
+            sum.add(t);
+            write_timing_row(o, &format!("core {} nsid {}", j.core, j.nsid), t)?;
+        }
+    }
+    write_timing_row(o, "total", &sum)
+}
+
+fn write_timing_row(o: &mut String, name: &str, t: &CallTiming) -> Result<()> {
+    let f = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |ns| format!("{:.3}", ns / 1000.0));
+    writeln!(
+        o,
+        "{:<18} {:>16} {:>16}",
+        name,
+        f(t.submit_ns_per_io()),
+        f(t.reap_ns_per_completion())
+    )?;
+    Ok(())
+}
+
+fn timing_json(t: Option<&CallTiming>) -> Value {
+    match t {
+        None => Value::Null,
+        Some(t) => json!({
+            "submitted": t.submitted,
+            "submit_us_per_io": t.submit_ns_per_io().map(|ns| ns / 1000.0),
+            "reaped": t.reaped,
+            "reap_us_per_completion": t.reap_ns_per_completion().map(|ns| ns / 1000.0),
+        }),
+    }
 }
 
 fn write_stats(o: &mut String, name: &str, s: &QueueStats) -> Result<()> {
@@ -300,10 +353,14 @@ pub fn json_doc(info: &RunInfo, jobs: &[JobResult], mismatches: Option<u64>) -> 
     let secs = jobs.iter().map(|j| j.seconds).fold(0.0, f64::max);
     let r = row(ios, bytes, secs, &total);
     let mut sum = QueueStats::default();
+    let mut timing: Option<CallTiming> = None;
     let rows: Vec<Value> = jobs
         .iter()
         .map(|j| {
             sum.add(&j.stats);
+            if let Some(t) = &j.timing {
+                timing.get_or_insert_with(CallTiming::default).add(t);
+            }
             let r = row(j.ios, j.bytes, j.seconds, &j.hist);
             json!({
                 "core": j.core,
@@ -315,6 +372,7 @@ pub fn json_doc(info: &RunInfo, jobs: &[JobResult], mismatches: Option<u64>) -> 
                 "mib_per_s": r.mibs,
                 "latency": latency_json(&j.hist),
                 "transport": stats_json(&j.stats),
+                "call_timing": timing_json(j.timing.as_ref()),
             })
         })
         .collect();
@@ -351,6 +409,7 @@ pub fn json_doc(info: &RunInfo, jobs: &[JobResult], mismatches: Option<u64>) -> 
             "mib_per_s": r.mibs,
             "latency": latency_json(&total),
             "transport": stats_json(&sum),
+            "call_timing": timing_json(timing.as_ref()),
         },
         "histogram_us_count": hist,
         "verify_mismatches": mismatches,

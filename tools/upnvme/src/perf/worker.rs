@@ -43,6 +43,8 @@ pub struct WorkerPlan {
     /// `--ring-per-io`: `submit` (queue + ring) every I/O instead of one ring
     /// per batch.
     pub ring_per_io: bool,
+    /// `--transport-stats`: also time the driver calls ([`CallTiming`]).
+    pub time_calls: bool,
     /// RNG seed.
     pub seed: u64,
     /// Queue pair options.
@@ -58,6 +60,54 @@ pub struct NsPlan {
     pub lba_size: u32,
     /// Blocks in the namespace.
     pub blocks: u64,
+}
+
+/// Time spent inside the driver's calls over the measured window
+/// (`--transport-stats`): where a round trip's time goes on the host side.
+///
+/// Each figure is two TSC reads around the call, so it includes the reads'
+/// own cost; without `--transport-stats` nothing is stamped.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CallTiming {
+    /// Nanoseconds inside `queue`/`submit` and the `ring` after each batch:
+    /// SQE build, CID and PRP work, and the SQ tail doorbell writes.
+    pub submit_ns: f64,
+    /// Commands submitted by those calls.
+    pub submitted: u64,
+    /// Nanoseconds inside the `process_completions` calls that reaped at
+    /// least one completion (CQE checks, perf's callback, CQ head update).
+    pub reap_ns: f64,
+    /// Completions those calls reaped.
+    pub reaped: u64,
+}
+
+impl CallTiming {
+    /// Mean nanoseconds of submit work per command, if any was submitted.
+    pub fn submit_ns_per_io(&self) -> Option<f64> {
+        (self.submitted > 0).then(|| self.submit_ns / self.submitted as f64)
+    }
+
+    /// Mean nanoseconds of reap work per completion, if any was reaped.
+    pub fn reap_ns_per_completion(&self) -> Option<f64> {
+        (self.reaped > 0).then(|| self.reap_ns / self.reaped as f64)
+    }
+
+    /// Adds another job's timing (for the total row).
+    pub fn add(&mut self, o: &CallTiming) {
+        self.submit_ns += o.submit_ns;
+        self.submitted += o.submitted;
+        self.reap_ns += o.reap_ns;
+        self.reaped += o.reaped;
+    }
+}
+
+/// TSC ticks and counts behind [`CallTiming`], kept by the loop.
+#[derive(Clone, Copy, Debug, Default)]
+struct CallTicks {
+    submit: u64,
+    submitted: u64,
+    reap: u64,
+    reaped: u64,
 }
 
 /// What one (namespace, core) job measured.
@@ -78,6 +128,8 @@ pub struct JobResult {
     pub errors: u64,
     /// Queue pair counters over the measured window.
     pub stats: QueueStats,
+    /// Time inside the driver's calls (with `--transport-stats`).
+    pub timing: Option<CallTiming>,
     /// Blocks that were stamped, as (slba, blocks) extents, for --verify.
     pub written: Vec<(u64, u32)>,
     /// Verification mismatches (filled in by the verify pass).
@@ -99,6 +151,7 @@ struct Job {
     slots: u64,
     written: Vec<bool>,
     done: Vec<Completion>,
+    ticks: CallTicks,
 }
 
 /// xorshift64*: cheap, good enough for LBA choice.
@@ -163,6 +216,7 @@ impl Job {
                     Vec::new()
                 },
                 done: Vec::with_capacity(plan.depth as usize),
+                ticks: CallTicks::default(),
             },
             bufs,
         ))
@@ -201,14 +255,19 @@ impl Job {
             }
             IoCommand::Write { nsid, slba, blocks }
         };
-        self.start[tag as usize] = rdtsc();
-        if plan.ring_per_io {
+        let start = rdtsc();
+        self.start[tag as usize] = start;
+        let queued = if plan.ring_per_io {
             self.qp.submit(cmd, Some(buf), tag)
         } else {
             // Queued only: the caller rings once for the whole batch.
             self.qp.queue(cmd, Some(buf), tag)
+        };
+        if plan.time_calls {
+            self.ticks.submit += rdtsc().saturating_sub(start);
+            self.ticks.submitted += 1;
         }
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+        queued.map_err(|e| anyhow::anyhow!("{e}"))?;
         self.submitted += 1;
         self.in_flight += 1;
         Ok(())
@@ -267,6 +326,7 @@ pub fn run(
                 job.bytes = 0;
                 job.submitted = job.in_flight as u64;
                 job.qp.reset_stats();
+                job.ticks = CallTicks::default();
             }
         }
         let time_up = (!count_mode && measuring && now >= end) || stop.load(Ordering::Relaxed);
@@ -277,6 +337,7 @@ pub fn run(
             let hist = &mut job.hist;
             let mut ios = 0u64;
             let mut errors = 0u64;
+            let t_reap = if plan.time_calls { rdtsc() } else { 0 };
             job.qp
                 .process_completions(u32::MAX, |c| {
                     let ticks = rdtsc().saturating_sub(start[c.tag as usize]);
@@ -288,6 +349,10 @@ pub fn run(
                     done.push(c);
                 })
                 .context("reaping completions")?;
+            if plan.time_calls && ios > 0 {
+                job.ticks.reap += rdtsc().saturating_sub(t_reap);
+                job.ticks.reaped += ios;
+            }
             if measuring {
                 job.ios += ios;
                 job.bytes += ios * plan.io_size as u64;
@@ -305,7 +370,13 @@ pub fn run(
                 }
             }
             // One SQ doorbell for everything resubmitted from this batch.
-            job.qp.ring();
+            if plan.time_calls && ios > 0 {
+                let t_ring = rdtsc();
+                job.qp.ring();
+                job.ticks.submit += rdtsc().saturating_sub(t_ring);
+            } else {
+                job.qp.ring();
+            }
             job.done = done;
             if job.in_flight > 0
                 || (count_mode && !time_up && job.submitted < plan.io_count.unwrap_or(0))
@@ -335,7 +406,14 @@ pub fn run(
                 j.ios = 0;
                 j.bytes = 0;
                 j.qp.reset_stats();
+                j.ticks = CallTicks::default();
             }
+            let timing = plan.time_calls.then_some(CallTiming {
+                submit_ns: j.ticks.submit as f64 * ns_per_tick,
+                submitted: j.ticks.submitted,
+                reap_ns: j.ticks.reap as f64 * ns_per_tick,
+                reaped: j.ticks.reaped,
+            });
             let written = if plan.verify {
                 j.written
                     .iter()
@@ -355,6 +433,7 @@ pub fn run(
                 hist: j.hist,
                 errors: j.errors,
                 stats: j.qp.stats(),
+                timing,
                 written,
                 mismatches: 0,
             }
