@@ -1382,11 +1382,14 @@ fn rawfloor_runs_and_times_its_submissions() {
         assert!(t["ios"].as_u64().unwrap() > 0, "{t}");
         assert_eq!(t["errors"], 0, "{t}");
         assert!(t["call_timing"].is_null(), "{t}");
-        let v = run(&["--time-calls"]);
-        let c = &v["total"]["call_timing"];
-        // Every completion but the last `depth` was followed by a timed
-        // resubmission; the first `depth` submissions were timed too.
-        assert_eq!(c["submitted"], v["total"]["ios"], "{c}");
-        assert!(c["submit_us_per_io"].as_f64().unwrap() > 0.0, "{c}");
+        for extra in [&["--time-calls"][..], &["--time-calls", "--sq-first"][..]] {
+            let v = run(extra);
+            let c = &v["total"]["call_timing"];
+            assert_eq!(v["total"]["errors"], 0, "{extra:?}: {v}");
+            // Every completion but the last `depth` was followed by a timed
+            // resubmission; the first `depth` submissions were timed too.
+            assert_eq!(c["submitted"], v["total"]["ios"], "{extra:?}: {c}");
+            assert!(c["submit_us_per_io"].as_f64().unwrap() > 0.0, "{c}");
+        }
     }
 }

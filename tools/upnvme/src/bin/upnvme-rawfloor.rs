@@ -13,6 +13,11 @@
 //!    PAUSE, no clock read per poll),
 //! 4. one CQ head doorbell write (MMIO).
 //!
+//! With `--sq-first` the CQ head doorbell of step 4 is written after the
+//! next command's SQ tail doorbell instead of before it (the order upnvme's
+//! rule prescribes), still one of each per I/O: the two floors tell the
+//! doorbell count from the doorbell order.
+//!
 //! No command-ID table, no PRP building beyond PRP1, no statistics, no
 //! validation of the completion beyond its status. At depth > 1 it submits
 //! `depth` reads and resubmits one per completion (same four steps). Latency
@@ -80,6 +85,10 @@ struct Args {
     /// --transport-stats` times its submit calls.
     #[arg(long = "time-calls")]
     time_calls: bool,
+    /// Write each CQ head doorbell after the resubmission's SQ tail doorbell
+    /// (SQ tail first) instead of right after the completion is seen.
+    #[arg(long = "sq-first")]
+    sq_first: bool,
 }
 
 /// xorshift64*, as `upnvme perf` uses for LBA choice.
@@ -218,10 +227,11 @@ impl Floor<'_> {
         Ok(())
     }
 
-    /// Spins on the next CQE's phase bit, rings the CQ head doorbell, and
-    /// returns the entry's dword 3 (CID, phase, status) and the TSC when the
-    /// phase bit was seen. Fails after [`COMPLETION_TIMEOUT`] without one (the
-    /// clock is read only every 2^20 empty polls).
+    /// Spins on the next CQE's phase bit, consumes the entry (the CQ head
+    /// doorbell is the caller's, [`Floor::ring_cq`]), and returns its dword 3
+    /// (CID, phase, status) and the TSC when the phase bit was seen. Fails
+    /// after [`COMPLETION_TIMEOUT`] without one (the clock is read only every
+    /// 2^20 empty polls).
     #[inline(always)]
     fn reap(&mut self, timeout_ticks: u64) -> Result<(u32, u64)> {
         let off = self.cq_head as usize * CQE_BYTES + 12;
@@ -252,8 +262,13 @@ impl Floor<'_> {
             self.cq_head = 0;
             self.phase ^= 1;
         }
-        self.dev.write32(self.q.cq_db, self.cq_head);
         Ok((dw3, seen))
+    }
+
+    /// Writes the CQ head doorbell with every entry reaped so far.
+    #[inline(always)]
+    fn ring_cq(&mut self) {
+        self.dev.write32(self.q.cq_db, self.cq_head);
     }
 }
 
@@ -290,9 +305,13 @@ fn run(a: &Args) -> Result<Value> {
     ensure!(slots > 0, "namespace {} is smaller than 4 KiB", a.nsid);
     let max_entries = ctrl.cap().max_queue_entries();
     let entries = (2 * a.depth).clamp(64, 1024).min(max_entries);
+    // A CQ of `entries` holds `entries - 1` completions. With `--sq-first`
+    // one reaped entry waits for its doorbell while `depth` commands are
+    // outstanding, so the CQ needs one entry more.
+    let needed = a.depth + 1 + u32::from(a.sq_first);
     ensure!(
-        a.depth < entries,
-        "queue depth {} needs more than the controller's {max_entries} queue entries",
+        needed <= entries,
+        "queue depth {} needs {needed} queue entries, more than the controller's {max_entries}",
         a.depth
     );
     // The highest granted queue ID: no queue pair of this process uses it.
@@ -357,6 +376,9 @@ fn measure(
     let mut stopping = false;
     while in_flight > 0 {
         let (dw3, now) = f.reap(timeout_ticks)?;
+        if !a.sq_first {
+            f.ring_cq();
+        }
         let cid = dw3 as u16;
         ensure!(
             cid < a.depth as u16,
@@ -382,6 +404,12 @@ fn measure(
         if !stopping {
             f.submit(cid)?;
             in_flight += 1;
+        }
+        // SQ tail first: the CQ never fills meanwhile: it has room for the
+        // one reaped entry not yet acknowledged plus `depth` outstanding
+        // commands (checked in `run`).
+        if a.sq_first {
+            f.ring_cq();
         }
     }
     let seconds = (rdtsc().saturating_sub(t_measure)) as f64 * ns_per_tick / 1e9;
