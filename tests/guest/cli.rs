@@ -1382,7 +1382,10 @@ fn rawfloor_runs_and_times_its_submissions() {
         assert!(t["ios"].as_u64().unwrap() > 0, "{t}");
         assert_eq!(t["errors"], 0, "{t}");
         assert!(t["call_timing"].is_null(), "{t}");
-        for extra in [&["--time-calls"][..], &["--time-calls", "--sq-first"][..]] {
+        for extra in [
+            &["--time-calls"][..],
+            &["--time-calls", "--sq-first", "--resubmit-delay-ns", "1000"][..],
+        ] {
             let v = run(extra);
             let c = &v["total"]["call_timing"];
             assert_eq!(v["total"]["errors"], 0, "{extra:?}: {v}");

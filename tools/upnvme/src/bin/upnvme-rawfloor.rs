@@ -89,6 +89,11 @@ struct Args {
     /// (SQ tail first) instead of right after the completion is seen.
     #[arg(long = "sq-first")]
     sq_first: bool,
+    /// Busy-wait this many nanoseconds before each submission (after the
+    /// completion that frees its slot was seen, before the start stamp): how
+    /// much the device's latency depends on how soon the host comes back.
+    #[arg(long = "resubmit-delay-ns", default_value_t = 0)]
+    resubmit_delay_ns: u64,
 }
 
 /// xorshift64*, as `upnvme perf` uses for LBA choice.
@@ -197,6 +202,8 @@ struct Floor<'a> {
     rng: u64,
     /// `--time-calls`: accumulate submit ticks and count.
     time_calls: bool,
+    /// `--resubmit-delay-ns` in TSC ticks.
+    delay_ticks: u64,
     submit_ticks: u64,
     submitted: u64,
 }
@@ -209,6 +216,12 @@ impl Floor<'_> {
         let mut sqe = Sqe::read(self.nsid, slba, self.blocks);
         sqe.set_cid(cid);
         sqe.set_prp1(self.bufs[cid as usize].iova());
+        if self.delay_ticks > 0 {
+            // `--resubmit-delay-ns`: the host's turnaround, made longer on
+            // purpose (before the start stamp: not part of the latency).
+            let t = rdtsc();
+            while rdtsc().wrapping_sub(t) < self.delay_ticks {}
+        }
         let start = rdtsc();
         self.start[cid as usize] = start;
         self.q
@@ -355,6 +368,7 @@ fn measure(
         slots,
         rng: a.seed | 1,
         time_calls: a.time_calls,
+        delay_ticks: (a.resubmit_delay_ns as f64 / ns_per_tick) as u64,
         submit_ticks: 0,
         submitted: 0,
     };

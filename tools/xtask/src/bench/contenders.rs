@@ -19,6 +19,9 @@ pub enum Kind {
     },
     /// `upnvme-rawfloor` on the vfio-bound controller.
     RawFloor,
+    /// `upnvme-rawfloor --sq-first`: the same loop with the CQ head doorbell
+    /// written after the next SQ tail doorbell.
+    RawFloorSqFirst,
     /// fio on the kernel's nvme driver.
     Fio(FioEngine),
 }
@@ -101,6 +104,10 @@ impl Contender {
                 (id, label)
             }
             Kind::RawFloor => ("rawfloor".into(), "raw floor".into()),
+            Kind::RawFloorSqFirst => (
+                "rawfloor-sqfirst".into(),
+                "raw floor (SQ tail first)".into(),
+            ),
             Kind::Fio(FioEngine::IoUringHipri) => {
                 ("fio-io_uring-hipri".into(), "kernel io_uring hipri".into())
             }
@@ -156,6 +163,10 @@ impl Contender {
             }
             Kind::RawFloor => format!(
                 "upnvme-rawfloor -d \"$DEV\" -q {} -t {seconds} --warmup {WARMUP} --json",
+                self.qd
+            ),
+            Kind::RawFloorSqFirst => format!(
+                "upnvme-rawfloor -d \"$DEV\" -q {} -t {seconds} --warmup {WARMUP} --json --sq-first",
                 self.qd
             ),
             Kind::Fio(engine) => {
@@ -253,7 +264,8 @@ pub const UPNVME_PER_IO: [Kind; 2] = [
 /// Every contender, in the order of the first round: the upnvme variants at
 /// depths 1, 4 and 32 (the shadow doorbell question is per depth) and the
 /// one-doorbell-per-I/O pair at 4 and 32, the raw
-/// floor and io_uring at 1 and 32, the other kernel profiles at 1.
+/// floor in both doorbell orders and io_uring at 1 and 32, the other kernel
+/// profiles at 1.
 pub fn all() -> Vec<Contender> {
     let mut v = Vec::new();
     for qd in [1, 4, 32] {
@@ -267,6 +279,7 @@ pub fn all() -> Vec<Contender> {
         }
         if qd != 4 {
             v.push(Contender::new(Kind::RawFloor, qd));
+            v.push(Contender::new(Kind::RawFloorSqFirst, qd));
             v.push(Contender::new(Kind::Fio(FioEngine::IoUringHipri), qd));
         }
     }
@@ -374,7 +387,7 @@ mod tests {
     #[test]
     fn contender_set() {
         let all = all();
-        assert_eq!(all.len(), 5 * 3 + 2 * 2 + 2 * 2 + 2);
+        assert_eq!(all.len(), 5 * 3 + 2 * 2 + 3 * 2 + 2);
         let ids: std::collections::BTreeSet<_> = all.iter().map(|c| c.id.as_str()).collect();
         assert_eq!(ids.len(), all.len(), "ids are unique");
         assert!(ids.contains("upnvme-qd1"));
@@ -382,6 +395,7 @@ mod tests {
         assert!(ids.contains("upnvme-nodbbuf-qd4"));
         assert!(ids.contains("upnvme-everyreap-qd1"));
         assert!(ids.contains("rawfloor-qd32"));
+        assert!(ids.contains("rawfloor-sqfirst-qd1"));
         assert!(ids.contains("fio-io_uring-hipri-qd32"));
         assert!(ids.contains("fio-pvsync2-hipri-qd1"));
         assert!(ids.contains("fio-libaio-qd1"));
@@ -416,6 +430,11 @@ mod tests {
         assert!(c.contains("--runtime=5") && c.contains("--output-format=json"));
         assert!(find("fio-libaio-qd1").contains("--ioengine=libaio"));
         assert!(find("rawfloor-qd1").starts_with("upnvme-rawfloor"));
+        assert!(!find("rawfloor-qd1").contains("--sq-first"));
+        let c = find("rawfloor-sqfirst-qd32");
+        assert!(
+            c.starts_with("upnvme-rawfloor") && c.contains("-q 32") && c.contains("--sq-first")
+        );
     }
 
     #[test]
