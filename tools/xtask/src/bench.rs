@@ -105,11 +105,39 @@ fn host_meta(cmd: &BenchCmd, qemu: &str) -> Value {
         "host_cpu": model,
         "host_cores": cores,
         "load_before": loadavg(),
+        "host_idle": host_idle(),
         "qemu": qemu,
         "rounds": cmd.rounds,
         "seconds": cmd.seconds,
         "warmup_seconds": contenders::WARMUP,
     })
+}
+
+/// The host's idle policy: the cpuidle driver and governor and, with the
+/// haltpoll driver, `guest_halt_poll_ns`. It moves QD1 latency under TCG by
+/// a third (docs/benchmarks.md): an idle core that halts makes every wakeup
+/// of QEMU's main loop cost an IPI, one that polls does not.
+fn host_idle() -> String {
+    let read = |p: &str| {
+        std::fs::read_to_string(p)
+            .ok()
+            .map(|s| s.trim().to_string())
+    };
+    let mut parts = Vec::new();
+    if let Some(d) = read("/sys/devices/system/cpu/cpuidle/current_driver") {
+        parts.push(format!("cpuidle driver {d}"));
+    }
+    if let Some(g) = read("/sys/devices/system/cpu/cpuidle/current_governor") {
+        parts.push(format!("governor {g}"));
+    }
+    if let Some(ns) = read("/sys/module/haltpoll/parameters/guest_halt_poll_ns") {
+        parts.push(format!("guest_halt_poll_ns {ns}"));
+    }
+    if parts.is_empty() {
+        "no cpuidle information".into()
+    } else {
+        parts.join(", ")
+    }
 }
 
 /// The host's 1/5/15-minute load averages.
@@ -288,7 +316,7 @@ fn bench_markdown(s: &summary::Summary, meta: &Value, (rounds, seconds): (u64, u
     let g = |k: &str| meta["guest"][k].as_str().unwrap_or("?").to_string();
     let mut o = format!(
         "Latest run: `{command}` on {date}, {wall} s wall time ({guest_s} s in the guest).\n\n\
-         - Host: {cpu}, {cores} cores; load average {load0} before, {load1} after.\n\
+         - Host: {cpu}, {cores} cores; load average {load0} before, {load1} after; idle: {idle}.\n\
          - QEMU {qemu} (TCG), 2 vCPUs; guest Linux {kernel}; {fio}.\n\
          - One vfio-bound controller (upnvme, raw floor) and one controller left to the \
            kernel's nvme driver with poll_queues={pq} (`{kdev}`, io_poll={io_poll}); each has one \
@@ -310,6 +338,7 @@ fn bench_markdown(s: &summary::Summary, meta: &Value, (rounds, seconds): (u64, u
         cores = m("host_cores"),
         load0 = m("load_before"),
         load1 = m("load_after"),
+        idle = m("host_idle"),
         qemu = m("qemu"),
         kernel = g("kernel"),
         fio = g("fio"),
