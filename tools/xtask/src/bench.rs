@@ -113,10 +113,11 @@ fn host_meta(cmd: &BenchCmd, qemu: &str) -> Value {
     })
 }
 
-/// The host's idle policy: the cpuidle driver and governor and, with the
-/// haltpoll driver, `guest_halt_poll_ns`. It moves QD1 latency under TCG by
-/// a third (docs/benchmarks.md): an idle core that halts makes every wakeup
-/// of QEMU's main loop cost an IPI, one that polls does not.
+/// The host's idle policy: the cpuidle driver and governor and, where the
+/// haltpoll governor's module is loaded, its `guest_halt_poll_ns` (reported
+/// whichever governor is active). It moved the raw floor's QD1 p50 under TCG
+/// by about 40% and upnvme's not at all (docs/benchmarks.md, "Where the QD1
+/// round trip goes").
 fn host_idle() -> String {
     let read = |p: &str| {
         std::fs::read_to_string(p)

@@ -60,7 +60,8 @@ struct Args {
     #[arg(short = 'd', long = "device", value_name = "BDF")]
     device: Option<String>,
     /// Outstanding reads.
-    #[arg(short = 'q', long = "queue-depth", default_value_t = 1)]
+    #[arg(short = 'q', long = "queue-depth", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=65535))]
     depth: u32,
     /// Measured seconds, after the warm-up.
     #[arg(short = 't', long = "time", default_value_t = 5)]
@@ -90,9 +91,11 @@ struct Args {
     #[arg(long = "sq-first")]
     sq_first: bool,
     /// Busy-wait this many nanoseconds before each submission (after the
-    /// completion that frees its slot was seen, before the start stamp): how
-    /// much the device's latency depends on how soon the host comes back.
-    #[arg(long = "resubmit-delay-ns", default_value_t = 0)]
+    /// completion that frees its slot was seen, before the start stamp; the
+    /// first `depth` submissions wait too): how much the device's latency
+    /// depends on how soon the host comes back.
+    #[arg(long = "resubmit-delay-ns", default_value_t = 0,
+          value_parser = clap::value_parser!(u64).range(0..=1_000_000_000))]
     resubmit_delay_ns: u64,
 }
 
@@ -132,8 +135,8 @@ struct Measured {
     errors: u64,
     seconds: f64,
     hist: Histogram<u64>,
-    /// With `--time-calls`: (TSC ticks from stamp to after the SQ doorbell,
-    /// submissions) over the measured window, in nanoseconds.
+    /// With `--time-calls`: (nanoseconds from the start stamps to after the
+    /// SQ doorbell writes, submissions) over the measured window.
     submit: Option<(f64, u64)>,
 }
 
@@ -317,11 +320,11 @@ fn run(a: &Args) -> Result<Value> {
     let slots = ns.lba_count() / u64::from(blocks);
     ensure!(slots > 0, "namespace {} is smaller than 4 KiB", a.nsid);
     let max_entries = ctrl.cap().max_queue_entries();
-    let entries = (2 * a.depth).clamp(64, 1024).min(max_entries);
     // A CQ of `entries` holds `entries - 1` completions. With `--sq-first`
     // one reaped entry waits for its doorbell while `depth` commands are
-    // outstanding, so the CQ needs one entry more.
+    // outstanding, so the CQ needs one entry more. (`depth` is at most 65535.)
     let needed = a.depth + 1 + u32::from(a.sq_first);
+    let entries = (2 * a.depth).clamp(64, 1024).max(needed).min(max_entries);
     ensure!(
         needed <= entries,
         "queue depth {} needs {needed} queue entries, more than the controller's {max_entries}",

@@ -255,7 +255,7 @@ fn write_timing(o: &mut String, jobs: &[JobResult]) -> Result<()> {
     )?;
     writeln!(
         o,
-        "{:<18} {:>16} {:>16}",
+        "{:<18} {:>16} {:>18}",
         "core/nsid", "submit_us/io", "reap_us/completion"
     )?;
     let mut sum = CallTiming::default();
@@ -272,7 +272,7 @@ fn write_timing_row(o: &mut String, name: &str, t: &CallTiming) -> Result<()> {
     let f = |v: Option<f64>| v.map_or_else(|| "-".to_string(), |ns| format!("{:.3}", ns / 1000.0));
     writeln!(
         o,
-        "{:<18} {:>16} {:>16}",
+        "{:<18} {:>16} {:>18}",
         name,
         f(t.submit_ns_per_io()),
         f(t.reap_ns_per_completion())

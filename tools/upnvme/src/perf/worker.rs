@@ -66,16 +66,24 @@ pub struct NsPlan {
 /// (`--transport-stats`): where a round trip's time goes on the host side.
 ///
 /// Each figure is two TSC reads around the call, so it includes the reads'
-/// own cost; without `--transport-stats` nothing is stamped.
+/// own cost, and the reads sit inside the round trips they time (three more
+/// per I/O: one after `queue`, two around `ring`). Without
+/// `--transport-stats` nothing is stamped. With a warm-up, `submitted` counts
+/// the submissions after it, so it differs from the I/Os completed in the
+/// window by the commands in flight when the warm-up ended.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct CallTiming {
     /// Nanoseconds inside `queue`/`submit` and the `ring` after each batch:
-    /// SQE build, CID and PRP work, and the SQ tail doorbell writes.
+    /// SQE build, CID and PRP work, the SQ tail doorbell writes and the
+    /// bookkeeping after them (timeout stamps, counters; with
+    /// `--reap-on-submit`, also the reap that follows the doorbell).
     pub submit_ns: f64,
     /// Commands submitted by those calls.
     pub submitted: u64,
     /// Nanoseconds inside the `process_completions` calls that reaped at
-    /// least one completion (CQE checks, perf's callback, CQ head update).
+    /// least one completion: CQE checks, command ID lookup, perf's callback
+    /// (a TSC read and a push; the histogram is recorded later, outside) and
+    /// the CQ head update when one is due.
     pub reap_ns: f64,
     /// Completions those calls reaped.
     pub reaped: u64,
@@ -300,7 +308,11 @@ pub fn run(
         for (tag, buf) in bufs.into_iter().enumerate() {
             job.submit(&plan, &mut rng, buf, tag as u64)?;
         }
+        let t_ring = rdtsc();
         job.qp.ring();
+        if plan.time_calls {
+            job.ticks.submit += rdtsc().saturating_sub(t_ring);
+        }
     }
 
     let t0 = rdtsc();

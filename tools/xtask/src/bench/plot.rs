@@ -37,8 +37,8 @@ fn register_font() -> Result<()> {
         .map_err(|_| anyhow!("{} is not a usable TrueType font", path.display()))
 }
 
-/// Colours: upnvme variants in blues and greens, the floor in black, the kernel in
-/// warm colours.
+/// Colours: upnvme variants in blues and greens, the floor in black (grey with
+/// the SQ tail first), the kernel in warm colours.
 fn colour(label: &str, i: usize) -> RGBColor {
     const UPNVME: [RGBColor; 4] = [
         RGBColor(0x1f, 0x4e, 0xd8),
@@ -48,6 +48,7 @@ fn colour(label: &str, i: usize) -> RGBColor {
     ];
     match label {
         l if l.starts_with("upnvme") => UPNVME[i % UPNVME.len()],
+        l if l.contains("floor") && l.contains("SQ tail first") => RGBColor(0x99, 0x99, 0x99),
         l if l.contains("floor") => RGBColor(0x20, 0x20, 0x20),
         l if l.contains("io_uring") => RGBColor(0xd6, 0x27, 0x28),
         l if l.contains("pvsync2") => RGBColor(0xff, 0x7f, 0x0e),
