@@ -1365,10 +1365,36 @@ fn bad_input_texts_and_exit_codes() {
 }
 
 /// The raw floor loop (the benchmark's baseline) runs, reads without errors,
-/// and reports its submit time with `--time-calls` (and only then).
+/// and reports its submit time with `--time-calls` (and only then); its
+/// `--driver` mode runs the same loop through the queue pair API.
 #[test]
 fn rawfloor_runs_and_times_its_submissions() {
     let dev = device();
+    let rawfloor = |args: &[&str]| {
+        Command::new("upnvme-rawfloor")
+            .args(args)
+            .output()
+            .expect("upnvme-rawfloor is on the guest's PATH")
+    };
+    let base = ["-d", dev.as_str(), "-t", "1", "--warmup", "0", "--json"];
+    let v = json(&rawfloor(
+        &[&base[..], &["--driver", "--time-calls"]].concat(),
+    ));
+    let t = &v["total"];
+    assert!(t["ios"].as_u64().unwrap() > 0, "{t}");
+    assert_eq!(t["errors"], 0, "{t}");
+    assert_eq!(t["call_timing"]["submitted"], t["ios"], "{t}");
+    // The driver's doorbell economy: one SQ tail write per read, the CQ head
+    // rarely (adaptive moderation).
+    let sq = t["transport"]["sq_doorbell_mmio"].as_u64().unwrap();
+    let cq = t["transport"]["cq_doorbell_mmio"].as_u64().unwrap();
+    assert!(sq > 0 && sq <= t["ios"].as_u64().unwrap(), "{t}");
+    assert!(cq < sq, "{t}");
+    let err = fails(
+        &rawfloor(&[&base[..], &["--driver", "-q", "4"]].concat()),
+        1,
+    );
+    assert!(err.contains("--driver runs at depth 1"), "{err}");
     for depth in ["1", "4"] {
         let run = |extra: &[&str]| {
             let mut args = vec!["-d", dev.as_str(), "-q", depth, "-t", "1", "--warmup", "0"];

@@ -24,6 +24,13 @@
 //! runs from just before the SQE write to the moment the phase bit is seen,
 //! as in `upnvme perf`, timed with the TSC.
 //!
+//! `--driver` runs the same closed loop through upnvme's public queue pair
+//! API instead, at depth 1, with the driver's defaults (shadow doorbells,
+//! adaptive CQ head): `IoQueuePair::submit` of one read, then
+//! `process_completions(1, ..)` in a tight spin until it is back. It is the
+//! library's own QD1 round trip with the simplest application loop around
+//! it, for comparison with `upnvme perf -q 1` (whose loop does more).
+//!
 //! `--json` prints the same fields as `upnvme perf --json` (the `total` object,
 //! `histogram_us_count`), so `cargo xtask bench` parses both the same way.
 
@@ -35,7 +42,7 @@ use hdrhistogram::Histogram;
 use serde_json::{Value, json};
 use upnvme::dma::tsc::{self, rdtsc};
 use upnvme::queues::regs::{cq_head_doorbell, sq_tail_doorbell};
-use upnvme::{Controller, ControllerOptions, Device, DmaBuffer, Sqe};
+use upnvme::{Controller, ControllerOptions, Device, DmaBuffer, IoCommand, QueuePairOptions, Sqe};
 
 /// Percentiles reported in JSON (as `upnvme perf`).
 const PERCENTILES: [f64; 8] = [1.0, 10.0, 50.0, 90.0, 99.0, 99.9, 99.99, 99.999];
@@ -90,6 +97,10 @@ struct Args {
     /// (SQ tail first) instead of right after the completion is seen.
     #[arg(long = "sq-first")]
     sq_first: bool,
+    /// Run the loop through upnvme's queue pair API (depth 1 only) instead
+    /// of raw queues; see the program's documentation.
+    #[arg(long = "driver")]
+    driver: bool,
     /// Busy-wait this many nanoseconds before each submission (after the
     /// completion that frees its slot was seen, before the start stamp; the
     /// first `depth` submissions wait too): how much the device's latency
@@ -138,6 +149,8 @@ struct Measured {
     /// With `--time-calls`: (nanoseconds from the start stamps to after the
     /// SQ doorbell writes, submissions) over the measured window.
     submit: Option<(f64, u64)>,
+    /// SQ tail and CQ head doorbell MMIO writes in the measured window.
+    mmio: (u64, u64),
 }
 
 /// The queue pair the loop owns, created with raw admin commands.
@@ -291,6 +304,10 @@ impl Floor<'_> {
 fn run(a: &Args) -> Result<Value> {
     ensure!(a.depth >= 1, "queue depth (-q) must be at least 1");
     ensure!(a.seconds >= 1, "run time (-t) must be at least 1 second");
+    ensure!(
+        !a.driver || (a.depth == 1 && !a.sq_first),
+        "--driver runs at depth 1 and has no --sq-first (the driver orders its doorbells itself)"
+    );
     let addr = match &a.device {
         Some(d) => d.clone(),
         None => default_device()?,
@@ -300,12 +317,17 @@ fn run(a: &Args) -> Result<Value> {
     }
     let ctrl = Controller::open(
         &addr,
-        ControllerOptions {
-            // MMIO doorbells only: with Doorbell Buffer Config active, the
-            // controller would read tails and heads from the shadow buffer.
-            shadow_doorbells: false,
-            async_events: 0,
-            ..Default::default()
+        if a.driver {
+            // The driver as an application gets it.
+            ControllerOptions::default()
+        } else {
+            ControllerOptions {
+                // MMIO doorbells only: with Doorbell Buffer Config active, the
+                // controller would read tails and heads from the shadow buffer.
+                shadow_doorbells: false,
+                async_events: 0,
+                ..Default::default()
+            }
         },
     )
     .with_context(|| format!("opening {addr}"))?;
@@ -336,6 +358,11 @@ fn run(a: &Args) -> Result<Value> {
     let tsc_hz = tsc::calibrate(Duration::from_millis(100)).context("the TSC does not advance")?;
     let ns_per_tick = 1e9 / tsc_hz;
 
+    if a.driver {
+        let m = measure_driver(&ctrl, a, blocks, slots, tsc_hz, ns_per_tick)?;
+        ctrl.close()?;
+        return Ok(doc(a, &addr, &m));
+    }
     let q = RawQueues::create(&ctrl, qid, entries)?;
     let result = measure(&ctrl, &q, a, blocks, slots, tsc_hz, ns_per_tick);
     let deleted = q.delete(&ctrl);
@@ -439,6 +466,104 @@ fn measure(
         seconds,
         hist,
         submit,
+        mmio: (ios, ios),
+    })
+}
+
+/// `--driver`: the depth-1 closed loop through [`upnvme::IoQueuePair`]:
+/// `submit`, then `process_completions(1, ..)` until the read is back.
+fn measure_driver(
+    ctrl: &Controller,
+    a: &Args,
+    blocks: u32,
+    slots: u64,
+    tsc_hz: f64,
+    ns_per_tick: f64,
+) -> Result<Measured> {
+    let mut qp = ctrl.io_queue_pair(QueuePairOptions::default())?;
+    let mut buf = Some(ctrl.alloc_dma(IO_SIZE)?);
+    let mut rng = a.seed | 1;
+    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
+    let timeout_ticks = (COMPLETION_TIMEOUT.as_secs_f64() * tsc_hz) as u64;
+    let warmup_ticks = (a.warmup as f64 * tsc_hz) as u64;
+    let run_ticks = (a.seconds as f64 * tsc_hz) as u64;
+    let delay_ticks = (a.resubmit_delay_ns as f64 / ns_per_tick) as u64;
+    let t0 = rdtsc();
+    let mut measuring = warmup_ticks == 0;
+    let mut t_measure = t0;
+    let mut end = if measuring { t0 + run_ticks } else { u64::MAX };
+    let warm_end = t0 + warmup_ticks;
+    let (mut ios, mut errors) = (0u64, 0u64);
+    let (mut submit_ticks, mut submitted) = (0u64, 0u64);
+    loop {
+        let slba = (next_rand(&mut rng) % slots) * u64::from(blocks);
+        if delay_ticks > 0 {
+            let t = rdtsc();
+            while rdtsc().wrapping_sub(t) < delay_ticks {}
+        }
+        let start = rdtsc();
+        qp.submit(
+            IoCommand::Read {
+                nsid: a.nsid,
+                slba,
+                blocks,
+            },
+            buf.take(),
+            0,
+        )
+        .map_err(|f| anyhow::anyhow!("submitting a read: {}", f.error))?;
+        if a.time_calls {
+            submit_ticks += rdtsc().saturating_sub(start);
+            submitted += 1;
+        }
+        let (mut seen, mut ok, mut back) = (0u64, false, false);
+        let mut spins = 0u32;
+        let mut deadline = 0u64;
+        while !back {
+            qp.process_completions(1, |c| {
+                seen = rdtsc();
+                ok = c.is_ok();
+                buf = c.buffer;
+                back = true;
+            })?;
+            spins = spins.wrapping_add(1);
+            if !back && spins & 0xf_ffff == 0 {
+                let now = rdtsc();
+                if deadline == 0 {
+                    deadline = now + timeout_ticks;
+                } else if now > deadline {
+                    bail!("no completion within {} s", COMPLETION_TIMEOUT.as_secs());
+                }
+            }
+        }
+        ensure!(buf.is_some(), "the completion did not return the buffer");
+        if measuring {
+            hist.saturating_record((seen.saturating_sub(start) as f64 * ns_per_tick) as u64);
+            ios += 1;
+            errors += u64::from(!ok);
+            if seen >= end {
+                break;
+            }
+        } else if seen >= warm_end {
+            measuring = true;
+            t_measure = seen;
+            end = seen + run_ticks;
+            qp.reset_stats();
+            submit_ticks = 0;
+            submitted = 0;
+        }
+    }
+    let seconds = (rdtsc().saturating_sub(t_measure)) as f64 * ns_per_tick / 1e9;
+    let s = qp.stats();
+    Ok(Measured {
+        ios,
+        errors,
+        seconds,
+        hist,
+        submit: a
+            .time_calls
+            .then_some((submit_ticks as f64 * ns_per_tick, submitted)),
+        mmio: (s.sq_doorbell_mmio, s.cq_doorbell_mmio),
     })
 }
 
@@ -481,9 +606,11 @@ fn doc(a: &Args, device: &str, m: &Measured) -> Value {
                 "percentiles_us": pct,
             },
             "transport": {
-                "sq_doorbell_mmio": m.ios,
-                "cq_doorbell_mmio": m.ios,
-                "mmio_per_io": 2.0,
+                "sq_doorbell_mmio": m.mmio.0,
+                "cq_doorbell_mmio": m.mmio.1,
+                "mmio_per_io": (m.mmio.0 + m.mmio.1) as f64 / m.ios.max(1) as f64,
+                "sq_mmio_per_io": m.mmio.0 as f64 / m.ios.max(1) as f64,
+                "cq_mmio_per_io": m.mmio.1 as f64 / m.ios.max(1) as f64,
             },
             "call_timing": match m.submit {
                 None => Value::Null,

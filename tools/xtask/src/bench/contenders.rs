@@ -22,6 +22,9 @@ pub enum Kind {
     /// `upnvme-rawfloor --sq-first`: the same loop with the CQ head doorbell
     /// written after the next SQ tail doorbell.
     RawFloorSqFirst,
+    /// `upnvme-rawfloor --driver`: the depth-1 closed loop through upnvme's
+    /// queue pair API (`submit`, then `process_completions(1, ..)`).
+    DriverLoop,
     /// fio on the kernel's nvme driver.
     Fio(FioEngine),
 }
@@ -108,6 +111,7 @@ impl Contender {
                 "rawfloor-sqfirst".into(),
                 "raw floor (SQ tail first)".into(),
             ),
+            Kind::DriverLoop => ("driverloop".into(), "upnvme minimal loop".into()),
             Kind::Fio(FioEngine::IoUringHipri) => {
                 ("fio-io_uring-hipri".into(), "kernel io_uring hipri".into())
             }
@@ -163,6 +167,10 @@ impl Contender {
             }
             Kind::RawFloor => format!(
                 "upnvme-rawfloor -d \"$DEV\" -q {} -t {seconds} --warmup {WARMUP} --json",
+                self.qd
+            ),
+            Kind::DriverLoop => format!(
+                "upnvme-rawfloor -d \"$DEV\" -q {} -t {seconds} --warmup {WARMUP} --json --driver",
                 self.qd
             ),
             Kind::RawFloorSqFirst => format!(
@@ -263,9 +271,9 @@ pub const UPNVME_PER_IO: [Kind; 2] = [
 
 /// Every contender, in the order of the first round: the upnvme variants at
 /// depths 1, 4 and 32 (the shadow doorbell question is per depth) and the
-/// one-doorbell-per-I/O pair at 4 and 32, the raw
-/// floor in both doorbell orders and io_uring at 1 and 32, the other kernel
-/// profiles at 1.
+/// one-doorbell-per-I/O pair at 4 and 32, the minimal driver loop at 1, the
+/// raw floor in both doorbell orders and io_uring at 1 and 32, the other
+/// kernel profiles at 1.
 pub fn all() -> Vec<Contender> {
     let mut v = Vec::new();
     for qd in [1, 4, 32] {
@@ -276,6 +284,9 @@ pub fn all() -> Vec<Contender> {
             for kind in UPNVME_PER_IO {
                 v.push(Contender::new(kind, qd));
             }
+        }
+        if qd == 1 {
+            v.push(Contender::new(Kind::DriverLoop, qd));
         }
         if qd != 4 {
             v.push(Contender::new(Kind::RawFloor, qd));
@@ -387,7 +398,7 @@ mod tests {
     #[test]
     fn contender_set() {
         let all = all();
-        assert_eq!(all.len(), 5 * 3 + 2 * 2 + 3 * 2 + 2);
+        assert_eq!(all.len(), 5 * 3 + 2 * 2 + 1 + 3 * 2 + 2);
         let ids: std::collections::BTreeSet<_> = all.iter().map(|c| c.id.as_str()).collect();
         assert_eq!(ids.len(), all.len(), "ids are unique");
         assert!(ids.contains("upnvme-qd1"));
@@ -431,6 +442,9 @@ mod tests {
         assert!(find("fio-libaio-qd1").contains("--ioengine=libaio"));
         assert!(find("rawfloor-qd1").starts_with("upnvme-rawfloor"));
         assert!(!find("rawfloor-qd1").contains("--sq-first"));
+        let c = find("driverloop-qd1");
+        assert!(c.starts_with("upnvme-rawfloor") && c.contains("-q 1") && c.contains("--driver"));
+        assert!(!all.iter().any(|c| c.id == "driverloop-qd32"));
         let c = find("rawfloor-sqfirst-qd32");
         assert!(
             c.starts_with("upnvme-rawfloor") && c.contains("-q 32") && c.contains("--sq-first")

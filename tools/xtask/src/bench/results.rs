@@ -154,7 +154,9 @@ pub fn parse_output(kind: Kind, text: &str) -> Result<Metrics> {
         .context("empty output")?
         .context("the output is not JSON")?;
     match kind {
-        Kind::Upnvme { .. } | Kind::RawFloor | Kind::RawFloorSqFirst => parse_upnvme(&doc),
+        Kind::Upnvme { .. } | Kind::RawFloor | Kind::RawFloorSqFirst | Kind::DriverLoop => {
+            parse_upnvme(&doc)
+        }
         Kind::Fio(_) => parse_fio(&doc),
     }
 }
