@@ -159,9 +159,6 @@ struct Job {
     slots: u64,
     written: Vec<bool>,
     done: Vec<Completion>,
-    /// Latencies (TSC ticks) of the completions in `done`, recorded into
-    /// `hist` only after their resubmissions went out.
-    lat: Vec<u64>,
     ticks: CallTicks,
 }
 
@@ -227,7 +224,6 @@ impl Job {
                     Vec::new()
                 },
                 done: Vec::with_capacity(plan.depth as usize),
-                lat: Vec::with_capacity(plan.depth as usize),
                 ticks: CallTicks::default(),
             },
             bufs,
@@ -348,27 +344,34 @@ pub fn run(
         let time_up = (!count_mode && measuring && now >= end) || stop.load(Ordering::Relaxed);
         finished = true;
         for job in &mut jobs {
-            // The round trip's critical path: reap, resubmit, ring. Everything
-            // else (histogram, counters) waits until the doorbell is written.
             let mut done = std::mem::take(&mut job.done);
-            let mut lat = std::mem::take(&mut job.lat);
             let start = &job.start;
+            let hist = &mut job.hist;
+            let mut ios = 0u64;
             let mut errors = 0u64;
             let t_reap = if plan.time_calls { rdtsc() } else { 0 };
             job.qp
                 .process_completions(u32::MAX, |c| {
-                    lat.push(rdtsc().saturating_sub(start[c.tag as usize]));
+                    let ticks = rdtsc().saturating_sub(start[c.tag as usize]);
+                    hist.saturating_record(((ticks as f64) * ns_per_tick) as u64);
+                    ios += 1;
                     if c.result.is_err() {
                         errors += 1;
                     }
                     done.push(c);
                 })
                 .context("reaping completions")?;
-            let ios = done.len() as u64;
             if plan.time_calls && ios > 0 {
                 job.ticks.reap += rdtsc().saturating_sub(t_reap);
                 job.ticks.reaped += ios;
             }
+            if measuring {
+                job.ios += ios;
+                job.bytes += ios * plan.io_size as u64;
+            }
+            job.errors += errors;
+            job.in_flight -= ios as u32;
+            total_done += ios;
             for c in done.drain(..) {
                 let more = match plan.io_count {
                     Some(n) => job.submitted < n && !time_up,
@@ -386,19 +389,7 @@ pub fn run(
             } else {
                 job.qp.ring();
             }
-            for ticks in lat.drain(..) {
-                job.hist
-                    .saturating_record(((ticks as f64) * ns_per_tick) as u64);
-            }
-            if measuring {
-                job.ios += ios;
-                job.bytes += ios * plan.io_size as u64;
-            }
-            job.errors += errors;
-            job.in_flight -= ios as u32;
-            total_done += ios;
             job.done = done;
-            job.lat = lat;
             if job.in_flight > 0
                 || (count_mode && !time_up && job.submitted < plan.io_count.unwrap_or(0))
             {
