@@ -82,8 +82,8 @@ pub struct CallTiming {
     pub submitted: u64,
     /// Nanoseconds inside the `process_completions` calls that reaped at
     /// least one completion: CQE checks, command ID lookup, perf's callback
-    /// (a TSC read and a push; the histogram is recorded later, outside) and
-    /// the CQ head update when one is due.
+    /// (a TSC read, the histogram record and a push) and the CQ head update
+    /// when one is due.
     pub reap_ns: f64,
     /// Completions those calls reaped.
     pub reaped: u64,
