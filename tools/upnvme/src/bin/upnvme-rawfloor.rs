@@ -153,6 +153,86 @@ struct Measured {
     mmio: (u64, u64),
 }
 
+/// What [`Window::complete`] made of one completion.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Step {
+    /// Still warming up.
+    Warming,
+    /// This completion ended the warm-up: counters kept so far are void.
+    WarmupEnded,
+    /// Counted in the measured window; `last` once the window is over.
+    Measured { last: bool },
+}
+
+/// The warm-up and the measured window, and the latencies and errors
+/// counted in it, shared by the raw loop and `--driver`.
+struct Window {
+    hist: Histogram<u64>,
+    ns_per_tick: f64,
+    run_ticks: u64,
+    warm_end: u64,
+    measuring: bool,
+    t_measure: u64,
+    end: u64,
+    ios: u64,
+    errors: u64,
+}
+
+impl Window {
+    /// Starts the warm-up (or, with none, the measured window) now.
+    fn start(a: &Args, tsc_hz: f64, ns_per_tick: f64) -> Result<Window> {
+        let warmup_ticks = (a.warmup as f64 * tsc_hz) as u64;
+        let run_ticks = (a.seconds as f64 * tsc_hz) as u64;
+        let t0 = rdtsc();
+        let measuring = warmup_ticks == 0;
+        Ok(Window {
+            hist: Histogram::new_with_bounds(1, 60_000_000_000, 3)?,
+            ns_per_tick,
+            run_ticks,
+            warm_end: t0 + warmup_ticks,
+            measuring,
+            t_measure: t0,
+            end: if measuring { t0 + run_ticks } else { u64::MAX },
+            ios: 0,
+            errors: 0,
+        })
+    }
+
+    /// Accounts one completion seen at TSC `seen` of a command stamped at
+    /// `start`.
+    fn complete(&mut self, start: u64, seen: u64, failed: bool) -> Step {
+        if self.measuring {
+            let ns = seen.saturating_sub(start) as f64 * self.ns_per_tick;
+            self.hist.saturating_record(ns as u64);
+            self.ios += 1;
+            self.errors += u64::from(failed);
+            Step::Measured {
+                last: seen >= self.end,
+            }
+        } else if seen >= self.warm_end {
+            self.measuring = true;
+            self.t_measure = seen;
+            self.end = seen + self.run_ticks;
+            Step::WarmupEnded
+        } else {
+            Step::Warming
+        }
+    }
+
+    /// What was measured, with `submit` and `mmio` from the loop.
+    fn finish(self, submit: Option<(f64, u64)>, mmio: (u64, u64)) -> Measured {
+        let seconds = rdtsc().saturating_sub(self.t_measure) as f64 * self.ns_per_tick / 1e9;
+        Measured {
+            ios: self.ios,
+            errors: self.errors,
+            seconds,
+            hist: self.hist,
+            submit,
+            mmio,
+        }
+    }
+}
+
 /// The queue pair the loop owns, created with raw admin commands.
 struct RawQueues {
     qid: u16,
@@ -402,20 +482,12 @@ fn measure(
         submit_ticks: 0,
         submitted: 0,
     };
-    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
     let timeout_ticks = (COMPLETION_TIMEOUT.as_secs_f64() * tsc_hz) as u64;
-    let warmup_ticks = (a.warmup as f64 * tsc_hz) as u64;
-    let run_ticks = (a.seconds as f64 * tsc_hz) as u64;
 
     for cid in 0..a.depth as u16 {
         f.submit(cid)?;
     }
-    let t0 = rdtsc();
-    let mut measuring = warmup_ticks == 0;
-    let mut t_measure = t0;
-    let mut end = if measuring { t0 + run_ticks } else { u64::MAX };
-    let warm_end = t0 + warmup_ticks;
-    let (mut ios, mut errors) = (0u64, 0u64);
+    let mut w = Window::start(a, tsc_hz, ns_per_tick)?;
     let mut in_flight = a.depth;
     let mut stopping = false;
     while in_flight > 0 {
@@ -430,20 +502,13 @@ fn measure(
             q.qid
         );
         in_flight -= 1;
-        if measuring {
-            let ticks = now.saturating_sub(f.start[cid as usize]);
-            hist.saturating_record((ticks as f64 * ns_per_tick) as u64);
-            ios += 1;
-            errors += u64::from(dw3 >> 17 != 0);
-            if now >= end {
-                stopping = true;
+        match w.complete(f.start[cid as usize], now, dw3 >> 17 != 0) {
+            Step::Measured { last } => stopping |= last,
+            Step::WarmupEnded => {
+                f.submit_ticks = 0;
+                f.submitted = 0;
             }
-        } else if now >= warm_end {
-            measuring = true;
-            t_measure = now;
-            end = now + run_ticks;
-            f.submit_ticks = 0;
-            f.submitted = 0;
+            Step::Warming => {}
         }
         if !stopping {
             f.submit(cid)?;
@@ -456,18 +521,11 @@ fn measure(
             f.ring_cq();
         }
     }
-    let seconds = (rdtsc().saturating_sub(t_measure)) as f64 * ns_per_tick / 1e9;
     let submit = a
         .time_calls
         .then_some((f.submit_ticks as f64 * ns_per_tick, f.submitted));
-    Ok(Measured {
-        ios,
-        errors,
-        seconds,
-        hist,
-        submit,
-        mmio: (ios, ios),
-    })
+    let ios = w.ios;
+    Ok(w.finish(submit, (ios, ios)))
 }
 
 /// `--driver`: the depth-1 closed loop through [`upnvme::IoQueuePair`]:
@@ -483,17 +541,9 @@ fn measure_driver(
     let mut qp = ctrl.io_queue_pair(QueuePairOptions::default())?;
     let mut buf = Some(ctrl.alloc_dma(IO_SIZE)?);
     let mut rng = a.seed | 1;
-    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000_000, 3)?;
     let timeout_ticks = (COMPLETION_TIMEOUT.as_secs_f64() * tsc_hz) as u64;
-    let warmup_ticks = (a.warmup as f64 * tsc_hz) as u64;
-    let run_ticks = (a.seconds as f64 * tsc_hz) as u64;
     let delay_ticks = (a.resubmit_delay_ns as f64 / ns_per_tick) as u64;
-    let t0 = rdtsc();
-    let mut measuring = warmup_ticks == 0;
-    let mut t_measure = t0;
-    let mut end = if measuring { t0 + run_ticks } else { u64::MAX };
-    let warm_end = t0 + warmup_ticks;
-    let (mut ios, mut errors) = (0u64, 0u64);
+    let mut w = Window::start(a, tsc_hz, ns_per_tick)?;
     let (mut submit_ticks, mut submitted) = (0u64, 0u64);
     loop {
         let slba = (next_rand(&mut rng) % slots) * u64::from(blocks);
@@ -537,34 +587,21 @@ fn measure_driver(
             }
         }
         ensure!(buf.is_some(), "the completion did not return the buffer");
-        if measuring {
-            hist.saturating_record((seen.saturating_sub(start) as f64 * ns_per_tick) as u64);
-            ios += 1;
-            errors += u64::from(!ok);
-            if seen >= end {
-                break;
+        match w.complete(start, seen, !ok) {
+            Step::Measured { last: true } => break,
+            Step::Measured { last: false } | Step::Warming => {}
+            Step::WarmupEnded => {
+                qp.reset_stats();
+                submit_ticks = 0;
+                submitted = 0;
             }
-        } else if seen >= warm_end {
-            measuring = true;
-            t_measure = seen;
-            end = seen + run_ticks;
-            qp.reset_stats();
-            submit_ticks = 0;
-            submitted = 0;
         }
     }
-    let seconds = (rdtsc().saturating_sub(t_measure)) as f64 * ns_per_tick / 1e9;
     let s = qp.stats();
-    Ok(Measured {
-        ios,
-        errors,
-        seconds,
-        hist,
-        submit: a
-            .time_calls
-            .then_some((submit_ticks as f64 * ns_per_tick, submitted)),
-        mmio: (s.sq_doorbell_mmio, s.cq_doorbell_mmio),
-    })
+    let submit = a
+        .time_calls
+        .then_some((submit_ticks as f64 * ns_per_tick, submitted));
+    Ok(w.finish(submit, (s.sq_doorbell_mmio, s.cq_doorbell_mmio)))
 }
 
 fn us(ns: u64) -> f64 {
@@ -646,9 +683,12 @@ fn main() {
                     t["errors"]
                 );
                 if let Some(us) = t["call_timing"]["submit_us_per_io"].as_f64() {
-                    println!(
-                        "upnvme-rawfloor: submit (SQE write + SQ doorbell) {us:.3} us per I/O"
-                    );
+                    let what = if a.driver {
+                        "IoQueuePair::submit"
+                    } else {
+                        "SQE write + SQ doorbell"
+                    };
+                    println!("upnvme-rawfloor: submit ({what}) {us:.3} us per I/O");
                 }
             }
             if d["total"]["errors"].as_u64().unwrap_or(0) > 0 {
