@@ -1084,14 +1084,16 @@ fn perf_runs_with_and_without_each_option() {
 #[test]
 fn perf_reports_and_shuts_down_when_interrupted() {
     let dev = device();
-    // (signal, exit status, --json, --warmup)
-    for (sig, code, json, warmup) in [
-        ("INT", 130, false, "0"),
-        ("TERM", 143, true, "0"),
-        ("INT", 130, false, "60"),
+    // (signal, exit status, --json, --warmup, depth: 1 has its own loop)
+    for (sig, code, json, warmup, depth) in [
+        ("INT", 130, false, "0", "8"),
+        ("TERM", 143, true, "0", "8"),
+        ("INT", 130, false, "60", "8"),
+        ("TERM", 143, true, "0", "1"),
+        ("INT", 130, false, "60", "1"),
     ] {
         let mut args = vec![
-            "perf", "-d", &dev, "-q", "8", "-t", "60", "--warmup", warmup,
+            "perf", "-d", &dev, "-n", "1", "-q", depth, "-t", "60", "--warmup", warmup,
         ];
         if json {
             args.push("--json");
@@ -1197,6 +1199,60 @@ fn perf_verify_counts_no_mismatch() {
     for (w, mix) in [("write", "0"), ("rw", "30"), ("randrw", "70")] {
         let v = perf_json(&["-w", w, "-M", mix, "-q", "4", "--verify", "-c", "0,1"]);
         assert_eq!(v["verify_mismatches"], 0, "{w}");
+    }
+    // Depth 1 on one namespace runs its own loop.
+    let v = perf_json(&["-w", "randrw", "-M", "50", "--verify", "-n", "1"]);
+    assert_eq!(v["verify_mismatches"], 0, "{v}");
+}
+
+/// A timed run with a warm-up, through both of perf's loops (depth 1 on one
+/// namespace has its own): the window lasts what was asked, every I/O in it
+/// is counted once, and the call timing covers what was submitted.
+#[test]
+fn perf_timed_run_with_warmup_at_each_loop() {
+    let dev = device();
+    for depth in ["1", "4"] {
+        let o = upnvme(&[
+            "perf",
+            "-d",
+            &dev,
+            "-n",
+            "1",
+            "-q",
+            depth,
+            "-t",
+            "1",
+            "--warmup",
+            "1",
+            "--transport-stats",
+            "--json",
+        ]);
+        let v = json(&o);
+        assert_eq!(v["warmup_seconds"], 1, "{v}");
+        let t = &v["total"];
+        let ios = t["ios"].as_u64().unwrap();
+        assert!(ios > 0, "depth {depth}: {t}");
+        assert_eq!(t["errors"], 0, "depth {depth}: {t}");
+        let secs = v["jobs"][0]["seconds"].as_f64().unwrap();
+        assert!((0.9..2.0).contains(&secs), "depth {depth}: {secs} s: {v}");
+        // The histogram holds exactly the I/Os counted.
+        let hist: u64 = v["histogram_us_count"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b[1].as_u64().unwrap())
+            .sum();
+        assert_eq!(hist, ios, "depth {depth}: {v}");
+        let c = &t["call_timing"];
+        assert_eq!(c["reaped"].as_u64().unwrap(), ios, "depth {depth}: {t}");
+        let submitted = c["submitted"].as_u64().unwrap();
+        // Submissions in the window: one per completion, give or take the
+        // commands in flight at its two ends.
+        let d: u64 = depth.parse().unwrap();
+        assert!(
+            submitted + d >= ios && submitted <= ios + d,
+            "depth {depth}: {t}"
+        );
     }
 }
 
