@@ -1093,8 +1093,12 @@ fn perf_reports_and_shuts_down_when_interrupted() {
         ("INT", 130, false, "60", "1"),
     ] {
         let mut args = vec![
-            "perf", "-d", &dev, "-n", "1", "-q", depth, "-t", "60", "--warmup", warmup,
+            "perf", "-d", &dev, "-q", depth, "-t", "60", "--warmup", warmup,
         ];
+        if depth == "1" {
+            // One namespace: the depth-1 loop (with several, the batch loop).
+            args.extend(["-n", "1"]);
+        }
         if json {
             args.push("--json");
         }
@@ -1245,14 +1249,39 @@ fn perf_timed_run_with_warmup_at_each_loop() {
         assert_eq!(hist, ios, "depth {depth}: {v}");
         let c = &t["call_timing"];
         assert_eq!(c["reaped"].as_u64().unwrap(), ios, "depth {depth}: {t}");
+        assert_eq!(t["transport"]["completions"], ios, "depth {depth}: {t}");
         let submitted = c["submitted"].as_u64().unwrap();
-        // Submissions in the window: one per completion, give or take the
-        // commands in flight at its two ends.
         let d: u64 = depth.parse().unwrap();
-        assert!(
-            submitted + d >= ios && submitted <= ios + d,
-            "depth {depth}: {t}"
-        );
+        if d == 1 {
+            // The completion that ends the warm-up belongs to it; every
+            // command submitted after it completes in the window.
+            assert_eq!(submitted, ios, "depth {depth}: {t}");
+        } else {
+            // The commands in flight when the warm-up ended complete in the
+            // window but were submitted before it.
+            assert!(
+                submitted <= ios && ios - submitted <= d,
+                "depth {depth}: {t}"
+            );
+        }
+
+        // --io-count with a warm-up: exactly that many I/Os after it.
+        let v = json(&upnvme(&[
+            "perf",
+            "-d",
+            &dev,
+            "-n",
+            "1",
+            "-q",
+            depth,
+            "--io-count",
+            "300",
+            "--warmup",
+            "1",
+            "--json",
+        ]));
+        assert_eq!(v["total"]["ios"], 300, "depth {depth}: {v}");
+        assert_eq!(v["total"]["errors"], 0, "depth {depth}: {v}");
     }
 }
 
@@ -1331,6 +1360,10 @@ fn bad_input_texts_and_exit_codes() {
         (
             vec!["--io-count", "0"],
             "--io-count must be at least 1".into(),
+        ),
+        (
+            vec!["--io-count", "2", "-q", "8"],
+            "--io-count 2 is below the queue depth 8: each queue pair keeps 8 I/Os in flight; use --io-count 8 or more, or -q 2".into(),
         ),
     ];
     for (args, msg) in &perf_cases {

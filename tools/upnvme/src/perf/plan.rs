@@ -118,6 +118,14 @@ pub fn check_args(a: &PerfArgs, cores_present: &[usize]) -> Result<ArgPlan, Usag
     if a.io_count == Some(0) {
         return Err(usage("--io-count must be at least 1"));
     }
+    if let Some(n) = a.io_count
+        && n < u64::from(a.depth)
+    {
+        return Err(usage(format!(
+            "--io-count {n} is below the queue depth {d}: each queue pair keeps {d} I/Os in flight; use --io-count {d} or more, or -q {n}",
+            d = a.depth
+        )));
+    }
     if a.read_mix > 100 {
         // clap's range check normally catches this first.
         return Err(usage(format!(
@@ -589,6 +597,10 @@ mod tests {
         assert_eq!(
             bad(&["--io-count", "0"], &qemu()),
             "--io-count must be at least 1"
+        );
+        assert_eq!(
+            bad(&["--io-count", "2", "-q", "8"], &qemu()),
+            "--io-count 2 is below the queue depth 8: each queue pair keeps 8 I/Os in flight; use --io-count 8 or more, or -q 2"
         );
         // -t 0 is fine when the run is bounded by --io-count.
         validate(

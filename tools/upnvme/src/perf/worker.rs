@@ -64,8 +64,9 @@ pub struct NsPlan {
 /// (`--transport-stats`): where a round trip's time goes on the host side.
 ///
 /// Each figure is two TSC reads around the call, so it includes the reads'
-/// own cost, and the reads sit inside the round trips they time (three more
-/// per I/O: one after `queue`, two around `ring`). Without
+/// own cost, and some reads sit inside the round trips they time (in the
+/// batch loop one after each `queue` and two around each `ring`; at depth 1
+/// one before every poll and one after each `submit`). Without
 /// `--transport-stats` nothing is stamped. With a warm-up, `submitted` counts
 /// the submissions after it, so it differs from the I/Os completed in the
 /// window by the commands in flight when the warm-up ended.
@@ -80,8 +81,9 @@ pub struct CallTiming {
     pub submitted: u64,
     /// Nanoseconds inside the `process_completions` calls that reaped at
     /// least one completion: CQE checks, command ID lookup, perf's callback
-    /// (a TSC read, the histogram record and a push) and the CQ head update
-    /// when one is due.
+    /// (a TSC read and keeping the completion; in the batch loop also the
+    /// latency record, unless the reap emptied the queue) and the CQ head
+    /// update when one is due.
     pub reap_ns: f64,
     /// Completions those calls reaped.
     pub reaped: u64,
@@ -349,7 +351,8 @@ impl Job {
         let mut reaped = std::mem::take(&mut self.reaped);
         for (tag, buffer) in reaped.drain(..) {
             let more = match plan.io_count {
-                Some(n) => self.submitted < n && !time_up,
+                // The count applies to the measured window only.
+                Some(n) => !time_up && (!measuring || self.submitted < n),
                 None => !time_up,
             };
             if let (true, Some(buf)) = (more, buffer) {
@@ -495,13 +498,13 @@ impl RunClock {
     fn start(plan: &WorkerPlan, t0: u64) -> RunClock {
         let measuring = plan.warmup_ticks == 0;
         RunClock {
-            warm_end: t0 + plan.warmup_ticks,
+            warm_end: t0.saturating_add(plan.warmup_ticks),
             run_ticks: plan.run_ticks,
             count_mode: plan.io_count.is_some(),
             measuring,
             t_measure: t0,
             end: if measuring {
-                t0 + plan.run_ticks
+                t0.saturating_add(plan.run_ticks)
             } else {
                 u64::MAX
             },
@@ -516,7 +519,7 @@ impl RunClock {
         }
         self.measuring = true;
         self.t_measure = now;
-        self.end = now + self.run_ticks;
+        self.end = now.saturating_add(self.run_ticks);
         true
     }
 
@@ -546,9 +549,10 @@ impl Progress<'_> {
     }
 }
 
-/// Depth 1 on one namespace: spin on the one command, resubmit with its
-/// doorbell, then do the bookkeeping (latency record, counters, clock) while
-/// the device works. The host's turnaround, from seeing the completion to
+/// Depth 1 on one namespace: spin on the one command; decide from the
+/// completion's TSC stamp and the stop flag whether to go on; resubmit with
+/// its doorbell; then record the latency and count it while the device
+/// works. The host's turnaround, from seeing the completion to
 /// the next doorbell, is part of every QD1 round trip, so nothing else sits
 /// in it.
 fn depth1_loop(
@@ -587,7 +591,7 @@ fn depth1_loop(
         }
         let time_up = clock.time_up(seen, stop);
         let more = match plan.io_count {
-            Some(n) => job.submitted < n && !time_up,
+            Some(n) => !time_up && (!clock.measuring || job.submitted < n),
             None => !time_up,
         };
         if let (true, Some(buf)) = (more, c.buffer) {
@@ -636,10 +640,13 @@ fn batch_loop(
                 }
             }
             time_up = clock.time_up(now, stop);
-            let finished = jobs.iter().all(|j| {
-                j.in_flight == 0
-                    && !(clock.count_mode && !time_up && j.submitted < plan.io_count.unwrap_or(0))
-            });
+            // Done when nothing is in flight and nothing more may be
+            // submitted (the count applies to the measured window only).
+            let count_left = |j: &Job| match plan.io_count {
+                Some(n) => !time_up && (!clock.measuring || j.submitted < n),
+                None => false,
+            };
+            let finished = jobs.iter().all(|j| j.in_flight == 0 && !count_left(j));
             if finished {
                 return Ok(());
             }
