@@ -25,6 +25,17 @@
 //! load before the rest of the entry; the CID is validated (slot and
 //! generation), the SQ head taken from SQHD is validated against the window of
 //! submitted commands, and only then is the buffer handed back.
+//!
+//! ## For the lowest latency at low depth
+//!
+//! When a completion leaves nothing in flight, the device idles until the
+//! next SQ tail doorbell, so everything the application does between seeing
+//! the completion and submitting again is part of the next round trip. Keep
+//! the completion callback small, submit the next command first, and do the
+//! bookkeeping (latency records, statistics) after [`IoQueuePair::submit`]
+//! or [`IoQueuePair::ring`] returns. Under QEMU that turnaround decides
+//! whether a QD1 round trip takes ~10 or ~22 µs (docs/benchmarks.md, "Where
+//! the QD1 round trip goes"); `upnvme perf`'s depth-1 loop follows this.
 
 mod clock;
 mod command;
