@@ -11,8 +11,12 @@ use crate::memory::{DmaBuffer, DmaRegion, PageBacking};
 
 struct Region {
     region: DmaRegion,
-    /// Free page runs as (offset, len), unsorted.
+    /// Free page runs as (offset, len), sorted by offset, never adjacent.
+    /// `k` live buffers leave at most `k + 1` runs, and the capacity is
+    /// raised to that on every allocation, so freeing never allocates.
     free: Vec<(usize, usize)>,
+    /// Buffers handed out from this region and not yet dropped.
+    live: usize,
 }
 
 struct State {
@@ -72,10 +76,13 @@ impl DmaAllocator {
             let i = r.free.iter().position(|&(_, l)| l >= len)?;
             let (off, l) = r.free[i];
             if l == len {
-                r.free.swap_remove(i);
+                r.free.remove(i);
             } else {
                 r.free[i] = (off + len, l - len);
             }
+            r.live += 1;
+            let want = r.live + 1;
+            r.free.reserve(want.saturating_sub(r.free.len()));
             Some((r.region.clone(), off))
         });
         let (region, offset) = match found {
@@ -89,9 +96,11 @@ impl DmaAllocator {
                 if region.len() > len {
                     free.push((len, region.len() - len));
                 }
+                free.reserve(2);
                 state.regions.push(Region {
                     region: region.clone(),
                     free,
+                    live: 1,
                 });
                 (region, 0)
             }
@@ -110,8 +119,8 @@ impl DmaAllocator {
                         .iter_mut()
                         .find(|r| r.region.iova() == region.iova())
                 {
-                    r.free.push((off, l));
-                    coalesce(&mut r.free);
+                    r.live = r.live.saturating_sub(1);
+                    give_back(&mut r.free, off, l);
                 }
             })),
         )?;
@@ -138,16 +147,22 @@ impl DmaAllocator {
     }
 }
 
-fn coalesce(free: &mut Vec<(usize, usize)>) {
-    free.sort_unstable();
-    let mut out: Vec<(usize, usize)> = Vec::with_capacity(free.len());
-    for &(off, len) in free.iter() {
-        match out.last_mut() {
-            Some(last) if last.0 + last.1 == off => last.1 += len,
-            _ => out.push((off, len)),
+/// Returns the run (off, len) to the sorted free list, merged with the runs
+/// it touches: a binary search and at most one insert or remove, within the
+/// capacity reserved at allocation (no sort, no allocation).
+fn give_back(free: &mut Vec<(usize, usize)>, off: usize, len: usize) {
+    let i = free.partition_point(|&(o, _)| o < off);
+    let joins_prev = i > 0 && free[i - 1].0 + free[i - 1].1 == off;
+    let joins_next = i < free.len() && off + len == free[i].0;
+    match (joins_prev, joins_next) {
+        (true, true) => {
+            free[i - 1].1 += len + free[i].1;
+            free.remove(i);
         }
+        (true, false) => free[i - 1].1 += len,
+        (false, true) => free[i] = (off, len + free[i].1),
+        (false, false) => free.insert(i, (off, len)),
     }
-    *free = out;
 }
 
 #[cfg(test)]
@@ -196,6 +211,17 @@ mod tests {
         assert_eq!(b3.to_vec(), vec![0; 8192], "reused pages are zeroed");
         let big = a.alloc(3 << 20).unwrap();
         assert_eq!(a.regions(), 2);
+        // Out-of-order frees merge back into one run, without allocating.
+        let parts: Vec<_> = (0..6).map(|_| a.alloc(4096).unwrap()).collect();
+        let free_before = a.free_bytes();
+        let mut parts: Vec<Option<DmaBuffer>> = parts.into_iter().map(Some).collect();
+        for i in [1, 3, 5, 0, 4, 2] {
+            parts[i] = None;
+        }
+        assert_eq!(a.free_bytes(), free_before + 6 * 4096);
+        let whole = a.alloc(6 * 4096).unwrap();
+        assert_eq!(a.regions(), 2, "the merged run is reused");
+        drop(whole);
         drop((b1, b3, big));
         drop(a);
         assert_eq!(

@@ -19,6 +19,8 @@
 //! - [`iova`]: allocation of I/O virtual addresses inside the ranges the IOMMU
 //!   reports as valid.
 //! - [`alloc`]: a page-granular allocator that carves DMA regions into buffers.
+//! - [`pool`]: per-thread pools of fixed-size buffers (O(1) get/put).
+//! - [`queue_memory`]: the SQ/CQ ring accessors of the I/O hot path.
 
 #![allow(unsafe_code)]
 
@@ -29,6 +31,8 @@ pub mod iova;
 pub mod memory;
 pub mod mmio;
 pub mod pci;
+pub mod pool;
+pub mod queue_memory;
 pub mod sigbus;
 pub mod tsc;
 pub mod vfio;
@@ -39,6 +43,8 @@ pub use iova::{IovaAllocator, IovaRange};
 pub use memory::{DmaBuffer, DmaRegion, PageBacking};
 pub use mmio::Bar;
 pub use pci::{PciAddress, Sysfs};
+pub use pool::{DmaPool, NotFromThisPool};
+pub use queue_memory::{CqMemory, SqMemory};
 pub use vfio::{VfioContainer, VfioDevice};
 
 /// Size of the pages the allocator hands out and the NVMe memory page size the

@@ -389,27 +389,56 @@ pub type ReleaseFn = Box<dyn FnOnce(&DmaRegion, usize, usize) + Send + Sync>;
 /// Every page of a buffer has a known IOVA ([`DmaBuffer::iova_at`]); the whole
 /// buffer is contiguous in IOVA space. Offsets in all accessors are relative to
 /// the start of the buffer and bounds-checked against its length.
+///
+/// The handle is one pointer (the state lives in one heap block made when the
+/// buffer is made), so moving a buffer into a command and back out with its
+/// completion copies 8 bytes and touches no reference count; `Option<DmaBuffer>`
+/// is 8 bytes too.
 pub struct DmaBuffer {
+    inner: Box<BufferInner>,
+}
+
+struct BufferInner {
+    /// The buffer's first byte inside `mem` (`mem.base() + offset`).
+    base: NonNull<u8>,
+    len: usize,
+    /// IOVA of the first byte (`region.iova() + offset`).
+    iova: u64,
+    /// Which [`crate::DmaPool`] the buffer belongs to (0: none).
+    pool: u64,
+    offset: usize,
     mem: Arc<HostMemory>,
     region: DmaRegion,
-    offset: usize,
-    len: usize,
     release: Option<ReleaseFn>,
+    /// The buffer this one is carved from (pool buffers keep their slab's
+    /// pages out of the allocator until the last of them is gone).
+    parent: Option<Arc<DmaBuffer>>,
 }
+
+// SAFETY: `base` points into `mem`, which the buffer keeps alive (`Arc`);
+// it is never turned into a Rust reference, and every access through it is a
+// bounds-checked volatile, atomic or copy operation, as `HostMemory`'s own
+// (which is `Send`). The other fields are `Send` themselves.
+unsafe impl Send for BufferInner {}
+// SAFETY: as for `Send`, and as `HostMemory` is `Sync`: all methods that
+// reach the memory take `&self` and use only raw-pointer volatile, atomic or
+// copy accesses within bounds.
+unsafe impl Sync for BufferInner {}
 
 impl fmt::Debug for DmaBuffer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DmaBuffer")
             .field("iova", &format_args!("{:#x}", self.iova()))
-            .field("len", &self.len)
+            .field("len", &self.inner.len)
             .finish()
     }
 }
 
 impl Drop for DmaBuffer {
     fn drop(&mut self) {
-        if let Some(release) = self.release.take() {
-            release(&self.region, self.offset, self.len);
+        let i = &mut *self.inner;
+        if let Some(release) = i.release.take() {
+            release(&i.region, i.offset, i.len);
         }
     }
 }
@@ -431,13 +460,57 @@ impl DmaBuffer {
                 size: region.len(),
             });
         }
-        Ok(DmaBuffer {
-            mem: region.memory().clone(),
-            region,
+        let mem = region.memory().clone();
+        // Inside the mapping (checked above): wrapping_add is exact here.
+        let base = NonNull::new(mem.base().wrapping_add(offset)).ok_or(DmaError::OutOfBounds {
+            what: "DMA region",
             offset,
             len,
-            release,
+            size: region.len(),
+        })?;
+        Ok(DmaBuffer {
+            inner: Box::new(BufferInner {
+                base,
+                len,
+                iova: region.iova() + offset as u64,
+                pool: 0,
+                offset,
+                mem,
+                region,
+                release,
+                parent: None,
+            }),
         })
+    }
+
+    /// A view of `len` bytes at `offset` of `parent`, keeping `parent` (and
+    /// so its pages) alive; tagged as belonging to pool `pool`.
+    pub(crate) fn carve(
+        parent: &Arc<DmaBuffer>,
+        offset: usize,
+        len: usize,
+        pool: u64,
+    ) -> Result<DmaBuffer, DmaError> {
+        let p = &parent.inner;
+        let start = p.offset.checked_add(offset);
+        if offset.checked_add(len).is_none_or(|end| end > p.len) || len == 0 || start.is_none() {
+            return Err(DmaError::OutOfBounds {
+                what: "DMA buffer",
+                offset,
+                len,
+                size: p.len,
+            });
+        }
+        let mut b = DmaBuffer::new(p.region.clone(), p.offset + offset, len, None)?;
+        b.inner.pool = pool;
+        b.inner.parent = Some(parent.clone());
+        Ok(b)
+    }
+
+    /// The pool this buffer belongs to (0: none).
+    #[inline]
+    pub(crate) fn pool_id(&self) -> u64 {
+        self.inner.pool
     }
 
     /// Moves the ownership of this buffer's pages into a new handle: `self`
@@ -445,74 +518,60 @@ impl DmaBuffer {
     /// the pages to their allocator — dropping the returned handle does. Used
     /// to quarantine memory the device may still access.
     pub fn take_ownership(&mut self) -> DmaBuffer {
+        let i = &mut *self.inner;
         DmaBuffer {
-            mem: self.mem.clone(),
-            region: self.region.clone(),
-            offset: self.offset,
-            len: self.len,
-            release: self.release.take(),
+            inner: Box::new(BufferInner {
+                base: i.base,
+                len: i.len,
+                iova: i.iova,
+                pool: 0,
+                offset: i.offset,
+                mem: i.mem.clone(),
+                region: i.region.clone(),
+                release: i.release.take(),
+                parent: i.parent.clone(),
+            }),
         }
     }
 
     /// Length in bytes.
     #[inline]
     pub fn len(&self) -> usize {
-        self.len
+        self.inner.len
     }
 
     /// Always false: buffers are never empty.
     #[inline]
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.inner.len == 0
     }
 
     /// IOVA of the first byte.
     #[inline]
     pub fn iova(&self) -> u64 {
-        self.region.iova() + self.offset as u64
+        self.inner.iova
     }
 
     /// IOVA of byte `offset` (which may equal `len()`, one past the end).
     #[inline]
     pub fn iova_at(&self, offset: usize) -> Option<u64> {
-        (offset <= self.len).then(|| self.iova() + offset as u64)
+        (offset <= self.inner.len).then(|| self.iova() + offset as u64)
     }
 
-    #[inline(always)]
-    fn at(&self, offset: usize, len: usize) -> Result<usize, DmaError> {
-        match offset.checked_add(len) {
-            Some(end) if end <= self.len => Ok(self.offset + offset),
-            _ => Err(DmaError::OutOfBounds {
-                what: "DMA buffer",
-                offset,
-                len,
-                size: self.len,
-            }),
-        }
-    }
-
-    /// Volatile little-endian 16-bit read.
-    #[inline]
-    pub fn read_u16(&self, offset: usize) -> Result<u16, DmaError> {
-        self.mem.read_u16(self.at(offset, 2)?)
-    }
-    /// Volatile little-endian 16-bit write.
-    #[inline]
-    pub fn write_u16(&self, offset: usize, v: u16) -> Result<(), DmaError> {
-        self.mem.write_u16(self.at(offset, 2)?, v)
-    }
     /// Pointer to byte `offset` for an access of `len` bytes aligned to
-    /// `align` (a power of two): the hot accessors' single bounds check. It
+    /// `align` (a power of two): every accessor's single bounds check. It
     /// is against the buffer only; the buffer lies inside its mapping
     /// (`new` checks `offset + len <= region.len()`, the mapping's length),
     /// so no second check against the mapping is needed.
     #[inline(always)]
     fn ptr(&self, offset: usize, len: usize, align: usize) -> Result<*mut u8, DmaError> {
+        let i = &*self.inner;
         let what = match offset.checked_add(len) {
-            Some(end) if end <= self.len => {
-                if (self.offset + offset) & (align - 1) == 0 {
-                    // Stays inside the mapping (see above); wrapping_add is safe.
-                    return Ok(self.mem.base().wrapping_add(self.offset + offset));
+            Some(end) if end <= i.len => {
+                let p = i.base.as_ptr().wrapping_add(offset);
+                if (p as usize) & (align - 1) == 0 {
+                    // Stays inside the mapping (see above); wrapping_add is exact.
+                    return Ok(p);
                 }
                 "DMA buffer (misaligned access)"
             }
@@ -522,16 +581,32 @@ impl DmaBuffer {
             what,
             offset,
             len,
-            size: self.len,
+            size: i.len,
         })
     }
 
+    /// Volatile little-endian 16-bit read.
+    #[inline]
+    pub fn read_u16(&self, offset: usize) -> Result<u16, DmaError> {
+        let p = self.ptr(offset, 2, 2)?;
+        // SAFETY: `p` is inside the live mapping (kept alive by the buffer's
+        // `Arc<HostMemory>`) and 2-byte aligned, both checked by `ptr`.
+        Ok(u16::from_le(unsafe { p.cast::<u16>().read_volatile() }))
+    }
+    /// Volatile little-endian 16-bit write.
+    #[inline]
+    pub fn write_u16(&self, offset: usize, v: u16) -> Result<(), DmaError> {
+        let p = self.ptr(offset, 2, 2)?;
+        // SAFETY: as in `read_u16`.
+        unsafe { p.cast::<u16>().write_volatile(v.to_le()) };
+        Ok(())
+    }
     /// Volatile little-endian 32-bit read.
     #[inline]
     pub fn read_u32(&self, offset: usize) -> Result<u32, DmaError> {
         let p = self.ptr(offset, 4, 4)?;
-        // SAFETY: `p` is inside the live mapping (kept alive by `self.mem`) and
-        // 4-byte aligned, both checked by `ptr`.
+        // SAFETY: `p` is inside the live mapping (kept alive by the buffer's
+        // `Arc<HostMemory>`) and 4-byte aligned, both checked by `ptr`.
         Ok(u32::from_le(unsafe { p.cast::<u32>().read_volatile() }))
     }
     /// Volatile little-endian 32-bit write.
@@ -545,12 +620,18 @@ impl DmaBuffer {
     /// Volatile little-endian 64-bit read.
     #[inline]
     pub fn read_u64(&self, offset: usize) -> Result<u64, DmaError> {
-        self.mem.read_u64(self.at(offset, 8)?)
+        let p = self.ptr(offset, 8, 8)?;
+        // SAFETY: in bounds and 8-byte aligned (checked by `ptr`), inside the
+        // live mapping.
+        Ok(u64::from_le(unsafe { p.cast::<u64>().read_volatile() }))
     }
     /// Volatile little-endian 64-bit write.
     #[inline]
     pub fn write_u64(&self, offset: usize, v: u64) -> Result<(), DmaError> {
-        self.mem.write_u64(self.at(offset, 8)?, v)
+        let p = self.ptr(offset, 8, 8)?;
+        // SAFETY: as in `read_u64`.
+        unsafe { p.cast::<u64>().write_volatile(v.to_le()) };
+        Ok(())
     }
     /// Atomic acquire load of a 32-bit word (see [`HostMemory::load_acquire_u32`]).
     #[inline]
@@ -583,17 +664,32 @@ impl DmaBuffer {
     /// Copies from the buffer at `offset` into `dst`.
     #[inline]
     pub fn read_bytes(&self, offset: usize, dst: &mut [u8]) -> Result<(), DmaError> {
-        self.mem.read_bytes(self.at(offset, dst.len())?, dst)
+        let p = self.ptr(offset, dst.len(), 1)?;
+        // SAFETY: the source range is inside the live mapping (checked by
+        // `ptr`); `dst` is a Rust slice that cannot overlap the mapping (no
+        // references into it exist).
+        unsafe { std::ptr::copy_nonoverlapping(p, dst.as_mut_ptr(), dst.len()) };
+        Ok(())
     }
     /// Sets `len` bytes at `offset` to `byte`.
     pub fn fill(&self, offset: usize, len: usize, byte: u8) -> Result<(), DmaError> {
-        self.mem.fill(self.at(offset, len)?, len, byte)
+        let p = self.ptr(offset, len, 1)?;
+        // SAFETY: the range is inside the live mapping (checked by `ptr`).
+        unsafe { std::ptr::write_bytes(p, byte, len) };
+        Ok(())
     }
     /// Copies the whole buffer into a new vector.
     pub fn to_vec(&self) -> Vec<u8> {
-        let mut v = vec![0; self.len];
+        let mut v = vec![0; self.inner.len];
         // In bounds by construction.
         let _ = self.read_bytes(0, &mut v);
         v
+    }
+
+    /// The raw pointer to the buffer's first byte and its length, for the
+    /// queue memory accessors of this crate (never exposed as a reference).
+    #[inline]
+    pub(crate) fn raw(&self) -> (NonNull<u8>, usize) {
+        (self.inner.base, self.inner.len)
     }
 }

@@ -1,0 +1,191 @@
+//! [`DmaPool`]: a per-thread pool of fixed-size DMA buffers with O(1) get
+//! and put, no lock and no allocation after it is made.
+//!
+//! The pool carves one buffer (the slab, from the allocator) into `count`
+//! buffers of `len` bytes, each starting on a 4 KiB page, so a buffer of up
+//! to 8 KiB needs no PRP list. Handing a buffer out moves it out of the
+//! pool; a command that uses it owns it (it moved into the command), so it
+//! cannot be put back while the device may still touch it — that is the
+//! type system's doing, not a runtime check:
+//!
+//! ```compile_fail,E0382
+//! # fn f(pool: &mut upnvme_dma::DmaPool, keep: &mut Vec<upnvme_dma::DmaBuffer>) {
+//! let buf = pool.get().unwrap();
+//! keep.push(buf);          // e.g. moved into a submitted command
+//! let _ = pool.put(buf);   // error[E0382]: use of moved value
+//! # }
+//! ```
+//!
+//! Buffers are not zeroed when they come back: a buffer from [`DmaPool::get`]
+//! holds whatever its last user (or the device) left in it; only memory fresh
+//! from the kernel is zero. A pool buffer that is dropped instead of put back
+//! is gone from the pool (its pages return to the allocator with the slab,
+//! once the pool and all its buffers are gone).
+
+use std::cell::Cell;
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::PAGE_SIZE;
+use crate::error::DmaError;
+use crate::memory::DmaBuffer;
+
+/// A pool of `count` DMA buffers of `len` bytes each. `Send`, not `Sync`:
+/// one thread gets and puts, like the queue pair it feeds.
+pub struct DmaPool {
+    free: Vec<DmaBuffer>,
+    id: u64,
+    len: usize,
+    count: usize,
+    _not_sync: PhantomData<Cell<()>>,
+}
+
+impl std::fmt::Debug for DmaPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DmaPool")
+            .field("buffer_len", &self.len)
+            .field("count", &self.count)
+            .field("available", &self.free.len())
+            .finish()
+    }
+}
+
+/// Why [`DmaPool::put`] refused a buffer (it comes back in the error).
+#[derive(Debug)]
+pub struct NotFromThisPool(pub DmaBuffer);
+
+impl std::fmt::Display for NotFromThisPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the DMA buffer at IOVA {:#x} was not handed out by this pool",
+            self.0.iova()
+        )
+    }
+}
+
+impl std::error::Error for NotFromThisPool {}
+
+impl DmaPool {
+    /// The pool's buffer stride for buffers of `len` bytes: whole 4 KiB pages.
+    pub fn stride(len: usize) -> Option<usize> {
+        len.checked_next_multiple_of(PAGE_SIZE)
+    }
+
+    /// Carves `slab` (at least `count` × [`DmaPool::stride`]`(len)` bytes)
+    /// into `count` buffers of `len` bytes.
+    pub fn new(slab: DmaBuffer, len: usize, count: usize) -> Result<DmaPool, DmaError> {
+        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+        let stride = Self::stride(len).filter(|_| len > 0);
+        let need = stride.and_then(|s| s.checked_mul(count));
+        let (Some(stride), Some(need)) = (stride, need) else {
+            return Err(DmaError::InvalidAllocation(format!(
+                "a pool of {count} buffers of {len} bytes"
+            )));
+        };
+        if count == 0 || need > slab.len() {
+            return Err(DmaError::InvalidAllocation(format!(
+                "a pool of {count} buffers of {len} bytes needs {need} bytes; the slab has {}",
+                slab.len()
+            )));
+        }
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        let slab = Arc::new(slab);
+        let mut free = Vec::with_capacity(count);
+        // Pushed in reverse so that `get` hands out the lowest IOVA first.
+        for i in (0..count).rev() {
+            free.push(DmaBuffer::carve(&slab, i * stride, len, id)?);
+        }
+        Ok(DmaPool {
+            free,
+            id,
+            len,
+            count,
+            _not_sync: PhantomData,
+        })
+    }
+
+    /// A buffer, or `None` when all are handed out. O(1), no lock, no
+    /// allocation, no zeroing.
+    #[inline]
+    pub fn get(&mut self) -> Option<DmaBuffer> {
+        self.free.pop()
+    }
+
+    /// Puts a buffer this pool handed out back. O(1), never allocates (the
+    /// pool's capacity is its count). A buffer from elsewhere is refused and
+    /// handed back.
+    #[inline]
+    pub fn put(&mut self, buf: DmaBuffer) -> Result<(), NotFromThisPool> {
+        if buf.pool_id() != self.id || self.free.len() >= self.count {
+            return Err(NotFromThisPool(buf));
+        }
+        self.free.push(buf);
+        Ok(())
+    }
+
+    /// Buffers in the pool now.
+    pub fn available(&self) -> usize {
+        self.free.len()
+    }
+
+    /// Buffers the pool was made with.
+    pub fn capacity(&self) -> usize {
+        self.count
+    }
+
+    /// Bytes per buffer.
+    pub fn buffer_len(&self) -> usize {
+        self.len
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::{DmaMapper, DmaRegion, HostMemory, PageBacking};
+
+    struct Flat;
+    impl DmaMapper for Flat {
+        fn map(&self, _mem: &Arc<HostMemory>) -> Result<u64, DmaError> {
+            Ok(0x20_0000)
+        }
+        fn unmap(&self, _iova: u64, _len: usize) {}
+    }
+
+    fn slab(len: usize) -> DmaBuffer {
+        let r = DmaRegion::new(len, PageBacking::Small4K, Arc::new(Flat)).unwrap();
+        DmaBuffer::new(r, 0, len, None).unwrap()
+    }
+
+    #[test]
+    fn get_put_exhaustion_and_foreign_buffers() {
+        let mut p = DmaPool::new(slab(4 * 8192), 5000, 4).unwrap();
+        assert_eq!(p.available(), 4);
+        let bufs: Vec<_> = (0..4).map(|_| p.get().unwrap()).collect();
+        assert!(p.get().is_none(), "exhausted");
+        assert_eq!(bufs[0].iova(), 0x20_0000);
+        assert_eq!(bufs[1].iova(), 0x20_0000 + 8192, "page-aligned stride");
+        assert!(bufs.iter().all(|b| b.len() == 5000));
+        for b in bufs {
+            p.put(b).unwrap();
+        }
+        let mut other = DmaPool::new(slab(4096), 4096, 1).unwrap();
+        let b = other.get().unwrap();
+        let back = p.put(b).unwrap_err();
+        other.put(back.0).unwrap();
+        assert!(p.put(slab(4096)).is_err(), "a buffer from no pool");
+        assert!(DmaPool::new(slab(4096), 4096, 2).is_err(), "slab too small");
+        assert!(DmaPool::new(slab(4096), 0, 1).is_err());
+    }
+
+    #[test]
+    fn data_survives_reuse() {
+        let mut p = DmaPool::new(slab(4096), 4096, 1).unwrap();
+        let b = p.get().unwrap();
+        b.write_u32(0, 0xfeed).unwrap();
+        p.put(b).unwrap();
+        assert_eq!(p.get().unwrap().read_u32(0).unwrap(), 0xfeed, "not zeroed");
+    }
+}

@@ -1,0 +1,238 @@
+//! Accessors for the memory of one submission or completion queue: the
+//! hot path's only view of its rings.
+//!
+//! A queue is a [`DmaBuffer`] of `entries` fixed-size slots (64-byte SQEs,
+//! 16-byte CQEs; NVMe 2.0 §4.1, CC.IOSQES = 6 and CC.IOCQES = 4). The bounds
+//! are established once, when the accessor is made: the entry count and the
+//! base pointer never change, so an access is one compare of the slot index
+//! with the entry count (no length arithmetic, no `Result` with an error to
+//! build), and the SQE is written straight into its slot with eight 64-bit
+//! volatile stores. No Rust reference into the ring is ever formed.
+
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use crate::error::DmaError;
+use crate::memory::DmaBuffer;
+
+/// Bytes per submission queue entry (CC.IOSQES = 6).
+pub const SQE_BYTES: usize = 64;
+/// Bytes per completion queue entry (CC.IOCQES = 4).
+pub const CQE_BYTES: usize = 16;
+
+fn check(buf: &DmaBuffer, entries: u32, entry_bytes: usize) -> Result<NonNull<u8>, DmaError> {
+    let (base, len) = buf.raw();
+    let need = (entries as usize).checked_mul(entry_bytes);
+    if entries == 0 || need.is_none_or(|n| n > len) || base.as_ptr() as usize % entry_bytes != 0 {
+        return Err(DmaError::OutOfBounds {
+            what: "queue memory (entries x entry size, entry-aligned)",
+            offset: 0,
+            len: need.unwrap_or(usize::MAX),
+            size: len,
+        });
+    }
+    Ok(base)
+}
+
+/// The memory of one submission queue: `entries` 64-byte slots.
+#[derive(Debug)]
+pub struct SqMemory {
+    base: NonNull<u8>,
+    entries: u32,
+    buf: DmaBuffer,
+}
+
+// SAFETY: `base` points into `buf`'s mapping, which `buf` keeps alive; it is
+// only used for volatile stores inside the slots checked against `entries`.
+// The type is not `Sync` (no `&self` access from two threads).
+unsafe impl Send for SqMemory {}
+
+impl SqMemory {
+    /// Takes `buf` as the memory of a queue of `entries` SQEs. Fails if the
+    /// buffer is too small or not 64-byte aligned.
+    pub fn new(buf: DmaBuffer, entries: u32) -> Result<SqMemory, DmaError> {
+        let base = check(&buf, entries, SQE_BYTES)?;
+        Ok(SqMemory { base, entries, buf })
+    }
+
+    /// Number of slots.
+    #[inline]
+    pub fn entries(&self) -> u32 {
+        self.entries
+    }
+
+    /// The buffer behind the queue (its IOVA goes into Create I/O SQ).
+    #[inline]
+    pub fn buffer(&self) -> &DmaBuffer {
+        &self.buf
+    }
+
+    /// Mutable access to the buffer behind the queue (quarantine).
+    pub fn buffer_mut(&mut self) -> &mut DmaBuffer {
+        &mut self.buf
+    }
+
+    /// Writes one SQE (16 little-endian dwords) into slot `index` with
+    /// eight 64-bit volatile stores. Returns false (and writes nothing) when
+    /// `index` is not a slot of this queue.
+    ///
+    /// The stores are plain (not release): the doorbell write that announces
+    /// the entry orders them (`Device::write32`, or the release store and
+    /// fence of a shadow doorbell update).
+    #[inline(always)]
+    pub fn write_sqe(&self, index: u32, dw: &[u32; 16]) -> bool {
+        if index >= self.entries {
+            return false;
+        }
+        let p = self
+            .base
+            .as_ptr()
+            .wrapping_add(index as usize * SQE_BYTES)
+            .cast::<u64>();
+        for i in 0..8 {
+            let q = (dw[2 * i] as u64) | ((dw[2 * i + 1] as u64) << 32);
+            // SAFETY: `index < entries` and `entries * 64 <= len` (checked at
+            // creation), so the eight qwords of the slot lie inside the live
+            // mapping; the base is 64-byte aligned, so each qword is aligned.
+            unsafe { p.add(i).write_volatile(q.to_le()) };
+        }
+        true
+    }
+}
+
+/// The memory of one completion queue: `entries` 16-byte slots.
+#[derive(Debug)]
+pub struct CqMemory {
+    base: NonNull<u8>,
+    entries: u32,
+    buf: DmaBuffer,
+}
+
+// SAFETY: as for `SqMemory`: `base` points into `buf`'s live mapping and is
+// only used for atomic or volatile loads inside checked slots.
+unsafe impl Send for CqMemory {}
+
+impl CqMemory {
+    /// Takes `buf` as the memory of a queue of `entries` CQEs. Fails if the
+    /// buffer is too small or not 16-byte aligned.
+    pub fn new(buf: DmaBuffer, entries: u32) -> Result<CqMemory, DmaError> {
+        let base = check(&buf, entries, CQE_BYTES)?;
+        Ok(CqMemory { base, entries, buf })
+    }
+
+    /// Number of slots.
+    #[inline]
+    pub fn entries(&self) -> u32 {
+        self.entries
+    }
+
+    /// The buffer behind the queue.
+    #[inline]
+    pub fn buffer(&self) -> &DmaBuffer {
+        &self.buf
+    }
+
+    /// Mutable access to the buffer behind the queue (quarantine).
+    pub fn buffer_mut(&mut self) -> &mut DmaBuffer {
+        &mut self.buf
+    }
+
+    #[inline(always)]
+    fn dword(&self, index: u32, dw: usize) -> Option<*mut u32> {
+        if index >= self.entries {
+            return None;
+        }
+        Some(
+            self.base
+                .as_ptr()
+                .wrapping_add(index as usize * CQE_BYTES + (dw & 3) * 4)
+                .cast::<u32>(),
+        )
+    }
+
+    /// Dword 3 of the CQE in slot `index` (status, phase tag, CID), loaded
+    /// with acquire ordering: the other dwords, read after it, are at least
+    /// as new. `None` when `index` is not a slot of this queue.
+    #[inline(always)]
+    pub fn load_dw3(&self, index: u32) -> Option<u32> {
+        let p = self.dword(index, 3)?;
+        // SAFETY: inside the slot (checked against `entries`, which fits the
+        // mapping), 4-byte aligned; the `&AtomicU32` exists only for this one
+        // load, an atomic view of memory the device writes.
+        let v = unsafe { AtomicU32::from_ptr(p) }.load(Ordering::Acquire);
+        Some(u32::from_le(v))
+    }
+
+    /// Dword `dw` (0..=3) of the CQE in slot `index`, a volatile load (after
+    /// [`CqMemory::load_dw3`] saw the entry's new phase). `None` when
+    /// `index` is not a slot of this queue.
+    #[inline(always)]
+    pub fn read_dw(&self, index: u32, dw: usize) -> Option<u32> {
+        let p = self.dword(index, dw)?;
+        // SAFETY: inside the slot (checked), 4-byte aligned, live mapping.
+        Some(u32::from_le(unsafe { p.read_volatile() }))
+    }
+
+    /// Zeroes every entry (after a reset: stale entries would look new to
+    /// a restarted phase). Atomic stores, so a device that still wrote would
+    /// race on values, not on Rust's memory model.
+    pub fn zero(&self) {
+        for i in 0..self.entries {
+            for dw in 0..4 {
+                if let Some(p) = self.dword(i, dw) {
+                    // SAFETY: inside the slot (checked), aligned, atomic store.
+                    unsafe { AtomicU32::from_ptr(p) }.store(0, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::{DmaMapper, DmaRegion, HostMemory, PageBacking};
+    use std::sync::Arc;
+
+    struct Flat;
+    impl DmaMapper for Flat {
+        fn map(&self, _mem: &Arc<HostMemory>) -> Result<u64, DmaError> {
+            Ok(0x10_0000)
+        }
+        fn unmap(&self, _iova: u64, _len: usize) {}
+    }
+
+    fn buffer(len: usize) -> DmaBuffer {
+        let r = DmaRegion::new(len, PageBacking::Small4K, Arc::new(Flat)).unwrap();
+        DmaBuffer::new(r, 0, len, None).unwrap()
+    }
+
+    #[test]
+    fn sqe_lands_in_its_slot_and_out_of_range_is_refused() {
+        let sq = SqMemory::new(buffer(4096), 4).unwrap();
+        let mut dw = [0u32; 16];
+        for (i, d) in dw.iter_mut().enumerate() {
+            *d = 0x1000_0000 + i as u32;
+        }
+        assert!(sq.write_sqe(3, &dw));
+        assert!(!sq.write_sqe(4, &dw));
+        for i in 0..16 {
+            assert_eq!(sq.buffer().read_u32(3 * 64 + i * 4).unwrap(), dw[i]);
+            assert_eq!(sq.buffer().read_u32(2 * 64 + i * 4).unwrap(), 0);
+        }
+        assert!(SqMemory::new(buffer(4096), 65).is_err());
+    }
+
+    #[test]
+    fn cqe_dwords() {
+        let cq = CqMemory::new(buffer(4096), 8).unwrap();
+        cq.buffer().write_u32(5 * 16 + 12, 0xdead_0001).unwrap();
+        cq.buffer().write_u32(5 * 16, 7).unwrap();
+        assert_eq!(cq.load_dw3(5), Some(0xdead_0001));
+        assert_eq!(cq.read_dw(5, 0), Some(7));
+        assert_eq!(cq.load_dw3(8), None);
+        cq.zero();
+        assert_eq!(cq.load_dw3(5), Some(0));
+        assert!(CqMemory::new(buffer(4096), 257).is_err());
+    }
+}
