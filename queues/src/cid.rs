@@ -70,36 +70,44 @@ impl fmt::Display for CidError {
 
 impl std::error::Error for CidError {}
 
-/// Fixed table of tracker slots with per-slot generations and an O(1) free
-/// list. All memory is allocated in [`CidTable::new`]; `alloc`, `complete`
-/// and `cancel` never allocate.
+/// Fixed table of tracker slots with per-slot generations, an O(1) free
+/// stack, and a value of the caller's per slot (the driver keeps its
+/// trackers here: tag, buffer, timeout state). All memory is allocated in
+/// [`CidTable::new`]; `alloc`, `complete` and `cancel` never allocate.
 ///
 /// Each slot keeps the CID in flight in it (or [`FREE`]) and the CID it hands
 /// out next, so allocation is a pop and a copy, and checking a completion is
-/// one load and one compare; the generation is the CID's upper bits.
+/// one load and one compare; the generation is the CID's upper bits. The
+/// slot array has a power-of-two length, so the slot of any CID is
+/// `cid & mask`; slots beyond the requested count are never handed out.
 #[derive(Clone, Debug)]
-pub struct CidTable {
-    slots: Box<[Slot]>,
-    /// Stack of free slot indices; capacity == slots, so pushes never reallocate.
+pub struct CidTable<T = ()> {
+    slots: Box<[Slot<T>]>,
+    /// Stack of free slot indices; capacity == usable slots, so pushes never
+    /// reallocate.
     free: Vec<u16>,
+    /// Usable slots (those ever handed out).
+    usable: u16,
     slot_mask: u16,
     slot_bits: u32,
 }
 
-/// A slot's CIDs: `cid` in flight (or [`FREE`]) and the `next` one to hand out.
+/// A slot's CIDs: `cid` in flight (or [`FREE`]) and the `next` one to hand
+/// out, and the caller's value.
 #[derive(Clone, Copy, Debug)]
-struct Slot {
+struct Slot<T> {
     cid: u16,
     next: u16,
+    value: T,
 }
 
 /// `Slot::cid` of a free slot: 0xFFFF, the one value never handed out.
 const FREE: u16 = 0xffff;
 
-impl CidTable {
-    /// A table of `slots` slots, all free, all at generation 0. `slots` is
-    /// clamped to 1..=[`MAX_SLOTS`] (4096).
-    pub fn new(slots: u16) -> CidTable {
+impl<T: Default> CidTable<T> {
+    /// A table of `slots` slots, all free, all at generation 0, each with
+    /// `T::default()`. `slots` is clamped to 1..=[`MAX_SLOTS`] (4096).
+    pub fn new(slots: u16) -> CidTable<T> {
         let slots = slots.clamp(1, MAX_SLOTS);
         let slot_bits = if slots == 1 {
             0
@@ -108,20 +116,30 @@ impl CidTable {
         };
         let slot_mask = ((1u32 << slot_bits) - 1) as u16;
         // Pop order: slot 0 first.
-        let free: Vec<u16> = (0..slots).rev().collect();
+        let mut free = Vec::with_capacity(usize::from(slots));
+        free.extend((0..slots).rev());
         CidTable {
             // Generation 0: the CID is the slot index (never 0xFFFF, as
             // slots <= 4096).
-            slots: (0..slots).map(|i| Slot { cid: FREE, next: i }).collect(),
+            slots: (0..=slot_mask)
+                .map(|i| Slot {
+                    cid: FREE,
+                    next: i,
+                    value: T::default(),
+                })
+                .collect(),
             free,
+            usable: slots,
             slot_mask,
             slot_bits,
         }
     }
+}
 
+impl<T> CidTable<T> {
     /// Number of slots.
     pub fn slots(&self) -> u16 {
-        self.slots.len() as u16
+        self.usable
     }
 
     /// Number of low CID bits that hold the slot index.
@@ -132,11 +150,11 @@ impl CidTable {
     /// Number of commands in flight.
     #[inline]
     pub fn in_flight(&self) -> u32 {
-        (self.slots.len() - self.free.len()) as u32
+        u32::from(self.usable) - self.free.len() as u32
     }
 
-    /// The slot index encoded in `cid` (may be out of range for hostile input;
-    /// [`CidTable::complete`] checks).
+    /// The slot index encoded in `cid` (may name a slot that is never handed
+    /// out for hostile input; [`CidTable::complete`] checks).
     #[inline]
     pub fn slot_of(&self, cid: u16) -> u16 {
         cid & self.slot_mask
@@ -157,10 +175,16 @@ impl CidTable {
     /// in flight. O(1).
     #[inline(always)]
     pub fn alloc(&mut self) -> Option<Cid> {
+        self.alloc_mut().map(|(c, _)| c)
+    }
+
+    /// As [`CidTable::alloc`], with the slot's value to fill in.
+    #[inline(always)]
+    pub fn alloc_mut(&mut self) -> Option<(Cid, &mut T)> {
         let slot = self.free.pop()?;
-        let s = &mut self.slots[usize::from(slot)];
+        let s = self.slots.get_mut(usize::from(slot))?;
         s.cid = s.next;
-        Some(Cid { value: s.cid, slot })
+        Some((Cid { value: s.cid, slot }, &mut s.value))
     }
 
     /// Checks that `cid` is the CID of a command in flight, without releasing
@@ -170,14 +194,17 @@ impl CidTable {
         let slot = cid & self.slot_mask;
         match self.slots.get(usize::from(slot)) {
             Some(s) if s.cid == cid && cid != FREE => Ok(slot),
-            found => Err(Self::mismatch(cid, found)),
+            _ => Err(self.mismatch(cid)),
         }
     }
 
     #[cold]
-    fn mismatch(cid: u16, found: Option<&Slot>) -> CidError {
-        match found {
+    #[inline(never)]
+    fn mismatch(&self, cid: u16) -> CidError {
+        let slot = cid & self.slot_mask;
+        match self.slots.get(usize::from(slot)) {
             None => CidError::UnknownSlot(cid),
+            Some(_) if slot >= self.usable => CidError::UnknownSlot(cid),
             Some(s) if s.cid == FREE => CidError::NotInFlight(cid),
             Some(s) => CidError::StaleGeneration {
                 cid,
@@ -191,27 +218,52 @@ impl CidTable {
     /// generation. Returns the slot.
     #[inline]
     pub fn complete(&mut self, cid: u16) -> Result<u16, CidError> {
-        let slot = self.validate(cid)?;
-        self.release(slot);
-        Ok(slot)
+        self.complete_mut(cid).map(|(slot, _)| slot)
+    }
+
+    /// As [`CidTable::complete`], with the slot's value (to take what the
+    /// command held). One load and compare for the check, one store for the
+    /// release, one push onto the free stack.
+    #[inline(always)]
+    pub fn complete_mut(&mut self, cid: u16) -> Result<(u16, &mut T), CidError> {
+        let slot = cid & self.slot_mask;
+        let step = (1u32 << self.slot_bits) as u16;
+        let ok = matches!(self.slots.get(usize::from(slot)), Some(s) if s.cid == cid && cid != FREE);
+        if !ok {
+            return Err(self.mismatch(cid));
+        }
+        // Cannot reallocate: at most `usable` entries are ever free.
+        self.free.push(slot);
+        let Some(s) = self.slots.get_mut(usize::from(slot)) else {
+            return Err(CidError::UnknownSlot(cid));
+        };
+        s.next = match cid.wrapping_add(step) {
+            FREE => FREE.wrapping_add(step),
+            n => n,
+        };
+        s.cid = FREE;
+        Ok((slot, &mut s.value))
     }
 
     #[inline]
     fn release(&mut self, slot: u16) {
         let i = usize::from(slot);
         let next = self.successor(self.slots[i].cid);
-        self.slots[i] = Slot { cid: FREE, next };
-        // Cannot reallocate: at most `slots` entries are ever free.
+        self.slots[i].cid = FREE;
+        self.slots[i].next = next;
+        // Cannot reallocate: at most `usable` entries are ever free.
         self.free.push(slot);
     }
 
     /// Frees an in-flight slot whose command was abandoned (only legitimate
     /// once the controller has been disabled, so no completion can arrive
-    /// and no DMA can touch its buffers). Bumps the generation, so a late
-    /// completion for it would be reported as stale or not in flight.
+    /// and no DMA can touch its buffers), or one just allocated that was
+    /// never submitted. Bumps the generation, so a late completion for it
+    /// would be reported as stale or not in flight.
     pub fn cancel(&mut self, slot: u16) -> Result<(), CidError> {
         match self.slots.get(usize::from(slot)) {
             None => Err(CidError::UnknownSlot(slot)),
+            Some(_) if slot >= self.usable => Err(CidError::UnknownSlot(slot)),
             Some(s) if s.cid == FREE => Err(CidError::NotInFlight(slot)),
             Some(_) => {
                 self.release(slot);
@@ -236,6 +288,18 @@ impl CidTable {
             .filter(|&c| c != FREE)
     }
 
+    /// The value of `slot` (free or in flight), `None` out of range.
+    #[inline]
+    pub fn get(&self, slot: u16) -> Option<&T> {
+        self.slots.get(usize::from(slot)).map(|s| &s.value)
+    }
+
+    /// The value of `slot` (free or in flight), `None` out of range.
+    #[inline]
+    pub fn get_mut(&mut self, slot: u16) -> Option<&mut T> {
+        self.slots.get_mut(usize::from(slot)).map(|s| &mut s.value)
+    }
+
     /// Iterates over the slots that have a command in flight, in slot order.
     pub fn in_flight_slots(&self) -> impl Iterator<Item = u16> + '_ {
         self.slots
@@ -243,6 +307,11 @@ impl CidTable {
             .enumerate()
             .filter(|(_, s)| s.cid != FREE)
             .map(|(i, _)| i as u16)
+    }
+
+    /// Every slot's value, in slot order (including never-used slots).
+    pub fn values_mut(&mut self) -> impl Iterator<Item = &mut T> + '_ {
+        self.slots.iter_mut().map(|s| &mut s.value)
     }
 }
 
@@ -252,19 +321,19 @@ mod tests {
 
     #[test]
     fn encoding() {
-        let t = CidTable::new(256);
+        let t: CidTable = CidTable::new(256);
         assert_eq!(t.slot_bits(), 8);
-        assert_eq!(CidTable::new(257).slot_bits(), 9);
-        assert_eq!(CidTable::new(1).slot_bits(), 0);
-        assert_eq!(CidTable::new(2).slot_bits(), 1);
-        assert_eq!(CidTable::new(4096).slot_bits(), 12);
-        assert_eq!(CidTable::new(60000).slots(), 4096);
-        assert_eq!(CidTable::new(0).slots(), 1);
+        assert_eq!(CidTable::<()>::new(257).slot_bits(), 9);
+        assert_eq!(CidTable::<()>::new(1).slot_bits(), 0);
+        assert_eq!(CidTable::<()>::new(2).slot_bits(), 1);
+        assert_eq!(CidTable::<()>::new(4096).slot_bits(), 12);
+        assert_eq!(CidTable::<()>::new(60000).slots(), 4096);
+        assert_eq!(CidTable::<()>::new(0).slots(), 1);
     }
 
     #[test]
     fn alloc_complete_generation() {
-        let mut t = CidTable::new(4);
+        let mut t: CidTable = CidTable::new(4);
         let a = t.alloc().unwrap();
         assert_eq!(a, Cid { value: 0, slot: 0 });
         let b = t.alloc().unwrap();
@@ -285,7 +354,7 @@ mod tests {
             })
         );
         // A 3-slot table has 2 slot bits, so slot bits 0b11 name no slot.
-        let mut u = CidTable::new(3);
+        let mut u: CidTable = CidTable::new(3);
         assert_eq!(u.complete(3), Err(CidError::UnknownSlot(3)));
         assert_eq!(t.cid_of(0), Some(4));
         assert_eq!(t.cid_of(2), None);
@@ -297,7 +366,7 @@ mod tests {
 
     #[test]
     fn exhaustion() {
-        let mut t = CidTable::new(3);
+        let mut t: CidTable = CidTable::new(3);
         assert!(t.alloc().is_some());
         assert!(t.alloc().is_some());
         assert!(t.alloc().is_some());
@@ -307,7 +376,7 @@ mod tests {
 
     #[test]
     fn cancel() {
-        let mut t = CidTable::new(2);
+        let mut t: CidTable = CidTable::new(2);
         let a = t.alloc().unwrap();
         assert_eq!(t.cancel(1), Err(CidError::NotInFlight(1)));
         assert_eq!(t.cancel(7), Err(CidError::UnknownSlot(7)));
@@ -319,7 +388,7 @@ mod tests {
 
     #[test]
     fn never_hands_out_ffff() {
-        let mut t = CidTable::new(4096);
+        let mut t: CidTable = CidTable::new(4096);
         // Drive slot 4095 through all 16 generations.
         let all: Vec<Cid> = (0..4096).map(|_| t.alloc().unwrap()).collect();
         for c in &all[..4095] {
@@ -337,7 +406,7 @@ mod tests {
 
     #[test]
     fn single_slot_table() {
-        let mut t = CidTable::new(1);
+        let mut t: CidTable = CidTable::new(1);
         let rounds = if cfg!(miri) { 300 } else { 70000u32 };
         for i in 0..rounds {
             let c = t.alloc().unwrap();

@@ -35,7 +35,7 @@
 //!
 //! let mut sq = SqRing::new(64)?;
 //! let mut cq = CqRing::new(64)?;
-//! let mut cids = CidTable::new(63);
+//! let mut cids: CidTable = CidTable::new(63);
 //!
 //! // Submit: tracker slot + CID, SQE built in the tail slot, PRPs filled.
 //! let cid = cids.alloc().expect("a free tracker");

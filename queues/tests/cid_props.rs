@@ -38,7 +38,7 @@ proptest! {
         slots in 1u16..=300,
         ops in prop::collection::vec(op(), 0..common::scale(500)),
     ) {
-        let mut t = CidTable::new(slots);
+        let mut t: CidTable = CidTable::new(slots);
         // cid -> slot for commands in flight.
         let mut live: HashMap<u16, u16> = HashMap::new();
         let mut done: Vec<u16> = Vec::new();
