@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use upnvme_dma::{DmaBuffer, PciAddress, Sysfs};
+use upnvme_dma::{DmaBuffer, DmaPool, PciAddress, Sysfs};
 use upnvme_queues::regs::{REG_ACQ, REG_AQA, REG_ASQ, REG_CAP, REG_CC, REG_CSTS, REG_VS, aqa};
 use upnvme_queues::{
     AsyncEvent, Cap, Cc, Cqe, Csts, ErrorLogEntry, FirmwareSlotLog, IdentifyController,
@@ -64,6 +64,8 @@ pub(crate) const STATE_GENERATION_SHIFT: u32 = 2;
 
 pub(crate) struct Inner<D: Device> {
     pub(crate) dev: D,
+    /// Process-unique number of this controller (namespace handles carry it).
+    pub(crate) instance: u64,
     pub(crate) name: String,
     pub(crate) cap: Cap,
     vs: Vs,
@@ -160,6 +162,21 @@ impl<D: Device> Controller<D> {
         self.inner.vs
     }
 
+    /// A pool of `count` DMA buffers of `len` bytes each, carved from one
+    /// allocation (each buffer starts on a 4 KiB page). Get and put are
+    /// O(1), take no lock and allocate nothing; see [`DmaPool`] for what reuse
+    /// means for the data left in a buffer.
+    pub fn dma_pool(&self, len: usize, count: usize) -> Result<DmaPool> {
+        let stride = DmaPool::stride(len).filter(|_| len > 0).ok_or_else(|| {
+            Error::InvalidArgument(format!("a DMA pool of {count} buffers of {len} bytes"))
+        })?;
+        let total = stride.checked_mul(count).filter(|&t| t > 0).ok_or_else(|| {
+            Error::InvalidArgument(format!("a DMA pool of {count} buffers of {len} bytes"))
+        })?;
+        let slab = self.inner.dev.alloc_dma(total)?;
+        Ok(DmaPool::new(slab, len, count)?)
+    }
+
     /// Identify Controller data captured at bring-up.
     pub fn identify(&self) -> &IdentifyController {
         &self.inner.identify
@@ -196,8 +213,8 @@ impl<D: Device> Controller<D> {
         Some(
             self.inner
                 .max_transfer()
-                .unwrap_or(crate::qpair::MAX_TRANSFER_CAP)
-                .min(crate::qpair::MAX_TRANSFER_CAP),
+                .unwrap_or(crate::options::MAX_TRANSFER_CAP)
+                .min(crate::options::MAX_TRANSFER_CAP),
         )
     }
 
@@ -438,11 +455,6 @@ impl<D: Device> Inner<D> {
                 reason: "the queue pair saw a device fault".into(),
             },
         }
-    }
-
-    /// The active namespaces.
-    pub(crate) fn namespaces(&self) -> &[Namespace] {
-        &self.namespaces
     }
 
     /// Largest transfer in bytes per command, `None` when MDTS = 0.
@@ -1095,6 +1107,7 @@ fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<Inner<D>> {
         .map_err(|e| Error::InvalidArgument(format!("identify layout: {e}")))?;
     admin.post_aers(&dev, 0)?;
     let mut inner = Inner {
+        instance: crate::namespace::next_controller_instance(),
         dev,
         name: name.clone(),
         cap,
@@ -1176,7 +1189,7 @@ fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<Inner<D>> {
         if idns.is_active()
             && let Some(ns) = Namespace::from_identify(nsid, idns)
         {
-            namespaces.push(ns);
+            namespaces.push(ns.adopt(inner.instance));
         }
     }
     inner.namespaces = namespaces;

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use upnvme_dma::DmaError;
+use upnvme_dma::{DmaBuffer, DmaError};
 use upnvme_queues::Status;
 
 /// Everything that can go wrong in upnvme.
@@ -30,7 +30,7 @@ pub enum Error {
         /// The command, by spec name.
         command: String,
         /// How it ended.
-        error: crate::qpair::IoError,
+        error: IoError,
     },
 
     /// A wait exceeded its bound (a register state change or a command).
@@ -118,6 +118,10 @@ pub enum Error {
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
 
+    /// A queue pair refused a command (see [`Reject`]).
+    #[error("command refused: {0}")]
+    Rejected(Reject),
+
     /// No namespace with this ID is active on the controller.
     #[error("namespace {nsid} is not active on {device} (active: {active:?})")]
     NoSuchNamespace {
@@ -132,3 +136,172 @@ pub enum Error {
 
 /// Shorthand for `Result<T, upnvme::Error>`.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Why a command did not succeed (the error half of a [`crate::Completion`]'s
+/// result).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum IoError {
+    /// The controller completed the command with an error status.
+    Status(Status),
+    /// The command was abandoned because the controller failed or was disabled;
+    /// the device can no longer access its buffer.
+    ControllerFailed,
+    /// The controller was reset while the command was in flight; the command may
+    /// or may not have taken effect. The device can no longer access its buffer.
+    ControllerReset,
+    /// The command exceeded the queue pair's `command_timeout` and was aborted
+    /// (Abort command) or ended by a controller reset.
+    TimedOut,
+}
+
+impl std::fmt::Display for IoError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            IoError::Status(s) => write!(f, "NVMe status: {s}"),
+            IoError::ControllerFailed => {
+                f.write_str("abandoned: the controller failed and was disabled")
+            }
+            IoError::ControllerReset => f.write_str("ended by a controller reset while in flight"),
+            IoError::TimedOut => f.write_str("timed out (aborted or ended by a controller reset)"),
+        }
+    }
+}
+
+impl std::error::Error for IoError {}
+
+/// Why a queue pair refused to submit a command: the hot path's error, a
+/// few bytes (no string is built, nothing is allocated). Nothing reached the
+/// device. [`crate::IoQueuePair::describe`] turns it into the descriptive
+/// [`Error`] (for [`Reject::Unusable`], the controller's own explanation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Reject {
+    /// As many commands are in flight (or reaped but not yet delivered) as
+    /// the pair holds: reap completions, then retry.
+    QueueFull,
+    /// The controller (or this pair, after a device fault) is failed, closed
+    /// or gone; [`crate::IoQueuePair::describe`] says which.
+    Unusable,
+    /// The namespace handle belongs to another controller.
+    ForeignNamespace,
+    /// The command moves data but no buffer came with it.
+    NoBuffer,
+    /// The block count is 0 or above 65536 (CDW12.NLB is 16 bits, 0-based).
+    BlockCount {
+        /// The count asked for.
+        blocks: u32,
+    },
+    /// The LBA range runs past the end of the namespace (NSZE).
+    LbaRange,
+    /// The buffer is smaller than the transfer.
+    BufferTooSmall {
+        /// Bytes the transfer needs.
+        need: u64,
+    },
+    /// The transfer exceeds the controller's MDTS (or the pair's 4 MiB cap).
+    TransferTooLarge {
+        /// Bytes of the transfer.
+        bytes: u64,
+    },
+    /// Dataset Management carries 1..=256 ranges.
+    RangeCount {
+        /// Ranges passed.
+        ranges: u32,
+    },
+    /// The buffer cannot be described by PRPs (PRP1 must be dword aligned).
+    Misaligned,
+}
+
+impl std::fmt::Display for Reject {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match *self {
+            Reject::QueueFull => f.write_str(
+                "the I/O queue is full: reap completions (process_completions) before submitting more",
+            ),
+            Reject::Unusable => f.write_str(
+                "the controller or queue pair is failed, closed or gone (IoQueuePair::describe says which)",
+            ),
+            Reject::ForeignNamespace => f.write_str(
+                "the namespace handle belongs to another controller: take it from this pair's controller",
+            ),
+            Reject::NoBuffer => f.write_str("the command needs a data buffer"),
+            Reject::BlockCount { blocks } => {
+                write!(f, "block count {blocks}: must be 1..=65536")
+            }
+            Reject::LbaRange => f.write_str("the LBA range is outside the namespace (NSZE)"),
+            Reject::BufferTooSmall { need } => {
+                write!(f, "the transfer needs {need} bytes; the buffer is smaller")
+            }
+            Reject::TransferTooLarge { bytes } => write!(
+                f,
+                "a transfer of {bytes} bytes exceeds the maximum per command (MDTS, at most 4 MiB); split it"
+            ),
+            Reject::RangeCount { ranges } => {
+                write!(f, "Dataset Management with {ranges} ranges: must be 1..=256")
+            }
+            Reject::Misaligned => f.write_str(
+                "the buffer's IOVA is not dword aligned, which PRP1 requires",
+            ),
+        }
+    }
+}
+
+impl std::error::Error for Reject {}
+
+/// A command a queue pair refused, with its buffer handed back: 16 bytes,
+/// returned in registers.
+#[derive(Debug)]
+pub struct Rejected {
+    /// Why.
+    pub reason: Reject,
+    /// The buffer passed with the command.
+    pub buffer: Option<DmaBuffer>,
+}
+
+impl std::fmt::Display for Rejected {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.reason.fmt(f)
+    }
+}
+
+impl std::error::Error for Rejected {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.reason)
+    }
+}
+
+impl From<Rejected> for Error {
+    fn from(r: Rejected) -> Error {
+        Error::Rejected(r.reason)
+    }
+}
+
+/// A blocking call that failed, with the buffer handed back whenever the
+/// device is done with it.
+#[derive(Debug)]
+pub struct IoFailure {
+    /// What went wrong.
+    pub error: Error,
+    /// The buffer passed with the command, when the device is done with it
+    /// (`None` only when the device may still access it, e.g. after a timeout).
+    pub buffer: Option<DmaBuffer>,
+}
+
+impl std::fmt::Display for IoFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl std::error::Error for IoFailure {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+impl From<IoFailure> for Error {
+    fn from(r: IoFailure) -> Error {
+        r.error
+    }
+}

@@ -28,14 +28,15 @@ pub mod qpair;
 
 pub use controller::{BringupStep, Controller, ShadowBuffers, list_controllers};
 pub use device::{Device, VfioNvme};
-pub use error::{Error, Result};
+pub use error::{Error, IoError, IoFailure, Reject, Rejected, Result};
 pub use namespace::Namespace;
 pub use options::ControllerOptions;
+pub use options::MAX_TRANSFER_CAP;
 pub use qpair::{
-    BLOCKING_TAG, Backoff, Completion, CqHeadPolicy, IoCommand, IoError, IoFailure, IoQueuePair,
-    QueuePairOptions, QueueStats,
+    BLOCKING_TAG, Backoff, Completion, CqHeadPolicy, IoCommand, IoQueuePair, QueuePairOptions,
+    QueueStats,
 };
 pub use upnvme_dma as dma;
-pub use upnvme_dma::{DmaBuffer, PageBacking, PciAddress};
+pub use upnvme_dma::{DmaBuffer, DmaPool, NotFromThisPool, PageBacking, PciAddress};
 pub use upnvme_queues as queues;
 pub use upnvme_queues::{AsyncEvent, Cqe, DsmRange, Sqe, Status};

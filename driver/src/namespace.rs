@@ -1,32 +1,77 @@
 //! Namespaces: what Identify Namespace (CNS 00h) says about one NSID, in the
-//! units an application needs.
+//! units an application needs — and the handle I/O commands take.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use upnvme_queues::IdentifyNamespace;
 
-/// An active namespace of a controller.
+/// An active namespace of a controller, and the handle I/O commands take
+/// (`IoCommand::Read { ns: &ns, .. }`).
+///
+/// Resolved once (`ctrl.namespace(1)?`), it carries what the I/O path needs
+/// — NSID, block count (NSZE) and LBA shift — so submitting a command looks
+/// nothing up. It is cheap to clone (the Identify data is shared) and usable
+/// by any queue pair of the controller it came from; a pair refuses a handle
+/// of another controller ([`crate::Reject::ForeignNamespace`]).
 #[derive(Clone, Debug)]
 pub struct Namespace {
     id: u32,
+    lba_shift: u32,
+    blocks: u64,
+    /// The controller (bring-up instance) this namespace belongs to.
+    controller: u64,
     lba_size: u32,
     metadata_size: u16,
-    identify: IdentifyNamespace,
+    identify: Arc<IdentifyNamespace>,
+}
+
+/// A process-unique number for each controller brought up, so a namespace
+/// handle can tell its controller apart from others (0 is never used).
+pub(crate) fn next_controller_instance() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
 impl Namespace {
     /// Builds a namespace from its Identify Namespace data; `None` when the
-    /// current LBA format (FLBAS) is unusable (LBADS outside 9..=31).
+    /// current LBA format (FLBAS) is unusable (LBADS outside 9..=31). The
+    /// handle belongs to no controller (queue pairs refuse it) until the
+    /// controller's bring-up adopts it.
     pub fn from_identify(id: u32, identify: IdentifyNamespace) -> Option<Namespace> {
         let fmt = identify.current_lba_format()?;
         let lba_size = identify.lba_size()?;
         Some(Namespace {
             id,
+            lba_shift: lba_size.trailing_zeros(),
+            blocks: identify.nsze,
+            controller: 0,
             lba_size,
             metadata_size: fmt.ms,
-            identify,
+            identify: Arc::new(identify),
         })
     }
 
+    /// Marks the namespace as one of controller `instance`.
+    pub(crate) fn adopt(mut self, instance: u64) -> Namespace {
+        self.controller = instance;
+        self
+    }
+
+    /// The controller instance this handle belongs to.
+    #[inline(always)]
+    pub(crate) fn controller(&self) -> u64 {
+        self.controller
+    }
+
+    /// log2 of the LBA size (LBAF.LBADS).
+    #[inline(always)]
+    pub fn lba_shift(&self) -> u32 {
+        self.lba_shift
+    }
+
     /// The namespace ID (NSID).
+    #[inline(always)]
     pub fn id(&self) -> u32 {
         self.id
     }
@@ -37,8 +82,9 @@ impl Namespace {
     }
 
     /// Namespace Size (NSZE): the number of logical blocks.
+    #[inline(always)]
     pub fn lba_count(&self) -> u64 {
-        self.identify.nsze
+        self.blocks
     }
 
     /// Namespace Capacity (NCAP) in logical blocks.

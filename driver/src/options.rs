@@ -5,6 +5,11 @@ use std::time::Duration;
 
 use upnvme_dma::PageBacking;
 
+/// Largest transfer per command a queue pair accepts, whatever MDTS allows
+/// (larger I/Os are split by the caller; the PRP list pages for it are
+/// preallocated per tracker).
+pub const MAX_TRANSFER_CAP: usize = 4 << 20;
+
 /// How to open and bring up a controller.
 #[derive(Clone, Debug)]
 pub struct ControllerOptions {

@@ -24,8 +24,8 @@
 use std::time::Duration;
 
 use upnvme::{
-    Controller, ControllerOptions, Device, DmaBuffer, IoCommand, IoQueuePair, PageBacking,
-    QueuePairOptions,
+    Controller, ControllerOptions, Device, DmaBuffer, IoCommand, IoQueuePair, Namespace,
+    PageBacking, QueuePairOptions,
 };
 use upnvme_dma::DmaError;
 use upnvme_tests::{ModelConfig, ModelController, NamespaceConfig};
@@ -72,21 +72,21 @@ impl Device for Meter {
 /// One 4 KiB read: submit, then reap until its completion arrives. Returns
 /// the buffer. Never inlined: the profiler collects inside it.
 #[inline(never)]
-fn one_io(qp: &mut IoQueuePair<Meter>, buf: DmaBuffer, slba: u64) -> DmaBuffer {
+fn one_io(qp: &mut IoQueuePair<Meter>, ns: &Namespace, buf: DmaBuffer, slba: u64) -> DmaBuffer {
     if let Err(f) = qp.submit(
         IoCommand::Read {
-            nsid: 1,
+            ns,
             slba,
             blocks: 1,
         },
         Some(buf),
         7,
     ) {
-        panic!("submit failed: {}", f.error);
+        panic!("submit failed: {f}");
     }
     let mut back = None;
     while back.is_none() {
-        qp.process_completions(u32::MAX, |c| {
+        qp.process_completions(u32::MAX, |_, c| {
             assert!(c.result.is_ok(), "read failed: {:?}", c.result);
             back = c.buffer;
         })
@@ -124,6 +124,7 @@ fn main() {
         .io_queue_pair(QueuePairOptions::default())
         .expect("queue pair");
     let mut buf = ctrl.alloc_dma(4096).expect("DMA buffer");
+    let ns = ctrl.namespace(1).expect("namespace 1").clone();
     // Deterministic LBAs: a fixed xorshift sequence.
     let mut x = 0x2545_f491_4f6c_dd1du64;
     let mut next = || {
@@ -133,10 +134,10 @@ fn main() {
         x % BLOCKS
     };
     for _ in 0..WARMUP {
-        buf = one_io(&mut qp, buf, next());
+        buf = one_io(&mut qp, &ns, buf, next());
     }
     for _ in 0..n {
-        buf = one_io(&mut qp, buf, next());
+        buf = one_io(&mut qp, &ns, buf, next());
     }
     let stats = qp.stats();
     drop(buf);

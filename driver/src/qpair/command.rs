@@ -2,21 +2,24 @@
 //! ([`Completion`]).
 
 use upnvme_dma::DmaBuffer;
-use upnvme_queues::{DsmRange, Status};
+use upnvme_queues::DsmRange;
 
-use crate::error::Error;
+use crate::error::IoError;
+use crate::namespace::Namespace;
 
 /// An NVM command set I/O command (NVM Command Set Specification 1.0, §3).
 ///
 /// Block counts are 1-based here (the driver encodes the spec's 0-based NLB).
 /// Data commands transfer `blocks × LBA size` bytes from/to the buffer passed
-/// with the command, which must be at least that large.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// with the command, which must be at least that large. Every command names
+/// its namespace by handle ([`Namespace`], from `Controller::namespace`):
+/// NSID, size and LBA shift come with it, nothing is looked up.
+#[derive(Clone, Copy, Debug)]
 pub enum IoCommand<'a> {
     /// Read (opcode 02h): device → buffer.
     Read {
-        /// Namespace ID.
-        nsid: u32,
+        /// The namespace.
+        ns: &'a Namespace,
         /// Starting LBA (SLBA).
         slba: u64,
         /// Number of logical blocks (1-based).
@@ -24,8 +27,8 @@ pub enum IoCommand<'a> {
     },
     /// Write (opcode 01h): buffer → device.
     Write {
-        /// Namespace ID.
-        nsid: u32,
+        /// The namespace.
+        ns: &'a Namespace,
         /// Starting LBA.
         slba: u64,
         /// Number of logical blocks (1-based).
@@ -34,8 +37,8 @@ pub enum IoCommand<'a> {
     /// Compare (opcode 05h): the device compares the buffer with the blocks;
     /// a mismatch completes with Compare Failure.
     Compare {
-        /// Namespace ID.
-        nsid: u32,
+        /// The namespace.
+        ns: &'a Namespace,
         /// Starting LBA.
         slba: u64,
         /// Number of logical blocks (1-based).
@@ -43,13 +46,13 @@ pub enum IoCommand<'a> {
     },
     /// Flush (opcode 00h): commit volatile write cache contents.
     Flush {
-        /// Namespace ID.
-        nsid: u32,
+        /// The namespace.
+        ns: &'a Namespace,
     },
     /// Write Zeroes (opcode 08h), optionally deallocating (DEAC).
     WriteZeroes {
-        /// Namespace ID.
-        nsid: u32,
+        /// The namespace.
+        ns: &'a Namespace,
         /// Starting LBA.
         slba: u64,
         /// Number of logical blocks (1-based).
@@ -60,8 +63,8 @@ pub enum IoCommand<'a> {
     /// Dataset Management (opcode 09h) with the Attribute – Deallocate bit
     /// (trim) for up to 256 ranges.
     Deallocate {
-        /// Namespace ID.
-        nsid: u32,
+        /// The namespace.
+        ns: &'a Namespace,
         /// The ranges (each: starting LBA and 1-based block count).
         ranges: &'a [DsmRange],
     },
@@ -69,15 +72,21 @@ pub enum IoCommand<'a> {
 
 impl IoCommand<'_> {
     /// The namespace the command addresses.
-    pub fn nsid(&self) -> u32 {
+    #[inline(always)]
+    pub fn namespace(&self) -> &Namespace {
         match *self {
-            IoCommand::Read { nsid, .. }
-            | IoCommand::Write { nsid, .. }
-            | IoCommand::Compare { nsid, .. }
-            | IoCommand::Flush { nsid }
-            | IoCommand::WriteZeroes { nsid, .. }
-            | IoCommand::Deallocate { nsid, .. } => nsid,
+            IoCommand::Read { ns, .. }
+            | IoCommand::Write { ns, .. }
+            | IoCommand::Compare { ns, .. }
+            | IoCommand::Flush { ns }
+            | IoCommand::WriteZeroes { ns, .. }
+            | IoCommand::Deallocate { ns, .. } => ns,
         }
+    }
+
+    /// The NSID of the namespace the command addresses.
+    pub fn nsid(&self) -> u32 {
+        self.namespace().id()
     }
 
     /// The spec's name of the command.
@@ -101,38 +110,6 @@ impl IoCommand<'_> {
     }
 }
 
-/// Why a command did not succeed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum IoError {
-    /// The controller completed the command with an error status.
-    Status(Status),
-    /// The command was abandoned because the controller failed or was disabled;
-    /// the device can no longer access its buffer.
-    ControllerFailed,
-    /// The controller was reset while the command was in flight; the command may
-    /// or may not have taken effect. The device can no longer access its buffer.
-    ControllerReset,
-    /// The command exceeded the queue pair's `command_timeout` and was aborted
-    /// (Abort command) or ended by a controller reset.
-    TimedOut,
-}
-
-impl std::fmt::Display for IoError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            IoError::Status(s) => write!(f, "NVMe status: {s}"),
-            IoError::ControllerFailed => {
-                f.write_str("abandoned: the controller failed and was disabled")
-            }
-            IoError::ControllerReset => f.write_str("ended by a controller reset while in flight"),
-            IoError::TimedOut => f.write_str("timed out (aborted or ended by a controller reset)"),
-        }
-    }
-}
-
-impl std::error::Error for IoError {}
-
 /// The result of one command, handed to its owner exactly once.
 #[derive(Debug)]
 pub struct Completion {
@@ -152,31 +129,3 @@ impl Completion {
     }
 }
 
-/// A command that was not accepted, or a blocking call that failed, with the
-/// buffer handed back whenever the device is done with it.
-#[derive(Debug)]
-pub struct IoFailure {
-    /// What went wrong.
-    pub error: Error,
-    /// The buffer passed with the command, when the device is done with it
-    /// (`None` only when the device may still access it, e.g. after a timeout).
-    pub buffer: Option<DmaBuffer>,
-}
-
-impl std::fmt::Display for IoFailure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.error.fmt(f)
-    }
-}
-
-impl std::error::Error for IoFailure {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&self.error)
-    }
-}
-
-impl From<IoFailure> for Error {
-    fn from(r: IoFailure) -> Error {
-        r.error
-    }
-}

@@ -46,7 +46,7 @@ use upnvme_dma::DmaBuffer;
 use upnvme_queues::need_mmio;
 
 use crate::device::Device;
-use crate::qpair::stats::QueueStats;
+use super::stats::QueueStats;
 
 /// When the CQ head doorbell is written. With shadow doorbells the same rule
 /// decides when the shadow value is updated (QEMU sets the CQ EventIdx to the

@@ -1,0 +1,196 @@
+//! Blocking helpers: submit one command and wait for it, with a caller
+//! timeout, on the same path as everything else.
+
+use std::time::{Duration, Instant};
+
+use upnvme_dma::DmaBuffer;
+
+use super::{BLOCKING_TAG, Completion, IoCommand, IoQueuePair};
+use crate::device::Device;
+use crate::error::{Error, IoError, IoFailure};
+use crate::namespace::Namespace;
+
+impl<D: Device> IoQueuePair<D> {
+    /// Submits `cmd` and waits for its completion, at most `timeout`. Other
+    /// completions that arrive meanwhile are kept for `process_completions`.
+    ///
+    /// Spins without PAUSE and without a clock read per poll (the clock is
+    /// read every 1024 empty polls), and backs off (the pair's `Backoff`)
+    /// only after `spin_polls` empty polls.
+    ///
+    /// On an NVMe error status the buffer comes back in the [`IoFailure`]. On
+    /// timeout the command stays in flight and keeps its buffer (the device may
+    /// still write it); its completion surfaces later from
+    /// `process_completions` with tag [`BLOCKING_TAG`].
+    pub fn execute_blocking(
+        &mut self,
+        cmd: IoCommand<'_>,
+        buffer: Option<DmaBuffer>,
+        timeout: Duration,
+    ) -> Result<Option<DmaBuffer>, IoFailure> {
+        let slot = match self.queue_sqe(cmd, buffer, BLOCKING_TAG) {
+            Ok(slot) => slot,
+            Err(r) => {
+                return Err(IoFailure {
+                    error: self.describe(r.reason),
+                    buffer: r.buffer,
+                });
+            }
+        };
+        self.stats.submissions += 1;
+        // No opportunistic reap here: the loop below reaps, and knows which
+        // completion is ours by its slot.
+        let reap_on_submit = std::mem::replace(&mut self.reap_on_submit, false);
+        self.ring();
+        self.reap_on_submit = reap_on_submit;
+        let start = Instant::now();
+        let mut empty = 0u32;
+        loop {
+            let mut mine = None;
+            let r = loop {
+                match self.reap_one() {
+                    Ok(Some((s, c))) => {
+                        if s == slot && mine.is_none() {
+                            mine = Some(c);
+                        } else {
+                            self.ready.push_back((s, c));
+                        }
+                    }
+                    Ok(None) => break Ok(()),
+                    Err(e) => break Err(e),
+                }
+            };
+            if let Err(error) = r {
+                // Our own completion may have come in the same batch as the
+                // fault: its buffer is the caller's again.
+                return Err(IoFailure {
+                    error,
+                    buffer: mine.and_then(|c| c.buffer),
+                });
+            }
+            if let Some(c) = mine {
+                return finish_blocking(c, &cmd);
+            }
+            if !self.trackers.is_in_flight(slot) {
+                // A reset handled by `ring` or by a timeout scan ended the
+                // command and parked its completion in `ready`; the newest
+                // entry for this slot is ours (nothing was queued since).
+                if let Some(i) = self.ready.iter().rposition(|(s, _)| *s == slot)
+                    && let Some((_, c)) = self.ready.remove(i)
+                {
+                    return finish_blocking(c, &cmd);
+                }
+            }
+            if self.generation_changed() {
+                // A reset ended the command: it completes here, once.
+                let c = self.end_in_flight(slot, false);
+                let _ = self.sync_generation();
+                return finish_blocking(c, &cmd);
+            }
+            empty = empty.saturating_add(1);
+            // Clock reads, CSTS checks and back-off only every so often: no PAUSE
+            // and no clock_gettime in the tight loop.
+            if empty % 1024 == 0 {
+                if start.elapsed() >= timeout {
+                    return Err(IoFailure {
+                        error: Error::Timeout {
+                            what: format!("{} on queue {}", cmd.name(), self.qid),
+                            after: start.elapsed(),
+                        },
+                        buffer: None,
+                    });
+                }
+                if let Err(error) = self.check_usable() {
+                    return Err(IoFailure {
+                        error,
+                        buffer: None,
+                    });
+                }
+                if empty % (16 * 1024) == 0 {
+                    // A dead or fatally failed controller ends the wait early.
+                    match crate::admin::check_csts(&self.ctrl.dev, &self.ctrl.name) {
+                        Ok(_) => {}
+                        Err(Error::ControllerFatal { .. }) => {
+                            let _ = self.ctrl.reset();
+                            continue;
+                        }
+                        Err(error) => {
+                            self.ctrl.mark_failed(&error);
+                            return Err(IoFailure {
+                                error,
+                                buffer: None,
+                            });
+                        }
+                    }
+                }
+                if self.timeout_ticks > 0
+                    && let Err(error) = self.check_timeouts()
+                {
+                    return Err(IoFailure {
+                        error,
+                        buffer: None,
+                    });
+                }
+            }
+            if empty > self.backoff.spin_polls {
+                match self.backoff.sleep {
+                    Some(d) => std::thread::sleep(d),
+                    None => std::thread::yield_now(),
+                }
+            }
+        }
+    }
+
+    /// Reads `blocks` logical blocks at `slba` of `ns` into `buffer` and waits.
+    pub fn read_blocking(
+        &mut self,
+        ns: &Namespace,
+        slba: u64,
+        blocks: u32,
+        buffer: DmaBuffer,
+        timeout: Duration,
+    ) -> Result<DmaBuffer, IoFailure> {
+        self.execute_blocking(IoCommand::Read { ns, slba, blocks }, Some(buffer), timeout)
+            .and_then(need_buffer)
+    }
+
+    /// Writes `blocks` logical blocks at `slba` of `ns` from `buffer` and waits.
+    pub fn write_blocking(
+        &mut self,
+        ns: &Namespace,
+        slba: u64,
+        blocks: u32,
+        buffer: DmaBuffer,
+        timeout: Duration,
+    ) -> Result<DmaBuffer, IoFailure> {
+        self.execute_blocking(IoCommand::Write { ns, slba, blocks }, Some(buffer), timeout)
+            .and_then(need_buffer)
+    }
+}
+
+fn need_buffer(b: Option<DmaBuffer>) -> Result<DmaBuffer, IoFailure> {
+    b.ok_or_else(|| IoFailure {
+        error: Error::InvalidArgument("completion without its buffer".into()),
+        buffer: None,
+    })
+}
+
+fn finish_blocking(c: Completion, cmd: &IoCommand<'_>) -> Result<Option<DmaBuffer>, IoFailure> {
+    match c.result {
+        Ok(_) => Ok(c.buffer),
+        Err(IoError::Status(status)) => Err(IoFailure {
+            error: Error::Command {
+                command: cmd.name().to_string(),
+                status,
+            },
+            buffer: c.buffer,
+        }),
+        Err(e) => Err(IoFailure {
+            error: Error::Io {
+                command: cmd.name().to_string(),
+                error: e,
+            },
+            buffer: c.buffer,
+        }),
+    }
+}

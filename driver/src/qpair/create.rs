@@ -1,0 +1,211 @@
+//! Creating a queue pair (Create I/O Completion Queue, then Create I/O
+//! Submission Queue) and deleting it on drop.
+
+use std::cell::Cell;
+use std::collections::VecDeque;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use upnvme_dma::{CqMemory, DmaBuffer, SqMemory};
+use upnvme_queues::prp::list_pages;
+use upnvme_queues::regs::{cq_head_doorbell, sq_tail_doorbell};
+use upnvme_queues::shadow::{cq_head_offset, sq_tail_offset};
+use upnvme_queues::{CidTable, CqRing, SqRing, Sqe};
+
+use super::doorbell::{CqHeadPolicy, Doorbells, ShadowSlots};
+use super::{IoQueuePair, PAGE, PERIODIC_POLLS, QueuePairOptions, QueueStats, clock};
+use crate::controller::{Controller, Inner};
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::options::MAX_TRANSFER_CAP;
+
+const SQE_BYTES: usize = upnvme_dma::queue_memory::SQE_BYTES;
+const CQE_BYTES: usize = upnvme_dma::queue_memory::CQE_BYTES;
+
+impl<D: Device> Controller<D> {
+    /// Creates an I/O queue pair: Create I/O Completion Queue (PC = 1, IEN = 0,
+    /// no interrupt vector), then Create I/O Submission Queue bound to it.
+    ///
+    /// Fails with [`Error::NoQueuesLeft`] when every queue the controller
+    /// granted is in use.
+    pub fn io_queue_pair(&self, options: QueuePairOptions) -> Result<IoQueuePair<D>> {
+        IoQueuePair::create(self.inner.clone(), options)
+    }
+}
+
+impl<D: Device> IoQueuePair<D> {
+    fn create(ctrl: Arc<Inner<D>>, opts: QueuePairOptions) -> Result<Self> {
+        ctrl.check_usable()?;
+        let mqes = ctrl.cap.max_queue_entries().min(65536);
+        let check = |what: &str, n: u32| {
+            if !(2..=mqes).contains(&n) {
+                return Err(Error::InvalidArgument(format!(
+                    "{what} of {n}: must be 2..={mqes} (CAP.MQES + 1)"
+                )));
+            }
+            Ok(n)
+        };
+        let sq_entries = match opts.entries {
+            Some(n) => check("queue entries", n)?,
+            None => 256.min(mqes / 2).max(2),
+        };
+        let cq_entries = match opts.cq_entries {
+            Some(n) => check("completion queue entries", n)?,
+            None => (sq_entries * 2).min(mqes),
+        };
+        let max_depth = (sq_entries - 1)
+            .min(cq_entries - 1)
+            .min(upnvme_queues::cid::MAX_SLOTS as u32);
+        let cq_slack = cq_entries - 1 - max_depth;
+        let cq_threshold = match opts.cq_head_policy {
+            CqHeadPolicy::Adaptive { batch } if batch > 0 => cq_slack.min(batch - 1),
+            _ => cq_slack,
+        };
+        // PRP list pages are preallocated per tracker for the largest transfer:
+        // cap it so an MDTS of 2 GiB (or none) does not pin gigabytes per queue.
+        let max_transfer = ctrl
+            .max_transfer()
+            .unwrap_or(MAX_TRANSFER_CAP)
+            .min(MAX_TRANSFER_CAP);
+        // A transfer of max_transfer bytes at any dword offset touches at most
+        // this many memory pages; PRP1 covers the first.
+        let list_entries = max_transfer / PAGE + 1;
+        let list_pages_per_slot = list_pages(list_entries, PAGE).max(1);
+
+        let dev = &ctrl.dev;
+        let sq = SqMemory::new(dev.alloc_dma(sq_entries as usize * SQE_BYTES)?, sq_entries)?;
+        let cq = CqMemory::new(dev.alloc_dma(cq_entries as usize * CQE_BYTES)?, cq_entries)?;
+        let trackers: CidTable<super::Tracker> = CidTable::new(max_depth as u16);
+        // One list area per CID slot (the table's power-of-two size).
+        let slots = 1usize << trackers.slot_bits();
+        let prp_lists = dev.alloc_dma(slots * list_pages_per_slot * PAGE)?;
+
+        let dstrd = ctrl.cap.dstrd();
+        let qid = ctrl.alloc_qid()?;
+        let sq_db = sq_tail_doorbell(qid, dstrd);
+        let cq_db = cq_head_doorbell(qid, dstrd);
+        if cq_db + 4 > dev.bar_len() {
+            ctrl.free_qid(qid);
+            return Err(Error::Unsupported {
+                device: ctrl.name.clone(),
+                what: format!(
+                    "doorbells of queue {qid} lie beyond BAR0 ({} bytes)",
+                    dev.bar_len()
+                ),
+            });
+        }
+        let shadow = match &ctrl.shadow {
+            Some(s) => {
+                let slots = ShadowSlots {
+                    sq: sq_tail_offset(qid, dstrd),
+                    cq: cq_head_offset(qid, dstrd),
+                };
+                // A re-used qid may have left values in the shadow buffer: the
+                // new queues start at tail 0 / head 0.
+                let zero = |b: &DmaBuffer| -> Result<()> {
+                    b.store_release_u32(slots.sq, 0)?;
+                    b.store_release_u32(slots.cq, 0)?;
+                    Ok(())
+                };
+                if let Err(e) = zero(&s.doorbells).and_then(|()| zero(&s.event_idx)) {
+                    ctrl.free_qid(qid);
+                    return Err(e);
+                }
+                Some(slots)
+            }
+            None => None,
+        };
+
+        let generation = match ctrl.create_io_queues(
+            Sqe::create_io_cq(qid, cq_entries, cq.buffer().iova(), false, 0),
+            Sqe::create_io_sq(qid, sq_entries, sq.buffer().iova(), qid, 0),
+            qid,
+            "",
+        ) {
+            Ok(g) => g,
+            Err(e) => {
+                ctrl.free_qid(qid);
+                return Err(e);
+            }
+        };
+        let timeout_ticks = opts.command_timeout.map_or(0, |d| clock::ticks(d).max(1));
+        let announce_at_once = opts.shadow_doorbells && shadow.is_some();
+        let mut qp = IoQueuePair {
+            expect_state: 0,
+            sq,
+            sq_ring: SqRing::new(sq_entries).map_err(|e| Error::InvalidArgument(e.to_string()))?,
+            cq,
+            cq_ring: CqRing::new(cq_entries).map_err(|e| Error::InvalidArgument(e.to_string()))?,
+            trackers,
+            doorbells: Doorbells {
+                sq_db,
+                cq_db,
+                shadow,
+                use_event_idx: opts.shadow_doorbells,
+                last_sq: 0,
+                last_cq: 0,
+            },
+            cq_threshold,
+            qid,
+            announce_at_once,
+            every_reap: opts.cq_head_policy == CqHeadPolicy::EveryReap,
+            reap_on_submit: opts.reap_on_submit,
+            poll_countdown: PERIODIC_POLLS,
+            instance: ctrl.instance,
+            max_transfer,
+            stats: QueueStats::default(),
+            ready: VecDeque::with_capacity(max_depth as usize),
+            max_depth,
+            failed: false,
+            needs_recreate: false,
+            generation,
+            prp_lists,
+            list_pages_per_slot,
+            prp_scratch: vec![0u64; list_pages_per_slot * PAGE / 8].into_boxed_slice(),
+            backoff: opts.backoff,
+            timeout_ticks,
+            ctrl,
+            _not_sync: PhantomData::<Cell<()>>,
+        };
+        qp.refresh_expect_state();
+        Ok(qp)
+    }
+}
+
+impl<D: Device> Drop for IoQueuePair<D> {
+    fn drop(&mut self) {
+        // Delete I/O SQ first: the controller completes or aborts every command
+        // in it before the deletion completes; then the CQ. After both, the
+        // device cannot touch the queues or any command's buffer.
+        let generation = self.ctrl.generation();
+        if generation != self.generation || self.needs_recreate {
+            // A reset disabled the controller since these queues were created:
+            // they no longer exist and nothing can reach their memory.
+            self.ctrl.free_qid(self.qid);
+            return;
+        }
+        let deleted = self.ctrl.is_usable()
+            && self
+                .ctrl
+                .admin_command(Sqe::delete_io_sq(self.qid), "Delete I/O Submission Queue")
+                .is_ok()
+            && self
+                .ctrl
+                .admin_command(Sqe::delete_io_cq(self.qid), "Delete I/O Completion Queue")
+                .is_ok();
+        if !deleted {
+            // The device may still DMA: keep everything it could touch alive
+            // until the controller is disabled.
+            let mut keep: Vec<DmaBuffer> = self
+                .trackers
+                .values_mut()
+                .filter_map(|t| t.buffer.take())
+                .collect();
+            keep.push(self.sq.buffer_mut().take_ownership());
+            keep.push(self.cq.buffer_mut().take_ownership());
+            keep.push(self.prp_lists.take_ownership());
+            self.ctrl.quarantine(keep);
+        }
+        self.ctrl.free_qid(self.qid);
+    }
+}

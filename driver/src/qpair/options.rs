@@ -1,0 +1,66 @@
+//! What a queue pair can be told: every tunable is per pair (no global knobs).
+
+use std::time::Duration;
+
+use super::doorbell::CqHeadPolicy;
+
+/// How blocking helpers wait.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Backoff {
+    /// Empty polls spent spinning (no PAUSE, no clock read per poll) before
+    /// backing off.
+    pub spin_polls: u32,
+    /// After that: `None` yields the CPU between polls; `Some(d)` sleeps `d`.
+    pub sleep: Option<Duration>,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff {
+            spin_polls: 200_000,
+            sleep: None,
+        }
+    }
+}
+
+/// Options of one I/O queue pair. No global knobs: every pair can differ.
+#[derive(Clone, Debug)]
+pub struct QueuePairOptions {
+    /// Submission queue entries (2..=CAP.MQES+1). `None`: min(256, CQ limit/2).
+    /// At most `entries - 1` commands (and at most 4096) are in flight.
+    pub entries: Option<u32>,
+    /// Completion queue entries. `None`: twice the SQ, capped at CAP.MQES+1 —
+    /// the slack is what lets the CQ head doorbell be moderated.
+    pub cq_entries: Option<u32>,
+    /// Let the shadow doorbell EventIdx skip MMIO writes (when the controller
+    /// has Doorbell Buffer Config active). Off: every doorbell update is also
+    /// written over MMIO.
+    pub shadow_doorbells: bool,
+    /// After ringing the SQ doorbell (and the bookkeeping), reap whatever is
+    /// ready. Off by default; exists to be measured.
+    pub reap_on_submit: bool,
+    /// When the CQ head doorbell is written.
+    pub cq_head_policy: CqHeadPolicy,
+    /// How blocking helpers wait.
+    pub backoff: Backoff,
+    /// A command not completed after this long is aborted (Abort admin
+    /// command); if it still has not completed after another `command_timeout`,
+    /// the controller is reset. It then completes exactly once with
+    /// [`IoError::TimedOut`]. `None` disables command timeouts.
+    pub command_timeout: Option<Duration>,
+}
+
+impl Default for QueuePairOptions {
+    fn default() -> Self {
+        QueuePairOptions {
+            entries: None,
+            cq_entries: None,
+            shadow_doorbells: true,
+            reap_on_submit: false,
+            cq_head_policy: CqHeadPolicy::default(),
+            backoff: Backoff::default(),
+            command_timeout: Some(Duration::from_secs(30)),
+        }
+    }
+}
+

@@ -1,0 +1,225 @@
+//! Reaping: each CQE is checked (phase with an acquire load first, then SQ
+//! ID, SQ head and CID) and handed to the owner exactly once, with its tag
+//! and buffer; the CQ head doorbell is written when it is due.
+
+use upnvme_queues::Status;
+use upnvme_queues::status::sc::generic as sc;
+
+use super::{Completion, IoQueuePair, NEVER, PERIODIC_POLLS};
+use crate::device::Device;
+use crate::error::{IoError, Result};
+
+/// CQE dword 3, bit 16: the Phase Tag.
+const PHASE: u32 = 1 << 16;
+
+impl<D: Device> IoQueuePair<D> {
+    /// Reaps up to `max` completions and hands each to `f` exactly once (tag,
+    /// result, buffer), together with the pair itself, so that `f` may
+    /// submit (or queue, or reap) on it: `|qp, c| { let _ = qp.submit(...); }`.
+    /// Pending queued commands are announced first (a due SQ tail before a due
+    /// CQ head). Returns how many were delivered.
+    ///
+    /// Never blocks and never spins: one look at the CQ (entries that arrive
+    /// while `f` runs are taken too, up to `max`). A protocol violation by
+    /// the device (unknown or stale CID, duplicate completion, SQ head out of
+    /// range, wrong SQ ID) is [`crate::Error::DeviceFault`]; the pair and the
+    /// controller are then failed, and commands still in flight keep their
+    /// buffers until the controller is disabled.
+    #[inline]
+    pub fn process_completions<F>(&mut self, max: u32, mut f: F) -> Result<u32>
+    where
+        F: FnMut(&mut Self, Completion),
+    {
+        if !self.current()
+            || !self.ready.is_empty()
+            || self.sq_ring.tail() != self.sq_ring.committed_tail()
+        {
+            return self.process_completions_slow(max, &mut f);
+        }
+        self.poll_cq(max, &mut f)
+    }
+
+    /// The next completion, if one is ready: a lending-iterator form of
+    /// [`IoQueuePair::process_completions`] (`while let Some(c) =
+    /// qp.next_completion()? { qp.submit(..)?; }`).
+    #[inline]
+    pub fn next_completion(&mut self) -> Result<Option<Completion>> {
+        let mut out = None;
+        self.process_completions(1, |_, c| out = Some(c))?;
+        Ok(out)
+    }
+
+    /// `process_completions` when something needs attention first: a reset
+    /// to catch up with, queued commands to announce, parked completions to
+    /// deliver, or a failed or closed controller to report.
+    #[inline(never)]
+    fn process_completions_slow<F>(&mut self, max: u32, f: &mut F) -> Result<u32>
+    where
+        F: FnMut(&mut Self, Completion),
+    {
+        if self.needs_recreate || (!self.current() && self.generation_changed()) {
+            // Deliver what the reset ended even if re-creating fails now.
+            let _ = self.sync_generation();
+        }
+        if self.sq_ring.tail() != self.sq_ring.committed_tail() {
+            self.ring();
+        }
+        let mut n = 0;
+        while n < max {
+            match self.ready.pop_front() {
+                Some((_, c)) => {
+                    f(self, c);
+                    n += 1;
+                }
+                None => break,
+            }
+        }
+        if self.failed {
+            if n > 0 {
+                return Ok(n);
+            }
+            return Err(self.ctrl.unusable_error());
+        }
+        if n == 0 && !self.ctrl.is_usable() {
+            // Closed or failed elsewhere (admin path, another pair): say so
+            // instead of reporting an empty queue forever.
+            return Err(self.ctrl.unusable_error());
+        }
+        if n < max && self.current() {
+            n += self.poll_cq(max - n, f)?;
+        }
+        Ok(n)
+    }
+
+    /// Looks at the CQ and delivers up to `max` new entries to `f`.
+    #[inline(always)]
+    fn poll_cq<F>(&mut self, max: u32, f: &mut F) -> Result<u32>
+    where
+        F: FnMut(&mut Self, Completion),
+    {
+        let mut n = 0u32;
+        while n < max {
+            match self.reap_one()? {
+                Some((_, c)) => {
+                    n += 1;
+                    f(self, c);
+                    // The callback may have failed the pair (a nested reap
+                    // that met a device fault): stop looking at its CQ.
+                    if self.expect_state == NEVER {
+                        break;
+                    }
+                }
+                None => break,
+            }
+        }
+        self.stats.polls += 1;
+        if n == 0 {
+            self.stats.idle_polls += 1;
+        } else {
+            self.stats.completions += u64::from(n);
+            if self.every_reap {
+                self.commit_cq_head();
+            } else if self.cq_ring.uncommitted() > 0 {
+                self.stats.cq_doorbell_skipped += 1;
+            }
+        }
+        self.poll_countdown -= 1;
+        if self.poll_countdown == 0 {
+            self.periodic()?;
+        }
+        Ok(n)
+    }
+
+    /// Consumes the CQE at the head if it is new: checks it and returns its
+    /// slot and completion. Writes the CQ head doorbell when it is due, so a
+    /// callback that submits never finds the controller short of CQ space.
+    #[inline(always)]
+    pub(super) fn reap_one(&mut self) -> Result<Option<(u16, Completion)>> {
+        let head = u32::from(self.cq_ring.head());
+        // Acquire: the rest of the entry is read only after its phase is seen.
+        let Some(dw3) = self.cq.load_dw3(head) else {
+            return Ok(None);
+        };
+        if (dw3 & PHASE != 0) != self.cq_ring.phase() {
+            return Ok(None);
+        }
+        let dw2 = self.cq.read_dw(head, 2).unwrap_or(u32::MAX);
+        let dw0 = self.cq.read_dw(head, 0).unwrap_or(0);
+        self.cq_ring.advance();
+        let sqhd = dw2 as u16;
+        if (dw2 >> 16) as u16 != self.qid || self.sq_ring.update_head(sqhd).is_err() {
+            return Err(self.bad_completion(dw2, dw3));
+        }
+        let (slot, tag, buffer, aborted) = match self.trackers.complete_mut(dw3 as u16) {
+            Ok((slot, t)) => (slot, t.tag, t.buffer.take(), t.aborted),
+            Err(_) => return Err(self.bad_completion(dw2, dw3)),
+        };
+        let status = Status::from_dw3(dw3);
+        let result = if status.is_success() {
+            Ok(dw0)
+        } else {
+            Err(self.io_error(status, aborted))
+        };
+        if self.cq_ring.uncommitted() > self.cq_threshold {
+            self.commit_cq_head();
+        }
+        Ok(Some((
+            slot,
+            Completion {
+                tag,
+                result,
+                buffer,
+            },
+        )))
+    }
+
+    /// How a command that completed with a non-success status ended.
+    #[cold]
+    #[inline(never)]
+    fn io_error(&self, status: Status, aborted: bool) -> IoError {
+        if aborted && status.sct() == 0 && status.sc() == sc::ABORT_REQUESTED {
+            // Command Abort Requested, after our timeout's Abort.
+            IoError::TimedOut
+        } else if status.sct() == 0 && status.sc() == sc::ABORTED_SQ_DELETION {
+            // The driver deletes a live pair's SQ only in a reset or a close
+            // (`Inner::delete_io_queues`): the same ending as the commands
+            // the reset finds still in flight. (A Delete sent through
+            // `admin_passthrough` for a pair's queue ID breaks that pair; its
+            // doc says so.)
+            if self.ctrl.is_closed() {
+                IoError::ControllerFailed
+            } else if aborted {
+                IoError::TimedOut
+            } else {
+                IoError::ControllerReset
+            }
+        } else {
+            IoError::Status(status)
+        }
+    }
+
+    /// Writes the CQ head doorbell (shadow and/or MMIO, see doorbell.rs).
+    #[inline(never)]
+    pub(super) fn commit_cq_head(&mut self) {
+        if let Some(head) = self.cq_ring.commit() {
+            let shadow = self
+                .ctrl
+                .shadow
+                .as_ref()
+                .map(|s| (&s.doorbells, &s.event_idx));
+            self.doorbells
+                .ring_cq(&self.ctrl.dev, shadow, head, &mut self.stats);
+        }
+    }
+
+    /// Every [`PERIODIC_POLLS`] polls: the command timeout scan.
+    #[cold]
+    #[inline(never)]
+    fn periodic(&mut self) -> Result<()> {
+        self.poll_countdown = PERIODIC_POLLS;
+        if self.timeout_ticks > 0 && self.trackers.in_flight() > 0 {
+            self.check_timeouts()?;
+        }
+        Ok(())
+    }
+}

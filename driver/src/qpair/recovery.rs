@@ -1,0 +1,250 @@
+//! Off the hot path: catching up with controller resets, command timeouts,
+//! device faults, and turning a refusal into a descriptive error.
+
+use upnvme_queues::{CqRing, SqRing, Sqe};
+
+use super::{Completion, IoQueuePair, clock};
+use crate::device::Device;
+use crate::error::{Error, IoError, Reject, Result};
+
+impl<D: Device> IoQueuePair<D> {
+    /// The descriptive error behind a refusal: for [`Reject::Unusable`] the
+    /// controller's own explanation (closed, failed and why, gone), for
+    /// [`Reject::QueueFull`] [`Error::QueueFull`] with this pair's queue ID,
+    /// otherwise [`Error::InvalidArgument`] with the reason. Builds strings:
+    /// call it off the hot path.
+    #[cold]
+    pub fn describe(&self, reason: Reject) -> Error {
+        match reason {
+            Reject::Unusable => {
+                if self.failed || self.ctrl.check_usable().is_err() {
+                    self.ctrl.unusable_error()
+                } else {
+                    Error::ControllerFailed {
+                        device: self.ctrl.name.clone(),
+                        reason: format!(
+                            "queue pair {} could not re-create its queues after a reset",
+                            self.qid
+                        ),
+                    }
+                }
+            }
+            Reject::QueueFull => Error::QueueFull { qid: self.qid },
+            other => Error::InvalidArgument(other.to_string()),
+        }
+    }
+
+    /// `queue_sqe` when the one-load check failed: after a reset, end what it
+    /// ended and re-create the queues before anything is written to them;
+    /// then refuse if the pair or the controller is failed or closed.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn resync_for_submit(&mut self) -> std::result::Result<(), Reject> {
+        if (self.needs_recreate || self.generation_changed()) && self.sync_generation().is_err() {
+            return Err(Reject::Unusable);
+        }
+        if self.current() {
+            Ok(())
+        } else {
+            Err(Reject::Unusable)
+        }
+    }
+
+    /// The error for a pair or controller that cannot take commands.
+    pub(super) fn check_usable(&self) -> Result<()> {
+        if self.failed || !self.ctrl.is_usable() {
+            return Err(self.ctrl.unusable_error());
+        }
+        Ok(())
+    }
+
+    /// `ring` when nothing may be announced: after a reset the queued
+    /// commands end (once, ControllerReset) with the queue the reset deleted;
+    /// a closed or failed controller never gets a doorbell (its queued
+    /// commands end with the next reset or close).
+    #[cold]
+    #[inline(never)]
+    pub(super) fn ring_refused(&mut self) {
+        if self.needs_recreate || self.generation_changed() {
+            let _ = self.sync_generation();
+        }
+    }
+
+    /// The DeviceFault for a CQE that failed a check (checked again here, off
+    /// the hot path, to say what was wrong); fails the pair and the controller.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn bad_completion(&mut self, dw2: u32, dw3: u32) -> Error {
+        self.set_failed();
+        let (sqid, sqhd, cid) = ((dw2 >> 16) as u16, dw2 as u16, dw3 as u16);
+        let what = if sqid != self.qid {
+            format!(
+                "completion on CQ {} names SQ {sqid} (cid 0x{cid:04x})",
+                self.qid
+            )
+        } else if let Err(e) = self.sq_ring.clone().update_head(sqhd) {
+            format!("queue {}: {e}", self.qid)
+        } else {
+            match self.trackers.validate(cid) {
+                Err(e) => format!("queue {}: {e}", self.qid),
+                Ok(_) => format!("queue {}: completion refused (cid 0x{cid:04x})", self.qid),
+            }
+        };
+        self.ctrl.fault(what)
+    }
+
+    /// Aborts commands older than the timeout; resets the controller when an
+    /// aborted command is still not back after a second timeout, or when CSTS
+    /// shows a fatal error.
+    ///
+    /// No clock is read on the I/O path: a command is stamped by the first
+    /// scan that finds it in flight, and it is overdue when a later scan finds
+    /// it older than the timeout. So a command times out between
+    /// `command_timeout` and `command_timeout` plus one scan interval (1024
+    /// polls) after its submission — late by at most that, never early.
+    pub(super) fn check_timeouts(&mut self) -> Result<()> {
+        let now = clock::now().max(1);
+        let t = self.timeout_ticks;
+        let mut to_abort = Vec::new();
+        let mut reset = false;
+        let slots: Vec<u16> = self.trackers.in_flight_slots().collect();
+        for slot in slots {
+            let Some(tr) = self.trackers.get_mut(slot) else {
+                continue;
+            };
+            if tr.stamp == 0 {
+                tr.stamp = now;
+                continue;
+            }
+            let age = now.saturating_sub(tr.stamp);
+            if !tr.aborted && age > t {
+                to_abort.push(slot);
+            } else if tr.aborted && age > t.saturating_mul(2) {
+                reset = true;
+            }
+        }
+        if to_abort.is_empty() && !reset {
+            return Ok(());
+        }
+        // Something is overdue: is the controller still alive?
+        match crate::admin::check_csts(&self.ctrl.dev, &self.ctrl.name) {
+            Ok(_) => {}
+            Err(Error::ControllerFatal { .. }) => reset = true,
+            Err(e) => {
+                self.ctrl.mark_failed(&e);
+                return Err(e);
+            }
+        }
+        for slot in to_abort {
+            if let Some(cid) = self.trackers.cid_of(slot) {
+                // The Abort's own result does not matter: either the command
+                // completes (with Command Abort Requested) or, after a second
+                // timeout, the controller is reset.
+                let _ = self.ctrl.admin_command(
+                    Sqe::abort(self.qid, cid),
+                    &format!("Abort (SQ {}, CID 0x{cid:04x})", self.qid),
+                );
+                if let Some(tr) = self.trackers.get_mut(slot) {
+                    tr.aborted = true;
+                }
+                self.stats.aborts += 1;
+            }
+        }
+        if reset {
+            self.stats.timeout_resets += 1;
+            self.ctrl.reset_after_timeout()?;
+            self.sync_generation()?;
+        }
+        Ok(())
+    }
+
+    /// Ends the in-flight command in `slot` once the controller was disabled
+    /// (nothing can reach its buffer any more): frees its CID and builds its
+    /// only completion — ControllerFailed after close, TimedOut if we had
+    /// aborted it, ControllerReset otherwise.
+    pub(super) fn end_in_flight(&mut self, slot: u16, closed: bool) -> Completion {
+        let (tag, buffer, aborted) = match self.trackers.get_mut(slot) {
+            Some(t) => {
+                let aborted = t.aborted;
+                t.aborted = false;
+                t.stamp = 0;
+                (t.tag, t.buffer.take(), aborted)
+            }
+            None => (0, None, false),
+        };
+        let result = Err(if closed {
+            IoError::ControllerFailed
+        } else if aborted {
+            IoError::TimedOut
+        } else {
+            IoError::ControllerReset
+        });
+        let _ = self.trackers.cancel(slot);
+        Completion {
+            tag,
+            result,
+            buffer,
+        }
+    }
+
+    /// After a controller reset: completes every command in flight exactly once
+    /// (TimedOut if it had been aborted, ControllerReset otherwise) — the
+    /// controller is disabled, so no buffer is still reachable by the device —
+    /// then re-creates the queues.
+    pub(super) fn sync_generation(&mut self) -> Result<()> {
+        let g = self.ctrl.generation();
+        if g != self.generation {
+            let closed = self.ctrl.is_closed();
+            let slots: Vec<u16> = self.trackers.in_flight_slots().collect();
+            for slot in slots {
+                let c = self.end_in_flight(slot, closed);
+                self.ready.push_back((slot, c));
+            }
+            self.sq_ring = SqRing::new(self.sq_ring.entries())
+                .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+            self.cq_ring = CqRing::new(self.cq_ring.entries())
+                .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+            // Stale entries would look new to the restarted phase.
+            self.cq.zero();
+            self.doorbells.last_sq = 0;
+            self.doorbells.last_cq = 0;
+            self.generation = g;
+            self.failed = false;
+            self.needs_recreate = true;
+            self.refresh_expect_state();
+        }
+        if self.needs_recreate {
+            self.ctrl.check_usable()?;
+            if let (Some(slots), Some(s)) = (self.doorbells.shadow, &self.ctrl.shadow) {
+                for b in [&s.doorbells, &s.event_idx] {
+                    b.store_release_u32(slots.sq, 0)?;
+                    b.store_release_u32(slots.cq, 0)?;
+                }
+            }
+            // Nothing is in flight and the rings are fresh, so if another
+            // reset came since the generation was taken above, the queues
+            // created now simply belong to that newer one.
+            self.generation = self.ctrl.create_io_queues(
+                Sqe::create_io_cq(
+                    self.qid,
+                    self.cq_ring.entries(),
+                    self.cq.buffer().iova(),
+                    false,
+                    0,
+                ),
+                Sqe::create_io_sq(
+                    self.qid,
+                    self.sq_ring.entries(),
+                    self.sq.buffer().iova(),
+                    self.qid,
+                    0,
+                ),
+                self.qid,
+                " (after reset)",
+            )?;
+            self.needs_recreate = false;
+            self.refresh_expect_state();
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,361 @@
+//! Submission: checks, the SQE written straight into its slot, the data
+//! pointer (PRP1/PRP2 from a branch for one or two pages, a PRP List in the
+//! slot's preallocated pages for more), the SQ tail doorbell, then the
+//! bookkeeping.
+//!
+//! Why the SQ is never found full: a command occupies an SQ slot from the
+//! moment it is written until the controller fetches it, and a completion
+//! can only be posted for a fetched command, whose SQHD is then past it. So
+//! the slots between the host's view of the SQ head (the SQHD of the newest
+//! completion) and the tail hold commands that are not yet reaped, at most
+//! `max_depth <= entries - 1` of them (the tracker free stack refuses more):
+//! the slot at the tail is always free. `SqRing::push` still checks, as a
+//! belt against a device whose SQHD lags its completions.
+
+use upnvme_dma::DmaBuffer;
+use upnvme_queues::prp::{build_contiguous, prp_pair_4k};
+use upnvme_queues::{DsmRange, Sqe};
+
+use super::{IoCommand, IoQueuePair, PAGE};
+use crate::device::Device;
+use crate::error::{Reject, Rejected};
+use crate::namespace::Namespace;
+
+/// Most ranges a Dataset Management command carries (NR is 8 bits, 0-based).
+const MAX_DSM_RANGES: usize = 256;
+
+/// What the data pointer of a command describes.
+enum Data {
+    None,
+    /// `bytes` of the command's buffer.
+    Buffer(usize),
+    /// The Dataset Management range list.
+    Ranges,
+}
+
+#[inline(always)]
+fn check_range(ns: &Namespace, slba: u64, blocks: u32) -> Result<(), Reject> {
+    if blocks.wrapping_sub(1) >= 0x1_0000 {
+        return Err(Reject::BlockCount { blocks });
+    }
+    match slba.checked_add(blocks as u64) {
+        Some(end) if end <= ns.lba_count() => Ok(()),
+        _ => Err(Reject::LbaRange),
+    }
+}
+
+impl<D: Device> IoQueuePair<D> {
+    /// Submits one command and rings the doorbell. `buffer` is required for
+    /// Read, Write and Compare (at least `blocks × LBA size` bytes) and ignored
+    /// (handed back with the completion) otherwise. The completion carries
+    /// `tag` and the buffer.
+    ///
+    /// A refused command (full queue, bad arguments, unusable controller) is
+    /// returned at once with its buffer ([`Rejected`]); nothing reached the
+    /// device. May be called from inside the callback of
+    /// [`IoQueuePair::process_completions`].
+    #[inline(always)]
+    pub fn submit(
+        &mut self,
+        cmd: IoCommand<'_>,
+        buffer: Option<DmaBuffer>,
+        tag: u64,
+    ) -> Result<(), Rejected> {
+        self.queue_sqe(cmd, buffer, tag)?;
+        // The doorbell first (nothing to do if `queue_sqe` announced it
+        // through the shadow doorbell), then the bookkeeping.
+        self.ring_sq_now();
+        self.stats.submissions += 1;
+        if self.reap_on_submit {
+            self.reap_after_ring();
+        }
+        Ok(())
+    }
+
+    /// Reads `blocks` logical blocks at `slba` of `ns` into `buffer`
+    /// (`submit` of [`IoCommand::Read`]).
+    #[inline(always)]
+    pub fn read(
+        &mut self,
+        ns: &Namespace,
+        slba: u64,
+        blocks: u32,
+        buffer: DmaBuffer,
+        tag: u64,
+    ) -> Result<(), Rejected> {
+        self.submit(IoCommand::Read { ns, slba, blocks }, Some(buffer), tag)
+    }
+
+    /// Writes `blocks` logical blocks at `slba` of `ns` from `buffer`
+    /// (`submit` of [`IoCommand::Write`]).
+    #[inline(always)]
+    pub fn write(
+        &mut self,
+        ns: &Namespace,
+        slba: u64,
+        blocks: u32,
+        buffer: DmaBuffer,
+        tag: u64,
+    ) -> Result<(), Rejected> {
+        self.submit(IoCommand::Write { ns, slba, blocks }, Some(buffer), tag)
+    }
+
+    /// Writes one command into the SQ for a batch: several `queue` calls
+    /// followed by one [`IoQueuePair::ring`]. With MMIO doorbells nothing is
+    /// announced until `ring` writes the SQ tail once for the whole batch.
+    /// With shadow doorbells and the EventIdx in use (the default where the
+    /// controller offers Doorbell Buffer Config), `queue` announces the
+    /// command at once through the shadow doorbell (an MMIO write only when
+    /// the controller's EventIdx asks for one), so the device may start, or
+    /// even finish, before `ring`; `ring` then only does the bookkeeping.
+    /// `process_completions` and the blocking helpers ring pending commands
+    /// first.
+    #[inline]
+    pub fn queue(
+        &mut self,
+        cmd: IoCommand<'_>,
+        buffer: Option<DmaBuffer>,
+        tag: u64,
+    ) -> Result<(), Rejected> {
+        self.queue_sqe(cmd, buffer, tag)?;
+        self.stats.submissions += 1;
+        Ok(())
+    }
+
+    /// Announces every queued command not yet announced with one SQ tail
+    /// doorbell write (nothing is left with the EventIdx in use, see
+    /// [`IoQueuePair::queue`]), then (with `reap_on_submit`) reaps what is
+    /// ready.
+    #[inline]
+    pub fn ring(&mut self) {
+        if !self.current() {
+            self.ring_refused();
+            return;
+        }
+        self.ring_sq_now();
+        if self.reap_on_submit {
+            self.reap_after_ring();
+        }
+    }
+
+    /// Writes the SQ tail doorbell (shadow + EventIdx, or MMIO) for
+    /// everything queued.
+    #[inline(always)]
+    pub(super) fn ring_sq_now(&mut self) {
+        let Some(tail) = self.sq_ring.commit() else {
+            return;
+        };
+        let shadow = self
+            .ctrl
+            .shadow
+            .as_ref()
+            .map(|s| (&s.doorbells, &s.event_idx));
+        self.doorbells
+            .ring_sq(&self.ctrl.dev, shadow, tail, &mut self.stats);
+    }
+
+    /// `reap_on_submit`: reaps what is ready right after the doorbell, for
+    /// the next `process_completions` to deliver.
+    #[inline(never)]
+    fn reap_after_ring(&mut self) {
+        while let Ok(Some(sc)) = self.reap_one() {
+            self.ready.push_back(sc);
+        }
+    }
+
+    /// Checks the command, takes a CID, fills the tracker, writes the SQE
+    /// and (announcing at once) the shadow doorbell. Returns the slot.
+    #[inline(always)]
+    pub(super) fn queue_sqe(
+        &mut self,
+        cmd: IoCommand<'_>,
+        buffer: Option<DmaBuffer>,
+        tag: u64,
+    ) -> Result<u16, Rejected> {
+        if !self.current()
+            && let Err(reason) = self.resync_for_submit()
+        {
+            return Err(Rejected { reason, buffer });
+        }
+        let (mut sqe, data) = match self.build(&cmd, buffer.as_ref()) {
+            Ok(x) => x,
+            Err(reason) => return Err(Rejected { reason, buffer }),
+        };
+        // Completions parked in `ready` count against the depth too, so that
+        // queue never grows beyond its preallocated capacity.
+        if !self.ready.is_empty()
+            && self.trackers.in_flight() + self.ready.len() as u32 >= self.max_depth
+        {
+            return Err(Rejected {
+                reason: Reject::QueueFull,
+                buffer,
+            });
+        }
+        let Some(cid) = self.trackers.alloc() else {
+            return Err(Rejected {
+                reason: Reject::QueueFull,
+                buffer,
+            });
+        };
+        sqe.set_cid(cid.value);
+        let placed = match data {
+            Data::Buffer(bytes) => match &buffer {
+                Some(buf) => match prp_pair_4k(buf.iova(), bytes) {
+                    // One or two pages (every 4 KiB I/O): no PRP List.
+                    Some((prp1, prp2)) => {
+                        sqe.set_prp1(prp1);
+                        sqe.set_prp2(prp2);
+                        Ok(())
+                    }
+                    None => self.place_prp_list(buf.iova(), bytes, cid.slot, &mut sqe),
+                },
+                None => Err(Reject::NoBuffer),
+            },
+            Data::Ranges => match cmd {
+                IoCommand::Deallocate { ranges, .. } => self.place_ranges(ranges, cid.slot, &mut sqe),
+                _ => Ok(()),
+            },
+            Data::None => Ok(()),
+        };
+        let pos = match placed {
+            Ok(()) => self.sq_ring.push(),
+            Err(reason) => {
+                let _ = self.trackers.cancel(cid.slot);
+                return Err(Rejected { reason, buffer });
+            }
+        };
+        let Some(pos) = pos else {
+            let _ = self.trackers.cancel(cid.slot);
+            return Err(Rejected {
+                reason: Reject::QueueFull,
+                buffer,
+            });
+        };
+        // The tracker before the SQE and the doorbell (see the module docs).
+        if let Some(t) = self.trackers.get_mut(cid.slot) {
+            t.tag = tag;
+            t.buffer = buffer;
+            t.stamp = 0;
+            t.aborted = false;
+        }
+        if !self.sq.write_sqe(u32::from(pos), &sqe.dw) {
+            // Cannot happen (pos < entries); if it did, the slot would hold
+            // garbage and must never be announced: fail the pair. The command
+            // ends with the next reset or close, with its buffer.
+            self.set_failed();
+            return Err(Rejected {
+                reason: Reject::Unusable,
+                buffer: None,
+            });
+        }
+        if self.announce_at_once {
+            self.ring_sq_now();
+        }
+        Ok(cid.slot)
+    }
+
+    /// The SQE of `cmd` (CID and data pointer still to fill) and what its
+    /// data pointer describes, or why the command is refused.
+    #[inline(always)]
+    fn build(&self, cmd: &IoCommand<'_>, buffer: Option<&DmaBuffer>) -> Result<(Sqe, Data), Reject> {
+        let ns = cmd.namespace();
+        if ns.controller() != self.instance {
+            return Err(Reject::ForeignNamespace);
+        }
+        match *cmd {
+            IoCommand::Read { slba, blocks, .. }
+            | IoCommand::Write { slba, blocks, .. }
+            | IoCommand::Compare { slba, blocks, .. } => {
+                check_range(ns, slba, blocks)?;
+                let bytes = (blocks as usize) << ns.lba_shift();
+                let Some(buf) = buffer else {
+                    return Err(Reject::NoBuffer);
+                };
+                if buf.len() < bytes {
+                    return Err(Reject::BufferTooSmall { need: bytes as u64 });
+                }
+                if bytes > self.max_transfer {
+                    return Err(Reject::TransferTooLarge {
+                        bytes: bytes as u64,
+                    });
+                }
+                let sqe = match cmd {
+                    IoCommand::Read { .. } => Sqe::read(ns.id(), slba, blocks),
+                    IoCommand::Write { .. } => Sqe::write(ns.id(), slba, blocks),
+                    _ => Sqe::compare(ns.id(), slba, blocks),
+                };
+                Ok((sqe, Data::Buffer(bytes)))
+            }
+            IoCommand::Flush { .. } => Ok((Sqe::flush(ns.id()), Data::None)),
+            IoCommand::WriteZeroes {
+                slba,
+                blocks,
+                deallocate,
+                ..
+            } => {
+                check_range(ns, slba, blocks)?;
+                Ok((
+                    Sqe::write_zeroes(ns.id(), slba, blocks, deallocate),
+                    Data::None,
+                ))
+            }
+            IoCommand::Deallocate { ranges, .. } => {
+                if ranges.is_empty() || ranges.len() > MAX_DSM_RANGES {
+                    return Err(Reject::RangeCount {
+                        ranges: ranges.len().min(u32::MAX as usize) as u32,
+                    });
+                }
+                for r in ranges {
+                    check_range(ns, r.slba, r.nlb)?;
+                }
+                Ok((
+                    Sqe::dataset_management(ns.id(), ranges.len() as u32, true),
+                    Data::Ranges,
+                ))
+            }
+        }
+    }
+
+    /// PRP1 and a PRP List in the slot's list pages, for a transfer of more
+    /// than two memory pages.
+    #[inline(never)]
+    fn place_prp_list(
+        &mut self,
+        iova: u64,
+        bytes: usize,
+        slot: u16,
+        sqe: &mut Sqe,
+    ) -> Result<(), Reject> {
+        let list_base = slot as usize * self.list_pages_per_slot * PAGE;
+        let list_iova = self.prp_lists.iova() + list_base as u64;
+        let prps = build_contiguous(iova, bytes, PAGE, &mut self.prp_scratch, |i| {
+            list_iova + (i * PAGE) as u64
+        })
+        .map_err(|_| Reject::Misaligned)?;
+        for (i, entry) in self.prp_scratch[..prps.list_len].iter().enumerate() {
+            self.prp_lists
+                .write_u64(list_base + i * 8, *entry)
+                .map_err(|_| Reject::TransferTooLarge {
+                    bytes: bytes as u64,
+                })?;
+        }
+        sqe.set_prp1(prps.prp1);
+        sqe.set_prp2(prps.prp2);
+        Ok(())
+    }
+
+    /// Dataset Management ranges in the slot's list page; PRP1 points there.
+    #[inline(never)]
+    fn place_ranges(&mut self, ranges: &[DsmRange], slot: u16, sqe: &mut Sqe) -> Result<(), Reject> {
+        let list_base = slot as usize * self.list_pages_per_slot * PAGE;
+        for (i, r) in ranges.iter().enumerate() {
+            self.prp_lists
+                .write_bytes(list_base + i * 16, &r.to_le_bytes())
+                .map_err(|_| Reject::RangeCount {
+                    ranges: ranges.len() as u32,
+                })?;
+        }
+        sqe.set_prp1(self.prp_lists.iova() + list_base as u64);
+        Ok(())
+    }
+}
