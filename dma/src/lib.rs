@@ -44,7 +44,7 @@ pub use memory::{DmaBuffer, DmaRegion, PageBacking};
 pub use mmio::Bar;
 pub use pci::{PciAddress, Sysfs};
 pub use pool::{DmaPool, NotFromThisPool};
-pub use queue_memory::{CqMemory, SqMemory};
+pub use queue_memory::{CqMemory, CqSlot, SqMemory};
 pub use vfio::{VfioContainer, VfioDevice};
 
 /// Size of the pages the allocator hands out and the NVMe memory page size the

@@ -633,6 +633,33 @@ impl DmaBuffer {
         unsafe { p.cast::<u64>().write_volatile(v.to_le()) };
         Ok(())
     }
+    /// Writes `count` consecutive little-endian 64-bit values starting at
+    /// `offset`, the `i`-th being `value(i)`, with one bounds check for the
+    /// whole run (PRP List entries).
+    #[inline]
+    pub fn write_u64_run(
+        &self,
+        offset: usize,
+        count: usize,
+        mut value: impl FnMut(usize) -> u64,
+    ) -> Result<(), DmaError> {
+        let Some(bytes) = count.checked_mul(8) else {
+            return Err(DmaError::OutOfBounds {
+                what: "DMA buffer",
+                offset,
+                len: usize::MAX,
+                size: self.inner.len,
+            });
+        };
+        let p = self.ptr(offset, bytes, 8)?.cast::<u64>();
+        for i in 0..count {
+            let q = p.wrapping_add(i);
+            // SAFETY: the whole run `offset..offset + 8 * count` is inside
+            // the live mapping and 8-byte aligned (checked once by `ptr`).
+            unsafe { q.write_volatile(value(i).to_le()) };
+        }
+        Ok(())
+    }
     /// Atomic acquire load of a 32-bit word (see [`HostMemory::load_acquire_u32`]).
     #[inline]
     pub fn load_acquire_u32(&self, offset: usize) -> Result<u32, DmaError> {

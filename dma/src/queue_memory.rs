@@ -72,15 +72,16 @@ impl SqMemory {
         &mut self.buf
     }
 
-    /// Writes one SQE (16 little-endian dwords) into slot `index` with
-    /// eight 64-bit volatile stores. Returns false (and writes nothing) when
-    /// `index` is not a slot of this queue.
+    /// Writes one SQE into slot `index` with eight 64-bit volatile stores:
+    /// `q[i]` holds command dwords `2i` (low half) and `2i + 1` (high half),
+    /// as `Sqe::to_qwords` lays them out. Returns false (and writes nothing)
+    /// when `index` is not a slot of this queue.
     ///
     /// The stores are plain (not release): the doorbell write that announces
     /// the entry orders them (`Device::write32`, or the release store and
     /// fence of a shadow doorbell update).
     #[inline(always)]
-    pub fn write_sqe(&self, index: u32, dw: &[u32; 16]) -> bool {
+    pub fn write_sqe(&self, index: u32, q: &[u64; 8]) -> bool {
         if index >= self.entries {
             return false;
         }
@@ -89,14 +90,41 @@ impl SqMemory {
             .as_ptr()
             .wrapping_add(index as usize * SQE_BYTES)
             .cast::<u64>();
-        for i in 0..8 {
-            let q = (dw[2 * i] as u64) | ((dw[2 * i + 1] as u64) << 32);
+        for (i, v) in q.iter().enumerate() {
+            let qw = p.wrapping_add(i);
             // SAFETY: `index < entries` and `entries * 64 <= len` (checked at
             // creation), so the eight qwords of the slot lie inside the live
             // mapping; the base is 64-byte aligned, so each qword is aligned.
-            unsafe { p.add(i).write_volatile(q.to_le()) };
+            unsafe { qw.write_volatile(v.to_le()) };
         }
         true
+    }
+}
+
+/// One CQE slot of a [`CqMemory`], checked once by [`CqMemory::load_dw3`]:
+/// reading its dwords needs no further bounds check. Borrows the queue, so
+/// it cannot outlive the mapping.
+#[derive(Debug)]
+pub struct CqSlot<'a> {
+    /// Dword 0 of the slot (inside the mapping, 16-byte aligned).
+    p: *mut u32,
+    _queue: std::marker::PhantomData<&'a CqMemory>,
+}
+
+impl CqSlot<'_> {
+    /// Dword 0 (command specific result).
+    #[inline(always)]
+    pub fn dw0(&self) -> u32 {
+        // SAFETY: `p` is dword 0 of a slot inside the live mapping (checked
+        // when the slot was made; the borrow keeps the queue alive).
+        u32::from_le(unsafe { self.p.read_volatile() })
+    }
+
+    /// Dword 2 (SQ Identifier, SQ Head Pointer).
+    #[inline(always)]
+    pub fn dw2(&self) -> u32 {
+        // SAFETY: as in `dw0`; dword 2 of the same 16-byte slot.
+        u32::from_le(unsafe { self.p.wrapping_add(2).read_volatile() })
     }
 }
 
@@ -151,22 +179,29 @@ impl CqMemory {
     }
 
     /// Dword 3 of the CQE in slot `index` (status, phase tag, CID), loaded
-    /// with acquire ordering: the other dwords, read after it, are at least
-    /// as new. `None` when `index` is not a slot of this queue.
+    /// with acquire ordering, and the slot, through which the other dwords
+    /// are read without a second check: they are at least as new as dword 3.
+    /// `None` when `index` is not a slot of this queue.
     #[inline(always)]
-    pub fn load_dw3(&self, index: u32) -> Option<u32> {
-        let p = self.dword(index, 3)?;
-        // SAFETY: inside the slot (checked against `entries`, which fits the
-        // mapping), 4-byte aligned; the `&AtomicU32` exists only for this one
-        // load, an atomic view of memory the device writes.
-        let v = unsafe { AtomicU32::from_ptr(p) }.load(Ordering::Acquire);
-        Some(u32::from_le(v))
+    pub fn load_dw3(&self, index: u32) -> Option<(u32, CqSlot<'_>)> {
+        let p = self.dword(index, 0)?;
+        // SAFETY: the slot is inside the mapping (checked against `entries`,
+        // which fits it) and 16-byte aligned, so its dword 3 is in bounds and
+        // 4-byte aligned; the `&AtomicU32` exists only for this one load, an
+        // atomic view of memory the device writes.
+        let v = unsafe { AtomicU32::from_ptr(p.wrapping_add(3)) }.load(Ordering::Acquire);
+        Some((
+            u32::from_le(v),
+            CqSlot {
+                p,
+                _queue: std::marker::PhantomData,
+            },
+        ))
     }
 
-    /// Dword `dw` (0..=3) of the CQE in slot `index`, a volatile load (after
-    /// [`CqMemory::load_dw3`] saw the entry's new phase). `None` when
-    /// `index` is not a slot of this queue.
-    #[inline(always)]
+    /// Dword `dw` (0..=3) of the CQE in slot `index`, a volatile load.
+    /// `None` when `index` is not a slot of this queue.
+    #[inline]
     pub fn read_dw(&self, index: u32, dw: usize) -> Option<u32> {
         let p = self.dword(index, dw)?;
         // SAFETY: inside the slot (checked), 4-byte aligned, live mapping.
@@ -210,15 +245,19 @@ mod tests {
     #[test]
     fn sqe_lands_in_its_slot_and_out_of_range_is_refused() {
         let sq = SqMemory::new(buffer(4096), 4).unwrap();
-        let mut dw = [0u32; 16];
-        for (i, d) in dw.iter_mut().enumerate() {
-            *d = 0x1000_0000 + i as u32;
+        let mut q = [0u64; 8];
+        for (i, d) in q.iter_mut().enumerate() {
+            *d = 0x1000_0000_2000_0000 + i as u64;
         }
-        assert!(sq.write_sqe(3, &dw));
-        assert!(!sq.write_sqe(4, &dw));
-        for i in 0..16 {
-            assert_eq!(sq.buffer().read_u32(3 * 64 + i * 4).unwrap(), dw[i]);
-            assert_eq!(sq.buffer().read_u32(2 * 64 + i * 4).unwrap(), 0);
+        assert!(sq.write_sqe(3, &q));
+        assert!(!sq.write_sqe(4, &q));
+        for (i, v) in q.iter().enumerate() {
+            assert_eq!(sq.buffer().read_u32(3 * 64 + i * 8).unwrap(), *v as u32);
+            assert_eq!(
+                sq.buffer().read_u32(3 * 64 + i * 8 + 4).unwrap(),
+                (*v >> 32) as u32
+            );
+            assert_eq!(sq.buffer().read_u64(2 * 64 + i * 8).unwrap(), 0);
         }
         assert!(SqMemory::new(buffer(4096), 65).is_err());
     }
@@ -228,11 +267,14 @@ mod tests {
         let cq = CqMemory::new(buffer(4096), 8).unwrap();
         cq.buffer().write_u32(5 * 16 + 12, 0xdead_0001).unwrap();
         cq.buffer().write_u32(5 * 16, 7).unwrap();
-        assert_eq!(cq.load_dw3(5), Some(0xdead_0001));
+        cq.buffer().write_u32(5 * 16 + 8, 0x0001_0002).unwrap();
+        let (dw3, slot) = cq.load_dw3(5).unwrap();
+        assert_eq!(dw3, 0xdead_0001);
+        assert_eq!((slot.dw0(), slot.dw2()), (7, 0x0001_0002));
         assert_eq!(cq.read_dw(5, 0), Some(7));
-        assert_eq!(cq.load_dw3(8), None);
+        assert!(cq.load_dw3(8).is_none());
         cq.zero();
-        assert_eq!(cq.load_dw3(5), Some(0));
+        assert_eq!(cq.load_dw3(5).map(|(d, _)| d), Some(0));
         assert!(CqMemory::new(buffer(4096), 257).is_err());
     }
 }

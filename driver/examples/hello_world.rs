@@ -41,10 +41,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let msg = b"Hello world!\n";
     let buf = ctrl.alloc_dma(lba_size as usize)?;
     buf.write_bytes(0, msg)?;
-    let buf = qp.write_blocking(1, 0, 1, buf, Duration::from_secs(5))?;
+    let buf = qp.write_blocking(ns, 0, 1, buf, Duration::from_secs(5))?;
 
     buf.fill(0, buf.len(), 0)?;
-    let buf = qp.read_blocking(1, 0, 1, buf, Duration::from_secs(5))?;
+    let buf = qp.read_blocking(ns, 0, 1, buf, Duration::from_secs(5))?;
     let mut back = vec![0u8; msg.len()];
     buf.read_bytes(0, &mut back)?;
     print!("{}", String::from_utf8_lossy(&back));

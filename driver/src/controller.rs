@@ -170,9 +170,12 @@ impl<D: Device> Controller<D> {
         let stride = DmaPool::stride(len).filter(|_| len > 0).ok_or_else(|| {
             Error::InvalidArgument(format!("a DMA pool of {count} buffers of {len} bytes"))
         })?;
-        let total = stride.checked_mul(count).filter(|&t| t > 0).ok_or_else(|| {
-            Error::InvalidArgument(format!("a DMA pool of {count} buffers of {len} bytes"))
-        })?;
+        let total = stride
+            .checked_mul(count)
+            .filter(|&t| t > 0)
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!("a DMA pool of {count} buffers of {len} bytes"))
+            })?;
         let slab = self.inner.dev.alloc_dma(total)?;
         Ok(DmaPool::new(slab, len, count)?)
     }

@@ -27,7 +27,7 @@ use std::time::Duration;
 use libfuzzer_sys::fuzz_target;
 use upnvme::{
     BLOCKING_TAG, Completion, Controller, CqHeadPolicy, DmaBuffer, DsmRange, Error, IoCommand,
-    IoFailure, IoQueuePair, QueuePairOptions,
+    IoQueuePair, Namespace, QueuePairOptions, Rejected,
 };
 use upnvme_fuzz::{Reader, options};
 use upnvme_tests::{Fault, Match, ModelConfig, ModelController, NamespaceConfig, Status};
@@ -157,12 +157,49 @@ enum Outcome {
     NotAnIoCall,
 }
 
-fn command<'a>(r: &mut Reader<'_>, lba_size: u32, ranges: &'a [DsmRange]) -> IoCommand<'a> {
-    let nsid = match r.below(8) {
-        0 => r.u32(),
-        1 => 0,
-        2 => 0xffff_ffff,
-        _ => 1,
+/// The namespace handles commands name: the controller's own (NSID 1), and
+/// handles it never handed out, which every queue pair must refuse before
+/// looking at anything else.
+struct Handles {
+    /// NSID 1, from the controller.
+    ns: Namespace,
+    /// Built from NSID 1's Identify data but not adopted by the controller:
+    /// NSIDs 0, 0xffff_ffff and 2 (not active), NSID 1 itself, and NSID 1
+    /// claiming a namespace 16 times larger (LBAs past the real end).
+    strays: [Namespace; 5],
+}
+
+impl Handles {
+    fn of(c: &Ctrl) -> Handles {
+        let ns = c.namespace(1).expect("namespace 1").clone();
+        let stray = |nsid, nsze| {
+            let mut id = ns.identify().clone();
+            id.nsze = nsze;
+            Namespace::from_identify(nsid, id).expect("a usable LBA format")
+        };
+        let blocks = ns.lba_count();
+        let strays = [
+            stray(0, blocks),
+            stray(0xffff_ffff, blocks),
+            stray(2, blocks),
+            stray(1, blocks),
+            stray(1, blocks * 16),
+        ];
+        Handles { ns, strays }
+    }
+}
+
+fn command<'a>(
+    r: &mut Reader<'_>,
+    lba_size: u32,
+    handles: &'a Handles,
+    ranges: &'a [DsmRange],
+) -> IoCommand<'a> {
+    let ns = match r.below(8) {
+        0 => &handles.strays[r.below(handles.strays.len() as u32) as usize],
+        1 => &handles.strays[0],
+        2 => &handles.strays[1],
+        _ => &handles.ns,
     };
     let slba = match r.below(8) {
         0 => r.u64(),
@@ -177,20 +214,20 @@ fn command<'a>(r: &mut Reader<'_>, lba_size: u32, ranges: &'a [DsmRange]) -> IoC
         _ => 1 + r.below(8192 / lba_size),
     };
     match r.below(8) {
-        0..=2 => IoCommand::Read { nsid, slba, blocks },
-        3 | 4 => IoCommand::Write { nsid, slba, blocks },
-        5 => IoCommand::Compare { nsid, slba, blocks },
+        0..=2 => IoCommand::Read { ns, slba, blocks },
+        3 | 4 => IoCommand::Write { ns, slba, blocks },
+        5 => IoCommand::Compare { ns, slba, blocks },
         6 => match r.below(3) {
-            0 => IoCommand::Flush { nsid },
+            0 => IoCommand::Flush { ns },
             1 => IoCommand::WriteZeroes {
-                nsid,
+                ns,
                 slba,
                 blocks,
                 deallocate: r.bool(),
             },
-            _ => IoCommand::Deallocate { nsid, ranges },
+            _ => IoCommand::Deallocate { ns, ranges },
         },
-        _ => IoCommand::Deallocate { nsid, ranges },
+        _ => IoCommand::Deallocate { ns, ranges },
     }
 }
 
@@ -315,12 +352,13 @@ struct Harness {
     c: Ctrl,
     qp: Option<Pair>,
     books: Books,
+    handles: Handles,
     lba_size: u32,
 }
 
 impl Harness {
     /// Handles the result of a refused or accepted submission.
-    fn submitted(&mut self, r: Result<(), IoFailure>, tag: u64, iova: Option<u64>) -> Outcome {
+    fn submitted(&mut self, r: Result<(), Rejected>, tag: u64, iova: Option<u64>) -> Outcome {
         match r {
             Ok(()) => {
                 self.books.outstanding.insert(tag, iova);
@@ -331,7 +369,7 @@ impl Harness {
                     f.buffer.as_ref().map(|b| b.iova()),
                     iova,
                     "a refused command must hand its buffer back: {:?}",
-                    f.error
+                    f.reason
                 );
                 if let Some(b) = f.buffer {
                     self.books.take_back(b);
@@ -346,7 +384,7 @@ impl Harness {
             return Outcome::NotAnIoCall;
         };
         let mut got = Vec::new();
-        let res = qp.process_completions(max, |c| got.push(c));
+        let res = qp.process_completions(max, |_, c| got.push(c));
         let n = got.len() as u32;
         for c in got {
             self.books.deliver(c);
@@ -485,7 +523,7 @@ impl Harness {
             return Outcome::NotAnIoCall;
         }
         let ranges = dsm_ranges(r);
-        let cmd = command(r, self.lba_size, &ranges);
+        let cmd = command(r, self.lba_size, &self.handles, &ranges);
         let len = match cmd {
             IoCommand::Read { blocks, .. }
             | IoCommand::Write { blocks, .. }
@@ -514,7 +552,7 @@ impl Harness {
             qp.submit(cmd, buffer, tag)
         };
         if let Err(f) = &res {
-            check_fault(&self.c, &f.error);
+            check_fault(&self.c, &qp.describe(f.reason));
         }
         self.submitted(res, tag, iova)
     }
@@ -539,9 +577,9 @@ impl Harness {
             return Outcome::NotAnIoCall;
         };
         let res = if write {
-            qp.write_blocking(1, slba, blocks, buf, timeout)
+            qp.write_blocking(&self.handles.ns, slba, blocks, buf, timeout)
         } else {
-            qp.read_blocking(1, slba, blocks, buf, timeout)
+            qp.read_blocking(&self.handles.ns, slba, blocks, buf, timeout)
         };
         match res {
             Ok(b) => {
@@ -642,11 +680,13 @@ fuzz_target!(|data: &[u8]| {
         Err(Error::InvalidArgument(_)) => None,
         Err(e) => panic!("queue pair on a healthy model failed: {e}"),
     };
+    let handles = Handles::of(&c);
     let mut h = Harness {
         m,
         c,
         qp,
         books: Books::default(),
+        handles,
         lba_size,
     };
     let mut steps = 0;

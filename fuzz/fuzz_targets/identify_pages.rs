@@ -258,7 +258,7 @@ fuzz_target!(|data: &[u8]| {
         if let Some(ns) = c.namespaces().first() {
             let len = (ns.lba_size() as usize).min(1 << 16);
             if let Ok(buf) = c.alloc_dma(len) {
-                let _ = qp.read_blocking(ns.id(), 0, 1, buf, Duration::from_millis(20));
+                let _ = qp.read_blocking(ns, 0, 1, buf, Duration::from_millis(20));
             }
         }
     }

@@ -89,6 +89,8 @@ pub struct CidTable<T = ()> {
     /// Usable slots (those ever handed out).
     usable: u16,
     slot_mask: u16,
+    /// `1 << slot_bits`: what the generation adds to a CID.
+    step: u16,
     slot_bits: u32,
 }
 
@@ -103,6 +105,22 @@ struct Slot<T> {
 
 /// `Slot::cid` of a free slot: 0xFFFF, the one value never handed out.
 const FREE: u16 = 0xffff;
+
+/// Why `cid` names no command in flight.
+#[cold]
+#[inline(never)]
+fn mismatch<T>(slots: &[Slot<T>], usable: u16, mask: u16, cid: u16) -> CidError {
+    let slot = cid & mask;
+    match slots.get(usize::from(slot)) {
+        None => CidError::UnknownSlot(cid),
+        Some(_) if slot >= usable => CidError::UnknownSlot(cid),
+        Some(s) if s.cid == FREE => CidError::NotInFlight(cid),
+        Some(s) => CidError::StaleGeneration {
+            cid,
+            expected: s.cid,
+        },
+    }
+}
 
 impl<T: Default> CidTable<T> {
     /// A table of `slots` slots, all free, all at generation 0, each with
@@ -131,6 +149,7 @@ impl<T: Default> CidTable<T> {
             free,
             usable: slots,
             slot_mask,
+            step: (1u32 << slot_bits) as u16,
             slot_bits,
         }
     }
@@ -164,7 +183,7 @@ impl<T> CidTable<T> {
     /// wrapping, skipping the reserved 0xFFFF.
     #[inline]
     fn successor(&self, cid: u16) -> u16 {
-        let step = (1u32 << self.slot_bits) as u16;
+        let step = self.step;
         match cid.wrapping_add(step) {
             FREE => FREE.wrapping_add(step),
             n => n,
@@ -201,16 +220,7 @@ impl<T> CidTable<T> {
     #[cold]
     #[inline(never)]
     fn mismatch(&self, cid: u16) -> CidError {
-        let slot = cid & self.slot_mask;
-        match self.slots.get(usize::from(slot)) {
-            None => CidError::UnknownSlot(cid),
-            Some(_) if slot >= self.usable => CidError::UnknownSlot(cid),
-            Some(s) if s.cid == FREE => CidError::NotInFlight(cid),
-            Some(s) => CidError::StaleGeneration {
-                cid,
-                expected: s.cid,
-            },
-        }
+        mismatch(&self.slots, self.usable, self.slot_mask, cid)
     }
 
     /// Completes the command with this CID: checks it (see
@@ -227,21 +237,21 @@ impl<T> CidTable<T> {
     #[inline(always)]
     pub fn complete_mut(&mut self, cid: u16) -> Result<(u16, &mut T), CidError> {
         let slot = cid & self.slot_mask;
-        let step = (1u32 << self.slot_bits) as u16;
-        let ok = matches!(self.slots.get(usize::from(slot)), Some(s) if s.cid == cid && cid != FREE);
-        if !ok {
-            return Err(self.mismatch(cid));
+        let step = self.step;
+        let i = usize::from(slot);
+        if i >= self.slots.len() || self.slots[i].cid != cid || cid == FREE {
+            return Err(mismatch(&self.slots, self.usable, self.slot_mask, cid));
         }
-        // Cannot reallocate: at most `usable` entries are ever free.
-        self.free.push(slot);
-        let Some(s) = self.slots.get_mut(usize::from(slot)) else {
-            return Err(CidError::UnknownSlot(cid));
-        };
-        s.next = match cid.wrapping_add(step) {
-            FREE => FREE.wrapping_add(step),
-            n => n,
+        let s = &mut self.slots[i];
+        let next = cid.wrapping_add(step);
+        s.next = if next == FREE {
+            FREE.wrapping_add(step)
+        } else {
+            next
         };
         s.cid = FREE;
+        // Cannot reallocate: at most `usable` entries are ever free.
+        self.free.push(slot);
         Ok((slot, &mut s.value))
     }
 

@@ -331,12 +331,14 @@ pub struct Prps {
 #[inline(always)]
 pub fn prp_pair_4k(first_iova: u64, len: usize) -> Option<(u64, u64)> {
     const PS: u64 = 4096;
-    let end = (first_iova & (PS - 1)).checked_add(len as u64)?;
-    if len == 0
-        || first_iova & 3 != 0
-        || end > 2 * PS
-        || first_iova.checked_add(len as u64 - 1).is_none()
-    {
+    // `len` in 1..=2 pages (so the sums below cannot overflow), PRP1 dword
+    // aligned, the transfer within two pages, the last byte addressable.
+    let len = len as u64;
+    if len.wrapping_sub(1) >= 2 * PS || first_iova & 3 != 0 || first_iova > u64::MAX - len {
+        return None;
+    }
+    let end = (first_iova & (PS - 1)) + len;
+    if end > 2 * PS {
         return None;
     }
     let prp2 = if end > PS {

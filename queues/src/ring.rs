@@ -192,6 +192,12 @@ impl SqRing {
     #[inline]
     pub fn update_head(&mut self, sqhd: u16) -> Result<(), RingError> {
         let h = u32::from(sqhd);
+        // The common case, one compare: the controller has fetched
+        // everything announced.
+        if h == self.committed {
+            self.head = h;
+            return Ok(());
+        }
         if h >= self.entries {
             return Err(RingError::SqHeadOutOfRange {
                 sqhd,
@@ -271,10 +277,11 @@ impl CqRing {
         } else {
             self.head = n;
         }
-        // Saturating: at most entries - 1 can be consumed between doorbells
-        // without the controller seeing a full queue; the driver's policy
-        // reads this counter to decide when the CQ head doorbell is due.
-        self.uncommitted = self.uncommitted.saturating_add(1);
+        // At most `entries` can be consumed between two commits (a
+        // controller never posts into a full queue), so this cannot wrap;
+        // the driver's policy reads the counter to decide when the CQ head
+        // doorbell is due.
+        self.uncommitted = self.uncommitted.wrapping_add(1);
     }
 
     /// The head value last returned by [`CqRing::commit`] (last written to the

@@ -371,6 +371,34 @@ pub const MAX_NLB: u32 = 65536;
 /// 8-bit 0-based field.
 pub const MAX_DSM_RANGES: u32 = 256;
 
+/// An NVM command with a data pointer, built straight as the eight qwords of
+/// its SQE ([`Sqe::to_qwords`] layout): CDW0.OPC = `opcode`, CDW0.CID =
+/// `cid`, NSID, PRP1 (CDW6-7), PRP2 (CDW8-9), SLBA (CDW10-11) and CDW12 =
+/// `cdw12` (NLB, 0-based, in bits 15:0, plus any flags such as FUA); CDW2-5
+/// and CDW13-15 are zero. No 64-byte array is built and copied: the I/O path
+/// stores these eight values into the SQ slot.
+#[inline(always)]
+pub const fn io_qwords(
+    opcode: u8,
+    cid: u16,
+    nsid: u32,
+    prp1: u64,
+    prp2: u64,
+    slba: u64,
+    cdw12: u32,
+) -> [u64; 8] {
+    [
+        opcode as u64 | (cid as u64) << 16 | (nsid as u64) << 32,
+        0,
+        0,
+        prp1,
+        prp2,
+        slba,
+        cdw12 as u64,
+        0,
+    ]
+}
+
 /// A 64-byte Submission Queue Entry (§4.2, "Common Command Format"), as sixteen command dwords CDW0..CDW15 in host order. Use
 /// [`Sqe::to_le_bytes`] to obtain the little-endian wire image.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -514,6 +542,17 @@ impl Sqe {
     }
 
     /// An entry with only CDW0.OPC and NSID set.
+    /// The entry as eight little-endian-ordered qwords (CDW0|CDW1 << 32,
+    /// CDW2|CDW3 << 32, ...): the form the I/O path stores into the SQ slot.
+    #[inline(always)]
+    pub fn to_qwords(&self) -> [u64; 8] {
+        let mut q = [0u64; 8];
+        for (i, v) in q.iter_mut().enumerate() {
+            *v = u64::from(self.dw[2 * i]) | (u64::from(self.dw[2 * i + 1]) << 32);
+        }
+        q
+    }
+
     fn with_opcode(opcode: u8, nsid: u32) -> Sqe {
         let mut sqe = Sqe::default();
         sqe.set_opcode(opcode);
@@ -758,6 +797,33 @@ impl DsmRange {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn io_qwords_match_the_builders() {
+        let mut r = Sqe::read(7, 0x1_2345_6789, 8);
+        r.set_cid(0xabcd);
+        r.set_prp1(0x20_0000);
+        r.set_prp2(0x20_1000);
+        assert_eq!(
+            io_qwords(
+                opcode::nvm::READ,
+                0xabcd,
+                7,
+                0x20_0000,
+                0x20_1000,
+                0x1_2345_6789,
+                7
+            ),
+            r.to_qwords()
+        );
+        let mut w = Sqe::write(1, 5, 1);
+        w.set_fua(true);
+        assert_eq!(
+            io_qwords(opcode::nvm::WRITE, 0, 1, 0, 0, 5, w.dw[12]),
+            w.to_qwords()
+        );
+        assert_eq!(w.to_qwords()[6] as u32, w.dw[12]);
+    }
 
     #[test]
     fn cdw0_fields() {

@@ -136,8 +136,11 @@ impl Status {
     }
 
     /// True for Successful Completion (SCT 0h and SC 00h; CRD/M/DNR ignored).
+    #[inline]
     pub fn is_success(&self) -> bool {
-        self.sct() == sct::GENERIC && self.sc() == sc::generic::SUCCESS
+        // SCT (10:8) = 0 and SC (7:0) = 0: one mask.
+        const _: () = assert!(sct::GENERIC == 0 && sc::generic::SUCCESS == 0);
+        self.0 & 0x7ff == 0
     }
 
     /// True for the Generic Command Status "LBA Out of Range".

@@ -1,7 +1,9 @@
-//! The driver's own CPU work per 4 KiB read, for `cargo xtask cost`.
+//! The driver's own CPU work per I/O, for `cargo xtask cost`.
 //!
-//! Runs `N` round trips (submit one 4 KiB read, then `process_completions`
-//! until it is reaped) on a queue pair whose controller is the in-memory
+//! `io_cost N [WORKLOAD]` runs `N` round trips of one workload — `read-4k`
+//! (the default: one 4 KiB read, PRP1 only), `write-4k` (one 4 KiB write), or
+//! `read-64k` (one 64 KiB read: PRP1 and a PRP List) — each a submit, then
+//! `process_completions` until it is reaped, on a queue pair whose controller is the in-memory
 //! model ([`upnvme_tests::ModelController`]). The model is reached through
 //! [`Meter`], a [`Device`] whose register accessors are never inlined, so a
 //! profiler can tell the model's work (inside `Meter::*`) from the driver's:
@@ -69,19 +71,23 @@ impl Device for Meter {
     }
 }
 
-/// One 4 KiB read: submit, then reap until its completion arrives. Returns
-/// the buffer. Never inlined: the profiler collects inside it.
+/// One I/O: submit, then reap until its completion arrives. Returns the
+/// buffer. Never inlined: the profiler collects inside it. One instance per
+/// workload (const parameters), as an application's I/O call site would be.
 #[inline(never)]
-fn one_io(qp: &mut IoQueuePair<Meter>, ns: &Namespace, buf: DmaBuffer, slba: u64) -> DmaBuffer {
-    if let Err(f) = qp.submit(
-        IoCommand::Read {
-            ns,
-            slba,
-            blocks: 1,
-        },
-        Some(buf),
-        7,
-    ) {
+fn one_io<const WRITE: bool, const BLOCKS: u32>(
+    qp: &mut IoQueuePair<Meter>,
+    ns: &Namespace,
+    buf: DmaBuffer,
+    slba: u64,
+) -> DmaBuffer {
+    let blocks = BLOCKS;
+    let cmd = if WRITE {
+        IoCommand::Write { ns, slba, blocks }
+    } else {
+        IoCommand::Read { ns, slba, blocks }
+    };
+    if let Err(f) = qp.submit(cmd, Some(buf), 7) {
         panic!("submit failed: {f}");
     }
     let mut back = None;
@@ -98,8 +104,18 @@ fn one_io(qp: &mut IoQueuePair<Meter>, ns: &Namespace, buf: DmaBuffer, slba: u64
 fn main() {
     let n: u64 = std::env::args()
         .nth(1)
-        .map(|s| s.parse().expect("usage: io_cost [N]"))
+        .map(|s| {
+            s.parse()
+                .expect("usage: io_cost [N] [read-4k|write-4k|read-64k]")
+        })
         .unwrap_or(100_000);
+    let workload = std::env::args().nth(2).unwrap_or_else(|| "read-4k".into());
+    let (write, blocks) = match workload.as_str() {
+        "read-4k" => (false, 1u32),
+        "write-4k" => (true, 1),
+        "read-64k" => (false, 16),
+        w => panic!("unknown workload {w}: read-4k, write-4k or read-64k"),
+    };
     let model = ModelController::new(ModelConfig {
         namespaces: vec![NamespaceConfig {
             nsid: 1,
@@ -123,7 +139,7 @@ fn main() {
     let mut qp = ctrl
         .io_queue_pair(QueuePairOptions::default())
         .expect("queue pair");
-    let mut buf = ctrl.alloc_dma(4096).expect("DMA buffer");
+    let mut buf = ctrl.alloc_dma(blocks as usize * 4096).expect("DMA buffer");
     let ns = ctrl.namespace(1).expect("namespace 1").clone();
     // Deterministic LBAs: a fixed xorshift sequence.
     let mut x = 0x2545_f491_4f6c_dd1du64;
@@ -131,13 +147,18 @@ fn main() {
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
-        x % BLOCKS
+        (x % (BLOCKS / u64::from(blocks))) * u64::from(blocks)
+    };
+    let io = match (write, blocks) {
+        (false, 1) => one_io::<false, 1>,
+        (true, 1) => one_io::<true, 1>,
+        _ => one_io::<false, 16>,
     };
     for _ in 0..WARMUP {
-        buf = one_io(&mut qp, &ns, buf, next());
+        buf = io(&mut qp, &ns, buf, next());
     }
     for _ in 0..n {
-        buf = one_io(&mut qp, &ns, buf, next());
+        buf = io(&mut qp, &ns, buf, next());
     }
     let stats = qp.stats();
     drop(buf);
@@ -145,7 +166,7 @@ fn main() {
     ctrl.close().expect("shutdown");
     assert_eq!(model.violations(), Vec::<String>::new(), "model violations");
     println!(
-        "io_cost: {n} measured 4 KiB reads (+{WARMUP} warm-up), {} SQ and {} CQ doorbell MMIO writes",
+        "io_cost: {n} measured {workload} I/Os (+{WARMUP} warm-up), {} SQ and {} CQ doorbell MMIO writes",
         stats.sq_doorbell_mmio, stats.cq_doorbell_mmio
     );
 }

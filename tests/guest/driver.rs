@@ -257,16 +257,17 @@ fn revoked_bar_reads_as_gone_instead_of_sigbus() {
     let mut qp = c
         .io_queue_pair(upnvme::QueuePairOptions::default())
         .unwrap();
+    let ns = c.namespace(1).unwrap().clone();
     let buf = c.alloc_dma(4096).unwrap();
     let buf = qp
-        .read_blocking(1, 0, 1, buf, Duration::from_secs(10))
+        .read_blocking(&ns, 0, 1, buf, Duration::from_secs(10))
         .unwrap();
     let before = upnvme::dma::sigbus::revoked_mappings();
     let vfio = c.device().vfio();
     let cmd = vfio.config_read16(0x04).unwrap();
     vfio.config_write16(0x04, cmd & !0x0002).unwrap(); // Command.MSE = 0
     let e = qp
-        .read_blocking(1, 0, 1, buf, Duration::from_secs(10))
+        .read_blocking(&ns, 0, 1, buf, Duration::from_secs(10))
         .unwrap_err();
     assert!(
         matches!(e.error, Error::ControllerGone { .. }),

@@ -5,8 +5,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use upnvme::{
-    Completion, Controller, ControllerOptions, CqHeadPolicy, DsmRange, Error, IoCommand,
-    QueuePairOptions,
+    Completion, Controller, ControllerOptions, CqHeadPolicy, DsmRange, Error, IoCommand, Namespace,
+    QueuePairOptions, Reject,
 };
 
 const T: Duration = Duration::from_secs(10);
@@ -54,13 +54,14 @@ fn pattern(seed: u64, lba: u64, len: usize) -> Vec<u8> {
 #[test]
 fn hello_world_round_trip() {
     let c = open();
-    let lba = c.namespace(1).unwrap().lba_size() as usize;
+    let ns = c.namespace(1).unwrap().clone();
+    let lba = ns.lba_size() as usize;
     let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
     let buf = c.alloc_dma(lba).unwrap();
     buf.write_bytes(0, b"Hello world!\n").unwrap();
-    let buf = qp.write_blocking(1, 0, 1, buf, T).unwrap();
+    let buf = qp.write_blocking(&ns, 0, 1, buf, T).unwrap();
     buf.fill(0, buf.len(), 0xaa).unwrap();
-    let buf = qp.read_blocking(1, 0, 1, buf, T).unwrap();
+    let buf = qp.read_blocking(&ns, 0, 1, buf, T).unwrap();
     let mut back = [0u8; 13];
     buf.read_bytes(0, &mut back).unwrap();
     assert_eq!(&back, b"Hello world!\n");
@@ -120,7 +121,7 @@ fn verified_mixed_sizes_with(c: &Controller, policy: CqHeadPolicy, seed_base: u6
             expected.insert(slba, data);
             qp.submit(
                 IoCommand::Write {
-                    nsid: 1,
+                    ns: &ns,
                     slba,
                     blocks: b,
                 },
@@ -131,7 +132,7 @@ fn verified_mixed_sizes_with(c: &Controller, policy: CqHeadPolicy, seed_base: u6
             inflight += 1;
             i += 1;
         }
-        qp.process_completions(64, |cpl: Completion| {
+        qp.process_completions(64, |_, cpl: Completion| {
             assert!(cpl.is_ok(), "write {} failed: {:?}", cpl.tag, cpl.result);
             done.push(cpl.tag);
             inflight -= 1;
@@ -152,7 +153,7 @@ fn verified_mixed_sizes_with(c: &Controller, policy: CqHeadPolicy, seed_base: u6
     let mut mismatches = 0;
     for &(slba, b, seed) in layout.iter().filter(|l| l.2 == last_round) {
         let buf = c.alloc_dma(b as usize * lba).unwrap();
-        let buf = qp.read_blocking(1, slba, b, buf, T).unwrap();
+        let buf = qp.read_blocking(&ns, slba, b, buf, T).unwrap();
         let got = buf.to_vec();
         if got[..b as usize * lba] != pattern(seed, slba, b as usize * lba)[..] {
             mismatches += 1;
@@ -172,9 +173,9 @@ fn unaligned_buffers_are_not_possible_and_prp_lists_work_at_mdts() {
     let data = pattern(7, 100, max);
     let buf = c.alloc_dma(max).unwrap();
     buf.write_bytes(0, &data).unwrap();
-    qp.write_blocking(1, 100, blocks, buf, T).unwrap();
+    qp.write_blocking(&ns, 100, blocks, buf, T).unwrap();
     let buf = c.alloc_dma(max).unwrap();
-    let buf = qp.read_blocking(1, 100, blocks, buf, T).unwrap();
+    let buf = qp.read_blocking(&ns, 100, blocks, buf, T).unwrap();
     assert!(
         buf.to_vec() == data,
         "MDTS-sized transfer through a PRP list"
@@ -184,7 +185,7 @@ fn unaligned_buffers_are_not_possible_and_prp_lists_work_at_mdts() {
     let e = qp
         .submit(
             IoCommand::Read {
-                nsid: 1,
+                ns: &ns,
                 slba: 0,
                 blocks: blocks + 1,
             },
@@ -205,12 +206,12 @@ fn every_command_kind() {
     let data = pattern(3, 500, 4 * lba);
     let buf = c.alloc_dma(4 * lba).unwrap();
     buf.write_bytes(0, &data).unwrap();
-    let buf = qp.write_blocking(1, 500, 4, buf, T).unwrap();
+    let buf = qp.write_blocking(&ns, 500, 4, buf, T).unwrap();
     // Compare equal data: success; different: Compare Failure.
     let buf = qp
         .execute_blocking(
             IoCommand::Compare {
-                nsid: 1,
+                ns: &ns,
                 slba: 500,
                 blocks: 4,
             },
@@ -223,7 +224,7 @@ fn every_command_kind() {
     let e = qp
         .execute_blocking(
             IoCommand::Compare {
-                nsid: 1,
+                ns: &ns,
                 slba: 500,
                 blocks: 4,
             },
@@ -234,12 +235,12 @@ fn every_command_kind() {
     assert!(e.to_string().contains("Compare Failure"), "{e}");
     let buf = e.buffer.expect("buffer back after an error status");
     // Flush.
-    qp.execute_blocking(IoCommand::Flush { nsid: 1 }, None, T)
+    qp.execute_blocking(IoCommand::Flush { ns: &ns }, None, T)
         .unwrap();
     // Write Zeroes: the blocks read back as zeroes.
     qp.execute_blocking(
         IoCommand::WriteZeroes {
-            nsid: 1,
+            ns: &ns,
             slba: 500,
             blocks: 2,
             deallocate: false,
@@ -248,7 +249,7 @@ fn every_command_kind() {
         T,
     )
     .unwrap();
-    let buf = qp.read_blocking(1, 500, 4, buf, T).unwrap();
+    let buf = qp.read_blocking(&ns, 500, 4, buf, T).unwrap();
     let got = buf.to_vec();
     assert!(got[..2 * lba].iter().all(|&b| b == 0), "write zeroes");
     assert_eq!(
@@ -271,7 +272,7 @@ fn every_command_kind() {
     ];
     qp.execute_blocking(
         IoCommand::Deallocate {
-            nsid: 1,
+            ns: &ns,
             ranges: &ranges,
         },
         None,
@@ -282,7 +283,7 @@ fn every_command_kind() {
     let e = qp
         .submit(
             IoCommand::Read {
-                nsid: 1,
+                ns: &ns,
                 slba: ns.lba_count(),
                 blocks: 1,
             },
@@ -290,11 +291,21 @@ fn every_command_kind() {
             0,
         )
         .unwrap_err();
-    assert!(e.to_string().contains("outside namespace"), "{e}");
+    assert_eq!(e.reason, Reject::LbaRange, "{e}");
+    assert!(e.to_string().contains("outside the namespace"), "{e}");
+    // An absent namespace has no handle to put in a command...
+    let absent = c.namespace(99).unwrap_err();
+    assert!(
+        matches!(absent, Error::NoSuchNamespace { nsid: 99, .. }),
+        "{absent}"
+    );
+    // ...and a handle this controller did not hand out (NSID 99) is refused,
+    // buffer back.
+    let stray = Namespace::from_identify(99, ns.identify().clone()).expect("a usable LBA format");
     let e = qp
         .submit(
             IoCommand::Read {
-                nsid: 99,
+                ns: &stray,
                 slba: 0,
                 blocks: 1,
             },
@@ -302,7 +313,7 @@ fn every_command_kind() {
             0,
         )
         .unwrap_err();
-    assert!(matches!(e.error, Error::NoSuchNamespace { .. }), "{e}");
+    assert_eq!(e.reason, Reject::ForeignNamespace, "{e}");
     assert!(e.buffer.is_some());
 }
 
@@ -320,7 +331,8 @@ fn batch_submit_rings_once_and_full_queue_pushes_back() {
 /// (shadow update and EventIdx check, MMIO only when QEMU asked for it) and
 /// `ring` has nothing left.
 fn batch_with(c: &Controller, event_idx: bool) {
-    let lba = c.namespace(1).unwrap().lba_size() as usize;
+    let ns = c.namespace(1).unwrap().clone();
+    let lba = ns.lba_size() as usize;
     let mut qp = c
         .io_queue_pair(QueuePairOptions {
             entries: Some(8),
@@ -334,7 +346,7 @@ fn batch_with(c: &Controller, event_idx: bool) {
         let b = c.alloc_dma(lba).unwrap();
         qp.queue(
             IoCommand::Read {
-                nsid: 1,
+                ns: &ns,
                 slba: i,
                 blocks: 1,
             },
@@ -348,7 +360,7 @@ fn batch_with(c: &Controller, event_idx: bool) {
     let e = qp
         .queue(
             IoCommand::Read {
-                nsid: 1,
+                ns: &ns,
                 slba: 0,
                 blocks: 1,
             },
@@ -356,7 +368,10 @@ fn batch_with(c: &Controller, event_idx: bool) {
             99,
         )
         .unwrap_err();
-    assert!(matches!(e.error, Error::QueueFull { .. }), "{e}");
+    assert!(
+        matches!(qp.describe(e.reason), Error::QueueFull { .. }),
+        "{e}"
+    );
     assert!(e.buffer.is_some());
     let before = qp.stats();
     qp.ring();
@@ -382,7 +397,7 @@ fn batch_with(c: &Controller, event_idx: bool) {
     let mut got = Vec::new();
     let start = std::time::Instant::now();
     while got.len() < 7 && start.elapsed() < T {
-        qp.process_completions(3, |c| got.push(c.tag)).unwrap();
+        qp.process_completions(3, |_, c| got.push(c.tag)).unwrap();
     }
     got.sort();
     assert_eq!(got, (0..7).collect::<Vec<_>>());
@@ -398,7 +413,8 @@ fn before_with_submissions(mut s: upnvme::QueueStats, n: u64) -> upnvme::QueueSt
 #[test]
 fn cq_head_policies_and_reap_on_submit_all_complete_everything() {
     let c = open();
-    let lba = c.namespace(1).unwrap().lba_size() as usize;
+    let ns = c.namespace(1).unwrap().clone();
+    let lba = ns.lba_size() as usize;
     for (policy, reap, shadow) in [
         (CqHeadPolicy::Adaptive { batch: 0 }, false, true),
         (CqHeadPolicy::Adaptive { batch: 0 }, false, false),
@@ -430,7 +446,7 @@ fn cq_head_policies_and_reap_on_submit_all_complete_everything() {
             {
                 qp.submit(
                     IoCommand::Read {
-                        nsid: 1,
+                        ns: &ns,
                         slba: submitted % 64,
                         blocks: 1,
                     },
@@ -440,7 +456,7 @@ fn cq_head_policies_and_reap_on_submit_all_complete_everything() {
                 .unwrap();
                 submitted += 1;
             }
-            qp.process_completions(u32::MAX, |cpl| {
+            qp.process_completions(u32::MAX, |_, cpl| {
                 assert!(cpl.is_ok());
                 bufs.push(cpl.buffer.unwrap());
                 completed += 1;
@@ -478,8 +494,9 @@ fn queue_pairs_are_limited_by_what_was_granted() {
     drop(pairs);
     // Dropping deleted the queues: the IDs can be used again.
     let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
-    let lba = c.namespace(1).unwrap().lba_size() as usize;
-    qp.read_blocking(1, 0, 1, c.alloc_dma(lba).unwrap(), T)
+    let ns = c.namespace(1).unwrap().clone();
+    let lba = ns.lba_size() as usize;
+    qp.read_blocking(&ns, 0, 1, c.alloc_dma(lba).unwrap(), T)
         .unwrap();
     // Entries beyond CAP.MQES+1 are refused.
     let mqes = c.cap().max_queue_entries();
@@ -500,15 +517,16 @@ fn queue_pairs_work_from_several_threads() {
         .map(|t| {
             let c = c.clone();
             std::thread::spawn(move || {
+                let ns = c.namespace(1).unwrap().clone();
                 let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
                 for i in 0..50u64 {
                     let slba = 1000 + t * 100 + i;
                     let data = pattern(t, slba, lba);
                     let b = c.alloc_dma(lba).unwrap();
                     b.write_bytes(0, &data).unwrap();
-                    let b = qp.write_blocking(1, slba, 1, b, T).unwrap();
+                    let b = qp.write_blocking(&ns, slba, 1, b, T).unwrap();
                     b.fill(0, lba, 0).unwrap();
-                    let b = qp.read_blocking(1, slba, 1, b, T).unwrap();
+                    let b = qp.read_blocking(&ns, slba, 1, b, T).unwrap();
                     assert!(b.to_vec()[..lba] == data[..]);
                 }
             })
@@ -532,12 +550,12 @@ fn io_to_several_namespaces() {
             let data = pattern(ns.id() as u64 * 1000, 42, 4 * lba);
             let b = c.alloc_dma(4 * lba).unwrap();
             b.write_bytes(0, &data).unwrap();
-            qp.write_blocking(ns.id(), 42, 4, b, T).unwrap();
+            qp.write_blocking(ns, 42, 4, b, T).unwrap();
         }
         for ns in &nss {
             let lba = ns.lba_size() as usize;
             let b = qp
-                .read_blocking(ns.id(), 42, 4, c.alloc_dma(4 * lba).unwrap(), T)
+                .read_blocking(ns, 42, 4, c.alloc_dma(4 * lba).unwrap(), T)
                 .unwrap();
             assert!(
                 b.to_vec()[..4 * lba] == pattern(ns.id() as u64 * 1000, 42, 4 * lba)[..],
@@ -561,18 +579,18 @@ fn write_zeroes_and_deallocate_read_back_as_dlfeat_says() {
     let fill = |qp: &mut upnvme::IoQueuePair, slba: u64| {
         let b = c.alloc_dma(8 * lba).unwrap();
         b.fill(0, 8 * lba, 0x5a).unwrap();
-        qp.write_blocking(1, slba, 8, b, T).unwrap();
+        qp.write_blocking(&ns, slba, 8, b, T).unwrap();
     };
     let read = |qp: &mut upnvme::IoQueuePair, slba: u64| -> Vec<u8> {
         let b = qp
-            .read_blocking(1, slba, 8, c.alloc_dma(8 * lba).unwrap(), T)
+            .read_blocking(&ns, slba, 8, c.alloc_dma(8 * lba).unwrap(), T)
             .unwrap();
         b.to_vec()[..8 * lba].to_vec()
     };
     fill(&mut qp, 2000);
     qp.execute_blocking(
         IoCommand::WriteZeroes {
-            nsid: 1,
+            ns: &ns,
             slba: 2000,
             blocks: 8,
             deallocate: true,
@@ -593,7 +611,7 @@ fn write_zeroes_and_deallocate_read_back_as_dlfeat_says() {
     }];
     qp.execute_blocking(
         IoCommand::Deallocate {
-            nsid: 1,
+            ns: &ns,
             ranges: &ranges,
         },
         None,
@@ -683,7 +701,7 @@ fn integrity_at_depths(c: &Controller, mut qp: upnvme::IoQueuePair, salt: u64) {
                 b.write_bytes(0, &pattern(seed, next, lba)).unwrap();
                 qp.submit(
                     IoCommand::Write {
-                        nsid: 1,
+                        ns: &ns,
                         slba: 5000 + next,
                         blocks: 1,
                     },
@@ -693,7 +711,7 @@ fn integrity_at_depths(c: &Controller, mut qp: upnvme::IoQueuePair, salt: u64) {
                 .unwrap();
                 next += 1;
             }
-            qp.process_completions(u32::MAX, |cpl| {
+            qp.process_completions(u32::MAX, |_, cpl| {
                 assert!(cpl.is_ok(), "{:?}", cpl.result);
                 bufs.push(cpl.buffer.unwrap());
                 done += 1;
@@ -710,7 +728,7 @@ fn integrity_at_depths(c: &Controller, mut qp: upnvme::IoQueuePair, salt: u64) {
             {
                 qp.submit(
                     IoCommand::Read {
-                        nsid: 1,
+                        ns: &ns,
                         slba: 5000 + next,
                         blocks: 1,
                     },
@@ -720,7 +738,7 @@ fn integrity_at_depths(c: &Controller, mut qp: upnvme::IoQueuePair, salt: u64) {
                 .unwrap();
                 next += 1;
             }
-            qp.process_completions(u32::MAX, |cpl| {
+            qp.process_completions(u32::MAX, |_, cpl| {
                 let b = cpl.buffer.unwrap();
                 if b.to_vec()[..lba] != pattern(seed, cpl.tag, lba)[..] {
                     bad += 1;

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use upnvme::{
     Controller, ControllerOptions, CqHeadPolicy, DmaBuffer, IoCommand, IoError, IoQueuePair,
-    QueuePairOptions,
+    Namespace, QueuePairOptions, Reject,
 };
 
 fn device() -> String {
@@ -89,6 +89,7 @@ fn run(c: &Controller, qp: &mut IoQueuePair, ops: &[(u64, u32)], job: Job) -> Ou
         seed,
         resets_at,
     } = job;
+    let ns = c.namespace(1).unwrap().clone();
     // Never deeper than the pair allows (the small-queues configuration runs
     // with `--mqes 16`: 8-entry SQs by default).
     let depth = depth.min(qp.max_depth() as usize);
@@ -112,23 +113,23 @@ fn run(c: &Controller, qp: &mut IoQueuePair, ops: &[(u64, u32)], job: Job) -> Ou
                 buf.write_bytes(0, &pattern(seed, slba, blocks as usize * lba))
                     .unwrap();
                 IoCommand::Write {
-                    nsid: 1,
+                    ns: &ns,
                     slba,
                     blocks,
                 }
             } else {
                 IoCommand::Read {
-                    nsid: 1,
+                    ns: &ns,
                     slba,
                     blocks,
                 }
             };
             if let Err(e) = qp.submit(cmd, Some(buf), next as u64) {
-                panic!("submit {next}: {e}");
+                panic!("submit {next}: {}", qp.describe(e.reason));
             }
             next += 1;
         }
-        qp.process_completions(u32::MAX, |cpl| {
+        qp.process_completions(u32::MAX, |_, cpl| {
             let (slba, blocks) = ops[cpl.tag as usize];
             let buf = cpl.buffer.expect("every completion returns its buffer");
             if !write && cpl.result.is_ok() {
@@ -375,60 +376,85 @@ fn malformed_commands_are_refused_before_the_device() {
     let buf = c.alloc_dma(lba).unwrap();
     // One block more than the (page-granular) buffer holds.
     let too_many = (buf.len() / lba) as u32 + 1;
+    // NSIDs 0 and 0xffff_fff0 are not active: the controller has no handle
+    // for them, and handles built elsewhere (not handed out by this
+    // controller) are refused below.
+    for nsid in [0, 0xffff_fff0] {
+        let e = c.namespace(nsid).unwrap_err();
+        assert!(
+            e.to_string().contains("not active"),
+            "namespace {nsid}: {e}"
+        );
+    }
+    let stray = |nsid| Namespace::from_identify(nsid, ns.identify().clone()).expect("LBA format");
+    let (ns0, ns_high) = (stray(0), stray(0xffff_fff0));
     let before = qp.stats();
-    let cases: Vec<(IoCommand<'_>, &str)> = vec![
+    let cases: Vec<(IoCommand<'_>, Reject, &str)> = vec![
         (
             IoCommand::Read {
-                nsid: 1,
+                ns: &ns,
                 slba: ns.lba_count(),
                 blocks: 1,
             },
-            "outside namespace",
+            Reject::LbaRange,
+            "outside the namespace",
         ),
         (
             IoCommand::Read {
-                nsid: 1,
+                ns: &ns,
                 slba: u64::MAX,
                 blocks: 2,
             },
-            "outside namespace",
+            Reject::LbaRange,
+            "outside the namespace",
         ),
         (
             IoCommand::Read {
-                nsid: 1,
+                ns: &ns,
                 slba: 0,
                 blocks: 0,
             },
+            Reject::BlockCount { blocks: 0 },
             "block count 0",
         ),
         (
             IoCommand::Read {
-                nsid: 1,
+                ns: &ns,
                 slba: 0,
                 blocks: too_many,
+            },
+            Reject::BufferTooSmall {
+                need: too_many as u64 * lba as u64,
             },
             "needs",
         ),
         (
             IoCommand::Write {
-                nsid: 0,
+                ns: &ns0,
                 slba: 0,
                 blocks: 1,
             },
-            "not active",
+            Reject::ForeignNamespace,
+            "another controller",
         ),
-        (IoCommand::Flush { nsid: 0xffff_fff0 }, "not active"),
+        (
+            IoCommand::Flush { ns: &ns_high },
+            Reject::ForeignNamespace,
+            "another controller",
+        ),
         (
             IoCommand::Deallocate {
-                nsid: 1,
+                ns: &ns,
                 ranges: &[],
             },
+            Reject::RangeCount { ranges: 0 },
             "ranges",
         ),
     ];
     let mut b = Some(buf);
-    for (cmd, want) in cases {
+    for (cmd, reason, want) in cases {
         let e = qp.submit(cmd, b.take(), 1).unwrap_err();
+        assert_eq!(e.reason, reason, "{cmd:?}: {e}");
         assert!(e.to_string().contains(want), "{cmd:?}: {e}");
         b = e.buffer;
         assert!(b.is_some(), "{cmd:?}: buffer back");
@@ -442,7 +468,7 @@ fn malformed_commands_are_refused_before_the_device() {
     let e = qp
         .submit(
             IoCommand::Read {
-                nsid: 1,
+                ns: &ns,
                 slba: 0,
                 blocks: 1,
             },
@@ -450,5 +476,6 @@ fn malformed_commands_are_refused_before_the_device() {
             1,
         )
         .unwrap_err();
+    assert_eq!(e.reason, Reject::NoBuffer, "{e}");
     assert!(e.to_string().contains("buffer"), "{e}");
 }

@@ -172,6 +172,7 @@ fn volatile_write_cache_absent_is_not_changeable() {
 #[test]
 fn smart_counters_follow_io() {
     let (m, c) = setup(ModelConfig::default());
+    let ns = c.namespace(1).unwrap().clone();
     let before = c.smart_log().unwrap();
     assert_eq!(before.host_write_commands, 0);
     assert_eq!(before.host_read_commands, 0);
@@ -180,10 +181,10 @@ fn smart_counters_follow_io() {
     let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
     let mut buf = c.alloc_dma(8 * 4096).unwrap();
     for i in 0..5 {
-        buf = qp.write_blocking(1, i * 8, 8, buf, T).unwrap();
+        buf = qp.write_blocking(&ns, i * 8, 8, buf, T).unwrap();
     }
     for i in 0..3 {
-        buf = qp.read_blocking(1, i * 8, 8, buf, T).unwrap();
+        buf = qp.read_blocking(&ns, i * 8, 8, buf, T).unwrap();
     }
     let after = c.smart_log().unwrap();
     assert_eq!(after.host_write_commands, 5);
@@ -587,6 +588,7 @@ fn reposted_aers_never_starve_admin_commands() {
 #[test]
 fn error_log_names_the_failed_io_command() {
     let (m, c) = setup(ModelConfig::default());
+    let ns = c.namespace(1).unwrap().clone();
     let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
     // A Compare that fails (the device really compared and found a mismatch).
     let buf = c.alloc_dma(4096).unwrap();
@@ -594,7 +596,7 @@ fn error_log_names_the_failed_io_command() {
     let f = qp
         .execute_blocking(
             upnvme::IoCommand::Compare {
-                nsid: 1,
+                ns: &ns,
                 slba: 5,
                 blocks: 1,
             },

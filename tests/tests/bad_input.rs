@@ -20,11 +20,11 @@ use common::{T, assert_clean, config_one_ns, open, opts, setup};
 use upnvme::dma::memory::HostMemory;
 use upnvme::dma::{DmaAllocator, DmaMapper, DmaRegion, PciAddress, Sysfs};
 use upnvme::{
-    Controller, ControllerOptions, DmaBuffer, DsmRange, Error, IoCommand, IoQueuePair, PageBacking,
-    QueuePairOptions, VfioNvme,
+    Controller, ControllerOptions, DmaBuffer, DsmRange, Error, IoCommand, IoQueuePair, Namespace,
+    PageBacking, QueuePairOptions, Reject, VfioNvme,
 };
 use upnvme_dma::DmaError;
-use upnvme_tests::{Fault, Match, ModelConfig, ModelController};
+use upnvme_tests::{Fault, Match, ModelConfig, ModelController, NamespaceConfig};
 
 type Pair = IoQueuePair<ModelController>;
 type Ctrl = Controller<ModelController>;
@@ -32,8 +32,13 @@ type Ctrl = Controller<ModelController>;
 /// Namespace 1 of these tests: 1000 blocks of 4 KiB.
 const BLOCKS: u64 = 1000;
 
-fn read(nsid: u32, slba: u64, blocks: u32) -> IoCommand<'static> {
-    IoCommand::Read { nsid, slba, blocks }
+fn read(ns: &Namespace, slba: u64, blocks: u32) -> IoCommand<'_> {
+    IoCommand::Read { ns, slba, blocks }
+}
+
+/// The handle of namespace 1 of `c`.
+fn ns1<D: upnvme::Device>(c: &Controller<D>) -> Namespace {
+    c.namespace(1).unwrap().clone()
 }
 
 /// A controller with namespace 1 (1000 × 4 KiB, MDTS 7 = 512 KiB) and a
@@ -46,8 +51,14 @@ fn pair() -> (ModelController, Ctrl, Pair) {
 
 /// Submits `cmd` with a buffer of `len` bytes (none for 0), expects it to be
 /// refused before the device saw it, with the buffer handed back; returns
-/// the error.
-fn refused(m: &ModelController, c: &Ctrl, qp: &mut Pair, cmd: IoCommand<'_>, len: usize) -> Error {
+/// the reason and the error it describes (what a user sees).
+fn refused(
+    m: &ModelController,
+    c: &Ctrl,
+    qp: &mut Pair,
+    cmd: IoCommand<'_>,
+    len: usize,
+) -> (Reject, Error) {
     let fetched = m.commands_fetched();
     let buf = (len > 0).then(|| c.alloc_dma(len).unwrap());
     let iova = buf.as_ref().map(DmaBuffer::iova);
@@ -59,7 +70,7 @@ fn refused(m: &ModelController, c: &Ctrl, qp: &mut Pair, cmd: IoCommand<'_>, len
     );
     assert_eq!(m.commands_fetched(), fetched, "{cmd:?} reached the device");
     assert_eq!(qp.in_flight(), 0);
-    f.error
+    (f.reason, qp.describe(f.reason))
 }
 
 // ------------------------------------------------------------- sysfs / VFIO
@@ -381,20 +392,25 @@ fn data_buffer_not_dword_aligned() {
     // odd offset of a region cannot be described by a PRP (bits 1:0 of PRP1
     // must be zero) and is refused before the device sees it.
     let (m, c, mut qp) = pair();
+    let ns = ns1(&c);
     let region = DmaRegion::new(8192, PageBacking::Small4K, Arc::new(NoDevice)).unwrap();
     let odd = DmaBuffer::new(region, 2, 4096, None).unwrap();
     let fetched = m.commands_fetched();
-    let f = qp.submit(read(1, 0, 1), Some(odd), 1).unwrap_err();
-    assert!(f.buffer.is_some(), "buffer handed back");
-    assert_eq!(m.commands_fetched(), fetched);
-    assert!(
-        matches!(f.error, Error::InvalidArgument(_)),
-        "{:?}",
-        f.error
-    );
+    let f = qp.submit(read(&ns, 0, 1), Some(odd), 1).unwrap_err();
+    // The buffer handed back is the unaligned one (IOVA 0x40000002).
     assert_eq!(
-        f.error.to_string(),
-        "invalid argument: PRP: PRP1 0x40000002 is not dword aligned"
+        f.buffer.as_ref().map(DmaBuffer::iova),
+        Some(0x4000_0002),
+        "buffer handed back"
+    );
+    assert_eq!(m.commands_fetched(), fetched);
+    assert_eq!(qp.in_flight(), 0);
+    assert_eq!(f.reason, Reject::Misaligned);
+    let e = qp.describe(f.reason);
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
+    assert_eq!(
+        e.to_string(),
+        "invalid argument: the buffer's IOVA is not dword aligned, which PRP1 requires"
     );
     drop(qp);
     drop(c);
@@ -402,6 +418,15 @@ fn data_buffer_not_dword_aligned() {
 }
 
 // ------------------------------------------------------------- namespaces
+
+/// A handle of namespace `nsid` that belongs to no controller: built from
+/// `c`'s Identify Namespace data, as an application could, with any NSID.
+fn unadopted(c: &Ctrl, nsid: u32) -> Namespace {
+    Namespace::from_identify(nsid, ns1(c).identify().clone()).unwrap()
+}
+
+/// The text of a refused handle of another controller.
+const FOREIGN: &str = "invalid argument: the namespace handle belongs to another controller: take it from this pair's controller";
 
 #[test]
 fn namespace_that_is_not_active() {
@@ -412,11 +437,35 @@ fn namespace_that_is_not_active() {
         e.to_string(),
         "namespace 2 is not active on model (active: [1])"
     );
-    let e = refused(&m, &c, &mut qp, read(2, 0, 1), 4096);
-    assert_eq!(
-        e.to_string(),
-        "namespace 2 is not active on model (active: [1])"
-    );
+    // A handle cannot name a namespace this controller lacks: namespace 2 of
+    // another controller (and even its namespace 1) is refused by the pair.
+    let (m2, c2) = setup(ModelConfig {
+        namespaces: vec![
+            NamespaceConfig {
+                nsid: 1,
+                lba_size: 4096,
+                blocks: BLOCKS,
+            },
+            NamespaceConfig {
+                nsid: 2,
+                lba_size: 4096,
+                blocks: BLOCKS,
+            },
+        ],
+        ..Default::default()
+    });
+    for nsid in [2, 1] {
+        let other = c2.namespace(nsid).unwrap().clone();
+        let (r, e) = refused(&m, &c, &mut qp, read(&other, 0, 1), 4096);
+        assert_eq!(r, Reject::ForeignNamespace, "nsid {nsid}");
+        assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
+        assert_eq!(e.to_string(), FOREIGN);
+    }
+    // So is a handle that belongs to no controller.
+    let (r, _) = refused(&m, &c, &mut qp, read(&unadopted(&c, 2), 0, 1), 4096);
+    assert_eq!(r, Reject::ForeignNamespace);
+    drop(c2);
+    assert_clean(&m2);
     drop(qp);
     drop(c);
     assert_clean(&m);
@@ -425,16 +474,17 @@ fn namespace_that_is_not_active() {
 #[test]
 fn namespace_id_zero() {
     let (m, c, mut qp) = pair();
-    assert_eq!(
-        c.namespace(0).unwrap_err().to_string(),
-        "namespace 0 is not active on model (active: [1])"
-    );
-    let e = refused(&m, &c, &mut qp, IoCommand::Flush { nsid: 0 }, 0);
+    let e = c.namespace(0).unwrap_err();
     assert!(matches!(e, Error::NoSuchNamespace { nsid: 0, .. }), "{e:?}");
     assert_eq!(
         e.to_string(),
         "namespace 0 is not active on model (active: [1])"
     );
+    // A hand-made handle with NSID 0 never reaches the device.
+    let ns0 = unadopted(&c, 0);
+    let (r, e) = refused(&m, &c, &mut qp, IoCommand::Flush { ns: &ns0 }, 0);
+    assert_eq!(r, Reject::ForeignNamespace);
+    assert_eq!(e.to_string(), FOREIGN);
     drop(qp);
     drop(c);
     assert_clean(&m);
@@ -443,25 +493,30 @@ fn namespace_id_zero() {
 #[test]
 fn broadcast_namespace_id() {
     // NSID FFFFFFFFh addresses every namespace; the I/O path takes one
-    // namespace at a time, so it is refused for every command (Flush too).
+    // namespace at a time, so no handle names it, and a hand-made one is
+    // refused for every command (Flush too).
     let (m, c, mut qp) = pair();
+    let e = c.namespace(u32::MAX).unwrap_err();
+    assert!(
+        matches!(e, Error::NoSuchNamespace { nsid: u32::MAX, .. }),
+        "{e:?}"
+    );
+    assert_eq!(
+        e.to_string(),
+        "namespace 4294967295 is not active on model (active: [1])"
+    );
+    let all = unadopted(&c, u32::MAX);
     for cmd in [
-        IoCommand::Flush { nsid: u32::MAX },
+        IoCommand::Flush { ns: &all },
         IoCommand::Write {
-            nsid: u32::MAX,
+            ns: &all,
             slba: 0,
             blocks: 1,
         },
     ] {
-        let e = refused(&m, &c, &mut qp, cmd, 4096);
-        assert!(
-            matches!(e, Error::NoSuchNamespace { nsid: u32::MAX, .. }),
-            "{e:?}"
-        );
-        assert_eq!(
-            e.to_string(),
-            "namespace 4294967295 is not active on model (active: [1])"
-        );
+        let (r, e) = refused(&m, &c, &mut qp, cmd, 4096);
+        assert_eq!(r, Reject::ForeignNamespace, "{cmd:?}");
+        assert_eq!(e.to_string(), FOREIGN);
     }
     drop(qp);
     drop(c);
@@ -470,30 +525,32 @@ fn broadcast_namespace_id() {
 
 // ------------------------------------------------------------- LBA ranges
 
+/// The text of a refused LBA range.
+const OUTSIDE: &str = "invalid argument: the LBA range is outside the namespace (NSZE)";
+
 #[test]
 fn lba_range_past_the_end() {
     let (m, c, mut qp) = pair();
+    let ns = ns1(&c);
     for (slba, blocks) in [(BLOCKS, 1), (BLOCKS - 1, 2)] {
-        let e = refused(&m, &c, &mut qp, read(1, slba, blocks), 8192);
-        assert_eq!(
-            e.to_string(),
-            format!(
-                "invalid argument: LBA range {slba}..+{blocks} is outside namespace 1 (1000 blocks)"
-            )
-        );
+        let (r, e) = refused(&m, &c, &mut qp, read(&ns, slba, blocks), 8192);
+        assert_eq!(r, Reject::LbaRange, "{slba}..+{blocks}");
+        assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
+        assert_eq!(e.to_string(), OUTSIDE);
     }
+    // The last block itself is inside.
+    let buf = c.alloc_dma(4096).unwrap();
+    qp.read_blocking(&ns, BLOCKS - 1, 1, buf, T).unwrap();
     // Write Zeroes checks its range the same way.
     let wz = IoCommand::WriteZeroes {
-        nsid: 1,
+        ns: &ns,
         slba: 999,
         blocks: 2,
         deallocate: false,
     };
-    let e = refused(&m, &c, &mut qp, wz, 0);
-    assert_eq!(
-        e.to_string(),
-        "invalid argument: LBA range 999..+2 is outside namespace 1 (1000 blocks)"
-    );
+    let (r, e) = refused(&m, &c, &mut qp, wz, 0);
+    assert_eq!(r, Reject::LbaRange);
+    assert_eq!(e.to_string(), OUTSIDE);
     drop(qp);
     drop(c);
     assert_clean(&m);
@@ -502,11 +559,10 @@ fn lba_range_past_the_end() {
 #[test]
 fn lba_range_that_overflows_u64() {
     let (m, c, mut qp) = pair();
-    let e = refused(&m, &c, &mut qp, read(1, u64::MAX, 2), 8192);
-    assert_eq!(
-        e.to_string(),
-        "invalid argument: LBA range 18446744073709551615..+2 is outside namespace 1 (1000 blocks)"
-    );
+    let ns = ns1(&c);
+    let (r, e) = refused(&m, &c, &mut qp, read(&ns, u64::MAX, 2), 8192);
+    assert_eq!(r, Reject::LbaRange);
+    assert_eq!(e.to_string(), OUTSIDE);
     drop(qp);
     drop(c);
     assert_clean(&m);
@@ -515,18 +571,21 @@ fn lba_range_that_overflows_u64() {
 #[test]
 fn zero_blocks() {
     let (m, c, mut qp) = pair();
-    let e = refused(&m, &c, &mut qp, read(1, 0, 0), 4096);
+    let ns = ns1(&c);
+    let (r, e) = refused(&m, &c, &mut qp, read(&ns, 0, 0), 4096);
+    assert_eq!(r, Reject::BlockCount { blocks: 0 });
     assert_eq!(
         e.to_string(),
         "invalid argument: block count 0: must be 1..=65536"
     );
     let wz = IoCommand::WriteZeroes {
-        nsid: 1,
+        ns: &ns,
         slba: 0,
         blocks: 0,
         deallocate: true,
     };
-    let e = refused(&m, &c, &mut qp, wz, 0);
+    let (r, e) = refused(&m, &c, &mut qp, wz, 0);
+    assert_eq!(r, Reject::BlockCount { blocks: 0 });
     assert_eq!(
         e.to_string(),
         "invalid argument: block count 0: must be 1..=65536"
@@ -540,13 +599,15 @@ fn zero_blocks() {
 fn more_than_65536_blocks() {
     // NLB is a 16-bit, 0-based field.
     let (m, c, mut qp) = pair();
+    let ns = ns1(&c);
     let wz = IoCommand::WriteZeroes {
-        nsid: 1,
+        ns: &ns,
         slba: 0,
         blocks: 65_537,
         deallocate: false,
     };
-    let e = refused(&m, &c, &mut qp, wz, 0);
+    let (r, e) = refused(&m, &c, &mut qp, wz, 0);
+    assert_eq!(r, Reject::BlockCount { blocks: 65_537 });
     assert_eq!(
         e.to_string(),
         "invalid argument: block count 65537: must be 1..=65536"
@@ -561,10 +622,13 @@ fn more_than_65536_blocks() {
 #[test]
 fn buffer_too_small() {
     let (m, c, mut qp) = pair();
-    let e = refused(&m, &c, &mut qp, read(1, 0, 2), 4096);
+    let ns = ns1(&c);
+    let (r, e) = refused(&m, &c, &mut qp, read(&ns, 0, 2), 4096);
+    assert_eq!(r, Reject::BufferTooSmall { need: 8192 });
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
     assert_eq!(
         e.to_string(),
-        "invalid argument: Read of 2 blocks needs 8192 bytes; the buffer has 4096"
+        "invalid argument: the transfer needs 8192 bytes; the buffer is smaller"
     );
     drop(qp);
     drop(c);
@@ -574,29 +638,27 @@ fn buffer_too_small() {
 #[test]
 fn missing_data_buffer() {
     let (m, c, mut qp) = pair();
-    for (cmd, name) in [
-        (read(1, 0, 1), "Read"),
-        (
-            IoCommand::Write {
-                nsid: 1,
-                slba: 0,
-                blocks: 1,
-            },
-            "Write",
-        ),
-        (
-            IoCommand::Compare {
-                nsid: 1,
-                slba: 0,
-                blocks: 1,
-            },
-            "Compare",
-        ),
+    let ns = ns1(&c);
+    for cmd in [
+        read(&ns, 0, 1),
+        IoCommand::Write {
+            ns: &ns,
+            slba: 0,
+            blocks: 1,
+        },
+        IoCommand::Compare {
+            ns: &ns,
+            slba: 0,
+            blocks: 1,
+        },
     ] {
-        let e = refused(&m, &c, &mut qp, cmd, 0);
+        let (r, e) = refused(&m, &c, &mut qp, cmd, 0);
+        assert_eq!(r, Reject::NoBuffer, "{cmd:?}");
+        assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
         assert_eq!(
             e.to_string(),
-            format!("invalid argument: {name} of 1 blocks needs a data buffer")
+            "invalid argument: the command needs a data buffer",
+            "{cmd:?}"
         );
     }
     drop(qp);
@@ -607,12 +669,18 @@ fn missing_data_buffer() {
 #[test]
 fn transfer_above_mdts() {
     let (m, c, mut qp) = pair();
+    let ns = ns1(&c);
     assert_eq!(qp.max_transfer(), 512 << 10, "MDTS 7 with 4 KiB pages");
-    let e = refused(&m, &c, &mut qp, read(1, 0, 129), 129 * 4096);
+    let (r, e) = refused(&m, &c, &mut qp, read(&ns, 0, 129), 129 * 4096);
+    assert_eq!(r, Reject::TransferTooLarge { bytes: 528_384 });
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
     assert_eq!(
         e.to_string(),
-        "invalid argument: Read of 528384 bytes exceeds the maximum transfer of 524288 bytes per command (MDTS, at most 4 MiB); split it"
+        "invalid argument: a transfer of 528384 bytes exceeds the maximum per command (MDTS, at most 4 MiB); split it"
     );
+    // MDTS itself works.
+    let buf = c.alloc_dma(128 * 4096).unwrap();
+    qp.read_blocking(&ns, 0, 128, buf, T).unwrap();
     drop(qp);
     drop(c);
     assert_clean(&m);
@@ -628,18 +696,20 @@ fn transfer_above_the_queue_pairs_cap() {
             mdts,
             ..config_one_ns(4096, 4096)
         });
+        let ns = ns1(&c);
         let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
         assert_eq!(qp.max_transfer(), 4 << 20, "MDTS {mdts}");
         // The controller reports the per-command limit its queue pairs apply.
         assert_eq!(c.max_transfer_bytes(), Some(4 << 20), "MDTS {mdts}");
-        let e = refused(&m, &c, &mut qp, read(1, 0, 1025), 1025 * 4096);
+        let (r, e) = refused(&m, &c, &mut qp, read(&ns, 0, 1025), 1025 * 4096);
+        assert_eq!(r, Reject::TransferTooLarge { bytes: 4_198_400 });
         assert_eq!(
             e.to_string(),
-            "invalid argument: Read of 4198400 bytes exceeds the maximum transfer of 4194304 bytes per command (MDTS, at most 4 MiB); split it"
+            "invalid argument: a transfer of 4198400 bytes exceeds the maximum per command (MDTS, at most 4 MiB); split it"
         );
         // 4 MiB itself works.
         let buf = c.alloc_dma(4 << 20).unwrap();
-        qp.read_blocking(1, 0, 1024, buf, T).unwrap();
+        qp.read_blocking(&ns, 0, 1024, buf, T).unwrap();
         drop(qp);
         drop(c);
         assert_clean(&m);
@@ -690,31 +760,30 @@ fn more_commands_than_the_queue_holds() {
         })
         .unwrap();
     assert_eq!(qp.max_depth(), 3);
+    let ns = ns1(&c);
     for i in 0..3 {
         let buf = c.alloc_dma(4096).unwrap();
-        qp.submit(read(1, i, 1), Some(buf), i).unwrap();
+        qp.submit(read(&ns, i, 1), Some(buf), i).unwrap();
     }
     let fetched = m.commands_fetched();
     let buf = c.alloc_dma(4096).unwrap();
-    let f = qp.submit(read(1, 3, 1), Some(buf), 3).unwrap_err();
+    let f = qp.submit(read(&ns, 3, 1), Some(buf), 3).unwrap_err();
     assert!(f.buffer.is_some(), "buffer handed back");
-    assert!(
-        matches!(f.error, Error::QueueFull { qid: 1 }),
-        "{:?}",
-        f.error
-    );
+    assert_eq!(f.reason, Reject::QueueFull);
+    let e = qp.describe(f.reason);
+    assert!(matches!(e, Error::QueueFull { qid: 1 }), "{e:?}");
     assert_eq!(
-        f.error.to_string(),
+        e.to_string(),
         "I/O queue 1 is full: reap completions (process_completions) before submitting more"
     );
     assert_eq!(m.commands_fetched(), fetched);
     // Reaping makes room again.
     assert_eq!(
-        qp.process_completions(u32::MAX, |c| assert!(c.is_ok()))
+        qp.process_completions(u32::MAX, |_, c| assert!(c.is_ok()))
             .unwrap(),
         3
     );
-    qp.submit(read(1, 3, 1), f.buffer, 3).unwrap();
+    qp.submit(read(&ns, 3, 1), f.buffer, 3).unwrap();
     drop(qp);
     drop(c);
     assert_clean(&m);
@@ -827,6 +896,7 @@ fn out_of_range_controller_options_are_clamped() {
 #[test]
 fn dataset_management_range_count() {
     let (m, c, mut qp) = pair();
+    let ns = ns1(&c);
     for n in [0usize, 257] {
         let ranges = vec![
             DsmRange {
@@ -837,10 +907,11 @@ fn dataset_management_range_count() {
             n
         ];
         let cmd = IoCommand::Deallocate {
-            nsid: 1,
+            ns: &ns,
             ranges: &ranges,
         };
-        let e = refused(&m, &c, &mut qp, cmd, 0);
+        let (r, e) = refused(&m, &c, &mut qp, cmd, 0);
+        assert_eq!(r, Reject::RangeCount { ranges: n as u32 });
         assert_eq!(
             e.to_string(),
             format!("invalid argument: Dataset Management with {n} ranges: must be 1..=256")
@@ -855,7 +926,7 @@ fn dataset_management_range_count() {
         })
         .collect();
     let cmd = IoCommand::Deallocate {
-        nsid: 1,
+        ns: &ns,
         ranges: &ranges,
     };
     qp.execute_blocking(cmd, None, T).unwrap();
@@ -867,6 +938,7 @@ fn dataset_management_range_count() {
 #[test]
 fn dataset_management_range_outside_the_namespace() {
     let (m, c, mut qp) = pair();
+    let ns = ns1(&c);
     let ranges = [
         DsmRange {
             cattr: 0,
@@ -880,24 +952,23 @@ fn dataset_management_range_outside_the_namespace() {
         },
     ];
     let cmd = IoCommand::Deallocate {
-        nsid: 1,
+        ns: &ns,
         ranges: &ranges,
     };
-    let e = refused(&m, &c, &mut qp, cmd, 0);
-    assert_eq!(
-        e.to_string(),
-        "invalid argument: LBA range 998..+5 is outside namespace 1 (1000 blocks)"
-    );
+    let (r, e) = refused(&m, &c, &mut qp, cmd, 0);
+    assert_eq!(r, Reject::LbaRange);
+    assert_eq!(e.to_string(), OUTSIDE);
     let ranges = [DsmRange {
         cattr: 0,
         nlb: 0,
         slba: 0,
     }];
     let cmd = IoCommand::Deallocate {
-        nsid: 1,
+        ns: &ns,
         ranges: &ranges,
     };
-    let e = refused(&m, &c, &mut qp, cmd, 0);
+    let (r, e) = refused(&m, &c, &mut qp, cmd, 0);
+    assert_eq!(r, Reject::BlockCount { blocks: 0 });
     assert_eq!(
         e.to_string(),
         "invalid argument: block count 0: must be 1..=65536"
@@ -912,23 +983,30 @@ fn dataset_management_range_outside_the_namespace() {
 #[test]
 fn queue_pair_calls_after_close() {
     let (m, c, mut qp) = pair();
+    let ns = ns1(&c);
     let buf = c.alloc_dma(4096).unwrap();
     c.close().unwrap();
     let fetched = m.commands_fetched();
     let doorbells = m.total_doorbell_writes();
     let closed = "controller model is closed";
     // submit and queue: refused, buffer back.
-    let f = qp.submit(read(1, 0, 1), Some(buf), 1).unwrap_err();
-    assert!(matches!(f.error, Error::Closed { .. }), "{:?}", f.error);
-    assert_eq!(f.error.to_string(), closed);
-    let f = qp.queue(read(1, 0, 1), f.buffer, 1).unwrap_err();
-    assert_eq!(f.error.to_string(), closed);
+    let f = qp.submit(read(&ns, 0, 1), Some(buf), 1).unwrap_err();
+    assert_eq!(f.reason, Reject::Unusable);
+    let e = qp.describe(f.reason);
+    assert!(matches!(e, Error::Closed { .. }), "{e:?}");
+    assert_eq!(e.to_string(), closed);
+    assert!(f.buffer.is_some());
+    let f = qp.queue(read(&ns, 0, 1), f.buffer, 1).unwrap_err();
+    assert_eq!(f.reason, Reject::Unusable);
+    assert_eq!(qp.describe(f.reason).to_string(), closed);
     // Blocking helpers.
-    let f = qp.read_blocking(1, 0, 1, f.buffer.unwrap(), T).unwrap_err();
+    let f = qp
+        .read_blocking(&ns, 0, 1, f.buffer.unwrap(), T)
+        .unwrap_err();
     assert_eq!(f.error.to_string(), closed);
     assert!(f.buffer.is_some());
     // process_completions: not an empty queue forever.
-    let e = qp.process_completions(8, |_| {}).unwrap_err();
+    let e = qp.process_completions(8, |_, _| {}).unwrap_err();
     assert_eq!(e.to_string(), closed);
     // ring() is a no-op.
     qp.ring();
@@ -952,7 +1030,7 @@ fn admin_calls_after_close_are_not_expressible() {
     c.reset().unwrap();
     c.close().unwrap();
     let fetched = m.commands_fetched();
-    let e = qp.process_completions(8, |_| {}).unwrap_err();
+    let e = qp.process_completions(8, |_, _| {}).unwrap_err();
     assert_eq!(e.to_string(), "controller model is closed");
     assert_eq!(
         m.commands_fetched(),
@@ -970,7 +1048,7 @@ fn calls_on_a_failed_controller() {
     let (m, c, mut qp) = pair();
     // The device completes with an unknown command identifier.
     assert!(m.post_raw_completion(qp.qid(), [0, 0, 1 << 16, 0x00ff]));
-    let e = qp.process_completions(8, |_| {}).unwrap_err();
+    let e = qp.process_completions(8, |_, _| {}).unwrap_err();
     assert!(matches!(e, Error::DeviceFault { .. }), "{e:?}");
     let fault = e.to_string();
     assert!(
@@ -981,17 +1059,18 @@ fn calls_on_a_failed_controller() {
     let failed =
         format!("controller model has failed earlier ({fault}) and accepts no more commands");
     assert_eq!(c.failure().as_deref(), Some(fault.as_str()));
+    let ns = ns1(&c);
     let buf = c.alloc_dma(4096).unwrap();
-    let f = qp.submit(read(1, 0, 1), Some(buf), 1).unwrap_err();
-    assert!(
-        matches!(f.error, Error::ControllerFailed { .. }),
-        "{:?}",
-        f.error
-    );
-    assert_eq!(f.error.to_string(), failed);
+    let f = qp.submit(read(&ns, 0, 1), Some(buf), 1).unwrap_err();
+    assert_eq!(f.reason, Reject::Unusable);
+    let e = qp.describe(f.reason);
+    assert!(matches!(e, Error::ControllerFailed { .. }), "{e:?}");
+    assert_eq!(e.to_string(), failed);
     assert!(f.buffer.is_some());
     assert_eq!(
-        qp.process_completions(8, |_| {}).unwrap_err().to_string(),
+        qp.process_completions(8, |_, _| {})
+            .unwrap_err()
+            .to_string(),
         failed
     );
     assert_eq!(c.smart_log().unwrap_err().to_string(), failed);
@@ -1007,7 +1086,7 @@ fn calls_on_a_failed_controller() {
     c.reset().unwrap();
     assert!(c.failure().is_none());
     let buf = c.alloc_dma(4096).unwrap();
-    qp.read_blocking(1, 0, 1, buf, T).unwrap();
+    qp.read_blocking(&ns, 0, 1, buf, T).unwrap();
     drop(qp);
     c.close().unwrap();
     let _ = m.take_violations();
@@ -1031,7 +1110,7 @@ fn device_gone() {
     assert_eq!(c.status().unwrap_err().to_string(), gone);
     let buf = c.alloc_dma(4096).unwrap();
     let f = qp
-        .read_blocking(1, 0, 1, buf, Duration::from_secs(5))
+        .read_blocking(&ns1(&c), 0, 1, buf, Duration::from_secs(5))
         .unwrap_err();
     assert_eq!(f.error.to_string(), gone);
     assert!(f.buffer.is_none(), "the device may still own the buffer");
@@ -1105,7 +1184,7 @@ fn blocking_call_that_times_out() {
     });
     let buf = c.alloc_dma(4096).unwrap();
     let f = qp
-        .read_blocking(1, 0, 1, buf, Duration::from_millis(50))
+        .read_blocking(&ns1(&c), 0, 1, buf, Duration::from_millis(50))
         .unwrap_err();
     let Error::Timeout { ref what, after } = f.error else {
         panic!("expected Timeout, got {:?}", f.error);
@@ -1121,7 +1200,7 @@ fn blocking_call_that_times_out() {
     assert!(f.buffer.is_none(), "kept until the completion arrives");
     m.release_delayed();
     let mut back = None;
-    qp.process_completions(8, |c| back = c.buffer).unwrap();
+    qp.process_completions(8, |_, c| back = c.buffer).unwrap();
     assert!(back.is_some());
     drop(qp);
     drop(c);
@@ -1154,17 +1233,18 @@ fn submit_right_after_a_reset() {
     // queues: no doorbell for a queue that does not exist, no
     // ControllerReset for a command the reset never saw.
     let (m, c, mut qp) = pair();
+    let ns = ns1(&c);
     c.reset().unwrap();
     let buf = c.alloc_dma(4096).unwrap();
-    let r = qp.read_blocking(1, 0, 1, buf, T);
+    let r = qp.read_blocking(&ns, 0, 1, buf, T);
     assert_eq!(m.take_violations(), Vec::<String>::new());
     r.unwrap();
     // The same after a device fault and the reset that clears it.
     assert!(m.post_raw_completion(qp.qid(), [0, 0, 1 << 16, 0x00ff]));
-    assert!(qp.process_completions(8, |_| {}).is_err());
+    assert!(qp.process_completions(8, |_, _| {}).is_err());
     c.reset().unwrap();
     let buf = c.alloc_dma(4096).unwrap();
-    qp.read_blocking(1, 0, 1, buf, T).unwrap();
+    qp.read_blocking(&ns, 0, 1, buf, T).unwrap();
     drop(qp);
     drop(c);
     let _ = m.take_violations();
@@ -1177,13 +1257,14 @@ fn commands_queued_before_a_reset_are_not_rung_after_it() {
     // command: nothing may reach the deleted queue's doorbell; the command
     // completes once, with ControllerReset and its buffer.
     let (m, c, mut qp) = pair();
+    let ns = ns1(&c);
     let buf = c.alloc_dma(4096).unwrap();
-    qp.queue(read(1, 0, 1), Some(buf), 5).unwrap();
+    qp.queue(read(&ns, 0, 1), Some(buf), 5).unwrap();
     c.reset().unwrap();
     qp.ring();
     assert_eq!(m.take_violations(), Vec::<String>::new());
     let mut got = Vec::new();
-    qp.process_completions(8, |c| got.push(c)).unwrap();
+    qp.process_completions(8, |_, c| got.push(c)).unwrap();
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].tag, 5);
     assert!(matches!(

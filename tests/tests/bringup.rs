@@ -11,7 +11,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{Access, Spy, admin_op, assert_clean, model, open, opts, reg};
-use upnvme::{Controller, ControllerOptions, Device, Error, QueuePairOptions};
+use upnvme::{Controller, ControllerOptions, Device, Error, QueuePairOptions, Reject};
 use upnvme_tests::{Fault, Match, ModelConfig, ModelController, NamespaceConfig};
 
 /// Enables the model by hand (as a previous user of the device would have
@@ -494,20 +494,23 @@ fn slow_shutdown_is_waited_for() {
 fn open_close_open_keeps_data_and_counts_power_cycles() {
     let m = model();
     let c = open(&m, opts());
+    let ns = c.namespace(1).unwrap().clone();
     let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
     let data = common::pattern(7, 4096);
     let buf = common::buffer_with(&c, &data);
-    qp.write_blocking(1, 3, 1, buf, common::T).unwrap();
+    qp.write_blocking(&ns, 3, 1, buf, common::T).unwrap();
     drop(qp);
     c.close().unwrap();
     assert_eq!(m.cc() & 1, 0);
     assert!(!m.queue_exists(0));
 
     let c = open(&m, opts());
+    // A new controller: a new namespace handle (the old one is refused).
+    let ns = c.namespace(1).unwrap().clone();
     let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
     assert_eq!(qp.qid(), 1);
     let buf = c.alloc_dma(4096).unwrap();
-    let buf = qp.read_blocking(1, 3, 1, buf, common::T).unwrap();
+    let buf = qp.read_blocking(&ns, 3, 1, buf, common::T).unwrap();
     assert_eq!(common::read_back(&buf, 4096), data);
     let smart = c.smart_log().unwrap();
     assert_eq!(smart.power_cycles, 2);
@@ -563,13 +566,14 @@ fn two_controllers_with_different_options_in_one_process() {
 fn submit_after_close_returns_closed_with_the_buffer() {
     let m = model();
     let c = open(&m, opts());
+    let ns = c.namespace(1).unwrap().clone();
     let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
     c.close().unwrap();
     let buf = m.alloc_dma(4096).unwrap();
     let f = qp
         .submit(
             upnvme::IoCommand::Read {
-                nsid: 1,
+                ns: &ns,
                 slba: 0,
                 blocks: 1,
             },
@@ -577,10 +581,12 @@ fn submit_after_close_returns_closed_with_the_buffer() {
             1,
         )
         .expect_err("submit on a closed controller");
-    assert!(matches!(f.error, Error::Closed { .. }), "{:?}", f.error);
+    assert_eq!(f.reason, Reject::Unusable, "{:?}", f.reason);
+    let e = qp.describe(f.reason);
+    assert!(matches!(e, Error::Closed { .. }), "{e:?}");
     assert!(f.buffer.is_some(), "buffer handed back");
     let buf = m.alloc_dma(4096).unwrap();
-    let f = qp.read_blocking(1, 0, 1, buf, common::T).unwrap_err();
+    let f = qp.read_blocking(&ns, 0, 1, buf, common::T).unwrap_err();
     assert!(matches!(f.error, Error::Closed { .. }), "{:?}", f.error);
     assert!(f.buffer.is_some());
     // Dropping the pair after close sends nothing to the disabled controller.
@@ -597,7 +603,7 @@ fn process_completions_after_close_returns_closed() {
     let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
     c.close().unwrap();
     // A caller polling for completions must learn that none will come.
-    let r = qp.process_completions(8, |_| {});
+    let r = qp.process_completions(8, |_, _| {});
     assert!(matches!(r, Err(Error::Closed { .. })), "{r:?}");
     drop(qp);
     assert_clean(&m);
@@ -607,6 +613,7 @@ fn process_completions_after_close_returns_closed() {
 fn in_flight_commands_complete_once_after_close() {
     let m = model();
     let c = open(&m, opts());
+    let ns = c.namespace(1).unwrap().clone();
     let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
     m.inject(Fault::DelayCompletion {
         on: Match::Queue(qp.qid()),
@@ -616,7 +623,7 @@ fn in_flight_commands_complete_once_after_close() {
     let iova = buf.iova();
     qp.submit(
         upnvme::IoCommand::Read {
-            nsid: 1,
+            ns: &ns,
             slba: 0,
             blocks: 1,
         },
@@ -642,7 +649,7 @@ fn in_flight_commands_complete_once_after_close() {
     assert_eq!(m.delayed_completions(), 0, "the SQ deletion ended it");
     let mut got = Vec::new();
     for _ in 0..3 {
-        let _ = qp.process_completions(8, |cpl| got.push(cpl));
+        let _ = qp.process_completions(8, |_, cpl| got.push(cpl));
     }
     assert_eq!(
         got.len(),
@@ -660,11 +667,12 @@ fn in_flight_commands_complete_once_after_close() {
 fn queued_commands_are_not_rung_after_close() {
     let m = model();
     let c = open(&m, opts());
+    let ns = c.namespace(1).unwrap().clone();
     let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
     let buf = m.alloc_dma(4096).unwrap();
     qp.queue(
         upnvme::IoCommand::Read {
-            nsid: 1,
+            ns: &ns,
             slba: 0,
             blocks: 1,
         },
@@ -675,7 +683,7 @@ fn queued_commands_are_not_rung_after_close() {
     c.close().unwrap();
     let (sq_before, _) = m.doorbell_writes(qp.qid());
     qp.ring();
-    let _ = qp.process_completions(8, |_| {});
+    let _ = qp.process_completions(8, |_, _| {});
     assert_eq!(
         m.doorbell_writes(qp.qid()).0,
         sq_before,

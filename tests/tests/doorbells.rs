@@ -44,11 +44,12 @@ fn pair<D: Device>(c: &Controller<D>, sq: u32, cq: u32, policy: CqHeadPolicy) ->
 
 /// `n` reads at queue depth 1 through submit + process_completions.
 fn qd1<D: Device>(qp: &mut IoQueuePair<D>, c: &Controller<D>, n: u64) {
+    let ns = c.namespace(1).unwrap().clone();
     let mut buf = Some(c.alloc_dma(BS).unwrap());
     for i in 0..n {
         qp.submit(
             IoCommand::Read {
-                nsid: 1,
+                ns: &ns,
                 slba: i % 1024,
                 blocks: 1,
             },
@@ -59,7 +60,7 @@ fn qd1<D: Device>(qp: &mut IoQueuePair<D>, c: &Controller<D>, n: u64) {
         let mut got = 0;
         while got == 0 {
             got = qp
-                .process_completions(1, |cpl| {
+                .process_completions(1, |_, cpl| {
                     assert_eq!(cpl.tag, i);
                     buf = cpl.buffer;
                 })
@@ -106,6 +107,7 @@ fn adaptive_qd1_writes_cq_head_once_per_slack() {
 #[test]
 fn adaptive_default_sizes_qd1() {
     let (m, c) = controller(false);
+    let ns = c.namespace(1).unwrap().clone();
     let mut qp = c
         .io_queue_pair(QueuePairOptions {
             shadow_doorbells: false,
@@ -123,7 +125,7 @@ fn adaptive_default_sizes_qd1() {
     qp.reset_stats();
     let mut buf = c.alloc_dma(BS).unwrap();
     for i in 0..300 {
-        buf = qp.read_blocking(1, i, 1, buf, T).unwrap();
+        buf = qp.read_blocking(&ns, i, 1, buf, T).unwrap();
     }
     let st = qp.stats();
     assert!(st.cq_doorbell_mmio <= 2, "{st:?}");
@@ -150,6 +152,7 @@ fn adaptive_batch_limit() {
 #[test]
 fn every_reap_writes_once_per_reap_batch() {
     let (m, c) = controller(false);
+    let ns = c.namespace(1).unwrap().clone();
     let mut qp = pair(&c, 16, 32, CqHeadPolicy::EveryReap);
     let n = 100;
     qd1(&mut qp, &c, n);
@@ -166,7 +169,7 @@ fn every_reap_writes_once_per_reap_batch() {
             let buf = c.alloc_dma(BS).unwrap();
             qp.queue(
                 IoCommand::Read {
-                    nsid: 1,
+                    ns: &ns,
                     slba: i,
                     blocks: 1,
                 },
@@ -176,10 +179,10 @@ fn every_reap_writes_once_per_reap_batch() {
             .unwrap();
         }
         qp.ring();
-        let n = qp.process_completions(u32::MAX, |_| {}).unwrap();
+        let n = qp.process_completions(u32::MAX, |_, _| {}).unwrap();
         assert_eq!(n, 8);
         // An empty poll writes nothing.
-        assert_eq!(qp.process_completions(u32::MAX, |_| {}).unwrap(), 0);
+        assert_eq!(qp.process_completions(u32::MAX, |_, _| {}).unwrap(), 0);
     }
     assert_eq!(m.doorbell_writes(qid), (sq0 + 10, cq0 + 10));
     // Reaping a batch in pieces: one CQ write per call that consumed entries.
@@ -187,7 +190,7 @@ fn every_reap_writes_once_per_reap_batch() {
         let buf = c.alloc_dma(BS).unwrap();
         qp.queue(
             IoCommand::Read {
-                nsid: 1,
+                ns: &ns,
                 slba: i,
                 blocks: 1,
             },
@@ -198,7 +201,7 @@ fn every_reap_writes_once_per_reap_batch() {
     }
     qp.ring();
     for _ in 0..4 {
-        assert_eq!(qp.process_completions(2, |_| {}).unwrap(), 2);
+        assert_eq!(qp.process_completions(2, |_, _| {}).unwrap(), 2);
     }
     assert_eq!(m.doorbell_writes(qid), (sq0 + 11, cq0 + 14));
     let st = qp.stats();
@@ -213,6 +216,7 @@ fn every_reap_writes_once_per_reap_batch() {
 #[test]
 fn queue_depth_32_writes_few_doorbells_per_io() {
     let (m, c) = controller(false);
+    let ns = c.namespace(1).unwrap().clone();
     let mut qp = c
         .io_queue_pair(QueuePairOptions {
             shadow_doorbells: false,
@@ -229,7 +233,7 @@ fn queue_depth_32_writes_few_doorbells_per_io() {
             let slot = free.pop().unwrap();
             qp.queue(
                 IoCommand::Read {
-                    nsid: 1,
+                    ns: &ns,
                     slba: next % 1024,
                     blocks: 1,
                 },
@@ -241,7 +245,7 @@ fn queue_depth_32_writes_few_doorbells_per_io() {
         }
         qp.ring();
         done += u64::from(
-            qp.process_completions(u32::MAX, |cpl| {
+            qp.process_completions(u32::MAX, |_, cpl| {
                 bufs[cpl.tag as usize] = cpl.buffer;
                 free.push(cpl.tag as usize);
             })
@@ -272,48 +276,66 @@ fn due_sq_tail_is_written_before_due_cq_head() {
         },
     )
     .unwrap();
-    let mut qp = pair(&c, 8, 8, CqHeadPolicy::EveryReap);
-    let qid = qp.qid() as usize;
-    let (sq_db, cq_db) = (reg::DOORBELLS + 8 * qid, reg::DOORBELLS + 8 * qid + 4);
-    // Commands completed but not reaped, and new commands queued: the next
-    // process_completions has both an SQ tail and a CQ head to write.
-    for i in 0..3u64 {
-        qp.submit(
-            IoCommand::Read {
-                nsid: 1,
-                slba: i,
-                blocks: 1,
-            },
-            Some(c.alloc_dma(BS).unwrap()),
-            i,
-        )
-        .unwrap();
+    let ns = c.namespace(1).unwrap().clone();
+    // CQ 8: no slack (max_depth 7), so the CQ head is due after every
+    // consumed entry (it is written entry by entry, before the callback runs,
+    // so a callback may submit); CQ 16: slack 8, due once after the reap.
+    for cq in [8u32, 16] {
+        let mut qp = pair(&c, 8, cq, CqHeadPolicy::EveryReap);
+        let qid = qp.qid() as usize;
+        let (sq_db, cq_db) = (reg::DOORBELLS + 8 * qid, reg::DOORBELLS + 8 * qid + 4);
+        // Commands completed but not reaped, and new commands queued: the next
+        // process_completions has both an SQ tail and a CQ head to write.
+        for i in 0..3u64 {
+            qp.submit(
+                IoCommand::Read {
+                    ns: &ns,
+                    slba: i,
+                    blocks: 1,
+                },
+                Some(c.alloc_dma(BS).unwrap()),
+                i,
+            )
+            .unwrap();
+        }
+        for i in 3..5u64 {
+            qp.queue(
+                IoCommand::Read {
+                    ns: &ns,
+                    slba: i,
+                    blocks: 1,
+                },
+                Some(c.alloc_dma(BS).unwrap()),
+                i,
+            )
+            .unwrap();
+        }
+        spy.clear();
+        let n = qp.process_completions(u32::MAX, |_, _| {}).unwrap();
+        assert!(n >= 3);
+        let writes: Vec<usize> = spy
+            .log()
+            .iter()
+            .filter_map(|a| match a {
+                Access::W32(o, _) if *o == sq_db || *o == cq_db => Some(*o),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            writes.first(),
+            Some(&sq_db),
+            "SQ tail first (CQ {cq}): {writes:?}"
+        );
+        let expected: Vec<usize> = if cq == 8 {
+            std::iter::once(sq_db)
+                .chain(std::iter::repeat_n(cq_db, n as usize))
+                .collect()
+        } else {
+            vec![sq_db, cq_db]
+        };
+        assert_eq!(writes, expected, "SQ tail first, then CQ head (CQ {cq})");
+        drop(qp);
     }
-    for i in 3..5u64 {
-        qp.queue(
-            IoCommand::Read {
-                nsid: 1,
-                slba: i,
-                blocks: 1,
-            },
-            Some(c.alloc_dma(BS).unwrap()),
-            i,
-        )
-        .unwrap();
-    }
-    spy.clear();
-    let n = qp.process_completions(u32::MAX, |_| {}).unwrap();
-    assert!(n >= 3);
-    let writes: Vec<usize> = spy
-        .log()
-        .iter()
-        .filter_map(|a| match a {
-            Access::W32(o, _) if *o == sq_db || *o == cq_db => Some(*o),
-            _ => None,
-        })
-        .collect();
-    assert_eq!(writes, vec![sq_db, cq_db], "SQ tail first, then CQ head");
-    drop(qp);
     drop(c);
     assert_clean(&m);
 }
@@ -404,7 +426,7 @@ fn no_doorbell_without_work() {
     let mut qp = pair(&c, 8, 16, CqHeadPolicy::Adaptive { batch: 0 });
     let before = m.doorbell_writes(qp.qid());
     for _ in 0..100 {
-        assert_eq!(qp.process_completions(8, |_| {}).unwrap(), 0);
+        assert_eq!(qp.process_completions(8, |_, _| {}).unwrap(), 0);
         qp.ring();
     }
     assert_eq!(m.doorbell_writes(qp.qid()), before);
@@ -428,10 +450,11 @@ fn event_idx_pair<D: Device>(c: &Controller<D>) -> IoQueuePair<D> {
 
 /// Queues (without `ring`) a one-block read of LBA `i` with tag `i`.
 fn queue_read<D: Device>(qp: &mut IoQueuePair<D>, c: &Controller<D>, i: u64) {
+    let ns = c.namespace(1).unwrap().clone();
     let b = c.alloc_dma(BS).unwrap();
     qp.queue(
         IoCommand::Read {
-            nsid: 1,
+            ns: &ns,
             slba: i,
             blocks: 1,
         },
@@ -446,7 +469,7 @@ fn reap_n<D: Device>(qp: &mut IoQueuePair<D>, n: usize) -> Vec<Completion> {
     let mut got = Vec::new();
     let start = std::time::Instant::now();
     while got.len() < n && start.elapsed() < T {
-        qp.process_completions(u32::MAX, |cpl| got.push(cpl))
+        qp.process_completions(u32::MAX, |_, cpl| got.push(cpl))
             .unwrap();
     }
     got.sort_by_key(|c| c.tag);
@@ -536,6 +559,7 @@ fn queue_skips_mmio_while_the_controller_has_not_caught_up() {
 #[test]
 fn commands_announced_early_end_once_at_a_reset() {
     let (m, c) = controller(true);
+    let ns = c.namespace(1).unwrap().clone();
     let mut qp = event_idx_pair(&c);
     m.freeze_event_idx(true);
     for i in 0..3u64 {
@@ -551,9 +575,9 @@ fn commands_announced_early_end_once_at_a_reset() {
         assert!(cpl.buffer.is_some());
     }
     // Nothing more, and the re-created queues work.
-    assert_eq!(qp.process_completions(u32::MAX, |_| {}).unwrap(), 0);
+    assert_eq!(qp.process_completions(u32::MAX, |_, _| {}).unwrap(), 0);
     let b = qp
-        .read_blocking(1, 0, 1, c.alloc_dma(BS).unwrap(), T)
+        .read_blocking(&ns, 0, 1, c.alloc_dma(BS).unwrap(), T)
         .unwrap();
     drop(b);
     drop(got);

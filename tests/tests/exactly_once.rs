@@ -18,7 +18,7 @@ use common::{T, assert_clean, buffer_with, config_one_ns, open, opts, pattern};
 use proptest::prelude::*;
 use upnvme::{
     BLOCKING_TAG, Completion, Controller, ControllerOptions, CqHeadPolicy, Error, IoCommand,
-    IoQueuePair, QueuePairOptions,
+    IoQueuePair, QueuePairOptions, Reject,
 };
 use upnvme_tests::ModelController;
 
@@ -140,16 +140,18 @@ fn run(s: Setup, ops: &[Op]) {
         accepted: 0,
         next: 0,
     };
-    let cmd = |write: bool, lba: u64| {
+    let ns = c.namespace(1).unwrap().clone();
+    let ns = &ns;
+    let cmd = move |write: bool, lba: u64| {
         if write {
             IoCommand::Write {
-                nsid: 1,
+                ns,
                 slba: lba,
                 blocks: 1,
             }
         } else {
             IoCommand::Read {
-                nsid: 1,
+                ns,
                 slba: lba,
                 blocks: 1,
             }
@@ -174,7 +176,12 @@ fn run(s: Setup, ops: &[Op]) {
                         }
                     }
                     Err(f) => {
-                        assert!(matches!(f.error, Error::QueueFull { .. }), "{:?}", f.error);
+                        assert_eq!(f.reason, Reject::QueueFull, "{:?}", f.reason);
+                        assert!(
+                            matches!(qp.describe(f.reason), Error::QueueFull { qid: q } if q == qid),
+                            "{:?}",
+                            qp.describe(f.reason)
+                        );
                         assert!(f.buffer.is_some(), "QueueFull hands the buffer back");
                         assert!(
                             !book.outstanding.is_empty(),
@@ -186,7 +193,7 @@ fn run(s: Setup, ops: &[Op]) {
             Op::Ring => qp.ring(),
             Op::Process(max) => {
                 let mut got = Vec::new();
-                let n = qp.process_completions(max, |c| got.push(c)).unwrap();
+                let n = qp.process_completions(max, |_, c| got.push(c)).unwrap();
                 assert_eq!(n as usize, got.len());
                 assert!(n <= max);
                 for c in got {
@@ -220,7 +227,8 @@ fn run(s: Setup, ops: &[Op]) {
             break;
         }
         let mut got = Vec::new();
-        qp.process_completions(u32::MAX, |c| got.push(c)).unwrap();
+        qp.process_completions(u32::MAX, |_, c| got.push(c))
+            .unwrap();
         for c in got {
             book.complete(c);
         }
@@ -232,7 +240,7 @@ fn run(s: Setup, ops: &[Op]) {
     );
     assert_eq!(qp.in_flight(), 0);
     assert_eq!(
-        qp.process_completions(u32::MAX, |c| panic!("extra completion {}", c.tag))
+        qp.process_completions(u32::MAX, |_, c| panic!("extra completion {}", c.tag))
             .unwrap(),
         0
     );
@@ -302,6 +310,7 @@ fn full_depth_through_wraparounds_at_every_size() {
                     policy,
                 };
                 let (sq0, cq0) = m.doorbell_writes(1);
+                let ns = c.namespace(1).unwrap().clone();
                 let mut qp = pair(&c, &s);
                 assert_eq!(qp.qid(), 1);
                 let depth = qp.max_depth() as u64;
@@ -314,7 +323,7 @@ fn full_depth_through_wraparounds_at_every_size() {
                         let buf = c.alloc_dma(BS).unwrap();
                         qp.submit(
                             IoCommand::Read {
-                                nsid: 1,
+                                ns: &ns,
                                 slba: next % LBAS,
                                 blocks: 1,
                             },
@@ -324,7 +333,7 @@ fn full_depth_through_wraparounds_at_every_size() {
                         .unwrap();
                         next += 1;
                     }
-                    qp.process_completions(reap, |c| {
+                    qp.process_completions(reap, |_, c| {
                         assert!(c.is_ok());
                         assert!(done.insert(c.tag), "tag {} twice", c.tag);
                     })

@@ -14,16 +14,21 @@ use std::time::{Duration, Instant};
 use common::{T, admin_op, assert_clean, open, opts, read_back, setup};
 use upnvme::{
     BLOCKING_TAG, Completion, Controller, ControllerOptions, Error, IoCommand, IoQueuePair,
-    QueuePairOptions,
+    Namespace, QueuePairOptions, Reject,
 };
 use upnvme_tests::{Fault, Match, ModelConfig, ModelController};
 
-fn read(slba: u64) -> IoCommand<'static> {
+fn read(ns: &Namespace, slba: u64) -> IoCommand<'_> {
     IoCommand::Read {
-        nsid: 1,
+        ns,
         slba,
         blocks: 1,
     }
+}
+
+/// The handle of namespace 1 of `c`.
+fn ns1(c: &Controller<ModelController>) -> Namespace {
+    c.namespace(1).unwrap().clone()
 }
 
 /// A pair with 3 tracker slots (2 slot bits in the CID).
@@ -39,7 +44,7 @@ fn small_pair(c: &Controller<ModelController>) -> IoQueuePair<ModelController> {
 /// Collects whatever `process_completions` delivers plus its result.
 fn process(qp: &mut IoQueuePair<ModelController>) -> (Vec<Completion>, upnvme::Result<u32>) {
     let mut got = Vec::new();
-    let r = qp.process_completions(u32::MAX, |c| got.push(c));
+    let r = qp.process_completions(u32::MAX, |_, c| got.push(c));
     (got, r)
 }
 
@@ -51,16 +56,15 @@ fn assert_failed_everywhere(
 ) {
     let start = Instant::now();
     assert!(c.failure().is_some());
+    let ns = ns1(c);
     let buf = c.alloc_dma(4096).unwrap();
-    let f = qp.submit(read(0), Some(buf), 1).unwrap_err();
-    assert!(
-        matches!(f.error, Error::ControllerFailed { .. }),
-        "{:?}",
-        f.error
-    );
+    let f = qp.submit(read(&ns, 0), Some(buf), 1).unwrap_err();
+    assert_eq!(f.reason, Reject::Unusable);
+    let e = qp.describe(f.reason);
+    assert!(matches!(e, Error::ControllerFailed { .. }), "{e:?}");
     assert!(f.buffer.is_some(), "the refused buffer comes back");
     let buf = c.alloc_dma(4096).unwrap();
-    let f = qp.read_blocking(1, 0, 1, buf, T).unwrap_err();
+    let f = qp.read_blocking(&ns, 0, 1, buf, T).unwrap_err();
     assert!(
         matches!(f.error, Error::ControllerFailed { .. }),
         "{:?}",
@@ -87,7 +91,7 @@ fn corrupt_cid_unknown_slot_is_a_device_fault() {
         xor: 0x3,
     });
     let buf = c.alloc_dma(4096).unwrap();
-    qp.submit(read(0), Some(buf), 10).unwrap();
+    qp.submit(read(&ns1(&c), 0), Some(buf), 10).unwrap();
     let (got, r) = process(&mut qp);
     assert!(got.is_empty(), "nothing delivered for an unknown CID");
     match r {
@@ -113,7 +117,7 @@ fn corrupt_cid_stale_generation_is_a_device_fault() {
         xor: 1 << 2,
     });
     let buf = c.alloc_dma(4096).unwrap();
-    qp.submit(read(0), Some(buf), 10).unwrap();
+    qp.submit(read(&ns1(&c), 0), Some(buf), 10).unwrap();
     let (got, r) = process(&mut qp);
     assert!(got.is_empty());
     match r {
@@ -136,14 +140,14 @@ fn stale_cid_of_a_reused_slot_is_caught() {
     let mut qp = small_pair(&c);
     // Complete a command on slot 0 normally, so slot 0's generation moves on.
     let buf = c.alloc_dma(4096).unwrap();
-    let buf = qp.read_blocking(1, 0, 1, buf, T).unwrap();
+    let buf = qp.read_blocking(&ns1(&c), 0, 1, buf, T).unwrap();
     // The next command on slot 0 completes with the previous generation's CID.
     let old_gen_xor = 1 << 2;
     m.inject(Fault::CorruptCid {
         on: Match::Queue(qp.qid()),
         xor: old_gen_xor,
     });
-    qp.submit(read(1), Some(buf), 11).unwrap();
+    qp.submit(read(&ns1(&c), 1), Some(buf), 11).unwrap();
     let (got, r) = process(&mut qp);
     assert!(got.is_empty());
     assert!(matches!(r, Err(Error::DeviceFault { .. })), "{r:?}");
@@ -159,7 +163,7 @@ fn duplicate_completion_is_delivered_once_then_fails() {
     m.inject(Fault::DuplicateCompletion(Match::Queue(qp.qid())));
     let buf = c.alloc_dma(4096).unwrap();
     let iova = buf.iova();
-    qp.submit(read(0), Some(buf), 42).unwrap();
+    qp.submit(read(&ns1(&c), 0), Some(buf), 42).unwrap();
     let (got, r) = process(&mut qp);
     // The genuine completion is delivered, once, with its buffer ...
     assert_eq!(got.len(), 1);
@@ -186,7 +190,7 @@ fn duplicate_completion_in_a_blocking_call_is_a_typed_error() {
     m.inject(Fault::DuplicateCompletion(Match::Queue(qp.qid())));
     let buf = c.alloc_dma(4096).unwrap();
     let start = Instant::now();
-    let f = qp.read_blocking(1, 0, 1, buf, T).unwrap_err();
+    let f = qp.read_blocking(&ns1(&c), 0, 1, buf, T).unwrap_err();
     assert!(
         matches!(f.error, Error::DeviceFault { .. }),
         "{:?}",
@@ -210,7 +214,7 @@ fn sq_head_out_of_range_is_a_device_fault() {
         sqhd: 1000,
     });
     let buf = c.alloc_dma(4096).unwrap();
-    qp.submit(read(0), Some(buf), 1).unwrap();
+    qp.submit(read(&ns1(&c), 0), Some(buf), 1).unwrap();
     let (got, r) = process(&mut qp);
     assert!(got.is_empty());
     match r {
@@ -229,7 +233,7 @@ fn sq_head_moving_backwards_is_a_device_fault() {
     let mut qp = small_pair(&c);
     for i in 0..2 {
         let buf = c.alloc_dma(4096).unwrap();
-        qp.read_blocking(1, i, 1, buf, T).unwrap();
+        qp.read_blocking(&ns1(&c), i, 1, buf, T).unwrap();
     }
     // The SQ head is 2 now; a completion claiming head 0 moves it backwards.
     m.inject(Fault::BadSqHead {
@@ -237,7 +241,7 @@ fn sq_head_moving_backwards_is_a_device_fault() {
         sqhd: 0,
     });
     let buf = c.alloc_dma(4096).unwrap();
-    let f = qp.read_blocking(1, 0, 1, buf, T).unwrap_err();
+    let f = qp.read_blocking(&ns1(&c), 0, 1, buf, T).unwrap_err();
     assert!(
         matches!(f.error, Error::DeviceFault { .. }),
         "{:?}",
@@ -262,7 +266,7 @@ fn wrong_phase_completion_is_invisible_and_times_out() {
     let buf = c.alloc_dma(4096).unwrap();
     let start = Instant::now();
     let f = qp
-        .read_blocking(1, 0, 1, buf, Duration::from_millis(200))
+        .read_blocking(&ns1(&c), 0, 1, buf, Duration::from_millis(200))
         .unwrap_err();
     let took = start.elapsed();
     assert!(matches!(f.error, Error::Timeout { .. }), "{:?}", f.error);
@@ -326,7 +330,7 @@ fn garbage_completion_while_commands_are_in_flight_keeps_their_buffers() {
         doorbells: None,
     });
     let buf = c.alloc_dma(4096).unwrap();
-    qp.submit(read(0), Some(buf), 5).unwrap();
+    qp.submit(read(&ns1(&c), 0), Some(buf), 5).unwrap();
     assert!(m.post_raw_completion(qid, [0, 0, u32::from(qid) << 16 | 1, 0x0003]));
     let (got, r) = process(&mut qp);
     assert!(got.is_empty());
@@ -394,12 +398,12 @@ fn fatal_mid_io_blocking_call_returns_an_error_without_hanging() {
     let (m, c) = setup(ModelConfig::default());
     let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
     let buf = c.alloc_dma(4096).unwrap();
-    let buf = qp.read_blocking(1, 0, 1, buf, T).unwrap();
+    let buf = qp.read_blocking(&ns1(&c), 0, 1, buf, T).unwrap();
     // The controller dies when the next command is fetched.
     m.inject(Fault::FatalOn(Match::Queue(qp.qid())));
     let timeout = Duration::from_millis(300);
     let start = Instant::now();
-    let f = qp.read_blocking(1, 1, 1, buf, timeout).unwrap_err();
+    let f = qp.read_blocking(&ns1(&c), 1, 1, buf, timeout).unwrap_err();
     let took = start.elapsed();
     assert!(took < timeout + Duration::from_secs(2), "took {took:?}");
     check_cut_short(&f);
@@ -440,7 +444,7 @@ fn fatal_mid_io_is_detected_before_the_timeout() {
     });
     let start = Instant::now();
     let f = qp
-        .read_blocking(1, 0, 1, buf, Duration::from_secs(10))
+        .read_blocking(&ns1(&c), 0, 1, buf, Duration::from_secs(10))
         .unwrap_err();
     let took = start.elapsed();
     killer.join().unwrap();
@@ -463,7 +467,7 @@ fn unplug_mid_io_blocking_call_returns_an_error_without_hanging() {
     let buf = c.alloc_dma(4096).unwrap();
     let timeout = Duration::from_millis(300);
     let start = Instant::now();
-    let f = qp.read_blocking(1, 0, 1, buf, timeout).unwrap_err();
+    let f = qp.read_blocking(&ns1(&c), 0, 1, buf, timeout).unwrap_err();
     assert!(start.elapsed() < timeout + Duration::from_secs(2));
     check_cut_short(&f);
     assert!(f.buffer.is_none(), "a removed device is never reset");
@@ -480,14 +484,15 @@ fn unplug_mid_io_blocking_call_returns_an_error_without_hanging() {
     let r = c.smart_log();
     assert!(matches!(r, Err(Error::ControllerFailed { .. })), "{r:?}");
     let buf = c.alloc_dma(4096).unwrap();
-    let f = qp.submit(read(0), Some(buf), 1).unwrap_err();
+    let f = qp.submit(read(&ns1(&c), 0), Some(buf), 1).unwrap_err();
+    assert_eq!(f.reason, Reject::Unusable);
+    let e = qp.describe(f.reason);
     assert!(
         matches!(
-            f.error,
+            e,
             Error::ControllerFailed { .. } | Error::ControllerGone { .. }
         ),
-        "{:?}",
-        f.error
+        "{e:?}"
     );
     assert!(f.buffer.is_some());
     drop(qp);
@@ -507,7 +512,7 @@ fn unplug_mid_io_is_detected_before_the_timeout() {
     let buf = c.alloc_dma(4096).unwrap();
     let start = Instant::now();
     let f = qp
-        .read_blocking(1, 0, 1, buf, Duration::from_secs(10))
+        .read_blocking(&ns1(&c), 0, 1, buf, Duration::from_secs(10))
         .unwrap_err();
     let took = start.elapsed();
     assert!(
@@ -521,12 +526,11 @@ fn unplug_mid_io_is_detected_before_the_timeout() {
     );
     assert!(f.buffer.is_none());
     let buf = c.alloc_dma(4096).unwrap();
-    let f = qp.submit(read(0), Some(buf), 1).unwrap_err();
-    assert!(
-        matches!(f.error, Error::ControllerFailed { .. }),
-        "{:?}",
-        f.error
-    );
+    let f = qp.submit(read(&ns1(&c), 0), Some(buf), 1).unwrap_err();
+    assert_eq!(f.reason, Reject::Unusable);
+    let e = qp.describe(f.reason);
+    assert!(matches!(e, Error::ControllerFailed { .. }), "{e:?}");
+    assert!(f.buffer.is_some(), "the refused buffer comes back");
     drop(qp);
     let _ = c.close();
     assert_clean(&m);
@@ -546,7 +550,7 @@ fn blocking_timeout_keeps_the_buffer_until_the_completion_surfaces() {
     let iova = buf.iova();
     let start = Instant::now();
     let f = qp
-        .read_blocking(1, 9, 1, buf, Duration::from_millis(100))
+        .read_blocking(&ns1(&c), 9, 1, buf, Duration::from_millis(100))
         .unwrap_err();
     let took = start.elapsed();
     match &f.error {
@@ -566,7 +570,7 @@ fn blocking_timeout_keeps_the_buffer_until_the_completion_surfaces() {
     assert_eq!(r.unwrap(), 0);
     // Other commands still complete while the late one is outstanding.
     let b2 = c.alloc_dma(4096).unwrap();
-    qp.read_blocking(1, 9, 1, b2, T).unwrap();
+    qp.read_blocking(&ns1(&c), 9, 1, b2, T).unwrap();
     // The late completion surfaces once, with the blocking tag and the buffer
     // (holding the data the device wrote).
     assert_eq!(m.release_delayed(), 1);
@@ -597,7 +601,7 @@ fn lost_completion_times_out_and_is_cleaned_up_by_queue_deletion() {
     m.inject(Fault::DropCompletion(Match::Queue(qid)));
     let buf = c.alloc_dma(4096).unwrap();
     let f = qp
-        .write_blocking(1, 0, 1, buf, Duration::from_millis(100))
+        .write_blocking(&ns1(&c), 0, 1, buf, Duration::from_millis(100))
         .unwrap_err();
     assert!(matches!(f.error, Error::Timeout { .. }), "{:?}", f.error);
     assert!(f.buffer.is_none());
@@ -624,7 +628,7 @@ fn many_hostile_completions_never_panic() {
             doorbells: None,
         });
         let buf = c.alloc_dma(4096).unwrap();
-        qp.submit(read(0), Some(buf), 1).unwrap();
+        qp.submit(read(&ns1(&c), 0), Some(buf), 1).unwrap();
         let mut words = [0u32; 4];
         for w in &mut words {
             x ^= x << 13;
@@ -634,7 +638,7 @@ fn many_hostile_completions_never_panic() {
         }
         assert!(m.post_raw_completion(qid, words));
         let mut delivered = 0;
-        let r = qp.process_completions(u32::MAX, |cpl| {
+        let r = qp.process_completions(u32::MAX, |_, cpl| {
             delivered += 1;
             assert_eq!(cpl.tag, 1);
         });
@@ -644,7 +648,7 @@ fn many_hostile_completions_never_panic() {
             Err(e) => panic!("{words:x?}: {e:?}"),
         }
         m.release_delayed();
-        let _ = qp.process_completions(u32::MAX, |cpl| {
+        let _ = qp.process_completions(u32::MAX, |_, cpl| {
             delivered += 1;
             assert_eq!(cpl.tag, 1);
         });

@@ -10,7 +10,8 @@ use upnvme_dma::alloc_count::{CountingAllocator, count};
 
 use common::{Spy, assert_clean, config_one_ns, opts};
 use upnvme::{
-    Controller, ControllerOptions, CqHeadPolicy, IoCommand, IoQueuePair, QueuePairOptions,
+    Controller, ControllerOptions, CqHeadPolicy, IoCommand, IoQueuePair, Namespace,
+    QueuePairOptions, Reject,
 };
 use upnvme_tests::ModelController;
 
@@ -40,9 +41,9 @@ fn setup(
     (m, c, qp)
 }
 
-fn read(i: u64) -> IoCommand<'static> {
+fn read(ns: &Namespace, i: u64) -> IoCommand<'_> {
     IoCommand::Read {
-        nsid: 1,
+        ns,
         slba: i % 1024,
         blocks: 1,
     }
@@ -50,13 +51,24 @@ fn read(i: u64) -> IoCommand<'static> {
 
 #[test]
 fn counting_allocator_sees_driver_allocations() {
-    // The meter works: a driver call that does allocate (an error message)
-    // is counted.
+    // The meter works: a driver call that does allocate (the descriptive
+    // error of a refusal builds a message) is counted.
     let (m, c, mut qp) = setup(false, QueuePairOptions::default());
-    let n = allocations(|| {
-        let _ = qp.submit(read(0), None, 0);
-    });
+    let ns = c.namespace(1).unwrap().clone();
+    // The refusal itself is the hot path's error: it allocates nothing.
+    let (r, n) = count(|| qp.submit(read(&ns, 0), None, 0));
+    let f = r.expect_err("a Read without a buffer is refused");
+    assert_eq!(f.reason, Reject::NoBuffer);
+    assert!(f.buffer.is_none());
+    assert_eq!(n, 0, "a refused submit allocates nothing");
+    // Its description does.
+    let (e, n) = count(|| qp.describe(f.reason));
+    assert!(
+        matches!(&e, upnvme::Error::InvalidArgument(msg) if msg.contains("buffer")),
+        "{e:?}"
+    );
     assert!(n > 0, "an error message allocates");
+    drop(e);
     drop(qp);
     drop(c);
     assert_clean(&m);
@@ -74,27 +86,28 @@ fn submit_and_reap_allocate_nothing() {
                     ..Default::default()
                 },
             );
+            let ns = c.namespace(1).unwrap().clone();
             let mut bufs: Vec<Option<upnvme::DmaBuffer>> =
                 (0..8).map(|_| Some(c.alloc_dma(512).unwrap())).collect();
             let mut run = |qp: &mut IoQueuePair<Spy>, rounds: u64| {
                 for r in 0..rounds {
                     for (i, b) in bufs.iter_mut().enumerate() {
-                        qp.queue(read(r * 8 + i as u64), b.take(), i as u64)
+                        qp.queue(read(&ns, r * 8 + i as u64), b.take(), i as u64)
                             .unwrap();
                     }
                     qp.ring();
                     let mut done = 0;
                     while done < 8 {
                         done += qp
-                            .process_completions(3, |cpl| {
+                            .process_completions(3, |_, cpl| {
                                 bufs[cpl.tag as usize] = cpl.buffer;
                             })
                             .unwrap();
                     }
                     // QD1 through submit as well.
-                    qp.submit(read(r), bufs[0].take(), 0).unwrap();
+                    qp.submit(read(&ns, r), bufs[0].take(), 0).unwrap();
                     while qp
-                        .process_completions(1, |cpl| bufs[0] = cpl.buffer)
+                        .process_completions(1, |_, cpl| bufs[0] = cpl.buffer)
                         .unwrap()
                         == 0
                     {}
@@ -123,11 +136,12 @@ fn reap_on_submit_allocates_nothing_even_without_processing() {
             ..Default::default()
         },
     );
+    let ns = c.namespace(1).unwrap().clone();
     assert_eq!(qp.max_depth(), 3);
     // Warm up (one-time lazy initialisation, e.g. clock calibration).
     let b = c.alloc_dma(512).unwrap();
-    qp.submit(read(0), Some(b), 0).unwrap();
-    qp.process_completions(u32::MAX, |_| {}).unwrap();
+    qp.submit(read(&ns, 0), Some(b), 0).unwrap();
+    qp.process_completions(u32::MAX, |_, _| {}).unwrap();
     let bufs: Vec<upnvme::DmaBuffer> = (0..64).map(|_| c.alloc_dma(512).unwrap()).collect();
     // The caller keeps submitting without calling process_completions: each
     // submit reaps earlier completions into the pair's ready list, freeing
@@ -138,10 +152,10 @@ fn reap_on_submit_allocates_nothing_even_without_processing() {
     let mut refused = None;
     let n = allocations(|| {
         for (i, b) in left.by_ref().enumerate() {
-            match qp.submit(read(i as u64), Some(b), 1 + i as u64) {
+            match qp.submit(read(&ns, i as u64), Some(b), 1 + i as u64) {
                 Ok(()) => accepted += 1,
                 Err(f) => {
-                    assert!(matches!(f.error, upnvme::Error::QueueFull { .. }));
+                    assert_eq!(f.reason, Reject::QueueFull);
                     // Dropping DMA memory is the allocator's business, not
                     // the hot path's: keep it for later.
                     refused = Some(f);
@@ -156,7 +170,7 @@ fn reap_on_submit_allocates_nothing_even_without_processing() {
         "{accepted} commands accepted with max_depth 3, {n} allocations"
     );
     let mut got = 0;
-    qp.process_completions(u32::MAX, |_| got += 1).unwrap();
+    qp.process_completions(u32::MAX, |_, _| got += 1).unwrap();
     assert_eq!(got, accepted);
     drop(qp);
     drop(c);

@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 
 use common::{T, admin_op, assert_clean, buffer_with, config_one_ns, pattern, read_back, setup};
 use upnvme::{
-    Completion, Controller, DsmRange, Error, IoCommand, IoError, IoQueuePair, QueuePairOptions,
+    Completion, Controller, DsmRange, Error, IoCommand, IoError, IoQueuePair, Namespace,
+    QueuePairOptions, Reject,
 };
 use upnvme_tests::{Fault, Match, ModelConfig, ModelController, NamespaceConfig, Status};
 
@@ -20,7 +21,7 @@ use upnvme_tests::{Fault, Match, ModelConfig, ModelController, NamespaceConfig, 
 fn wait_one(qp: &mut IoQueuePair<ModelController>) -> Completion {
     for _ in 0..1_000_000 {
         let mut got = None;
-        qp.process_completions(1, |c| got = Some(c)).unwrap();
+        qp.process_completions(1, |_, c| got = Some(c)).unwrap();
         if let Some(c) = got {
             return c;
         }
@@ -58,14 +59,15 @@ fn read_write_byte_exact_one_block_to_mdts() {
     ];
     let mut seed = 0;
     for (nsid, sizes) in cases {
-        let lba = c.namespace(nsid).unwrap().lba_size() as usize;
+        let ns = c.namespace(nsid).unwrap().clone();
+        let lba = ns.lba_size() as usize;
         let mut slba = 0u64;
         for &blocks in sizes {
             seed += 1;
             let len = blocks as usize * lba;
             let data = pattern(seed, len);
             let buf = buffer_with(&c, &data);
-            let buf = qp.write_blocking(nsid, slba, blocks, buf, T).unwrap();
+            let buf = qp.write_blocking(&ns, slba, blocks, buf, T).unwrap();
             // Independent check: what the model stored.
             assert_eq!(
                 m.namespace_data(nsid, slba, blocks as u64),
@@ -73,7 +75,7 @@ fn read_write_byte_exact_one_block_to_mdts() {
                 "ns {nsid} write of {blocks} blocks"
             );
             buf.fill(0, buf.len(), 0xee).unwrap();
-            let buf = qp.read_blocking(nsid, slba, blocks, buf, T).unwrap();
+            let buf = qp.read_blocking(&ns, slba, blocks, buf, T).unwrap();
             assert_eq!(
                 read_back(&buf, len),
                 data,
@@ -95,11 +97,12 @@ fn read_write_byte_exact_one_block_to_mdts() {
 fn read_into_a_larger_buffer_leaves_the_rest_alone() {
     let (m, c) = setup(config_one_ns(512, 4096));
     let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let ns = c.namespace(1).unwrap().clone();
     let data = pattern(3, 3 * 512);
     m.write_namespace_data(1, 10, &data);
     let buf = c.alloc_dma(3 * 4096).unwrap();
     buf.fill(0, buf.len(), 0x5a).unwrap();
-    let buf = qp.read_blocking(1, 10, 3, buf, T).unwrap();
+    let buf = qp.read_blocking(&ns, 10, 3, buf, T).unwrap();
     let all = read_back(&buf, 3 * 4096);
     assert_eq!(&all[..1536], &data[..]);
     assert!(
@@ -125,14 +128,15 @@ fn chained_prp_lists_beyond_one_list_page() {
         })
         .unwrap();
     assert_eq!(qp.max_transfer(), 4 << 20);
+    let ns = c.namespace(1).unwrap().clone();
     for (i, blocks) in [513u32, 1024].into_iter().enumerate() {
         let len = blocks as usize * 4096;
         let data = pattern(100 + i as u64, len);
         let buf = buffer_with(&c, &data);
-        let buf = qp.write_blocking(1, 0, blocks, buf, T).unwrap();
+        let buf = qp.write_blocking(&ns, 0, blocks, buf, T).unwrap();
         assert_eq!(m.namespace_data(1, 0, blocks as u64), data);
         buf.fill(0, len, 0).unwrap();
-        let buf = qp.read_blocking(1, 0, blocks, buf, T).unwrap();
+        let buf = qp.read_blocking(&ns, 0, blocks, buf, T).unwrap();
         assert_eq!(read_back(&buf, len), data);
     }
     drop(qp);
@@ -162,7 +166,8 @@ fn unlimited_mdts_is_capped_by_the_driver() {
     let blocks = (cap / 4096) as u32;
     let data = pattern(9, cap);
     let buf = buffer_with(&c, &data);
-    qp.write_blocking(1, 0, blocks, buf, T).unwrap();
+    let ns = c.namespace(1).unwrap().clone();
+    qp.write_blocking(&ns, 0, blocks, buf, T).unwrap();
     assert_eq!(m.namespace_data(1, 0, blocks as u64), data);
     drop(qp);
     drop(c);
@@ -176,8 +181,9 @@ fn compare_success_and_failure() {
     let data = pattern(5, 4 * 512);
     m.write_namespace_data(1, 40, &data);
     let buf = buffer_with(&c, &data);
+    let ns = c.namespace(1).unwrap().clone();
     let cmp = IoCommand::Compare {
-        nsid: 1,
+        ns: &ns,
         slba: 40,
         blocks: 4,
     };
@@ -223,9 +229,10 @@ fn compare_success_and_failure() {
 fn write_zeroes_deallocate_and_flush() {
     let (m, c) = setup(config_one_ns(4096, 256));
     let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let ns = c.namespace(1).unwrap().clone();
     let data = pattern(11, 64 * 4096);
     let buf = buffer_with(&c, &data);
-    let buf = qp.write_blocking(1, 0, 64, buf, T).unwrap();
+    let buf = qp.write_blocking(&ns, 0, 64, buf, T).unwrap();
     assert_eq!(m.allocated_blocks(1), 64);
 
     // Write Zeroes without and with DEAC.
@@ -233,7 +240,7 @@ fn write_zeroes_deallocate_and_flush() {
         let r = qp
             .execute_blocking(
                 IoCommand::WriteZeroes {
-                    nsid: 1,
+                    ns: &ns,
                     slba,
                     blocks: 4,
                     deallocate,
@@ -269,7 +276,7 @@ fn write_zeroes_deallocate_and_flush() {
     ];
     qp.execute_blocking(
         IoCommand::Deallocate {
-            nsid: 1,
+            ns: &ns,
             ranges: &ranges,
         },
         None,
@@ -277,7 +284,7 @@ fn write_zeroes_deallocate_and_flush() {
     )
     .unwrap();
     assert_eq!(m.allocated_blocks(1), 56 - 13);
-    let buf = qp.read_blocking(1, 0, 64, buf, T).unwrap();
+    let buf = qp.read_blocking(&ns, 0, 64, buf, T).unwrap();
     let back = read_back(&buf, 64 * 4096);
     for lba in 0..64usize {
         let blk = &back[lba * 4096..(lba + 1) * 4096];
@@ -296,7 +303,7 @@ fn write_zeroes_deallocate_and_flush() {
     // Flush, with a buffer that is handed back untouched.
     let extra = c.alloc_dma(4096).unwrap();
     let back = qp
-        .execute_blocking(IoCommand::Flush { nsid: 1 }, Some(extra), T)
+        .execute_blocking(IoCommand::Flush { ns: &ns }, Some(extra), T)
         .unwrap();
     assert!(back.is_some(), "an unused buffer comes back too");
     let ops: Vec<u8> = m
@@ -317,90 +324,141 @@ fn write_zeroes_deallocate_and_flush() {
 
 #[test]
 fn argument_errors_return_the_buffer_and_send_nothing() {
+    fn read(ns: &Namespace, slba: u64, blocks: u32) -> IoCommand<'_> {
+        IoCommand::Read { ns, slba, blocks }
+    }
     let (m, c) = setup(config_one_ns(4096, 1000));
     let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let ns = c.namespace(1).unwrap().clone();
+    // No handle names an inactive namespace; one of another controller is
+    // refused by the pair.
+    let e = c.namespace(7).unwrap_err();
+    assert!(matches!(e, Error::NoSuchNamespace { nsid: 7, .. }), "{e:?}");
+    assert!(e.to_string().contains("namespace 7"), "{e}");
+    let (m2, c2) = setup(config_one_ns(4096, 1000));
+    let foreign = c2.namespace(1).unwrap().clone();
     let before = m.commands_fetched();
-    let read = |nsid, slba, blocks| IoCommand::Read { nsid, slba, blocks };
     let mdts_blocks = (qp.max_transfer() / 4096) as u32;
-    let cases: Vec<(IoCommand<'_>, usize, &str)> = vec![
-        (read(1, 999, 2), 2 * 4096, "outside namespace"),
-        (read(1, u64::MAX, 1), 4096, "outside namespace"),
-        (read(1, 0, 0), 4096, "block count"),
-        (read(7, 0, 1), 4096, "namespace 7"),
-        (read(1, 0, 2), 4096, "needs 8192 bytes"),
+    let cases: Vec<(IoCommand<'_>, usize, Reject, &str)> = vec![
         (
-            read(1, 0, mdts_blocks + 1),
+            read(&ns, 999, 2),
+            2 * 4096,
+            Reject::LbaRange,
+            "outside the namespace",
+        ),
+        (
+            read(&ns, u64::MAX, 1),
+            4096,
+            Reject::LbaRange,
+            "outside the namespace",
+        ),
+        (
+            read(&ns, 0, 0),
+            4096,
+            Reject::BlockCount { blocks: 0 },
+            "block count 0",
+        ),
+        (
+            read(&foreign, 0, 1),
+            4096,
+            Reject::ForeignNamespace,
+            "another controller",
+        ),
+        (
+            read(&ns, 0, 2),
+            4096,
+            Reject::BufferTooSmall { need: 8192 },
+            "needs 8192 bytes",
+        ),
+        (
+            read(&ns, 0, mdts_blocks + 1),
             4096 * (mdts_blocks as usize + 1),
+            Reject::TransferTooLarge {
+                bytes: 4096 * (u64::from(mdts_blocks) + 1),
+            },
             "MDTS",
         ),
     ];
-    for (cmd, len, what) in cases {
+    for (cmd, len, want, what) in cases {
         let buf = c.alloc_dma(len).unwrap();
         let iova = buf.iova();
         for how in 0..3 {
             let buf = c.alloc_dma(len).unwrap();
-            let f = match how {
-                0 => qp.submit(cmd, Some(buf), 1).unwrap_err(),
-                1 => qp.queue(cmd, Some(buf), 1).unwrap_err(),
-                _ => qp.execute_blocking(cmd, Some(buf), T).unwrap_err(),
+            let (error, buffer) = match how {
+                0 | 1 => {
+                    let f = if how == 0 {
+                        qp.submit(cmd, Some(buf), 1).unwrap_err()
+                    } else {
+                        qp.queue(cmd, Some(buf), 1).unwrap_err()
+                    };
+                    assert_eq!(f.reason, want, "{cmd:?} (how {how})");
+                    (qp.describe(f.reason), f.buffer)
+                }
+                _ => {
+                    let f = qp.execute_blocking(cmd, Some(buf), T).unwrap_err();
+                    (f.error, f.buffer)
+                }
             };
             assert!(
-                f.error.to_string().contains(what),
-                "{cmd:?}: {} (wanted {what})",
-                f.error
+                matches!(error, Error::InvalidArgument(_)),
+                "{cmd:?}: {error:?}"
             );
-            assert!(f.buffer.is_some(), "{cmd:?}: buffer handed back");
+            assert!(
+                error.to_string().contains(what),
+                "{cmd:?}: {error} (wanted {what})"
+            );
+            assert!(buffer.is_some(), "{cmd:?}: buffer handed back");
         }
         let f = qp.submit(cmd, Some(buf), 1).unwrap_err();
         assert_eq!(f.buffer.unwrap().iova(), iova, "the same buffer");
     }
     // Missing buffer for a data command.
-    let f = qp.submit(read(1, 0, 1), None, 1).unwrap_err();
-    assert!(
-        matches!(f.error, Error::InvalidArgument(_)),
-        "{:?}",
-        f.error
-    );
-    assert!(
-        f.error.to_string().contains("needs a data buffer"),
-        "{}",
-        f.error
-    );
+    let f = qp.submit(read(&ns, 0, 1), None, 1).unwrap_err();
+    assert_eq!(f.reason, Reject::NoBuffer);
+    let e = qp.describe(f.reason);
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
+    assert!(e.to_string().contains("needs a data buffer"), "{e}");
     assert!(f.buffer.is_none());
     // DSM with no range / too many ranges / a range outside.
-    for ranges in [
-        vec![],
-        vec![DsmRange::default(); 257],
-        vec![DsmRange {
-            cattr: 0,
-            nlb: 5,
-            slba: 998,
-        }],
+    for (ranges, want) in [
+        (vec![], Reject::RangeCount { ranges: 0 }),
+        (
+            vec![DsmRange::default(); 257],
+            Reject::RangeCount { ranges: 257 },
+        ),
+        (
+            vec![DsmRange {
+                cattr: 0,
+                nlb: 5,
+                slba: 998,
+            }],
+            Reject::LbaRange,
+        ),
     ] {
         let f = qp
             .submit(
                 IoCommand::Deallocate {
-                    nsid: 1,
+                    ns: &ns,
                     ranges: &ranges,
                 },
                 None,
                 2,
             )
             .unwrap_err();
-        assert!(
-            matches!(f.error, Error::InvalidArgument(_)),
-            "{:?}",
-            f.error
-        );
+        assert_eq!(f.reason, want);
+        let e = qp.describe(f.reason);
+        assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
     }
     // Nothing reached the device, nothing is in flight, the pair still works.
     assert_eq!(m.commands_fetched(), before);
     assert_eq!(qp.in_flight(), 0);
     let buf = c.alloc_dma(4096).unwrap();
-    qp.read_blocking(1, 999, 1, buf, T).unwrap();
+    qp.read_blocking(&ns, 999, 1, buf, T).unwrap();
     drop(qp);
     drop(c);
     assert_clean(&m);
+    drop(c2);
+    assert_clean(&m2);
 }
 
 #[test]
@@ -408,6 +466,7 @@ fn device_errors_complete_with_status_and_buffer() {
     let (m, c) = setup(ModelConfig::default());
     let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
     let qid = qp.qid();
+    let ns = c.namespace(1).unwrap().clone();
     // LBA Out of Range reported by the device (the driver's own check passed).
     m.inject(Fault::Status {
         on: Match::Queue(qid),
@@ -415,7 +474,7 @@ fn device_errors_complete_with_status_and_buffer() {
     });
     let buf = c.alloc_dma(4096).unwrap();
     let iova = buf.iova();
-    let f = qp.read_blocking(1, 0, 1, buf, T).unwrap_err();
+    let f = qp.read_blocking(&ns, 0, 1, buf, T).unwrap_err();
     match &f.error {
         Error::Command { command, status } => {
             assert_eq!(command, "Read");
@@ -433,7 +492,7 @@ fn device_errors_complete_with_status_and_buffer() {
     let buf = c.alloc_dma(4096).unwrap();
     qp.submit(
         IoCommand::Write {
-            nsid: 1,
+            ns: &ns,
             slba: 0,
             blocks: 1,
         },
@@ -463,8 +522,9 @@ fn queue_full_at_max_depth_returns_at_once_with_the_buffer() {
         })
         .unwrap();
     assert_eq!(qp.max_depth(), 3);
+    let ns = c.namespace(1).unwrap().clone();
     let cmd = IoCommand::Write {
-        nsid: 1,
+        ns: &ns,
         slba: 0,
         blocks: 1,
     };
@@ -476,28 +536,37 @@ fn queue_full_at_max_depth_returns_at_once_with_the_buffer() {
     let start = Instant::now();
     for how in 0..3 {
         let buf = c.alloc_dma(4096).unwrap();
-        let f = match how {
-            0 => qp.submit(cmd, Some(buf), 9).unwrap_err(),
-            1 => qp.queue(cmd, Some(buf), 9).unwrap_err(),
-            _ => qp.write_blocking(1, 0, 1, buf, T).unwrap_err(),
+        let (error, buffer) = match how {
+            0 | 1 => {
+                let f = if how == 0 {
+                    qp.submit(cmd, Some(buf), 9).unwrap_err()
+                } else {
+                    qp.queue(cmd, Some(buf), 9).unwrap_err()
+                };
+                assert_eq!(f.reason, Reject::QueueFull, "how {how}");
+                (qp.describe(f.reason), f.buffer)
+            }
+            _ => {
+                let f = qp.write_blocking(&ns, 0, 1, buf, T).unwrap_err();
+                (f.error, f.buffer)
+            }
         };
         assert!(
-            matches!(f.error, Error::QueueFull { qid } if qid == qp.qid()),
-            "{:?}",
-            f.error
+            matches!(error, Error::QueueFull { qid } if qid == qp.qid()),
+            "{error:?}"
         );
-        assert!(f.error.to_string().contains("process_completions"));
-        assert!(f.buffer.is_some());
+        assert!(error.to_string().contains("process_completions"));
+        assert!(buffer.is_some());
     }
     assert!(start.elapsed() < Duration::from_millis(500), "never blocks");
     // Reap, and there is room again.
     let mut tags = Vec::new();
-    qp.process_completions(u32::MAX, |c| tags.push(c.tag))
+    qp.process_completions(u32::MAX, |_, c| tags.push(c.tag))
         .unwrap();
     tags.sort_unstable();
     assert_eq!(tags, vec![0, 1, 2]);
     let buf = c.alloc_dma(4096).unwrap();
-    qp.write_blocking(1, 0, 1, buf, T).unwrap();
+    qp.write_blocking(&ns, 0, 1, buf, T).unwrap();
     drop(qp);
     drop(c);
     assert_clean(&m);
@@ -513,13 +582,14 @@ fn batch_of_queued_commands_rings_once() {
         })
         .unwrap();
     let qid = qp.qid();
+    let ns = c.namespace(1).unwrap().clone();
     let (sq0, _) = m.doorbell_writes(qid);
     for i in 0..16u64 {
         let data = pattern(i, 512);
         let buf = buffer_with(&c, &data);
         qp.queue(
             IoCommand::Write {
-                nsid: 1,
+                ns: &ns,
                 slba: i,
                 blocks: 1,
             },
@@ -537,7 +607,7 @@ fn batch_of_queued_commands_rings_once() {
     qp.ring(); // nothing new: no write
     assert_eq!(m.doorbell_writes(qid).0, sq0 + 1);
     let mut tags = Vec::new();
-    qp.process_completions(u32::MAX, |c| {
+    qp.process_completions(u32::MAX, |_, c| {
         assert!(c.is_ok());
         tags.push(c.tag)
     })
@@ -547,7 +617,7 @@ fn batch_of_queued_commands_rings_once() {
     let buf = c.alloc_dma(512).unwrap();
     qp.queue(
         IoCommand::Read {
-            nsid: 1,
+            ns: &ns,
             slba: 3,
             blocks: 1,
         },
@@ -568,11 +638,12 @@ fn batch_of_queued_commands_rings_once() {
 fn process_completions_caps_the_batch() {
     let (m, c) = setup(config_one_ns(512, 4096));
     let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let ns = c.namespace(1).unwrap().clone();
     for i in 0..10u64 {
         let buf = c.alloc_dma(512).unwrap();
         qp.queue(
             IoCommand::Read {
-                nsid: 1,
+                ns: &ns,
                 slba: i,
                 blocks: 1,
             },
@@ -584,12 +655,14 @@ fn process_completions_caps_the_batch() {
     qp.ring();
     let mut seen = Vec::new();
     for want in [3u32, 3, 3, 3, 3] {
-        let n = qp.process_completions(want, |c| seen.push(c.tag)).unwrap();
+        let n = qp
+            .process_completions(want, |_, c| seen.push(c.tag))
+            .unwrap();
         assert!(n <= want);
     }
     assert_eq!(seen, (0..10).collect::<Vec<_>>());
     assert_eq!(
-        qp.process_completions(3, |_| panic!("nothing left"))
+        qp.process_completions(3, |_, _| panic!("nothing left"))
             .unwrap(),
         0
     );
@@ -633,7 +706,8 @@ fn drop_deletes_sq_then_cq_and_qids_are_reused() {
     let mut a = c.io_queue_pair(QueuePairOptions::default()).unwrap();
     assert_eq!(a.qid(), 1);
     let buf = c.alloc_dma(4096).unwrap();
-    a.write_blocking(1, 0, 1, buf, T).unwrap();
+    a.write_blocking(c.namespace(1).unwrap(), 0, 1, buf, T)
+        .unwrap();
     drop(b);
     drop(a);
     assert!(!m.queue_exists(1) && !m.queue_exists(2));
@@ -645,6 +719,7 @@ fn drop_deletes_sq_then_cq_and_qids_are_reused() {
 fn reused_qid_starts_fresh_with_shadow_doorbells() {
     let (m, c) = setup(config_one_ns(512, 4096));
     assert!(c.shadow_doorbells());
+    let ns = c.namespace(1).unwrap().clone();
     for round in 0..3u64 {
         let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
         assert_eq!(qp.qid(), 1);
@@ -652,7 +727,7 @@ fn reused_qid_starts_fresh_with_shadow_doorbells() {
         for i in 0..(5 + round) {
             let data = pattern(round * 100 + i, 512);
             let buf = buffer_with(&c, &data);
-            qp.write_blocking(1, i, 1, buf, T).unwrap();
+            qp.write_blocking(&ns, i, 1, buf, T).unwrap();
             assert_eq!(m.namespace_data(1, i, 1), data);
         }
     }
@@ -665,6 +740,7 @@ fn drop_with_commands_in_flight_is_clean() {
     let (m, c) = setup(ModelConfig::default());
     let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
     let qid = qp.qid();
+    let ns = c.namespace(1).unwrap().clone();
     let next = m.commands_fetched();
     m.inject(Fault::DelayCompletion {
         on: Match::Nth(next),
@@ -675,7 +751,7 @@ fn drop_with_commands_in_flight_is_clean() {
         let buf = c.alloc_dma(4096).unwrap();
         qp.submit(
             IoCommand::Read {
-                nsid: 1,
+                ns: &ns,
                 slba: tag,
                 blocks: 1,
             },
@@ -719,14 +795,15 @@ fn queue_pairs_on_their_own_threads() {
             let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
             s.spawn(move || {
                 let nsid = 1 + (t % 2) as u32;
+                let ns = c.namespace(nsid).unwrap().clone();
                 let lba = if nsid == 1 { 512 } else { 4096 };
                 for i in 0..50u64 {
                     let slba = t * 100 + i;
                     let data = pattern(t << 32 | i, lba);
                     let buf = buffer_with(c, &data);
-                    let buf = qp.write_blocking(nsid, slba, 1, buf, T).unwrap();
+                    let buf = qp.write_blocking(&ns, slba, 1, buf, T).unwrap();
                     buf.fill(0, lba, 0).unwrap();
-                    let buf = qp.read_blocking(nsid, slba, 1, buf, T).unwrap();
+                    let buf = qp.read_blocking(&ns, slba, 1, buf, T).unwrap();
                     assert_eq!(read_back(&buf, lba), data);
                 }
                 assert_eq!(qp.stats().completions, 100);

@@ -9,7 +9,7 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use common::{T, assert_clean, buffer_with, config_one_ns, open, opts, pattern, read_back};
-use upnvme::{Completion, Error, IoCommand, IoError, IoQueuePair, QueuePairOptions};
+use upnvme::{Completion, Error, IoCommand, IoError, IoQueuePair, Namespace, QueuePairOptions};
 use upnvme_tests::{Fault, Match, ModelController};
 
 const READ: u8 = 0x02;
@@ -32,7 +32,7 @@ fn collect<D: upnvme::Device>(qp: &mut IoQueuePair<D>, n: usize) -> Vec<Completi
             "only {} of {n} completions",
             out.len()
         );
-        match qp.process_completions(u32::MAX, |c| out.push(c)) {
+        match qp.process_completions(u32::MAX, |_, c| out.push(c)) {
             Ok(_) => {}
             Err(e) => panic!("process_completions: {e}"),
         }
@@ -44,6 +44,7 @@ fn collect<D: upnvme::Device>(qp: &mut IoQueuePair<D>, n: usize) -> Vec<Completi
 fn overdue_command_is_aborted_and_completes_once_as_timed_out() {
     let m = ModelController::new(config_one_ns(4096, 256));
     let c = open(&m, opts());
+    let ns = c.namespace(1).unwrap().clone();
     let mut qp = c.io_queue_pair(qp_opts(50)).unwrap();
     m.inject(Fault::DelayCompletion {
         on: Match::Opcode {
@@ -55,7 +56,7 @@ fn overdue_command_is_aborted_and_completes_once_as_timed_out() {
     let b = c.alloc_dma(4096).unwrap();
     qp.submit(
         IoCommand::Read {
-            nsid: 1,
+            ns: &ns,
             slba: 3,
             blocks: 1,
         },
@@ -74,7 +75,7 @@ fn overdue_command_is_aborted_and_completes_once_as_timed_out() {
     assert_eq!(c.resets(), 0, "the Abort was enough");
     // The pair keeps working.
     let b = qp
-        .read_blocking(1, 3, 1, c.alloc_dma(4096).unwrap(), T)
+        .read_blocking(&ns, 3, 1, c.alloc_dma(4096).unwrap(), T)
         .unwrap();
     drop(b);
     drop(qp);
@@ -85,10 +86,11 @@ fn overdue_command_is_aborted_and_completes_once_as_timed_out() {
 fn lost_completion_leads_to_reset_and_exactly_once_completion() {
     let m = ModelController::new(config_one_ns(4096, 256));
     let c = open(&m, opts());
+    let ns = c.namespace(1).unwrap().clone();
     let mut qp = c.io_queue_pair(qp_opts(50)).unwrap();
     // Data written before the trouble must survive the reset.
     let data = pattern(5, 4096);
-    qp.write_blocking(1, 7, 1, buffer_with(&c, &data), T)
+    qp.write_blocking(&ns, 7, 1, buffer_with(&c, &data), T)
         .unwrap();
     m.inject(Fault::DropCompletion(Match::Opcode {
         qid: qp.qid(),
@@ -98,7 +100,7 @@ fn lost_completion_leads_to_reset_and_exactly_once_completion() {
         let b = c.alloc_dma(4096).unwrap();
         qp.submit(
             IoCommand::Read {
-                nsid: 1,
+                ns: &ns,
                 slba: i,
                 blocks: 1,
             },
@@ -122,13 +124,13 @@ fn lost_completion_leads_to_reset_and_exactly_once_completion() {
     assert_eq!(qp.stats().timeout_resets, 1);
     // After the reset the same handle works and the data is intact.
     let b = qp
-        .read_blocking(1, 7, 1, c.alloc_dma(4096).unwrap(), T)
+        .read_blocking(&ns, 7, 1, c.alloc_dma(4096).unwrap(), T)
         .unwrap();
     assert_eq!(read_back(&b, 4096), data);
     // Nothing more arrives later.
     std::thread::sleep(Duration::from_millis(120));
     let mut late = 0;
-    qp.process_completions(u32::MAX, |_| late += 1).unwrap();
+    qp.process_completions(u32::MAX, |_, _| late += 1).unwrap();
     assert_eq!(late, 0);
     drop(qp);
     assert!(m.take_violations().iter().all(|v| !v.contains("CQ full")));
@@ -139,6 +141,7 @@ fn lost_completion_leads_to_reset_and_exactly_once_completion() {
 fn explicit_reset_ends_in_flight_commands_once_and_pairs_recover() {
     let m = ModelController::new(config_one_ns(4096, 256));
     let c = open(&m, opts());
+    let ns = c.namespace(1).unwrap().clone();
     let mut a = c.io_queue_pair(qp_opts(60_000)).unwrap();
     let mut b = c.io_queue_pair(qp_opts(60_000)).unwrap();
     for i in 0..3u64 {
@@ -148,7 +151,7 @@ fn explicit_reset_ends_in_flight_commands_once_and_pairs_recover() {
         });
         a.submit(
             IoCommand::Read {
-                nsid: 1,
+                ns: &ns,
                 slba: i,
                 blocks: 1,
             },
@@ -160,7 +163,7 @@ fn explicit_reset_ends_in_flight_commands_once_and_pairs_recover() {
     // Queued but never rung: also ended by the reset.
     b.queue(
         IoCommand::Read {
-            nsid: 1,
+            ns: &ns,
             slba: 9,
             blocks: 1,
         },
@@ -181,17 +184,17 @@ fn explicit_reset_ends_in_flight_commands_once_and_pairs_recover() {
     // Both pairs work again under their old queue IDs.
     for qp in [&mut a, &mut b] {
         let data = pattern(qp.qid() as u64, 4096);
-        qp.write_blocking(1, 20 + qp.qid() as u64, 1, buffer_with(&c, &data), T)
+        qp.write_blocking(&ns, 20 + qp.qid() as u64, 1, buffer_with(&c, &data), T)
             .unwrap();
         let r = qp
-            .read_blocking(1, 20 + qp.qid() as u64, 1, c.alloc_dma(4096).unwrap(), T)
+            .read_blocking(&ns, 20 + qp.qid() as u64, 1, c.alloc_dma(4096).unwrap(), T)
             .unwrap();
         assert_eq!(read_back(&r, 4096), data);
     }
     // Released delayed completions from before the reset never surface.
     m.release_delayed();
     let mut late = 0;
-    a.process_completions(u32::MAX, |_| late += 1).unwrap();
+    a.process_completions(u32::MAX, |_, _| late += 1).unwrap();
     assert_eq!(late, 0);
     drop((a, b));
     assert_clean(&m);
@@ -201,13 +204,20 @@ fn explicit_reset_ends_in_flight_commands_once_and_pairs_recover() {
 fn fatal_status_mid_io_resets_automatically() {
     let m = ModelController::new(config_one_ns(4096, 256));
     let c = open(&m, opts());
+    let ns = c.namespace(1).unwrap().clone();
     let mut qp = c.io_queue_pair(qp_opts(60_000)).unwrap();
     m.inject(Fault::FatalOn(Match::Opcode {
         qid: qp.qid(),
         opcode: READ,
     }));
     let e = qp
-        .read_blocking(1, 0, 1, c.alloc_dma(4096).unwrap(), Duration::from_secs(30))
+        .read_blocking(
+            &ns,
+            0,
+            1,
+            c.alloc_dma(4096).unwrap(),
+            Duration::from_secs(30),
+        )
         .unwrap_err();
     assert!(
         matches!(
@@ -224,7 +234,7 @@ fn fatal_status_mid_io_resets_automatically() {
         "the controller was disabled: the buffer is back"
     );
     assert_eq!(c.resets(), 1);
-    qp.read_blocking(1, 0, 1, c.alloc_dma(4096).unwrap(), T)
+    qp.read_blocking(&ns, 0, 1, c.alloc_dma(4096).unwrap(), T)
         .unwrap();
     drop(qp);
     assert_eq!(m.dma_faults(), 0);
@@ -239,6 +249,7 @@ fn fatal_status_mid_io_resets_automatically() {
 fn blocking_call_ended_by_a_reset_returns_its_buffer() {
     let m = ModelController::new(config_one_ns(4096, 256));
     let c = open(&m, opts());
+    let ns = c.namespace(1).unwrap().clone();
     let mut qp = c.io_queue_pair(qp_opts(50)).unwrap();
     m.inject(Fault::DropCompletion(Match::Opcode {
         qid: qp.qid(),
@@ -246,7 +257,7 @@ fn blocking_call_ended_by_a_reset_returns_its_buffer() {
     }));
     let start = Instant::now();
     let e = qp
-        .read_blocking(1, 3, 1, c.alloc_dma(4096).unwrap(), T)
+        .read_blocking(&ns, 3, 1, c.alloc_dma(4096).unwrap(), T)
         .unwrap_err();
     assert!(
         matches!(
@@ -266,9 +277,9 @@ fn blocking_call_ended_by_a_reset_returns_its_buffer() {
     assert_eq!(c.resets(), 1);
     // Exactly once: nothing surfaces later.
     let mut late = 0;
-    qp.process_completions(u32::MAX, |_| late += 1).unwrap();
+    qp.process_completions(u32::MAX, |_, _| late += 1).unwrap();
     assert_eq!(late, 0);
-    qp.read_blocking(1, 3, 1, c.alloc_dma(4096).unwrap(), T)
+    qp.read_blocking(&ns, 3, 1, c.alloc_dma(4096).unwrap(), T)
         .unwrap();
     drop(qp);
     assert_eq!(m.dma_faults(), 0);
@@ -287,9 +298,9 @@ fn admin_opcodes_since(m: &ModelController, from: usize) -> Vec<u8> {
         .collect()
 }
 
-fn read_cmd(slba: u64) -> IoCommand<'static> {
+fn read_cmd(ns: &Namespace, slba: u64) -> IoCommand<'_> {
     IoCommand::Read {
-        nsid: 1,
+        ns,
         slba,
         blocks: 1,
     }
@@ -303,13 +314,14 @@ fn read_cmd(slba: u64) -> IoCommand<'static> {
 fn reset_deletes_io_queues_first_and_their_commands_end_once() {
     let m = ModelController::new(config_one_ns(4096, 256));
     let c = open(&m, opts());
+    let ns = c.namespace(1).unwrap().clone();
     let mut a = c.io_queue_pair(qp_opts(60_000)).unwrap();
     let mut b = c.io_queue_pair(qp_opts(60_000)).unwrap();
     m.inject(Fault::DelayCompletion {
         on: Match::Queue(a.qid()),
         doorbells: None,
     });
-    a.submit(read_cmd(1), Some(c.alloc_dma(4096).unwrap()), 7)
+    a.submit(read_cmd(&ns, 1), Some(c.alloc_dma(4096).unwrap()), 7)
         .unwrap();
     assert_eq!(m.delayed_completions(), 1);
     let from = m.commands_seen().len();
@@ -332,10 +344,10 @@ fn reset_deletes_io_queues_first_and_their_commands_end_once() {
     assert_eq!(done[0].result, Err(IoError::ControllerReset));
     assert!(done[0].buffer.is_some());
     let mut late = 0;
-    a.process_completions(u32::MAX, |_| late += 1).unwrap();
+    a.process_completions(u32::MAX, |_, _| late += 1).unwrap();
     assert_eq!(late, 0, "exactly once");
     for qp in [&mut a, &mut b] {
-        qp.read_blocking(1, 2, 1, c.alloc_dma(4096).unwrap(), T)
+        qp.read_blocking(&ns, 2, 1, c.alloc_dma(4096).unwrap(), T)
             .unwrap();
     }
     drop((a, b));
@@ -349,9 +361,10 @@ fn reset_deletes_io_queues_first_and_their_commands_end_once() {
 fn completion_aborted_by_sq_deletion_reads_as_controller_reset() {
     let m = ModelController::new(config_one_ns(4096, 256));
     let c = open(&m, opts());
+    let ns = c.namespace(1).unwrap().clone();
     let mut qp = c.io_queue_pair(qp_opts(60_000)).unwrap();
     m.inject(Fault::DropCompletion(Match::Queue(qp.qid())));
-    qp.submit(read_cmd(4), Some(c.alloc_dma(4096).unwrap()), 21)
+    qp.submit(read_cmd(&ns, 4), Some(c.alloc_dma(4096).unwrap()), 21)
         .unwrap();
     let &(sqid, _, cid) = m.commands_seen().last().unwrap();
     assert_eq!(sqid, qp.qid());
@@ -364,7 +377,7 @@ fn completion_aborted_by_sq_deletion_reads_as_controller_reset() {
     assert_eq!(done[0].tag, 21);
     assert_eq!(done[0].result, Err(IoError::ControllerReset));
     assert!(done[0].buffer.is_some());
-    qp.read_blocking(1, 4, 1, c.alloc_dma(4096).unwrap(), T)
+    qp.read_blocking(&ns, 4, 1, c.alloc_dma(4096).unwrap(), T)
         .unwrap();
     drop(qp);
     assert_clean(&m);
@@ -381,12 +394,13 @@ fn reset_does_not_wait_forever_for_a_deletion() {
         ..opts()
     };
     let c = open(&m, options);
+    let ns = c.namespace(1).unwrap().clone();
     let mut qp = c.io_queue_pair(qp_opts(60_000)).unwrap();
     m.inject(Fault::DelayCompletion {
         on: Match::Queue(qp.qid()),
         doorbells: None,
     });
-    qp.submit(read_cmd(5), Some(c.alloc_dma(4096).unwrap()), 3)
+    qp.submit(read_cmd(&ns, 5), Some(c.alloc_dma(4096).unwrap()), 3)
         .unwrap();
     m.inject(Fault::DropCompletion(Match::Opcode {
         qid: 0,
@@ -401,7 +415,7 @@ fn reset_does_not_wait_forever_for_a_deletion() {
     let done = collect(&mut qp, 1);
     assert_eq!(done[0].result, Err(IoError::ControllerReset));
     assert!(done[0].buffer.is_some());
-    qp.read_blocking(1, 5, 1, c.alloc_dma(4096).unwrap(), T)
+    qp.read_blocking(&ns, 5, 1, c.alloc_dma(4096).unwrap(), T)
         .unwrap();
     drop(qp);
     assert_clean(&m);
@@ -413,6 +427,7 @@ fn reset_does_not_wait_forever_for_a_deletion() {
 fn reset_of_a_fatal_controller_deletes_nothing_first() {
     let m = ModelController::new(config_one_ns(4096, 256));
     let c = open(&m, opts());
+    let ns = c.namespace(1).unwrap().clone();
     let mut qp = c.io_queue_pair(qp_opts(60_000)).unwrap();
     m.set_fatal();
     let from = m.commands_seen().len();
@@ -421,7 +436,7 @@ fn reset_of_a_fatal_controller_deletes_nothing_first() {
     assert!(start.elapsed() < T);
     let ops = admin_opcodes_since(&m, from);
     assert_eq!(ops.first(), Some(&IDENTIFY), "{ops:02x?}");
-    qp.read_blocking(1, 6, 1, c.alloc_dma(4096).unwrap(), T)
+    qp.read_blocking(&ns, 6, 1, c.alloc_dma(4096).unwrap(), T)
         .unwrap();
     drop(qp);
     assert_clean(&m);

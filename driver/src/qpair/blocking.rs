@@ -47,9 +47,11 @@ impl<D: Device> IoQueuePair<D> {
         let mut empty = 0u32;
         loop {
             let mut mine = None;
+            let mut reaped = 0u32;
             let r = loop {
                 match self.reap_one() {
                     Ok(Some((s, c))) => {
+                        reaped += 1;
                         if s == slot && mine.is_none() {
                             mine = Some(c);
                         } else {
@@ -60,6 +62,10 @@ impl<D: Device> IoQueuePair<D> {
                     Err(e) => break Err(e),
                 }
             };
+            self.stats.polls += 1;
+            if reaped == 0 {
+                self.stats.idle_polls += 1;
+            }
             if let Err(error) = r {
                 // Our own completion may have come in the same batch as the
                 // fault: its buffer is the caller's again.

@@ -128,4 +128,3 @@ impl Completion {
         self.result.is_ok()
     }
 }
-

@@ -45,8 +45,8 @@ use std::sync::atomic::{Ordering, fence};
 use upnvme_dma::DmaBuffer;
 use upnvme_queues::need_mmio;
 
-use crate::device::Device;
 use super::stats::QueueStats;
+use crate::device::Device;
 
 /// When the CQ head doorbell is written. With shadow doorbells the same rule
 /// decides when the shadow value is updated (QEMU sets the CQ EventIdx to the
@@ -109,6 +109,11 @@ impl Doorbells {
     ) {
         let old = self.last_sq;
         self.last_sq = tail;
+        if self.shadow.is_none() {
+            dev.write32(self.sq_db, tail as u32);
+            stats.sq_doorbell_mmio += 1;
+            return;
+        }
         match (self.shadow, shadow) {
             (Some(slots), Some((db, ei))) => {
                 if update_shadow(db, ei, slots.sq, tail, old) || !self.use_event_idx {

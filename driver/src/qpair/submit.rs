@@ -13,7 +13,8 @@
 //! belt against a device whose SQHD lags its completions.
 
 use upnvme_dma::DmaBuffer;
-use upnvme_queues::prp::{build_contiguous, prp_pair_4k};
+use upnvme_queues::prp::build_contiguous;
+use upnvme_queues::sqe::{io_qwords, opcode::nvm};
 use upnvme_queues::{DsmRange, Sqe};
 
 use super::{IoCommand, IoQueuePair, PAGE};
@@ -177,7 +178,7 @@ impl<D: Device> IoQueuePair<D> {
         {
             return Err(Rejected { reason, buffer });
         }
-        let (mut sqe, data) = match self.build(&cmd, buffer.as_ref()) {
+        let (q, data) = match self.build(&cmd, buffer.as_ref()) {
             Ok(x) => x,
             Err(reason) => return Err(Rejected { reason, buffer }),
         };
@@ -191,54 +192,57 @@ impl<D: Device> IoQueuePair<D> {
                 buffer,
             });
         }
-        let Some(cid) = self.trackers.alloc() else {
-            return Err(Rejected {
-                reason: Reject::QueueFull,
-                buffer,
-            });
-        };
-        sqe.set_cid(cid.value);
-        let placed = match data {
-            Data::Buffer(bytes) => match &buffer {
-                Some(buf) => match prp_pair_4k(buf.iova(), bytes) {
-                    // One or two pages (every 4 KiB I/O): no PRP List.
-                    Some((prp1, prp2)) => {
-                        sqe.set_prp1(prp1);
-                        sqe.set_prp2(prp2);
-                        Ok(())
-                    }
-                    None => self.place_prp_list(buf.iova(), bytes, cid.slot, &mut sqe),
-                },
-                None => Err(Reject::NoBuffer),
-            },
-            Data::Ranges => match cmd {
-                IoCommand::Deallocate { ranges, .. } => self.place_ranges(ranges, cid.slot, &mut sqe),
-                _ => Ok(()),
-            },
-            Data::None => Ok(()),
-        };
-        let pos = match placed {
-            Ok(()) => self.sq_ring.push(),
-            Err(reason) => {
-                let _ = self.trackers.cancel(cid.slot);
-                return Err(Rejected { reason, buffer });
+        // The data pointer of one or two memory pages needs no slot: PRP1 is
+        // the buffer, PRP2 0 or the second page's address (NVMe 2.0 §4.3.1).
+        // Nothing overflows: [iova, iova + bytes) lies inside the buffer's
+        // IOVA range. Anything else goes to the slot's list page below.
+        let iova = buffer.as_ref().map_or(0, |b| b.iova());
+        let (mut prp1, mut prp2, mut placed) = (0u64, 0u64, true);
+        if let Data::Buffer(bytes) = data {
+            let end = (iova as usize & (PAGE - 1)) + bytes;
+            if iova & 3 == 0 && end <= 2 * PAGE {
+                prp1 = iova;
+                if end > PAGE {
+                    prp2 = (iova & !(PAGE as u64 - 1)) + PAGE as u64;
+                }
+            } else {
+                placed = false;
             }
-        };
-        let Some(pos) = pos else {
-            let _ = self.trackers.cancel(cid.slot);
+        } else if let Data::Ranges = data {
+            placed = false;
+        }
+        // The tracker before the SQE and the doorbell (see the module docs).
+        let Some((cid, t)) = self.trackers.alloc_mut() else {
             return Err(Rejected {
                 reason: Reject::QueueFull,
                 buffer,
             });
         };
-        // The tracker before the SQE and the doorbell (see the module docs).
-        if let Some(t) = self.trackers.get_mut(cid.slot) {
-            t.tag = tag;
-            t.buffer = buffer;
-            t.stamp = 0;
-            t.aborted = false;
+        t.tag = tag;
+        t.buffer = buffer;
+        t.stamp = 0;
+        t.aborted = false;
+        let slot = cid.slot;
+        if !placed {
+            match self.place_slow(&cmd, &data, iova, slot) {
+                Ok(p) => (prp1, prp2) = p,
+                Err(reason) => return Err(self.unqueue(slot, reason)),
+            }
         }
-        if !self.sq.write_sqe(u32::from(pos), &sqe.dw) {
+        let Some(pos) = self.sq_ring.push() else {
+            return Err(self.unqueue(slot, Reject::QueueFull));
+        };
+        let q = [
+            q[0] | u64::from(cid.value) << 16,
+            q[1],
+            q[2],
+            prp1,
+            prp2,
+            q[5],
+            q[6],
+            q[7],
+        ];
+        if !self.sq.write_sqe(u32::from(pos), &q) {
             // Cannot happen (pos < entries); if it did, the slot would hold
             // garbage and must never be announced: fail the pair. The command
             // ends with the next reset or close, with its buffer.
@@ -251,13 +255,45 @@ impl<D: Device> IoQueuePair<D> {
         if self.announce_at_once {
             self.ring_sq_now();
         }
-        Ok(cid.slot)
+        Ok(slot)
     }
 
-    /// The SQE of `cmd` (CID and data pointer still to fill) and what its
-    /// data pointer describes, or why the command is refused.
+    /// Takes back a command that was given a CID but not written to the SQ.
+    #[cold]
+    #[inline(never)]
+    fn unqueue(&mut self, slot: u16, reason: Reject) -> Rejected {
+        let buffer = self.trackers.get_mut(slot).and_then(|t| t.buffer.take());
+        let _ = self.trackers.cancel(slot);
+        Rejected { reason, buffer }
+    }
+
+    /// The data pointer that needs the slot's list page: a PRP List, or the
+    /// Dataset Management ranges.
+    #[inline(never)]
+    fn place_slow(
+        &mut self,
+        cmd: &IoCommand<'_>,
+        data: &Data,
+        iova: u64,
+        slot: u16,
+    ) -> Result<(u64, u64), Reject> {
+        match (data, cmd) {
+            (Data::Buffer(bytes), _) => self.place_prp_list(iova, *bytes, slot),
+            (Data::Ranges, IoCommand::Deallocate { ranges, .. }) => {
+                self.place_ranges(ranges, slot).map(|prp1| (prp1, 0))
+            }
+            _ => Ok((0, 0)),
+        }
+    }
+
+    /// The SQE of `cmd` as qwords (CID and data pointer still to fill) and
+    /// what its data pointer describes, or why the command is refused.
     #[inline(always)]
-    fn build(&self, cmd: &IoCommand<'_>, buffer: Option<&DmaBuffer>) -> Result<(Sqe, Data), Reject> {
+    fn build(
+        &self,
+        cmd: &IoCommand<'_>,
+        buffer: Option<&DmaBuffer>,
+    ) -> Result<([u64; 8], Data), Reject> {
         let ns = cmd.namespace();
         if ns.controller() != self.instance {
             return Err(Reject::ForeignNamespace);
@@ -279,14 +315,16 @@ impl<D: Device> IoQueuePair<D> {
                         bytes: bytes as u64,
                     });
                 }
-                let sqe = match cmd {
-                    IoCommand::Read { .. } => Sqe::read(ns.id(), slba, blocks),
-                    IoCommand::Write { .. } => Sqe::write(ns.id(), slba, blocks),
-                    _ => Sqe::compare(ns.id(), slba, blocks),
+                let op = match cmd {
+                    IoCommand::Read { .. } => nvm::READ,
+                    IoCommand::Write { .. } => nvm::WRITE,
+                    _ => nvm::COMPARE,
                 };
-                Ok((sqe, Data::Buffer(bytes)))
+                // CDW12.NLB is 0-based.
+                let q = io_qwords(op, 0, ns.id(), 0, 0, slba, blocks - 1);
+                Ok((q, Data::Buffer(bytes)))
             }
-            IoCommand::Flush { .. } => Ok((Sqe::flush(ns.id()), Data::None)),
+            IoCommand::Flush { .. } => Ok((Sqe::flush(ns.id()).to_qwords(), Data::None)),
             IoCommand::WriteZeroes {
                 slba,
                 blocks,
@@ -295,7 +333,7 @@ impl<D: Device> IoQueuePair<D> {
             } => {
                 check_range(ns, slba, blocks)?;
                 Ok((
-                    Sqe::write_zeroes(ns.id(), slba, blocks, deallocate),
+                    Sqe::write_zeroes(ns.id(), slba, blocks, deallocate).to_qwords(),
                     Data::None,
                 ))
             }
@@ -309,7 +347,7 @@ impl<D: Device> IoQueuePair<D> {
                     check_range(ns, r.slba, r.nlb)?;
                 }
                 Ok((
-                    Sqe::dataset_management(ns.id(), ranges.len() as u32, true),
+                    Sqe::dataset_management(ns.id(), ranges.len() as u32, true).to_qwords(),
                     Data::Ranges,
                 ))
             }
@@ -317,36 +355,44 @@ impl<D: Device> IoQueuePair<D> {
     }
 
     /// PRP1 and a PRP List in the slot's list pages, for a transfer of more
-    /// than two memory pages.
+    /// than two memory pages; returns (PRP1, PRP2).
     #[inline(never)]
-    fn place_prp_list(
-        &mut self,
-        iova: u64,
-        bytes: usize,
-        slot: u16,
-        sqe: &mut Sqe,
-    ) -> Result<(), Reject> {
+    fn place_prp_list(&mut self, iova: u64, bytes: usize, slot: u16) -> Result<(u64, u64), Reject> {
         let list_base = slot as usize * self.list_pages_per_slot * PAGE;
         let list_iova = self.prp_lists.iova() + list_base as u64;
+        let page = PAGE as u64;
+        // PRP1 covers up to the end of the first memory page; the list holds
+        // the start of every further page (NVMe 2.0 §4.3.1).
+        let first_end = (iova & !(page - 1)) + page;
+        let rest = ((iova as usize & (PAGE - 1)) + bytes).div_ceil(PAGE) - 1;
+        if iova & 3 == 0 && rest <= PAGE / 8 {
+            // The common case: one list page, entries written in one run.
+            self.prp_lists
+                .write_u64_run(list_base, rest, |i| first_end + i as u64 * page)
+                .map_err(|_| Reject::TransferTooLarge {
+                    bytes: bytes as u64,
+                })?;
+            return Ok((iova, list_iova));
+        }
+        // Chained list pages (more than 2 MiB) or a refusal: the general
+        // planner says which.
         let prps = build_contiguous(iova, bytes, PAGE, &mut self.prp_scratch, |i| {
             list_iova + (i * PAGE) as u64
         })
         .map_err(|_| Reject::Misaligned)?;
-        for (i, entry) in self.prp_scratch[..prps.list_len].iter().enumerate() {
-            self.prp_lists
-                .write_u64(list_base + i * 8, *entry)
-                .map_err(|_| Reject::TransferTooLarge {
-                    bytes: bytes as u64,
-                })?;
-        }
-        sqe.set_prp1(prps.prp1);
-        sqe.set_prp2(prps.prp2);
-        Ok(())
+        let scratch = &self.prp_scratch[..prps.list_len];
+        self.prp_lists
+            .write_u64_run(list_base, scratch.len(), |i| scratch[i])
+            .map_err(|_| Reject::TransferTooLarge {
+                bytes: bytes as u64,
+            })?;
+        Ok((prps.prp1, prps.prp2))
     }
 
-    /// Dataset Management ranges in the slot's list page; PRP1 points there.
+    /// Dataset Management ranges in the slot's list page; returns PRP1,
+    /// which points there.
     #[inline(never)]
-    fn place_ranges(&mut self, ranges: &[DsmRange], slot: u16, sqe: &mut Sqe) -> Result<(), Reject> {
+    fn place_ranges(&mut self, ranges: &[DsmRange], slot: u16) -> Result<u64, Reject> {
         let list_base = slot as usize * self.list_pages_per_slot * PAGE;
         for (i, r) in ranges.iter().enumerate() {
             self.prp_lists
@@ -355,7 +401,6 @@ impl<D: Device> IoQueuePair<D> {
                     ranges: ranges.len() as u32,
                 })?;
         }
-        sqe.set_prp1(self.prp_lists.iova() + list_base as u64);
-        Ok(())
+        Ok(self.prp_lists.iova() + list_base as u64)
     }
 }

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use upnvme::{Controller, QueuePairOptions};
+use upnvme::{Controller, Namespace, QueuePairOptions};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -16,13 +16,14 @@ fn chunk_blocks(c: &Controller, lba: usize, total: u64) -> u32 {
     ((max / lba) as u64).min(total).max(1) as u32
 }
 
-fn check_range(c: &Controller, nsid: u32, start: u64, count: u64) -> Result<usize> {
+/// The namespace handle and its LBA size, once the range is checked.
+fn check_range(c: &Controller, nsid: u32, start: u64, count: u64) -> Result<(&Namespace, usize)> {
     let ns = c.namespace(nsid)?;
     if count == 0 {
         bail!("--block-count must be at least 1");
     }
     match start.checked_add(count) {
-        Some(end) if end <= ns.lba_count() => Ok(ns.lba_size() as usize),
+        Some(end) if end <= ns.lba_count() => Ok((ns, ns.lba_size() as usize)),
         _ => bail!(
             "blocks {start}..+{count} are outside namespace {nsid} ({} blocks)",
             ns.lba_count()
@@ -32,7 +33,7 @@ fn check_range(c: &Controller, nsid: u32, start: u64, count: u64) -> Result<usiz
 
 /// Reads `count` blocks from `start` to `out` (stdout when `None`).
 pub fn read(c: &Controller, nsid: u32, start: u64, count: u64, out: Option<&Path>) -> Result<()> {
-    let lba = check_range(c, nsid, start, count)?;
+    let (ns, lba) = check_range(c, nsid, start, count)?;
     let mut sink: Box<dyn Write> = match out {
         Some(p) => Box::new(File::create(p).with_context(|| format!("creating {}", p.display()))?),
         None => Box::new(std::io::stdout().lock()),
@@ -45,7 +46,7 @@ pub fn read(c: &Controller, nsid: u32, start: u64, count: u64, out: Option<&Path
     while done < count {
         let n = (count - done).min(per as u64) as u32;
         buf = qp
-            .read_blocking(nsid, start + done, n, buf, TIMEOUT)
+            .read_blocking(ns, start + done, n, buf, TIMEOUT)
             .map_err(|e| anyhow::anyhow!("read at LBA {}: {e}", start + done))?;
         let bytes = n as usize * lba;
         buf.read_bytes(0, &mut data[..bytes])?;
@@ -67,7 +68,7 @@ pub fn write(
     count: u64,
     input: Option<&Path>,
 ) -> Result<()> {
-    let lba = check_range(c, nsid, start, count)?;
+    let (ns, lba) = check_range(c, nsid, start, count)?;
     let mut src: Box<dyn Read> = match input {
         Some(p) => Box::new(File::open(p).with_context(|| format!("opening {}", p.display()))?),
         None => Box::new(std::io::stdin().lock()),
@@ -88,7 +89,7 @@ pub fn write(
         })?;
         buf.write_bytes(0, &data[..bytes])?;
         buf = qp
-            .write_blocking(nsid, start + done, n, buf, TIMEOUT)
+            .write_blocking(ns, start + done, n, buf, TIMEOUT)
             .map_err(|e| anyhow::anyhow!("write at LBA {}: {e}", start + done))?;
         done += n as u64;
     }

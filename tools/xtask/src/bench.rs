@@ -72,6 +72,12 @@ pub struct CostCmd {
     /// Do not write the result into docs/benchmarks.md.
     #[arg(long)]
     pub no_write_docs: bool,
+    /// Print one JSON document `{"rows": [{"name": "read-4k", "instructions_per_io": N, ...}, ...]}`.
+    #[arg(long)]
+    pub json: bool,
+    /// Measure only this row (read-4k, write-4k or read-64k); docs are then not written.
+    #[arg(long, value_name = "NAME")]
+    pub row: Option<String>,
 }
 
 /// Guest memory: the hugepages, fio's ~90 MB of libraries (twice: archive and
@@ -365,33 +371,56 @@ fn bench_markdown(s: &summary::Summary, meta: &Value, (rounds, seconds): (u64, u
 
 /// `cargo xtask cost`.
 pub fn cost(cmd: &CostCmd) -> Result<i32> {
-    let c = cost::measure(cmd.n)?;
-    println!(
-        "driver CPU work per 4 KiB read (submit + reap, model excluded): {:.1} instructions \
-         (({} - {}) / {}); target <= {:.0}: {}",
-        c.per_io,
-        c.totals.1,
-        c.totals.0,
-        c.n,
-        cost::TARGET,
-        if c.per_io <= cost::TARGET {
-            "met"
-        } else {
-            "not met"
+    let mut rows = Vec::new();
+    for (name, _) in cost::ROWS {
+        if cmd.row.as_deref().is_some_and(|r| r != name) {
+            continue;
         }
-    );
-    if let Some(h) = c.harness_per_io {
-        println!(
-            "  of which the harness's own lines (tests/examples/io_cost.rs): {h:.1}; driver: {:.1}",
-            c.per_io - h
+        rows.push(cost::measure(cmd.n, name)?);
+    }
+    if rows.is_empty() {
+        anyhow::bail!(
+            "no cost row named {:?}: the rows are {}",
+            cmd.row,
+            cost::ROWS.map(|(n, _)| n).join(", ")
         );
     }
-    for t in &c.top {
-        println!("{:>10.1}  {}", t.per_io, t.name);
+    if cmd.json {
+        let doc = serde_json::json!({ "rows": rows.iter().map(|r| r.json()).collect::<Vec<_>>() });
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+    } else {
+        for c in &rows {
+            println!(
+                "{}: {:.1} instructions per I/O (submit + reap, model excluded; ({} - {}) / {}); target <= {:.0}: {}",
+                c.name,
+                c.per_io,
+                c.totals.1,
+                c.totals.0,
+                c.n,
+                c.target(),
+                if c.met() { "met" } else { "not met" }
+            );
+            if let Some(h) = c.harness_per_io {
+                println!(
+                    "  of which the harness's own lines (tests/examples/io_cost.rs): {h:.1}; driver: {:.1}",
+                    c.per_io - h
+                );
+            }
+        }
+        if let Some(c) = rows.first() {
+            println!("where the {} instructions go:", c.name);
+            for t in &c.top {
+                println!("{:>10.1}  {}", t.per_io, t.name);
+            }
+        }
     }
-    if !cmd.no_write_docs {
+    if !cmd.no_write_docs && cmd.row.is_none() {
         let md = Paths::discover().root.join("docs/benchmarks.md");
-        docs::write_block(&md, docs::COST_BLOCK, &c.markdown(&docs::now_utc()))?;
+        docs::write_block(
+            &md,
+            docs::COST_BLOCK,
+            &cost::markdown(&rows, &docs::now_utc()),
+        )?;
         eprintln!("xtask: wrote {}", md.display());
     }
     Ok(0)

@@ -538,6 +538,7 @@ fn measure_driver(
     tsc_hz: f64,
     ns_per_tick: f64,
 ) -> Result<Measured> {
+    let ns = ctrl.namespace(a.nsid)?;
     let mut qp = ctrl.io_queue_pair(QueuePairOptions::default())?;
     let mut buf = Some(ctrl.alloc_dma(IO_SIZE)?);
     let mut rng = a.seed | 1;
@@ -552,16 +553,8 @@ fn measure_driver(
             while rdtsc().wrapping_sub(t) < delay_ticks {}
         }
         let start = rdtsc();
-        qp.submit(
-            IoCommand::Read {
-                nsid: a.nsid,
-                slba,
-                blocks,
-            },
-            buf.take(),
-            0,
-        )
-        .map_err(|f| anyhow::anyhow!("submitting a read: {}", f.error))?;
+        qp.submit(IoCommand::Read { ns, slba, blocks }, buf.take(), 0)
+            .map_err(|f| anyhow::anyhow!("submitting a read: {}", qp.describe(f.reason)))?;
         if a.time_calls {
             submit_ticks += rdtsc().saturating_sub(start);
             submitted += 1;
@@ -570,7 +563,7 @@ fn measure_driver(
         let mut spins = 0u32;
         let mut deadline = 0u64;
         while !back {
-            qp.process_completions(1, |c| {
+            qp.process_completions(1, |_, c| {
                 seen = rdtsc();
                 ok = c.is_ok();
                 buf = c.buffer;

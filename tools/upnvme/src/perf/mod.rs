@@ -259,7 +259,7 @@ fn verify(
                 None => ctrl.alloc_dma(blocks as usize * lba)?,
             };
             let b = q
-                .read_blocking(j.nsid, slba, blocks, b, Duration::from_secs(30))
+                .read_blocking(ns, slba, blocks, b, Duration::from_secs(30))
                 .map_err(|e| anyhow!("verify read at LBA {slba}: {e}"))?;
             for i in 0..blocks as u64 {
                 worker::stamp(&mut want, seed, j.nsid, slba + i);

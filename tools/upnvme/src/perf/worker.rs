@@ -9,7 +9,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use anyhow::{Context, Result, bail};
 use hdrhistogram::Histogram;
 use upnvme::dma::tsc::rdtsc;
-use upnvme::{Controller, DmaBuffer, IoCommand, IoQueuePair, QueuePairOptions, QueueStats};
+use upnvme::{
+    Controller, DmaBuffer, IoCommand, IoQueuePair, Namespace, QueuePairOptions, QueueStats,
+};
 
 /// What one worker does.
 #[derive(Clone, Debug)]
@@ -146,6 +148,8 @@ pub struct JobResult {
 
 struct Job {
     ns: NsPlan,
+    /// The handle the commands name the namespace by.
+    handle: Namespace,
     qp: IoQueuePair,
     start: Vec<u64>,
     hist: Histogram<u64>,
@@ -187,6 +191,7 @@ pub fn stamp(buf: &mut [u8], seed: u64, nsid: u32, lba: u64) {
 
 impl Job {
     fn new(ctrl: &Controller, plan: &WorkerPlan, ns: NsPlan) -> Result<(Job, Vec<DmaBuffer>)> {
+        let handle = ctrl.namespace(ns.nsid)?.clone();
         let qp = ctrl
             .io_queue_pair(plan.qp.clone())
             .with_context(|| format!("creating a queue pair on core {}", plan.core))?;
@@ -208,6 +213,7 @@ impl Job {
         Ok((
             Job {
                 ns,
+                handle,
                 qp,
                 start: vec![0; plan.depth as usize],
                 hist,
@@ -257,10 +263,10 @@ impl Job {
             0 => false,
             p => (next_rand(rng) % 100) < p as u64,
         };
-        let nsid = self.ns.nsid;
+        let (nsid, ns) = (self.ns.nsid, &self.handle);
         let blocks = self.io_blocks;
         let cmd = if read {
-            IoCommand::Read { nsid, slba, blocks }
+            IoCommand::Read { ns, slba, blocks }
         } else {
             if plan.verify {
                 let lba = self.ns.lba_size as usize;
@@ -271,7 +277,7 @@ impl Job {
                 }
                 self.written[slot as usize] = true;
             }
-            IoCommand::Write { nsid, slba, blocks }
+            IoCommand::Write { ns, slba, blocks }
         };
         let start = rdtsc();
         self.start[tag as usize] = start;
@@ -285,7 +291,7 @@ impl Job {
             self.ticks.submit += rdtsc().saturating_sub(start);
             self.ticks.submitted += 1;
         }
-        queued.map_err(|e| anyhow::anyhow!("{e}"))?;
+        queued.map_err(|e| anyhow::anyhow!("{}", self.qp.describe(e.reason)))?;
         self.submitted += 1;
         self.in_flight += 1;
         Ok(())
@@ -330,7 +336,7 @@ impl Job {
         // entry too.
         let ios = self
             .qp
-            .process_completions(self.in_flight, |c| {
+            .process_completions(self.in_flight, |_, c| {
                 let ticks = rdtsc().saturating_sub(start[c.tag as usize]);
                 left = left.saturating_sub(1);
                 if left == 0 {
@@ -572,7 +578,7 @@ fn depth1_loop(
                 t_reap = rdtsc();
             }
             job.qp
-                .process_completions(1, |c| {
+                .process_completions(1, |_, c| {
                     seen = rdtsc();
                     got = Some(c);
                 })

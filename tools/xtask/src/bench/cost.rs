@@ -18,8 +18,17 @@ use crate::{deps, paths::Paths, proc};
 
 /// The callgrind options that separate the driver's work from the model's.
 pub const TOGGLES: [&str; 2] = ["--toggle-collect=*one_io*", "--toggle-collect=*Meter*"];
-/// The target from issue 6: instructions per I/O for submit + reap.
-pub const TARGET: f64 = 120.0;
+/// The rows `cargo xtask cost` measures: (name, target in instructions per
+/// I/O). Issue 14: `read-4k` at most 150, `write-4k` within 10% of it,
+/// `read-64k` (PRP1 and a PRP List) at most 250.
+pub const ROWS: [(&str, f64); 3] = [("read-4k", 150.0), ("write-4k", 165.0), ("read-64k", 250.0)];
+
+/// The target of `row` (instructions per I/O).
+pub fn target(row: &str) -> f64 {
+    ROWS.iter()
+        .find(|(n, _)| *n == row)
+        .map_or(f64::INFINITY, |(_, t)| *t)
+}
 
 /// One function's share of the per-I/O cost.
 #[derive(Debug, Clone, PartialEq)]
@@ -30,9 +39,11 @@ pub struct Share {
     pub name: String,
 }
 
-/// The measurement.
+/// The measurement of one row.
 #[derive(Debug, Clone)]
 pub struct Cost {
+    /// The workload (`read-4k`, `write-4k`, `read-64k`).
+    pub name: String,
     /// I/Os in the smaller run.
     pub n: u64,
     /// Instructions collected in the runs of `n` and `2n` I/Os.
@@ -49,8 +60,9 @@ pub struct Cost {
     pub commands: Vec<String>,
 }
 
-/// Builds the example, runs it under callgrind for `n` and `2n` I/Os.
-pub fn measure(n: u64) -> Result<Cost> {
+/// Builds the example, runs it under callgrind for `n` and `2n` I/Os of
+/// `workload`.
+pub fn measure(n: u64, workload: &str) -> Result<Cost> {
     if n < 1000 {
         bail!("-n must be at least 1000");
     }
@@ -90,13 +102,14 @@ pub fn measure(n: u64) -> Result<Cost> {
     let mut totals = Vec::new();
     let mut lists = Vec::new();
     for count in [n, 2 * n] {
-        let out = dir.join(format!("callgrind.{count}.out"));
+        let out = dir.join(format!("callgrind.{workload}.{count}.out"));
         let mut cmd = Command::new(&valgrind);
         cmd.arg("--tool=callgrind")
             .arg(format!("--callgrind-out-file={}", out.display()))
             .args(TOGGLES)
             .arg(&exe)
-            .arg(count.to_string());
+            .arg(count.to_string())
+            .arg(workload);
         commands.push(proc::describe(&cmd));
         eprintln!("xtask: {}", proc::describe(&cmd));
         proc::run_checked(&mut cmd, Duration::from_secs(60 * 60))?;
@@ -142,6 +155,7 @@ pub fn measure(n: u64) -> Result<Cost> {
         _ => (Vec::new(), None),
     };
     Ok(Cost {
+        name: workload.to_string(),
         n,
         totals: (t1, t2),
         per_io,
@@ -216,48 +230,77 @@ pub fn functions(annotate: &str) -> Vec<(String, u64)> {
 }
 
 impl Cost {
-    /// The Markdown block for docs/benchmarks.md.
-    pub fn markdown(&self, date: &str) -> String {
-        let met = if self.per_io <= TARGET {
-            "**met**"
-        } else {
-            "**not met**"
-        };
-        let harness = self.harness_per_io.map_or(String::new(), |h| {
-            format!(
-                " Of these, {h:.0} are the harness's own lines (tests/examples/io_cost.rs: the \
-                 loop, the completion callback and its checks), which any caller has in some \
-                 form; the driver's share is about {:.0}.",
-                self.per_io - h
-            )
-        });
-        let mut s = format!(
-            "Measured {date} with `cargo xtask cost -n {n}`: **{per_io:.0} instructions per 4 KiB \
-             read** (submit + reap, model excluded) — target ≤ {TARGET:.0}: {met}.{harness}\n\n\
-             ({t2} − {t1}) instructions / {n} I/Os. The program is tests/examples/io_cost.rs \
-             (release build, shadow doorbells off so every doorbell reaches the model at once, \
-             default queue pair options); callgrind collects only inside `one_io` (one submit + \
-             reap) and outside the `Meter` device wrapper around the model. The commands:\n\n\
-             ```sh\n{cmds}\n```\n",
-            n = self.n,
-            per_io = self.per_io,
-            t1 = self.totals.0,
-            t2 = self.totals.1,
-            cmds = self.commands.join("\n"),
-        );
-        if !self.top.is_empty() {
-            s.push_str(
-                "\nWhere they go (self cost per I/O, difference of the two runs' \
+    /// The row's target (instructions per I/O).
+    pub fn target(&self) -> f64 {
+        target(&self.name)
+    }
+
+    /// Whether the row meets its target.
+    pub fn met(&self) -> bool {
+        self.per_io <= self.target()
+    }
+
+    /// The row as JSON for `cargo xtask cost --json`.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "name": self.name,
+            "instructions_per_io": (self.per_io * 10.0).round() / 10.0,
+            "harness_per_io": self.harness_per_io,
+            "target": self.target(),
+            "met": self.met(),
+            "ios": self.n,
+            "totals": [self.totals.0, self.totals.1],
+            "top": self.top.iter().map(|t| serde_json::json!({"name": t.name, "instructions_per_io": t.per_io})).collect::<Vec<_>>(),
+        })
+    }
+}
+
+/// The Markdown block for docs/benchmarks.md: one table row per workload,
+/// then where the `read-4k` instructions go.
+pub fn markdown(rows: &[Cost], date: &str) -> String {
+    let mut s = format!(
+        "Measured {date} with `cargo xtask cost -n {n}` (instructions per I/O, submit + reap, \
+         the model excluded, the harness's own lines included):\n\n\
+         | workload | instructions/IO | of which harness | target | met |\n|---|---:|---:|---:|---|\n",
+        n = rows.first().map_or(0, |r| r.n)
+    );
+    for r in rows {
+        s.push_str(&format!(
+            "| {} | {:.0} | {} | ≤ {:.0} | {} |\n",
+            r.name,
+            r.per_io,
+            r.harness_per_io.map_or("–".into(), |h| format!("{h:.0}")),
+            r.target(),
+            if r.met() { "**met**" } else { "**not met**" }
+        ));
+    }
+    if let Some(r) = rows.first() {
+        s.push_str(&format!(
+            "\n({t2} − {t1}) instructions / {n} I/Os for `{name}`. The program is \
+             tests/examples/io_cost.rs (release build, shadow doorbells off so every doorbell \
+             reaches the model at once, default queue pair options); callgrind collects only \
+             inside `one_io` (one submit + reap) and outside the `Meter` device wrapper around \
+             the model. The commands:\n\n```sh\n{cmds}\n```\n",
+            t1 = r.totals.0,
+            t2 = r.totals.1,
+            n = r.n,
+            name = r.name,
+            cmds = r.commands.join("\n"),
+        ));
+        if !r.top.is_empty() {
+            s.push_str(&format!(
+                "\nWhere the `{}` instructions go (self cost per I/O, difference of the two runs' \
                  `callgrind_annotate` lists: the source file of the instructions and the \
                  function they were compiled into, inlined code included):\n\n\
                  | instructions/IO | file:function |\n|---:|---|\n",
-            );
-            for t in &self.top {
+                r.name
+            ));
+            for t in &r.top {
                 s.push_str(&format!("| {:.1} | `{}` |\n", t.per_io, t.name));
             }
         }
-        s
     }
+    s
 }
 
 #[cfg(test)]
