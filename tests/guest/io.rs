@@ -756,3 +756,164 @@ fn integrity_at_depths(c: &Controller, mut qp: upnvme::IoQueuePair, salt: u64) {
     let s = qp.stats();
     assert_eq!(s.completions, submitted_total, "exactly once: {s:?}");
 }
+
+/// Closed loops in which the completion callback submits the next command
+/// on the same pair (`process_completions(max, |qp, c| qp.submit(..))`), at
+/// depth 1 and 32, mixing reads and writes, with buffers from a `DmaPool`,
+/// every read verified byte for byte against the last write of its LBA; then
+/// every LBA is read back once more. Also the lending form,
+/// `next_completion`, at depth 1.
+#[test]
+fn completion_callbacks_resubmit_closed_loops() {
+    let c = open();
+    let ns = c.namespace(1).unwrap().clone();
+    let lba = ns.lba_size() as usize;
+    let salt = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64;
+    for (round, depth) in [1u32, 32].into_iter().enumerate() {
+        let mut qp = c
+            .io_queue_pair(QueuePairOptions {
+                entries: Some(entries(&c, 64)),
+                cq_entries: Some(entries(&c, 128)),
+                ..Default::default()
+            })
+            .unwrap();
+        let depth = depth.min(qp.max_depth());
+        let mut pool = c.dma_pool(lba, depth as usize).unwrap();
+        // Each tag owns LBAS_PER_TAG blocks, so its commands never overlap
+        // another tag's and its own run one at a time.
+        const LBAS_PER_TAG: u64 = 8;
+        let base = 20_000 + round as u64 * 1000;
+        let seed = salt ^ ((round as u64) << 56);
+        // version[lba]: the stamp of the last completed write (0: none yet).
+        let mut version: HashMap<u64, u64> = HashMap::new();
+        // In flight per tag: (lba, Some(version) for a write, None for a read).
+        let mut pending: Vec<(u64, Option<u64>)> = vec![(0, None); depth as usize];
+        let mut rng = seed | 1;
+        let mut step = move || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng
+        };
+        let (mut done, mut bad, mut failed, mut reads, mut writes) = (0u64, 0u64, 0u64, 0u64, 0u64);
+        let mut next_version = 1u64;
+        let total = 4000u64;
+        // What the tag does next: write a new version, or read an LBA of its
+        // own that was written (a write when none was yet).
+        let mut plan = |tag: u64,
+                        buf: &upnvme::DmaBuffer,
+                        version: &HashMap<u64, u64>,
+                        r: u64|
+         -> (u64, Option<u64>) {
+            let lba_no = base + tag * LBAS_PER_TAG + r % LBAS_PER_TAG;
+            if r % 3 == 0 || !version.contains_key(&lba_no) {
+                let v = next_version;
+                next_version += 1;
+                buf.write_bytes(0, &pattern(seed ^ v, lba_no, lba)).unwrap();
+                (lba_no, Some(v))
+            } else {
+                buf.fill(0, lba, 0xee).unwrap();
+                (lba_no, None)
+            }
+        };
+        fn cmd(ns: &Namespace, (slba, w): (u64, Option<u64>)) -> IoCommand<'_> {
+            match w {
+                Some(_) => IoCommand::Write {
+                    ns,
+                    slba,
+                    blocks: 1,
+                },
+                None => IoCommand::Read {
+                    ns,
+                    slba,
+                    blocks: 1,
+                },
+            }
+        }
+        for tag in 0..depth as u64 {
+            let buf = pool.get().expect("the pool holds one buffer per tag");
+            pending[tag as usize] = plan(tag, &buf, &version, step());
+            qp.submit(cmd(&ns, pending[tag as usize]), Some(buf), tag)
+                .unwrap();
+        }
+        let start = std::time::Instant::now();
+        let mut in_flight = depth as u64;
+        while in_flight > 0 {
+            assert!(start.elapsed() < T * 3, "stalled at depth {depth}");
+            let lending = depth == 1 && done % 2 == 1;
+            let mut on_completion =
+                |qp: &mut upnvme::IoQueuePair, cpl: Completion, ns: &Namespace| {
+                    let tag = cpl.tag;
+                    let buf = cpl.buffer.expect("the buffer comes back");
+                    let (lba_no, w) = pending[tag as usize];
+                    if cpl.result.is_err() {
+                        failed += 1;
+                    }
+                    match w {
+                        Some(v) => {
+                            version.insert(lba_no, v);
+                            writes += 1;
+                        }
+                        None => {
+                            let v = version[&lba_no];
+                            if buf.to_vec()[..lba] != pattern(seed ^ v, lba_no, lba)[..] {
+                                bad += 1;
+                            }
+                            reads += 1;
+                        }
+                    }
+                    done += 1;
+                    if done + in_flight - 1 < total {
+                        // The next command, from inside the completion.
+                        pending[tag as usize] = plan(tag, &buf, &version, step());
+                        qp.submit(cmd(ns, pending[tag as usize]), Some(buf), tag)
+                            .expect("resubmitting from the callback");
+                    } else {
+                        in_flight -= 1;
+                        pool.put(buf).expect("the buffer is the pool's");
+                    }
+                };
+            if lending {
+                // The lending form: the caller holds the pair between
+                // completions.
+                if let Some(cpl) = qp.next_completion().unwrap() {
+                    on_completion(&mut qp, cpl, &ns);
+                }
+            } else {
+                qp.process_completions(u32::MAX, |qp, cpl| on_completion(qp, cpl, &ns))
+                    .unwrap();
+            }
+        }
+        assert_eq!(failed, 0, "errors at depth {depth}");
+        assert_eq!(bad, 0, "mismatches at depth {depth}");
+        assert_eq!(done, total, "exactly once at depth {depth}");
+        assert!(
+            reads > 0 && writes > 0,
+            "mixed: {reads} reads, {writes} writes"
+        );
+        assert_eq!(
+            pool.available(),
+            depth as usize,
+            "every buffer back in the pool"
+        );
+        // Every LBA once more, through the blocking path.
+        let mut buf = c.alloc_dma(lba).unwrap();
+        for (&lba_no, &v) in &version {
+            buf = qp.read_blocking(&ns, lba_no, 1, buf, T).unwrap();
+            assert_eq!(
+                buf.to_vec()[..lba],
+                pattern(seed ^ v, lba_no, lba)[..],
+                "LBA {lba_no} at depth {depth}"
+            );
+        }
+        let s = qp.stats();
+        assert_eq!(s.completions, total + version.len() as u64, "{s:?}");
+        eprintln!(
+            "callback loop: depth {depth}: {reads} reads + {writes} writes verified, {} LBAs re-read",
+            version.len()
+        );
+    }
+}

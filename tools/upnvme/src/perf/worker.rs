@@ -10,7 +10,7 @@ use anyhow::{Context, Result, bail};
 use hdrhistogram::Histogram;
 use upnvme::dma::tsc::rdtsc;
 use upnvme::{
-    Controller, DmaBuffer, IoCommand, IoQueuePair, Namespace, QueuePairOptions, QueueStats,
+    Controller, DmaBuffer, IoCommand, IoQueuePair, Namespace, QueuePairOptions, QueueStats, Reject,
 };
 
 /// What one worker does.
@@ -147,10 +147,17 @@ pub struct JobResult {
 }
 
 struct Job {
+    qp: IoQueuePair,
+    /// Everything else: what the completion callback works on while the
+    /// queue pair is borrowed by `process_completions`.
+    w: Work,
+}
+
+/// A job's workload state and counters.
+struct Work {
     ns: NsPlan,
     /// The handle the commands name the namespace by.
     handle: Namespace,
-    qp: IoQueuePair,
     start: Vec<u64>,
     hist: Histogram<u64>,
     ios: u64,
@@ -162,8 +169,8 @@ struct Job {
     io_blocks: u32,
     slots: u64,
     written: Vec<bool>,
-    /// The batch just reaped (tag, buffer), resubmitted after the reap.
-    reaped: Vec<(u64, Option<DmaBuffer>)>,
+    /// A refusal met inside the completion callback (reported after it).
+    refused: Option<Reject>,
     ticks: CallTicks,
 }
 
@@ -212,44 +219,148 @@ impl Job {
         let hist = Histogram::new_with_bounds(1, 60_000_000_000, 3)?;
         Ok((
             Job {
-                ns,
-                handle,
                 qp,
-                start: vec![0; plan.depth as usize],
-                hist,
-                ios: 0,
-                bytes: 0,
-                errors: 0,
-                submitted: 0,
-                in_flight: 0,
-                next_seq: (plan.index as u64 * 7919) % slots.max(1),
-                io_blocks,
-                slots,
-                written: if plan.verify {
-                    vec![false; slots as usize]
-                } else {
-                    Vec::new()
+                w: Work {
+                    ns,
+                    handle,
+                    start: vec![0; plan.depth as usize],
+                    hist,
+                    ios: 0,
+                    bytes: 0,
+                    errors: 0,
+                    submitted: 0,
+                    in_flight: 0,
+                    next_seq: (plan.index as u64 * 7919) % slots.max(1),
+                    io_blocks,
+                    slots,
+                    written: if plan.verify {
+                        vec![false; slots as usize]
+                    } else {
+                        Vec::new()
+                    },
+                    refused: None,
+                    ticks: CallTicks::default(),
                 },
-                reaped: Vec::with_capacity(plan.depth as usize),
-                ticks: CallTicks::default(),
             },
             bufs,
         ))
     }
 
-    /// Queues one I/O with `buf` under `tag`. With `ring` (or
+    /// The warm-up is over: what was counted so far is dropped; the
+    /// commands in flight count as submitted in the measured window.
+    fn start_window(&mut self) {
+        let w = &mut self.w;
+        w.hist.reset();
+        w.ios = 0;
+        w.bytes = 0;
+        w.submitted = w.in_flight as u64;
+        w.ticks = CallTicks::default();
+        self.qp.reset_stats();
+    }
+
+    /// One look at the CQ. Each completion is resubmitted from inside the
+    /// callback, before anything is recorded: the next command's doorbell
+    /// (at depth 1, or with `--ring-per-io`) or its SQE (otherwise: the batch
+    /// is rung once after the reap, as spdk_nvme_perf's delayed submission
+    /// does; with the EventIdx in use `queue` announces each at once) comes
+    /// first, the latency record and the counters after it. Returns the
+    /// completions reaped.
+    #[inline]
+    fn poll(&mut self, plan: &WorkerPlan, rng: &mut u64, run: RunState) -> Result<u64> {
+        let t_reap = if plan.time_calls { rdtsc() } else { 0 };
+        let submit_ticks_before = self.w.ticks.submit;
+        let w = &mut self.w;
+        // At most what is in flight can complete: at depth 1 the reap then
+        // stops after the one completion instead of looking at the next CQ
+        // entry too.
+        let ios = self
+            .qp
+            .process_completions(w.in_flight, |qp, c| {
+                let seen = rdtsc();
+                let ticks = seen.saturating_sub(w.start[c.tag as usize]);
+                w.in_flight -= 1;
+                let more = run.more(seen, w.submitted, plan.io_count);
+                if let (true, Some(buf)) = (more, c.buffer) {
+                    let ring = plan.depth == 1;
+                    if let Err(r) = w.submit(qp, plan, rng, buf, c.tag, ring) {
+                        w.refused.get_or_insert(r);
+                    }
+                }
+                // Bookkeeping, after the resubmission.
+                w.hist
+                    .saturating_record(((ticks as f64) * plan.ns_per_tick) as u64);
+                w.errors += u64::from(c.result.is_err());
+            })
+            .context("reaping completions")?;
+        if ios == 0 {
+            return Ok(0);
+        }
+        // One SQ doorbell for everything queued from this batch (nothing is
+        // left when each was announced already).
+        if plan.time_calls {
+            let t_ring = rdtsc();
+            self.qp.ring();
+            let t_end = rdtsc();
+            let w = &mut self.w;
+            w.ticks.submit += t_end.saturating_sub(t_ring);
+            // Reap time: the call minus the submissions made inside it.
+            let inside = w.ticks.submit - submit_ticks_before;
+            w.ticks.reap += t_ring.saturating_sub(t_reap).saturating_sub(inside);
+            w.ticks.reaped += u64::from(ios);
+        } else {
+            self.qp.ring();
+        }
+        if let Some(r) = self.w.refused.take() {
+            bail!("a resubmission was refused: {}", self.qp.describe(r));
+        }
+        let ios = u64::from(ios);
+        if run.measuring {
+            self.w.ios += ios;
+            self.w.bytes += ios * plan.io_size as u64;
+        }
+        Ok(ios)
+    }
+}
+
+/// What the completion callback needs to know about the run.
+#[derive(Clone, Copy, Debug)]
+struct RunState {
+    /// No more submissions (the window ended or a signal asked to stop),
+    /// as of the last clock check.
+    time_up: bool,
+    measuring: bool,
+    /// TSC at which the measured window ends (`u64::MAX`: not known yet, or
+    /// `--io-count`).
+    end: u64,
+}
+
+impl RunState {
+    /// Whether a completion seen at `now` is followed by another command.
+    #[inline]
+    fn more(&self, now: u64, submitted: u64, io_count: Option<u64>) -> bool {
+        let time_up = self.time_up || now >= self.end;
+        match io_count {
+            // The count applies to the measured window only.
+            Some(n) => !time_up && (!self.measuring || submitted < n),
+            None => !time_up,
+        }
+    }
+}
+
+impl Work {
+    /// Queues one I/O with `buf` under `tag` on `qp`. With `ring` (or
     /// `--ring-per-io`) its SQ doorbell is written at once; otherwise the
-    /// caller rings once for the batch, as spdk_nvme_perf's delayed
-    /// submission does.
+    /// caller rings once for the batch.
     #[inline]
     fn submit(
         &mut self,
+        qp: &mut IoQueuePair,
         plan: &WorkerPlan,
         rng: &mut u64,
         buf: DmaBuffer,
         tag: u64,
         ring: bool,
-    ) -> Result<()> {
+    ) -> std::result::Result<(), Reject> {
         let slot = if plan.random {
             next_rand(rng) % self.slots
         } else {
@@ -273,7 +384,11 @@ impl Job {
                 let mut block = vec![0u8; lba];
                 for b in 0..blocks as u64 {
                     stamp(&mut block, plan.seed, nsid, slba + b);
-                    buf.write_bytes(b as usize * lba, &block)?;
+                    if buf.write_bytes(b as usize * lba, &block).is_err() {
+                        return Err(Reject::BufferTooSmall {
+                            need: (blocks as u64) * lba as u64,
+                        });
+                    }
                 }
                 self.written[slot as usize] = true;
             }
@@ -282,112 +397,19 @@ impl Job {
         let start = rdtsc();
         self.start[tag as usize] = start;
         let queued = if ring || plan.ring_per_io {
-            self.qp.submit(cmd, Some(buf), tag)
+            qp.submit(cmd, Some(buf), tag)
         } else {
             // Queued only: the caller rings once for the whole batch.
-            self.qp.queue(cmd, Some(buf), tag)
+            qp.queue(cmd, Some(buf), tag)
         };
         if plan.time_calls {
             self.ticks.submit += rdtsc().saturating_sub(start);
             self.ticks.submitted += 1;
         }
-        queued.map_err(|e| anyhow::anyhow!("{}", self.qp.describe(e.reason)))?;
+        queued.map_err(|r| r.reason)?;
         self.submitted += 1;
         self.in_flight += 1;
         Ok(())
-    }
-
-    /// The warm-up is over: what was counted so far is dropped; the
-    /// commands in flight count as submitted in the measured window.
-    fn start_window(&mut self) {
-        self.hist.reset();
-        self.ios = 0;
-        self.bytes = 0;
-        self.submitted = self.in_flight as u64;
-        self.qp.reset_stats();
-        self.ticks = CallTicks::default();
-    }
-
-    /// One look at the CQ. What it reaped is resubmitted (unless the run is
-    /// over) and announced with one doorbell. Latencies are recorded as the
-    /// completions are reaped while other commands keep the device busy;
-    /// when a reap leaves nothing in flight, its last record and all the
-    /// counters wait until after the doorbell, since the device is idle
-    /// until then. (Recording the whole batch after the doorbell cost
-    /// 15–20% of the QD32 IOPS under QEMU; docs/benchmarks.md.) Returns the
-    /// completions reaped.
-    #[inline]
-    fn poll(
-        &mut self,
-        plan: &WorkerPlan,
-        rng: &mut u64,
-        time_up: bool,
-        measuring: bool,
-    ) -> Result<u64> {
-        let t_reap = if plan.time_calls { rdtsc() } else { 0 };
-        let (start, reaped, hist) = (&self.start, &mut self.reaped, &mut self.hist);
-        let ns_per_tick = plan.ns_per_tick;
-        // Commands still in flight once the completion at hand is taken.
-        let mut left = self.in_flight;
-        let mut deferred = None;
-        let mut errors = 0u64;
-        // At most what is in flight can complete: at depth 1 the reap then
-        // stops after the one completion instead of looking at the next CQ
-        // entry too.
-        let ios = self
-            .qp
-            .process_completions(self.in_flight, |_, c| {
-                let ticks = rdtsc().saturating_sub(start[c.tag as usize]);
-                left = left.saturating_sub(1);
-                if left == 0 {
-                    // The device now has nothing to do until the next
-                    // command reaches it: record after the doorbell.
-                    deferred = Some(ticks);
-                } else {
-                    hist.saturating_record(((ticks as f64) * ns_per_tick) as u64);
-                }
-                errors += u64::from(c.result.is_err());
-                reaped.push((c.tag, c.buffer));
-            })
-            .context("reaping completions")?;
-        if ios == 0 {
-            return Ok(0);
-        }
-        let t_reaped = if plan.time_calls { rdtsc() } else { 0 };
-        let mut reaped = std::mem::take(&mut self.reaped);
-        for (tag, buffer) in reaped.drain(..) {
-            let more = match plan.io_count {
-                // The count applies to the measured window only.
-                Some(n) => !time_up && (!measuring || self.submitted < n),
-                None => !time_up,
-            };
-            if let (true, Some(buf)) = (more, buffer) {
-                self.submit(plan, rng, buf, tag, false)?;
-            }
-        }
-        self.reaped = reaped;
-        // One SQ doorbell for everything resubmitted from this batch.
-        if plan.time_calls {
-            let t_ring = rdtsc();
-            self.qp.ring();
-            self.ticks.submit += rdtsc().saturating_sub(t_ring);
-            self.ticks.reap += t_reaped.saturating_sub(t_reap);
-            self.ticks.reaped += u64::from(ios);
-        } else {
-            self.qp.ring();
-        }
-        if let Some(ticks) = deferred {
-            self.hist
-                .saturating_record(((ticks as f64) * plan.ns_per_tick) as u64);
-        }
-        let ios = u64::from(ios);
-        if measuring {
-            self.ios += ios;
-            self.bytes += ios * plan.io_size as u64;
-        }
-        self.errors += errors;
-        self.in_flight -= ios as u32;
-        Ok(ios)
     }
 }
 
@@ -416,12 +438,14 @@ pub fn run(
     let mut rng = plan.seed ^ (plan.index as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
     for (job, bufs) in jobs.iter_mut().zip(pools) {
         for (tag, buf) in bufs.into_iter().enumerate() {
-            job.submit(&plan, &mut rng, buf, tag as u64, false)?;
+            job.w
+                .submit(&mut job.qp, &plan, &mut rng, buf, tag as u64, false)
+                .map_err(|r| anyhow::anyhow!("{}", job.qp.describe(r)))?;
         }
         let t_ring = rdtsc();
         job.qp.ring();
         if plan.time_calls {
-            job.ticks.submit += rdtsc().saturating_sub(t_ring);
+            job.w.ticks.submit += rdtsc().saturating_sub(t_ring);
         }
     }
 
@@ -431,11 +455,7 @@ pub fn run(
         total: 0,
         published: 0,
     };
-    if plan.depth == 1 && jobs.len() == 1 {
-        depth1_loop(&mut jobs[0], &plan, &mut rng, &mut clock, &stop, &mut done)?;
-    } else {
-        batch_loop(&mut jobs, &plan, &mut rng, &mut clock, &stop, &mut done)?;
-    }
+    run_loop(&mut jobs, &plan, &mut rng, &mut clock, &stop, &mut done)?;
     progress.store(done.total, Ordering::Relaxed);
     let (measuring, ns_per_tick) = (clock.measuring, plan.ns_per_tick);
     // Stopped (by a signal) before the warm-up ended: nothing was measured.
@@ -446,12 +466,12 @@ pub fn run(
     };
     Ok(jobs
         .into_iter()
-        .map(|mut j| {
+        .map(|Job { mut qp, w: mut j }| {
             if !measuring {
                 j.hist.reset();
                 j.ios = 0;
                 j.bytes = 0;
-                j.qp.reset_stats();
+                qp.reset_stats();
                 j.ticks = CallTicks::default();
             }
             let timing = plan.time_calls.then_some(CallTiming {
@@ -478,7 +498,7 @@ pub fn run(
                 seconds,
                 hist: j.hist,
                 errors: j.errors,
-                stats: j.qp.stats(),
+                stats: qp.stats(),
                 timing,
                 written,
                 mismatches: 0,
@@ -555,75 +575,9 @@ impl Progress<'_> {
     }
 }
 
-/// Depth 1 on one namespace: spin on the one command; decide from the
-/// completion's TSC stamp and the stop flag whether to go on; resubmit with
-/// its doorbell; then record the latency and count it while the device
-/// works. The host's turnaround, from seeing the completion to
-/// the next doorbell, is part of every QD1 round trip, so nothing else sits
-/// in it.
-fn depth1_loop(
-    job: &mut Job,
-    plan: &WorkerPlan,
-    rng: &mut u64,
-    clock: &mut RunClock,
-    stop: &AtomicBool,
-    done: &mut Progress<'_>,
-) -> Result<()> {
-    while job.in_flight > 0 {
-        let (mut seen, mut got, mut t_reap) = (0u64, None, 0u64);
-        // No clock or flag checks while the command is out: the driver's
-        // command timeout ends it (with an error) if the device does not.
-        while got.is_none() {
-            if plan.time_calls {
-                t_reap = rdtsc();
-            }
-            job.qp
-                .process_completions(1, |_, c| {
-                    seen = rdtsc();
-                    got = Some(c);
-                })
-                .context("reaping completions")?;
-        }
-        let t_reaped = if plan.time_calls { rdtsc() } else { 0 };
-        let Some(c) = got else { continue };
-        let ticks = seen.saturating_sub(job.start[c.tag as usize]);
-        let failed = c.result.is_err();
-        job.in_flight -= 1;
-        // The clock is read from the completion's own stamp. The completion
-        // that ends the warm-up still belongs to it.
-        let warmup_ended = clock.warmup_ends(seen);
-        if warmup_ended {
-            job.start_window();
-        }
-        let time_up = clock.time_up(seen, stop);
-        let more = match plan.io_count {
-            Some(n) => !time_up && (!clock.measuring || job.submitted < n),
-            None => !time_up,
-        };
-        if let (true, Some(buf)) = (more, c.buffer) {
-            // With its doorbell (the submit timing then covers it).
-            job.submit(plan, rng, buf, c.tag, true)?;
-        }
-        // Bookkeeping, after the doorbell.
-        if clock.measuring && !warmup_ended {
-            if plan.time_calls {
-                job.ticks.reap += t_reaped.saturating_sub(t_reap);
-                job.ticks.reaped += 1;
-            }
-            job.hist
-                .saturating_record(((ticks as f64) * plan.ns_per_tick) as u64);
-            job.ios += 1;
-            job.bytes += plan.io_size as u64;
-        }
-        job.errors += u64::from(failed);
-        done.add(1);
-    }
-    Ok(())
-}
-
-/// Any other depth, or several namespaces: poll each job's CQ in turn;
-/// each batch reaped is resubmitted and rung once ([`Job::poll`]).
-fn batch_loop(
+/// The closed loop, at every depth: poll each job's CQ in turn; every
+/// completion is resubmitted from inside its callback ([`Job::poll`]).
+fn run_loop(
     jobs: &mut [Job],
     plan: &WorkerPlan,
     rng: &mut u64,
@@ -637,7 +591,8 @@ fn batch_loop(
         // The clock, the warm-up's end, the stop flag and the end of the run
         // are checked after every poll that reaped something and every
         // IDLE_CLOCK_POLLS empty polls: an empty poll is then only a look at
-        // each CQ.
+        // each CQ. Inside a poll, each completion's own TSC stamp decides
+        // whether the window is over.
         if idle_polls % IDLE_CLOCK_POLLS == 0 {
             let now = rdtsc();
             if clock.warmup_ends(now) {
@@ -649,17 +604,26 @@ fn batch_loop(
             // Done when nothing is in flight and nothing more may be
             // submitted (the count applies to the measured window only).
             let count_left = |j: &Job| match plan.io_count {
-                Some(n) => !time_up && (!clock.measuring || j.submitted < n),
+                Some(n) => !time_up && (!clock.measuring || j.w.submitted < n),
                 None => false,
             };
-            let finished = jobs.iter().all(|j| j.in_flight == 0 && !count_left(j));
+            let finished = jobs.iter().all(|j| j.w.in_flight == 0 && !count_left(j));
             if finished {
                 return Ok(());
             }
         }
+        let run = RunState {
+            time_up,
+            measuring: clock.measuring,
+            end: if clock.count_mode {
+                u64::MAX
+            } else {
+                clock.end
+            },
+        };
         let mut reaped = 0u64;
         for job in jobs.iter_mut() {
-            reaped += job.poll(plan, rng, time_up, clock.measuring)?;
+            reaped += job.poll(plan, rng, run)?;
         }
         if reaped == 0 {
             idle_polls = idle_polls.wrapping_add(1);
