@@ -2,7 +2,7 @@
 //!
 //! VFIO maps the controller's BAR0 and hugepage DMA memory into the process;
 //! the driver brings the controller up, talks to it over the admin queue, and
-//! (in upcoming work) gives every core its own interrupt-less I/O queue pair.
+//! gives every core its own interrupt-less I/O queue pair.
 //!
 //! ```no_run
 //! use upnvme::{Controller, ControllerOptions};
@@ -40,3 +40,8 @@ pub use upnvme_dma as dma;
 pub use upnvme_dma::{DmaBuffer, DmaPool, NotFromThisPool, PageBacking, PciAddress};
 pub use upnvme_queues as queues;
 pub use upnvme_queues::{AsyncEvent, Cqe, DsmRange, Sqe, Status};
+
+/// The README's Rust examples, compiled as doc tests so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;

@@ -37,7 +37,7 @@ impl<D: Device> IoQueuePair<D> {
                 });
             }
         };
-        self.stats.submissions += 1;
+        self.pending += 1;
         // No opportunistic reap here: the loop below reaps, and knows which
         // completion is ours by its slot.
         let reap_on_submit = std::mem::replace(&mut self.reap_on_submit, false);

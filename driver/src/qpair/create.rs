@@ -156,6 +156,7 @@ impl<D: Device> IoQueuePair<D> {
             stats: QueueStats::default(),
             ready: VecDeque::with_capacity(max_depth as usize),
             max_depth,
+            pending: 0,
             failed: false,
             needs_recreate: false,
             generation,

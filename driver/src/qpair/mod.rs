@@ -146,6 +146,9 @@ pub struct IoQueuePair<D: Device = VfioNvme> {
     /// `process_completions`. Capacity `max_depth`: pushing never allocates.
     ready: VecDeque<(u16, Completion)>,
     max_depth: u32,
+    /// Commands queued since the last `ring`: counted as submissions (and,
+    /// with MMIO doorbells, announced) by `ring`.
+    pending: u32,
     failed: bool,
     /// The queues must be re-created (after a reset) before the next command.
     needs_recreate: bool,

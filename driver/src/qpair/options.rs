@@ -45,8 +45,10 @@ pub struct QueuePairOptions {
     pub backoff: Backoff,
     /// A command not completed after this long is aborted (Abort admin
     /// command); if it still has not completed after another `command_timeout`,
-    /// the controller is reset. It then completes exactly once with
-    /// [`IoError::TimedOut`]. `None` disables command timeouts.
+    /// the controller is reset. Checked by a scan every 1024 polls (no clock
+    /// read per I/O), so a command times out up to one scan interval late,
+    /// never early. It then completes exactly once with
+    /// [`crate::IoError::TimedOut`]. `None` disables command timeouts.
     pub command_timeout: Option<Duration>,
 }
 

@@ -30,10 +30,7 @@ impl<D: Device> IoQueuePair<D> {
     where
         F: FnMut(&mut Self, Completion),
     {
-        if !self.current()
-            || !self.ready.is_empty()
-            || self.sq_ring.tail() != self.sq_ring.committed_tail()
-        {
+        if !self.current() || !self.ready.is_empty() || self.pending != 0 {
             return self.process_completions_slow(max, &mut f);
         }
         self.poll_cq(max, &mut f)
@@ -61,7 +58,7 @@ impl<D: Device> IoQueuePair<D> {
             // Deliver what the reset ended even if re-creating fails now.
             let _ = self.sync_generation();
         }
-        if self.sq_ring.tail() != self.sq_ring.committed_tail() {
+        if self.pending != 0 || self.sq_ring.tail() != self.sq_ring.committed_tail() {
             self.ring();
         }
         let mut n = 0;

@@ -200,6 +200,7 @@ impl<D: Device> IoQueuePair<D> {
                 let c = self.end_in_flight(slot, closed);
                 self.ready.push_back((slot, c));
             }
+            self.pending = 0;
             self.sq_ring = SqRing::new(self.sq_ring.entries())
                 .map_err(|e| Error::InvalidArgument(e.to_string()))?;
             self.cq_ring = CqRing::new(self.cq_ring.entries())

@@ -119,7 +119,7 @@ impl<D: Device> IoQueuePair<D> {
         tag: u64,
     ) -> Result<(), Rejected> {
         self.queue_sqe(cmd, buffer, tag)?;
-        self.stats.submissions += 1;
+        self.pending += 1;
         Ok(())
     }
 
@@ -134,6 +134,8 @@ impl<D: Device> IoQueuePair<D> {
             return;
         }
         self.ring_sq_now();
+        // Bookkeeping after the doorbell.
+        self.stats.submissions += u64::from(std::mem::take(&mut self.pending));
         if self.reap_on_submit {
             self.reap_after_ring();
         }

@@ -171,6 +171,8 @@ struct Work {
     written: Vec<bool>,
     /// A refusal met inside the completion callback (reported after it).
     refused: Option<Reject>,
+    /// Completions of the current poll recorded in the measured window.
+    reaped_in_window: u64,
     ticks: CallTicks,
 }
 
@@ -239,6 +241,7 @@ impl Job {
                         Vec::new()
                     },
                     refused: None,
+                    reaped_in_window: 0,
                     ticks: CallTicks::default(),
                 },
             },
@@ -249,12 +252,7 @@ impl Job {
     /// The warm-up is over: what was counted so far is dropped; the
     /// commands in flight count as submitted in the measured window.
     fn start_window(&mut self) {
-        let w = &mut self.w;
-        w.hist.reset();
-        w.ios = 0;
-        w.bytes = 0;
-        w.submitted = w.in_flight as u64;
-        w.ticks = CallTicks::default();
+        self.w.start_window();
         self.qp.reset_stats();
     }
 
@@ -263,13 +261,23 @@ impl Job {
     /// (at depth 1, or with `--ring-per-io`) or its SQE (otherwise: the batch
     /// is rung once after the reap, as spdk_nvme_perf's delayed submission
     /// does; with the EventIdx in use `queue` announces each at once) comes
-    /// first, the latency record and the counters after it. Returns the
-    /// completions reaped.
+    /// first, the latency record and the counters after it. Each
+    /// completion's own TSC stamp decides whether the warm-up or the run is
+    /// over: the completion that ends the warm-up still belongs to it, its
+    /// resubmission to the window. Returns the completions reaped and
+    /// whether this poll ended the warm-up.
     #[inline]
-    fn poll(&mut self, plan: &WorkerPlan, rng: &mut u64, run: RunState) -> Result<u64> {
+    fn poll(
+        &mut self,
+        plan: &WorkerPlan,
+        rng: &mut u64,
+        clock: &mut RunClock,
+        stop: &AtomicBool,
+    ) -> Result<(u64, bool)> {
         let t_reap = if plan.time_calls { rdtsc() } else { 0 };
         let submit_ticks_before = self.w.ticks.submit;
         let w = &mut self.w;
+        let mut warmup_ended = false;
         // At most what is in flight can complete: at depth 1 the reap then
         // stops after the one completion instead of looking at the next CQ
         // entry too.
@@ -279,7 +287,21 @@ impl Job {
                 let seen = rdtsc();
                 let ticks = seen.saturating_sub(w.start[c.tag as usize]);
                 w.in_flight -= 1;
-                let more = run.more(seen, w.submitted, plan.io_count);
+                let ends_warmup = clock.warmup_ends(seen);
+                if ends_warmup {
+                    // This completion is the warm-up's last: what was
+                    // counted so far is dropped, the resubmission below is
+                    // the window's first.
+                    w.start_window();
+                    qp.reset_stats();
+                    warmup_ended = true;
+                }
+                let time_up = clock.time_up(seen, stop);
+                let more = match plan.io_count {
+                    // The count applies to the measured window only.
+                    Some(n) => !time_up && (!clock.measuring || w.submitted < n),
+                    None => !time_up,
+                };
                 if let (true, Some(buf)) = (more, c.buffer) {
                     let ring = plan.depth == 1;
                     if let Err(r) = w.submit(qp, plan, rng, buf, c.tag, ring) {
@@ -287,13 +309,18 @@ impl Job {
                     }
                 }
                 // Bookkeeping, after the resubmission.
-                w.hist
-                    .saturating_record(((ticks as f64) * plan.ns_per_tick) as u64);
+                if clock.measuring && !ends_warmup {
+                    w.hist
+                        .saturating_record(((ticks as f64) * plan.ns_per_tick) as u64);
+                    w.ios += 1;
+                    w.bytes += plan.io_size as u64;
+                    w.reaped_in_window += 1;
+                }
                 w.errors += u64::from(c.result.is_err());
             })
             .context("reaping completions")?;
         if ios == 0 {
-            return Ok(0);
+            return Ok((0, false));
         }
         // One SQ doorbell for everything queued from this batch (nothing is
         // left when each was announced already).
@@ -304,50 +331,32 @@ impl Job {
             let w = &mut self.w;
             w.ticks.submit += t_end.saturating_sub(t_ring);
             // Reap time: the call minus the submissions made inside it.
-            let inside = w.ticks.submit - submit_ticks_before;
+            let inside = w.ticks.submit.saturating_sub(submit_ticks_before);
             w.ticks.reap += t_ring.saturating_sub(t_reap).saturating_sub(inside);
-            w.ticks.reaped += u64::from(ios);
+            w.ticks.reaped += std::mem::take(&mut w.reaped_in_window);
         } else {
             self.qp.ring();
+            self.w.reaped_in_window = 0;
         }
         if let Some(r) = self.w.refused.take() {
             bail!("a resubmission was refused: {}", self.qp.describe(r));
         }
-        let ios = u64::from(ios);
-        if run.measuring {
-            self.w.ios += ios;
-            self.w.bytes += ios * plan.io_size as u64;
-        }
-        Ok(ios)
-    }
-}
-
-/// What the completion callback needs to know about the run.
-#[derive(Clone, Copy, Debug)]
-struct RunState {
-    /// No more submissions (the window ended or a signal asked to stop),
-    /// as of the last clock check.
-    time_up: bool,
-    measuring: bool,
-    /// TSC at which the measured window ends (`u64::MAX`: not known yet, or
-    /// `--io-count`).
-    end: u64,
-}
-
-impl RunState {
-    /// Whether a completion seen at `now` is followed by another command.
-    #[inline]
-    fn more(&self, now: u64, submitted: u64, io_count: Option<u64>) -> bool {
-        let time_up = self.time_up || now >= self.end;
-        match io_count {
-            // The count applies to the measured window only.
-            Some(n) => !time_up && (!self.measuring || submitted < n),
-            None => !time_up,
-        }
+        Ok((u64::from(ios), warmup_ended))
     }
 }
 
 impl Work {
+    /// The warm-up is over (see [`Job::start_window`]; the caller resets the
+    /// queue pair's counters).
+    fn start_window(&mut self) {
+        self.hist.reset();
+        self.ios = 0;
+        self.bytes = 0;
+        self.submitted = self.in_flight as u64;
+        self.ticks = CallTicks::default();
+        self.reaped_in_window = 0;
+    }
+
     /// Queues one I/O with `buf` under `tag` on `qp`. With `ring` (or
     /// `--ring-per-io`) its SQ doorbell is written at once; otherwise the
     /// caller rings once for the batch.
@@ -585,22 +594,16 @@ fn run_loop(
     stop: &AtomicBool,
     done: &mut Progress<'_>,
 ) -> Result<()> {
-    let mut time_up = false;
     let mut idle_polls = 0u32;
     loop {
-        // The clock, the warm-up's end, the stop flag and the end of the run
-        // are checked after every poll that reaped something and every
-        // IDLE_CLOCK_POLLS empty polls: an empty poll is then only a look at
-        // each CQ. Inside a poll, each completion's own TSC stamp decides
-        // whether the window is over.
+        // Whether the run is over is checked after every poll that reaped
+        // something and every IDLE_CLOCK_POLLS empty polls: an empty poll is
+        // then only a look at each CQ. The warm-up's end and the window's
+        // end are decided inside each poll by the completions' own TSC
+        // stamps (there is always a command in flight until the end).
         if idle_polls % IDLE_CLOCK_POLLS == 0 {
             let now = rdtsc();
-            if clock.warmup_ends(now) {
-                for job in jobs.iter_mut() {
-                    job.start_window();
-                }
-            }
-            time_up = clock.time_up(now, stop);
+            let time_up = clock.time_up(now, stop);
             // Done when nothing is in flight and nothing more may be
             // submitted (the count applies to the measured window only).
             let count_left = |j: &Job| match plan.io_count {
@@ -612,18 +615,18 @@ fn run_loop(
                 return Ok(());
             }
         }
-        let run = RunState {
-            time_up,
-            measuring: clock.measuring,
-            end: if clock.count_mode {
-                u64::MAX
-            } else {
-                clock.end
-            },
-        };
         let mut reaped = 0u64;
-        for job in jobs.iter_mut() {
-            reaped += job.poll(plan, rng, run)?;
+        for i in 0..jobs.len() {
+            let (n, ended) = jobs[i].poll(plan, rng, clock, stop)?;
+            reaped += n;
+            if ended {
+                // The other jobs' windows start now too.
+                for (j, job) in jobs.iter_mut().enumerate() {
+                    if j != i {
+                        job.start_window();
+                    }
+                }
+            }
         }
         if reaped == 0 {
             idle_polls = idle_polls.wrapping_add(1);
