@@ -282,6 +282,14 @@ fn resets_from_another_thread_end_every_command_once() {
     let seed = 0x5eed_0003;
     let depth = 32.min(qp.max_depth() as usize);
     let stop = AtomicBool::new(false);
+    // Stops the resetter however this thread leaves the scope (a failed
+    // assertion must fail the test, not leave the scope waiting forever).
+    struct StopOnDrop<'a>(&'a AtomicBool);
+    impl Drop for StopOnDrop<'_> {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::Relaxed);
+        }
+    }
     let (done, resets) = std::thread::scope(|s| {
         let resetter = s.spawn(|| {
             let mut n = 0u64;
@@ -299,6 +307,7 @@ fn resets_from_another_thread_end_every_command_once() {
             seed,
             resets_at: vec![],
         };
+        let _stop = StopOnDrop(&stop);
         let done = run(&c, &mut qp, &ops, job).results;
         stop.store(true, Ordering::Relaxed);
         (done, resetter.join().expect("resetter"))

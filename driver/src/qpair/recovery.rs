@@ -7,6 +7,10 @@ use super::{Completion, IoQueuePair, clock};
 use crate::device::Device;
 use crate::error::{Error, IoError, Reject, Result};
 
+/// How often a submission catches up with resets that keep coming before it
+/// gives up (see `resync_for_submit`).
+const RESYNC_ROUNDS: u32 = 16;
+
 impl<D: Device> IoQueuePair<D> {
     /// The descriptive error behind a refusal: for [`Reject::Unusable`] the
     /// controller's own explanation (closed, failed and why, gone), for
@@ -40,8 +44,21 @@ impl<D: Device> IoQueuePair<D> {
     #[cold]
     #[inline(never)]
     pub(super) fn resync_for_submit(&mut self) -> std::result::Result<(), Reject> {
-        if (self.needs_recreate || self.generation_changed()) && self.sync_generation().is_err() {
-            return Err(Reject::Unusable);
+        // Another thread may reset again right after this pair re-created its
+        // queues (a management thread resetting every few milliseconds):
+        // catch up again, a bounded number of times. Each round takes the
+        // admin lock, which the resets take too, so they alternate.
+        for _ in 0..RESYNC_ROUNDS {
+            if self.current() {
+                return Ok(());
+            }
+            if !(self.needs_recreate || self.generation_changed()) {
+                // Failed or closed: no reset to catch up with.
+                return Err(Reject::Unusable);
+            }
+            if self.sync_generation().is_err() {
+                return Err(Reject::Unusable);
+            }
         }
         if self.current() {
             Ok(())

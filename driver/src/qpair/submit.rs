@@ -64,8 +64,17 @@ impl<D: Device> IoQueuePair<D> {
     ) -> Result<(), Rejected> {
         self.queue_sqe(cmd, buffer, tag)?;
         // The doorbell first (nothing to do if `queue_sqe` announced it
-        // through the shadow doorbell), then the bookkeeping.
-        self.ring_sq_now();
+        // through the shadow doorbell), then the bookkeeping. Checked once
+        // more: never a doorbell for queues a reset (from another thread)
+        // deleted since `queue_sqe` looked; the command then ends with the
+        // reset, once.
+        if self.current() {
+            self.ring_sq_now();
+        } else {
+            self.pending += 1;
+            self.ring_refused();
+            return Ok(());
+        }
         self.stats.submissions += 1;
         if self.reap_on_submit {
             self.reap_after_ring();
@@ -254,7 +263,8 @@ impl<D: Device> IoQueuePair<D> {
                 buffer: None,
             });
         }
-        if self.announce_at_once {
+        // As in `submit`: no doorbell for queues a reset deleted meanwhile.
+        if self.announce_at_once && self.current() {
             self.ring_sq_now();
         }
         Ok(slot)
