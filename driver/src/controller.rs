@@ -63,11 +63,11 @@ const STATE_FAILED: u64 = 2;
 pub(crate) const STATE_GENERATION_SHIFT: u32 = 2;
 
 pub(crate) struct Inner<D: Device> {
-    pub(crate) dev: D,
+    dev: D,
     /// Process-unique number of this controller (namespace handles carry it).
-    pub(crate) instance: u64,
-    pub(crate) name: String,
-    pub(crate) cap: Cap,
+    instance: u64,
+    name: String,
+    cap: Cap,
     vs: Vs,
     pub(crate) options: ControllerOptions,
     admin: Mutex<AdminQueue>,
@@ -91,7 +91,7 @@ pub(crate) struct Inner<D: Device> {
     identify: IdentifyController,
     namespaces: Vec<Namespace>,
     granted_io_queues: u16,
-    pub(crate) shadow: Option<ShadowBuffers>,
+    shadow: Option<ShadowBuffers>,
     aer_target: u32,
 }
 
@@ -388,6 +388,40 @@ impl<D: Device> Controller<D> {
     /// [`Error::Closed`]. Dropping the controller does the same.
     pub fn close(self) -> Result<()> {
         self.inner.shutdown()
+    }
+}
+
+/// What a queue pair may use of its controller (qpair/ reads no field of
+/// `Inner` directly): the device, its name, CAP, the shadow doorbell
+/// buffers, the instance number, the state word and generation, queue IDs,
+/// queue creation, admin commands, failure, reset and quarantine.
+impl<D: Device> Inner<D> {
+    /// The device (registers and DMA memory).
+    #[inline(always)]
+    pub(crate) fn dev(&self) -> &D {
+        &self.dev
+    }
+
+    /// The device name for messages.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Controller Capabilities as read at bring-up.
+    pub(crate) fn cap(&self) -> Cap {
+        self.cap
+    }
+
+    /// The shadow doorbell and EventIdx buffers, when Doorbell Buffer
+    /// Config is active.
+    #[inline(always)]
+    pub(crate) fn shadow(&self) -> Option<&ShadowBuffers> {
+        self.shadow.as_ref()
+    }
+
+    /// The process-unique number namespace handles carry.
+    pub(crate) fn instance(&self) -> u64 {
+        self.instance
     }
 }
 

@@ -114,7 +114,7 @@ impl<D: Device> IoQueuePair<D> {
                 }
                 if empty % (16 * 1024) == 0 {
                     // A dead or fatally failed controller ends the wait early.
-                    match crate::admin::check_csts(&self.ctrl.dev, &self.ctrl.name) {
+                    match crate::admin::check_csts(self.ctrl.dev(), self.ctrl.name()) {
                         Ok(_) => {}
                         Err(Error::ControllerFatal { .. }) => {
                             let _ = self.ctrl.reset();

@@ -36,7 +36,7 @@ impl<D: Device> Controller<D> {
 impl<D: Device> IoQueuePair<D> {
     fn create(ctrl: Arc<Inner<D>>, opts: QueuePairOptions) -> Result<Self> {
         ctrl.check_usable()?;
-        let mqes = ctrl.cap.max_queue_entries().min(65536);
+        let mqes = ctrl.cap().max_queue_entries().min(65536);
         let check = |what: &str, n: u32| {
             if !(2..=mqes).contains(&n) {
                 return Err(Error::InvalidArgument(format!(
@@ -72,7 +72,7 @@ impl<D: Device> IoQueuePair<D> {
         let list_entries = max_transfer / PAGE + 1;
         let list_pages_per_slot = list_pages(list_entries, PAGE).max(1);
 
-        let dev = &ctrl.dev;
+        let dev = ctrl.dev();
         let sq = SqMemory::new(dev.alloc_dma(sq_entries as usize * SQE_BYTES)?, sq_entries)?;
         let cq = CqMemory::new(dev.alloc_dma(cq_entries as usize * CQE_BYTES)?, cq_entries)?;
         let trackers: CidTable<super::Tracker> = CidTable::new(max_depth as u16);
@@ -80,21 +80,21 @@ impl<D: Device> IoQueuePair<D> {
         let slots = 1usize << trackers.slot_bits();
         let prp_lists = dev.alloc_dma(slots * list_pages_per_slot * PAGE)?;
 
-        let dstrd = ctrl.cap.dstrd();
+        let dstrd = ctrl.cap().dstrd();
         let qid = ctrl.alloc_qid()?;
         let sq_db = sq_tail_doorbell(qid, dstrd);
         let cq_db = cq_head_doorbell(qid, dstrd);
         if cq_db + 4 > dev.bar_len() {
             ctrl.free_qid(qid);
             return Err(Error::Unsupported {
-                device: ctrl.name.clone(),
+                device: ctrl.name().to_string(),
                 what: format!(
                     "doorbells of queue {qid} lie beyond BAR0 ({} bytes)",
                     dev.bar_len()
                 ),
             });
         }
-        let shadow = match &ctrl.shadow {
+        let shadow = match ctrl.shadow() {
             Some(s) => {
                 let slots = ShadowSlots {
                     sq: sq_tail_offset(qid, dstrd),
@@ -151,7 +151,7 @@ impl<D: Device> IoQueuePair<D> {
             every_reap: opts.cq_head_policy == CqHeadPolicy::EveryReap,
             reap_on_submit: opts.reap_on_submit,
             poll_countdown: PERIODIC_POLLS,
-            instance: ctrl.instance,
+            instance: ctrl.instance(),
             max_transfer,
             stats: QueueStats::default(),
             ready: VecDeque::with_capacity(max_depth as usize),

@@ -202,11 +202,10 @@ impl<D: Device> IoQueuePair<D> {
         if let Some(head) = self.cq_ring.commit() {
             let shadow = self
                 .ctrl
-                .shadow
-                .as_ref()
+                .shadow()
                 .map(|s| (&s.doorbells, &s.event_idx));
             self.doorbells
-                .ring_cq(&self.ctrl.dev, shadow, head, &mut self.stats);
+                .ring_cq(self.ctrl.dev(), shadow, head, &mut self.stats);
         }
     }
 

@@ -25,7 +25,7 @@ impl<D: Device> IoQueuePair<D> {
                     self.ctrl.unusable_error()
                 } else {
                     Error::ControllerFailed {
-                        device: self.ctrl.name.clone(),
+                        device: self.ctrl.name().to_string(),
                         reason: format!(
                             "queue pair {} could not re-create its queues after a reset",
                             self.qid
@@ -144,7 +144,7 @@ impl<D: Device> IoQueuePair<D> {
             return Ok(());
         }
         // Something is overdue: is the controller still alive?
-        match crate::admin::check_csts(&self.ctrl.dev, &self.ctrl.name) {
+        match crate::admin::check_csts(self.ctrl.dev(), self.ctrl.name()) {
             Ok(_) => {}
             Err(Error::ControllerFatal { .. }) => reset = true,
             Err(e) => {
@@ -233,7 +233,7 @@ impl<D: Device> IoQueuePair<D> {
         }
         if self.needs_recreate {
             self.ctrl.check_usable()?;
-            if let (Some(slots), Some(s)) = (self.doorbells.shadow, &self.ctrl.shadow) {
+            if let (Some(slots), Some(s)) = (self.doorbells.shadow, self.ctrl.shadow()) {
                 for b in [&s.doorbells, &s.event_idx] {
                     b.store_release_u32(slots.sq, 0)?;
                     b.store_release_u32(slots.cq, 0)?;

@@ -159,11 +159,10 @@ impl<D: Device> IoQueuePair<D> {
         };
         let shadow = self
             .ctrl
-            .shadow
-            .as_ref()
+            .shadow()
             .map(|s| (&s.doorbells, &s.event_idx));
         self.doorbells
-            .ring_sq(&self.ctrl.dev, shadow, tail, &mut self.stats);
+            .ring_sq(self.ctrl.dev(), shadow, tail, &mut self.stats);
     }
 
     /// `reap_on_submit`: reaps what is ready right after the doorbell, for
