@@ -25,6 +25,27 @@ impl<D: Device> IoQueuePair<D> {
     /// range, wrong SQ ID) is [`crate::Error::DeviceFault`]; the pair and the
     /// controller are then failed, and commands still in flight keep their
     /// buffers until the controller is disabled.
+    ///
+    /// A closed loop that resubmits from the completion, the next command
+    /// first and the bookkeeping after it:
+    ///
+    /// ```no_run
+    /// # fn closed_loop(qp: &mut upnvme::IoQueuePair, ns: &upnvme::Namespace) -> upnvme::Result<()> {
+    /// let mut done = 0u64;
+    /// while done < 1_000_000 {
+    ///     qp.process_completions(u32::MAX, |qp, c| {
+    ///         if let Some(buf) = c.buffer {
+    ///             let lba = (c.tag * 7919) % ns.lba_count();
+    ///             if let Err(r) = qp.read(ns, lba, 1, buf, c.tag + 1) {
+    ///                 eprintln!("{}", qp.describe(r.reason));
+    ///             }
+    ///         }
+    ///         done += 1; // after the resubmission
+    ///     })?;
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
     #[inline]
     pub fn process_completions<F>(&mut self, max: u32, mut f: F) -> Result<u32>
     where
@@ -200,10 +221,7 @@ impl<D: Device> IoQueuePair<D> {
     #[inline(never)]
     pub(super) fn commit_cq_head(&mut self) {
         if let Some(head) = self.cq_ring.commit() {
-            let shadow = self
-                .ctrl
-                .shadow()
-                .map(|s| (&s.doorbells, &s.event_idx));
+            let shadow = self.ctrl.shadow().map(|s| (&s.doorbells, &s.event_idx));
             self.doorbells
                 .ring_cq(self.ctrl.dev(), shadow, head, &mut self.stats);
         }

@@ -157,10 +157,7 @@ impl<D: Device> IoQueuePair<D> {
         let Some(tail) = self.sq_ring.commit() else {
             return;
         };
-        let shadow = self
-            .ctrl
-            .shadow()
-            .map(|s| (&s.doorbells, &s.event_idx));
+        let shadow = self.ctrl.shadow().map(|s| (&s.doorbells, &s.event_idx));
         self.doorbells
             .ring_sq(self.ctrl.dev(), shadow, tail, &mut self.stats);
     }
