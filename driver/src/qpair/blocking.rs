@@ -65,6 +65,8 @@ impl<D: Device> IoQueuePair<D> {
             self.stats.polls += 1;
             if reaped == 0 {
                 self.stats.idle_polls += 1;
+            } else if self.every_reap || self.cq_ring.uncommitted() > self.cq_threshold {
+                self.commit_cq_head();
             }
             if let Err(error) = r {
                 // Our own completion may have come in the same batch as the

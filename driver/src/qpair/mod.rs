@@ -39,9 +39,10 @@
 //! `|qp, c| { qp.submit(next, c.buffer, c.tag) }` resubmits with the
 //! shortest turnaround, at any depth, and [`IoQueuePair::next_completion`]
 //! is the same as a lending iterator. The CQ-space argument (doorbell.rs)
-//! stays true: the CQ head doorbell is written as soon as it is due, entry
-//! by entry, before the callback runs, so whenever the callback submits the
-//! controller's free CQ space covers every command that can be in flight.
+//! stays true: a submission first writes the CQ head if more entries were
+//! consumed unannounced than the slack allows (`cq_space_for_submit`), so
+//! whenever the callback submits, the controller's free CQ space covers
+//! every command that can be in flight; a reap writes it at its end when due.
 //!
 //! ## For the lowest latency at low depth
 //!

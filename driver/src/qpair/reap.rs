@@ -136,9 +136,9 @@ impl<D: Device> IoQueuePair<D> {
         if n == 0 {
             self.stats.idle_polls += 1;
         } else {
-            if self.every_reap {
+            if self.every_reap || self.cq_ring.uncommitted() > self.cq_threshold {
                 self.commit_cq_head();
-            } else if self.cq_ring.uncommitted() > 0 {
+            } else {
                 self.stats.cq_doorbell_skipped += 1;
             }
         }
@@ -150,8 +150,10 @@ impl<D: Device> IoQueuePair<D> {
     }
 
     /// Consumes the CQE at the head if it is new: checks it and returns its
-    /// slot and completion. Writes the CQ head doorbell when it is due, so a
-    /// callback that submits never finds the controller short of CQ space.
+    /// slot and completion. The CQ head is not written here: at the end of
+    /// the reap batch when it is due, and before any submission that could
+    /// otherwise leave the controller short of CQ space
+    /// ([`IoQueuePair::cq_space_for_submit`]).
     #[inline(always)]
     pub(super) fn reap_one(&mut self) -> Result<Option<(u16, Completion)>> {
         let head = u32::from(self.cq_ring.head());
@@ -179,9 +181,6 @@ impl<D: Device> IoQueuePair<D> {
             Err(self.io_error(status, aborted))
         };
         self.stats.completions += 1;
-        if self.cq_ring.uncommitted() > self.cq_threshold {
-            self.commit_cq_head();
-        }
         Ok(Some((
             slot,
             Completion {
@@ -214,6 +213,20 @@ impl<D: Device> IoQueuePair<D> {
             }
         } else {
             IoError::Status(status)
+        }
+    }
+
+    /// Before a command is announced: if more CQ entries were consumed
+    /// unannounced than the slack allows, write the CQ head first. With U
+    /// entries unannounced and O commands in flight the controller must never
+    /// find the CQ full: U + O ≤ cq_entries − 1. O never exceeds `max_depth`
+    /// (the tracker free stack), so U ≤ cq_entries − 1 − max_depth is enough
+    /// — checked here, where O can grow (also from inside a completion
+    /// callback, in the middle of a reap), and at the end of every reap.
+    #[inline(always)]
+    pub(super) fn cq_space_for_submit(&mut self) {
+        if self.cq_ring.uncommitted() > self.cq_threshold {
+            self.commit_cq_head();
         }
     }
 

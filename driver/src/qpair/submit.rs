@@ -166,8 +166,13 @@ impl<D: Device> IoQueuePair<D> {
     /// the next `process_completions` to deliver.
     #[inline(never)]
     fn reap_after_ring(&mut self) {
+        let mut n = 0;
         while let Ok(Some(sc)) = self.reap_one() {
             self.ready.push_back(sc);
+            n += 1;
+        }
+        if n > 0 && (self.every_reap || self.cq_ring.uncommitted() > self.cq_threshold) {
+            self.commit_cq_head();
         }
     }
 
@@ -230,6 +235,8 @@ impl<D: Device> IoQueuePair<D> {
         t.stamp = 0;
         t.aborted = false;
         let slot = cid.slot;
+        // CQ space for this command before anything announces it.
+        self.cq_space_for_submit();
         if !placed {
             match self.place_slow(&cmd, &data, iova, slot) {
                 Ok(p) => (prp1, prp2) = p,
