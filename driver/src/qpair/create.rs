@@ -57,13 +57,9 @@ impl<D: Device> IoQueuePair<D> {
             .min(cq_entries - 1)
             .min(upnvme_queues::cid::MAX_SLOTS as u32);
         let cq_slack = cq_entries - 1 - max_depth;
-        // Write the CQ head when more entries than this were consumed
-        // unannounced: the slack (or the batch limit); 0 for EveryReap, so a
-        // reap that consumed anything writes it.
         let cq_threshold = match opts.cq_head_policy {
             CqHeadPolicy::Adaptive { batch } if batch > 0 => cq_slack.min(batch - 1),
-            CqHeadPolicy::Adaptive { .. } => cq_slack,
-            CqHeadPolicy::EveryReap => 0,
+            _ => cq_slack,
         };
         // PRP list pages are preallocated per tracker for the largest transfer:
         // cap it so an MDTS of 2 GiB (or none) does not pin gigabytes per queue.
@@ -152,6 +148,7 @@ impl<D: Device> IoQueuePair<D> {
             cq_threshold,
             qid,
             announce_at_once,
+            every_reap: opts.cq_head_policy == CqHeadPolicy::EveryReap,
             reap_on_submit: opts.reap_on_submit,
             poll_countdown: PERIODIC_POLLS,
             instance: ctrl.instance(),

@@ -133,6 +133,8 @@ pub struct IoQueuePair<D: Device = VfioNvme> {
     qid: u16,
     /// Announce each command through the shadow doorbell as it is queued.
     announce_at_once: bool,
+    /// `CqHeadPolicy::EveryReap`.
+    every_reap: bool,
     reap_on_submit: bool,
     poll_countdown: u32,
     /// The controller instance (namespace handles of other controllers are

@@ -136,7 +136,7 @@ impl<D: Device> IoQueuePair<D> {
         if n == 0 {
             self.stats.idle_polls += 1;
         } else {
-            if self.cq_ring.uncommitted() > self.cq_threshold {
+            if self.every_reap || self.cq_ring.uncommitted() > self.cq_threshold {
                 self.commit_cq_head();
             } else {
                 self.stats.cq_doorbell_skipped += 1;

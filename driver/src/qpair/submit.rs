@@ -166,10 +166,12 @@ impl<D: Device> IoQueuePair<D> {
     /// the next `process_completions` to deliver.
     #[inline(never)]
     fn reap_after_ring(&mut self) {
+        let mut n = 0;
         while let Ok(Some(sc)) = self.reap_one() {
             self.ready.push_back(sc);
+            n += 1;
         }
-        if self.cq_ring.uncommitted() > self.cq_threshold {
+        if n > 0 && (self.every_reap || self.cq_ring.uncommitted() > self.cq_threshold) {
             self.commit_cq_head();
         }
     }
