@@ -65,7 +65,7 @@ impl<D: Device> IoQueuePair<D> {
             self.stats.polls += 1;
             if reaped == 0 {
                 self.stats.idle_polls += 1;
-            } else if self.every_reap || self.cq_ring.uncommitted() > self.cq_threshold {
+            } else if self.cq_head_due_after_reap() {
                 self.commit_cq_head();
             }
             if let Err(error) = r {

@@ -136,7 +136,7 @@ impl<D: Device> IoQueuePair<D> {
         if n == 0 {
             self.stats.idle_polls += 1;
         } else {
-            if self.every_reap || self.cq_ring.uncommitted() > self.cq_threshold {
+            if self.cq_head_due_after_reap() {
                 self.commit_cq_head();
             } else {
                 self.stats.cq_doorbell_skipped += 1;
@@ -228,6 +228,15 @@ impl<D: Device> IoQueuePair<D> {
         if self.cq_ring.uncommitted() > self.cq_threshold {
             self.commit_cq_head();
         }
+    }
+
+    /// After a reap that consumed entries: is the CQ head due (every reap
+    /// with `CqHeadPolicy::EveryReap`, else when the slack or batch limit
+    /// is used up)? The one rule for `poll_cq`, `reap_on_submit` and the
+    /// blocking helpers.
+    #[inline(always)]
+    pub(super) fn cq_head_due_after_reap(&self) -> bool {
+        self.every_reap || self.cq_ring.uncommitted() > self.cq_threshold
     }
 
     /// Writes the CQ head doorbell (shadow and/or MMIO, see doorbell.rs).

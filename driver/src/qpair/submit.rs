@@ -171,7 +171,7 @@ impl<D: Device> IoQueuePair<D> {
             self.ready.push_back(sc);
             n += 1;
         }
-        if n > 0 && (self.every_reap || self.cq_ring.uncommitted() > self.cq_threshold) {
+        if n > 0 && self.cq_head_due_after_reap() {
             self.commit_cq_head();
         }
     }
