@@ -211,6 +211,11 @@ pub enum Reject {
     },
     /// The buffer cannot be described by PRPs (PRP1 must be dword aligned).
     Misaligned,
+    /// A data command on a namespace whose LBA format carries metadata: the
+    /// device would move `blocks × (LBA size + MS)` bytes (extended LBA) or
+    /// write metadata through MPTR (separate buffer), neither of which the
+    /// command's data pointer would describe, so it is never sent.
+    MetadataFormat(crate::namespace::MetadataLayout),
 }
 
 impl std::fmt::Display for Reject {
@@ -242,6 +247,14 @@ impl std::fmt::Display for Reject {
             }
             Reject::Misaligned => f.write_str(
                 "the buffer's IOVA is not dword aligned, which PRP1 requires",
+            ),
+            Reject::MetadataFormat(layout) => write!(
+                f,
+                "the namespace's LBA format has metadata ({layout}); the driver does not send \
+                 Read/Write/Compare on such formats yet, since the device would transfer \
+                 metadata the command does not describe: select an LBA format with no metadata \
+                 (LBAF.MS = 0) with Format NVM, e.g. `nvme format /dev/nvmeXnY --lbaf=N` under \
+                 the kernel driver"
             ),
         }
     }

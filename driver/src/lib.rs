@@ -29,7 +29,7 @@ pub mod qpair;
 pub use controller::{BringupStep, Controller, ShadowBuffers, list_controllers};
 pub use device::{Device, VfioNvme};
 pub use error::{Error, IoError, IoFailure, Reject, Rejected, Result};
-pub use namespace::Namespace;
+pub use namespace::{MetadataLayout, Namespace};
 pub use options::ControllerOptions;
 pub use options::MAX_TRANSFER_CAP;
 pub use qpair::{

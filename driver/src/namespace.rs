@@ -26,6 +26,35 @@ pub struct Namespace {
     identify: Arc<IdentifyNamespace>,
 }
 
+/// How the current LBA format lays out metadata (FLBAS, LBAF.MS, DPS), for
+/// the refusal of data commands on formats with metadata
+/// ([`crate::Reject::MetadataFormat`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MetadataLayout {
+    /// Metadata bytes per logical block (LBAF.MS), never 0 here.
+    pub ms: u16,
+    /// FLBAS bit 4: metadata at the end of each block (extended LBA);
+    /// otherwise a separate buffer (MPTR).
+    pub extended: bool,
+    /// DPS bits 2:0: the protection information type (0 none, 1–3).
+    pub pi_type: u8,
+}
+
+impl std::fmt::Display for MetadataLayout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let layout = if self.extended {
+            "extended LBA"
+        } else {
+            "separate metadata buffer"
+        };
+        write!(f, "{} metadata bytes per block, {layout}", self.ms)?;
+        if self.pi_type != 0 {
+            write!(f, ", protection information type {}", self.pi_type)?;
+        }
+        Ok(())
+    }
+}
+
 /// A process-unique number for each controller brought up, so a namespace
 /// handle can tell its controller apart from others (0 is never used).
 pub(crate) fn next_controller_instance() -> u64 {
@@ -111,6 +140,29 @@ impl Namespace {
     /// Whether the namespace supports thin provisioning (NSFEAT bit 0).
     pub fn thin_provisioned(&self) -> bool {
         self.identify.nsfeat & 1 != 0
+    }
+
+    /// The metadata layout of the current LBA format, or `None` when the
+    /// format has no metadata (LBAF.MS = 0): the only formats whose data
+    /// commands the driver sends today.
+    pub fn metadata_layout(&self) -> Option<MetadataLayout> {
+        (self.metadata_size != 0).then(|| self.metadata_layout_always())
+    }
+
+    /// The metadata layout fields of the current format, MS 0 included.
+    pub(crate) fn metadata_layout_always(&self) -> MetadataLayout {
+        MetadataLayout {
+            ms: self.metadata_size,
+            extended: self.identify.metadata_extended(),
+            pi_type: self.identify.dps & 0x7,
+        }
+    }
+
+    /// Whether data commands (Read, Write, Compare) carry metadata on this
+    /// namespace (LBAF.MS != 0), which the driver refuses.
+    #[inline(always)]
+    pub(crate) fn has_metadata(&self) -> bool {
+        self.metadata_size != 0
     }
 
     /// The full Identify Namespace data.

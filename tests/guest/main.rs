@@ -6,4 +6,5 @@ mod bed;
 mod cli;
 mod driver;
 mod io;
+mod metadata;
 mod reliability;

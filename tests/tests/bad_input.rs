@@ -635,6 +635,81 @@ fn buffer_too_small() {
     assert_clean(&m);
 }
 
+/// An Identify Namespace page for namespace 1: `BLOCKS` blocks of 4 KiB
+/// whose only LBA format has `ms` metadata bytes, `flbas` and `dps` as given.
+fn identify_ns_with_metadata(ms: u16, flbas: u8, dps: u8) -> Vec<u8> {
+    let mut p = vec![0u8; 4096];
+    for off in [0, 8, 16] {
+        p[off..off + 8].copy_from_slice(&BLOCKS.to_le_bytes()); // NSZE, NCAP, NUSE
+    }
+    p[26] = flbas;
+    p[29] = dps;
+    let lbaf0 = u32::from(ms) | 12 << 16; // MS, LBADS 12 (4 KiB)
+    p[128..132].copy_from_slice(&lbaf0.to_le_bytes());
+    p
+}
+
+#[test]
+fn data_command_on_a_namespace_with_metadata() {
+    // Extended LBA (FLBAS bit 4) with PI type 1, and a separate metadata
+    // buffer without PI: data commands are refused (the device would move
+    // metadata no PRP describes), commands without data still run.
+    for (flbas, dps, text) in [
+        (
+            0x10,
+            1,
+            "8 metadata bytes per block, extended LBA, protection information type 1",
+        ),
+        (0, 0, "8 metadata bytes per block, separate metadata buffer"),
+    ] {
+        let m = ModelController::new(config_one_ns(4096, BLOCKS));
+        m.set_identify_data(0, 1, Some(identify_ns_with_metadata(8, flbas, dps)));
+        let c = open(&m, opts());
+        let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+        let ns = ns1(&c);
+        assert_eq!(ns.metadata_size(), 8);
+        for cmd in [
+            read(&ns, 0, 1),
+            IoCommand::Write {
+                ns: &ns,
+                slba: 0,
+                blocks: 1,
+            },
+            IoCommand::Compare {
+                ns: &ns,
+                slba: 0,
+                blocks: 1,
+            },
+        ] {
+            let (r, e) = refused(&m, &c, &mut qp, cmd, 8192);
+            assert!(matches!(r, Reject::MetadataFormat(l) if l.ms == 8), "{r:?}");
+            assert!(matches!(e, Error::Rejected(_)), "{e:?}");
+            assert_eq!(
+                e.to_string(),
+                format!(
+                    "command refused: the namespace's LBA format has metadata ({text}); the \
+                     driver does not send Read/Write/Compare on such formats yet, since the \
+                     device would transfer metadata the command does not describe: select an \
+                     LBA format with no metadata (LBAF.MS = 0) with Format NVM, e.g. `nvme \
+                     format /dev/nvmeXnY --lbaf=N` under the kernel driver"
+                )
+            );
+        }
+        qp.execute_blocking(IoCommand::Flush { ns: &ns }, None, T)
+            .unwrap();
+        let zeroes = IoCommand::WriteZeroes {
+            ns: &ns,
+            slba: 0,
+            blocks: 4,
+            deallocate: false,
+        };
+        qp.execute_blocking(zeroes, None, T).unwrap();
+        drop(qp);
+        drop(c);
+        assert_clean(&m);
+    }
+}
+
 #[test]
 fn missing_data_buffer() {
     let (m, c, mut qp) = pair();

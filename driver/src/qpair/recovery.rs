@@ -34,6 +34,8 @@ impl<D: Device> IoQueuePair<D> {
                 }
             }
             Reject::QueueFull => Error::QueueFull { qid: self.qid },
+            // Not a bad argument: a format the driver does not drive yet.
+            Reject::MetadataFormat(_) => Error::Rejected(reason),
             other => Error::InvalidArgument(other.to_string()),
         }
     }

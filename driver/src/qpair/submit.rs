@@ -45,6 +45,13 @@ fn check_range(ns: &Namespace, slba: u64, blocks: u32) -> Result<(), Reject> {
     }
 }
 
+/// The refusal of a data command on a namespace with metadata.
+#[cold]
+#[inline(never)]
+fn metadata_refused(ns: &Namespace) -> Reject {
+    Reject::MetadataFormat(ns.metadata_layout_always())
+}
+
 impl<D: Device> IoQueuePair<D> {
     /// Submits one command and rings the doorbell. `buffer` is required for
     /// Read, Write and Compare (at least `blocks × LBA size` bytes) and ignored
@@ -318,6 +325,9 @@ impl<D: Device> IoQueuePair<D> {
             | IoCommand::Write { slba, blocks, .. }
             | IoCommand::Compare { slba, blocks, .. } => {
                 check_range(ns, slba, blocks)?;
+                if ns.has_metadata() {
+                    return Err(metadata_refused(ns));
+                }
                 let bytes = (blocks as usize) << ns.lba_shift();
                 let Some(buf) = buffer else {
                     return Err(Reject::NoBuffer);

@@ -171,6 +171,25 @@ pub struct VmArgs {
           value_parser = clap::builder::PossibleValuesParser::new(["512", "4096"])
               .map(|s| s.parse::<u32>().expect("validated")))]
     pub lba_size: u32,
+    /// Metadata bytes per logical block of controller 0's namespace 1 (QEMU nvme-ns `ms`;
+    /// 0 = none). The namespace then holds `disk size / (LBA size + ms)` blocks.
+    #[arg(long, value_name = "BYTES", default_value_t = 0)]
+    pub ms: u16,
+    /// With --ms: 1 = metadata at the end of each block (extended LBA, FLBAS bit 4),
+    /// 0 = a separate metadata buffer (QEMU nvme-ns `mset`).
+    #[arg(long, value_name = "0|1", default_value_t = 0,
+          value_parser = clap::value_parser!(u8).range(0..=1))]
+    pub mset: u8,
+    /// With --ms 8 or more: end-to-end protection information type of namespace 1 (QEMU
+    /// nvme-ns `pi`; 0 = none).
+    #[arg(long, value_name = "0|1|2|3", default_value_t = 0,
+          value_parser = clap::value_parser!(u8).range(0..=3))]
+    pub pi: u8,
+    /// With --pi: 1 = protection information in the first 8 bytes of the metadata, 0 = in
+    /// the last 8 (QEMU nvme-ns `pil`).
+    #[arg(long, value_name = "0|1", default_value_t = 0,
+          value_parser = clap::value_parser!(u8).range(0..=1))]
+    pub pil: u8,
     /// Maximum data transfer size as a power of two of the minimum page size (QEMU's `mdts`;
     /// QEMU's default is 7, i.e. 512 KiB).
     #[arg(long, value_name = "N")]

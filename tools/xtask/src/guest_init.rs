@@ -151,6 +151,14 @@ pub struct GuestEnv {
     pub namespaces: u32,
     /// Logical block size in bytes.
     pub lba_size: u32,
+    /// Metadata bytes per block of controller 0's namespace 1 (0 = none).
+    pub ns1_ms: u16,
+    /// Namespace 1: metadata at the end of each block (1) or separate (0).
+    pub ns1_mset: u8,
+    /// Namespace 1: protection information type (0 = none).
+    pub ns1_pi: u8,
+    /// Namespace 1: protection information first (1) or last (0) in the metadata.
+    pub ns1_pil: u8,
     /// Effective MDTS.
     pub mdts: u32,
     /// Effective CAP.MQES (zero-based).
@@ -183,6 +191,10 @@ impl GuestEnv {
             ("UPNVME_VM_CONTROLLERS", self.controllers.to_string()),
             ("UPNVME_VM_NAMESPACES", self.namespaces.to_string()),
             ("UPNVME_VM_LBA_SIZE", self.lba_size.to_string()),
+            ("UPNVME_VM_NS1_MS", self.ns1_ms.to_string()),
+            ("UPNVME_VM_NS1_MSET", self.ns1_mset.to_string()),
+            ("UPNVME_VM_NS1_PI", self.ns1_pi.to_string()),
+            ("UPNVME_VM_NS1_PIL", self.ns1_pil.to_string()),
             ("UPNVME_VM_MDTS", self.mdts.to_string()),
             ("UPNVME_VM_MQES", self.mqes.to_string()),
             ("UPNVME_VM_MAX_IOQPAIRS", self.max_ioqpairs.to_string()),
@@ -249,6 +261,10 @@ mod tests {
             controllers: 2,
             namespaces: 2,
             lba_size: 512,
+            ns1_ms: 0,
+            ns1_mset: 0,
+            ns1_pi: 0,
+            ns1_pil: 0,
             mdts: 7,
             mqes: 2047,
             max_ioqpairs: 64,

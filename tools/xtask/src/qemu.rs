@@ -191,6 +191,9 @@ pub struct ControllerSpec {
     pub namespaces: Vec<PathBuf>,
     /// Logical and physical block size.
     pub lba_size: u32,
+    /// Extra `nvme-ns` properties of namespace 1 (metadata and protection
+    /// information: ms, mset, pi, pil).
+    pub ns1_props: Vec<(String, String)>,
 }
 
 impl ControllerSpec {
@@ -215,12 +218,18 @@ impl ControllerSpec {
                 "file={},if=none,id={drive},format=raw,cache=unsafe,aio={aio}",
                 qemu_escape(&file.to_string_lossy())
             ));
-            a.push("-device".into());
-            a.push(format!(
+            let mut ns = format!(
                 "nvme-ns,drive={drive},bus={},nsid={nsid},logical_block_size={lba},physical_block_size={lba}",
                 self.id,
                 lba = self.lba_size
-            ));
+            );
+            if nsid == 1 {
+                for (k, v) in &self.ns1_props {
+                    let _ = write!(ns, ",{k}={v}");
+                }
+            }
+            a.push("-device".into());
+            a.push(ns);
         }
         a
     }
@@ -454,6 +463,7 @@ mod tests {
             ],
             namespaces: vec!["/t/a,b.img".into(), "/t/c.img".into()],
             lba_size: 512,
+            ns1_props: vec![("ms".into(), "8".into()), ("mset".into(), "1".into())],
         };
         assert_eq!(c.pci_address(), "0000:00:04.0");
         assert_eq!(
@@ -464,7 +474,7 @@ mod tests {
                 "-drive",
                 "file=/t/a,,b.img,if=none,id=c0n1,format=raw,cache=unsafe,aio=io_uring",
                 "-device",
-                "nvme-ns,drive=c0n1,bus=c0,nsid=1,logical_block_size=512,physical_block_size=512",
+                "nvme-ns,drive=c0n1,bus=c0,nsid=1,logical_block_size=512,physical_block_size=512,ms=8,mset=1",
                 "-drive",
                 "file=/t/c.img,if=none,id=c0n2,format=raw,cache=unsafe,aio=io_uring",
                 "-device",

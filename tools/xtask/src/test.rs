@@ -23,6 +23,11 @@ pub struct GuestConfig {
     /// Environment of the test binary in the guest (`NAME=value`), e.g. the CQ
     /// head policy the whole-namespace integrity test runs under.
     pub env: &'static [&'static str],
+    /// Only the guest tests whose name contains this string run here (a
+    /// configuration the general tests cannot run in, e.g. namespace 1 with
+    /// metadata). Such a configuration is skipped when the test command has
+    /// its own filter, unless `--config` names it.
+    pub filter: Option<&'static str>,
 }
 
 /// The guest configurations, in order.
@@ -31,21 +36,31 @@ pub const CONFIGS: &[GuestConfig] = &[
         name: "default",
         args: &[],
         env: &[],
+        filter: None,
     },
     GuestConfig {
         name: "lba512-every-reap",
         args: &["--lba-size", "512"],
         env: &["UPNVME_TEST_CQ_HEAD=every-reap"],
+        filter: None,
     },
     GuestConfig {
         name: "2ctrl-2ns-small-queues",
         args: &["--controllers", "2", "--namespaces", "2", "--mqes", "16"],
         env: &[],
+        filter: None,
     },
     GuestConfig {
         name: "kernel-nvme",
         args: &["--kernel-nvme", "--namespaces", "2"],
         env: &["UPNVME_TEST_CQ_HEAD=batch:8"],
+        filter: None,
+    },
+    GuestConfig {
+        name: "metadata-pi",
+        args: &["--namespaces", "2", "--ms", "8", "--mset", "1", "--pi", "1"],
+        env: &[],
+        filter: Some("metadata"),
     },
 ];
 
@@ -173,16 +188,20 @@ fn guest_tests(cmd: &TestCmd, rows: &mut Vec<Row>) {
         test_command.push(' ');
         test_command.push_str(&shell_quote(a));
     }
-    for config in CONFIGS
-        .iter()
-        .filter(|c| cmd.config.as_deref().is_none_or(|f| c.name.contains(f)))
-    {
+    for config in CONFIGS.iter().filter(|c| match cmd.config.as_deref() {
+        Some(f) => c.name.contains(f),
+        None => c.filter.is_none() || cmd.test_args.is_empty(),
+    }) {
         let mut command = String::new();
         for e in config.env {
             command.push_str(&shell_quote(e));
             command.push(' ');
         }
         command.push_str(&test_command);
+        if let Some(f) = config.filter {
+            command.push(' ');
+            command.push_str(&shell_quote(f));
+        }
         let mut args = VmArgs::parse_from_args(config.args).expect("built-in configurations parse");
         args.timeout = cmd.timeout;
         args.verbose = cmd.verbose;

@@ -306,6 +306,24 @@ impl Bed {
             );
         }
 
+        if args.pi != 0 && args.ms < 8 {
+            bail!(
+                "--pi {} needs at least 8 metadata bytes per block (--ms 8 or more)",
+                args.pi
+            );
+        }
+        if args.ms == 0 && (args.mset != 0 || args.pil != 0) {
+            bail!("--mset and --pil describe metadata: give --ms BYTES too");
+        }
+        let mut ns1_props = vec![];
+        if args.ms != 0 {
+            ns1_props.push(("ms".to_string(), args.ms.to_string()));
+            ns1_props.push(("mset".to_string(), args.mset.to_string()));
+            if args.pi != 0 {
+                ns1_props.push(("pi".to_string(), args.pi.to_string()));
+                ns1_props.push(("pil".to_string(), args.pil.to_string()));
+            }
+        }
         let mut props = vec![];
         if caps.has_nvme_prop("mdts") {
             props.push(("mdts".to_string(), mdts.to_string()));
@@ -332,6 +350,7 @@ impl Bed {
                 props: p,
                 namespaces,
                 lba_size: args.lba_size,
+                ns1_props: if c == 0 { ns1_props.clone() } else { vec![] },
             });
         }
         let devices = controllers
@@ -350,6 +369,7 @@ impl Bed {
                 props: p,
                 namespaces,
                 lba_size: args.lba_size,
+                ns1_props: vec![],
             };
             let addr = k.pci_address();
             controllers.push(k);
@@ -366,6 +386,10 @@ impl Bed {
             controllers: args.controllers,
             namespaces: args.namespaces,
             lba_size: args.lba_size,
+            ns1_ms: args.ms,
+            ns1_mset: args.mset,
+            ns1_pi: args.pi,
+            ns1_pil: args.pil,
             mdts,
             mqes,
             max_ioqpairs,
