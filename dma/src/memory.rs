@@ -507,6 +507,37 @@ impl DmaBuffer {
         Ok(b)
     }
 
+    /// Splits the buffer into consecutive, disjoint buffers of `len` bytes
+    /// (the last one shorter when `len` does not divide the length), in
+    /// address order. Each keeps the original's pages alive; they return to
+    /// the allocator when the last piece is dropped. Since the pieces do not
+    /// overlap, each can be owned by a different command at the same time
+    /// (e.g. fio's one I/O memory area, one piece per `io_u`).
+    pub fn split(self, len: usize) -> Result<Vec<DmaBuffer>, DmaError> {
+        if len == 0 {
+            return Err(DmaError::InvalidAllocation(
+                "a DMA buffer split into pieces of 0 bytes".into(),
+            ));
+        }
+        let total = self.inner.len;
+        let parent = Arc::new(self);
+        (0..total.div_ceil(len))
+            .map(|i| {
+                let off = i * len;
+                DmaBuffer::carve(&parent, off, len.min(total - off), 0)
+            })
+            .collect()
+    }
+
+    /// The address of the buffer's first byte in this process, for code that
+    /// must hand the memory to a foreign API (the C ABI crate). Obtaining it
+    /// is safe; reading or writing through it is `unsafe` and sound only while
+    /// this handle is held (not moved into a command) and within `len()`.
+    #[inline]
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.inner.base.as_ptr()
+    }
+
     /// The pool this buffer belongs to (0: none).
     #[inline]
     pub(crate) fn pool_id(&self) -> u64 {

@@ -3,6 +3,7 @@
 //! VFIO devices, which is exclusive.
 
 mod bed;
+mod capi;
 mod cli;
 mod driver;
 mod io;

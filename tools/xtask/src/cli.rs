@@ -38,6 +38,9 @@ pub enum Command {
     /// Count the driver's instructions per 4 KiB I/O (submit + reap) with callgrind
     /// against the in-memory controller model.
     Cost(crate::bench::CostCmd),
+    /// Build the C API (libupnvme_c) and install upnvme.h, the libraries and upnvme.pc
+    /// under a prefix.
+    Capi(crate::capi::CapiCmd),
 }
 
 /// `cargo xtask vm`.

@@ -7,12 +7,14 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 
 use crate::paths::Paths;
-use crate::{elf, proc};
+use crate::{capi, elf, proc};
 
 /// The target triple: explicit, so that `+crt-static` does not reach proc-macros.
 pub const TRIPLE: &str = "x86_64-unknown-linux-gnu";
 /// The guest integration test binary's name in the guest.
 pub const TEST_BINARY: &str = "upnvme-guest-tests";
+/// The C hello world's name in the guest.
+pub const HELLO_WORLD_C: &str = "hello_world_c";
 /// How long one guest build may take.
 const BUILD_TIMEOUT: Duration = Duration::from_secs(90 * 60);
 
@@ -149,6 +151,7 @@ pub fn build(paths: &Paths) -> Result<Vec<GuestBinary>> {
             });
         }
     }
+    out.push(build_c_programs(paths)?);
     let mut tests = cargo(paths);
     tests
         .args(["test", "--release", "--target", TRIPLE, "--target-dir"])
@@ -177,6 +180,28 @@ pub fn build(paths: &Paths) -> Result<Vec<GuestBinary>> {
     Ok(out)
 }
 
+/// libupnvme_c for the guest, installed into target/guest/capi, and
+/// `hello_world_c` compiled statically against that install tree.
+fn build_c_programs(paths: &Paths) -> Result<GuestBinary> {
+    let mut lib = cargo(paths);
+    lib.args(["build", "--release", "--target", TRIPLE, "--target-dir"])
+        .arg(&paths.guest_target)
+        .args(["-p", "upnvme-capi", "--lib"]);
+    cargo_json(&mut lib)?;
+    let prefix = paths.guest_target.join("capi");
+    capi::install(
+        paths,
+        &paths.guest_target.join(TRIPLE).join("release"),
+        &prefix,
+    )?;
+    let hello = paths.guest_target.join(HELLO_WORLD_C);
+    capi::build_hello_world(paths, &prefix, &hello)?;
+    Ok(GuestBinary {
+        host: hello,
+        guest: format!("/bin/{HELLO_WORLD_C}"),
+    })
+}
+
 /// The guest programs from an earlier build (`--no-build`).
 pub fn prebuilt(paths: &Paths) -> Result<Vec<GuestBinary>> {
     let release = paths.guest_target.join(TRIPLE).join("release");
@@ -189,6 +214,13 @@ pub fn prebuilt(paths: &Paths) -> Result<Vec<GuestBinary>> {
                 guest: format!("/bin/{name}"),
             });
         }
+    }
+    let hello = paths.guest_target.join(HELLO_WORLD_C);
+    if hello.exists() {
+        out.push(GuestBinary {
+            host: hello,
+            guest: format!("/bin/{HELLO_WORLD_C}"),
+        });
     }
     let newest_test = std::fs::read_dir(release.join("deps"))
         .into_iter()

@@ -12,6 +12,7 @@
 //! See docs/testbed.md.
 
 mod bench;
+mod capi;
 mod cli;
 mod console;
 mod crash;
@@ -54,6 +55,7 @@ fn main() {
         }
         Command::Bench(b) => bench::bench(b),
         Command::Cost(c) => bench::cost(c),
+        Command::Capi(c) => capi::capi(c),
     };
     let code = match result {
         Ok(code) => code,

@@ -8,6 +8,8 @@ use std::path::PathBuf;
 pub struct Paths {
     /// The workspace root (holds Cargo.toml).
     pub root: PathBuf,
+    /// Cargo's target directory (host builds).
+    pub target: PathBuf,
     /// The bed's cache: target/xtask (kernel, initramfs base, QEMU probe results, run dirs).
     pub cache: PathBuf,
     /// Target directory for the static guest builds: target/guest (kept apart so that the
@@ -37,6 +39,7 @@ impl Paths {
         Self {
             cache: target.join("xtask"),
             guest_target: target.join("guest"),
+            target,
             root,
         }
     }

@@ -1,0 +1,128 @@
+//! DMA buffer handles (`upnvme_buf`) and pools (`upnvme_pool`).
+//!
+//! A handle owns one [`DmaBuffer`] while the application holds it. Submitting
+//! a command moves the buffer out of the handle into the command (the handle
+//! is then *in flight*: its data must not be touched, it cannot be freed or
+//! submitted again); the completion moves it back before the callback runs.
+//! So the Rust ownership rule — one owner, the device's while a command runs
+//! — holds across the ABI, checked at run time.
+
+use std::ffi::c_void;
+
+use upnvme::{DmaBuffer, DmaPool};
+
+/// A DMA buffer handle. Opaque to C.
+#[derive(Debug)]
+pub struct upnvme_buf {
+    /// The buffer; `None` while a command owns it (or when the driver kept
+    /// it after a command ended in a way the device might still use it).
+    pub(crate) buf: Option<DmaBuffer>,
+    /// A command owns the buffer now.
+    pub(crate) inflight: bool,
+    /// Its address and length, kept for `upnvme_buf_data` while in flight.
+    pub(crate) ptr: *mut u8,
+    pub(crate) len: usize,
+    pub(crate) iova: u64,
+    /// The pool it came from (null: none), for `upnvme_pool_put`.
+    pub(crate) pool: *const c_void,
+}
+
+impl upnvme_buf {
+    /// A handle owning `b`.
+    pub(crate) fn new(b: DmaBuffer, pool: *const c_void) -> upnvme_buf {
+        upnvme_buf {
+            ptr: b.as_ptr(),
+            len: b.len(),
+            iova: b.iova(),
+            buf: Some(b),
+            inflight: false,
+            pool,
+        }
+    }
+
+    /// Refills a recycled handle with `b`.
+    pub(crate) fn refill(&mut self, b: DmaBuffer) {
+        self.ptr = b.as_ptr();
+        self.len = b.len();
+        self.iova = b.iova();
+        self.buf = Some(b);
+    }
+}
+
+/// A pool of equal DMA buffers with O(1) get and put and no allocation after
+/// creation: the buffers and their handles are made up front. Opaque to C.
+#[derive(Debug)]
+pub struct upnvme_pool {
+    pub(crate) pool: DmaPool,
+    /// Handles not handed out (empty, `buf: None`); capacity = count.
+    /// Boxed: a handle's address is what C holds, so it must not move.
+    #[allow(clippy::vec_box)]
+    pub(crate) spare: Vec<Box<upnvme_buf>>,
+}
+
+impl upnvme_pool {
+    /// Wraps `pool`, making one handle per buffer.
+    pub(crate) fn new(pool: DmaPool) -> Box<upnvme_pool> {
+        let n = pool.capacity();
+        let mut p = Box::new(upnvme_pool {
+            pool,
+            spare: Vec::with_capacity(n),
+        });
+        let me: *const c_void = (&*p as *const upnvme_pool).cast();
+        for _ in 0..n {
+            p.spare.push(Box::new(upnvme_buf {
+                buf: None,
+                inflight: false,
+                ptr: std::ptr::null_mut(),
+                len: 0,
+                iova: 0,
+                pool: me,
+            }));
+        }
+        p
+    }
+
+    /// A buffer in a handle, or `None` when all are handed out.
+    pub(crate) fn get(&mut self) -> Option<Box<upnvme_buf>> {
+        let b = self.pool.get()?;
+        match self.spare.pop() {
+            Some(mut h) => {
+                h.refill(b);
+                Some(h)
+            }
+            // Cannot happen (one handle per buffer); give the buffer back.
+            None => {
+                let _ = self.pool.put(b);
+                None
+            }
+        }
+    }
+
+    /// Takes back a handle this pool handed out; `Err` hands it back when it
+    /// is not this pool's or is in flight.
+    pub(crate) fn put(&mut self, mut h: Box<upnvme_buf>) -> Result<(), Box<upnvme_buf>> {
+        if h.pool != (self as *const upnvme_pool).cast()
+            || self.spare.len() >= self.spare.capacity()
+        {
+            return Err(h);
+        }
+        if h.inflight {
+            return Err(h);
+        }
+        let Some(b) = h.buf.take() else {
+            return Err(h);
+        };
+        match self.pool.put(b) {
+            Ok(()) => {
+                h.ptr = std::ptr::null_mut();
+                h.len = 0;
+                self.spare.push(h);
+                Ok(())
+            }
+            Err(back) => {
+                h.buf = Some(back.0);
+                Err(h)
+            }
+        }
+    }
+}

@@ -1,0 +1,110 @@
+//! Controllers (`upnvme_ctrl`): options, open and close, namespace geometry.
+
+use std::time::Duration;
+
+use upnvme::{Controller, ControllerOptions, Device, PageBacking};
+
+/// Options of `upnvme_ctrl_open`. Fill with `upnvme_ctrl_opts_default`, then
+/// change fields.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct upnvme_ctrl_opts {
+    /// `sizeof(struct upnvme_ctrl_opts)`, set by `upnvme_ctrl_opts_default`
+    /// (lets later versions add fields).
+    pub size: u32,
+    /// Back DMA memory with 4 KiB pages instead of 2 MiB hugepages.
+    pub no_hugepages: bool,
+    /// Use shadow doorbells (Doorbell Buffer Config) when the controller
+    /// offers them (default true).
+    pub shadow_doorbells: bool,
+    /// I/O queue pairs to ask the controller for (Set Features Number of
+    /// Queues); 0 = the library's default.
+    pub io_queues: u16,
+    /// Bound on each admin command in milliseconds; 0 = derived from CAP.TO.
+    pub admin_timeout_ms: u32,
+}
+
+impl Default for upnvme_ctrl_opts {
+    fn default() -> Self {
+        let d = ControllerOptions::default();
+        upnvme_ctrl_opts {
+            size: std::mem::size_of::<upnvme_ctrl_opts>() as u32,
+            no_hugepages: false,
+            shadow_doorbells: d.shadow_doorbells,
+            io_queues: 0,
+            admin_timeout_ms: 0,
+        }
+    }
+}
+
+impl upnvme_ctrl_opts {
+    /// The library's options for these.
+    pub(crate) fn to_options(self) -> ControllerOptions {
+        let mut o = ControllerOptions::default();
+        if self.no_hugepages {
+            o.page_backing = PageBacking::Small4K;
+        }
+        o.shadow_doorbells = self.shadow_doorbells;
+        if self.io_queues != 0 {
+            o.io_queues = self.io_queues;
+        }
+        if self.admin_timeout_ms != 0 {
+            o.admin_timeout = Some(Duration::from_millis(u64::from(self.admin_timeout_ms)));
+        }
+        o
+    }
+}
+
+/// What a namespace is (Identify Namespace, current LBA format).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct upnvme_ns_info {
+    /// Namespace ID (NSID).
+    pub nsid: u32,
+    /// Bytes per logical block (2^LBADS).
+    pub lba_size: u32,
+    /// Namespace Size (NSZE) in logical blocks.
+    pub blocks: u64,
+    /// NSZE × LBA size.
+    pub size_bytes: u64,
+    /// Metadata bytes per block (LBAF.MS); data commands are refused with
+    /// `UPNVME_ENOTSUP` when it is not 0.
+    pub metadata_size: u16,
+    /// FLBAS bit 4: metadata at the end of each block (extended LBA).
+    pub metadata_extended: bool,
+    /// DPS bits 2:0: protection information type (0 = none).
+    pub pi_type: u8,
+}
+
+/// A controller, generic over its device so the host tests can run the C
+/// API's logic on the in-memory model.
+pub struct Ctrl<D: Device> {
+    pub(crate) ctrl: Option<Controller<D>>,
+}
+
+impl<D: Device> Ctrl<D> {
+    /// The controller; `None` after close.
+    pub(crate) fn get(&self) -> Option<&Controller<D>> {
+        self.ctrl.as_ref()
+    }
+
+    /// Geometry of namespace `nsid`.
+    pub(crate) fn ns_info(&self, nsid: u32) -> upnvme::Result<upnvme_ns_info> {
+        let Some(c) = self.get() else {
+            return Err(upnvme::Error::InvalidArgument(
+                "the controller is closed".into(),
+            ));
+        };
+        let ns = c.namespace(nsid)?;
+        let layout = ns.metadata_layout();
+        Ok(upnvme_ns_info {
+            nsid,
+            lba_size: ns.lba_size(),
+            blocks: ns.lba_count(),
+            size_bytes: ns.size_bytes(),
+            metadata_size: ns.metadata_size(),
+            metadata_extended: layout.is_some_and(|l| l.extended),
+            pi_type: layout.map_or(0, |l| l.pi_type),
+        })
+    }
+}

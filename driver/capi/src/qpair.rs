@@ -1,0 +1,362 @@
+//! Queue pairs (`upnvme_qpair`): options, commands with a completion callback
+//! and argument (as SPDK's `spdk_nvme_ns_cmd_read` cb_fn/cb_arg), and
+//! `process_completions`, whose callbacks may submit on the same pair.
+//!
+//! Re-entrancy: the completion loop takes one completion at a time
+//! ([`IoQueuePair::next_completion`]) and holds no Rust reference to the pair
+//! while the C callback runs, so the callback may call any function on the
+//! pair — submit, process completions again — except destroy
+//! (`UPNVME_EBUSY`).
+
+use std::ffi::{c_int, c_void};
+use std::time::Duration;
+
+use upnvme::{Device, DsmRange, IoCommand, IoQueuePair, Namespace, QueuePairOptions};
+
+use crate::buf::upnvme_buf;
+use crate::status::{
+    UPNVME_EBUSY, UPNVME_EINVAL, UPNVME_OK, fail, fail_error, io_error_code, reject_code,
+};
+
+/// Options of `upnvme_qpair_create`. Fill with `upnvme_qpair_opts_default`,
+/// then change fields.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct upnvme_qpair_opts {
+    /// `sizeof(struct upnvme_qpair_opts)`, set by `upnvme_qpair_opts_default`.
+    pub size: u32,
+    /// Submission queue entries (2..=CAP.MQES+1); 0 = the default (up to 256).
+    /// At most `entries - 1` commands are in flight.
+    pub entries: u32,
+    /// Let the shadow doorbell EventIdx skip MMIO writes (default true).
+    pub shadow_doorbells: bool,
+    /// Reap right after each doorbell (default false; exists to be measured).
+    pub reap_on_submit: bool,
+    /// Abort a command not completed after this many milliseconds (then
+    /// reset the controller if it still does not complete); 0 = the default,
+    /// `UINT32_MAX` = never.
+    pub command_timeout_ms: u32,
+}
+
+impl Default for upnvme_qpair_opts {
+    fn default() -> Self {
+        let d = QueuePairOptions::default();
+        upnvme_qpair_opts {
+            size: std::mem::size_of::<upnvme_qpair_opts>() as u32,
+            entries: 0,
+            shadow_doorbells: d.shadow_doorbells,
+            reap_on_submit: d.reap_on_submit,
+            command_timeout_ms: 0,
+        }
+    }
+}
+
+impl upnvme_qpair_opts {
+    /// The library's options for these.
+    pub(crate) fn to_options(self) -> QueuePairOptions {
+        let mut o = QueuePairOptions::default();
+        if self.entries != 0 {
+            o.entries = Some(self.entries);
+        }
+        o.shadow_doorbells = self.shadow_doorbells;
+        o.reap_on_submit = self.reap_on_submit;
+        match self.command_timeout_ms {
+            0 => {}
+            u32::MAX => o.command_timeout = None,
+            ms => o.command_timeout = Some(Duration::from_millis(u64::from(ms))),
+        }
+        o
+    }
+}
+
+/// One completed command, as the callback sees it (valid during the call).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct upnvme_cpl {
+    /// `UPNVME_OK`, or why the command failed: `UPNVME_EIO` (an NVMe error
+    /// status, in `sct`/`sc`), `UPNVME_ENODEV` (the controller failed),
+    /// `UPNVME_ECANCELED` (ended by a reset), `UPNVME_ETIMEDOUT`.
+    pub status: c_int,
+    /// Status Code Type of the completion (0 when `status` is not `UPNVME_EIO`).
+    pub sct: u8,
+    /// Status Code.
+    pub sc: u8,
+    /// Do Not Retry.
+    pub dnr: bool,
+    /// Completion dword 0 (command specific).
+    pub dw0: u32,
+    /// The command's buffer handle (null for commands without one), owned by
+    /// the application again.
+    pub buf: *mut upnvme_buf,
+}
+
+/// A completion callback: `cb_arg` as given at submission, `cpl` valid for
+/// the duration of the call.
+pub type upnvme_cmd_cb = Option<unsafe extern "C" fn(cb_arg: *mut c_void, cpl: *const upnvme_cpl)>;
+
+/// One Dataset Management range (`upnvme_deallocate`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct upnvme_range {
+    /// Starting LBA.
+    pub slba: u64,
+    /// Number of logical blocks (1-based).
+    pub blocks: u32,
+}
+
+/// A command of the C API (the namespace is given by NSID beside it).
+#[derive(Clone, Copy, Debug)]
+pub enum Cmd<'a> {
+    /// Read (opcode 02h) into the buffer.
+    Read {
+        /// Starting LBA.
+        slba: u64,
+        /// Blocks (1-based).
+        blocks: u32,
+    },
+    /// Write (opcode 01h) from the buffer.
+    Write {
+        /// Starting LBA.
+        slba: u64,
+        /// Blocks (1-based).
+        blocks: u32,
+    },
+    /// Flush (opcode 00h).
+    Flush,
+    /// Write Zeroes (opcode 08h).
+    WriteZeroes {
+        /// Starting LBA.
+        slba: u64,
+        /// Blocks (1-based).
+        blocks: u32,
+        /// DEAC.
+        deallocate: bool,
+    },
+    /// Dataset Management (opcode 09h), Attribute – Deallocate.
+    Deallocate {
+        /// The ranges.
+        ranges: &'a [upnvme_range],
+    },
+}
+
+/// What a command in flight calls back.
+#[derive(Clone, Copy)]
+struct Ctx {
+    cb: upnvme_cmd_cb,
+    arg: *mut c_void,
+    buf: *mut upnvme_buf,
+}
+
+/// A queue pair, generic over its device (see `Ctrl`).
+pub struct Qpair<D: Device> {
+    /// The library's pair.
+    pub qp: IoQueuePair<D>,
+    nss: Vec<Namespace>,
+    ctxs: Vec<Ctx>,
+    free: Vec<u32>,
+    /// Callbacks running now (nested when a callback processes completions).
+    depth: u32,
+}
+
+const NO_CTX: Ctx = Ctx {
+    cb: None,
+    arg: std::ptr::null_mut(),
+    buf: std::ptr::null_mut(),
+};
+
+impl<D: Device> Qpair<D> {
+    /// Wraps `qp`; `nss` are its controller's namespaces.
+    pub fn new(qp: IoQueuePair<D>, nss: Vec<Namespace>) -> Qpair<D> {
+        let depth = qp.max_depth() as usize;
+        Qpair {
+            qp,
+            nss,
+            ctxs: vec![NO_CTX; depth],
+            free: (0..depth as u32).rev().collect(),
+            depth: 0,
+        }
+    }
+
+    /// Whether a callback of this pair is running (destroy is refused then).
+    pub(crate) fn in_callback(&self) -> bool {
+        self.depth > 0
+    }
+
+    /// Submits `cmd` on namespace `nsid`; `buf` is required for Read and
+    /// Write and moves into the command until its completion.
+    ///
+    /// # Safety
+    /// `buf` is null or a live handle from this library.
+    pub unsafe fn submit(
+        &mut self,
+        nsid: u32,
+        cmd: Cmd<'_>,
+        buf: *mut upnvme_buf,
+        cb: upnvme_cmd_cb,
+        arg: *mut c_void,
+    ) -> c_int {
+        let Some(ns) = self.nss.iter().find(|n| n.id() == nsid) else {
+            return fail(
+                UPNVME_EINVAL,
+                format!("namespace {nsid} is not an active namespace of this controller"),
+            );
+        };
+        if let Cmd::Deallocate { ranges } = cmd
+            && !(1..=256).contains(&ranges.len())
+        {
+            return fail(
+                UPNVME_EINVAL,
+                format!(
+                    "Dataset Management with {} ranges: must be 1..=256",
+                    ranges.len()
+                ),
+            );
+        }
+        let data = matches!(cmd, Cmd::Read { .. } | Cmd::Write { .. });
+        // SAFETY: `buf` is null or a live handle (the caller's contract); no
+        // other reference to it exists while this function runs (handles
+        // are used by one thread, like the pair).
+        let handle = unsafe { buf.as_mut() };
+        let mut buffer = None;
+        let mut kept = std::ptr::null_mut();
+        if data {
+            let Some(h) = handle else {
+                return fail(UPNVME_EINVAL, "Read and Write need a buffer (buf is NULL)");
+            };
+            if h.inflight {
+                return fail(
+                    UPNVME_EBUSY,
+                    "the buffer belongs to a command in flight: wait for its completion",
+                );
+            }
+            let Some(b) = h.buf.take() else {
+                return fail(
+                    UPNVME_EINVAL,
+                    "the buffer was kept by the driver when its last command ended \
+                     (the device might still have used it); free it and use another",
+                );
+            };
+            h.inflight = true;
+            buffer = Some(b);
+            kept = buf;
+        }
+        let slot = match self.free.pop() {
+            Some(s) => s,
+            None => {
+                self.ctxs.push(NO_CTX);
+                self.ctxs.len() as u32 - 1
+            }
+        };
+        let mut ranges = [DsmRange::default(); 256];
+        let cmd = match cmd {
+            Cmd::Read { slba, blocks } => IoCommand::Read { ns, slba, blocks },
+            Cmd::Write { slba, blocks } => IoCommand::Write { ns, slba, blocks },
+            Cmd::Flush => IoCommand::Flush { ns },
+            Cmd::WriteZeroes {
+                slba,
+                blocks,
+                deallocate,
+            } => IoCommand::WriteZeroes {
+                ns,
+                slba,
+                blocks,
+                deallocate,
+            },
+            Cmd::Deallocate { ranges: r } => {
+                for (d, s) in ranges.iter_mut().zip(r) {
+                    *d = DsmRange {
+                        cattr: 0,
+                        nlb: s.blocks,
+                        slba: s.slba,
+                    };
+                }
+                IoCommand::Deallocate {
+                    ns,
+                    ranges: &ranges[..r.len()],
+                }
+            }
+        };
+        match self.qp.submit(cmd, buffer, u64::from(slot)) {
+            Ok(()) => {
+                self.ctxs[slot as usize] = Ctx { cb, arg, buf: kept };
+                UPNVME_OK
+            }
+            Err(r) => {
+                self.free.push(slot);
+                if !kept.is_null() {
+                    // SAFETY: `kept` is `buf`, live (see above); the
+                    // reference taken above is no longer used.
+                    let h = unsafe { &mut *kept };
+                    h.buf = r.buffer;
+                    h.inflight = false;
+                }
+                fail(reject_code(r.reason), self.qp.describe(r.reason))
+            }
+        }
+    }
+
+    /// Delivers up to `max` completions (0: all that are ready) to their
+    /// callbacks; returns how many, or a negative code.
+    ///
+    /// # Safety
+    /// `this` is a live pair, used by this thread only. No reference to it
+    /// is held while a callback runs, so callbacks may call back into the
+    /// pair through their own pointer.
+    pub unsafe fn process_completions(this: *mut Self, max: u32) -> c_int {
+        let mut n: u32 = 0;
+        while max == 0 || n < max {
+            let (ctx, cpl) = {
+                // SAFETY: `this` is live and no other reference to it exists
+                // now (callbacks run outside this block).
+                let me = unsafe { &mut *this };
+                let c = match me.qp.next_completion() {
+                    Ok(Some(c)) => c,
+                    Ok(None) => break,
+                    Err(e) => return fail_error(&e),
+                };
+                let slot = c.tag as usize;
+                let ctx = me.ctxs.get(slot).copied().unwrap_or(NO_CTX);
+                if slot < me.ctxs.len() {
+                    me.ctxs[slot] = NO_CTX;
+                    me.free.push(slot as u32);
+                }
+                if !ctx.buf.is_null() {
+                    // SAFETY: the handle was live at submission and cannot be
+                    // freed while in flight (`upnvme_buf_free` refuses).
+                    let h = unsafe { &mut *ctx.buf };
+                    h.buf = c.buffer;
+                    h.inflight = false;
+                }
+                let (status, sct, sc, dnr) = match &c.result {
+                    Ok(_) => (UPNVME_OK, 0, 0, false),
+                    Err(e @ upnvme::IoError::Status(s)) => {
+                        (io_error_code(e), s.sct(), s.sc(), s.dnr())
+                    }
+                    Err(e) => (io_error_code(e), 0, 0, false),
+                };
+                let cpl = upnvme_cpl {
+                    status,
+                    sct,
+                    sc,
+                    dnr,
+                    dw0: *c.result.as_ref().unwrap_or(&0),
+                    buf: ctx.buf,
+                };
+                me.depth += 1;
+                (ctx, cpl)
+            };
+            if let Some(cb) = ctx.cb {
+                // SAFETY: a C function pointer given at submission, called
+                // with its own argument and a completion valid for the call.
+                unsafe { cb(ctx.arg, &cpl) };
+            }
+            // SAFETY: as above; the callback has returned.
+            unsafe { (*this).depth -= 1 };
+            n += 1;
+            if n == c_int::MAX as u32 {
+                break;
+            }
+        }
+        n as c_int
+    }
+}

@@ -1,0 +1,145 @@
+//! Return codes of the C API, the per-thread last-error message, and the
+//! guard that keeps panics from crossing the ABI.
+
+use std::cell::RefCell;
+use std::ffi::{CString, c_char, c_int};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+use upnvme::dma::DmaError;
+use upnvme::{Error, IoError, Reject};
+
+/// Success.
+pub const UPNVME_OK: c_int = 0;
+/// An argument is invalid (a null pointer, a bad NSID, an LBA range outside
+/// the namespace, a buffer too small, ...): `upnvme_last_error()` says which.
+pub const UPNVME_EINVAL: c_int = -22;
+/// No memory (DMA memory: hugepages; or the process heap).
+pub const UPNVME_ENOMEM: c_int = -12;
+/// The queue pair is full: reap completions, then retry.
+pub const UPNVME_EAGAIN: c_int = -11;
+/// The object is in use: a buffer owned by a command in flight, a queue pair
+/// with commands in flight or destroyed from inside its own callback.
+pub const UPNVME_EBUSY: c_int = -16;
+/// No such (NVMe) device, or the controller is failed, closed or gone.
+pub const UPNVME_ENODEV: c_int = -19;
+/// The command completed with an NVMe error status (see `sct`/`sc` of the
+/// completion).
+pub const UPNVME_EIO: c_int = -5;
+/// The command or a wait timed out.
+pub const UPNVME_ETIMEDOUT: c_int = -110;
+/// The command was ended by a controller reset; it may or may not have taken
+/// effect.
+pub const UPNVME_ECANCELED: c_int = -125;
+/// Not supported (e.g. data commands on a namespace with metadata).
+pub const UPNVME_ENOTSUP: c_int = -95;
+/// Setup failed: the device is not bound to vfio-pci, no IOMMU group, the
+/// group is not viable or cannot be opened, a DMA mapping failed (the message
+/// says what to fix).
+pub const UPNVME_ESETUP: c_int = -1000;
+/// A bug inside the library (a Rust panic, caught at the ABI boundary).
+pub const UPNVME_EINTERNAL: c_int = -1001;
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+/// Records `msg` as this thread's last error and returns `code`.
+pub(crate) fn fail(code: c_int, msg: impl std::fmt::Display) -> c_int {
+    let text = msg.to_string().replace('\0', " ");
+    let c = CString::new(text).unwrap_or_default();
+    LAST_ERROR.with(|e| *e.borrow_mut() = c);
+    code
+}
+
+/// This thread's last error message (empty when none).
+pub(crate) fn last_error() -> *const c_char {
+    LAST_ERROR.with(|e| e.borrow().as_ptr())
+}
+
+/// The code of a library error, with its text recorded as the last error.
+pub(crate) fn fail_error(e: &Error) -> c_int {
+    let code = match e {
+        Error::InvalidArgument(_) | Error::NoSuchNamespace { .. } => UPNVME_EINVAL,
+        Error::Rejected(Reject::MetadataFormat(_)) | Error::Unsupported { .. } => UPNVME_ENOTSUP,
+        Error::Rejected(Reject::QueueFull) | Error::QueueFull { .. } => UPNVME_EAGAIN,
+        Error::Rejected(_) => UPNVME_EINVAL,
+        Error::Command { .. } => UPNVME_EIO,
+        Error::Timeout { .. } => UPNVME_ETIMEDOUT,
+        Error::Io { error, .. } => io_error_code(error),
+        Error::ControllerGone { .. }
+        | Error::ControllerFatal { .. }
+        | Error::DeviceFault { .. }
+        | Error::ControllerFailed { .. }
+        | Error::Closed { .. } => UPNVME_ENODEV,
+        Error::NoQueuesLeft { .. } => UPNVME_EBUSY,
+        Error::Dma(DmaError::HugepagesUnavailable { .. } | DmaError::IovaExhausted { .. }) => {
+            UPNVME_ENOMEM
+        }
+        Error::Dma(DmaError::NoSuchDevice { .. } | DmaError::NotNvme { .. }) => UPNVME_ENODEV,
+        Error::Dma(
+            DmaError::InvalidPciAddress { .. }
+            | DmaError::OutOfBounds { .. }
+            | DmaError::InvalidAllocation(_),
+        ) => UPNVME_EINVAL,
+        _ => UPNVME_ESETUP,
+    };
+    fail(code, e)
+}
+
+/// The code of a command's failure (the completion's `status`).
+pub(crate) fn io_error_code(e: &IoError) -> c_int {
+    match e {
+        IoError::Status(_) => UPNVME_EIO,
+        IoError::ControllerFailed => UPNVME_ENODEV,
+        IoError::ControllerReset => UPNVME_ECANCELED,
+        IoError::TimedOut => UPNVME_ETIMEDOUT,
+        _ => UPNVME_EIO,
+    }
+}
+
+/// The code of a refusal.
+pub(crate) fn reject_code(r: Reject) -> c_int {
+    match r {
+        Reject::QueueFull => UPNVME_EAGAIN,
+        Reject::Unusable => UPNVME_ENODEV,
+        Reject::MetadataFormat(_) => UPNVME_ENOTSUP,
+        _ => UPNVME_EINVAL,
+    }
+}
+
+/// Runs `f`, turning a panic into [`UPNVME_EINTERNAL`] (no unwinding into C).
+pub(crate) fn guard(f: impl FnOnce() -> c_int) -> c_int {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(c) => c,
+        Err(p) => {
+            let what = p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".into());
+            fail(
+                UPNVME_EINTERNAL,
+                format!("internal error in libupnvme_c (please report it): {what}"),
+            )
+        }
+    }
+}
+
+/// Static text for a code.
+pub(crate) fn strerror(code: c_int) -> &'static std::ffi::CStr {
+    match code {
+        UPNVME_OK => c"success",
+        UPNVME_EINVAL => c"invalid argument",
+        UPNVME_ENOMEM => c"out of (DMA) memory",
+        UPNVME_EAGAIN => c"queue full: reap completions and retry",
+        UPNVME_EBUSY => c"in use",
+        UPNVME_ENODEV => c"no such device, or the controller failed, closed or gone",
+        UPNVME_EIO => c"command failed with an NVMe status",
+        UPNVME_ETIMEDOUT => c"timed out",
+        UPNVME_ECANCELED => c"ended by a controller reset",
+        UPNVME_ENOTSUP => c"not supported",
+        UPNVME_ESETUP => c"setup failed (VFIO, IOMMU, sysfs or permissions)",
+        UPNVME_EINTERNAL => c"internal error",
+        _ => c"unknown error code",
+    }
+}

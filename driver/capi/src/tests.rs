@@ -1,0 +1,334 @@
+//! The C API's logic on the in-memory controller model: callbacks that
+//! resubmit on their own pair, buffer ownership across the ABI, refusals
+//! that hand the buffer back, pools, and the panic guard.
+
+use std::ffi::{CStr, c_int, c_void};
+use std::time::Duration;
+
+use upnvme::{Controller, ControllerOptions, PageBacking, QueuePairOptions};
+use upnvme_tests::{ModelConfig, ModelController, NamespaceConfig};
+
+use crate::buf::{upnvme_buf, upnvme_pool};
+use crate::qpair::{Cmd, Qpair, upnvme_cpl};
+use crate::status::*;
+use crate::{upnvme_buf_data, upnvme_buf_free, upnvme_last_error};
+
+const BLOCKS: u64 = 256;
+
+fn model() -> (ModelController, Controller<ModelController>) {
+    let m = ModelController::new(ModelConfig {
+        namespaces: vec![NamespaceConfig {
+            nsid: 1,
+            lba_size: 512,
+            blocks: BLOCKS,
+        }],
+        ..Default::default()
+    });
+    let c = Controller::with_device(
+        m.clone(),
+        ControllerOptions {
+            page_backing: PageBacking::Small4K,
+            shadow_doorbells: false,
+            admin_timeout: Some(Duration::from_secs(2)),
+            ready_timeout: Some(Duration::from_secs(2)),
+            shutdown_timeout: Some(Duration::from_secs(2)),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    (m, c)
+}
+
+fn pair(c: &Controller<ModelController>, entries: u32) -> Box<Qpair<ModelController>> {
+    let qp = c
+        .io_queue_pair(QueuePairOptions {
+            entries: Some(entries),
+            ..Default::default()
+        })
+        .unwrap();
+    Box::new(Qpair::new(qp, c.namespaces().to_vec()))
+}
+
+fn handle(c: &Controller<ModelController>, len: usize) -> *mut upnvme_buf {
+    Box::into_raw(Box::new(upnvme_buf::new(
+        c.alloc_dma(len).unwrap(),
+        std::ptr::null(),
+    )))
+}
+
+fn last_error() -> String {
+    // SAFETY: a NUL-terminated string owned by this thread's slot.
+    unsafe { CStr::from_ptr(upnvme_last_error()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// A closed loop driven from the callbacks: each write's callback reads the
+/// block back into the same buffer, each read's callback checks it and
+/// writes the next block.
+struct Loop {
+    qp: *mut Qpair<ModelController>,
+    next_lba: u64,
+    writes_left: u64,
+    done: u64,
+    bad: u64,
+    failed: u64,
+}
+
+/// Per-buffer state: which block it holds and whether a read is due.
+struct Slot {
+    lp: *mut Loop,
+    lba: u64,
+    reading: bool,
+}
+
+fn pattern(lba: u64) -> u8 {
+    (lba as u8).wrapping_mul(31).wrapping_add(7)
+}
+
+unsafe extern "C" fn loop_cb(arg: *mut c_void, cpl: *const upnvme_cpl) {
+    // SAFETY: `arg` is a live `Slot` of the test; the loop and the pair
+    // are alive for the whole test.
+    let s = unsafe { &mut *arg.cast::<Slot>() };
+    // SAFETY: valid for the call.
+    let cpl = unsafe { &*cpl };
+    // SAFETY: as above.
+    let lp = unsafe { &mut *s.lp };
+    if cpl.status != UPNVME_OK {
+        lp.failed += 1;
+        return;
+    }
+    // SAFETY: `cpl.buf` is the handle, the application's again.
+    let data = unsafe { upnvme_buf_data(cpl.buf) }.cast::<u8>();
+    if s.reading {
+        // SAFETY: the buffer is 512 bytes and ours now.
+        let got = unsafe { std::slice::from_raw_parts(data, 512) };
+        if got.iter().any(|&b| b != pattern(s.lba)) {
+            lp.bad += 1;
+        }
+        lp.done += 1;
+        if lp.writes_left == 0 {
+            return;
+        }
+        lp.writes_left -= 1;
+        s.lba = lp.next_lba % BLOCKS;
+        lp.next_lba += 1;
+        s.reading = false;
+        // SAFETY: as above.
+        unsafe { std::ptr::write_bytes(data, pattern(s.lba), 512) };
+        let cmd = Cmd::Write {
+            slba: s.lba,
+            blocks: 1,
+        };
+        // SAFETY: the pair is live; no reference to it is held by
+        // `process_completions` while this callback runs.
+        let q = unsafe { &mut *lp.qp };
+        // SAFETY: the handle is live and ours again.
+        let rc = unsafe { q.submit(1, cmd, cpl.buf, Some(loop_cb), arg) };
+        assert_eq!(rc, UPNVME_OK, "{}", last_error());
+    } else {
+        // SAFETY: as above.
+        unsafe { std::ptr::write_bytes(data, 0, 512) };
+        s.reading = true;
+        let cmd = Cmd::Read {
+            slba: s.lba,
+            blocks: 1,
+        };
+        // SAFETY: as above.
+        let q = unsafe { &mut *lp.qp };
+        // SAFETY: as above.
+        let rc = unsafe { q.submit(1, cmd, cpl.buf, Some(loop_cb), arg) };
+        assert_eq!(rc, UPNVME_OK, "{}", last_error());
+        // Nested: process completions from inside a callback.
+        // SAFETY: as above.
+        let n = unsafe { Qpair::process_completions(lp.qp, 1) };
+        assert!(n >= 0, "{}", last_error());
+    }
+}
+
+#[test]
+fn callbacks_resubmit_and_nest_with_byte_exact_data() {
+    for depth in [1u64, 7] {
+        let (m, c) = model();
+        let qp = Box::into_raw(pair(&c, 8));
+        // Reached through this raw pointer only (the callbacks hold copies).
+        let lp: *mut Loop = Box::into_raw(Box::new(Loop {
+            qp,
+            next_lba: 0,
+            writes_left: 200,
+            done: 0,
+            bad: 0,
+            failed: 0,
+        }));
+        let slots: *mut Vec<Slot> = Box::into_raw(Box::new(
+            (0..depth)
+                .map(|_| Slot {
+                    lp,
+                    lba: 0,
+                    reading: false,
+                })
+                .collect(),
+        ));
+        let bufs: Vec<*mut upnvme_buf> = (0..depth).map(|_| handle(&c, 512)).collect();
+        for (i, &b) in bufs.iter().enumerate() {
+            // SAFETY: the test's live loop; no callback runs here.
+            let l = unsafe { &mut *lp };
+            // SAFETY: the test's live slots; no callback runs here.
+            let s = unsafe { &mut (&mut *slots)[i] };
+            s.lba = l.next_lba;
+            l.next_lba += 1;
+            l.writes_left -= 1;
+            // SAFETY: a live handle of this test.
+            let data = unsafe { upnvme_buf_data(b) }.cast::<u8>();
+            // SAFETY: its 512 bytes, not in flight.
+            unsafe { std::ptr::write_bytes(data, pattern(s.lba), 512) };
+            let cmd = Cmd::Write {
+                slba: s.lba,
+                blocks: 1,
+            };
+            let arg: *mut Slot = s;
+            // SAFETY: live pair; no callback runs here.
+            let q = unsafe { &mut *qp };
+            // SAFETY: live handle.
+            let rc = unsafe { q.submit(1, cmd, b, Some(loop_cb), arg.cast()) };
+            assert_eq!(rc, UPNVME_OK, "{}", last_error());
+        }
+        let start = std::time::Instant::now();
+        // SAFETY: live pair (the test's), read between calls.
+        while unsafe { (*qp).qp.in_flight() } > 0 {
+            // SAFETY: live pair, this thread's.
+            let n = unsafe { Qpair::process_completions(qp, 0) };
+            assert!(n >= 0, "{}", last_error());
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "the loop stalled"
+            );
+        }
+        // SAFETY: made by Box::into_raw above; no callback runs any more.
+        let l = unsafe { Box::from_raw(lp) };
+        // SAFETY: as above.
+        drop(unsafe { Box::from_raw(slots) });
+        assert_eq!((l.done, l.bad, l.failed), (200, 0, 0), "depth {depth}");
+        for b in bufs {
+            // SAFETY: live handles, no longer in flight.
+            assert_eq!(unsafe { upnvme_buf_free(b) }, UPNVME_OK);
+        }
+        // SAFETY: made by Box::into_raw above.
+        drop(unsafe { Box::from_raw(qp) });
+        drop(c);
+        assert_eq!(m.violations(), Vec::<String>::new());
+        assert_eq!(m.dma_faults(), 0);
+    }
+}
+
+unsafe extern "C" fn count_cb(arg: *mut c_void, cpl: *const upnvme_cpl) {
+    // SAFETY: `arg` is the test's counter.
+    let n = unsafe { &mut *arg.cast::<Vec<c_int>>() };
+    // SAFETY: valid for the call.
+    let cpl = unsafe { &*cpl };
+    n.push(cpl.status);
+}
+
+#[test]
+fn a_buffer_in_flight_cannot_be_submitted_or_freed_and_refusals_hand_it_back() {
+    let (m, c) = model();
+    let mut qp = pair(&c, 8);
+    let b = handle(&c, 4096);
+    let mut seen: Vec<c_int> = Vec::new();
+    let arg: *mut Vec<c_int> = &mut seen;
+    let read = Cmd::Read { slba: 0, blocks: 8 };
+    // Refused before the device: range past the end. The buffer stays ours.
+    let past = Cmd::Read {
+        slba: BLOCKS - 1,
+        blocks: 2,
+    };
+    // SAFETY: live handle.
+    let rc = unsafe { qp.submit(1, past, b, Some(count_cb), arg.cast()) };
+    assert_eq!(rc, UPNVME_EINVAL);
+    assert_eq!(
+        last_error(),
+        "invalid argument: the LBA range is outside the namespace (NSZE)"
+    );
+    // SAFETY: live handle, not in use elsewhere.
+    let h = unsafe { &*b };
+    assert!(!h.inflight && h.buf.is_some());
+    // An unknown namespace.
+    // SAFETY: live handle.
+    let rc = unsafe { qp.submit(9, read, b, None, std::ptr::null_mut()) };
+    assert_eq!(rc, UPNVME_EINVAL);
+    assert!(last_error().contains("namespace 9"), "{}", last_error());
+    // No buffer for a read.
+    // SAFETY: null is allowed.
+    let rc = unsafe { qp.submit(1, read, std::ptr::null_mut(), None, std::ptr::null_mut()) };
+    assert_eq!(rc, UPNVME_EINVAL);
+
+    // SAFETY: live handle.
+    let rc = unsafe { qp.submit(1, read, b, Some(count_cb), arg.cast()) };
+    assert_eq!(rc, UPNVME_OK);
+    // In flight: a second submission and a free are refused.
+    // SAFETY: live handle.
+    let rc = unsafe { qp.submit(1, read, b, None, std::ptr::null_mut()) };
+    assert_eq!(rc, UPNVME_EBUSY);
+    // SAFETY: live handle; refused, so still live.
+    assert_eq!(unsafe { upnvme_buf_free(b) }, UPNVME_EBUSY);
+    assert!(last_error().contains("in flight"), "{}", last_error());
+    let qpp: *mut Qpair<ModelController> = &mut *qp;
+    // SAFETY: live pair, this thread's.
+    while unsafe { Qpair::process_completions(qpp, 0) } == 0 {}
+    assert_eq!(seen, vec![UPNVME_OK]);
+    // A command without data, and Dataset Management with a bad count.
+    // SAFETY: no buffer needed.
+    let rc = unsafe {
+        qp.submit(
+            1,
+            Cmd::Flush,
+            std::ptr::null_mut(),
+            Some(count_cb),
+            arg.cast(),
+        )
+    };
+    assert_eq!(rc, UPNVME_OK);
+    let none = Cmd::Deallocate { ranges: &[] };
+    // SAFETY: no buffer needed.
+    let rc = unsafe { qp.submit(1, none, std::ptr::null_mut(), None, std::ptr::null_mut()) };
+    assert_eq!(rc, UPNVME_EINVAL);
+    // SAFETY: live pair.
+    while unsafe { Qpair::process_completions(qpp, 0) } == 0 {}
+    assert_eq!(seen, vec![UPNVME_OK, UPNVME_OK]);
+    // SAFETY: live handle, back from its command.
+    assert_eq!(unsafe { upnvme_buf_free(b) }, UPNVME_OK);
+    drop(qp);
+    drop(c);
+    assert_eq!(m.dma_faults(), 0);
+}
+
+#[test]
+fn pools_hand_out_and_take_back_their_own_buffers_only() {
+    let (_m, c) = model();
+    let mut p = upnvme_pool::new(c.dma_pool(4096, 3).unwrap());
+    let a = p.get().unwrap();
+    let b = p.get().unwrap();
+    let d = p.get().unwrap();
+    assert!(p.get().is_none(), "three buffers, then none");
+    assert_ne!(a.iova, b.iova);
+    let mut other = upnvme_pool::new(c.dma_pool(4096, 1).unwrap());
+    let back = other.put(a).unwrap_err();
+    p.put(back).unwrap();
+    p.put(b).unwrap();
+    p.put(d).unwrap();
+    assert_eq!(p.pool.available(), 3);
+    assert!(p.get().is_some());
+}
+
+#[test]
+fn a_panic_becomes_an_error_code_with_a_message() {
+    let rc = guard(|| panic!("boom"));
+    assert_eq!(rc, UPNVME_EINTERNAL);
+    assert!(last_error().contains("boom"), "{}", last_error());
+    // SAFETY: static strings.
+    let s = unsafe { CStr::from_ptr(crate::upnvme_strerror(UPNVME_EAGAIN)) };
+    assert_eq!(
+        s.to_str().unwrap(),
+        "queue full: reap completions and retry"
+    );
+}

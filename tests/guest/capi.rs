@@ -1,0 +1,50 @@
+//! The C API in the guest: `hello_world_c` (driver/capi/examples/hello_world.c,
+//! compiled by `cargo xtask` against the installed header and static library
+//! through pkg-config) writes a string from a buffer, reads it back from
+//! inside the write's completion callback, and prints it.
+
+use std::process::Command;
+
+fn device() -> String {
+    std::env::var("UPNVME_VM_DEVICES")
+        .expect("UPNVME_VM_DEVICES not set: run inside `cargo xtask vm`")
+        .split_whitespace()
+        .next()
+        .expect("a device")
+        .to_string()
+}
+
+#[test]
+fn c_hello_world_prints_what_it_wrote_and_read_back() {
+    let dev = device();
+    let o = Command::new("hello_world_c")
+        .arg(&dev)
+        .output()
+        .expect("hello_world_c is on the guest's PATH (cargo xtask builds it)");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "exit {:?}\nstdout: {out}\nstderr: {}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(out.contains(&format!("Attached to {dev}")), "{out}");
+    assert!(out.ends_with("Hello world!\n"), "{out}");
+}
+
+#[test]
+fn c_hello_world_reports_a_bad_address_with_its_fix() {
+    let o = Command::new("hello_world_c")
+        .arg("0000:00:1f.7")
+        .output()
+        .expect("hello_world_c is on the guest's PATH");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.starts_with(
+            "upnvme_ctrl_open failed (no such device, or the controller failed, closed or gone)"
+        ),
+        "{err}"
+    );
+    assert!(err.contains("0000:00:1f.7"), "{err}");
+}
