@@ -6,6 +6,7 @@ mod bed;
 mod capi;
 mod cli;
 mod driver;
+mod fio;
 mod io;
 mod metadata;
 mod reliability;

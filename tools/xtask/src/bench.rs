@@ -14,7 +14,7 @@
 mod contenders;
 mod cost;
 mod docs;
-mod fio;
+pub(crate) mod fio;
 mod plot;
 mod png;
 mod results;

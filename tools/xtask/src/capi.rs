@@ -97,12 +97,15 @@ pub fn pkg_config(prefix: &Path) -> String {
 
 /// `pkg-config ARGS upnvme` against the install tree at `prefix`.
 pub fn pkg_config_flags(prefix: &Path, args: &[&str]) -> Result<Vec<String>> {
+    if crate::deps::find_program("pkg-config").is_none() {
+        crate::deps::apt_install(&["pkgconf"]).context("pkg-config builds the C programs")?;
+    }
     let mut c = Command::new("pkg-config");
     c.env("PKG_CONFIG_PATH", prefix.join("lib/pkgconfig"))
         .args(args)
         .arg("upnvme");
     let out = proc::run_checked(&mut c, Duration::from_secs(30))
-        .context("pkg-config is needed to build the C programs (apt-get install pkgconf)")?;
+        .context("pkg-config --cflags --libs upnvme")?;
     Ok(String::from_utf8_lossy(&out.stdout)
         .split_whitespace()
         .map(str::to_string)

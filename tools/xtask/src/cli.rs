@@ -41,6 +41,9 @@ pub enum Command {
     /// Build the C API (libupnvme_c) and install upnvme.h, the libraries and upnvme.pc
     /// under a prefix.
     Capi(crate::capi::CapiCmd),
+    /// Run fio with upnvme's ioengine inside a guest: `cargo xtask fio -- --name=v --rw=randread`.
+    /// Builds (once) the fio that loads the engine from the distribution's source package.
+    Fio(crate::fio_engine::FioCmd),
 }
 
 /// `cargo xtask vm`.

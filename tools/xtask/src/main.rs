@@ -18,6 +18,7 @@ mod console;
 mod crash;
 mod deps;
 mod elf;
+mod fio_engine;
 mod guest_build;
 mod guest_init;
 mod initramfs;
@@ -56,6 +57,7 @@ fn main() {
         Command::Bench(b) => bench::bench(b),
         Command::Cost(c) => bench::cost(c),
         Command::Capi(c) => capi::capi(c),
+        Command::Fio(f) => fio_engine::fio(f),
     };
     let code = match result {
         Ok(code) => code,

@@ -28,6 +28,9 @@ pub struct GuestConfig {
     /// metadata). Such a configuration is skipped when the test command has
     /// its own filter, unless `--config` names it.
     pub filter: Option<&'static str>,
+    /// Put fio (built from source) and upnvme's fio engine into the guest and
+    /// set `UPNVME_TEST_FIO=1`, so the fio tests run (they skip elsewhere).
+    pub fio: bool,
 }
 
 /// The guest configurations, in order.
@@ -37,30 +40,35 @@ pub const CONFIGS: &[GuestConfig] = &[
         args: &[],
         env: &[],
         filter: None,
+        fio: true,
     },
     GuestConfig {
         name: "lba512-every-reap",
         args: &["--lba-size", "512"],
         env: &["UPNVME_TEST_CQ_HEAD=every-reap"],
         filter: None,
+        fio: false,
     },
     GuestConfig {
         name: "2ctrl-2ns-small-queues",
         args: &["--controllers", "2", "--namespaces", "2", "--mqes", "16"],
         env: &[],
         filter: None,
+        fio: false,
     },
     GuestConfig {
         name: "kernel-nvme",
         args: &["--kernel-nvme", "--namespaces", "2"],
         env: &["UPNVME_TEST_CQ_HEAD=batch:8"],
         filter: None,
+        fio: false,
     },
     GuestConfig {
         name: "metadata-pi",
         args: &["--namespaces", "2", "--ms", "8", "--mset", "1", "--pi", "1"],
         env: &[],
         filter: Some("metadata"),
+        fio: false,
     },
 ];
 
@@ -188,11 +196,38 @@ fn guest_tests(cmd: &TestCmd, rows: &mut Vec<Row>) {
         test_command.push(' ');
         test_command.push_str(&shell_quote(a));
     }
+    let mut fio_files: Option<std::result::Result<Vec<crate::bench::fio::GuestFile>, String>> =
+        None;
     for config in CONFIGS.iter().filter(|c| match cmd.config.as_deref() {
         Some(f) => c.name.contains(f),
         None => c.filter.is_none() || cmd.test_args.is_empty(),
     }) {
         let mut command = String::new();
+        let mut args = VmArgs::parse_from_args(config.args).expect("built-in configurations parse");
+        if config.fio {
+            let files = fio_files.get_or_insert_with(|| {
+                let paths = Paths::discover();
+                crate::fio_engine::stage(&paths).map_err(|e| format!("{e:#}"))
+            });
+            match files {
+                Ok(f) => {
+                    args.put
+                        .extend(f.iter().map(crate::bench::fio::GuestFile::put_spec));
+                    command.push_str("UPNVME_TEST_FIO=1 ");
+                }
+                Err(e) => {
+                    rows.push(Row {
+                        name: config.name.into(),
+                        ok: false,
+                        counts: None,
+                        dmar: None,
+                        time: Duration::ZERO,
+                        note: first_line(&format!("building fio and the upnvme engine: {e}")),
+                    });
+                    continue;
+                }
+            }
+        }
         for e in config.env {
             command.push_str(&shell_quote(e));
             command.push(' ');
@@ -202,7 +237,6 @@ fn guest_tests(cmd: &TestCmd, rows: &mut Vec<Row>) {
             command.push(' ');
             command.push_str(&shell_quote(f));
         }
-        let mut args = VmArgs::parse_from_args(config.args).expect("built-in configurations parse");
         args.timeout = cmd.timeout;
         args.verbose = cmd.verbose;
         let mut note = if config.args.is_empty() && config.env.is_empty() {

@@ -36,29 +36,45 @@ pub fn stage() -> Result<Vec<GuestFile>> {
             deps::find_program("fio").context("fio is still missing after `apt-get install fio`")?
         }
     };
-    let out = proc::run_checked(Command::new("ldd").arg(&fio), Duration::from_secs(60))
-        .with_context(|| format!("listing the libraries of {} with ldd", fio.display()))?;
-    let text = String::from_utf8_lossy(&out.stdout);
+    stage_program(&fio, "/usr/bin/fio")
+}
+
+/// A dynamically linked program (or shared object) and every library `ldd`
+/// lists for it, including the loader, as guest files: the program at
+/// `guest`, the libraries at their host paths.
+pub fn stage_program(exe: &Path, guest: &str) -> Result<Vec<GuestFile>> {
     let mut files = vec![GuestFile {
-        host: fio.clone(),
-        guest: "/usr/bin/fio".into(),
+        host: exe.to_path_buf(),
+        guest: guest.into(),
     }];
-    for lib in parse_ldd(&text)? {
-        files.push(GuestFile {
-            host: lib.clone(),
-            guest: lib.display().to_string(),
-        });
-    }
+    files.extend(stage_libraries(exe)?);
     if !files.iter().any(|f| f.guest.contains("ld-linux")) {
         bail!(
-            "ldd {} named no dynamic loader (ld-linux*); is fio dynamically linked for x86-64?",
-            fio.display()
+            "ldd {} named no dynamic loader (ld-linux*); is it dynamically linked for x86-64?",
+            exe.display()
         );
     }
-    for f in &files {
-        if !f.host.exists() {
-            bail!("{} (needed by fio) does not exist", f.host.display());
+    Ok(files)
+}
+
+/// The libraries `ldd` lists for `exe`, at their host paths.
+pub fn stage_libraries(exe: &Path) -> Result<Vec<GuestFile>> {
+    let out = proc::run_checked(Command::new("ldd").arg(exe), Duration::from_secs(60))
+        .with_context(|| format!("listing the libraries of {} with ldd", exe.display()))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut files = Vec::new();
+    for lib in parse_ldd(&text)? {
+        if !lib.exists() {
+            bail!(
+                "{} (needed by {}) does not exist",
+                lib.display(),
+                exe.display()
+            );
         }
+        files.push(GuestFile {
+            guest: lib.display().to_string(),
+            host: lib,
+        });
     }
     Ok(files)
 }

@@ -1,0 +1,138 @@
+//! fio with upnvme's ioengine (tools/fio/upnvme_fio.c, loaded by the fio built
+//! from the distribution's source): fio's own verify checks every byte the
+//! engine moved. `cargo xtask test` puts fio and the engine into the `default`
+//! configuration and sets `UPNVME_TEST_FIO=1`; elsewhere these tests return at
+//! once.
+
+use std::process::{Command, Output};
+
+const ENGINE: &str = "--ioengine=external:/usr/lib/upnvme/upnvme_fio.so";
+
+fn enabled() -> bool {
+    let on = std::env::var("UPNVME_TEST_FIO").as_deref() == Ok("1");
+    if !on {
+        eprintln!("fio and the upnvme engine are not in this guest: nothing to check here");
+    }
+    on
+}
+
+/// `traddr=DDDD.BB.DD.F ns=N` of the first vfio-bound controller.
+fn filename(nsid: u32) -> String {
+    let dev = std::env::var("UPNVME_VM_DEVICES")
+        .expect("UPNVME_VM_DEVICES not set")
+        .split_whitespace()
+        .next()
+        .expect("a device")
+        .replace(':', ".");
+    format!("--filename=traddr={dev} ns={nsid}")
+}
+
+fn fio(args: &[&str]) -> Output {
+    Command::new("fio")
+        .args([ENGINE, "--thread=1", "--output-format=normal"])
+        .args(args)
+        .output()
+        .expect("fio is on the guest's PATH in this configuration")
+}
+
+/// Asserts fio succeeded with no I/O error, names the engine, and returns its output.
+fn passed(o: &Output) -> String {
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(
+        o.status.success(),
+        "fio exit {:?}\n{out}\n{err}",
+        o.status.code()
+    );
+    assert!(out.contains("ioengine=upnvme"), "{out}");
+    assert!(out.contains("err= 0"), "{out}");
+    assert!(!out.contains("verify: bad"), "{out}");
+    out
+}
+
+#[test]
+fn fio_randwrite_crc32c_verify_at_depth_16() {
+    if !enabled() {
+        return;
+    }
+    let f = filename(1);
+    let o = fio(&[
+        "--name=v",
+        &f,
+        "--rw=randwrite",
+        "--bs=4k",
+        "--iodepth=16",
+        "--size=64M",
+        "--verify=crc32c",
+        "--do_verify=1",
+    ]);
+    let out = passed(&o);
+    // Written and read back: both directions ran 16384 I/Os.
+    assert!(out.contains("issued rwts: total=16384,16384,0,0"), "{out}");
+}
+
+#[test]
+fn fio_mixed_sizes_two_threads_one_controller_md5_verify() {
+    if !enabled() {
+        return;
+    }
+    // Two threads share the controller (opened once), each with its own
+    // queue pair; block sizes up to 128 KiB need PRP lists.
+    let f = filename(1);
+    let o = fio(&[
+        "--name=m",
+        &f,
+        "--rw=randwrite",
+        "--bsrange=4k-128k",
+        "--iodepth=32",
+        "--numjobs=2",
+        "--size=16M",
+        "--offset_increment=32M",
+        "--verify=md5",
+        "--do_verify=1",
+        "--group_reporting",
+    ]);
+    passed(&o);
+}
+
+#[test]
+fn fio_sequential_read_and_trim_run_without_errors() {
+    if !enabled() {
+        return;
+    }
+    let f = filename(1);
+    let o = fio(&[
+        "--name=r",
+        &f,
+        "--rw=read",
+        "--bs=128k",
+        "--iodepth=8",
+        "--size=32M",
+    ]);
+    passed(&o);
+    let o = fio(&[
+        "--name=t",
+        &f,
+        "--rw=randtrim",
+        "--bs=64k",
+        "--iodepth=4",
+        "--size=16M",
+    ]);
+    passed(&o);
+}
+
+#[test]
+fn fio_with_a_bad_filename_fails_and_says_why() {
+    if !enabled() {
+        return;
+    }
+    let o = fio(&[
+        "--name=b",
+        "--filename=traddr=0000.00.04.0 nsid=1",
+        "--rw=read",
+        "--size=1M",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    assert!(!o.status.success(), "{err}");
+    assert!(err.contains("expected 'traddr=DDDD.BB.DD.F ns=N'"), "{err}");
+}

@@ -1,0 +1,576 @@
+/*
+ * fio ioengine over upnvme's C API (libupnvme_c).
+ *
+ *   fio --ioengine=external:/path/upnvme_fio.so --thread=1 \
+ *       --filename='traddr=0000.00.04.0 ns=1' --rw=randread --bs=4k --iodepth=16 ...
+ *
+ * The filename follows SPDK's plugin: `traddr=` the PCI address with '.' for
+ * ':' (fio splits file names at ':'), `ns=` the NSID (default 1). A filename
+ * without '=' (e.g. fio's default, the job name) means namespace 1 of the only
+ * NVMe controller bound to vfio-pci. Several jobs and files may share one
+ * controller: it is opened once per process. Each fio thread has its own queue
+ * pair per file (thread=1 is required: a controller cannot be shared across
+ * processes).
+ *
+ * Engine options: upnvme_shadow_doorbells=0|1 (default 1), upnvme_reap_on_submit
+ * =0|1 (default 0), upnvme_entries=N (SQ entries, default: the library's).
+ *
+ * Memory: fio's I/O buffers are one DMA buffer (iomem_alloc), split into one
+ * piece per io_u (each I/O owns its piece while in flight). Completion times are
+ * fio's own: getevents returns the io_us as soon as their completions are reaped.
+ *
+ * Built against the source tree of the fio that loads it (fio.h and the
+ * config-host.h its configure wrote): fio loads an engine only if its
+ * FIO_IOOPS_VERSION matches. `cargo xtask fio` does this; see docs/fio.md.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "fio.h"
+#include "optgroup.h"
+
+#include <upnvme.h>
+
+/* Engine options (td->eo); the first member must be a pointer (fio's rule). */
+struct upnvme_fio_options {
+	void *pad;
+	unsigned int shadow_doorbells;
+	unsigned int reap_on_submit;
+	unsigned int entries;
+};
+
+static struct fio_option options[] = {
+	{
+		.name = "upnvme_shadow_doorbells",
+		.lname = "upnvme shadow doorbells",
+		.type = FIO_OPT_BOOL,
+		.off1 = offsetof(struct upnvme_fio_options, shadow_doorbells),
+		.def = "1",
+		.help = "Let the shadow doorbell EventIdx skip MMIO doorbell writes",
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
+		.name = "upnvme_reap_on_submit",
+		.lname = "upnvme reap on submit",
+		.type = FIO_OPT_BOOL,
+		.off1 = offsetof(struct upnvme_fio_options, reap_on_submit),
+		.def = "0",
+		.help = "Reap completions right after each SQ doorbell",
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
+		.name = "upnvme_entries",
+		.lname = "upnvme queue entries",
+		.type = FIO_OPT_INT,
+		.off1 = offsetof(struct upnvme_fio_options, entries),
+		.def = "0",
+		.help = "Submission queue entries per queue pair (0: the library's default)",
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
+		.name = NULL,
+	},
+};
+
+/* One opened controller, shared by every thread and file that names it. */
+struct shared_ctrl {
+	struct shared_ctrl *next;
+	char addr[32]; /* "" for the only vfio-bound controller */
+	struct upnvme_ctrl *ctrl;
+	unsigned int refs;
+};
+
+static pthread_mutex_t ctrls_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct shared_ctrl *ctrls;
+static struct upnvme_fio_file *files_all; /* under ctrls_lock */
+
+/* Per file (per thread): its controller, namespace and queue pair. Kept on a
+ * list of their own: fio frees its file structures before the engine's cleanup,
+ * which releases these (and the controller references) by owner. */
+struct upnvme_fio_file {
+	struct upnvme_fio_file *next;
+	struct thread_data *owner;
+	struct shared_ctrl *sc;
+	uint32_t nsid;
+	uint32_t lba_size;
+	struct upnvme_qpair *qp;
+};
+
+/* Per io_u: its piece of the I/O memory, and the way back to the thread. */
+struct upnvme_fio_iou {
+	struct upnvme_fio_thread *t;
+	struct io_u *io_u;
+	struct upnvme_buf *piece;
+};
+
+/* Per thread. */
+struct upnvme_fio_thread {
+	struct io_u **events;
+	unsigned int nr_events;
+	unsigned int max_events;
+	struct upnvme_buf *mem;      /* the I/O memory before it is split */
+	struct upnvme_buf **pieces;  /* after post_init */
+	size_t nr_pieces;
+	char *mem_base;
+	size_t piece_len;
+};
+
+static int fail(struct thread_data *td, const char *what, int rc)
+{
+	log_err("upnvme: %s: %s (%s)\n", what, upnvme_last_error(), upnvme_strerror(rc));
+	td_verror(td, EIO, what);
+	return 1;
+}
+
+/* Parses "traddr=0000.00.04.0 ns=1" (either key optional). */
+static int parse_filename(const char *name, char *addr, size_t addr_len, uint32_t *nsid)
+{
+	addr[0] = '\0';
+	*nsid = 1;
+	if (!strchr(name, '='))
+		return 0;
+	char *copy = strdup(name);
+	if (!copy)
+		return -ENOMEM;
+	int rc = 0;
+	char *save = NULL;
+	for (char *tok = strtok_r(copy, " \t", &save); tok; tok = strtok_r(NULL, " \t", &save)) {
+		if (!strncmp(tok, "traddr=", 7)) {
+			const char *v = tok + 7;
+			if (strlen(v) >= addr_len) {
+				rc = -EINVAL;
+				break;
+			}
+			strcpy(addr, v);
+			/* 0000.00.04.0 -> 0000:00:04.0: the first two dots are colons. */
+			int dots = 0;
+			for (char *p = addr; *p && dots < 2; p++)
+				if (*p == '.') {
+					*p = ':';
+					dots++;
+				}
+		} else if (!strncmp(tok, "ns=", 3)) {
+			char *end;
+			unsigned long v = strtoul(tok + 3, &end, 10);
+			if (*end || v == 0 || v > 0xfffffffeUL) {
+				rc = -EINVAL;
+				break;
+			}
+			*nsid = (uint32_t)v;
+		} else {
+			rc = -EINVAL;
+			break;
+		}
+	}
+	free(copy);
+	return rc;
+}
+
+static struct shared_ctrl *ctrl_get(struct thread_data *td, const char *addr)
+{
+	struct upnvme_fio_options *o = td->eo;
+	pthread_mutex_lock(&ctrls_lock);
+	for (struct shared_ctrl *c = ctrls; c; c = c->next)
+		if (!strcmp(c->addr, addr)) {
+			c->refs++;
+			pthread_mutex_unlock(&ctrls_lock);
+			return c;
+		}
+	struct shared_ctrl *c = calloc(1, sizeof(*c));
+	if (!c) {
+		pthread_mutex_unlock(&ctrls_lock);
+		return NULL;
+	}
+	snprintf(c->addr, sizeof(c->addr), "%s", addr);
+	struct upnvme_ctrl_opts opts;
+	upnvme_ctrl_opts_default(&opts);
+	opts.shadow_doorbells = o->shadow_doorbells != 0;
+	int rc = upnvme_ctrl_open(addr[0] ? addr : NULL, &opts, &c->ctrl);
+	if (rc != UPNVME_OK) {
+		log_err("upnvme: opening %s: %s\n", addr[0] ? addr : "the only vfio-bound controller",
+			upnvme_last_error());
+		free(c);
+		pthread_mutex_unlock(&ctrls_lock);
+		return NULL;
+	}
+	c->refs = 1;
+	c->next = ctrls;
+	ctrls = c;
+	pthread_mutex_unlock(&ctrls_lock);
+	return c;
+}
+
+static void ctrl_put(struct shared_ctrl *c)
+{
+	pthread_mutex_lock(&ctrls_lock);
+	if (--c->refs == 0) {
+		for (struct shared_ctrl **p = &ctrls; *p; p = &(*p)->next)
+			if (*p == c) {
+				*p = c->next;
+				break;
+			}
+		upnvme_ctrl_close(c->ctrl);
+		free(c);
+	}
+	pthread_mutex_unlock(&ctrls_lock);
+}
+
+/* Opens the controllers and sizes the files (before the threads start). */
+static int upnvme_fio_setup(struct thread_data *td)
+{
+	struct fio_file *f;
+	unsigned int i;
+
+	if (!td->o.use_thread) {
+		log_err("upnvme: set thread=1 (a controller cannot be shared across processes)\n");
+		return 1;
+	}
+	for_each_file(td, f, i) {
+		if (f->engine_data)
+			continue;
+		struct upnvme_fio_file *uf = calloc(1, sizeof(*uf));
+		char addr[32];
+		if (!uf)
+			return 1;
+		if (parse_filename(f->file_name, addr, sizeof(addr), &uf->nsid)) {
+			log_err("upnvme: filename '%s': expected 'traddr=DDDD.BB.DD.F ns=N'\n",
+				f->file_name);
+			free(uf);
+			return 1;
+		}
+		uf->sc = ctrl_get(td, addr);
+		if (!uf->sc) {
+			free(uf);
+			td_verror(td, ENODEV, "upnvme_ctrl_open");
+			return 1;
+		}
+		struct upnvme_ns_info info;
+		int rc = upnvme_ns_get_info(uf->sc->ctrl, uf->nsid, &info);
+		if (rc != UPNVME_OK) {
+			ctrl_put(uf->sc);
+			free(uf);
+			return fail(td, "upnvme_ns_get_info", rc);
+		}
+		uf->lba_size = info.lba_size;
+		uf->owner = td;
+		f->real_file_size = info.size_bytes;
+		f->filetype = FIO_TYPE_BLOCK;
+		fio_file_set_size_known(f);
+		f->engine_data = uf;
+		pthread_mutex_lock(&ctrls_lock);
+		uf->next = files_all;
+		files_all = uf;
+		pthread_mutex_unlock(&ctrls_lock);
+	}
+	return 0;
+}
+
+static int upnvme_fio_init(struct thread_data *td)
+{
+	struct upnvme_fio_thread *t = calloc(1, sizeof(*t));
+	if (!t)
+		return 1;
+	t->max_events = td->o.iodepth;
+	t->events = calloc(t->max_events, sizeof(*t->events));
+	if (!t->events) {
+		free(t);
+		return 1;
+	}
+	td->io_ops_data = t;
+	return 0;
+}
+
+/* The queue pairs: one per file, made on the thread that uses them. */
+static int upnvme_fio_open_file(struct thread_data *td, struct fio_file *f)
+{
+	struct upnvme_fio_options *o = td->eo;
+	struct upnvme_fio_file *uf = f->engine_data;
+	if (!uf)
+		return 1;
+	if (uf->qp)
+		return 0;
+	struct upnvme_qpair_opts qo;
+	upnvme_qpair_opts_default(&qo);
+	qo.shadow_doorbells = o->shadow_doorbells != 0;
+	qo.reap_on_submit = o->reap_on_submit != 0;
+	qo.entries = o->entries;
+	int rc = upnvme_qpair_create(uf->sc->ctrl, &qo, &uf->qp);
+	if (rc != UPNVME_OK)
+		return fail(td, "upnvme_qpair_create", rc);
+	if (upnvme_qpair_max_depth(uf->qp) < td->o.iodepth)
+		log_info("upnvme: queue pair holds %u commands, iodepth is %u: fio waits when full\n",
+			 upnvme_qpair_max_depth(uf->qp), td->o.iodepth);
+	return 0;
+}
+
+static int upnvme_fio_close_file(struct thread_data *td, struct fio_file *f)
+{
+	struct upnvme_fio_file *uf = f->engine_data;
+	if (uf && uf->qp) {
+		int rc = upnvme_qpair_destroy(uf->qp);
+		if (rc != UPNVME_OK)
+			return fail(td, "upnvme_qpair_destroy", rc);
+		uf->qp = NULL;
+	}
+	return 0;
+}
+
+static int upnvme_fio_iomem_alloc(struct thread_data *td, size_t total)
+{
+	struct upnvme_fio_thread *t = td->io_ops_data;
+	struct fio_file *f = td->files[0];
+	struct upnvme_fio_file *uf = f ? f->engine_data : NULL;
+	if (!t || !uf)
+		return 1;
+	int rc = upnvme_buf_alloc(uf->sc->ctrl, total, &t->mem);
+	if (rc != UPNVME_OK)
+		return fail(td, "upnvme_buf_alloc (fio's I/O memory)", rc);
+	t->mem_base = upnvme_buf_data(t->mem);
+	td->orig_buffer = t->mem_base;
+	return 0;
+}
+
+static void upnvme_fio_iomem_free(struct thread_data *td)
+{
+	struct upnvme_fio_thread *t = td->io_ops_data;
+	if (!t)
+		return;
+	for (size_t i = 0; i < t->nr_pieces; i++)
+		upnvme_buf_free(t->pieces[i]);
+	free(t->pieces);
+	t->pieces = NULL;
+	t->nr_pieces = 0;
+	upnvme_buf_free(t->mem);
+	t->mem = NULL;
+	td->orig_buffer = NULL;
+}
+
+static int upnvme_fio_io_u_init(struct thread_data *td, struct io_u *io_u)
+{
+	struct upnvme_fio_iou *u = calloc(1, sizeof(*u));
+	if (!u)
+		return 1;
+	u->t = td->io_ops_data;
+	u->io_u = io_u;
+	io_u->engine_data = u;
+	return 0;
+}
+
+static void upnvme_fio_io_u_free(struct thread_data *td, struct io_u *io_u)
+{
+	free(io_u->engine_data);
+	io_u->engine_data = NULL;
+}
+
+/* After fio placed each io_u's buffer in the I/O memory: split it into one
+ * piece per io_u (each a DMA buffer its commands own while in flight). */
+static int upnvme_fio_post_init(struct thread_data *td)
+{
+	struct upnvme_fio_thread *t = td->io_ops_data;
+	if (!t->mem)
+		return 0; /* no data transfer (e.g. trim only) */
+	size_t piece = td_max_bs(td);
+	size_t len = upnvme_buf_len(t->mem);
+	size_t n = (len + piece - 1) / piece;
+	t->pieces = calloc(n, sizeof(*t->pieces));
+	if (!t->pieces)
+		return 1;
+	for (int i = 0; i < td->io_u_all.nr; i++) {
+		struct io_u *io_u = td->io_u_all.io_us[i];
+		size_t off = (size_t)((char *)io_u->buf - t->mem_base);
+		if (off % piece) {
+			log_err("upnvme: io_u buffer at offset %zu is not a multiple of max_bs %zu "
+				"(mem_align is not supported)\n", off, piece);
+			return 1;
+		}
+	}
+	int rc = upnvme_buf_split(t->mem, piece, t->pieces, n, &t->nr_pieces);
+	if (rc != UPNVME_OK)
+		return fail(td, "upnvme_buf_split", rc);
+	t->mem = NULL; /* consumed */
+	t->piece_len = piece;
+	for (int i = 0; i < td->io_u_all.nr; i++) {
+		struct io_u *io_u = td->io_u_all.io_us[i];
+		struct upnvme_fio_iou *u = io_u->engine_data;
+		u->piece = t->pieces[((char *)io_u->buf - t->mem_base) / piece];
+	}
+	return 0;
+}
+
+static void upnvme_fio_done(void *arg, const struct upnvme_cpl *cpl)
+{
+	struct upnvme_fio_iou *u = arg;
+	struct io_u *io_u = u->io_u;
+	if (cpl->status == UPNVME_OK) {
+		io_u->error = 0;
+	} else {
+		io_u->error = cpl->status == UPNVME_EIO ? EIO : -cpl->status;
+		if (cpl->status == UPNVME_EIO)
+			log_err("upnvme: %s at offset %llu failed: NVMe status sct %u sc %#x\n",
+				io_ddir_name(io_u->ddir), (unsigned long long)io_u->offset, cpl->sct,
+				cpl->sc);
+	}
+	struct upnvme_fio_thread *t = u->t;
+	if (t->nr_events < t->max_events)
+		t->events[t->nr_events++] = io_u;
+}
+
+static enum fio_q_status upnvme_fio_queue(struct thread_data *td, struct io_u *io_u)
+{
+	struct upnvme_fio_file *uf = io_u->file->engine_data;
+	struct upnvme_fio_iou *u = io_u->engine_data;
+	uint64_t slba = io_u->offset / uf->lba_size;
+	uint64_t blocks = io_u->xfer_buflen / uf->lba_size;
+	int rc;
+
+	fio_ro_check(td, io_u);
+	if (io_u->offset % uf->lba_size || io_u->xfer_buflen % uf->lba_size || blocks > UINT32_MAX) {
+		log_err("upnvme: offset %llu / length %llu are not multiples of the LBA size %u\n",
+			(unsigned long long)io_u->offset, (unsigned long long)io_u->xfer_buflen,
+			uf->lba_size);
+		io_u->error = EINVAL;
+		return FIO_Q_COMPLETED;
+	}
+	switch (io_u->ddir) {
+	case DDIR_READ:
+	case DDIR_WRITE:
+		if (!u->piece || io_u->xfer_buf != upnvme_buf_data(u->piece)) {
+			log_err("upnvme: the io_u's data is not at the start of its DMA piece\n");
+			io_u->error = EINVAL;
+			return FIO_Q_COMPLETED;
+		}
+		rc = io_u->ddir == DDIR_READ
+			     ? upnvme_read(uf->qp, uf->nsid, u->piece, slba, (uint32_t)blocks,
+					   upnvme_fio_done, u)
+			     : upnvme_write(uf->qp, uf->nsid, u->piece, slba, (uint32_t)blocks,
+					    upnvme_fio_done, u);
+		break;
+	case DDIR_TRIM: {
+		struct upnvme_range r = {.slba = slba, .blocks = (uint32_t)blocks};
+		rc = upnvme_deallocate(uf->qp, uf->nsid, &r, 1, upnvme_fio_done, u);
+		break;
+	}
+	case DDIR_SYNC:
+	case DDIR_DATASYNC:
+		rc = upnvme_flush(uf->qp, uf->nsid, upnvme_fio_done, u);
+		break;
+	default:
+		io_u->error = EINVAL;
+		return FIO_Q_COMPLETED;
+	}
+	if (rc == UPNVME_EAGAIN)
+		return FIO_Q_BUSY;
+	if (rc != UPNVME_OK) {
+		log_err("upnvme: %s: %s\n", io_ddir_name(io_u->ddir), upnvme_last_error());
+		io_u->error = rc == UPNVME_EINVAL ? EINVAL : EIO;
+		return FIO_Q_COMPLETED;
+	}
+	return FIO_Q_QUEUED;
+}
+
+static int upnvme_fio_getevents(struct thread_data *td, unsigned int min, unsigned int max,
+				const struct timespec *timeout)
+{
+	struct upnvme_fio_thread *t = td->io_ops_data;
+	struct timespec start;
+	struct fio_file *f;
+	unsigned int i;
+
+	t->nr_events = 0;
+	if (max > t->max_events)
+		max = t->max_events;
+	if (timeout)
+		fio_gettime(&start, NULL);
+	for (;;) {
+		for_each_file(td, f, i) {
+			struct upnvme_fio_file *uf = f->engine_data;
+			if (!uf || !uf->qp || t->nr_events >= max)
+				continue;
+			int rc = upnvme_qpair_process_completions(uf->qp, max - t->nr_events);
+			if (rc < 0) {
+				log_err("upnvme: process_completions: %s\n", upnvme_last_error());
+				return -EIO;
+			}
+		}
+		if (t->nr_events >= min)
+			break;
+		if (timeout) {
+			uint64_t us = utime_since_now(&start);
+			if (us >= (uint64_t)timeout->tv_sec * 1000000 + timeout->tv_nsec / 1000)
+				break;
+		}
+	}
+	return (int)t->nr_events;
+}
+
+static struct io_u *upnvme_fio_event(struct thread_data *td, int event)
+{
+	struct upnvme_fio_thread *t = td->io_ops_data;
+	return t->events[event];
+}
+
+static void upnvme_fio_cleanup(struct thread_data *td)
+{
+	struct upnvme_fio_thread *t = td->io_ops_data;
+	struct upnvme_fio_file *mine = NULL;
+
+	pthread_mutex_lock(&ctrls_lock);
+	for (struct upnvme_fio_file **p = &files_all; *p;) {
+		struct upnvme_fio_file *uf = *p;
+		if (uf->owner == td) {
+			*p = uf->next;
+			uf->next = mine;
+			mine = uf;
+		} else {
+			p = &uf->next;
+		}
+	}
+	pthread_mutex_unlock(&ctrls_lock);
+	while (mine) {
+		struct upnvme_fio_file *uf = mine;
+		mine = uf->next;
+		if (uf->qp && upnvme_qpair_destroy(uf->qp) != UPNVME_OK)
+			log_err("upnvme: destroying a queue pair: %s\n", upnvme_last_error());
+		ctrl_put(uf->sc);
+		free(uf);
+	}
+	if (t) {
+		free(t->events);
+		free(t);
+		td->io_ops_data = NULL;
+	}
+}
+
+static int upnvme_fio_invalidate(struct thread_data *td, struct fio_file *f)
+{
+	return 0; /* no page cache */
+}
+
+struct ioengine_ops ioengine = {
+	.name = "upnvme",
+	.version = FIO_IOOPS_VERSION,
+	.flags = FIO_RAWIO | FIO_NOEXTEND | FIO_NODISKUTIL | FIO_MEMALIGN | FIO_DISKLESSIO,
+	.setup = upnvme_fio_setup,
+	.init = upnvme_fio_init,
+	.post_init = upnvme_fio_post_init,
+	.queue = upnvme_fio_queue,
+	.getevents = upnvme_fio_getevents,
+	.event = upnvme_fio_event,
+	.cleanup = upnvme_fio_cleanup,
+	.open_file = upnvme_fio_open_file,
+	.close_file = upnvme_fio_close_file,
+	.invalidate = upnvme_fio_invalidate,
+	.iomem_alloc = upnvme_fio_iomem_alloc,
+	.iomem_free = upnvme_fio_iomem_free,
+	.io_u_init = upnvme_fio_io_u_init,
+	.io_u_free = upnvme_fio_io_u_free,
+	.option_struct_size = sizeof(struct upnvme_fio_options),
+	.options = options,
+};
