@@ -32,7 +32,7 @@ pub use ctrl::{Ctrl, upnvme_ctrl_opts, upnvme_ns_info};
 pub use qpair::{Cmd, Qpair, upnvme_cmd_cb, upnvme_cpl, upnvme_qpair_opts, upnvme_range};
 pub use status::*;
 
-use status::{fail, fail_error, guard};
+use status::{fail, fail_error, guard, guard_or, read_sized};
 
 /// A controller handle (from `upnvme_ctrl_open`). Opaque to C.
 pub struct upnvme_ctrl(pub Ctrl<VfioNvme>);
@@ -135,8 +135,8 @@ pub unsafe extern "C" fn upnvme_ctrl_open(
                 Err(_) => return fail(UPNVME_EINVAL, "the PCI address is not UTF-8"),
             }
         };
-        // SAFETY: null or valid (the caller's contract).
-        let o = unsafe { opts.as_ref() }.copied().unwrap_or_default();
+        // SAFETY: null or valid for its `size` (the caller's contract).
+        let o = unsafe { read_sized(opts) };
         match Controller::open(&addr, o.to_options()) {
             Ok(c) => {
                 let h = Box::new(upnvme_ctrl(Ctrl { ctrl: Some(c) }));
@@ -247,13 +247,15 @@ pub unsafe extern "C" fn upnvme_ns_get_info(
 /// `ctrl` is null (returns 0) or a live handle.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn upnvme_ctrl_max_transfer(ctrl: *const upnvme_ctrl) -> u64 {
-    // SAFETY: the caller's contract.
-    let Ok(c) = (unsafe { ctrl_ref(ctrl) }) else {
-        return 0;
-    };
-    c.max_transfer_bytes()
-        .unwrap_or(upnvme::MAX_TRANSFER_CAP)
-        .min(upnvme::MAX_TRANSFER_CAP) as u64
+    guard_or(0, || {
+        // SAFETY: the caller's contract.
+        let Ok(c) = (unsafe { ctrl_ref(ctrl) }) else {
+            return 0;
+        };
+        c.max_transfer_bytes()
+            .unwrap_or(upnvme::MAX_TRANSFER_CAP)
+            .min(upnvme::MAX_TRANSFER_CAP) as u64
+    })
 }
 
 /// Allocates a DMA buffer of `len` bytes (4 KiB aligned, zeroed, mapped for
@@ -451,11 +453,13 @@ pub unsafe extern "C" fn upnvme_pool_create(
 /// `pool` is null or a live pool.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn upnvme_pool_get(pool: *mut upnvme_pool) -> *mut upnvme_buf {
-    // SAFETY: null or live, used by one thread (the caller's contract).
-    let Some(p) = (unsafe { pool.as_mut() }) else {
-        return std::ptr::null_mut();
-    };
-    p.get().map_or(std::ptr::null_mut(), Box::into_raw)
+    guard_or(std::ptr::null_mut(), || {
+        // SAFETY: null or live, used by one thread (the caller's contract).
+        let Some(p) = (unsafe { pool.as_mut() }) else {
+            return std::ptr::null_mut();
+        };
+        p.get().map_or(std::ptr::null_mut(), Box::into_raw)
+    })
 }
 
 /// Gives a buffer back to the pool it came from. `UPNVME_EBUSY` while a
@@ -513,10 +517,12 @@ pub unsafe extern "C" fn upnvme_pool_available(pool: *const upnvme_pool) -> usiz
 /// `pool` is null or a live pool, not used afterwards.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn upnvme_pool_destroy(pool: *mut upnvme_pool) {
-    if !pool.is_null() {
-        // SAFETY: a pool made by `Box::into_raw`, given up by the caller.
-        drop(unsafe { Box::from_raw(pool) });
-    }
+    guard_or((), || {
+        if !pool.is_null() {
+            // SAFETY: a pool made by `Box::into_raw`, given up by the caller.
+            drop(unsafe { Box::from_raw(pool) });
+        }
+    })
 }
 
 /// Fills `opts` with the defaults.
@@ -551,8 +557,8 @@ pub unsafe extern "C" fn upnvme_qpair_create(
             Ok(c) => c,
             Err(code) => return code,
         };
-        // SAFETY: null or valid (the caller's contract).
-        let o = unsafe { opts.as_ref() }.copied().unwrap_or_default();
+        // SAFETY: null or valid for its `size` (the caller's contract).
+        let o = unsafe { read_sized(opts) };
         match c.io_queue_pair(o.to_options()) {
             Ok(qp) => {
                 let h = Box::new(upnvme_qpair(Qpair::new(qp, c.namespaces().to_vec())));
@@ -736,8 +742,11 @@ pub unsafe extern "C" fn upnvme_deallocate(
     cb: upnvme_cmd_cb,
     cb_arg: *mut c_void,
 ) -> c_int {
-    if ranges.is_null() {
-        return fail(UPNVME_EINVAL, "upnvme_deallocate: ranges is NULL");
+    if ranges.is_null() || count > 256 {
+        return fail(
+            UPNVME_EINVAL,
+            format!("upnvme_deallocate: ranges must be non-NULL and count 1..=256 (got {count})"),
+        );
     }
     // SAFETY: non-null and valid for `count` reads (the caller's contract).
     let r = unsafe { std::slice::from_raw_parts(ranges, count as usize) };

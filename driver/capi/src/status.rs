@@ -125,6 +125,41 @@ pub(crate) fn guard(f: impl FnOnce() -> c_int) -> c_int {
     }
 }
 
+/// Runs `f`, returning `default` if it panics (for the functions whose
+/// result is a value rather than a code).
+pub(crate) fn guard_or<T>(default: T, f: impl FnOnce() -> T) -> T {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or_else(|_| {
+        fail(
+            UPNVME_EINTERNAL,
+            "internal error in libupnvme_c (please report it)",
+        );
+        default
+    })
+}
+
+/// Reads an options struct whose first field is its `size` as the caller
+/// compiled it: only that many bytes are read over the defaults, so a program
+/// built against an older, shorter struct stays sound.
+///
+/// # Safety
+/// `p` is null or points to at least `(*p).size` readable bytes (and at
+/// least 4).
+pub(crate) unsafe fn read_sized<T: Copy + Default>(p: *const T) -> T {
+    let mut out = T::default();
+    if p.is_null() {
+        return out;
+    }
+    // SAFETY: the first field of every options struct is its u32 size, and
+    // `p` points to at least 4 readable bytes (the caller's contract).
+    let size = unsafe { p.cast::<u32>().read_unaligned() } as usize;
+    let n = size.min(std::mem::size_of::<T>());
+    // SAFETY: `n` bytes are readable at `p` (the caller's contract) and
+    // writable in `out`; every field is plain data for which any bytes the
+    // caller set are its own choice (bools are checked by C's own type).
+    unsafe { std::ptr::copy_nonoverlapping(p.cast::<u8>(), (&raw mut out).cast::<u8>(), n) };
+    out
+}
+
 /// Static text for a code.
 pub(crate) fn strerror(code: c_int) -> &'static std::ffi::CStr {
     match code {

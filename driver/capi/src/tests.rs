@@ -332,3 +332,33 @@ fn a_panic_becomes_an_error_code_with_a_message() {
         "queue full: reap completions and retry"
     );
 }
+
+#[test]
+fn options_are_read_only_as_far_as_the_callers_struct_goes() {
+    use crate::upnvme_qpair_opts;
+    // A caller compiled against a struct of 8 bytes (size, entries): the
+    // fields after it keep their defaults.
+    let mut o = upnvme_qpair_opts {
+        size: 8,
+        entries: 64,
+        shadow_doorbells: false,
+        reap_on_submit: true,
+        command_timeout_ms: 5,
+    };
+    // SAFETY: `o` is readable for its whole size.
+    let r = unsafe { read_sized(&o) };
+    let d = upnvme_qpair_opts::default();
+    assert_eq!(r.entries, 64);
+    assert_eq!(
+        (r.shadow_doorbells, r.reap_on_submit, r.command_timeout_ms),
+        (d.shadow_doorbells, d.reap_on_submit, d.command_timeout_ms)
+    );
+    o.size = std::mem::size_of::<upnvme_qpair_opts>() as u32;
+    // SAFETY: as above.
+    let r = unsafe { read_sized(&o) };
+    assert!(r.reap_on_submit && !r.shadow_doorbells);
+    // NULL: the defaults.
+    // SAFETY: null is allowed.
+    let r = unsafe { read_sized::<upnvme_qpair_opts>(std::ptr::null()) };
+    assert_eq!(r.entries, 0);
+}
