@@ -45,7 +45,7 @@ pub use mmio::Bar;
 pub use pci::{PciAddress, Sysfs};
 pub use pool::{DmaPool, NotFromThisPool};
 pub use queue_memory::{CqMemory, CqSlot, SqMemory};
-pub use vfio::{VfioContainer, VfioDevice};
+pub use vfio::{DeviceRequest, VfioContainer, VfioDevice};
 
 /// Size of the pages the allocator hands out and the NVMe memory page size the
 /// driver configures (`CC.MPS` = 0, 4 KiB).

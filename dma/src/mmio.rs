@@ -137,6 +137,17 @@ impl Bar {
     }
 }
 
+impl Bar {
+    /// Replaces the mapping with all-ones memory (what a removed device
+    /// reads): from now on reads return all ones and writes reach nothing,
+    /// and the device file is no longer referenced by the mapping, so the
+    /// kernel can complete a removal. Returns false if the replacement could
+    /// not be mapped (the mapping is then unchanged).
+    pub fn retire(&self) -> bool {
+        crate::sigbus::retire(self.ptr.as_ptr(), self.len)
+    }
+}
+
 impl Drop for Bar {
     fn drop(&mut self) {
         if self.watched {

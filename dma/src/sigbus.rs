@@ -141,6 +141,47 @@ pub(crate) fn watch(start: *mut u8, len: usize) -> bool {
     true
 }
 
+/// Replaces the mapping at `start` (`len` bytes, page aligned) with all-ones
+/// memory now, as the handler does on a fault: the driver giving the device
+/// back. Uses the mapping's prepared memfd when it is watched, else makes
+/// one. Returns false if no replacement could be mapped.
+pub(crate) fn retire(start: *mut u8, len: usize) -> bool {
+    let watched = SLOT_TABLE.iter().find_map(|slot| {
+        let v = slot.region.load(Ordering::Acquire);
+        (v != 0 && v != CLAIMED && unpack(v).0 == start as usize)
+            .then(|| slot.fd.load(Ordering::Relaxed))
+            .filter(|fd| *fd >= 0)
+    });
+    let (fd, own) = match watched {
+        Some(fd) => (fd, false),
+        None => match all_ones_memfd(len) {
+            Some(fd) => (fd, true),
+            None => return false,
+        },
+    };
+    // SAFETY: `start..start + len` is a live BAR mapping this crate made (the
+    // caller holds its `Bar`); replacing its pages in one MAP_FIXED call
+    // affects no other mapping and no Rust reference points into it (accesses
+    // are volatile through raw pointers, so a concurrent access sees either
+    // the device or all ones). `fd` is a memfd of at least `len` bytes.
+    let p = unsafe {
+        libc::mmap(
+            start.cast(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_FIXED,
+            fd,
+            0,
+        )
+    };
+    if own {
+        // SAFETY: the memfd made above, used nowhere else (the mapping keeps
+        // its own reference).
+        unsafe { libc::close(fd) };
+    }
+    p != libc::MAP_FAILED
+}
+
 /// Stops watching the mapping at `start`; called before it is unmapped.
 pub(crate) fn unwatch(start: *mut u8) {
     for slot in &SLOT_TABLE {

@@ -4,7 +4,7 @@
 //! an explicit sequence of [`BringupStep`]s, each bounded by a timeout derived
 //! from CAP.TO (or the caller's options), never a bare spin.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -93,7 +93,15 @@ pub(crate) struct Inner<D: Device> {
     granted_io_queues: u16,
     shadow: Option<ShadowBuffers>,
     aer_target: u32,
+    /// Released on the kernel's request (see `release_on_request`).
+    removed: AtomicBool,
 }
+
+/// How long a release on request waits for CSTS.RDY = 0 after CC.EN = 0
+/// before it turns bus mastering off anyway (the removal waits on it).
+const RELEASE_DISABLE_WAIT: Duration = Duration::from_millis(500);
+/// How often the release watcher looks whether its controller is gone.
+const RELEASE_WATCH_TICK: Duration = Duration::from_millis(100);
 
 /// An NVMe controller brought up and ready for admin commands.
 ///
@@ -136,10 +144,11 @@ impl Controller<VfioNvme> {
 impl<D: Device> Controller<D> {
     /// Brings up the controller behind `dev`.
     pub fn with_device(dev: D, options: ControllerOptions) -> Result<Self> {
-        let inner = bring_up(dev, options)?;
-        Ok(Controller {
-            inner: Arc::new(inner),
-        })
+        let inner = Arc::new(bring_up(dev, options)?);
+        if let Some(req) = inner.dev.release_request() {
+            watch_release_requests(Arc::downgrade(&inner), req);
+        }
+        Ok(Controller { inner })
     }
 
     /// The device name (PCI address, or the model's name).
@@ -452,6 +461,62 @@ impl<D: Device> Inner<D> {
         self.state.fetch_or(STATE_FAILED, Ordering::AcqRel);
     }
 
+    /// The kernel asked for the device back (VFIO device request: removal or
+    /// unbind). Ends the controller's use of it at once, without waiting for
+    /// the application: CC.EN = 0 while the controller still answers (up to
+    /// [`RELEASE_DISABLE_WAIT`] for CSTS.RDY = 0), then the device's release
+    /// (bus mastering off, BAR0 replaced by all ones, the VFIO device closed
+    /// — which lets the kernel's removal finish), then a new generation: each
+    /// queue pair ends its commands in flight exactly once with
+    /// `IoError::ControllerRemoved`, with their buffers, at its next call.
+    /// The admin lock is not taken (a caller may hold it in a long wait; it
+    /// sees the all-ones registers and gives up).
+    pub(crate) fn release_on_request(&self) {
+        self.removed.store(true, Ordering::Release);
+        if let Ok(mut f) = self.failure.lock()
+            && f.is_none()
+        {
+            *f = Some(
+                Error::ControllerRemoved {
+                    device: self.name.clone(),
+                }
+                .to_string(),
+            );
+        }
+        let csts = Csts(self.dev.read32(REG_CSTS));
+        if !csts.is_all_ones() {
+            let cc = Cc(self.dev.read32(REG_CC));
+            if cc.en() {
+                self.dev
+                    .write32(REG_CC, cc.with_en(false).with_shn(Cc::SHN_NONE).0);
+                let _ = wait_csts(
+                    &self.dev,
+                    &self.name,
+                    RELEASE_DISABLE_WAIT,
+                    "CSTS.RDY = 0 after CC.EN = 0 (release)",
+                    |c| !c.rdy(),
+                );
+            }
+        }
+        self.dev.release();
+        if let Ok(mut q) = self.quarantine.lock() {
+            q.clear();
+        }
+        // Closed, failed and a new generation in one step: a queue pair that
+        // sees the controller unusable also sees that its commands ended (and
+        // delivers them, with their buffers) — never one without the other.
+        let _ = self
+            .state
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
+                Some((s | STATE_CLOSED | STATE_FAILED).wrapping_add(1 << STATE_GENERATION_SHIFT))
+            });
+    }
+
+    /// Whether the controller was released on the kernel's request.
+    pub(crate) fn is_removed(&self) -> bool {
+        self.removed.load(Ordering::Acquire)
+    }
+
     /// Whether `close()` (or the last drop) shut the controller down.
     pub(crate) fn is_closed(&self) -> bool {
         self.state.load(Ordering::Acquire) & STATE_CLOSED != 0
@@ -570,6 +635,11 @@ impl<D: Device> Inner<D> {
 
     /// Fails fast when the controller is closed or failed.
     pub(crate) fn check_usable(&self) -> Result<()> {
+        if self.is_removed() {
+            return Err(Error::ControllerRemoved {
+                device: self.name.clone(),
+            });
+        }
         if self.is_closed() {
             return Err(Error::Closed {
                 device: self.name.clone(),
@@ -898,6 +968,36 @@ impl<D: Device> Inner<D> {
     }
 }
 
+/// Waits on the device's release request from a thread of its own, so a
+/// removal completes even while the application is not polling: when it
+/// fires, releases the controller (if it is still alive). The thread holds
+/// only a weak reference between ticks, so it never keeps the controller
+/// alive, and ends within a tick once the controller is gone.
+fn watch_release_requests<D: Device>(
+    inner: std::sync::Weak<Inner<D>>,
+    req: Arc<dyn crate::device::ReleaseRequest>,
+) {
+    let spawned = std::thread::Builder::new()
+        .name("upnvme-release".into())
+        .spawn(move || {
+            loop {
+                if inner.strong_count() == 0 {
+                    return;
+                }
+                if req.wait(RELEASE_WATCH_TICK) {
+                    if let Some(i) = inner.upgrade()
+                        && !i.is_closed()
+                    {
+                        i.release_on_request();
+                    }
+                    return;
+                }
+            }
+        });
+    // Without the thread the device cannot be asked back; it still works.
+    drop(spawned);
+}
+
 impl<D: Device> Drop for Inner<D> {
     fn drop(&mut self) {
         let _ = self.shutdown();
@@ -1163,6 +1263,7 @@ fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<Inner<D>> {
         granted_io_queues: 0,
         shadow: None,
         aer_target: 0,
+        removed: AtomicBool::new(false),
     };
 
     // Identify Controller.

@@ -7,8 +7,24 @@
 //! completion entries — so host tests and the guest run the same driver code.
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use upnvme_dma::{DmaAllocator, DmaBuffer, DmaError, PageBacking, PciAddress, Sysfs, VfioDevice};
+use upnvme_dma::{
+    DeviceRequest, DmaAllocator, DmaBuffer, DmaError, PageBacking, PciAddress, Sysfs, VfioDevice,
+};
+
+/// A channel on which the kernel (or a test's device) asks for the device
+/// back: VFIO's device request, raised before a removal or an unbind.
+pub trait ReleaseRequest: Send + Sync {
+    /// Waits up to `timeout`; true when the request came.
+    fn wait(&self, timeout: Duration) -> bool;
+}
+
+impl ReleaseRequest for DeviceRequest {
+    fn wait(&self, timeout: Duration) -> bool {
+        DeviceRequest::wait(self, timeout)
+    }
+}
 
 /// Registers and DMA memory of one NVMe controller.
 ///
@@ -31,6 +47,16 @@ pub trait Device: Send + Sync + 'static {
     fn alloc_dma(&self, len: usize) -> Result<DmaBuffer, DmaError>;
     /// A name for messages: the PCI address, or "model".
     fn name(&self) -> String;
+    /// The channel on which the device may be asked back, if it has one
+    /// (VFIO's device request). The controller watches it from a thread of
+    /// its own and releases the device when it fires.
+    fn release_request(&self) -> Option<Arc<dyn ReleaseRequest>> {
+        None
+    }
+    /// Gives the device back: no DMA from here on, register accesses read
+    /// all ones and writes are dropped, and the kernel's handle is closed.
+    /// Called once the controller has ended its use of the device.
+    fn release(&self) {}
 }
 
 /// An NVMe controller reached through VFIO: BAR0 registers and hugepage DMA
@@ -41,6 +67,8 @@ pub struct VfioNvme {
     // the device (bus mastering off, BAR unmapped).
     alloc: DmaAllocator,
     device: VfioDevice,
+    /// The device request eventfd, when the kernel offers one.
+    request: Option<Arc<DeviceRequest>>,
 }
 
 impl VfioNvme {
@@ -54,7 +82,15 @@ impl VfioNvme {
         let device = VfioDevice::open(address, sysfs)?;
         let mapper: Arc<dyn upnvme_dma::DmaMapper> = device.container().clone();
         let alloc = DmaAllocator::new(mapper, backing);
-        Ok(VfioNvme { alloc, device })
+        // Without a registered request channel the kernel blocks a removal
+        // or unbind until the process closes the device; a device without
+        // one (an old kernel) still works, it just cannot be asked back.
+        let request = device.request_notifier().ok().map(Arc::new);
+        Ok(VfioNvme {
+            alloc,
+            device,
+            request,
+        })
     }
 
     /// The underlying VFIO device (configuration space access).
@@ -88,5 +124,11 @@ impl Device for VfioNvme {
     }
     fn name(&self) -> String {
         self.device.address().to_string()
+    }
+    fn release_request(&self) -> Option<Arc<dyn ReleaseRequest>> {
+        self.request.clone().map(|r| r as Arc<dyn ReleaseRequest>)
+    }
+    fn release(&self) {
+        self.device.release();
     }
 }

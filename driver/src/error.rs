@@ -51,6 +51,18 @@ pub enum Error {
         device: String,
     },
 
+    /// The kernel asked for the device back (VFIO device request: the device
+    /// is being removed, or vfio-pci unbound) and the driver released it:
+    /// DMA stopped, every command in flight ended with
+    /// [`IoError::ControllerRemoved`], the device closed.
+    #[error(
+        "controller {device} was released because the kernel asked for it (device removal or vfio-pci unbind); open it again once it is back (`upnvme setup bind`)"
+    )]
+    ControllerRemoved {
+        /// The device name (PCI address).
+        device: String,
+    },
+
     /// CSTS.CFS is set: the controller hit a fatal error and must be reset.
     #[error("controller {device} reports Controller Fatal Status (CSTS.CFS); it must be reset")]
     ControllerFatal {
@@ -153,6 +165,9 @@ pub enum IoError {
     /// The command exceeded the queue pair's `command_timeout` and was aborted
     /// (Abort command) or ended by a controller reset.
     TimedOut,
+    /// The kernel asked for the controller back (removal or unbind) and the
+    /// driver released it; the device can no longer access the buffer.
+    ControllerRemoved,
 }
 
 impl std::fmt::Display for IoError {
@@ -164,6 +179,9 @@ impl std::fmt::Display for IoError {
             }
             IoError::ControllerReset => f.write_str("ended by a controller reset while in flight"),
             IoError::TimedOut => f.write_str("timed out (aborted or ended by a controller reset)"),
+            IoError::ControllerRemoved => f.write_str(
+                "ended: the kernel asked for the controller back (removal or unbind) and it was released",
+            ),
         }
     }
 }

@@ -27,7 +27,7 @@ pub mod options;
 pub mod qpair;
 
 pub use controller::{BringupStep, Controller, ShadowBuffers, list_controllers};
-pub use device::{Device, VfioNvme};
+pub use device::{Device, ReleaseRequest, VfioNvme};
 pub use error::{Error, IoError, IoFailure, Reject, Rejected, Result};
 pub use namespace::{MetadataLayout, Namespace};
 pub use options::ControllerOptions;

@@ -10,3 +10,4 @@ mod fio;
 mod io;
 mod metadata;
 mod reliability;
+mod removal;

@@ -16,6 +16,8 @@ pub const VFIO_GROUP_SET_CONTAINER: u64 = io(4);
 pub const VFIO_GROUP_GET_DEVICE_FD: u64 = io(6);
 pub const VFIO_DEVICE_GET_INFO: u64 = io(7);
 pub const VFIO_DEVICE_GET_REGION_INFO: u64 = io(8);
+pub const VFIO_DEVICE_GET_IRQ_INFO: u64 = io(9);
+pub const VFIO_DEVICE_SET_IRQS: u64 = io(10);
 pub const VFIO_DEVICE_RESET: u64 = io(11);
 pub const VFIO_IOMMU_GET_INFO: u64 = io(12);
 pub const VFIO_IOMMU_MAP_DMA: u64 = io(13);
@@ -35,6 +37,11 @@ pub const VFIO_REGION_INFO_FLAG_MMAP: u32 = 1 << 2;
 
 pub const VFIO_PCI_BAR0_REGION_INDEX: u32 = 0;
 pub const VFIO_PCI_CONFIG_REGION_INDEX: u32 = 7;
+/// `VFIO_PCI_REQ_IRQ_INDEX`: the device request "interrupt" (the kernel asks
+/// the user to release the device: removal, unbind).
+pub const VFIO_PCI_REQ_IRQ_INDEX: u32 = 4;
+pub const VFIO_IRQ_SET_DATA_EVENTFD: u32 = 1 << 2;
+pub const VFIO_IRQ_SET_ACTION_TRIGGER: u32 = 1 << 5;
 
 pub const VFIO_IOMMU_INFO_CAPS: u32 = 1 << 1;
 pub const VFIO_IOMMU_TYPE1_INFO_CAP_IOVA_RANGE: u16 = 1;
@@ -100,6 +107,30 @@ pub struct DmaUnmap {
     pub size: u64,
 }
 
+/// `struct vfio_irq_info`.
+#[repr(C)]
+#[derive(Default)]
+pub struct IrqInfo {
+    pub argsz: u32,
+    pub flags: u32,
+    pub index: u32,
+    pub count: u32,
+}
+
+/// `struct vfio_irq_set` with one eventfd as its data.
+#[repr(C)]
+#[derive(Default)]
+pub struct IrqSetEventfd {
+    pub argsz: u32,
+    pub flags: u32,
+    pub index: u32,
+    pub start: u32,
+    pub count: u32,
+    pub fd: i32,
+}
+
+const _: () = assert!(std::mem::size_of::<IrqInfo>() == 16);
+const _: () = assert!(std::mem::size_of::<IrqSetEventfd>() == 24);
 const _: () = assert!(std::mem::size_of::<RegionInfo>() == 32);
 const _: () = assert!(std::mem::size_of::<IommuInfo>() == 24);
 const _: () = assert!(std::mem::size_of::<DmaMap>() == 32);

@@ -14,7 +14,8 @@ use std::fs::{File, OpenOptions};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
 
 use crate::error::DmaError;
 use crate::iova::{IovaAllocator, IovaRange};
@@ -282,7 +283,8 @@ impl DmaMapper for VfioContainer {
 pub struct VfioDevice {
     address: PciAddress,
     bar0: Bar,
-    device: File,
+    /// The device file; `None` once [`VfioDevice::release`] gave it back.
+    device: RwLock<Option<File>>,
     config_offset: u64,
     container: Arc<VfioContainer>,
 }
@@ -398,7 +400,7 @@ impl VfioDevice {
         let dev = VfioDevice {
             address: *address,
             bar0,
-            device,
+            device: RwLock::new(Some(device)),
             config_offset: config.offset,
             container,
         };
@@ -425,24 +427,114 @@ impl VfioDevice {
         &self.container
     }
 
+    /// Runs `f` on the device file, or fails once it was released.
+    fn with_file<T>(
+        &self,
+        what: impl FnOnce() -> String,
+        f: impl FnOnce(&File) -> std::io::Result<T>,
+    ) -> Result<T, DmaError> {
+        let guard = self.device.read().unwrap_or_else(|p| p.into_inner());
+        let r = match guard.as_ref() {
+            Some(file) => f(file),
+            None => Err(std::io::Error::from_raw_os_error(libc::ENODEV)),
+        };
+        r.map_err(|e| DmaError::Sys {
+            what: what(),
+            os_error: e,
+        })
+    }
+
     /// Reads `buf.len()` bytes of configuration space at `offset`.
     pub fn config_read(&self, offset: u64, buf: &mut [u8]) -> Result<(), DmaError> {
-        self.device
-            .read_exact_at(buf, self.config_offset + offset)
-            .map_err(|e| DmaError::Sys {
-                what: format!("config space read at 0x{offset:x} of {}", self.address),
-                os_error: e,
-            })
+        self.with_file(
+            || format!("config space read at 0x{offset:x} of {}", self.address),
+            |f| f.read_exact_at(buf, self.config_offset + offset),
+        )
     }
 
     /// Writes `buf` to configuration space at `offset`.
     pub fn config_write(&self, offset: u64, buf: &[u8]) -> Result<(), DmaError> {
+        self.with_file(
+            || format!("config space write at 0x{offset:x} of {}", self.address),
+            |f| f.write_all_at(buf, self.config_offset + offset),
+        )
+    }
+
+    /// Registers an eventfd for the device request (`VFIO_PCI_REQ_IRQ_INDEX`):
+    /// the kernel signals it when it wants the device back (removal of the
+    /// device, unbinding vfio-pci) and, without one registered, blocks that
+    /// request until the process closes the device. `Unsupported` when the
+    /// device has no request IRQ.
+    pub fn request_notifier(&self) -> Result<DeviceRequest, DmaError> {
+        let mut info = abi::IrqInfo {
+            argsz: std::mem::size_of::<abi::IrqInfo>() as u32,
+            index: abi::VFIO_PCI_REQ_IRQ_INDEX,
+            ..Default::default()
+        };
+        let guard = self.device.read().unwrap_or_else(|p| p.into_inner());
+        let Some(file) = guard.as_ref() else {
+            return Err(DmaError::Unsupported {
+                what: format!(
+                    "a device request channel for {} after its release",
+                    self.address
+                ),
+            });
+        };
+        ioctl_ptr(
+            file,
+            abi::VFIO_DEVICE_GET_IRQ_INFO,
+            &mut info,
+            "VFIO_DEVICE_GET_IRQ_INFO",
+        )?;
+        if info.count == 0 {
+            return Err(DmaError::Unsupported {
+                what: format!("a device request IRQ on {}", self.address),
+            });
+        }
+        // SAFETY: no pointers are passed; the result is checked.
+        let efd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if efd < 0 {
+            return Err(DmaError::last_os("eventfd for the VFIO device request"));
+        }
+        // SAFETY: a fresh descriptor that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(efd) };
+        let mut set = abi::IrqSetEventfd {
+            argsz: std::mem::size_of::<abi::IrqSetEventfd>() as u32,
+            flags: abi::VFIO_IRQ_SET_DATA_EVENTFD | abi::VFIO_IRQ_SET_ACTION_TRIGGER,
+            index: abi::VFIO_PCI_REQ_IRQ_INDEX,
+            start: 0,
+            count: 1,
+            fd: fd.as_raw_fd(),
+        };
+        ioctl_ptr(
+            file,
+            abi::VFIO_DEVICE_SET_IRQS,
+            &mut set,
+            "VFIO_DEVICE_SET_IRQS (device request)",
+        )?;
+        Ok(DeviceRequest { fd })
+    }
+
+    /// Gives the device back to the kernel: bus mastering off (no DMA from
+    /// here on), BAR0 replaced by all-ones memory (register accesses from any
+    /// thread keep working and read "device gone"), and the device file
+    /// closed, which lets a removal or unbind the kernel is waiting on
+    /// complete. Idempotent; configuration space accesses fail afterwards.
+    pub fn release(&self) {
+        if let Ok(cmd) = self.config_read16(PCI_COMMAND) {
+            let _ = self.config_write16(PCI_COMMAND, cmd & !PCI_COMMAND_MASTER);
+        }
+        self.bar0.retire();
+        let mut guard = self.device.write().unwrap_or_else(|p| p.into_inner());
+        drop(guard.take());
+    }
+
+    /// Whether [`VfioDevice::release`] gave the device back.
+    pub fn is_released(&self) -> bool {
         self.device
-            .write_all_at(buf, self.config_offset + offset)
-            .map_err(|e| DmaError::Sys {
-                what: format!("config space write at 0x{offset:x} of {}", self.address),
-                os_error: e,
-            })
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_none()
     }
 
     /// Reads a little-endian 16-bit configuration register.
@@ -472,6 +564,36 @@ impl Drop for VfioDevice {
         if let Ok(cmd) = self.config_read16(PCI_COMMAND) {
             let _ = self.config_write16(PCI_COMMAND, cmd & !PCI_COMMAND_MASTER);
         }
+    }
+}
+
+/// The eventfd the kernel signals when it asks for the device back (see
+/// [`VfioDevice::request_notifier`]).
+#[derive(Debug)]
+pub struct DeviceRequest {
+    fd: OwnedFd,
+}
+
+impl DeviceRequest {
+    /// Waits up to `timeout` for the request; true when it came (the
+    /// counter is consumed).
+    pub fn wait(&self, timeout: Duration) -> bool {
+        let mut pfd = libc::pollfd {
+            fd: self.fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = libc::c_int::try_from(timeout.as_millis()).unwrap_or(libc::c_int::MAX);
+        // SAFETY: one valid pollfd of this frame.
+        let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+        if n <= 0 || pfd.revents & libc::POLLIN == 0 {
+            return false;
+        }
+        let mut v = 0u64;
+        // SAFETY: reads 8 bytes into a live u64 of this frame (the eventfd
+        // counter); the descriptor is non-blocking.
+        let r = unsafe { libc::read(self.fd.as_raw_fd(), (&raw mut v).cast(), 8) };
+        r == 8
     }
 }
 

@@ -70,6 +70,7 @@ pub(crate) fn fail_error(e: &Error) -> c_int {
         | Error::ControllerFatal { .. }
         | Error::DeviceFault { .. }
         | Error::ControllerFailed { .. }
+        | Error::ControllerRemoved { .. }
         | Error::Closed { .. } => UPNVME_ENODEV,
         Error::NoQueuesLeft { .. } => UPNVME_EBUSY,
         Error::Dma(DmaError::HugepagesUnavailable { .. } | DmaError::IovaExhausted { .. }) => {
@@ -90,7 +91,7 @@ pub(crate) fn fail_error(e: &Error) -> c_int {
 pub(crate) fn io_error_code(e: &IoError) -> c_int {
     match e {
         IoError::Status(_) => UPNVME_EIO,
-        IoError::ControllerFailed => UPNVME_ENODEV,
+        IoError::ControllerFailed | IoError::ControllerRemoved => UPNVME_ENODEV,
         IoError::ControllerReset => UPNVME_ECANCELED,
         IoError::TimedOut => UPNVME_ETIMEDOUT,
         _ => UPNVME_EIO,

@@ -191,7 +191,9 @@ impl<D: Device> IoQueuePair<D> {
             }
             None => (0, None, false),
         };
-        let result = Err(if closed {
+        let result = Err(if closed && self.ctrl.is_removed() {
+            IoError::ControllerRemoved
+        } else if closed {
             IoError::ControllerFailed
         } else if aborted {
             IoError::TimedOut

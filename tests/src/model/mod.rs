@@ -65,6 +65,7 @@ mod storage;
 mod tests;
 
 use std::fmt;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use upnvme::Device;
@@ -111,6 +112,30 @@ struct Shared {
     table: Arc<IovaTable>,
     alloc: DmaAllocator,
     state: Mutex<State>,
+    release: Arc<ModelRelease>,
+}
+
+/// The model's device request channel (VFIO's `VFIO_PCI_REQ_IRQ_INDEX`
+/// stand-in): offered to the driver after [`ModelController::offer_release_request`].
+#[derive(Default)]
+struct ModelRelease {
+    offered: std::sync::atomic::AtomicBool,
+    raised: Mutex<bool>,
+    cv: std::sync::Condvar,
+    released: std::sync::atomic::AtomicBool,
+    /// CC.EN was 0 when the driver released the device.
+    disabled_first: std::sync::atomic::AtomicBool,
+}
+
+impl upnvme::ReleaseRequest for ModelRelease {
+    fn wait(&self, timeout: std::time::Duration) -> bool {
+        let g = self.raised.lock().unwrap_or_else(|p| p.into_inner());
+        let (mut g, _) = self
+            .cv
+            .wait_timeout_while(g, timeout, |r| !*r)
+            .unwrap_or_else(|p| p.into_inner());
+        std::mem::take(&mut *g)
+    }
 }
 
 /// An in-memory NVMe controller; see the [module documentation](self).
@@ -161,6 +186,7 @@ impl ModelController {
                 table,
                 alloc,
                 state,
+                release: Arc::default(),
             }),
         })
     }
@@ -224,6 +250,35 @@ impl ModelController {
     /// allocation keeps working (it is host memory).
     pub fn unplug(&self) {
         self.state().gone = true;
+    }
+
+    /// Offers the driver a device request channel (as VFIO does): a
+    /// controller opened after this call watches it. Off by default.
+    pub fn offer_release_request(&self) {
+        self.inner.release.offered.store(true, Ordering::SeqCst);
+    }
+
+    /// The kernel asks for the device back (a removal or an unbind): raises
+    /// the request the driver watches.
+    pub fn request_release(&self) {
+        *self
+            .inner
+            .release
+            .raised
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = true;
+        self.inner.release.cv.notify_all();
+    }
+
+    /// Whether the driver released the device (`Device::release`); from then
+    /// on the model behaves as unplugged.
+    pub fn is_released(&self) -> bool {
+        self.inner.release.released.load(Ordering::SeqCst)
+    }
+
+    /// Whether CC.EN was 0 when the driver released the device.
+    pub fn disabled_before_release(&self) -> bool {
+        self.inner.release.disabled_first.load(Ordering::SeqCst)
     }
 
     /// True after [`ModelController::unplug`] or [`Fault::UnplugOn`].
@@ -509,5 +564,23 @@ impl Device for ModelController {
 
     fn name(&self) -> String {
         "model".into()
+    }
+
+    fn release_request(&self) -> Option<Arc<dyn upnvme::ReleaseRequest>> {
+        self.inner
+            .release
+            .offered
+            .load(Ordering::SeqCst)
+            .then(|| self.inner.release.clone() as Arc<dyn upnvme::ReleaseRequest>)
+    }
+
+    fn release(&self) {
+        let mut s = self.state();
+        let disabled = s.regs.cc & 1 == 0;
+        s.gone = true;
+        drop(s);
+        let r = &self.inner.release;
+        r.disabled_first.store(disabled, Ordering::SeqCst);
+        r.released.store(true, Ordering::SeqCst);
     }
 }

@@ -162,8 +162,14 @@ pub fn run(a: PerfArgs) -> Result<bool> {
         return Err(e);
     }
     jobs.sort_by_key(|j| (j.nsid, j.core));
+    let removed_after = jobs
+        .iter()
+        .filter_map(|j| j.removed_after)
+        .min_by(|x, y| x.total_cmp(y));
+    let removed_ios: u64 = jobs.iter().map(|j| j.removed_ios).sum();
 
-    let mismatches = if a.verify {
+    // Nothing to read back from a controller that was taken away.
+    let mismatches = if a.verify && removed_after.is_none() {
         Some(verify(&ctrl, &mut jobs, seed, &qp)?)
     } else {
         None
@@ -213,10 +219,26 @@ pub fn run(a: PerfArgs) -> Result<bool> {
     if let Some(path) = &a.histogram_csv {
         report::histogram_csv(path, &jobs)?;
     }
-    let errors: u64 = jobs.iter().map(|j| j.errors).sum();
+    let errors: u64 = jobs.iter().map(|j| j.errors).sum::<u64>() - removed_ios;
     drop(jobs);
     if let Ok(c) = Arc::try_unwrap(ctrl) {
-        c.close()?;
+        // After a release on request there is nothing left to shut down.
+        let closed = c.close();
+        if removed_after.is_none() {
+            closed?;
+        }
+    }
+    if let Some(t) = removed_after {
+        return Err(anyhow!(
+            "controller {addr} was removed at +{t:.1} s (the kernel asked for it back: device \
+             removal or vfio-pci unbind) and released; {removed_ios} I/Os in flight ended with \
+             the removal error{}; the report above covers the run until then",
+            if errors > 0 {
+                format!(", {errors} others with an error status")
+            } else {
+                String::new()
+            }
+        ));
     }
     // A failure outranks the interruption: exit 1 for errors or mismatches
     // even when a signal cut the run short.

@@ -10,7 +10,8 @@ use anyhow::{Context, Result, bail};
 use hdrhistogram::Histogram;
 use upnvme::dma::tsc::rdtsc;
 use upnvme::{
-    Controller, DmaBuffer, IoCommand, IoQueuePair, Namespace, QueuePairOptions, QueueStats, Reject,
+    Controller, DmaBuffer, IoCommand, IoError, IoQueuePair, Namespace, QueuePairOptions,
+    QueueStats, Reject,
 };
 
 /// What one worker does.
@@ -144,6 +145,11 @@ pub struct JobResult {
     pub written: Vec<(u64, u32)>,
     /// Verification mismatches (filled in by the verify pass).
     pub mismatches: u64,
+    /// I/Os ended because the kernel asked for the controller back.
+    pub removed_ios: u64,
+    /// Seconds after the worker started at which its controller was
+    /// released on the kernel's request (`None`: it was not).
+    pub removed_after: Option<f64>,
 }
 
 struct Job {
@@ -163,6 +169,10 @@ struct Work {
     ios: u64,
     bytes: u64,
     errors: u64,
+    /// Completions that ended with `IoError::ControllerRemoved`.
+    removed_ios: u64,
+    /// The controller was released on the kernel's request.
+    removed: bool,
     submitted: u64,
     in_flight: u32,
     next_seq: u64,
@@ -230,6 +240,8 @@ impl Job {
                     ios: 0,
                     bytes: 0,
                     errors: 0,
+                    removed_ios: 0,
+                    removed: false,
                     submitted: 0,
                     in_flight: 0,
                     next_seq: (plan.index as u64 * 7919) % slots.max(1),
@@ -281,44 +293,53 @@ impl Job {
         // At most what is in flight can complete: at depth 1 the reap then
         // stops after the one completion instead of looking at the next CQ
         // entry too.
-        let ios = self
-            .qp
-            .process_completions(w.in_flight, |qp, c| {
-                let seen = rdtsc();
-                let ticks = seen.saturating_sub(w.start[c.tag as usize]);
-                w.in_flight -= 1;
-                let ends_warmup = clock.warmup_ends(seen);
-                if ends_warmup {
-                    // This completion is the warm-up's last: what was
-                    // counted so far is dropped, the resubmission below is
-                    // the window's first.
-                    w.start_window();
-                    qp.reset_stats();
-                    warmup_ended = true;
+        let ios = self.qp.process_completions(w.in_flight, |qp, c| {
+            let seen = rdtsc();
+            let ticks = seen.saturating_sub(w.start[c.tag as usize]);
+            w.in_flight -= 1;
+            let ends_warmup = clock.warmup_ends(seen);
+            if ends_warmup {
+                // This completion is the warm-up's last: what was
+                // counted so far is dropped, the resubmission below is
+                // the window's first.
+                w.start_window();
+                qp.reset_stats();
+                warmup_ended = true;
+            }
+            let time_up = clock.time_up(seen, stop);
+            let more = match plan.io_count {
+                // The count applies to the measured window only.
+                Some(n) => !time_up && (!clock.measuring || w.submitted < n),
+                None => !time_up,
+            };
+            if let (true, Some(buf)) = (more, c.buffer) {
+                let ring = plan.depth == 1;
+                if let Err(r) = w.submit(qp, plan, rng, buf, c.tag, ring) {
+                    w.refused.get_or_insert(r);
                 }
-                let time_up = clock.time_up(seen, stop);
-                let more = match plan.io_count {
-                    // The count applies to the measured window only.
-                    Some(n) => !time_up && (!clock.measuring || w.submitted < n),
-                    None => !time_up,
-                };
-                if let (true, Some(buf)) = (more, c.buffer) {
-                    let ring = plan.depth == 1;
-                    if let Err(r) = w.submit(qp, plan, rng, buf, c.tag, ring) {
-                        w.refused.get_or_insert(r);
-                    }
-                }
-                // Bookkeeping, after the resubmission.
-                if clock.measuring && !ends_warmup {
-                    w.hist
-                        .saturating_record(((ticks as f64) * plan.ns_per_tick) as u64);
-                    w.ios += 1;
-                    w.bytes += plan.io_size as u64;
-                    w.reaped_in_window += 1;
-                }
-                w.errors += u64::from(c.result.is_err());
-            })
-            .context("reaping completions")?;
+            }
+            // Bookkeeping, after the resubmission.
+            if clock.measuring && !ends_warmup {
+                w.hist
+                    .saturating_record(((ticks as f64) * plan.ns_per_tick) as u64);
+                w.ios += 1;
+                w.bytes += plan.io_size as u64;
+                w.reaped_in_window += 1;
+            }
+            w.errors += u64::from(c.result.is_err());
+            w.removed_ios += u64::from(c.result == Err(IoError::ControllerRemoved));
+        });
+        let ios = match ios {
+            Ok(n) => n,
+            // Released on the kernel's request: what was in flight was just
+            // delivered (counted above); this job is over, the run reports.
+            Err(upnvme::Error::ControllerRemoved { .. }) => {
+                self.w.removed = true;
+                self.w.in_flight = 0;
+                return Ok((0, false));
+            }
+            Err(e) => return Err(anyhow::Error::new(e).context("reaping completions")),
+        };
         if ios == 0 {
             return Ok((0, false));
         }
@@ -339,7 +360,15 @@ impl Job {
             self.w.reaped_in_window = 0;
         }
         if let Some(r) = self.w.refused.take() {
-            bail!("a resubmission was refused: {}", self.qp.describe(r));
+            let e = self.qp.describe(r);
+            if matches!(e, upnvme::Error::ControllerRemoved { .. }) {
+                // Released on the kernel's request while resubmitting: the
+                // remaining commands end at the next poll; the job is over.
+                self.w.removed = true;
+                self.w.in_flight = 0;
+                return Ok((u64::from(ios), warmup_ended));
+            }
+            bail!("a resubmission was refused: {e}");
         }
         Ok((u64::from(ios), warmup_ended))
     }
@@ -458,7 +487,8 @@ pub fn run(
         }
     }
 
-    let mut clock = RunClock::start(&plan, rdtsc());
+    let t_start = rdtsc();
+    let mut clock = RunClock::start(&plan, t_start);
     let mut done = Progress {
         shared: &progress,
         total: 0,
@@ -466,6 +496,14 @@ pub fn run(
     };
     run_loop(&mut jobs, &plan, &mut rng, &mut clock, &stop, &mut done)?;
     progress.store(done.total, Ordering::Relaxed);
+    let removed_after = jobs
+        .iter()
+        .any(|j| j.w.removed)
+        .then(|| rdtsc().saturating_sub(t_start) as f64 * plan.ns_per_tick / 1e9);
+    if removed_after.is_some() {
+        // Every worker stops: the controller is gone for all of them.
+        stop.store(true, Ordering::Relaxed);
+    }
     let (measuring, ns_per_tick) = (clock.measuring, plan.ns_per_tick);
     // Stopped (by a signal) before the warm-up ended: nothing was measured.
     let seconds = if measuring {
@@ -507,6 +545,8 @@ pub fn run(
                 seconds,
                 hist: j.hist,
                 errors: j.errors,
+                removed_ios: j.removed_ios,
+                removed_after,
                 stats: qp.stats(),
                 timing,
                 written,
@@ -614,6 +654,9 @@ fn run_loop(
             if finished {
                 return Ok(());
             }
+        }
+        if jobs.iter().any(|j| j.w.removed) {
+            return Ok(());
         }
         let mut reaped = 0u64;
         for i in 0..jobs.len() {
