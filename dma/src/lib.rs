@@ -40,7 +40,7 @@ pub mod vfio;
 pub use alloc::{DmaAllocator, DmaMapper};
 pub use error::DmaError;
 pub use iova::{IovaAllocator, IovaRange};
-pub use memory::{DmaBuffer, DmaRegion, PageBacking};
+pub use memory::{DmaBuffer, DmaPages, DmaRegion, PageBacking};
 pub use mmio::Bar;
 pub use pci::{PciAddress, Sysfs};
 pub use pool::{DmaPool, NotFromThisPool};

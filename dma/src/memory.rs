@@ -434,19 +434,37 @@ impl fmt::Debug for DmaBuffer {
     }
 }
 
-impl Drop for DmaBuffer {
+impl Drop for BufferInner {
     fn drop(&mut self) {
-        let i = &mut *self.inner;
-        if let Some(release) = i.release.take() {
-            release(&i.region, i.offset, i.len);
+        if let Some(release) = self.release.take() {
+            release(&self.region, self.offset, self.len);
         }
+    }
+}
+
+/// The pages of a DMA buffer, kept out of the allocator (and mapped for the
+/// device) without any way to read or write them: what is quarantined while
+/// the device may still access memory. Dropping it returns the pages.
+pub struct DmaPages {
+    _inner: Box<BufferInner>,
+}
+
+impl fmt::Debug for DmaPages {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DmaPages")
+            .field("iova", &format_args!("{:#x}", self._inner.iova))
+            .field("len", &self._inner.len)
+            .finish()
     }
 }
 
 impl DmaBuffer {
     /// A buffer over `len` bytes of `region` at `offset`; `release` runs on drop
-    /// (the allocator's way to take the pages back).
-    pub fn new(
+    /// (the allocator's way to take the pages back). Crate-private: a second
+    /// buffer over memory another handle (or the device) owns would alias it;
+    /// outside this crate buffers come from the allocator, a pool or
+    /// [`DmaBuffer::split`].
+    pub(crate) fn new(
         region: DmaRegion,
         offset: usize,
         len: usize,
@@ -544,14 +562,16 @@ impl DmaBuffer {
         self.inner.pool
     }
 
-    /// Moves the ownership of this buffer's pages into a new handle: `self`
+    /// Moves the ownership of this buffer's pages into a [`DmaPages`]: `self`
     /// stays a valid view of the same memory, but dropping it no longer returns
-    /// the pages to their allocator — dropping the returned handle does. Used
-    /// to quarantine memory the device may still access.
-    pub fn take_ownership(&mut self) -> DmaBuffer {
+    /// the pages to their allocator — dropping the `DmaPages` does. `DmaPages`
+    /// gives no access to the memory, so no second handle to it exists. Used
+    /// to quarantine memory the device may still access while its accessor
+    /// (a queue's ring) goes away.
+    pub fn detach_pages(&mut self) -> DmaPages {
         let i = &mut *self.inner;
-        DmaBuffer {
-            inner: Box::new(BufferInner {
+        DmaPages {
+            _inner: Box::new(BufferInner {
                 base: i.base,
                 len: i.len,
                 iova: i.iova,
@@ -563,6 +583,11 @@ impl DmaBuffer {
                 parent: i.parent.clone(),
             }),
         }
+    }
+
+    /// The buffer's pages without access to them (see [`DmaBuffer::detach_pages`]).
+    pub fn into_pages(mut self) -> DmaPages {
+        self.detach_pages()
     }
 
     /// Length in bytes.

@@ -11,7 +11,7 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use upnvme_dma::DmaBuffer;
+use upnvme_dma::{DmaBuffer, DmaPages};
 use upnvme_queues::regs::{REG_CSTS, cq_head_doorbell, sq_tail_doorbell};
 use upnvme_queues::{AsyncEvent, CidTable, CqRing, Cqe, Csts, SqRing, Sqe};
 
@@ -59,7 +59,7 @@ pub(crate) struct AdminQueue {
     aer_to_post: u32,
     /// Buffers of commands that timed out: kept until the controller is
     /// disabled, because a late DMA into freed memory is silent corruption.
-    quarantine: Vec<DmaBuffer>,
+    quarantine: Vec<DmaPages>,
 }
 
 impl AdminQueue {
@@ -233,7 +233,7 @@ impl AdminQueue {
                 let waited = start.elapsed();
                 if waited >= timeout {
                     if let Some(buf) = data {
-                        self.quarantine.push(buf);
+                        self.quarantine.push(buf.into_pages());
                     }
                     return Err(Error::Timeout {
                         what: format!("{what} to complete on the admin queue"),

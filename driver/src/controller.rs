@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use upnvme_dma::{DmaBuffer, DmaPool, PciAddress, Sysfs};
+use upnvme_dma::{DmaBuffer, DmaPages, DmaPool, PciAddress, Sysfs};
 use upnvme_queues::regs::{REG_ACQ, REG_AQA, REG_ASQ, REG_CAP, REG_CC, REG_CSTS, REG_VS, aqa};
 use upnvme_queues::{
     AsyncEvent, Cap, Cc, Cqe, Csts, ErrorLogEntry, FirmwareSlotLog, IdentifyController,
@@ -87,7 +87,7 @@ pub(crate) struct Inner<D: Device> {
     qids: Mutex<Vec<bool>>,
     /// Memory the device may still access (timed-out commands, queues whose
     /// deletion failed): released only after the controller is disabled.
-    quarantine: Mutex<Vec<DmaBuffer>>,
+    quarantine: Mutex<Vec<DmaPages>>,
     identify: IdentifyController,
     namespaces: Vec<Namespace>,
     granted_io_queues: u16,
@@ -592,7 +592,7 @@ impl<D: Device> Inner<D> {
     }
 
     /// Keeps memory alive until the controller is disabled.
-    pub(crate) fn quarantine(&self, bufs: Vec<DmaBuffer>) {
+    pub(crate) fn quarantine(&self, bufs: Vec<DmaPages>) {
         if let Ok(mut q) = self.quarantine.lock() {
             q.extend(bufs);
         }

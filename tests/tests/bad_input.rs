@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use common::{T, assert_clean, config_one_ns, open, opts, setup};
 use upnvme::dma::memory::HostMemory;
-use upnvme::dma::{DmaAllocator, DmaMapper, DmaRegion, PciAddress, Sysfs};
+use upnvme::dma::{DmaAllocator, DmaMapper, PciAddress, Sysfs};
 use upnvme::{
     Controller, ControllerOptions, DmaBuffer, DsmRange, Error, IoCommand, IoQueuePair, Namespace,
     PageBacking, QueuePairOptions, Reject, VfioNvme,
@@ -388,19 +388,26 @@ fn dma_buffer_access_past_its_end() {
 
 #[test]
 fn data_buffer_not_dword_aligned() {
-    // alloc_dma only hands out page-aligned buffers; one built by hand at an
-    // odd offset of a region cannot be described by a PRP (bits 1:0 of PRP1
+    // alloc_dma only hands out page-aligned buffers; a piece of one at an
+    // odd offset cannot be described by a PRP (bits 1:0 of PRP1
     // must be zero) and is refused before the device sees it.
     let (m, c, mut qp) = pair();
     let ns = ns1(&c);
-    let region = DmaRegion::new(8192, PageBacking::Small4K, Arc::new(NoDevice)).unwrap();
-    let odd = DmaBuffer::new(region, 2, 4096, None).unwrap();
+    // The second piece of a split at 4098 bytes starts 2 bytes past a dword.
+    let odd = c
+        .alloc_dma(3 * 4096)
+        .unwrap()
+        .split(4098)
+        .unwrap()
+        .swap_remove(1);
+    assert_eq!(odd.iova() % 4, 2);
+    let iova = odd.iova();
     let fetched = m.commands_fetched();
     let f = qp.submit(read(&ns, 0, 1), Some(odd), 1).unwrap_err();
-    // The buffer handed back is the unaligned one (IOVA 0x40000002).
+    // The buffer handed back is the unaligned one.
     assert_eq!(
         f.buffer.as_ref().map(DmaBuffer::iova),
-        Some(0x4000_0002),
+        Some(iova),
         "buffer handed back"
     );
     assert_eq!(m.commands_fetched(), fetched);

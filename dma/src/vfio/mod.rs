@@ -32,10 +32,22 @@ pub const PCI_COMMAND_MASTER: u16 = 1 << 2;
 /// Command register: Interrupt Disable (INTx).
 pub const PCI_COMMAND_INTX_DISABLE: u16 = 1 << 10;
 
-fn ioctl_ptr<T>(fd: &impl AsRawFd, req: u64, arg: &mut T, what: &str) -> Result<i32, DmaError> {
-    // SAFETY: `arg` is a live, exclusively borrowed `#[repr(C)]` argument
-    // structure of the layout the kernel expects for `req` (see `abi`), with its
-    // `argsz` set by the caller; the kernel writes at most `argsz` bytes.
+/// `ioctl(fd, req, arg)` for a request that takes a pointer to a structure.
+///
+/// # Safety
+/// `T` must be the `#[repr(C)]` argument structure of exactly the layout the
+/// kernel expects for `req` (see [`abi`]), with its `argsz` (when it has one)
+/// set to its size: the kernel reads and writes up to that many bytes through
+/// the pointer, which a wrong type would turn into an out-of-bounds access.
+unsafe fn ioctl_ptr<T>(
+    fd: &impl AsRawFd,
+    req: u64,
+    arg: &mut T,
+    what: &str,
+) -> Result<i32, DmaError> {
+    // SAFETY: `arg` is a live, exclusively borrowed argument structure of the
+    // layout the kernel expects for `req`, with its `argsz` set (the
+    // caller's contract); the kernel writes at most `argsz` bytes.
     let r = unsafe { libc::ioctl(fd.as_raw_fd(), req as _, arg as *mut T) };
     if r < 0 {
         return Err(DmaError::last_os(what));
@@ -100,12 +112,16 @@ impl VfioContainer {
             });
         }
         let mut cfd: i32 = container.as_raw_fd();
-        ioctl_ptr(
-            &group,
-            abi::VFIO_GROUP_SET_CONTAINER,
-            &mut cfd,
-            "VFIO_GROUP_SET_CONTAINER",
-        )?;
+        // SAFETY: VFIO_GROUP_SET_CONTAINER takes a pointer to the container's
+        // fd, an i32.
+        unsafe {
+            ioctl_ptr(
+                &group,
+                abi::VFIO_GROUP_SET_CONTAINER,
+                &mut cfd,
+                "VFIO_GROUP_SET_CONTAINER",
+            )
+        }?;
         ioctl_val(
             &container,
             abi::VFIO_SET_IOMMU,
@@ -148,12 +164,15 @@ fn iommu_info(container: &OwnedFd) -> Result<(Vec<IovaRange>, u64), DmaError> {
         argsz: std::mem::size_of::<abi::IommuInfo>() as u32,
         ..Default::default()
     };
-    ioctl_ptr(
-        container,
-        abi::VFIO_IOMMU_GET_INFO,
-        &mut head,
-        "VFIO_IOMMU_GET_INFO",
-    )?;
+    // SAFETY: the argument is `abi`'s structure for VFIO_IOMMU_GET_INFO, argsz set.
+    unsafe {
+        ioctl_ptr(
+            container,
+            abi::VFIO_IOMMU_GET_INFO,
+            &mut head,
+            "VFIO_IOMMU_GET_INFO",
+        )
+    }?;
     let pgsizes = head.iova_pgsizes;
     let full = (head.argsz as usize).max(std::mem::size_of::<abi::IommuInfo>());
     // Without the capability (old kernels), the whole 64-bit space minus page 0
@@ -244,7 +263,9 @@ impl DmaMapper for VfioContainer {
             iova,
             size: len as u64,
         };
-        if let Err(e) = ioctl_ptr(&self.container, abi::VFIO_IOMMU_MAP_DMA, &mut m, "map") {
+        // SAFETY: the argument is `abi`'s structure for VFIO_IOMMU_MAP_DMA, argsz set.
+        let mapped = unsafe { ioctl_ptr(&self.container, abi::VFIO_IOMMU_MAP_DMA, &mut m, "map") };
+        if let Err(e) = mapped {
             if let Ok(mut a) = self.iova.lock() {
                 a.free(iova, len as u64);
             }
@@ -270,7 +291,8 @@ impl DmaMapper for VfioContainer {
         };
         // An unmap can only fail if the mapping is already gone; either way the
         // device has no access afterwards, and the IOVA can be reused.
-        let _ = ioctl_ptr(&self.container, abi::VFIO_IOMMU_UNMAP_DMA, &mut u, "unmap");
+        // SAFETY: the argument is `abi`'s structure for VFIO_IOMMU_UNMAP_DMA, argsz set.
+        let _ = unsafe { ioctl_ptr(&self.container, abi::VFIO_IOMMU_UNMAP_DMA, &mut u, "unmap") };
         if let Ok(mut a) = self.iova.lock() {
             a.free(iova, len as u64);
         }
@@ -324,12 +346,15 @@ impl VfioDevice {
             argsz: std::mem::size_of::<abi::GroupStatus>() as u32,
             flags: 0,
         };
-        ioctl_ptr(
-            &group,
-            abi::VFIO_GROUP_GET_STATUS,
-            &mut status,
-            "VFIO_GROUP_GET_STATUS",
-        )?;
+        // SAFETY: the argument is `abi`'s structure for VFIO_GROUP_GET_STATUS, argsz set.
+        unsafe {
+            ioctl_ptr(
+                &group,
+                abi::VFIO_GROUP_GET_STATUS,
+                &mut status,
+                "VFIO_GROUP_GET_STATUS",
+            )
+        }?;
         if status.flags & abi::VFIO_GROUP_FLAGS_VIABLE == 0 {
             return Err(DmaError::GroupNotViable {
                 address: address.to_string(),
@@ -363,12 +388,15 @@ impl VfioDevice {
             argsz: std::mem::size_of::<abi::DeviceInfo>() as u32,
             ..Default::default()
         };
-        ioctl_ptr(
-            &device,
-            abi::VFIO_DEVICE_GET_INFO,
-            &mut info,
-            "VFIO_DEVICE_GET_INFO",
-        )?;
+        // SAFETY: the argument is `abi`'s structure for VFIO_DEVICE_GET_INFO, argsz set.
+        unsafe {
+            ioctl_ptr(
+                &device,
+                abi::VFIO_DEVICE_GET_INFO,
+                &mut info,
+                "VFIO_DEVICE_GET_INFO",
+            )
+        }?;
         if info.flags & abi::VFIO_DEVICE_FLAGS_PCI == 0
             || info.num_regions <= abi::VFIO_PCI_CONFIG_REGION_INDEX
         {
@@ -480,12 +508,15 @@ impl VfioDevice {
                 ),
             });
         };
-        ioctl_ptr(
-            file,
-            abi::VFIO_DEVICE_GET_IRQ_INFO,
-            &mut info,
-            "VFIO_DEVICE_GET_IRQ_INFO",
-        )?;
+        // SAFETY: the argument is `abi`'s structure for VFIO_DEVICE_GET_IRQ_INFO, argsz set.
+        unsafe {
+            ioctl_ptr(
+                file,
+                abi::VFIO_DEVICE_GET_IRQ_INFO,
+                &mut info,
+                "VFIO_DEVICE_GET_IRQ_INFO",
+            )
+        }?;
         if info.count == 0 {
             return Err(DmaError::Unsupported {
                 what: format!("a device request IRQ on {}", self.address),
@@ -506,12 +537,15 @@ impl VfioDevice {
             count: 1,
             fd: fd.as_raw_fd(),
         };
-        ioctl_ptr(
-            file,
-            abi::VFIO_DEVICE_SET_IRQS,
-            &mut set,
-            "VFIO_DEVICE_SET_IRQS (device request)",
-        )?;
+        // SAFETY: the argument is `abi`'s structure for VFIO_DEVICE_SET_IRQS, argsz set.
+        unsafe {
+            ioctl_ptr(
+                file,
+                abi::VFIO_DEVICE_SET_IRQS,
+                &mut set,
+                "VFIO_DEVICE_SET_IRQS (device request)",
+            )
+        }?;
         Ok(DeviceRequest { fd })
     }
 
@@ -603,12 +637,15 @@ fn region_info(device: &File, index: u32) -> Result<abi::RegionInfo, DmaError> {
         index,
         ..Default::default()
     };
-    ioctl_ptr(
-        device,
-        abi::VFIO_DEVICE_GET_REGION_INFO,
-        &mut info,
-        "VFIO_DEVICE_GET_REGION_INFO",
-    )?;
+    // SAFETY: the argument is `abi`'s structure for VFIO_DEVICE_GET_REGION_INFO, argsz set.
+    unsafe {
+        ioctl_ptr(
+            device,
+            abi::VFIO_DEVICE_GET_REGION_INFO,
+            &mut info,
+            "VFIO_DEVICE_GET_REGION_INFO",
+        )
+    }?;
     if info.flags & (abi::VFIO_REGION_INFO_FLAG_READ | abi::VFIO_REGION_INFO_FLAG_WRITE) == 0 {
         return Err(DmaError::Unsupported {
             what: format!("region {index} without read/write access"),

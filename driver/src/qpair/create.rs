@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use upnvme_dma::{CqMemory, DmaBuffer, SqMemory};
+use upnvme_dma::{CqMemory, DmaBuffer, DmaPages, SqMemory};
 use upnvme_queues::prp::list_pages;
 use upnvme_queues::regs::{cq_head_doorbell, sq_tail_doorbell};
 use upnvme_queues::shadow::{cq_head_offset, sq_tail_offset};
@@ -197,14 +197,15 @@ impl<D: Device> Drop for IoQueuePair<D> {
         if !deleted {
             // The device may still DMA: keep everything it could touch alive
             // until the controller is disabled.
-            let mut keep: Vec<DmaBuffer> = self
+            let mut keep: Vec<DmaPages> = self
                 .trackers
                 .values_mut()
                 .filter_map(|t| t.buffer.take())
+                .map(DmaBuffer::into_pages)
                 .collect();
-            keep.push(self.sq.buffer_mut().take_ownership());
-            keep.push(self.cq.buffer_mut().take_ownership());
-            keep.push(self.prp_lists.take_ownership());
+            keep.push(self.sq.buffer_mut().detach_pages());
+            keep.push(self.cq.buffer_mut().detach_pages());
+            keep.push(self.prp_lists.detach_pages());
             self.ctrl.quarantine(keep);
         }
         self.ctrl.free_qid(self.qid);

@@ -242,6 +242,11 @@ impl<D: Device> IoQueuePair<D> {
     /// Writes the CQ head doorbell (shadow and/or MMIO, see doorbell.rs).
     #[inline(never)]
     pub(super) fn commit_cq_head(&mut self) {
+        // Never a doorbell for a failed or closed controller, or for queues a
+        // reset deleted (parked completions may still be delivered then).
+        if !self.current() {
+            return;
+        }
         if let Some(head) = self.cq_ring.commit() {
             let shadow = self.ctrl.shadow().map(|s| (&s.doorbells, &s.event_idx));
             self.doorbells

@@ -265,13 +265,12 @@ impl<D: Device> IoQueuePair<D> {
         ];
         if !self.sq.write_sqe(u32::from(pos), &q) {
             // Cannot happen (pos < entries); if it did, the slot would hold
-            // garbage and must never be announced: fail the pair. The command
-            // ends with the next reset or close, with its buffer.
+            // garbage and must never be announced: fail the pair (no doorbell
+            // is ever written for it again) and hand the command back — the
+            // device never saw it, so its CID is free and its buffer the
+            // caller's.
             self.set_failed();
-            return Err(Rejected {
-                reason: Reject::Unusable,
-                buffer: None,
-            });
+            return Err(self.unqueue(slot, Reject::Unusable));
         }
         // As in `submit`: no doorbell for queues a reset deleted meanwhile.
         if self.announce_at_once && self.current() {
