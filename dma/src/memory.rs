@@ -1,11 +1,12 @@
 //! Host memory the device can reach: hugepage mappings, their IOVA, and the
 //! buffer type through which the CPU touches them.
 //!
-//! The rule of this module: **no Rust reference ever points into memory the
-//! device may write.** The CPU reads and writes it by copy (`read_bytes`,
-//! `write_bytes`), by volatile access (`read_u32`, `write_u64`, ...), or by an
-//! atomic acquire load (`load_acquire_u32`, used for the completion queue
-//! entry's phase word). Every access is bounds-checked and returns an error
+//! The rule of this module: **no plain Rust reference (`&T`, `&mut T`) ever
+//! points into memory the device may write.** The CPU reads and writes it by
+//! copy (`read_bytes`, `write_bytes`), by volatile access (`read_u32`,
+//! `write_u64`, ...), or by an atomic acquire load or release store
+//! (`load_acquire_u32`, used for the completion queue entry's phase word),
+//! whose `&AtomicU32` (from `AtomicU32::from_ptr`) lives for that one access. Every access is bounds-checked and returns an error
 //! instead of touching memory outside the mapping.
 
 use std::fmt;

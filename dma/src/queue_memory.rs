@@ -7,7 +7,8 @@
 //! base pointer never change, so an access is one compare of the slot index
 //! with the entry count (no length arithmetic, no `Result` with an error to
 //! build), and the SQE is written straight into its slot with eight 64-bit
-//! volatile stores. No Rust reference into the ring is ever formed.
+//! volatile stores. No plain reference into the ring is ever formed (the
+//! CQE's dword 3 is read through a one-access `&AtomicU32`).
 
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -15,8 +15,10 @@
 //! ```
 //!
 //! Crate map: [`device`] (the register + DMA abstraction and its VFIO
-//! implementation), [`controller`] (bring-up, admin commands, shutdown),
-//! [`namespace`], [`options`], [`error`].
+//! implementation), [`controller`] (bring-up, admin commands, shutdown,
+//! reset, release on the kernel's request), [`namespace`] (namespace
+//! handles), [`qpair`] (I/O queue pairs: submission, completion, recovery),
+//! [`options`], [`error`].
 
 mod admin;
 pub mod controller;

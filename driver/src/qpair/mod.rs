@@ -14,16 +14,25 @@
 //!
 //! ## Ordering contract (the reason this type is `!Sync`)
 //!
-//! Submission, in this order:
-//! 1. the tracker of the command's CID slot gets the caller's tag and buffer;
-//! 2. the SQE is written into the SQ slot;
-//! 3. the SQ tail doorbell (MMIO, or shadow + EventIdx check) is written —
-//!    `Device::write32` orders the SQE stores before it;
-//! 4. only then software bookkeeping (statistics) runs, while the device is
+//! Submission, in this order (`submit.rs`, `queue_sqe` then `submit`):
+//! 1. the pair's state is checked (one load of the controller's state word
+//!    against the pair's expected value) and the command validated; nothing
+//!    has happened yet if either refuses;
+//! 2. the tracker of the command's CID slot gets the caller's tag and buffer;
+//! 3. CQ space is ensured (`cq_space_for_submit`: the CQ head doorbell is
+//!    written first if more entries were consumed unannounced than the slack
+//!    allows);
+//! 4. a PRP List (or the Dataset Management ranges) goes into the slot's
+//!    page, and the SQE is written into the SQ slot;
+//! 5. the state word is checked once more (a reset from another thread may
+//!    have deleted the queues), then the SQ tail doorbell (MMIO, or shadow +
+//!    EventIdx check) is written — `Device::write32` orders the SQE stores
+//!    before it;
+//! 6. only then software bookkeeping (statistics) runs, while the device is
 //!    already fetching the command.
 //!
-//! Step 4 after step 3 is safe because the CID → tracker entry was written in
-//! step 1, before the device could see the command, and nothing can reap this
+//! Step 6 after step 5 is safe because the CID → tracker entry was written in
+//! step 2, before the device could see the command, and nothing can reap this
 //! queue before the owner thread finishes submitting: the pair is single-owner
 //! (`!Sync`, `&mut self` everywhere), and the opportunistic reap
 //! (`reap_on_submit`) runs after the bookkeeping.
@@ -116,7 +125,8 @@ struct Tracker {
 /// A polled I/O submission/completion queue pair. See the module docs for the
 /// ordering contract.
 pub struct IoQueuePair<D: Device = VfioNvme> {
-    // Hot fields first.
+    // Grouped by use for the reader; rustc chooses the layout (no
+    // `#[repr(C)]`), so no placement in cache lines is implied.
     /// `ctrl.state()` equals this exactly when the controller is usable, was
     /// not reset since this pair's queues were made, and the pair is neither
     /// failed nor waiting to re-create its queues ([`NEVER`] then).
