@@ -33,6 +33,7 @@ pub mod mmio;
 pub mod pci;
 pub mod pool;
 pub mod queue_memory;
+pub mod shared_words;
 pub mod sigbus;
 pub mod tsc;
 pub mod vfio;
@@ -45,6 +46,7 @@ pub use mmio::Bar;
 pub use pci::{PciAddress, Sysfs};
 pub use pool::{DmaPool, NotFromThisPool};
 pub use queue_memory::{CqMemory, CqSlot, SqMemory};
+pub use shared_words::SharedWords;
 pub use vfio::{DeviceRequest, VfioContainer, VfioDevice};
 
 /// Size of the pages the allocator hands out and the NVMe memory page size the

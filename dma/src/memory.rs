@@ -12,7 +12,7 @@
 use std::fmt;
 use std::ptr::NonNull;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU16, AtomicU32, AtomicU64, Ordering};
 
 use crate::error::DmaError;
 
@@ -171,54 +171,67 @@ impl HostMemory {
         }
     }
 
-    /// Volatile little-endian 16-bit read.
+    // Every accessor of `HostMemory` is atomic (relaxed unless stated): the
+    // type is `Sync` and reached through `Arc`s by every buffer of a region
+    // and by the device side (a `DmaMapper`, e.g. the in-memory model), so
+    // two safe callers touching the same bytes concurrently get torn data at
+    // worst, never a data race. The host's own hot accessors are
+    // `DmaBuffer`'s (one owner thread: the buffer is `!Sync`).
+
+    /// Little-endian 16-bit read.
     #[inline]
     pub fn read_u16(&self, offset: usize) -> Result<u16, DmaError> {
         let p = self.check(offset, 2, 2)?;
-        // SAFETY: `p` is inside the live mapping and 2-byte aligned (checked).
-        Ok(u16::from_le(unsafe { p.cast::<u16>().read_volatile() }))
+        // SAFETY: `p` is inside the live mapping and 2-byte aligned (checked);
+        // the `&AtomicU16` lives for this one load.
+        let v = unsafe { AtomicU16::from_ptr(p.cast::<u16>()) }.load(Ordering::Relaxed);
+        Ok(u16::from_le(v))
     }
 
-    /// Volatile little-endian 16-bit write.
+    /// Little-endian 16-bit write.
     #[inline]
     pub fn write_u16(&self, offset: usize, value: u16) -> Result<(), DmaError> {
         let p = self.check(offset, 2, 2)?;
-        // SAFETY: `p` is inside the live mapping and 2-byte aligned (checked).
-        unsafe { p.cast::<u16>().write_volatile(value.to_le()) };
+        // SAFETY: as in `read_u16`.
+        unsafe { AtomicU16::from_ptr(p.cast::<u16>()) }.store(value.to_le(), Ordering::Relaxed);
         Ok(())
     }
 
-    /// Volatile little-endian 32-bit read.
+    /// Little-endian 32-bit read.
     #[inline]
     pub fn read_u32(&self, offset: usize) -> Result<u32, DmaError> {
         let p = self.check(offset, 4, 4)?;
-        // SAFETY: `p` is inside the live mapping and 4-byte aligned (checked).
-        Ok(u32::from_le(unsafe { p.cast::<u32>().read_volatile() }))
+        // SAFETY: inside the live mapping and 4-byte aligned (checked); the
+        // `&AtomicU32` lives for this one load.
+        let v = unsafe { AtomicU32::from_ptr(p.cast::<u32>()) }.load(Ordering::Relaxed);
+        Ok(u32::from_le(v))
     }
 
-    /// Volatile little-endian 32-bit write.
+    /// Little-endian 32-bit write.
     #[inline]
     pub fn write_u32(&self, offset: usize, value: u32) -> Result<(), DmaError> {
         let p = self.check(offset, 4, 4)?;
-        // SAFETY: `p` is inside the live mapping and 4-byte aligned (checked).
-        unsafe { p.cast::<u32>().write_volatile(value.to_le()) };
+        // SAFETY: as in `read_u32`.
+        unsafe { AtomicU32::from_ptr(p.cast::<u32>()) }.store(value.to_le(), Ordering::Relaxed);
         Ok(())
     }
 
-    /// Volatile little-endian 64-bit read.
+    /// Little-endian 64-bit read.
     #[inline]
     pub fn read_u64(&self, offset: usize) -> Result<u64, DmaError> {
         let p = self.check(offset, 8, 8)?;
-        // SAFETY: `p` is inside the live mapping and 8-byte aligned (checked).
-        Ok(u64::from_le(unsafe { p.cast::<u64>().read_volatile() }))
+        // SAFETY: inside the live mapping and 8-byte aligned (checked); the
+        // `&AtomicU64` lives for this one load.
+        let v = unsafe { AtomicU64::from_ptr(p.cast::<u64>()) }.load(Ordering::Relaxed);
+        Ok(u64::from_le(v))
     }
 
-    /// Volatile little-endian 64-bit write.
+    /// Little-endian 64-bit write.
     #[inline]
     pub fn write_u64(&self, offset: usize, value: u64) -> Result<(), DmaError> {
         let p = self.check(offset, 8, 8)?;
-        // SAFETY: `p` is inside the live mapping and 8-byte aligned (checked).
-        unsafe { p.cast::<u64>().write_volatile(value.to_le()) };
+        // SAFETY: as in `read_u64`.
+        unsafe { AtomicU64::from_ptr(p.cast::<u64>()) }.store(value.to_le(), Ordering::Relaxed);
         Ok(())
     }
 
@@ -246,33 +259,34 @@ impl HostMemory {
         Ok(())
     }
 
-    /// Copies `src` into the mapping at `offset`.
-    #[inline]
+    /// Copies `src` into the mapping at `offset` (byte by byte, atomically).
     pub fn write_bytes(&self, offset: usize, src: &[u8]) -> Result<(), DmaError> {
         let p = self.check(offset, src.len(), 1)?;
-        // SAFETY: destination range is inside the live mapping (checked); `src`
-        // is a Rust slice and cannot overlap device memory because no Rust
-        // reference into the mapping is ever created.
-        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), p, src.len()) };
+        for (i, &b) in src.iter().enumerate() {
+            // SAFETY: `p + i` is inside the live mapping (the whole range was
+            // checked); the `&AtomicU8` lives for this one store.
+            unsafe { AtomicU8::from_ptr(p.wrapping_add(i)) }.store(b, Ordering::Relaxed);
+        }
         Ok(())
     }
 
-    /// Copies from the mapping at `offset` into `dst`.
-    #[inline]
+    /// Copies from the mapping at `offset` into `dst` (byte by byte, atomically).
     pub fn read_bytes(&self, offset: usize, dst: &mut [u8]) -> Result<(), DmaError> {
         let p = self.check(offset, dst.len(), 1)?;
-        // SAFETY: source range is inside the live mapping (checked); `dst` is a
-        // Rust slice that cannot overlap the mapping (no references into it
-        // exist).
-        unsafe { std::ptr::copy_nonoverlapping(p, dst.as_mut_ptr(), dst.len()) };
+        for (i, d) in dst.iter_mut().enumerate() {
+            // SAFETY: as in `write_bytes`.
+            *d = unsafe { AtomicU8::from_ptr(p.wrapping_add(i)) }.load(Ordering::Relaxed);
+        }
         Ok(())
     }
 
-    /// Sets `len` bytes at `offset` to `byte`.
+    /// Sets `len` bytes at `offset` to `byte` (atomically, byte by byte).
     pub fn fill(&self, offset: usize, len: usize, byte: u8) -> Result<(), DmaError> {
         let p = self.check(offset, len, 1)?;
-        // SAFETY: the range is inside the live mapping (checked).
-        unsafe { std::ptr::write_bytes(p, byte, len) };
+        for i in 0..len {
+            // SAFETY: as in `write_bytes`.
+            unsafe { AtomicU8::from_ptr(p.wrapping_add(i)) }.store(byte, Ordering::Relaxed);
+        }
         Ok(())
     }
 }
@@ -395,6 +409,17 @@ pub type ReleaseFn = Box<dyn FnOnce(&DmaRegion, usize, usize) + Send + Sync>;
 /// buffer is made), so moving a buffer into a command and back out with its
 /// completion copies 8 bytes and touches no reference count; `Option<DmaBuffer>`
 /// is 8 bytes too.
+///
+/// `Send` but not `Sync`: its copies and volatile accesses are not atomic, so
+/// a buffer has one user at a time (it moves between threads with its
+/// command). Memory several threads share is a [`crate::SharedWords`].
+///
+/// ```compile_fail
+/// fn shared<T: Sync>(_: &T) {}
+/// # fn f(b: &upnvme_dma::DmaBuffer) {
+/// shared(b); // error: `DmaBuffer` cannot be shared between threads
+/// # }
+/// ```
 pub struct DmaBuffer {
     inner: Box<BufferInner>,
 }
@@ -413,7 +438,7 @@ struct BufferInner {
     release: Option<ReleaseFn>,
     /// The buffer this one is carved from (pool buffers keep their slab's
     /// pages out of the allocator until the last of them is gone).
-    parent: Option<Arc<DmaBuffer>>,
+    parent: Option<Arc<DmaPages>>,
 }
 
 // SAFETY: `base` points into `mem`, which the buffer keeps alive (`Arc`);
@@ -421,10 +446,15 @@ struct BufferInner {
 // bounds-checked volatile, atomic or copy operation, as `HostMemory`'s own
 // (which is `Send`). The other fields are `Send` themselves.
 unsafe impl Send for BufferInner {}
-// SAFETY: as for `Send`, and as `HostMemory` is `Sync`: all methods that
-// reach the memory take `&self` and use only raw-pointer volatile, atomic or
-// copy accesses within bounds.
-unsafe impl Sync for BufferInner {}
+const _: () = {
+    const fn send<T: Send>() {}
+    send::<DmaBuffer>();
+};
+
+// Not `Sync`: `DmaBuffer`'s copies and volatile accesses are not atomic, so
+// two threads holding `&DmaBuffer` could race on the same bytes. One owner
+// thread at a time (the buffer moves, with its command, between threads);
+// memory several threads share goes through `SharedWords` (atomic only).
 
 impl fmt::Debug for DmaBuffer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -445,10 +475,16 @@ impl Drop for BufferInner {
 
 /// The pages of a DMA buffer, kept out of the allocator (and mapped for the
 /// device) without any way to read or write them: what is quarantined while
-/// the device may still access memory. Dropping it returns the pages.
+/// the device may still access memory, and what the pieces of a split buffer
+/// or a pool share. Dropping it returns the pages.
 pub struct DmaPages {
     _inner: Box<BufferInner>,
 }
+
+// SAFETY: a `DmaPages` gives no access to the memory at all (no method reads
+// or writes it), so sharing it between threads cannot race; dropping it runs
+// the allocator's release, which is `Send + Sync`.
+unsafe impl Sync for DmaPages {}
 
 impl fmt::Debug for DmaPages {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -505,12 +541,12 @@ impl DmaBuffer {
     /// A view of `len` bytes at `offset` of `parent`, keeping `parent` (and
     /// so its pages) alive; tagged as belonging to pool `pool`.
     pub(crate) fn carve(
-        parent: &Arc<DmaBuffer>,
+        parent: &Arc<DmaPages>,
         offset: usize,
         len: usize,
         pool: u64,
     ) -> Result<DmaBuffer, DmaError> {
-        let p = &parent.inner;
+        let p = &parent._inner;
         let start = p.offset.checked_add(offset);
         if offset.checked_add(len).is_none_or(|end| end > p.len) || len == 0 || start.is_none() {
             return Err(DmaError::OutOfBounds {
@@ -539,7 +575,7 @@ impl DmaBuffer {
             ));
         }
         let total = self.inner.len;
-        let parent = Arc::new(self);
+        let parent = Arc::new(self.into_pages());
         (0..total.div_ceil(len))
             .map(|i| {
                 let off = i * len;

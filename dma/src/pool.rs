@@ -91,7 +91,7 @@ impl DmaPool {
             )));
         }
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-        let slab = Arc::new(slab);
+        let slab = Arc::new(slab.into_pages());
         let mut free = Vec::with_capacity(count);
         // Pushed in reverse so that `get` hands out the lowest IOVA first.
         for i in (0..count).rev() {

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use upnvme_dma::{DmaBuffer, DmaPages, DmaPool, PciAddress, Sysfs};
+use upnvme_dma::{DmaBuffer, DmaPages, DmaPool, PciAddress, SharedWords, Sysfs};
 use upnvme_queues::regs::{REG_ACQ, REG_AQA, REG_ASQ, REG_CAP, REG_CC, REG_CSTS, REG_VS, aqa};
 use upnvme_queues::{
     AsyncEvent, Cap, Cc, Cqe, Csts, ErrorLogEntry, FirmwareSlotLog, IdentifyController,
@@ -47,12 +47,14 @@ pub enum BringupStep {
 }
 
 /// Shadow doorbell and EventIdx buffers registered with Doorbell Buffer Config.
+/// Shared by every queue pair of the controller, each on its own thread, so
+/// they are reached through atomic word accesses only ([`SharedWords`]).
 #[derive(Debug)]
 pub struct ShadowBuffers {
     /// The Shadow Doorbell buffer (PRP1 of the command).
-    pub doorbells: DmaBuffer,
+    pub doorbells: SharedWords,
     /// The EventIdx buffer (PRP2 of the command).
-    pub event_idx: DmaBuffer,
+    pub event_idx: SharedWords,
 }
 
 /// `Inner::state` bit: closed.
@@ -837,8 +839,10 @@ impl<D: Device> Inner<D> {
             });
         }
         if let Some(s) = &self.shadow {
-            s.doorbells.fill(0, s.doorbells.len(), 0)?;
-            s.event_idx.fill(0, s.event_idx.len(), 0)?;
+            // Atomic word stores: queue pairs on other threads may store
+            // their own shadow doorbells at the same time.
+            s.doorbells.zero()?;
+            s.event_idx.zero()?;
             let what = "Doorbell Buffer Config";
             let (cqe, _) = admin.execute(
                 dev,
@@ -1344,8 +1348,8 @@ fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<Inner<D>> {
             "Doorbell Buffer Config",
         )?;
         inner.shadow = Some(ShadowBuffers {
-            doorbells,
-            event_idx,
+            doorbells: SharedWords::new(doorbells),
+            event_idx: SharedWords::new(event_idx),
         });
     }
 

@@ -102,7 +102,7 @@ impl<D: Device> IoQueuePair<D> {
                 };
                 // A re-used qid may have left values in the shadow buffer: the
                 // new queues start at tail 0 / head 0.
-                let zero = |b: &DmaBuffer| -> Result<()> {
+                let zero = |b: &upnvme_dma::SharedWords| -> Result<()> {
                     b.store_release_u32(slots.sq, 0)?;
                     b.store_release_u32(slots.cq, 0)?;
                     Ok(())

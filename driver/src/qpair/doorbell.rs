@@ -42,7 +42,7 @@
 
 use std::sync::atomic::{Ordering, fence};
 
-use upnvme_dma::DmaBuffer;
+use upnvme_dma::SharedWords;
 use upnvme_queues::need_mmio;
 
 use super::stats::QueueStats;
@@ -103,7 +103,7 @@ impl Doorbells {
     pub fn ring_sq<D: Device>(
         &mut self,
         dev: &D,
-        shadow: Option<(&DmaBuffer, &DmaBuffer)>,
+        shadow: Option<(&SharedWords, &SharedWords)>,
         tail: u16,
         stats: &mut QueueStats,
     ) {
@@ -136,7 +136,7 @@ impl Doorbells {
     pub fn ring_cq<D: Device>(
         &mut self,
         dev: &D,
-        shadow: Option<(&DmaBuffer, &DmaBuffer)>,
+        shadow: Option<(&SharedWords, &SharedWords)>,
         head: u16,
         stats: &mut QueueStats,
     ) {
@@ -172,12 +172,12 @@ impl Doorbells {
 /// created; should an access fail anyway, the answer is "write the MMIO
 /// doorbell", which is always correct.
 #[inline]
-fn update_shadow(db: &DmaBuffer, ei: &DmaBuffer, off: usize, new: u16, old: u16) -> bool {
+fn update_shadow(db: &SharedWords, ei: &SharedWords, off: usize, new: u16, old: u16) -> bool {
     if db.store_release_u32(off, new as u32).is_err() {
         return true;
     }
     fence(Ordering::SeqCst);
-    match ei.read_u32(off) {
+    match ei.load_u32(off) {
         Ok(event_idx) => need_mmio(event_idx as u16, new, old),
         Err(_) => true,
     }
