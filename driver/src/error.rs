@@ -168,6 +168,11 @@ pub enum IoError {
     /// The kernel asked for the controller back (removal or unbind) and the
     /// driver released it; the device can no longer access the buffer.
     ControllerRemoved,
+    /// The queue pair was closed ([`crate::IoQueuePair::close`]) before the
+    /// command completed; the controller confirmed the queues' deletion, so
+    /// it can no longer access the buffer. The command may or may not have
+    /// taken effect.
+    QueueDeleted,
 }
 
 impl std::fmt::Display for IoError {
@@ -181,6 +186,9 @@ impl std::fmt::Display for IoError {
             IoError::TimedOut => f.write_str("timed out (aborted or ended by a controller reset)"),
             IoError::ControllerRemoved => f.write_str(
                 "ended: the kernel asked for the controller back (removal or unbind) and it was released",
+            ),
+            IoError::QueueDeleted => f.write_str(
+                "ended: its queue pair was closed before it completed (it may or may not have taken effect)",
             ),
         }
     }

@@ -917,3 +917,51 @@ fn completion_callbacks_resubmit_closed_loops() {
         );
     }
 }
+
+#[test]
+fn close_hands_back_every_command_once_even_mid_flight() {
+    let c = open();
+    let ns = c.namespace(1).unwrap().clone();
+    let lba = ns.lba_size() as usize;
+    let mut qp = c
+        .io_queue_pair(QueuePairOptions {
+            entries: Some(entries(&c, 64)),
+            ..Default::default()
+        })
+        .unwrap();
+    let n = u64::from(qp.max_depth().min(32));
+    for tag in 0..n {
+        let buf = c.alloc_dma(lba).unwrap();
+        qp.submit(
+            IoCommand::Read {
+                ns: &ns,
+                slba: tag,
+                blocks: 1,
+            },
+            Some(buf),
+            tag,
+        )
+        .unwrap();
+    }
+    // No wait at all: whatever the device has not completed is deleted with
+    // the queues and still comes back, once, with its buffer.
+    let mut got = qp.close(Duration::ZERO);
+    got.sort_by_key(|c| c.tag);
+    assert_eq!(
+        got.iter().map(|c| c.tag).collect::<Vec<_>>(),
+        (0..n).collect::<Vec<_>>()
+    );
+    for c in &got {
+        assert!(c.buffer.is_some(), "tag {} without its buffer", c.tag);
+        assert!(
+            matches!(c.result, Ok(_) | Err(upnvme::IoError::QueueDeleted)),
+            "tag {}: {:?}",
+            c.tag,
+            c.result
+        );
+    }
+    // The controller is fine afterwards.
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    qp.read_blocking(&ns, 0, 1, c.alloc_dma(lba).unwrap(), T)
+        .unwrap();
+}

@@ -92,7 +92,7 @@ pub(crate) fn io_error_code(e: &IoError) -> c_int {
     match e {
         IoError::Status(_) => UPNVME_EIO,
         IoError::ControllerFailed | IoError::ControllerRemoved => UPNVME_ENODEV,
-        IoError::ControllerReset => UPNVME_ECANCELED,
+        IoError::ControllerReset | IoError::QueueDeleted => UPNVME_ECANCELED,
         IoError::TimedOut => UPNVME_ETIMEDOUT,
         _ => UPNVME_EIO,
     }

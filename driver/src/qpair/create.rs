@@ -159,6 +159,8 @@ impl<D: Device> IoQueuePair<D> {
             pending: 0,
             failed: false,
             needs_recreate: false,
+            deleted: false,
+            closing: false,
             generation,
             prp_lists,
             list_pages_per_slot,
@@ -173,28 +175,50 @@ impl<D: Device> IoQueuePair<D> {
     }
 }
 
-impl<D: Device> Drop for IoQueuePair<D> {
-    fn drop(&mut self) {
-        // Delete I/O SQ first: the controller completes or aborts every command
-        // in it before the deletion completes; then the CQ. After both, the
-        // device cannot touch the queues or any command's buffer.
+impl<D: Device> IoQueuePair<D> {
+    /// Delete I/O SQ, then Delete I/O CQ (the controller completes or aborts
+    /// every command of the SQ before that deletion completes). True when
+    /// the device can no longer touch the queues or any command's buffer:
+    /// both deletions succeeded, or a reset already deleted the queues. With
+    /// `between` the CQ is reaped after the SQ is gone (what the deletion
+    /// ended is delivered to it) and before the CQ goes.
+    pub(super) fn delete_queues(&mut self, mut between: impl FnMut(&mut Self)) -> bool {
+        if self.deleted {
+            return true;
+        }
         let generation = self.ctrl.generation();
         if generation != self.generation || self.needs_recreate {
             // A reset disabled the controller since these queues were created:
             // they no longer exist and nothing can reach their memory.
-            self.ctrl.free_qid(self.qid);
-            return;
+            self.deleted = true;
+            return true;
         }
-        let deleted = self.ctrl.is_usable()
+        let sq = self.ctrl.is_usable()
             && self
                 .ctrl
                 .admin_command(Sqe::delete_io_sq(self.qid), "Delete I/O Submission Queue")
-                .is_ok()
+                .is_ok();
+        if sq {
+            between(self);
+        }
+        let deleted = sq
             && self
                 .ctrl
                 .admin_command(Sqe::delete_io_cq(self.qid), "Delete I/O Completion Queue")
                 .is_ok();
-        if !deleted {
+        self.deleted = deleted;
+        deleted
+    }
+}
+
+/// Dropping a pair deletes its queues. Commands still in flight are not
+/// delivered: once the controller confirmed the deletion their buffers are
+/// freed; if it did not (a failed controller), the buffers and the queues'
+/// memory are quarantined until the controller is disabled. To get every
+/// command back, exactly once, call [`IoQueuePair::close`] instead.
+impl<D: Device> Drop for IoQueuePair<D> {
+    fn drop(&mut self) {
+        if !self.delete_queues(|_| {}) {
             // The device may still DMA: keep everything it could touch alive
             // until the controller is disabled.
             let mut keep: Vec<DmaPages> = self

@@ -65,6 +65,7 @@
 
 mod blocking;
 mod clock;
+mod close;
 mod command;
 mod create;
 mod doorbell;
@@ -163,6 +164,11 @@ pub struct IoQueuePair<D: Device = VfioNvme> {
     failed: bool,
     /// The queues must be re-created (after a reset) before the next command.
     needs_recreate: bool,
+    /// `close` deleted the queues already (Drop has nothing left to delete).
+    deleted: bool,
+    /// `close` is deleting the queues: what the deletion aborts ends with
+    /// `IoError::QueueDeleted`.
+    closing: bool,
     /// Controller reset generation this pair's queues belong to.
     generation: u64,
     /// PRP list pages: `list_pages_per_slot` pages per tracker slot.

@@ -199,12 +199,15 @@ impl<D: Device> IoQueuePair<D> {
             // Command Abort Requested, after our timeout's Abort.
             IoError::TimedOut
         } else if status.sct() == 0 && status.sc() == sc::ABORTED_SQ_DELETION {
-            // The driver deletes a live pair's SQ only in a reset or a close
-            // (`Inner::delete_io_queues`): the same ending as the commands
-            // the reset finds still in flight. (A Delete sent through
-            // `admin_passthrough` for a pair's queue ID breaks that pair; its
-            // doc says so.)
-            if self.ctrl.is_closed() {
+            // The driver deletes a live pair's SQ only in `IoQueuePair::close`,
+            // a reset or a controller close (`Inner::delete_io_queues`): the
+            // pair's own close ends it as `QueueDeleted`, the others with the
+            // ending of the commands a reset finds still in flight. (A Delete
+            // sent through `admin_passthrough` for a pair's queue ID breaks
+            // that pair; its doc says so.)
+            if self.closing {
+                IoError::QueueDeleted
+            } else if self.ctrl.is_closed() {
                 IoError::ControllerFailed
             } else if aborted {
                 IoError::TimedOut

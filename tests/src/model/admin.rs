@@ -121,7 +121,9 @@ impl State {
         if qid == 0 || !self.sqs.contains_key(&qid) {
             return Outcome::err(Status::INVALID_QID.with_dnr());
         }
-        self.sqs.remove(&qid);
+        // The SQ's head when it goes: what the aborted completions report as
+        // SQHD (the queue no longer exists when they are written).
+        let head = self.sqs.remove(&qid).map_or(0, |s| s.head);
         self.dropped.retain(|&(s, _)| s != qid);
         let (aborted, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.held)
             .into_iter()
@@ -132,6 +134,7 @@ impl State {
                 status: Status::ABORTED_SQ_DELETION,
                 dw0: 0,
                 plan: Default::default(),
+                sqhd_hint: head,
                 ..h.c
             });
         }

@@ -1,0 +1,62 @@
+//! Closing a pair so that every command ends exactly once: `close`.
+
+use std::time::{Duration, Instant};
+
+use super::{Completion, IoQueuePair};
+use crate::device::Device;
+use crate::error::IoError;
+
+impl<D: Device> IoQueuePair<D> {
+    /// Closes the pair and returns every command not delivered yet, each
+    /// exactly once, with its buffer: first it reaps (and announces anything
+    /// queued) until nothing is in flight or `timeout` has passed; then it
+    /// deletes the queues — Delete I/O SQ, a last reap of what that ended
+    /// (typically Command Aborted due to SQ Deletion), Delete I/O CQ — and
+    /// what is still without a completion ends with
+    /// [`IoError::QueueDeleted`]: the device can no longer reach it.
+    ///
+    /// Only when the controller cannot confirm the deletion (it failed or
+    /// vanished) does a command stay without a completion: its buffer is
+    /// quarantined until the controller is disabled, as when the pair is
+    /// dropped. A pair that is simply dropped delivers nothing (see `Drop`).
+    pub fn close(mut self, timeout: Duration) -> Vec<Completion> {
+        let mut out = Vec::new();
+        let start = Instant::now();
+        loop {
+            let r = self.process_completions(u32::MAX, |_, c| out.push(c));
+            if self.trackers.in_flight() == 0 && self.ready.is_empty() {
+                return out;
+            }
+            if r.is_err() || start.elapsed() >= timeout {
+                break;
+            }
+            std::hint::spin_loop();
+        }
+        let mut late = Vec::new();
+        self.closing = true;
+        let deleted = self.delete_queues(|qp| {
+            let _ = qp.process_completions(u32::MAX, |_, c| late.push(c));
+        });
+        out.append(&mut late);
+        // Parked completions (reaped on the owner's behalf) are delivered too.
+        while let Some((_, c)) = self.ready.pop_front() {
+            out.push(c);
+        }
+        if deleted {
+            let slots: Vec<u16> = self.trackers.in_flight_slots().collect();
+            for slot in slots {
+                let (tag, buffer) = match self.trackers.get_mut(slot) {
+                    Some(t) => (t.tag, t.buffer.take()),
+                    None => continue,
+                };
+                let _ = self.trackers.cancel(slot);
+                out.push(Completion {
+                    tag,
+                    result: Err(IoError::QueueDeleted),
+                    buffer,
+                });
+            }
+        }
+        out
+    }
+}
