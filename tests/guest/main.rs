@@ -8,6 +8,7 @@ mod cli;
 mod driver;
 mod fio;
 mod io;
+mod media_errors;
 mod metadata;
 mod reliability;
 mod removal;

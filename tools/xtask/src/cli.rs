@@ -196,6 +196,11 @@ pub struct VmArgs {
     #[arg(long, value_name = "0|1", default_value_t = 0,
           value_parser = clap::value_parser!(u8).range(0..=1))]
     pub pil: u8,
+    /// Make reads of these logical blocks of controller 0's namespace 1 fail (QEMU's blkdebug
+    /// driver under the backing file: the controller completes them with Unrecovered Read
+    /// Error, SCT 2h / SC 81h). Comma-separated LBAs in units of --lba-size.
+    #[arg(long, value_name = "LBA[,LBA...]", value_delimiter = ',')]
+    pub inject_read_error: Vec<u64>,
     /// Maximum data transfer size as a power of two of the minimum page size (QEMU's `mdts`;
     /// QEMU's default is 7, i.e. 512 KiB).
     #[arg(long, value_name = "N")]

@@ -159,6 +159,8 @@ pub struct GuestEnv {
     pub ns1_pi: u8,
     /// Namespace 1: protection information first (1) or last (0) in the metadata.
     pub ns1_pil: u8,
+    /// Namespace 1: LBAs whose reads fail (`--inject-read-error`).
+    pub ns1_read_errors: Vec<u64>,
     /// Effective MDTS.
     pub mdts: u32,
     /// Effective CAP.MQES (zero-based).
@@ -195,6 +197,14 @@ impl GuestEnv {
             ("UPNVME_VM_NS1_MSET", self.ns1_mset.to_string()),
             ("UPNVME_VM_NS1_PI", self.ns1_pi.to_string()),
             ("UPNVME_VM_NS1_PIL", self.ns1_pil.to_string()),
+            (
+                "UPNVME_VM_NS1_READ_ERRORS",
+                self.ns1_read_errors
+                    .iter()
+                    .map(u64::to_string)
+                    .collect::<Vec<_>>()
+                    .join(","),
+            ),
             ("UPNVME_VM_MDTS", self.mdts.to_string()),
             ("UPNVME_VM_MQES", self.mqes.to_string()),
             ("UPNVME_VM_MAX_IOQPAIRS", self.max_ioqpairs.to_string()),
@@ -265,6 +275,7 @@ mod tests {
             ns1_mset: 0,
             ns1_pi: 0,
             ns1_pil: 0,
+            ns1_read_errors: vec![],
             mdts: 7,
             mqes: 2047,
             max_ioqpairs: 64,

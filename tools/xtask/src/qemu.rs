@@ -194,6 +194,8 @@ pub struct ControllerSpec {
     /// Extra `nvme-ns` properties of namespace 1 (metadata and protection
     /// information: ms, mset, pi, pil).
     pub ns1_props: Vec<(String, String)>,
+    /// 512-byte sectors of namespace 1 whose reads fail (blkdebug).
+    pub ns1_read_error_sectors: Vec<u64>,
 }
 
 impl ControllerSpec {
@@ -214,10 +216,30 @@ impl ControllerSpec {
             let nsid = i + 1;
             let drive = format!("{}n{nsid}", self.id);
             a.push("-drive".into());
-            a.push(format!(
-                "file={},if=none,id={drive},format=raw,cache=unsafe,aio={aio}",
-                qemu_escape(&file.to_string_lossy())
-            ));
+            if nsid == 1 && !self.ns1_read_error_sectors.is_empty() {
+                // blkdebug between the raw format layer and the file: reads of
+                // the listed sectors fail with EIO, which the controller
+                // reports as Unrecovered Read Error (the raw layer must sit
+                // above blkdebug, or no event fires).
+                let mut d = format!("if=none,id={drive},driver=raw,file.driver=blkdebug");
+                for (i, s) in self.ns1_read_error_sectors.iter().enumerate() {
+                    let _ = write!(
+                        d,
+                        ",file.inject-error.{i}.event=read_aio,file.inject-error.{i}.errno=5,file.inject-error.{i}.sector={s}"
+                    );
+                }
+                let _ = write!(
+                    d,
+                    ",file.image.driver=file,file.image.filename={},file.image.aio={aio},cache.no-flush=on",
+                    qemu_escape(&file.to_string_lossy())
+                );
+                a.push(d);
+            } else {
+                a.push(format!(
+                    "file={},if=none,id={drive},format=raw,cache=unsafe,aio={aio}",
+                    qemu_escape(&file.to_string_lossy())
+                ));
+            }
             let mut ns = format!(
                 "nvme-ns,drive={drive},bus={},nsid={nsid},logical_block_size={lba},physical_block_size={lba}",
                 self.id,
@@ -464,6 +486,7 @@ mod tests {
             namespaces: vec!["/t/a,b.img".into(), "/t/c.img".into()],
             lba_size: 512,
             ns1_props: vec![("ms".into(), "8".into()), ("mset".into(), "1".into())],
+            ns1_read_error_sectors: vec![],
         };
         assert_eq!(c.pci_address(), "0000:00:04.0");
         assert_eq!(

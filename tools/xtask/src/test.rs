@@ -70,6 +70,13 @@ pub const CONFIGS: &[GuestConfig] = &[
         filter: Some("metadata"),
         fio: false,
     },
+    GuestConfig {
+        name: "media-errors",
+        args: &["--disk-size", "4M", "--inject-read-error", "3,77,512,1000"],
+        env: &[],
+        filter: Some("media_error"),
+        fio: false,
+    },
 ];
 
 /// libtest's counts, summed over its `test result:` lines.

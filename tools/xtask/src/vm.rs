@@ -351,6 +351,14 @@ impl Bed {
                 namespaces,
                 lba_size: args.lba_size,
                 ns1_props: if c == 0 { ns1_props.clone() } else { vec![] },
+                ns1_read_error_sectors: if c == 0 {
+                    args.inject_read_error
+                        .iter()
+                        .map(|lba| lba * u64::from(args.lba_size / 512))
+                        .collect()
+                } else {
+                    vec![]
+                },
             });
         }
         let devices = controllers
@@ -370,6 +378,7 @@ impl Bed {
                 namespaces,
                 lba_size: args.lba_size,
                 ns1_props: vec![],
+                ns1_read_error_sectors: vec![],
             };
             let addr = k.pci_address();
             controllers.push(k);
@@ -390,6 +399,7 @@ impl Bed {
             ns1_mset: args.mset,
             ns1_pi: args.pi,
             ns1_pil: args.pil,
+            ns1_read_errors: args.inject_read_error.clone(),
             mdts,
             mqes,
             max_ioqpairs,

@@ -128,6 +128,11 @@ pub struct PerfArgs {
     /// the end and count mismatches (non-zero exit on any).
     #[arg(long = "verify")]
     pub verify: bool,
+    /// Run on past I/O errors (e.g. media errors) and count them by status, as
+    /// spdk_nvme_perf's -Q; exit 0 when nothing else failed. Without it the run
+    /// stops at the first failed I/O and exits 1.
+    #[arg(short = 'Q', long = "continue-on-error")]
+    pub continue_on_error: bool,
     /// Use 4 KiB pages instead of hugepages for DMA memory.
     #[arg(long = "no-hugepages")]
     pub no_hugepages: bool,

@@ -107,6 +107,7 @@ pub fn run(a: PerfArgs) -> Result<bool> {
             io_count: a.io_count,
             ns_per_tick: 1e9 / tsc_hz,
             verify: a.verify,
+            continue_on_error: a.continue_on_error,
             ring_per_io: a.ring_per_io,
             time_calls: a.transport_stats,
             seed,
@@ -220,6 +221,7 @@ pub fn run(a: PerfArgs) -> Result<bool> {
         report::histogram_csv(path, &jobs)?;
     }
     let errors: u64 = jobs.iter().map(|j| j.errors).sum::<u64>() - removed_ios;
+    let by_status = report::errors_by_status(&jobs);
     drop(jobs);
     if let Ok(c) = Arc::try_unwrap(ctrl) {
         // After a release on request there is nothing left to shut down.
@@ -241,9 +243,18 @@ pub fn run(a: PerfArgs) -> Result<bool> {
         ));
     }
     // A failure outranks the interruption: exit 1 for errors or mismatches
-    // even when a signal cut the run short.
-    if errors > 0 {
-        return Err(anyhow!("{errors} I/Os completed with an error status"));
+    // even when a signal cut the run short (with --continue-on-error the
+    // errors were counted and reported, and do not fail the run).
+    if errors > 0 && !a.continue_on_error {
+        return Err(anyhow!(
+            "{errors} I/Os completed with an error status ({}); the run stopped at the first \
+             (--continue-on-error runs on and counts them)",
+            by_status
+                .iter()
+                .map(|(k, n)| format!("{k}: {n}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
     }
     if mismatches.unwrap_or(0) > 0 {
         return Ok(false);

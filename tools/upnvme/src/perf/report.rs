@@ -159,6 +159,9 @@ pub fn text(info: &RunInfo, jobs: &[JobResult], latency: u8, transport: bool) ->
     let errors: u64 = jobs.iter().map(|j| j.errors).sum();
     if errors > 0 {
         writeln!(o, "I/O errors: {errors}")?;
+        for (k, n) in errors_by_status(jobs) {
+            writeln!(o, "  {k}: {n}")?;
+        }
     }
     if latency >= 1 {
         writeln!(o)?;
@@ -405,6 +408,10 @@ pub fn json_doc(info: &RunInfo, jobs: &[JobResult], mismatches: Option<u64>) -> 
         "total": {
             "ios": ios,
             "errors": jobs.iter().map(|j| j.errors).sum::<u64>(),
+            "errors_by_status": errors_by_status(jobs)
+                .into_iter()
+                .map(|(k, n)| json!({"status": k, "count": n}))
+                .collect::<Vec<_>>(),
             "iops": r.iops,
             "mib_per_s": r.mibs,
             "latency": latency_json(&total),
@@ -424,4 +431,16 @@ pub fn histogram_csv(path: &Path, jobs: &[JobResult]) -> Result<()> {
         writeln!(s, "{:.3},{}", us(v.value_iterated_to()), v.count_at_value())?;
     }
     std::fs::write(path, s).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Failed I/Os of all jobs by status, in order of first appearance.
+pub fn errors_by_status(jobs: &[JobResult]) -> Vec<(String, u64)> {
+    let mut all: Vec<(String, u64)> = Vec::new();
+    for (k, n) in jobs.iter().flat_map(|j| j.errors_by_status.iter()) {
+        match all.iter_mut().find(|(a, _)| a == k) {
+            Some((_, m)) => *m += n,
+            None => all.push((k.clone(), *n)),
+        }
+    }
+    all
 }

@@ -41,6 +41,9 @@ pub struct WorkerPlan {
     pub ns_per_tick: f64,
     /// Stamp written blocks for --verify.
     pub verify: bool,
+    /// Keep going after failed I/Os (`--continue-on-error`); otherwise the
+    /// first one ends the run.
+    pub continue_on_error: bool,
     /// `--ring-per-io`: `submit` (queue + ring) every I/O instead of one ring
     /// per batch.
     pub ring_per_io: bool,
@@ -150,6 +153,9 @@ pub struct JobResult {
     /// Seconds after the worker started at which its controller was
     /// released on the kernel's request (`None`: it was not).
     pub removed_after: Option<f64>,
+    /// Failed I/Os by what ended them (the NVMe status name, or the driver's
+    /// reason), in order of first appearance.
+    pub errors_by_status: Vec<(String, u64)>,
 }
 
 struct Job {
@@ -173,6 +179,10 @@ struct Work {
     removed_ios: u64,
     /// The controller was released on the kernel's request.
     removed: bool,
+    /// Failed I/Os by status (cold: only touched on an error).
+    errors_by_status: Vec<(String, u64)>,
+    /// A failed I/O ended the run (without `--continue-on-error`).
+    stopped_by_error: bool,
     submitted: u64,
     in_flight: u32,
     next_seq: u64,
@@ -242,6 +252,8 @@ impl Job {
                     errors: 0,
                     removed_ios: 0,
                     removed: false,
+                    errors_by_status: Vec::new(),
+                    stopped_by_error: false,
                     submitted: 0,
                     in_flight: 0,
                     next_seq: (plan.index as u64 * 7919) % slots.max(1),
@@ -307,11 +319,20 @@ impl Job {
                 warmup_ended = true;
             }
             let time_up = clock.time_up(seen, stop);
-            let more = match plan.io_count {
-                // The count applies to the measured window only.
-                Some(n) => !time_up && (!clock.measuring || w.submitted < n),
-                None => !time_up,
-            };
+            if let Err(e) = &c.result {
+                w.count_error(e);
+                if !plan.continue_on_error {
+                    // Every job of every worker stops submitting.
+                    w.stopped_by_error = true;
+                    stop.store(true, Ordering::Relaxed);
+                }
+            }
+            let more = !w.stopped_by_error
+                && match plan.io_count {
+                    // The count applies to the measured window only.
+                    Some(n) => !time_up && (!clock.measuring || w.submitted < n),
+                    None => !time_up,
+                };
             if let (true, Some(buf)) = (more, c.buffer) {
                 let ring = plan.depth == 1;
                 if let Err(r) = w.submit(qp, plan, rng, buf, c.tag, ring) {
@@ -375,6 +396,20 @@ impl Job {
 }
 
 impl Work {
+    /// Counts a failed I/O under its status (cold path).
+    #[cold]
+    #[inline(never)]
+    fn count_error(&mut self, e: &IoError) {
+        let key = match e {
+            IoError::Status(s) => format!("{} (sct {:#x}, sc {:#x})", s.name(), s.sct(), s.sc()),
+            other => other.to_string(),
+        };
+        match self.errors_by_status.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, n)) => *n += 1,
+            None => self.errors_by_status.push((key, 1)),
+        }
+    }
+
     /// The warm-up is over (see [`Job::start_window`]; the caller resets the
     /// queue pair's counters).
     fn start_window(&mut self) {
@@ -547,6 +582,7 @@ pub fn run(
                 errors: j.errors,
                 removed_ios: j.removed_ios,
                 removed_after,
+                errors_by_status: std::mem::take(&mut j.errors_by_status),
                 stats: qp.stats(),
                 timing,
                 written,
@@ -647,7 +683,9 @@ fn run_loop(
             // Done when nothing is in flight and nothing more may be
             // submitted (the count applies to the measured window only).
             let count_left = |j: &Job| match plan.io_count {
-                Some(n) => !time_up && (!clock.measuring || j.w.submitted < n),
+                Some(n) => {
+                    !time_up && !j.w.stopped_by_error && (!clock.measuring || j.w.submitted < n)
+                }
                 None => false,
             };
             let finished = jobs.iter().all(|j| j.w.in_flight == 0 && !count_left(j));

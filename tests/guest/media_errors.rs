@@ -1,0 +1,149 @@
+//! Media errors injected under namespace 1 (`cargo xtask vm --inject-read-error
+//! LBA,...`, QEMU's blkdebug; the `media-errors` configuration of `cargo xtask
+//! test`): reads of those blocks complete with Unrecovered Read Error (SCT 2h,
+//! SC 81h). `upnvme read` names it; `upnvme perf` stops at the first failed
+//! I/O and exits 1, or with `--continue-on-error` runs on and counts them by
+//! status; other blocks still read back what was written.
+//!
+//! Every test here returns at once when no error is injected
+//! (`UPNVME_VM_NS1_READ_ERRORS` empty).
+
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use upnvme::{Controller, ControllerOptions, IoError, QueuePairOptions};
+
+fn error_lbas() -> Vec<u64> {
+    let v: Vec<u64> = std::env::var("UPNVME_VM_NS1_READ_ERRORS")
+        .unwrap_or_default()
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse().expect("LBAs in UPNVME_VM_NS1_READ_ERRORS"))
+        .collect();
+    if v.is_empty() {
+        eprintln!("no read errors injected in this guest: nothing to check here");
+    }
+    v
+}
+
+fn device() -> String {
+    std::env::var("UPNVME_VM_DEVICES")
+        .expect("UPNVME_VM_DEVICES not set")
+        .split_whitespace()
+        .next()
+        .expect("a device")
+        .to_string()
+}
+
+fn upnvme(args: &[&str]) -> Output {
+    Command::new("upnvme")
+        .args(args)
+        .output()
+        .expect("upnvme is on the guest's PATH")
+}
+
+#[test]
+fn media_error_reads_fail_with_their_status_and_others_verify() {
+    let lbas = error_lbas();
+    let Some(&bad) = lbas.first() else { return };
+    let c = Controller::open(&device(), ControllerOptions::default()).unwrap();
+    let ns = c.namespace(1).unwrap().clone();
+    let len = ns.lba_size() as usize;
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let t = Duration::from_secs(10);
+    let f = qp
+        .read_blocking(&ns, bad, 1, c.alloc_dma(len).unwrap(), t)
+        .unwrap_err();
+    let text = f.error.to_string();
+    assert!(
+        text.contains("Unrecovered Read Error (sct 0x2, sc 0x81)"),
+        "{text}"
+    );
+    assert!(f.buffer.is_some(), "the buffer comes back with the error");
+    // A good block next to it: written and read back byte for byte.
+    let good = (0..ns.lba_count()).find(|l| !lbas.contains(l)).unwrap();
+    let w = c.alloc_dma(len).unwrap();
+    let data: Vec<u8> = (0..len).map(|i| (i * 13 + 5) as u8).collect();
+    w.write_bytes(0, &data).unwrap();
+    qp.write_blocking(&ns, good, 1, w, t).unwrap();
+    let r = qp
+        .read_blocking(&ns, good, 1, c.alloc_dma(len).unwrap(), t)
+        .unwrap();
+    assert_eq!(r.to_vec(), data);
+    // The asynchronous path reports the same status.
+    let _ = qp.read(&ns, bad, 1, c.alloc_dma(len).unwrap(), 5);
+    let mut seen = None;
+    while seen.is_none() {
+        qp.process_completions(1, |_, c| seen = Some(c)).unwrap();
+    }
+    let c = seen.unwrap();
+    assert!(matches!(c.result, Err(IoError::Status(s)) if s.sct() == 2 && s.sc() == 0x81));
+}
+
+#[test]
+fn media_error_read_cli_names_the_status() {
+    let lbas = error_lbas();
+    let Some(&bad) = lbas.first() else { return };
+    let o = upnvme(&["read", "-d", &device(), "--start-block", &bad.to_string()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("Unrecovered Read Error (sct 0x2, sc 0x81)"),
+        "{err}"
+    );
+}
+
+#[test]
+fn media_error_perf_stops_at_the_first_or_counts_them_with_continue_on_error() {
+    if error_lbas().is_empty() {
+        return;
+    }
+    let dev = device();
+    // Without --continue-on-error: stops, exits 1, says why.
+    let o = upnvme(&["perf", "-d", &dev, "-q", "8", "-w", "randread", "-t", "20"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("completed with an error status (Unrecovered Read Error"),
+        "{err}"
+    );
+    assert!(err.contains("the run stopped at the first"), "{err}");
+    // With it: runs the whole time, counts them by status, exits 0.
+    let o = upnvme(&[
+        "perf",
+        "-d",
+        &dev,
+        "-q",
+        "8",
+        "-w",
+        "randread",
+        "-t",
+        "2",
+        "--continue-on-error",
+        "--json",
+    ]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{out}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let total = &v["total"];
+    let errors = total["errors"].as_u64().unwrap();
+    assert!(
+        errors > 0,
+        "random reads over a small namespace hit the bad blocks: {out}"
+    );
+    let by = total["errors_by_status"].as_array().unwrap();
+    assert_eq!(by.len(), 1, "{by:?}");
+    assert_eq!(
+        by[0]["status"].as_str().unwrap(),
+        "Unrecovered Read Error (sct 0x2, sc 0x81)"
+    );
+    assert_eq!(by[0]["count"].as_u64().unwrap(), errors);
+    assert!(
+        total["ios"].as_u64().unwrap() > errors,
+        "other reads went on"
+    );
+}
