@@ -16,14 +16,15 @@
 //!
 //! Crate map: [`device`] (the register + DMA abstraction and its VFIO
 //! implementation), [`controller`] (bring-up, admin commands, shutdown,
-//! reset, release on the kernel's request), [`namespace`] (namespace
-//! handles), [`qpair`] (I/O queue pairs: submission, completion, recovery),
+//! reset, release on the kernel's request), [`hotplug`] (controllers
+//! appearing and disappearing), [`namespace`] (namespace handles), [`qpair`] (I/O queue pairs: submission, completion, recovery),
 //! [`options`], [`error`].
 
 mod admin;
 pub mod controller;
 pub mod device;
 pub mod error;
+pub mod hotplug;
 pub mod namespace;
 pub mod options;
 pub mod qpair;
@@ -31,6 +32,7 @@ pub mod qpair;
 pub use controller::{BringupStep, Controller, ShadowBuffers, list_controllers};
 pub use device::{Device, ReleaseRequest, VfioNvme};
 pub use error::{Error, IoError, IoFailure, Reject, Rejected, Result};
+pub use hotplug::{HotplugEvent, Watcher, watch};
 pub use namespace::{MetadataLayout, Namespace};
 pub use options::ControllerOptions;
 pub use options::MAX_TRANSFER_CAP;

@@ -7,6 +7,7 @@ mod capi;
 mod cli;
 mod driver;
 mod fio;
+mod hotplug;
 mod io;
 mod media_errors;
 mod metadata;

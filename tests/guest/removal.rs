@@ -5,14 +5,15 @@
 //! until released by user`); now the driver releases it at once: the removal
 //! returns, perf reports the removal and exits 1. Then the device comes back
 //! (`/sys/bus/pci/rescan`, `upnvme setup bind`) and `Controller::open` works
-//! again in the same process.
+//! again in the same process; `upnvme::watch()` reports it going and coming
+//! back.
 
 use std::fs;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use upnvme::{Controller, ControllerOptions, Error, QueuePairOptions};
+use upnvme::{Controller, ControllerOptions, Error, HotplugEvent, QueuePairOptions};
 
 fn device() -> String {
     std::env::var("UPNVME_VM_DEVICES")
@@ -69,8 +70,20 @@ impl Drop for Reattach {
 fn removal_during_perf_is_not_blocked_and_the_device_can_be_opened_again() {
     let dev = device();
     let back = Reattach(dev.clone());
+    let addr: upnvme::PciAddress = dev.parse().unwrap();
+    let mut watcher = upnvme::watch();
+    let first = watcher.poll().unwrap();
+    assert!(first.contains(&HotplugEvent::Attached(addr)), "{first:?}");
+    // Depth 32, or what the small-queues configuration allows (CAP.MQES).
+    let mqes: u32 = std::env::var("UPNVME_VM_MQES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(32);
+    let depth = mqes.min(32).to_string();
     let perf = Command::new("upnvme")
-        .args(["perf", "-d", &dev, "-q", "32", "-t", "30", "--warmup", "1"])
+        .args([
+            "perf", "-d", &dev, "-q", &depth, "-t", "30", "--warmup", "1",
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -103,8 +116,13 @@ fn removal_during_perf_is_not_blocked_and_the_device_can_be_opened_again() {
     assert!((1..=32).contains(&ended), "{ended} ended I/Os: {err}");
     assert!(!err.contains("panicked"), "{err}");
     assert!(out.contains("IOPS"), "the report so far: {out}");
+    // The monitor saw it go, and sees it come back.
+    let gone = watcher.wait(Duration::from_secs(5)).unwrap();
+    assert_eq!(gone, [HotplugEvent::Removed(addr)]);
 
     back.now();
+    let again = watcher.wait(Duration::from_secs(5)).unwrap();
+    assert_eq!(again, [HotplugEvent::Attached(addr)]);
     // The same process opens it again and moves data.
     let c = Controller::open(&dev, ControllerOptions::default()).unwrap();
     let ns = c.namespace(1).unwrap().clone();

@@ -196,6 +196,19 @@ pub struct VmArgs {
     #[arg(long, value_name = "0|1", default_value_t = 0,
           value_parser = clap::value_parser!(u8).range(0..=1))]
     pub pil: u8,
+    /// Put the vfio-bound controllers behind hot-pluggable `pcie-root-port`s (controller i is
+    /// then 0000:0{i+1}:00.0) with their images as -blockdev nodes, so they can be removed
+    /// and re-added while COMMAND runs (implied by --unplug and --replug).
+    #[arg(long)]
+    pub hotplug: bool,
+    /// Remove controller CTRL (0-based) SECONDS after COMMAND started, through QEMU's QMP
+    /// `device_del` (the guest's pciehp then removes it ~5 s later); repeatable.
+    #[arg(long, value_name = "CTRL@SECONDS")]
+    pub unplug: Vec<String>,
+    /// Add controller CTRL and its namespaces back SECONDS after COMMAND started (QMP
+    /// `device_add`); repeatable.
+    #[arg(long, value_name = "CTRL@SECONDS")]
+    pub replug: Vec<String>,
     /// Make reads of these logical blocks of controller 0's namespace 1 fail (QEMU's blkdebug
     /// driver under the backing file: the controller completes them with Unrecovered Read
     /// Error, SCT 2h / SC 81h). Comma-separated LBAs in units of --lba-size.

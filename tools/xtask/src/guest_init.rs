@@ -161,6 +161,8 @@ pub struct GuestEnv {
     pub ns1_pil: u8,
     /// Namespace 1: LBAs whose reads fail (`--inject-read-error`).
     pub ns1_read_errors: Vec<u64>,
+    /// The hotplug schedule: `unplug:0@5 replug:0@15` (empty: none).
+    pub hotplug: String,
     /// Effective MDTS.
     pub mdts: u32,
     /// Effective CAP.MQES (zero-based).
@@ -197,6 +199,7 @@ impl GuestEnv {
             ("UPNVME_VM_NS1_MSET", self.ns1_mset.to_string()),
             ("UPNVME_VM_NS1_PI", self.ns1_pi.to_string()),
             ("UPNVME_VM_NS1_PIL", self.ns1_pil.to_string()),
+            ("UPNVME_VM_HOTPLUG", self.hotplug.clone()),
             (
                 "UPNVME_VM_NS1_READ_ERRORS",
                 self.ns1_read_errors
@@ -276,6 +279,7 @@ mod tests {
             ns1_pi: 0,
             ns1_pil: 0,
             ns1_read_errors: vec![],
+            hotplug: String::new(),
             mdts: 7,
             mqes: 2047,
             max_ioqpairs: 64,

@@ -26,6 +26,7 @@ mod kernel;
 mod paths;
 mod proc;
 mod qemu;
+mod qmp;
 mod test;
 mod vm;
 

@@ -196,27 +196,106 @@ pub struct ControllerSpec {
     pub ns1_props: Vec<(String, String)>,
     /// 512-byte sectors of namespace 1 whose reads fail (blkdebug).
     pub ns1_read_error_sectors: Vec<u64>,
+    /// Behind hot-pluggable `pcie-root-port` number N (at this spec's slot;
+    /// the controller is then `0000:{N+1}:00.0`), its images `-blockdev`
+    /// nodes; `None`: an integrated endpoint on the root bus.
+    pub root_port: Option<u32>,
 }
 
 impl ControllerSpec {
-    /// The guest's PCI address of this controller.
+    /// The guest's PCI address of this controller: on the root bus at its
+    /// slot, or the only function of its root port's secondary bus (the
+    /// guest numbers root port buses in slot order: rp0 gets bus 1, ...).
     pub fn pci_address(&self) -> String {
-        pci_address(self.slot)
+        match self.root_port {
+            Some(n) => format!("0000:{:02x}:00.0", n + 1),
+            None => pci_address(self.slot),
+        }
+    }
+
+    /// The `nvme` device's properties (id, placement, serial, ...).
+    fn nvme_props(&self) -> Vec<(String, String)> {
+        let mut p = vec![("id".to_string(), self.id.clone())];
+        match self.root_port {
+            Some(n) => {
+                // QEMU cannot hot-add an nvme-ns to a realized controller,
+                // so a hot-pluggable controller carries its one namespace
+                // itself (the nvme device's own drive, NSID 1).
+                p.push(("bus".into(), format!("rp{n}")));
+                p.push(("drive".into(), format!("{}n1", self.id)));
+                p.push(("logical_block_size".into(), self.lba_size.to_string()));
+                p.push(("physical_block_size".into(), self.lba_size.to_string()));
+            }
+            None => p.push(("addr".into(), format!("{:#x}", self.slot))),
+        }
+        p.extend(self.props.iter().cloned());
+        p
+    }
+
+    /// The `nvme-ns` properties of namespace `nsid` (1-based).
+    fn ns_props(&self, nsid: usize) -> Vec<(String, String)> {
+        let mut p = vec![
+            ("drive".to_string(), format!("{}n{nsid}", self.id)),
+            ("bus".into(), self.id.clone()),
+            ("nsid".into(), nsid.to_string()),
+            ("logical_block_size".into(), self.lba_size.to_string()),
+            ("physical_block_size".into(), self.lba_size.to_string()),
+        ];
+        if nsid == 1 {
+            p.extend(self.ns1_props.iter().cloned());
+        }
+        p
+    }
+
+    /// The QMP `device_add` that puts the controller (with its namespace)
+    /// back (numbers as JSON numbers, as QMP's strict typing wants).
+    pub fn replug_commands(&self) -> Vec<String> {
+        let typed = |props: Vec<(String, String)>| {
+            let mut m = serde_json::Map::new();
+            for (k, v) in props {
+                let val = match v.parse::<u64>() {
+                    Ok(n) if k != "serial" && k != "id" => serde_json::Value::from(n),
+                    _ => serde_json::Value::from(v),
+                };
+                m.insert(k, val);
+            }
+            m
+        };
+        let mut dev = typed(self.nvme_props());
+        dev.insert("driver".into(), "nvme".into());
+        vec![serde_json::json!({"execute": "device_add", "arguments": dev}).to_string()]
     }
 
     /// The QEMU arguments for the controller and its namespaces.
     pub fn args(&self, aio: &str) -> Vec<String> {
         let mut a = Vec::new();
-        let mut dev = format!("nvme,id={},addr={:#x}", self.id, self.slot);
-        for (k, v) in &self.props {
+        if let Some(n) = self.root_port {
+            a.push("-device".into());
+            a.push(format!(
+                "pcie-root-port,id=rp{n},chassis={},slot={},bus=pcie.0,addr={:#x}",
+                n + 1,
+                n + 1,
+                self.slot
+            ));
+        }
+        let mut dev = String::from("nvme");
+        for (k, v) in self.nvme_props() {
             let _ = write!(dev, ",{k}={v}");
         }
         a.extend(["-device".to_string(), dev]);
         for (i, file) in self.namespaces.iter().enumerate() {
             let nsid = i + 1;
             let drive = format!("{}n{nsid}", self.id);
-            a.push("-drive".into());
-            if nsid == 1 && !self.ns1_read_error_sectors.is_empty() {
+            if self.root_port.is_some() {
+                // A -blockdev node outlives an unplugged device (a -drive is
+                // deleted with it), so a replug can attach it again.
+                a.push("-blockdev".into());
+                a.push(format!(
+                    "driver=raw,node-name={drive},file.driver=file,file.filename={},file.aio={aio},cache.no-flush=on",
+                    qemu_escape(&file.to_string_lossy())
+                ));
+            } else if nsid == 1 && !self.ns1_read_error_sectors.is_empty() {
+                a.push("-drive".into());
                 // blkdebug between the raw format layer and the file: reads of
                 // the listed sectors fail with EIO, which the controller
                 // reports as Unrecovered Read Error (the raw layer must sit
@@ -235,20 +314,18 @@ impl ControllerSpec {
                 );
                 a.push(d);
             } else {
+                a.push("-drive".into());
                 a.push(format!(
                     "file={},if=none,id={drive},format=raw,cache=unsafe,aio={aio}",
                     qemu_escape(&file.to_string_lossy())
                 ));
             }
-            let mut ns = format!(
-                "nvme-ns,drive={drive},bus={},nsid={nsid},logical_block_size={lba},physical_block_size={lba}",
-                self.id,
-                lba = self.lba_size
-            );
-            if nsid == 1 {
-                for (k, v) in &self.ns1_props {
-                    let _ = write!(ns, ",{k}={v}");
-                }
+            if self.root_port.is_some() {
+                continue; // the controller's own namespace (see nvme_props)
+            }
+            let mut ns = String::from("nvme-ns");
+            for (k, v) in self.ns_props(nsid) {
+                let _ = write!(ns, ",{k}={v}");
             }
             a.push("-device".into());
             a.push(ns);
@@ -331,6 +408,8 @@ pub struct RunOptions {
     pub boot_timeout: Duration,
     /// QEMU's working directory (the run directory: a core dump lands there).
     pub dir: PathBuf,
+    /// The QMP socket and the hotplug steps to run through it.
+    pub qmp: Option<(PathBuf, Vec<crate::qmp::Step>)>,
 }
 
 /// Seconds the guest may take to power off after reporting COMMAND's exit status.
@@ -353,6 +432,9 @@ pub fn run(qemu: &Path, args: &[String], opts: &RunOptions) -> Result<QemuRun> {
     crate::crash::allow_core_dump(child.id());
     let exited = Arc::new(AtomicBool::new(false));
     let booted = Arc::new(AtomicBool::new(false));
+    if let Some((sock, steps)) = &opts.qmp {
+        crate::qmp::spawn(sock.clone(), Arc::clone(&booted), steps.clone());
+    }
     let mut stdout = child.stdout.take().expect("piped");
     let console_thread = {
         let (exited, booted) = (Arc::clone(&exited), Arc::clone(&booted));
@@ -487,6 +569,7 @@ mod tests {
             lba_size: 512,
             ns1_props: vec![("ms".into(), "8".into()), ("mset".into(), "1".into())],
             ns1_read_error_sectors: vec![],
+            root_port: None,
         };
         assert_eq!(c.pci_address(), "0000:00:04.0");
         assert_eq!(

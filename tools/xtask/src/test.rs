@@ -71,6 +71,13 @@ pub const CONFIGS: &[GuestConfig] = &[
         fio: false,
     },
     GuestConfig {
+        name: "hotplug",
+        args: &["--hotplug", "--unplug", "0@4", "--replug", "0@14"],
+        env: &[],
+        filter: Some("hotplug_"),
+        fio: false,
+    },
+    GuestConfig {
         name: "media-errors",
         args: &["--disk-size", "4M", "--inject-read-error", "3,77,512,1000"],
         env: &[],

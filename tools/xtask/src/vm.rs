@@ -163,6 +163,15 @@ impl Bed {
         for c in &plan.controllers {
             qargs.extend(c.args(aio));
         }
+        let steps = hotplug_steps(args, &plan.controllers)?;
+        let qmp = (!steps.is_empty()).then(|| {
+            let sock = run_dir.path.join("qmp.sock");
+            qargs.extend([
+                "-qmp".into(),
+                format!("unix:{},server=on,wait=off", sock.display()),
+            ]);
+            (sock, steps)
+        });
         qargs.extend(args.qemu_arg.iter().cloned());
 
         let n = plan.env.controllers;
@@ -204,6 +213,7 @@ impl Bed {
             timeout: Duration::from_secs(args.timeout),
             boot_timeout: Duration::from_secs(args.boot_timeout),
             dir: run_dir.path.clone(),
+            qmp,
         };
         let mut attempt = 1;
         let run = loop {
@@ -315,6 +325,14 @@ impl Bed {
         if args.ms == 0 && (args.mset != 0 || args.pil != 0) {
             bail!("--mset and --pil describe metadata: give --ms BYTES too");
         }
+        let hotplug = args.hotplug || !args.unplug.is_empty() || !args.replug.is_empty();
+        if hotplug && (args.namespaces != 1 || args.ms != 0 || !args.inject_read_error.is_empty()) {
+            bail!(
+                "--hotplug (and --unplug/--replug) work with one namespace per controller and without \
+                 --ms or --inject-read-error: QEMU cannot hot-add namespaces to a controller, so a \
+                 hot-pluggable controller carries its namespace itself"
+            );
+        }
         let mut ns1_props = vec![];
         if args.ms != 0 {
             ns1_props.push(("ms".to_string(), args.ms.to_string()));
@@ -351,6 +369,7 @@ impl Bed {
                 namespaces,
                 lba_size: args.lba_size,
                 ns1_props: if c == 0 { ns1_props.clone() } else { vec![] },
+                root_port: hotplug.then_some(c),
                 ns1_read_error_sectors: if c == 0 {
                     args.inject_read_error
                         .iter()
@@ -379,6 +398,7 @@ impl Bed {
                 lba_size: args.lba_size,
                 ns1_props: vec![],
                 ns1_read_error_sectors: vec![],
+                root_port: None,
             };
             let addr = k.pci_address();
             controllers.push(k);
@@ -400,6 +420,13 @@ impl Bed {
             ns1_pi: args.pi,
             ns1_pil: args.pil,
             ns1_read_errors: args.inject_read_error.clone(),
+            hotplug: args
+                .unplug
+                .iter()
+                .map(|u| format!("unplug:{u}"))
+                .chain(args.replug.iter().map(|r| format!("replug:{r}")))
+                .collect::<Vec<_>>()
+                .join(" "),
             mdts,
             mqes,
             max_ioqpairs,
@@ -503,6 +530,48 @@ impl Bed {
 }
 
 /// A validated guest configuration.
+/// The QMP steps of `--unplug` / `--replug`, sorted by time.
+fn hotplug_steps(args: &VmArgs, controllers: &[ControllerSpec]) -> Result<Vec<crate::qmp::Step>> {
+    let mut steps = Vec::new();
+    let actions = args
+        .unplug
+        .iter()
+        .map(|u| crate::qmp::parse(u, false))
+        .chain(args.replug.iter().map(|r| crate::qmp::parse(r, true)));
+    for a in actions {
+        let a = a?;
+        let Some(c) = controllers
+            .iter()
+            .filter(|c| c.root_port.is_some())
+            .nth(a.ctrl as usize)
+        else {
+            bail!(
+                "--{} {}: there is no hot-pluggable controller {} (--controllers {})",
+                if a.replug { "replug" } else { "unplug" },
+                a.ctrl,
+                a.ctrl,
+                args.controllers
+            );
+        };
+        steps.push(crate::qmp::Step {
+            at: a.at,
+            what: format!(
+                "{} controller {} ({})",
+                if a.replug { "device_add" } else { "device_del" },
+                a.ctrl,
+                c.pci_address()
+            ),
+            commands: if a.replug {
+                c.replug_commands()
+            } else {
+                vec![crate::qmp::device_del(&c.id)]
+            },
+        });
+    }
+    steps.sort_by_key(|s| s.at);
+    Ok(steps)
+}
+
 struct Plan {
     env: GuestEnv,
     controllers: Vec<ControllerSpec>,

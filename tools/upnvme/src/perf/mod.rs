@@ -171,7 +171,7 @@ pub fn run(a: PerfArgs) -> Result<bool> {
 
     // Nothing to read back from a controller that was taken away.
     let mismatches = if a.verify && removed_after.is_none() {
-        Some(verify(&ctrl, &mut jobs, seed, &qp)?)
+        Some(verify(&ctrl, &mut jobs, seed, &qp, a.continue_on_error)?)
     } else {
         None
     };
@@ -214,13 +214,21 @@ pub fn run(a: PerfArgs) -> Result<bool> {
                 .iter()
                 .flat_map(|j| j.written.iter().map(|e| e.1 as u64))
                 .sum();
-            outln!("verify: {blocks} blocks read back, {m} mismatches");
+            let unreadable: u64 = jobs.iter().map(|j| j.unreadable).sum();
+            if unreadable > 0 {
+                outln!(
+                    "verify: {} blocks read back, {m} mismatches; {unreadable} blocks could not be read (counted, not compared: --continue-on-error)",
+                    blocks - unreadable
+                );
+            } else {
+                outln!("verify: {blocks} blocks read back, {m} mismatches");
+            }
         }
     }
     if let Some(path) = &a.histogram_csv {
         report::histogram_csv(path, &jobs)?;
     }
-    let errors: u64 = jobs.iter().map(|j| j.errors).sum::<u64>() - removed_ios;
+    let errors: u64 = jobs.iter().map(|j| j.errors).sum::<u64>();
     let by_status = report::errors_by_status(&jobs);
     drop(jobs);
     if let Ok(c) = Arc::try_unwrap(ctrl) {
@@ -274,6 +282,7 @@ fn verify(
     jobs: &mut [JobResult],
     seed: u64,
     qp: &QueuePairOptions,
+    continue_on_error: bool,
 ) -> Result<u64> {
     let mut q = ctrl.io_queue_pair(QueuePairOptions {
         reap_on_submit: false,
@@ -291,9 +300,17 @@ fn verify(
                 Some(b) => b,
                 None => ctrl.alloc_dma(blocks as usize * lba)?,
             };
-            let b = q
-                .read_blocking(ns, slba, blocks, b, Duration::from_secs(30))
-                .map_err(|e| anyhow!("verify read at LBA {slba}: {e}"))?;
+            let b = match q.read_blocking(ns, slba, blocks, b, Duration::from_secs(30)) {
+                Ok(b) => b,
+                // --continue-on-error: an unreadable extent (a media error)
+                // is counted, not compared; the rest is still verified.
+                Err(f) if continue_on_error && f.buffer.is_some() => {
+                    j.unreadable += u64::from(blocks);
+                    buf = f.buffer;
+                    continue;
+                }
+                Err(f) => return Err(anyhow!("verify read at LBA {slba}: {}", f.error)),
+            };
             for i in 0..blocks as u64 {
                 worker::stamp(&mut want, seed, j.nsid, slba + i);
                 b.read_bytes(i as usize * lba, &mut got)?;

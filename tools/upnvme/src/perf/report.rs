@@ -420,6 +420,7 @@ pub fn json_doc(info: &RunInfo, jobs: &[JobResult], mismatches: Option<u64>) -> 
         },
         "histogram_us_count": hist,
         "verify_mismatches": mismatches,
+        "verify_unreadable_blocks": jobs.iter().map(|j| j.unreadable).sum::<u64>(),
     }))
 }
 

@@ -138,7 +138,8 @@ pub struct JobResult {
     pub seconds: f64,
     /// Latency histogram in nanoseconds.
     pub hist: Histogram<u64>,
-    /// Completions with an error status.
+    /// Completions with an error (not counting those the controller's
+    /// removal ended: `removed_ios`).
     pub errors: u64,
     /// Queue pair counters over the measured window.
     pub stats: QueueStats,
@@ -148,6 +149,8 @@ pub struct JobResult {
     pub written: Vec<(u64, u32)>,
     /// Verification mismatches (filled in by the verify pass).
     pub mismatches: u64,
+    /// Blocks the verify pass could not read (`--continue-on-error` only).
+    pub unreadable: u64,
     /// I/Os ended because the kernel asked for the controller back.
     pub removed_ios: u64,
     /// Seconds after the worker started at which its controller was
@@ -319,7 +322,11 @@ impl Job {
                 warmup_ended = true;
             }
             let time_up = clock.time_up(seen, stop);
-            if let Err(e) = &c.result {
+            if c.result == Err(IoError::ControllerRemoved) {
+                // Not an I/O error: the controller was taken away; the run
+                // ends and reports the removal.
+                w.removed = true;
+            } else if let Err(e) = &c.result {
                 w.count_error(e);
                 if !plan.continue_on_error {
                     // Every job of every worker stops submitting.
@@ -328,6 +335,7 @@ impl Job {
                 }
             }
             let more = !w.stopped_by_error
+                && !w.removed
                 && match plan.io_count {
                     // The count applies to the measured window only.
                     Some(n) => !time_up && (!clock.measuring || w.submitted < n),
@@ -347,8 +355,9 @@ impl Job {
                 w.bytes += plan.io_size as u64;
                 w.reaped_in_window += 1;
             }
-            w.errors += u64::from(c.result.is_err());
-            w.removed_ios += u64::from(c.result == Err(IoError::ControllerRemoved));
+            let removed = c.result == Err(IoError::ControllerRemoved);
+            w.errors += u64::from(c.result.is_err() && !removed);
+            w.removed_ios += u64::from(removed);
         });
         let ios = match ios {
             Ok(n) => n,
@@ -587,6 +596,7 @@ pub fn run(
                 timing,
                 written,
                 mismatches: 0,
+                unreadable: 0,
             }
         })
         .collect())

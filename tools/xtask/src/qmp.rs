@@ -1,0 +1,177 @@
+//! Hot-plugging controllers while COMMAND runs (`--unplug CTRL@SECONDS`,
+//! `--replug CTRL@SECONDS`): QEMU's QMP socket, driven from a host thread.
+//!
+//! Hot-pluggable controllers sit behind `pcie-root-port`s (q35's root bus
+//! has no hotplug), their namespaces' images are `-blockdev` nodes (which,
+//! unlike `-drive`, outlive an unplugged device, so a replug can attach them
+//! again). `device_del` makes QEMU press the slot's attention button: the
+//! guest's pciehp waits its 5 s before powering the slot off, then removes
+//! the device — which asks vfio-pci's user for it back. `device_add` puts
+//! the controller and its namespaces back; the guest's pciehp enumerates it.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+/// What to do to a controller, and when (seconds after COMMAND started).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Action {
+    /// Seconds after COMMAND started.
+    pub at: Duration,
+    /// Controller index (0 = the first vfio-bound one).
+    pub ctrl: u32,
+    /// Unplug (`device_del`) or replug (`device_add`).
+    pub replug: bool,
+}
+
+/// Parses `CTRL@SECONDS` (e.g. `0@5`, `1@2.5`).
+pub fn parse(spec: &str, replug: bool) -> Result<Action> {
+    let Some((c, t)) = spec.split_once('@') else {
+        bail!("`{spec}`: expected CTRL@SECONDS, e.g. 0@5");
+    };
+    let ctrl: u32 = c
+        .parse()
+        .with_context(|| format!("`{spec}`: the controller index `{c}` is not a number"))?;
+    let secs: f64 = t
+        .parse()
+        .with_context(|| format!("`{spec}`: `{t}` is not a number of seconds"))?;
+    if !secs.is_finite() || secs < 0.0 {
+        bail!("`{spec}`: the time must be a non-negative number of seconds");
+    }
+    Ok(Action {
+        at: Duration::from_secs_f64(secs),
+        ctrl,
+        replug,
+    })
+}
+
+/// The QMP commands of one action: arguments of `device_del`, or the
+/// `device_add`s of a controller and its namespaces.
+#[derive(Debug, Clone)]
+pub struct Step {
+    /// When (after COMMAND started).
+    pub at: Duration,
+    /// What it does, for the log.
+    pub what: String,
+    /// `{"execute": ...}` documents, sent in order.
+    pub commands: Vec<String>,
+}
+
+/// Runs `steps` (sorted by time) against the QMP socket at `sock` from a
+/// thread: each once `booted` is set and its time has come. Failures are
+/// printed (the guest command then sees no hotplug and says so).
+pub fn spawn(sock: PathBuf, booted: Arc<AtomicBool>, steps: Vec<Step>) {
+    if steps.is_empty() {
+        return;
+    }
+    let _ = std::thread::Builder::new()
+        .name("xtask-qmp".into())
+        .spawn(move || {
+            while !booted.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let start = Instant::now();
+            for s in steps {
+                if let Some(wait) = s.at.checked_sub(start.elapsed()) {
+                    std::thread::sleep(wait);
+                }
+                match run(&sock, &s.commands) {
+                    Ok(()) => eprintln!(
+                        "xtask: +{:.1} s: {} (QMP)",
+                        start.elapsed().as_secs_f64(),
+                        s.what
+                    ),
+                    Err(e) => eprintln!("xtask: QMP {} failed: {e:#}", s.what),
+                }
+            }
+        });
+}
+
+/// Connects, negotiates capabilities, sends each command and waits for its
+/// `return` (events in between are skipped; an `error` fails).
+fn run(sock: &Path, commands: &[String]) -> Result<()> {
+    let stream = UnixStream::connect(sock)
+        .with_context(|| format!("connecting to QMP at {}", sock.display()))?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut w = stream.try_clone()?;
+    let mut r = BufReader::new(stream);
+    let mut line = String::new();
+    r.read_line(&mut line).context("reading the QMP greeting")?;
+    let mut send = |cmd: &str| -> Result<()> {
+        w.write_all(cmd.as_bytes())?;
+        w.write_all(b"\n")?;
+        loop {
+            line.clear();
+            if r.read_line(&mut line)? == 0 {
+                bail!("QMP closed the connection after {cmd}");
+            }
+            if line.contains("\"return\"") {
+                return Ok(());
+            }
+            if line.contains("\"error\"") {
+                bail!("{cmd}: {}", line.trim());
+            }
+        }
+    };
+    send(r#"{"execute":"qmp_capabilities"}"#)?;
+    for c in commands {
+        send(c)?;
+    }
+    Ok(())
+}
+
+/// A JSON string literal.
+pub fn json_str(s: &str) -> String {
+    let mut o = String::from("\"");
+    for ch in s.chars() {
+        match ch {
+            '"' => o.push_str("\\\""),
+            '\\' => o.push_str("\\\\"),
+            c if (c as u32) < 0x20 => o.push_str(&format!("\\u{:04x}", c as u32)),
+            c => o.push(c),
+        }
+    }
+    o.push('"');
+    o
+}
+
+/// `{"execute":"device_del","arguments":{"id":ID}}`.
+pub fn device_del(id: &str) -> String {
+    format!(
+        r#"{{"execute":"device_del","arguments":{{"id":{}}}}}"#,
+        json_str(id)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_and_commands() {
+        assert_eq!(
+            parse("1@2.5", false).unwrap(),
+            Action {
+                at: Duration::from_millis(2500),
+                ctrl: 1,
+                replug: false
+            }
+        );
+        assert!(parse("1", true).is_err());
+        assert!(parse("x@1", true).is_err());
+        assert!(parse("0@-1", true).is_err());
+        assert_eq!(
+            device_del("c0"),
+            r#"{"execute":"device_del","arguments":{"id":"c0"}}"#
+        );
+        assert_eq!(
+            device_del("c\"0"),
+            r#"{"execute":"device_del","arguments":{"id":"c\"0"}}"#
+        );
+    }
+}
