@@ -122,6 +122,56 @@ fn fio_sequential_read_and_trim_run_without_errors() {
 }
 
 #[test]
+fn fio_engine_options_reach_the_queue_pairs() {
+    if !enabled() {
+        return;
+    }
+    let f = filename(1);
+    for opts in [
+        [
+            "--upnvme_shadow_doorbells=0",
+            "--upnvme_reap_on_submit=1",
+            "--upnvme_entries=64",
+        ],
+        [
+            "--upnvme_shadow_doorbells=1",
+            "--upnvme_reap_on_submit=0",
+            "--upnvme_entries=0",
+        ],
+    ] {
+        let mut args = vec![
+            "--name=o",
+            f.as_str(),
+            "--rw=randrw",
+            "--bs=8k",
+            "--iodepth=32",
+            "--size=8M",
+            "--verify=crc32c",
+            "--do_verify=1",
+        ];
+        args.extend(opts);
+        passed(&fio(&args));
+    }
+    // 64 entries hold 63 commands: a deeper iodepth is said, not hidden.
+    let o = fio(&[
+        "--name=d",
+        &f,
+        "--rw=randread",
+        "--bs=4k",
+        "--iodepth=128",
+        "--size=4M",
+        "--upnvme_entries=64",
+    ]);
+    let out = passed(&o);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("queue pair holds 63 commands, iodepth is 128")
+            || out.contains("queue pair holds 63 commands"),
+        "{out}\n{err}"
+    );
+}
+
+#[test]
 fn fio_with_a_bad_filename_fails_and_says_why() {
     if !enabled() {
         return;
