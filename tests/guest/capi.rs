@@ -5,14 +5,7 @@
 
 use std::process::Command;
 
-fn device() -> String {
-    std::env::var("UPNVME_VM_DEVICES")
-        .expect("UPNVME_VM_DEVICES not set: run inside `cargo xtask vm`")
-        .split_whitespace()
-        .next()
-        .expect("a device")
-        .to_string()
-}
+use crate::vm::device;
 
 #[test]
 fn c_hello_world_prints_what_it_wrote_and_read_back() {

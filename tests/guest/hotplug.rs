@@ -15,21 +15,14 @@ use std::time::{Duration, Instant};
 
 use upnvme::{Controller, ControllerOptions, HotplugEvent, QueuePairOptions};
 
+use crate::vm::device;
+
 fn schedule() -> String {
     let s = std::env::var("UPNVME_VM_HOTPLUG").unwrap_or_default();
     if s.is_empty() {
         eprintln!("no hotplug schedule in this guest: nothing to check here");
     }
     s
-}
-
-fn device() -> String {
-    std::env::var("UPNVME_VM_DEVICES")
-        .expect("UPNVME_VM_DEVICES not set")
-        .split_whitespace()
-        .next()
-        .expect("a device")
-        .to_string()
 }
 
 #[test]

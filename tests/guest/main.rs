@@ -13,3 +13,4 @@ mod media_errors;
 mod metadata;
 mod reliability;
 mod removal;
+mod vm;

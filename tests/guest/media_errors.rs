@@ -8,10 +8,11 @@
 //! Every test here returns at once when no error is injected
 //! (`UPNVME_VM_NS1_READ_ERRORS` empty).
 
-use std::process::{Command, Output};
 use std::time::Duration;
 
 use upnvme::{Controller, ControllerOptions, IoError, QueuePairOptions};
+
+use crate::vm::{device, upnvme};
 
 fn error_lbas() -> Vec<u64> {
     let v: Vec<u64> = std::env::var("UPNVME_VM_NS1_READ_ERRORS")
@@ -24,22 +25,6 @@ fn error_lbas() -> Vec<u64> {
         eprintln!("no read errors injected in this guest: nothing to check here");
     }
     v
-}
-
-fn device() -> String {
-    std::env::var("UPNVME_VM_DEVICES")
-        .expect("UPNVME_VM_DEVICES not set")
-        .split_whitespace()
-        .next()
-        .expect("a device")
-        .to_string()
-}
-
-fn upnvme(args: &[&str]) -> Output {
-    Command::new("upnvme")
-        .args(args)
-        .output()
-        .expect("upnvme is on the guest's PATH")
 }
 
 #[test]

@@ -8,19 +8,13 @@
 //! Every test here returns at once when namespace 1 has no metadata
 //! (`UPNVME_VM_NS1_MS=0`): the other configurations.
 
-use std::process::{Command, Output};
 use std::time::Duration;
 
 use upnvme::{Controller, ControllerOptions, IoCommand, QueuePairOptions, Reject};
 
-const T: Duration = Duration::from_secs(10);
+use crate::vm::{device, env_u64, upnvme};
 
-fn env_u64(name: &str) -> u64 {
-    std::env::var(name)
-        .unwrap_or_else(|_| panic!("{name} not set: run inside `cargo xtask vm`"))
-        .parse()
-        .unwrap_or_else(|_| panic!("{name} is not a number"))
-}
+const T: Duration = Duration::from_secs(10);
 
 /// Namespace 1's metadata bytes per block in this guest, `None` without.
 fn ns1_ms() -> Option<u16> {
@@ -29,22 +23,6 @@ fn ns1_ms() -> Option<u16> {
         eprintln!("namespace 1 has no metadata in this guest: nothing to check here");
     }
     (ms != 0).then_some(ms)
-}
-
-fn device() -> String {
-    std::env::var("UPNVME_VM_DEVICES")
-        .expect("UPNVME_VM_DEVICES not set")
-        .split_whitespace()
-        .next()
-        .expect("a device")
-        .to_string()
-}
-
-fn upnvme(args: &[&str]) -> Output {
-    Command::new("upnvme")
-        .args(args)
-        .output()
-        .expect("upnvme is on the guest's PATH")
 }
 
 #[test]

@@ -15,14 +15,7 @@ use std::time::{Duration, Instant};
 
 use upnvme::{Controller, ControllerOptions, Error, HotplugEvent, QueuePairOptions};
 
-fn device() -> String {
-    std::env::var("UPNVME_VM_DEVICES")
-        .expect("UPNVME_VM_DEVICES not set: run inside `cargo xtask vm`")
-        .split_whitespace()
-        .next()
-        .expect("a device")
-        .to_string()
-}
+use crate::vm::device;
 
 fn pci(addr: &str) -> std::path::PathBuf {
     Path::new("/sys/bus/pci/devices").join(addr)
