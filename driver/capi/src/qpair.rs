@@ -247,22 +247,38 @@ impl<D: Device> Qpair<D> {
                 self.ctxs.len() as u32 - 1
             }
         };
-        let mut ranges = [DsmRange::default(); 256];
-        let cmd = match cmd {
-            Cmd::Read { slba, blocks } => IoCommand::Read { ns, slba, blocks },
-            Cmd::Write { slba, blocks } => IoCommand::Write { ns, slba, blocks },
-            Cmd::Flush => IoCommand::Flush { ns },
+        let result = match cmd {
+            Cmd::Read { slba, blocks } => self.qp.submit(
+                IoCommand::Read { ns, slba, blocks },
+                buffer,
+                u64::from(slot),
+            ),
+            Cmd::Write { slba, blocks } => self.qp.submit(
+                IoCommand::Write { ns, slba, blocks },
+                buffer,
+                u64::from(slot),
+            ),
+            Cmd::Flush => self
+                .qp
+                .submit(IoCommand::Flush { ns }, buffer, u64::from(slot)),
             Cmd::WriteZeroes {
                 slba,
                 blocks,
                 deallocate,
-            } => IoCommand::WriteZeroes {
-                ns,
-                slba,
-                blocks,
-                deallocate,
-            },
+            } => self.qp.submit(
+                IoCommand::WriteZeroes {
+                    ns,
+                    slba,
+                    blocks,
+                    deallocate,
+                },
+                buffer,
+                u64::from(slot),
+            ),
             Cmd::Deallocate { ranges: r } => {
+                // Only Dataset Management pays for the range list (copied
+                // into the slot's page by the library before this returns).
+                let mut ranges = [DsmRange::default(); 256];
                 for (d, s) in ranges.iter_mut().zip(r) {
                     *d = DsmRange {
                         cattr: 0,
@@ -270,13 +286,14 @@ impl<D: Device> Qpair<D> {
                         slba: s.slba,
                     };
                 }
-                IoCommand::Deallocate {
+                let cmd = IoCommand::Deallocate {
                     ns,
                     ranges: &ranges[..r.len()],
-                }
+                };
+                self.qp.submit(cmd, buffer, u64::from(slot))
             }
         };
-        match self.qp.submit(cmd, buffer, u64::from(slot)) {
+        match result {
             Ok(()) => {
                 self.ctxs[slot as usize] = Ctx { cb, arg, buf: kept };
                 UPNVME_OK
