@@ -51,6 +51,32 @@ unsafe fn put<T>(out: *mut T, v: T) {
     }
 }
 
+/// The constructors' common shape: `out` must not be NULL and is cleared
+/// first, so it is NULL on every failure; on success it holds the handle
+/// `make` built (the caller frees it with the partner function).
+///
+/// # Safety
+/// `out` is null or valid for a write of a pointer.
+unsafe fn make_handle<T>(
+    out: *mut *mut T,
+    what: &str,
+    make: impl FnOnce() -> Result<Box<T>, c_int>,
+) -> c_int {
+    if out.is_null() {
+        return fail(UPNVME_EINVAL, format!("{what}: out is NULL"));
+    }
+    // SAFETY: non-null and valid for a write (the caller's contract).
+    unsafe { out.write(std::ptr::null_mut()) };
+    match make() {
+        Ok(h) => {
+            // SAFETY: as above.
+            unsafe { out.write(Box::into_raw(h)) };
+            UPNVME_OK
+        }
+        Err(code) => code,
+    }
+}
+
 /// The library version (`"0.1.0"`), a static string.
 #[unsafe(no_mangle)]
 pub extern "C" fn upnvme_version() -> *const c_char {
@@ -118,34 +144,23 @@ pub unsafe extern "C" fn upnvme_ctrl_open(
     out: *mut *mut upnvme_ctrl,
 ) -> c_int {
     guard(|| {
-        if out.is_null() {
-            return fail(UPNVME_EINVAL, "upnvme_ctrl_open: out is NULL");
-        }
-        // SAFETY: `out` is valid for a write (checked non-null, the caller's contract).
-        unsafe { out.write(std::ptr::null_mut()) };
-        let addr = if pci_addr.is_null() {
-            match only_vfio_controller() {
-                Ok(a) => a,
-                Err(e) => return fail(UPNVME_ENODEV, e),
-            }
-        } else {
-            // SAFETY: a NUL-terminated string (the caller's contract).
-            match unsafe { CStr::from_ptr(pci_addr) }.to_str() {
-                Ok(s) => s.to_string(),
-                Err(_) => return fail(UPNVME_EINVAL, "the PCI address is not UTF-8"),
-            }
+        let make = || {
+            let addr = if pci_addr.is_null() {
+                only_vfio_controller().map_err(|e| fail(UPNVME_ENODEV, e))?
+            } else {
+                // SAFETY: a NUL-terminated string (the caller's contract).
+                match unsafe { CStr::from_ptr(pci_addr) }.to_str() {
+                    Ok(s) => s.to_string(),
+                    Err(_) => return Err(fail(UPNVME_EINVAL, "the PCI address is not UTF-8")),
+                }
+            };
+            // SAFETY: null or valid for its `size` (the caller's contract).
+            let o = unsafe { read_sized(opts) };
+            let c = Controller::open(&addr, o.to_options()).map_err(|e| fail_error(&e))?;
+            Ok(Box::new(upnvme_ctrl(Ctrl { ctrl: Some(c) })))
         };
-        // SAFETY: null or valid for its `size` (the caller's contract).
-        let o = unsafe { read_sized(opts) };
-        match Controller::open(&addr, o.to_options()) {
-            Ok(c) => {
-                let h = Box::new(upnvme_ctrl(Ctrl { ctrl: Some(c) }));
-                // SAFETY: as above.
-                unsafe { out.write(Box::into_raw(h)) };
-                UPNVME_OK
-            }
-            Err(e) => fail_error(&e),
-        }
+        // SAFETY: `out` null or valid (the caller's contract).
+        unsafe { make_handle(out, "upnvme_ctrl_open", make) }
     })
 }
 
@@ -270,25 +285,14 @@ pub unsafe extern "C" fn upnvme_buf_alloc(
     out: *mut *mut upnvme_buf,
 ) -> c_int {
     guard(|| {
-        if out.is_null() {
-            return fail(UPNVME_EINVAL, "upnvme_buf_alloc: out is NULL");
-        }
-        // SAFETY: valid for a write (checked non-null, the caller's contract).
-        unsafe { out.write(std::ptr::null_mut()) };
-        // SAFETY: the caller's contract.
-        let c = match unsafe { ctrl_ref(ctrl) } {
-            Ok(c) => c,
-            Err(code) => return code,
+        let make = || {
+            // SAFETY: the caller's contract.
+            let c = unsafe { ctrl_ref(ctrl) }?;
+            let b = c.alloc_dma(len).map_err(|e| fail_error(&e))?;
+            Ok(Box::new(upnvme_buf::new(b, std::ptr::null())))
         };
-        match c.alloc_dma(len) {
-            Ok(b) => {
-                let h = Box::new(upnvme_buf::new(b, std::ptr::null()));
-                // SAFETY: as above.
-                unsafe { out.write(Box::into_raw(h)) };
-                UPNVME_OK
-            }
-            Err(e) => fail_error(&e),
-        }
+        // SAFETY: `out` null or valid (the caller's contract).
+        unsafe { make_handle(out, "upnvme_buf_alloc", make) }
     })
 }
 
@@ -426,24 +430,14 @@ pub unsafe extern "C" fn upnvme_pool_create(
     out: *mut *mut upnvme_pool,
 ) -> c_int {
     guard(|| {
-        if out.is_null() {
-            return fail(UPNVME_EINVAL, "upnvme_pool_create: out is NULL");
-        }
-        // SAFETY: valid for a write (checked non-null, the caller's contract).
-        unsafe { out.write(std::ptr::null_mut()) };
-        // SAFETY: the caller's contract.
-        let c = match unsafe { ctrl_ref(ctrl) } {
-            Ok(c) => c,
-            Err(code) => return code,
+        let make = || {
+            // SAFETY: the caller's contract.
+            let c = unsafe { ctrl_ref(ctrl) }?;
+            let p = c.dma_pool(len, count).map_err(|e| fail_error(&e))?;
+            Ok(upnvme_pool::new(p))
         };
-        match c.dma_pool(len, count) {
-            Ok(p) => {
-                // SAFETY: as above.
-                unsafe { out.write(Box::into_raw(upnvme_pool::new(p))) };
-                UPNVME_OK
-            }
-            Err(e) => fail_error(&e),
-        }
+        // SAFETY: `out` null or valid (the caller's contract).
+        unsafe { make_handle(out, "upnvme_pool_create", make) }
     })
 }
 
@@ -547,27 +541,21 @@ pub unsafe extern "C" fn upnvme_qpair_create(
     out: *mut *mut upnvme_qpair,
 ) -> c_int {
     guard(|| {
-        if out.is_null() {
-            return fail(UPNVME_EINVAL, "upnvme_qpair_create: out is NULL");
-        }
-        // SAFETY: valid for a write (checked non-null, the caller's contract).
-        unsafe { out.write(std::ptr::null_mut()) };
-        // SAFETY: the caller's contract.
-        let c = match unsafe { ctrl_ref(ctrl) } {
-            Ok(c) => c,
-            Err(code) => return code,
+        let make = || {
+            // SAFETY: the caller's contract.
+            let c = unsafe { ctrl_ref(ctrl) }?;
+            // SAFETY: null or valid for its `size` (the caller's contract).
+            let o = unsafe { read_sized(opts) };
+            let qp = c
+                .io_queue_pair(o.to_options())
+                .map_err(|e| fail_error(&e))?;
+            Ok(Box::new(upnvme_qpair(Qpair::new(
+                qp,
+                c.namespaces().to_vec(),
+            ))))
         };
-        // SAFETY: null or valid for its `size` (the caller's contract).
-        let o = unsafe { read_sized(opts) };
-        match c.io_queue_pair(o.to_options()) {
-            Ok(qp) => {
-                let h = Box::new(upnvme_qpair(Qpair::new(qp, c.namespaces().to_vec())));
-                // SAFETY: as above.
-                unsafe { out.write(Box::into_raw(h)) };
-                UPNVME_OK
-            }
-            Err(e) => fail_error(&e),
-        }
+        // SAFETY: `out` null or valid (the caller's contract).
+        unsafe { make_handle(out, "upnvme_qpair_create", make) }
     })
 }
 
