@@ -202,7 +202,7 @@ pub struct VmArgs {
     #[arg(long)]
     pub hotplug: bool,
     /// Remove controller CTRL (0-based) SECONDS after COMMAND started, through QEMU's QMP
-    /// `device_del` (the guest's pciehp then removes it ~5 s later); repeatable.
+    /// `device_del` (the guest's pciehp then removes it; under a second here); repeatable.
     #[arg(long, value_name = "CTRL@SECONDS")]
     pub unplug: Vec<String>,
     /// Add controller CTRL and its namespaces back SECONDS after COMMAND started (QMP
