@@ -7,30 +7,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{assert_clean, config_one_ns, open, opts};
-use upnvme::{IoCommand, QueuePairOptions};
+use common::{assert_clean, config_one_ns, open, opts, submit_reads};
+use upnvme::QueuePairOptions;
 use upnvme_tests::{Fault, Match, ModelController};
-
-fn submit_reads(
-    c: &upnvme::Controller<ModelController>,
-    qp: &mut upnvme::IoQueuePair<ModelController>,
-    n: u64,
-) {
-    let ns = c.namespace(1).unwrap().clone();
-    for tag in 0..n {
-        let buf = c.alloc_dma(4096).unwrap();
-        qp.submit(
-            IoCommand::Read {
-                ns: &ns,
-                slba: tag,
-                blocks: 1,
-            },
-            Some(buf),
-            tag,
-        )
-        .unwrap();
-    }
-}
 
 #[test]
 fn close_delivers_completed_commands_once() {

@@ -9,7 +9,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{config_one_ns, open, opts};
+use common::{config_one_ns, open, opts, submit_reads};
 use upnvme::{Error, IoCommand, IoError, QueuePairOptions, Reject};
 use upnvme_tests::{Fault, Match, ModelController};
 
@@ -38,19 +38,7 @@ fn a_release_request_ends_every_command_once_with_its_buffer() {
             doorbells: None,
         });
     }
-    for tag in 0..4u64 {
-        let buf = c.alloc_dma(4096).unwrap();
-        qp.submit(
-            IoCommand::Read {
-                ns: &ns,
-                slba: tag,
-                blocks: 1,
-            },
-            Some(buf),
-            tag,
-        )
-        .unwrap();
-    }
+    submit_reads(&c, &mut qp, 4);
     assert_eq!(qp.in_flight(), 4);
     m.request_release();
     wait_released(&m);

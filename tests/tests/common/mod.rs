@@ -90,6 +90,29 @@ pub fn read_back(buf: &DmaBuffer, len: usize) -> Vec<u8> {
     v
 }
 
+/// Submits one-block reads of namespace 1 at LBAs `0..n`, tag = LBA, each
+/// with a fresh 4 KiB buffer.
+pub fn submit_reads(
+    c: &Controller<ModelController>,
+    qp: &mut upnvme::IoQueuePair<ModelController>,
+    n: u64,
+) {
+    let ns = c.namespace(1).unwrap().clone();
+    for tag in 0..n {
+        let buf = c.alloc_dma(4096).unwrap();
+        qp.submit(
+            upnvme::IoCommand::Read {
+                ns: &ns,
+                slba: tag,
+                blocks: 1,
+            },
+            Some(buf),
+            tag,
+        )
+        .unwrap();
+    }
+}
+
 /// One register or doorbell access seen by [`Spy`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Access {
