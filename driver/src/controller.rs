@@ -561,6 +561,11 @@ impl<D: Device> Inner<D> {
         }
     }
 
+    /// The controller's SGL support (Identify Controller SGLS bits 1:0).
+    pub(crate) fn sgl_support(&self) -> upnvme_queues::sgl::SglSupport {
+        upnvme_queues::sgl::SglSupport::from_sgls(self.identify.sgls)
+    }
+
     /// Largest transfer in bytes per command, `None` when MDTS = 0.
     pub(crate) fn max_transfer(&self) -> Option<usize> {
         mdts_limit(self.cap.min_page_size(), self.identify.mdts)

@@ -242,6 +242,29 @@ pub enum Reject {
     /// write metadata through MPTR (separate buffer), neither of which the
     /// command's data pointer would describe, so it is never sent.
     MetadataFormat(crate::namespace::MetadataLayout),
+    /// The slice ([`crate::IoData::slice`]) does not lie inside its buffer,
+    /// or is empty.
+    SliceOutOfBounds {
+        /// Offset of the slice.
+        offset: u64,
+        /// Length of the slice.
+        len: u64,
+        /// Length of the buffer.
+        size: u64,
+    },
+    /// Neither PRPs nor an SGL can describe the memory: a vector whose inner
+    /// boundaries are not all page aligned (or a buffer not dword aligned)
+    /// on a controller without SGL support (Identify Controller SGLS bits
+    /// 1:0 = 00b), with [`crate::SglMode::Never`], or against an SGL
+    /// alignment requirement (SGLS = 10b: dword-aligned addresses and
+    /// lengths).
+    NotDescribable,
+    /// The vector has more segments than the command's preallocated list
+    /// pages hold.
+    TooManySegments {
+        /// Segments the transfer uses.
+        segments: u32,
+    },
 }
 
 impl std::fmt::Display for Reject {
@@ -274,6 +297,22 @@ impl std::fmt::Display for Reject {
             Reject::Misaligned => f.write_str(
                 "the buffer's IOVA is not dword aligned, which PRP1 requires",
             ),
+            Reject::SliceOutOfBounds { offset, len, size } => write!(
+                f,
+                "the slice of {len} bytes at offset {offset} does not lie inside its buffer of \
+                 {size} bytes (a slice needs 1 or more bytes inside the buffer)"
+            ),
+            Reject::NotDescribable => f.write_str(
+                "the memory cannot be described to this controller: PRPs need a dword-aligned \
+                 start and page-aligned inner boundaries between segments, and SGLs are not \
+                 supported (Identify Controller SGLS), disabled (SglMode::Never) or require \
+                 dword-aligned segment addresses and lengths",
+            ),
+            Reject::TooManySegments { segments } => write!(
+                f,
+                "the vector's {segments} segments need more list descriptors than a command \
+                 holds: merge segments or split the transfer"
+            ),
             Reject::MetadataFormat(layout) => write!(
                 f,
                 "the namespace's LBA format has metadata ({layout}); the driver does not send \
@@ -288,14 +327,31 @@ impl std::fmt::Display for Reject {
 
 impl std::error::Error for Reject {}
 
-/// A command a queue pair refused, with its buffer handed back: 16 bytes,
-/// returned in registers.
+/// A command a queue pair refused, with its memory handed back.
 #[derive(Debug)]
 pub struct Rejected {
     /// Why.
     pub reason: Reject,
     /// The buffer passed with the command.
     pub buffer: Option<DmaBuffer>,
+    /// The vector passed with the command ([`crate::IoData::vectored`]).
+    pub segments: Option<crate::IoVec>,
+}
+
+impl Rejected {
+    /// A refusal handing back `buffer` and `segments`.
+    #[inline(always)]
+    pub(crate) fn with_segments(
+        reason: Reject,
+        buffer: Option<DmaBuffer>,
+        segments: Option<crate::IoVec>,
+    ) -> Rejected {
+        Rejected {
+            reason,
+            buffer,
+            segments,
+        }
+    }
 }
 
 impl std::fmt::Display for Rejected {

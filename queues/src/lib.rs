@@ -19,6 +19,7 @@
 //! | [`ring`] | SQ tail/head and CQ head/phase state for any queue size 2..=65536 |
 //! | [`cid`] | command identifiers = tracker slot + generation, stale/duplicate detection |
 //! | [`prp`] | PRP entries and (chained) PRP lists; a device-side decoder |
+//! | [`sgl`] | SGL descriptors, (chained) SGL segments, SGLS support; a device-side decoder |
 //! | [`shadow`] | Doorbell Buffer Config event-index arithmetic |
 //! | [`identify`] | Identify Controller / Namespace / namespace list parsers |
 //! | [`log`] | SMART / Health, Error Information and Firmware Slot log parsers |
@@ -74,6 +75,7 @@ pub mod log;
 pub mod prp;
 pub mod regs;
 pub mod ring;
+pub mod sgl;
 pub mod shadow;
 pub mod sqe;
 pub mod status;

@@ -28,7 +28,7 @@ impl<D: Device> IoQueuePair<D> {
         buffer: Option<DmaBuffer>,
         timeout: Duration,
     ) -> Result<Option<DmaBuffer>, IoFailure> {
-        let slot = match self.queue_sqe(cmd, buffer, BLOCKING_TAG) {
+        let slot = match self.queue_sqe(cmd, super::IoData::from(buffer), BLOCKING_TAG) {
             Ok(slot) => slot,
             Err(r) => {
                 return Err(IoFailure {

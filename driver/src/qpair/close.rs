@@ -45,8 +45,8 @@ impl<D: Device> IoQueuePair<D> {
         if deleted {
             let slots: Vec<u16> = self.trackers.in_flight_slots().collect();
             for slot in slots {
-                let (tag, buffer) = match self.trackers.get_mut(slot) {
-                    Some(t) => (t.tag, t.buffer.take()),
+                let (tag, buffer, segments) = match self.trackers.get_mut(slot) {
+                    Some(t) => (t.tag, t.buffer.take(), t.segments.take()),
                     None => continue,
                 };
                 let _ = self.trackers.cancel(slot);
@@ -54,6 +54,7 @@ impl<D: Device> IoQueuePair<D> {
                     tag,
                     result: Err(IoError::QueueDeleted),
                     buffer,
+                    segments,
                 });
             }
         }

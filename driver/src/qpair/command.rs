@@ -120,6 +120,8 @@ pub struct Completion {
     /// The command's buffer, back in the caller's hands: the device is done
     /// with it.
     pub buffer: Option<DmaBuffer>,
+    /// The command's vector ([`crate::IoData::vectored`]), back likewise.
+    pub segments: Option<crate::IoVec>,
 }
 
 impl Completion {

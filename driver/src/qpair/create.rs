@@ -12,6 +12,7 @@ use upnvme_queues::regs::{cq_head_doorbell, sq_tail_doorbell};
 use upnvme_queues::shadow::{cq_head_offset, sq_tail_offset};
 use upnvme_queues::{CidTable, CqRing, SqRing, Sqe};
 
+use super::SglMode;
 use super::doorbell::{CqHeadPolicy, Doorbells, ShadowSlots};
 use super::{IoQueuePair, PAGE, PERIODIC_POLLS, QueuePairOptions, QueueStats, clock};
 use crate::controller::{Controller, Inner};
@@ -71,6 +72,15 @@ impl<D: Device> IoQueuePair<D> {
         // this many memory pages; PRP1 covers the first.
         let list_entries = max_transfer / PAGE + 1;
         let list_pages_per_slot = list_pages(list_entries, PAGE).max(1);
+        let sgl = ctrl.sgl_support();
+        if opts.sgl == SglMode::Always && !sgl.supported() {
+            return Err(Error::Unsupported {
+                device: ctrl.name().to_string(),
+                what: "SGLs for data transfers (QueuePairOptions::sgl = SglMode::Always): \
+                       Identify Controller SGLS bits 1:0 are 00b; use SglMode::Auto"
+                    .to_string(),
+            });
+        }
 
         let dev = ctrl.dev();
         let sq = SqMemory::new(dev.alloc_dma(sq_entries as usize * SQE_BYTES)?, sq_entries)?;
@@ -153,6 +163,13 @@ impl<D: Device> IoQueuePair<D> {
             poll_countdown: PERIODIC_POLLS,
             instance: ctrl.instance(),
             max_transfer,
+            sgl,
+            sgl_mode: opts.sgl,
+            inline_prp_end: if opts.sgl == SglMode::Always {
+                0
+            } else {
+                2 * PAGE
+            },
             stats: QueueStats::default(),
             ready: VecDeque::with_capacity(max_depth as usize),
             max_depth,

@@ -10,7 +10,9 @@
 //! data pointer, doorbell), `reap.rs` (CQE checks, completion delivery, CQ
 //! head), `recovery.rs` (timeouts, resets, device faults), `blocking.rs`
 //! (`execute_blocking` and friends), `doorbell.rs` (the doorbell economy),
-//! `stats.rs`, `command.rs` (what is submitted and what comes back).
+//! `stats.rs`, `command.rs` (what is submitted and what comes back),
+//! `iodata.rs` (the memory a command transfers through: buffers, slices,
+//! vectors).
 //!
 //! ## Ordering contract (the reason this type is `!Sync`)
 //!
@@ -69,6 +71,7 @@ mod close;
 mod command;
 mod create;
 mod doorbell;
+mod iodata;
 mod options;
 mod reap;
 mod recovery;
@@ -86,7 +89,8 @@ use upnvme_queues::{CidTable, CqRing, SqRing};
 pub use command::{Completion, IoCommand};
 pub use doorbell::CqHeadPolicy;
 use doorbell::Doorbells;
-pub use options::{Backoff, QueuePairOptions};
+pub use iodata::{IoData, IoSegment, IoVec, SegmentOutOfBounds};
+pub use options::{Backoff, QueuePairOptions, SglMode};
 pub use stats::QueueStats;
 
 use crate::controller::Inner;
@@ -116,6 +120,8 @@ const PERIODIC_POLLS: u32 = 1024;
 struct Tracker {
     tag: u64,
     buffer: Option<DmaBuffer>,
+    /// The vector of a vectored command.
+    segments: Option<IoVec>,
     /// Clock ticks (see `clock.rs`) when a timeout scan first saw the command
     /// in flight; 0 before.
     stamp: u64,
@@ -152,6 +158,13 @@ pub struct IoQueuePair<D: Device = VfioNvme> {
     /// refused).
     instance: u64,
     max_transfer: usize,
+    /// The controller's SGL support (Identify Controller SGLS).
+    sgl: upnvme_queues::sgl::SglSupport,
+    sgl_mode: SglMode,
+    /// A contiguous transfer ending at most this far past its first page's
+    /// start goes in PRP1/PRP2 directly: two memory pages, or 0 with
+    /// [`SglMode::Always`] (every transfer then takes the SGL path).
+    inline_prp_end: usize,
     stats: QueueStats,
     /// Completions reaped on behalf of the owner (by `reap_on_submit` or a
     /// blocking helper), with their slot, delivered by the next
@@ -255,6 +268,11 @@ impl<D: Device> IoQueuePair<D> {
     /// Largest data transfer of one command in bytes (from MDTS).
     pub fn max_transfer(&self) -> usize {
         self.max_transfer
+    }
+
+    /// When this pair's data pointers are SGLs.
+    pub fn sgl_mode(&self) -> SglMode {
+        self.sgl_mode
     }
 
     /// Whether the shadow doorbell buffer is in use for this pair.

@@ -23,6 +23,25 @@ impl Default for Backoff {
     }
 }
 
+/// When a data command's Data Pointer is a Scatter Gather List (NVMe Base
+/// Specification 2.0, §4.3.2) rather than PRPs (§4.3.1).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SglMode {
+    /// PRPs wherever they can describe the memory; an SGL where they cannot
+    /// (a vector with inner boundaries off a memory page, or a buffer that
+    /// does not start dword aligned) and the controller supports SGLs
+    /// (Identify Controller SGLS).
+    #[default]
+    Auto,
+    /// An SGL for every data transfer (one Data Block descriptor for a
+    /// contiguous buffer). Creating the pair fails on a controller without
+    /// SGL support.
+    Always,
+    /// PRPs only: what they cannot describe is refused
+    /// ([`crate::Reject::NotDescribable`]).
+    Never,
+}
+
 /// Options of one I/O queue pair. No global knobs: every pair can differ.
 #[derive(Clone, Debug)]
 pub struct QueuePairOptions {
@@ -50,6 +69,8 @@ pub struct QueuePairOptions {
     /// never early. It then completes exactly once with
     /// [`crate::IoError::TimedOut`]. `None` disables command timeouts.
     pub command_timeout: Option<Duration>,
+    /// PRPs or SGLs for data transfers.
+    pub sgl: SglMode,
 }
 
 impl Default for QueuePairOptions {
@@ -62,6 +83,7 @@ impl Default for QueuePairOptions {
             cq_head_policy: CqHeadPolicy::default(),
             backoff: Backoff::default(),
             command_timeout: Some(Duration::from_secs(30)),
+            sgl: SglMode::Auto,
         }
     }
 }

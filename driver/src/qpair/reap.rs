@@ -170,8 +170,8 @@ impl<D: Device> IoQueuePair<D> {
         if (dw2 >> 16) as u16 != self.qid || self.sq_ring.update_head(sqhd).is_err() {
             return Err(self.bad_completion(dw2, dw3));
         }
-        let (slot, tag, buffer, aborted) = match self.trackers.complete_mut(dw3 as u16) {
-            Ok((slot, t)) => (slot, t.tag, t.buffer.take(), t.aborted),
+        let (slot, tag, buffer, segments, aborted) = match self.trackers.complete_mut(dw3 as u16) {
+            Ok((slot, t)) => (slot, t.tag, t.buffer.take(), t.segments.take(), t.aborted),
             Err(_) => return Err(self.bad_completion(dw2, dw3)),
         };
         let status = Status::from_dw3(dw3);
@@ -187,6 +187,7 @@ impl<D: Device> IoQueuePair<D> {
                 tag,
                 result,
                 buffer,
+                segments,
             },
         )))
     }

@@ -1,7 +1,7 @@
 //! Submission: checks, the SQE written straight into its slot, the data
-//! pointer (PRP1/PRP2 from a branch for one or two pages, a PRP List in the
-//! slot's preallocated pages for more), the SQ tail doorbell, then the
-//! bookkeeping.
+//! pointer (PRP1/PRP2 from a branch for one or two pages; a PRP List or an
+//! SGL in the slot's preallocated pages for more, for vectors and for what
+//! PRPs cannot describe), the SQ tail doorbell, then the bookkeeping.
 //!
 //! Why the SQ is never found full: a command occupies an SQ slot from the
 //! moment it is written until the controller fetches it, and a completion
@@ -13,11 +13,13 @@
 //! belt against a device whose SQHD lags its completions.
 
 use upnvme_dma::DmaBuffer;
-use upnvme_queues::prp::build_contiguous;
+use upnvme_queues::prp::{build_contiguous, build_list};
+use upnvme_queues::sgl::{self, PSDT_SGL_MPTR_ADDRESS, SglSupport};
 use upnvme_queues::sqe::{io_qwords, opcode::nvm};
 use upnvme_queues::{DsmRange, Sqe};
 
-use super::{IoCommand, IoQueuePair, PAGE};
+use super::iodata::{IoData, IoVec};
+use super::{IoCommand, IoQueuePair, PAGE, SglMode};
 use crate::device::Device;
 use crate::error::{Reject, Rejected};
 use crate::namespace::Namespace;
@@ -28,11 +30,17 @@ const MAX_DSM_RANGES: usize = 256;
 /// What the data pointer of a command describes.
 enum Data {
     None,
-    /// `bytes` of the command's buffer.
+    /// `bytes` of the command's buffer, from the slice's offset.
     Buffer(usize),
+    /// The first `bytes` of the command's vector.
+    Vector(usize),
     /// The Dataset Management range list.
     Ranges,
 }
+
+/// A command's data pointer: DPTR's two qwords and whether it is an SGL
+/// (CDW0.PSDT).
+type Dptr = (u64, u64, bool);
 
 #[inline(always)]
 fn check_range(ns: &Namespace, slba: u64, blocks: u32) -> Result<(), Reject> {
@@ -69,7 +77,16 @@ impl<D: Device> IoQueuePair<D> {
         buffer: Option<DmaBuffer>,
         tag: u64,
     ) -> Result<(), Rejected> {
-        self.queue_sqe(cmd, buffer, tag)?;
+        self.submit_io(cmd, IoData::from(buffer), tag)
+    }
+
+    /// [`IoQueuePair::submit`] with the command's memory described by
+    /// [`IoData`]: a whole buffer, a slice of one ([`IoData::slice`]) or a
+    /// vector of segments ([`IoData::vectored`]). Everything passed comes
+    /// back with the completion (or the refusal).
+    #[inline(always)]
+    pub fn submit_io(&mut self, cmd: IoCommand<'_>, io: IoData, tag: u64) -> Result<(), Rejected> {
+        self.queue_sqe(cmd, io, tag)?;
         // The doorbell first (nothing to do if `queue_sqe` announced it
         // through the shadow doorbell), then the bookkeeping. Checked once
         // more: never a doorbell for queues a reset (from another thread)
@@ -134,7 +151,13 @@ impl<D: Device> IoQueuePair<D> {
         buffer: Option<DmaBuffer>,
         tag: u64,
     ) -> Result<(), Rejected> {
-        self.queue_sqe(cmd, buffer, tag)?;
+        self.queue_io(cmd, IoData::from(buffer), tag)
+    }
+
+    /// [`IoQueuePair::queue`] with the memory described by [`IoData`].
+    #[inline]
+    pub fn queue_io(&mut self, cmd: IoCommand<'_>, io: IoData, tag: u64) -> Result<(), Rejected> {
+        self.queue_sqe(cmd, io, tag)?;
         self.pending += 1;
         Ok(())
     }
@@ -189,72 +212,79 @@ impl<D: Device> IoQueuePair<D> {
     pub(super) fn queue_sqe(
         &mut self,
         cmd: IoCommand<'_>,
-        buffer: Option<DmaBuffer>,
+        io: IoData,
         tag: u64,
     ) -> Result<u16, Rejected> {
+        let IoData {
+            buffer,
+            offset,
+            limit,
+            segments,
+        } = io;
         if !self.current()
             && let Err(reason) = self.resync_for_submit()
         {
-            return Err(Rejected { reason, buffer });
+            return Err(Rejected::with_segments(reason, buffer, segments));
         }
-        let (q, data) = match self.build(&cmd, buffer.as_ref()) {
+        let (q, data) = match self.build(&cmd, buffer.as_ref(), offset, limit, segments.as_ref()) {
             Ok(x) => x,
-            Err(reason) => return Err(Rejected { reason, buffer }),
+            Err(reason) => return Err(Rejected::with_segments(reason, buffer, segments)),
         };
         // Completions parked in `ready` count against the depth too, so that
         // queue never grows beyond its preallocated capacity.
         if !self.ready.is_empty()
             && self.trackers.in_flight() + self.ready.len() as u32 >= self.max_depth
         {
-            return Err(Rejected {
-                reason: Reject::QueueFull,
-                buffer,
-            });
+            return Err(Rejected::with_segments(Reject::QueueFull, buffer, segments));
         }
         // The data pointer of one or two memory pages needs no slot: PRP1 is
         // the buffer, PRP2 0 or the second page's address (NVMe 2.0 §4.3.1).
         // Nothing overflows: [iova, iova + bytes) lies inside the buffer's
         // IOVA range. Anything else goes to the slot's list page below.
-        let iova = buffer.as_ref().map_or(0, |b| b.iova());
+        let iova = buffer.as_ref().map_or(0, |b| b.iova()) + offset as u64;
         let (mut prp1, mut prp2, mut placed) = (0u64, 0u64, true);
-        if let Data::Buffer(bytes) = data {
-            let end = (iova as usize & (PAGE - 1)) + bytes;
-            if iova & 3 == 0 && end <= 2 * PAGE {
-                prp1 = iova;
-                if end > PAGE {
-                    prp2 = (iova & !(PAGE as u64 - 1)) + PAGE as u64;
+        match data {
+            Data::Buffer(bytes) => {
+                let end = (iova as usize & (PAGE - 1)) + bytes;
+                if iova & 3 == 0 && end <= self.inline_prp_end {
+                    prp1 = iova;
+                    if end > PAGE {
+                        prp2 = (iova & !(PAGE as u64 - 1)) + PAGE as u64;
+                    }
+                } else {
+                    placed = false;
                 }
-            } else {
-                placed = false;
             }
-        } else if let Data::Ranges = data {
-            placed = false;
+            Data::Vector(_) | Data::Ranges => placed = false,
+            Data::None => {}
         }
         // The tracker before the SQE and the doorbell (see the module docs).
         let Some((cid, t)) = self.trackers.alloc_mut() else {
-            return Err(Rejected {
-                reason: Reject::QueueFull,
-                buffer,
-            });
+            return Err(Rejected::with_segments(Reject::QueueFull, buffer, segments));
         };
         t.tag = tag;
         t.buffer = buffer;
+        if segments.is_some() {
+            t.segments = segments;
+        }
         t.stamp = 0;
         t.aborted = false;
         let slot = cid.slot;
         // CQ space for this command before anything announces it.
         self.cq_space_for_submit();
+        let mut sgl = false;
         if !placed {
             match self.place_slow(&cmd, &data, iova, slot) {
-                Ok(p) => (prp1, prp2) = p,
+                Ok((d0, d1, s)) => (prp1, prp2, sgl) = (d0, d1, s),
                 Err(reason) => return Err(self.unqueue(slot, reason)),
             }
         }
         let Some(pos) = self.sq_ring.push() else {
             return Err(self.unqueue(slot, Reject::QueueFull));
         };
+        let psdt = u64::from(sgl) * u64::from(PSDT_SGL_MPTR_ADDRESS);
         let q = [
-            q[0] | u64::from(cid.value) << 16,
+            q[0] | u64::from(cid.value) << 16 | psdt,
             q[1],
             q[2],
             prp1,
@@ -283,13 +313,16 @@ impl<D: Device> IoQueuePair<D> {
     #[cold]
     #[inline(never)]
     fn unqueue(&mut self, slot: u16, reason: Reject) -> Rejected {
-        let buffer = self.trackers.get_mut(slot).and_then(|t| t.buffer.take());
+        let (buffer, segments) = match self.trackers.get_mut(slot) {
+            Some(t) => (t.buffer.take(), t.segments.take()),
+            None => (None, None),
+        };
         let _ = self.trackers.cancel(slot);
-        Rejected { reason, buffer }
+        Rejected::with_segments(reason, buffer, segments)
     }
 
-    /// The data pointer that needs the slot's list page: a PRP List, or the
-    /// Dataset Management ranges.
+    /// The data pointer that needs the slot's list page: a PRP List, an SGL,
+    /// or the Dataset Management ranges.
     #[inline(never)]
     fn place_slow(
         &mut self,
@@ -297,14 +330,115 @@ impl<D: Device> IoQueuePair<D> {
         data: &Data,
         iova: u64,
         slot: u16,
-    ) -> Result<(u64, u64), Reject> {
+    ) -> Result<Dptr, Reject> {
         match (data, cmd) {
-            (Data::Buffer(bytes), _) => self.place_prp_list(iova, *bytes, slot),
-            (Data::Ranges, IoCommand::Deallocate { ranges, .. }) => {
-                self.place_ranges(ranges, slot).map(|prp1| (prp1, 0))
+            (Data::Buffer(bytes), _) => self.place_contiguous(iova, *bytes, slot),
+            (Data::Vector(bytes), _) => {
+                // The vector is in the slot's tracker already: borrowed out
+                // for the walk, put back whatever the outcome.
+                let Some(v) = self.trackers.get_mut(slot).and_then(|t| t.segments.take()) else {
+                    return Err(Reject::NoBuffer);
+                };
+                let r = self.place_vector(&v, *bytes, slot);
+                if let Some(t) = self.trackers.get_mut(slot) {
+                    t.segments = Some(v);
+                }
+                r
             }
-            _ => Ok((0, 0)),
+            (Data::Ranges, IoCommand::Deallocate { ranges, .. }) => {
+                self.place_ranges(ranges, slot).map(|prp1| (prp1, 0, false))
+            }
+            _ => Ok((0, 0, false)),
         }
+    }
+
+    /// A contiguous transfer that PRP1/PRP2 alone cannot carry, or that the
+    /// pair's [`SglMode`] sends as an SGL: one SGL Data Block when SGLs are
+    /// asked for, or needed (PRP1 must be dword aligned) and supported;
+    /// a PRP List otherwise.
+    #[inline(always)]
+    fn place_contiguous(&mut self, iova: u64, bytes: usize, slot: u16) -> Result<Dptr, Reject> {
+        let want_sgl = match self.sgl_mode {
+            SglMode::Always => true,
+            SglMode::Never => false,
+            SglMode::Auto => iova & 3 != 0 && self.sgl == SglSupport::Unaligned,
+        };
+        if want_sgl {
+            let (d, _) = sgl::build([(iova, bytes)], 1, self.sgl, &mut [], PAGE, |_| 0)
+                .map_err(|_| Reject::NotDescribable)?;
+            let q = d.to_qwords();
+            return Ok((q[0], q[1], true));
+        }
+        let (prp1, prp2) = self.place_prp_list(iova, bytes, slot)?;
+        Ok((prp1, prp2, false))
+    }
+
+    /// A vector: PRPs when every inner boundary is page aligned (and the
+    /// mode allows), else an SGL when the controller supports one.
+    fn place_vector(&mut self, v: &IoVec, bytes: usize, slot: u16) -> Result<Dptr, Reject> {
+        let list_base = slot as usize * self.list_pages_per_slot * PAGE;
+        let list_iova = self.prp_lists.iova() + list_base as u64;
+        let count = v.pieces_for(bytes);
+        if self.sgl_mode != SglMode::Always && prp_describable(v.pieces(bytes), count) {
+            let mut pieces = v.pieces(bytes);
+            let Some((first, first_len)) = pieces.next() else {
+                return Err(Reject::NoBuffer);
+            };
+            // PRP1 is the first byte; every further page of the first piece
+            // and every page of the others is an entry (NVMe 2.0 §4.3.1).
+            let first_pages = upnvme_queues::prp::data_pages(first, first_len, PAGE);
+            let rest = pieces.flat_map(|(iova, len)| {
+                (0..len.div_ceil(PAGE)).map(move |i| iova + (i * PAGE) as u64)
+            });
+            let mut entries = first_pages.chain(rest);
+            let e0 = entries.next();
+            let e1 = entries.next();
+            return match (e0, e1) {
+                (None, _) => Ok((first, 0, false)),
+                (Some(p), None) => Ok((first, p, false)),
+                (Some(p), Some(q)) => {
+                    let all = [p, q].into_iter().chain(entries);
+                    let n = build_list(all, &mut self.prp_scratch, PAGE, |i| {
+                        list_iova + (i * PAGE) as u64
+                    })
+                    .map_err(|_| Reject::TooManySegments {
+                        segments: count as u32,
+                    })?;
+                    let scratch = &self.prp_scratch[..n];
+                    self.prp_lists
+                        .write_u64_run(list_base, n, |i| scratch[i])
+                        .map_err(|_| Reject::TooManySegments {
+                            segments: count as u32,
+                        })?;
+                    Ok((first, list_iova, false))
+                }
+            };
+        }
+        if self.sgl_mode == SglMode::Never || !self.sgl.supported() {
+            return Err(Reject::NotDescribable);
+        }
+        let (sgl1, slots) = sgl::build(
+            v.pieces(bytes),
+            count,
+            self.sgl,
+            &mut self.prp_scratch,
+            PAGE,
+            |i| list_iova + (i * PAGE) as u64,
+        )
+        .map_err(|e| match e {
+            sgl::SglError::ListTooSmall { .. } => Reject::TooManySegments {
+                segments: count as u32,
+            },
+            _ => Reject::NotDescribable,
+        })?;
+        let scratch = &self.prp_scratch[..2 * slots];
+        self.prp_lists
+            .write_u64_run(list_base, 2 * slots, |i| scratch[i])
+            .map_err(|_| Reject::TooManySegments {
+                segments: count as u32,
+            })?;
+        let q = sgl1.to_qwords();
+        Ok((q[0], q[1], true))
     }
 
     /// The SQE of `cmd` as qwords (CID and data pointer still to fill) and
@@ -314,6 +448,9 @@ impl<D: Device> IoQueuePair<D> {
         &self,
         cmd: &IoCommand<'_>,
         buffer: Option<&DmaBuffer>,
+        offset: usize,
+        limit: usize,
+        segments: Option<&IoVec>,
     ) -> Result<([u64; 8], Data), Reject> {
         let ns = cmd.namespace();
         if ns.controller() != self.instance {
@@ -328,12 +465,22 @@ impl<D: Device> IoQueuePair<D> {
                     return Err(metadata_refused(ns));
                 }
                 let bytes = (blocks as usize) << ns.lba_shift();
-                let Some(buf) = buffer else {
-                    return Err(Reject::NoBuffer);
+                let data = match (buffer, segments) {
+                    (Some(buf), _) => {
+                        let room = slice_room(buf.len(), offset, limit)?;
+                        if room < bytes {
+                            return Err(Reject::BufferTooSmall { need: bytes as u64 });
+                        }
+                        Data::Buffer(bytes)
+                    }
+                    (None, Some(v)) => {
+                        if v.total_len() < bytes {
+                            return Err(Reject::BufferTooSmall { need: bytes as u64 });
+                        }
+                        Data::Vector(bytes)
+                    }
+                    (None, None) => return Err(Reject::NoBuffer),
                 };
-                if buf.len() < bytes {
-                    return Err(Reject::BufferTooSmall { need: bytes as u64 });
-                }
                 if bytes > self.max_transfer {
                     return Err(Reject::TransferTooLarge {
                         bytes: bytes as u64,
@@ -346,7 +493,7 @@ impl<D: Device> IoQueuePair<D> {
                 };
                 // CDW12.NLB is 0-based.
                 let q = io_qwords(op, 0, ns.id(), 0, 0, slba, blocks - 1);
-                Ok((q, Data::Buffer(bytes)))
+                Ok((q, data))
             }
             IoCommand::Flush { .. } => Ok((Sqe::flush(ns.id()).to_qwords(), Data::None)),
             IoCommand::WriteZeroes {
@@ -427,4 +574,41 @@ impl<D: Device> IoQueuePair<D> {
         }
         Ok(self.prp_lists.iova() + list_base as u64)
     }
+}
+
+/// Bytes a slice of `limit` bytes at `offset` leaves for the transfer in a
+/// buffer of `len` bytes (`limit == usize::MAX`: to the end).
+#[inline(always)]
+fn slice_room(len: usize, offset: usize, limit: usize) -> Result<usize, Reject> {
+    if limit == usize::MAX {
+        return len.checked_sub(offset).ok_or(Reject::SliceOutOfBounds {
+            offset: offset as u64,
+            len: 0,
+            size: len as u64,
+        });
+    }
+    match offset.checked_add(limit) {
+        Some(end) if end <= len && limit > 0 => Ok(limit),
+        _ => Err(Reject::SliceOutOfBounds {
+            offset: offset as u64,
+            len: limit as u64,
+            size: len as u64,
+        }),
+    }
+}
+
+/// True when PRPs can describe the pieces (NVMe 2.0 §4.3.1): the first
+/// starts dword aligned, every later one starts on a memory page, every
+/// earlier one ends on one.
+fn prp_describable(pieces: impl Iterator<Item = (u64, usize)>, count: usize) -> bool {
+    let mask = PAGE as u64 - 1;
+    pieces.enumerate().all(|(i, (iova, len))| {
+        let start_ok = if i == 0 {
+            iova & 3 == 0
+        } else {
+            iova & mask == 0
+        };
+        let end_ok = i + 1 == count || (iova + len as u64) & mask == 0;
+        start_ok && end_ok
+    })
 }

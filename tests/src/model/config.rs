@@ -56,6 +56,11 @@ pub struct ModelConfig {
     /// Write Zeroes (bit 3); clearing a bit makes that command fail with
     /// Invalid Command Opcode.
     pub oncs: u16,
+    /// Identify Controller SGLS (bytes 539:536). Bits 1:0 select SGL
+    /// support for I/O commands: 00b none (the default: a command with
+    /// CDW0.PSDT = 01b fails with Invalid Field), 01b without alignment
+    /// requirement, 10b with dword-aligned Data Blocks.
+    pub sgls: u32,
     /// Identify Controller KAS (bytes 321:320) non-zero and the Keep Alive
     /// command accepted. Off by default, as in QEMU (Keep Alive is then an
     /// Invalid Command Opcode).
@@ -155,6 +160,7 @@ impl Default for ModelConfig {
             oacs_dbbc: true,
             vwc: false,
             oncs: Self::ONCS_COMPARE | Self::ONCS_DSM | Self::ONCS_WRITE_ZEROES,
+            sgls: 0,
             keep_alive: false,
             smart_critical_warning: 0,
             namespaces: vec![NamespaceConfig::default()],

@@ -56,6 +56,7 @@ mod memory;
 mod post;
 mod prp;
 mod regs;
+mod sgl;
 mod shadow;
 mod state;
 mod status;
@@ -410,6 +411,12 @@ impl ModelController {
     /// [`Match::Nth`] counts).
     pub fn commands_fetched(&self) -> u64 {
         self.state().stats.fetched
+    }
+
+    /// Data transfers the model walked, by encoding: (PRP, SGL).
+    pub fn transfers_by_encoding(&self) -> (u64, u64) {
+        let s = self.state();
+        (s.stats.prp_transfers, s.stats.sgl_transfers)
     }
 
     /// Reads `blocks` logical blocks of namespace `nsid` from `lba`

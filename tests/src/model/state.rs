@@ -11,6 +11,7 @@ use super::logs::{ErrorLog, Health};
 use super::memory::{DmaFault, IovaTable};
 use super::prp::{self, PrpError};
 use super::regs::Regs;
+use super::sgl::{self, SglError};
 use super::status::Status;
 use super::storage::Namespace;
 
@@ -173,6 +174,10 @@ pub(crate) struct Stats {
     ///
     /// [`Match::Nth`]: super::Match::Nth
     pub fetched: u64,
+    /// Data transfers described by an SGL (CDW0.PSDT = 01b) the model walked.
+    pub sgl_transfers: u64,
+    /// Data transfers described by PRPs the model walked.
+    pub prp_transfers: u64,
 }
 
 /// The whole controller state.
@@ -315,13 +320,32 @@ impl State {
         len: usize,
         need: usize,
     ) -> Result<Vec<prp::Segment>, Status> {
-        if cmd.psdt() != 0 {
-            // Identify Controller SGLS = 0: SGLs are not supported.
-            return Err(Status::INVALID_FIELD.with_dnr());
+        match cmd.psdt() {
+            0 => {}
+            1 if self.cfg.sgls & 3 == 1 || self.cfg.sgls & 3 == 2 => {
+                let dword = self.cfg.sgls & 3 == 2;
+                return match sgl::segments(&self.mem, [cmd.prp1(), cmd.prp2()], len, dword) {
+                    Ok(s) => {
+                        self.stats.sgl_transfers += 1;
+                        Ok(s)
+                    }
+                    Err(SglError::Status(s)) => Err(s),
+                    Err(SglError::Dma(f)) => {
+                        self.dma_fault(f, "SGL segment read");
+                        Err(Status::DATA_TRANSFER_ERROR)
+                    }
+                };
+            }
+            // SGLs not supported (SGLS bits 1:0 = 00b), or a metadata SGL
+            // (PSDT 10b), which the model does not offer (SGLS bit 19 clear).
+            _ => return Err(Status::INVALID_FIELD.with_dnr()),
         }
         let page = self.regs.page_size();
         match prp::segments(&self.mem, cmd.prp1(), cmd.prp2(), len, need, page) {
-            Ok(s) => Ok(s),
+            Ok(s) => {
+                self.stats.prp_transfers += 1;
+                Ok(s)
+            }
             Err(PrpError::Offset { .. }) => Err(Status::PRP_OFFSET_INVALID.with_dnr()),
             Err(PrpError::Dma(f)) => {
                 self.dma_fault(f, "PRP list read");
