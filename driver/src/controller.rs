@@ -232,6 +232,12 @@ impl<D: Device> Controller<D> {
         )
     }
 
+    /// What the controller offers for SGLs in NVM commands (Identify
+    /// Controller SGLS bits 1:0): see [`crate::SglMode`] for how pairs use it.
+    pub fn sgl_support(&self) -> upnvme_queues::sgl::SglSupport {
+        self.inner.sgl_support()
+    }
+
     /// Whether shadow doorbells were configured (Doorbell Buffer Config).
     pub fn shadow_doorbells(&self) -> bool {
         self.inner.shadow.is_some()

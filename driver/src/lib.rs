@@ -43,6 +43,7 @@ pub use qpair::{
 pub use upnvme_dma as dma;
 pub use upnvme_dma::{DmaBuffer, DmaPool, NotFromThisPool, PageBacking, PciAddress};
 pub use upnvme_queues as queues;
+pub use upnvme_queues::sgl::SglSupport;
 pub use upnvme_queues::{AsyncEvent, Cqe, DsmRange, Sqe, Status};
 
 /// The README's Rust examples, compiled as doc tests so they stay true.

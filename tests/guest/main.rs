@@ -13,4 +13,5 @@ mod media_errors;
 mod metadata;
 mod reliability;
 mod removal;
+mod vectored;
 mod vm;
