@@ -789,6 +789,7 @@ fn assert_documented_fields(v: &Value) {
         "reap_on_submit",
         "ring_per_io",
         "shadow_doorbells",
+        "sgl",
         "doorbell_buffer",
         "cq_head_policy",
         "tsc_hz",
@@ -872,6 +873,7 @@ fn perf_json_has_the_documented_fields() {
     assert_eq!(v["cores"], serde_json::json!([0]));
     assert_eq!(v["seed"], 42);
     assert_eq!(v["reap_on_submit"], false);
+    assert_eq!(v["sgl"], false);
     assert_eq!(v["cq_head_policy"], "adaptive");
     assert_eq!(v["verify_mismatches"], Value::Null);
     assert!(v["tsc_hz"].as_f64().unwrap() > 1e8);
@@ -1207,6 +1209,21 @@ fn perf_verify_counts_no_mismatch() {
     // Depth 1 on one namespace runs its own loop.
     let v = perf_json(&["-w", "randrw", "-M", "50", "--verify", "-n", "1"]);
     assert_eq!(v["verify_mismatches"], 0, "{v}");
+}
+
+/// `--sgl`: every I/O's data pointer an SGL Data Block, verified, for 4 KiB
+/// and for 128 KiB (beyond two pages, where PRPs would need a list).
+#[test]
+fn perf_sgl_verifies() {
+    for size in ["4096", "131072"] {
+        let v = perf_json(&[
+            "-w", "randrw", "-M", "50", "-o", size, "-q", "8", "--verify", "--sgl", "-n", "1",
+        ]);
+        assert_eq!(v["sgl"], true);
+        assert_eq!(v["verify_mismatches"], 0, "{size}: {v}");
+    }
+    let out = ok(&perf(&["--sgl", "-n", "1"]));
+    assert!(out.contains("data pointer SGL"), "{out}");
 }
 
 /// A timed run with a warm-up, through both of perf's loops (depth 1 on one

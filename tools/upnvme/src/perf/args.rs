@@ -101,6 +101,10 @@ pub struct PerfArgs {
     /// resubmissions (`queue` + `ring`, spdk_nvme_perf's way).
     #[arg(long = "ring-per-io")]
     pub ring_per_io: bool,
+    /// Data pointers as SGLs (one Data Block descriptor per I/O) instead of
+    /// PRPs; needs a controller with SGL support (Identify Controller SGLS).
+    #[arg(long = "sgl")]
+    pub sgl: bool,
     /// Write the CQ head doorbell after every reap batch instead of the
     /// adaptive moderation.
     #[arg(long = "cq-head-every-reap")]

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow};
 use upnvme::dma::tsc;
-use upnvme::{Controller, ControllerOptions, CqHeadPolicy, PageBacking, QueuePairOptions};
+use upnvme::{Controller, ControllerOptions, CqHeadPolicy, PageBacking, QueuePairOptions, SglMode};
 
 pub use args::PerfArgs;
 pub use interrupt::Interrupted;
@@ -83,6 +83,11 @@ pub fn run(a: PerfArgs) -> Result<bool> {
         shadow_doorbells: !a.no_shadow_doorbell,
         reap_on_submit: a.reap_on_submit,
         cq_head_policy: policy,
+        sgl: if a.sgl {
+            SglMode::Always
+        } else {
+            SglMode::Auto
+        },
         ..Default::default()
     };
     if let Some(sig) = interrupt.signal() {
@@ -188,6 +193,7 @@ pub fn run(a: PerfArgs) -> Result<bool> {
         warmup: a.warmup,
         reap_on_submit: a.reap_on_submit,
         ring_per_io: a.ring_per_io,
+        sgl: a.sgl,
         shadow: ctrl.shadow_doorbells() && !a.no_shadow_doorbell,
         doorbell_buffer: ctrl.shadow_doorbells(),
         cq_policy: if a.cq_head_every_reap {

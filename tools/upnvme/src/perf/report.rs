@@ -38,6 +38,8 @@ pub struct RunInfo {
     pub reap_on_submit: bool,
     /// `--ring-per-io`: one SQ doorbell per I/O instead of per batch.
     pub ring_per_io: bool,
+    /// `--sgl`: SGL data pointers instead of PRPs.
+    pub sgl: bool,
     /// Shadow doorbells active and allowed to skip MMIO.
     pub shadow: bool,
     /// Doorbell Buffer Config active on the controller (shadow values kept
@@ -99,7 +101,7 @@ pub fn text(info: &RunInfo, jobs: &[JobResult], latency: u8, transport: bool) ->
     let secs = jobs.iter().map(|j| j.seconds).fold(0.0, f64::max);
     writeln!(
         o,
-        "upnvme perf: {} {}% reads, {} B I/Os, depth {} per queue pair, reap_on_submit {}, shadow doorbells {}, CQ head {}, SQ doorbell per {}",
+        "upnvme perf: {} {}% reads, {} B I/Os, depth {} per queue pair, reap_on_submit {}, shadow doorbells {}, CQ head {}, SQ doorbell per {}, data pointer {}",
         info.workload,
         info.read_percent,
         info.io_size,
@@ -111,7 +113,8 @@ pub fn text(info: &RunInfo, jobs: &[JobResult], latency: u8, transport: bool) ->
             (false, false) => "off",
         },
         info.cq_policy,
-        if info.ring_per_io { "I/O" } else { "batch" }
+        if info.ring_per_io { "I/O" } else { "batch" },
+        if info.sgl { "SGL" } else { "PRP" }
     )?;
     match &info.interrupted {
         Some(sig) if ios == 0 && secs == 0.0 => writeln!(
@@ -396,6 +399,7 @@ pub fn json_doc(info: &RunInfo, jobs: &[JobResult], mismatches: Option<u64>) -> 
         "reap_on_submit": info.reap_on_submit,
         "ring_per_io": info.ring_per_io,
         "shadow_doorbells": info.shadow,
+        "sgl": info.sgl,
         "doorbell_buffer": info.doorbell_buffer,
         "cq_head_policy": info.cq_policy,
         "tsc_hz": info.tsc_hz,
