@@ -572,6 +572,11 @@ impl<D: Device> Inner<D> {
         upnvme_queues::sgl::SglSupport::from_sgls(self.identify.sgls)
     }
 
+    /// Identify Controller ONCS (Optional NVM Command Support).
+    pub(crate) fn oncs(&self) -> u16 {
+        self.identify.oncs
+    }
+
     /// Largest transfer in bytes per command, `None` when MDTS = 0.
     pub(crate) fn max_transfer(&self) -> Option<usize> {
         mdts_limit(self.cap.min_page_size(), self.identify.mdts)

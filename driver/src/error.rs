@@ -265,6 +265,17 @@ pub enum Reject {
         /// Segments the transfer uses.
         segments: u32,
     },
+    /// The controller does not advertise the command (Identify Controller
+    /// ONCS), so it is not sent.
+    Unsupported {
+        /// The command's name.
+        command: &'static str,
+    },
+    /// FUA or Limited Retry on a command whose CDW12 has no such bits.
+    FlagsNotApplicable,
+    /// A raw command ([`crate::IoCommand::Raw`]) the driver cannot send as
+    /// built: the reason.
+    RawCommand(&'static str),
 }
 
 impl std::fmt::Display for Reject {
@@ -313,6 +324,16 @@ impl std::fmt::Display for Reject {
                 "the vector's {segments} segments need more list descriptors than a command \
                  holds: merge segments or split the transfer"
             ),
+            Reject::Unsupported { command } => write!(
+                f,
+                "the controller does not support {command} (Identify Controller ONCS); nothing \
+                 was sent"
+            ),
+            Reject::FlagsNotApplicable => f.write_str(
+                "FUA and Limited Retry apply to Read, Write, Compare, Write Zeroes, Verify and \
+                 Copy only",
+            ),
+            Reject::RawCommand(why) => write!(f, "the raw command cannot be sent: it has {why}"),
             Reject::MetadataFormat(layout) => write!(
                 f,
                 "the namespace's LBA format has metadata ({layout}); the driver does not send \

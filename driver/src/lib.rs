@@ -37,8 +37,9 @@ pub use namespace::{MetadataLayout, Namespace};
 pub use options::ControllerOptions;
 pub use options::MAX_TRANSFER_CAP;
 pub use qpair::{
-    BLOCKING_TAG, Backoff, Completion, CqHeadPolicy, IoCommand, IoData, IoQueuePair, IoSegment,
-    IoVec, QueuePairOptions, QueueStats, SegmentOutOfBounds, SglMode,
+    BLOCKING_TAG, Backoff, Completion, CopyRange, CqHeadPolicy, DsmAttributes, IoCommand, IoData,
+    IoFlags, IoQueuePair, IoSegment, IoVec, QueuePairOptions, QueueStats, SegmentOutOfBounds,
+    SglMode,
 };
 pub use upnvme_dma as dma;
 pub use upnvme_dma::{DmaBuffer, DmaPool, NotFromThisPool, PageBacking, PciAddress};

@@ -2,7 +2,7 @@
 //! ([`Completion`]).
 
 use upnvme_dma::DmaBuffer;
-use upnvme_queues::DsmRange;
+use upnvme_queues::{DsmRange, Sqe};
 
 use crate::error::IoError;
 use crate::namespace::Namespace;
@@ -68,6 +68,143 @@ pub enum IoCommand<'a> {
         /// The ranges (each: starting LBA and 1-based block count).
         ranges: &'a [DsmRange],
     },
+    /// Dataset Management (opcode 09h) with any attributes (CDW11: Integral
+    /// Dataset for Read, for Write, Deallocate) and each range's Context
+    /// Attributes, for up to 256 ranges of up to 2^32 - 1 blocks each.
+    DatasetManagement {
+        /// The namespace.
+        ns: &'a Namespace,
+        /// The ranges (starting LBA, 1-based 32-bit block count, context
+        /// attributes).
+        ranges: &'a [DsmRange],
+        /// CDW11's attributes.
+        attributes: DsmAttributes,
+    },
+    /// Verify (opcode 0Ch, ONCS bit 7): the controller reads and checks the
+    /// blocks (and their protection information) without transferring data.
+    Verify {
+        /// The namespace.
+        ns: &'a Namespace,
+        /// Starting LBA.
+        slba: u64,
+        /// Number of logical blocks (1-based).
+        blocks: u32,
+    },
+    /// Write Uncorrectable (opcode 04h, ONCS bit 1): marks the blocks
+    /// invalid; reading them fails (Unrecovered Read Error) until they are
+    /// written again.
+    WriteUncorrectable {
+        /// The namespace.
+        ns: &'a Namespace,
+        /// Starting LBA.
+        slba: u64,
+        /// Number of logical blocks (1-based).
+        blocks: u32,
+    },
+    /// Copy (opcode 19h, ONCS bit 8), Source Range Entries Format 0: copies
+    /// the source ranges, in order, to consecutive blocks from `sdlba` in the
+    /// same namespace (Simple Copy). The ranges go in the command's list
+    /// page, no buffer is needed.
+    Copy {
+        /// The namespace.
+        ns: &'a Namespace,
+        /// Starting Destination LBA (SDLBA).
+        sdlba: u64,
+        /// The source ranges (1..=256, each 1..=65536 blocks; the namespace's
+        /// MSRC, MSSRL and MCL limits are the controller's to enforce).
+        ranges: &'a [CopyRange],
+    },
+    /// Any I/O command, built by the caller (vendor commands, commands the
+    /// driver has no variant for). The driver keeps the opcode, CDW2..3 and
+    /// CDW10..15 of `sqe`, sets NSID from `ns`, the CID, and the data pointer
+    /// for `data_len` bytes of the memory passed with the command (0: none);
+    /// fused commands and a non-zero MPTR are refused, since the driver
+    /// could not describe them.
+    Raw {
+        /// The namespace (NSID).
+        ns: &'a Namespace,
+        /// The command as built by the caller.
+        sqe: &'a Sqe,
+        /// Bytes the command transfers through its data pointer.
+        data_len: usize,
+    },
+}
+
+/// Dataset Management CDW11 attributes (NVM Command Set Specification,
+/// "Dataset Management command").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DsmAttributes {
+    /// IDR (bit 0), Attribute – Integral Dataset for Read.
+    pub integral_read: bool,
+    /// IDW (bit 1), Attribute – Integral Dataset for Write.
+    pub integral_write: bool,
+    /// AD (bit 2), Attribute – Deallocate.
+    pub deallocate: bool,
+}
+
+impl DsmAttributes {
+    /// The CDW11 value.
+    pub fn cdw11(self) -> u32 {
+        u32::from(self.integral_read)
+            | u32::from(self.integral_write) << 1
+            | u32::from(self.deallocate) << 2
+    }
+}
+
+/// One Copy source range, Source Range Entries Format 0 (32 bytes; NVM
+/// Command Set Specification, "Copy command").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CopyRange {
+    /// Starting LBA (bytes 15:08).
+    pub slba: u64,
+    /// Number of logical blocks, 1-based (bytes 17:16 hold it 0-based).
+    pub blocks: u32,
+}
+
+impl CopyRange {
+    /// Size of one Format 0 entry.
+    pub const SIZE: usize = 32;
+
+    /// The entry's 32-byte little-endian image (tags and masks zero).
+    pub fn to_le_bytes(&self) -> [u8; 32] {
+        let mut out = [0u8; 32];
+        out[8..16].copy_from_slice(&self.slba.to_le_bytes());
+        let nlb = self.blocks.clamp(1, 65536) - 1;
+        out[16..18].copy_from_slice(&(nlb as u16).to_le_bytes());
+        out
+    }
+}
+
+/// Per-command options that CDW12 carries for Read, Write, Compare, Write
+/// Zeroes, Verify and Copy (NVM Command Set Specification): set them with
+/// [`crate::IoData::flags`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IoFlags {
+    /// FUA (CDW12 bit 30), Force Unit Access: a write reaches non-volatile
+    /// media before it completes; a read comes from non-volatile media.
+    pub fua: bool,
+    /// LR (CDW12 bit 31), Limited Retry: the controller applies limited
+    /// retry efforts before failing.
+    pub limited_retry: bool,
+}
+
+impl IoFlags {
+    /// No flag.
+    pub const NONE: IoFlags = IoFlags {
+        fua: false,
+        limited_retry: false,
+    };
+    /// Force Unit Access only.
+    pub const FUA: IoFlags = IoFlags {
+        fua: true,
+        limited_retry: false,
+    };
+
+    /// The CDW12 bits.
+    #[inline(always)]
+    pub fn cdw12(self) -> u32 {
+        u32::from(self.fua) << 30 | u32::from(self.limited_retry) << 31
+    }
 }
 
 impl IoCommand<'_> {
@@ -80,7 +217,12 @@ impl IoCommand<'_> {
             | IoCommand::Compare { ns, .. }
             | IoCommand::Flush { ns }
             | IoCommand::WriteZeroes { ns, .. }
-            | IoCommand::Deallocate { ns, .. } => ns,
+            | IoCommand::Deallocate { ns, .. }
+            | IoCommand::DatasetManagement { ns, .. }
+            | IoCommand::Verify { ns, .. }
+            | IoCommand::WriteUncorrectable { ns, .. }
+            | IoCommand::Copy { ns, .. }
+            | IoCommand::Raw { ns, .. } => ns,
         }
     }
 
@@ -97,16 +239,23 @@ impl IoCommand<'_> {
             IoCommand::Compare { .. } => "Compare",
             IoCommand::Flush { .. } => "Flush",
             IoCommand::WriteZeroes { .. } => "Write Zeroes",
-            IoCommand::Deallocate { .. } => "Dataset Management",
+            IoCommand::Deallocate { .. } | IoCommand::DatasetManagement { .. } => {
+                "Dataset Management"
+            }
+            IoCommand::Verify { .. } => "Verify",
+            IoCommand::WriteUncorrectable { .. } => "Write Uncorrectable",
+            IoCommand::Copy { .. } => "Copy",
+            IoCommand::Raw { .. } => "I/O command (raw)",
         }
     }
 
     /// Whether the command moves data through a host buffer.
     pub fn transfers_data(&self) -> bool {
-        matches!(
-            self,
-            IoCommand::Read { .. } | IoCommand::Write { .. } | IoCommand::Compare { .. }
-        )
+        match self {
+            IoCommand::Read { .. } | IoCommand::Write { .. } | IoCommand::Compare { .. } => true,
+            IoCommand::Raw { data_len, .. } => *data_len > 0,
+            _ => false,
+        }
     }
 }
 

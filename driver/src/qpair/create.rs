@@ -165,6 +165,7 @@ impl<D: Device> IoQueuePair<D> {
             max_transfer,
             sgl,
             sgl_mode: opts.sgl,
+            oncs: ctrl.oncs(),
             inline_prp_end: if opts.sgl == SglMode::Always {
                 0
             } else {

@@ -7,6 +7,8 @@
 
 use upnvme_dma::DmaBuffer;
 
+use super::command::IoFlags;
+
 /// One piece of a vectored transfer: `len` bytes at `offset` of `buffer`.
 #[derive(Debug)]
 pub struct IoSegment {
@@ -203,6 +205,8 @@ pub struct IoData {
     /// the end of the buffer).
     pub(crate) limit: usize,
     pub(crate) segments: Option<IoVec>,
+    /// FUA / Limited Retry.
+    pub(crate) flags: IoFlags,
 }
 
 impl IoData {
@@ -240,6 +244,14 @@ impl IoData {
             ..IoData::default()
         }
     }
+
+    /// The same memory, with the command's CDW12 flags (Force Unit Access,
+    /// Limited Retry). Commands without those bits (Flush, Dataset
+    /// Management, Write Uncorrectable, raw) refuse flags
+    /// ([`crate::Reject::FlagsNotApplicable`]).
+    pub fn flags(self, flags: IoFlags) -> IoData {
+        IoData { flags, ..self }
+    }
 }
 
 impl From<Option<DmaBuffer>> for IoData {
@@ -250,6 +262,7 @@ impl From<Option<DmaBuffer>> for IoData {
             offset: 0,
             limit: usize::MAX,
             segments: None,
+            flags: IoFlags::NONE,
         }
     }
 }

@@ -86,7 +86,7 @@ use std::sync::Arc;
 use upnvme_dma::{CqMemory, DmaBuffer, SqMemory};
 use upnvme_queues::{CidTable, CqRing, SqRing};
 
-pub use command::{Completion, IoCommand};
+pub use command::{Completion, CopyRange, DsmAttributes, IoCommand, IoFlags};
 pub use doorbell::CqHeadPolicy;
 use doorbell::Doorbells;
 pub use iodata::{IoData, IoSegment, IoVec, SegmentOutOfBounds};
@@ -161,6 +161,8 @@ pub struct IoQueuePair<D: Device = VfioNvme> {
     /// The controller's SGL support (Identify Controller SGLS).
     sgl: upnvme_queues::sgl::SglSupport,
     sgl_mode: SglMode,
+    /// Identify Controller ONCS: optional commands are refused unless set.
+    oncs: u16,
     /// A contiguous transfer ending at most this far past its first page's
     /// start goes in PRP1/PRP2 directly: two memory pages, or 0 with
     /// [`SglMode::Always`] (every transfer then takes the SGL path).

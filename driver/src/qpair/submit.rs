@@ -18,6 +18,7 @@ use upnvme_queues::sgl::{self, PSDT_SGL_MPTR_ADDRESS, SglSupport};
 use upnvme_queues::sqe::{io_qwords, opcode::nvm};
 use upnvme_queues::{DsmRange, Sqe};
 
+use super::command::{CopyRange, DsmAttributes, IoFlags};
 use super::iodata::{IoData, IoVec};
 use super::{IoCommand, IoQueuePair, PAGE, SglMode};
 use crate::device::Device;
@@ -26,6 +27,27 @@ use crate::namespace::Namespace;
 
 /// Most ranges a Dataset Management command carries (NR is 8 bits, 0-based).
 const MAX_DSM_RANGES: usize = 256;
+/// Most source ranges the driver sends in one Copy: 128 Format 0 entries
+/// fill the one 4 KiB page PRP1 points at (the spec allows 256; the
+/// namespace's MSRC may allow fewer, which the controller enforces).
+const MAX_COPY_RANGES: usize = 128;
+
+/// Identify Controller ONCS bits (Optional NVM Command Support).
+const ONCS_COMPARE: u16 = 1 << 0;
+const ONCS_WRITE_UNCORRECTABLE: u16 = 1 << 1;
+const ONCS_DSM: u16 = 1 << 2;
+const ONCS_WRITE_ZEROES: u16 = 1 << 3;
+const ONCS_VERIFY: u16 = 1 << 7;
+const ONCS_COPY: u16 = 1 << 8;
+
+/// Refuses flags on a command whose CDW12 has no FUA/LR bits.
+#[inline(always)]
+fn no_flags(flags: IoFlags) -> Result<(), Reject> {
+    if flags != IoFlags::NONE {
+        return Err(Reject::FlagsNotApplicable);
+    }
+    Ok(())
+}
 
 /// What the data pointer of a command describes.
 enum Data {
@@ -36,6 +58,8 @@ enum Data {
     Vector(usize),
     /// The Dataset Management range list.
     Ranges,
+    /// The Copy source range list.
+    CopyRanges,
 }
 
 /// A command's data pointer: DPTR's two qwords and whether it is an SGL
@@ -220,13 +244,21 @@ impl<D: Device> IoQueuePair<D> {
             offset,
             limit,
             segments,
+            flags,
         } = io;
         if !self.current()
             && let Err(reason) = self.resync_for_submit()
         {
             return Err(Rejected::with_segments(reason, buffer, segments));
         }
-        let (q, data) = match self.build(&cmd, buffer.as_ref(), offset, limit, segments.as_ref()) {
+        let (q, data) = match self.build(
+            &cmd,
+            buffer.as_ref(),
+            offset,
+            limit,
+            segments.as_ref(),
+            flags,
+        ) {
             Ok(x) => x,
             Err(reason) => return Err(Rejected::with_segments(reason, buffer, segments)),
         };
@@ -255,7 +287,7 @@ impl<D: Device> IoQueuePair<D> {
                     placed = false;
                 }
             }
-            Data::Vector(_) | Data::Ranges => placed = false,
+            Data::Vector(_) | Data::Ranges | Data::CopyRanges => placed = false,
             Data::None => {}
         }
         // The tracker before the SQE and the doorbell (see the module docs).
@@ -345,9 +377,13 @@ impl<D: Device> IoQueuePair<D> {
                 }
                 r
             }
-            (Data::Ranges, IoCommand::Deallocate { ranges, .. }) => {
+            (Data::Ranges, IoCommand::Deallocate { ranges, .. })
+            | (Data::Ranges, IoCommand::DatasetManagement { ranges, .. }) => {
                 self.place_ranges(ranges, slot).map(|prp1| (prp1, 0, false))
             }
+            (Data::CopyRanges, IoCommand::Copy { ranges, .. }) => self
+                .place_copy_ranges(ranges, slot)
+                .map(|prp1| (prp1, 0, false)),
             _ => Ok((0, 0, false)),
         }
     }
@@ -451,6 +487,7 @@ impl<D: Device> IoQueuePair<D> {
         offset: usize,
         limit: usize,
         segments: Option<&IoVec>,
+        flags: IoFlags,
     ) -> Result<([u64; 8], Data), Reject> {
         let ns = cmd.namespace();
         if ns.controller() != self.instance {
@@ -464,65 +501,187 @@ impl<D: Device> IoQueuePair<D> {
                 if ns.has_metadata() {
                     return Err(metadata_refused(ns));
                 }
-                let bytes = (blocks as usize) << ns.lba_shift();
-                let data = match (buffer, segments) {
-                    (Some(buf), _) => {
-                        let room = slice_room(buf.len(), offset, limit)?;
-                        if room < bytes {
-                            return Err(Reject::BufferTooSmall { need: bytes as u64 });
-                        }
-                        Data::Buffer(bytes)
-                    }
-                    (None, Some(v)) => {
-                        if v.total_len() < bytes {
-                            return Err(Reject::BufferTooSmall { need: bytes as u64 });
-                        }
-                        Data::Vector(bytes)
-                    }
-                    (None, None) => return Err(Reject::NoBuffer),
-                };
-                if bytes > self.max_transfer {
-                    return Err(Reject::TransferTooLarge {
-                        bytes: bytes as u64,
-                    });
-                }
                 let op = match cmd {
                     IoCommand::Read { .. } => nvm::READ,
                     IoCommand::Write { .. } => nvm::WRITE,
-                    _ => nvm::COMPARE,
+                    _ => {
+                        self.oncs_check(ONCS_COMPARE, "Compare")?;
+                        nvm::COMPARE
+                    }
                 };
+                let bytes = (blocks as usize) << ns.lba_shift();
+                let data = self.data_for(bytes, buffer, offset, limit, segments)?;
                 // CDW12.NLB is 0-based.
-                let q = io_qwords(op, 0, ns.id(), 0, 0, slba, blocks - 1);
+                let q = io_qwords(op, 0, ns.id(), 0, 0, slba, (blocks - 1) | flags.cdw12());
                 Ok((q, data))
             }
-            IoCommand::Flush { .. } => Ok((Sqe::flush(ns.id()).to_qwords(), Data::None)),
+            IoCommand::Flush { .. } => {
+                no_flags(flags)?;
+                Ok((Sqe::flush(ns.id()).to_qwords(), Data::None))
+            }
             IoCommand::WriteZeroes {
                 slba,
                 blocks,
                 deallocate,
                 ..
             } => {
+                self.oncs_check(ONCS_WRITE_ZEROES, "Write Zeroes")?;
                 check_range(ns, slba, blocks)?;
-                Ok((
-                    Sqe::write_zeroes(ns.id(), slba, blocks, deallocate).to_qwords(),
-                    Data::None,
-                ))
+                let mut sqe = Sqe::write_zeroes(ns.id(), slba, blocks, deallocate);
+                sqe.dw[12] |= flags.cdw12();
+                Ok((sqe.to_qwords(), Data::None))
             }
             IoCommand::Deallocate { ranges, .. } => {
-                if ranges.is_empty() || ranges.len() > MAX_DSM_RANGES {
+                let attributes = DsmAttributes {
+                    deallocate: true,
+                    ..DsmAttributes::default()
+                };
+                self.build_dsm(ns, ranges, attributes, flags)
+            }
+            IoCommand::DatasetManagement {
+                ranges, attributes, ..
+            } => self.build_dsm(ns, ranges, attributes, flags),
+            IoCommand::Verify { slba, blocks, .. } => {
+                self.oncs_check(ONCS_VERIFY, "Verify")?;
+                check_range(ns, slba, blocks)?;
+                let q = io_qwords(
+                    nvm::VERIFY,
+                    0,
+                    ns.id(),
+                    0,
+                    0,
+                    slba,
+                    (blocks - 1) | flags.cdw12(),
+                );
+                Ok((q, Data::None))
+            }
+            IoCommand::WriteUncorrectable { slba, blocks, .. } => {
+                self.oncs_check(ONCS_WRITE_UNCORRECTABLE, "Write Uncorrectable")?;
+                no_flags(flags)?;
+                check_range(ns, slba, blocks)?;
+                let q = io_qwords(nvm::WRITE_UNCORRECTABLE, 0, ns.id(), 0, 0, slba, blocks - 1);
+                Ok((q, Data::None))
+            }
+            IoCommand::Copy { sdlba, ranges, .. } => {
+                self.oncs_check(ONCS_COPY, "Copy")?;
+                if ranges.is_empty() || ranges.len() > MAX_COPY_RANGES {
                     return Err(Reject::RangeCount {
                         ranges: ranges.len().min(u32::MAX as usize) as u32,
                     });
                 }
+                let mut total = 0u64;
                 for r in ranges {
-                    check_range(ns, r.slba, r.nlb)?;
+                    check_range(ns, r.slba, r.blocks)?;
+                    total += u64::from(r.blocks);
                 }
-                Ok((
-                    Sqe::dataset_management(ns.id(), ranges.len() as u32, true).to_qwords(),
-                    Data::Ranges,
-                ))
+                match sdlba.checked_add(total) {
+                    Some(end) if end <= ns.lba_count() => {}
+                    _ => return Err(Reject::LbaRange),
+                }
+                // CDW12: NR (bits 7:0, 0-based), Descriptor Format 0h
+                // (bits 11:8), FUA and LR.
+                let cdw12 = (ranges.len() as u32 - 1) | flags.cdw12();
+                let q = io_qwords(nvm::COPY, 0, ns.id(), 0, 0, sdlba, cdw12);
+                Ok((q, Data::CopyRanges))
+            }
+            IoCommand::Raw { sqe, data_len, .. } => {
+                no_flags(flags)?;
+                if sqe.dw[0] >> 8 & 0x3 != 0 {
+                    return Err(Reject::RawCommand("a fused command (CDW0.FUSE non-zero)"));
+                }
+                if sqe.dw[4] != 0 || sqe.dw[5] != 0 {
+                    return Err(Reject::RawCommand(
+                        "a metadata pointer (MPTR): pass the metadata with the command instead",
+                    ));
+                }
+                let mut q = sqe.to_qwords();
+                // Opcode only from CDW0; NSID from the handle; MPTR and the
+                // data pointer are the driver's.
+                q[0] = u64::from(sqe.dw[0] & 0xff) | u64::from(ns.id()) << 32;
+                q[2] = 0;
+                q[3] = 0;
+                q[4] = 0;
+                if data_len == 0 {
+                    return Ok((q, Data::None));
+                }
+                let data = self.data_for(data_len, buffer, offset, limit, segments)?;
+                Ok((q, data))
             }
         }
+    }
+
+    /// What the data pointer of a `bytes`-long transfer describes, checked
+    /// against the memory passed and MDTS.
+    #[inline(always)]
+    fn data_for(
+        &self,
+        bytes: usize,
+        buffer: Option<&DmaBuffer>,
+        offset: usize,
+        limit: usize,
+        segments: Option<&IoVec>,
+    ) -> Result<Data, Reject> {
+        let data = match (buffer, segments) {
+            (Some(buf), _) => {
+                let room = slice_room(buf.len(), offset, limit)?;
+                if room < bytes {
+                    return Err(Reject::BufferTooSmall { need: bytes as u64 });
+                }
+                Data::Buffer(bytes)
+            }
+            (None, Some(v)) => {
+                if v.total_len() < bytes {
+                    return Err(Reject::BufferTooSmall { need: bytes as u64 });
+                }
+                Data::Vector(bytes)
+            }
+            (None, None) => return Err(Reject::NoBuffer),
+        };
+        if bytes > self.max_transfer {
+            return Err(Reject::TransferTooLarge {
+                bytes: bytes as u64,
+            });
+        }
+        Ok(data)
+    }
+
+    /// Dataset Management: 1..=256 ranges inside the namespace, each of
+    /// 1..=2^32 - 1 blocks (a 32-bit Length), with CDW11's attributes.
+    fn build_dsm(
+        &self,
+        ns: &Namespace,
+        ranges: &[DsmRange],
+        attributes: DsmAttributes,
+        flags: IoFlags,
+    ) -> Result<([u64; 8], Data), Reject> {
+        self.oncs_check(ONCS_DSM, "Dataset Management")?;
+        no_flags(flags)?;
+        if ranges.is_empty() || ranges.len() > MAX_DSM_RANGES {
+            return Err(Reject::RangeCount {
+                ranges: ranges.len().min(u32::MAX as usize) as u32,
+            });
+        }
+        for r in ranges {
+            if r.nlb == 0 {
+                return Err(Reject::BlockCount { blocks: 0 });
+            }
+            match r.slba.checked_add(u64::from(r.nlb)) {
+                Some(end) if end <= ns.lba_count() => {}
+                _ => return Err(Reject::LbaRange),
+            }
+        }
+        let mut sqe = Sqe::dataset_management(ns.id(), ranges.len() as u32, false);
+        sqe.dw[11] = attributes.cdw11();
+        Ok((sqe.to_qwords(), Data::Ranges))
+    }
+
+    /// Refuses a command the controller does not advertise in ONCS.
+    #[inline(always)]
+    fn oncs_check(&self, bit: u16, command: &'static str) -> Result<(), Reject> {
+        if self.oncs & bit == 0 {
+            return Err(Reject::Unsupported { command });
+        }
+        Ok(())
     }
 
     /// PRP1 and a PRP List in the slot's list pages, for a transfer of more
@@ -611,4 +770,26 @@ fn prp_describable(pieces: impl Iterator<Item = (u64, usize)>, count: usize) -> 
         let end_ok = i + 1 == count || (iova + len as u64) & mask == 0;
         start_ok && end_ok
     })
+}
+
+impl<D: Device> IoQueuePair<D> {
+    /// Copy source ranges (Format 0, 32 bytes each) in the slot's list page;
+    /// returns PRP1, which points there.
+    #[inline(never)]
+    fn place_copy_ranges(&mut self, ranges: &[CopyRange], slot: u16) -> Result<u64, Reject> {
+        let list_base = slot as usize * self.list_pages_per_slot * PAGE;
+        if ranges.len() * CopyRange::SIZE > PAGE {
+            return Err(Reject::RangeCount {
+                ranges: ranges.len() as u32,
+            });
+        }
+        for (i, r) in ranges.iter().enumerate() {
+            self.prp_lists
+                .write_bytes(list_base + i * CopyRange::SIZE, &r.to_le_bytes())
+                .map_err(|_| Reject::RangeCount {
+                    ranges: ranges.len() as u32,
+                })?;
+        }
+        Ok(self.prp_lists.iova() + list_base as u64)
+    }
 }

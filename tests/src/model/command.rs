@@ -53,6 +53,12 @@ pub(crate) mod io_op {
     pub const WRITE_ZEROES: u8 = 0x08;
     /// Dataset Management.
     pub const DATASET_MANAGEMENT: u8 = 0x09;
+    /// Write Uncorrectable.
+    pub const WRITE_UNCORRECTABLE: u8 = 0x04;
+    /// Verify.
+    pub const VERIFY: u8 = 0x0c;
+    /// Copy.
+    pub const COPY: u8 = 0x19;
 }
 
 /// One submission queue entry as raw bytes, with field accessors.
@@ -78,6 +84,11 @@ fn le32(b: &[u8; 64], o: usize) -> u32 {
 }
 
 impl Command {
+    /// The 64 bytes as fetched.
+    pub fn raw(&self) -> &[u8; 64] {
+        &self.raw
+    }
+
     /// Wraps the 64 bytes fetched from a submission queue slot.
     pub fn new(raw: [u8; 64]) -> Self {
         Command { raw }

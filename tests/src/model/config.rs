@@ -52,9 +52,11 @@ pub struct ModelConfig {
     /// present, so Set Features — Volatile Write Cache is accepted.
     pub vwc: bool,
     /// Identify Controller ONCS (bytes 521:520), Optional NVM Command Support.
-    /// The model implements Compare (bit 0), Dataset Management (bit 2) and
-    /// Write Zeroes (bit 3); clearing a bit makes that command fail with
-    /// Invalid Command Opcode.
+    /// The model implements Compare (bit 0), Write Uncorrectable (bit 1),
+    /// Dataset Management (bit 2), Write Zeroes (bit 3), Verify (bit 7) and
+    /// Copy (bit 8, Source Range Entries Format 0); clearing a bit makes that
+    /// command fail with Invalid Command Opcode. The default leaves Write
+    /// Uncorrectable, Verify and Copy off.
     pub oncs: u16,
     /// Identify Controller SGLS (bytes 539:536). Bits 1:0 select SGL
     /// support for I/O commands: 00b none (the default: a command with
@@ -89,6 +91,12 @@ impl ModelConfig {
     pub const ONCS_DSM: u16 = 1 << 2;
     /// Identify Controller ONCS bit 3: Write Zeroes command supported.
     pub const ONCS_WRITE_ZEROES: u16 = 1 << 3;
+    /// ONCS bit 1: Write Uncorrectable.
+    pub const ONCS_WRITE_UNCORRECTABLE: u16 = 1 << 1;
+    /// ONCS bit 7: Verify.
+    pub const ONCS_VERIFY: u16 = 1 << 7;
+    /// ONCS bit 8: Copy.
+    pub const ONCS_COPY: u16 = 1 << 8;
 
     /// Identify Controller NN: the largest configured NSID (at least 1).
     pub fn nn(&self) -> u32 {

@@ -205,6 +205,10 @@ impl State {
         if self.stats.seen.len() < super::state::MAX_SEEN {
             self.stats.seen.push((sqid, opcode, cid));
         }
+        if self.stats.recent.len() == super::state::RECENT_SQES {
+            self.stats.recent.pop_front();
+        }
+        self.stats.recent.push_back((sqid, *cmd.raw()));
         let plan = self.faults.plan_for(sqid, opcode, index);
         if plan.unplug {
             self.gone = true;

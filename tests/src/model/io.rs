@@ -12,6 +12,9 @@ use super::engine::Outcome;
 use super::state::State;
 use super::status::Status;
 
+/// Unrecovered Read Error (Media and Data Integrity Errors, 81h).
+const UNRECOVERED_READ_ERROR: Status = Status::new(2, 0x81);
+
 /// Flush to all namespaces (Flush with NSID FFFFFFFFh).
 const BROADCAST_NSID: u32 = 0xffff_ffff;
 
@@ -29,6 +32,11 @@ impl State {
             io_op::DATASET_MANAGEMENT if oncs & ModelConfig::ONCS_DSM != 0 => {
                 self.dataset_management(cmd)
             }
+            io_op::VERIFY if oncs & ModelConfig::ONCS_VERIFY != 0 => self.verify(cmd),
+            io_op::WRITE_UNCORRECTABLE if oncs & ModelConfig::ONCS_WRITE_UNCORRECTABLE != 0 => {
+                self.write_uncorrectable(cmd)
+            }
+            io_op::COPY if oncs & ModelConfig::ONCS_COPY != 0 => self.copy(cmd),
             _ => Outcome::err(Status::INVALID_OPCODE.with_dnr()),
         }
     }
@@ -92,6 +100,13 @@ impl State {
                 self.health.units_written += units;
             }
             io_op::READ => {
+                if self
+                    .namespaces
+                    .get(i)
+                    .is_some_and(|ns| ns.any_uncorrectable(slba, nlb))
+                {
+                    return Err(UNRECOVERED_READ_ERROR);
+                }
                 let data = self
                     .namespaces
                     .get(i)
@@ -174,6 +189,78 @@ impl State {
         for (slba, nlb) in ranges {
             ns.deallocate(slba, nlb);
         }
+        Outcome::ok(0)
+    }
+
+    /// Verify: CDW10-11 SLBA, CDW12 NLB (15:0, 0-based). Reads nothing to
+    /// the host; fails like a read of the blocks would.
+    fn verify(&mut self, cmd: &Command) -> Outcome {
+        let (slba, nlb) = (cmd.cdw10_11(), u64::from(cmd.cdw(12) & 0xffff) + 1);
+        let ns = match self.ns_index(cmd) {
+            Ok(i) => &self.namespaces[i],
+            Err(s) => return Outcome::err(s),
+        };
+        if !ns.in_range(slba, nlb) {
+            return Outcome::err(Status::LBA_OUT_OF_RANGE.with_dnr());
+        }
+        if ns.any_uncorrectable(slba, nlb) {
+            return Outcome::err(UNRECOVERED_READ_ERROR);
+        }
+        Outcome::ok(0)
+    }
+
+    /// Write Uncorrectable: CDW10-11 SLBA, CDW12 NLB (15:0, 0-based).
+    fn write_uncorrectable(&mut self, cmd: &Command) -> Outcome {
+        let (slba, nlb) = (cmd.cdw10_11(), u64::from(cmd.cdw(12) & 0xffff) + 1);
+        let i = match self.ns_index(cmd) {
+            Ok(i) => i,
+            Err(s) => return Outcome::err(s),
+        };
+        let ns = &mut self.namespaces[i];
+        if !ns.in_range(slba, nlb) {
+            return Outcome::err(Status::LBA_OUT_OF_RANGE.with_dnr());
+        }
+        ns.mark_uncorrectable(slba, nlb);
+        Outcome::ok(0)
+    }
+
+    /// Copy: CDW10-11 SDLBA, CDW12 NR (7:0, 0-based) and Descriptor Format
+    /// (11:8, only 0h here); the Format 0 source ranges (32 bytes: SLBA at
+    /// 15:08, NLB 0-based at 17:16) come through the data pointer. Every
+    /// range is checked (and read) before the destination is written.
+    fn copy(&mut self, cmd: &Command) -> Outcome {
+        let i = match self.ns_index(cmd) {
+            Ok(i) => i,
+            Err(s) => return Outcome::err(s),
+        };
+        if cmd.cdw(12) >> 8 & 0xf != 0 {
+            return Outcome::err(Status::INVALID_FIELD.with_dnr());
+        }
+        let nr = (cmd.cdw(12) & 0xff) as usize + 1;
+        let list = match self.read_host_data(cmd, nr * 32) {
+            Ok(l) => l,
+            Err(s) => return Outcome::err(s),
+        };
+        let ns = &mut self.namespaces[i];
+        let mut data = Vec::new();
+        for r in list.chunks_exact(32) {
+            let mut slba = [0u8; 8];
+            slba.copy_from_slice(&r[8..16]);
+            let slba = u64::from_le_bytes(slba);
+            let nlb = u64::from(u16::from_le_bytes([r[16], r[17]])) + 1;
+            if !ns.in_range(slba, nlb) {
+                return Outcome::err(Status::LBA_OUT_OF_RANGE.with_dnr());
+            }
+            if ns.any_uncorrectable(slba, nlb) {
+                return Outcome::err(UNRECOVERED_READ_ERROR);
+            }
+            data.extend_from_slice(&ns.read(slba, nlb));
+        }
+        let sdlba = cmd.cdw10_11();
+        if !ns.in_range(sdlba, (data.len() / ns.lba_size()) as u64) {
+            return Outcome::err(Status::LBA_OUT_OF_RANGE.with_dnr());
+        }
+        ns.write(sdlba, &data);
         Outcome::ok(0)
     }
 }

@@ -413,6 +413,11 @@ impl ModelController {
         self.state().stats.fetched
     }
 
+    /// The last 64 commands fetched from any SQ: (SQ id, the 64-byte SQE as the model fetched it), oldest first.
+    pub fn recent_commands(&self) -> Vec<(u16, [u8; 64])> {
+        self.state().stats.recent.iter().copied().collect()
+    }
+
     /// Data transfers the model walked, by encoding: (PRP, SGL).
     pub fn transfers_by_encoding(&self) -> (u64, u64) {
         let s = self.state();

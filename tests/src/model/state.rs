@@ -174,11 +174,16 @@ pub(crate) struct Stats {
     ///
     /// [`Match::Nth`]: super::Match::Nth
     pub fetched: u64,
+    /// The last [`RECENT_SQES`] commands fetched: (SQ id, the 64 bytes).
+    pub recent: VecDeque<(u16, [u8; 64])>,
     /// Data transfers described by an SGL (CDW0.PSDT = 01b) the model walked.
     pub sgl_transfers: u64,
     /// Data transfers described by PRPs the model walked.
     pub prp_transfers: u64,
 }
+
+/// How many fetched commands [`Stats::recent`] keeps.
+pub(crate) const RECENT_SQES: usize = 64;
 
 /// The whole controller state.
 pub(crate) struct State {

@@ -3,7 +3,7 @@
 //! with DEAC), reads as zeros — what Identify Namespace DLFEAT = 001b
 //! ("deallocated blocks read as all zeros") promises.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 use super::config::NamespaceConfig;
 
@@ -13,6 +13,9 @@ pub(crate) struct Namespace {
     /// The configured geometry.
     pub cfg: NamespaceConfig,
     blocks: HashMap<u64, Box<[u8]>>,
+    /// Blocks marked by Write Uncorrectable: reading them fails until they
+    /// are written or deallocated.
+    uncorrectable: BTreeSet<u64>,
 }
 
 impl Namespace {
@@ -21,6 +24,7 @@ impl Namespace {
         Namespace {
             cfg,
             blocks: HashMap::new(),
+            uncorrectable: BTreeSet::new(),
         }
     }
 
@@ -53,15 +57,29 @@ impl Namespace {
     pub fn write(&mut self, slba: u64, data: &[u8]) {
         let bs = self.lba_size();
         for (i, chunk) in data.chunks_exact(bs).enumerate() {
-            self.blocks.insert(
-                slba.saturating_add(i as u64),
-                chunk.to_vec().into_boxed_slice(),
-            );
+            let lba = slba.saturating_add(i as u64);
+            self.uncorrectable.remove(&lba);
+            self.blocks.insert(lba, chunk.to_vec().into_boxed_slice());
         }
+    }
+
+    /// Marks `nlb` blocks from `slba` uncorrectable (Write Uncorrectable).
+    pub fn mark_uncorrectable(&mut self, slba: u64, nlb: u64) {
+        self.uncorrectable.extend(slba..slba.saturating_add(nlb));
+    }
+
+    /// True when a block of `[slba, slba + nlb)` is marked uncorrectable.
+    pub fn any_uncorrectable(&self, slba: u64, nlb: u64) -> bool {
+        self.uncorrectable
+            .range(slba..slba.saturating_add(nlb))
+            .next()
+            .is_some()
     }
 
     /// Deallocates `nlb` blocks from `slba` (they read as zeros afterwards).
     pub fn deallocate(&mut self, slba: u64, nlb: u64) {
+        let end = slba.saturating_add(nlb);
+        self.uncorrectable.retain(|&lba| lba < slba || lba >= end);
         if nlb >= self.blocks.len() as u64 {
             let end = slba.saturating_add(nlb);
             self.blocks.retain(|&lba, _| lba < slba || lba >= end);

@@ -1,0 +1,466 @@
+//! Host tests of per-command flags and the optional NVM commands against
+//! the model: FUA and Limited Retry as sent (CDW12 bits 30 and 31), Verify,
+//! Write Uncorrectable, Copy, Dataset Management with attributes and 32-bit
+//! lengths, raw commands, and the typed refusals (ONCS, flags where CDW12
+//! has none, raw commands the driver could not describe).
+
+mod common;
+
+use common::{T, assert_clean, buffer_with, config_one_ns, pattern, read_back, setup};
+use upnvme::{
+    Completion, Controller, CopyRange, DsmAttributes, DsmRange, IoCommand, IoData, IoError,
+    IoFlags, IoQueuePair, QueuePairOptions, Reject, Sqe,
+};
+use upnvme_tests::{ModelConfig, ModelController};
+
+fn all_commands() -> (ModelController, Controller<ModelController>) {
+    setup(ModelConfig {
+        oncs: ModelConfig::ONCS_COMPARE
+            | ModelConfig::ONCS_DSM
+            | ModelConfig::ONCS_WRITE_ZEROES
+            | ModelConfig::ONCS_VERIFY
+            | ModelConfig::ONCS_WRITE_UNCORRECTABLE
+            | ModelConfig::ONCS_COPY,
+        ..config_one_ns(512, 8192)
+    })
+}
+
+fn wait_one(qp: &mut IoQueuePair<ModelController>) -> Completion {
+    for _ in 0..1_000_000 {
+        if let Some(c) = qp.next_completion().unwrap() {
+            return c;
+        }
+    }
+    panic!("no completion");
+}
+
+fn run(qp: &mut IoQueuePair<ModelController>, cmd: IoCommand<'_>, io: IoData) -> Completion {
+    if let Err(r) = qp.submit_io(cmd, io, 3) {
+        panic!("{} refused: {}", cmd.name(), r.reason);
+    }
+    wait_one(qp)
+}
+
+/// CDW12 of the newest I/O command the model fetched.
+fn last_cdw12(m: &ModelController) -> (u8, u32) {
+    let (_, raw) = *m
+        .recent_commands()
+        .iter()
+        .rev()
+        .find(|(q, _)| *q != 0)
+        .expect("an I/O command");
+    (
+        raw[0],
+        u32::from_le_bytes([raw[48], raw[49], raw[50], raw[51]]),
+    )
+}
+
+#[test]
+fn fua_and_limited_retry_reach_cdw12() {
+    let (m, c) = all_commands();
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let cases = [
+        (IoFlags::NONE, 0u32),
+        (IoFlags::FUA, 1 << 30),
+        (
+            IoFlags {
+                fua: false,
+                limited_retry: true,
+            },
+            1 << 31,
+        ),
+        (
+            IoFlags {
+                fua: true,
+                limited_retry: true,
+            },
+            3 << 30,
+        ),
+    ];
+    for (flags, bits) in cases {
+        let data = pattern(u64::from(bits >> 30), 1024);
+        let buf = buffer_with(&c, &data);
+        let w = IoCommand::Write {
+            ns: &ns,
+            slba: 4,
+            blocks: 2,
+        };
+        let done = run(&mut qp, w, IoData::buffer(buf).flags(flags));
+        assert!(done.is_ok());
+        assert_eq!(last_cdw12(&m), (0x01, bits | 1), "{flags:?}");
+        let r = IoCommand::Read {
+            ns: &ns,
+            slba: 4,
+            blocks: 2,
+        };
+        let done = run(&mut qp, r, IoData::from(done.buffer).flags(flags));
+        assert!(done.is_ok());
+        assert_eq!(last_cdw12(&m), (0x02, bits | 1));
+        assert_eq!(read_back(&done.buffer.unwrap(), 1024), data);
+        let v = IoCommand::Verify {
+            ns: &ns,
+            slba: 4,
+            blocks: 2,
+        };
+        assert!(run(&mut qp, v, IoData::none().flags(flags)).is_ok());
+        assert_eq!(last_cdw12(&m), (0x0c, bits | 1));
+    }
+    assert_clean(&m);
+}
+
+#[test]
+fn flags_are_refused_where_cdw12_has_none() {
+    let (m, c) = all_commands();
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let ranges = [DsmRange {
+        cattr: 0,
+        nlb: 1,
+        slba: 0,
+    }];
+    let sqe = Sqe::flush(1);
+    for cmd in [
+        IoCommand::Flush { ns: &ns },
+        IoCommand::Deallocate {
+            ns: &ns,
+            ranges: &ranges,
+        },
+        IoCommand::WriteUncorrectable {
+            ns: &ns,
+            slba: 0,
+            blocks: 1,
+        },
+        IoCommand::Raw {
+            ns: &ns,
+            sqe: &sqe,
+            data_len: 0,
+        },
+    ] {
+        let r = qp
+            .submit_io(cmd, IoData::none().flags(IoFlags::FUA), 1)
+            .unwrap_err();
+        assert_eq!(r.reason, Reject::FlagsNotApplicable, "{}", cmd.name());
+    }
+    assert_eq!(qp.in_flight(), 0);
+    assert_clean(&m);
+}
+
+#[test]
+fn write_uncorrectable_then_verify_and_read_fail_until_rewritten() {
+    let (m, c) = all_commands();
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let buf = qp
+        .write_blocking(&ns, 10, 4, buffer_with(&c, &pattern(1, 2048)), T)
+        .unwrap();
+    let wu = IoCommand::WriteUncorrectable {
+        ns: &ns,
+        slba: 11,
+        blocks: 2,
+    };
+    assert!(run(&mut qp, wu, IoData::none()).is_ok());
+    let verify = |slba, blocks| IoCommand::Verify {
+        ns: &ns,
+        slba,
+        blocks,
+    };
+    // Verify and Read of a marked block fail with Unrecovered Read Error.
+    for cmd in [
+        verify(10, 4),
+        IoCommand::Read {
+            ns: &ns,
+            slba: 12,
+            blocks: 1,
+        },
+    ] {
+        let io = if cmd.transfers_data() {
+            IoData::buffer(c.alloc_dma(4096).unwrap())
+        } else {
+            IoData::none()
+        };
+        let done = run(&mut qp, cmd, io);
+        match done.result {
+            Err(IoError::Status(s)) => assert_eq!((s.sct(), s.sc()), (2, 0x81), "{}", cmd.name()),
+            other => panic!("{}: {other:?}", cmd.name()),
+        }
+    }
+    // Unmarked blocks verify fine; rewriting clears the mark.
+    assert!(run(&mut qp, verify(10, 1), IoData::none()).is_ok());
+    assert!(run(&mut qp, verify(13, 1), IoData::none()).is_ok());
+    qp.write_blocking(&ns, 11, 2, buf, T).unwrap();
+    assert!(run(&mut qp, verify(10, 4), IoData::none()).is_ok());
+    assert_clean(&m);
+}
+
+#[test]
+fn copy_moves_the_source_ranges_in_order() {
+    let (m, c) = all_commands();
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let a = pattern(1, 3 * 512);
+    let b = pattern(2, 5 * 512);
+    m.write_namespace_data(1, 100, &a);
+    m.write_namespace_data(1, 200, &b);
+    let ranges = [
+        CopyRange {
+            slba: 200,
+            blocks: 5,
+        },
+        CopyRange {
+            slba: 100,
+            blocks: 3,
+        },
+    ];
+    let cmd = IoCommand::Copy {
+        ns: &ns,
+        sdlba: 1000,
+        ranges: &ranges,
+    };
+    let done = run(&mut qp, cmd, IoData::none().flags(IoFlags::FUA));
+    assert!(done.is_ok(), "{:?}", done.result);
+    let (op, cdw12) = last_cdw12(&m);
+    assert_eq!(
+        (op, cdw12),
+        (0x19, 1 | 1 << 30),
+        "NR 0-based, format 0, FUA"
+    );
+    let mut want = b.clone();
+    want.extend_from_slice(&a);
+    assert_eq!(m.namespace_data(1, 1000, 8), want);
+    // 128 ranges fit the command's page; 129 do not; the destination must
+    // fit the namespace.
+    let many = vec![CopyRange { slba: 0, blocks: 1 }; 129];
+    for (ranges, sdlba, want) in [
+        (&many[..], 0, Reject::RangeCount { ranges: 129 }),
+        (&[][..], 0, Reject::RangeCount { ranges: 0 }),
+        (&many[..2], 8191, Reject::LbaRange),
+    ] {
+        let cmd = IoCommand::Copy {
+            ns: &ns,
+            sdlba,
+            ranges,
+        };
+        assert_eq!(
+            qp.submit_io(cmd, IoData::none(), 1).unwrap_err().reason,
+            want
+        );
+    }
+    let cmd = IoCommand::Copy {
+        ns: &ns,
+        sdlba: 2000,
+        ranges: &many[..128],
+    };
+    assert!(run(&mut qp, cmd, IoData::none()).is_ok());
+    assert_clean(&m);
+}
+
+#[test]
+fn dataset_management_attributes_and_32_bit_lengths() {
+    let (m, c) = setup(ModelConfig {
+        oncs: ModelConfig::ONCS_DSM,
+        ..config_one_ns(512, 200_000)
+    });
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    m.write_namespace_data(1, 0, &pattern(1, 512));
+    m.write_namespace_data(1, 150_000, &pattern(2, 512));
+    // A range longer than 65536 blocks (the 32-bit Length).
+    let ranges = [DsmRange {
+        cattr: 0x0000_0301,
+        nlb: 100_000,
+        slba: 100_000,
+    }];
+    let hints = DsmAttributes {
+        integral_read: true,
+        integral_write: true,
+        deallocate: false,
+    };
+    let cmd = IoCommand::DatasetManagement {
+        ns: &ns,
+        ranges: &ranges,
+        attributes: hints,
+    };
+    assert!(run(&mut qp, cmd, IoData::none()).is_ok());
+    let (_, raw) = *m.recent_commands().last().unwrap();
+    assert_eq!(
+        u32::from_le_bytes([raw[44], raw[45], raw[46], raw[47]]),
+        0b011,
+        "CDW11"
+    );
+    assert_eq!(m.allocated_blocks(1), 2, "hints only: nothing deallocated");
+    let cmd = IoCommand::DatasetManagement {
+        ns: &ns,
+        ranges: &ranges,
+        attributes: DsmAttributes {
+            deallocate: true,
+            ..hints
+        },
+    };
+    assert!(run(&mut qp, cmd, IoData::none()).is_ok());
+    assert_eq!(m.allocated_blocks(1), 1, "the block at 150000 is gone");
+    for (r, want) in [
+        (
+            DsmRange {
+                cattr: 0,
+                nlb: 0,
+                slba: 0,
+            },
+            Reject::BlockCount { blocks: 0 },
+        ),
+        (
+            DsmRange {
+                cattr: 0,
+                nlb: 100_001,
+                slba: 100_000,
+            },
+            Reject::LbaRange,
+        ),
+    ] {
+        let cmd = IoCommand::DatasetManagement {
+            ns: &ns,
+            ranges: &[r],
+            attributes: hints,
+        };
+        assert_eq!(
+            qp.submit_io(cmd, IoData::none(), 1).unwrap_err().reason,
+            want
+        );
+    }
+    assert_clean(&m);
+}
+
+#[test]
+fn commands_the_controller_does_not_advertise_are_refused() {
+    let (m, c) = setup(ModelConfig {
+        oncs: 0,
+        ..config_one_ns(512, 8192)
+    });
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let fetched = m.commands_fetched();
+    let dsm = [DsmRange {
+        cattr: 0,
+        nlb: 1,
+        slba: 0,
+    }];
+    let copy = [CopyRange { slba: 0, blocks: 1 }];
+    let cases = [
+        (
+            IoCommand::Compare {
+                ns: &ns,
+                slba: 0,
+                blocks: 1,
+            },
+            "Compare",
+        ),
+        (
+            IoCommand::WriteZeroes {
+                ns: &ns,
+                slba: 0,
+                blocks: 1,
+                deallocate: false,
+            },
+            "Write Zeroes",
+        ),
+        (
+            IoCommand::Deallocate {
+                ns: &ns,
+                ranges: &dsm,
+            },
+            "Dataset Management",
+        ),
+        (
+            IoCommand::Verify {
+                ns: &ns,
+                slba: 0,
+                blocks: 1,
+            },
+            "Verify",
+        ),
+        (
+            IoCommand::WriteUncorrectable {
+                ns: &ns,
+                slba: 0,
+                blocks: 1,
+            },
+            "Write Uncorrectable",
+        ),
+        (
+            IoCommand::Copy {
+                ns: &ns,
+                sdlba: 10,
+                ranges: &copy,
+            },
+            "Copy",
+        ),
+    ];
+    for (cmd, name) in cases {
+        let buf = c.alloc_dma(4096).unwrap();
+        let r = qp.submit(cmd, Some(buf), 1).unwrap_err();
+        assert_eq!(r.reason, Reject::Unsupported { command: name });
+        assert!(r.reason.to_string().contains("ONCS"), "{}", r.reason);
+        assert!(r.buffer.is_some());
+    }
+    assert_eq!(m.commands_fetched(), fetched, "nothing was sent");
+    assert_clean(&m);
+}
+
+#[test]
+fn raw_commands_keep_the_callers_dwords_and_get_a_data_pointer() {
+    let (m, c) = all_commands();
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    // A Write built by hand, with junk where the driver's fields go.
+    let data = pattern(9, 1536);
+    let mut sqe = Sqe::write(77, 40, 3);
+    sqe.set_cid(0xdead);
+    sqe.set_prp1(0x1234_5000);
+    sqe.dw[12] |= 1 << 30;
+    let buf = c.alloc_dma(8192).unwrap();
+    buf.write_bytes(100, &data).unwrap();
+    let cmd = IoCommand::Raw {
+        ns: &ns,
+        sqe: &sqe,
+        data_len: 1536,
+    };
+    let done = run(&mut qp, cmd, IoData::slice(buf, 100, 1536));
+    assert!(done.is_ok(), "{:?}", done.result);
+    assert_eq!(m.namespace_data(1, 40, 3), data);
+    let (op, cdw12) = last_cdw12(&m);
+    assert_eq!((op, cdw12), (0x01, 2 | 1 << 30));
+    let (_, raw) = *m.recent_commands().last().unwrap();
+    assert_eq!(
+        u32::from_le_bytes([raw[4], raw[5], raw[6], raw[7]]),
+        1,
+        "NSID from the handle"
+    );
+    // Read back through a raw Read into a vector.
+    let rsqe = Sqe::read(1, 40, 3);
+    let mut v = upnvme::IoVec::new();
+    v.push(c.alloc_dma(4096).unwrap(), 4, 1000).unwrap();
+    v.push(c.alloc_dma(4096).unwrap(), 0, 536).unwrap();
+    let cmd = IoCommand::Raw {
+        ns: &ns,
+        sqe: &rsqe,
+        data_len: 1536,
+    };
+    let r = qp.submit_io(cmd, IoData::vectored(v), 1).unwrap_err();
+    assert_eq!(r.reason, Reject::NotDescribable, "no SGLs on this model");
+    // Fused or with a metadata pointer: refused.
+    let mut fused = Sqe::read(1, 0, 1);
+    fused.dw[0] |= 1 << 8;
+    let mut mptr = Sqe::read(1, 0, 1);
+    mptr.dw[4] = 0x1000;
+    for s in [&fused, &mptr] {
+        let cmd = IoCommand::Raw {
+            ns: &ns,
+            sqe: s,
+            data_len: 512,
+        };
+        let buf = c.alloc_dma(4096).unwrap();
+        let r = qp.submit_io(cmd, IoData::buffer(buf), 1).unwrap_err();
+        assert!(matches!(r.reason, Reject::RawCommand(_)), "{}", r.reason);
+    }
+    assert_clean(&m);
+}
