@@ -384,3 +384,153 @@ fn a_full_list_page_of_sgl_descriptors() {
     buf.read_bytes(0, &mut back).unwrap();
     assert!(back == data);
 }
+
+/// Whether Identify Controller ONCS has `bit`.
+fn oncs(c: &Controller, bit: u16) -> bool {
+    c.identify().oncs & (1 << bit) != 0
+}
+
+#[test]
+fn fua_and_limited_retry_round_trip() {
+    let c = open();
+    let ns = c.namespace(1).unwrap().clone();
+    let lba = ns.lba_size() as usize;
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    for (i, flags) in [
+        upnvme::IoFlags::FUA,
+        upnvme::IoFlags {
+            fua: true,
+            limited_retry: true,
+        },
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let slba = 20_000 + 8 * i as u64;
+        let data = pattern(500 + i as u64, 2 * lba);
+        let buf = c.alloc_dma(data.len()).unwrap();
+        buf.write_bytes(0, &data).unwrap();
+        let w = IoCommand::Write {
+            ns: &ns,
+            slba,
+            blocks: 2,
+        };
+        let done = run(&mut qp, w, IoData::buffer(buf).flags(flags));
+        let buf = done.buffer.unwrap();
+        buf.fill(0, buf.len(), 0).unwrap();
+        let r = IoCommand::Read {
+            ns: &ns,
+            slba,
+            blocks: 2,
+        };
+        let done = run(&mut qp, r, IoData::buffer(buf).flags(flags));
+        let mut back = vec![0u8; data.len()];
+        done.buffer.unwrap().read_bytes(0, &mut back).unwrap();
+        assert!(back == data, "FUA round trip {flags:?}");
+    }
+}
+
+/// Verify, Copy and Write Uncorrectable where QEMU's controller advertises
+/// them (ONCS bits 7, 8 and 1), the typed refusal where it does not.
+#[test]
+fn verify_copy_and_write_uncorrectable_or_their_refusal() {
+    let c = open();
+    let ns = c.namespace(1).unwrap().clone();
+    let lba = ns.lba_size() as usize;
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let a = pattern(600, 3 * lba);
+    let b = pattern(601, 2 * lba);
+    for (slba, d) in [(30_000u64, &a), (30_100, &b)] {
+        let buf = c.alloc_dma(d.len()).unwrap();
+        buf.write_bytes(0, d).unwrap();
+        qp.write_blocking(&ns, slba, (d.len() / lba) as u32, buf, T)
+            .unwrap();
+    }
+    let verify = IoCommand::Verify {
+        ns: &ns,
+        slba: 30_000,
+        blocks: 3,
+    };
+    if oncs(&c, 7) {
+        run(&mut qp, verify, IoData::none());
+    } else {
+        let r = qp.submit_io(verify, IoData::none(), 1).unwrap_err();
+        assert_eq!(r.reason, upnvme::Reject::Unsupported { command: "Verify" });
+    }
+    let ranges = [
+        upnvme::CopyRange {
+            slba: 30_100,
+            blocks: 2,
+        },
+        upnvme::CopyRange {
+            slba: 30_000,
+            blocks: 3,
+        },
+    ];
+    let copy = IoCommand::Copy {
+        ns: &ns,
+        sdlba: 30_200,
+        ranges: &ranges,
+    };
+    if oncs(&c, 8) {
+        run(&mut qp, copy, IoData::none());
+        let buf = qp
+            .read_blocking(&ns, 30_200, 5, c.alloc_dma(5 * lba).unwrap(), T)
+            .unwrap();
+        let mut back = vec![0u8; 5 * lba];
+        buf.read_bytes(0, &mut back).unwrap();
+        let mut want = b.clone();
+        want.extend_from_slice(&a);
+        assert!(back == want, "Copy moved other bytes");
+    } else {
+        let r = qp.submit_io(copy, IoData::none(), 1).unwrap_err();
+        assert_eq!(r.reason, upnvme::Reject::Unsupported { command: "Copy" });
+    }
+    let wu = IoCommand::WriteUncorrectable {
+        ns: &ns,
+        slba: 30_300,
+        blocks: 1,
+    };
+    if oncs(&c, 1) {
+        run(&mut qp, wu, IoData::none());
+        let e = qp
+            .read_blocking(&ns, 30_300, 1, c.alloc_dma(lba).unwrap(), T)
+            .unwrap_err();
+        assert!(e.to_string().contains("Unrecovered"), "{e}");
+    } else {
+        let r = qp.submit_io(wu, IoData::none(), 1).unwrap_err();
+        assert_eq!(
+            r.reason,
+            upnvme::Reject::Unsupported {
+                command: "Write Uncorrectable"
+            }
+        );
+    }
+}
+
+#[test]
+fn a_raw_write_and_read_through_the_driver_data_pointer() {
+    let c = open();
+    let ns = c.namespace(1).unwrap().clone();
+    let lba = ns.lba_size() as usize;
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let data = pattern(700, 3 * lba);
+    let buf = c.alloc_dma(data.len() + 64).unwrap();
+    buf.write_bytes(64, &data).unwrap();
+    let sqe = upnvme::Sqe::write(ns.id(), 31_000, 3);
+    let cmd = IoCommand::Raw {
+        ns: &ns,
+        sqe: &sqe,
+        data_len: data.len(),
+    };
+    run(&mut qp, cmd, IoData::slice(buf, 64, data.len()));
+    let sqe = upnvme::Sqe::read(ns.id(), 31_000, 3);
+    let v = vector(&c, &[(3, lba + 1), (0, 2 * lba - 1)]);
+    let cmd = IoCommand::Raw {
+        ns: &ns,
+        sqe: &sqe,
+        data_len: data.len(),
+    };
+    let done = run(&mut qp, cmd, IoData::vectored(v));
+    assert!(gather(&done.segments.unwrap()) == data);
+}
