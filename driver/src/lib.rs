@@ -51,3 +51,8 @@ pub use upnvme_queues::{AsyncEvent, Cqe, DsmRange, Sqe, Status};
 #[cfg(doctest)]
 #[doc = include_str!("../../README.md")]
 pub struct ReadmeDoctests;
+
+/// docs/io.md's examples, compiled likewise.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/io.md")]
+pub struct IoDocDoctests;

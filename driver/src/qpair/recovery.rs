@@ -34,8 +34,11 @@ impl<D: Device> IoQueuePair<D> {
                 }
             }
             Reject::QueueFull => Error::QueueFull { qid: self.qid },
-            // Not a bad argument: a format the driver does not drive yet.
-            Reject::MetadataFormat(_) => Error::Rejected(reason),
+            // Not a bad argument: what this controller (or the driver) does
+            // not offer.
+            Reject::MetadataFormat(_) | Reject::Unsupported { .. } | Reject::NotDescribable => {
+                Error::Rejected(reason)
+            }
             other => Error::InvalidArgument(other.to_string()),
         }
     }
