@@ -789,7 +789,7 @@ fn assert_documented_fields(v: &Value) {
         "reap_on_submit",
         "ring_per_io",
         "shadow_doorbells",
-        "sgl",
+        "data_pointer",
         "doorbell_buffer",
         "cq_head_policy",
         "tsc_hz",
@@ -873,7 +873,7 @@ fn perf_json_has_the_documented_fields() {
     assert_eq!(v["cores"], serde_json::json!([0]));
     assert_eq!(v["seed"], 42);
     assert_eq!(v["reap_on_submit"], false);
-    assert_eq!(v["sgl"], false);
+    assert_eq!(v["data_pointer"], "auto");
     assert_eq!(v["cq_head_policy"], "adaptive");
     assert_eq!(v["verify_mismatches"], Value::Null);
     assert!(v["tsc_hz"].as_f64().unwrap() > 1e8);
@@ -1211,19 +1211,21 @@ fn perf_verify_counts_no_mismatch() {
     assert_eq!(v["verify_mismatches"], 0, "{v}");
 }
 
-/// `--sgl`: every I/O's data pointer an SGL Data Block, verified, for 4 KiB
-/// and for 128 KiB (beyond two pages, where PRPs would need a list).
+/// `--sgl` (every I/O's data pointer an SGL Data Block) and `--prp` (PRP
+/// Lists beyond two pages), verified, for 4 KiB and for 128 KiB.
 #[test]
-fn perf_sgl_verifies() {
-    for size in ["4096", "131072"] {
-        let v = perf_json(&[
-            "-w", "randrw", "-M", "50", "-o", size, "-q", "8", "--verify", "--sgl", "-n", "1",
-        ]);
-        assert_eq!(v["sgl"], true);
-        assert_eq!(v["verify_mismatches"], 0, "{size}: {v}");
+fn perf_sgl_and_prp_verify() {
+    for (flag, name) in [("--sgl", "sgl"), ("--prp", "prp")] {
+        for size in ["4096", "131072"] {
+            let v = perf_json(&[
+                "-w", "randrw", "-M", "50", "-o", size, "-q", "8", "--verify", flag, "-n", "1",
+            ]);
+            assert_eq!(v["data_pointer"], name);
+            assert_eq!(v["verify_mismatches"], 0, "{flag} {size}: {v}");
+        }
+        let out = ok(&perf(&[flag, "-n", "1"]));
+        assert!(out.contains(&format!("data pointer {name}")), "{out}");
     }
-    let out = ok(&perf(&["--sgl", "-n", "1"]));
-    assert!(out.contains("data pointer SGL"), "{out}");
 }
 
 /// A timed run with a warm-up, through both of perf's loops (depth 1 on one

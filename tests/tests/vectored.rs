@@ -174,7 +174,8 @@ fn slice_refusals_hand_the_buffer_back() {
 
 #[test]
 fn vector_with_page_aligned_boundaries_goes_as_prps() {
-    let (m, c) = model_with_sgls(1);
+    // Without SGL support (with it, Auto prefers an SGL: see below).
+    let (m, c) = model_with_sgls(0);
     let ns = c.namespace(1).unwrap().clone();
     let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
     let base = m.transfers_by_encoding();
@@ -279,6 +280,35 @@ fn vector_with_odd_boundaries_goes_as_an_sgl_byte_exact() {
         assert!(all[..off].iter().all(|&b| b == 0xa5));
         assert!(all[off + len..].iter().all(|&b| b == 0xa5));
     }
+    assert_clean(&m);
+}
+
+#[test]
+fn auto_prefers_an_sgl_beyond_two_pages_where_the_controller_has_one() {
+    let (m, c) = model_with_sgls(1);
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let base = m.transfers_by_encoding();
+    // Up to two pages: PRP1/PRP2 inline. Beyond: one SGL Data Block.
+    for (blocks, want) in [(8u32, (1, 0)), (16, (2, 0)), (17, (2, 1)), (1024, (2, 2))] {
+        let data = pattern(u64::from(blocks), blocks as usize * 512);
+        let buf = buffer_with(&c, &data);
+        qp.write_blocking(&ns, 0, blocks, buf, T).unwrap();
+        assert_eq!(encodings(&m, base), want, "{blocks} blocks");
+    }
+    // A page-aligned vector goes as an SGL too.
+    let v = vector(&c, &[(4096, 0, 4096), (4096, 0, 1024)]);
+    let done = run(
+        &mut qp,
+        IoCommand::Read {
+            ns: &ns,
+            slba: 0,
+            blocks: 10,
+        },
+        IoData::vectored(v),
+    );
+    assert!(done.is_ok());
+    assert_eq!(encodings(&m, base), (2, 3));
     assert_clean(&m);
 }
 

@@ -14,7 +14,7 @@
 
 use upnvme_dma::DmaBuffer;
 use upnvme_queues::prp::{build_contiguous, build_list};
-use upnvme_queues::sgl::{self, PSDT_SGL_MPTR_ADDRESS, SglSupport};
+use upnvme_queues::sgl::{self, PSDT_SGL_MPTR_ADDRESS};
 use upnvme_queues::sqe::{io_qwords, opcode::nvm};
 use upnvme_queues::{DsmRange, Sqe};
 
@@ -388,71 +388,102 @@ impl<D: Device> IoQueuePair<D> {
         }
     }
 
-    /// A contiguous transfer that PRP1/PRP2 alone cannot carry, or that the
-    /// pair's [`SglMode`] sends as an SGL: one SGL Data Block when SGLs are
-    /// asked for, or needed (PRP1 must be dword aligned) and supported;
-    /// a PRP List otherwise.
+    /// A contiguous transfer that PRP1/PRP2 alone cannot carry (more than
+    /// two memory pages, or a start PRP1 cannot take), or that
+    /// [`SglMode::Always`] sends here: one SGL Data Block in DPTR wherever
+    /// the controller supports SGLs and the mode allows — under QEMU that
+    /// beats a PRP List for 64–128 KiB transfers by 5–39 % (docs/benchmarks.md,
+    /// "PRP or SGL") — else a PRP List.
     #[inline(always)]
     fn place_contiguous(&mut self, iova: u64, bytes: usize, slot: u16) -> Result<Dptr, Reject> {
-        let want_sgl = match self.sgl_mode {
-            SglMode::Always => true,
-            SglMode::Never => false,
-            SglMode::Auto => iova & 3 != 0 && self.sgl == SglSupport::Unaligned,
-        };
-        if want_sgl {
-            let (d, _) = sgl::build([(iova, bytes)], 1, self.sgl, &mut [], PAGE, |_| 0)
-                .map_err(|_| Reject::NotDescribable)?;
-            let q = d.to_qwords();
-            return Ok((q[0], q[1], true));
+        if self.sgl_mode != SglMode::Never && self.sgl.supported() {
+            match sgl::build([(iova, bytes)], 1, self.sgl, &mut [], PAGE, |_| 0) {
+                Ok((d, _)) => {
+                    let q = d.to_qwords();
+                    return Ok((q[0], q[1], true));
+                }
+                Err(_) if self.sgl_mode == SglMode::Auto => {}
+                Err(_) => return Err(Reject::NotDescribable),
+            }
         }
         let (prp1, prp2) = self.place_prp_list(iova, bytes, slot)?;
         Ok((prp1, prp2, false))
     }
 
-    /// A vector: PRPs when every inner boundary is page aligned (and the
-    /// mode allows), else an SGL when the controller supports one.
+    /// A vector: an SGL where the controller supports SGLs and the mode
+    /// allows; PRPs when every inner boundary is page aligned and the mode
+    /// allows (also when an SGL was not possible, with [`SglMode::Auto`]);
+    /// a refusal otherwise.
     fn place_vector(&mut self, v: &IoVec, bytes: usize, slot: u16) -> Result<Dptr, Reject> {
+        let count = v.pieces_for(bytes);
+        let prp_ok = self.sgl_mode != SglMode::Always && prp_describable(v.pieces(bytes), count);
+        if self.sgl_mode != SglMode::Never && self.sgl.supported() {
+            match self.place_vector_sgl(v, bytes, count, slot) {
+                Ok(d) => return Ok(d),
+                Err(_) if prp_ok => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if prp_ok {
+            return self.place_vector_prp(v, bytes, count, slot);
+        }
+        Err(Reject::NotDescribable)
+    }
+
+    /// A vector's PRP1 and PRP List (the caller checked `prp_describable`).
+    fn place_vector_prp(
+        &mut self,
+        v: &IoVec,
+        bytes: usize,
+        count: usize,
+        slot: u16,
+    ) -> Result<Dptr, Reject> {
         let list_base = slot as usize * self.list_pages_per_slot * PAGE;
         let list_iova = self.prp_lists.iova() + list_base as u64;
-        let count = v.pieces_for(bytes);
-        if self.sgl_mode != SglMode::Always && prp_describable(v.pieces(bytes), count) {
-            let mut pieces = v.pieces(bytes);
-            let Some((first, first_len)) = pieces.next() else {
-                return Err(Reject::NoBuffer);
-            };
-            // PRP1 is the first byte; every further page of the first piece
-            // and every page of the others is an entry (NVMe 2.0 §4.3.1).
-            let first_pages = upnvme_queues::prp::data_pages(first, first_len, PAGE);
-            let rest = pieces.flat_map(|(iova, len)| {
-                (0..len.div_ceil(PAGE)).map(move |i| iova + (i * PAGE) as u64)
-            });
-            let mut entries = first_pages.chain(rest);
-            let e0 = entries.next();
-            let e1 = entries.next();
-            return match (e0, e1) {
-                (None, _) => Ok((first, 0, false)),
-                (Some(p), None) => Ok((first, p, false)),
-                (Some(p), Some(q)) => {
-                    let all = [p, q].into_iter().chain(entries);
-                    let n = build_list(all, &mut self.prp_scratch, PAGE, |i| {
-                        list_iova + (i * PAGE) as u64
-                    })
+        let mut pieces = v.pieces(bytes);
+        let Some((first, first_len)) = pieces.next() else {
+            return Err(Reject::NoBuffer);
+        };
+        // PRP1 is the first byte; every further page of the first piece and
+        // every page of the others is an entry (NVMe 2.0 §4.3.1).
+        let first_pages = upnvme_queues::prp::data_pages(first, first_len, PAGE);
+        let rest = pieces
+            .flat_map(|(iova, len)| (0..len.div_ceil(PAGE)).map(move |i| iova + (i * PAGE) as u64));
+        let mut entries = first_pages.chain(rest);
+        let e0 = entries.next();
+        let e1 = entries.next();
+        match (e0, e1) {
+            (None, _) => Ok((first, 0, false)),
+            (Some(p), None) => Ok((first, p, false)),
+            (Some(p), Some(q)) => {
+                let all = [p, q].into_iter().chain(entries);
+                let n = build_list(all, &mut self.prp_scratch, PAGE, |i| {
+                    list_iova + (i * PAGE) as u64
+                })
+                .map_err(|_| Reject::TooManySegments {
+                    segments: count as u32,
+                })?;
+                let scratch = &self.prp_scratch[..n];
+                self.prp_lists
+                    .write_u64_run(list_base, n, |i| scratch[i])
                     .map_err(|_| Reject::TooManySegments {
                         segments: count as u32,
                     })?;
-                    let scratch = &self.prp_scratch[..n];
-                    self.prp_lists
-                        .write_u64_run(list_base, n, |i| scratch[i])
-                        .map_err(|_| Reject::TooManySegments {
-                            segments: count as u32,
-                        })?;
-                    Ok((first, list_iova, false))
-                }
-            };
+                Ok((first, list_iova, false))
+            }
         }
-        if self.sgl_mode == SglMode::Never || !self.sgl.supported() {
-            return Err(Reject::NotDescribable);
-        }
+    }
+
+    /// A vector's SGL in the slot's list pages.
+    fn place_vector_sgl(
+        &mut self,
+        v: &IoVec,
+        bytes: usize,
+        count: usize,
+        slot: u16,
+    ) -> Result<Dptr, Reject> {
+        let list_base = slot as usize * self.list_pages_per_slot * PAGE;
+        let list_iova = self.prp_lists.iova() + list_base as u64;
         let (sgl1, slots) = sgl::build(
             v.pieces(bytes),
             count,

@@ -101,10 +101,15 @@ pub struct PerfArgs {
     /// resubmissions (`queue` + `ring`, spdk_nvme_perf's way).
     #[arg(long = "ring-per-io")]
     pub ring_per_io: bool,
-    /// Data pointers as SGLs (one Data Block descriptor per I/O) instead of
-    /// PRPs; needs a controller with SGL support (Identify Controller SGLS).
-    #[arg(long = "sgl")]
+    /// Data pointers as SGLs for every I/O (one Data Block descriptor, also
+    /// within two pages); needs a controller with SGL support (Identify
+    /// Controller SGLS). Default: the library's choice (PRP1/PRP2 within two
+    /// pages, an SGL beyond where supported).
+    #[arg(long = "sgl", conflicts_with = "prp")]
     pub sgl: bool,
+    /// Data pointers as PRPs only (PRP Lists beyond two pages).
+    #[arg(long = "prp")]
+    pub prp: bool,
     /// Write the CQ head doorbell after every reap batch instead of the
     /// adaptive moderation.
     #[arg(long = "cq-head-every-reap")]

@@ -193,7 +193,7 @@ pub fn run(a: PerfArgs) -> Result<bool> {
         warmup: a.warmup,
         reap_on_submit: a.reap_on_submit,
         ring_per_io: a.ring_per_io,
-        sgl: a.sgl,
+        sgl: sgl_mode(&a),
         shadow: ctrl.shadow_doorbells() && !a.no_shadow_doorbell,
         doorbell_buffer: ctrl.shadow_doorbells(),
         cq_policy: if a.cq_head_every_reap {
@@ -329,4 +329,15 @@ fn verify(
         total += j.mismatches;
     }
     Ok(total)
+}
+
+/// `--sgl` / `--prp` / neither.
+fn sgl_mode(a: &PerfArgs) -> SglMode {
+    if a.sgl {
+        SglMode::Always
+    } else if a.prp {
+        SglMode::Never
+    } else {
+        SglMode::Auto
+    }
 }

@@ -38,8 +38,8 @@ pub struct RunInfo {
     pub reap_on_submit: bool,
     /// `--ring-per-io`: one SQ doorbell per I/O instead of per batch.
     pub ring_per_io: bool,
-    /// `--sgl`: SGL data pointers instead of PRPs.
-    pub sgl: bool,
+    /// `--sgl` / `--prp`: the data pointer policy.
+    pub sgl: upnvme::SglMode,
     /// Shadow doorbells active and allowed to skip MMIO.
     pub shadow: bool,
     /// Doorbell Buffer Config active on the controller (shadow values kept
@@ -114,7 +114,7 @@ pub fn text(info: &RunInfo, jobs: &[JobResult], latency: u8, transport: bool) ->
         },
         info.cq_policy,
         if info.ring_per_io { "I/O" } else { "batch" },
-        if info.sgl { "SGL" } else { "PRP" }
+        sgl_name(info.sgl)
     )?;
     match &info.interrupted {
         Some(sig) if ios == 0 && secs == 0.0 => writeln!(
@@ -399,7 +399,7 @@ pub fn json_doc(info: &RunInfo, jobs: &[JobResult], mismatches: Option<u64>) -> 
         "reap_on_submit": info.reap_on_submit,
         "ring_per_io": info.ring_per_io,
         "shadow_doorbells": info.shadow,
-        "sgl": info.sgl,
+        "data_pointer": sgl_name(info.sgl),
         "doorbell_buffer": info.doorbell_buffer,
         "cq_head_policy": info.cq_policy,
         "tsc_hz": info.tsc_hz,
@@ -448,4 +448,13 @@ pub fn errors_by_status(jobs: &[JobResult]) -> Vec<(String, u64)> {
         }
     }
     all
+}
+
+/// The data pointer policy as the report names it.
+fn sgl_name(m: upnvme::SglMode) -> &'static str {
+    match m {
+        upnvme::SglMode::Auto => "auto",
+        upnvme::SglMode::Always => "sgl",
+        upnvme::SglMode::Never => "prp",
+    }
 }
