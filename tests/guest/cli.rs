@@ -334,6 +334,48 @@ fn identify_fields_equal_the_vm_options() {
     }
 }
 
+/// `identify -H`: the capability fields in words, text and JSON alike, and
+/// true to QEMU's controller (SGLs without alignment requirement, Doorbell
+/// Buffer Config, the LBA format in use).
+#[test]
+fn identify_human_readable_decodes_the_capabilities() {
+    let dev = device();
+    let lba = env_u64("UPNVME_VM_LBA_SIZE");
+    let t = ok(&upnvme(&["identify", "-d", &dev, "-H"]));
+    for want in [
+        "  oacs    : 0x",
+        "[ 8] Doorbell Buffer Config: supported",
+        "  oncs    : 0x",
+        "[ 2] Dataset Management: supported",
+        "[1:0] SGLs for NVM commands: supported, no alignment or granularity requirement",
+        "  vwc     : 0x",
+        "  dps     : 0x",
+        "[2:0] protection information: protection information disabled",
+    ] {
+        assert!(t.contains(want), "{want:?} missing from\n{t}");
+    }
+    assert!(
+        t.contains(&format!("data {lba} bytes, metadata 0 bytes")) && t.contains("(in use)"),
+        "{t}"
+    );
+    let v = json(&upnvme(&["identify", "-d", &dev, "--json", "-H"]));
+    let d = &v["controller"]["decoded"];
+    assert_eq!(d["oncs"]["value"], v["controller"]["oncs"]);
+    assert_eq!(
+        d["sgls"]["decoded"][0],
+        "[1:0] SGLs for NVM commands: supported, no alignment or granularity requirement"
+    );
+    let ns = &v["namespaces"][0]["decoded"];
+    assert!(
+        ns["lbaf"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|l| l.as_str().unwrap().contains("(in use)"))
+    );
+    assert!(ns["flbas"]["decoded"][0].is_string());
+}
+
 #[test]
 fn list_and_smart_log() {
     let prefix = env("UPNVME_VM_SERIAL_PREFIX");

@@ -20,6 +20,7 @@ macro_rules! outln {
     }};
 }
 
+mod decode;
 mod perf;
 mod rw;
 mod setup;
@@ -57,6 +58,11 @@ enum Command {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        /// Decode every capability field in words (OACS, ONCS, SGLS, VWC, LBA
+        /// formats, DPC/DPS, ...), as nvme-cli's `id-ctrl -H` / `id-ns -H`;
+        /// with --json under "decoded".
+        #[arg(short = 'H', long = "human-readable")]
+        human: bool,
     },
     /// Show the SMART / Health Information log page.
     SmartLog {
@@ -211,12 +217,17 @@ fn run(cli: Cli) -> Result<()> {
             }
         }
         Command::List => show::list(),
-        Command::Identify { dev, nsid, json } => {
+        Command::Identify {
+            dev,
+            nsid,
+            json,
+            human,
+        } => {
             let c = dev.open()?;
             if json {
-                show::identify_json(&c, nsid)?;
+                show::identify_json(&c, nsid, human)?;
             } else {
-                show::identify(&c, nsid)?;
+                show::identify(&c, nsid, human)?;
             }
             c.close()?;
             Ok(())

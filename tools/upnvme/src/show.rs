@@ -72,7 +72,24 @@ pub fn list() -> Result<()> {
 }
 
 /// `upnvme identify`.
-pub fn identify(c: &Controller, nsid: Option<u32>) -> Result<()> {
+/// Prints decoded fields, indented under their name.
+fn print_decoded(fields: &[crate::decode::Field]) -> Result<()> {
+    for f in fields {
+        if f.name == "lbaf" {
+            for l in &f.lines {
+                outln!("    {l}");
+            }
+            continue;
+        }
+        outln!("  {:<7} : {:#x}", f.name, f.value);
+        for l in &f.lines {
+            outln!("    {l}");
+        }
+    }
+    Ok(())
+}
+
+pub fn identify(c: &Controller, nsid: Option<u32>, human: bool) -> Result<()> {
     if nsid.is_none() {
         let id = c.identify();
         let cap = c.cap();
@@ -135,6 +152,10 @@ pub fn identify(c: &Controller, nsid: Option<u32>) -> Result<()> {
             "  shadow doorbells        : {}",
             if c.shadow_doorbells() { "on" } else { "off" }
         );
+        if human {
+            outln!("  decoded:");
+            print_decoded(&crate::decode::controller(id))?;
+        }
     }
     for ns in c.namespaces() {
         if nsid.is_some_and(|n| n != ns.id()) {
@@ -170,6 +191,10 @@ pub fn identify(c: &Controller, nsid: Option<u32>) -> Result<()> {
             ns.lba_size(),
             ns.metadata_size()
         );
+        if human {
+            outln!("  decoded:");
+            print_decoded(&crate::decode::namespace(id))?;
+        }
     }
     if let Some(n) = nsid {
         c.namespace(n)?;
@@ -178,7 +203,7 @@ pub fn identify(c: &Controller, nsid: Option<u32>) -> Result<()> {
 }
 
 /// `upnvme identify --json`.
-pub fn identify_json(c: &Controller, nsid: Option<u32>) -> Result<()> {
+pub fn identify_json(c: &Controller, nsid: Option<u32>, human: bool) -> Result<()> {
     if let Some(n) = nsid {
         c.namespace(n)?;
     }
@@ -190,7 +215,7 @@ pub fn identify_json(c: &Controller, nsid: Option<u32>) -> Result<()> {
         .filter(|ns| nsid.is_none_or(|n| n == ns.id()))
         .map(|ns| {
             let i = ns.identify();
-            serde_json::json!({
+            let mut v = serde_json::json!({
                 "nsid": ns.id(),
                 "nsze": i.nsze,
                 "ncap": i.ncap,
@@ -202,10 +227,15 @@ pub fn identify_json(c: &Controller, nsid: Option<u32>) -> Result<()> {
                 "metadata_size": ns.metadata_size(),
                 "size_bytes": ns.size_bytes(),
                 "lbaf": i.lbaf.iter().map(|f| serde_json::json!({"ms": f.ms, "lbads": f.lbads, "rp": f.rp})).collect::<Vec<_>>(),
-            })
+                "mc": i.mc, "dpc": i.dpc, "dps": i.dps,
+            });
+            if human {
+                v["decoded"] = crate::decode::to_json(&crate::decode::namespace(i));
+            }
+            v
         })
         .collect();
-    let doc = serde_json::json!({
+    let mut doc = serde_json::json!({
         "device": c.device_name(),
         "controller": {
             "vid": id.vid, "ssvid": id.ssvid, "sn": id.sn, "mn": id.mn, "fr": id.fr,
@@ -226,6 +256,9 @@ pub fn identify_json(c: &Controller, nsid: Option<u32>) -> Result<()> {
         "shadow_doorbells": c.shadow_doorbells(),
         "namespaces": namespaces,
     });
+    if human {
+        doc["controller"]["decoded"] = crate::decode::to_json(&crate::decode::controller(id));
+    }
     outln!("{}", serde_json::to_string_pretty(&doc)?);
     Ok(())
 }
