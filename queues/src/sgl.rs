@@ -317,19 +317,32 @@ where
 /// One contiguous piece of a transfer as the controller sees it.
 pub type Piece = (u64, usize);
 
+/// Most zero-length Data Blocks [`decode`] accepts in one SGL.
+pub const MAX_EMPTY_DATA_BLOCKS: usize = 1024;
+
 /// Walks SGL1 (and the segments through `read_desc`, which returns the two
 /// qwords stored at an IOVA) the way a controller does, returning the data
 /// pieces in transfer order; they must add up to `len`. Validates every
-/// input, including chain loops.
+/// input, including chain loops: at most `2 * len +`
+/// [`MAX_EMPTY_DATA_BLOCKS`]` + 2` descriptors are read, whatever the list.
 pub fn decode<F>(sgl1: Descriptor, len: usize, mut read_desc: F) -> Result<Vec<Piece>, SglError>
 where
     F: FnMut(u64) -> Option<[u64; 2]>,
 {
     let mut out = Vec::new();
     let mut total = 0usize;
+    // Zero-length Data Blocks are allowed but move nothing: a bounded number
+    // of them, so that a hostile list cannot make the walk read descriptors
+    // without end (every other Data Block consumes at least one byte).
+    let mut empty = 0usize;
     let mut push = |d: Descriptor, out: &mut Vec<Piece>| -> Result<(), SglError> {
         if d.length == 0 {
-            return Ok(());
+            empty += 1;
+            return if empty > MAX_EMPTY_DATA_BLOCKS {
+                Err(SglError::BadDescriptor(d.address))
+            } else {
+                Ok(())
+            };
         }
         total = total
             .checked_add(d.length as usize)

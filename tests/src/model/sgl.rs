@@ -47,12 +47,20 @@ pub(crate) fn segments(
 ) -> Result<Vec<Segment>, SglError> {
     let mut out: Vec<Segment> = Vec::new();
     let mut covered = 0usize;
+    // Empty Data Blocks move nothing: allow a few, so a hostile list cannot
+    // keep the walk reading without end.
+    let mut empty = 0usize;
     let mut data = |addr: u64, n: u32, out: &mut Vec<Segment>| -> Result<(), SglError> {
         if dword_aligned && (addr | u64::from(n)) & 3 != 0 {
             return Err(fail(LENGTH_INVALID));
         }
         if n == 0 {
-            return Ok(());
+            empty += 1;
+            return if empty > 1024 {
+                Err(fail(NUMBER_INVALID))
+            } else {
+                Ok(())
+            };
         }
         covered += n as usize;
         if covered > len || addr.checked_add(u64::from(n)).is_none() {
