@@ -438,8 +438,7 @@ impl<D: Device> IoQueuePair<D> {
         count: usize,
         slot: u16,
     ) -> Result<Dptr, Reject> {
-        let list_base = slot as usize * self.list_pages_per_slot * PAGE;
-        let list_iova = self.prp_lists.iova() + list_base as u64;
+        let (list_base, list_iova) = self.list_area(slot);
         let mut pieces = v.pieces(bytes);
         let Some((first, first_len)) = pieces.next() else {
             return Err(Reject::NoBuffer);
@@ -482,8 +481,7 @@ impl<D: Device> IoQueuePair<D> {
         count: usize,
         slot: u16,
     ) -> Result<Dptr, Reject> {
-        let list_base = slot as usize * self.list_pages_per_slot * PAGE;
-        let list_iova = self.prp_lists.iova() + list_base as u64;
+        let (list_base, list_iova) = self.list_area(slot);
         let (sgl1, slots) = sgl::build(
             v.pieces(bytes),
             count,
@@ -706,6 +704,14 @@ impl<D: Device> IoQueuePair<D> {
         Ok((sqe.to_qwords(), Data::Ranges))
     }
 
+    /// Where slot `slot`'s list pages start: the offset in the pair's list
+    /// memory and the IOVA (PRP Lists, SGL segments, DSM and Copy ranges).
+    #[inline(always)]
+    fn list_area(&self, slot: u16) -> (usize, u64) {
+        let base = slot as usize * self.list_pages_per_slot * PAGE;
+        (base, self.prp_lists.iova() + base as u64)
+    }
+
     /// Refuses a command the controller does not advertise in ONCS.
     #[inline(always)]
     fn oncs_check(&self, bit: u16, command: &'static str) -> Result<(), Reject> {
@@ -719,8 +725,7 @@ impl<D: Device> IoQueuePair<D> {
     /// than two memory pages; returns (PRP1, PRP2).
     #[inline(never)]
     fn place_prp_list(&mut self, iova: u64, bytes: usize, slot: u16) -> Result<(u64, u64), Reject> {
-        let list_base = slot as usize * self.list_pages_per_slot * PAGE;
-        let list_iova = self.prp_lists.iova() + list_base as u64;
+        let (list_base, list_iova) = self.list_area(slot);
         let page = PAGE as u64;
         // PRP1 covers up to the end of the first memory page; the list holds
         // the start of every further page (NVMe 2.0 §4.3.1).
@@ -754,7 +759,7 @@ impl<D: Device> IoQueuePair<D> {
     /// which points there.
     #[inline(never)]
     fn place_ranges(&mut self, ranges: &[DsmRange], slot: u16) -> Result<u64, Reject> {
-        let list_base = slot as usize * self.list_pages_per_slot * PAGE;
+        let (list_base, list_iova) = self.list_area(slot);
         for (i, r) in ranges.iter().enumerate() {
             self.prp_lists
                 .write_bytes(list_base + i * 16, &r.to_le_bytes())
@@ -762,7 +767,7 @@ impl<D: Device> IoQueuePair<D> {
                     ranges: ranges.len() as u32,
                 })?;
         }
-        Ok(self.prp_lists.iova() + list_base as u64)
+        Ok(list_iova)
     }
 }
 
@@ -808,7 +813,7 @@ impl<D: Device> IoQueuePair<D> {
     /// returns PRP1, which points there.
     #[inline(never)]
     fn place_copy_ranges(&mut self, ranges: &[CopyRange], slot: u16) -> Result<u64, Reject> {
-        let list_base = slot as usize * self.list_pages_per_slot * PAGE;
+        let (list_base, list_iova) = self.list_area(slot);
         if ranges.len() * CopyRange::SIZE > PAGE {
             return Err(Reject::RangeCount {
                 ranges: ranges.len() as u32,
@@ -821,6 +826,6 @@ impl<D: Device> IoQueuePair<D> {
                     ranges: ranges.len() as u32,
                 })?;
         }
-        Ok(self.prp_lists.iova() + list_base as u64)
+        Ok(list_iova)
     }
 }

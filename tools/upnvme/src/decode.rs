@@ -17,15 +17,16 @@ pub struct Field {
     pub lines: Vec<String>,
 }
 
+fn supported(b: bool) -> &'static str {
+    if b { "supported" } else { "not supported" }
+}
+
 fn bits(name: &'static str, value: u64, table: &[(u32, &str)]) -> Field {
     let mut lines: Vec<String> = table
         .iter()
         .map(|&(bit, what)| {
             let set = value >> bit & 1 != 0;
-            format!(
-                "[{bit:>2}] {what}: {}",
-                if set { "supported" } else { "not supported" }
-            )
+            format!("[{bit:>2}] {what}: {}", supported(set))
         })
         .collect();
     let known: u64 = table.iter().map(|&(b, _)| 1u64 << b).sum();
@@ -87,11 +88,7 @@ pub fn controller(id: &IdentifyController) -> Vec<Field> {
             format!("[3:1] firmware slots: {}", frmw >> 1 & 0x7),
             format!(
                 "[4] activation without reset: {}",
-                if frmw >> 4 & 1 != 0 {
-                    "supported"
-                } else {
-                    "not supported"
-                }
+                supported(frmw >> 4 & 1 != 0)
             ),
         ],
     });
@@ -142,14 +139,7 @@ pub fn controller(id: &IdentifyController) -> Vec<Field> {
                 "[1] secure erase applies to all namespaces: {}",
                 yes(fna >> 1 & 1 != 0)
             ),
-            format!(
-                "[2] cryptographic erase: {}",
-                if fna >> 2 & 1 != 0 {
-                    "supported"
-                } else {
-                    "not supported"
-                }
-            ),
+            format!("[2] cryptographic erase: {}", supported(fna >> 2 & 1 != 0)),
         ],
     });
     let vwc = u64::from(id.vwc);
@@ -189,11 +179,7 @@ pub fn controller(id: &IdentifyController) -> Vec<Field> {
     ] {
         sgl_lines.push(format!(
             "[{bit:>2}] {what}: {}",
-            if sgls >> bit & 1 != 0 {
-                "supported"
-            } else {
-                "not supported"
-            }
+            supported(sgls >> bit & 1 != 0)
         ));
     }
     out.push(Field {
