@@ -6,10 +6,10 @@
 
 mod common;
 
-use common::{T, assert_clean, buffer_with, config_one_ns, pattern, read_back, setup};
+use common::{T, assert_clean, buffer_with, config_one_ns, pattern, read_back, run_io, setup};
 use upnvme::{
-    Completion, Controller, CopyRange, DsmAttributes, DsmRange, IoCommand, IoData, IoError,
-    IoFlags, IoQueuePair, QueuePairOptions, Reject, Sqe,
+    Controller, CopyRange, DsmAttributes, DsmRange, IoCommand, IoData, IoError, IoFlags,
+    QueuePairOptions, Reject, Sqe,
 };
 use upnvme_tests::{ModelConfig, ModelController};
 
@@ -23,22 +23,6 @@ fn all_commands() -> (ModelController, Controller<ModelController>) {
             | ModelConfig::ONCS_COPY,
         ..config_one_ns(512, 8192)
     })
-}
-
-fn wait_one(qp: &mut IoQueuePair<ModelController>) -> Completion {
-    for _ in 0..1_000_000 {
-        if let Some(c) = qp.next_completion().unwrap() {
-            return c;
-        }
-    }
-    panic!("no completion");
-}
-
-fn run(qp: &mut IoQueuePair<ModelController>, cmd: IoCommand<'_>, io: IoData) -> Completion {
-    if let Err(r) = qp.submit_io(cmd, io, 3) {
-        panic!("{} refused: {}", cmd.name(), r.reason);
-    }
-    wait_one(qp)
 }
 
 /// CDW12 of the newest I/O command the model fetched.
@@ -86,7 +70,7 @@ fn fua_and_limited_retry_reach_cdw12() {
             slba: 4,
             blocks: 2,
         };
-        let done = run(&mut qp, w, IoData::buffer(buf).flags(flags));
+        let done = run_io(&mut qp, w, IoData::buffer(buf).flags(flags));
         assert!(done.is_ok());
         assert_eq!(last_cdw12(&m), (0x01, bits | 1), "{flags:?}");
         let r = IoCommand::Read {
@@ -94,7 +78,7 @@ fn fua_and_limited_retry_reach_cdw12() {
             slba: 4,
             blocks: 2,
         };
-        let done = run(&mut qp, r, IoData::from(done.buffer).flags(flags));
+        let done = run_io(&mut qp, r, IoData::from(done.buffer).flags(flags));
         assert!(done.is_ok());
         assert_eq!(last_cdw12(&m), (0x02, bits | 1));
         assert_eq!(read_back(&done.buffer.unwrap(), 1024), data);
@@ -103,7 +87,7 @@ fn fua_and_limited_retry_reach_cdw12() {
             slba: 4,
             blocks: 2,
         };
-        assert!(run(&mut qp, v, IoData::none().flags(flags)).is_ok());
+        assert!(run_io(&mut qp, v, IoData::none().flags(flags)).is_ok());
         assert_eq!(last_cdw12(&m), (0x0c, bits | 1));
     }
     assert_clean(&m);
@@ -159,7 +143,7 @@ fn write_uncorrectable_then_verify_and_read_fail_until_rewritten() {
         slba: 11,
         blocks: 2,
     };
-    assert!(run(&mut qp, wu, IoData::none()).is_ok());
+    assert!(run_io(&mut qp, wu, IoData::none()).is_ok());
     let verify = |slba, blocks| IoCommand::Verify {
         ns: &ns,
         slba,
@@ -179,17 +163,17 @@ fn write_uncorrectable_then_verify_and_read_fail_until_rewritten() {
         } else {
             IoData::none()
         };
-        let done = run(&mut qp, cmd, io);
+        let done = run_io(&mut qp, cmd, io);
         match done.result {
             Err(IoError::Status(s)) => assert_eq!((s.sct(), s.sc()), (2, 0x81), "{}", cmd.name()),
             other => panic!("{}: {other:?}", cmd.name()),
         }
     }
     // Unmarked blocks verify fine; rewriting clears the mark.
-    assert!(run(&mut qp, verify(10, 1), IoData::none()).is_ok());
-    assert!(run(&mut qp, verify(13, 1), IoData::none()).is_ok());
+    assert!(run_io(&mut qp, verify(10, 1), IoData::none()).is_ok());
+    assert!(run_io(&mut qp, verify(13, 1), IoData::none()).is_ok());
     qp.write_blocking(&ns, 11, 2, buf, T).unwrap();
-    assert!(run(&mut qp, verify(10, 4), IoData::none()).is_ok());
+    assert!(run_io(&mut qp, verify(10, 4), IoData::none()).is_ok());
     assert_clean(&m);
 }
 
@@ -217,7 +201,7 @@ fn copy_moves_the_source_ranges_in_order() {
         sdlba: 1000,
         ranges: &ranges,
     };
-    let done = run(&mut qp, cmd, IoData::none().flags(IoFlags::FUA));
+    let done = run_io(&mut qp, cmd, IoData::none().flags(IoFlags::FUA));
     assert!(done.is_ok(), "{:?}", done.result);
     let (op, cdw12) = last_cdw12(&m);
     assert_eq!(
@@ -251,7 +235,7 @@ fn copy_moves_the_source_ranges_in_order() {
         sdlba: 2000,
         ranges: &many[..128],
     };
-    assert!(run(&mut qp, cmd, IoData::none()).is_ok());
+    assert!(run_io(&mut qp, cmd, IoData::none()).is_ok());
     assert_clean(&m);
 }
 
@@ -281,7 +265,7 @@ fn dataset_management_attributes_and_32_bit_lengths() {
         ranges: &ranges,
         attributes: hints,
     };
-    assert!(run(&mut qp, cmd, IoData::none()).is_ok());
+    assert!(run_io(&mut qp, cmd, IoData::none()).is_ok());
     let (_, raw) = *m.recent_commands().last().unwrap();
     assert_eq!(
         u32::from_le_bytes([raw[44], raw[45], raw[46], raw[47]]),
@@ -297,7 +281,7 @@ fn dataset_management_attributes_and_32_bit_lengths() {
             ..hints
         },
     };
-    assert!(run(&mut qp, cmd, IoData::none()).is_ok());
+    assert!(run_io(&mut qp, cmd, IoData::none()).is_ok());
     assert_eq!(m.allocated_blocks(1), 1, "the block at 150000 is gone");
     for (r, want) in [
         (
@@ -424,7 +408,7 @@ fn raw_commands_keep_the_callers_dwords_and_get_a_data_pointer() {
         sqe: &sqe,
         data_len: 1536,
     };
-    let done = run(&mut qp, cmd, IoData::slice(buf, 100, 1536));
+    let done = run_io(&mut qp, cmd, IoData::slice(buf, 100, 1536));
     assert!(done.is_ok(), "{:?}", done.result);
     assert_eq!(m.namespace_data(1, 40, 3), data);
     let (op, cdw12) = last_cdw12(&m);

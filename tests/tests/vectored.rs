@@ -5,11 +5,8 @@
 
 mod common;
 
-use common::{T, assert_clean, buffer_with, config_one_ns, pattern, read_back, setup};
-use upnvme::{
-    Completion, Controller, Error, IoCommand, IoData, IoQueuePair, IoVec, QueuePairOptions, Reject,
-    SglMode,
-};
+use common::{T, assert_clean, buffer_with, config_one_ns, pattern, read_back, run_io, setup};
+use upnvme::{Controller, Error, IoCommand, IoData, IoVec, QueuePairOptions, Reject, SglMode};
 use upnvme_tests::{ModelConfig, ModelController};
 
 /// A model with one namespace of 512-byte blocks and the given SGLS.
@@ -24,25 +21,6 @@ fn model_with_sgls(sgls: u32) -> (ModelController, Controller<ModelController>) 
 fn encodings(m: &ModelController, base: (u64, u64)) -> (u64, u64) {
     let (p, s) = m.transfers_by_encoding();
     (p - base.0, s - base.1)
-}
-
-fn wait_one(qp: &mut IoQueuePair<ModelController>) -> Completion {
-    for _ in 0..1_000_000 {
-        if let Some(c) = qp.next_completion().unwrap() {
-            return c;
-        }
-    }
-    panic!("no completion");
-}
-
-/// Submits and waits; panics on a refusal.
-fn run(qp: &mut IoQueuePair<ModelController>, cmd: IoCommand<'_>, io: IoData) -> Completion {
-    if let Err(r) = qp.submit_io(cmd, io, 7) {
-        panic!("refused: {}", r.reason);
-    }
-    let c = wait_one(qp);
-    assert_eq!(c.tag, 7);
-    c
 }
 
 /// A vector over fresh buffers: for each (buffer length, offset, length).
@@ -96,7 +74,7 @@ fn slices_read_and_write_inside_a_larger_buffer() {
             slba: 100,
             blocks,
         };
-        let done = run(&mut qp, cmd, IoData::slice(buf, offset, data.len()));
+        let done = run_io(&mut qp, cmd, IoData::slice(buf, offset, data.len()));
         assert!(done.is_ok(), "{:?}", done.result);
         assert_eq!(m.namespace_data(1, 100, u64::from(blocks)), data);
         // The whole buffer came back.
@@ -111,7 +89,7 @@ fn slices_read_and_write_inside_a_larger_buffer() {
             slba: 100,
             blocks,
         };
-        let done = run(&mut qp, cmd, IoData::slice(buf, at, data.len()));
+        let done = run_io(&mut qp, cmd, IoData::slice(buf, at, data.len()));
         assert!(done.is_ok());
         let buf = done.buffer.unwrap();
         let all = read_back(&buf, buf.len());
@@ -204,7 +182,7 @@ fn vector_with_page_aligned_boundaries_goes_as_prps() {
             slba,
             blocks,
         };
-        let done = run(&mut qp, cmd, IoData::vectored(v));
+        let done = run_io(&mut qp, cmd, IoData::vectored(v));
         assert!(done.is_ok(), "{:?}", done.result);
         assert_eq!(encodings(&m, base), (prp0 + 1, sgl0), "PRPs for {layout:?}");
         assert_eq!(m.namespace_data(1, slba, u64::from(blocks)), data);
@@ -219,7 +197,7 @@ fn vector_with_page_aligned_boundaries_goes_as_prps() {
             slba,
             blocks,
         };
-        let done = run(&mut qp, cmd, IoData::vectored(v));
+        let done = run_io(&mut qp, cmd, IoData::vectored(v));
         assert!(done.is_ok());
         assert_eq!(gather(&done.segments.unwrap()), data);
         slba += u64::from(blocks);
@@ -252,7 +230,7 @@ fn vector_with_odd_boundaries_goes_as_an_sgl_byte_exact() {
         slba: 40,
         blocks,
     };
-    let done = run(&mut qp, cmd, IoData::vectored(v));
+    let done = run_io(&mut qp, cmd, IoData::vectored(v));
     assert!(done.is_ok(), "{:?}", done.result);
     assert_eq!(encodings(&m, base).1, 1);
     assert_eq!(m.namespace_data(1, 40, u64::from(blocks)), data);
@@ -269,7 +247,7 @@ fn vector_with_odd_boundaries_goes_as_an_sgl_byte_exact() {
         slba: 40,
         blocks,
     };
-    let done = run(&mut qp, cmd, IoData::vectored(v));
+    let done = run_io(&mut qp, cmd, IoData::vectored(v));
     assert!(done.is_ok(), "{:?}", done.result);
     assert_eq!(encodings(&m, base).1, 2);
     let v = done.segments.unwrap();
@@ -298,7 +276,7 @@ fn auto_prefers_an_sgl_beyond_two_pages_where_the_controller_has_one() {
     }
     // A page-aligned vector goes as an SGL too.
     let v = vector(&c, &[(4096, 0, 4096), (4096, 0, 1024)]);
-    let done = run(
+    let done = run_io(
         &mut qp,
         IoCommand::Read {
             ns: &ns,
@@ -325,7 +303,7 @@ fn a_vector_longer_than_the_transfer_uses_only_what_it_needs() {
         blocks: 2,
     };
     m.write_namespace_data(1, 0, &pattern(5, 1024));
-    let done = run(&mut qp, cmd, IoData::vectored(v));
+    let done = run_io(&mut qp, cmd, IoData::vectored(v));
     assert!(done.is_ok(), "{:?}", done.result);
     let v = done.segments.unwrap();
     assert_eq!(gather(&v)[..1024], pattern(5, 1024)[..]);
@@ -356,7 +334,7 @@ fn sgl_lists_fill_the_slot_page_and_refuse_beyond() {
         slba: 8,
         blocks: 8,
     };
-    let done = run(&mut qp, cmd, IoData::vectored(v));
+    let done = run_io(&mut qp, cmd, IoData::vectored(v));
     assert!(done.is_ok(), "{:?}", done.result);
     assert_eq!(m.namespace_data(1, 8, 8), data);
     assert_eq!(done.segments.map(|v| v.len()), Some(256));
@@ -469,7 +447,7 @@ fn sgl_always_sends_every_transfer_as_an_sgl() {
         assert_eq!(read_back(&buf, data.len()), data);
         // Page-aligned vectors too.
         let v = vector(&c, &[(4096, 0, 4096), (4096, 0, 512)]);
-        let done = run(
+        let done = run_io(
             &mut qp,
             IoCommand::Read {
                 ns: &ns,
@@ -494,7 +472,7 @@ fn auto_uses_an_sgl_for_a_buffer_prp1_cannot_start() {
     let data = pattern(11, 1536);
     let buf = c.alloc_dma(8192).unwrap();
     buf.write_bytes(1, &data).unwrap();
-    let done = run(
+    let done = run_io(
         &mut qp,
         IoCommand::Write {
             ns: &ns,
@@ -527,7 +505,7 @@ fn dword_aligned_sgl_support_refuses_odd_pieces() {
     let data = pattern(2, 1024);
     m.write_namespace_data(1, 0, &data);
     let v = vector(&c, &[(4096, 4, 1000), (4096, 8, 24)]);
-    let done = run(&mut qp, read, IoData::vectored(v));
+    let done = run_io(&mut qp, read, IoData::vectored(v));
     assert!(done.is_ok(), "{:?}", done.result);
     assert_eq!(gather(&done.segments.unwrap()), data);
     assert_eq!(encodings(&m, base), (0, 1));

@@ -259,3 +259,28 @@ pub mod io_op {
     /// Dataset Management.
     pub const DSM: u8 = 0x09;
 }
+
+/// Polls `qp` until one completion arrives (bounded).
+pub fn wait_one(qp: &mut upnvme::IoQueuePair<ModelController>) -> upnvme::Completion {
+    for _ in 0..1_000_000 {
+        if let Some(c) = qp.next_completion().expect("next_completion") {
+            return c;
+        }
+    }
+    panic!("no completion");
+}
+
+/// Submits `cmd` with `io` (tag 7) and waits for its completion; panics if
+/// the command is refused.
+pub fn run_io(
+    qp: &mut upnvme::IoQueuePair<ModelController>,
+    cmd: upnvme::IoCommand<'_>,
+    io: upnvme::IoData,
+) -> upnvme::Completion {
+    if let Err(r) = qp.submit_io(cmd, io, 7) {
+        panic!("{} refused: {}", cmd.name(), r.reason);
+    }
+    let c = wait_one(qp);
+    assert_eq!(c.tag, 7);
+    c
+}
