@@ -73,7 +73,7 @@ pub(crate) struct Inner<D: Device> {
     vs: Vs,
     pub(crate) options: ControllerOptions,
     admin: Mutex<AdminQueue>,
-    admin_timeout: Duration,
+    pub(crate) admin_timeout: Duration,
     ready_timeout: Duration,
     failure: Mutex<Option<String>>,
     /// What the I/O path checks, in one word (one load per check): bit 0
@@ -91,7 +91,6 @@ pub(crate) struct Inner<D: Device> {
     /// deletion failed): released only after the controller is disabled.
     quarantine: Mutex<Vec<DmaPages>>,
     identify: IdentifyController,
-    namespaces: Vec<Namespace>,
     granted_io_queues: u16,
     shadow: Option<ShadowBuffers>,
     aer_target: u32,
@@ -117,6 +116,9 @@ const RELEASE_WATCH_TICK: Duration = Duration::from_millis(100);
 /// CC.EN = 0, so no DMA happens after the process stops using the device.
 pub struct Controller<D: Device = VfioNvme> {
     pub(crate) inner: Arc<Inner<D>>,
+    /// The active namespaces, by ascending NSID; refreshed by Format NVM
+    /// ([`Controller::format_nvm`], which takes `&mut self`).
+    pub(crate) namespaces: Vec<Namespace>,
 }
 
 impl<D: Device> std::fmt::Debug for Controller<D> {
@@ -124,7 +126,7 @@ impl<D: Device> std::fmt::Debug for Controller<D> {
         f.debug_struct("Controller")
             .field("device", &self.inner.name)
             .field("model", &self.inner.identify.mn)
-            .field("namespaces", &self.inner.namespaces.len())
+            .field("namespaces", &self.namespaces.len())
             .finish()
     }
 }
@@ -146,11 +148,12 @@ impl Controller<VfioNvme> {
 impl<D: Device> Controller<D> {
     /// Brings up the controller behind `dev`.
     pub fn with_device(dev: D, options: ControllerOptions) -> Result<Self> {
-        let inner = Arc::new(bring_up(dev, options)?);
+        let (inner, namespaces) = bring_up(dev, options)?;
+        let inner = Arc::new(inner);
         if let Some(req) = inner.dev.release_request() {
             watch_release_requests(Arc::downgrade(&inner), req);
         }
-        Ok(Controller { inner })
+        Ok(Controller { inner, namespaces })
     }
 
     /// The device name (PCI address, or the model's name).
@@ -196,21 +199,21 @@ impl<D: Device> Controller<D> {
         &self.inner.identify
     }
 
-    /// The active namespaces found at bring-up, by ascending NSID.
+    /// The active namespaces found at bring-up (or refreshed by Format
+    /// NVM), by ascending NSID.
     pub fn namespaces(&self) -> &[Namespace] {
-        &self.inner.namespaces
+        &self.namespaces
     }
 
     /// The active namespace `nsid`.
     pub fn namespace(&self, nsid: u32) -> Result<&Namespace> {
-        self.inner
-            .namespaces
+        self.namespaces
             .iter()
             .find(|n| n.id() == nsid)
             .ok_or_else(|| Error::NoSuchNamespace {
                 device: self.inner.name.clone(),
                 nsid,
-                active: self.inner.namespaces.iter().map(|n| n.id()).collect(),
+                active: self.namespaces.iter().map(|n| n.id()).collect(),
             })
     }
 
@@ -713,12 +716,24 @@ impl<D: Device> Inner<D> {
     /// bytes (filled from `data_out` when given) and checks its status.
     fn execute_with(
         &self,
-        mut sqe: Sqe,
+        sqe: Sqe,
         data_len: Option<usize>,
         data_out: Option<&[u8]>,
         what: &str,
     ) -> Result<(Cqe, Vec<u8>)> {
-        let timeout = self.admin_timeout;
+        self.execute_within(sqe, data_len, data_out, what, self.admin_timeout)
+    }
+
+    /// [`Inner::execute_with`] with its own timeout (Format NVM may take
+    /// far longer than other admin commands).
+    pub(crate) fn execute_within(
+        &self,
+        mut sqe: Sqe,
+        data_len: Option<usize>,
+        data_out: Option<&[u8]>,
+        what: &str,
+        timeout: Duration,
+    ) -> Result<(Cqe, Vec<u8>)> {
         let (buf, _list) = match data_len {
             Some(len) => {
                 let (buf, list) = admin_data_buffer(&self.dev, len, &mut sqe, self.mdts_bytes())?;
@@ -745,6 +760,18 @@ impl<D: Device> Inner<D> {
 
     fn mdts_bytes(&self) -> usize {
         self.max_transfer().unwrap_or(usize::MAX)
+    }
+
+    /// Identify Namespace `nsid` as a handle of this controller; `None` for
+    /// an inactive namespace or an unusable LBA format.
+    pub(crate) fn namespace_handle(&self, nsid: u32) -> Result<Option<Namespace>> {
+        let data = self.identify_raw(cns::NAMESPACE, nsid)?;
+        let idns = IdentifyNamespace::parse(&data)
+            .map_err(|e| self.fault(format!("Identify Namespace {nsid}: {e}")))?;
+        if !idns.is_active() {
+            return Ok(None);
+        }
+        Ok(Namespace::from_identify(nsid, idns).map(|ns| ns.adopt(self.instance)))
     }
 
     fn identify_raw(&self, cns: u8, nsid: u32) -> Result<Vec<u8>> {
@@ -1202,7 +1229,7 @@ fn enable_with_admin_queue<D: Device>(
 }
 
 /// Runs the bring-up sequence.
-fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<Inner<D>> {
+fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<(Inner<D>, Vec<Namespace>)> {
     let name = dev.name();
     let cap = Cap(dev.read64(REG_CAP));
     if cap.0 == u64::MAX {
@@ -1279,7 +1306,6 @@ fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<Inner<D>> {
         qids: Mutex::new(Vec::new()),
         quarantine: Mutex::new(Vec::new()),
         identify: placeholder,
-        namespaces: Vec::new(),
         granted_io_queues: 0,
         shadow: None,
         aer_target: 0,
@@ -1341,16 +1367,10 @@ fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<Inner<D>> {
     nsids.dedup();
     let mut namespaces = Vec::new();
     for nsid in nsids {
-        let data = inner.identify_raw(cns::NAMESPACE, nsid)?;
-        let idns = IdentifyNamespace::parse(&data)
-            .map_err(|e| inner.fault(format!("Identify Namespace {nsid}: {e}")))?;
-        if idns.is_active()
-            && let Some(ns) = Namespace::from_identify(nsid, idns)
-        {
-            namespaces.push(ns.adopt(inner.instance));
+        if let Some(ns) = inner.namespace_handle(nsid)? {
+            namespaces.push(ns);
         }
     }
-    inner.namespaces = namespaces;
 
     // Doorbell Buffer Config (admin 7Ch), when OACS bit 8 says so.
     if inner.options.shadow_doorbells && inner.identify.oacs_doorbell_buffer_config() {
@@ -1373,7 +1393,7 @@ fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<Inner<D>> {
     inner.aer_target = (inner.options.async_events as u32).min(inner.identify.aerl as u32 + 1);
     let target = inner.aer_target;
     inner.with_admin(|dev, _, admin| admin.post_aers(dev, target))?;
-    Ok(inner)
+    Ok((inner, namespaces))
 }
 
 /// What `upnvme list` shows about a controller without opening it.

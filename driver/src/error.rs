@@ -173,6 +173,55 @@ pub enum IoError {
     /// it can no longer access the buffer. The command may or may not have
     /// taken effect.
     QueueDeleted,
+    /// An End-to-end Data Protection check failed (Media and Data Integrity
+    /// Errors: End-to-end Guard Check Error 82h, Application Tag Check Error
+    /// 83h, Reference Tag Check Error 84h): the block's protection
+    /// information does not match its data or the command's expected tags.
+    Protection {
+        /// Which field of the PI tuple did not match.
+        check: PiCheck,
+        /// The completion's status, as posted.
+        status: Status,
+    },
+}
+
+/// The field of a Protection Information tuple whose check failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PiCheck {
+    /// The Guard (CRC-16 of the block's data): the data or the guard was
+    /// corrupted.
+    Guard,
+    /// The Application Tag, under the command's mask.
+    ApplicationTag,
+    /// The Reference Tag (Type 1: the block's LBA; Type 2: the command's
+    /// initial tag plus the block's index).
+    ReferenceTag,
+}
+
+impl PiCheck {
+    /// The check a status reports, if it is one of the three End-to-end
+    /// check errors (SCT 2h, SC 82h..84h).
+    pub fn from_status(status: Status) -> Option<PiCheck> {
+        if status.sct() != upnvme_queues::status::sct::MEDIA {
+            return None;
+        }
+        match status.sc() {
+            0x82 => Some(PiCheck::Guard),
+            0x83 => Some(PiCheck::ApplicationTag),
+            0x84 => Some(PiCheck::ReferenceTag),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for PiCheck {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            PiCheck::Guard => "guard",
+            PiCheck::ApplicationTag => "application tag",
+            PiCheck::ReferenceTag => "reference tag",
+        })
+    }
 }
 
 impl std::fmt::Display for IoError {
@@ -189,6 +238,11 @@ impl std::fmt::Display for IoError {
             ),
             IoError::QueueDeleted => f.write_str(
                 "ended: its queue pair was closed before it completed (it may or may not have taken effect)",
+            ),
+            IoError::Protection { check, status } => write!(
+                f,
+                "end-to-end protection check failed: the {check} of a block does not match \
+                 ({status})"
             ),
         }
     }
@@ -211,6 +265,12 @@ pub enum Reject {
     Unusable,
     /// The namespace handle belongs to another controller.
     ForeignNamespace,
+    /// The namespace was formatted (Format NVM) since the handle was taken:
+    /// its geometry no longer holds.
+    StaleNamespace {
+        /// The namespace's NSID.
+        nsid: u32,
+    },
     /// The command moves data but no buffer came with it.
     NoBuffer,
     /// The block count is 0 or above 65536 (CDW12.NLB is 16 bits, 0-based).
@@ -237,11 +297,26 @@ pub enum Reject {
     },
     /// The buffer cannot be described by PRPs (PRP1 must be dword aligned).
     Misaligned,
-    /// A data command on a namespace whose LBA format carries metadata: the
-    /// device would move `blocks × (LBA size + MS)` bytes (extended LBA) or
-    /// write metadata through MPTR (separate buffer), neither of which the
-    /// command's data pointer would describe, so it is never sent.
+    /// The namespace's metadata format is one the driver cannot describe a
+    /// transfer for (protection information with fewer than 8 metadata
+    /// bytes per block), so the data command is never sent.
     MetadataFormat(crate::namespace::MetadataLayout),
+    /// The namespace keeps metadata in a separate buffer (FLBAS bit 4
+    /// clear) and the command transfers it: pass a metadata buffer
+    /// ([`crate::IoData::metadata`]) of at least `need` bytes (blocks × MS).
+    MetadataBuffer {
+        /// Bytes the metadata of the transfer needs.
+        need: u64,
+    },
+    /// A metadata buffer came with a command that transfers none through
+    /// MPTR: a namespace without metadata, an extended-LBA format (the
+    /// metadata travels inside the data buffer), PRACT on a format whose
+    /// metadata is only the 8-byte PI tuple (the controller inserts and
+    /// strips it), or a command without data.
+    MetadataNotApplicable,
+    /// Protection information fields ([`crate::IoData::protection`]) that do
+    /// not apply: the reason.
+    ProtectionNotApplicable(&'static str),
     /// The slice ([`crate::IoData::slice`]) does not lie inside its buffer,
     /// or is empty.
     SliceOutOfBounds {
@@ -290,6 +365,11 @@ impl std::fmt::Display for Reject {
             Reject::ForeignNamespace => f.write_str(
                 "the namespace handle belongs to another controller: take it from this pair's controller",
             ),
+            Reject::StaleNamespace { nsid } => write!(
+                f,
+                "namespace {nsid} was formatted (Format NVM) since this handle was taken: take a \
+                 new one with Controller::namespace({nsid})"
+            ),
             Reject::NoBuffer => f.write_str("the command needs a data buffer"),
             Reject::BlockCount { blocks } => {
                 write!(f, "block count {blocks}: must be 1..=65536")
@@ -336,12 +416,23 @@ impl std::fmt::Display for Reject {
             Reject::RawCommand(why) => write!(f, "the raw command cannot be sent: it has {why}"),
             Reject::MetadataFormat(layout) => write!(
                 f,
-                "the namespace's LBA format has metadata ({layout}); the driver does not send \
-                 Read/Write/Compare on such formats yet, since the device would transfer \
-                 metadata the command does not describe: select an LBA format with no metadata \
-                 (LBAF.MS = 0) with Format NVM, e.g. `nvme format /dev/nvmeXnY --lbaf=N` under \
-                 the kernel driver"
+                "the namespace's LBA format ({layout}) carries protection information in fewer \
+                 than 8 metadata bytes, which no transfer can describe: select another LBA format \
+                 with Format NVM (`upnvme format`)"
             ),
+            Reject::MetadataBuffer { need } => write!(
+                f,
+                "the namespace keeps metadata in a separate buffer: pass one of at least {need} \
+                 bytes (blocks × metadata size) with IoData::metadata"
+            ),
+            Reject::MetadataNotApplicable => f.write_str(
+                "a metadata buffer came with a command that transfers no separate metadata (no \
+                 metadata in the format, extended LBA where metadata travels in the data buffer, \
+                 PRACT with 8-byte metadata, or a command without data): leave it out",
+            ),
+            Reject::ProtectionNotApplicable(why) => {
+                write!(f, "protection information does not apply: {why}")
+            }
         }
     }
 }
@@ -357,20 +448,25 @@ pub struct Rejected {
     pub buffer: Option<DmaBuffer>,
     /// The vector passed with the command ([`crate::IoData::vectored`]).
     pub segments: Option<crate::IoVec>,
+    /// The metadata buffer passed with the command
+    /// ([`crate::IoData::metadata`]).
+    pub metadata: Option<DmaBuffer>,
 }
 
 impl Rejected {
-    /// A refusal handing back `buffer` and `segments`.
+    /// A refusal handing back the command's memory.
     #[inline(always)]
-    pub(crate) fn with_segments(
+    pub(crate) fn with_memory(
         reason: Reject,
         buffer: Option<DmaBuffer>,
         segments: Option<crate::IoVec>,
+        metadata: Option<DmaBuffer>,
     ) -> Rejected {
         Rejected {
             reason,
             buffer,
             segments,
+            metadata,
         }
     }
 }

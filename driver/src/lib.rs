@@ -16,7 +16,7 @@
 //!
 //! Crate map: [`device`] (the register + DMA abstraction and its VFIO
 //! implementation), [`controller`] (bring-up, admin commands, shutdown,
-//! reset, release on the kernel's request), [`hotplug`] (controllers
+//! reset, release on the kernel's request), [`format`] (Format NVM), [`hotplug`] (controllers
 //! appearing and disappearing), [`namespace`] (namespace handles), [`qpair`] (I/O queue pairs: submission, completion, recovery),
 //! [`options`], [`error`].
 
@@ -24,6 +24,7 @@ mod admin;
 pub mod controller;
 pub mod device;
 pub mod error;
+pub mod format;
 pub mod hotplug;
 pub mod namespace;
 pub mod options;
@@ -31,19 +32,21 @@ pub mod qpair;
 
 pub use controller::{BringupStep, Controller, ShadowBuffers, list_controllers};
 pub use device::{Device, ReleaseRequest, VfioNvme};
-pub use error::{Error, IoError, IoFailure, Reject, Rejected, Result};
+pub use error::{Error, IoError, IoFailure, PiCheck, Reject, Rejected, Result};
+pub use format::{FormatNvm, SecureErase};
 pub use hotplug::{HotplugEvent, Watcher, watch};
 pub use namespace::{MetadataLayout, Namespace};
 pub use options::ControllerOptions;
 pub use options::MAX_TRANSFER_CAP;
 pub use qpair::{
     BLOCKING_TAG, Backoff, Completion, CopyRange, CqHeadPolicy, DsmAttributes, IoCommand, IoData,
-    IoFlags, IoQueuePair, IoSegment, IoVec, QueuePairOptions, QueueStats, SegmentOutOfBounds,
-    SglMode,
+    IoFlags, IoQueuePair, IoSegment, IoVec, Protection, QueuePairOptions, QueueStats,
+    SegmentOutOfBounds, SglMode,
 };
 pub use upnvme_dma as dma;
 pub use upnvme_dma::{DmaBuffer, DmaPool, NotFromThisPool, PageBacking, PciAddress};
 pub use upnvme_queues as queues;
+pub use upnvme_queues::pi;
 pub use upnvme_queues::sgl::SglSupport;
 pub use upnvme_queues::{AsyncEvent, Cqe, DsmRange, Sqe, Status};
 

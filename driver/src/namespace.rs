@@ -2,7 +2,7 @@
 //! units an application needs — and the handle I/O commands take.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use upnvme_queues::IdentifyNamespace;
 
@@ -23,12 +23,22 @@ pub struct Namespace {
     controller: u64,
     lba_size: u32,
     metadata_size: u16,
-    identify: Arc<IdentifyNamespace>,
+    shared: Arc<Shared>,
 }
 
-/// How the current LBA format lays out metadata (FLBAS, LBAF.MS, DPS), for
-/// the refusal of data commands on formats with metadata
-/// ([`crate::Reject::MetadataFormat`]).
+/// What every clone of one handle shares.
+#[derive(Debug)]
+struct Shared {
+    identify: IdentifyNamespace,
+    /// Set when Format NVM changed the namespace's format: the handle's
+    /// geometry no longer holds, so queue pairs refuse it
+    /// ([`crate::Reject::StaleNamespace`]).
+    retired: AtomicBool,
+}
+
+/// How the current LBA format lays out metadata (FLBAS bit 4, LBAF.MS, DPS):
+/// what a data command on the namespace must transfer besides its data
+/// (docs/io.md, "Metadata and protection information").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MetadataLayout {
     /// Metadata bytes per logical block (LBAF.MS), never 0 here.
@@ -38,6 +48,21 @@ pub struct MetadataLayout {
     pub extended: bool,
     /// DPS bits 2:0: the protection information type (0 none, 1–3).
     pub pi_type: u8,
+    /// DPS bit 3: the PI tuple is the first 8 bytes of the metadata (else
+    /// the last 8).
+    pub pi_first: bool,
+}
+
+impl MetadataLayout {
+    /// The PI format of the layout, `None` without protection information.
+    pub fn pi_format(&self, lba_size: u32) -> Option<upnvme_queues::pi::PiFormat> {
+        (self.pi_type != 0).then_some(upnvme_queues::pi::PiFormat {
+            lba_size: lba_size as usize,
+            ms: usize::from(self.ms),
+            first: self.pi_first,
+            pi_type: self.pi_type,
+        })
+    }
 }
 
 impl std::fmt::Display for MetadataLayout {
@@ -49,7 +74,12 @@ impl std::fmt::Display for MetadataLayout {
         };
         write!(f, "{} metadata bytes per block, {layout}", self.ms)?;
         if self.pi_type != 0 {
-            write!(f, ", protection information type {}", self.pi_type)?;
+            let at = if self.pi_first { "first" } else { "last" };
+            write!(
+                f,
+                ", protection information type {} in the {at} 8 bytes",
+                self.pi_type
+            )?;
         }
         Ok(())
     }
@@ -77,7 +107,10 @@ impl Namespace {
             controller: 0,
             lba_size,
             metadata_size: fmt.ms,
-            identify: Arc::new(identify),
+            shared: Arc::new(Shared {
+                identify,
+                retired: AtomicBool::new(false),
+            }),
         })
     }
 
@@ -118,12 +151,15 @@ impl Namespace {
 
     /// Namespace Capacity (NCAP) in logical blocks.
     pub fn capacity_blocks(&self) -> u64 {
-        self.identify.ncap
+        self.shared.identify.ncap
     }
 
     /// Size in bytes (NSZE × LBA size).
     pub fn size_bytes(&self) -> u64 {
-        self.identify.nsze.saturating_mul(self.lba_size as u64)
+        self.shared
+            .identify
+            .nsze
+            .saturating_mul(self.lba_size as u64)
     }
 
     /// Metadata bytes per logical block of the current LBA format (LBAF.MS).
@@ -134,17 +170,16 @@ impl Namespace {
     /// Namespace Features (NSFEAT): bit 0 thin provisioning, bit 1 NAWUN/NAWUPF
     /// valid, bit 2 deallocated or unwritten logical block error, bit 4 NPWG etc.
     pub fn features(&self) -> u8 {
-        self.identify.nsfeat
+        self.shared.identify.nsfeat
     }
 
     /// Whether the namespace supports thin provisioning (NSFEAT bit 0).
     pub fn thin_provisioned(&self) -> bool {
-        self.identify.nsfeat & 1 != 0
+        self.shared.identify.nsfeat & 1 != 0
     }
 
     /// The metadata layout of the current LBA format, or `None` when the
-    /// format has no metadata (LBAF.MS = 0): the only formats whose data
-    /// commands the driver sends today.
+    /// format has no metadata (LBAF.MS = 0).
     pub fn metadata_layout(&self) -> Option<MetadataLayout> {
         (self.metadata_size != 0).then(|| self.metadata_layout_always())
     }
@@ -153,13 +188,21 @@ impl Namespace {
     pub(crate) fn metadata_layout_always(&self) -> MetadataLayout {
         MetadataLayout {
             ms: self.metadata_size,
-            extended: self.identify.metadata_extended(),
-            pi_type: self.identify.dps & 0x7,
+            extended: self.shared.identify.metadata_extended(),
+            pi_type: self.shared.identify.dps & 0x7,
+            pi_first: self.shared.identify.dps & 0x8 != 0,
         }
     }
 
-    /// Whether data commands (Read, Write, Compare) carry metadata on this
-    /// namespace (LBAF.MS != 0), which the driver refuses.
+    /// The PI format (for [`crate::pi::PiFormat::protect`]), `None` without
+    /// protection information.
+    pub fn pi_format(&self) -> Option<upnvme_queues::pi::PiFormat> {
+        self.metadata_layout_always().pi_format(self.lba_size)
+    }
+
+    /// Whether data commands (Read, Write, Compare) may carry metadata on
+    /// this namespace (LBAF.MS != 0): they then take the path in
+    /// qpair/metadata.rs.
     #[inline(always)]
     pub(crate) fn has_metadata(&self) -> bool {
         self.metadata_size != 0
@@ -167,6 +210,19 @@ impl Namespace {
 
     /// The full Identify Namespace data.
     pub fn identify(&self) -> &IdentifyNamespace {
-        &self.identify
+        &self.shared.identify
+    }
+
+    /// True once Format NVM changed the namespace's format after this
+    /// handle was taken: queue pairs refuse it; take a new one with
+    /// [`crate::Controller::namespace`].
+    #[inline(always)]
+    pub fn is_stale(&self) -> bool {
+        self.shared.retired.load(Ordering::Relaxed)
+    }
+
+    /// Marks every clone of this handle stale (after Format NVM).
+    pub(crate) fn retire(&self) {
+        self.shared.retired.store(true, Ordering::Relaxed);
     }
 }

@@ -659,6 +659,7 @@ fuzz_target!(|data: &[u8]| {
             nsid: 1,
             lba_size,
             blocks: NS_BLOCKS,
+            ..NamespaceConfig::default()
         }],
         ..Default::default()
     };

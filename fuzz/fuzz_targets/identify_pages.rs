@@ -51,11 +51,13 @@ fn config() -> ModelConfig {
                 nsid: 1,
                 lba_size: 4096,
                 blocks: 256,
+                ..NamespaceConfig::default()
             },
             NamespaceConfig {
                 nsid: 3,
                 lba_size: 512,
                 blocks: 1024,
+                ..NamespaceConfig::default()
             },
         ],
         ..Default::default()

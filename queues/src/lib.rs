@@ -72,6 +72,7 @@ pub mod cid;
 pub mod cqe;
 pub mod identify;
 pub mod log;
+pub mod pi;
 pub mod prp;
 pub mod regs;
 pub mod ring;

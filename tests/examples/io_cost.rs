@@ -121,6 +121,7 @@ fn main() {
             nsid: 1,
             lba_size: 4096,
             blocks: BLOCKS,
+            ..NamespaceConfig::default()
         }],
         ..Default::default()
     });

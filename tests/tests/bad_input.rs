@@ -452,11 +452,13 @@ fn namespace_that_is_not_active() {
                 nsid: 1,
                 lba_size: 4096,
                 blocks: BLOCKS,
+                ..NamespaceConfig::default()
             },
             NamespaceConfig {
                 nsid: 2,
                 lba_size: 4096,
                 blocks: BLOCKS,
+                ..NamespaceConfig::default()
             },
         ],
         ..Default::default()
@@ -657,64 +659,75 @@ fn identify_ns_with_metadata(ms: u16, flbas: u8, dps: u8) -> Vec<u8> {
 }
 
 #[test]
-fn data_command_on_a_namespace_with_metadata() {
-    // Extended LBA (FLBAS bit 4) with PI type 1, and a separate metadata
-    // buffer without PI: data commands are refused (the device would move
-    // metadata no PRP describes), commands without data still run.
-    for (flbas, dps, text) in [
-        (
-            0x10,
-            1,
-            "8 metadata bytes per block, extended LBA, protection information type 1",
-        ),
-        (0, 0, "8 metadata bytes per block, separate metadata buffer"),
-    ] {
-        let m = ModelController::new(config_one_ns(4096, BLOCKS));
-        m.set_identify_data(0, 1, Some(identify_ns_with_metadata(8, flbas, dps)));
-        let c = open(&m, opts());
-        let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
-        let ns = ns1(&c);
-        assert_eq!(ns.metadata_size(), 8);
-        for cmd in [
-            read(&ns, 0, 1),
-            IoCommand::Write {
-                ns: &ns,
-                slba: 0,
-                blocks: 1,
-            },
-            IoCommand::Compare {
-                ns: &ns,
-                slba: 0,
-                blocks: 1,
-            },
-        ] {
-            let (r, e) = refused(&m, &c, &mut qp, cmd, 8192);
-            assert!(matches!(r, Reject::MetadataFormat(l) if l.ms == 8), "{r:?}");
-            assert!(matches!(e, Error::Rejected(_)), "{e:?}");
-            assert_eq!(
-                e.to_string(),
-                format!(
-                    "command refused: the namespace's LBA format has metadata ({text}); the \
-                     driver does not send Read/Write/Compare on such formats yet, since the \
-                     device would transfer metadata the command does not describe: select an \
-                     LBA format with no metadata (LBAF.MS = 0) with Format NVM, e.g. `nvme \
-                     format /dev/nvmeXnY --lbaf=N` under the kernel driver"
-                )
-            );
-        }
-        qp.execute_blocking(IoCommand::Flush { ns: &ns }, None, T)
-            .unwrap();
-        let zeroes = IoCommand::WriteZeroes {
+fn metadata_and_protection_refusals_say_what_is_wrong() {
+    // PI Type 1 in 4 metadata bytes: no tuple fits, no transfer can be
+    // described; the data commands are refused, the others run.
+    let m = ModelController::new(config_one_ns(4096, BLOCKS));
+    m.set_identify_data(0, 1, Some(identify_ns_with_metadata(4, 0x10, 1)));
+    let c = open(&m, opts());
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let ns = ns1(&c);
+    assert_eq!(ns.metadata_size(), 4);
+    for cmd in [
+        read(&ns, 0, 1),
+        IoCommand::Write {
             ns: &ns,
             slba: 0,
-            blocks: 4,
-            deallocate: false,
-        };
-        qp.execute_blocking(zeroes, None, T).unwrap();
-        drop(qp);
-        drop(c);
-        assert_clean(&m);
+            blocks: 1,
+        },
+    ] {
+        let (r, e) = refused(&m, &c, &mut qp, cmd, 8192);
+        assert!(matches!(r, Reject::MetadataFormat(l) if l.ms == 4), "{r:?}");
+        assert!(matches!(e, Error::Rejected(_)), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            "command refused: the namespace's LBA format (4 metadata bytes per block, extended \
+             LBA, protection information type 1 in the last 8 bytes) carries protection \
+             information in fewer than 8 metadata bytes, which no transfer can describe: select \
+             another LBA format with Format NVM (`upnvme format`)"
+        );
     }
+    qp.execute_blocking(IoCommand::Flush { ns: &ns }, None, T)
+        .unwrap();
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+
+    // A separate-metadata namespace: Read without its metadata buffer.
+    let m = ModelController::new(config_one_ns(4096, BLOCKS));
+    m.set_identify_data(0, 1, Some(identify_ns_with_metadata(8, 0, 0)));
+    let c = open(&m, opts());
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let ns = ns1(&c);
+    let (r, e) = refused(&m, &c, &mut qp, read(&ns, 0, 2), 8192);
+    assert_eq!(r, Reject::MetadataBuffer { need: 16 });
+    assert_eq!(
+        e.to_string(),
+        "invalid argument: the namespace keeps metadata in a separate buffer: pass one of at \
+         least 16 bytes (blocks × metadata size) with IoData::metadata"
+    );
+    // Protection fields without PI in the format.
+    let f = qp
+        .submit_io(
+            read(&ns, 0, 1),
+            upnvme::IoData::buffer(c.alloc_dma(4096).unwrap())
+                .metadata(c.alloc_dma(8).unwrap())
+                .protection(upnvme::Protection::CHECK),
+            1,
+        )
+        .unwrap_err();
+    assert_eq!(
+        qp.describe(f.reason).to_string(),
+        "invalid argument: protection information does not apply: the namespace's format has no \
+         protection information (Identify Namespace DPS = 0)"
+    );
+    assert!(
+        f.buffer.is_some() && f.metadata.is_some(),
+        "the memory comes back"
+    );
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
 }
 
 #[test]

@@ -165,16 +165,19 @@ fn namespaces_of_both_lba_sizes_sparse_nsids() {
                 nsid: 1,
                 lba_size: 512,
                 blocks: 2048,
+                ..NamespaceConfig::default()
             },
             NamespaceConfig {
                 nsid: 2,
                 lba_size: 4096,
                 blocks: 1000,
+                ..NamespaceConfig::default()
             },
             NamespaceConfig {
                 nsid: 5,
                 lba_size: 512,
                 blocks: 77,
+                ..NamespaceConfig::default()
             },
         ],
         ..Default::default()

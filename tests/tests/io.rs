@@ -36,11 +36,13 @@ fn two_ns() -> ModelConfig {
                 nsid: 1,
                 lba_size: 512,
                 blocks: 16384,
+                ..NamespaceConfig::default()
             },
             NamespaceConfig {
                 nsid: 2,
                 lba_size: 4096,
                 blocks: 4096,
+                ..NamespaceConfig::default()
             },
         ],
         ..Default::default()
@@ -780,11 +782,13 @@ fn queue_pairs_on_their_own_threads() {
                 nsid: 1,
                 lba_size: 512,
                 blocks: 8192,
+                ..NamespaceConfig::default()
             },
             NamespaceConfig {
                 nsid: 2,
                 lba_size: 4096,
                 blocks: 1024,
+                ..NamespaceConfig::default()
             },
         ],
         ..Default::default()

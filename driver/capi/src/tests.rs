@@ -21,6 +21,7 @@ fn model() -> (ModelController, Controller<ModelController>) {
             nsid: 1,
             lba_size: 512,
             blocks: BLOCKS,
+            ..NamespaceConfig::default()
         }],
         ..Default::default()
     });

@@ -207,6 +207,72 @@ impl IoFlags {
     }
 }
 
+/// End-to-end Data Protection for one command (NVM Command Set
+/// Specification, "Protection Information Field" and "Command Dword 14/15"
+/// of Read, Write, Compare, Verify and Write Zeroes), on a namespace
+/// formatted with protection information (Identify Namespace DPS bits 2:0
+/// non-zero): set it with [`crate::IoData::protection`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Protection {
+    /// PRACT (CDW12 bit 29), Protection Information Action: on a write the
+    /// controller generates each block's PI tuple (the host sends none when
+    /// the metadata is exactly the 8-byte tuple); on a read it checks and,
+    /// for 8-byte metadata, strips it.
+    pub pract: bool,
+    /// PRCHK bit 2 (CDW12 bit 28): check each block's Guard (CRC-16).
+    pub check_guard: bool,
+    /// PRCHK bit 1 (CDW12 bit 27): check the Application Tag under
+    /// `app_tag_mask`.
+    pub check_app_tag: bool,
+    /// PRCHK bit 0 (CDW12 bit 26): check the Reference Tag.
+    pub check_ref_tag: bool,
+    /// CDW14: the (expected) Initial Logical Block Reference Tag, ILBRT on
+    /// writes and EILBRT on reads; the block at index i carries tag + i
+    /// (Types 1 and 2). `None`: the lower 32 bits of SLBA, which Type 1
+    /// requires.
+    pub ref_tag: Option<u32>,
+    /// CDW15 bits 15:0: the (expected) Logical Block Application Tag.
+    pub app_tag: u16,
+    /// CDW15 bits 31:16: which bits of the Application Tag are checked.
+    pub app_tag_mask: u16,
+}
+
+impl Protection {
+    /// PRACT with every check: the controller generates PI on writes and
+    /// checks (and strips, for 8-byte metadata) it on reads.
+    pub const PRACT: Protection = Protection {
+        pract: true,
+        check_guard: true,
+        check_app_tag: false,
+        check_ref_tag: true,
+        ref_tag: None,
+        app_tag: 0,
+        app_tag_mask: 0,
+    };
+
+    /// The host supplies PI in the metadata; the controller checks guard
+    /// and reference tag.
+    pub const CHECK: Protection = Protection {
+        pract: false,
+        ..Protection::PRACT
+    };
+
+    /// The PRINFO field (bits 3:0: PRACT, PRCHK guard / application tag /
+    /// reference tag).
+    pub fn prinfo(&self) -> u8 {
+        use upnvme_queues::pi::{PRACT, PRCHK_APP_TAG, PRCHK_GUARD, PRCHK_REF_TAG};
+        (if self.pract { PRACT } else { 0 })
+            | (if self.check_guard { PRCHK_GUARD } else { 0 })
+            | (if self.check_app_tag { PRCHK_APP_TAG } else { 0 })
+            | (if self.check_ref_tag { PRCHK_REF_TAG } else { 0 })
+    }
+
+    /// Any PRCHK bit set.
+    pub fn checks(&self) -> bool {
+        self.check_guard || self.check_app_tag || self.check_ref_tag
+    }
+}
+
 impl IoCommand<'_> {
     /// The namespace the command addresses.
     #[inline(always)]
@@ -271,6 +337,9 @@ pub struct Completion {
     pub buffer: Option<DmaBuffer>,
     /// The command's vector ([`crate::IoData::vectored`]), back likewise.
     pub segments: Option<crate::IoVec>,
+    /// The command's separate metadata buffer ([`crate::IoData::metadata`]),
+    /// back likewise.
+    pub metadata: Option<DmaBuffer>,
 }
 
 impl Completion {

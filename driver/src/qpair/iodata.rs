@@ -7,7 +7,7 @@
 
 use upnvme_dma::DmaBuffer;
 
-use super::command::IoFlags;
+use super::command::{IoFlags, Protection};
 
 /// One piece of a vectored transfer: `len` bytes at `offset` of `buffer`.
 #[derive(Debug)]
@@ -207,6 +207,10 @@ pub struct IoData {
     pub(crate) segments: Option<IoVec>,
     /// FUA / Limited Retry.
     pub(crate) flags: IoFlags,
+    /// The separate metadata buffer (MPTR).
+    pub(crate) metadata: Option<DmaBuffer>,
+    /// End-to-end protection fields.
+    pub(crate) protection: Option<Protection>,
 }
 
 impl IoData {
@@ -252,6 +256,29 @@ impl IoData {
     pub fn flags(self, flags: IoFlags) -> IoData {
         IoData { flags, ..self }
     }
+
+    /// The same memory, with a separate metadata buffer (MPTR, NVMe Base
+    /// Specification 2.0 "Metadata Pointer") for a namespace whose format
+    /// keeps metadata apart from the data (Identify Namespace FLBAS bit 4
+    /// clear): `blocks × MS` bytes from its first byte, one contiguous,
+    /// dword-aligned region. It comes back as
+    /// [`crate::Completion::metadata`].
+    pub fn metadata(self, metadata: DmaBuffer) -> IoData {
+        IoData {
+            metadata: Some(metadata),
+            ..self
+        }
+    }
+
+    /// The same memory, with End-to-end Data Protection fields (PRACT,
+    /// PRCHK, expected tags) for a namespace formatted with protection
+    /// information.
+    pub fn protection(self, protection: Protection) -> IoData {
+        IoData {
+            protection: Some(protection),
+            ..self
+        }
+    }
 }
 
 impl From<Option<DmaBuffer>> for IoData {
@@ -263,6 +290,8 @@ impl From<Option<DmaBuffer>> for IoData {
             limit: usize::MAX,
             segments: None,
             flags: IoFlags::NONE,
+            metadata: None,
+            protection: None,
         }
     }
 }

@@ -12,7 +12,8 @@
 //! (`execute_blocking` and friends), `doorbell.rs` (the doorbell economy),
 //! `stats.rs`, `command.rs` (what is submitted and what comes back),
 //! `iodata.rs` (the memory a command transfers through: buffers, slices,
-//! vectors).
+//! vectors), `metadata.rs` (data commands on formats with metadata and
+//! protection information).
 //!
 //! ## Ordering contract (the reason this type is `!Sync`)
 //!
@@ -72,6 +73,7 @@ mod command;
 mod create;
 mod doorbell;
 mod iodata;
+mod metadata;
 mod options;
 mod reap;
 mod recovery;
@@ -86,7 +88,7 @@ use std::sync::Arc;
 use upnvme_dma::{CqMemory, DmaBuffer, SqMemory};
 use upnvme_queues::{CidTable, CqRing, SqRing};
 
-pub use command::{Completion, CopyRange, DsmAttributes, IoCommand, IoFlags};
+pub use command::{Completion, CopyRange, DsmAttributes, IoCommand, IoFlags, Protection};
 pub use doorbell::CqHeadPolicy;
 use doorbell::Doorbells;
 pub use iodata::{IoData, IoSegment, IoVec, SegmentOutOfBounds};
@@ -122,6 +124,8 @@ struct Tracker {
     buffer: Option<DmaBuffer>,
     /// The vector of a vectored command.
     segments: Option<IoVec>,
+    /// The separate metadata buffer of a command on a metadata namespace.
+    metadata: Option<DmaBuffer>,
     /// Clock ticks (see `clock.rs`) when a timeout scan first saw the command
     /// in flight; 0 before.
     stamp: u64,

@@ -7,7 +7,7 @@ use upnvme_queues::status::sc::generic as sc;
 
 use super::{Completion, IoQueuePair, NEVER, PERIODIC_POLLS};
 use crate::device::Device;
-use crate::error::{IoError, Result};
+use crate::error::{IoError, PiCheck, Result};
 
 /// CQE dword 3, bit 16: the Phase Tag.
 const PHASE: u32 = 1 << 16;
@@ -170,10 +170,18 @@ impl<D: Device> IoQueuePair<D> {
         if (dw2 >> 16) as u16 != self.qid || self.sq_ring.update_head(sqhd).is_err() {
             return Err(self.bad_completion(dw2, dw3));
         }
-        let (slot, tag, buffer, segments, aborted) = match self.trackers.complete_mut(dw3 as u16) {
-            Ok((slot, t)) => (slot, t.tag, t.buffer.take(), t.segments.take(), t.aborted),
-            Err(_) => return Err(self.bad_completion(dw2, dw3)),
-        };
+        let (slot, tag, buffer, segments, metadata, aborted) =
+            match self.trackers.complete_mut(dw3 as u16) {
+                Ok((slot, t)) => (
+                    slot,
+                    t.tag,
+                    t.buffer.take(),
+                    t.segments.take(),
+                    t.metadata.take(),
+                    t.aborted,
+                ),
+                Err(_) => return Err(self.bad_completion(dw2, dw3)),
+            };
         let status = Status::from_dw3(dw3);
         let result = if status.is_success() {
             Ok(dw0)
@@ -188,6 +196,7 @@ impl<D: Device> IoQueuePair<D> {
                 result,
                 buffer,
                 segments,
+                metadata,
             },
         )))
     }
@@ -215,6 +224,8 @@ impl<D: Device> IoQueuePair<D> {
             } else {
                 IoError::ControllerReset
             }
+        } else if let Some(check) = PiCheck::from_status(status) {
+            IoError::Protection { check, status }
         } else {
             IoError::Status(status)
         }

@@ -18,7 +18,7 @@ use upnvme_queues::sgl::{self, PSDT_SGL_MPTR_ADDRESS};
 use upnvme_queues::sqe::{io_qwords, opcode::nvm};
 use upnvme_queues::{DsmRange, Sqe};
 
-use super::command::{CopyRange, DsmAttributes, IoFlags};
+use super::command::{CopyRange, DsmAttributes, IoFlags, Protection};
 use super::iodata::{IoData, IoVec};
 use super::{IoCommand, IoQueuePair, PAGE, SglMode};
 use crate::device::Device;
@@ -36,13 +36,13 @@ const MAX_COPY_RANGES: usize = 128;
 const ONCS_COMPARE: u16 = 1 << 0;
 const ONCS_WRITE_UNCORRECTABLE: u16 = 1 << 1;
 const ONCS_DSM: u16 = 1 << 2;
-const ONCS_WRITE_ZEROES: u16 = 1 << 3;
-const ONCS_VERIFY: u16 = 1 << 7;
+pub(super) const ONCS_WRITE_ZEROES: u16 = 1 << 3;
+pub(super) const ONCS_VERIFY: u16 = 1 << 7;
 const ONCS_COPY: u16 = 1 << 8;
 
 /// Refuses flags on a command whose CDW12 has no FUA/LR bits.
 #[inline(always)]
-fn no_flags(flags: IoFlags) -> Result<(), Reject> {
+pub(super) fn no_flags(flags: IoFlags) -> Result<(), Reject> {
     if flags != IoFlags::NONE {
         return Err(Reject::FlagsNotApplicable);
     }
@@ -50,7 +50,7 @@ fn no_flags(flags: IoFlags) -> Result<(), Reject> {
 }
 
 /// What the data pointer of a command describes.
-enum Data {
+pub(super) enum Data {
     None,
     /// `bytes` of the command's buffer, from the slice's offset.
     Buffer(usize),
@@ -67,7 +67,7 @@ enum Data {
 type Dptr = (u64, u64, bool);
 
 #[inline(always)]
-fn check_range(ns: &Namespace, slba: u64, blocks: u32) -> Result<(), Reject> {
+pub(super) fn check_range(ns: &Namespace, slba: u64, blocks: u32) -> Result<(), Reject> {
     if blocks.wrapping_sub(1) >= 0x1_0000 {
         return Err(Reject::BlockCount { blocks });
     }
@@ -77,11 +77,36 @@ fn check_range(ns: &Namespace, slba: u64, blocks: u32) -> Result<(), Reject> {
     }
 }
 
-/// The refusal of a data command on a namespace with metadata.
+/// Why a namespace handle is refused: another controller's, or retired by
+/// Format NVM.
 #[cold]
 #[inline(never)]
-fn metadata_refused(ns: &Namespace) -> Reject {
-    Reject::MetadataFormat(ns.metadata_layout_always())
+fn namespace_refused(ns: &Namespace, instance: u64) -> Reject {
+    if ns.controller() != instance {
+        Reject::ForeignNamespace
+    } else {
+        Reject::StaleNamespace { nsid: ns.id() }
+    }
+}
+
+/// The memory a command's data pointer may describe (from [`IoData`]).
+pub(super) struct Mem<'a> {
+    pub(super) buffer: Option<&'a DmaBuffer>,
+    /// Where the data starts in `buffer`.
+    pub(super) offset: usize,
+    /// Bytes of `buffer` from `offset` the data may use (`usize::MAX`: to
+    /// the end).
+    pub(super) limit: usize,
+    pub(super) segments: Option<&'a IoVec>,
+}
+
+/// A Read, Write or Compare as the SQE carries it.
+#[derive(Clone, Copy)]
+pub(super) struct Rw {
+    pub(super) op: u8,
+    pub(super) slba: u64,
+    pub(super) blocks: u32,
+    pub(super) flags: IoFlags,
 }
 
 impl<D: Device> IoQueuePair<D> {
@@ -245,29 +270,37 @@ impl<D: Device> IoQueuePair<D> {
             limit,
             segments,
             flags,
+            metadata,
+            protection,
         } = io;
         if !self.current()
             && let Err(reason) = self.resync_for_submit()
         {
-            return Err(Rejected::with_segments(reason, buffer, segments));
+            return Err(Rejected::with_memory(reason, buffer, segments, metadata));
         }
-        let (q, data) = match self.build(
-            &cmd,
-            buffer.as_ref(),
+        let mem = Mem {
+            buffer: buffer.as_ref(),
             offset,
             limit,
-            segments.as_ref(),
-            flags,
-        ) {
+            segments: segments.as_ref(),
+        };
+        let (q, data) = match self.build(&cmd, &mem, flags, metadata.as_ref(), protection) {
             Ok(x) => x,
-            Err(reason) => return Err(Rejected::with_segments(reason, buffer, segments)),
+            Err(reason) => {
+                return Err(Rejected::with_memory(reason, buffer, segments, metadata));
+            }
         };
         // Completions parked in `ready` count against the depth too, so that
         // queue never grows beyond its preallocated capacity.
         if !self.ready.is_empty()
             && self.trackers.in_flight() + self.ready.len() as u32 >= self.max_depth
         {
-            return Err(Rejected::with_segments(Reject::QueueFull, buffer, segments));
+            return Err(Rejected::with_memory(
+                Reject::QueueFull,
+                buffer,
+                segments,
+                metadata,
+            ));
         }
         // The data pointer of one or two memory pages needs no slot: PRP1 is
         // the buffer, PRP2 0 or the second page's address (NVMe 2.0 §4.3.1).
@@ -292,12 +325,20 @@ impl<D: Device> IoQueuePair<D> {
         }
         // The tracker before the SQE and the doorbell (see the module docs).
         let Some((cid, t)) = self.trackers.alloc_mut() else {
-            return Err(Rejected::with_segments(Reject::QueueFull, buffer, segments));
+            return Err(Rejected::with_memory(
+                Reject::QueueFull,
+                buffer,
+                segments,
+                metadata,
+            ));
         };
         t.tag = tag;
         t.buffer = buffer;
         if segments.is_some() {
             t.segments = segments;
+        }
+        if metadata.is_some() {
+            t.metadata = metadata;
         }
         t.stamp = 0;
         t.aborted = false;
@@ -345,12 +386,12 @@ impl<D: Device> IoQueuePair<D> {
     #[cold]
     #[inline(never)]
     fn unqueue(&mut self, slot: u16, reason: Reject) -> Rejected {
-        let (buffer, segments) = match self.trackers.get_mut(slot) {
-            Some(t) => (t.buffer.take(), t.segments.take()),
-            None => (None, None),
+        let (buffer, segments, metadata) = match self.trackers.get_mut(slot) {
+            Some(t) => (t.buffer.take(), t.segments.take(), t.metadata.take()),
+            None => (None, None, None),
         };
         let _ = self.trackers.cancel(slot);
-        Rejected::with_segments(reason, buffer, segments)
+        Rejected::with_memory(reason, buffer, segments, metadata)
     }
 
     /// The data pointer that needs the slot's list page: a PRP List, an SGL,
@@ -509,27 +550,24 @@ impl<D: Device> IoQueuePair<D> {
     /// The SQE of `cmd` as qwords (CID and data pointer still to fill) and
     /// what its data pointer describes, or why the command is refused.
     #[inline(always)]
-    fn build(
+    pub(super) fn build(
         &self,
         cmd: &IoCommand<'_>,
-        buffer: Option<&DmaBuffer>,
-        offset: usize,
-        limit: usize,
-        segments: Option<&IoVec>,
+        mem: &Mem<'_>,
         flags: IoFlags,
+        metadata: Option<&DmaBuffer>,
+        protection: Option<Protection>,
     ) -> Result<([u64; 8], Data), Reject> {
         let ns = cmd.namespace();
-        if ns.controller() != self.instance {
-            return Err(Reject::ForeignNamespace);
+        if ns.controller() != self.instance || ns.is_stale() {
+            return Err(namespace_refused(ns, self.instance));
         }
+        let extras = metadata.is_some() | protection.is_some();
         match *cmd {
             IoCommand::Read { slba, blocks, .. }
             | IoCommand::Write { slba, blocks, .. }
             | IoCommand::Compare { slba, blocks, .. } => {
                 check_range(ns, slba, blocks)?;
-                if ns.has_metadata() {
-                    return Err(metadata_refused(ns));
-                }
                 let op = match cmd {
                     IoCommand::Read { .. } => nvm::READ,
                     IoCommand::Write { .. } => nvm::WRITE,
@@ -538,12 +576,22 @@ impl<D: Device> IoQueuePair<D> {
                         nvm::COMPARE
                     }
                 };
+                if ns.has_metadata() | extras {
+                    let rw = Rw {
+                        op,
+                        slba,
+                        blocks,
+                        flags,
+                    };
+                    return self.build_rw_md(ns, rw, mem, metadata, protection);
+                }
                 let bytes = (blocks as usize) << ns.lba_shift();
-                let data = self.data_for(bytes, buffer, offset, limit, segments)?;
+                let data = self.data_for(bytes, mem)?;
                 // CDW12.NLB is 0-based.
                 let q = io_qwords(op, 0, ns.id(), 0, 0, slba, (blocks - 1) | flags.cdw12());
                 Ok((q, data))
             }
+            _ if extras => self.build_other_md(cmd, mem, flags, metadata, protection),
             IoCommand::Flush { .. } => {
                 no_flags(flags)?;
                 Ok((Sqe::flush(ns.id()).to_qwords(), Data::None))
@@ -633,7 +681,7 @@ impl<D: Device> IoQueuePair<D> {
                 if data_len == 0 {
                     return Ok((q, Data::None));
                 }
-                let data = self.data_for(data_len, buffer, offset, limit, segments)?;
+                let data = self.data_for(data_len, mem)?;
                 Ok((q, data))
             }
         }
@@ -642,17 +690,10 @@ impl<D: Device> IoQueuePair<D> {
     /// What the data pointer of a `bytes`-long transfer describes, checked
     /// against the memory passed and MDTS.
     #[inline(always)]
-    fn data_for(
-        &self,
-        bytes: usize,
-        buffer: Option<&DmaBuffer>,
-        offset: usize,
-        limit: usize,
-        segments: Option<&IoVec>,
-    ) -> Result<Data, Reject> {
-        let data = match (buffer, segments) {
+    pub(super) fn data_for(&self, bytes: usize, mem: &Mem<'_>) -> Result<Data, Reject> {
+        let data = match (mem.buffer, mem.segments) {
             (Some(buf), _) => {
-                let room = slice_room(buf.len(), offset, limit)?;
+                let room = slice_room(buf.len(), mem.offset, mem.limit)?;
                 if room < bytes {
                     return Err(Reject::BufferTooSmall { need: bytes as u64 });
                 }
@@ -714,7 +755,7 @@ impl<D: Device> IoQueuePair<D> {
 
     /// Refuses a command the controller does not advertise in ONCS.
     #[inline(always)]
-    fn oncs_check(&self, bit: u16, command: &'static str) -> Result<(), Reject> {
+    pub(super) fn oncs_check(&self, bit: u16, command: &'static str) -> Result<(), Reject> {
         if self.oncs & bit == 0 {
             return Err(Reject::Unsupported { command });
         }

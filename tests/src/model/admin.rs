@@ -5,6 +5,7 @@
 //! own modules.
 
 use super::command::{Command, admin_op};
+use super::config::NamespaceConfig;
 use super::engine::Outcome;
 use super::state::{CompQueue, Completion, Shadow, State, SubQueue};
 use super::status::Status;
@@ -27,8 +28,59 @@ impl State {
             admin_op::DOORBELL_BUFFER_CONFIG if self.cfg.oacs_dbbc => {
                 self.doorbell_buffer_config(cmd)
             }
+            admin_op::FORMAT_NVM => self.format_nvm(cmd),
             _ => Outcome::err(Status::INVALID_OPCODE.with_dnr()),
         }
+    }
+
+    /// Format NVM: CDW10 LBAFL (3:0), MSET (4), PI (7:5), PIL (8), SES
+    /// (11:9), LBAFU (13:12); NSID one namespace or FFFFFFFFh for all. The
+    /// data is erased (reads as zeros afterwards) and Identify Namespace
+    /// reports the new format. Invalid Format (Command Specific 0Ah) for a
+    /// format index past NLBAF, PI without room for the 8-byte tuple, or a
+    /// Secure Erase Setting other than 0 or 1.
+    fn format_nvm(&mut self, cmd: &Command) -> Outcome {
+        const INVALID_FORMAT: Status = Status::new(1, 0x0a);
+        let cdw10 = cmd.cdw(10);
+        let lbaf = (cdw10 & 0xf | (cdw10 >> 12 & 0x3) << 4) as usize;
+        let (mset, pi, pil, ses) = (
+            cdw10 >> 4 & 1 != 0,
+            (cdw10 >> 5 & 0x7) as u8,
+            cdw10 >> 8 & 1 != 0,
+            cdw10 >> 9 & 0x7,
+        );
+        let Some(&(lba_size, ms)) = NamespaceConfig::LBA_FORMATS.get(lbaf) else {
+            return Outcome::err(INVALID_FORMAT.with_dnr());
+        };
+        if pi > 3 || (pi != 0 && ms < 8) || ses > 1 {
+            return Outcome::err(INVALID_FORMAT.with_dnr());
+        }
+        let nsid = cmd.nsid();
+        let targets: Vec<usize> = if nsid == 0xffff_ffff {
+            (0..self.namespaces.len()).collect()
+        } else {
+            match self.namespace(nsid) {
+                Some(i) => vec![i],
+                None => return Outcome::err(Status::INVALID_NAMESPACE.with_dnr()),
+            }
+        };
+        for i in targets {
+            let ns = &mut self.namespaces[i];
+            // The capacity in bytes stays; the block count follows the new
+            // LBA size (QEMU keeps the data + metadata image size).
+            let bytes = ns.cfg.blocks * (u64::from(ns.cfg.lba_size) + u64::from(ns.cfg.ms));
+            let cfg = NamespaceConfig {
+                lba_size,
+                ms,
+                extended: mset,
+                pi_type: pi,
+                pi_first: pil,
+                blocks: bytes / (u64::from(lba_size) + u64::from(ms)),
+                ..ns.cfg
+            };
+            ns.format(cfg);
+        }
+        Outcome::ok(0)
     }
 
     /// Highest I/O SQ and CQ identifiers the host may create: what Set

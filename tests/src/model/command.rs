@@ -33,6 +33,8 @@ pub(crate) mod admin_op {
     pub const GET_FEATURES: u8 = 0x0a;
     /// Asynchronous Event Request (§5.2).
     pub const ASYNC_EVENT_REQUEST: u8 = 0x0c;
+    /// Format NVM (NVM Command Set Specification, "Format NVM command").
+    pub const FORMAT_NVM: u8 = 0x80;
     /// Keep Alive.
     pub const KEEP_ALIVE: u8 = 0x18;
     /// Doorbell Buffer Config (§5.8).
@@ -127,6 +129,11 @@ impl Command {
     /// Bytes 39:32, DPTR.PRP2 (PRP Entry 2).
     pub fn prp2(&self) -> u64 {
         u64::from(le32(&self.raw, 32)) | u64::from(le32(&self.raw, 36)) << 32
+    }
+
+    /// Bytes 23:16, MPTR (Metadata Pointer).
+    pub fn mptr(&self) -> u64 {
+        u64::from(le32(&self.raw, 16)) | u64::from(le32(&self.raw, 20)) << 32
     }
 
     /// Command Dword `n` (10..=15; other values read 0).

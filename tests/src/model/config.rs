@@ -128,6 +128,18 @@ impl ModelConfig {
                     ns.nsid, ns.lba_size
                 ));
             }
+            if ns.format_index().is_none() {
+                return Err(format!(
+                    "namespace {}: metadata size {} (the model offers 0, 8, 16 and 64)",
+                    ns.nsid, ns.ms
+                ));
+            }
+            if ns.pi_type > 3 || (ns.pi_type != 0 && ns.ms < 8) {
+                return Err(format!(
+                    "namespace {}: PI type {} with {} metadata bytes (types 1-3 need 8 or more)",
+                    ns.nsid, ns.pi_type, ns.ms
+                ));
+            }
             if ns.blocks == 0 {
                 return Err(format!("namespace {} has no blocks", ns.nsid));
             }
@@ -188,6 +200,38 @@ pub struct NamespaceConfig {
     pub lba_size: u32,
     /// NSZE / NCAP: size of the namespace in logical blocks.
     pub blocks: u64,
+    /// Metadata bytes per block of the current LBA format (LBAF.MS): 0, 8,
+    /// 16 or 64, the formats QEMU's nvme-ns offers.
+    pub ms: u16,
+    /// FLBAS bit 4: metadata at the end of each block's data (extended
+    /// LBA); otherwise through MPTR.
+    pub extended: bool,
+    /// DPS bits 2:0: protection information type (0 none, 1–3).
+    pub pi_type: u8,
+    /// DPS bit 3: the PI tuple is the first 8 bytes of the metadata.
+    pub pi_first: bool,
+}
+
+impl NamespaceConfig {
+    /// The LBA formats the model reports (Identify Namespace LBAF0..7), as
+    /// QEMU's nvme-ns: (LBA size, MS).
+    pub const LBA_FORMATS: [(u32, u16); 8] = [
+        (512, 0),
+        (512, 8),
+        (512, 16),
+        (512, 64),
+        (4096, 0),
+        (4096, 8),
+        (4096, 16),
+        (4096, 64),
+    ];
+
+    /// The index of the current format in [`Self::LBA_FORMATS`].
+    pub fn format_index(&self) -> Option<usize> {
+        Self::LBA_FORMATS
+            .iter()
+            .position(|&(bs, ms)| bs == self.lba_size && ms == self.ms)
+    }
 }
 
 impl Default for NamespaceConfig {
@@ -197,6 +241,10 @@ impl Default for NamespaceConfig {
             nsid: 1,
             lba_size: 4096,
             blocks: (64 << 20) / 4096,
+            ms: 0,
+            extended: false,
+            pi_type: 0,
+            pi_first: false,
         }
     }
 }

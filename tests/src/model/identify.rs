@@ -2,7 +2,7 @@
 //! (NVM Command Set Specification), CNS 01h Identify Controller, CNS 02h Active Namespace ID list.
 
 use super::command::Command;
-use super::config::ModelConfig;
+use super::config::{ModelConfig, NamespaceConfig};
 use super::engine::Outcome;
 use super::regs::VERSION;
 use super::state::State;
@@ -47,7 +47,8 @@ pub(crate) fn controller(cfg: &ModelConfig) -> Vec<u8> {
     put(&mut p, 88, &cfg.rtd3e_us.to_le_bytes()); // RTD3E
     put(&mut p, 92, &(1u32 << 8).to_le_bytes()); // OAES: Namespace Attribute Notices
     put(&mut p, 96, &0u32.to_le_bytes()); // CTRATT
-    let oacs: u16 = if cfg.oacs_dbbc { 1 << 8 } else { 0 };
+    // OACS bit 1 Format NVM, bit 8 Doorbell Buffer Config.
+    let oacs: u16 = 1 << 1 | if cfg.oacs_dbbc { 1 << 8 } else { 0 };
     put(&mut p, 256, &oacs.to_le_bytes()); // OACS
     p[258] = 3; // ACL (0-based)
     p[259] = cfg.aerl; // AERL (0-based)
@@ -86,17 +87,22 @@ pub(crate) fn namespace(ns: &Namespace) -> Vec<u8> {
     put(&mut p, 8, &blocks.to_le_bytes()); // NCAP
     put(&mut p, 16, &blocks.to_le_bytes()); // NUSE
     p[24] = 0; // NSFEAT
-    p[25] = 0; // NLBAF: one format (0-based)
-    p[26] = 0; // FLBAS: format 0, no metadata
-    p[27] = 0; // MC
-    p[28] = 0; // DPC
-    p[29] = 0; // DPS
+    let formats = NamespaceConfig::LBA_FORMATS;
+    p[25] = (formats.len() - 1) as u8; // NLBAF (0-based)
+    // FLBAS: format index (3:0), bit 4 extended LBA.
+    p[26] = ns.cfg.format_index().unwrap_or(0) as u8 | u8::from(ns.cfg.extended) << 4;
+    p[27] = 0x3; // MC: extended LBA (bit 0) and separate buffer (bit 1)
+    p[28] = 0x1f; // DPC: Types 1, 2, 3; PI first or last 8 bytes
+    p[29] = ns.cfg.pi_type | u8::from(ns.cfg.pi_first) << 3; // DPS
     p[30] = 0; // NMIC
     // DLFEAT: deallocated blocks read as zeroes (001b), Write Zeroes
     // supports DEAC (bit 3).
     p[33] = 0x09;
-    let lbads = ns.cfg.lba_size.trailing_zeros();
-    put(&mut p, 128, &(lbads << 16).to_le_bytes()); // LBAF0: MS 0, LBADS, RP 0
+    for (i, (bs, ms)) in formats.iter().enumerate() {
+        // LBAFn: MS (15:0), LBADS (23:16), RP 0.
+        let lbaf = u32::from(*ms) | bs.trailing_zeros() << 16;
+        put(&mut p, 128 + 4 * i, &lbaf.to_le_bytes());
+    }
     p
 }
 

@@ -9,6 +9,7 @@
 use super::command::{Command, io_op};
 use super::config::ModelConfig;
 use super::engine::Outcome;
+use super::pi::{self, PiFields};
 use super::state::State;
 use super::status::Status;
 
@@ -17,6 +18,27 @@ const UNRECOVERED_READ_ERROR: Status = Status::new(2, 0x81);
 
 /// Flush to all namespaces (Flush with NSID FFFFFFFFh).
 const BROADCAST_NSID: u32 = 0xffff_ffff;
+
+/// A command's protection fields (CDW12 PRINFO, CDW14, CDW15).
+fn pi_fields(cmd: &Command) -> PiFields {
+    PiFields {
+        prinfo: (cmd.cdw(12) >> 26 & 0xf) as u8,
+        ref_tag: cmd.cdw(14),
+        app_tag: cmd.cdw(15) as u16,
+        app_mask: (cmd.cdw(15) >> 16) as u16,
+    }
+}
+
+/// MPTR (CDW4-5) as a plain address: with PSDT 10b it would point at an
+/// SGL, which the model does not offer (SGLS bit 19 clear); the caller's
+/// data pointer already refused that.
+fn mptr(cmd: &Command) -> Result<u64, Status> {
+    let m = cmd.mptr();
+    if m & 3 != 0 {
+        return Err(Status::INVALID_FIELD.with_dnr());
+    }
+    Ok(m)
+}
 
 impl State {
     /// Executes an I/O command fetched from an I/O submission queue.
@@ -78,55 +100,100 @@ impl State {
         let i = self.ns_index(cmd)?;
         let slba = cmd.cdw10_11();
         let nlb = u64::from(cmd.cdw(12) & 0xffff) + 1;
-        let (bs, in_range) = match self.namespaces.get(i) {
-            Some(ns) => (ns.lba_size(), ns.in_range(slba, nlb)),
-            None => return Err(Status::INTERNAL_ERROR),
+        let f = pi_fields(cmd);
+        let Some(ns) = self.namespaces.get(i) else {
+            return Err(Status::INTERNAL_ERROR);
         };
-        let len = bs * nlb as usize;
-        if self.mdts_bytes().is_some_and(|max| len > max) {
+        let (bs, ms, in_range) = (ns.lba_size(), ns.ms(), ns.in_range(slba, nlb));
+        let (ext, pi) = (ns.cfg.extended, ns.cfg.pi_type != 0);
+        // Metadata moves unless PRACT inserts/strips a PI tuple that is all
+        // the metadata (QEMU's rule, NVM Command Set 1.0 §5.2.1).
+        let md_moves = ms != 0 && !(pi && f.pract() && ms == 8);
+        let n = nlb as usize;
+        let len = bs * n;
+        let host_len = len + if ext && md_moves { ms * n } else { 0 };
+        if self.mdts_bytes().is_some_and(|max| host_len > max) {
             return Err(Status::INVALID_FIELD.with_dnr());
         }
         if !in_range {
             return Err(Status::LBA_OUT_OF_RANGE.with_dnr());
         }
+        if pi {
+            pi::check_prinfo(ns, &f, slba)?;
+        }
         let units = (len / 512) as u128;
         match cmd.opcode() {
-            io_op::WRITE => {
-                let data = self.read_host_data(cmd, len)?;
-                if let Some(ns) = self.namespaces.get_mut(i) {
-                    ns.write(slba, &data);
+            io_op::WRITE | io_op::COMPARE => {
+                let host = self.read_host_data(cmd, host_len)?;
+                let (data, mut meta) = if ext && md_moves {
+                    pi::split(&host, bs, ms)
+                } else if md_moves {
+                    (host, self.read_host_meta(cmd, ms * n)?)
+                } else {
+                    (host, vec![0u8; ms * n])
+                };
+                let ns = &self.namespaces[i];
+                if cmd.opcode() == io_op::COMPARE {
+                    self.health.host_reads += 1;
+                    let same = ns.read(slba, nlb) == data
+                        && (!md_moves || ns.read_meta(slba, nlb) == meta);
+                    if !same {
+                        return Err(Status::COMPARE_FAILURE);
+                    }
+                    return Ok(());
                 }
+                if pi && f.pract() {
+                    pi::generate(ns, &data, &mut meta, &f);
+                } else if pi {
+                    pi::check(ns, &data, &meta, &f)?;
+                }
+                let ns = &mut self.namespaces[i];
+                ns.write(slba, &data);
+                ns.write_meta(slba, &meta);
                 self.health.host_writes += 1;
                 self.health.units_written += units;
             }
-            io_op::READ => {
-                if self
-                    .namespaces
-                    .get(i)
-                    .is_some_and(|ns| ns.any_uncorrectable(slba, nlb))
-                {
+            _ => {
+                let ns = &self.namespaces[i];
+                if ns.any_uncorrectable(slba, nlb) {
                     return Err(UNRECOVERED_READ_ERROR);
                 }
-                let data = self
-                    .namespaces
-                    .get(i)
-                    .map(|ns| ns.read(slba, nlb))
-                    .unwrap_or_default();
-                self.write_host_data(cmd, &data, len)?;
+                let data = ns.read(slba, nlb);
+                let meta = ns.read_meta(slba, nlb);
+                if pi {
+                    pi::check(ns, &data, &meta, &f)?;
+                }
+                if ext && md_moves {
+                    let host = pi::interleave(&data, &meta, bs, ms);
+                    self.write_host_data(cmd, &host, host_len)?;
+                } else {
+                    self.write_host_data(cmd, &data, len)?;
+                    if md_moves {
+                        self.write_host_meta(cmd, &meta)?;
+                    }
+                }
                 self.health.host_reads += 1;
                 self.health.units_read += units;
             }
-            _ => {
-                let data = self.read_host_data(cmd, len)?;
-                self.health.host_reads += 1;
-                let same = self
-                    .namespaces
-                    .get(i)
-                    .is_some_and(|ns| ns.read(slba, nlb) == data);
-                if !same {
-                    return Err(Status::COMPARE_FAILURE);
-                }
-            }
+        }
+        Ok(())
+    }
+
+    /// Reads `len` metadata bytes from MPTR (CDW4-5), one contiguous buffer.
+    fn read_host_meta(&mut self, cmd: &Command, len: usize) -> Result<Vec<u8>, Status> {
+        let mut meta = vec![0u8; len];
+        if let Err(f) = self.mem.read(mptr(cmd)?, &mut meta) {
+            self.dma_fault(f, "metadata read");
+            return Err(Status::DATA_TRANSFER_ERROR);
+        }
+        Ok(meta)
+    }
+
+    /// Writes metadata to MPTR.
+    fn write_host_meta(&mut self, cmd: &Command, meta: &[u8]) -> Result<(), Status> {
+        if let Err(f) = self.mem.write(mptr(cmd)?, meta) {
+            self.dma_fault(f, "metadata write");
+            return Err(Status::DATA_TRANSFER_ERROR);
         }
         Ok(())
     }
@@ -141,9 +208,23 @@ impl State {
         };
         let slba = cmd.cdw10_11();
         let nlb = u64::from(cmd.cdw(12) & 0xffff) + 1;
+        let f = pi_fields(cmd);
         match self.namespaces.get_mut(i) {
             Some(ns) if ns.in_range(slba, nlb) => {
+                if ns.cfg.pi_type != 0 && f.checks() {
+                    // Nothing to check on Write Zeroes (as QEMU).
+                    return Outcome::err(pi::INVALID_PI.with_dnr());
+                }
                 ns.deallocate(slba, nlb);
+                if ns.cfg.pi_type != 0 && f.pract() {
+                    // Zero data and metadata, and a tuple from the command's
+                    // tags (the guard of zeros is 0).
+                    let zeros = vec![0u8; ns.lba_size() * nlb as usize];
+                    let mut meta = vec![0u8; ns.ms() * nlb as usize];
+                    pi::generate(ns, &zeros, &mut meta, &f);
+                    ns.write(slba, &zeros);
+                    ns.write_meta(slba, &meta);
+                }
                 Outcome::ok(0)
             }
             _ => Outcome::err(Status::LBA_OUT_OF_RANGE.with_dnr()),
@@ -206,6 +287,14 @@ impl State {
         if ns.any_uncorrectable(slba, nlb) {
             return Outcome::err(UNRECOVERED_READ_ERROR);
         }
+        if ns.cfg.pi_type != 0 {
+            let f = pi_fields(cmd);
+            let checked = pi::check_prinfo(ns, &f, slba)
+                .and_then(|()| pi::check(ns, &ns.read(slba, nlb), &ns.read_meta(slba, nlb), &f));
+            if let Err(s) = checked {
+                return Outcome::err(s);
+            }
+        }
         Outcome::ok(0)
     }
 
@@ -243,6 +332,7 @@ impl State {
         };
         let ns = &mut self.namespaces[i];
         let mut data = Vec::new();
+        let mut meta = Vec::new();
         for r in list.chunks_exact(32) {
             let mut slba = [0u8; 8];
             slba.copy_from_slice(&r[8..16]);
@@ -255,12 +345,14 @@ impl State {
                 return Outcome::err(UNRECOVERED_READ_ERROR);
             }
             data.extend_from_slice(&ns.read(slba, nlb));
+            meta.extend_from_slice(&ns.read_meta(slba, nlb));
         }
         let sdlba = cmd.cdw10_11();
         if !ns.in_range(sdlba, (data.len() / ns.lba_size()) as u64) {
             return Outcome::err(Status::LBA_OUT_OF_RANGE.with_dnr());
         }
         ns.write(sdlba, &data);
+        ns.write_meta(sdlba, &meta);
         Outcome::ok(0)
     }
 }

@@ -53,6 +53,7 @@ mod identify;
 mod io;
 mod logs;
 mod memory;
+mod pi;
 mod post;
 mod prp;
 mod regs;
@@ -442,6 +443,26 @@ impl ModelController {
             "LBA range outside namespace {nsid}"
         );
         ns.read(lba, blocks)
+    }
+
+    /// The metadata of `blocks` logical blocks of namespace `nsid` from
+    /// `lba` (LBAF.MS bytes each; unwritten blocks read as zeros with an
+    /// all-FFh PI tuple).
+    ///
+    /// # Panics
+    ///
+    /// If the namespace does not exist or the range is outside it.
+    pub fn namespace_metadata(&self, nsid: u32, lba: u64, blocks: u64) -> Vec<u8> {
+        let s = self.state();
+        let ns = s
+            .namespace(nsid)
+            .and_then(|i| s.namespaces.get(i))
+            .unwrap_or_else(|| panic!("no namespace {nsid}"));
+        assert!(
+            ns.in_range(lba, blocks),
+            "LBA range outside namespace {nsid}"
+        );
+        ns.read_meta(lba, blocks)
     }
 
     /// Writes whole logical blocks of namespace `nsid` from `lba` directly

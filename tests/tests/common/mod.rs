@@ -33,6 +33,7 @@ pub fn config_one_ns(lba_size: u32, blocks: u64) -> ModelConfig {
             nsid: 1,
             lba_size,
             blocks,
+            ..NamespaceConfig::default()
         }],
         ..Default::default()
     }

@@ -162,6 +162,7 @@ fn identify_controller_fields() {
                 nsid: 3,
                 lba_size: 512,
                 blocks: 1000,
+                ..NamespaceConfig::default()
             },
         ],
         ..ModelConfig::default()
@@ -191,11 +192,14 @@ fn identify_controller_fields() {
     let (_, ns) = identify(&mut h, 0, 3);
     assert_eq!(le64(&ns, 0), 1000, "NSZE");
     assert_eq!(le64(&ns, 8), 1000, "NCAP");
-    assert_eq!(ns[25], 0, "NLBAF");
-    assert_eq!(ns[26], 0, "FLBAS");
+    assert_eq!(ns[25], 7, "NLBAF: QEMU's eight formats");
+    assert_eq!(ns[26], 0, "FLBAS: format 0 (512 + 0)");
     assert_eq!(le32(&ns, 128) >> 16 & 0xff, 9, "LBADS 512");
+    assert_eq!(le32(&ns, 128 + 4 * 5), 12 << 16 | 8, "LBAF5: 4096 + 8");
+    assert_eq!((ns[27], ns[28], ns[29]), (0x3, 0x1f, 0), "MC, DPC, DPS");
     let (_, ns) = identify(&mut h, 0, 1);
-    assert_eq!(le32(&ns, 128) >> 16 & 0xff, 12, "LBADS 4096");
+    assert_eq!(ns[26], 4, "FLBAS: format 4 (4096 + 0)");
+    assert_eq!(le32(&ns, 128 + 4 * 4) >> 16 & 0xff, 12, "LBADS 4096");
     assert_eq!(le64(&ns, 0), 16384);
     // NSID 2 is inactive (≤ NN): zero-filled; NSID 4 is invalid.
     let (c, ns) = identify(&mut h, 0, 2);

@@ -175,6 +175,7 @@ fn compare_write_zeroes_and_deallocate() {
             nsid: 1,
             lba_size: 512,
             blocks: 4096,
+            ..NamespaceConfig::default()
         }],
         ..ModelConfig::default()
     };

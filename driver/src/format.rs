@@ -1,0 +1,178 @@
+//! Format NVM (admin opcode 80h, NVM Command Set Specification 1.0 §4.1
+//! "Format NVM command"; Identify Controller OACS bit 1): choose a
+//! namespace's LBA format — data size, metadata size and layout, protection
+//! information type and location — and optionally erase it securely.
+//!
+//! Afterwards the controller's namespace list is refreshed from Identify
+//! Namespace, and every handle taken before is retired: queue pairs refuse
+//! it ([`crate::Reject::StaleNamespace`]) instead of sizing transfers by a
+//! geometry that no longer holds.
+
+use std::time::Duration;
+
+use upnvme_queues::Sqe;
+use upnvme_queues::sqe::opcode::admin::FORMAT_NVM;
+
+use crate::controller::Controller;
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::namespace::Namespace;
+
+/// The Secure Erase Settings field (CDW10 SES, bits 11:9).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SecureErase {
+    /// 000b: no secure erase requested.
+    #[default]
+    None,
+    /// 001b: User Data Erase.
+    UserData,
+    /// 010b: Cryptographic Erase.
+    Cryptographic,
+}
+
+/// What Format NVM is to do (CDW10).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FormatNvm {
+    /// Index into Identify Namespace LBAF (LBAFL bits 3:0, LBAFU 13:12).
+    pub lbaf: u8,
+    /// MSET (bit 4): metadata at the end of each block (extended LBA);
+    /// otherwise in a separate buffer.
+    pub extended: bool,
+    /// PI (bits 7:5): protection information type 0 (none) to 3.
+    pub pi_type: u8,
+    /// PIL (bit 8): the PI tuple in the first 8 bytes of the metadata
+    /// (otherwise the last 8).
+    pub pi_first: bool,
+    /// SES (bits 11:9).
+    pub secure_erase: SecureErase,
+    /// How long to wait for the command (a secure erase of a large device
+    /// takes minutes); `None`: the controller's admin timeout.
+    pub timeout: Option<Duration>,
+}
+
+impl FormatNvm {
+    /// LBA format `lbaf` with a separate metadata buffer, no PI, no erase.
+    pub fn lbaf(lbaf: u8) -> FormatNvm {
+        FormatNvm {
+            lbaf,
+            extended: false,
+            pi_type: 0,
+            pi_first: false,
+            secure_erase: SecureErase::None,
+            timeout: None,
+        }
+    }
+
+    /// CDW10 of the command.
+    pub fn cdw10(&self) -> u32 {
+        let ses = match self.secure_erase {
+            SecureErase::None => 0,
+            SecureErase::UserData => 1,
+            SecureErase::Cryptographic => 2,
+        };
+        u32::from(self.lbaf & 0xf)
+            | u32::from(self.extended) << 4
+            | u32::from(self.pi_type & 0x7) << 5
+            | u32::from(self.pi_first) << 8
+            | ses << 9
+            | u32::from(self.lbaf >> 4 & 0x3) << 12
+    }
+}
+
+impl<D: Device> Controller<D> {
+    /// Formats namespace `nsid` (Format NVM) and returns its new handle.
+    ///
+    /// The arguments are checked against Identify first (OACS bit 1 Format
+    /// NVM supported, an LBAF index within NLBAF, MC for the metadata
+    /// layout, DPC for the PI type and location, FNA bit 2 for a
+    /// cryptographic erase); the controller refuses anything else with
+    /// Invalid Format. Every handle of the namespace taken before is retired
+    /// (queue pairs refuse it with [`crate::Reject::StaleNamespace`]). No
+    /// command may be in flight on the namespace meanwhile: the controller
+    /// aborts or fails them.
+    pub fn format_nvm(&mut self, nsid: u32, format: &FormatNvm) -> Result<Namespace> {
+        let id = self.namespace(nsid)?.identify().clone();
+        let bad = |what: String| {
+            Error::InvalidArgument(format!("Format NVM of namespace {nsid}: {what}"))
+        };
+        if self.identify().oacs & (1 << 1) == 0 {
+            return Err(Error::Unsupported {
+                device: self.device_name().to_string(),
+                what: "Format NVM (Identify Controller OACS bit 1 is clear)".into(),
+            });
+        }
+        let Some(lbaf) = id.lbaf.get(usize::from(format.lbaf)) else {
+            return Err(bad(format!(
+                "LBA format {} does not exist: the namespace has {} (0..={}; `upnvme identify -H` lists them)",
+                format.lbaf,
+                usize::from(id.nlbaf) + 1,
+                id.nlbaf
+            )));
+        };
+        if lbaf.ms != 0 {
+            let (bit, layout) = if format.extended {
+                (0, "extended LBA")
+            } else {
+                (1, "a separate metadata buffer")
+            };
+            if id.mc & (1 << bit) == 0 {
+                return Err(bad(format!(
+                    "the namespace cannot keep metadata in {layout} (Identify Namespace MC = {:#x})",
+                    id.mc
+                )));
+            }
+        }
+        if format.pi_type > 3 {
+            return Err(bad(format!("PI type {} (0..=3)", format.pi_type)));
+        }
+        if format.pi_type != 0 {
+            if lbaf.ms < 8 {
+                return Err(bad(format!(
+                    "PI type {} needs 8 or more metadata bytes per block; LBA format {} has {}",
+                    format.pi_type, format.lbaf, lbaf.ms
+                )));
+            }
+            let location = if format.pi_first { 1 << 4 } else { 1 << 3 };
+            if id.dpc & (1 << (format.pi_type - 1)) == 0 || id.dpc & location == 0 {
+                return Err(bad(format!(
+                    "PI type {} in the {} 8 metadata bytes is not offered (Identify Namespace DPC = {:#x})",
+                    format.pi_type,
+                    if format.pi_first { "first" } else { "last" },
+                    id.dpc
+                )));
+            }
+        }
+        if format.secure_erase == SecureErase::Cryptographic && self.identify().fna & (1 << 2) == 0
+        {
+            return Err(bad(
+                "cryptographic erase is not supported (Identify Controller FNA bit 2 is clear)"
+                    .into(),
+            ));
+        }
+        let mut sqe = Sqe::default();
+        sqe.set_opcode(FORMAT_NVM);
+        sqe.dw[1] = nsid;
+        sqe.dw[10] = format.cdw10();
+        let timeout = format.timeout.unwrap_or(self.inner.admin_timeout);
+        let what = format!("Format NVM (namespace {nsid}, LBA format {})", format.lbaf);
+        // Retired before the command: whatever happens to it, the old
+        // geometry is no longer to be trusted.
+        if let Ok(old) = self.namespace(nsid) {
+            old.retire();
+        }
+        self.inner.execute_within(sqe, None, None, &what, timeout)?;
+        let fresh = self.inner.namespace_handle(nsid)?;
+        self.namespaces.retain(|n| n.id() != nsid);
+        match fresh {
+            Some(ns) => {
+                let at = self.namespaces.partition_point(|n| n.id() < nsid);
+                self.namespaces.insert(at, ns.clone());
+                Ok(ns)
+            }
+            None => Err(Error::InvalidArgument(format!(
+                "after Format NVM, namespace {nsid} reports an LBA format the driver cannot use \
+                 (LBADS outside 9..=31) or is no longer active"
+            ))),
+        }
+    }
+}

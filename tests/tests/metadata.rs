@@ -1,0 +1,544 @@
+//! Host tests of metadata and End-to-end Data Protection against the model,
+//! which keeps each block's metadata beside its data and implements PRACT
+//! and PRCHK from the specification (tests/src/model/pi.rs): extended-LBA
+//! and separate-buffer round trips checked against the model's storage,
+//! PRACT insert/strip, host-built PI, each typed check error, the refusals,
+//! and Format NVM with the handle refresh.
+
+mod common;
+
+use common::{assert_clean, buffer_with, pattern, read_back, run_io, setup};
+use upnvme::pi::PiFormat;
+use upnvme::{
+    FormatNvm, IoCommand, IoData, IoError, IoVec, PiCheck, Protection, QueuePairOptions, Reject,
+    SglMode,
+};
+use upnvme_tests::{ModelConfig, NamespaceConfig};
+
+const BS: usize = 512;
+const BLOCKS: u64 = 4096;
+
+fn with_format(ms: u16, extended: bool, pi_type: u8, pi_first: bool) -> ModelConfig {
+    ModelConfig {
+        oncs: ModelConfig::ONCS_COMPARE
+            | ModelConfig::ONCS_DSM
+            | ModelConfig::ONCS_WRITE_ZEROES
+            | ModelConfig::ONCS_VERIFY,
+        sgls: 1,
+        namespaces: vec![NamespaceConfig {
+            lba_size: BS as u32,
+            blocks: BLOCKS,
+            ms,
+            extended,
+            pi_type,
+            pi_first,
+            ..NamespaceConfig::default()
+        }],
+        ..ModelConfig::default()
+    }
+}
+
+fn write(slba: u64, blocks: u32, ns: &upnvme::Namespace) -> IoCommand<'_> {
+    IoCommand::Write { ns, slba, blocks }
+}
+
+fn read(slba: u64, blocks: u32, ns: &upnvme::Namespace) -> IoCommand<'_> {
+    IoCommand::Read { ns, slba, blocks }
+}
+
+/// Interleaves data and metadata into an extended-LBA buffer.
+fn interleave(data: &[u8], md: &[u8], ms: usize) -> Vec<u8> {
+    data.chunks(BS)
+        .zip(md.chunks(ms))
+        .flat_map(|(d, m)| d.iter().chain(m).copied())
+        .collect()
+}
+
+#[test]
+fn extended_lba_round_trip_lands_data_and_metadata_in_their_places() {
+    let (m, c) = setup(with_format(8, true, 0, false));
+    let ns = c.namespace(1).unwrap().clone();
+    let layout = ns.metadata_layout().unwrap();
+    assert!(layout.extended && layout.ms == 8 && layout.pi_type == 0);
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let (data, md) = (pattern(1, 9 * BS), pattern(2, 9 * 8));
+    let host = interleave(&data, &md, 8);
+    let c1 = run_io(&mut qp, write(100, 9, &ns), buffer_with(&c, &host).into());
+    assert!(c1.is_ok(), "{:?}", c1.result);
+    assert_eq!(m.namespace_data(1, 100, 9), data);
+    assert_eq!(m.namespace_metadata(1, 100, 9), md);
+    // Read back through a vector of odd pieces (an SGL): byte exact.
+    let mut v = IoVec::new();
+    let total = host.len();
+    for (i, len) in [100usize, 2000, 1, total - 2101].into_iter().enumerate() {
+        v.push(c.alloc_dma(len + 4 * i).unwrap(), 4 * i, len)
+            .unwrap();
+    }
+    let r = run_io(&mut qp, read(100, 9, &ns), IoData::vectored(v));
+    assert!(r.is_ok(), "{:?}", r.result);
+    let back: Vec<u8> = r
+        .segments
+        .unwrap()
+        .segments()
+        .iter()
+        .flat_map(|s| {
+            let mut b = vec![0u8; s.len()];
+            s.buffer().read_bytes(s.offset(), &mut b).unwrap();
+            b
+        })
+        .collect();
+    assert_eq!(back, host);
+    // Too small a buffer for data + metadata is refused.
+    let f = qp
+        .submit_io(
+            write(0, 2, &ns),
+            IoData::slice(c.alloc_dma(2 * BS).unwrap(), 0, 2 * BS),
+            1,
+        )
+        .unwrap_err();
+    assert_eq!(
+        f.reason,
+        Reject::BufferTooSmall {
+            need: 2 * (BS as u64 + 8)
+        }
+    );
+    // A metadata buffer has no place here.
+    let f = qp
+        .submit_io(
+            write(0, 1, &ns),
+            IoData::buffer(c.alloc_dma(BS + 8).unwrap()).metadata(c.alloc_dma(8).unwrap()),
+            1,
+        )
+        .unwrap_err();
+    assert_eq!(f.reason, Reject::MetadataNotApplicable);
+    assert!(f.metadata.is_some() && f.buffer.is_some());
+    drop(qp);
+    assert_clean(&m);
+}
+
+#[test]
+fn separate_metadata_goes_through_mptr_with_prp_and_sgl_data() {
+    let (m, c) = setup(with_format(16, false, 0, false));
+    let ns = c.namespace(1).unwrap().clone();
+    for mode in [SglMode::Never, SglMode::Always] {
+        let mut qp = c
+            .io_queue_pair(QueuePairOptions {
+                sgl: mode,
+                ..QueuePairOptions::default()
+            })
+            .unwrap();
+        let (data, md) = (pattern(3, 12 * BS), pattern(4, 12 * 16));
+        let io = IoData::buffer(buffer_with(&c, &data)).metadata(buffer_with(&c, &md));
+        let w = run_io(&mut qp, write(8, 12, &ns), io);
+        assert!(w.is_ok(), "{mode:?}: {:?}", w.result);
+        assert!(w.metadata.is_some(), "the metadata buffer comes back");
+        assert_eq!(m.namespace_data(1, 8, 12), data);
+        assert_eq!(m.namespace_metadata(1, 8, 12), md);
+        let io = IoData::buffer(c.alloc_dma(12 * BS).unwrap()).metadata(c.alloc_dma(4096).unwrap());
+        let r = run_io(&mut qp, read(8, 12, &ns), io);
+        assert!(r.is_ok(), "{:?}", r.result);
+        assert_eq!(read_back(r.buffer.as_ref().unwrap(), data.len()), data);
+        assert_eq!(read_back(r.metadata.as_ref().unwrap(), md.len()), md);
+        // Without a metadata buffer, or with one too small: refused.
+        let f = qp
+            .submit(read(8, 12, &ns), Some(c.alloc_dma(12 * BS).unwrap()), 1)
+            .unwrap_err();
+        assert_eq!(f.reason, Reject::MetadataBuffer { need: 12 * 16 });
+        let f = qp
+            .submit_io(
+                read(8, 12, &ns),
+                IoData::buffer(c.alloc_dma(12 * BS).unwrap())
+                    .metadata(c.alloc_dma(4096).unwrap().split(128).unwrap().remove(0)),
+                1,
+            )
+            .unwrap_err();
+        assert_eq!(f.reason, Reject::MetadataBuffer { need: 12 * 16 });
+        assert!(f.metadata.is_some());
+        assert_eq!(
+            qp.describe(f.reason).to_string(),
+            "invalid argument: the namespace keeps metadata in a separate buffer: pass one of at \
+             least 192 bytes (blocks × metadata size) with IoData::metadata"
+        );
+    }
+    assert_clean(&m);
+}
+
+#[test]
+fn pract_generates_and_strips_pi_for_eight_byte_metadata() {
+    for extended in [false, true] {
+        let (m, c) = setup(with_format(8, extended, 1, false));
+        let ns = c.namespace(1).unwrap().clone();
+        let fmt = ns.pi_format().unwrap();
+        let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+        // PRACT with 8-byte metadata: only data moves, in either layout.
+        let data = pattern(5, 4 * BS);
+        let io = IoData::buffer(buffer_with(&c, &data)).protection(Protection::PRACT);
+        let w = run_io(&mut qp, write(40, 4, &ns), io);
+        assert!(w.is_ok(), "{:?}", w.result);
+        // The controller stored a tuple per block: guard over the data,
+        // reference tag = LBA (Type 1).
+        let md = m.namespace_metadata(1, 40, 4);
+        for (i, chunk) in md.chunks(8).enumerate() {
+            let t = fmt.tuple(chunk).unwrap();
+            assert_eq!(t.guard, upnvme::pi::guard(&data[i * BS..(i + 1) * BS], &[]));
+            assert_eq!(t.ref_tag, 40 + i as u32);
+        }
+        let io = IoData::buffer(c.alloc_dma(4 * BS).unwrap()).protection(Protection::PRACT);
+        let r = run_io(&mut qp, read(40, 4, &ns), io);
+        assert!(r.is_ok(), "{:?}", r.result);
+        assert_eq!(read_back(r.buffer.as_ref().unwrap(), data.len()), data);
+        // Without PRACT the tuples come to the host, and check.
+        let io = if extended {
+            IoData::buffer(c.alloc_dma(4 * (BS + 8)).unwrap())
+        } else {
+            IoData::buffer(c.alloc_dma(4 * BS).unwrap()).metadata(c.alloc_dma(32).unwrap())
+        };
+        let r = run_io(&mut qp, read(40, 4, &ns), io.protection(Protection::CHECK));
+        assert!(r.is_ok(), "{:?}", r.result);
+        let got_md = if extended {
+            let b = read_back(r.buffer.as_ref().unwrap(), 4 * (BS + 8));
+            b.chunks(BS + 8).flat_map(|c| c[BS..].to_vec()).collect()
+        } else {
+            read_back(r.metadata.as_ref().unwrap(), 32)
+        };
+        assert_eq!(got_md, md);
+        // PRACT with a metadata buffer: nothing would use it.
+        let f = qp
+            .submit_io(
+                write(40, 1, &ns),
+                IoData::buffer(c.alloc_dma(BS).unwrap())
+                    .metadata(c.alloc_dma(8).unwrap())
+                    .protection(Protection::PRACT),
+                1,
+            )
+            .unwrap_err();
+        assert_eq!(f.reason, Reject::MetadataNotApplicable);
+        drop(qp);
+        assert_clean(&m);
+    }
+}
+
+#[test]
+fn host_built_pi_is_checked_and_each_mismatch_is_typed() {
+    // Type 1, 16 metadata bytes with the PI in the last 8: the guard covers
+    // the 8 bytes before it too.
+    let (m, c) = setup(with_format(16, true, 1, false));
+    let ns = c.namespace(1).unwrap().clone();
+    let fmt: PiFormat = ns.pi_format().unwrap();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let stride = BS + 16;
+    let mut host = pattern(6, 3 * stride);
+    assert!(fmt.protect_extended(&mut host, 0x1234, 200));
+    let check_all = Protection {
+        check_app_tag: true,
+        app_tag: 0x1234,
+        app_tag_mask: 0xffff,
+        ..Protection::CHECK
+    };
+    let w = run_io(
+        &mut qp,
+        write(200, 3, &ns),
+        IoData::buffer(buffer_with(&c, &host)).protection(check_all),
+    );
+    assert!(w.is_ok(), "{:?}", w.result);
+    let r = run_io(
+        &mut qp,
+        read(200, 3, &ns),
+        IoData::buffer(c.alloc_dma(3 * stride).unwrap()).protection(check_all),
+    );
+    assert!(r.is_ok(), "{:?}", r.result);
+    assert_eq!(read_back(r.buffer.as_ref().unwrap(), host.len()), host);
+
+    // One flipped data byte: guard error, nothing stored.
+    let mut bad = host.clone();
+    bad[stride + 7] ^= 1;
+    let e = run_io(
+        &mut qp,
+        write(200, 3, &ns),
+        IoData::buffer(buffer_with(&c, &bad)).protection(check_all),
+    );
+    assert!(
+        matches!(
+            e.result,
+            Err(IoError::Protection {
+                check: PiCheck::Guard,
+                ..
+            })
+        ),
+        "{:?}",
+        e.result
+    );
+    // Another application tag under the mask.
+    let mut other = pattern(6, 3 * stride);
+    assert!(fmt.protect_extended(&mut other, 0x1235, 200));
+    let e = run_io(
+        &mut qp,
+        write(200, 3, &ns),
+        IoData::buffer(buffer_with(&c, &other)).protection(check_all),
+    );
+    assert!(
+        matches!(
+            e.result,
+            Err(IoError::Protection {
+                check: PiCheck::ApplicationTag,
+                ..
+            })
+        ),
+        "{:?}",
+        e.result
+    );
+    // Tuples tagged for other LBAs.
+    let mut shifted = pattern(6, 3 * stride);
+    assert!(fmt.protect_extended(&mut shifted, 0x1234, 201));
+    let e = run_io(
+        &mut qp,
+        write(200, 3, &ns),
+        IoData::buffer(buffer_with(&c, &shifted)).protection(check_all),
+    );
+    assert!(
+        matches!(
+            e.result,
+            Err(IoError::Protection {
+                check: PiCheck::ReferenceTag,
+                ..
+            })
+        ),
+        "{:?}",
+        e.result
+    );
+    assert_eq!(m.namespace_data(1, 200, 3), {
+        let d: Vec<u8> = host.chunks(stride).flat_map(|b| b[..BS].to_vec()).collect();
+        d
+    });
+    // Written without checks, a bad guard is caught on the read and by
+    // Verify.
+    let w = run_io(&mut qp, write(300, 3, &ns), buffer_with(&c, &bad).into());
+    assert!(w.is_ok(), "{:?}", w.result);
+    // (Block 0's tuple is tagged for LBA 200: check the guard only.)
+    let guard_only = Protection {
+        check_guard: true,
+        ..Protection::default()
+    };
+    let e = run_io(
+        &mut qp,
+        read(300, 3, &ns),
+        IoData::buffer(c.alloc_dma(3 * stride).unwrap()).protection(guard_only),
+    );
+    assert!(matches!(
+        e.result,
+        Err(IoError::Protection {
+            check: PiCheck::Guard,
+            ..
+        })
+    ));
+    assert!(
+        e.result.unwrap_err().to_string().contains("guard"),
+        "the message names the field"
+    );
+    let verify = IoCommand::Verify {
+        ns: &ns,
+        slba: 300,
+        blocks: 3,
+    };
+    let e = run_io(&mut qp, verify, IoData::none().protection(guard_only));
+    assert!(matches!(
+        e.result,
+        Err(IoError::Protection {
+            check: PiCheck::Guard,
+            ..
+        })
+    ));
+    // Unwritten blocks carry an all-FFh tuple: checks are off for them.
+    let r = run_io(
+        &mut qp,
+        read(1000, 2, &ns),
+        IoData::buffer(c.alloc_dma(2 * stride).unwrap()).protection(Protection::CHECK),
+    );
+    assert!(r.is_ok(), "{:?}", r.result);
+    drop(qp);
+    assert_clean(&m);
+}
+
+#[test]
+fn pi_first_and_type_3_keep_their_rules() {
+    // Type 3, PI in the first 8 of 16 bytes, separate buffer: PRACT with
+    // 16-byte metadata still moves the metadata; the controller fills the
+    // tuple, the host's other 8 bytes stay; the reference tag does not count.
+    let (m, c) = setup(with_format(16, false, 3, true));
+    let ns = c.namespace(1).unwrap().clone();
+    let fmt = ns.pi_format().unwrap();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let data = pattern(7, 2 * BS);
+    let md = pattern(8, 32);
+    let p = Protection {
+        ref_tag: Some(0xabcd),
+        app_tag: 9,
+        ..Protection::PRACT
+    };
+    let io = IoData::buffer(buffer_with(&c, &data))
+        .metadata(buffer_with(&c, &md))
+        .protection(p);
+    let w = run_io(&mut qp, write(10, 2, &ns), io);
+    assert!(w.is_ok(), "{:?}", w.result);
+    let stored = m.namespace_metadata(1, 10, 2);
+    for (i, chunk) in stored.chunks(16).enumerate() {
+        let t = fmt.tuple(chunk).unwrap();
+        assert_eq!((t.ref_tag, t.app_tag), (0xabcd, 9));
+        assert_eq!(t.guard, upnvme::pi::guard(&data[i * BS..(i + 1) * BS], &[]));
+        assert_eq!(&chunk[8..], &md[i * 16 + 8..(i + 1) * 16]);
+    }
+    drop(qp);
+    assert_clean(&m);
+}
+
+#[test]
+fn protection_refusals_say_what_is_wrong() {
+    // No PI on this namespace.
+    let (m, c) = setup(with_format(8, false, 0, false));
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let f = qp
+        .submit_io(
+            write(0, 1, &ns),
+            IoData::buffer(c.alloc_dma(BS).unwrap())
+                .metadata(c.alloc_dma(8).unwrap())
+                .protection(Protection::PRACT),
+            1,
+        )
+        .unwrap_err();
+    assert!(
+        matches!(f.reason, Reject::ProtectionNotApplicable(w) if w.contains("DPS")),
+        "{:?}",
+        f.reason
+    );
+    // Flush has no protection fields and no metadata.
+    let f = qp
+        .submit_io(
+            IoCommand::Flush { ns: &ns },
+            IoData::none().protection(Protection::PRACT),
+            1,
+        )
+        .unwrap_err();
+    assert!(matches!(f.reason, Reject::ProtectionNotApplicable(_)));
+    let f = qp
+        .submit_io(
+            IoCommand::Flush { ns: &ns },
+            IoData::none().metadata(c.alloc_dma(8).unwrap()),
+            1,
+        )
+        .unwrap_err();
+    assert_eq!(f.reason, Reject::MetadataNotApplicable);
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+
+    // PI namespace: Write Zeroes takes PRACT only.
+    let (m, c) = setup(with_format(8, true, 2, false));
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let wz = IoCommand::WriteZeroes {
+        ns: &ns,
+        slba: 0,
+        blocks: 4,
+        deallocate: false,
+    };
+    let f = qp
+        .submit_io(wz, IoData::none().protection(Protection::CHECK), 1)
+        .unwrap_err();
+    assert!(matches!(f.reason, Reject::ProtectionNotApplicable(w) if w.contains("Write Zeroes")));
+    let pract_only = Protection {
+        pract: true,
+        ..Protection::default()
+    };
+    let z = run_io(&mut qp, wz, IoData::none().protection(pract_only));
+    assert!(z.is_ok(), "{:?}", z.result);
+    // Type 1 rule in the model and the spec: a reference-tag check needs
+    // ILBRT = SLBA; the driver's default is SLBA, an explicit other tag is
+    // the controller's Invalid Protection Information.
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn format_nvm_changes_the_geometry_and_retires_old_handles() {
+    let (m, mut c) = setup(with_format(0, false, 0, false));
+    let old = c.namespace(1).unwrap().clone();
+    assert!(old.metadata_layout().is_none());
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let w = run_io(
+        &mut qp,
+        write(0, 1, &old),
+        buffer_with(&c, &pattern(9, BS)).into(),
+    );
+    assert!(w.is_ok());
+    drop(qp);
+    // LBA format 5 of the model: 4096 + 8, extended, PI Type 1.
+    let new = c
+        .format_nvm(
+            1,
+            &FormatNvm {
+                extended: true,
+                pi_type: 1,
+                ..FormatNvm::lbaf(5)
+            },
+        )
+        .unwrap();
+    assert!(old.is_stale() && !new.is_stale());
+    assert_eq!(new.lba_size(), 4096);
+    let layout = new.metadata_layout().unwrap();
+    assert!(layout.extended && layout.ms == 8 && layout.pi_type == 1);
+    assert_eq!(
+        new.lba_count(),
+        BLOCKS * BS as u64 / (4096 + 8),
+        "capacity follows the new format"
+    );
+    assert_eq!(c.namespace(1).unwrap().lba_size(), 4096);
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let f = qp
+        .submit(read(0, 1, &old), Some(c.alloc_dma(BS).unwrap()), 1)
+        .unwrap_err();
+    assert_eq!(f.reason, Reject::StaleNamespace { nsid: 1 });
+    assert!(
+        qp.describe(f.reason)
+            .to_string()
+            .contains("Controller::namespace(1)")
+    );
+    // The new handle works; the data was erased.
+    let io = IoData::buffer(c.alloc_dma(4096).unwrap()).protection(Protection::PRACT);
+    let r = run_io(&mut qp, read(0, 1, &new), io);
+    assert!(r.is_ok(), "{:?}", r.result);
+    assert!(
+        read_back(r.buffer.as_ref().unwrap(), 4096)
+            .iter()
+            .all(|&b| b == 0)
+    );
+    drop(qp);
+    // Bad arguments are refused before anything is sent.
+    let fetched = m.commands_fetched();
+    for (f, text) in [
+        (FormatNvm::lbaf(8), "LBA format 8 does not exist"),
+        (
+            FormatNvm {
+                pi_type: 1,
+                ..FormatNvm::lbaf(0)
+            },
+            "needs 8 or more metadata bytes",
+        ),
+        (
+            FormatNvm {
+                pi_type: 4,
+                ..FormatNvm::lbaf(1)
+            },
+            "PI type 4",
+        ),
+    ] {
+        let e = c.format_nvm(1, &f).unwrap_err().to_string();
+        assert!(e.contains(text), "{e}");
+    }
+    assert_eq!(m.commands_fetched(), fetched);
+    // And back to no metadata.
+    let back = c.format_nvm(1, &FormatNvm::lbaf(0)).unwrap();
+    assert!(back.metadata_layout().is_none() && back.lba_size() == 512);
+    assert_clean(&m);
+}
