@@ -370,9 +370,25 @@ fn pi_first_and_type_3_keep_their_rules() {
     let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
     let data = pattern(7, 2 * BS);
     let md = pattern(8, 32);
+    // (Type 3 has no reference tag to check: the driver refuses that.)
+    let f = qp
+        .submit_io(
+            write(10, 2, &ns),
+            IoData::buffer(c.alloc_dma(2 * BS).unwrap())
+                .metadata(c.alloc_dma(32).unwrap())
+                .protection(Protection::PRACT),
+            1,
+        )
+        .unwrap_err();
+    assert!(
+        matches!(f.reason, Reject::ProtectionNotApplicable(w) if w.contains("Type 3")),
+        "{:?}",
+        f.reason
+    );
     let p = Protection {
         ref_tag: Some(0xabcd),
         app_tag: 9,
+        check_ref_tag: false,
         ..Protection::PRACT
     };
     let io = IoData::buffer(buffer_with(&c, &data))

@@ -40,14 +40,23 @@ fn tag_dwords(p: &Protection, slba: u64) -> u64 {
     u64::from(cdw14) | u64::from(cdw15) << 32
 }
 
-/// Refuses protection fields on a namespace without protection information.
+/// Refuses protection fields on a namespace without protection
+/// information, and a reference tag check on Type 3, which has no
+/// reference tag to check (NVM Command Set 1.0 §5.2.1.3; the controller
+/// would fail it with Invalid Protection Information).
 fn pi_applies(ns: &Namespace, protection: Option<Protection>) -> Result<(), Reject> {
-    if protection.is_some() && ns.metadata_layout_always().pi_type == 0 {
-        return Err(Reject::ProtectionNotApplicable(
+    let Some(p) = protection else {
+        return Ok(());
+    };
+    match ns.metadata_layout_always().pi_type {
+        0 => Err(Reject::ProtectionNotApplicable(
             "the namespace's format has no protection information (Identify Namespace DPS = 0)",
-        ));
+        )),
+        3 if p.check_ref_tag => Err(Reject::ProtectionNotApplicable(
+            "Type 3 protection has no reference tag to check: clear check_ref_tag",
+        )),
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 /// A metadata buffer usable as MPTR: dword aligned (NVMe Base 2.0,

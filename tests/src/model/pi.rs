@@ -58,10 +58,14 @@ fn guard(data: &[u8], before: &[u8]) -> u16 {
 }
 
 /// Type 1 with a reference tag check: the initial tag must be the lower 32
-/// bits of SLBA, or the command is invalid.
+/// bits of SLBA, or the command is invalid; Type 3 has no reference tag to
+/// check (as QEMU: Invalid Protection Information, without DNR).
 pub(crate) fn check_prinfo(ns: &Namespace, f: &PiFields, slba: u64) -> Result<(), Status> {
     if ns.cfg.pi_type == 1 && f.prinfo & PRCHK_REF != 0 && slba as u32 != f.ref_tag {
         return Err(INVALID_PI.with_dnr());
+    }
+    if ns.cfg.pi_type == 3 && f.prinfo & PRCHK_REF != 0 {
+        return Err(INVALID_PI);
     }
     Ok(())
 }

@@ -27,6 +27,7 @@ mod setup;
 mod show;
 
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
@@ -81,6 +82,8 @@ enum Command {
         /// Output file (default: stdout).
         #[arg(long)]
         data: Option<std::path::PathBuf>,
+        #[command(flatten)]
+        md: rw::MetadataArgs,
     },
     /// Write logical blocks from a file (default: stdin), byte-exact: the input
     /// must hold exactly block-count x LBA-size bytes.
@@ -92,6 +95,38 @@ enum Command {
         /// Input file (default: stdin).
         #[arg(long)]
         data: Option<std::path::PathBuf>,
+        #[command(flatten)]
+        md: rw::MetadataArgs,
+    },
+    /// Format a namespace (Format NVM): choose its LBA format (index from
+    /// `upnvme identify -H`), metadata layout and protection information.
+    /// Erases the namespace's data.
+    Format {
+        #[command(flatten)]
+        dev: DeviceArgs,
+        /// Namespace ID.
+        #[arg(short, long, default_value_t = 1)]
+        nsid: u32,
+        /// LBA format index (Identify Namespace LBAF).
+        #[arg(short = 'l', long)]
+        lbaf: u8,
+        /// Metadata setting: 1 = extended LBA (metadata after each block's
+        /// data), 0 = a separate metadata buffer.
+        #[arg(short = 'm', long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..2))]
+        ms: u8,
+        /// Protection information type: 0 (none) to 3.
+        #[arg(short = 'i', long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..4))]
+        pi: u8,
+        /// Protection information location: 1 = first 8 metadata bytes,
+        /// 0 = last 8.
+        #[arg(short = 'p', long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..2))]
+        pil: u8,
+        /// Secure erase setting: 0 none, 1 user data erase, 2 cryptographic erase.
+        #[arg(short = 's', long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..3))]
+        ses: u8,
+        /// Seconds to wait for the command (default: the admin timeout).
+        #[arg(long)]
+        timeout: Option<u64>,
     },
     /// Prepare the machine (run as root): `status` shows the IOMMU, the NVMe
     /// controllers with their drivers and IOMMU groups, and the hugepages;
@@ -238,7 +273,12 @@ fn run(cli: Cli) -> Result<()> {
             c.close()?;
             Ok(())
         }
-        Command::Read { dev, range, data } => {
+        Command::Read {
+            dev,
+            range,
+            data,
+            md,
+        } => {
             let c = dev.open()?;
             rw::read(
                 &c,
@@ -246,11 +286,17 @@ fn run(cli: Cli) -> Result<()> {
                 range.start_block,
                 range.block_count,
                 data.as_deref(),
+                &md,
             )?;
             c.close()?;
             Ok(())
         }
-        Command::Write { dev, range, data } => {
+        Command::Write {
+            dev,
+            range,
+            data,
+            md,
+        } => {
             let c = dev.open()?;
             rw::write(
                 &c,
@@ -258,7 +304,43 @@ fn run(cli: Cli) -> Result<()> {
                 range.start_block,
                 range.block_count,
                 data.as_deref(),
+                &md,
             )?;
+            c.close()?;
+            Ok(())
+        }
+        Command::Format {
+            dev,
+            nsid,
+            lbaf,
+            ms,
+            pi,
+            pil,
+            ses,
+            timeout,
+        } => {
+            let mut c = dev.open()?;
+            let f = upnvme::FormatNvm {
+                lbaf,
+                extended: ms == 1,
+                pi_type: pi,
+                pi_first: pil == 1,
+                secure_erase: match ses {
+                    1 => upnvme::SecureErase::UserData,
+                    2 => upnvme::SecureErase::Cryptographic,
+                    _ => upnvme::SecureErase::None,
+                },
+                timeout: timeout.map(Duration::from_secs),
+            };
+            let ns = c.format_nvm(nsid, &f)?;
+            let layout = ns
+                .metadata_layout()
+                .map_or_else(|| "no metadata".to_string(), |l| l.to_string());
+            println!(
+                "namespace {nsid} formatted: LBA format {lbaf}, {} blocks of {} bytes, {layout}",
+                ns.lba_count(),
+                ns.lba_size()
+            );
             c.close()?;
             Ok(())
         }

@@ -1,29 +1,126 @@
 //! `upnvme read` / `upnvme write`: byte-exact block I/O between a file (or
-//! stdin/stdout) and a namespace, split into transfers of at most MDTS.
+//! stdin/stdout) and a namespace, split into transfers of at most MDTS —
+//! with the blocks' metadata in a file of its own (`--metadata`) and the
+//! protection information fields (`--prinfo`, `--ref-tag`, `--app-tag`,
+//! `--app-tag-mask`, as nvme-cli's read/write) on formats that have them.
 
 use std::fs::File;
 use std::io::{Read, Write};
-use std::path::Path;
-use std::time::Duration;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
-use upnvme::{Controller, Namespace, QueuePairOptions};
+use anyhow::{Context, Result, anyhow, bail};
+use upnvme::{
+    Completion, Controller, DmaBuffer, IoCommand, IoData, IoQueuePair, Namespace, Protection,
+    QueuePairOptions,
+};
 
 const TIMEOUT: Duration = Duration::from_secs(30);
 
-fn chunk_blocks(c: &Controller, lba: usize, total: u64) -> u32 {
-    let max = c.max_transfer_bytes().unwrap_or(2 << 20).min(2 << 20);
-    ((max / lba) as u64).min(total).max(1) as u32
+/// Metadata and protection options of `read` / `write`.
+#[derive(clap::Args, Debug, Default)]
+pub struct MetadataArgs {
+    /// File with the blocks' metadata (block-count × MS bytes, block by
+    /// block), for namespaces whose LBA format has metadata: written from it,
+    /// or read into it. The tool interleaves it for extended-LBA formats.
+    #[arg(long)]
+    pub metadata: Option<PathBuf>,
+    /// PRINFO, as nvme-cli: bit 3 PRACT (the controller inserts/strips the
+    /// PI), bits 2..0 PRCHK (check guard, application tag, reference tag).
+    /// E.g. 8 = PRACT only, 15 = PRACT with every check, 5 = host PI with
+    /// guard and reference tag checks.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..16))]
+    pub prinfo: u8,
+    /// Initial (expected) logical block reference tag (default: the lower
+    /// 32 bits of the start block, as Type 1 requires).
+    #[arg(long)]
+    pub ref_tag: Option<u32>,
+    /// (Expected) logical block application tag.
+    #[arg(long, default_value_t = 0)]
+    pub app_tag: u16,
+    /// Application tag mask: which bits are checked.
+    #[arg(long, default_value_t = 0)]
+    pub app_tag_mask: u16,
 }
 
-/// The namespace handle and its LBA size, once the range is checked.
-fn check_range(c: &Controller, nsid: u32, start: u64, count: u64) -> Result<(&Namespace, usize)> {
+impl MetadataArgs {
+    fn protection(&self) -> Option<Protection> {
+        let any = self.prinfo != 0
+            || self.ref_tag.is_some()
+            || self.app_tag != 0
+            || self.app_tag_mask != 0;
+        any.then_some(Protection {
+            pract: self.prinfo & 8 != 0,
+            check_guard: self.prinfo & 4 != 0,
+            check_app_tag: self.prinfo & 2 != 0,
+            check_ref_tag: self.prinfo & 1 != 0,
+            ref_tag: self.ref_tag,
+            app_tag: self.app_tag,
+            app_tag_mask: self.app_tag_mask,
+        })
+    }
+}
+
+/// What moves per block on this namespace with these options.
+struct Shape {
+    lba: usize,
+    /// Metadata bytes that move per block (0: none).
+    ms: usize,
+    extended: bool,
+}
+
+fn shape(ns: &Namespace, m: &MetadataArgs) -> Result<Shape> {
+    let lba = ns.lba_size() as usize;
+    let Some(layout) = ns.metadata_layout() else {
+        if m.metadata.is_some() {
+            bail!(
+                "namespace {} has no metadata (LBAF.MS = 0): leave out --metadata",
+                ns.id()
+            );
+        }
+        return Ok(Shape {
+            lba,
+            ms: 0,
+            extended: false,
+        });
+    };
+    let pract = m.prinfo & 8 != 0;
+    let moves = !(layout.pi_type != 0 && pract && layout.ms == 8);
+    if moves && m.metadata.is_none() {
+        bail!(
+            "namespace {} has metadata ({layout}): pass --metadata FILE (block-count × {} bytes){}",
+            ns.id(),
+            layout.ms,
+            if layout.pi_type != 0 && layout.ms == 8 {
+                ", or --prinfo 8 (PRACT) to let the controller insert and strip the protection information"
+            } else {
+                ""
+            }
+        );
+    }
+    if !moves && m.metadata.is_some() {
+        bail!("with PRACT and 8-byte metadata no metadata moves: leave out --metadata");
+    }
+    Ok(Shape {
+        lba,
+        ms: if moves { usize::from(layout.ms) } else { 0 },
+        extended: layout.extended,
+    })
+}
+
+fn chunk_blocks(c: &Controller, per_block: usize, total: u64) -> u32 {
+    let max = c.max_transfer_bytes().unwrap_or(2 << 20).min(2 << 20);
+    ((max / per_block) as u64).min(total).max(1) as u32
+}
+
+/// The namespace handle, once the range is checked.
+fn check_range(c: &Controller, nsid: u32, start: u64, count: u64) -> Result<&Namespace> {
     let ns = c.namespace(nsid)?;
     if count == 0 {
         bail!("--block-count must be at least 1");
     }
     match start.checked_add(count) {
-        Some(end) if end <= ns.lba_count() => Ok((ns, ns.lba_size() as usize)),
+        Some(end) if end <= ns.lba_count() => Ok(ns),
         _ => bail!(
             "blocks {start}..+{count} are outside namespace {nsid} ({} blocks)",
             ns.lba_count()
@@ -31,66 +128,197 @@ fn check_range(c: &Controller, nsid: u32, start: u64, count: u64) -> Result<(&Na
     }
 }
 
-/// Reads `count` blocks from `start` to `out` (stdout when `None`).
-pub fn read(c: &Controller, nsid: u32, start: u64, count: u64, out: Option<&Path>) -> Result<()> {
-    let (ns, lba) = check_range(c, nsid, start, count)?;
+/// Submits one command and waits for it (bounded by [`TIMEOUT`]).
+fn run(qp: &mut IoQueuePair, cmd: IoCommand<'_>, io: IoData, slba: u64) -> Result<Completion> {
+    qp.submit_io(cmd, io, 0)
+        .map_err(|r| anyhow!("{} at LBA {slba}: {}", cmd.name(), qp.describe(r.reason)))?;
+    let until = Instant::now() + TIMEOUT;
+    loop {
+        if let Some(c) = qp.next_completion()? {
+            return match c.result {
+                Ok(_) => Ok(c),
+                Err(e) => Err(anyhow!("{} at LBA {slba}: {e}", cmd.name())),
+            };
+        }
+        if Instant::now() > until {
+            bail!(
+                "{} at LBA {slba}: no completion within {TIMEOUT:?}",
+                cmd.name()
+            );
+        }
+    }
+}
+
+/// Buffers for one chunk: data (with interleaved metadata when extended)
+/// and a separate metadata buffer.
+fn buffers(c: &Controller, s: &Shape, per: u32) -> Result<(DmaBuffer, Option<DmaBuffer>)> {
+    let n = per as usize;
+    let data_len = n * s.lba + if s.extended { n * s.ms } else { 0 };
+    let md = (!s.extended && s.ms > 0)
+        .then(|| c.alloc_dma(n * s.ms))
+        .transpose()?;
+    Ok((c.alloc_dma(data_len)?, md))
+}
+
+/// Reads `count` blocks from `start` to `out` (stdout when `None`), and
+/// their metadata to `--metadata`.
+pub fn read(
+    c: &Controller,
+    nsid: u32,
+    start: u64,
+    count: u64,
+    out: Option<&Path>,
+    m: &MetadataArgs,
+) -> Result<()> {
+    let ns = check_range(c, nsid, start, count)?;
+    let s = shape(ns, m)?;
     let mut sink: Box<dyn Write> = match out {
         Some(p) => Box::new(File::create(p).with_context(|| format!("creating {}", p.display()))?),
         None => Box::new(std::io::stdout().lock()),
     };
+    let mut md_sink = match &m.metadata {
+        Some(p) => Some(File::create(p).with_context(|| format!("creating {}", p.display()))?),
+        None => None,
+    };
     let mut qp = c.io_queue_pair(QueuePairOptions::default())?;
-    let per = chunk_blocks(c, lba, count);
-    let mut buf = c.alloc_dma(per as usize * lba)?;
-    let mut data = vec![0u8; per as usize * lba];
+    let per = chunk_blocks(c, s.lba + s.ms, count);
+    let (mut buf, mut md) = buffers(c, &s, per)?;
     let mut done = 0u64;
     while done < count {
         let n = (count - done).min(per as u64) as u32;
-        buf = qp
-            .read_blocking(ns, start + done, n, buf, TIMEOUT)
-            .map_err(|e| anyhow::anyhow!("read at LBA {}: {e}", start + done))?;
-        let bytes = n as usize * lba;
-        buf.read_bytes(0, &mut data[..bytes])?;
-        sink.write_all(&data[..bytes])?;
+        let slba = start + done;
+        let mut io = IoData::buffer(buf);
+        if let Some(b) = md {
+            io = io.metadata(b);
+        }
+        if let Some(p) = m.protection() {
+            io = io.protection(p);
+        }
+        let r = run(
+            &mut qp,
+            IoCommand::Read {
+                ns,
+                slba,
+                blocks: n,
+            },
+            io,
+            slba,
+        )?;
+        buf = r
+            .buffer
+            .ok_or_else(|| anyhow!("completion without its buffer"))?;
+        md = r.metadata;
+        let nb = n as usize;
+        if s.extended && s.ms > 0 {
+            let mut host = vec![0u8; nb * (s.lba + s.ms)];
+            buf.read_bytes(0, &mut host)?;
+            let mut meta = Vec::with_capacity(nb * s.ms);
+            for block in host.chunks(s.lba + s.ms) {
+                sink.write_all(&block[..s.lba])?;
+                meta.extend_from_slice(&block[s.lba..]);
+            }
+            if let Some(f) = md_sink.as_mut() {
+                f.write_all(&meta)?;
+            }
+        } else {
+            let mut data = vec![0u8; nb * s.lba];
+            buf.read_bytes(0, &mut data)?;
+            sink.write_all(&data)?;
+            if let (Some(f), Some(b)) = (md_sink.as_mut(), md.as_ref()) {
+                let mut meta = vec![0u8; nb * s.ms];
+                b.read_bytes(0, &mut meta)?;
+                f.write_all(&meta)?;
+            }
+        }
         done += n as u64;
     }
     sink.flush()?;
     Ok(())
 }
 
-/// Writes `count` blocks at `start` from `input` (stdin when `None`). The
-/// input must supply exactly `count × LBA size` bytes; a short input is an
-/// error before anything is written past it (the last partial block is not
-/// padded silently).
+/// Writes `count` blocks at `start` from `input` (stdin when `None`), with
+/// their metadata from `--metadata`. The input must supply exactly
+/// `count × LBA size` bytes (and the metadata file `count × MS`); a short
+/// input is an error before anything is written past it (the last partial
+/// block is not padded silently).
 pub fn write(
     c: &Controller,
     nsid: u32,
     start: u64,
     count: u64,
     input: Option<&Path>,
+    m: &MetadataArgs,
 ) -> Result<()> {
-    let (ns, lba) = check_range(c, nsid, start, count)?;
+    let ns = check_range(c, nsid, start, count)?;
+    let s = shape(ns, m)?;
     let mut src: Box<dyn Read> = match input {
         Some(p) => Box::new(File::open(p).with_context(|| format!("opening {}", p.display()))?),
         None => Box::new(std::io::stdin().lock()),
     };
+    let mut md_src = match &m.metadata {
+        Some(p) => Some(File::open(p).with_context(|| format!("opening {}", p.display()))?),
+        None => None,
+    };
     let mut qp = c.io_queue_pair(QueuePairOptions::default())?;
-    let per = chunk_blocks(c, lba, count);
-    let mut buf = c.alloc_dma(per as usize * lba)?;
-    let mut data = vec![0u8; per as usize * lba];
+    let per = chunk_blocks(c, s.lba + s.ms, count);
+    let (mut buf, mut md) = buffers(c, &s, per)?;
     let mut done = 0u64;
     while done < count {
         let n = (count - done).min(per as u64) as u32;
-        let bytes = n as usize * lba;
-        src.read_exact(&mut data[..bytes]).with_context(|| {
+        let nb = n as usize;
+        let slba = start + done;
+        let mut data = vec![0u8; nb * s.lba];
+        src.read_exact(&mut data).with_context(|| {
             format!(
-                "input ended before {} bytes ({count} blocks of {lba}) were read",
-                count as usize * lba
+                "input ended before {} bytes ({count} blocks of {}) were read",
+                count as usize * s.lba,
+                s.lba
             )
         })?;
-        buf.write_bytes(0, &data[..bytes])?;
-        buf = qp
-            .write_blocking(ns, start + done, n, buf, TIMEOUT)
-            .map_err(|e| anyhow::anyhow!("write at LBA {}: {e}", start + done))?;
+        let mut meta = vec![0u8; nb * s.ms];
+        if let Some(f) = md_src.as_mut() {
+            f.read_exact(&mut meta).with_context(|| {
+                format!(
+                    "the metadata file ended before {} bytes ({count} blocks of {}) were read",
+                    count as usize * s.ms,
+                    s.ms
+                )
+            })?;
+        }
+        if s.extended && s.ms > 0 {
+            let host: Vec<u8> = data
+                .chunks(s.lba)
+                .zip(meta.chunks(s.ms))
+                .flat_map(|(d, m)| d.iter().chain(m).copied())
+                .collect();
+            buf.write_bytes(0, &host)?;
+        } else {
+            buf.write_bytes(0, &data)?;
+            if let Some(b) = md.as_ref() {
+                b.write_bytes(0, &meta)?;
+            }
+        }
+        let mut io = IoData::buffer(buf);
+        if let Some(b) = md {
+            io = io.metadata(b);
+        }
+        if let Some(p) = m.protection() {
+            io = io.protection(p);
+        }
+        let r = run(
+            &mut qp,
+            IoCommand::Write {
+                ns,
+                slba,
+                blocks: n,
+            },
+            io,
+            slba,
+        )?;
+        buf = r
+            .buffer
+            .ok_or_else(|| anyhow!("completion without its buffer"))?;
+        md = r.metadata;
         done += n as u64;
     }
     Ok(())

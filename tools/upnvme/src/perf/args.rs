@@ -110,6 +110,13 @@ pub struct PerfArgs {
     /// Data pointers as PRPs only (PRP Lists beyond two pages).
     #[arg(long = "prp")]
     pub prp: bool,
+    /// End-to-end protection of every I/O on a namespace formatted with
+    /// protection information, as spdk_nvme_perf's -e:
+    /// `PRACT=0|1,PRCHK=GUARD|REFTAG|APPTAG`. With PRACT=1 the controller
+    /// builds the PI on writes (and strips it on reads of 8-byte metadata);
+    /// with PRACT=0 perf builds it before each write.
+    #[arg(short = 'e', long = "pi", value_parser = super::metadata::parse_pi)]
+    pub pi: Option<upnvme::Protection>,
     /// Write the CQ head doorbell after every reap batch instead of the
     /// adaptive moderation.
     #[arg(long = "cq-head-every-reap")]

@@ -4,6 +4,7 @@
 
 pub mod args;
 mod interrupt;
+mod metadata;
 pub mod plan;
 mod report;
 mod worker;
@@ -117,6 +118,7 @@ pub fn run(a: PerfArgs) -> Result<bool> {
             time_calls: a.transport_stats,
             seed,
             qp: qp.clone(),
+            protection: a.pi,
         };
         let p = Arc::new(AtomicU64::new(0));
         progress.push(p.clone());
@@ -176,7 +178,14 @@ pub fn run(a: PerfArgs) -> Result<bool> {
 
     // Nothing to read back from a controller that was taken away.
     let mismatches = if a.verify && removed_after.is_none() {
-        Some(verify(&ctrl, &mut jobs, seed, &qp, a.continue_on_error)?)
+        Some(verify(
+            &ctrl,
+            &mut jobs,
+            seed,
+            &qp,
+            a.continue_on_error,
+            a.pi,
+        )?)
     } else {
         None
     };
@@ -289,6 +298,7 @@ fn verify(
     seed: u64,
     qp: &QueuePairOptions,
     continue_on_error: bool,
+    pi: Option<upnvme::Protection>,
 ) -> Result<u64> {
     let mut q = ctrl.io_queue_pair(QueuePairOptions {
         reap_on_submit: false,
@@ -298,33 +308,31 @@ fn verify(
     for j in jobs.iter_mut() {
         let ns = ctrl.namespace(j.nsid)?;
         let lba = ns.lba_size() as usize;
+        let stride = metadata::data_stride(ns.lba_size(), ns.metadata_layout(), pi);
         let mut want = vec![0u8; lba];
         let mut got = vec![0u8; lba];
-        let mut buf = None;
         for &(slba, blocks) in &j.written {
-            let b = match buf.take() {
-                Some(b) => b,
-                None => ctrl.alloc_dma(blocks as usize * lba)?,
-            };
-            let b = match q.read_blocking(ns, slba, blocks, b, Duration::from_secs(30)) {
-                Ok(b) => b,
+            let io = metadata::read_memory(ctrl, ns, blocks, pi)?;
+            let cmd = upnvme::IoCommand::Read { ns, slba, blocks };
+            let c = metadata::run_one(&mut q, cmd, io)?;
+            let b = match (c.result, c.buffer) {
+                (Ok(_), Some(b)) => b,
                 // --continue-on-error: an unreadable extent (a media error)
                 // is counted, not compared; the rest is still verified.
-                Err(f) if continue_on_error && f.buffer.is_some() => {
+                (Err(_), _) if continue_on_error => {
                     j.unreadable += u64::from(blocks);
-                    buf = f.buffer;
                     continue;
                 }
-                Err(f) => return Err(anyhow!("verify read at LBA {slba}: {}", f.error)),
+                (Err(e), _) => return Err(anyhow!("verify read at LBA {slba}: {e}")),
+                (Ok(_), None) => return Err(anyhow!("verify read at LBA {slba}: no buffer back")),
             };
             for i in 0..blocks as u64 {
                 worker::stamp(&mut want, seed, j.nsid, slba + i);
-                b.read_bytes(i as usize * lba, &mut got)?;
+                b.read_bytes(i as usize * stride, &mut got)?;
                 if want != got {
                     j.mismatches += 1;
                 }
             }
-            buf = Some(b);
         }
         total += j.mismatches;
     }

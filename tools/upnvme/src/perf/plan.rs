@@ -35,6 +35,8 @@ pub struct NsFacts {
     pub lba_size: u32,
     /// Logical blocks in the namespace (NSZE).
     pub blocks: u64,
+    /// The metadata layout of its LBA format; `None` without metadata.
+    pub metadata: Option<upnvme::MetadataLayout>,
 }
 
 /// What the opened controller reported that the flags are checked against.
@@ -66,6 +68,7 @@ impl DeviceFacts {
                     nsid: n.id(),
                     lba_size: n.lba_size(),
                     blocks: n.lba_count(),
+                    metadata: n.metadata_layout(),
                 })
                 .collect(),
             max_transfer: ctrl.max_transfer_bytes(),
@@ -183,6 +186,12 @@ pub fn validate(
     let mut namespaces = Vec::with_capacity(chosen.len());
     for ns in &chosen {
         let (n, lba) = (ns.nsid, ns.lba_size as usize);
+        if a.pi.is_some() && ns.metadata.is_none_or(|l| l.pi_type == 0) {
+            return Err(usage(format!(
+                "-e (protection information) needs a namespace formatted with PI; namespace {n} \
+                 has none (`upnvme identify -H` shows DPS; `upnvme format --pi` sets it)"
+            )));
+        }
         if lba == 0 || a.io_size % lba != 0 {
             return Err(usage(format!(
                 "I/O size {} is not a multiple of namespace {n}'s LBA size {lba}",
@@ -200,6 +209,7 @@ pub fn validate(
             nsid: n,
             lba_size: ns.lba_size,
             blocks: ns.blocks,
+            metadata: ns.metadata,
         });
     }
     if let Some(max) = dev.max_transfer
@@ -261,6 +271,7 @@ mod tests {
                 nsid: 1,
                 lba_size: 4096,
                 blocks: 262_144,
+                metadata: None,
             }],
             max_transfer: Some(512 * 1024),
             mdts: 7,
@@ -320,7 +331,8 @@ mod tests {
                 namespaces: vec![NsPlan {
                     nsid: 1,
                     lba_size: 4096,
-                    blocks: 262_144
+                    blocks: 262_144,
+                    metadata: None,
                 }],
                 sq_entries: 256,
                 cq_entries: 512,
@@ -505,6 +517,7 @@ mod tests {
                 nsid: 1,
                 lba_size: 512,
                 blocks: 2_097_152,
+                metadata: None,
             }],
             ..qemu()
         };
@@ -538,6 +551,7 @@ mod tests {
                 nsid: 1,
                 lba_size: 4096,
                 blocks: 2,
+                metadata: None,
             }],
             ..qemu()
         };
@@ -633,11 +647,13 @@ mod tests {
                     nsid: 1,
                     lba_size: 4096,
                     blocks: 1024,
+                    metadata: None,
                 },
                 NsFacts {
                     nsid: 2,
                     lba_size: 4096,
                     blocks: 1024,
+                    metadata: None,
                 },
             ],
             granted_queue_pairs: 3,

@@ -10,7 +10,7 @@ use anyhow::{Context, Result, bail};
 use hdrhistogram::Histogram;
 use upnvme::dma::tsc::rdtsc;
 use upnvme::{
-    Controller, DmaBuffer, IoCommand, IoError, IoQueuePair, Namespace, QueuePairOptions,
+    Controller, DmaBuffer, IoCommand, IoData, IoError, IoQueuePair, Namespace, QueuePairOptions,
     QueueStats, Reject,
 };
 
@@ -53,6 +53,8 @@ pub struct WorkerPlan {
     pub seed: u64,
     /// Queue pair options.
     pub qp: QueuePairOptions,
+    /// `-e`: the protection fields of every command.
+    pub protection: Option<upnvme::Protection>,
 }
 
 /// A namespace as the worker needs it.
@@ -64,6 +66,8 @@ pub struct NsPlan {
     pub lba_size: u32,
     /// Blocks in the namespace.
     pub blocks: u64,
+    /// The metadata layout of its LBA format (`None`: no metadata).
+    pub metadata: Option<upnvme::MetadataLayout>,
 }
 
 /// Time spent inside the driver's calls over the measured window
@@ -197,6 +201,8 @@ struct Work {
     /// Completions of the current poll recorded in the measured window.
     reaped_in_window: u64,
     ticks: CallTicks,
+    /// Metadata and protection (`None` on a namespace without metadata).
+    md: Option<Box<super::metadata::MdWork>>,
 }
 
 /// xorshift64*: cheap, good enough for LBA choice.
@@ -236,10 +242,19 @@ impl Job {
                 plan.depth + 1
             );
         }
-        let bufs = (0..plan.depth)
-            .map(|_| ctrl.alloc_dma(plan.io_size))
-            .collect::<Result<Vec<_>, _>>()?;
         let io_blocks = (plan.io_size / ns.lba_size as usize) as u32;
+        let stride = super::metadata::data_stride(ns.lba_size, ns.metadata, plan.protection);
+        let bufs = (0..plan.depth)
+            .map(|_| ctrl.alloc_dma(io_blocks as usize * stride))
+            .collect::<Result<Vec<_>, _>>()?;
+        let md = super::metadata::MdWork::new(
+            ctrl,
+            ns.lba_size,
+            ns.metadata,
+            plan.protection,
+            plan.depth,
+            io_blocks,
+        )?;
         let slots = ns.blocks / io_blocks as u64;
         let hist = Histogram::new_with_bounds(1, 60_000_000_000, 3)?;
         Ok((
@@ -270,6 +285,7 @@ impl Job {
                     refused: None,
                     reaped_in_window: 0,
                     ticks: CallTicks::default(),
+                    md,
                 },
             },
             bufs,
@@ -341,6 +357,9 @@ impl Job {
                     Some(n) => !time_up && (!clock.measuring || w.submitted < n),
                     None => !time_up,
                 };
+            if let (Some(m), Some(b)) = (w.md.as_mut(), c.metadata) {
+                m.put_back(c.tag, b);
+            }
             if let (true, Some(buf)) = (more, c.buffer) {
                 let ring = plan.depth == 1;
                 if let Err(r) = w.submit(qp, plan, rng, buf, c.tag, ring) {
@@ -463,10 +482,11 @@ impl Work {
         } else {
             if plan.verify {
                 let lba = self.ns.lba_size as usize;
+                let stride = self.md.as_ref().map_or(lba, |m| m.stride());
                 let mut block = vec![0u8; lba];
                 for b in 0..blocks as u64 {
                     stamp(&mut block, plan.seed, nsid, slba + b);
-                    if buf.write_bytes(b as usize * lba, &block).is_err() {
+                    if buf.write_bytes(b as usize * stride, &block).is_err() {
                         return Err(Reject::BufferTooSmall {
                             need: (blocks as u64) * lba as u64,
                         });
@@ -476,13 +496,17 @@ impl Work {
             }
             IoCommand::Write { ns, slba, blocks }
         };
+        let io = match self.md.as_mut() {
+            None => IoData::from(Some(buf)),
+            Some(m) => m.io(buf, tag, slba, blocks, !read),
+        };
         let start = rdtsc();
         self.start[tag as usize] = start;
         let queued = if ring || plan.ring_per_io {
-            qp.submit(cmd, Some(buf), tag)
+            qp.submit_io(cmd, io, tag)
         } else {
             // Queued only: the caller rings once for the whole batch.
-            qp.queue(cmd, Some(buf), tag)
+            qp.queue_io(cmd, io, tag)
         };
         if plan.time_calls {
             self.ticks.submit += rdtsc().saturating_sub(start);
