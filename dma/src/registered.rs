@@ -277,6 +277,13 @@ pub struct RegisteredMemory {
     free: Arc<Mutex<Vec<(usize, usize)>>>,
 }
 
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    send_sync::<RegisteredMemory>();
+    send_sync::<UnregisterError>();
+    send_sync::<RegisterError>();
+};
+
 impl fmt::Debug for RegisteredMemory {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RegisteredMemory")
