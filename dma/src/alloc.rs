@@ -150,7 +150,7 @@ impl DmaAllocator {
 /// Returns the run (off, len) to the sorted free list, merged with the runs
 /// it touches: a binary search and at most one insert or remove, within the
 /// capacity reserved at allocation (no sort, no allocation).
-fn give_back(free: &mut Vec<(usize, usize)>, off: usize, len: usize) {
+pub(crate) fn give_back(free: &mut Vec<(usize, usize)>, off: usize, len: usize) {
     let i = free.partition_point(|&(o, _)| o < off);
     let joins_prev = i > 0 && free[i - 1].0 + free[i - 1].1 == off;
     let joins_next = i < free.len() && off + len == free[i].0;

@@ -20,6 +20,8 @@
 //!   reports as valid.
 //! - [`alloc`]: a page-granular allocator that carves DMA regions into buffers.
 //! - [`pool`]: per-thread pools of fixed-size buffers (O(1) get/put).
+//! - [`registered`]: memory the application mapped (a `memmap2::MmapMut`),
+//!   owned by the driver while registered for DMA and carved into buffers.
 //! - [`queue_memory`]: the SQ/CQ ring accessors of the I/O hot path.
 
 #![allow(unsafe_code)]
@@ -33,6 +35,7 @@ pub mod mmio;
 pub mod pci;
 pub mod pool;
 pub mod queue_memory;
+pub mod registered;
 pub mod shared_words;
 pub mod sigbus;
 pub mod tsc;
@@ -41,11 +44,17 @@ pub mod vfio;
 pub use alloc::{DmaAllocator, DmaMapper};
 pub use error::DmaError;
 pub use iova::{IovaAllocator, IovaRange};
+/// The `memmap2` crate whose `MmapMut` [`RegisteredMemory`] takes, re-exported
+/// so applications use the same version.
+pub use memmap2;
 pub use memory::{DmaBuffer, DmaPages, DmaRegion, PageBacking};
 pub use mmio::Bar;
 pub use pci::{PciAddress, Sysfs};
 pub use pool::{DmaPool, NotFromThisPool};
 pub use queue_memory::{CqMemory, CqSlot, SqMemory};
+pub use registered::{
+    CarveError, RegisterError, RegisterFailure, RegisteredMemory, UnregisterError,
+};
 pub use shared_words::SharedWords;
 pub use vfio::{DeviceRequest, VfioContainer, VfioDevice};
 

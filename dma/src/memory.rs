@@ -50,8 +50,15 @@ impl PageBacking {
     }
 }
 
-/// A private anonymous mapping of host memory, populated and locked, unmapped on
-/// drop. It has no IOVA of its own: see [`DmaRegion`].
+/// A mapping of host memory the device may reach, unmapped on drop. It has no
+/// IOVA of its own: see [`DmaRegion`].
+///
+/// Either a private anonymous mapping made here ([`HostMemory::map`]:
+/// populated and locked), or a mapping an application made and handed over
+/// by value ([`HostMemory::adopt`], behind [`crate::RegisteredMemory`]): then
+/// the `memmap2::MmapMut` lives inside this value, so nothing outside can
+/// unmap it, and it is handed back only when this value is the last handle
+/// ([`HostMemory::into_mapping`]).
 ///
 /// It is shared (`Arc`) between the [`DmaRegion`] that maps it for the device
 /// and, in tests, an emulated device that reads and writes it as the device
@@ -60,13 +67,27 @@ pub struct HostMemory {
     ptr: NonNull<u8>,
     len: usize,
     backing: PageBacking,
+    owner: Owner,
 }
 
-// SAFETY: `HostMemory` owns its mapping exclusively; the raw pointer is never
-// handed out as a reference, and every access goes through volatile, atomic or
-// copy operations that are sound from any thread (concurrent accesses to the
-// same bytes are the same kind of race the device itself creates, and the data
-// path's ownership protocol orders them).
+/// Who unmaps a [`HostMemory`]'s pages.
+enum Owner {
+    /// Mapped by [`HostMemory::map`]: `munmap` on drop.
+    Anonymous,
+    /// An application's mapping: dropping the `MmapMut` unmaps it.
+    Mapping(memmap2::MmapMut),
+    /// The application's mapping was handed back ([`HostMemory::into_mapping`]);
+    /// nothing to unmap.
+    Returned,
+}
+
+// SAFETY: `HostMemory` owns its mapping exclusively (made here, or the
+// application's `MmapMut` moved in by value and kept in `owner` until the
+// last handle is gone); the raw pointer is never handed out as a reference,
+// and every access goes through volatile, atomic or copy operations that are
+// sound from any thread (concurrent accesses to the same bytes are the same
+// kind of race the device itself creates, and the data path's ownership
+// protocol orders them).
 unsafe impl Send for HostMemory {}
 // SAFETY: as for `Send`: all methods take `&self` and perform only raw-pointer
 // volatile/atomic/copy accesses within bounds.
@@ -125,7 +146,73 @@ impl HostMemory {
             what: "mmap returned a null mapping".into(),
             os_error: std::io::Error::from(std::io::ErrorKind::Other),
         })?;
-        Ok(Arc::new(HostMemory { ptr, len, backing }))
+        Ok(Arc::new(HostMemory {
+            ptr,
+            len,
+            backing,
+            owner: Owner::Anonymous,
+        }))
+    }
+
+    /// Takes ownership of an application's mapping. The caller
+    /// ([`crate::RegisteredMemory`]) has checked that it is non-empty, starts
+    /// on a 4 KiB page and is whole pages long; `backing` is what the kernel
+    /// says backs it.
+    ///
+    /// From here on the only way to the mapping's bytes is this value's
+    /// bounds-checked accessors (and the device's DMA): the `MmapMut` is not
+    /// reachable, so no `&[u8]`/`&mut [u8]` of it can exist while the device
+    /// may write it.
+    pub(crate) fn adopt(
+        mut mapping: memmap2::MmapMut,
+        backing: PageBacking,
+    ) -> Result<Arc<HostMemory>, memmap2::MmapMut> {
+        // A raw pointer taken from the mapping without forming a slice
+        // (`MmapMut::as_mut_ptr`); moving the `MmapMut` below moves its
+        // handle, not the mapped pages, so the pointer stays valid for as
+        // long as `owner` holds it.
+        let Some(ptr) = NonNull::new(mapping.as_mut_ptr()) else {
+            return Err(mapping);
+        };
+        let len = mapping.len();
+        Ok(Arc::new(HostMemory {
+            ptr,
+            len,
+            backing,
+            owner: Owner::Mapping(mapping),
+        }))
+    }
+
+    /// Hands an adopted application mapping back, if `this` is its last
+    /// handle (otherwise `this` comes back unchanged). Every pointer this
+    /// memory's users derived from it died with their handles, so the
+    /// application may form references into it again. A mapping made by
+    /// [`HostMemory::map`] is never handed out.
+    pub(crate) fn into_mapping(this: Arc<HostMemory>) -> Result<memmap2::MmapMut, Arc<HostMemory>> {
+        if !matches!(this.owner, Owner::Mapping(_)) {
+            return Err(this);
+        }
+        let mut mem = Arc::try_unwrap(this)?;
+        match std::mem::replace(&mut mem.owner, Owner::Returned) {
+            Owner::Mapping(m) => Ok(m),
+            // Checked above, and `owner` never changes while shared.
+            other => {
+                mem.owner = other;
+                Err(Arc::new(mem))
+            }
+        }
+    }
+
+    /// The IOVA alignment that lets the IOMMU use its largest pages for this
+    /// memory: the backing's page size, at most 2 MiB, and no more than the
+    /// address and length are aligned to.
+    pub fn iova_align(&self) -> usize {
+        let natural = 1usize << (self.vaddr() | self.len).trailing_zeros().min(21);
+        self.backing
+            .page_size()
+            .min(2 << 20)
+            .min(natural)
+            .max(crate::PAGE_SIZE)
     }
 
     /// Length in bytes.
@@ -293,11 +380,17 @@ impl HostMemory {
 
 impl Drop for HostMemory {
     fn drop(&mut self) {
-        // SAFETY: `ptr`/`len` describe exactly the mapping created in `map`,
-        // and no reference into it can outlive `self`. The IOMMU mapping (if
-        // any) was removed first by `DmaRegion`'s drop, which holds an `Arc`
-        // to this memory.
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+        // The IOMMU mapping (if any) was removed first by `DmaRegion`'s drop,
+        // which holds an `Arc` to this memory.
+        match self.owner {
+            // SAFETY: `ptr`/`len` describe exactly the mapping created in
+            // `map`, and no reference into it can outlive `self`.
+            Owner::Anonymous => unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) },
+            // The application's mapping: the `MmapMut` field unmaps it when
+            // it is dropped right after this; no pointer into it outlives
+            // `self`.
+            Owner::Mapping(_) | Owner::Returned => 0,
+        };
     }
 }
 
@@ -326,8 +419,18 @@ fn hugepage_error(bytes: usize, page: usize, dir: &str) -> DmaError {
 pub trait DmaMapper: Send + Sync {
     /// Maps `mem` for device reads and writes; returns the IOVA of its first byte.
     fn map(&self, mem: &Arc<HostMemory>) -> Result<u64, DmaError>;
-    /// Removes the mapping made by [`DmaMapper::map`].
+    /// Removes the mapping made by [`DmaMapper::map`]. When it returns, the
+    /// device can no longer reach the memory, and the mapper holds no
+    /// handle (`Arc`) of it any more: an application's registered memory is
+    /// handed back only when nothing else holds it
+    /// ([`crate::RegisteredMemory::unregister`]).
     fn unmap(&self, iova: u64, len: usize);
+    /// The IOVA ranges this mapper allocates from (empty when it does not
+    /// know them): lets a registration that can never fit be refused with
+    /// a message saying so.
+    fn iova_ranges(&self) -> Vec<crate::IovaRange> {
+        Vec::new()
+    }
 }
 
 struct RegionInner {
@@ -392,6 +495,30 @@ impl DmaRegion {
     /// The host memory behind the region.
     pub fn memory(&self) -> &Arc<HostMemory> {
         &self.inner.mem
+    }
+
+    /// Makes existing host memory device-visible through `mapper`.
+    pub(crate) fn map_memory(
+        mem: Arc<HostMemory>,
+        mapper: Arc<dyn DmaMapper>,
+    ) -> Result<DmaRegion, (DmaError, Arc<HostMemory>)> {
+        match mapper.map(&mem) {
+            Ok(iova) => Ok(DmaRegion {
+                inner: Arc::new(RegionInner { mem, iova, mapper }),
+            }),
+            Err(e) => Err((e, mem)),
+        }
+    }
+
+    /// If this is the region's last handle: removes the device's mapping
+    /// (the IOMMU's, through the mapper) and returns the host memory, which
+    /// the device can no longer reach. Otherwise the region comes back.
+    pub(crate) fn unmap_into_memory(self) -> Result<Arc<HostMemory>, DmaRegion> {
+        let inner = Arc::try_unwrap(self.inner).map_err(|inner| DmaRegion { inner })?;
+        let mem = inner.mem.clone();
+        // `RegionInner`'s drop unmaps (and drops its own `Arc` of the memory).
+        drop(inner);
+        Ok(mem)
     }
 }
 
@@ -620,6 +747,15 @@ impl DmaBuffer {
                 parent: i.parent.clone(),
             }),
         }
+    }
+
+    /// Makes this buffer keep `parent` alive until it is dropped (after its
+    /// memory and region handles: `parent` is `BufferInner`'s last field).
+    /// [`crate::RegisteredMemory`] counts its live buffers by its root's
+    /// reference count.
+    pub(crate) fn with_parent(mut self, parent: Arc<DmaPages>) -> DmaBuffer {
+        self.inner.parent = Some(parent);
+        self
     }
 
     /// The buffer's pages without access to them (see [`DmaBuffer::detach_pages`]).

@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use upnvme_dma::{
-    DeviceRequest, DmaAllocator, DmaBuffer, DmaError, PageBacking, PciAddress, Sysfs, VfioDevice,
+    DeviceRequest, DmaAllocator, DmaBuffer, DmaError, DmaMapper, PageBacking, PciAddress, Sysfs,
+    VfioDevice,
 };
 
 /// A channel on which the kernel (or a test's device) asks for the device
@@ -47,6 +48,13 @@ pub trait Device: Send + Sync + 'static {
     fn alloc_dma(&self, len: usize) -> Result<DmaBuffer, DmaError>;
     /// A name for messages: the PCI address, or "model".
     fn name(&self) -> String;
+    /// What maps memory the application owns for this device's DMA
+    /// ([`crate::Controller::register_memory`]): the same IOMMU mapper (and
+    /// IOVA space) as [`Device::alloc_dma`]'s memory. `None` (the default):
+    /// the device cannot take application memory.
+    fn dma_mapper(&self) -> Option<Arc<dyn DmaMapper>> {
+        None
+    }
     /// The channel on which the device may be asked back, if it has one
     /// (VFIO's device request). The controller watches it from a thread of
     /// its own and releases the device when it fires.
@@ -80,7 +88,7 @@ impl VfioNvme {
         sysfs: &Sysfs,
     ) -> Result<Self, DmaError> {
         let device = VfioDevice::open(address, sysfs)?;
-        let mapper: Arc<dyn upnvme_dma::DmaMapper> = device.container().clone();
+        let mapper: Arc<dyn DmaMapper> = device.container().clone();
         let alloc = DmaAllocator::new(mapper, backing);
         // Without a registered request channel the kernel blocks a removal
         // or unbind until the process closes the device; a device without
@@ -124,6 +132,9 @@ impl Device for VfioNvme {
     }
     fn name(&self) -> String {
         self.device.address().to_string()
+    }
+    fn dma_mapper(&self) -> Option<Arc<dyn DmaMapper>> {
+        Some(self.device.container().clone())
     }
     fn release_request(&self) -> Option<Arc<dyn ReleaseRequest>> {
         self.request.clone().map(|r| r as Arc<dyn ReleaseRequest>)

@@ -18,7 +18,8 @@
 //! implementation), [`controller`] (bring-up, admin commands, shutdown,
 //! reset, release on the kernel's request), [`format`] (Format NVM), [`hotplug`] (controllers
 //! appearing and disappearing), [`namespace`] (namespace handles), [`qpair`] (I/O queue pairs: submission, completion, recovery),
-//! [`options`], [`error`].
+//! [`options`], [`error`], [`memory`] (application-owned memory registered
+//! for DMA: [`Controller::register_memory`]).
 
 mod admin;
 pub mod controller;
@@ -26,6 +27,7 @@ pub mod device;
 pub mod error;
 pub mod format;
 pub mod hotplug;
+pub mod memory;
 pub mod namespace;
 pub mod options;
 pub mod qpair;
@@ -44,6 +46,10 @@ pub use qpair::{
     SegmentOutOfBounds, SglMode,
 };
 pub use upnvme_dma as dma;
+pub use upnvme_dma::memmap2;
+pub use upnvme_dma::{
+    CarveError, RegisterError, RegisterFailure, RegisteredMemory, UnregisterError,
+};
 pub use upnvme_dma::{DmaBuffer, DmaPool, NotFromThisPool, PageBacking, PciAddress};
 pub use upnvme_queues as queues;
 pub use upnvme_queues::pi;
@@ -59,3 +65,8 @@ pub struct ReadmeDoctests;
 #[cfg(doctest)]
 #[doc = include_str!("../../docs/io.md")]
 pub struct IoDocDoctests;
+
+/// docs/memory.md's examples, compiled likewise.
+#[cfg(doctest)]
+#[doc = include_str!("../../docs/memory.md")]
+pub struct MemoryDocDoctests;

@@ -10,6 +10,7 @@ mod fio;
 mod hotplug;
 mod io;
 mod media_errors;
+mod memory;
 mod metadata;
 mod reliability;
 mod removal;

@@ -250,7 +250,7 @@ fn iommu_info(container: &OwnedFd) -> Result<(Vec<IovaRange>, u64), DmaError> {
 impl DmaMapper for VfioContainer {
     fn map(&self, mem: &Arc<HostMemory>) -> Result<u64, DmaError> {
         let len = mem.len();
-        let align = mem.backing().page_size().min(2 << 20) as u64;
+        let align = mem.iova_align() as u64;
         let iova = self
             .iova
             .lock()
@@ -280,6 +280,10 @@ impl DmaMapper for VfioContainer {
             });
         }
         Ok(iova)
+    }
+
+    fn iova_ranges(&self) -> Vec<IovaRange> {
+        VfioContainer::iova_ranges(self)
     }
 
     fn unmap(&self, iova: u64, len: usize) {

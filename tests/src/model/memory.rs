@@ -41,10 +41,19 @@ impl fmt::Display for DmaFault {
 
 struct Table {
     next: u64,
+    /// Last IOVA the table may hand out ([`IovaTable::limit_window`]).
+    end: u64,
     maps: BTreeMap<u64, Arc<HostMemory>>,
 }
 
-/// IOVA → host memory table; the [`DmaMapper`] of the model's DMA allocator.
+/// IOVA → host memory table; the [`DmaMapper`] of the model's DMA allocator
+/// and of memory the application registers.
+///
+/// As [`DmaMapper::unmap`] requires, no handle of a mapping's memory
+/// outlives its unmap: every DMA access resolves and copies under the
+/// table's lock, so once `unmap` has taken the entry out, the model can
+/// neither reach the memory nor hold it (an application's registered
+/// mapping can then be handed back).
 pub(crate) struct IovaTable {
     inner: Mutex<Table>,
 }
@@ -55,6 +64,7 @@ impl IovaTable {
         IovaTable {
             inner: Mutex::new(Table {
                 next: IOVA_BASE,
+                end: u64::MAX,
                 maps: BTreeMap::new(),
             }),
         }
@@ -64,66 +74,48 @@ impl IovaTable {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The mapping holding `[iova, iova + len)` entirely, with the offset of
-    /// `iova` inside it.
-    fn resolve(
+    /// Runs `access` on the mapping holding `[iova, iova + len)` entirely,
+    /// at the offset of `iova` inside it, under the table's lock (so no
+    /// handle of the memory escapes, and an unmap waits for the access).
+    fn access<R>(
         &self,
         iova: u64,
         len: usize,
         write: bool,
-    ) -> Result<(Arc<HostMemory>, usize), DmaFault> {
+        access: impl FnOnce(&HostMemory, usize) -> Result<R, DmaError>,
+    ) -> Result<R, DmaFault> {
         let fault = DmaFault { iova, len, write };
         let t = self.lock();
         let (&base, mem) = t.maps.range(..=iova).next_back().ok_or(fault)?;
         let off = usize::try_from(iova - base).map_err(|_| fault)?;
         match off.checked_add(len) {
-            Some(end) if end <= mem.len() => Ok((mem.clone(), off)),
+            Some(end) if end <= mem.len() => access(mem, off).map_err(|_| fault),
             _ => Err(fault),
         }
     }
 
     /// Copies `dst.len()` bytes from IOVA `iova` (a device read).
     pub fn read(&self, iova: u64, dst: &mut [u8]) -> Result<(), DmaFault> {
-        let (mem, off) = self.resolve(iova, dst.len(), false)?;
-        mem.read_bytes(off, dst).map_err(|_| DmaFault {
-            iova,
-            len: dst.len(),
-            write: false,
-        })
+        self.access(iova, dst.len(), false, |mem, off| mem.read_bytes(off, dst))
     }
 
     /// Copies `src` to IOVA `iova` (a device write).
     pub fn write(&self, iova: u64, src: &[u8]) -> Result<(), DmaFault> {
-        let (mem, off) = self.resolve(iova, src.len(), true)?;
-        mem.write_bytes(off, src).map_err(|_| DmaFault {
-            iova,
-            len: src.len(),
-            write: true,
-        })
+        self.access(iova, src.len(), true, |mem, off| mem.write_bytes(off, src))
     }
 
     /// Reads a little-endian dword with acquire ordering: every host store
     /// made before the host's release store of this word (a shadow doorbell
     /// update after writing submission queue entries) is visible afterwards.
     pub fn read_u32_acquire(&self, iova: u64) -> Result<u32, DmaFault> {
-        let (mem, off) = self.resolve(iova, 4, false)?;
-        mem.load_acquire_u32(off).map_err(|_| DmaFault {
-            iova,
-            len: 4,
-            write: false,
-        })
+        self.access(iova, 4, false, |mem, off| mem.load_acquire_u32(off))
     }
 
     /// Writes a little-endian dword with release ordering: every earlier
     /// write of the model to host memory is visible before it (the CQE phase
     /// dword, event index entries).
     pub fn write_u32_release(&self, iova: u64, value: u32) -> Result<(), DmaFault> {
-        let (mem, off) = self.resolve(iova, 4, true)?;
-        mem.store_release_u32(off, value).map_err(|_| DmaFault {
-            iova,
-            len: 4,
-            write: true,
-        })
+        self.access(iova, 4, true, |mem, off| mem.store_release_u32(off, value))
     }
 
     /// Reads a little-endian qword (a PRP entry).
@@ -137,6 +129,15 @@ impl IovaTable {
     pub fn mappings(&self) -> usize {
         self.lock().maps.len()
     }
+
+    /// Lets the table hand out only `bytes` more of IOVA space (counted
+    /// from the next free IOVA, guard gaps included), as an IOMMU with a
+    /// small address width would; reported through
+    /// [`DmaMapper::iova_ranges`].
+    pub fn limit_window(&self, bytes: u64) {
+        let mut t = self.lock();
+        t.end = t.next.saturating_add(bytes).saturating_sub(1);
+    }
 }
 
 impl DmaMapper for IovaTable {
@@ -148,12 +149,28 @@ impl DmaMapper for IovaTable {
             .and_then(|s| s.checked_add(IOVA_ALIGN))
             .and_then(|s| iova.checked_add(s))
             .ok_or_else(|| DmaError::InvalidAllocation("model IOVA space exhausted".into()))?;
+        if iova.saturating_add(mem.len() as u64).saturating_sub(1) > t.end {
+            return Err(DmaError::IovaExhausted {
+                size: mem.len(),
+                ranges: format!("[{IOVA_BASE:#x}..={:#x}]", t.end),
+            });
+        }
         t.next = span;
         t.maps.insert(iova, mem.clone());
         Ok(iova)
     }
 
     fn unmap(&self, iova: u64, _len: usize) {
-        self.lock().maps.remove(&iova);
+        // Take the entry out under the lock, drop the handle after it.
+        let mem = self.lock().maps.remove(&iova);
+        drop(mem);
+    }
+
+    fn iova_ranges(&self) -> Vec<upnvme_dma::IovaRange> {
+        let end = self.lock().end;
+        vec![upnvme_dma::IovaRange {
+            start: IOVA_BASE,
+            end,
+        }]
     }
 }

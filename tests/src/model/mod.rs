@@ -568,6 +568,15 @@ impl ModelController {
     pub fn iova_mappings(&self) -> usize {
         self.inner.table.mappings()
     }
+
+    /// Narrows the model's IOVA space to `bytes` beyond what is mapped now
+    /// (each mapping also takes a 2 MiB-aligned span plus a 2 MiB guard
+    /// gap), as an IOMMU with few address bits would: larger registrations
+    /// are refused as larger than the IOVA window, and mappings that no
+    /// longer fit as IOVA exhaustion.
+    pub fn limit_iova_window(&self, bytes: u64) {
+        self.inner.table.limit_window(bytes);
+    }
 }
 
 impl Device for ModelController {
@@ -597,6 +606,10 @@ impl Device for ModelController {
 
     fn name(&self) -> String {
         "model".into()
+    }
+
+    fn dma_mapper(&self) -> Option<Arc<dyn upnvme_dma::DmaMapper>> {
+        Some(self.inner.table.clone())
     }
 
     fn release_request(&self) -> Option<Arc<dyn upnvme::ReleaseRequest>> {
