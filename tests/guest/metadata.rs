@@ -151,7 +151,9 @@ fn round_trip(c: &Controller, ns: &Namespace) {
     let blank = (vec![0u8; n * bs], vec![0u8; n * ms]);
     let r = run(&mut qp, read, prot(memory(c, ns, &blank.0, &blank.1)));
     assert!(r.is_ok(), "{what}: read {:?}", r.result);
-    assert_eq!(split_back(ns, &r, n), (data.clone(), md.clone()), "{what}");
+    let (d, m) = split_back(ns, &r, n);
+    assert!(d == data, "{what}: data differs");
+    assert!(m == md, "{what}: metadata differs");
     if layout.extended {
         // The same read into a vector of odd pieces (an SGL where QEMU
         // offers SGLs, as it does).
@@ -179,7 +181,7 @@ fn round_trip(c: &Controller, ns: &Namespace) {
             .zip(md.chunks(ms))
             .flat_map(|(d, m)| d.iter().chain(m).copied())
             .collect();
-        assert_eq!(back, expect, "{what}: vectored");
+        assert!(back == expect, "{what}: the vectored read differs");
     }
     let Some(_) = fmt else { return };
     // Verify checks the stored tuples.
@@ -247,16 +249,17 @@ fn round_trip(c: &Controller, ns: &Namespace) {
     };
     let r = run(&mut qp, read, io.protection(pract));
     assert!(r.is_ok(), "{what}: PRACT read {:?}", r.result);
-    assert_eq!(
-        bytes_of(r.buffer.as_ref().unwrap(), n * bs)[..],
-        data2[..],
-        "{what}"
-    );
+    let got = if ms == 8 {
+        bytes_of(r.buffer.as_ref().unwrap(), n * bs)
+    } else {
+        split_back(ns, &r, n).0
+    };
+    assert!(got == data2, "{what}: PRACT read returned other data");
     // Without PRACT the generated tuples come to the host and hold.
     let r = run(&mut qp, read, prot(memory(c, ns, &blank.0, &blank.1)));
     assert!(r.is_ok(), "{what}: {:?}", r.result);
     let (d, m) = split_back(ns, &r, n);
-    assert_eq!(d, data2);
+    assert!(d == data2, "{what}: data differs");
     let f = fmt.unwrap();
     for (i, chunk) in m.chunks(ms).enumerate() {
         let t = f.tuple(chunk).unwrap();

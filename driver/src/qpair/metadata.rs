@@ -78,7 +78,7 @@ impl<D: Device> IoQueuePair<D> {
         &self,
         ns: &Namespace,
         rw: Rw,
-        mem: &Mem<'_>,
+        mem: Mem<'_>,
         metadata: Option<&DmaBuffer>,
         protection: Option<Protection>,
     ) -> Result<([u64; 8], Data), Reject> {
@@ -131,7 +131,7 @@ impl<D: Device> IoQueuePair<D> {
     pub(super) fn build_other_md(
         &self,
         cmd: &IoCommand<'_>,
-        mem: &Mem<'_>,
+        mem: Mem<'_>,
         flags: super::IoFlags,
         metadata: Option<&DmaBuffer>,
         protection: Option<Protection>,

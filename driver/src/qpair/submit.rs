@@ -89,7 +89,9 @@ fn namespace_refused(ns: &Namespace, instance: u64) -> Reject {
     }
 }
 
-/// The memory a command's data pointer may describe (from [`IoData`]).
+/// The memory a command's data pointer may describe (from [`IoData`]);
+/// passed by value, so the hot path keeps it in registers.
+#[derive(Clone, Copy)]
 pub(super) struct Mem<'a> {
     pub(super) buffer: Option<&'a DmaBuffer>,
     /// Where the data starts in `buffer`.
@@ -284,7 +286,7 @@ impl<D: Device> IoQueuePair<D> {
             limit,
             segments: segments.as_ref(),
         };
-        let (q, data) = match self.build(&cmd, &mem, flags, metadata.as_ref(), protection) {
+        let (q, data) = match self.build(&cmd, mem, flags, metadata.as_ref(), protection) {
             Ok(x) => x,
             Err(reason) => {
                 return Err(Rejected::with_memory(reason, buffer, segments, metadata));
@@ -553,7 +555,7 @@ impl<D: Device> IoQueuePair<D> {
     pub(super) fn build(
         &self,
         cmd: &IoCommand<'_>,
-        mem: &Mem<'_>,
+        mem: Mem<'_>,
         flags: IoFlags,
         metadata: Option<&DmaBuffer>,
         protection: Option<Protection>,
@@ -690,7 +692,7 @@ impl<D: Device> IoQueuePair<D> {
     /// What the data pointer of a `bytes`-long transfer describes, checked
     /// against the memory passed and MDTS.
     #[inline(always)]
-    pub(super) fn data_for(&self, bytes: usize, mem: &Mem<'_>) -> Result<Data, Reject> {
+    pub(super) fn data_for(&self, bytes: usize, mem: Mem<'_>) -> Result<Data, Reject> {
         let data = match (mem.buffer, mem.segments) {
             (Some(buf), _) => {
                 let room = slice_room(buf.len(), mem.offset, mem.limit)?;
