@@ -20,12 +20,11 @@
 //! command brings metadata or protection fields: the plain path pays one
 //! branch for it.
 
-use upnvme_dma::DmaBuffer;
 use upnvme_queues::pi::{PI_TUPLE_SIZE, PRINFO_SHIFT};
 use upnvme_queues::sqe::io_qwords;
 
 use super::command::Protection;
-use super::submit::{Data, Mem, Rw};
+use super::submit::{Data, MdMem, Mem, Rw};
 use super::{IoCommand, IoQueuePair};
 use crate::device::Device;
 use crate::error::Reject;
@@ -62,11 +61,11 @@ fn pi_applies(ns: &Namespace, protection: Option<Protection>) -> Result<(), Reje
 /// A metadata buffer usable as MPTR: dword aligned (NVMe Base 2.0,
 /// "Metadata Pointer": with PSDT 00b or 01b MPTR is a dword-aligned
 /// address of one contiguous buffer).
-fn mptr(md: &DmaBuffer) -> Result<u64, Reject> {
-    if md.iova() & 3 != 0 {
+fn mptr(md: MdMem) -> Result<u64, Reject> {
+    if md.iova & 3 != 0 {
         return Err(Reject::Misaligned);
     }
-    Ok(md.iova())
+    Ok(md.iova)
 }
 
 impl<D: Device> IoQueuePair<D> {
@@ -79,7 +78,7 @@ impl<D: Device> IoQueuePair<D> {
         ns: &Namespace,
         rw: Rw,
         mem: Mem<'_>,
-        metadata: Option<&DmaBuffer>,
+        metadata: Option<MdMem>,
         protection: Option<Protection>,
     ) -> Result<([u64; 8], Data), Reject> {
         let layout = ns.metadata_layout_always();
@@ -99,7 +98,7 @@ impl<D: Device> IoQueuePair<D> {
             (true, true, None) => bytes += blocks * ms,
             (true, false, Some(md)) => {
                 let need = blocks * ms;
-                if md.len() < need {
+                if md.len < need {
                     return Err(Reject::MetadataBuffer { need: need as u64 });
                 }
                 q2 = mptr(md)?;
@@ -133,7 +132,7 @@ impl<D: Device> IoQueuePair<D> {
         cmd: &IoCommand<'_>,
         mem: Mem<'_>,
         flags: super::IoFlags,
-        metadata: Option<&DmaBuffer>,
+        metadata: Option<MdMem>,
         protection: Option<Protection>,
     ) -> Result<([u64; 8], Data), Reject> {
         let ns = cmd.namespace();

@@ -93,13 +93,21 @@ fn namespace_refused(ns: &Namespace, instance: u64) -> Reject {
 /// passed by value, so the hot path keeps it in registers.
 #[derive(Clone, Copy)]
 pub(super) struct Mem<'a> {
-    pub(super) buffer: Option<&'a DmaBuffer>,
+    /// The length of the command's buffer, if it has one.
+    pub(super) buffer: Option<usize>,
     /// Where the data starts in `buffer`.
     pub(super) offset: usize,
     /// Bytes of `buffer` from `offset` the data may use (`usize::MAX`: to
     /// the end).
     pub(super) limit: usize,
     pub(super) segments: Option<&'a IoVec>,
+}
+
+/// The separate metadata buffer of a command: where it is and how long.
+#[derive(Clone, Copy)]
+pub(super) struct MdMem {
+    pub(super) iova: u64,
+    pub(super) len: usize,
 }
 
 /// A Read, Write or Compare as the SQE carries it.
@@ -259,8 +267,34 @@ impl<D: Device> IoQueuePair<D> {
 
     /// Checks the command, takes a CID, fills the tracker, writes the SQE
     /// and (announcing at once) the shadow doorbell. Returns the slot.
+    ///
+    /// A command with a metadata buffer or protection fields takes an
+    /// out-of-line copy of the same code; everything else is compiled
+    /// without them, so the hot path keeps no register or branch for them.
     #[inline(always)]
     pub(super) fn queue_sqe(
+        &mut self,
+        cmd: IoCommand<'_>,
+        io: IoData,
+        tag: u64,
+    ) -> Result<u16, Rejected> {
+        if io.metadata.is_some() || io.protection.is_some() {
+            return self.queue_sqe_md(cmd, io, tag);
+        }
+        self.queue_sqe_with::<false>(cmd, io, tag)
+    }
+
+    /// [`IoQueuePair::queue_sqe`] for commands with metadata or protection.
+    #[cold]
+    #[inline(never)]
+    fn queue_sqe_md(&mut self, cmd: IoCommand<'_>, io: IoData, tag: u64) -> Result<u16, Rejected> {
+        self.queue_sqe_with::<true>(cmd, io, tag)
+    }
+
+    /// The body of [`IoQueuePair::queue_sqe`]; with `MD` false the caller
+    /// guarantees `io` has neither a metadata buffer nor protection fields.
+    #[inline(always)]
+    fn queue_sqe_with<const MD: bool>(
         &mut self,
         cmd: IoCommand<'_>,
         io: IoData,
@@ -275,18 +309,27 @@ impl<D: Device> IoQueuePair<D> {
             metadata,
             protection,
         } = io;
+        let (metadata, protection) = if MD {
+            (metadata, protection)
+        } else {
+            (None, None)
+        };
         if !self.current()
             && let Err(reason) = self.resync_for_submit()
         {
             return Err(Rejected::with_memory(reason, buffer, segments, metadata));
         }
         let mem = Mem {
-            buffer: buffer.as_ref(),
+            buffer: buffer.as_ref().map(DmaBuffer::len),
             offset,
             limit,
             segments: segments.as_ref(),
         };
-        let (q, data) = match self.build(&cmd, mem, flags, metadata.as_ref(), protection) {
+        let md = metadata.as_ref().map(|m| MdMem {
+            iova: m.iova(),
+            len: m.len(),
+        });
+        let (q, data) = match self.build(&cmd, mem, flags, md, protection) {
             Ok(x) => x,
             Err(reason) => {
                 return Err(Rejected::with_memory(reason, buffer, segments, metadata));
@@ -557,7 +600,7 @@ impl<D: Device> IoQueuePair<D> {
         cmd: &IoCommand<'_>,
         mem: Mem<'_>,
         flags: IoFlags,
-        metadata: Option<&DmaBuffer>,
+        metadata: Option<MdMem>,
         protection: Option<Protection>,
     ) -> Result<([u64; 8], Data), Reject> {
         let ns = cmd.namespace();
@@ -694,8 +737,8 @@ impl<D: Device> IoQueuePair<D> {
     #[inline(always)]
     pub(super) fn data_for(&self, bytes: usize, mem: Mem<'_>) -> Result<Data, Reject> {
         let data = match (mem.buffer, mem.segments) {
-            (Some(buf), _) => {
-                let room = slice_room(buf.len(), mem.offset, mem.limit)?;
+            (Some(len), _) => {
+                let room = slice_room(len, mem.offset, mem.limit)?;
                 if room < bytes {
                     return Err(Reject::BufferTooSmall { need: bytes as u64 });
                 }
