@@ -342,6 +342,27 @@ fn metadata_round_trips_in_every_layout_with_pi_and_format_nvm() {
     // Back to the configured format for the tests that follow.
     let back = c.format_nvm(1, &original).unwrap();
     assert_eq!(back.metadata_layout(), Some(layout));
+    // Last (this test runs after the tool's, which formats too): blocks the
+    // bed finds in namespace 1's backing file after the run. `cargo xtask
+    // test` checks their data at LBA × 4096 and their metadata after the
+    // data region (tools/xtask/src/test.rs, `metadata_backing`, with the
+    // same formulas).
+    let (slba, blocks) = (100u64, 2u32);
+    let data: Vec<u8> = (0..u64::from(blocks))
+        .flat_map(|b| (0..4096usize).map(move |i| (b as usize * 31 + i * 7 + 1) as u8))
+        .collect();
+    let meta: Vec<u8> = (0..u64::from(blocks))
+        .flat_map(|b| (0..usize::from(ms)).map(move |j| (0xa0 + b as usize * 5 + j) as u8))
+        .collect();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let write = IoCommand::Write {
+        ns: &back,
+        slba,
+        blocks,
+    };
+    let w = run(&mut qp, write, memory(&c, &back, &data, &meta));
+    assert!(w.is_ok(), "the last write: {:?}", w.result);
+    drop(qp);
     // Namespace 2, without metadata, is untouched by all of it.
     let ns2 = c.namespace(2).unwrap().clone();
     assert!(ns2.metadata_layout().is_none());
@@ -356,6 +377,13 @@ fn metadata_round_trips_in_every_layout_with_pi_and_format_nvm() {
 
 /// `upnvme perf --verify` of a read/write mix on namespace 1 (16 KiB,
 /// depth 8) with `extra` flags: must pass with 0 mismatches.
+///
+/// Sequential (`-w rw`), so no two commands in flight touch the same
+/// blocks: QEMU stores a command's data and its metadata in two steps
+/// (hw/nvme/dif.c: the data write's callback writes the metadata), so a
+/// checked read racing a write of the same blocks may see new data with
+/// the old tuple. A guard error seen once in CI with `randrw` was most
+/// likely that race.
 fn perf_verify(dev: &str, extra: &[&str]) {
     let mut args = vec![
         "perf",
@@ -368,7 +396,7 @@ fn perf_verify(dev: &str, extra: &[&str]) {
         "-o",
         "16384",
         "-w",
-        "randrw",
+        "rw",
         "-M",
         "50",
         "--verify",
@@ -512,12 +540,16 @@ fn metadata_namespace_read_write_and_format_in_the_tool() {
         "format", "-d", &dev, "-n", "1", "--lbaf", &l16, "--ms", "0", "--pi", "2", "--pil", "1",
     ]);
     ok(&o, "format --pi 2");
-    // (No REFTAG here: after QEMU's Format NVM, blocks never written read
-    // back zero-filled with a zero tuple, not the all-FFh "unwritten" one,
-    // so a reference tag check of them fails. Guard 0 and application tag 0
-    // hold for zeros.)
+    // (No REFTAG here: with it, reads of blocks not yet written since this
+    // Format NVM failed their reference tag check under QEMU 10.0.2 —
+    // observed in this bed, the cause not pinned down; guard and
+    // application tag checks of them pass.)
     perf_verify(&dev, &["-e", "PRACT=0,PRCHK=GUARD|APPTAG"]);
     perf_verify(&dev, &["-e", "PRACT=1,PRCHK=GUARD"]);
+    // Extended LBA without PI.
+    let o = upnvme(&["format", "-d", &dev, "-n", "1", "--lbaf", &l16, "--ms", "1"]);
+    ok(&o, "format --ms 1");
+    perf_verify(&dev, &[]);
     let (mset, pi, pil) = (
         env_u64("UPNVME_VM_NS1_MSET").to_string(),
         env_u64("UPNVME_VM_NS1_PI").to_string(),

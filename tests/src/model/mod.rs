@@ -433,16 +433,7 @@ impl ModelController {
     /// If the namespace does not exist or the range is outside it (a test
     /// mistake).
     pub fn namespace_data(&self, nsid: u32, lba: u64, blocks: u64) -> Vec<u8> {
-        let s = self.state();
-        let ns = s
-            .namespace(nsid)
-            .and_then(|i| s.namespaces.get(i))
-            .unwrap_or_else(|| panic!("no namespace {nsid}"));
-        assert!(
-            ns.in_range(lba, blocks),
-            "LBA range outside namespace {nsid}"
-        );
-        ns.read(lba, blocks)
+        self.with_range(nsid, lba, blocks, |ns| ns.read(lba, blocks))
     }
 
     /// The metadata of `blocks` logical blocks of namespace `nsid` from
@@ -453,6 +444,18 @@ impl ModelController {
     ///
     /// If the namespace does not exist or the range is outside it.
     pub fn namespace_metadata(&self, nsid: u32, lba: u64, blocks: u64) -> Vec<u8> {
+        self.with_range(nsid, lba, blocks, |ns| ns.read_meta(lba, blocks))
+    }
+
+    /// Runs `f` on namespace `nsid` once `[lba, lba + blocks)` is checked
+    /// to lie inside it (panics otherwise: a test mistake).
+    fn with_range<T>(
+        &self,
+        nsid: u32,
+        lba: u64,
+        blocks: u64,
+        f: impl FnOnce(&storage::Namespace) -> T,
+    ) -> T {
         let s = self.state();
         let ns = s
             .namespace(nsid)
@@ -462,7 +465,7 @@ impl ModelController {
             ns.in_range(lba, blocks),
             "LBA range outside namespace {nsid}"
         );
-        ns.read_meta(lba, blocks)
+        f(ns)
     }
 
     /// Writes whole logical blocks of namespace `nsid` from `lba` directly

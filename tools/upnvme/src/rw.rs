@@ -149,6 +149,30 @@ fn run(qp: &mut IoQueuePair, cmd: IoCommand<'_>, io: IoData, slba: u64) -> Resul
     }
 }
 
+/// Runs one chunk's command with its memory and protection fields; hands
+/// the buffers back for the next chunk.
+fn transfer(
+    qp: &mut IoQueuePair,
+    cmd: IoCommand<'_>,
+    buf: DmaBuffer,
+    md: Option<DmaBuffer>,
+    m: &MetadataArgs,
+    slba: u64,
+) -> Result<(DmaBuffer, Option<DmaBuffer>)> {
+    let mut io = IoData::buffer(buf);
+    if let Some(b) = md {
+        io = io.metadata(b);
+    }
+    if let Some(p) = m.protection() {
+        io = io.protection(p);
+    }
+    let r = run(qp, cmd, io, slba)?;
+    let buf = r
+        .buffer
+        .ok_or_else(|| anyhow!("completion without its buffer"))?;
+    Ok((buf, r.metadata))
+}
+
 /// Buffers for one chunk: data (with interleaved metadata when extended)
 /// and a separate metadata buffer.
 fn buffers(c: &Controller, s: &Shape, per: u32) -> Result<(DmaBuffer, Option<DmaBuffer>)> {
@@ -187,27 +211,12 @@ pub fn read(
     while done < count {
         let n = (count - done).min(per as u64) as u32;
         let slba = start + done;
-        let mut io = IoData::buffer(buf);
-        if let Some(b) = md {
-            io = io.metadata(b);
-        }
-        if let Some(p) = m.protection() {
-            io = io.protection(p);
-        }
-        let r = run(
-            &mut qp,
-            IoCommand::Read {
-                ns,
-                slba,
-                blocks: n,
-            },
-            io,
+        let cmd = IoCommand::Read {
+            ns,
             slba,
-        )?;
-        buf = r
-            .buffer
-            .ok_or_else(|| anyhow!("completion without its buffer"))?;
-        md = r.metadata;
+            blocks: n,
+        };
+        (buf, md) = transfer(&mut qp, cmd, buf, md, m, slba)?;
         let nb = n as usize;
         if s.extended && s.ms > 0 {
             let mut host = vec![0u8; nb * (s.lba + s.ms)];
@@ -298,27 +307,12 @@ pub fn write(
                 b.write_bytes(0, &meta)?;
             }
         }
-        let mut io = IoData::buffer(buf);
-        if let Some(b) = md {
-            io = io.metadata(b);
-        }
-        if let Some(p) = m.protection() {
-            io = io.protection(p);
-        }
-        let r = run(
-            &mut qp,
-            IoCommand::Write {
-                ns,
-                slba,
-                blocks: n,
-            },
-            io,
+        let cmd = IoCommand::Write {
+            ns,
             slba,
-        )?;
-        buf = r
-            .buffer
-            .ok_or_else(|| anyhow!("completion without its buffer"))?;
-        md = r.metadata;
+            blocks: n,
+        };
+        (buf, md) = transfer(&mut qp, cmd, buf, md, m, slba)?;
         done += n as u64;
     }
     Ok(())

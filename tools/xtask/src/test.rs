@@ -31,6 +31,58 @@ pub struct GuestConfig {
     /// Put fio (built from source) and upnvme's fio engine into the guest and
     /// set `UPNVME_TEST_FIO=1`, so the fio tests run (they skip elsewhere).
     pub fio: bool,
+    /// After the run, check namespace 1's backing file for the blocks the
+    /// metadata tests leave ([`metadata_backing`]): the data and metadata
+    /// where QEMU keeps them, not only what the guest read back.
+    pub check_metadata_backing: bool,
+}
+
+/// The blocks the guest's metadata tool test writes last on namespace 1
+/// (4096 + 8, extended LBA), and where QEMU must have stored them.
+pub mod metadata_backing {
+    /// First LBA and block count.
+    pub const SLBA: u64 = 100;
+    /// Blocks written.
+    pub const BLOCKS: u64 = 2;
+    /// Data byte `i` of block `b` (counted from [`SLBA`]).
+    pub fn data(b: u64, i: usize) -> u8 {
+        (b as usize * 31 + i * 7 + 1) as u8
+    }
+    /// Metadata byte `j` of block `b`.
+    pub fn meta(b: u64, j: usize) -> u8 {
+        (0xa0 + b as usize * 5 + j) as u8
+    }
+
+    /// Checks the image: block data at `lba × 4096`, metadata after the
+    /// data region of NSZE = size / (4096 + ms) blocks, `ms` bytes each.
+    pub fn check(image: &std::path::Path, ms: u64) -> anyhow::Result<()> {
+        let bytes = std::fs::read(image)?;
+        let nsze = bytes.len() as u64 / (4096 + ms);
+        for b in 0..BLOCKS {
+            let at = ((SLBA + b) * 4096) as usize;
+            let got = bytes
+                .get(at..at + 4096)
+                .ok_or_else(|| anyhow::anyhow!("image too short"))?;
+            if got.iter().enumerate().any(|(i, &v)| v != data(b, i)) {
+                anyhow::bail!(
+                    "block {} data is not at byte {at} of the backing file",
+                    SLBA + b
+                );
+            }
+            let mat = (nsze * 4096 + (SLBA + b) * ms) as usize;
+            let got = bytes
+                .get(mat..mat + ms as usize)
+                .ok_or_else(|| anyhow::anyhow!("image too short"))?;
+            if got.iter().enumerate().any(|(j, &v)| v != meta(b, j)) {
+                anyhow::bail!(
+                    "block {} metadata is not at byte {mat} of the backing file (after the \
+                     data of {nsze} blocks)",
+                    SLBA + b
+                );
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The guest configurations, in order.
@@ -40,6 +92,7 @@ pub const CONFIGS: &[GuestConfig] = &[
         args: &[],
         env: &[],
         filter: None,
+        check_metadata_backing: false,
         fio: true,
     },
     GuestConfig {
@@ -47,6 +100,7 @@ pub const CONFIGS: &[GuestConfig] = &[
         args: &["--lba-size", "512"],
         env: &["UPNVME_TEST_CQ_HEAD=every-reap"],
         filter: None,
+        check_metadata_backing: false,
         fio: false,
     },
     GuestConfig {
@@ -54,6 +108,7 @@ pub const CONFIGS: &[GuestConfig] = &[
         args: &["--controllers", "2", "--namespaces", "2", "--mqes", "16"],
         env: &[],
         filter: None,
+        check_metadata_backing: false,
         fio: false,
     },
     GuestConfig {
@@ -61,6 +116,7 @@ pub const CONFIGS: &[GuestConfig] = &[
         args: &["--kernel-nvme", "--namespaces", "2"],
         env: &["UPNVME_TEST_CQ_HEAD=batch:8"],
         filter: None,
+        check_metadata_backing: false,
         fio: false,
     },
     GuestConfig {
@@ -68,6 +124,7 @@ pub const CONFIGS: &[GuestConfig] = &[
         args: &["--namespaces", "2", "--ms", "8", "--mset", "1", "--pi", "1"],
         env: &[],
         filter: Some("metadata"),
+        check_metadata_backing: true,
         fio: false,
     },
     GuestConfig {
@@ -75,6 +132,7 @@ pub const CONFIGS: &[GuestConfig] = &[
         args: &["--hotplug", "--unplug", "0@4", "--replug", "0@14"],
         env: &[],
         filter: Some("hotplug_"),
+        check_metadata_backing: false,
         fio: false,
     },
     GuestConfig {
@@ -82,6 +140,7 @@ pub const CONFIGS: &[GuestConfig] = &[
         args: &["--disk-size", "4M", "--inject-read-error", "3,77,512,1000"],
         env: &[],
         filter: Some("media_error"),
+        check_metadata_backing: false,
         fio: false,
     },
 ];
@@ -218,6 +277,14 @@ fn guest_tests(cmd: &TestCmd, rows: &mut Vec<Row>) {
     }) {
         let mut command = String::new();
         let mut args = VmArgs::parse_from_args(config.args).expect("built-in configurations parse");
+        let backing = config.check_metadata_backing.then(|| {
+            let p = Paths::discover().cache.join("metadata-pi-ns1.img");
+            let _ = std::fs::remove_file(&p);
+            p
+        });
+        if let Some(p) = &backing {
+            args.disk = Some(p.clone());
+        }
         if config.fio {
             let files = fio_files.get_or_insert_with(|| {
                 let paths = Paths::discover();
@@ -294,6 +361,14 @@ fn guest_tests(cmd: &TestCmd, rows: &mut Vec<Row>) {
                     for l in &outcome.dmar_lines {
                         eprintln!("  {l}");
                     }
+                }
+                let mut ok = ok;
+                if let (true, Some(p)) = (ok, &backing) {
+                    if let Err(e) = metadata_backing::check(p, args.ms.into()) {
+                        ok = false;
+                        note = format!("backing file: {e}; {note}");
+                    }
+                    let _ = std::fs::remove_file(p);
                 }
                 if outcome.status != 0 {
                     note = format!("exit status {}; {note}", outcome.status);
