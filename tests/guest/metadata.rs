@@ -346,23 +346,56 @@ fn metadata_round_trips_in_every_layout_with_pi_and_format_nvm() {
     // bed finds in namespace 1's backing file after the run. `cargo xtask
     // test` checks their data at LBA × 4096 and their metadata after the
     // data region (tools/xtask/src/test.rs, `metadata_backing`, with the
-    // same formulas).
-    let (slba, blocks) = (100u64, 2u32);
-    let data: Vec<u8> = (0..u64::from(blocks))
-        .flat_map(|b| (0..4096usize).map(move |i| (b as usize * 31 + i * 7 + 1) as u8))
-        .collect();
-    let meta: Vec<u8> = (0..u64::from(blocks))
-        .flat_map(|b| (0..usize::from(ms)).map(move |j| (0xa0 + b as usize * 5 + j) as u8))
-        .collect();
-    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
-    let write = IoCommand::Write {
+    // same formulas). Blocks 100–101 go as one buffer, 102–103 as an SGL
+    // vector of odd sizes at odd dword offsets, 104–105 as a PRP vector of
+    // page-aligned pieces.
+    let ms = usize::from(ms);
+    let host_of = |first: u64| -> Vec<u8> {
+        (first..first + 2)
+            .flat_map(|b| {
+                let d = (0..4096usize).map(move |i| (b as usize * 31 + i * 7 + 1) as u8);
+                let m = (0..ms).map(move |j| (0xa0 + b as usize * 5 + j) as u8);
+                d.chain(m)
+            })
+            .collect()
+    };
+    let write = |slba: u64| IoCommand::Write {
         ns: &back,
         slba,
-        blocks,
+        blocks: 2,
     };
-    let w = run(&mut qp, write, memory(&c, &back, &data, &meta));
+    let vector = |host: &[u8], pieces: &[(usize, usize)]| {
+        let mut v = IoVec::new();
+        let mut at = 0;
+        for &(off, len) in pieces {
+            let b = c.alloc_dma(off + len).unwrap();
+            b.write_bytes(off, &host[at..at + len]).unwrap();
+            v.push(b, off, len).unwrap();
+            at += len;
+        }
+        assert_eq!(at, host.len());
+        IoData::vectored(v)
+    };
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let w = run(&mut qp, write(100), IoData::buffer(filled(&c, &host_of(0))));
     assert!(w.is_ok(), "the last write: {:?}", w.result);
+    let h = host_of(2);
+    let odd = [(4, 1000), (12, 3), (8, 5000), (0, h.len() - 6003)];
+    let w = run(&mut qp, write(102), vector(&h, &odd));
+    assert!(w.is_ok(), "the SGL vector write: {:?}", w.result);
+    assert!(c.sgl_support().supported(), "QEMU offers SGLs");
     drop(qp);
+    let mut prp = c
+        .io_queue_pair(QueuePairOptions {
+            sgl: upnvme::SglMode::Never,
+            ..QueuePairOptions::default()
+        })
+        .unwrap();
+    let h = host_of(4);
+    let aligned = [(0, 4096), (0, 4096), (0, h.len() - 8192)];
+    let w = run(&mut prp, write(104), vector(&h, &aligned));
+    assert!(w.is_ok(), "the PRP vector write: {:?}", w.result);
+    drop(prp);
     // Namespace 2, without metadata, is untouched by all of it.
     let ns2 = c.namespace(2).unwrap().clone();
     assert!(ns2.metadata_layout().is_none());

@@ -42,8 +42,9 @@ pub struct GuestConfig {
 pub mod metadata_backing {
     /// First LBA and block count.
     pub const SLBA: u64 = 100;
-    /// Blocks written.
-    pub const BLOCKS: u64 = 2;
+    /// Blocks written: two as one buffer, two through an SGL vector, two
+    /// through a PRP vector.
+    pub const BLOCKS: u64 = 6;
     /// Data byte `i` of block `b` (counted from [`SLBA`]).
     pub fn data(b: u64, i: usize) -> u8 {
         (b as usize * 31 + i * 7 + 1) as u8
