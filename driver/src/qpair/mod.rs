@@ -75,6 +75,7 @@ mod doorbell;
 mod iodata;
 mod metadata;
 mod options;
+mod plain;
 mod reap;
 mod recovery;
 mod stats;

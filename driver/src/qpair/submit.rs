@@ -145,7 +145,16 @@ impl<D: Device> IoQueuePair<D> {
     /// back with the completion (or the refusal).
     #[inline(always)]
     pub fn submit_io(&mut self, cmd: IoCommand<'_>, io: IoData, tag: u64) -> Result<(), Rejected> {
-        self.queue_sqe(cmd, io, tag)?;
+        // `queue_sqe`, its two paths taken apart: the plain path's outcome
+        // stays in registers.
+        match self.plain(&cmd, &io) {
+            Some(p) => {
+                self.queue_plain(p, io, tag)?;
+            }
+            None => {
+                self.queue_sqe_general(cmd, io, tag)?;
+            }
+        }
         // The doorbell first (nothing to do if `queue_sqe` announced it
         // through the shadow doorbell), then the bookkeeping. Checked once
         // more: never a doorbell for queues a reset (from another thread)
@@ -273,6 +282,21 @@ impl<D: Device> IoQueuePair<D> {
     /// without them, so the hot path keeps no register or branch for them.
     #[inline(always)]
     pub(super) fn queue_sqe(
+        &mut self,
+        cmd: IoCommand<'_>,
+        io: IoData,
+        tag: u64,
+    ) -> Result<u16, Rejected> {
+        if let Some(p) = self.plain(&cmd, &io) {
+            return self.queue_plain(p, io, tag);
+        }
+        self.queue_sqe_general(cmd, io, tag)
+    }
+
+    /// Everything the plain path (plain.rs) does not take: other commands,
+    /// vectors, metadata and protection, and every refusal.
+    #[inline(never)]
+    fn queue_sqe_general(
         &mut self,
         cmd: IoCommand<'_>,
         io: IoData,
@@ -430,7 +454,7 @@ impl<D: Device> IoQueuePair<D> {
     /// Takes back a command that was given a CID but not written to the SQ.
     #[cold]
     #[inline(never)]
-    fn unqueue(&mut self, slot: u16, reason: Reject) -> Rejected {
+    pub(super) fn unqueue(&mut self, slot: u16, reason: Reject) -> Rejected {
         let (buffer, segments, metadata) = match self.trackers.get_mut(slot) {
             Some(t) => (t.buffer.take(), t.segments.take(), t.metadata.take()),
             None => (None, None, None),
@@ -481,7 +505,12 @@ impl<D: Device> IoQueuePair<D> {
     /// beats a PRP List for 64–128 KiB transfers by 5–39 % (docs/benchmarks.md,
     /// "PRP or SGL") — else a PRP List.
     #[inline(always)]
-    fn place_contiguous(&mut self, iova: u64, bytes: usize, slot: u16) -> Result<Dptr, Reject> {
+    pub(super) fn place_contiguous(
+        &mut self,
+        iova: u64,
+        bytes: usize,
+        slot: u16,
+    ) -> Result<Dptr, Reject> {
         if self.sgl_mode != SglMode::Never && self.sgl.supported() {
             match sgl::build([(iova, bytes)], 1, self.sgl, &mut [], PAGE, |_| 0) {
                 Ok((d, _)) => {

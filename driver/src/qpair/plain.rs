@@ -1,0 +1,156 @@
+//! The plain data command, compiled on its own: a Read or Write of one
+//! buffer (whole, or a slice of it) on a namespace without metadata, with no
+//! vector, no metadata buffer and no protection fields — the I/O nearly
+//! every application issues.
+//!
+//! It checks everything the general path (`submit.rs`) checks for such a
+//! command: the pair's state word, the namespace handle (this controller's,
+//! not retired), the LBA range and NLB, the buffer's room for the transfer,
+//! MDTS, the depth with parked completions, and the tracker free stack.
+//! When a check does not pass (or the command is not plain), the command
+//! goes to the general path untouched, which checks again and refuses with
+//! the reason, or catches up with a reset first. So the refusals and their
+//! reasons are the general path's, and this path adds no case of its own:
+//! it only leaves out the branches, registers and stores that a vector, a
+//! metadata buffer or protection information would need.
+
+use upnvme_dma::DmaBuffer;
+use upnvme_queues::sgl::PSDT_SGL_MPTR_ADDRESS;
+use upnvme_queues::sqe::{io_qwords, opcode::nvm};
+
+use super::iodata::IoData;
+use super::submit::check_range;
+use super::{IoCommand, IoQueuePair, PAGE};
+use crate::device::Device;
+use crate::error::{Reject, Rejected};
+use crate::namespace::Namespace;
+
+/// A Read or Write that passed the plain path's checks: what the SQE needs.
+#[derive(Clone, Copy)]
+pub(super) struct Plain {
+    op: u8,
+    nsid: u32,
+    slba: u64,
+    /// CDW12: NLB (0-based) and the flags.
+    cdw12: u32,
+    /// Bytes transferred.
+    bytes: usize,
+}
+
+impl<D: Device> IoQueuePair<D> {
+    /// `Some` when `cmd` with `io` is a plain Read or Write (see the module
+    /// docs) that every check lets through now; `None` sends it to the
+    /// general path.
+    #[inline(always)]
+    pub(super) fn plain(&self, cmd: &IoCommand<'_>, io: &IoData) -> Option<Plain> {
+        let (op, ns, slba, blocks) = match *cmd {
+            IoCommand::Read { ns, slba, blocks } => (nvm::READ, ns, slba, blocks),
+            IoCommand::Write { ns, slba, blocks } => (nvm::WRITE, ns, slba, blocks),
+            _ => return None,
+        };
+        let len = io.buffer.as_ref().map(DmaBuffer::len)?;
+        if io.segments.is_some() || io.metadata.is_some() || io.protection.is_some() {
+            return None;
+        }
+        if !self.current() || !self.plain_namespace(ns) || check_range(ns, slba, blocks).is_err() {
+            return None;
+        }
+        let bytes = (blocks as usize) << ns.lba_shift();
+        // The slice's room: `limit` bytes from `offset` (to the end when
+        // `limit` is `usize::MAX`), checked without overflow.
+        let room = if io.limit == usize::MAX {
+            len.checked_sub(io.offset)?
+        } else {
+            match io.offset.checked_add(io.limit) {
+                Some(end) if end <= len => io.limit,
+                _ => return None,
+            }
+        };
+        if room < bytes || bytes > self.max_transfer {
+            return None;
+        }
+        // Completions parked in `ready` count against the depth too (see
+        // `queue_sqe_with`).
+        if !self.ready.is_empty()
+            && self.trackers.in_flight() + self.ready.len() as u32 >= self.max_depth
+        {
+            return None;
+        }
+        Some(Plain {
+            op,
+            nsid: ns.id(),
+            slba,
+            // CDW12.NLB is 0-based (`check_range` refused 0 blocks).
+            cdw12: (blocks - 1) | io.flags.cdw12(),
+            bytes,
+        })
+    }
+
+    /// This controller's handle, not retired, of a namespace without
+    /// metadata.
+    #[inline(always)]
+    fn plain_namespace(&self, ns: &Namespace) -> bool {
+        ns.controller() == self.instance && !ns.is_stale() && !ns.has_metadata()
+    }
+
+    /// Queues a command [`IoQueuePair::plain`] let through: tracker, data
+    /// pointer, SQE, and (announcing at once) the shadow doorbell. Returns
+    /// the slot; the only refusals left are a full tracker stack and a data
+    /// pointer the slot's list page cannot hold.
+    #[inline(always)]
+    pub(super) fn queue_plain(&mut self, p: Plain, io: IoData, tag: u64) -> Result<u16, Rejected> {
+        let IoData {
+            buffer,
+            offset,
+            flags,
+            ..
+        } = io;
+        debug_assert!(flags.cdw12() == p.cdw12 & 0xc000_0000);
+        let iova = buffer.as_ref().map_or(0, |b| b.iova()) + offset as u64;
+        // The tracker before the SQE and the doorbell (see the module docs
+        // of `qpair`). Its vector and metadata are `None` already: every
+        // path that frees a slot takes them.
+        let Some((cid, t)) = self.trackers.alloc_mut() else {
+            return Err(Rejected::with_memory(Reject::QueueFull, buffer, None, None));
+        };
+        debug_assert!(t.segments.is_none() && t.metadata.is_none());
+        t.tag = tag;
+        t.buffer = buffer;
+        t.stamp = 0;
+        t.aborted = false;
+        let slot = cid.slot;
+        // CQ space for this command before anything announces it.
+        self.cq_space_for_submit();
+        // PRP1 alone, or PRP1 and PRP2, for one or two memory pages (NVMe 2.0
+        // §4.3.1); [iova, iova + bytes) lies inside the buffer's IOVA range,
+        // so nothing overflows.
+        let end = (iova as usize & (PAGE - 1)) + p.bytes;
+        let (prp1, prp2, sgl) = if iova & 3 == 0 && end <= self.inline_prp_end {
+            let prp2 = if end > PAGE {
+                (iova & !(PAGE as u64 - 1)) + PAGE as u64
+            } else {
+                0
+            };
+            (iova, prp2, false)
+        } else {
+            match self.place_contiguous(iova, p.bytes, slot) {
+                Ok(d) => d,
+                Err(reason) => return Err(self.unqueue(slot, reason)),
+            }
+        };
+        let Some(pos) = self.sq_ring.push() else {
+            return Err(self.unqueue(slot, Reject::QueueFull));
+        };
+        let mut q = io_qwords(p.op, cid.value, p.nsid, prp1, prp2, p.slba, p.cdw12);
+        q[0] |= u64::from(sgl) * u64::from(PSDT_SGL_MPTR_ADDRESS);
+        if !self.sq.write_sqe(u32::from(pos), &q) {
+            // Cannot happen (pos < entries): as in `queue_sqe_with`.
+            self.set_failed();
+            return Err(self.unqueue(slot, Reject::Unusable));
+        }
+        if self.announce_at_once && self.current() {
+            self.ring_sq_now();
+        }
+        Ok(slot)
+    }
+}
