@@ -98,13 +98,18 @@ pub struct CidTable<T = ()> {
 /// out, and the caller's value.
 #[derive(Clone, Copy, Debug)]
 struct Slot<T> {
-    cid: u16,
+    /// The CID in flight, widened, or [`FREE`] (which no CID equals: a
+    /// completion is checked with one compare).
+    cid: u32,
     next: u16,
     value: T,
 }
 
-/// `Slot::cid` of a free slot: 0xFFFF, the one value never handed out.
-const FREE: u16 = 0xffff;
+/// `Slot::cid` of a free slot: outside the 16-bit CID range.
+const FREE: u32 = 0x1_0000;
+/// The one 16-bit CID never handed out (Error Information log entries use
+/// FFFFh for "no command").
+const RESERVED: u16 = 0xffff;
 
 /// Why `cid` names no command in flight.
 #[cold]
@@ -117,7 +122,7 @@ fn mismatch<T>(slots: &[Slot<T>], usable: u16, mask: u16, cid: u16) -> CidError 
         Some(s) if s.cid == FREE => CidError::NotInFlight(cid),
         Some(s) => CidError::StaleGeneration {
             cid,
-            expected: s.cid,
+            expected: s.cid as u16,
         },
     }
 }
@@ -185,7 +190,7 @@ impl<T> CidTable<T> {
     fn successor(&self, cid: u16) -> u16 {
         let step = self.step;
         match cid.wrapping_add(step) {
-            FREE => FREE.wrapping_add(step),
+            RESERVED => RESERVED.wrapping_add(step),
             n => n,
         }
     }
@@ -202,8 +207,14 @@ impl<T> CidTable<T> {
     pub fn alloc_mut(&mut self) -> Option<(Cid, &mut T)> {
         let slot = self.free.pop()?;
         let s = self.slots.get_mut(usize::from(slot))?;
-        s.cid = s.next;
-        Some((Cid { value: s.cid, slot }, &mut s.value))
+        s.cid = u32::from(s.next);
+        Some((
+            Cid {
+                value: s.next,
+                slot,
+            },
+            &mut s.value,
+        ))
     }
 
     /// Checks that `cid` is the CID of a command in flight, without releasing
@@ -212,7 +223,7 @@ impl<T> CidTable<T> {
     pub fn validate(&self, cid: u16) -> Result<u16, CidError> {
         let slot = cid & self.slot_mask;
         match self.slots.get(usize::from(slot)) {
-            Some(s) if s.cid == cid && cid != FREE => Ok(slot),
+            Some(s) if s.cid == u32::from(cid) => Ok(slot),
             _ => Err(self.mismatch(cid)),
         }
     }
@@ -239,13 +250,13 @@ impl<T> CidTable<T> {
         let slot = cid & self.slot_mask;
         let step = self.step;
         let i = usize::from(slot);
-        if i >= self.slots.len() || self.slots[i].cid != cid || cid == FREE {
+        if i >= self.slots.len() || self.slots[i].cid != u32::from(cid) {
             return Err(mismatch(&self.slots, self.usable, self.slot_mask, cid));
         }
         let s = &mut self.slots[i];
         let next = cid.wrapping_add(step);
-        s.next = if next == FREE {
-            FREE.wrapping_add(step)
+        s.next = if next == RESERVED {
+            RESERVED.wrapping_add(step)
         } else {
             next
         };
@@ -258,7 +269,7 @@ impl<T> CidTable<T> {
     #[inline]
     fn release(&mut self, slot: u16) {
         let i = usize::from(slot);
-        let next = self.successor(self.slots[i].cid);
+        let next = self.successor(self.slots[i].cid as u16);
         self.slots[i].cid = FREE;
         self.slots[i].next = next;
         // Cannot reallocate: at most `usable` entries are ever free.
@@ -294,8 +305,8 @@ impl<T> CidTable<T> {
     pub fn cid_of(&self, slot: u16) -> Option<u16> {
         self.slots
             .get(usize::from(slot))
-            .map(|s| s.cid)
-            .filter(|&c| c != FREE)
+            .filter(|s| s.cid != FREE)
+            .map(|s| s.cid as u16)
     }
 
     /// The value of `slot` (free or in flight), `None` out of range.
@@ -394,6 +405,27 @@ mod tests {
         assert_eq!(t.in_flight(), 0);
         // A late completion for the cancelled command is rejected.
         assert!(t.complete(a.value).is_err());
+    }
+
+    #[test]
+    fn a_completion_for_ffff_is_refused() {
+        let mut t: CidTable = CidTable::new(4096);
+        // 0xFFFF names slot 4095; free, and then in flight at generation 0.
+        assert_eq!(t.complete(0xffff), Err(CidError::NotInFlight(0xffff)));
+        let all: Vec<Cid> = (0..4096).map(|_| t.alloc().unwrap()).collect();
+        assert_eq!(all[4095].value, 4095);
+        assert_eq!(
+            t.complete(0xffff),
+            Err(CidError::StaleGeneration {
+                cid: 0xffff,
+                expected: 4095
+            })
+        );
+        assert_eq!(
+            t.validate(0xffff).map(|_| ()),
+            Err(t.complete(0xffff).unwrap_err())
+        );
+        assert_eq!(t.in_flight(), 4096);
     }
 
     #[test]

@@ -227,10 +227,15 @@ impl SqRing {
 pub struct CqRing {
     entries: u32,
     head: u32,
-    phase: bool,
+    /// The expected Phase Tag where CQE dword 3 carries it (bit 16): set
+    /// when the expected phase is 1.
+    phase_dw3: u32,
     committed: u32,
     uncommitted: u32,
 }
+
+/// CQE dword 3, bit 16: the Phase Tag (P).
+const PHASE_DW3: u32 = 1 << 16;
 
 impl CqRing {
     /// A ring of `entries` slots (2..=65536), head 0, expected phase `true`.
@@ -239,7 +244,7 @@ impl CqRing {
         Ok(CqRing {
             entries,
             head: 0,
-            phase: true,
+            phase_dw3: PHASE_DW3,
             committed: 0,
             uncommitted: 0,
         })
@@ -257,13 +262,20 @@ impl CqRing {
 
     /// The Phase Tag value a new entry at [`CqRing::head`] carries.
     pub fn phase(&self) -> bool {
-        self.phase
+        self.phase_dw3 != 0
     }
 
     /// True when an entry whose Phase Tag is `p` at the head slot is new.
     #[inline]
     pub fn is_new(&self, p: bool) -> bool {
-        p == self.phase
+        p == self.phase()
+    }
+
+    /// True when the entry at the head slot whose dword 3 is `dw3` is new:
+    /// its Phase Tag (bit 16) is the expected one. One xor and one test.
+    #[inline(always)]
+    pub fn is_new_dw3(&self, dw3: u32) -> bool {
+        (dw3 ^ self.phase_dw3) & PHASE_DW3 == 0
     }
 
     /// Consumes the head entry: head + 1, wrapping to 0 and inverting the
@@ -273,7 +285,7 @@ impl CqRing {
         let n = self.head + 1;
         if n == self.entries {
             self.head = 0;
-            self.phase = !self.phase;
+            self.phase_dw3 ^= PHASE_DW3;
         } else {
             self.head = n;
         }
@@ -423,6 +435,9 @@ mod tests {
         let mut cq = CqRing::new(3).unwrap();
         assert!(cq.phase());
         assert!(cq.is_new(true));
+        // Dword 3 with P = 1 (other bits set too) is new, with P = 0 not.
+        assert!(cq.is_new_dw3(0x0001_ffff));
+        assert!(!cq.is_new_dw3(0xfffe_ffff));
         cq.advance();
         cq.advance();
         assert_eq!(cq.head(), 2);
@@ -430,6 +445,8 @@ mod tests {
         cq.advance();
         assert_eq!(cq.head(), 0);
         assert!(!cq.phase());
+        assert!(cq.is_new_dw3(0xfffe_ffff));
+        assert!(!cq.is_new_dw3(0x0001_0000));
         assert_eq!(cq.uncommitted(), 3);
         assert_eq!(cq.commit(), Some(0));
         assert_eq!(cq.commit(), None);

@@ -9,9 +9,6 @@ use super::{Completion, IoQueuePair, NEVER, PERIODIC_POLLS};
 use crate::device::Device;
 use crate::error::{IoError, PiCheck, Result};
 
-/// CQE dword 3, bit 16: the Phase Tag.
-const PHASE: u32 = 1 << 16;
-
 impl<D: Device> IoQueuePair<D> {
     /// Reaps up to `max` completions and hands each to `f` exactly once (tag,
     /// result, buffer), together with the pair itself, so that `f` may
@@ -161,7 +158,7 @@ impl<D: Device> IoQueuePair<D> {
         let Some((dw3, entry)) = self.cq.load_dw3(head) else {
             return Ok(None);
         };
-        if (dw3 & PHASE != 0) != self.cq_ring.phase() {
+        if !self.cq_ring.is_new_dw3(dw3) {
             return Ok(None);
         }
         let (dw2, dw0) = (entry.dw2(), entry.dw0());
