@@ -12,7 +12,8 @@
 //! (`execute_blocking` and friends), `doorbell.rs` (the doorbell economy),
 //! `stats.rs`, `command.rs` (what is submitted and what comes back),
 //! `iodata.rs` (the memory a command transfers through: buffers, slices,
-//! vectors), `metadata.rs` (data commands on formats with metadata and
+//! vectors), `plain.rs` (the plain Read/Write of one buffer, compiled on its
+//! own), `metadata.rs` (data commands on formats with metadata and
 //! protection information).
 //!
 //! ## Ordering contract (the reason this type is `!Sync`)
