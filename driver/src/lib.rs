@@ -43,7 +43,7 @@ pub use options::MAX_TRANSFER_CAP;
 pub use qpair::{
     BLOCKING_TAG, Backoff, Completion, CopyRange, CqHeadPolicy, DsmAttributes, IoCommand, IoData,
     IoFlags, IoQueuePair, IoSegment, IoVec, Protection, QueuePairOptions, QueueStats,
-    SegmentOutOfBounds, SglMode,
+    SegmentOutOfBounds, SglMode, SqAnnounce,
 };
 pub use upnvme_dma as dma;
 pub use upnvme_dma::memmap2;

@@ -12,7 +12,7 @@ mod common;
 use common::{Access, Spy, T, assert_clean, config_one_ns, opts, reg};
 use upnvme::{
     Completion, Controller, ControllerOptions, CqHeadPolicy, Device, IoCommand, IoQueuePair,
-    QueuePairOptions, QueueStats,
+    QueuePairOptions, QueueStats, SqAnnounce,
 };
 use upnvme_tests::ModelController;
 
@@ -420,15 +420,73 @@ fn no_doorbell_without_work() {
     assert_clean(&m);
 }
 
-/// A 16/32-entry pair whose EventIdx may skip MMIO writes.
+/// A 16/32-entry pair whose EventIdx may skip MMIO writes, announcing each
+/// queued command at once (`SqAnnounce::EachCommand`).
 fn event_idx_pair<D: Device>(c: &Controller<D>) -> IoQueuePair<D> {
     c.io_queue_pair(QueuePairOptions {
         entries: Some(16),
         cq_entries: Some(32),
         shadow_doorbells: true,
+        sq_announce: SqAnnounce::EachCommand,
         ..Default::default()
     })
     .unwrap()
+}
+
+/// The default announcement (`SqAnnounce::Batch`) with the EventIdx in use:
+/// `queue` only writes SQEs, `ring` announces the batch with one shadow tail
+/// update, written over MMIO when the EventIdx asks (the first batch), and
+/// skipped when the controller has not caught up with the tail it last saw
+/// (its EventIdx lags: a polling controller picks the batch up from the
+/// shadow buffer).
+#[test]
+fn the_default_announces_each_batch_once() {
+    assert_eq!(QueuePairOptions::default().sq_announce, SqAnnounce::Batch);
+    let (m, c) = controller(true);
+    let mut qp = c
+        .io_queue_pair(QueuePairOptions {
+            entries: Some(16),
+            cq_entries: Some(32),
+            ..Default::default()
+        })
+        .unwrap();
+    let qid = qp.qid();
+    m.freeze_event_idx(true);
+    for i in 0..5u64 {
+        queue_read(&mut qp, &c, i);
+    }
+    let st = qp.stats();
+    assert_eq!((st.sq_shadow_updates, st.sq_doorbell_mmio), (0, 0));
+    assert_eq!(m.doorbell_writes(qid).0, 0);
+    assert_eq!(
+        m.sq_state(qid).unwrap().tail,
+        0,
+        "nothing announced before ring"
+    );
+    qp.ring();
+    let st = qp.stats();
+    // EventIdx 0, tail 0 -> 5: passes it, one MMIO write.
+    assert_eq!((st.sq_shadow_updates, st.sq_doorbell_mmio), (1, 1));
+    assert_eq!(m.sq_state(qid).unwrap().tail, 5);
+    for i in 5..8u64 {
+        queue_read(&mut qp, &c, i);
+    }
+    qp.ring();
+    let st = qp.stats();
+    // Tail 5 -> 8 with the EventIdx still at 0: the controller asked for
+    // nothing; the shadow buffer has the tail.
+    assert_eq!((st.sq_shadow_updates, st.sq_doorbell_mmio), (2, 1));
+    assert_eq!(st.mmio_skipped_by_event_idx, 1);
+    assert_eq!(m.sq_state(qid).unwrap().tail, 5);
+    m.process_shadow();
+    assert_eq!(m.sq_state(qid).unwrap().tail, 8);
+    m.freeze_event_idx(false);
+    assert_eq!(ok_tags(&reap_n(&mut qp, 8)), (0..8).collect::<Vec<_>>());
+    assert_stats_match(&m, qid, &qp.stats());
+    assert_eq!(qp.stats().submissions, 8);
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
 }
 
 /// Queues (without `ring`) a one-block read of LBA `i` with tag `i`.

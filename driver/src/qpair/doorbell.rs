@@ -8,16 +8,16 @@
 //! * **SQ tail**: once per submit batch, only if the tail moved. With shadow
 //!   doorbells (Doorbell Buffer Config) the tail goes to the shadow buffer and
 //!   an MMIO write happens only when the controller's EventIdx asks for it.
-//!   When the EventIdx is in use, `queue` announces each command at once
-//!   (shadow store, fence, EventIdx check), so the MMIO writes are exactly
-//!   the ones the controller asks for, and `ring` has nothing left to do.
-//!   Each check covers one new tail, which a controller still working
-//!   through the SQ has not reached, so it asks for nothing. Ringing once
-//!   after the batch instead leaves an idle controller idle while the host
-//!   queues (an idle QEMU reads the shadow buffer only after an MMIO write).
-//!   Measured under QEMU 10 at QD32 (docs/benchmarks.md): 157–161k IOPS
-//!   ringing per batch, 185k (bench) to 207k (spot checks) announcing at
-//!   once, at about one SQ MMIO write per reap batch either way.
+//!   By default (`SqAnnounce::Batch`) `ring` announces the whole batch with
+//!   one shadow update and one EventIdx check; with `SqAnnounce::EachCommand`
+//!   `queue` announces each command at once (shadow store, fence, EventIdx
+//!   check), so a controller still working through the SQ can pick it up
+//!   before `ring`. Measured under QEMU 10.0.2 on 2026-12-02 (docs/benchmarks.md,
+//!   "SQ announcement"): the same MMIO writes per I/O either way, but per
+//!   batch 65.6k against 38.6k IOPS at QD4 and 99.1k against 62.3k at QD8
+//!   (medians of three interleaved rounds), ahead or within noise up to QD64;
+//!   announcing each command was ahead at QD128 (152k against 139k), and on
+//!   an earlier host at QD32.
 //! * **CQ head**: written (to the shadow buffer and/or MMIO) only when it is *due*:
 //!   with `CqHeadPolicy::Adaptive` when the entries consumed since the last
 //!   write (`U`) exceed `cq_entries - 1 - max_depth`, or when a configured batch

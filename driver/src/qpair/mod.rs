@@ -94,7 +94,7 @@ pub use command::{Completion, CopyRange, DsmAttributes, IoCommand, IoFlags, Prot
 pub use doorbell::CqHeadPolicy;
 use doorbell::Doorbells;
 pub use iodata::{IoData, IoSegment, IoVec, SegmentOutOfBounds};
-pub use options::{Backoff, QueuePairOptions, SglMode};
+pub use options::{Backoff, QueuePairOptions, SglMode, SqAnnounce};
 pub use stats::QueueStats;
 
 use crate::controller::Inner;

@@ -45,6 +45,23 @@ pub enum SglMode {
     Never,
 }
 
+/// When the SQ tail of queued commands is announced to the controller, with
+/// shadow doorbells and the EventIdx in use (`QueuePairOptions::shadow_doorbells`
+/// on a controller with Doorbell Buffer Config). Without them every
+/// announcement is an MMIO write, and `queue` never announces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum SqAnnounce {
+    /// `queue` announces each command at once (shadow tail, fence, EventIdx
+    /// check; an MMIO write when the EventIdx asks for one), so a controller
+    /// still working through the SQ can pick it up before `ring`.
+    EachCommand,
+    /// `queue` only writes the SQE; `ring` (and `submit`) announce the whole
+    /// batch with one shadow tail update, written over MMIO too when the
+    /// EventIdx asks for it.
+    #[default]
+    Batch,
+}
+
 /// Options of one I/O queue pair. No global knobs: every pair can differ.
 #[derive(Clone, Debug)]
 pub struct QueuePairOptions {
@@ -74,6 +91,10 @@ pub struct QueuePairOptions {
     pub command_timeout: Option<Duration>,
     /// PRPs or SGLs for data transfers.
     pub sgl: SglMode,
+    /// When queued commands are announced with shadow doorbells (see
+    /// [`SqAnnounce`]; docs/benchmarks.md, "SQ announcement", has the
+    /// measurements behind the default).
+    pub sq_announce: SqAnnounce,
 }
 
 impl Default for QueuePairOptions {
@@ -87,6 +108,7 @@ impl Default for QueuePairOptions {
             backoff: Backoff::default(),
             command_timeout: Some(Duration::from_secs(30)),
             sgl: SglMode::Auto,
+            sq_announce: SqAnnounce::default(),
         }
     }
 }

@@ -203,15 +203,16 @@ impl<D: Device> IoQueuePair<D> {
     }
 
     /// Writes one command into the SQ for a batch: several `queue` calls
-    /// followed by one [`IoQueuePair::ring`]. With MMIO doorbells nothing is
-    /// announced until `ring` writes the SQ tail once for the whole batch.
-    /// With shadow doorbells and the EventIdx in use (the default where the
-    /// controller offers Doorbell Buffer Config), `queue` announces the
-    /// command at once through the shadow doorbell (an MMIO write only when
-    /// the controller's EventIdx asks for one), so the device may start, or
-    /// even finish, before `ring`; `ring` then only does the bookkeeping.
-    /// `process_completions` and the blocking helpers ring pending commands
-    /// first.
+    /// followed by one [`IoQueuePair::ring`]. By default
+    /// ([`crate::SqAnnounce::Batch`]) nothing is announced until `ring`
+    /// writes the SQ tail once for the whole batch (with shadow doorbells:
+    /// one shadow tail update, over MMIO too when the EventIdx asks). With
+    /// [`crate::SqAnnounce::EachCommand`] and the EventIdx in use, `queue`
+    /// announces the command at once through the shadow doorbell (an MMIO
+    /// write only when the controller's EventIdx asks for one), so the device
+    /// may start, or even finish, before `ring`; `ring` then only does the
+    /// bookkeeping. `process_completions` and the blocking helpers ring
+    /// pending commands first.
     #[inline]
     pub fn queue(
         &mut self,
@@ -231,9 +232,9 @@ impl<D: Device> IoQueuePair<D> {
     }
 
     /// Announces every queued command not yet announced with one SQ tail
-    /// doorbell write (nothing is left with the EventIdx in use, see
-    /// [`IoQueuePair::queue`]), then (with `reap_on_submit`) reaps what is
-    /// ready.
+    /// doorbell write (nothing is left when `queue` announced each command,
+    /// see [`IoQueuePair::queue`]), then (with `reap_on_submit`) reaps what
+    /// is ready.
     #[inline]
     pub fn ring(&mut self) {
         if !self.current() {

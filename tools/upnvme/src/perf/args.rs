@@ -101,6 +101,12 @@ pub struct PerfArgs {
     /// resubmissions (`queue` + `ring`, spdk_nvme_perf's way).
     #[arg(long = "ring-per-io")]
     pub ring_per_io: bool,
+    /// When queued resubmissions are announced with shadow doorbells:
+    /// `each` (every command at once, through the shadow tail and the
+    /// EventIdx) or `batch` (one shadow tail update per batch); default: the
+    /// library's (`SqAnnounce::default()`).
+    #[arg(long = "sq-announce", value_parser = ["each", "batch"])]
+    pub sq_announce: Option<String>,
     /// Data pointers as SGLs for every I/O (one Data Block descriptor, also
     /// within two pages); needs a controller with SGL support (Identify
     /// Controller SGLS). Default: the library's choice (PRP1/PRP2 within two

@@ -16,7 +16,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow};
 use upnvme::dma::tsc;
-use upnvme::{Controller, ControllerOptions, CqHeadPolicy, PageBacking, QueuePairOptions, SglMode};
+use upnvme::{
+    Controller, ControllerOptions, CqHeadPolicy, PageBacking, QueuePairOptions, SglMode, SqAnnounce,
+};
 
 pub use args::PerfArgs;
 pub use interrupt::Interrupted;
@@ -88,6 +90,11 @@ pub fn run(a: PerfArgs) -> Result<bool> {
             SglMode::Always
         } else {
             SglMode::Auto
+        },
+        sq_announce: match a.sq_announce.as_deref() {
+            Some("each") => SqAnnounce::EachCommand,
+            Some("batch") => SqAnnounce::Batch,
+            _ => SqAnnounce::default(),
         },
         ..Default::default()
     };
@@ -202,6 +209,7 @@ pub fn run(a: PerfArgs) -> Result<bool> {
         warmup: a.warmup,
         reap_on_submit: a.reap_on_submit,
         ring_per_io: a.ring_per_io,
+        sq_announce: qp.sq_announce,
         sgl: sgl_mode(&a),
         shadow: ctrl.shadow_doorbells() && !a.no_shadow_doorbell,
         doorbell_buffer: ctrl.shadow_doorbells(),

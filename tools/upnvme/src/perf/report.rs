@@ -38,6 +38,8 @@ pub struct RunInfo {
     pub reap_on_submit: bool,
     /// `--ring-per-io`: one SQ doorbell per I/O instead of per batch.
     pub ring_per_io: bool,
+    /// `--sq-announce`: how queued commands are announced (shadow doorbells).
+    pub sq_announce: upnvme::SqAnnounce,
     /// `--sgl` / `--prp`: the data pointer policy.
     pub sgl: upnvme::SglMode,
     /// Shadow doorbells active and allowed to skip MMIO.
@@ -101,7 +103,7 @@ pub fn text(info: &RunInfo, jobs: &[JobResult], latency: u8, transport: bool) ->
     let secs = jobs.iter().map(|j| j.seconds).fold(0.0, f64::max);
     writeln!(
         o,
-        "upnvme perf: {} {}% reads, {} B I/Os, depth {} per queue pair, reap_on_submit {}, shadow doorbells {}, CQ head {}, SQ doorbell per {}, data pointer {}",
+        "upnvme perf: {} {}% reads, {} B I/Os, depth {} per queue pair, reap_on_submit {}, shadow doorbells {}, CQ head {}, SQ doorbell per {}, announce {}, data pointer {}",
         info.workload,
         info.read_percent,
         info.io_size,
@@ -114,6 +116,7 @@ pub fn text(info: &RunInfo, jobs: &[JobResult], latency: u8, transport: bool) ->
         },
         info.cq_policy,
         if info.ring_per_io { "I/O" } else { "batch" },
+        announce_name(info.sq_announce),
         sgl_name(info.sgl)
     )?;
     match &info.interrupted {
@@ -398,6 +401,7 @@ pub fn json_doc(info: &RunInfo, jobs: &[JobResult], mismatches: Option<u64>) -> 
         "warmup_seconds": info.warmup,
         "reap_on_submit": info.reap_on_submit,
         "ring_per_io": info.ring_per_io,
+        "sq_announce": announce_name(info.sq_announce),
         "shadow_doorbells": info.shadow,
         "data_pointer": sgl_name(info.sgl),
         "doorbell_buffer": info.doorbell_buffer,
@@ -451,6 +455,14 @@ pub fn errors_by_status(jobs: &[JobResult]) -> Vec<(String, u64)> {
 }
 
 /// The data pointer policy as the report names it.
+/// `each` or `batch` (header and JSON).
+fn announce_name(a: upnvme::SqAnnounce) -> &'static str {
+    match a {
+        upnvme::SqAnnounce::EachCommand => "each",
+        upnvme::SqAnnounce::Batch => "batch",
+    }
+}
+
 fn sgl_name(m: upnvme::SglMode) -> &'static str {
     match m {
         upnvme::SglMode::Auto => "auto",
