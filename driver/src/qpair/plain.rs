@@ -143,14 +143,6 @@ impl<D: Device> IoQueuePair<D> {
         };
         let mut q = io_qwords(p.op, cid.value, p.nsid, prp1, prp2, p.slba, p.cdw12);
         q[0] |= u64::from(sgl) * u64::from(PSDT_SGL_MPTR_ADDRESS);
-        if !self.sq.write_sqe(u32::from(pos), &q) {
-            // Cannot happen (pos < entries): as in `queue_sqe_with`.
-            self.set_failed();
-            return Err(self.unqueue(slot, Reject::Unusable));
-        }
-        if self.announce_at_once && self.current() {
-            self.ring_sq_now();
-        }
-        Ok(slot)
+        self.write_sqe_and_announce(pos, &q, slot)
     }
 }

@@ -436,7 +436,19 @@ impl<D: Device> IoQueuePair<D> {
             q[6],
             q[7],
         ];
-        if !self.sq.write_sqe(u32::from(pos), &q) {
+        self.write_sqe_and_announce(pos, &q, slot)
+    }
+
+    /// Stores the SQE of the command in `slot` into SQ slot `pos` and, with
+    /// `SqAnnounce::EachCommand`, announces it. Returns the slot.
+    #[inline(always)]
+    pub(super) fn write_sqe_and_announce(
+        &mut self,
+        pos: u16,
+        q: &[u64; 8],
+        slot: u16,
+    ) -> Result<u16, Rejected> {
+        if !self.sq.write_sqe(u32::from(pos), q) {
             // Cannot happen (pos < entries); if it did, the slot would hold
             // garbage and must never be announced: fail the pair (no doorbell
             // is ever written for it again) and hand the command back — the
