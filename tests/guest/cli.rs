@@ -1083,12 +1083,33 @@ fn perf_runs_with_and_without_each_option() {
         t["sq_doorbell_mmio"].as_u64() <= t["submissions"].as_u64(),
         "{t}"
     );
-    // With the EventIdx (the default) every command is announced as it is
-    // queued, batched or not; MMIO writes only where QEMU asked for them.
-    for extra in [&["-q", "4"][..], &["-q", "4", "--ring-per-io"][..]] {
+    // With the EventIdx (the default) and `--sq-announce each` every command
+    // is announced as it is queued, batched or not (so is each command of
+    // `--ring-per-io`); by default (`batch`) once per batch of resubmissions.
+    // MMIO writes only where QEMU asked for them.
+    for extra in [
+        &["-q", "4", "--sq-announce", "each"][..],
+        &["-q", "4", "--ring-per-io"][..],
+        &["-q", "4"][..],
+    ] {
         let v = perf_json(extra);
         let t = &v["total"]["transport"];
-        assert_eq!(t["sq_shadow_updates"], t["submissions"], "{extra:?}: {t}");
+        let batch = extra.len() == 2;
+        let announce = if extra.contains(&"each") {
+            "each"
+        } else {
+            "batch"
+        };
+        assert_eq!(v["sq_announce"], announce, "{v}");
+        if batch {
+            let (updates, submissions) = (
+                t["sq_shadow_updates"].as_u64().unwrap(),
+                t["submissions"].as_u64().unwrap(),
+            );
+            assert!(updates > 0 && updates <= submissions, "{extra:?}: {t}");
+        } else {
+            assert_eq!(t["sq_shadow_updates"], t["submissions"], "{extra:?}: {t}");
+        }
         assert_eq!(
             t["sq_doorbell_mmio"].as_u64().unwrap()
                 + t["mmio_skipped_by_event_idx"].as_u64().unwrap(),

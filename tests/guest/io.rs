@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use upnvme::{
     Completion, Controller, ControllerOptions, CqHeadPolicy, DsmRange, Error, IoCommand, Namespace,
-    QueuePairOptions, Reject,
+    QueuePairOptions, Reject, SqAnnounce,
 };
 
 const T: Duration = Duration::from_secs(10);
@@ -320,17 +320,23 @@ fn every_command_kind() {
 #[test]
 fn batch_submit_rings_once_and_full_queue_pushes_back() {
     let c = open();
-    for event_idx in [false, true] {
-        batch_with(&c, event_idx);
+    for (event_idx, announce) in [
+        (false, SqAnnounce::Batch),
+        (true, SqAnnounce::Batch),
+        (true, SqAnnounce::EachCommand),
+    ] {
+        batch_with(&c, event_idx, announce);
     }
 }
 
 /// Seven queued reads, an eighth refused with its buffer, one `ring`. With
 /// MMIO doorbells (`event_idx` off) the batch costs one SQ tail write at
-/// `ring`; with the EventIdx in use `queue` announced each command already
+/// `ring`; with the EventIdx in use and the default `SqAnnounce::Batch`,
+/// one shadow update at `ring` (over MMIO too when QEMU asks: at most one);
+/// with `SqAnnounce::EachCommand` `queue` announced each command already
 /// (shadow update and EventIdx check, MMIO only when QEMU asked for it) and
 /// `ring` has nothing left.
-fn batch_with(c: &Controller, event_idx: bool) {
+fn batch_with(c: &Controller, event_idx: bool, announce: SqAnnounce) {
     let ns = c.namespace(1).unwrap().clone();
     let lba = ns.lba_size() as usize;
     let mut qp = c
@@ -338,6 +344,7 @@ fn batch_with(c: &Controller, event_idx: bool) {
             entries: Some(8),
             cq_entries: Some(16),
             shadow_doorbells: event_idx,
+            sq_announce: announce,
             ..Default::default()
         })
         .unwrap();
@@ -378,7 +385,7 @@ fn batch_with(c: &Controller, event_idx: bool) {
     let after = qp.stats();
     assert_eq!(after.submissions - before.submissions, 7);
     let mmio = after.sq_doorbell_mmio - before.sq_doorbell_mmio;
-    if event_idx {
+    if event_idx && announce == SqAnnounce::EachCommand {
         assert!(qp.shadow_doorbells());
         assert_eq!(before.sq_shadow_updates, 7, "{before:?}");
         assert!(before.sq_doorbell_mmio <= 7, "{before:?}");
@@ -386,6 +393,19 @@ fn batch_with(c: &Controller, event_idx: bool) {
             after,
             before_with_submissions(before, 7),
             "ring had nothing left"
+        );
+    } else if event_idx {
+        assert!(qp.shadow_doorbells());
+        assert_eq!(
+            (before.sq_shadow_updates, before.sq_doorbell_mmio),
+            (0, 0),
+            "nothing before ring: {before:?}"
+        );
+        assert_eq!(after.sq_shadow_updates, 1, "one shadow update: {after:?}");
+        assert_eq!(
+            mmio + after.mmio_skipped_by_event_idx - before.mmio_skipped_by_event_idx,
+            1,
+            "written over MMIO or skipped by the EventIdx: {after:?}"
         );
     } else {
         assert_eq!(
