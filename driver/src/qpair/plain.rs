@@ -19,7 +19,7 @@ use upnvme_queues::sgl::PSDT_SGL_MPTR_ADDRESS;
 use upnvme_queues::sqe::{io_qwords, opcode::nvm};
 
 use super::iodata::IoData;
-use super::submit::check_range;
+use super::submit::{check_range, slice_room};
 use super::{IoCommand, IoQueuePair, PAGE};
 use crate::device::Device;
 use crate::error::{Reject, Rejected};
@@ -56,16 +56,7 @@ impl<D: Device> IoQueuePair<D> {
             return None;
         }
         let bytes = (blocks as usize) << ns.lba_shift();
-        // The slice's room: `limit` bytes from `offset` (to the end when
-        // `limit` is `usize::MAX`), checked without overflow.
-        let room = if io.limit == usize::MAX {
-            len.checked_sub(io.offset)?
-        } else {
-            match io.offset.checked_add(io.limit) {
-                Some(end) if end <= len => io.limit,
-                _ => return None,
-            }
-        };
+        let room = slice_room(len, io.offset, io.limit).ok()?;
         if room < bytes || bytes > self.max_transfer {
             return None;
         }

@@ -902,7 +902,7 @@ impl<D: Device> IoQueuePair<D> {
 /// Bytes a slice of `limit` bytes at `offset` leaves for the transfer in a
 /// buffer of `len` bytes (`limit == usize::MAX`: to the end).
 #[inline(always)]
-fn slice_room(len: usize, offset: usize, limit: usize) -> Result<usize, Reject> {
+pub(super) fn slice_room(len: usize, offset: usize, limit: usize) -> Result<usize, Reject> {
     if limit == usize::MAX {
         return len.checked_sub(offset).ok_or(Reject::SliceOutOfBounds {
             offset: offset as u64,
