@@ -6,6 +6,25 @@ use std::path::PathBuf;
 use clap::{Args, ValueEnum};
 
 /// The I/O pattern (`-w`).
+/// `--sq-announce`: when queued resubmissions are announced (shadow
+/// doorbells).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Announce {
+    /// Each command at once (`SqAnnounce::EachCommand`).
+    Each,
+    /// Once per batch (`SqAnnounce::Batch`).
+    Batch,
+}
+
+impl From<Announce> for upnvme::SqAnnounce {
+    fn from(a: Announce) -> upnvme::SqAnnounce {
+        match a {
+            Announce::Each => upnvme::SqAnnounce::EachCommand,
+            Announce::Batch => upnvme::SqAnnounce::Batch,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Workload {
     /// Sequential reads.
@@ -105,8 +124,8 @@ pub struct PerfArgs {
     /// `each` (every command at once, through the shadow tail and the
     /// EventIdx) or `batch` (one shadow tail update per batch); default: the
     /// library's (`SqAnnounce::default()`).
-    #[arg(long = "sq-announce", value_parser = ["each", "batch"])]
-    pub sq_announce: Option<String>,
+    #[arg(long = "sq-announce", value_enum)]
+    pub sq_announce: Option<Announce>,
     /// Data pointers as SGLs for every I/O (one Data Block descriptor, also
     /// within two pages); needs a controller with SGL support (Identify
     /// Controller SGLS). Default: the library's choice (PRP1/PRP2 within two

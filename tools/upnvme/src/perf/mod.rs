@@ -91,11 +91,7 @@ pub fn run(a: PerfArgs) -> Result<bool> {
         } else {
             SglMode::Auto
         },
-        sq_announce: match a.sq_announce.as_deref() {
-            Some("each") => SqAnnounce::EachCommand,
-            Some("batch") => SqAnnounce::Batch,
-            _ => SqAnnounce::default(),
-        },
+        sq_announce: a.sq_announce.map_or_else(SqAnnounce::default, Into::into),
         ..Default::default()
     };
     if let Some(sig) = interrupt.signal() {

@@ -291,6 +291,23 @@ mod tests {
         }
     }
 
+    #[test]
+    fn sq_announce_flag_is_typed() {
+        use super::super::args::Announce;
+        assert_eq!(parse(&[]).unwrap().sq_announce, None);
+        let a = parse(&["--sq-announce", "each"]).unwrap();
+        assert_eq!(a.sq_announce, Some(Announce::Each));
+        assert_eq!(
+            upnvme::SqAnnounce::from(Announce::Each),
+            upnvme::SqAnnounce::EachCommand
+        );
+        assert_eq!(
+            parse(&["--sq-announce", "batch"]).unwrap().sq_announce,
+            Some(Announce::Batch)
+        );
+        assert!(parse(&["--sq-announce", "sometimes"]).is_err());
+    }
+
     /// The usage error `args` get against `dev`, after checking that it is
     /// one (exit status 2).
     fn bad(args: &[&str], dev: &DeviceFacts) -> String {
