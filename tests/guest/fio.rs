@@ -138,6 +138,11 @@ fn fio_engine_options_reach_the_queue_pairs() {
             "--upnvme_reap_on_submit=0",
             "--upnvme_entries=0",
         ],
+        [
+            "--upnvme_shadow_doorbells=1",
+            "--upnvme_sq_announce_each=1",
+            "--upnvme_entries=128",
+        ],
     ] {
         let mut args = vec![
             "--name=o",

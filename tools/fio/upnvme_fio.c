@@ -13,7 +13,8 @@
  * processes).
  *
  * Engine options: upnvme_shadow_doorbells=0|1 (default 1), upnvme_reap_on_submit
- * =0|1 (default 0), upnvme_entries=N (SQ entries, default: the library's).
+ * =0|1 (default 0), upnvme_entries=N (SQ entries, default: the library's),
+ * upnvme_sq_announce_each=0|1 (default 0: each batch is announced once).
  *
  * Memory: fio's I/O buffers are one DMA buffer (iomem_alloc), split into one
  * piece per io_u (each I/O owns its piece while in flight). Completion times are
@@ -41,6 +42,7 @@ struct upnvme_fio_options {
 	unsigned int shadow_doorbells;
 	unsigned int reap_on_submit;
 	unsigned int entries;
+	unsigned int sq_announce_each;
 };
 
 static struct fio_option options[] = {
@@ -71,6 +73,16 @@ static struct fio_option options[] = {
 		.off1 = offsetof(struct upnvme_fio_options, entries),
 		.def = "0",
 		.help = "Submission queue entries per queue pair (0: the library's default)",
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
+		.name = "upnvme_sq_announce_each",
+		.lname = "upnvme announce each command",
+		.type = FIO_OPT_BOOL,
+		.off1 = offsetof(struct upnvme_fio_options, sq_announce_each),
+		.def = "0",
+		.help = "Announce every queued command to the controller at once instead of once per batch",
 		.category = FIO_OPT_C_ENGINE,
 		.group = FIO_OPT_G_INVALID,
 	},
@@ -300,6 +312,7 @@ static int upnvme_fio_open_file(struct thread_data *td, struct fio_file *f)
 	upnvme_qpair_opts_default(&qo);
 	qo.shadow_doorbells = o->shadow_doorbells != 0;
 	qo.reap_on_submit = o->reap_on_submit != 0;
+	qo.sq_announce_each_command = o->sq_announce_each != 0;
 	qo.entries = o->entries;
 	int rc = upnvme_qpair_create(uf->sc->ctrl, &qo, &uf->qp);
 	if (rc != UPNVME_OK)

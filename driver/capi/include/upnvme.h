@@ -211,6 +211,16 @@ typedef struct upnvme_qpair_opts {
    * `UINT32_MAX` = never.
    */
   uint32_t command_timeout_ms;
+  /**
+   * How queued commands are announced to the controller (the SQ Tail
+   * doorbell, or its shadow and EventIdx): false (the default) announces
+   * each batch once, when the pair rings; true announces every command as
+   * it is queued (`SqAnnounce::EachCommand`, which needs
+   * `shadow_doorbells`). docs/benchmarks.md, "SQ announcement", has the
+   * measurements. Added after `command_timeout_ms`: a caller whose `size`
+   * ends before it gets the default.
+   */
+  bool sq_announce_each_command;
 } upnvme_qpair_opts;
 
 /**

@@ -11,7 +11,7 @@
 use std::ffi::{c_int, c_void};
 use std::time::Duration;
 
-use upnvme::{Device, DsmRange, IoCommand, IoQueuePair, Namespace, QueuePairOptions};
+use upnvme::{Device, DsmRange, IoCommand, IoQueuePair, Namespace, QueuePairOptions, SqAnnounce};
 
 use crate::buf::upnvme_buf;
 use crate::status::{
@@ -36,6 +36,14 @@ pub struct upnvme_qpair_opts {
     /// reset the controller if it still does not complete); 0 = the default,
     /// `UINT32_MAX` = never.
     pub command_timeout_ms: u32,
+    /// How queued commands are announced to the controller (the SQ Tail
+    /// doorbell, or its shadow and EventIdx): false (the default) announces
+    /// each batch once, when the pair rings; true announces every command as
+    /// it is queued (`SqAnnounce::EachCommand`, which needs
+    /// `shadow_doorbells`). docs/benchmarks.md, "SQ announcement", has the
+    /// measurements. Added after `command_timeout_ms`: a caller whose `size`
+    /// ends before it gets the default.
+    pub sq_announce_each_command: bool,
 }
 
 impl Default for upnvme_qpair_opts {
@@ -47,6 +55,7 @@ impl Default for upnvme_qpair_opts {
             shadow_doorbells: d.shadow_doorbells,
             reap_on_submit: d.reap_on_submit,
             command_timeout_ms: 0,
+            sq_announce_each_command: d.sq_announce == SqAnnounce::EachCommand,
         }
     }
 }
@@ -60,6 +69,11 @@ impl upnvme_qpair_opts {
         }
         o.shadow_doorbells = self.shadow_doorbells;
         o.reap_on_submit = self.reap_on_submit;
+        o.sq_announce = if self.sq_announce_each_command {
+            SqAnnounce::EachCommand
+        } else {
+            SqAnnounce::Batch
+        };
         match self.command_timeout_ms {
             0 => {}
             u32::MAX => o.command_timeout = None,

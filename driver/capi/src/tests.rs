@@ -345,19 +345,33 @@ fn options_are_read_only_as_far_as_the_callers_struct_goes() {
         shadow_doorbells: false,
         reap_on_submit: true,
         command_timeout_ms: 5,
+        sq_announce_each_command: true,
     };
     // SAFETY: `o` is readable for its whole size.
     let r = unsafe { read_sized(&o) };
     let d = upnvme_qpair_opts::default();
     assert_eq!(r.entries, 64);
     assert_eq!(
-        (r.shadow_doorbells, r.reap_on_submit, r.command_timeout_ms),
-        (d.shadow_doorbells, d.reap_on_submit, d.command_timeout_ms)
+        (
+            r.shadow_doorbells,
+            r.reap_on_submit,
+            r.command_timeout_ms,
+            r.sq_announce_each_command
+        ),
+        (
+            d.shadow_doorbells,
+            d.reap_on_submit,
+            d.command_timeout_ms,
+            d.sq_announce_each_command
+        )
     );
     o.size = std::mem::size_of::<upnvme_qpair_opts>() as u32;
     // SAFETY: as above.
     let r = unsafe { read_sized(&o) };
     assert!(r.reap_on_submit && !r.shadow_doorbells);
+    assert!(r.sq_announce_each_command && !d.sq_announce_each_command);
+    assert_eq!(r.to_options().sq_announce, upnvme::SqAnnounce::EachCommand);
+    assert_eq!(d.to_options().sq_announce, upnvme::SqAnnounce::Batch);
     // NULL: the defaults.
     // SAFETY: null is allowed.
     let r = unsafe { read_sized::<upnvme_qpair_opts>(std::ptr::null()) };
