@@ -34,6 +34,13 @@ use crate::vm::Bed;
 /// `cargo xtask bench`.
 #[derive(Debug, Args)]
 pub struct BenchCmd {
+    /// Which contenders run: `options` (upnvme's doorbell and reaping options at QD 1, 4
+    /// and 32 beside the raw floor and the kernel, 27 contenders, ~11 min at the defaults),
+    /// `sweep` (upnvme's defaults, the raw floor and io_uring at QD 1-128 for 4 KiB reads,
+    /// and 16/64/128 KiB at QD 1 and 16; 36 contenders, ~15 min) or `all` (both, 56
+    /// contenders, ~23 min).
+    #[arg(long, value_enum, default_value_t = contenders::Set::All)]
+    pub set: contenders::Set,
     /// Interleaved rounds; each runs every contender once.
     #[arg(long, value_name = "N", default_value_t = 3,
           value_parser = clap::value_parser!(u32).range(3..=100))]
@@ -115,6 +122,7 @@ fn host_meta(cmd: &BenchCmd, qemu: &str) -> Value {
         "qemu": qemu,
         "rounds": cmd.rounds,
         "seconds": cmd.seconds,
+        "set": cmd.set.name(),
         "warmup_seconds": contenders::WARMUP,
     })
 }
@@ -223,8 +231,7 @@ pub fn bench(cmd: &BenchCmd) -> Result<i32> {
     let paths = Paths::discover();
     let dir = paths.cache.join("bench");
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let all = contenders::all();
-    let (text, mut meta, status, dmar) = match &cmd.from_results {
+    let (text, mut meta, status, dmar, all) = match &cmd.from_results {
         Some(f) => {
             let text =
                 std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?;
@@ -234,9 +241,18 @@ pub fn bench(cmd: &BenchCmd) -> Result<i32> {
                 .and_then(|m| std::fs::read_to_string(m).ok())
                 .and_then(|m| serde_json::from_str(&m).ok())
                 .unwrap_or_else(|| host_meta(cmd, "unknown"));
-            (text, meta, 0, 0)
+            // The run's own set; runs before `--set` existed ran the options set.
+            let set = meta["set"]
+                .as_str()
+                .map_or(Some(contenders::Set::Options), contenders::Set::from_name)
+                .unwrap_or(cmd.set);
+            (text, meta, 0, 0, set.contenders())
         }
-        None => run_guest(cmd, &dir, &all)?,
+        None => {
+            let all = cmd.set.contenders();
+            let (text, meta, status, dmar) = run_guest(cmd, &dir, &all)?;
+            (text, meta, status, dmar, all)
+        }
     };
     // The run's own parameters (they differ from the flags' defaults with --from-results).
     let rounds = meta["rounds"].as_u64().unwrap_or(u64::from(cmd.rounds));
@@ -257,10 +273,15 @@ pub fn bench(cmd: &BenchCmd) -> Result<i32> {
         );
     } else {
         println!(
-            "\nMedians over {} rounds (min–max over rounds), 4 KiB random reads, {} s per run:\n",
+            "\nMedians over {} rounds (min–max over rounds), random reads, {} s per run:\n",
             rounds, seconds
         );
         print!("{}", summary.table());
+        let sweep = summary.sweep_text();
+        if !sweep.is_empty() {
+            println!();
+            print!("{sweep}");
+        }
         println!("\nTargets (upnvme in its default configuration):\n");
         print!("{}", summary.targets_text());
     }
@@ -273,7 +294,7 @@ pub fn bench(cmd: &BenchCmd) -> Result<i32> {
         let png = paths.root.join("docs/latency.png");
         let lines: Vec<plot::Line> = all
             .iter()
-            .filter(|c| c.qd == 1)
+            .filter(|c| c.qd == 1 && c.io_bytes == contenders::BS_4K)
             .map(|c| plot::Line {
                 label: c.label.clone(),
                 points: summary::cdf(&c.id, &collected.runs),
@@ -286,6 +307,12 @@ pub fn bench(cmd: &BenchCmd) -> Result<i32> {
         match plot::latency_cdf(&lines, &title, &png) {
             Ok(()) => eprintln!("xtask: wrote {}", png.display()),
             Err(e) => eprintln!("xtask: warning: no latency plot: {e:#}"),
+        }
+        for (name, result) in sweep_plots(&summary, &paths.root.join("docs"), (rounds, seconds)) {
+            match result {
+                Ok(p) => eprintln!("xtask: wrote {}", p.display()),
+                Err(e) => eprintln!("xtask: warning: no {name} plot: {e:#}"),
+            }
         }
         docs::write_block(
             &md,
@@ -310,6 +337,68 @@ pub fn bench(cmd: &BenchCmd) -> Result<i32> {
     Ok(0)
 }
 
+/// docs/iops-depth.png and docs/iops-size.png, when the run had a sweep:
+/// (plot name, path written or why not).
+fn sweep_plots(
+    s: &summary::Summary,
+    docs: &Path,
+    (rounds, seconds): (u64, u64),
+) -> Vec<(&'static str, Result<PathBuf>)> {
+    use contenders::{BS_4K, FioEngine, Kind, UPNVME_DEFAULT};
+    let uring = Kind::Fio(FioEngine::IoUringHipri);
+    let pts = |v: Vec<(u32, f64)>| v.into_iter().map(|(x, y)| (f64::from(x), y)).collect();
+    let mut out = Vec::new();
+    if s.depths().len() >= 2 {
+        let lines = [
+            ("upnvme", UPNVME_DEFAULT),
+            ("raw floor", Kind::RawFloor),
+            ("kernel io_uring hipri", uring),
+        ]
+        .map(|(label, kind)| plot::Line {
+            label: label.into(),
+            points: pts(summary::series(&s.rows, kind, BS_4K)),
+        });
+        let path = docs.join("iops-depth.png");
+        let title = format!(
+            "4 KiB random reads: IOPS against queue depth ({rounds} rounds x {seconds} s, QEMU TCG guest)"
+        );
+        let r = plot::iops(
+            &lines,
+            &title,
+            "queue depth (log scale)",
+            &|v| format!("{v:.0}"),
+            &path,
+        );
+        out.push(("depth", r.map(|()| path)));
+    }
+    let mut qds: Vec<u32> = s.sizes().into_iter().map(|p| p.1).collect();
+    qds.dedup();
+    if !qds.is_empty() {
+        let mut lines = Vec::new();
+        for qd in qds {
+            for (label, kind) in [("upnvme", UPNVME_DEFAULT), ("kernel io_uring hipri", uring)] {
+                lines.push(plot::Line {
+                    label: format!("{label} QD{qd}"),
+                    points: pts(summary::size_series(&s.rows, kind, qd)),
+                });
+            }
+        }
+        let path = docs.join("iops-size.png");
+        let title = format!(
+            "Random reads: IOPS against I/O size ({rounds} rounds x {seconds} s, QEMU TCG guest)"
+        );
+        let r = plot::iops(
+            &lines,
+            &title,
+            "I/O size (KiB, log scale)",
+            &|v| format!("{:.0}", v / 1024.0),
+            &path,
+        );
+        out.push(("size", r.map(|()| path)));
+    }
+    out
+}
+
 /// The generated part of docs/benchmarks.md.
 fn bench_markdown(s: &summary::Summary, meta: &Value, (rounds, seconds): (u64, u64)) -> String {
     let m = |k: &str| match &meta[k] {
@@ -322,7 +411,7 @@ fn bench_markdown(s: &summary::Summary, meta: &Value, (rounds, seconds): (u64, u
     };
     let g = |k: &str| meta["guest"][k].as_str().unwrap_or("?").to_string();
     let mut o = format!(
-        "Latest run: `{command}` on {date}, {wall} s wall time ({guest_s} s in the guest).\n\n\
+        "Latest run: `{command}` (set `{set}`) on {date}, {wall} s wall time ({guest_s} s in the guest).\n\n\
          - Host: {cpu}, {cores} cores; load average {load0} before, {load1} after; idle: {idle}.\n\
          - QEMU {qemu} (TCG), 2 vCPUs; guest Linux {kernel}; {fio}.\n\
          - One vfio-bound controller (upnvme, raw floor) and one controller left to the \
@@ -333,11 +422,12 @@ fn bench_markdown(s: &summary::Summary, meta: &Value, (rounds, seconds): (u64, u
            upnvme and the raw floor time I/O with the TSC, fio with `--clocksource=cpu`.\n\
          - Latency is the full round trip (upnvme: submit to reap; fio: `lat_ns`, submission \
            to completion). Figures are medians over the rounds, (min–max) across rounds; ratios \
-           are of medians: at QD1 mean latency against kernel io_uring hipri QD1 and the raw \
-           floor QD1 (lower is better), at QD32 IOPS against the same at QD32 (higher is \
-           better); QD4 runs only upnvme's configurations, without ratios. Doorbell MMIO/IO \
+           are of medians against kernel io_uring hipri and the raw floor at the same depth and \
+           I/O size, where those ran: at QD1 of mean latency (lower is better), deeper of IOPS \
+           (higher is better). Doorbell MMIO/IO \
            counts SQ tail plus CQ head MMIO writes.\n\n",
         command = m("command"),
+        set = meta["set"].as_str().unwrap_or("options"),
         date = m("date"),
         wall = m("wall_seconds"),
         guest_s = m("guest_seconds"),
@@ -357,6 +447,17 @@ fn bench_markdown(s: &summary::Summary, meta: &Value, (rounds, seconds): (u64, u
         warm = contenders::WARMUP,
     );
     o.push_str(&s.table());
+    let sweep = s.sweep_text();
+    if !sweep.is_empty() {
+        o.push('\n');
+        o.push_str(&sweep);
+        if !s.depths().is_empty() {
+            o.push_str("\n![IOPS against queue depth](iops-depth.png)\n");
+        }
+        if !s.sizes().is_empty() {
+            o.push_str("\n![IOPS against I/O size](iops-size.png)\n");
+        }
+    }
     o.push_str("\nTargets, judged on upnvme in its default configuration (reap_on_submit off, shadow doorbells on, adaptive CQ head):\n\n");
     o.push_str(&s.targets_text());
     if !s.failures.is_empty() {

@@ -53,21 +53,41 @@ pub enum FioEngine {
     Libaio,
 }
 
-/// One contender: a program, a configuration and a depth.
+/// One contender: a program, a configuration, a depth and an I/O size.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Contender {
-    /// Stable identifier (no spaces), used in the result markers.
+    /// Stable identifier (no spaces), used in the result markers:
+    /// `<configuration>-qd<depth>` for 4 KiB reads,
+    /// `<configuration>-<KiB>k-qd<depth>` for other sizes.
     pub id: String,
     /// Name in tables and plots.
     pub label: String,
     /// Outstanding I/Os.
     pub qd: u32,
+    /// Bytes per I/O (random reads).
+    pub io_bytes: u32,
     /// What runs.
     pub kind: Kind,
 }
 
+/// The I/O size of every contender of the options set and of the depth sweep.
+pub const BS_4K: u32 = 4096;
+
 impl Contender {
     fn new(kind: Kind, qd: u32) -> Self {
+        Self::sized(kind, qd, BS_4K)
+    }
+
+    /// A contender reading `io_bytes` per I/O. The raw floor reads 4 KiB only.
+    fn sized(kind: Kind, qd: u32, io_bytes: u32) -> Self {
+        debug_assert!(
+            io_bytes == BS_4K
+                || !matches!(
+                    kind,
+                    Kind::RawFloor | Kind::RawFloorSqFirst | Kind::DriverLoop
+                ),
+            "the raw floor reads 4 KiB"
+        );
         let (id, label) = match kind {
             Kind::Upnvme {
                 reap_on_submit,
@@ -120,17 +140,28 @@ impl Contender {
             }
             Kind::Fio(FioEngine::Libaio) => ("fio-libaio".into(), "kernel libaio".into()),
         };
+        let size = if io_bytes == BS_4K {
+            String::new()
+        } else {
+            format!("-{}k", io_bytes / 1024)
+        };
         Contender {
-            id: format!("{id}-qd{qd}"),
+            id: format!("{id}{size}-qd{qd}"),
             label,
             qd,
+            io_bytes,
             kind,
         }
     }
 
+    /// The I/O size as text: `4 KiB`, `128 KiB`.
+    pub fn size_text(&self) -> String {
+        format!("{} KiB", self.io_bytes / 1024)
+    }
+
     /// True for upnvme perf in its default configuration (reap_on_submit off,
     /// shadow doorbells on, adaptive CQ head): the configuration the targets
-    /// are judged on.
+    /// are judged on (at any depth and size).
     pub fn is_upnvme_default(&self) -> bool {
         self.kind == UPNVME_DEFAULT
     }
@@ -146,8 +177,8 @@ impl Contender {
                 ring_per_io,
             } => {
                 let mut c = format!(
-                    "upnvme perf -d \"$DEV\" -q {} -o 4096 -w randread -t {seconds} --warmup {WARMUP} --json",
-                    self.qd
+                    "upnvme perf -d \"$DEV\" -q {} -o {} -w randread -t {seconds} --warmup {WARMUP} --json",
+                    self.qd, self.io_bytes
                 );
                 if reap_on_submit {
                     c.push_str(" --reap-on-submit");
@@ -188,10 +219,11 @@ impl Contender {
                     FioEngine::Libaio => "--ioengine=libaio",
                 };
                 format!(
-                    "fio --name=bench --filename=\"$KDEV\" --direct=1 --rw=randread --bs=4k \
+                    "fio --name=bench --filename=\"$KDEV\" --direct=1 --rw=randread --bs={} \
                      {engine_opts} --iodepth={} --time_based=1 --runtime={seconds} \
                      --ramp_time={WARMUP} --cpus_allowed=0 --clocksource=cpu --norandommap=1 \
                      --randrepeat=0 --lat_percentiles=1 --percentile_list={} --output-format=json",
+                    self.io_bytes,
                     self.qd,
                     FIO_PERCENTILES
                         .iter()
@@ -269,12 +301,12 @@ pub const UPNVME_PER_IO: [Kind; 2] = [
     },
 ];
 
-/// Every contender, in the order of the first round: the upnvme variants at
+/// The options set, in the order of the first round: the upnvme variants at
 /// depths 1, 4 and 32 (the shadow doorbell question is per depth) and the
 /// one-doorbell-per-I/O pair at 4 and 32, the minimal driver loop at 1, the
 /// raw floor in both doorbell orders and io_uring at 1 and 32, the other
 /// kernel profiles at 1.
-pub fn all() -> Vec<Contender> {
+pub fn options() -> Vec<Contender> {
     let mut v = Vec::new();
     for qd in [1, 4, 32] {
         for kind in UPNVME_VARIANTS {
@@ -297,6 +329,84 @@ pub fn all() -> Vec<Contender> {
     v.push(Contender::new(Kind::Fio(FioEngine::Pvsync2Hipri), 1));
     v.push(Contender::new(Kind::Fio(FioEngine::Libaio), 1));
     v
+}
+
+/// The depths of the sweep (4 KiB random reads).
+pub const SWEEP_DEPTHS: [u32; 8] = [1, 2, 4, 8, 16, 32, 64, 128];
+/// The I/O sizes of the sweep, in bytes, each at [`SIZE_DEPTHS`].
+pub const SWEEP_SIZES: [u32; 4] = [4 << 10, 16 << 10, 64 << 10, 128 << 10];
+/// The depths at which every size of [`SWEEP_SIZES`] runs.
+pub const SIZE_DEPTHS: [u32; 2] = [1, 16];
+
+/// The sweep set: upnvme in its default configuration, the raw floor and
+/// kernel io_uring hipri at every depth of [`SWEEP_DEPTHS`] (4 KiB), then
+/// upnvme and io_uring at every size of [`SWEEP_SIZES`] above 4 KiB at
+/// [`SIZE_DEPTHS`] (the raw floor reads 4 KiB only).
+pub fn sweep() -> Vec<Contender> {
+    let uring = Kind::Fio(FioEngine::IoUringHipri);
+    let mut v = Vec::new();
+    for qd in SWEEP_DEPTHS {
+        for kind in [UPNVME_DEFAULT, Kind::RawFloor, uring] {
+            v.push(Contender::new(kind, qd));
+        }
+    }
+    for bs in SWEEP_SIZES.into_iter().filter(|&b| b != BS_4K) {
+        for qd in SIZE_DEPTHS {
+            for kind in [UPNVME_DEFAULT, uring] {
+                v.push(Contender::sized(kind, qd, bs));
+            }
+        }
+    }
+    v
+}
+
+/// Which contenders `cargo xtask bench` runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Set {
+    /// The options set and the sweep (each contender once).
+    #[default]
+    All,
+    /// upnvme's doorbell and reaping options at QD 1, 4 and 32, the raw floor
+    /// in both doorbell orders and the kernel's polled and interrupt paths.
+    Options,
+    /// upnvme's defaults, the raw floor and io_uring at QD 1–128, and I/O sizes
+    /// 4–128 KiB at QD 1 and 16.
+    Sweep,
+}
+
+impl Set {
+    /// The set's name as on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Set::All => "all",
+            Set::Options => "options",
+            Set::Sweep => "sweep",
+        }
+    }
+
+    /// Parses [`Set::name`] (for an earlier run's meta.json).
+    pub fn from_name(name: &str) -> Option<Set> {
+        [Set::All, Set::Options, Set::Sweep]
+            .into_iter()
+            .find(|s| s.name() == name)
+    }
+
+    /// The set's contenders, each once, in the order of the first round.
+    pub fn contenders(self) -> Vec<Contender> {
+        match self {
+            Set::Options => options(),
+            Set::Sweep => sweep(),
+            Set::All => {
+                let mut v = options();
+                for c in sweep() {
+                    if !v.iter().any(|o| o.id == c.id) {
+                        v.push(c);
+                    }
+                }
+                v
+            }
+        }
+    }
 }
 
 /// The order of round `r` (0-based): the contender list rotated by `r` places,
@@ -394,6 +504,64 @@ run() {{
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn all() -> Vec<Contender> {
+        options()
+    }
+
+    #[test]
+    fn sets() {
+        let sweep = sweep();
+        assert_eq!(sweep.len(), 8 * 3 + 3 * 2 * 2);
+        let ids: std::collections::BTreeSet<_> = sweep.iter().map(|c| c.id.as_str()).collect();
+        assert_eq!(ids.len(), sweep.len(), "ids are unique");
+        for qd in SWEEP_DEPTHS {
+            for id in ["upnvme", "rawfloor", "fio-io_uring-hipri"] {
+                assert!(ids.contains(format!("{id}-qd{qd}").as_str()), "{id} {qd}");
+            }
+        }
+        for id in [
+            "upnvme-128k-qd16",
+            "fio-io_uring-hipri-16k-qd1",
+            "upnvme-64k-qd1",
+        ] {
+            assert!(ids.contains(id), "{id}");
+        }
+        assert!(
+            !ids.iter()
+                .any(|i| i.starts_with("rawfloor-") && i.contains("k-qd"))
+        );
+        assert!(
+            sweep
+                .iter()
+                .all(|c| c.kind != Kind::RawFloor || c.io_bytes == BS_4K)
+        );
+        let c = sweep.iter().find(|c| c.id == "upnvme-128k-qd16").unwrap();
+        assert!(c.is_upnvme_default() && c.size_text() == "128 KiB");
+        let cmd = c.command(5);
+        assert!(cmd.contains("-q 16 -o 131072 -w randread"), "{cmd}");
+        let cmd = sweep
+            .iter()
+            .find(|c| c.id == "fio-io_uring-hipri-64k-qd16")
+            .unwrap()
+            .command(5);
+        assert!(
+            cmd.contains("--bs=65536") && cmd.contains("--iodepth=16"),
+            "{cmd}"
+        );
+
+        let every = Set::All.contenders();
+        let ids: std::collections::BTreeSet<_> = every.iter().map(|c| c.id.as_str()).collect();
+        assert_eq!(ids.len(), every.len(), "ids are unique");
+        // The sweep shares upnvme, the raw floor and io_uring at QD 1 and 32
+        // and upnvme at QD4 with the options set.
+        assert_eq!(every.len(), options().len() + sweep.len() - 7);
+        assert_eq!(every[..options().len()], options()[..]);
+        for s in [Set::All, Set::Options, Set::Sweep] {
+            assert_eq!(Set::from_name(s.name()), Some(s));
+        }
+        assert_eq!(Set::default(), Set::All);
+    }
 
     #[test]
     fn contender_set() {

@@ -1,5 +1,7 @@
-//! docs/latency.png: the latency CDF of the QD1 contenders, drawn with plotters'
-//! bitmap backend into memory and written with [`super::png`].
+//! The bench's plots, drawn with plotters' bitmap backend into memory and
+//! written with [`super::png`]: docs/latency.png (the latency CDF of the QD1
+//! contenders), docs/iops-depth.png and docs/iops-size.png (the sweep's IOPS
+//! against queue depth and against I/O size).
 
 use std::path::{Path, PathBuf};
 
@@ -56,13 +58,107 @@ fn colour(label: &str, i: usize) -> RGBColor {
     }
 }
 
+/// The drawing area of a plot under construction.
+type Area<'a> = DrawingArea<BitMapBackend<'a>, plotters::coord::Shift>;
+
+/// Registers the font, lets `draw` paint a white [`SIZE`] canvas and writes
+/// it as a PNG to `out`.
+fn render(out: &Path, draw: impl FnOnce(&Area<'_>) -> Result<()>) -> Result<()> {
+    register_font()?;
+    let mut rgb = vec![0u8; (SIZE.0 * SIZE.1 * 3) as usize];
+    {
+        let root = BitMapBackend::with_buffer(&mut rgb, SIZE).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| anyhow!("{e}"))?;
+        draw(&root)?;
+        root.present().map_err(|e| anyhow!("{e}"))?;
+    }
+    let png = png::encode_rgb(SIZE.0, SIZE.1, &rgb);
+    std::fs::write(out, png).with_context(|| format!("writing {}", out.display()))
+}
+
+/// Line width: the headline contenders (upnvme's default, io_uring) thicker.
+fn width(label: &str) -> u32 {
+    if label == "upnvme" || label.starts_with("upnvme QD") || label.contains("io_uring") {
+        3
+    } else {
+        2
+    }
+}
+
+/// Draws IOPS (y, linear from 0) against `x` (log scale, labelled with
+/// `x_label`) for `lines` of (x, IOPS) points and writes it as a PNG to `out`.
+pub fn iops(
+    lines: &[Line],
+    title: &str,
+    x_desc: &str,
+    x_label: &dyn Fn(f64) -> String,
+    out: &Path,
+) -> Result<()> {
+    let lines: Vec<&Line> = lines.iter().filter(|l| !l.points.is_empty()).collect();
+    let xs = || lines.iter().flat_map(|l| l.points.iter().map(|p| p.0));
+    let (lo, hi) = (xs().fold(f64::INFINITY, f64::min), xs().fold(0.0, f64::max));
+    if lines.is_empty() || lo <= 0.0 || hi <= lo {
+        bail!("no IOPS data to plot (two x values or more are needed)");
+    }
+    let top = lines
+        .iter()
+        .flat_map(|l| l.points.iter().map(|p| p.1))
+        .fold(0.0, f64::max)
+        * 1.15;
+    let (lo, hi) = (lo / 1.2, hi * 1.2);
+    render(out, |root| {
+        let mut chart = ChartBuilder::on(root)
+            .caption(title, ("sans-serif", 22))
+            .margin(18)
+            .x_label_area_size(50)
+            .y_label_area_size(70)
+            .build_cartesian_2d((lo..hi).log_scale(), 0f64..top.max(1.0))
+            .map_err(|e| anyhow!("{e}"))?;
+        chart
+            .configure_mesh()
+            .x_desc(x_desc)
+            .y_desc("IOPS (thousands)")
+            .x_label_formatter(&|v| x_label(*v))
+            .y_label_formatter(&|v| format!("{:.0}", v / 1000.0))
+            .label_style(("sans-serif", 15))
+            .axis_desc_style(("sans-serif", 17))
+            .draw()
+            .map_err(|e| anyhow!("{e}"))?;
+        let mut upnvme_seen = 0;
+        for l in &lines {
+            let c = colour(&l.label, upnvme_seen);
+            if l.label.starts_with("upnvme") {
+                upnvme_seen += 1;
+            }
+            let w = width(&l.label);
+            chart
+                .draw_series(LineSeries::new(l.points.clone(), c.stroke_width(w)))
+                .map_err(|e| anyhow!("{e}"))?
+                .label(l.label.clone())
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 24, y)], c.stroke_width(w))
+                });
+            chart
+                .draw_series(l.points.iter().map(|&p| Circle::new(p, 4, c.filled())))
+                .map_err(|e| anyhow!("{e}"))?;
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .label_font(("sans-serif", 15))
+            .background_style(WHITE.mix(0.9))
+            .border_style(BLACK)
+            .draw()
+            .map_err(|e| anyhow!("{e}"))
+    })
+}
+
 /// Draws the CDF of `lines` and writes it as a PNG to `out`.
 pub fn latency_cdf(lines: &[Line], title: &str, out: &Path) -> Result<()> {
     let lines: Vec<&Line> = lines.iter().filter(|l| l.points.len() >= 2).collect();
     if lines.is_empty() {
         bail!("no latency data to plot");
     }
-    register_font()?;
     // x range: from the smallest latency to the largest 99.9th percentile.
     let lo = lines
         .iter()
@@ -81,11 +177,8 @@ pub fn latency_cdf(lines: &[Line], title: &str, out: &Path) -> Result<()> {
         .fold(0.0, f64::max)
         .max(lo * 2.0);
     let (lo, hi) = (lo * 0.9, hi * 1.1);
-    let mut rgb = vec![0u8; (SIZE.0 * SIZE.1 * 3) as usize];
-    {
-        let root = BitMapBackend::with_buffer(&mut rgb, SIZE).into_drawing_area();
-        root.fill(&WHITE).map_err(|e| anyhow!("{e}"))?;
-        let mut chart = ChartBuilder::on(&root)
+    render(out, |root| {
+        let mut chart = ChartBuilder::on(root)
             .caption(title, ("sans-serif", 22))
             .margin(18)
             .x_label_area_size(50)
@@ -108,11 +201,7 @@ pub fn latency_cdf(lines: &[Line], title: &str, out: &Path) -> Result<()> {
             if l.label.starts_with("upnvme") {
                 upnvme_seen += 1;
             }
-            let width = if l.label == "upnvme" || l.label.contains("io_uring") {
-                3
-            } else {
-                2
-            };
+            let w = width(&l.label);
             let pts: Vec<(f64, f64)> = l
                 .points
                 .iter()
@@ -120,11 +209,11 @@ pub fn latency_cdf(lines: &[Line], title: &str, out: &Path) -> Result<()> {
                 .filter(|(x, _)| *x >= lo && *x <= hi)
                 .collect();
             chart
-                .draw_series(LineSeries::new(pts, c.stroke_width(width)))
+                .draw_series(LineSeries::new(pts, c.stroke_width(w)))
                 .map_err(|e| anyhow!("{e}"))?
                 .label(l.label.clone())
                 .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 24, y)], c.stroke_width(width))
+                    PathElement::new(vec![(x, y), (x + 24, y)], c.stroke_width(w))
                 });
         }
         chart
@@ -134,11 +223,8 @@ pub fn latency_cdf(lines: &[Line], title: &str, out: &Path) -> Result<()> {
             .background_style(WHITE.mix(0.9))
             .border_style(BLACK)
             .draw()
-            .map_err(|e| anyhow!("{e}"))?;
-        root.present().map_err(|e| anyhow!("{e}"))?;
-    }
-    let png = png::encode_rgb(SIZE.0, SIZE.1, &rgb);
-    std::fs::write(out, png).with_context(|| format!("writing {}", out.display()))
+            .map_err(|e| anyhow!("{e}"))
+    })
 }
 
 #[cfg(test)]
@@ -166,6 +252,24 @@ mod tests {
         let data = std::fs::read(&out).unwrap();
         assert!(data.starts_with(b"\x89PNG"));
         assert!(data.len() > 1000);
+        let sweep = vec![
+            Line {
+                label: "upnvme".into(),
+                points: vec![(1.0, 60e3), (2.0, 140e3), (128.0, 220e3)],
+            },
+            Line {
+                label: "kernel io_uring hipri".into(),
+                points: vec![(1.0, 20e3), (128.0, 120e3)],
+            },
+        ];
+        iops(&sweep, "test", "queue depth", &|v| format!("{v:.0}"), &out).unwrap();
+        let data = std::fs::read(&out).unwrap();
+        assert!(data.starts_with(b"\x89PNG") && data.len() > 1000);
+        let one = vec![Line {
+            label: "upnvme".into(),
+            points: vec![(1.0, 1.0)],
+        }];
+        assert!(iops(&one, "test", "qd", &|v| format!("{v}"), &out).is_err());
         std::fs::remove_file(out).unwrap();
     }
 }

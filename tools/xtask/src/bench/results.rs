@@ -346,7 +346,7 @@ mod tests {
 
     #[test]
     fn port_text() {
-        let all = contenders::all();
+        let all = contenders::Set::Options.contenders();
         let text = "BENCH-INFO kernel 6.1.0-57-amd64\r\n\
                     BENCH-RESULT upnvme-qd1 1 0\r\n\
                     H4sIAAAAAAAAA8vI5AIAenpv7QMAAAA=\r\n\

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use serde_json::{Value, json};
 
-use super::contenders::{Contender, FioEngine, Kind};
+use super::contenders::{BS_4K, Contender, FioEngine, Kind, UPNVME_DEFAULT};
 use super::results::{Cdf, Metrics, RunResult};
 
 /// Median and range of one figure over the rounds.
@@ -152,30 +152,45 @@ pub fn summarise(contenders: &[Contender], runs: &[RunResult]) -> Summary {
             }
         })
         .collect();
-    let find = |rows: &[Row], kind: Kind, qd: u32| {
+    let find = |rows: &[Row], kind: Kind, qd: u32, bs: u32| {
         rows.iter()
-            .find(|r| r.contender.kind == kind && r.contender.qd == qd && r.ok > 0)
+            .find(|r| {
+                r.contender.kind == kind
+                    && r.contender.qd == qd
+                    && r.contender.io_bytes == bs
+                    && r.ok > 0
+            })
             .cloned()
     };
     let uring = Kind::Fio(FioEngine::IoUringHipri);
-    let (u1, u32_) = (find(&rows, uring, 1), find(&rows, uring, 32));
-    let (f1, f32_) = (
-        find(&rows, Kind::RawFloor, 1),
-        find(&rows, Kind::RawFloor, 32),
-    );
-    for r in &mut rows {
+    // Ratios against io_uring hipri and the raw floor at the same depth and
+    // size, where those ran: mean latency at QD1, IOPS deeper.
+    let refs: Vec<(Option<Row>, Option<Row>)> = rows
+        .iter()
+        .map(|r| {
+            let (qd, bs) = (r.contender.qd, r.contender.io_bytes);
+            (
+                find(&rows, uring, qd, bs),
+                find(&rows, Kind::RawFloor, qd, bs),
+            )
+        })
+        .collect();
+    for (r, (u, f)) in rows.iter_mut().zip(refs) {
         if r.ok == 0 {
             continue;
         }
-        // Only depths with references get ratios (QD4 runs only upnvme).
-        if r.contender.qd == 1 {
-            r.vs_io_uring = u1.as_ref().map(|u| r.mean_us.median / u.mean_us.median);
-            r.vs_floor = f1.as_ref().map(|f| r.mean_us.median / f.mean_us.median);
-        } else if r.contender.qd == 32 {
-            r.vs_io_uring = u32_.as_ref().map(|u| r.iops.median / u.iops.median);
-            r.vs_floor = f32_.as_ref().map(|f| r.iops.median / f.iops.median);
-        }
+        let ratio = |other: &Row| {
+            if r.contender.qd == 1 {
+                r.mean_us.median / other.mean_us.median
+            } else {
+                r.iops.median / other.iops.median
+            }
+        };
+        r.vs_io_uring = u.as_ref().map(ratio);
+        r.vs_floor = f.as_ref().map(ratio);
     }
+    let (u1, u32_) = (find(&rows, uring, 1, BS_4K), find(&rows, uring, 32, BS_4K));
+    let f1 = find(&rows, Kind::RawFloor, 1, BS_4K);
     let targets = targets(&rows, u1.as_ref(), u32_.as_ref(), f1.as_ref());
     let failures = runs
         .iter()
@@ -199,7 +214,7 @@ fn targets(rows: &[Row], u1: Option<&Row>, u32_: Option<&Row>, f1: Option<&Row>)
     let upnvme = |qd: u32| {
         rows.iter()
             .filter(move |r| matches!(r.contender.kind, Kind::Upnvme { .. }))
-            .filter(move |r| r.contender.qd == qd && r.ok > 0)
+            .filter(move |r| r.contender.qd == qd && r.contender.io_bytes == BS_4K && r.ok > 0)
     };
     let default = |qd: u32| upnvme(qd).find(|r| r.contender.is_upnvme_default());
     // The figure for the default configuration and the best configuration.
@@ -256,7 +271,49 @@ fn targets(rows: &[Row], u1: Option<&Row>, u32_: Option<&Row>, f1: Option<&Row>)
         true,
         judge(32, &|r| r.mmio_per_io.map(|s| s.median), true),
     );
+    // Issue 18: IOPS non-decreasing in depth. The figure is the worst ratio of
+    // a depth's IOPS to the best IOPS of any smaller depth (1.0 when every
+    // step gains); "within noise" is taken as a 5% dip.
+    let depths = series(rows, UPNVME_DEFAULT, BS_4K);
+    if depths.len() >= 3 {
+        let mut best = 0f64;
+        let mut worst = f64::INFINITY;
+        for &(_, iops) in &depths {
+            if best > 0.0 {
+                worst = worst.min(iops / best);
+            }
+            best = best.max(iops);
+        }
+        push(
+            "upnvme IOPS non-decreasing in depth, 4 KiB: worst IOPS / best IOPS at a smaller depth (issue 18)",
+            0.95,
+            false,
+            (Some(worst.min(1.0)), None),
+        );
+    }
     t
+}
+
+/// (queue depth, median IOPS) of `kind` at I/O size `bs`, by depth.
+pub fn series(rows: &[Row], kind: Kind, bs: u32) -> Vec<(u32, f64)> {
+    let mut v: Vec<(u32, f64)> = rows
+        .iter()
+        .filter(|r| r.contender.kind == kind && r.contender.io_bytes == bs && r.ok > 0)
+        .map(|r| (r.contender.qd, r.iops.median))
+        .collect();
+    v.sort_by_key(|p| p.0);
+    v
+}
+
+/// (I/O bytes, median IOPS) of `kind` at depth `qd`, by size.
+pub fn size_series(rows: &[Row], kind: Kind, qd: u32) -> Vec<(u32, f64)> {
+    let mut v: Vec<(u32, f64)> = rows
+        .iter()
+        .filter(|r| r.contender.kind == kind && r.contender.qd == qd && r.ok > 0)
+        .map(|r| (r.contender.io_bytes, r.iops.median))
+        .collect();
+    v.sort_by_key(|p| p.0);
+    v
 }
 
 fn fmt_stat(s: &Stat, digits: usize) -> String {
@@ -276,9 +333,9 @@ impl Summary {
         let mut o = String::new();
         let _ = writeln!(
             o,
-            "| contender | QD | mean µs | p50 µs | p99 µs | IOPS | doorbell MMIO/IO (SQ + CQ) | vs io_uring hipri | vs raw floor |"
+            "| contender | QD | I/O | mean µs | p50 µs | p99 µs | IOPS | doorbell MMIO/IO (SQ + CQ) | vs io_uring hipri | vs raw floor |"
         );
-        let _ = writeln!(o, "|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+        let _ = writeln!(o, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
         for r in &self.rows {
             let runs = if r.ok == r.runs {
                 String::new()
@@ -287,9 +344,10 @@ impl Summary {
             };
             let _ = writeln!(
                 o,
-                "| {}{runs} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {}{runs} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 r.contender.label,
                 r.contender.qd,
+                r.contender.size_text(),
                 fmt_stat(&r.mean_us, 1),
                 fmt_stat(&r.p50_us, 1),
                 fmt_stat(&r.p99_us, 1),
@@ -299,6 +357,107 @@ impl Summary {
                 fmt_ratio(r.vs_io_uring),
                 fmt_ratio(r.vs_floor),
             );
+        }
+        o
+    }
+
+    /// The depths at which upnvme's default configuration ran 4 KiB reads.
+    pub fn depths(&self) -> Vec<u32> {
+        series(&self.rows, UPNVME_DEFAULT, BS_4K)
+            .into_iter()
+            .map(|p| p.0)
+            .collect()
+    }
+
+    /// The (size, depth) points at which upnvme's default configuration ran
+    /// more than one size, by depth then size.
+    pub fn sizes(&self) -> Vec<(u32, u32)> {
+        let mut qds: Vec<u32> = self
+            .rows
+            .iter()
+            .filter(|r| {
+                r.contender.is_upnvme_default() && r.contender.io_bytes != BS_4K && r.ok > 0
+            })
+            .map(|r| r.contender.qd)
+            .collect();
+        qds.sort_unstable();
+        qds.dedup();
+        qds.into_iter()
+            .flat_map(|qd| {
+                size_series(&self.rows, UPNVME_DEFAULT, qd)
+                    .into_iter()
+                    .map(move |(bs, _)| (bs, qd))
+            })
+            .collect()
+    }
+
+    /// The sweep as two Markdown tables (IOPS against depth, IOPS and MiB/s
+    /// against size); empty when the run had no sweep.
+    pub fn sweep_text(&self) -> String {
+        let uring = Kind::Fio(FioEngine::IoUringHipri);
+        let row = |kind: Kind, qd: u32, bs: u32| {
+            self.rows.iter().find(|r| {
+                r.contender.kind == kind
+                    && r.contender.qd == qd
+                    && r.contender.io_bytes == bs
+                    && r.ok > 0
+            })
+        };
+        let iops = |r: Option<&Row>| r.map_or("–".into(), |r| fmt_stat(&r.iops, 0));
+        let ratio = |a: Option<&Row>, b: Option<&Row>| {
+            fmt_ratio(a.zip(b).map(|(a, b)| a.iops.median / b.iops.median))
+        };
+        let mut o = String::new();
+        let depths = self.depths();
+        if depths.len() >= 2 {
+            o.push_str(
+                "IOPS against queue depth, 4 KiB random reads (medians, min–max over rounds):\n\n",
+            );
+            o.push_str("| QD | upnvme | raw floor | kernel io_uring hipri | upnvme / raw floor | upnvme / io_uring |\n");
+            o.push_str("|---:|---:|---:|---:|---:|---:|\n");
+            for qd in depths {
+                let (u, f, k) = (
+                    row(UPNVME_DEFAULT, qd, BS_4K),
+                    row(Kind::RawFloor, qd, BS_4K),
+                    row(uring, qd, BS_4K),
+                );
+                let _ = writeln!(
+                    o,
+                    "| {qd} | {} | {} | {} | {} | {} |",
+                    iops(u),
+                    iops(f),
+                    iops(k),
+                    ratio(u, f),
+                    ratio(u, k)
+                );
+            }
+        }
+        let sizes = self.sizes();
+        if !sizes.is_empty() {
+            let mib = |r: Option<&Row>, bs: u32| {
+                r.map_or("–".into(), |r| {
+                    format!(
+                        "{:.0}",
+                        r.iops.median * f64::from(bs) / f64::from(1u32 << 20)
+                    )
+                })
+            };
+            o.push_str("\nIOPS and MiB/s against I/O size, random reads (medians, min–max over rounds):\n\n");
+            o.push_str("| I/O | QD | upnvme IOPS | upnvme MiB/s | io_uring hipri IOPS | io_uring MiB/s | upnvme / io_uring |\n");
+            o.push_str("|---:|---:|---:|---:|---:|---:|---:|\n");
+            for (bs, qd) in sizes {
+                let (u, k) = (row(UPNVME_DEFAULT, qd, bs), row(uring, qd, bs));
+                let _ = writeln!(
+                    o,
+                    "| {} KiB | {qd} | {} | {} | {} | {} | {} |",
+                    bs / 1024,
+                    iops(u),
+                    mib(u, bs),
+                    iops(k),
+                    mib(k, bs),
+                    ratio(u, k)
+                );
+            }
         }
         o
     }
@@ -339,6 +498,7 @@ impl Summary {
                     "contender": r.contender.label,
                     "id": r.contender.id,
                     "qd": r.contender.qd,
+                    "io_bytes": r.contender.io_bytes,
                     "runs": r.runs,
                     "ok_runs": r.ok,
                     "mean_us": finite(r.mean_us.median),
@@ -378,9 +538,47 @@ impl Summary {
             .iter()
             .map(|(id, r, e)| json!({"id": id, "round": r, "error": e}))
             .collect();
+        let uring = Kind::Fio(FioEngine::IoUringHipri);
+        let at = |kind: Kind, qd: u32, bs: u32| {
+            self.rows
+                .iter()
+                .find(|r| {
+                    r.contender.kind == kind
+                        && r.contender.qd == qd
+                        && r.contender.io_bytes == bs
+                        && r.ok > 0
+                })
+                .map(|r| finite(r.iops.median))
+        };
+        let depth: Vec<Value> = self
+            .depths()
+            .into_iter()
+            .map(|qd| {
+                json!({
+                    "qd": qd,
+                    "io_bytes": BS_4K,
+                    "upnvme_iops": at(UPNVME_DEFAULT, qd, BS_4K),
+                    "raw_floor_iops": at(Kind::RawFloor, qd, BS_4K),
+                    "io_uring_hipri_iops": at(uring, qd, BS_4K),
+                })
+            })
+            .collect();
+        let size: Vec<Value> = self
+            .sizes()
+            .into_iter()
+            .map(|(bs, qd)| {
+                json!({
+                    "qd": qd,
+                    "io_bytes": bs,
+                    "upnvme_iops": at(UPNVME_DEFAULT, qd, bs),
+                    "io_uring_hipri_iops": at(uring, qd, bs),
+                })
+            })
+            .collect();
         json!({
             "meta": meta,
             "rows": rows,
+            "sweep": {"depth": depth, "size": size},
             "targets": targets,
             "failed_runs": failures,
         })
@@ -473,7 +671,7 @@ mod tests {
 
     #[test]
     fn rows_ratios_and_targets() {
-        let all = contenders::all();
+        let all = contenders::Set::Options.contenders();
         let mut runs = Vec::new();
         for r in 1..=3 {
             let k = r as f64;
@@ -523,12 +721,71 @@ mod tests {
         assert_eq!(t[4].measured, Some(1.0));
         assert_eq!(t[5].met(), Some(true));
         let table = s.table();
-        assert!(table.contains("| upnvme | 1 | 22.0 (21.0–23.0) |"));
+        assert!(table.contains("| upnvme | 1 | 4 KiB | 22.0 (21.0–23.0) |"));
         assert!(table.contains("kernel libaio (0 of 1 runs)"));
         let j = s.json(json!({}));
         assert_eq!(j["rows"][0]["mean_us"], 22.0);
         assert_eq!(j["rows"][0]["spread"]["mean_us"], json!([21.0, 23.0]));
         assert!(s.targets_text().contains("**met**"));
+    }
+
+    #[test]
+    fn sweep_tables_and_monotonic_target() {
+        let all = contenders::Set::All.contenders();
+        let mut runs = Vec::new();
+        // upnvme dips at QD8 (90k after 100k at QD4).
+        let up = [(1, 50e3), (2, 80e3), (4, 100e3), (8, 90e3), (16, 120e3)];
+        for r in 1..=3 {
+            for (qd, iops) in up {
+                runs.push(run(
+                    &format!("upnvme-qd{qd}"),
+                    r,
+                    Some(metrics(20.0, iops, Some(1.0))),
+                ));
+                runs.push(run(
+                    &format!("fio-io_uring-hipri-qd{qd}"),
+                    r,
+                    Some(metrics(80.0, iops / 4.0, None)),
+                ));
+            }
+            runs.push(run("rawfloor-qd2", r, Some(metrics(30.0, 40e3, Some(2.0)))));
+            runs.push(run(
+                "upnvme-128k-qd16",
+                r,
+                Some(metrics(200.0, 8192.0, Some(1.0))),
+            ));
+            runs.push(run(
+                "fio-io_uring-hipri-128k-qd16",
+                r,
+                Some(metrics(400.0, 4096.0, None)),
+            ));
+        }
+        let s = summarise(&all, &runs);
+        assert_eq!(s.depths(), vec![1, 2, 4, 8, 16]);
+        assert_eq!(s.sizes(), vec![(4096, 16), (131072, 16)]);
+        let mono = s.targets.last().unwrap();
+        assert!(mono.name.contains("non-decreasing"));
+        assert!((mono.measured.unwrap() - 0.9).abs() < 1e-9);
+        assert_eq!(mono.met(), Some(false));
+        let row = |id: &str| s.rows.iter().find(|r| r.contender.id == id).unwrap();
+        // QD > 1: IOPS ratios at the same depth and size.
+        assert!((row("upnvme-qd2").vs_floor.unwrap() - 2.0).abs() < 1e-9);
+        assert!((row("upnvme-128k-qd16").vs_io_uring.unwrap() - 2.0).abs() < 1e-9);
+        let text = s.sweep_text();
+        assert!(text.contains("| 8 | 90000 (90000–90000) | – |"), "{text}");
+        assert!(
+            text.contains("| 128 KiB | 16 | 8192 (8192–8192) | 1024 |"),
+            "{text}"
+        );
+        let j = s.json(json!({}));
+        assert_eq!(j["sweep"]["depth"][3]["qd"], 8);
+        assert_eq!(j["sweep"]["depth"][3]["upnvme_iops"], 90e3);
+        assert_eq!(j["sweep"]["size"][1]["io_bytes"], 131072);
+        assert_eq!(j["sweep"]["size"][1]["io_uring_hipri_iops"], 4096.0);
+        // The options set alone has no sweep and no monotonic target.
+        let s = summarise(&contenders::Set::Options.contenders(), &runs);
+        assert!(!s.targets.iter().any(|t| t.name.contains("non-decreasing")));
+        assert!(s.sizes().is_empty());
     }
 
     #[test]
