@@ -367,6 +367,7 @@ fn sweep_plots(
             &title,
             "queue depth (log scale)",
             &|v| format!("{v:.0}"),
+            plot::Legend::UpperLeft,
             &path,
         );
         out.push(("depth", r.map(|()| path)));
@@ -392,6 +393,7 @@ fn sweep_plots(
             &title,
             "I/O size (KiB, log scale)",
             &|v| format!("{:.0}", v / 1024.0),
+            plot::Legend::UpperRight,
             &path,
         );
         out.push(("size", r.map(|()| path)));

@@ -85,19 +85,35 @@ fn width(label: &str) -> u32 {
     }
 }
 
-/// Draws IOPS (y, linear from 0) against `x` (log scale, labelled with
-/// `x_label`) for `lines` of (x, IOPS) points and writes it as a PNG to `out`.
+/// Where a plot's legend goes.
+pub use plotters::chart::SeriesLabelPosition as Legend;
+
+/// Draws IOPS (y, linear from 0) against `x` on a log2 scale, for `lines` of
+/// (x, IOPS) points, and writes it as a PNG to `out`. The x axis is labelled
+/// at the powers of two only (`x_label` of the value), so a depth or size
+/// sweep reads 1, 2, 4, … instead of a log scale's decimal ticks.
 pub fn iops(
     lines: &[Line],
     title: &str,
     x_desc: &str,
     x_label: &dyn Fn(f64) -> String,
+    legend: Legend,
     out: &Path,
 ) -> Result<()> {
-    let lines: Vec<&Line> = lines.iter().filter(|l| !l.points.is_empty()).collect();
+    let lines: Vec<Line> = lines
+        .iter()
+        .filter(|l| !l.points.is_empty() && l.points.iter().all(|p| p.0 > 0.0))
+        .map(|l| Line {
+            label: l.label.clone(),
+            points: l.points.iter().map(|&(x, y)| (x.log2(), y)).collect(),
+        })
+        .collect();
     let xs = || lines.iter().flat_map(|l| l.points.iter().map(|p| p.0));
-    let (lo, hi) = (xs().fold(f64::INFINITY, f64::min), xs().fold(0.0, f64::max));
-    if lines.is_empty() || lo <= 0.0 || hi <= lo {
+    let (lo, hi) = (
+        xs().fold(f64::INFINITY, f64::min),
+        xs().fold(f64::NEG_INFINITY, f64::max),
+    );
+    if lines.is_empty() || hi <= lo {
         bail!("no IOPS data to plot (two x values or more are needed)");
     }
     let top = lines
@@ -105,31 +121,51 @@ pub fn iops(
         .flat_map(|l| l.points.iter().map(|p| p.1))
         .fold(0.0, f64::max)
         * 1.15;
-    let (lo, hi) = (lo / 1.2, hi * 1.2);
+    let (lo, hi) = (lo.floor() - 0.3, hi.ceil() + 0.3);
+    // One label per power of two: (hi - lo) rounds to the count of integers.
+    let ticks = (hi - lo).round() as usize;
     render(out, |root| {
         let mut chart = ChartBuilder::on(root)
             .caption(title, ("sans-serif", 22))
             .margin(18)
             .x_label_area_size(50)
             .y_label_area_size(70)
-            .build_cartesian_2d((lo..hi).log_scale(), 0f64..top.max(1.0))
+            .build_cartesian_2d(lo..hi, 0f64..top.max(1.0))
             .map_err(|e| anyhow!("{e}"))?;
         chart
             .configure_mesh()
             .x_desc(x_desc)
             .y_desc("IOPS (thousands)")
-            .x_label_formatter(&|v| x_label(*v))
+            .x_labels(ticks)
+            .x_label_formatter(&|v| {
+                if (v - v.round()).abs() < 1e-6 {
+                    x_label(v.round().exp2())
+                } else {
+                    String::new()
+                }
+            })
             .y_label_formatter(&|v| format!("{:.0}", v / 1000.0))
             .label_style(("sans-serif", 15))
             .axis_desc_style(("sans-serif", 17))
             .draw()
             .map_err(|e| anyhow!("{e}"))?;
         let mut upnvme_seen = 0;
+        let mut kernel_seen = 0;
         for l in &lines {
-            let c = colour(&l.label, upnvme_seen);
-            if l.label.starts_with("upnvme") {
+            let c = if l.label.starts_with("upnvme") {
                 upnvme_seen += 1;
-            }
+                colour(&l.label, upnvme_seen - 1)
+            } else if l.label.contains("io_uring") {
+                kernel_seen += 1;
+                // A second io_uring line in dark red.
+                if kernel_seen > 1 {
+                    RGBColor(0x8c, 0x1c, 0x13)
+                } else {
+                    colour(&l.label, 0)
+                }
+            } else {
+                colour(&l.label, 0)
+            };
             let w = width(&l.label);
             chart
                 .draw_series(LineSeries::new(l.points.clone(), c.stroke_width(w)))
@@ -144,7 +180,7 @@ pub fn iops(
         }
         chart
             .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
+            .position(legend)
             .label_font(("sans-serif", 15))
             .background_style(WHITE.mix(0.9))
             .border_style(BLACK)
@@ -262,14 +298,32 @@ mod tests {
                 points: vec![(1.0, 20e3), (128.0, 120e3)],
             },
         ];
-        iops(&sweep, "test", "queue depth", &|v| format!("{v:.0}"), &out).unwrap();
+        iops(
+            &sweep,
+            "test",
+            "queue depth",
+            &|v| format!("{v:.0}"),
+            Legend::UpperLeft,
+            &out,
+        )
+        .unwrap();
         let data = std::fs::read(&out).unwrap();
         assert!(data.starts_with(b"\x89PNG") && data.len() > 1000);
         let one = vec![Line {
             label: "upnvme".into(),
             points: vec![(1.0, 1.0)],
         }];
-        assert!(iops(&one, "test", "qd", &|v| format!("{v}"), &out).is_err());
+        assert!(
+            iops(
+                &one,
+                "test",
+                "qd",
+                &|v| format!("{v}"),
+                Legend::UpperLeft,
+                &out
+            )
+            .is_err()
+        );
         std::fs::remove_file(out).unwrap();
     }
 }
