@@ -171,6 +171,18 @@ impl<T> CidTable<T> {
         self.slot_bits
     }
 
+    /// Number of free slots (`usable - in_flight`).
+    #[inline(always)]
+    pub fn free_slots(&self) -> u32 {
+        self.free.len() as u32
+    }
+
+    /// Number of usable slots (the most commands in flight at once).
+    #[inline]
+    pub fn usable(&self) -> u32 {
+        u32::from(self.usable)
+    }
+
     /// Number of commands in flight.
     #[inline]
     pub fn in_flight(&self) -> u32 {

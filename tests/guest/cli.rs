@@ -1085,7 +1085,8 @@ fn perf_runs_with_and_without_each_option() {
     );
     // With the EventIdx (the default) and `--sq-announce each` every command
     // is announced as it is queued, batched or not (so is each command of
-    // `--ring-per-io`); by default (`batch`) once per batch of resubmissions.
+    // `--ring-per-io`); by default (`deep:32`, per batch below 32 in flight)
+    // once per batch of resubmissions.
     // MMIO writes only where QEMU asked for them.
     for extra in [
         &["-q", "4", "--sq-announce", "each"][..],
@@ -1095,10 +1096,11 @@ fn perf_runs_with_and_without_each_option() {
         let v = perf_json(extra);
         let t = &v["total"]["transport"];
         let batch = extra.len() == 2;
+        // The default (`deep:32`) is per batch at QD4.
         let announce = if extra.contains(&"each") {
             "each"
         } else {
-            "batch"
+            "deep:32"
         };
         assert_eq!(v["sq_announce"], announce, "{v}");
         if batch {

@@ -433,7 +433,8 @@ fn event_idx_pair<D: Device>(c: &Controller<D>) -> IoQueuePair<D> {
     .unwrap()
 }
 
-/// The default announcement (`SqAnnounce::Batch`) with the EventIdx in use:
+/// The default announcement (`SqAnnounce::DEEP`; a 16-entry pair is never
+/// 32 deep, so per batch, as `SqAnnounce::Batch`) with the EventIdx in use:
 /// `queue` only writes SQEs, `ring` announces the batch with one shadow tail
 /// update, written over MMIO when the EventIdx asks (the first batch), and
 /// skipped when the controller has not caught up with the tail it last saw
@@ -441,7 +442,8 @@ fn event_idx_pair<D: Device>(c: &Controller<D>) -> IoQueuePair<D> {
 /// shadow buffer).
 #[test]
 fn the_default_announces_each_batch_once() {
-    assert_eq!(QueuePairOptions::default().sq_announce, SqAnnounce::Batch);
+    assert_eq!(QueuePairOptions::default().sq_announce, SqAnnounce::DEEP);
+    assert_eq!(SqAnnounce::DEEP, SqAnnounce::WhenDeep { in_flight: 32 });
     let (m, c) = controller(true);
     let mut qp = c
         .io_queue_pair(QueuePairOptions {
@@ -556,6 +558,67 @@ fn queue_announces_at_once_with_the_event_index() {
     // EventIdx to the tail it saw: every check asked for a write.
     assert_eq!(st.sq_shadow_updates, 3);
     assert_eq!(st.sq_doorbell_mmio, 3);
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
+/// `SqAnnounce::WhenDeep { in_flight: 4 }`: the first three queued commands
+/// wait for `ring` (per batch), the fourth and every one after it while four
+/// or more are in flight is announced as it is queued; once completions
+/// bring the depth below four, queuing is per batch again.
+#[test]
+fn when_deep_announces_at_once_only_from_its_depth() {
+    let (m, c) = controller(true);
+    let mut qp = c
+        .io_queue_pair(QueuePairOptions {
+            entries: Some(16),
+            cq_entries: Some(32),
+            sq_announce: SqAnnounce::WhenDeep { in_flight: 4 },
+            ..Default::default()
+        })
+        .unwrap();
+    let qid = qp.qid();
+    m.freeze_event_idx(true);
+    for i in 0..3u64 {
+        queue_read(&mut qp, &c, i);
+    }
+    assert_eq!(
+        qp.stats().sq_shadow_updates,
+        0,
+        "below the depth: per batch"
+    );
+    assert_eq!(m.sq_state(qid).unwrap().tail, 0);
+    queue_read(&mut qp, &c, 3);
+    // In flight 4: this one announced the tail (0 -> 4, past EventIdx 0).
+    let st = qp.stats();
+    assert_eq!((st.sq_shadow_updates, st.sq_doorbell_mmio), (1, 1));
+    assert_eq!(m.sq_state(qid).unwrap().tail, 4);
+    queue_read(&mut qp, &c, 4);
+    let st = qp.stats();
+    assert_eq!((st.sq_shadow_updates, st.sq_doorbell_mmio), (2, 1));
+    assert_eq!(st.mmio_skipped_by_event_idx, 1);
+    qp.ring();
+    assert_eq!(
+        qp.stats().sq_shadow_updates,
+        2,
+        "ring found it all announced"
+    );
+    m.process_shadow();
+    m.freeze_event_idx(false);
+    assert_eq!(ok_tags(&reap_n(&mut qp, 5)), [0, 1, 2, 3, 4]);
+    // Idle again: below the depth, queuing waits for ring.
+    queue_read(&mut qp, &c, 5);
+    assert_eq!(qp.stats().sq_shadow_updates, 2);
+    qp.ring();
+    assert_eq!(qp.stats().sq_shadow_updates, 3);
+    // (The model's EventIdx stayed where the freeze left it, so this tail
+    // went to the shadow buffer only: a polling controller picks it up.)
+    m.process_shadow();
+    assert_eq!(ok_tags(&reap_n(&mut qp, 1)), [5]);
+    let st = qp.stats();
+    assert_stats_match(&m, qid, &st);
+    assert_eq!(st.submissions, 6);
     drop(qp);
     drop(c);
     assert_clean(&m);

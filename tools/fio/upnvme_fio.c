@@ -14,7 +14,8 @@
  *
  * Engine options: upnvme_shadow_doorbells=0|1 (default 1), upnvme_reap_on_submit
  * =0|1 (default 0), upnvme_entries=N (SQ entries, default: the library's),
- * upnvme_sq_announce_each=0|1 (default 0: each batch is announced once).
+ * upnvme_sq_announce_each=0|1 (default 0: the library's default, each batch
+ * announced once below 32 commands in flight and each command from 32 on).
  *
  * Memory: fio's I/O buffers are one DMA buffer (iomem_alloc), split into one
  * piece per io_u (each I/O owns its piece while in flight). Completion times are
@@ -82,7 +83,7 @@ static struct fio_option options[] = {
 		.type = FIO_OPT_BOOL,
 		.off1 = offsetof(struct upnvme_fio_options, sq_announce_each),
 		.def = "0",
-		.help = "Announce every queued command to the controller at once instead of once per batch",
+		.help = "Announce every queued command to the controller at once (default: per batch below 32 in flight)",
 		.category = FIO_OPT_C_ENGINE,
 		.group = FIO_OPT_G_INVALID,
 	},

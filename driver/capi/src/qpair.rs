@@ -37,10 +37,11 @@ pub struct upnvme_qpair_opts {
     /// `UINT32_MAX` = never.
     pub command_timeout_ms: u32,
     /// How queued commands are announced to the controller (the SQ Tail
-    /// doorbell, or its shadow and EventIdx): false (the default) announces
-    /// each batch once, when the pair rings; true announces every command as
-    /// it is queued (`SqAnnounce::EachCommand`, which needs
-    /// `shadow_doorbells`). docs/benchmarks.md, "SQ announcement", has the
+    /// doorbell, or its shadow and EventIdx): false (the default) is the
+    /// library's default (`SqAnnounce::DEEP`: each batch once, when the pair
+    /// rings, while fewer than 32 commands are in flight; each command as it
+    /// is queued from 32 on); true announces every command as it is queued
+    /// (`SqAnnounce::EachCommand`). Both need `shadow_doorbells`. docs/benchmarks.md, "SQ announcement", has the
     /// measurements. Added after `command_timeout_ms`: a caller whose `size`
     /// ends before it gets the default.
     pub sq_announce_each_command: bool,
@@ -69,11 +70,9 @@ impl upnvme_qpair_opts {
         }
         o.shadow_doorbells = self.shadow_doorbells;
         o.reap_on_submit = self.reap_on_submit;
-        o.sq_announce = if self.sq_announce_each_command {
-            SqAnnounce::EachCommand
-        } else {
-            SqAnnounce::Batch
-        };
+        if self.sq_announce_each_command {
+            o.sq_announce = SqAnnounce::EachCommand;
+        }
         match self.command_timeout_ms {
             0 => {}
             u32::MAX => o.command_timeout = None,

@@ -371,7 +371,7 @@ fn options_are_read_only_as_far_as_the_callers_struct_goes() {
     assert!(r.reap_on_submit && !r.shadow_doorbells);
     assert!(r.sq_announce_each_command && !d.sq_announce_each_command);
     assert_eq!(r.to_options().sq_announce, upnvme::SqAnnounce::EachCommand);
-    assert_eq!(d.to_options().sq_announce, upnvme::SqAnnounce::Batch);
+    assert_eq!(d.to_options().sq_announce, upnvme::SqAnnounce::DEEP);
     // NULL: the defaults.
     // SAFETY: null is allowed.
     let r = unsafe { read_sized::<upnvme_qpair_opts>(std::ptr::null()) };

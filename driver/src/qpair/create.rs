@@ -12,9 +12,9 @@ use upnvme_queues::regs::{cq_head_doorbell, sq_tail_doorbell};
 use upnvme_queues::shadow::{cq_head_offset, sq_tail_offset};
 use upnvme_queues::{CidTable, CqRing, SqRing, Sqe};
 
+use super::SglMode;
 use super::doorbell::{CqHeadPolicy, Doorbells, ShadowSlots};
 use super::{IoQueuePair, PAGE, PERIODIC_POLLS, QueuePairOptions, QueueStats, clock};
-use super::{SglMode, SqAnnounce};
 use crate::controller::{Controller, Inner};
 use crate::device::Device;
 use crate::error::{Error, Result};
@@ -139,9 +139,11 @@ impl<D: Device> IoQueuePair<D> {
             }
         };
         let timeout_ticks = opts.command_timeout.map_or(0, |d| clock::ticks(d).max(1));
-        let announce_at_once = opts.shadow_doorbells
-            && shadow.is_some()
-            && opts.sq_announce == SqAnnounce::EachCommand;
+        let announce_free_below = if opts.shadow_doorbells && shadow.is_some() {
+            opts.sq_announce.free_below(trackers.usable())
+        } else {
+            0
+        };
         let mut qp = IoQueuePair {
             expect_state: 0,
             sq,
@@ -159,7 +161,7 @@ impl<D: Device> IoQueuePair<D> {
             },
             cq_threshold,
             qid,
-            announce_at_once,
+            announce_free_below,
             every_reap: opts.cq_head_policy == CqHeadPolicy::EveryReap,
             reap_on_submit: opts.reap_on_submit,
             poll_countdown: PERIODIC_POLLS,

@@ -8,16 +8,17 @@
 //! * **SQ tail**: once per submit batch, only if the tail moved. With shadow
 //!   doorbells (Doorbell Buffer Config) the tail goes to the shadow buffer and
 //!   an MMIO write happens only when the controller's EventIdx asks for it.
-//!   By default (`SqAnnounce::Batch`) `ring` announces the whole batch with
-//!   one shadow update and one EventIdx check; with `SqAnnounce::EachCommand`
+//!   With `SqAnnounce::Batch` `ring` announces the whole batch with one
+//!   shadow update and one EventIdx check; with `SqAnnounce::EachCommand`
 //!   `queue` announces each command at once (shadow store, fence, EventIdx
 //!   check), so a controller still working through the SQ can pick it up
-//!   before `ring`. Measured under QEMU 10.0.2 on 2026-12-02 (docs/benchmarks.md,
-//!   "SQ announcement"): the same MMIO writes per I/O either way, but per
-//!   batch 65.6k against 38.6k IOPS at QD4 and 99.1k against 62.3k at QD8
-//!   (medians of three interleaved rounds), ahead or within noise up to QD64;
-//!   announcing each command was ahead at QD128 (152k against 139k), and on
-//!   an earlier host at QD32.
+//!   before `ring`; the default, `SqAnnounce::DEEP`, is per batch below 32
+//!   commands in flight and each command from 32 on. Measured under QEMU
+//!   10.0.2 (docs/benchmarks.md, "SQ announcement"): the same MMIO writes per
+//!   I/O either way, but on 2026-12-02 per batch 65.6k against 38.6k IOPS at
+//!   QD4 and 99.1k against 62.3k at QD8 (medians of three interleaved
+//!   rounds), while on 2026-12-03 each command was ahead at QD64–128 (116.4k
+//!   / 109.9k against 100.0k / 100.1k) and the default at 111.6k / 124.8k.
 //! * **CQ head**: written (to the shadow buffer and/or MMIO) only when it is *due*:
 //!   with `CqHeadPolicy::Adaptive` when the entries consumed since the last
 //!   write (`U`) exceed `cq_entries - 1 - max_depth`, or when a configured batch

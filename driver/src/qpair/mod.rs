@@ -154,8 +154,10 @@ pub struct IoQueuePair<D: Device = VfioNvme> {
     /// since the last write (see doorbell.rs).
     cq_threshold: u32,
     qid: u16,
-    /// Announce each command through the shadow doorbell as it is queued.
-    announce_at_once: bool,
+    /// Announce a command through the shadow doorbell as it is queued when
+    /// fewer tracker slots than this are free ([`SqAnnounce::free_below`];
+    /// 0 without shadow doorbells and the EventIdx).
+    announce_free_below: u32,
     /// `CqHeadPolicy::EveryReap`.
     every_reap: bool,
     reap_on_submit: bool,

@@ -207,7 +207,8 @@ impl<D: Device> IoQueuePair<D> {
     /// ([`crate::SqAnnounce::Batch`]) nothing is announced until `ring`
     /// writes the SQ tail once for the whole batch (with shadow doorbells:
     /// one shadow tail update, over MMIO too when the EventIdx asks). With
-    /// [`crate::SqAnnounce::EachCommand`] and the EventIdx in use, `queue`
+    /// [`crate::SqAnnounce::EachCommand`] (or [`crate::SqAnnounce::WhenDeep`]
+    /// with that many commands in flight) and the EventIdx in use, `queue`
     /// announces the command at once through the shadow doorbell (an MMIO
     /// write only when the controller's EventIdx asks for one), so the device
     /// may start, or even finish, before `ring`; `ring` then only does the
@@ -440,7 +441,8 @@ impl<D: Device> IoQueuePair<D> {
     }
 
     /// Stores the SQE of the command in `slot` into SQ slot `pos` and, with
-    /// `SqAnnounce::EachCommand`, announces it. Returns the slot.
+    /// `SqAnnounce::EachCommand` (or `WhenDeep` at its depth), announces it.
+    /// Returns the slot.
     #[inline(always)]
     pub(super) fn write_sqe_and_announce(
         &mut self,
@@ -458,7 +460,7 @@ impl<D: Device> IoQueuePair<D> {
             return Err(self.unqueue(slot, Reject::Unusable));
         }
         // As in `submit`: no doorbell for queues a reset deleted meanwhile.
-        if self.announce_at_once && self.current() {
+        if self.trackers.free_slots() < self.announce_free_below && self.current() {
             self.ring_sq_now();
         }
         Ok(slot)

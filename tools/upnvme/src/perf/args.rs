@@ -14,14 +14,43 @@ pub enum Announce {
     Each,
     /// Once per batch (`SqAnnounce::Batch`).
     Batch,
+    /// Per batch below `--sq-announce-deep` commands in flight (default 32),
+    /// each command at once from there on (`SqAnnounce::WhenDeep`).
+    Deep,
+}
+
+impl Announce {
+    /// The library's policy for this flag, with `deep` the
+    /// `--sq-announce-deep` depth (`SqAnnounce::DEEP`'s when `None`).
+    pub fn policy(self, deep: Option<u16>) -> upnvme::SqAnnounce {
+        match (self, deep) {
+            (Announce::Each, _) => upnvme::SqAnnounce::EachCommand,
+            (Announce::Batch, _) => upnvme::SqAnnounce::Batch,
+            (Announce::Deep, None) => upnvme::SqAnnounce::DEEP,
+            (Announce::Deep, Some(in_flight)) => upnvme::SqAnnounce::WhenDeep { in_flight },
+        }
+    }
+}
+
+impl PerfArgs {
+    /// The announcement policy the flags ask for (`None`: the library's
+    /// default); `--sq-announce-deep` with `each` or `batch` is a usage error.
+    pub fn sq_announce_policy(&self) -> Result<Option<upnvme::SqAnnounce>, String> {
+        match (self.sq_announce, self.sq_announce_deep) {
+            (None, None) => Ok(None),
+            (Some(a), None) => Ok(Some(a.policy(None))),
+            (None | Some(Announce::Deep), Some(n)) => Ok(Some(Announce::Deep.policy(Some(n)))),
+            (Some(a), Some(_)) => Err(format!(
+                "--sq-announce-deep goes with --sq-announce deep, not {}",
+                if a == Announce::Each { "each" } else { "batch" }
+            )),
+        }
+    }
 }
 
 impl From<Announce> for upnvme::SqAnnounce {
     fn from(a: Announce) -> upnvme::SqAnnounce {
-        match a {
-            Announce::Each => upnvme::SqAnnounce::EachCommand,
-            Announce::Batch => upnvme::SqAnnounce::Batch,
-        }
+        a.policy(None)
     }
 }
 
@@ -122,10 +151,16 @@ pub struct PerfArgs {
     pub ring_per_io: bool,
     /// When queued resubmissions are announced with shadow doorbells:
     /// `each` (every command at once, through the shadow tail and the
-    /// EventIdx) or `batch` (one shadow tail update per batch); default: the
-    /// library's (`SqAnnounce::default()`).
+    /// EventIdx), `batch` (one shadow tail update per batch) or `deep` (per
+    /// batch at shallow depths, each command from `--sq-announce-deep`
+    /// commands in flight on); default: the library's (`SqAnnounce::default()`).
     #[arg(long = "sq-announce", value_enum)]
     pub sq_announce: Option<Announce>,
+    /// With `--sq-announce deep` (implied when given alone): commands in flight
+    /// from which each command is announced at once.
+    #[arg(long = "sq-announce-deep", value_name = "N",
+          value_parser = clap::value_parser!(u16).range(1..))]
+    pub sq_announce_deep: Option<u16>,
     /// Data pointers as SGLs for every I/O (one Data Block descriptor, also
     /// within two pages); needs a controller with SGL support (Identify
     /// Controller SGLS). Default: the library's choice (PRP1/PRP2 within two

@@ -16,9 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow};
 use upnvme::dma::tsc;
-use upnvme::{
-    Controller, ControllerOptions, CqHeadPolicy, PageBacking, QueuePairOptions, SglMode, SqAnnounce,
-};
+use upnvme::{Controller, ControllerOptions, CqHeadPolicy, PageBacking, QueuePairOptions, SglMode};
 
 pub use args::PerfArgs;
 pub use interrupt::Interrupted;
@@ -91,7 +89,10 @@ pub fn run(a: PerfArgs) -> Result<bool> {
         } else {
             SglMode::Auto
         },
-        sq_announce: a.sq_announce.map_or_else(SqAnnounce::default, Into::into),
+        sq_announce: a
+            .sq_announce_policy()
+            .map_err(|e| anyhow!(e))?
+            .unwrap_or_default(),
         ..Default::default()
     };
     if let Some(sig) = interrupt.signal() {

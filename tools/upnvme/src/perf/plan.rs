@@ -136,6 +136,7 @@ pub fn check_args(a: &PerfArgs, cores_present: &[usize]) -> Result<ArgPlan, Usag
             a.read_mix
         )));
     }
+    a.sq_announce_policy().map_err(UsageError)?;
     let cores = parse_cores(&a.cores).map_err(UsageError)?;
     if let Some(bad) = cores.iter().find(|c| !cores_present.contains(c)) {
         return Err(usage(format!(
@@ -306,6 +307,22 @@ mod tests {
             Some(Announce::Batch)
         );
         assert!(parse(&["--sq-announce", "sometimes"]).is_err());
+        let deep = |args: &[&str]| parse(args).unwrap().sq_announce_policy();
+        assert_eq!(
+            deep(&["--sq-announce", "deep"]),
+            Ok(Some(upnvme::SqAnnounce::DEEP))
+        );
+        assert_eq!(
+            deep(&["--sq-announce-deep", "16"]),
+            Ok(Some(upnvme::SqAnnounce::WhenDeep { in_flight: 16 }))
+        );
+        assert_eq!(
+            deep(&["--sq-announce", "deep", "--sq-announce-deep", "8"]),
+            Ok(Some(upnvme::SqAnnounce::WhenDeep { in_flight: 8 }))
+        );
+        assert!(deep(&["--sq-announce", "each", "--sq-announce-deep", "8"]).is_err());
+        assert!(parse(&["--sq-announce-deep", "0"]).is_err());
+        assert_eq!(deep(&[]), Ok(None));
     }
 
     /// The usage error `args` get against `dev`, after checking that it is

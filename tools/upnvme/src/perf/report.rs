@@ -455,11 +455,12 @@ pub fn errors_by_status(jobs: &[JobResult]) -> Vec<(String, u64)> {
 }
 
 /// The data pointer policy as the report names it.
-/// `each` or `batch` (header and JSON).
-fn announce_name(a: upnvme::SqAnnounce) -> &'static str {
+/// `each`, `batch` or `deep:N` (header and JSON).
+fn announce_name(a: upnvme::SqAnnounce) -> String {
     match a {
-        upnvme::SqAnnounce::EachCommand => "each",
-        upnvme::SqAnnounce::Batch => "batch",
+        upnvme::SqAnnounce::EachCommand => "each".into(),
+        upnvme::SqAnnounce::Batch => "batch".into(),
+        upnvme::SqAnnounce::WhenDeep { in_flight } => format!("deep:{in_flight}"),
     }
 }
 
