@@ -324,6 +324,9 @@ fn batch_submit_rings_once_and_full_queue_pushes_back() {
         (false, SqAnnounce::Batch),
         (true, SqAnnounce::Batch),
         (true, SqAnnounce::EachCommand),
+        // The default: never 32 deep on this 8-entry pair, so per batch.
+        (true, SqAnnounce::DEEP),
+        (true, SqAnnounce::WhenDeep { in_flight: 4 }),
     ] {
         batch_with(&c, event_idx, announce);
     }
@@ -335,7 +338,9 @@ fn batch_submit_rings_once_and_full_queue_pushes_back() {
 /// one shadow update at `ring` (over MMIO too when QEMU asks: at most one);
 /// with `SqAnnounce::EachCommand` `queue` announced each command already
 /// (shadow update and EventIdx check, MMIO only when QEMU asked for it) and
-/// `ring` has nothing left.
+/// `ring` has nothing left; with `SqAnnounce::WhenDeep { in_flight: 4 }` the
+/// fourth to seventh are announced at `queue` (the fourth's update covers
+/// the first three) and `ring` has nothing left either.
 fn batch_with(c: &Controller, event_idx: bool, announce: SqAnnounce) {
     let ns = c.namespace(1).unwrap().clone();
     let lba = ns.lba_size() as usize;
@@ -385,9 +390,19 @@ fn batch_with(c: &Controller, event_idx: bool, announce: SqAnnounce) {
     let after = qp.stats();
     assert_eq!(after.submissions - before.submissions, 7);
     let mmio = after.sq_doorbell_mmio - before.sq_doorbell_mmio;
-    if event_idx && announce == SqAnnounce::EachCommand {
+    // Announced at `queue`: every command from this depth on (1: all).
+    let from = match (event_idx, announce) {
+        (true, SqAnnounce::EachCommand) => Some(1),
+        (true, SqAnnounce::WhenDeep { in_flight }) if in_flight <= 7 => Some(in_flight.max(1)),
+        _ => None,
+    };
+    if let Some(from) = from {
         assert!(qp.shadow_doorbells());
-        assert_eq!(before.sq_shadow_updates, 7, "{before:?}");
+        assert_eq!(
+            before.sq_shadow_updates,
+            7 - u64::from(from) + 1,
+            "{announce:?}: {before:?}"
+        );
         assert!(before.sq_doorbell_mmio <= 7, "{before:?}");
         assert_eq!(
             after,
