@@ -203,8 +203,9 @@ impl<D: Device> IoQueuePair<D> {
     }
 
     /// Writes one command into the SQ for a batch: several `queue` calls
-    /// followed by one [`IoQueuePair::ring`]. By default
-    /// ([`crate::SqAnnounce::Batch`]) nothing is announced until `ring`
+    /// followed by one [`IoQueuePair::ring`]. Per batch
+    /// ([`crate::SqAnnounce::Batch`], and the default below 32 commands in
+    /// flight) nothing is announced until `ring`
     /// writes the SQ tail once for the whole batch (with shadow doorbells:
     /// one shadow tail update, over MMIO too when the EventIdx asks). With
     /// [`crate::SqAnnounce::EachCommand`] (or [`crate::SqAnnounce::WhenDeep`]
