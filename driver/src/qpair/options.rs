@@ -52,9 +52,10 @@ pub enum SglMode {
 ///
 /// The default is [`SqAnnounce::DEEP`]: per batch below 32 commands in
 /// flight, each command at once from 32 on. Measured under QEMU 10.0.2
-/// (docs/benchmarks.md, "SQ announcement"): per batch beats each command at
-/// QD4–8 (up to 1.7x), each command beats per batch at QD64–128 (1.1–1.25x),
-/// and the threshold keeps the better of the two at both ends.
+/// (docs/benchmarks.md, "SQ announcement"): per batch beat each command at
+/// QD4–8 (up to 1.7x, 2026-12-02); on 2026-12-03 each command beat per batch
+/// at QD64–128 by 10–16% and this threshold by 11–25%, while below 32 in
+/// flight it is the per-batch code.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SqAnnounce {
     /// `queue` announces each command at once (shadow tail, fence, EventIdx
