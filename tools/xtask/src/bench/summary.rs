@@ -152,16 +152,7 @@ pub fn summarise(contenders: &[Contender], runs: &[RunResult]) -> Summary {
             }
         })
         .collect();
-    let find = |rows: &[Row], kind: Kind, qd: u32, bs: u32| {
-        rows.iter()
-            .find(|r| {
-                r.contender.kind == kind
-                    && r.contender.qd == qd
-                    && r.contender.io_bytes == bs
-                    && r.ok > 0
-            })
-            .cloned()
-    };
+    let find = |rows: &[Row], kind: Kind, qd: u32, bs: u32| row_at(rows, kind, qd, bs).cloned();
     let uring = Kind::Fio(FioEngine::IoUringHipri);
     // Ratios against io_uring hipri and the raw floor at the same depth and
     // size, where those ran: mean latency at QD1, IOPS deeper.
@@ -294,6 +285,13 @@ fn targets(rows: &[Row], u1: Option<&Row>, u32_: Option<&Row>, f1: Option<&Row>)
     t
 }
 
+/// The row of `kind` at depth `qd` and I/O size `bs`, if it measured anything.
+fn row_at(rows: &[Row], kind: Kind, qd: u32, bs: u32) -> Option<&Row> {
+    rows.iter().find(|r| {
+        r.contender.kind == kind && r.contender.qd == qd && r.contender.io_bytes == bs && r.ok > 0
+    })
+}
+
 /// (queue depth, median IOPS) of `kind` at I/O size `bs`, by depth.
 pub fn series(rows: &[Row], kind: Kind, bs: u32) -> Vec<(u32, f64)> {
     let mut v: Vec<(u32, f64)> = rows
@@ -395,14 +393,7 @@ impl Summary {
     /// against size); empty when the run had no sweep.
     pub fn sweep_text(&self) -> String {
         let uring = Kind::Fio(FioEngine::IoUringHipri);
-        let row = |kind: Kind, qd: u32, bs: u32| {
-            self.rows.iter().find(|r| {
-                r.contender.kind == kind
-                    && r.contender.qd == qd
-                    && r.contender.io_bytes == bs
-                    && r.ok > 0
-            })
-        };
+        let row = |kind: Kind, qd: u32, bs: u32| row_at(&self.rows, kind, qd, bs);
         let iops = |r: Option<&Row>| r.map_or("–".into(), |r| fmt_stat(&r.iops, 0));
         let ratio = |a: Option<&Row>, b: Option<&Row>| {
             fmt_ratio(a.zip(b).map(|(a, b)| a.iops.median / b.iops.median))
@@ -540,15 +531,7 @@ impl Summary {
             .collect();
         let uring = Kind::Fio(FioEngine::IoUringHipri);
         let at = |kind: Kind, qd: u32, bs: u32| {
-            self.rows
-                .iter()
-                .find(|r| {
-                    r.contender.kind == kind
-                        && r.contender.qd == qd
-                        && r.contender.io_bytes == bs
-                        && r.ok > 0
-                })
-                .map(|r| finite(r.iops.median))
+            row_at(&self.rows, kind, qd, bs).map(|r| finite(r.iops.median))
         };
         let depth: Vec<Value> = self
             .depths()
