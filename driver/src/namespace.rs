@@ -34,6 +34,11 @@ struct Shared {
     /// geometry no longer holds, so queue pairs refuse it
     /// ([`crate::Reject::StaleNamespace`]).
     retired: AtomicBool,
+    /// The plain I/O path's whole namespace check in one load: the adopting
+    /// controller's instance while the handle is current and its format has
+    /// no metadata, else 0 (no controller's instance: they start at 1).
+    /// Cleared together with `retired`.
+    plain_key: AtomicU64,
 }
 
 /// How the current LBA format lays out metadata (FLBAS bit 4, LBAF.MS, DPS):
@@ -110,6 +115,7 @@ impl Namespace {
             shared: Arc::new(Shared {
                 identify,
                 retired: AtomicBool::new(false),
+                plain_key: AtomicU64::new(0),
             }),
         })
     }
@@ -117,7 +123,21 @@ impl Namespace {
     /// Marks the namespace as one of controller `instance`.
     pub(crate) fn adopt(mut self, instance: u64) -> Namespace {
         self.controller = instance;
+        let key = if self.has_metadata() || self.is_stale() {
+            0
+        } else {
+            instance
+        };
+        self.shared.plain_key.store(key, Ordering::Relaxed);
         self
+    }
+
+    /// Controller `instance`'s handle, not retired, of a namespace without
+    /// metadata: what the plain Read/Write path (qpair/plain.rs) requires,
+    /// with one load and one compare.
+    #[inline(always)]
+    pub(crate) fn is_plain_for(&self, instance: u64) -> bool {
+        self.shared.plain_key.load(Ordering::Relaxed) == instance
     }
 
     /// The controller instance this handle belongs to.
@@ -223,6 +243,7 @@ impl Namespace {
 
     /// Marks every clone of this handle stale (after Format NVM).
     pub(crate) fn retire(&self) {
+        self.shared.plain_key.store(0, Ordering::Relaxed);
         self.shared.retired.store(true, Ordering::Relaxed);
     }
 }

@@ -162,7 +162,11 @@ impl<D: Device> IoQueuePair<D> {
             cq_threshold,
             qid,
             announce_free_below,
-            every_reap: opts.cq_head_policy == CqHeadPolicy::EveryReap,
+            reap_threshold: if opts.cq_head_policy == CqHeadPolicy::EveryReap {
+                0
+            } else {
+                cq_threshold
+            },
             reap_on_submit: opts.reap_on_submit,
             poll_countdown: PERIODIC_POLLS,
             instance: ctrl.instance(),

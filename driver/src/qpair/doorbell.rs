@@ -108,13 +108,14 @@ impl Doorbells {
         tail: u16,
         stats: &mut QueueStats,
     ) {
-        let old = self.last_sq;
-        self.last_sq = tail;
         if self.shadow.is_none() {
+            // MMIO only: no shadow `old` value to keep.
             dev.write32(self.sq_db, tail as u32);
             stats.sq_doorbell_mmio += 1;
             return;
         }
+        let old = self.last_sq;
+        self.last_sq = tail;
         match (self.shadow, shadow) {
             (Some(slots), Some((db, ei))) => {
                 if update_shadow(db, ei, slots.sq, tail, old) || !self.use_event_idx {

@@ -158,8 +158,10 @@ pub struct IoQueuePair<D: Device = VfioNvme> {
     /// fewer tracker slots than this are free ([`SqAnnounce::free_below`];
     /// 0 without shadow doorbells and the EventIdx).
     announce_free_below: u32,
-    /// `CqHeadPolicy::EveryReap`.
-    every_reap: bool,
+    /// Write the CQ head after a reap when more than this many entries are
+    /// unannounced: `cq_threshold`, or 0 with `CqHeadPolicy::EveryReap`
+    /// (every reap that consumed an entry).
+    reap_threshold: u32,
     reap_on_submit: bool,
     poll_countdown: u32,
     /// The controller instance (namespace handles of other controllers are

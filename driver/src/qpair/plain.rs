@@ -81,7 +81,7 @@ impl<D: Device> IoQueuePair<D> {
     /// metadata.
     #[inline(always)]
     fn plain_namespace(&self, ns: &Namespace) -> bool {
-        ns.controller() == self.instance && !ns.is_stale() && !ns.has_metadata()
+        ns.is_plain_for(self.instance)
     }
 
     /// Queues a command [`IoQueuePair::plain`] let through: tracker, data
@@ -106,7 +106,12 @@ impl<D: Device> IoQueuePair<D> {
         };
         debug_assert!(t.segments.is_none() && t.metadata.is_none());
         t.tag = tag;
-        t.buffer = buffer;
+        // Every path that frees a slot took its buffer, so there is nothing
+        // to drop here (and were one left, leaking it would be the safe side:
+        // the device might still own it).
+        let old = std::mem::replace(&mut t.buffer, buffer);
+        debug_assert!(old.is_none());
+        std::mem::forget(old);
         t.stamp = 0;
         t.aborted = false;
         let slot = cid.slot;

@@ -243,12 +243,12 @@ impl<D: Device> IoQueuePair<D> {
     }
 
     /// After a reap that consumed entries: is the CQ head due (every reap
-    /// with `CqHeadPolicy::EveryReap`, else when the slack or batch limit
-    /// is used up)? The one rule for `poll_cq`, `reap_on_submit` and the
+    /// with `CqHeadPolicy::EveryReap`, whose threshold is 0, else when the
+    /// slack or batch limit is used up)? The one rule for `poll_cq`, `reap_on_submit` and the
     /// blocking helpers.
     #[inline(always)]
     pub(super) fn cq_head_due_after_reap(&self) -> bool {
-        self.every_reap || self.cq_ring.uncommitted() > self.cq_threshold
+        self.cq_ring.uncommitted() > self.reap_threshold
     }
 
     /// Writes the CQ head doorbell (shadow and/or MMIO, see doorbell.rs).
