@@ -159,6 +159,7 @@ impl Namespace {
     }
 
     /// Bytes per logical block of the current LBA format (2^LBADS).
+    #[inline(always)]
     pub fn lba_size(&self) -> u32 {
         self.lba_size
     }
