@@ -213,6 +213,50 @@ fn every_reap_writes_once_per_reap_batch() {
     assert_clean(&m);
 }
 
+/// `EveryReap` writes the CQ head after every reap that consumed entries;
+/// when a resubmission from the callback already wrote it (no CQ slack: the
+/// CQ head goes out before each submission), the reap's own write is
+/// unnecessary and is not counted as skipped by moderation.
+#[test]
+fn every_reap_with_no_slack_resubmitting_from_the_callback() {
+    let (m, c) = controller(false);
+    let ns = c.namespace(1).unwrap().clone();
+    // 16 SQ and 16 CQ entries: 15 in flight at most, CQ slack 0.
+    let mut qp = pair(&c, 16, 16, CqHeadPolicy::EveryReap);
+    let qid = qp.qid();
+    let read = |slba| IoCommand::Read {
+        ns: &ns,
+        slba,
+        blocks: 1,
+    };
+    qp.submit(read(0), Some(c.alloc_dma(BS).unwrap()), 0)
+        .unwrap();
+    let n = 50u64;
+    let mut next = 1u64;
+    while next <= n {
+        let got = qp
+            .process_completions(1, |qp, cpl| {
+                assert_eq!(cpl.tag, next - 1);
+                assert!(cpl.result.is_ok());
+                if next < n {
+                    qp.submit(read(next % 1024), cpl.buffer, next).unwrap();
+                }
+                next += 1;
+            })
+            .unwrap();
+        assert!(got <= 1);
+    }
+    assert_eq!(qp.in_flight(), 0);
+    let st = qp.stats();
+    assert_stats_match(&m, qid, &st);
+    assert_eq!(st.cq_doorbell_skipped, 0, "{st:?}");
+    // Each resubmission wrote the CQ head first (49), the last reap (no
+    // resubmission) once more.
+    let (_, cq) = m.doorbell_writes(qid);
+    assert_eq!(cq, n);
+    assert_clean(&m);
+}
+
 #[test]
 fn queue_depth_32_writes_few_doorbells_per_io() {
     let (m, c) = controller(false);

@@ -162,10 +162,11 @@ impl<D: Device> IoQueuePair<D> {
             cq_threshold,
             qid,
             announce_free_below,
-            reap_threshold: if opts.cq_head_policy == CqHeadPolicy::EveryReap {
+            // `cq_threshold` is at most the CQ size: no overflow.
+            reap_due_at: if opts.cq_head_policy == CqHeadPolicy::EveryReap {
                 0
             } else {
-                cq_threshold
+                cq_threshold + 1
             },
             reap_on_submit: opts.reap_on_submit,
             poll_countdown: PERIODIC_POLLS,

@@ -158,10 +158,11 @@ pub struct IoQueuePair<D: Device = VfioNvme> {
     /// fewer tracker slots than this are free ([`SqAnnounce::free_below`];
     /// 0 without shadow doorbells and the EventIdx).
     announce_free_below: u32,
-    /// Write the CQ head after a reap when more than this many entries are
-    /// unannounced: `cq_threshold`, or 0 with `CqHeadPolicy::EveryReap`
-    /// (every reap that consumed an entry).
-    reap_threshold: u32,
+    /// After a reap, the CQ head is due when at least this many entries are
+    /// unannounced: `cq_threshold + 1`, or 0 with `CqHeadPolicy::EveryReap`
+    /// (always, as the policy says; the write itself is skipped when a
+    /// submission from the callback already made it).
+    reap_due_at: u32,
     reap_on_submit: bool,
     poll_countdown: u32,
     /// The controller instance (namespace handles of other controllers are

@@ -243,12 +243,13 @@ impl<D: Device> IoQueuePair<D> {
     }
 
     /// After a reap that consumed entries: is the CQ head due (every reap
-    /// with `CqHeadPolicy::EveryReap`, whose threshold is 0, else when the
-    /// slack or batch limit is used up)? The one rule for `poll_cq`, `reap_on_submit` and the
-    /// blocking helpers.
+    /// with `CqHeadPolicy::EveryReap`, even when a submission from the
+    /// callback already wrote it; else when the slack or batch limit is used
+    /// up)? The one rule for `poll_cq`, `reap_on_submit` and the blocking
+    /// helpers: one compare against `reap_due_at` (0, or `cq_threshold` + 1).
     #[inline(always)]
     pub(super) fn cq_head_due_after_reap(&self) -> bool {
-        self.cq_ring.uncommitted() > self.reap_threshold
+        self.cq_ring.uncommitted() >= self.reap_due_at
     }
 
     /// Writes the CQ head doorbell (shadow and/or MMIO, see doorbell.rs).
