@@ -23,7 +23,6 @@ use super::submit::{check_range, slice_room};
 use super::{IoCommand, IoQueuePair, PAGE};
 use crate::device::Device;
 use crate::error::{Reject, Rejected};
-use crate::namespace::Namespace;
 
 /// A Read or Write that passed the plain path's checks: what the SQE needs.
 #[derive(Clone, Copy)]
@@ -52,7 +51,10 @@ impl<D: Device> IoQueuePair<D> {
         if io.segments.is_some() || io.metadata.is_some() || io.protection.is_some() {
             return None;
         }
-        if !self.current() || !self.plain_namespace(ns) || check_range(ns, slba, blocks).is_err() {
+        if !self.current()
+            || !ns.is_plain_for(self.instance)
+            || check_range(ns, slba, blocks).is_err()
+        {
             return None;
         }
         // A multiply: a shift by a loaded count needs CL, which costs the
@@ -77,13 +79,6 @@ impl<D: Device> IoQueuePair<D> {
             cdw12: (blocks - 1) | io.flags.cdw12(),
             bytes,
         })
-    }
-
-    /// This controller's handle, not retired, of a namespace without
-    /// metadata.
-    #[inline(always)]
-    fn plain_namespace(&self, ns: &Namespace) -> bool {
-        ns.is_plain_for(self.instance)
     }
 
     /// Queues a command [`IoQueuePair::plain`] let through: tracker, data
