@@ -683,3 +683,82 @@ fn admin_command_on_a_fatal_controller_does_not_wait_for_its_timeout() {
     c.close().unwrap();
     assert_clean(&m);
 }
+
+/// A pair dropped while the device may still DMA (its controller failed, so
+/// the queues cannot be deleted) keeps every buffer its commands hold out of
+/// the allocator — the vector's buffers and the separate metadata buffer as
+/// well as the data buffer — until the controller is disabled.
+#[test]
+fn dropping_a_failed_pair_quarantines_vector_and_metadata_buffers_too() {
+    let (m, c) = setup(ModelConfig {
+        namespaces: vec![upnvme_tests::NamespaceConfig {
+            lba_size: 512,
+            blocks: 1024,
+            ms: 8,
+            extended: false,
+            ..Default::default()
+        }],
+        sgls: 1,
+        ..ModelConfig::default()
+    });
+    let ns = ns1(&c);
+    let mut qp = small_pair(&c);
+    let qid = qp.qid();
+    let hold = || {
+        m.inject(Fault::DelayCompletion {
+            on: Match::Queue(qid),
+            doorbells: None,
+        })
+    };
+    hold();
+    let (data, md) = (c.alloc_dma(512).unwrap(), c.alloc_dma(8).unwrap());
+    let mut held = vec![(data.iova(), data.len()), (md.iova(), md.len())];
+    qp.submit_io(read(&ns, 0), upnvme::IoData::buffer(data).metadata(md), 1)
+        .unwrap();
+    let mut v = upnvme::IoVec::new();
+    for _ in 0..2 {
+        let b = c.alloc_dma(256).unwrap();
+        held.push((b.iova(), b.len()));
+        v.push_buffer(b);
+    }
+    let md2 = c.alloc_dma(8).unwrap();
+    held.push((md2.iova(), md2.len()));
+    hold();
+    qp.submit_io(read(&ns, 8), upnvme::IoData::vectored(v).metadata(md2), 2)
+        .unwrap();
+    // A forged entry: the controller is failed, the two commands stay with
+    // the device.
+    assert!(m.post_raw_completion(qid, [0, 0, u32::from(qid) << 16 | 1, 0x0003]));
+    let (got, r) = process(&mut qp);
+    assert!(
+        got.is_empty(),
+        "{:?}",
+        got.iter().map(|c| (c.tag, &c.result)).collect::<Vec<_>>()
+    );
+    assert!(matches!(r, Err(Error::DeviceFault { .. })), "{r:?}");
+    drop(qp);
+    // None of the memory the device may still write is handed out again.
+    let fresh: Vec<_> = [8usize, 256, 512]
+        .iter()
+        .flat_map(|&len| (0..8).map(move |_| len))
+        .map(|len| c.alloc_dma(len).unwrap())
+        .collect();
+    for b in &fresh {
+        for &(iova, len) in &held {
+            let overlap = b.iova() < iova + len as u64 && iova < b.iova() + b.len() as u64;
+            assert!(
+                !overlap,
+                "buffer at {:#x} (+{}) overlaps quarantined {iova:#x} (+{len})",
+                b.iova(),
+                b.len()
+            );
+        }
+    }
+    drop(fresh);
+    c.close().unwrap();
+    assert_eq!(
+        m.release_delayed(),
+        0,
+        "the disabled controller posts nothing"
+    );
+}

@@ -45,8 +45,8 @@ impl<D: Device> IoQueuePair<D> {
         if deleted {
             let slots: Vec<u16> = self.trackers.in_flight_slots().collect();
             for slot in slots {
-                let (tag, buffer, segments, metadata) = match self.trackers.get_mut(slot) {
-                    Some(t) => (t.tag, t.buffer.take(), t.segments.take(), t.metadata.take()),
+                let (tag, (buffer, segments, metadata)) = match self.trackers.get_mut(slot) {
+                    Some(t) => (t.tag, t.take_memory()),
                     None => continue,
                 };
                 let _ = self.trackers.cancel(slot);

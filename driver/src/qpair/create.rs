@@ -251,7 +251,7 @@ impl<D: Device> Drop for IoQueuePair<D> {
             let mut keep: Vec<DmaPages> = self
                 .trackers
                 .values_mut()
-                .filter_map(|t| t.buffer.take())
+                .flat_map(super::Tracker::take_buffers)
                 .map(DmaBuffer::into_pages)
                 .collect();
             keep.push(self.sq.buffer_mut().detach_pages());

@@ -133,6 +133,36 @@ struct Tracker {
     stamp: u64,
     /// Abort sent for this command (its deadline is then `stamp` + 2 x timeout).
     aborted: bool,
+    /// `segments` or `metadata` may be `Some`: the reap takes them only
+    /// then, so a plain command's completion never loads or clears them.
+    /// False whenever both are `None` for a slot being filled or freed.
+    extras: bool,
+}
+
+/// The memory a tracker holds for its command: buffer, vector, metadata.
+type TrackedMemory = (Option<DmaBuffer>, Option<IoVec>, Option<DmaBuffer>);
+
+impl Tracker {
+    /// Takes everything the command's memory is (every path that frees a
+    /// slot other than the reap's plain case goes through here).
+    fn take_memory(&mut self) -> TrackedMemory {
+        self.extras = false;
+        (
+            self.buffer.take(),
+            self.segments.take(),
+            self.metadata.take(),
+        )
+    }
+
+    /// Every buffer the device may still reach through this tracker: the
+    /// data buffer, the vector's buffers and the metadata buffer.
+    fn take_buffers(&mut self) -> impl Iterator<Item = DmaBuffer> + use<> {
+        let (buffer, segments, metadata) = self.take_memory();
+        buffer
+            .into_iter()
+            .chain(segments.into_iter().flat_map(IoVec::into_buffers))
+            .chain(metadata)
+    }
 }
 
 /// A polled I/O submission/completion queue pair. See the module docs for the

@@ -101,7 +101,7 @@ impl<D: Device> IoQueuePair<D> {
         let Some((cid, t)) = self.trackers.alloc_mut() else {
             return Err(Rejected::with_memory(Reject::QueueFull, buffer, None, None));
         };
-        debug_assert!(t.segments.is_none() && t.metadata.is_none());
+        debug_assert!(!t.extras && t.segments.is_none() && t.metadata.is_none());
         t.tag = tag;
         // Every path that frees a slot took its buffer, so there is nothing
         // to drop here (and were one left, leaking it would be the safe side:

@@ -9,6 +9,16 @@ use super::{Completion, IoQueuePair, NEVER, PERIODIC_POLLS};
 use crate::device::Device;
 use crate::error::{IoError, PiCheck, Result};
 
+/// A checked completion before it is handed out (see `reap_next`).
+pub(super) struct Reaped {
+    slot: u16,
+    tag: u64,
+    result: std::result::Result<u32, IoError>,
+    buffer: Option<upnvme_dma::DmaBuffer>,
+    /// The tracker may hold a vector or metadata buffer too.
+    extras: bool,
+}
+
 impl<D: Device> IoQueuePair<D> {
     /// Reaps up to `max` completions and hands each to `f` exactly once (tag,
     /// result, buffer), together with the pair itself, so that `f` may
@@ -114,10 +124,24 @@ impl<D: Device> IoQueuePair<D> {
     {
         let mut n = 0u32;
         while n < max {
-            match self.reap_one()? {
-                Some((_, c)) => {
+            match self.reap_next()? {
+                Some(r) => {
                     n += 1;
-                    f(self, c);
+                    if r.extras {
+                        let c = self.completion(r);
+                        f(self, c);
+                    } else {
+                        // Spelled out so that `f` sees the two `None`s and
+                        // drops nothing for them.
+                        let c = Completion {
+                            tag: r.tag,
+                            result: r.result,
+                            buffer: r.buffer,
+                            segments: None,
+                            metadata: None,
+                        };
+                        f(self, c);
+                    }
                     // The callback may have failed the pair (a nested reap
                     // that met a device fault): stop looking at its CQ. (Not
                     // stopping when nothing is left in flight: a spurious or
@@ -153,6 +177,17 @@ impl<D: Device> IoQueuePair<D> {
     /// ([`IoQueuePair::cq_space_for_submit`]).
     #[inline(always)]
     pub(super) fn reap_one(&mut self) -> Result<Option<(u16, Completion)>> {
+        Ok(match self.reap_next()? {
+            Some(r) => Some((r.slot, self.completion(r))),
+            None => None,
+        })
+    }
+
+    /// [`IoQueuePair::reap_one`] before the completion is put together: a
+    /// command without a vector or metadata buffer (`extras` false) needs
+    /// nothing more from its tracker.
+    #[inline(always)]
+    fn reap_next(&mut self) -> Result<Option<Reaped>> {
         let head = u32::from(self.cq_ring.head());
         // Acquire: the rest of the entry is read only after its phase is seen.
         let Some((dw3, entry)) = self.cq.load_dw3(head) else {
@@ -167,18 +202,10 @@ impl<D: Device> IoQueuePair<D> {
         if (dw2 >> 16) as u16 != self.qid || self.sq_ring.update_head(sqhd).is_err() {
             return Err(self.bad_completion(dw2, dw3));
         }
-        let (slot, tag, buffer, segments, metadata, aborted) =
-            match self.trackers.complete_mut(dw3 as u16) {
-                Ok((slot, t)) => (
-                    slot,
-                    t.tag,
-                    t.buffer.take(),
-                    t.segments.take(),
-                    t.metadata.take(),
-                    t.aborted,
-                ),
-                Err(_) => return Err(self.bad_completion(dw2, dw3)),
-            };
+        let (slot, tag, buffer, extras, aborted) = match self.trackers.complete_mut(dw3 as u16) {
+            Ok((slot, t)) => (slot, t.tag, t.buffer.take(), t.extras, t.aborted),
+            Err(_) => return Err(self.bad_completion(dw2, dw3)),
+        };
         let status = Status::from_dw3(dw3);
         let result = if status.is_success() {
             Ok(dw0)
@@ -186,16 +213,45 @@ impl<D: Device> IoQueuePair<D> {
             Err(self.io_error(status, aborted))
         };
         self.stats.completions += 1;
-        Ok(Some((
+        Ok(Some(Reaped {
             slot,
-            Completion {
-                tag,
-                result,
-                buffer,
-                segments,
-                metadata,
-            },
-        )))
+            tag,
+            result,
+            buffer,
+            extras,
+        }))
+    }
+
+    /// The completion of a reaped command: its vector and metadata buffer
+    /// taken from the tracker when it had them.
+    #[inline(always)]
+    fn completion(&mut self, r: Reaped) -> Completion {
+        let (segments, metadata) = if r.extras {
+            self.take_extras(r.slot)
+        } else {
+            (None, None)
+        };
+        Completion {
+            tag: r.tag,
+            result: r.result,
+            buffer: r.buffer,
+            segments,
+            metadata,
+        }
+    }
+
+    /// The vector and metadata buffer of the command that was in `slot`
+    /// (only commands that had one set [`super::Tracker::extras`]).
+    #[cold]
+    #[inline(never)]
+    fn take_extras(&mut self, slot: u16) -> (Option<crate::IoVec>, Option<upnvme_dma::DmaBuffer>) {
+        match self.trackers.get_mut(slot) {
+            Some(t) => {
+                t.extras = false;
+                (t.segments.take(), t.metadata.take())
+            }
+            None => (None, None),
+        }
     }
 
     /// How a command that completed with a non-success status ended.

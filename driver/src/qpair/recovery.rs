@@ -185,20 +185,14 @@ impl<D: Device> IoQueuePair<D> {
     /// only completion — ControllerFailed after close, TimedOut if we had
     /// aborted it, ControllerReset otherwise.
     pub(super) fn end_in_flight(&mut self, slot: u16, closed: bool) -> Completion {
-        let (tag, buffer, segments, metadata, aborted) = match self.trackers.get_mut(slot) {
+        let (tag, (buffer, segments, metadata), aborted) = match self.trackers.get_mut(slot) {
             Some(t) => {
                 let aborted = t.aborted;
                 t.aborted = false;
                 t.stamp = 0;
-                (
-                    t.tag,
-                    t.buffer.take(),
-                    t.segments.take(),
-                    t.metadata.take(),
-                    aborted,
-                )
+                (t.tag, t.take_memory(), aborted)
             }
-            None => (0, None, None, None, false),
+            None => (0, (None, None, None), false),
         };
         let result = Err(if closed && self.ctrl.is_removed() {
             IoError::ControllerRemoved

@@ -406,6 +406,7 @@ impl<D: Device> IoQueuePair<D> {
         };
         t.tag = tag;
         t.buffer = buffer;
+        t.extras = segments.is_some() || metadata.is_some();
         if segments.is_some() {
             t.segments = segments;
         }
@@ -472,7 +473,7 @@ impl<D: Device> IoQueuePair<D> {
     #[inline(never)]
     pub(super) fn unqueue(&mut self, slot: u16, reason: Reject) -> Rejected {
         let (buffer, segments, metadata) = match self.trackers.get_mut(slot) {
-            Some(t) => (t.buffer.take(), t.segments.take(), t.metadata.take()),
+            Some(t) => t.take_memory(),
             None => (None, None, None),
         };
         let _ = self.trackers.cancel(slot);
