@@ -206,43 +206,55 @@ impl AdminQueue {
     }
 
     /// Submits `sqe` and waits for its completion, at most `timeout`. `data` is
-    /// the command's data buffer, if any: on timeout it is quarantined (kept
-    /// until the controller is disabled) rather than returned.
+    /// the command's data buffer and `prp_list` the page its PRP2 points to
+    /// (PRP List, NVMe 2.0 §4.3.1), if any: when the wait ends without the
+    /// completion (timeout, a device fault, the controller fatal or gone)
+    /// both are quarantined — kept until the controller is disabled, since
+    /// the device may still read the list and write through it — rather
+    /// than returned or freed.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn execute<D: Device>(
         &mut self,
         dev: &D,
         name: &str,
         sqe: Sqe,
         data: Option<DmaBuffer>,
+        prp_list: Option<DmaBuffer>,
         timeout: Duration,
         what: &str,
     ) -> Result<(Cqe, Option<DmaBuffer>)> {
         let slot = self.submit(dev, sqe, SlotKind::Sync)?;
         let start = Instant::now();
         let mut polls = 0u32;
-        loop {
-            self.reap(dev, name)?;
+        let ended = loop {
+            if let Err(e) = self.reap(dev, name) {
+                break e;
+            }
             if let Some(cqe) = self.slots[slot as usize].done.take() {
                 self.slots[slot as usize].kind = SlotKind::Free;
+                // Completed: the device is done with the list too.
+                drop(prp_list);
                 return Ok((cqe, data));
             }
             polls += 1;
             if polls >= POLLS_PER_CLOCK {
                 polls = 0;
-                check_csts(dev, name)?;
+                if let Err(e) = check_csts(dev, name) {
+                    break e;
+                }
                 let waited = start.elapsed();
                 if waited >= timeout {
-                    if let Some(buf) = data {
-                        self.quarantine.push(buf.into_pages());
-                    }
-                    return Err(Error::Timeout {
+                    break Error::Timeout {
                         what: format!("{what} to complete on the admin queue"),
                         after: waited,
-                    });
+                    };
                 }
                 std::thread::yield_now();
             }
-        }
+        };
+        self.quarantine
+            .extend(data.into_iter().chain(prp_list).map(DmaBuffer::into_pages));
+        Err(ended)
     }
 
     /// Posts Asynchronous Event Requests until `target` are outstanding (plus

@@ -628,17 +628,18 @@ impl<D: Device> Inner<D> {
         let t = self.admin_timeout;
         self.with_admin(|dev, name, admin| {
             let what = format!("Create I/O Completion Queue {qid}{when}");
-            let (cqe, _) = admin.execute(dev, name, cq, None, t, &what)?;
+            let (cqe, _) = admin.execute(dev, name, cq, None, None, t, &what)?;
             succeeded(cqe, &what)?;
             let what = format!("Create I/O Submission Queue {qid}{when}");
             let created = admin
-                .execute(dev, name, sq, None, t, &what)
+                .execute(dev, name, sq, None, None, t, &what)
                 .and_then(|(cqe, _)| succeeded(cqe, &what));
             if let Err(e) = created {
                 let _ = admin.execute(
                     dev,
                     name,
                     Sqe::delete_io_cq(qid),
+                    None,
                     None,
                     t,
                     "Delete I/O Completion Queue",
@@ -734,7 +735,7 @@ impl<D: Device> Inner<D> {
         what: &str,
         timeout: Duration,
     ) -> Result<(Cqe, Vec<u8>)> {
-        let (buf, _list) = match data_len {
+        let (buf, list) = match data_len {
             Some(len) => {
                 let (buf, list) = admin_data_buffer(&self.dev, len, &mut sqe, self.mdts_bytes())?;
                 if let Some(d) = data_out {
@@ -744,8 +745,9 @@ impl<D: Device> Inner<D> {
             }
             None => (None, None),
         };
-        let (cqe, buf) =
-            self.with_admin(|dev, name, admin| admin.execute(dev, name, sqe, buf, timeout, what))?;
+        let (cqe, buf) = self.with_admin(|dev, name, admin| {
+            admin.execute(dev, name, sqe, buf, list, timeout, what)
+        })?;
         let cqe = succeeded(cqe, what)?;
         let data = match (buf, data_len) {
             (Some(b), Some(len)) => {
@@ -841,7 +843,8 @@ impl<D: Device> Inner<D> {
         // sits at this address: refuse to carry on with the old state.)
         let mut sqe = Sqe::identify(cns::CONTROLLER, 0, 0);
         let (buf, _list) = admin_data_buffer(dev, PAGE, &mut sqe, PAGE)?;
-        let (cqe, buf) = admin.execute(dev, name, sqe, Some(buf), t, "Identify Controller")?;
+        let (cqe, buf) =
+            admin.execute(dev, name, sqe, Some(buf), None, t, "Identify Controller")?;
         succeeded(cqe, "Identify Controller (after reset)")?;
         let mut data = vec![0u8; PAGE];
         if let Some(b) = buf {
@@ -867,6 +870,7 @@ impl<D: Device> Inner<D> {
             name,
             Sqe::set_features(feature::NUMBER_OF_QUEUES, (n << 16) | n, false),
             None,
+            None,
             t,
             what,
         )?;
@@ -891,6 +895,7 @@ impl<D: Device> Inner<D> {
                 dev,
                 name,
                 Sqe::doorbell_buffer_config(s.doorbells.iova(), s.event_idx.iova()),
+                None,
                 None,
                 t,
                 what,
@@ -957,7 +962,7 @@ impl<D: Device> Inner<D> {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero()
                 || admin
-                    .execute(&self.dev, &self.name, sqe, None, left, what)
+                    .execute(&self.dev, &self.name, sqe, None, None, left, what)
                     .is_err()
             {
                 break;
@@ -1017,7 +1022,8 @@ impl<D: Device> Inner<D> {
 
 /// Waits on the device's release request from a thread of its own, so a
 /// removal completes even while the application is not polling: when it
-/// fires, releases the controller (if it is still alive). The thread holds
+/// fires, releases the controller (if anything still holds it, closed or
+/// not). The thread holds
 /// only a weak reference between ticks, so it never keeps the controller
 /// alive, and ends within a tick once the controller is gone.
 fn watch_release_requests<D: Device>(
@@ -1032,9 +1038,10 @@ fn watch_release_requests<D: Device>(
                     return;
                 }
                 if req.wait(RELEASE_WATCH_TICK) {
-                    if let Some(i) = inner.upgrade()
-                        && !i.is_closed()
-                    {
+                    // Closed or not: a closed controller whose queue pairs
+                    // are still alive keeps the device file open, and the
+                    // kernel's removal waits on it.
+                    if let Some(i) = inner.upgrade() {
                         i.release_on_request();
                     }
                     return;

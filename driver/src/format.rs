@@ -132,7 +132,9 @@ impl<D: Device> Controller<D> {
                     format.pi_type, format.lbaf, lbaf.ms
                 )));
             }
-            let location = if format.pi_first { 1 << 4 } else { 1 << 3 };
+            // DPC bit 3: PI in the first 8 bytes of the metadata; bit 4:
+            // in the last 8 (NVM Command Set, Identify Namespace DPC).
+            let location = if format.pi_first { 1 << 3 } else { 1 << 4 };
             if id.dpc & (1 << (format.pi_type - 1)) == 0 || id.dpc & location == 0 {
                 return Err(bad(format!(
                     "PI type {} in the {} 8 metadata bytes is not offered (Identify Namespace DPC = {:#x})",

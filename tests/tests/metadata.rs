@@ -558,3 +558,34 @@ fn format_nvm_changes_the_geometry_and_retires_old_handles() {
     assert!(back.metadata_layout().is_none() && back.lba_size() == 512);
     assert_clean(&m);
 }
+
+#[test]
+fn format_nvm_reads_the_pi_location_from_dpc_bits_3_first_and_4_last() {
+    // DPC 0x09: Type 1, PI in the first 8 metadata bytes only; 0x11: Type 1,
+    // the last 8 only. Each namespace takes the location it offers and the
+    // driver refuses the other before anything reaches the device.
+    for (dpc, offered_first) in [(0x09u8, true), (0x11, false)] {
+        let mut cfg = with_format(0, false, 0, false);
+        cfg.namespaces[0].dpc = dpc;
+        let (m, mut c) = setup(cfg);
+        let want = |pi_first| FormatNvm {
+            extended: true,
+            pi_type: 1,
+            pi_first,
+            ..FormatNvm::lbaf(5)
+        };
+        let fetched = m.commands_fetched();
+        let e = c.format_nvm(1, &want(!offered_first)).unwrap_err();
+        assert!(
+            e.to_string().contains("is not offered"),
+            "DPC {dpc:#x}: {e}"
+        );
+        assert_eq!(m.commands_fetched(), fetched, "refused before sending");
+        let ns = c
+            .format_nvm(1, &want(offered_first))
+            .unwrap_or_else(|e| panic!("DPC {dpc:#x}: {e}"));
+        let layout = ns.metadata_layout().unwrap();
+        assert_eq!((layout.pi_type, layout.pi_first), (1, offered_first));
+        assert_clean(&m);
+    }
+}

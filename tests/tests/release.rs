@@ -114,3 +114,20 @@ fn without_a_request_nothing_is_released() {
     std::thread::sleep(Duration::from_millis(300));
     assert!(!m.is_released());
 }
+
+#[test]
+fn a_closed_controller_whose_pairs_live_on_is_still_released() {
+    // The queue pair keeps the controller (and so the device file) alive
+    // after `close`: the kernel's request must still get the device back.
+    let m = ModelController::new(config_one_ns(4096, 1024));
+    m.offer_release_request();
+    let c = open(&m, opts());
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    c.close().unwrap();
+    assert!(!m.is_released(), "closing alone gives nothing back");
+    m.request_release();
+    wait_released(&m);
+    let err = qp.process_completions(u32::MAX, |_, _| {}).unwrap_err();
+    assert!(matches!(err, Error::ControllerRemoved { .. }), "{err:?}");
+    drop(qp);
+}

@@ -134,6 +134,18 @@ impl<D: Device> IoQueuePair<D> {
         ) {
             Ok(g) => g,
             Err(e) => {
+                if !matches!(e, Error::Command { .. }) {
+                    // No answer (timeout, device fault, controller gone or
+                    // fatal): the controller may yet create the queues and
+                    // use their memory, so it stays until the controller is
+                    // disabled. A status answer means nothing was created
+                    // (a failed SQ's CQ is deleted again).
+                    let (mut sq, mut cq) = (sq, cq);
+                    ctrl.quarantine(vec![
+                        sq.buffer_mut().detach_pages(),
+                        cq.buffer_mut().detach_pages(),
+                    ]);
+                }
                 ctrl.free_qid(qid);
                 return Err(e);
             }

@@ -37,8 +37,9 @@ impl State {
     /// (11:9), LBAFU (13:12); NSID one namespace or FFFFFFFFh for all. The
     /// data is erased (reads as zeros afterwards) and Identify Namespace
     /// reports the new format. Invalid Format (Command Specific 0Ah) for a
-    /// format index past NLBAF, PI without room for the 8-byte tuple, or a
-    /// Secure Erase Setting other than 0 or 1.
+    /// format index past NLBAF, PI without room for the 8-byte tuple, a PI
+    /// type or location the namespace's DPC does not offer, or a Secure
+    /// Erase Setting other than 0 or 1.
     fn format_nvm(&mut self, cmd: &Command) -> Outcome {
         const INVALID_FORMAT: Status = Status::new(1, 0x0a);
         let cdw10 = cmd.cdw(10);
@@ -64,6 +65,17 @@ impl State {
                 None => return Outcome::err(Status::INVALID_NAMESPACE.with_dnr()),
             }
         };
+        // PI type and location must be among those the namespace reports
+        // (DPC bits 2:0 the types, bit 3 first, bit 4 last 8 bytes).
+        let location = if pil { 1 << 3 } else { 1 << 4 };
+        if pi != 0
+            && targets.iter().any(|&i| {
+                let dpc = self.namespaces[i].cfg.dpc;
+                dpc & (1 << (pi - 1)) == 0 || dpc & location == 0
+            })
+        {
+            return Outcome::err(INVALID_FORMAT.with_dnr());
+        }
         for i in targets {
             let ns = &mut self.namespaces[i];
             // The capacity in bytes stays; the block count follows the new

@@ -210,6 +210,10 @@ pub struct NamespaceConfig {
     pub pi_type: u8,
     /// DPS bit 3: the PI tuple is the first 8 bytes of the metadata.
     pub pi_first: bool,
+    /// DPC, the protection capabilities reported: bits 2:0 PI Types 1–3,
+    /// bit 3 PI in the first 8 metadata bytes, bit 4 in the last 8
+    /// (default 0x1f, everything, as QEMU's nvme-ns).
+    pub dpc: u8,
 }
 
 impl NamespaceConfig {
@@ -245,6 +249,7 @@ impl Default for NamespaceConfig {
             extended: false,
             pi_type: 0,
             pi_first: false,
+            dpc: 0x1f,
         }
     }
 }

@@ -92,7 +92,7 @@ pub(crate) fn namespace(ns: &Namespace) -> Vec<u8> {
     // FLBAS: format index (3:0), bit 4 extended LBA.
     p[26] = ns.cfg.format_index().unwrap_or(0) as u8 | u8::from(ns.cfg.extended) << 4;
     p[27] = 0x3; // MC: extended LBA (bit 0) and separate buffer (bit 1)
-    p[28] = 0x1f; // DPC: Types 1, 2, 3; PI first or last 8 bytes
+    p[28] = ns.cfg.dpc; // DPC: PI types (2:0), PI first (3) or last (4) 8 bytes
     p[29] = ns.cfg.pi_type | u8::from(ns.cfg.pi_first) << 3; // DPS
     p[30] = 0; // NMIC
     // DLFEAT: deallocated blocks read as zeroes (001b), Write Zeroes
