@@ -364,11 +364,15 @@ impl<D: Device> Controller<D> {
         })
     }
 
-    /// Raw admin command passthrough: the command's CID and PRPs are filled in
-    /// by the driver; `data_len` bytes of data (0 for none) are transferred
-    /// through a driver-owned buffer: for a command that writes to the host,
-    /// the data is returned; for one that reads from the host, pass it in
-    /// `data_out`. Returns the completion entry and the data buffer's contents.
+    /// Raw admin command passthrough: the command's CID is filled in by the
+    /// driver; `data_len` bytes of data (0 for none) are transferred through
+    /// a driver-owned buffer: for a command that writes to the host, the data
+    /// is returned; for one that reads from the host, pass it in `data_out`.
+    /// With data the driver also fills in the data pointer (PRP1/PRP2, PSDT
+    /// 00b); with none the SQE's own PRP1/PRP2 and PSDT are sent as given
+    /// (e.g. a queue's memory for Create I/O Completion Queue), and whatever
+    /// they point at is the caller's to keep mapped until the command
+    /// completes. Returns the completion entry and the data buffer's contents.
     ///
     /// An error status is returned as [`Error::Command`].
     ///
@@ -1088,6 +1092,8 @@ fn admin_data_buffer<D: Device>(
         )));
     }
     let buf = dev.alloc_dma(len)?;
+    // PRPs (PSDT 00b), whatever the caller's SQE said.
+    sqe.set_psdt(0);
     sqe.set_prp1(buf.iova());
     let list = match pages {
         1 => None,

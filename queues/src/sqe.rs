@@ -443,7 +443,8 @@ impl Sqe {
         ((self.dw[0] >> 14) & 0x3) as u8
     }
 
-    /// Sets CDW0.PSDT (2 bits). upnvme only uses PRPs (00b).
+    /// Sets CDW0.PSDT (2 bits): 00b PRPs, 01b SGL with MPTR an address,
+    /// 10b SGL with MPTR a descriptor.
     pub fn set_psdt(&mut self, psdt: u8) {
         self.dw[0] = (self.dw[0] & !(0x3 << 14)) | ((u32::from(psdt) & 0x3) << 14);
     }

@@ -359,6 +359,23 @@ fn admin_passthrough_with_data_and_errors() {
     sqe.set_cid(0xbeef);
     c.admin_passthrough(sqe, 0, None).unwrap();
     assert_ne!(m.commands_seen().last().unwrap().2, 0xbeef);
+    // With data the data pointer is the driver's: PRPs into its own buffer,
+    // whatever PSDT and PRP1 the caller left in the SQE.
+    let mut sqe = Sqe::identify(1, 0, 0);
+    sqe.set_psdt(1);
+    sqe.set_prp1(0xdead_0000);
+    let (cqe, data) = c.admin_passthrough(sqe, 4096, None).unwrap();
+    assert!(cqe.status().is_success());
+    assert_eq!(
+        String::from_utf8_lossy(&data[24..64]).trim_end(),
+        "passthrough ctrl"
+    );
+    let (_, raw) = *m.recent_commands().last().unwrap();
+    assert_eq!(raw[1] >> 6, 0, "PSDT 00b");
+    assert_ne!(
+        u64::from_le_bytes(raw[24..32].try_into().unwrap()),
+        0xdead_0000
+    );
     drop(c);
     assert_clean(&m);
 }
