@@ -222,13 +222,15 @@ pub fn list_pages(pieces: usize, page_size: usize) -> usize {
     }
 }
 
-/// Most Data Blocks `pages` list pages of `page_size` bytes can hold.
+/// Most Data Blocks `pages` list pages of `page_size` bytes can hold (1, the
+/// SGL1 descriptor alone, when a page cannot hold two descriptors;
+/// saturating for absurd counts).
 pub fn max_pieces(pages: usize, page_size: usize) -> usize {
     let per_page = page_size / DESCRIPTOR_SIZE;
-    match pages {
-        0 => 1,
-        p => p * (per_page - 1) + 1,
+    if pages == 0 || per_page < 2 {
+        return 1;
     }
+    pages.saturating_mul(per_page - 1).saturating_add(1)
 }
 
 fn check_piece(iova: u64, len: usize, support: SglSupport) -> Result<u32, SglError> {
@@ -511,6 +513,11 @@ mod tests {
         assert_eq!(list_pages(512, PS), 3);
         assert_eq!(max_pieces(1, PS), 256);
         assert_eq!(max_pieces(2, PS), 511);
+        // No panic or wrap on sizes that cannot hold a list, or absurd counts.
+        assert_eq!(max_pieces(0, PS), 1);
+        assert_eq!(max_pieces(3, 0), 1);
+        assert_eq!(max_pieces(3, 16), 1);
+        assert_eq!(max_pieces(usize::MAX, PS), usize::MAX);
         assert_eq!(list_slots(257, PS), 258);
     }
 
