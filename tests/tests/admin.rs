@@ -440,40 +440,45 @@ fn admin_timeout_fails_the_controller_and_keeps_memory_safe() {
     assert_clean(&m);
 }
 
-#[test]
-fn an_admin_timeout_quarantines_the_prp_list_page_too() {
-    // A 16 KiB Get Log Page: PRP1 the first page, PRP2 a PRP List page. The
-    // command times out; the device may still read the list and write
-    // through it, so neither the data pages nor the list page may be handed
-    // out again before the controller is disabled.
-    let m = model();
+/// A controller with a 150 ms admin timeout whose next admin `opcode`
+/// command gets its completion held back.
+fn with_held_admin(
+    m: &upnvme_tests::ModelController,
+    opcode: u8,
+) -> upnvme::Controller<upnvme_tests::ModelController> {
     let c = open(
-        &m,
+        m,
         ControllerOptions {
             admin_timeout: Some(Duration::from_millis(150)),
             ..opts()
         },
     );
     m.inject(Fault::DelayCompletion {
-        on: on_admin(admin_op::GET_LOG_PAGE),
+        on: on_admin(opcode),
         doorbells: None,
     });
-    let e = c
-        .get_log_page(log_id::FIRMWARE_SLOT, 0xffff_ffff, 4 * 4096, 0)
-        .unwrap_err();
-    assert!(matches!(e, Error::Timeout { .. }), "{e:?}");
-    let (_, sqe) = *m
-        .recent_commands()
+    c
+}
+
+/// The last admin command with `opcode` the model fetched, as its 64 bytes.
+fn last_admin_sqe(m: &upnvme_tests::ModelController, opcode: u8) -> [u8; 64] {
+    m.recent_commands()
         .iter()
         .rev()
-        .find(|(q, raw)| *q == 0 && raw[0] == admin_op::GET_LOG_PAGE)
-        .expect("the Get Log Page was fetched");
-    let qword = |o: usize| u64::from_le_bytes(sqe[o..o + 8].try_into().unwrap());
-    let (prp1, list) = (qword(24), qword(32));
-    let held = [(prp1, 4 * 4096u64), (list, 4096)];
+        .find(|(q, raw)| *q == 0 && raw[0] == opcode)
+        .map(|&(_, raw)| raw)
+        .expect("the command was fetched")
+}
+
+/// Fresh 4 KiB allocations overlap none of the `held` (IOVA, length) ranges
+/// the device may still use.
+fn assert_not_handed_out(
+    c: &upnvme::Controller<upnvme_tests::ModelController>,
+    held: &[(u64, u64)],
+) {
     let fresh: Vec<_> = (0..16).map(|_| c.alloc_dma(4096).unwrap()).collect();
     for b in &fresh {
-        for &(iova, len) in &held {
+        for &(iova, len) in held {
             assert!(
                 !(b.iova() < iova + len && iova < b.iova() + b.len() as u64),
                 "buffer at {:#x} overlaps memory the device may still use at {iova:#x} (+{len})",
@@ -481,7 +486,24 @@ fn an_admin_timeout_quarantines_the_prp_list_page_too() {
             );
         }
     }
-    drop(fresh);
+}
+
+#[test]
+fn an_admin_timeout_quarantines_the_prp_list_page_too() {
+    // A 16 KiB Get Log Page: PRP1 the first page, PRP2 a PRP List page. The
+    // command times out; the device may still read the list and write
+    // through it, so neither the data pages nor the list page may be handed
+    // out again before the controller is disabled.
+    let m = model();
+    let c = with_held_admin(&m, admin_op::GET_LOG_PAGE);
+    let e = c
+        .get_log_page(log_id::FIRMWARE_SLOT, 0xffff_ffff, 4 * 4096, 0)
+        .unwrap_err();
+    assert!(matches!(e, Error::Timeout { .. }), "{e:?}");
+    let sqe = last_admin_sqe(&m, admin_op::GET_LOG_PAGE);
+    let qword = |o: usize| u64::from_le_bytes(sqe[o..o + 8].try_into().unwrap());
+    let (prp1, list) = (qword(24), qword(32));
+    assert_not_handed_out(&c, &[(prp1, 4 * 4096u64), (list, 4096)]);
     c.close().unwrap();
     assert_eq!(m.release_delayed(), 0, "the reset forgot the command");
     assert_clean(&m);
@@ -493,38 +515,14 @@ fn a_queue_creation_that_times_out_keeps_the_queue_memory() {
     // create the CQ and post to it, so its memory is not handed out again
     // before the controller is disabled.
     let m = model();
-    let c = open(
-        &m,
-        ControllerOptions {
-            admin_timeout: Some(Duration::from_millis(150)),
-            ..opts()
-        },
-    );
-    m.inject(Fault::DelayCompletion {
-        on: on_admin(admin_op::CREATE_IO_CQ),
-        doorbells: None,
-    });
+    let c = with_held_admin(&m, admin_op::CREATE_IO_CQ);
     let e = c.io_queue_pair(QueuePairOptions::default()).unwrap_err();
     assert!(matches!(e, Error::Timeout { .. }), "{e:?}");
-    let (_, sqe) = *m
-        .recent_commands()
-        .iter()
-        .rev()
-        .find(|(q, raw)| *q == 0 && raw[0] == admin_op::CREATE_IO_CQ)
-        .expect("Create I/O Completion Queue was fetched");
+    let sqe = last_admin_sqe(&m, admin_op::CREATE_IO_CQ);
     let cq = u64::from_le_bytes(sqe[24..32].try_into().unwrap());
     // QSIZE (CDW10 bits 31:16, 0-based) entries of 16 bytes.
     let qsize = u64::from(u16::from_le_bytes([sqe[42], sqe[43]])) + 1;
-    let len = qsize * 16;
-    let fresh: Vec<_> = (0..16).map(|_| c.alloc_dma(4096).unwrap()).collect();
-    for b in &fresh {
-        assert!(
-            !(b.iova() < cq + len && cq < b.iova() + b.len() as u64),
-            "buffer at {:#x} overlaps the CQ at {cq:#x} (+{len})",
-            b.iova()
-        );
-    }
-    drop(fresh);
+    assert_not_handed_out(&c, &[(cq, qsize * 16)]);
     c.close().unwrap();
     assert_eq!(m.release_delayed(), 0, "the reset forgot the command");
     assert_clean(&m);
