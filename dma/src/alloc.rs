@@ -114,10 +114,7 @@ impl DmaAllocator {
             Some(Box::new(move |region: &DmaRegion, off, l| {
                 if let Some(state) = weak.upgrade()
                     && let Ok(mut s) = state.lock()
-                    && let Some(r) = s
-                        .regions
-                        .iter_mut()
-                        .find(|r| r.region.iova() == region.iova())
+                    && let Some(r) = s.regions.iter_mut().find(|r| r.region.same(region))
                 {
                     r.live = r.live.saturating_sub(1);
                     give_back(&mut r.free, off, l);
@@ -181,7 +178,7 @@ mod tests {
             self.live.fetch_add(1, Ordering::SeqCst);
             Ok(self.next.fetch_add(mem.len() as u64, Ordering::SeqCst))
         }
-        fn unmap(&self, _iova: u64, _len: usize) {
+        fn unmap(&self, _m: crate::memory::Unmapping) {
             self.live.fetch_sub(1, Ordering::SeqCst);
         }
     }
@@ -228,6 +225,73 @@ mod tests {
             mapper.live.load(Ordering::SeqCst),
             0,
             "every region unmapped"
+        );
+    }
+
+    /// Gives every mapping the same IOVA: a mapper can, and the allocator
+    /// must still tell its regions apart.
+    struct SameIova;
+    impl DmaMapper for SameIova {
+        fn map(&self, _mem: &Arc<HostMemory>) -> Result<u64, DmaError> {
+            Ok(0x20_0000)
+        }
+        fn unmap(&self, _m: crate::memory::Unmapping) {}
+    }
+
+    fn fake() -> Arc<FakeMapper> {
+        Arc::new(FakeMapper {
+            next: AtomicU64::new(0x10_0000_0000),
+            live: AtomicU64::new(0),
+        })
+    }
+
+    #[test]
+    fn detached_pages_stay_out_of_the_allocator_while_the_buffer_lives() {
+        let a = DmaAllocator::new(fake(), PageBacking::Small4K);
+        let mut buf = a.alloc(4096).unwrap();
+        let free = a.free_bytes();
+        drop(buf.detach_pages());
+        // The buffer still reads and writes its pages: nobody else may get them.
+        assert_eq!(
+            a.free_bytes(),
+            free,
+            "pages returned while the buffer lives"
+        );
+        let other = a.alloc(4096).unwrap();
+        assert_ne!(other.iova(), buf.iova());
+        buf.write_u64(0, 7).unwrap();
+        assert_eq!(other.read_u64(0).unwrap(), 0);
+        // The detached pages outlive the buffer, and both must go.
+        let pages = buf.detach_pages();
+        drop(buf);
+        assert_eq!(a.free_bytes(), free - 4096, "`other` and the pages");
+        drop(pages);
+        assert_eq!(
+            a.free_bytes(),
+            free,
+            "the pages return when the last owner goes"
+        );
+        // `into_pages` hands the ownership over whole.
+        let b = a.alloc(8192).unwrap();
+        let pages = b.into_pages();
+        assert_eq!(a.free_bytes(), free - 8192);
+        drop(pages);
+        assert_eq!(a.free_bytes(), free);
+        drop(other);
+    }
+
+    #[test]
+    fn pages_return_to_their_own_region_even_when_iovas_repeat() {
+        let a = DmaAllocator::new(Arc::new(SameIova), PageBacking::Small4K);
+        let whole = a.alloc(2 << 20).unwrap(); // fills the first region
+        let small = a.alloc(4096).unwrap(); // a second region, same IOVA
+        assert_eq!(a.regions(), 2);
+        drop(small);
+        let next = a.alloc(4096).unwrap();
+        let (w, n) = (whole.as_ptr() as usize, next.as_ptr() as usize);
+        assert!(
+            n + 4096 <= w || w + (2 << 20) <= n,
+            "a new buffer overlaps a live one: its pages went back to the wrong region"
         );
     }
 }

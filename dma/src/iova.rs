@@ -34,7 +34,8 @@ pub struct IovaAllocator {
     current: usize,
     /// Next free IOVA in `ranges[current]`.
     next: u64,
-    /// Freed blocks (iova, len), reused first-fit.
+    /// Freed blocks (iova, len), sorted, disjoint and merged where they
+    /// touch; reused first-fit.
     free: Vec<(u64, u64)>,
 }
 
@@ -42,14 +43,23 @@ pub struct IovaAllocator {
 const MIN_IOVA: u64 = 1 << 21;
 
 impl IovaAllocator {
-    /// An allocator over `ranges` (unsorted, possibly overlapping ranges are sorted
-    /// and used as given).
+    /// An allocator over `ranges` (in any order; overlapping or adjacent
+    /// ranges are merged, so no address is reachable twice).
     pub fn new(mut ranges: Vec<IovaRange>) -> Self {
         ranges.retain(|r| r.end >= r.start);
         ranges.sort_by_key(|r| r.start);
-        let next = ranges.first().map_or(0, |r| r.start.max(MIN_IOVA));
+        let mut merged: Vec<IovaRange> = Vec::with_capacity(ranges.len());
+        for r in ranges {
+            match merged.last_mut() {
+                Some(last) if r.start <= last.end.saturating_add(1) => {
+                    last.end = last.end.max(r.end);
+                }
+                _ => merged.push(r),
+            }
+        }
+        let next = merged.first().map_or(0, |r| r.start.max(MIN_IOVA));
         IovaAllocator {
-            ranges,
+            ranges: merged,
             current: 0,
             next,
             free: Vec::new(),
@@ -68,16 +78,28 @@ impl IovaAllocator {
                 "IOVA block of {size} bytes aligned to {align}"
             )));
         }
-        if let Some(i) = self
-            .free
-            .iter()
-            .position(|&(iova, len)| len >= size && iova % align == 0)
-        {
-            let (iova, len) = self.free.swap_remove(i);
-            if len > size {
-                self.free.push((iova + size, len - size));
+        // First fit among the freed blocks, at the first aligned address
+        // inside one; what is left before and after stays free.
+        let fit = self.free.iter().enumerate().find_map(|(i, &(iova, len))| {
+            let aligned = iova.checked_add(align - 1)? & !(align - 1);
+            let end = iova + len; // freed blocks never wrap (see `free`)
+            (aligned.checked_add(size)? <= end).then_some((i, aligned, end))
+        });
+        if let Some((i, aligned, end)) = fit {
+            let iova = self.free[i].0;
+            let after = (aligned + size, end - (aligned + size));
+            match (aligned > iova, after.1 > 0) {
+                (true, true) => {
+                    self.free[i].1 = aligned - iova;
+                    self.free.insert(i + 1, after);
+                }
+                (true, false) => self.free[i].1 = aligned - iova,
+                (false, true) => self.free[i] = after,
+                (false, false) => {
+                    self.free.remove(i);
+                }
             }
-            return Ok(iova);
+            return Ok(aligned);
         }
         while self.current < self.ranges.len() {
             let r = self.ranges[self.current];
@@ -108,9 +130,30 @@ impl IovaAllocator {
         })
     }
 
-    /// Returns a block to the allocator.
+    /// Returns a block to the allocator; it merges with the free blocks it
+    /// touches, so blocks freed one by one serve a larger allocation again.
+    /// A block of 0 bytes, one that wraps around the address space, or one
+    /// that overlaps a block already free (a double free) is ignored.
     pub fn free(&mut self, iova: u64, size: u64) {
-        self.free.push((iova, size));
+        let Some(end) = iova.checked_add(size).filter(|_| size != 0) else {
+            return;
+        };
+        let i = self.free.partition_point(|&(o, _)| o < iova);
+        let prev_end = i.checked_sub(1).map(|p| self.free[p].0 + self.free[p].1);
+        if prev_end.is_some_and(|e| e > iova) || self.free.get(i).is_some_and(|n| n.0 < end) {
+            return;
+        }
+        let joins_prev = prev_end == Some(iova);
+        let joins_next = self.free.get(i).is_some_and(|n| n.0 == end);
+        match (joins_prev, joins_next) {
+            (true, true) => {
+                self.free[i - 1].1 += size + self.free[i].1;
+                self.free.remove(i);
+            }
+            (true, false) => self.free[i - 1].1 += size,
+            (false, true) => self.free[i] = (iova, size + self.free[i].1),
+            (false, false) => self.free.insert(i, (iova, size)),
+        }
     }
 }
 
@@ -176,5 +219,50 @@ mod tests {
         assert!(a.alloc(0x20_0000, 0x20_0000).is_ok());
         assert!(a.alloc(0x20_0000, 0x20_0000).is_ok());
         assert!(a.alloc(0x20_0000, 0x20_0000).is_err());
+    }
+
+    #[test]
+    fn overlapping_ranges_never_hand_out_an_address_twice() {
+        let mut a = IovaAllocator::new(vec![
+            IovaRange {
+                start: 0x20_0000,
+                end: 0x7f_ffff,
+            },
+            IovaRange {
+                start: 0x40_0000,
+                end: 0x9f_ffff,
+            },
+        ]);
+        assert_eq!(a.ranges().len(), 1);
+        let got: Vec<u64> = (0..4)
+            .map(|_| a.alloc(0x20_0000, 0x20_0000).unwrap())
+            .collect();
+        let mut sorted = got.clone();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(sorted.len(), 4, "{got:x?}");
+        assert!(a.alloc(0x20_0000, 0x20_0000).is_err());
+    }
+
+    #[test]
+    fn freed_neighbours_merge_and_double_frees_are_ignored() {
+        let mut a = IovaAllocator::new(vec![IovaRange {
+            start: 0x20_0000,
+            end: 0x5f_ffff,
+        }]);
+        let x = a.alloc(0x20_0000, 0x20_0000).unwrap();
+        let y = a.alloc(0x20_0000, 0x20_0000).unwrap();
+        assert_eq!(y, x + 0x20_0000);
+        a.free(y, 0x20_0000);
+        a.free(x, 0x20_0000);
+        a.free(x, 0x1000); // already free: ignored
+        // The two halves serve one 4 MiB block again, and nothing else fits.
+        assert_eq!(a.alloc(0x40_0000, 0x20_0000).unwrap(), x);
+        assert!(a.alloc(0x1000, 0x1000).is_err());
+        a.free(x, 0x40_0000);
+        // An aligned block inside a free one that starts unaligned.
+        assert_eq!(a.alloc(0x1000, 0x1000).unwrap(), x);
+        assert_eq!(a.alloc(0x20_0000, 0x20_0000).unwrap(), x + 0x20_0000);
+        assert_eq!(a.alloc(0x1000, 0x1000).unwrap(), x + 0x1000);
     }
 }

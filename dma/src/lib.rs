@@ -47,7 +47,7 @@ pub use iova::{IovaAllocator, IovaRange};
 /// The `memmap2` crate whose `MmapMut` [`RegisteredMemory`] takes, re-exported
 /// so applications use the same version.
 pub use memmap2;
-pub use memory::{DmaBuffer, DmaPages, DmaRegion, PageBacking};
+pub use memory::{DmaBuffer, DmaPages, DmaRegion, PageBacking, Unmapping};
 pub use mmio::Bar;
 pub use pci::{PciAddress, Sysfs};
 pub use pool::{DmaPool, NotFromThisPool};

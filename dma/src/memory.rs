@@ -416,20 +416,60 @@ fn hugepage_error(bytes: usize, page: usize, dir: &str) -> DmaError {
 
 /// Something that makes [`HostMemory`] reachable by a device and returns its
 /// IOVA: the VFIO container, or an emulated controller in tests.
+///
+/// Only a [`DmaRegion`] removes a mapping, when its last handle goes: the
+/// [`Unmapping`] that [`DmaMapper::unmap`] takes cannot be made outside this
+/// crate, so no other code can unmap memory a buffer still uses (its IOVA
+/// would be handed out again, and two buffers would share one device
+/// address).
 pub trait DmaMapper: Send + Sync {
-    /// Maps `mem` for device reads and writes; returns the IOVA of its first byte.
+    /// Maps `mem` for device reads and writes; returns the IOVA of its first
+    /// byte. A live mapping's IOVA range must not overlap any other live
+    /// mapping's.
     fn map(&self, mem: &Arc<HostMemory>) -> Result<u64, DmaError>;
     /// Removes the mapping made by [`DmaMapper::map`]. When it returns, the
     /// device can no longer reach the memory, and the mapper holds no
     /// handle (`Arc`) of it any more: an application's registered memory is
     /// handed back only when nothing else holds it
-    /// ([`crate::RegisteredMemory::unregister`]).
-    fn unmap(&self, iova: u64, len: usize);
+    /// ([`crate::RegisteredMemory::unregister`]). The mapper may keep the
+    /// IOVA range reserved (never hand it out again) when it cannot be sure
+    /// the mapping is gone.
+    fn unmap(&self, mapping: Unmapping);
     /// The IOVA ranges this mapper allocates from (empty when it does not
     /// know them): lets a registration that can never fit be refused with
     /// a message saying so.
     fn iova_ranges(&self) -> Vec<crate::IovaRange> {
         Vec::new()
+    }
+}
+
+/// The mapping [`DmaMapper::unmap`] removes: made only by this crate, when
+/// the last handle of a [`DmaRegion`] goes away.
+///
+/// ```compile_fail
+/// // Code outside the crate cannot name a mapping to remove.
+/// let m = upnvme_dma::Unmapping { iova: 0x1000, len: 4096 };
+/// ```
+#[derive(Debug)]
+pub struct Unmapping {
+    iova: u64,
+    len: usize,
+}
+
+impl Unmapping {
+    /// IOVA of the mapping's first byte (what [`DmaMapper::map`] returned).
+    pub fn iova(&self) -> u64 {
+        self.iova
+    }
+
+    /// Length of the mapping in bytes (the memory's length).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: mappings are never empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
     }
 }
 
@@ -442,7 +482,10 @@ struct RegionInner {
 impl Drop for RegionInner {
     fn drop(&mut self) {
         // The device must lose access before the memory is returned to the OS.
-        self.mapper.unmap(self.iova, self.mem.len());
+        self.mapper.unmap(Unmapping {
+            iova: self.iova,
+            len: self.mem.len(),
+        });
     }
 }
 
@@ -495,6 +538,12 @@ impl DmaRegion {
     /// The host memory behind the region.
     pub fn memory(&self) -> &Arc<HostMemory> {
         &self.inner.mem
+    }
+
+    /// Whether `other` is a handle of this same region (not merely one at
+    /// the same IOVA).
+    pub(crate) fn same(&self, other: &DmaRegion) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
     }
 
     /// Makes existing host memory device-visible through `mapper`.
@@ -726,27 +775,45 @@ impl DmaBuffer {
         self.inner.pool
     }
 
-    /// Moves the ownership of this buffer's pages into a [`DmaPages`]: `self`
-    /// stays a valid view of the same memory, but dropping it no longer returns
-    /// the pages to their allocator — dropping the `DmaPages` does. `DmaPages`
-    /// gives no access to the memory, so no second handle to it exists. Used
+    /// A [`DmaPages`] that keeps this buffer's pages out of the allocator
+    /// (and mapped) until it is dropped, whatever happens to the buffer:
+    /// the pages' ownership becomes shared between `self` and the returned
+    /// value, and they go back only when both are gone. `DmaPages` gives no
+    /// access to the memory, so this makes no second accessor of it. Used
     /// to quarantine memory the device may still access while its accessor
-    /// (a queue's ring) goes away.
+    /// (a queue's ring, a pair's PRP List pages) goes away.
+    ///
+    /// ```
+    /// # fn f(a: &upnvme_dma::DmaAllocator) -> Result<(), upnvme_dma::DmaError> {
+    /// let mut buf = a.alloc(4096)?;
+    /// drop(buf.detach_pages());
+    /// // Still this buffer's: the allocator hands out other pages.
+    /// assert_ne!(a.alloc(4096)?.iova(), buf.iova());
+    /// # Ok(()) }
+    /// ```
     pub fn detach_pages(&mut self) -> DmaPages {
         let i = &mut *self.inner;
-        DmaPages {
-            _inner: Box::new(BufferInner {
-                base: i.base,
-                len: i.len,
-                iova: i.iova,
-                pool: 0,
-                offset: i.offset,
-                mem: i.mem.clone(),
-                region: i.region.clone(),
-                release: i.release.take(),
-                parent: i.parent.clone(),
-            }),
-        }
+        let view = |release, parent| BufferInner {
+            base: i.base,
+            len: i.len,
+            iova: i.iova,
+            pool: 0,
+            offset: i.offset,
+            mem: i.mem.clone(),
+            region: i.region.clone(),
+            release,
+            parent,
+        };
+        // The pages' owner (the allocator's release and the parent this
+        // buffer kept alive), shared by the buffer and the returned pages.
+        let owner = Arc::new(DmaPages {
+            _inner: Box::new(view(i.release.take(), i.parent.take())),
+        });
+        let pages = DmaPages {
+            _inner: Box::new(view(None, Some(owner.clone()))),
+        };
+        i.parent = Some(owner);
+        pages
     }
 
     /// Makes this buffer keep `parent` alive until it is dropped (after its
@@ -758,9 +825,10 @@ impl DmaBuffer {
         self
     }
 
-    /// The buffer's pages without access to them (see [`DmaBuffer::detach_pages`]).
-    pub fn into_pages(mut self) -> DmaPages {
-        self.detach_pages()
+    /// The buffer's pages without access to them: they go back to their
+    /// allocator when the returned value is dropped.
+    pub fn into_pages(self) -> DmaPages {
+        DmaPages { _inner: self.inner }
     }
 
     /// Length in bytes.
@@ -793,7 +861,7 @@ impl DmaBuffer {
     /// (`new` checks `offset + len <= region.len()`, the mapping's length),
     /// so no second check against the mapping is needed.
     #[inline(always)]
-    fn ptr(&self, offset: usize, len: usize, align: usize) -> Result<*mut u8, DmaError> {
+    pub(crate) fn ptr(&self, offset: usize, len: usize, align: usize) -> Result<*mut u8, DmaError> {
         let i = &*self.inner;
         let what = match offset.checked_add(len) {
             Some(end) if end <= i.len => {

@@ -151,7 +151,7 @@ mod tests {
         fn map(&self, _mem: &Arc<HostMemory>) -> Result<u64, DmaError> {
             Ok(0x20_0000)
         }
-        fn unmap(&self, _iova: u64, _len: usize) {}
+        fn unmap(&self, _m: crate::memory::Unmapping) {}
     }
 
     fn slab(len: usize) -> DmaBuffer {

@@ -14,7 +14,7 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::error::DmaError;
-use crate::memory::DmaBuffer;
+use crate::memory::{DmaBuffer, DmaPages};
 
 /// Bytes per submission queue entry (CC.IOSQES = 6).
 pub const SQE_BYTES: usize = 64;
@@ -68,9 +68,14 @@ impl SqMemory {
         &self.buf
     }
 
-    /// Mutable access to the buffer behind the queue (quarantine).
-    pub fn buffer_mut(&mut self) -> &mut DmaBuffer {
-        &mut self.buf
+    /// Keeps the queue's pages out of the allocator (and mapped) until the
+    /// returned value is dropped, even after this accessor is gone: the
+    /// quarantine of a queue the controller may still use (see
+    /// [`DmaBuffer::detach_pages`]). There is no `&mut` access to the
+    /// buffer itself: replacing it would leave the cached base pointer on
+    /// pages that are no longer the queue's.
+    pub fn detach_pages(&mut self) -> DmaPages {
+        self.buf.detach_pages()
     }
 
     /// Writes one SQE into slot `index` with eight 64-bit volatile stores:
@@ -161,9 +166,14 @@ impl CqMemory {
         &self.buf
     }
 
-    /// Mutable access to the buffer behind the queue (quarantine).
-    pub fn buffer_mut(&mut self) -> &mut DmaBuffer {
-        &mut self.buf
+    /// Keeps the queue's pages out of the allocator (and mapped) until the
+    /// returned value is dropped, even after this accessor is gone: the
+    /// quarantine of a queue the controller may still use (see
+    /// [`DmaBuffer::detach_pages`]). There is no `&mut` access to the
+    /// buffer itself: replacing it would leave the cached base pointer on
+    /// pages that are no longer the queue's.
+    pub fn detach_pages(&mut self) -> DmaPages {
+        self.buf.detach_pages()
     }
 
     #[inline(always)]
@@ -235,7 +245,7 @@ mod tests {
         fn map(&self, _mem: &Arc<HostMemory>) -> Result<u64, DmaError> {
             Ok(0x10_0000)
         }
-        fn unmap(&self, _iova: u64, _len: usize) {}
+        fn unmap(&self, _m: crate::memory::Unmapping) {}
     }
 
     fn buffer(len: usize) -> DmaBuffer {

@@ -611,7 +611,7 @@ mod tests {
             self.live.fetch_add(1, Ordering::SeqCst);
             Ok(self.next.fetch_add(mem.len() as u64, Ordering::SeqCst))
         }
-        fn unmap(&self, _iova: u64, _len: usize) {
+        fn unmap(&self, _m: crate::memory::Unmapping) {
             self.live.fetch_sub(1, Ordering::SeqCst);
         }
     }

@@ -53,7 +53,8 @@ impl SharedWords {
         self.buf.load_acquire_u32(offset)
     }
 
-    /// Relaxed load of the little-endian word at `offset`.
+    /// Relaxed load of the little-endian word at `offset` (an error when
+    /// the word is not inside the buffer or not 4-byte aligned in memory).
     #[inline]
     pub fn load_u32(&self, offset: usize) -> Result<u32, DmaError> {
         let p = self.word(offset)?;
@@ -78,19 +79,46 @@ impl SharedWords {
         Ok(())
     }
 
-    /// The word at `offset`, checked once.
+    /// The word at `offset`, checked once: inside the buffer and 4-byte
+    /// aligned in memory (the address, not just the offset: a buffer split
+    /// at an odd length starts off a word boundary).
     fn word(&self, offset: usize) -> Result<*mut u32, DmaError> {
-        match offset.checked_add(4) {
-            Some(end) if end <= self.buf.len() && offset % 4 == 0 => {
-                // Inside the buffer (checked), so inside its live mapping.
-                Ok(self.buf.as_ptr().wrapping_add(offset).cast::<u32>())
-            }
-            _ => Err(DmaError::OutOfBounds {
-                what: "shared DMA words",
-                offset,
-                len: 4,
-                size: self.buf.len(),
-            }),
+        self.buf.ptr(offset, 4, 4).map(<*mut u8>::cast::<u32>)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::alloc::DmaAllocator;
+    use crate::memory::{DmaMapper, HostMemory, PageBacking, Unmapping};
+    use std::sync::Arc;
+
+    struct Flat;
+    impl DmaMapper for Flat {
+        fn map(&self, _mem: &Arc<HostMemory>) -> Result<u64, DmaError> {
+            Ok(0x10_0000)
         }
+        fn unmap(&self, _m: Unmapping) {}
+    }
+
+    #[test]
+    fn words_must_be_aligned_in_memory_not_just_by_offset() {
+        let a = DmaAllocator::new(Arc::new(Flat), PageBacking::Small4K);
+        let mut pieces = a.alloc(8192).unwrap().split(4097).unwrap();
+        let odd = SharedWords::new(pieces.pop().unwrap());
+        assert_eq!(odd.iova() % 4, 1);
+        // Offset 0 is a multiple of 4 but its address is not: refused.
+        assert!(odd.load_u32(0).is_err());
+        assert!(odd.store_release_u32(0, 1).is_err());
+        assert!(odd.load_acquire_u32(0).is_err());
+        // Offset 3 is the first word-aligned address.
+        odd.store_release_u32(3, 0xa5a5_0001).unwrap();
+        assert_eq!(odd.load_u32(3).unwrap(), 0xa5a5_0001);
+        assert!(odd.load_u32(odd.len() - 3).is_err(), "past the end");
+        let even = SharedWords::new(pieces.pop().unwrap());
+        even.store_release_u32(4, 9).unwrap();
+        assert_eq!(even.load_u32(4).unwrap(), 9);
+        assert!(even.load_u32(2).is_err());
     }
 }

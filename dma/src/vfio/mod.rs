@@ -286,18 +286,25 @@ impl DmaMapper for VfioContainer {
         VfioContainer::iova_ranges(self)
     }
 
-    fn unmap(&self, iova: u64, len: usize) {
+    fn unmap(&self, mapping: crate::memory::Unmapping) {
+        let (iova, len) = (mapping.iova(), mapping.len());
         let mut u = abi::DmaUnmap {
             argsz: std::mem::size_of::<abi::DmaUnmap>() as u32,
             flags: 0,
             iova,
             size: len as u64,
         };
-        // An unmap can only fail if the mapping is already gone; either way the
-        // device has no access afterwards, and the IOVA can be reused.
         // SAFETY: the argument is `abi`'s structure for VFIO_IOMMU_UNMAP_DMA, argsz set.
-        let _ = unsafe { ioctl_ptr(&self.container, abi::VFIO_IOMMU_UNMAP_DMA, &mut u, "unmap") };
-        if let Ok(mut a) = self.iova.lock() {
+        let r = unsafe { ioctl_ptr(&self.container, abi::VFIO_IOMMU_UNMAP_DMA, &mut u, "unmap") };
+        // The IOVA range is reused only when the kernel confirmed the whole
+        // mapping gone (`size` comes back as the bytes unmapped). Otherwise
+        // the range stays reserved for the container's life: a new mapping
+        // there would fail with EEXIST, or share device addresses with
+        // whatever is still mapped.
+        if r.is_ok()
+            && u.size == len as u64
+            && let Ok(mut a) = self.iova.lock()
+        {
             a.free(iova, len as u64);
         }
     }

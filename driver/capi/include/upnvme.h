@@ -12,6 +12,9 @@
  * - A buffer passed to upnvme_read / upnvme_write belongs to the command until its
  *   callback runs (cpl->buf is the same handle): do not touch its data meanwhile.
  *   Submitting or freeing it again is refused with UPNVME_EBUSY.
+ * - A buffer handle is used by one thread at a time (it may move between threads, as
+ *   its command does); two threads calling functions on the same handle at once is
+ *   undefined behaviour, as for the pair.
  * - A queue pair (and a pool) is used by one thread at a time. Callbacks run inside
  *   upnvme_qpair_process_completions on that thread and may submit on the same pair
  *   or process completions again; destroying the pair from its callback is refused.
@@ -377,7 +380,10 @@ int upnvme_buf_free(struct upnvme_buf *buf);
 
 /**
  * The buffer's memory (valid until the handle is freed; not to be touched
- * while a command owns the buffer). NULL for a NULL handle.
+ * while a command owns the buffer). NULL for a NULL handle, and for a
+ * handle whose buffer the driver kept when its command ended without a
+ * completion (the device might still have reached it; its length and IOVA
+ * read 0 then too).
  *
  * # Safety
  * `buf` is null or a live handle.
@@ -488,9 +494,16 @@ int upnvme_qpair_create(const struct upnvme_ctrl *ctrl,
                         struct upnvme_qpair **out);
 
 /**
- * Deletes the queue pair. `UPNVME_EBUSY` (nothing done) while commands are
- * in flight — process completions until `upnvme_qpair_in_flight` is 0 —
- * or when called from one of its own callbacks. NULL is a no-op.
+ * Deletes the queue pair. With commands in flight it first delivers the
+ * completions that are ready; `UPNVME_EBUSY` (nothing done) while commands
+ * are still in flight that can complete — process completions until
+ * `upnvme_qpair_in_flight` is 0 — or when called from one of its own
+ * callbacks. When they cannot complete any more (the controller failed or
+ * was closed, or the device is gone: processing completions gives
+ * `UPNVME_ENODEV`), each ends here, once: its callback runs with
+ * `UPNVME_ENODEV` and a buffer handle without memory (`upnvme_buf_data`
+ * is NULL; free the handle with `upnvme_buf_free`), and the pair is
+ * deleted. NULL is a no-op.
  *
  * # Safety
  * `qp` is null or a live pair, not used after success.

@@ -25,6 +25,10 @@ pub struct upnvme_buf {
     pub(crate) iova: u64,
     /// The pool it came from (null: none), for `upnvme_pool_put`.
     pub(crate) pool: *const c_void,
+    /// Back in its pool's spare list (given back with `upnvme_pool_put`):
+    /// the pool owns the handle now, and every call that takes a handle
+    /// refuses it (it can only be a use after the put).
+    pub(crate) spare: bool,
 }
 
 impl upnvme_buf {
@@ -37,6 +41,7 @@ impl upnvme_buf {
             buf: Some(b),
             inflight: false,
             pool,
+            spare: false,
         }
     }
 
@@ -46,6 +51,37 @@ impl upnvme_buf {
         self.len = b.len();
         self.iova = b.iova();
         self.buf = Some(b);
+        self.spare = false;
+    }
+
+    /// The end of a command that owned the buffer: the buffer comes back,
+    /// or `None` when the driver kept it (the device might still use it;
+    /// it is freed when the controller is disabled). A kept buffer's
+    /// address, length and IOVA are cleared, so `upnvme_buf_data` gives
+    /// NULL rather than memory the handle no longer owns.
+    pub(crate) fn settle(&mut self, b: Option<DmaBuffer>) {
+        if b.is_none() {
+            self.ptr = std::ptr::null_mut();
+            self.len = 0;
+            self.iova = 0;
+        }
+        self.buf = b;
+        self.inflight = false;
+    }
+
+    /// Why this handle cannot be used now, if it cannot: in a command, or
+    /// back in its pool.
+    pub(crate) fn busy(&self) -> Option<(std::ffi::c_int, &'static str)> {
+        if self.spare {
+            return Some((
+                crate::status::UPNVME_EINVAL,
+                "the buffer was given back to its pool (upnvme_pool_put): get a new one",
+            ));
+        }
+        self.inflight.then_some((
+            crate::status::UPNVME_EBUSY,
+            "the buffer belongs to a command in flight: wait for its completion",
+        ))
     }
 }
 
@@ -77,6 +113,7 @@ impl upnvme_pool {
                 len: 0,
                 iova: 0,
                 pool: me,
+                spare: true,
             }));
         }
         p
@@ -106,7 +143,7 @@ impl upnvme_pool {
         {
             return Err(h);
         }
-        if h.inflight {
+        if h.busy().is_some() {
             return Err(h);
         }
         let Some(b) = h.buf.take() else {
@@ -116,6 +153,8 @@ impl upnvme_pool {
             Ok(()) => {
                 h.ptr = std::ptr::null_mut();
                 h.len = 0;
+                h.iova = 0;
+                h.spare = true;
                 self.spare.push(h);
                 Ok(())
             }

@@ -37,6 +37,14 @@ impl Default for upnvme_ctrl_opts {
     }
 }
 
+// SAFETY: the two `bool` fields are listed; the others are integers.
+unsafe impl crate::status::CallerOptions for upnvme_ctrl_opts {
+    const BOOLS: &'static [usize] = &[
+        std::mem::offset_of!(upnvme_ctrl_opts, no_hugepages),
+        std::mem::offset_of!(upnvme_ctrl_opts, shadow_doorbells),
+    ];
+}
+
 impl upnvme_ctrl_opts {
     /// The library's options for these.
     pub(crate) fn to_options(self) -> ControllerOptions {

@@ -309,11 +309,8 @@ pub unsafe extern "C" fn upnvme_buf_free(buf: *mut upnvme_buf) -> c_int {
         let Some(h) = (unsafe { buf.as_ref() }) else {
             return UPNVME_OK;
         };
-        if h.inflight {
-            return fail(
-                UPNVME_EBUSY,
-                "the buffer belongs to a command in flight: free it after its completion",
-            );
+        if let Some((code, why)) = h.busy() {
+            return fail(code, why);
         }
         // SAFETY: a handle made by `Box::into_raw` here, given up by the caller.
         drop(unsafe { Box::from_raw(buf) });
@@ -322,7 +319,10 @@ pub unsafe extern "C" fn upnvme_buf_free(buf: *mut upnvme_buf) -> c_int {
 }
 
 /// The buffer's memory (valid until the handle is freed; not to be touched
-/// while a command owns the buffer). NULL for a NULL handle.
+/// while a command owns the buffer). NULL for a NULL handle, and for a
+/// handle whose buffer the driver kept when its command ended without a
+/// completion (the device might still have reached it; its length and IOVA
+/// read 0 then too).
 ///
 /// # Safety
 /// `buf` is null or a live handle.
@@ -382,8 +382,14 @@ pub unsafe extern "C" fn upnvme_buf_split(
                 "upnvme_buf_split: piece_len must be > 0 and count and pieces non-NULL",
             );
         }
-        if h.inflight || h.buf.is_none() {
-            return fail(UPNVME_EBUSY, "the buffer belongs to a command in flight");
+        if let Some((code, why)) = h.busy() {
+            return fail(code, why);
+        }
+        if h.buf.is_none() {
+            return fail(
+                UPNVME_EINVAL,
+                "the buffer was kept by the driver when its last command ended: free it",
+            );
         }
         let n = h.len.div_ceil(piece_len);
         // SAFETY: valid for a write (checked non-null, the caller's contract).
@@ -473,8 +479,8 @@ pub unsafe extern "C" fn upnvme_pool_put(pool: *mut upnvme_pool, buf: *mut upnvm
         let Some(h) = (unsafe { buf.as_ref() }) else {
             return fail(UPNVME_EINVAL, "upnvme_pool_put: buf is NULL");
         };
-        if h.inflight {
-            return fail(UPNVME_EBUSY, "the buffer belongs to a command in flight");
+        if let Some((code, why)) = h.busy() {
+            return fail(code, why);
         }
         if h.pool != (p as *const upnvme_pool).cast() {
             return fail(UPNVME_EINVAL, "the buffer was not handed out by this pool");
@@ -559,33 +565,32 @@ pub unsafe extern "C" fn upnvme_qpair_create(
     })
 }
 
-/// Deletes the queue pair. `UPNVME_EBUSY` (nothing done) while commands are
-/// in flight — process completions until `upnvme_qpair_in_flight` is 0 —
-/// or when called from one of its own callbacks. NULL is a no-op.
+/// Deletes the queue pair. With commands in flight it first delivers the
+/// completions that are ready; `UPNVME_EBUSY` (nothing done) while commands
+/// are still in flight that can complete — process completions until
+/// `upnvme_qpair_in_flight` is 0 — or when called from one of its own
+/// callbacks. When they cannot complete any more (the controller failed or
+/// was closed, or the device is gone: processing completions gives
+/// `UPNVME_ENODEV`), each ends here, once: its callback runs with
+/// `UPNVME_ENODEV` and a buffer handle without memory (`upnvme_buf_data`
+/// is NULL; free the handle with `upnvme_buf_free`), and the pair is
+/// deleted. NULL is a no-op.
 ///
 /// # Safety
 /// `qp` is null or a live pair, not used after success.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn upnvme_qpair_destroy(qp: *mut upnvme_qpair) -> c_int {
     guard(|| {
-        // SAFETY: null or live (the caller's contract).
-        let Some(q) = (unsafe { qp.as_ref() }) else {
+        if qp.is_null() {
             return UPNVME_OK;
-        };
-        if q.0.in_callback() {
-            return fail(
-                UPNVME_EBUSY,
-                "a queue pair cannot be destroyed from its own callback",
-            );
         }
-        if q.0.qp.in_flight() > 0 {
-            return fail(
-                UPNVME_EBUSY,
-                format!(
-                    "{} command(s) in flight: process completions until none is left",
-                    q.0.qp.in_flight()
-                ),
-            );
+        // SAFETY: non-null and live (the caller's contract); the field
+        // pointer is taken without making a reference.
+        let inner = unsafe { &raw mut (*qp).0 };
+        // SAFETY: live, this thread's (the caller's contract).
+        let rc = unsafe { Qpair::end_for_destroy(inner) };
+        if rc != UPNVME_OK {
+            return rc;
         }
         // SAFETY: made by `Box::into_raw`, given up by the caller.
         drop(unsafe { Box::from_raw(qp) });

@@ -15,7 +15,8 @@ use upnvme::{Device, DsmRange, IoCommand, IoQueuePair, Namespace, QueuePairOptio
 
 use crate::buf::upnvme_buf;
 use crate::status::{
-    UPNVME_EBUSY, UPNVME_EINVAL, UPNVME_OK, fail, fail_error, io_error_code, reject_code,
+    UPNVME_EBUSY, UPNVME_EINVAL, UPNVME_ENODEV, UPNVME_OK, fail, fail_error, io_error_code,
+    reject_code,
 };
 
 /// Options of `upnvme_qpair_create`. Fill with `upnvme_qpair_opts_default`,
@@ -59,6 +60,15 @@ impl Default for upnvme_qpair_opts {
             sq_announce_each_command: d.sq_announce == SqAnnounce::EachCommand,
         }
     }
+}
+
+// SAFETY: the three `bool` fields are listed; the others are integers.
+unsafe impl crate::status::CallerOptions for upnvme_qpair_opts {
+    const BOOLS: &'static [usize] = &[
+        std::mem::offset_of!(upnvme_qpair_opts, shadow_doorbells),
+        std::mem::offset_of!(upnvme_qpair_opts, reap_on_submit),
+        std::mem::offset_of!(upnvme_qpair_opts, sq_announce_each_command),
+    ];
 }
 
 impl upnvme_qpair_opts {
@@ -169,6 +179,9 @@ pub struct Qpair<D: Device> {
     free: Vec<u32>,
     /// Callbacks running now (nested when a callback processes completions).
     depth: u32,
+    /// Being destroyed with commands that can never complete: their
+    /// callbacks run now, and the pair takes no more work.
+    ending: bool,
 }
 
 const NO_CTX: Ctx = Ctx {
@@ -187,12 +200,92 @@ impl<D: Device> Qpair<D> {
             ctxs: vec![NO_CTX; depth],
             free: (0..depth as u32).rev().collect(),
             depth: 0,
+            ending: false,
         }
     }
 
     /// Whether a callback of this pair is running (destroy is refused then).
     pub(crate) fn in_callback(&self) -> bool {
         self.depth > 0
+    }
+
+    /// Readies the pair for destroy: `UPNVME_OK` when it may be freed now.
+    /// With commands in flight it first delivers what is ready; what is
+    /// still in flight then can complete later (`UPNVME_EBUSY`: process
+    /// completions and retry) unless the controller cannot take commands
+    /// any more (failed, closed, or the device is gone). Those commands
+    /// would never complete, so each ends here, once: its callback runs
+    /// with `UPNVME_ENODEV`, and its buffer handle comes back without its
+    /// buffer (the driver keeps the memory while the device might still
+    /// reach it; the handle is freed with `upnvme_buf_free`). The pair
+    /// refuses submissions while these callbacks run.
+    ///
+    /// # Safety
+    /// As [`Qpair::process_completions`].
+    pub unsafe fn end_for_destroy(this: *mut Self) -> c_int {
+        // SAFETY: live, this thread's; no callback runs inside this block.
+        let me = unsafe { &mut *this };
+        if me.in_callback() {
+            return fail(
+                UPNVME_EBUSY,
+                "a queue pair cannot be destroyed from its own callback",
+            );
+        }
+        if me.qp.in_flight() == 0 {
+            return UPNVME_OK;
+        }
+        // SAFETY: as above (no reference to the pair is held across it).
+        let rc = unsafe { Self::process_completions(this, 0) };
+        // SAFETY: as above.
+        let me = unsafe { &mut *this };
+        let left = me.qp.in_flight();
+        if left == 0 {
+            return UPNVME_OK;
+        }
+        if rc != UPNVME_ENODEV {
+            return fail(
+                UPNVME_EBUSY,
+                format!("{left} command(s) in flight: process completions until none is left"),
+            );
+        }
+        me.ending = true;
+        let mut is_free = vec![false; me.ctxs.len()];
+        for &f in &me.free {
+            if let Some(x) = is_free.get_mut(f as usize) {
+                *x = true;
+            }
+        }
+        let ended: Vec<Ctx> = (0..me.ctxs.len())
+            .filter(|&i| !is_free[i])
+            .map(|i| std::mem::replace(&mut me.ctxs[i], NO_CTX))
+            .collect();
+        for ctx in &ended {
+            if !ctx.buf.is_null() {
+                // SAFETY: the handle was live at submission and cannot be
+                // freed while in flight (`upnvme_buf_free` refuses).
+                unsafe { (*ctx.buf).settle(None) };
+            }
+        }
+        me.depth += 1;
+        for ctx in ended {
+            let cpl = upnvme_cpl {
+                status: UPNVME_ENODEV,
+                sct: 0,
+                sc: 0,
+                dnr: false,
+                dw0: 0,
+                buf: ctx.buf,
+            };
+            if let Some(cb) = ctx.cb {
+                // SAFETY: a C function pointer given at submission, called
+                // once with its own argument; no reference to the pair is
+                // held (the callback may call into it: it is refused).
+                unsafe { cb(ctx.arg, &cpl) };
+            }
+        }
+        // SAFETY: as above; the callbacks have returned.
+        unsafe { (*this).depth -= 1 };
+        UPNVME_OK
     }
 
     /// Submits `cmd` on namespace `nsid`; `buf` is required for Read and
@@ -208,6 +301,12 @@ impl<D: Device> Qpair<D> {
         cb: upnvme_cmd_cb,
         arg: *mut c_void,
     ) -> c_int {
+        if self.ending {
+            return fail(
+                UPNVME_ENODEV,
+                "the queue pair is being destroyed: its controller cannot take commands",
+            );
+        }
         let Some(ns) = self.nss.iter().find(|n| n.id() == nsid) else {
             return fail(
                 UPNVME_EINVAL,
@@ -236,11 +335,8 @@ impl<D: Device> Qpair<D> {
             let Some(h) = handle else {
                 return fail(UPNVME_EINVAL, "Read and Write need a buffer (buf is NULL)");
             };
-            if h.inflight {
-                return fail(
-                    UPNVME_EBUSY,
-                    "the buffer belongs to a command in flight: wait for its completion",
-                );
+            if let Some((code, why)) = h.busy() {
+                return fail(code, why);
             }
             let Some(b) = h.buf.take() else {
                 return fail(
@@ -317,8 +413,7 @@ impl<D: Device> Qpair<D> {
                     // SAFETY: `kept` is `buf`, live (see above); the
                     // reference taken above is no longer used.
                     let h = unsafe { &mut *kept };
-                    h.buf = r.buffer;
-                    h.inflight = false;
+                    h.settle(r.buffer);
                 }
                 fail(reject_code(r.reason), self.qp.describe(r.reason))
             }
@@ -333,6 +428,13 @@ impl<D: Device> Qpair<D> {
     /// is held while a callback runs, so callbacks may call back into the
     /// pair through their own pointer.
     pub unsafe fn process_completions(this: *mut Self, max: u32) -> c_int {
+        // SAFETY: live, this thread's.
+        if unsafe { (*this).ending } {
+            return fail(
+                UPNVME_ENODEV,
+                "the queue pair is being destroyed: its controller cannot take commands",
+            );
+        }
         let mut n: u32 = 0;
         while max == 0 || n < max {
             let (ctx, cpl) = {
@@ -354,8 +456,7 @@ impl<D: Device> Qpair<D> {
                     // SAFETY: the handle was live at submission and cannot be
                     // freed while in flight (`upnvme_buf_free` refuses).
                     let h = unsafe { &mut *ctx.buf };
-                    h.buf = c.buffer;
-                    h.inflight = false;
+                    h.settle(c.buffer);
                 }
                 let (status, sct, sc, dnr) = match &c.result {
                     Ok(_) => (UPNVME_OK, 0, 0, false),

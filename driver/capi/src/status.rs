@@ -138,27 +138,55 @@ pub(crate) fn guard_or<T>(default: T, f: impl FnOnce() -> T) -> T {
     })
 }
 
+/// An options struct the C caller fills: its first field is its `size`
+/// (u32), and `BOOLS` lists the byte offsets of its `bool` fields.
+///
+/// # Safety
+/// `BOOLS` must name every `bool` field of the type (by `offset_of!`), and
+/// every other field must be valid for any bit pattern (integers).
+pub(crate) unsafe trait CallerOptions: Copy + Default {
+    /// Offsets of the `bool` fields.
+    const BOOLS: &'static [usize];
+}
+
 /// Reads an options struct whose first field is its `size` as the caller
 /// compiled it: only that many bytes are read over the defaults, so a program
-/// built against an older, shorter struct stays sound.
+/// built against an older, shorter struct stays sound. A `bool` field the
+/// caller left with any byte other than 0 or 1 (a struct cleared with
+/// `memset(&o, 0xff, ...)`, an uninitialised field) reads as true: its byte
+/// is normalised before the bytes become a Rust value, where 0 and 1 are the
+/// only valid `bool`s.
 ///
 /// # Safety
 /// `p` is null or points to at least `(*p).size` readable bytes (and at
 /// least 4).
-pub(crate) unsafe fn read_sized<T: Copy + Default>(p: *const T) -> T {
-    let mut out = T::default();
+pub(crate) unsafe fn read_sized<T: CallerOptions>(p: *const T) -> T {
+    let mut out = std::mem::MaybeUninit::new(T::default());
     if p.is_null() {
-        return out;
+        return T::default();
     }
     // SAFETY: the first field of every options struct is its u32 size, and
     // `p` points to at least 4 readable bytes (the caller's contract).
     let size = unsafe { p.cast::<u32>().read_unaligned() } as usize;
     let n = size.min(std::mem::size_of::<T>());
+    let dst = out.as_mut_ptr().cast::<u8>();
     // SAFETY: `n` bytes are readable at `p` (the caller's contract) and
-    // writable in `out`; every field is plain data for which any bytes the
-    // caller set are its own choice (bools are checked by C's own type).
-    unsafe { std::ptr::copy_nonoverlapping(p.cast::<u8>(), (&raw mut out).cast::<u8>(), n) };
-    out
+    // writable in `out`; the copy is of bytes into a `MaybeUninit`, so no
+    // Rust value exists yet.
+    unsafe { std::ptr::copy_nonoverlapping(p.cast::<u8>(), dst, n) };
+    for &off in T::BOOLS {
+        let b = dst.wrapping_add(off);
+        // SAFETY: `off` is a field offset inside `T` (the trait's contract),
+        // so `b` is inside `out`; the byte is initialised (the default's, or
+        // the caller's just copied over it).
+        let v = unsafe { b.read() };
+        // SAFETY: as above.
+        unsafe { b.write(u8::from(v != 0)) };
+    }
+    // SAFETY: every byte of every field is initialised (from the default,
+    // then the caller's bytes); integers are valid for any bits, and each
+    // `bool` field holds 0 or 1 now (the trait's contract names them all).
+    unsafe { out.assume_init() }
 }
 
 /// Static text for a code.

@@ -322,6 +322,158 @@ fn pools_hand_out_and_take_back_their_own_buffers_only() {
 }
 
 #[test]
+fn a_handle_given_back_to_its_pool_is_refused_everywhere() {
+    let (m, c) = model();
+    let mut qp = pair(&c, 8);
+    let p = Box::into_raw(upnvme_pool::new(c.dma_pool(4096, 2).unwrap()));
+    // SAFETY: a live pool, this thread's.
+    let b = unsafe { crate::upnvme_pool_get(p) };
+    assert!(!b.is_null());
+    // SAFETY: live pool, handle from it.
+    assert_eq!(unsafe { crate::upnvme_pool_put(p, b) }, UPNVME_OK);
+    // `b` is the pool's again (a use after the put, but the pool keeps the
+    // handle alive, so it is detected instead of freeing what the pool lists).
+    // SAFETY: the handle's memory is alive (in the pool's spare list).
+    assert_eq!(unsafe { upnvme_buf_free(b) }, UPNVME_EINVAL);
+    assert!(
+        last_error().contains("given back to its pool"),
+        "{}",
+        last_error()
+    );
+    // SAFETY: as above.
+    assert_eq!(unsafe { crate::upnvme_pool_put(p, b) }, UPNVME_EINVAL);
+    let read = Cmd::Read { slba: 0, blocks: 8 };
+    // SAFETY: as above.
+    let rc = unsafe { qp.submit(1, read, b, None, std::ptr::null_mut()) };
+    assert_eq!(rc, UPNVME_EINVAL);
+    // SAFETY: as above.
+    assert!(unsafe { upnvme_buf_data(b) }.is_null());
+    // The pool still has both buffers and hands the handle out again.
+    // SAFETY: live pool.
+    assert_eq!(unsafe { crate::upnvme_pool_available(p) }, 2);
+    // SAFETY: live pool.
+    let x = unsafe { crate::upnvme_pool_get(p) };
+    // SAFETY: live pool.
+    let y = unsafe { crate::upnvme_pool_get(p) };
+    assert!(!x.is_null() && !y.is_null() && (x == b || y == b));
+    // SAFETY: a handed-out handle: usable again.
+    let rc = unsafe { qp.submit(1, read, b, None, std::ptr::null_mut()) };
+    assert_eq!(rc, UPNVME_OK, "{}", last_error());
+    let qpp: *mut Qpair<ModelController> = &mut *qp;
+    // SAFETY: live pair, this thread's.
+    while unsafe { Qpair::process_completions(qpp, 0) } == 0 {}
+    for h in [x, y] {
+        // SAFETY: live pool and handle.
+        assert_eq!(unsafe { crate::upnvme_pool_put(p, h) }, UPNVME_OK);
+    }
+    // SAFETY: live pool, given up.
+    unsafe { crate::upnvme_pool_destroy(p) };
+    drop(qp);
+    drop(c);
+    assert_eq!(m.dma_faults(), 0);
+}
+
+#[test]
+fn a_buffer_the_driver_keeps_has_no_data_pointer_afterwards() {
+    let (_m, c) = model();
+    let b = handle(&c, 4096);
+    // SAFETY: a live handle, this test's only reference to it.
+    let h = unsafe { &mut *b };
+    let data = h.buf.take();
+    h.inflight = true;
+    assert!(data.is_some());
+    // The command ended without the buffer (the device might still use it).
+    h.settle(None);
+    assert!(h.buf.is_none() && !h.inflight);
+    // SAFETY: as above.
+    let data = unsafe { upnvme_buf_data(b) };
+    // SAFETY: as above.
+    let len = unsafe { crate::upnvme_buf_len(b) };
+    // SAFETY: as above.
+    let iova = unsafe { crate::upnvme_buf_iova(b) };
+    assert!(data.is_null(), "no pointer to memory the handle lost");
+    assert_eq!((len, iova), (0, 0));
+    // SAFETY: as above; freed once.
+    assert_eq!(unsafe { upnvme_buf_free(b) }, UPNVME_OK);
+}
+
+/// Tries to submit a read on the pair behind `arg` from inside the callback
+/// (refused while the pair is being destroyed), then records the status.
+struct Ending {
+    qp: *mut Qpair<ModelController>,
+    seen: Vec<(c_int, bool)>,
+    resubmit: Vec<c_int>,
+}
+
+unsafe extern "C" fn ending_cb(arg: *mut c_void, cpl: *const upnvme_cpl) {
+    // SAFETY: `arg` is the test's `Ending`, alive for the whole test.
+    let e = unsafe { &mut *arg.cast::<Ending>() };
+    // SAFETY: valid for the call.
+    let cpl = unsafe { &*cpl };
+    // SAFETY: the handle is the application's again.
+    let no_data = unsafe { upnvme_buf_data(cpl.buf) }.is_null();
+    e.seen.push((cpl.status, no_data));
+    let read = Cmd::Read { slba: 0, blocks: 8 };
+    // SAFETY: the pair is alive while its callbacks run; no reference to
+    // it is held by the caller.
+    let q = unsafe { &mut *e.qp };
+    // SAFETY: a live handle.
+    e.resubmit
+        .push(unsafe { q.submit(1, read, cpl.buf, None, std::ptr::null_mut()) });
+}
+
+#[test]
+fn a_pair_whose_device_vanished_can_be_destroyed_and_each_command_ends_once() {
+    let (m, c) = model();
+    let mut qp = pair(&c, 8);
+    let qpp: *mut Qpair<ModelController> = &mut *qp;
+    let bufs = [handle(&c, 4096), handle(&c, 4096)];
+    let mut e = Ending {
+        qp: qpp,
+        seen: Vec::new(),
+        resubmit: Vec::new(),
+    };
+    let arg: *mut Ending = &mut e;
+    // While the controller works, destroy waits for commands in flight.
+    m.inject(upnvme_tests::Fault::DelayCompletion {
+        on: upnvme_tests::Match::Queue(qp.qp.qid()),
+        doorbells: None,
+    });
+    let read = Cmd::Read { slba: 0, blocks: 8 };
+    // SAFETY: live handle and pair.
+    let rc = unsafe { qp.submit(1, read, bufs[0], Some(ending_cb), arg.cast()) };
+    assert_eq!(rc, UPNVME_OK, "{}", last_error());
+    // SAFETY: live pair, this thread's.
+    assert_eq!(unsafe { Qpair::end_for_destroy(qpp) }, UPNVME_EBUSY);
+    assert!(last_error().contains("in flight"), "{}", last_error());
+    // The device vanishes with a second command in flight; the admin path
+    // finds it gone. Completions can never come now.
+    m.inject(upnvme_tests::Fault::UnplugOn(upnvme_tests::Match::Queue(
+        qp.qp.qid(),
+    )));
+    // SAFETY: live handle and pair.
+    let rc = unsafe { qp.submit(1, read, bufs[1], Some(ending_cb), arg.cast()) };
+    assert_eq!(rc, UPNVME_OK, "{}", last_error());
+    assert!(c.smart_log().is_err());
+    // SAFETY: live pair, this thread's.
+    assert_eq!(unsafe { Qpair::process_completions(qpp, 0) }, UPNVME_ENODEV);
+    assert_eq!(qp.qp.in_flight(), 2);
+    // Destroy ends both, once each, with ENODEV and no data pointer; the
+    // pair refuses the callbacks' submissions.
+    // SAFETY: live pair, this thread's.
+    assert_eq!(unsafe { Qpair::end_for_destroy(qpp) }, UPNVME_OK);
+    assert_eq!(e.seen, vec![(UPNVME_ENODEV, true); 2]);
+    assert_eq!(e.resubmit, vec![UPNVME_ENODEV; 2]);
+    for b in bufs {
+        // SAFETY: live handles, no longer in flight; freed once.
+        assert_eq!(unsafe { upnvme_buf_free(b) }, UPNVME_OK);
+    }
+    drop(qp);
+    let _ = c.close();
+    assert_eq!(m.dma_faults(), 0);
+}
+
+#[test]
 fn a_panic_becomes_an_error_code_with_a_message() {
     let rc = guard(|| panic!("boom"));
     assert_eq!(rc, UPNVME_EINTERNAL);
@@ -376,4 +528,45 @@ fn options_are_read_only_as_far_as_the_callers_struct_goes() {
     // SAFETY: null is allowed.
     let r = unsafe { read_sized::<upnvme_qpair_opts>(std::ptr::null()) };
     assert_eq!(r.entries, 0);
+}
+
+#[test]
+fn option_bools_with_any_nonzero_byte_read_as_true() {
+    use crate::{upnvme_ctrl_opts, upnvme_qpair_opts};
+    use std::mem::{offset_of, size_of};
+    // A C caller that cleared the struct with memset(0xff) and set its size.
+    let mut raw = [0xffu8; size_of::<upnvme_qpair_opts>()];
+    raw[..4].copy_from_slice(&(size_of::<upnvme_qpair_opts>() as u32).to_ne_bytes());
+    raw[offset_of!(upnvme_qpair_opts, reap_on_submit)] = 0x02;
+    // SAFETY: `raw` holds the struct's size in its first 4 bytes and is
+    // readable for that many; `read_sized` copies bytes, not a value.
+    let r = unsafe { read_sized(raw.as_ptr().cast::<upnvme_qpair_opts>()) };
+    // SAFETY: the three fields are bools in `r` (a Rust value now); their
+    // bytes are what `read_sized` stored.
+    let p = (&raw const r).cast::<u8>();
+    let byte_at = |off: usize| {
+        // SAFETY: `off` is a field offset inside `r`, a live, initialised
+        // value; reading one byte of it as u8 is always valid.
+        unsafe { p.wrapping_add(off).read() }
+    };
+    let bytes = [
+        byte_at(offset_of!(upnvme_qpair_opts, shadow_doorbells)),
+        byte_at(offset_of!(upnvme_qpair_opts, reap_on_submit)),
+        byte_at(offset_of!(upnvme_qpair_opts, sq_announce_each_command)),
+    ];
+    assert_eq!(bytes, [1, 1, 1], "bool bytes normalised to 1");
+    assert_eq!(r.entries, u32::MAX);
+    let mut raw = [0xffu8; size_of::<upnvme_ctrl_opts>()];
+    raw[..4].copy_from_slice(&(size_of::<upnvme_ctrl_opts>() as u32).to_ne_bytes());
+    raw[offset_of!(upnvme_ctrl_opts, shadow_doorbells)] = 0;
+    // SAFETY: as above.
+    let c = unsafe { read_sized(raw.as_ptr().cast::<upnvme_ctrl_opts>()) };
+    // SAFETY: as above.
+    let b = (&raw const c)
+        .cast::<u8>()
+        .wrapping_add(offset_of!(upnvme_ctrl_opts, no_hugepages));
+    // SAFETY: a byte of `c`, a live, initialised value.
+    let b = unsafe { b.read() };
+    assert_eq!(b, 1);
+    assert!(c.no_hugepages && !c.shadow_doorbells);
 }

@@ -141,10 +141,7 @@ impl<D: Device> IoQueuePair<D> {
                     // disabled. A status answer means nothing was created
                     // (a failed SQ's CQ is deleted again).
                     let (mut sq, mut cq) = (sq, cq);
-                    ctrl.quarantine(vec![
-                        sq.buffer_mut().detach_pages(),
-                        cq.buffer_mut().detach_pages(),
-                    ]);
+                    ctrl.quarantine(vec![sq.detach_pages(), cq.detach_pages()]);
                 }
                 ctrl.free_qid(qid);
                 return Err(e);
@@ -266,8 +263,8 @@ impl<D: Device> Drop for IoQueuePair<D> {
                 .flat_map(super::Tracker::take_buffers)
                 .map(DmaBuffer::into_pages)
                 .collect();
-            keep.push(self.sq.buffer_mut().detach_pages());
-            keep.push(self.cq.buffer_mut().detach_pages());
+            keep.push(self.sq.detach_pages());
+            keep.push(self.cq.detach_pages());
             keep.push(self.prp_lists.detach_pages());
             self.ctrl.quarantine(keep);
         }

@@ -160,9 +160,9 @@ impl DmaMapper for IovaTable {
         Ok(iova)
     }
 
-    fn unmap(&self, iova: u64, _len: usize) {
+    fn unmap(&self, mapping: upnvme_dma::Unmapping) {
         // Take the entry out under the lock, drop the handle after it.
-        let mem = self.lock().maps.remove(&iova);
+        let mem = self.lock().maps.remove(&mapping.iova());
         drop(mem);
     }
 
