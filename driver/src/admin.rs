@@ -92,6 +92,15 @@ impl AdminQueue {
         })
     }
 
+    /// The queues' pages (and those of timed-out commands), without access:
+    /// what is quarantined when the controller may still use them.
+    pub(crate) fn into_pages(self) -> Vec<DmaPages> {
+        let mut keep = self.quarantine;
+        keep.push(self.sq.into_pages());
+        keep.push(self.cq.into_pages());
+        keep
+    }
+
     /// IOVA of the submission queue (for ASQ).
     pub(crate) fn sq_iova(&self) -> u64 {
         self.sq.iova()

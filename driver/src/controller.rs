@@ -841,7 +841,13 @@ impl<D: Device> Inner<D> {
         self.bump_generation();
         self.resets.fetch_add(1, Ordering::Relaxed);
 
-        *admin = enable_with_admin_queue(dev, name, self.cap, admin.entries(), self.ready_timeout)?;
+        *admin = enable_with_admin_queue(dev, name, self.cap, admin.entries(), self.ready_timeout)
+            .map_err(|f| {
+                if let Some(keep) = f.keep {
+                    self.quarantine(keep);
+                }
+                f.error
+            })?;
         let t = self.admin_timeout;
         // Same device? (A different serial number means something else now
         // sits at this address: refuse to carry on with the old state.)
@@ -1218,8 +1224,9 @@ fn enable_with_admin_queue<D: Device>(
     cap: Cap,
     entries: u32,
     ready_timeout: Duration,
-) -> Result<AdminQueue> {
-    let admin = AdminQueue::new(dev, entries, cap.dstrd())?;
+) -> std::result::Result<AdminQueue, EnableFailure> {
+    let admin = AdminQueue::new(dev, entries, cap.dstrd())
+        .map_err(|error| EnableFailure { error, keep: None })?;
     dev.write32(REG_AQA, aqa(entries, entries));
     dev.write64(REG_ASQ, admin.sq_iova());
     dev.write64(REG_ACQ, admin.cq_iova());
@@ -1231,14 +1238,30 @@ fn enable_with_admin_queue<D: Device>(
         .with_iocqes(4)
         .with_en(true);
     dev.write32(REG_CC, cc.0);
-    wait_csts(
+    if let Err(e) = wait_csts(
         dev,
         name,
         ready_timeout,
         "CSTS.RDY = 1 after CC.EN = 1",
         |c| c.rdy(),
-    )?;
+    ) {
+        // CC.EN = 1 with ASQ/ACQ on this queue's memory: the controller may
+        // yet become ready and use it. Disabled, it cannot, and the memory
+        // goes; if it cannot be disabled either, the memory is kept.
+        let keep = match disable(dev, name, ready_timeout) {
+            Ok(()) => None,
+            Err(_) => Some(admin.into_pages()),
+        };
+        return Err(EnableFailure { error: e, keep });
+    }
     Ok(admin)
+}
+
+/// Why enabling the controller failed, and the admin queue memory it may
+/// still use (`Some` when it could not be disabled again).
+struct EnableFailure {
+    error: Error,
+    keep: Option<Vec<DmaPages>>,
 }
 
 /// Runs the bring-up sequence.
@@ -1289,11 +1312,15 @@ fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<(Inner<D>, 
         .min(cap.max_queue_entries());
     let mut admin = match enable_with_admin_queue(&dev, &name, cap, entries, ready_timeout) {
         Ok(a) => a,
-        Err(e) => {
-            // Leave the controller disabled: ASQ/ACQ point at memory that is
-            // about to be freed.
-            let _ = disable(&dev, &name, ready_timeout);
-            return Err(step_err(BringupStep::Enable, e));
+        Err(f) => {
+            // The controller was disabled again (ASQ/ACQ point at memory
+            // that is about to be freed); if it could not be, the admin
+            // queue's pages are leaked rather than handed out again: no
+            // controller is left to keep them until a later disable.
+            if let Some(keep) = f.keep {
+                std::mem::forget(keep);
+            }
+            return Err(step_err(BringupStep::Enable, f.error));
         }
     };
 

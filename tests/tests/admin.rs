@@ -529,6 +529,42 @@ fn a_queue_creation_that_times_out_keeps_the_queue_memory() {
 }
 
 #[test]
+fn a_re_creation_after_reset_that_times_out_keeps_the_queue_memory() {
+    // After a reset the pair re-creates its queues on the same memory; the
+    // Create I/O Completion Queue gets no answer. Dropping the pair must not
+    // hand that memory out again: the controller may yet create the CQ.
+    let m = model();
+    let c = open(
+        &m,
+        ControllerOptions {
+            admin_timeout: Some(Duration::from_millis(150)),
+            ..opts()
+        },
+    );
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    c.reset().unwrap();
+    m.inject(Fault::DelayCompletion {
+        on: on_admin(admin_op::CREATE_IO_CQ),
+        doorbells: None,
+    });
+    // The admin timeout fails the controller; the pair reports it.
+    let e = qp.process_completions(0, |_, _| {}).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("Create I/O Completion Queue 1 (after reset)"),
+        "{e}"
+    );
+    let sqe = last_admin_sqe(&m, admin_op::CREATE_IO_CQ);
+    let cq = u64::from_le_bytes(sqe[24..32].try_into().unwrap());
+    let qsize = u64::from(u16::from_le_bytes([sqe[42], sqe[43]])) + 1;
+    drop(qp);
+    assert_not_handed_out(&c, &[(cq, qsize * 16)]);
+    let _ = c.close();
+    m.release_delayed();
+    assert_clean(&m);
+}
+
+#[test]
 fn failed_queue_creation_frees_the_qid_and_the_cq() {
     let (m, c) = setup(ModelConfig::default());
     m.inject(Fault::Status {

@@ -1240,6 +1240,27 @@ fn controller_fatal_status() {
 }
 
 #[test]
+fn a_reset_whose_enable_times_out_leaves_the_controller_disabled() {
+    // The new admin queue's memory is freed when the enable fails: the
+    // controller must not be left enabled with ASQ/ACQ pointing at it.
+    let m = ModelController::new(ModelConfig::default());
+    let c = Controller::with_device(
+        m.clone(),
+        ControllerOptions {
+            ready_timeout: Some(Duration::from_millis(100)),
+            ..opts()
+        },
+    )
+    .unwrap();
+    m.inject(Fault::NeverReady);
+    let e = c.reset().unwrap_err();
+    assert!(matches!(e, Error::Timeout { .. }), "{e:?}");
+    assert_eq!(m.cc() & 1, 0, "CC.EN cleared again after the failed enable");
+    assert!(c.failure().is_some());
+    let _ = c.close();
+}
+
+#[test]
 fn controller_that_never_becomes_ready() {
     let m = ModelController::new(ModelConfig::default());
     m.inject(Fault::NeverReady);

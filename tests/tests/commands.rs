@@ -448,3 +448,73 @@ fn raw_commands_keep_the_callers_dwords_and_get_a_data_pointer() {
     }
     assert_clean(&m);
 }
+
+/// A raw command whose SQE moves more than `data_len` says would make the
+/// controller take the caller's bytes past the described memory as further
+/// PRP entries (or data): for the commands whose transfer the SQE gives,
+/// the driver refuses it before the device sees it.
+#[test]
+fn a_raw_command_must_describe_what_its_sqe_transfers() {
+    let (m, c) = all_commands();
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    // A victim buffer, and a forged "PRP List" in the second page of the
+    // data buffer naming it.
+    let victim = c.alloc_dma(4096).unwrap();
+    let pat = pattern(5, 4096);
+    victim.write_bytes(0, &pat).unwrap();
+    m.write_namespace_data(1, 0, &pattern(6, 16 * 512));
+    let buf = c.alloc_dma(8192).unwrap();
+    for i in 0..512 {
+        buf.write_u64(4096 + i * 8, victim.iova()).unwrap();
+    }
+    // 16 blocks of 512 bytes = 8 KiB, but only 4 KiB described: PRP2
+    // would be read as a list pointer.
+    let sqe = Sqe::read(1, 0, 16);
+    let fetched = m.commands_fetched();
+    let cmd = IoCommand::Raw {
+        ns: &ns,
+        sqe: &sqe,
+        data_len: 4096,
+    };
+    let r = qp.submit_io(cmd, IoData::buffer(buf), 1).unwrap_err();
+    assert_eq!(r.reason, Reject::BufferTooSmall { need: 8192 });
+    assert!(r.buffer.is_some(), "the refused buffer comes back");
+    // Dataset Management with two ranges (CDW10.NR = 1) needs 32 bytes.
+    let mut dsm = Sqe::flush(1);
+    dsm.dw[0] = 0x09;
+    dsm.dw[10] = 1;
+    dsm.dw[11] = 1 << 2;
+    let cmd = IoCommand::Raw {
+        ns: &ns,
+        sqe: &dsm,
+        data_len: 16,
+    };
+    let r = qp
+        .submit_io(cmd, IoData::buffer(c.alloc_dma(4096).unwrap()), 1)
+        .unwrap_err();
+    assert_eq!(r.reason, Reject::BufferTooSmall { need: 32 });
+    // Without any buffer at all.
+    let cmd = IoCommand::Raw {
+        ns: &ns,
+        sqe: &sqe,
+        data_len: 0,
+    };
+    let r = qp.submit_io(cmd, IoData::none(), 1).unwrap_err();
+    assert_eq!(r.reason, Reject::BufferTooSmall { need: 8192 });
+    assert_eq!(m.commands_fetched(), fetched, "nothing reached the device");
+    // Described in full, the same read lands in its buffer only.
+    let cmd = IoCommand::Raw {
+        ns: &ns,
+        sqe: &sqe,
+        data_len: 8192,
+    };
+    let done = run_io(&mut qp, cmd, IoData::buffer(c.alloc_dma(8192).unwrap()));
+    assert!(done.is_ok(), "{:?}", done.result);
+    assert_eq!(
+        read_back(done.buffer.as_ref().unwrap(), 8192),
+        pattern(6, 16 * 512)
+    );
+    assert_eq!(victim.to_vec(), pat, "the victim is untouched");
+    assert_clean(&m);
+}

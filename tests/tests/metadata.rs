@@ -589,3 +589,63 @@ fn format_nvm_reads_the_pi_location_from_dpc_bits_3_first_and_4_last() {
         assert_clean(&m);
     }
 }
+
+/// A raw Read or Write on a format with separate metadata needs the
+/// metadata buffer (the driver's MPTR): without it the controller would
+/// move the metadata to IOVA 0. On an extended-LBA format the data pointer
+/// must cover data and metadata.
+#[test]
+fn raw_reads_and_writes_carry_the_metadata_their_format_moves() {
+    for extended in [false, true] {
+        let (m, c) = setup(with_format(16, extended, 0, false));
+        let ns = c.namespace(1).unwrap().clone();
+        let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+        let sqe = upnvme::Sqe::read(1, 8, 4);
+        let raw = |data_len| IoCommand::Raw {
+            ns: &ns,
+            sqe: &sqe,
+            data_len,
+        };
+        if extended {
+            let f = qp
+                .submit_io(raw(4 * BS), IoData::buffer(c.alloc_dma(4096).unwrap()), 1)
+                .unwrap_err();
+            assert_eq!(
+                f.reason,
+                Reject::BufferTooSmall {
+                    need: 4 * (BS as u64 + 16)
+                }
+            );
+            let r = run_io(
+                &mut qp,
+                raw(4 * (BS + 16)),
+                IoData::buffer(c.alloc_dma(4096).unwrap()),
+            );
+            assert!(r.is_ok(), "{:?}", r.result);
+        } else {
+            let f = qp
+                .submit_io(raw(4 * BS), IoData::buffer(c.alloc_dma(4096).unwrap()), 1)
+                .unwrap_err();
+            assert_eq!(f.reason, Reject::MetadataBuffer { need: 64 });
+            let (data, md) = (pattern(7, 4 * BS), pattern(8, 64));
+            let wsqe = upnvme::Sqe::write(1, 8, 4);
+            let w = IoCommand::Raw {
+                ns: &ns,
+                sqe: &wsqe,
+                data_len: 4 * BS,
+            };
+            let io = IoData::buffer(buffer_with(&c, &data)).metadata(buffer_with(&c, &md));
+            let r = run_io(&mut qp, w, io);
+            assert!(r.is_ok(), "{:?}", r.result);
+            assert_eq!(m.namespace_metadata(1, 8, 4), md);
+            let io =
+                IoData::buffer(c.alloc_dma(4096).unwrap()).metadata(c.alloc_dma(4096).unwrap());
+            let r = run_io(&mut qp, raw(4 * BS), io);
+            assert!(r.is_ok(), "{:?}", r.result);
+            assert_eq!(read_back(r.buffer.as_ref().unwrap(), data.len()), data);
+            assert_eq!(read_back(r.metadata.as_ref().unwrap(), 64), md);
+        }
+        drop(qp);
+        assert_clean(&m);
+    }
+}

@@ -45,6 +45,7 @@ impl<D: Device> IoQueuePair<D> {
         self.reap_on_submit = reap_on_submit;
         let start = Instant::now();
         let mut empty = 0u32;
+        let mut periodic = Periodic::default();
         loop {
             let mut mine = None;
             let mut reaped = 0u32;
@@ -91,14 +92,15 @@ impl<D: Device> IoQueuePair<D> {
             }
             if self.generation_changed() {
                 // A reset ended the command: it completes here, once.
-                let c = self.end_in_flight(slot, false);
+                let c = self.end_in_flight(slot, self.ctrl.is_closed());
                 let _ = self.sync_generation();
                 return finish_blocking(c, &cmd);
             }
             empty = empty.saturating_add(1);
             // Clock reads, CSTS checks and back-off only every so often: no PAUSE
             // and no clock_gettime in the tight loop.
-            if empty % 1024 == 0 {
+            let (check, check_csts) = periodic.tick();
+            if check {
                 if start.elapsed() >= timeout {
                     return Err(IoFailure {
                         error: Error::Timeout {
@@ -114,7 +116,7 @@ impl<D: Device> IoQueuePair<D> {
                         buffer: None,
                     });
                 }
-                if empty % (16 * 1024) == 0 {
+                if check_csts {
                     // A dead or fatally failed controller ends the wait early.
                     match crate::admin::check_csts(self.ctrl.dev(), self.ctrl.name()) {
                         Ok(_) => {}
@@ -200,5 +202,42 @@ fn finish_blocking(c: Completion, cmd: &IoCommand<'_>) -> Result<Option<DmaBuffe
             },
             buffer: c.buffer,
         }),
+    }
+}
+
+/// When a blocking wait's periodic work is due, counted in empty polls: the
+/// clock, the timeout and the pair's state every 1024, CSTS every 16384.
+/// The count wraps, and 2^32 is a multiple of both periods, so the checks go
+/// on at the same pace for as long as the wait lasts (a saturating count
+/// stopped them after 2^32 polls: minutes of a spinning wait, after which a
+/// dead device was never noticed and the timeout never ended the wait).
+#[derive(Debug, Default)]
+struct Periodic(u32);
+
+impl Periodic {
+    /// Counts one empty poll: (the clock and state check is due, the CSTS
+    /// check is due).
+    #[inline]
+    fn tick(&mut self) -> (bool, bool) {
+        self.0 = self.0.wrapping_add(1);
+        (self.0 % 1024 == 0, self.0 % (16 * 1024) == 0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Periodic;
+
+    #[test]
+    fn periodic_checks_go_on_past_two_to_the_32_polls() {
+        // Start just short of the wrap and count across it.
+        let mut p = Periodic(u32::MAX - 3 * 16 * 1024);
+        let (mut checks, mut csts) = (0, 0);
+        for _ in 0..8 * 16 * 1024 {
+            let (c, s) = p.tick();
+            checks += u32::from(c);
+            csts += u32::from(s);
+        }
+        assert_eq!((checks, csts), (8 * 16, 8));
     }
 }

@@ -119,7 +119,11 @@ pub enum IoCommand<'a> {
     /// CDW10..15 of `sqe`, sets NSID from `ns`, the CID, and the data pointer
     /// for `data_len` bytes of the memory passed with the command (0: none);
     /// fused commands and a non-zero MPTR are refused, since the driver
-    /// could not describe them.
+    /// could not describe them. For Read, Write, Compare, Dataset
+    /// Management, Copy (formats 0h/1h) and the Reservation commands
+    /// `data_len` must cover what the SQE transfers (and a separate-metadata
+    /// format needs the metadata buffer); any other opcode is trusted to
+    /// move at most `data_len` bytes.
     Raw {
         /// The namespace (NSID).
         ns: &'a Namespace,

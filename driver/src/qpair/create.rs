@@ -195,6 +195,7 @@ impl<D: Device> IoQueuePair<D> {
             pending: 0,
             failed: false,
             needs_recreate: false,
+            recreate_unanswered: false,
             deleted: false,
             closing: false,
             generation,
@@ -223,9 +224,10 @@ impl<D: Device> IoQueuePair<D> {
             return true;
         }
         let generation = self.ctrl.generation();
-        if generation != self.generation || self.needs_recreate {
-            // A reset disabled the controller since these queues were created:
-            // they no longer exist and nothing can reach their memory.
+        if generation != self.generation || (self.needs_recreate && !self.recreate_unanswered) {
+            // A reset disabled the controller since these queues were created
+            // (and no re-creation is pending an answer): they no longer exist
+            // and nothing can reach their memory.
             self.deleted = true;
             return true;
         }

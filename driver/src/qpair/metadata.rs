@@ -21,7 +21,7 @@
 //! branch for it.
 
 use upnvme_queues::pi::{PI_TUPLE_SIZE, PRINFO_SHIFT};
-use upnvme_queues::sqe::io_qwords;
+use upnvme_queues::sqe::{Sqe, io_qwords};
 
 use super::command::Protection;
 use super::submit::{Data, MdMem, Mem, Rw};
@@ -136,6 +136,14 @@ impl<D: Device> IoQueuePair<D> {
         protection: Option<Protection>,
     ) -> Result<([u64; 8], Data), Reject> {
         let ns = cmd.namespace();
+        if let IoCommand::Raw { sqe, data_len, .. } = *cmd {
+            if protection.is_some() {
+                return Err(Reject::ProtectionNotApplicable(
+                    "a raw command carries its own PRINFO and tags in its CDW12, CDW14 and CDW15",
+                ));
+            }
+            return self.build_raw(ns, sqe, data_len, mem, flags, metadata);
+        }
         let (mut q, data) = self.build(cmd, mem, flags, None, None)?;
         match *cmd {
             IoCommand::Verify { slba, .. } | IoCommand::WriteZeroes { slba, .. } => {
@@ -155,21 +163,110 @@ impl<D: Device> IoQueuePair<D> {
                 q[7] = tag_dwords(&p, slba);
                 Ok((q, data))
             }
-            IoCommand::Raw { .. } => {
-                if protection.is_some() {
-                    return Err(Reject::ProtectionNotApplicable(
-                        "a raw command carries its own PRINFO and tags in its CDW12, CDW14 and CDW15",
-                    ));
-                }
-                if let Some(md) = metadata {
-                    q[2] = mptr(md)?;
-                }
-                Ok((q, data))
-            }
             _ if metadata.is_some() => Err(Reject::MetadataNotApplicable),
             _ => Err(Reject::ProtectionNotApplicable(
                 "only Read, Write, Compare, Verify and Write Zeroes have protection fields",
             )),
         }
+    }
+
+    /// A raw I/O command ([`IoCommand::Raw`]): the caller's opcode and
+    /// command dwords, the driver's NSID, CID, data pointer for `data_len`
+    /// bytes and MPTR (from the metadata buffer, if one is passed).
+    ///
+    /// For the commands whose transfer the driver can work out from the
+    /// SQE, it checks that what it describes covers what the controller
+    /// will move — otherwise the controller would take what lies past the
+    /// described memory as further PRP entries or data: Read, Write and
+    /// Compare (CDW12.NLB blocks of data, with metadata as the format and
+    /// PRINFO.PRACT say, see the module doc), Dataset Management, Copy
+    /// (Descriptor Formats 0h and 1h) and the four Reservation commands.
+    /// Any other opcode moves what the caller says it moves: the device is
+    /// trusted to transfer no more than `data_len` bytes for it.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn build_raw(
+        &self,
+        ns: &Namespace,
+        sqe: &Sqe,
+        data_len: usize,
+        mem: Mem<'_>,
+        flags: super::IoFlags,
+        metadata: Option<MdMem>,
+    ) -> Result<([u64; 8], Data), Reject> {
+        super::submit::no_flags(flags)?;
+        if sqe.dw[0] >> 8 & 0x3 != 0 {
+            return Err(Reject::RawCommand("a fused command (CDW0.FUSE non-zero)"));
+        }
+        if sqe.dw[4] != 0 || sqe.dw[5] != 0 {
+            return Err(Reject::RawCommand(
+                "a metadata pointer (MPTR): pass the metadata with the command instead",
+            ));
+        }
+        let op = (sqe.dw[0] & 0xff) as u8;
+        let (need, md_need) = raw_transfer(ns, op, sqe);
+        if data_len < need {
+            return Err(Reject::BufferTooSmall { need: need as u64 });
+        }
+        let md = match (md_need, metadata) {
+            (Some(n), Some(md)) if md.len < n => {
+                return Err(Reject::MetadataBuffer { need: n as u64 });
+            }
+            (Some(n), None) => return Err(Reject::MetadataBuffer { need: n as u64 }),
+            (_, md) => md,
+        };
+        let mut q = sqe.to_qwords();
+        // Opcode only from CDW0; NSID from the handle; MPTR and the data
+        // pointer are the driver's.
+        q[0] = u64::from(op) | u64::from(ns.id()) << 32;
+        q[2] = md.map_or(Ok(0), mptr)?;
+        q[3] = 0;
+        q[4] = 0;
+        if data_len == 0 {
+            return Ok((q, Data::None));
+        }
+        let data = self.data_for(data_len, mem)?;
+        Ok((q, data))
+    }
+}
+
+/// What a raw command of opcode `op` moves, when the driver can tell from
+/// its SQE: the bytes its data pointer must cover, and the bytes of a
+/// separate metadata buffer it needs (`None`: none). Unknown opcodes: 0
+/// and `None` (the caller's `data_len` is taken as it is).
+fn raw_transfer(ns: &Namespace, op: u8, sqe: &Sqe) -> (usize, Option<usize>) {
+    use upnvme_queues::sqe::opcode::nvm;
+    match op {
+        nvm::READ | nvm::WRITE | nvm::COMPARE => {
+            let cdw12 = sqe.dw[12];
+            let blocks = (cdw12 & 0xffff) as usize + 1;
+            let layout = ns.metadata_layout_always();
+            let ms = usize::from(layout.ms);
+            // PRINFO.PRACT (CDW12 bit 29) on a format whose metadata is just
+            // the PI tuple: the controller inserts or strips it.
+            let pract = (cdw12 >> (PRINFO_SHIFT + 3)) & 1 == 1;
+            let md_moves = ms != 0 && !(layout.pi_type != 0 && pract && ms == PI_TUPLE_SIZE);
+            let data = blocks << ns.lba_shift();
+            match (md_moves, layout.extended) {
+                (true, true) => (data + blocks * ms, None),
+                (true, false) => (data, Some(blocks * ms)),
+                (false, _) => (data, None),
+            }
+        }
+        // CDW10.NR + 1 ranges of 16 bytes.
+        nvm::DATASET_MANAGEMENT => (((sqe.dw[10] & 0xff) as usize + 1) * 16, None),
+        // CDW12.NR + 1 source range entries of Descriptor Format 0h (32
+        // bytes) or 1h (40 bytes); other formats are the caller's.
+        nvm::COPY => match (sqe.dw[12] >> 8) & 0xf {
+            0 => (((sqe.dw[12] & 0xff) as usize + 1) * 32, None),
+            1 => (((sqe.dw[12] & 0xff) as usize + 1) * 40, None),
+            _ => (0, None),
+        },
+        // The reservation data structures: CRKEY and NRKEY / PRKEY, CRKEY
+        // alone; Reservation Report returns CDW10.NUMD + 1 dwords.
+        nvm::RESERVATION_REGISTER | nvm::RESERVATION_ACQUIRE => (16, None),
+        nvm::RESERVATION_RELEASE => (8, None),
+        nvm::RESERVATION_REPORT => ((sqe.dw[10] as usize + 1) * 4, None),
+        _ => (0, None),
     }
 }

@@ -238,6 +238,9 @@ impl<D: Device> IoQueuePair<D> {
             self.generation = g;
             self.failed = false;
             self.needs_recreate = true;
+            // The reset disabled the controller: a creation it never
+            // answered is forgotten with everything else.
+            self.recreate_unanswered = false;
             self.refresh_expect_state();
         }
         if self.needs_recreate {
@@ -251,7 +254,7 @@ impl<D: Device> IoQueuePair<D> {
             // Nothing is in flight and the rings are fresh, so if another
             // reset came since the generation was taken above, the queues
             // created now simply belong to that newer one.
-            self.generation = self.ctrl.create_io_queues(
+            let created = self.ctrl.create_io_queues(
                 Sqe::create_io_cq(
                     self.qid,
                     self.cq_ring.entries(),
@@ -268,7 +271,19 @@ impl<D: Device> IoQueuePair<D> {
                 ),
                 self.qid,
                 " (after reset)",
-            )?;
+            );
+            self.generation = match created {
+                Ok(g) => g,
+                Err(e) => {
+                    // No answer: the queues may yet be created on this memory
+                    // (`delete_queues` then deletes or quarantines it).
+                    if !matches!(e, Error::Command { .. }) {
+                        self.recreate_unanswered = true;
+                    }
+                    return Err(e);
+                }
+            };
+            self.recreate_unanswered = false;
             self.needs_recreate = false;
             self.refresh_expect_state();
         }

@@ -753,27 +753,7 @@ impl<D: Device> IoQueuePair<D> {
                 Ok((q, Data::CopyRanges))
             }
             IoCommand::Raw { sqe, data_len, .. } => {
-                no_flags(flags)?;
-                if sqe.dw[0] >> 8 & 0x3 != 0 {
-                    return Err(Reject::RawCommand("a fused command (CDW0.FUSE non-zero)"));
-                }
-                if sqe.dw[4] != 0 || sqe.dw[5] != 0 {
-                    return Err(Reject::RawCommand(
-                        "a metadata pointer (MPTR): pass the metadata with the command instead",
-                    ));
-                }
-                let mut q = sqe.to_qwords();
-                // Opcode only from CDW0; NSID from the handle; MPTR and the
-                // data pointer are the driver's.
-                q[0] = u64::from(sqe.dw[0] & 0xff) | u64::from(ns.id()) << 32;
-                q[2] = 0;
-                q[3] = 0;
-                q[4] = 0;
-                if data_len == 0 {
-                    return Ok((q, Data::None));
-                }
-                let data = self.data_for(data_len, mem)?;
-                Ok((q, data))
+                self.build_raw(ns, sqe, data_len, mem, flags, None)
             }
         }
     }
