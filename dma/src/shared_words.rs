@@ -82,8 +82,23 @@ impl SharedWords {
     /// The word at `offset`, checked once: inside the buffer and 4-byte
     /// aligned in memory (the address, not just the offset: a buffer split
     /// at an odd length starts off a word boundary).
+    #[inline]
     fn word(&self, offset: usize) -> Result<*mut u32, DmaError> {
-        self.buf.ptr(offset, 4, 4).map(<*mut u8>::cast::<u32>)
+        if let Some(end) = offset.checked_add(4)
+            && end <= self.buf.len()
+        {
+            // Inside the buffer (checked), so inside its live mapping.
+            let p = self.buf.as_ptr().wrapping_add(offset);
+            if p as usize % 4 == 0 {
+                return Ok(p.cast::<u32>());
+            }
+        }
+        Err(DmaError::OutOfBounds {
+            what: "shared DMA words (inside the buffer, 4-byte aligned in memory)",
+            offset,
+            len: 4,
+            size: self.buf.len(),
+        })
     }
 }
 
