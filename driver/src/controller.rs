@@ -1412,21 +1412,35 @@ fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<(Inner<D>, 
         }
     }
 
-    // Doorbell Buffer Config (admin 7Ch), when OACS bit 8 says so.
+    // Doorbell Buffer Config (admin 7Ch), when OACS bit 8 says so. Shadow
+    // doorbells only save MMIO writes: when their buffers cannot be had
+    // (their size follows CAP.DSTRD and the queues granted) or the
+    // controller refuses the command with a status, the queues use MMIO
+    // doorbells (`Controller::shadow_doorbells` says which). No answer at
+    // all is a controller failure like any other.
     if inner.options.shadow_doorbells && inner.identify.oacs_doorbell_buffer_config() {
         let stride = 4usize << cap.dstrd();
         let len = ((inner.granted_io_queues as usize + 1) * 2 * stride).max(PAGE);
-        let doorbells = inner.dev.alloc_dma(len)?;
-        let event_idx = inner.dev.alloc_dma(len)?;
-        inner.execute(
-            Sqe::doorbell_buffer_config(doorbells.iova(), event_idx.iova()),
-            None,
-            "Doorbell Buffer Config",
-        )?;
-        inner.shadow = Some(ShadowBuffers {
-            doorbells: SharedWords::new(doorbells),
-            event_idx: SharedWords::new(event_idx),
-        });
+        let buffers = inner
+            .dev
+            .alloc_dma(len)
+            .and_then(|d| Ok((d, inner.dev.alloc_dma(len)?)));
+        if let Ok((doorbells, event_idx)) = buffers {
+            match inner.execute(
+                Sqe::doorbell_buffer_config(doorbells.iova(), event_idx.iova()),
+                None,
+                "Doorbell Buffer Config",
+            ) {
+                Ok(_) => {
+                    inner.shadow = Some(ShadowBuffers {
+                        doorbells: SharedWords::new(doorbells),
+                        event_idx: SharedWords::new(event_idx),
+                    });
+                }
+                Err(Error::Command { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     // Asynchronous Event Requests: up to AERL + 1 outstanding.

@@ -280,6 +280,46 @@ fn doorbell_buffer_config_iff_oacs_and_option() {
 }
 
 #[test]
+fn a_refused_doorbell_buffer_config_leaves_mmio_doorbells() {
+    // Shadow doorbells are an optimisation: a controller that advertises
+    // Doorbell Buffer Config but refuses it still comes up, with MMIO
+    // doorbells, and moves data.
+    let m = model();
+    m.inject(Fault::Status {
+        on: Match::Opcode {
+            qid: 0,
+            opcode: admin_op::DBBC,
+        },
+        status: upnvme_tests::Status::INVALID_FIELD.with_dnr(),
+    });
+    let c = open(&m, opts());
+    assert!(!c.shadow_doorbells());
+    assert!(m.shadow_config().is_none());
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    assert!(!qp.shadow_doorbells());
+    let ns = c.namespace(1).unwrap().clone();
+    let buf = c.alloc_dma(4096).unwrap();
+    buf.fill(0, 4096, 0x5a).unwrap();
+    let buf = qp
+        .write_blocking(&ns, 3, 1, buf, Duration::from_secs(5))
+        .unwrap();
+    drop(buf);
+    let back = qp
+        .read_blocking(
+            &ns,
+            3,
+            1,
+            c.alloc_dma(4096).unwrap(),
+            Duration::from_secs(5),
+        )
+        .unwrap();
+    assert!(back.to_vec()[..512].iter().all(|&b| b == 0x5a));
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
 fn async_event_requests_posted_up_to_aerl_plus_one() {
     for (aerl, option, expected) in [
         (3u8, 4u8, 4usize),
