@@ -178,8 +178,9 @@ mod tests {
             self.live.fetch_add(1, Ordering::SeqCst);
             Ok(self.next.fetch_add(mem.len() as u64, Ordering::SeqCst))
         }
-        fn unmap(&self, _m: crate::memory::Unmapping) {
+        fn unmap(&self, _m: crate::memory::Unmapping) -> bool {
             self.live.fetch_sub(1, Ordering::SeqCst);
+            true
         }
     }
 
@@ -235,7 +236,9 @@ mod tests {
         fn map(&self, _mem: &Arc<HostMemory>) -> Result<u64, DmaError> {
             Ok(0x20_0000)
         }
-        fn unmap(&self, _m: crate::memory::Unmapping) {}
+        fn unmap(&self, _m: crate::memory::Unmapping) -> bool {
+            true
+        }
     }
 
     fn fake() -> Arc<FakeMapper> {

@@ -431,10 +431,11 @@ pub trait DmaMapper: Send + Sync {
     /// device can no longer reach the memory, and the mapper holds no
     /// handle (`Arc`) of it any more: an application's registered memory is
     /// handed back only when nothing else holds it
-    /// ([`crate::RegisteredMemory::unregister`]). The mapper may keep the
-    /// IOVA range reserved (never hand it out again) when it cannot be sure
-    /// the mapping is gone.
-    fn unmap(&self, mapping: Unmapping);
+    /// ([`crate::RegisteredMemory::unregister`]). Returns whether the
+    /// mapping is gone; when the mapper cannot be sure (the IOMMU refused),
+    /// it returns false and keeps the IOVA range reserved (never hands it
+    /// out again), and the memory is never handed back to an application.
+    fn unmap(&self, mapping: Unmapping) -> bool;
     /// The IOVA ranges this mapper allocates from (empty when it does not
     /// know them): lets a registration that can never fit be refused with
     /// a message saying so.
@@ -477,15 +478,30 @@ struct RegionInner {
     mem: Arc<HostMemory>,
     iova: u64,
     mapper: Arc<dyn DmaMapper>,
+    /// `unmap_into_memory` removed the mapping already.
+    unmapped: bool,
+}
+
+impl RegionInner {
+    /// Removes the device's mapping; whether it is gone.
+    fn unmap(&mut self) -> bool {
+        self.unmapped = true;
+        self.mapper.unmap(Unmapping {
+            iova: self.iova,
+            len: self.mem.len(),
+        })
+    }
 }
 
 impl Drop for RegionInner {
     fn drop(&mut self) {
-        // The device must lose access before the memory is returned to the OS.
-        self.mapper.unmap(Unmapping {
-            iova: self.iova,
-            len: self.mem.len(),
-        });
+        // The device must lose access before the memory is returned to the
+        // OS. If the IOMMU refuses, the pages stay pinned for the device by
+        // the kernel; the process's mapping of them goes, and no Rust value
+        // refers to them any more.
+        if !self.unmapped {
+            let _ = self.unmap();
+        }
     }
 }
 
@@ -516,7 +532,12 @@ impl DmaRegion {
         let mem = HostMemory::map(len, backing)?;
         let iova = mapper.map(&mem)?;
         Ok(DmaRegion {
-            inner: Arc::new(RegionInner { mem, iova, mapper }),
+            inner: Arc::new(RegionInner {
+                mem,
+                iova,
+                mapper,
+                unmapped: false,
+            }),
         })
     }
 
@@ -540,6 +561,15 @@ impl DmaRegion {
         &self.inner.mem
     }
 
+    /// Which IOMMU mapping the region lives in: the address of its
+    /// [`DmaMapper`]. Two regions have the same domain exactly when one
+    /// mapper (one VFIO container, one device's address space) maps both;
+    /// the region keeps its mapper alive, so the value is not reused while
+    /// it lives.
+    pub fn domain(&self) -> usize {
+        Arc::as_ptr(&self.inner.mapper).cast::<()>() as usize
+    }
+
     /// Whether `other` is a handle of this same region (not merely one at
     /// the same IOVA).
     pub(crate) fn same(&self, other: &DmaRegion) -> bool {
@@ -553,7 +583,12 @@ impl DmaRegion {
     ) -> Result<DmaRegion, (DmaError, Arc<HostMemory>)> {
         match mapper.map(&mem) {
             Ok(iova) => Ok(DmaRegion {
-                inner: Arc::new(RegionInner { mem, iova, mapper }),
+                inner: Arc::new(RegionInner {
+                    mem,
+                    iova,
+                    mapper,
+                    unmapped: false,
+                }),
             }),
             Err(e) => Err((e, mem)),
         }
@@ -561,13 +596,16 @@ impl DmaRegion {
 
     /// If this is the region's last handle: removes the device's mapping
     /// (the IOMMU's, through the mapper) and returns the host memory, which
-    /// the device can no longer reach. Otherwise the region comes back.
-    pub(crate) fn unmap_into_memory(self) -> Result<Arc<HostMemory>, DmaRegion> {
-        let inner = Arc::try_unwrap(self.inner).map_err(|inner| DmaRegion { inner })?;
+    /// the device can no longer reach — or `None` when the mapper could not
+    /// confirm the mapping gone (the memory must then never be handed back
+    /// to an application; it is dropped). Otherwise the region comes back.
+    pub(crate) fn unmap_into_memory(self) -> Result<Option<Arc<HostMemory>>, DmaRegion> {
+        let mut inner = Arc::try_unwrap(self.inner).map_err(|inner| DmaRegion { inner })?;
+        let gone = inner.unmap();
         let mem = inner.mem.clone();
-        // `RegionInner`'s drop unmaps (and drops its own `Arc` of the memory).
+        // `RegionInner`'s drop drops its own `Arc` of the memory.
         drop(inner);
-        Ok(mem)
+        Ok(gone.then_some(mem))
     }
 }
 
@@ -608,6 +646,9 @@ struct BufferInner {
     iova: u64,
     /// Which [`crate::DmaPool`] the buffer belongs to (0: none).
     pool: u64,
+    /// The region's [`DmaRegion::domain`], kept here for the I/O path's
+    /// one-load check.
+    domain: usize,
     offset: usize,
     mem: Arc<HostMemory>,
     region: DmaRegion,
@@ -705,6 +746,7 @@ impl DmaBuffer {
                 len,
                 iova: region.iova() + offset as u64,
                 pool: 0,
+                domain: region.domain(),
                 offset,
                 mem,
                 region,
@@ -798,6 +840,7 @@ impl DmaBuffer {
             len: i.len,
             iova: i.iova,
             pool: 0,
+            domain: i.domain,
             offset: i.offset,
             mem: i.mem.clone(),
             region: i.region.clone(),
@@ -847,6 +890,14 @@ impl DmaBuffer {
     #[inline]
     pub fn iova(&self) -> u64 {
         self.inner.iova
+    }
+
+    /// The IOMMU mapping the buffer lives in ([`DmaRegion::domain`]): a
+    /// device reaches the buffer at [`DmaBuffer::iova`] only if it uses
+    /// this mapping. Buffers of two controllers have different domains.
+    #[inline]
+    pub fn domain(&self) -> usize {
+        self.inner.domain
     }
 
     /// IOVA of byte `offset` (which may equal `len()`, one past the end).

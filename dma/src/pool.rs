@@ -151,7 +151,9 @@ mod tests {
         fn map(&self, _mem: &Arc<HostMemory>) -> Result<u64, DmaError> {
             Ok(0x20_0000)
         }
-        fn unmap(&self, _m: crate::memory::Unmapping) {}
+        fn unmap(&self, _m: crate::memory::Unmapping) -> bool {
+            true
+        }
     }
 
     fn slab(len: usize) -> DmaBuffer {

@@ -245,7 +245,9 @@ mod tests {
         fn map(&self, _mem: &Arc<HostMemory>) -> Result<u64, DmaError> {
             Ok(0x10_0000)
         }
-        fn unmap(&self, _m: crate::memory::Unmapping) {}
+        fn unmap(&self, _m: crate::memory::Unmapping) -> bool {
+            true
+        }
     }
 
     fn buffer(len: usize) -> DmaBuffer {

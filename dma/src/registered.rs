@@ -242,6 +242,19 @@ pub enum UnregisterError {
         /// The registration's size.
         len: usize,
     },
+    /// The IOMMU did not confirm the mapping removed
+    /// (VFIO_IOMMU_UNMAP_DMA failed or unmapped less than the whole
+    /// registration): the device may still reach the pages, so they are
+    /// not handed back as a writable mapping. The process's mapping is
+    /// dropped; the pages stay pinned for the device until its VFIO
+    /// container closes.
+    #[error(
+        "the {len}-byte registration could not be unmapped from the IOMMU (the device may still reach it), so it is not handed back; its process mapping was dropped and the device keeps its pages pinned until the VFIO container closes"
+    )]
+    StillMapped {
+        /// The registration's size.
+        len: usize,
+    },
 }
 
 impl UnregisterError {
@@ -249,7 +262,7 @@ impl UnregisterError {
     pub fn into_registration(self) -> Option<RegisteredMemory> {
         match self {
             UnregisterError::StillInUse { registration, .. } => Some(registration),
-            UnregisterError::Retained { .. } => None,
+            UnregisterError::Retained { .. } | UnregisterError::StillMapped { .. } => None,
         }
     }
 }
@@ -368,6 +381,7 @@ impl RegisteredMemory {
                 let mapping = region
                     .unmap_into_memory()
                     .ok()
+                    .flatten()
                     .and_then(|m| HostMemory::into_mapping(m).ok());
                 return Err(RegisterError {
                     reason: RegisterFailure::Map(e),
@@ -508,7 +522,8 @@ impl RegisteredMemory {
         let len = region.len();
         let mem = region
             .unmap_into_memory()
-            .map_err(|_| UnregisterError::Retained { len })?;
+            .map_err(|_| UnregisterError::Retained { len })?
+            .ok_or(UnregisterError::StillMapped { len })?;
         HostMemory::into_mapping(mem).map_err(|_| UnregisterError::Retained { len })
     }
 
@@ -605,14 +620,17 @@ mod tests {
     struct FakeMapper {
         next: AtomicU64,
         live: AtomicU64,
+        /// Report every unmap as not confirmed (an IOMMU that refused).
+        refuse_unmap: std::sync::atomic::AtomicBool,
     }
     impl DmaMapper for FakeMapper {
         fn map(&self, mem: &Arc<HostMemory>) -> Result<u64, DmaError> {
             self.live.fetch_add(1, Ordering::SeqCst);
             Ok(self.next.fetch_add(mem.len() as u64, Ordering::SeqCst))
         }
-        fn unmap(&self, _m: crate::memory::Unmapping) {
+        fn unmap(&self, _m: crate::memory::Unmapping) -> bool {
             self.live.fetch_sub(1, Ordering::SeqCst);
+            !self.refuse_unmap.load(Ordering::SeqCst)
         }
     }
 
@@ -620,6 +638,7 @@ mod tests {
         Arc::new(FakeMapper {
             next: AtomicU64::new(0x4000_0000),
             live: AtomicU64::new(0),
+            refuse_unmap: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -728,5 +747,18 @@ mod tests {
         all.write_u64(0, 7).unwrap();
         drop(all);
         assert_eq!(m.live.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn a_registration_the_iommu_did_not_unmap_is_not_handed_back() {
+        let m = mapper();
+        let reg = RegisteredMemory::new(MmapMut::map_anon(16 << 10).unwrap(), m.clone()).unwrap();
+        drop(reg.alloc(4096).unwrap());
+        m.refuse_unmap.store(true, Ordering::SeqCst);
+        match reg.unregister() {
+            Err(UnregisterError::StillMapped { len }) => assert_eq!(len, 16 << 10),
+            other => panic!("expected StillMapped, got {other:?}"),
+        }
+        assert_eq!(m.live.load(Ordering::SeqCst), 0, "unmapped once, not twice");
     }
 }

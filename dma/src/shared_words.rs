@@ -114,7 +114,9 @@ mod tests {
         fn map(&self, _mem: &Arc<HostMemory>) -> Result<u64, DmaError> {
             Ok(0x10_0000)
         }
-        fn unmap(&self, _m: Unmapping) {}
+        fn unmap(&self, _m: Unmapping) -> bool {
+            true
+        }
     }
 
     #[test]

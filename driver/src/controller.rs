@@ -820,6 +820,13 @@ impl<D: Device> Inner<D> {
             device: self.name.clone(),
             reason: "admin queue lock poisoned".into(),
         })?;
+        // Again under the lock: a close that began while this caller waited
+        // for it must not find the controller enabled again afterwards.
+        if self.is_closed() {
+            return Err(Error::Closed {
+                device: self.name.clone(),
+            });
+        }
         let r = self.reset_locked(&mut admin, deletion_budget);
         if let Err(e) = &r {
             self.mark_failed(e);
@@ -986,6 +993,11 @@ impl<D: Device> Inner<D> {
         if self.state.fetch_or(STATE_CLOSED, Ordering::AcqRel) & STATE_CLOSED != 0 {
             return Ok(());
         }
+        // The admin lock is held to the end (and taken before CSTS is read:
+        // a reset running now finishes first): a reset that waits for it
+        // finds the controller closed and does nothing, instead of enabling
+        // the controller again under the shutdown.
+        let mut admin = self.admin.lock().ok();
         let csts = Csts(self.dev.read32(REG_CSTS));
         if csts.is_all_ones() {
             return Err(Error::ControllerGone {
@@ -994,8 +1006,8 @@ impl<D: Device> Inner<D> {
         }
         let mut result = Ok(());
         if csts.rdy() && !csts.cfs() {
-            if let Ok(mut admin) = self.admin.lock() {
-                self.delete_io_queues(&mut admin, self.admin_timeout);
+            if let Some(admin) = admin.as_deref_mut() {
+                self.delete_io_queues(admin, self.admin_timeout);
             }
             let cc = Cc(self.dev.read32(REG_CC));
             self.dev.write32(REG_CC, cc.with_shn(Cc::SHN_NORMAL).0);
@@ -1016,7 +1028,7 @@ impl<D: Device> Inner<D> {
         }
         let disabled = disable(&self.dev, &self.name, self.ready_timeout);
         if disabled.is_ok() {
-            if let Ok(mut admin) = self.admin.lock() {
+            if let Some(admin) = admin.as_deref_mut() {
                 admin.forget_in_flight();
             }
             if let Ok(mut q) = self.quarantine.lock() {

@@ -265,6 +265,10 @@ pub enum Reject {
     Unusable,
     /// The namespace handle belongs to another controller.
     ForeignNamespace,
+    /// A buffer of the command (data, a vector segment or metadata) is
+    /// mapped for another controller: its IOVA means something else, or
+    /// nothing, to this one.
+    ForeignBuffer,
     /// The namespace was formatted (Format NVM) since the handle was taken:
     /// its geometry no longer holds.
     StaleNamespace {
@@ -364,6 +368,11 @@ impl std::fmt::Display for Reject {
             ),
             Reject::ForeignNamespace => f.write_str(
                 "the namespace handle belongs to another controller: take it from this pair's controller",
+            ),
+            Reject::ForeignBuffer => f.write_str(
+                "a buffer of the command is mapped for another controller (each controller has \
+                 its own IOMMU mappings): allocate it from this pair's controller (alloc_dma, \
+                 dma_pool, register_memory)",
             ),
             Reject::StaleNamespace { nsid } => write!(
                 f,

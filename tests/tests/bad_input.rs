@@ -318,7 +318,9 @@ impl DmaMapper for NoDevice {
     fn map(&self, _mem: &Arc<HostMemory>) -> Result<u64, DmaError> {
         Ok(0x4000_0000)
     }
-    fn unmap(&self, _m: upnvme::dma::Unmapping) {}
+    fn unmap(&self, _m: upnvme::dma::Unmapping) -> bool {
+        true
+    }
 }
 
 fn hugepage_counts() -> (u64, u64) {

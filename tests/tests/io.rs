@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::{T, admin_op, assert_clean, buffer_with, config_one_ns, pattern, read_back, setup};
 use upnvme::{
-    Completion, Controller, DsmRange, Error, IoCommand, IoError, IoQueuePair, Namespace,
+    Completion, Controller, DsmRange, Error, IoCommand, IoData, IoError, IoQueuePair, Namespace,
     QueuePairOptions, Reject,
 };
 use upnvme_tests::{Fault, Match, ModelConfig, ModelController, NamespaceConfig, Status};
@@ -816,4 +816,74 @@ fn queue_pairs_on_their_own_threads() {
     });
     assert!(c.failure().is_none());
     assert_clean(&m);
+}
+
+/// Each controller has its own IOMMU mapping, and two of them hand out the
+/// same IOVAs: a buffer of one, submitted on a pair of the other, would
+/// make that device read or write whatever it has at the address (another
+/// buffer, its rings). The pair refuses it before the device sees it.
+#[test]
+fn a_buffer_of_another_controller_is_refused() {
+    let (m1, c1) = setup(config_one_ns(512, 64));
+    let (m2, c2) = setup(config_one_ns(512, 64));
+    let ns2 = c2.namespace(1).unwrap().clone();
+    m2.write_namespace_data(1, 0, &pattern(7, 4096));
+    // The same allocations on both: the same IOVAs.
+    let b1 = c1.alloc_dma(4096).unwrap();
+    let b2 = c2.alloc_dma(4096).unwrap();
+    assert_eq!(b1.iova(), b2.iova(), "the two mappings use the same IOVAs");
+    let mut qp2 = c2.io_queue_pair(QueuePairOptions::default()).unwrap();
+    assert_ne!(b1.domain(), b2.domain());
+    let fetched = m2.commands_fetched();
+    // The plain path hands it to the general path, which says why.
+    let f = qp2.read_blocking(&ns2, 0, 8, b1, T).unwrap_err();
+    assert!(
+        f.error
+            .to_string()
+            .contains("mapped for another controller"),
+        "{}",
+        f.error
+    );
+    let b1 = f.buffer.expect("the refused buffer comes back");
+    let r = qp2
+        .submit_io(
+            IoCommand::Read {
+                ns: &ns2,
+                slba: 0,
+                blocks: 8,
+            },
+            IoData::buffer(b1),
+            1,
+        )
+        .unwrap_err();
+    assert_eq!(r.reason, Reject::ForeignBuffer);
+    // A vector with one foreign segment.
+    let mut v = upnvme::IoVec::new();
+    v.push(c2.alloc_dma(4096).unwrap(), 0, 2048).unwrap();
+    v.push(r.buffer.unwrap(), 0, 2048).unwrap();
+    let r = qp2
+        .submit_io(
+            IoCommand::Read {
+                ns: &ns2,
+                slba: 0,
+                blocks: 8,
+            },
+            IoData::vectored(v),
+            1,
+        )
+        .unwrap_err();
+    assert_eq!(r.reason, Reject::ForeignBuffer);
+    assert!(r.segments.is_some(), "the vector comes back");
+    assert_eq!(m2.commands_fetched(), fetched, "nothing reached the device");
+    assert_eq!(
+        read_back(&b2, 4096),
+        vec![0; 4096],
+        "the other buffer is untouched"
+    );
+    // Its own buffers work.
+    let got = qp2.read_blocking(&ns2, 0, 8, b2, T).unwrap();
+    assert_eq!(read_back(&got, 4096), pattern(7, 4096));
+    drop(qp2);
+    assert_clean(&m1);
+    assert_clean(&m2);
 }

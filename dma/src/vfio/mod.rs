@@ -286,7 +286,7 @@ impl DmaMapper for VfioContainer {
         VfioContainer::iova_ranges(self)
     }
 
-    fn unmap(&self, mapping: crate::memory::Unmapping) {
+    fn unmap(&self, mapping: crate::memory::Unmapping) -> bool {
         let (iova, len) = (mapping.iova(), mapping.len());
         let mut u = abi::DmaUnmap {
             argsz: std::mem::size_of::<abi::DmaUnmap>() as u32,
@@ -301,12 +301,11 @@ impl DmaMapper for VfioContainer {
         // the range stays reserved for the container's life: a new mapping
         // there would fail with EEXIST, or share device addresses with
         // whatever is still mapped.
-        if r.is_ok()
-            && u.size == len as u64
-            && let Ok(mut a) = self.iova.lock()
-        {
+        let gone = r.is_ok() && u.size == len as u64;
+        if gone && let Ok(mut a) = self.iova.lock() {
             a.free(iova, len as u64);
         }
+        gone
     }
 }
 

@@ -153,6 +153,7 @@ impl<D: Device> IoQueuePair<D> {
         } else {
             0
         };
+        let domain = sq.buffer().domain();
         let mut qp = IoQueuePair {
             expect_state: 0,
             sq,
@@ -180,6 +181,7 @@ impl<D: Device> IoQueuePair<D> {
             reap_on_submit: opts.reap_on_submit,
             poll_countdown: PERIODIC_POLLS,
             instance: ctrl.instance(),
+            domain,
             max_transfer,
             sgl,
             sgl_mode: opts.sgl,

@@ -198,6 +198,9 @@ pub struct IoQueuePair<D: Device = VfioNvme> {
     /// The controller instance (namespace handles of other controllers are
     /// refused).
     instance: u64,
+    /// The IOMMU mapping of this controller's memory (`DmaBuffer::domain`
+    /// of the pair's own SQ): a command's buffers must live in it.
+    domain: usize,
     max_transfer: usize,
     /// The controller's SGL support (Identify Controller SGLS).
     sgl: upnvme_queues::sgl::SglSupport,

@@ -5,7 +5,8 @@
 //!
 //! It checks everything the general path (`submit.rs`) checks for such a
 //! command: the pair's state word, the namespace handle (this controller's,
-//! not retired), the LBA range and NLB, the buffer's room for the transfer,
+//! not retired), the buffer's IOMMU mapping (this controller's), the LBA
+//! range and NLB, the buffer's room for the transfer,
 //! MDTS, the depth with parked completions, and the tracker free stack.
 //! When a check does not pass (or the command is not plain), the command
 //! goes to the general path untouched, which checks again and refuses with
@@ -14,7 +15,6 @@
 //! it only leaves out the branches, registers and stores that a vector, a
 //! metadata buffer or protection information would need.
 
-use upnvme_dma::DmaBuffer;
 use upnvme_queues::sgl::PSDT_SGL_MPTR_ADDRESS;
 use upnvme_queues::sqe::{io_qwords, opcode::nvm};
 
@@ -47,7 +47,11 @@ impl<D: Device> IoQueuePair<D> {
             IoCommand::Write { ns, slba, blocks } => (nvm::WRITE, ns, slba, blocks),
             _ => return None,
         };
-        let len = io.buffer.as_ref().map(DmaBuffer::len)?;
+        let buf = io.buffer.as_ref()?;
+        let len = buf.len();
+        if buf.domain() != self.domain {
+            return None;
+        }
         if io.segments.is_some() || io.metadata.is_some() || io.protection.is_some() {
             return None;
         }

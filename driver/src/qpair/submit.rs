@@ -296,6 +296,18 @@ impl<D: Device> IoQueuePair<D> {
         self.queue_sqe_general(cmd, io, tag)
     }
 
+    /// Whether every buffer of a command lives in this controller's IOMMU
+    /// mapping ([`DmaBuffer::domain`]): a buffer of another controller has
+    /// an IOVA that means something else here (another buffer, this pair's
+    /// rings) or nothing.
+    #[inline(always)]
+    fn maps(&self, buffer: Option<&DmaBuffer>, v: Option<&IoVec>, md: Option<&DmaBuffer>) -> bool {
+        let ours = |b: &DmaBuffer| b.domain() == self.domain;
+        buffer.is_none_or(ours)
+            && md.is_none_or(ours)
+            && v.is_none_or(|v| v.segments().iter().all(|s| ours(s.buffer())))
+    }
+
     /// Everything the plain path (plain.rs) does not take: other commands,
     /// vectors, metadata and protection, and every refusal.
     #[inline(never)]
@@ -345,6 +357,14 @@ impl<D: Device> IoQueuePair<D> {
             && let Err(reason) = self.resync_for_submit()
         {
             return Err(Rejected::with_memory(reason, buffer, segments, metadata));
+        }
+        if !self.maps(buffer.as_ref(), segments.as_ref(), metadata.as_ref()) {
+            return Err(Rejected::with_memory(
+                Reject::ForeignBuffer,
+                buffer,
+                segments,
+                metadata,
+            ));
         }
         let mem = Mem {
             buffer: buffer.as_ref().map(DmaBuffer::len),

@@ -160,10 +160,11 @@ impl DmaMapper for IovaTable {
         Ok(iova)
     }
 
-    fn unmap(&self, mapping: upnvme_dma::Unmapping) {
+    fn unmap(&self, mapping: upnvme_dma::Unmapping) -> bool {
         // Take the entry out under the lock, drop the handle after it.
         let mem = self.lock().maps.remove(&mapping.iova());
         drop(mem);
+        true
     }
 
     fn iova_ranges(&self) -> Vec<upnvme_dma::IovaRange> {
