@@ -150,6 +150,54 @@ fn two_controllers_in_one_process() {
     b.close().unwrap();
 }
 
+/// Each controller has its own VFIO container and IOVA space: a buffer of
+/// one, submitted on a pair of the other, is refused before the device sees
+/// it (its IOVA would name the other's memory, or nothing: an IOMMU fault
+/// the command would not report). The harness checks for DMAR faults.
+#[test]
+fn a_buffer_of_one_controller_is_refused_on_the_other() {
+    let devs = devices();
+    if devs.len() < 2 {
+        eprintln!("single-controller configuration: covered by the two-controller run");
+        return;
+    }
+    let a = open(&devs[0]);
+    let b = open(&devs[1]);
+    let ns = b.namespace(1).unwrap().clone();
+    let mut qp = b
+        .io_queue_pair(upnvme::QueuePairOptions::default())
+        .unwrap();
+    let lba = ns.lba_size() as usize;
+    let foreign = a.alloc_dma(lba).unwrap();
+    foreign.fill(0, lba, 0xa5).unwrap();
+    eprintln!(
+        "IOVA of a's buffer {:#x}; of b's first buffer {:#x}",
+        foreign.iova(),
+        b.alloc_dma(lba).unwrap().iova()
+    );
+    let t = Duration::from_secs(10);
+    let f = qp.write_blocking(&ns, 0, 1, foreign, t).unwrap_err();
+    assert!(
+        f.error
+            .to_string()
+            .contains("mapped for another controller"),
+        "{}",
+        f.error
+    );
+    let foreign = f.buffer.expect("the refused buffer comes back");
+    // b's own memory carries the same bytes.
+    let own = b.alloc_dma(lba).unwrap();
+    own.write_bytes(0, &foreign.to_vec()).unwrap();
+    qp.write_blocking(&ns, 0, 1, own, t).unwrap();
+    let back = qp
+        .read_blocking(&ns, 0, 1, b.alloc_dma(lba).unwrap(), t)
+        .unwrap();
+    assert!(back.to_vec().iter().all(|&x| x == 0xa5));
+    drop(qp);
+    a.close().unwrap();
+    b.close().unwrap();
+}
+
 #[test]
 fn async_event_polling_is_quiet_when_nothing_happened() {
     let c = open(&devices()[0]);
