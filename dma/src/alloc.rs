@@ -166,6 +166,7 @@ pub(crate) fn give_back(free: &mut Vec<(usize, usize)>, off: usize, len: usize) 
 mod tests {
     use super::*;
     use crate::memory::HostMemory;
+    use crate::test_mapper::FixedIova;
     use std::sync::atomic::{AtomicU64, Ordering};
 
     /// Hands out fake IOVAs and counts maps/unmaps.
@@ -229,18 +230,6 @@ mod tests {
         );
     }
 
-    /// Gives every mapping the same IOVA: a mapper can, and the allocator
-    /// must still tell its regions apart.
-    struct SameIova;
-    impl DmaMapper for SameIova {
-        fn map(&self, _mem: &Arc<HostMemory>) -> Result<u64, DmaError> {
-            Ok(0x20_0000)
-        }
-        fn unmap(&self, _m: crate::memory::Unmapping) -> bool {
-            true
-        }
-    }
-
     fn fake() -> Arc<FakeMapper> {
         Arc::new(FakeMapper {
             next: AtomicU64::new(0x10_0000_0000),
@@ -285,7 +274,7 @@ mod tests {
 
     #[test]
     fn pages_return_to_their_own_region_even_when_iovas_repeat() {
-        let a = DmaAllocator::new(Arc::new(SameIova), PageBacking::Small4K);
+        let a = DmaAllocator::new(Arc::new(FixedIova(0x20_0000)), PageBacking::Small4K);
         let whole = a.alloc(2 << 20).unwrap(); // fills the first region
         let small = a.alloc(4096).unwrap(); // a second region, same IOVA
         assert_eq!(a.regions(), 2);

@@ -38,6 +38,8 @@ pub mod queue_memory;
 pub mod registered;
 pub mod shared_words;
 pub mod sigbus;
+#[cfg(test)]
+mod test_mapper;
 pub mod tsc;
 pub mod vfio;
 

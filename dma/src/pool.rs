@@ -144,21 +144,10 @@ impl DmaPool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memory::{DmaMapper, DmaRegion, HostMemory, PageBacking};
-
-    struct Flat;
-    impl DmaMapper for Flat {
-        fn map(&self, _mem: &Arc<HostMemory>) -> Result<u64, DmaError> {
-            Ok(0x20_0000)
-        }
-        fn unmap(&self, _m: crate::memory::Unmapping) -> bool {
-            true
-        }
-    }
+    use crate::test_mapper::buffer_at;
 
     fn slab(len: usize) -> DmaBuffer {
-        let r = DmaRegion::new(len, PageBacking::Small4K, Arc::new(Flat)).unwrap();
-        DmaBuffer::new(r, 0, len, None).unwrap()
+        buffer_at(0x20_0000, len)
     }
 
     #[test]

@@ -106,22 +106,13 @@ impl SharedWords {
 mod tests {
     use super::*;
     use crate::alloc::DmaAllocator;
-    use crate::memory::{DmaMapper, HostMemory, PageBacking, Unmapping};
+    use crate::memory::PageBacking;
+    use crate::test_mapper::FixedIova;
     use std::sync::Arc;
-
-    struct Flat;
-    impl DmaMapper for Flat {
-        fn map(&self, _mem: &Arc<HostMemory>) -> Result<u64, DmaError> {
-            Ok(0x10_0000)
-        }
-        fn unmap(&self, _m: Unmapping) -> bool {
-            true
-        }
-    }
 
     #[test]
     fn words_must_be_aligned_in_memory_not_just_by_offset() {
-        let a = DmaAllocator::new(Arc::new(Flat), PageBacking::Small4K);
+        let a = DmaAllocator::new(Arc::new(FixedIova(0x10_0000)), PageBacking::Small4K);
         let mut pieces = a.alloc(8192).unwrap().split(4097).unwrap();
         let odd = SharedWords::new(pieces.pop().unwrap());
         assert_eq!(odd.iova() % 4, 1);
