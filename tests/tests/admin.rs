@@ -470,6 +470,16 @@ fn last_admin_sqe(m: &upnvme_tests::ModelController, opcode: u8) -> [u8; 64] {
         .expect("the command was fetched")
 }
 
+/// The memory of the last Create I/O Completion Queue the model fetched, as
+/// (IOVA, length): PRP1, and QSIZE (CDW10 bits 31:16, 0-based) entries of
+/// 16 bytes.
+fn last_created_cq(m: &upnvme_tests::ModelController) -> (u64, u64) {
+    let sqe = last_admin_sqe(m, admin_op::CREATE_IO_CQ);
+    let cq = u64::from_le_bytes(sqe[24..32].try_into().unwrap());
+    let qsize = u64::from(u16::from_le_bytes([sqe[42], sqe[43]])) + 1;
+    (cq, qsize * 16)
+}
+
 /// Fresh 4 KiB allocations overlap none of the `held` (IOVA, length) ranges
 /// the device may still use.
 fn assert_not_handed_out(
@@ -518,11 +528,7 @@ fn a_queue_creation_that_times_out_keeps_the_queue_memory() {
     let c = with_held_admin(&m, admin_op::CREATE_IO_CQ);
     let e = c.io_queue_pair(QueuePairOptions::default()).unwrap_err();
     assert!(matches!(e, Error::Timeout { .. }), "{e:?}");
-    let sqe = last_admin_sqe(&m, admin_op::CREATE_IO_CQ);
-    let cq = u64::from_le_bytes(sqe[24..32].try_into().unwrap());
-    // QSIZE (CDW10 bits 31:16, 0-based) entries of 16 bytes.
-    let qsize = u64::from(u16::from_le_bytes([sqe[42], sqe[43]])) + 1;
-    assert_not_handed_out(&c, &[(cq, qsize * 16)]);
+    assert_not_handed_out(&c, &[last_created_cq(&m)]);
     c.close().unwrap();
     assert_eq!(m.release_delayed(), 0, "the reset forgot the command");
     assert_clean(&m);
@@ -554,11 +560,9 @@ fn a_re_creation_after_reset_that_times_out_keeps_the_queue_memory() {
             .contains("Create I/O Completion Queue 1 (after reset)"),
         "{e}"
     );
-    let sqe = last_admin_sqe(&m, admin_op::CREATE_IO_CQ);
-    let cq = u64::from_le_bytes(sqe[24..32].try_into().unwrap());
-    let qsize = u64::from(u16::from_le_bytes([sqe[42], sqe[43]])) + 1;
+    let cq = last_created_cq(&m);
     drop(qp);
-    assert_not_handed_out(&c, &[(cq, qsize * 16)]);
+    assert_not_handed_out(&c, &[cq]);
     let _ = c.close();
     m.release_delayed();
     assert_clean(&m);

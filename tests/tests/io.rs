@@ -845,33 +845,18 @@ fn a_buffer_of_another_controller_is_refused() {
         f.error
     );
     let b1 = f.buffer.expect("the refused buffer comes back");
-    let r = qp2
-        .submit_io(
-            IoCommand::Read {
-                ns: &ns2,
-                slba: 0,
-                blocks: 8,
-            },
-            IoData::buffer(b1),
-            1,
-        )
-        .unwrap_err();
+    let read8 = IoCommand::Read {
+        ns: &ns2,
+        slba: 0,
+        blocks: 8,
+    };
+    let r = qp2.submit_io(read8, IoData::buffer(b1), 1).unwrap_err();
     assert_eq!(r.reason, Reject::ForeignBuffer);
     // A vector with one foreign segment.
     let mut v = upnvme::IoVec::new();
     v.push(c2.alloc_dma(4096).unwrap(), 0, 2048).unwrap();
     v.push(r.buffer.unwrap(), 0, 2048).unwrap();
-    let r = qp2
-        .submit_io(
-            IoCommand::Read {
-                ns: &ns2,
-                slba: 0,
-                blocks: 8,
-            },
-            IoData::vectored(v),
-            1,
-        )
-        .unwrap_err();
+    let r = qp2.submit_io(read8, IoData::vectored(v), 1).unwrap_err();
     assert_eq!(r.reason, Reject::ForeignBuffer);
     assert!(r.segments.is_some(), "the vector comes back");
     assert_eq!(m2.commands_fetched(), fetched, "nothing reached the device");
