@@ -9,7 +9,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use upnvme_dma::{DmaBuffer, DmaPages, DmaPool, PciAddress, SharedWords, Sysfs};
-use upnvme_queues::regs::{REG_ACQ, REG_AQA, REG_ASQ, REG_CAP, REG_CC, REG_CSTS, REG_VS, aqa};
+use upnvme_queues::regs::{
+    Crto, REG_ACQ, REG_AQA, REG_ASQ, REG_CAP, REG_CC, REG_CRTO, REG_CSTS, REG_VS, aqa,
+};
 use upnvme_queues::{
     AsyncEvent, Cap, Cc, Cqe, Csts, ErrorLogEntry, FirmwareSlotLog, IdentifyController,
     IdentifyNamespace, SmartLog, Sqe, Vs, parse_ns_list,
@@ -1216,6 +1218,21 @@ pub(crate) fn disable<D: Device>(dev: &D, name: &str, timeout: Duration) -> Resu
     )
 }
 
+/// The ready waits' bound when the caller gave none: CAP.TO, or CRTO.CRWMT
+/// when the controller reports Controller Ready With Media Support
+/// (CAP.CRMS.CRWMS) and CRWMT is longer. NVMe 2.0 caps CAP.TO at FFh
+/// (127.5 s) for such a controller, so a slow one (media spin-up, a large
+/// recovery) may need the longer CRWMT; upnvme leaves CC.CRIME clear, so
+/// CRWMT (not CRIMT) is the time that applies. It bounds the wait for
+/// CSTS.RDY = 0 too, where CAP.TO would do: only a bound, never a delay.
+fn default_ready_timeout<D: Device>(dev: &D, cap: Cap) -> Duration {
+    let mut ms = cap.timeout_ms();
+    if cap.crwms() {
+        ms = ms.max(Crto(dev.read32(REG_CRTO)).crwmt_ms());
+    }
+    Duration::from_millis(ms)
+}
+
 /// The transfer limit MDTS encodes (2^MDTS units of CAP.MPSMIN pages), `None`
 /// for 0 (no limit). A value too large for the address space also means "no
 /// limit" (`1 << 52` pages would otherwise wrap to 0 — a device's odd MDTS must
@@ -1301,7 +1318,7 @@ fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<(Inner<D>, 
     }
     let ready_timeout = options
         .ready_timeout
-        .unwrap_or(Duration::from_millis(cap.timeout_ms()));
+        .unwrap_or_else(|| default_ready_timeout(&dev, cap));
     let admin_timeout = options
         .admin_timeout
         .unwrap_or(Duration::from_millis(cap.timeout_ms()).max(Duration::from_secs(5)));

@@ -24,7 +24,8 @@ pub struct ControllerOptions {
     pub async_events: u8,
     /// Bound on each admin command; `None` derives it from CAP.TO (at least 5 s).
     pub admin_timeout: Option<Duration>,
-    /// Bound on the controller-ready waits; `None` uses CAP.TO as the spec says.
+    /// Bound on the controller-ready waits; `None` uses CAP.TO as the spec says, or CRTO.CRWMT when the
+    /// controller reports CAP.CRMS.CRWMS and CRWMT is longer (NVMe 2.0).
     pub ready_timeout: Option<Duration>,
     /// Bound on the shutdown wait; `None` uses RTD3E when reported, else CAP.TO.
     pub shutdown_timeout: Option<Duration>,

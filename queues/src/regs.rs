@@ -31,6 +31,9 @@ pub const REG_ACQ: usize = 0x30;
 pub const REG_CMBLOC: usize = 0x38;
 /// Offset of CMBSZ, Controller Memory Buffer Size (32 bit, §3.1.3.12).
 pub const REG_CMBSZ: usize = 0x3c;
+/// Offset of CRTO, Controller Ready Timeouts (32 bit, NVMe 2.0 §3.1.3.13;
+/// present when CAP.CRMS is non-zero).
+pub const REG_CRTO: usize = 0x68;
 /// Offset of the first doorbell register, SQ0TDBL (Submission Queue 0 Tail
 /// Doorbell, §3.1.3.22).
 pub const DOORBELL_BASE: usize = 0x1000;
@@ -125,6 +128,20 @@ impl Cap {
         bits64(self.0, 57, 1) != 0
     }
 
+    /// CAP.CRMS.CRWMS (bit 59), Controller Ready With Media Support: the
+    /// controller reports in CRTO.CRWMT how long CSTS.RDY may take after
+    /// CC.EN = 1 (with CC.CRIME = 0), which may exceed what CAP.TO can
+    /// express (CAP.TO is then the lower of FFh and CRWMT).
+    pub fn crwms(&self) -> bool {
+        bits64(self.0, 59, 1) != 0
+    }
+
+    /// CAP.CRMS.CRIMS (bit 60), Controller Ready Independent of Media
+    /// Support (CC.CRIME may be set; upnvme leaves it clear).
+    pub fn crims(&self) -> bool {
+        bits64(self.0, 60, 1) != 0
+    }
+
     /// The CAP.TO timeout in milliseconds (`TO * 500`), but never less than
     /// 500 ms so that a controller reporting TO = 0 still gets a bounded,
     /// non-zero wait.
@@ -146,6 +163,31 @@ impl Cap {
     /// Largest memory page size the controller supports, `2^(12 + CAP.MPSMAX)` bytes.
     pub fn max_page_size(&self) -> usize {
         1usize << (12 + u32::from(self.mpsmax()))
+    }
+}
+
+/// CRTO — Controller Ready Timeouts (NVMe 2.0 §3.1.3.13), the raw 32-bit
+/// register value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Crto(pub u32);
+
+impl Crto {
+    /// CRTO.CRWMT (bits 15:0), Controller Ready With Media Timeout, in
+    /// 500 ms units: the worst-case wait for CSTS.RDY = 1 after CC.EN = 1
+    /// when CC.CRIME = 0.
+    pub fn crwmt(&self) -> u16 {
+        bits32(self.0, 0, 16) as u16
+    }
+
+    /// CRTO.CRIMT (bits 31:16), Controller Ready Independent of Media
+    /// Timeout, in 500 ms units (the wait when CC.CRIME = 1).
+    pub fn crimt(&self) -> u16 {
+        bits32(self.0, 16, 16) as u16
+    }
+
+    /// CRTO.CRWMT in milliseconds (`CRWMT * 500`; 0 when not reported).
+    pub fn crwmt_ms(&self) -> u64 {
+        u64::from(self.crwmt()) * 500
     }
 }
 
@@ -385,6 +427,20 @@ mod tests {
         assert_eq!(cap.max_page_size(), 65536);
         assert!(cap.cmbs());
         assert!(!cap.pmrs());
+        assert!(!cap.crwms() && !cap.crims());
+        // CRMS = 01b (bit 59: CRWMS only), then both.
+        assert!(Cap(raw | 1 << 59).crwms() && !Cap(raw | 1 << 59).crims());
+        assert!(Cap(raw | 3 << 59).crims());
+    }
+
+    #[test]
+    fn crto_fields() {
+        // CRIMT = 2 (1 s), CRWMT = 600 (300 s: more than CAP.TO's 127.5 s).
+        let crto = Crto(2 << 16 | 600);
+        assert_eq!(crto.crwmt(), 600);
+        assert_eq!(crto.crimt(), 2);
+        assert_eq!(crto.crwmt_ms(), 300_000);
+        assert_eq!(Crto(u32::MAX).crwmt_ms(), 65_535 * 500);
     }
 
     #[test]

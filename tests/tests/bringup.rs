@@ -352,6 +352,43 @@ fn async_event_requests_posted_up_to_aerl_plus_one() {
     }
 }
 
+/// Without a caller's bound, the enable wait lasts the longer of CAP.TO and,
+/// when CAP.CRMS.CRWMS is set, CRTO.CRWMT (NVMe 2.0): a controller that
+/// needs longer than CAP.TO can say is not given up on early.
+#[test]
+fn the_default_ready_bound_is_the_longer_of_cap_to_and_crto_crwmt() {
+    for (cap_to, crwmt, at_least) in [
+        // CAP.TO 500 ms, CRWMT 1 s: CRWMT.
+        (1u8, Some(2u16), Duration::from_secs(1)),
+        // CAP.TO 1 s, CRWMT 500 ms: CAP.TO (CRWMT never shortens it).
+        (2, Some(1), Duration::from_secs(1)),
+    ] {
+        let m = ModelController::new(ModelConfig {
+            cap_to,
+            crwmt,
+            ..Default::default()
+        });
+        m.inject(Fault::NeverReady);
+        let r = Controller::with_device(
+            m.clone(),
+            ControllerOptions {
+                ready_timeout: None,
+                ..opts()
+            },
+        );
+        match r {
+            Err(Error::Timeout { what, after }) => {
+                assert!(what.contains("RDY = 1"), "{what}");
+                assert!(
+                    after >= at_least,
+                    "CAP.TO {cap_to}, CRWMT {crwmt:?}: gave up after {after:?}"
+                );
+            }
+            other => panic!("expected Timeout, got {other:?}"),
+        }
+    }
+}
+
 #[test]
 fn never_ready_times_out_with_the_callers_bound() {
     // CAP.TO of 30 s: the caller's 100 ms must win, and the call must not hang.

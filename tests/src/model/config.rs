@@ -36,6 +36,10 @@ pub struct ModelConfig {
     pub max_ioqpairs: u16,
     /// CAP.TO (bits 31:24), Timeout, in 500 ms units.
     pub cap_to: u8,
+    /// `Some(t)`: CAP.CRMS.CRWMS (bit 59) set and CRTO.CRWMT (register 68h,
+    /// bits 15:0) = `t`, in 500 ms units (NVMe 2.0 Controller Ready
+    /// Timeouts); `None`: CAP.CRMS = 0, CRTO reads 0.
+    pub crwmt: Option<u16>,
     /// CAP.DSTRD (bits 35:32), Doorbell Stride: doorbells are `4 << dstrd`
     /// bytes apart.
     pub dstrd: u8,
@@ -174,6 +178,7 @@ impl Default for ModelConfig {
             mqes: 2047,
             max_ioqpairs: 64,
             cap_to: 2,
+            crwmt: None,
             dstrd: 0,
             rtd3e_us: 0,
             aerl: 3,

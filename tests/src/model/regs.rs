@@ -26,6 +26,8 @@ pub(crate) const AQA: usize = 0x24;
 pub(crate) const ASQ: usize = 0x28;
 /// Offset of ACQ (Admin Completion Queue Base Address, 64 bit).
 pub(crate) const ACQ: usize = 0x30;
+/// Offset of CRTO (Controller Ready Timeouts, NVMe 2.0).
+pub(crate) const CRTO: usize = 0x68;
 /// Offset of SQ0TDBL, the first doorbell.
 pub(crate) const DOORBELLS: usize = 0x1000;
 
@@ -75,7 +77,8 @@ impl Regs {
 
 impl State {
     /// CAP as the model reports it: MQES, CQR = 1, AMS = 0, TO,
-    /// DSTRD, NSSRS = 0, CSS bit 0 (NVM command set), MPSMIN = 0, MPSMAX = 4.
+    /// DSTRD, NSSRS = 0, CSS bit 0 (NVM command set), MPSMIN = 0, MPSMAX = 4,
+    /// CRMS.CRWMS when [`crate::ModelConfig::crwmt`] is set.
     pub fn cap(&self) -> u64 {
         u64::from(self.cfg.mqes)
             | 1 << 16
@@ -83,6 +86,7 @@ impl State {
             | u64::from(self.cfg.dstrd & 0xf) << 32
             | 1 << 37
             | u64::from(MPSMAX) << 52
+            | u64::from(self.cfg.crwmt.is_some()) << 59
     }
 
     /// CSTS without side effects: RDY (bit 0), CFS (bit 1), SHST (bits 3:2).
@@ -136,6 +140,7 @@ impl State {
             0x2c => (self.regs.asq >> 32) as u32,
             ACQ => self.regs.acq as u32,
             0x34 => (self.regs.acq >> 32) as u32,
+            CRTO => u32::from(self.cfg.crwmt.unwrap_or(0)),
             _ => 0,
         }
     }
