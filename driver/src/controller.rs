@@ -89,6 +89,10 @@ pub(crate) struct Inner<D: Device> {
     resets: AtomicU64,
     /// I/O queue IDs in use (index = qid - 1).
     qids: Mutex<Vec<bool>>,
+    /// Queue IDs whose queues may still exist on the controller (a deletion
+    /// it refused or never answered): kept in use until the next reset
+    /// disables the controller, since a Create with such an ID would fail.
+    held_qids: Mutex<Vec<u16>>,
     /// Memory the device may still access (timed-out commands, queues whose
     /// deletion failed): released only after the controller is disabled.
     quarantine: Mutex<Vec<DmaPages>>,
@@ -618,6 +622,39 @@ impl<D: Device> Inner<D> {
         }
     }
 
+    /// Keeps `qid` in use until the controller is next disabled: its queues
+    /// may still exist (a Create I/O SQ failed and the Delete I/O CQ that
+    /// should have undone the CQ failed too, or a pair's deletion failed).
+    /// `generation` is the one the caller saw the queues in: if a reset has
+    /// disabled the controller since, the queues are gone and the ID is free
+    /// at once.
+    pub(crate) fn hold_qid(&self, qid: u16, generation: u64) {
+        // A poisoned lock keeps the ID in use: never handed out again.
+        if let Ok(mut held) = self.held_qids.lock() {
+            if self.generation() == generation {
+                held.push(qid);
+                return;
+            }
+        } else {
+            return;
+        }
+        self.free_qid(qid);
+    }
+
+    /// A new generation after the controller was disabled, and the queue
+    /// IDs held for queues that may have existed free again — in one step
+    /// under the held-ID lock, so that `hold_qid` either sees the old
+    /// generation and is drained here, or the new one and frees at once.
+    fn bump_generation_after_disable(&self) {
+        let held = self.held_qids.lock();
+        self.bump_generation();
+        if let Ok(mut held) = held {
+            for qid in std::mem::take(&mut *held) {
+                self.free_qid(qid);
+            }
+        }
+    }
+
     /// Keeps memory alive until the controller is disabled.
     pub(crate) fn quarantine(&self, bufs: Vec<DmaPages>) {
         if let Ok(mut q) = self.quarantine.lock() {
@@ -630,8 +667,15 @@ impl<D: Device> Inner<D> {
     /// the admin lock; returns the reset generation read under that lock —
     /// the one the new queues belong to, since a reset (which holds the lock
     /// throughout) cannot come between.
-    pub(crate) fn create_io_queues(&self, cq: Sqe, sq: Sqe, qid: u16, when: &str) -> Result<u64> {
+    pub(crate) fn create_io_queues(
+        &self,
+        cq: Sqe,
+        sq: Sqe,
+        qid: u16,
+        when: &str,
+    ) -> std::result::Result<u64, CreateFailure> {
         let t = self.admin_timeout;
+        let mut cq_left = false;
         self.with_admin(|dev, name, admin| {
             let what = format!("Create I/O Completion Queue {qid}{when}");
             let (cqe, _) = admin.execute(dev, name, cq, None, None, t, &what)?;
@@ -641,19 +685,16 @@ impl<D: Device> Inner<D> {
                 .execute(dev, name, sq, None, None, t, &what)
                 .and_then(|(cqe, _)| succeeded(cqe, &what));
             if let Err(e) = created {
-                let _ = admin.execute(
-                    dev,
-                    name,
-                    Sqe::delete_io_cq(qid),
-                    None,
-                    None,
-                    t,
-                    "Delete I/O Completion Queue",
-                );
+                let what = format!("Delete I/O Completion Queue {qid} (undoing the CQ)");
+                cq_left = admin
+                    .execute(dev, name, Sqe::delete_io_cq(qid), None, None, t, &what)
+                    .and_then(|(cqe, _)| succeeded(cqe, &what))
+                    .is_err();
                 return Err(e);
             }
             Ok(self.generation())
         })
+        .map_err(|error| CreateFailure { error, cq_left })
     }
 
     /// Executes an admin command without data; an error status is an error.
@@ -847,7 +888,7 @@ impl<D: Device> Inner<D> {
         if let Ok(mut q) = self.quarantine.lock() {
             q.clear();
         }
-        self.bump_generation();
+        self.bump_generation_after_disable();
         self.resets.fetch_add(1, Ordering::Relaxed);
 
         *admin = enable_with_admin_queue(dev, name, self.cap, admin.entries(), self.ready_timeout)
@@ -1286,6 +1327,16 @@ fn enable_with_admin_queue<D: Device>(
     Ok(admin)
 }
 
+/// Why Create I/O CQ + SQ failed, and whether the CQ may still exist (the
+/// SQ was refused and deleting the CQ again failed too): its memory must
+/// then stay out of use, and its queue ID too (`Inner::hold_qid`).
+pub(crate) struct CreateFailure {
+    /// The error of the Create that failed.
+    pub(crate) error: Error,
+    /// The CQ was created and could not be deleted again.
+    pub(crate) cq_left: bool,
+}
+
 /// Why enabling the controller failed, and the admin queue memory it may
 /// still use (`Some` when it could not be disabled again).
 struct EnableFailure {
@@ -1373,6 +1424,7 @@ fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<(Inner<D>, 
         state: AtomicU64::new(0),
         resets: AtomicU64::new(0),
         qids: Mutex::new(Vec::new()),
+        held_qids: Mutex::new(Vec::new()),
         quarantine: Mutex::new(Vec::new()),
         identify: placeholder,
         granted_io_queues: 0,

@@ -616,6 +616,78 @@ fn failed_queue_creation_frees_the_qid_and_the_cq() {
     assert_clean(&m);
 }
 
+/// Create I/O SQ refused, and the Delete I/O CQ that should undo the CQ
+/// refused too: CQ 1 still exists. Its ID is not handed out again (a
+/// Create CQ 1 would fail, and so would every pair after it) and its memory
+/// stays out of the allocator, until a reset disables the controller.
+#[test]
+fn a_cq_that_cannot_be_deleted_again_keeps_its_qid_and_memory_until_a_reset() {
+    let (m, c) = setup(ModelConfig::default());
+    m.inject(Fault::Status {
+        on: on_admin(admin_op::CREATE_IO_SQ),
+        status: Status::INVALID_QID.with_dnr(),
+    });
+    m.inject(Fault::Status {
+        on: on_admin(admin_op::DELETE_IO_CQ),
+        status: Status::INVALID_FIELD.with_dnr(),
+    });
+    let e = c.io_queue_pair(QueuePairOptions::default()).unwrap_err();
+    assert!(
+        e.to_string().contains("Create I/O Submission Queue 1"),
+        "{e}"
+    );
+    assert!(m.queue_exists(1), "the model still has CQ 1");
+    let cq = last_created_cq(&m);
+    assert_not_handed_out(&c, &[cq]);
+    // The next pair takes queue ID 2 and works.
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    assert_eq!(qp.qid(), 2);
+    let ns = c.namespace(1).unwrap().clone();
+    qp.read_blocking(
+        &ns,
+        0,
+        1,
+        c.alloc_dma(4096).unwrap(),
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    assert!(c.failure().is_none());
+    // A reset disables the controller: CQ 1 is gone and ID 1 free again.
+    c.reset().unwrap();
+    assert!(!m.queue_exists(1));
+    let qp1 = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    assert_eq!(qp1.qid(), 1);
+    drop(qp1);
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
+/// A dropped pair whose Delete I/O SQ the controller refuses: its queues
+/// still exist, so its queue ID is held (the next pair gets another) until a
+/// reset disables the controller.
+#[test]
+fn a_pair_whose_deletion_is_refused_holds_its_qid_until_a_reset() {
+    let (m, c) = setup(ModelConfig::default());
+    let qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    assert_eq!(qp.qid(), 1);
+    m.inject(Fault::Status {
+        on: on_admin(admin_op::DELETE_IO_SQ),
+        status: Status::INVALID_FIELD.with_dnr(),
+    });
+    drop(qp);
+    assert!(m.queue_exists(1), "the model still has queue 1");
+    let qp2 = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    assert_eq!(qp2.qid(), 2);
+    assert!(c.failure().is_none());
+    c.reset().unwrap();
+    let qp1 = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    assert_eq!(qp1.qid(), 1);
+    drop((qp1, qp2));
+    drop(c);
+    assert_clean(&m);
+}
+
 #[test]
 fn queue_entries_are_checked_against_mqes() {
     let (m, c) = setup(ModelConfig {

@@ -15,7 +15,7 @@ use upnvme_queues::{CidTable, CqRing, SqRing, Sqe};
 use super::SglMode;
 use super::doorbell::{CqHeadPolicy, Doorbells, ShadowSlots};
 use super::{IoQueuePair, PAGE, PERIODIC_POLLS, QueuePairOptions, QueueStats, clock};
-use crate::controller::{Controller, Inner};
+use crate::controller::{Controller, CreateFailure, Inner};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::options::MAX_TRANSFER_CAP;
@@ -126,6 +126,7 @@ impl<D: Device> IoQueuePair<D> {
             None => None,
         };
 
+        let seen = ctrl.generation();
         let generation = match ctrl.create_io_queues(
             Sqe::create_io_cq(qid, cq_entries, cq.buffer().iova(), false, 0),
             Sqe::create_io_sq(qid, sq_entries, sq.buffer().iova(), qid, 0),
@@ -133,18 +134,27 @@ impl<D: Device> IoQueuePair<D> {
             "",
         ) {
             Ok(g) => g,
-            Err(e) => {
-                if !matches!(e, Error::Command { .. }) {
+            Err(CreateFailure { error, cq_left }) => {
+                let (mut sq, mut cq) = (sq, cq);
+                if !matches!(error, Error::Command { .. }) {
                     // No answer (timeout, device fault, controller gone or
                     // fatal): the controller may yet create the queues and
                     // use their memory, so it stays until the controller is
-                    // disabled. A status answer means nothing was created
-                    // (a failed SQ's CQ is deleted again).
-                    let (mut sq, mut cq) = (sq, cq);
+                    // disabled (which such a failure calls for anyway).
                     ctrl.quarantine(vec![sq.detach_pages(), cq.detach_pages()]);
+                    ctrl.free_qid(qid);
+                } else if cq_left {
+                    // The SQ was refused and the CQ could not be deleted
+                    // again: it exists, on this memory, under this ID, until
+                    // the controller is next disabled.
+                    ctrl.quarantine(vec![cq.detach_pages()]);
+                    ctrl.hold_qid(qid, seen);
+                } else {
+                    // A status answer, and the CQ (if created) deleted
+                    // again: nothing exists.
+                    ctrl.free_qid(qid);
                 }
-                ctrl.free_qid(qid);
-                return Err(e);
+                return Err(error);
             }
         };
         let timeout_ticks = opts.command_timeout.map_or(0, |d| clock::ticks(d).max(1));
@@ -271,6 +281,10 @@ impl<D: Device> Drop for IoQueuePair<D> {
             keep.push(self.cq.detach_pages());
             keep.push(self.prp_lists.detach_pages());
             self.ctrl.quarantine(keep);
+            // The queues may still exist under this ID: a Create with it
+            // would fail until the controller is next disabled.
+            self.ctrl.hold_qid(self.qid, self.generation);
+            return;
         }
         self.ctrl.free_qid(self.qid);
     }

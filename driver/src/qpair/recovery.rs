@@ -4,6 +4,7 @@
 use upnvme_queues::{CqRing, SqRing, Sqe};
 
 use super::{Completion, IoQueuePair, clock};
+use crate::controller::CreateFailure;
 use crate::device::Device;
 use crate::error::{Error, IoError, Reject, Result};
 
@@ -274,13 +275,14 @@ impl<D: Device> IoQueuePair<D> {
             );
             self.generation = match created {
                 Ok(g) => g,
-                Err(e) => {
-                    // No answer: the queues may yet be created on this memory
-                    // (`delete_queues` then deletes or quarantines it).
-                    if !matches!(e, Error::Command { .. }) {
+                Err(CreateFailure { error, cq_left }) => {
+                    // No answer, or a CQ that could not be deleted again: the
+                    // queues may exist on this memory (`delete_queues` then
+                    // deletes or quarantines it, and holds the ID).
+                    if cq_left || !matches!(error, Error::Command { .. }) {
                         self.recreate_unanswered = true;
                     }
-                    return Err(e);
+                    return Err(error);
                 }
             };
             self.recreate_unanswered = false;
