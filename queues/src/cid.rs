@@ -80,18 +80,12 @@ impl std::error::Error for CidError {}
 /// one load and one compare; the generation is the CID's upper bits. The
 /// slot array has a power-of-two length, so the slot of any CID is
 /// `cid & mask`; slots beyond the requested count are never handed out.
-///
-/// The free stack is threaded through the free slots themselves (each
-/// keeps the index of the free slot below it), so a pop is the slot array's
-/// own bounds check — the empty stack's top, [`END`], names no slot — and a
-/// push two stores into a slot already at hand.
 #[derive(Clone, Debug)]
 pub struct CidTable<T = ()> {
     slots: Box<[Slot<T>]>,
-    /// The free slot on top of the stack, or [`END`].
-    free_top: u16,
-    /// Slots handed out and not yet completed or cancelled.
-    in_flight: u16,
+    /// Stack of free slot indices; capacity == usable slots, so pushes never
+    /// reallocate.
+    free: Vec<u16>,
     /// Usable slots (those ever handed out).
     usable: u16,
     slot_mask: u16,
@@ -108,16 +102,8 @@ struct Slot<T> {
     /// completion is checked with one compare).
     cid: u32,
     next: u16,
-    /// While the slot is free: the free slot below it on the stack, or
-    /// [`END`]. Meaningless while it is in flight.
-    below: u16,
     value: T,
 }
-
-/// The free stack's bottom: `CidTable::free_top` when no slot is free,
-/// `Slot::below` of the lowest free slot. Larger than any slot index
-/// (at most [`MAX_SLOTS`] − 1), so it indexes nothing.
-const END: u16 = u16::MAX;
 
 /// `Slot::cid` of a free slot: outside the 16-bit CID range.
 const FREE: u32 = 0x1_0000;
@@ -152,20 +138,20 @@ impl<T: Default> CidTable<T> {
             16 - (slots - 1).leading_zeros()
         };
         let slot_mask = ((1u32 << slot_bits) - 1) as u16;
+        // Pop order: slot 0 first.
+        let mut free = Vec::with_capacity(usize::from(slots));
+        free.extend((0..slots).rev());
         CidTable {
             // Generation 0: the CID is the slot index (never 0xFFFF, as
-            // slots <= 4096). Pop order: slot 0 first, then 1, 2, …; slots
-            // from `slots` up are never on the stack.
+            // slots <= 4096).
             slots: (0..=slot_mask)
                 .map(|i| Slot {
                     cid: FREE,
                     next: i,
-                    below: if i + 1 < slots { i + 1 } else { END },
                     value: T::default(),
                 })
                 .collect(),
-            free_top: 0,
-            in_flight: 0,
+            free,
             usable: slots,
             slot_mask,
             step: (1u32 << slot_bits) as u16,
@@ -188,7 +174,7 @@ impl<T> CidTable<T> {
     /// Number of free slots (`usable - in_flight`).
     #[inline(always)]
     pub fn free_slots(&self) -> u32 {
-        u32::from(self.usable - self.in_flight)
+        self.free.len() as u32
     }
 
     /// Number of usable slots (the most commands in flight at once).
@@ -200,7 +186,7 @@ impl<T> CidTable<T> {
     /// Number of commands in flight.
     #[inline]
     pub fn in_flight(&self) -> u32 {
-        u32::from(self.in_flight)
+        u32::from(self.usable) - self.free.len() as u32
     }
 
     /// The slot index encoded in `cid` (may name a slot that is never handed
@@ -231,11 +217,8 @@ impl<T> CidTable<T> {
     /// As [`CidTable::alloc`], with the slot's value to fill in.
     #[inline(always)]
     pub fn alloc_mut(&mut self) -> Option<(Cid, &mut T)> {
-        let slot = self.free_top;
-        // `END` (no slot free) is out of range: one check for both.
+        let slot = self.free.pop()?;
         let s = self.slots.get_mut(usize::from(slot))?;
-        self.free_top = s.below;
-        self.in_flight += 1;
         s.cid = u32::from(s.next);
         Some((
             Cid {
@@ -290,9 +273,8 @@ impl<T> CidTable<T> {
             next
         };
         s.cid = FREE;
-        s.below = self.free_top;
-        self.free_top = slot;
-        self.in_flight -= 1;
+        // Cannot reallocate: at most `usable` entries are ever free.
+        self.free.push(slot);
         Ok((slot, &mut s.value))
     }
 
@@ -300,13 +282,10 @@ impl<T> CidTable<T> {
     fn release(&mut self, slot: u16) {
         let i = usize::from(slot);
         let next = self.successor(self.slots[i].cid as u16);
-        let top = self.free_top;
-        let s = &mut self.slots[i];
-        s.cid = FREE;
-        s.next = next;
-        s.below = top;
-        self.free_top = slot;
-        self.in_flight -= 1;
+        self.slots[i].cid = FREE;
+        self.slots[i].next = next;
+        // Cannot reallocate: at most `usable` entries are ever free.
+        self.free.push(slot);
     }
 
     /// Frees an in-flight slot whose command was abandoned (only legitimate

@@ -158,10 +158,10 @@ impl<D: Device> IoQueuePair<D> {
             }
         };
         let timeout_ticks = opts.command_timeout.map_or(0, |d| clock::ticks(d).max(1));
-        let announce_at = if opts.shadow_doorbells && shadow.is_some() {
-            opts.sq_announce.at_in_flight()
+        let announce_free_below = if opts.shadow_doorbells && shadow.is_some() {
+            opts.sq_announce.free_below(trackers.usable())
         } else {
-            u32::MAX
+            0
         };
         let domain = sq.buffer().domain();
         let mut qp = IoQueuePair {
@@ -181,7 +181,7 @@ impl<D: Device> IoQueuePair<D> {
             },
             cq_threshold,
             qid,
-            announce_at,
+            announce_free_below,
             // `cq_threshold` is at most the CQ size: no overflow.
             reap_due_at: if opts.cq_head_policy == CqHeadPolicy::EveryReap {
                 0

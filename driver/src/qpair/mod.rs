@@ -185,10 +185,9 @@ pub struct IoQueuePair<D: Device = VfioNvme> {
     cq_threshold: u32,
     qid: u16,
     /// Announce a command through the shadow doorbell as it is queued when
-    /// at least this many commands are in flight, itself included
-    /// ([`SqAnnounce::at_in_flight`]; `u32::MAX`, never, without shadow
-    /// doorbells and the EventIdx).
-    announce_at: u32,
+    /// fewer tracker slots than this are free ([`SqAnnounce::free_below`];
+    /// 0 without shadow doorbells and the EventIdx).
+    announce_free_below: u32,
     /// After a reap, the CQ head is due when at least this many entries are
     /// unannounced: `cq_threshold + 1`, or 0 with `CqHeadPolicy::EveryReap`
     /// (always, as the policy says; the write itself is skipped when a

@@ -89,14 +89,20 @@ impl SqAnnounce {
     /// [`SqAnnounce::WhenDeep`] from 32 commands in flight: the default.
     pub const DEEP: SqAnnounce = SqAnnounce::WhenDeep { in_flight: 32 };
 
-    /// Announce a command at once when at least this many commands are in
-    /// flight, itself included (`u32::MAX`: never, as no pair has that many
-    /// trackers; 0: always).
-    pub(crate) fn at_in_flight(self) -> u32 {
+    /// Announce a command at once when fewer than this many of the `usable`
+    /// tracker slots are free after it took its own (0: never; `u32::MAX`:
+    /// always).
+    pub(crate) fn free_below(self, usable: u32) -> u32 {
         match self {
-            SqAnnounce::Batch => u32::MAX,
-            SqAnnounce::EachCommand => 0,
-            SqAnnounce::WhenDeep { in_flight } => u32::from(in_flight.max(1)),
+            SqAnnounce::Batch => 0,
+            SqAnnounce::EachCommand => u32::MAX,
+            SqAnnounce::WhenDeep { in_flight } => {
+                // in flight = usable - free >= n  <=>  free < usable - n + 1.
+                match usable.checked_sub(u32::from(in_flight.max(1))) {
+                    Some(f) => f.saturating_add(1),
+                    None => 0,
+                }
+            }
         }
     }
 }

@@ -482,7 +482,7 @@ impl<D: Device> IoQueuePair<D> {
             return Err(self.unqueue(slot, Reject::Unusable));
         }
         // As in `submit`: no doorbell for queues a reset deleted meanwhile.
-        if self.trackers.in_flight() >= self.announce_at && self.current() {
+        if self.trackers.free_slots() < self.announce_free_below && self.current() {
             self.ring_sq_now();
         }
         Ok(slot)
