@@ -675,7 +675,7 @@ impl<D: Device> Inner<D> {
         when: &str,
     ) -> std::result::Result<u64, CreateFailure> {
         let t = self.admin_timeout;
-        let mut cq_left = false;
+        let mut cq_left = None;
         self.with_admin(|dev, name, admin| {
             let what = format!("Create I/O Completion Queue {qid}{when}");
             let (cqe, _) = admin.execute(dev, name, cq, None, None, t, &what)?;
@@ -686,10 +686,14 @@ impl<D: Device> Inner<D> {
                 .and_then(|(cqe, _)| succeeded(cqe, &what));
             if let Err(e) = created {
                 let what = format!("Delete I/O Completion Queue {qid} (undoing the CQ)");
-                cq_left = admin
+                let deleted = admin
                     .execute(dev, name, Sqe::delete_io_cq(qid), None, None, t, &what)
-                    .and_then(|(cqe, _)| succeeded(cqe, &what))
-                    .is_err();
+                    .and_then(|(cqe, _)| succeeded(cqe, &what));
+                if deleted.is_err() {
+                    // Read under the admin lock, which a reset holds
+                    // throughout: the generation the CQ exists in.
+                    cq_left = Some(self.generation());
+                }
                 return Err(e);
             }
             Ok(self.generation())
@@ -1333,8 +1337,9 @@ fn enable_with_admin_queue<D: Device>(
 pub(crate) struct CreateFailure {
     /// The error of the Create that failed.
     pub(crate) error: Error,
-    /// The CQ was created and could not be deleted again.
-    pub(crate) cq_left: bool,
+    /// The CQ was created and could not be deleted again: `Some` of the
+    /// reset generation it exists in.
+    pub(crate) cq_left: Option<u64>,
 }
 
 /// Why enabling the controller failed, and the admin queue memory it may

@@ -126,7 +126,6 @@ impl<D: Device> IoQueuePair<D> {
             None => None,
         };
 
-        let seen = ctrl.generation();
         let generation = match ctrl.create_io_queues(
             Sqe::create_io_cq(qid, cq_entries, cq.buffer().iova(), false, 0),
             Sqe::create_io_sq(qid, sq_entries, sq.buffer().iova(), qid, 0),
@@ -143,12 +142,12 @@ impl<D: Device> IoQueuePair<D> {
                     // disabled (which such a failure calls for anyway).
                     ctrl.quarantine(vec![sq.detach_pages(), cq.detach_pages()]);
                     ctrl.free_qid(qid);
-                } else if cq_left {
+                } else if let Some(generation) = cq_left {
                     // The SQ was refused and the CQ could not be deleted
                     // again: it exists, on this memory, under this ID, until
                     // the controller is next disabled.
                     ctrl.quarantine(vec![cq.detach_pages()]);
-                    ctrl.hold_qid(qid, seen);
+                    ctrl.hold_qid(qid, generation);
                 } else {
                     // A status answer, and the CQ (if created) deleted
                     // again: nothing exists.

@@ -279,7 +279,7 @@ impl<D: Device> IoQueuePair<D> {
                     // No answer, or a CQ that could not be deleted again: the
                     // queues may exist on this memory (`delete_queues` then
                     // deletes or quarantines it, and holds the ID).
-                    if cq_left || !matches!(error, Error::Command { .. }) {
+                    if cq_left.is_some() || !matches!(error, Error::Command { .. }) {
                         self.recreate_unanswered = true;
                     }
                     return Err(error);
