@@ -206,7 +206,7 @@ impl<D: Device> IoQueuePair<D> {
             pending: 0,
             failed: false,
             needs_recreate: false,
-            recreate_unanswered: false,
+            recreated_maybe: false,
             deleted: false,
             closing: false,
             generation,
@@ -235,7 +235,7 @@ impl<D: Device> IoQueuePair<D> {
             return true;
         }
         let generation = self.ctrl.generation();
-        if generation != self.generation || (self.needs_recreate && !self.recreate_unanswered) {
+        if generation != self.generation || (self.needs_recreate && !self.recreated_maybe) {
             // A reset disabled the controller since these queues were created
             // (and no re-creation is pending an answer): they no longer exist
             // and nothing can reach their memory.

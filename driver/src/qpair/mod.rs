@@ -223,10 +223,12 @@ pub struct IoQueuePair<D: Device = VfioNvme> {
     failed: bool,
     /// The queues must be re-created (after a reset) before the next command.
     needs_recreate: bool,
-    /// A re-creation got no answer (timeout, device fault): the controller
-    /// may yet create the queues on their memory, so until the next reset
-    /// the queues count as existing (deleted, or their memory quarantined).
-    recreate_unanswered: bool,
+    /// A re-creation after a reset may have left queues on this pair's
+    /// memory: it got no answer (timeout, device fault: the controller may
+    /// yet create them), or its SQ was refused and the CQ could not be
+    /// deleted again. Until the next reset the queues count as existing
+    /// (deleted on drop, or their memory quarantined and the ID held).
+    recreated_maybe: bool,
     /// `close` deleted the queues already (Drop has nothing left to delete).
     deleted: bool,
     /// `close` is deleting the queues: what the deletion aborts ends with

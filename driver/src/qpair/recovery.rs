@@ -241,7 +241,7 @@ impl<D: Device> IoQueuePair<D> {
             self.needs_recreate = true;
             // The reset disabled the controller: a creation it never
             // answered is forgotten with everything else.
-            self.recreate_unanswered = false;
+            self.recreated_maybe = false;
             self.refresh_expect_state();
         }
         if self.needs_recreate {
@@ -280,12 +280,12 @@ impl<D: Device> IoQueuePair<D> {
                     // queues may exist on this memory (`delete_queues` then
                     // deletes or quarantines it, and holds the ID).
                     if cq_left.is_some() || !matches!(error, Error::Command { .. }) {
-                        self.recreate_unanswered = true;
+                        self.recreated_maybe = true;
                     }
                     return Err(error);
                 }
             };
-            self.recreate_unanswered = false;
+            self.recreated_maybe = false;
             self.needs_recreate = false;
             self.refresh_expect_state();
         }
