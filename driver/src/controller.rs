@@ -98,6 +98,10 @@ pub(crate) struct Inner<D: Device> {
     quarantine: Mutex<Vec<DmaPages>>,
     identify: IdentifyController,
     granted_io_queues: u16,
+    /// Host Behavior Support LBAFEE was set (the controller reports
+    /// Extended LBA Formats, CTRATT.ELBAS, and took the feature): set again
+    /// after every reset.
+    lbafee: bool,
     shadow: Option<ShadowBuffers>,
     aer_target: u32,
     /// Released on the kernel's request (see `release_on_request`).
@@ -824,7 +828,29 @@ impl<D: Device> Inner<D> {
         if !idns.is_active() {
             return Ok(None);
         }
-        Ok(Namespace::from_identify(nsid, idns).map(|ns| ns.adopt(self.instance)))
+        let elbaf = if self.identify.ctratt_elbas() {
+            self.elbaf(nsid, idns.current_lba_format_index())?
+        } else {
+            0
+        };
+        Ok(Namespace::from_identify_elbaf(nsid, idns, elbaf).map(|ns| ns.adopt(self.instance)))
+    }
+
+    /// The Extended LBA Format dword (ELBAF) of LBA format `index` of
+    /// namespace `nsid`, from the I/O Command Set specific Identify
+    /// Namespace data structure for the NVM Command Set (CNS 05h, CSI 00h):
+    /// bytes 12 + 4 × index. A controller that refuses CNS 05h with a
+    /// status has none to report: 0, the 16-bit guard without storage tags.
+    fn elbaf(&self, nsid: u32, index: usize) -> Result<u32> {
+        let data = match self.identify_raw(cns::CSI_NAMESPACE, nsid) {
+            Ok(d) => d,
+            Err(Error::Command { .. }) => return Ok(0),
+            Err(e) => return Err(e),
+        };
+        let at = 12 + 4 * index;
+        Ok(data
+            .get(at..at + 4)
+            .map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])))
     }
 
     fn identify_raw(&self, cns: u8, nsid: u32) -> Result<Vec<u8>> {
@@ -948,6 +974,14 @@ impl<D: Device> Inner<D> {
                     self.granted_io_queues
                 ),
             });
+        }
+        if self.lbafee {
+            let what = "Set Features (Host Behavior Support, LBAFEE)";
+            let mut sqe = host_behavior_lbafee();
+            let (buf, list) = admin_data_buffer(dev, HBS_LEN, &mut sqe, PAGE)?;
+            buf.write_bytes(0, &HBS_LBAFEE)?;
+            let (cqe, _) = admin.execute(dev, name, sqe, Some(buf), list, t, what)?;
+            succeeded(cqe, what)?;
         }
         if let Some(s) = &self.shadow {
             // Atomic word stores: queue pairs on other threads may store
@@ -1143,6 +1177,24 @@ fn succeeded(cqe: Cqe, what: &str) -> Result<Cqe> {
 /// Allocates a data buffer for an admin command and fills in its PRPs
 /// (NVMe 2.0 §4.3.1): one page → PRP1; two → PRP2 is the second page; more →
 /// PRP2 points to a PRP list (one list page, up to 513 pages of data).
+/// Bytes of the Host Behavior Support data structure (NVMe 2.0, Set
+/// Features FID 16h).
+const HBS_LEN: usize = 512;
+
+/// Host Behavior Support with LBAFEE (byte 2, bit 0) set and everything
+/// else (ACRE, ETDAS, ...) clear.
+const HBS_LBAFEE: [u8; HBS_LEN] = {
+    let mut b = [0u8; HBS_LEN];
+    b[2] = 1;
+    b
+};
+
+/// Set Features, Host Behavior Support, not saved: the data buffer is
+/// [`HBS_LBAFEE`].
+fn host_behavior_lbafee() -> Sqe {
+    Sqe::set_features(feature::HOST_BEHAVIOR_SUPPORT, 0, false)
+}
+
 fn admin_data_buffer<D: Device>(
     dev: &D,
     len: usize,
@@ -1433,6 +1485,7 @@ fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<(Inner<D>, 
         quarantine: Mutex::new(Vec::new()),
         identify: placeholder,
         granted_io_queues: 0,
+        lbafee: false,
         shadow: None,
         aer_target: 0,
         removed: AtomicBool::new(false),
@@ -1466,6 +1519,26 @@ fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<(Inner<D>, 
     inner.granted_io_queues = (nsqa.min(ncqa) + 1).min(want as u32 + 1) as u16;
     if let Ok(mut q) = inner.qids.lock() {
         *q = vec![false; inner.granted_io_queues as usize];
+    }
+
+    // Host Behavior Support (FID 16h), LBA Format Extension Enable, when the
+    // controller has Extended LBA Formats (CTRATT.ELBAS): without it a
+    // controller refuses I/O to a namespace formatted with a 32- or 64-bit
+    // guard (NVM Command Set 1.0, "Extended LBA Formats"). Refused with a
+    // status, the driver carries on without it: such namespaces then fail
+    // their commands with that controller's status, others are unaffected.
+    if inner.identify.ctratt_elbas() {
+        let what = "Set Features (Host Behavior Support, LBAFEE)";
+        match inner.execute_with(
+            host_behavior_lbafee(),
+            Some(HBS_LEN),
+            Some(&HBS_LBAFEE),
+            what,
+        ) {
+            Ok(_) => inner.lbafee = true,
+            Err(Error::Command { .. }) => {}
+            Err(e) => return Err(e),
+        }
     }
 
     // Identify namespaces.

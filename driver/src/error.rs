@@ -302,8 +302,9 @@ pub enum Reject {
     /// The buffer cannot be described by PRPs (PRP1 must be dword aligned).
     Misaligned,
     /// The namespace's metadata format is one the driver cannot describe a
-    /// transfer for (protection information with fewer than 8 metadata
-    /// bytes per block), so the data command is never sent.
+    /// transfer for (protection information with fewer metadata bytes per
+    /// block than its tuple: 8, or 16 with a 64-bit guard), so the data
+    /// command is never sent.
     MetadataFormat(crate::namespace::MetadataLayout),
     /// The namespace keeps metadata in a separate buffer (FLBAS bit 4
     /// clear) and the command transfers it: pass a metadata buffer
@@ -426,8 +427,9 @@ impl std::fmt::Display for Reject {
             Reject::MetadataFormat(layout) => write!(
                 f,
                 "the namespace's LBA format ({layout}) carries protection information in fewer \
-                 than 8 metadata bytes, which no transfer can describe: select another LBA format \
-                 with Format NVM (`upnvme format`)"
+                 than {} metadata bytes, which no transfer can describe: select another LBA format \
+                 with Format NVM (`upnvme format`)",
+                layout.pif.tuple_size()
             ),
             Reject::MetadataBuffer { need } => write!(
                 f,

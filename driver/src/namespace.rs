@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use upnvme_queues::IdentifyNamespace;
+use upnvme_queues::pi::Pif;
 
 /// An active namespace of a controller, and the handle I/O commands take
 /// (`IoCommand::Read { ns: &ns, .. }`).
@@ -30,6 +31,9 @@ pub struct Namespace {
 #[derive(Debug)]
 struct Shared {
     identify: IdentifyNamespace,
+    /// The current LBA format's Extended LBA Format dword (CNS 05h ELBAF:
+    /// STS bits 6:0, PIF bits 8:7), 0 when the controller reports none.
+    elbaf: u32,
     /// Set when Format NVM changed the namespace's format: the handle's
     /// geometry no longer holds, so queue pairs refuse it
     /// ([`crate::Reject::StaleNamespace`]).
@@ -53,9 +57,17 @@ pub struct MetadataLayout {
     pub extended: bool,
     /// DPS bits 2:0: the protection information type (0 none, 1–3).
     pub pi_type: u8,
-    /// DPS bit 3: the PI tuple is the first 8 bytes of the metadata (else
-    /// the last 8).
+    /// DPS bit 3: the PI tuple is the first bytes of the metadata (else
+    /// the last).
     pub pi_first: bool,
+    /// ELBAF.PIF, the guard size of the format's PI: 16 bits unless the
+    /// controller reports Extended LBA Formats (CTRATT.ELBAS) and CNS 05h
+    /// says otherwise. The driver builds commands for 16- and 64-bit guards;
+    /// protection fields on a 32-bit guard are refused.
+    pub pif: Pif,
+    /// ELBAF.STS, Storage Tag Size in bits (0: none). Protection fields on
+    /// a format with storage tags are refused.
+    pub sts: u8,
 }
 
 impl MetadataLayout {
@@ -66,6 +78,7 @@ impl MetadataLayout {
             ms: usize::from(self.ms),
             first: self.pi_first,
             pi_type: self.pi_type,
+            pif: self.pif,
         })
     }
 }
@@ -82,9 +95,14 @@ impl std::fmt::Display for MetadataLayout {
             let at = if self.pi_first { "first" } else { "last" };
             write!(
                 f,
-                ", protection information type {} in the {at} 8 bytes",
-                self.pi_type
+                ", protection information type {} ({}-bit guard) in the {at} {} bytes",
+                self.pi_type,
+                self.pif.guard_bits(),
+                self.pif.tuple_size()
             )?;
+            if self.sts != 0 {
+                write!(f, ", {}-bit storage tag", self.sts)?;
+            }
         }
         Ok(())
     }
@@ -103,6 +121,18 @@ impl Namespace {
     /// handle belongs to no controller (queue pairs refuse it) until the
     /// controller's bring-up adopts it.
     pub fn from_identify(id: u32, identify: IdentifyNamespace) -> Option<Namespace> {
+        Namespace::from_identify_elbaf(id, identify, 0)
+    }
+
+    /// [`Namespace::from_identify`] with the current LBA format's Extended
+    /// LBA Format dword (ELBAF, from CNS 05h) of a controller that reports
+    /// Extended LBA Formats; `None` also for a reserved PIF (11b).
+    pub fn from_identify_elbaf(
+        id: u32,
+        identify: IdentifyNamespace,
+        elbaf: u32,
+    ) -> Option<Namespace> {
+        Pif::from_elbaf(elbaf)?;
         let fmt = identify.current_lba_format()?;
         let lba_size = identify.lba_size()?;
         Some(Namespace {
@@ -114,6 +144,7 @@ impl Namespace {
             metadata_size: fmt.ms,
             shared: Arc::new(Shared {
                 identify,
+                elbaf,
                 retired: AtomicBool::new(false),
                 plain_key: AtomicU64::new(0),
             }),
@@ -212,6 +243,8 @@ impl Namespace {
             extended: self.shared.identify.metadata_extended(),
             pi_type: self.shared.identify.dps & 0x7,
             pi_first: self.shared.identify.dps & 0x8 != 0,
+            pif: Pif::from_elbaf(self.shared.elbaf).unwrap_or_default(),
+            sts: (self.shared.elbaf & 0x7f) as u8,
         }
     }
 

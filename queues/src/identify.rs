@@ -245,6 +245,13 @@ impl IdentifyController {
         b
     }
 
+    /// CTRATT bit 15, Extended LBA Formats Supported (ELBAS): the
+    /// controller has LBA formats with 32- or 64-bit guards or storage tags
+    /// (reported by CNS 05h) once the host sets Host Behavior Support LBAFEE.
+    pub fn ctratt_elbas(&self) -> bool {
+        self.ctratt & (1 << 15) != 0
+    }
+
     /// OACS bit 8: the Doorbell Buffer Config command is supported.
     pub fn oacs_doorbell_buffer_config(&self) -> bool {
         self.oacs & (1 << 8) != 0

@@ -16,6 +16,7 @@ use upnvme::{
 };
 
 use crate::vm::{device, env_u64, upnvme};
+use upnvme::pi::Pif;
 
 const T: Duration = Duration::from_secs(10);
 
@@ -127,7 +128,7 @@ fn round_trip(c: &Controller, ns: &Namespace) {
     };
     let fmt = ns.pi_format();
     if let Some(f) = fmt {
-        assert!(f.protect(&data, &mut md, 0x0bee, slba as u32), "{what}");
+        assert!(f.protect(&data, &mut md, 0x0bee, slba), "{what}");
     }
     let prot = |io: IoData| {
         if fmt.is_some() {
@@ -212,8 +213,7 @@ fn round_trip(c: &Controller, ns: &Namespace) {
     // Tuples tagged for other blocks (Types 1 and 2 count the tag).
     if layout.pi_type != 3 {
         let mut shifted = md.clone();
-        fmt.unwrap()
-            .protect(&data, &mut shifted, 0x0bee, slba as u32 + 1);
+        fmt.unwrap().protect(&data, &mut shifted, 0x0bee, slba + 1);
         let e = run(&mut qp, write, prot(memory(c, ns, &data, &shifted)));
         assert!(
             matches!(
@@ -227,29 +227,30 @@ fn round_trip(c: &Controller, ns: &Namespace) {
             e.result
         );
     }
-    // PRACT: the controller builds the tuples; with 8-byte metadata only
-    // the data moves.
+    // PRACT: the controller builds the tuples; with metadata that is just
+    // the tuple (8 bytes, or 16 with a 64-bit guard) only the data moves.
+    let tuple = layout.pif.tuple_size();
     let pract = Protection {
         app_tag: 0x0bee,
         check_ref_tag: layout.pi_type != 3,
         ..Protection::PRACT
     };
     let data2 = pattern(0x33, n * bs);
-    let io = if ms == 8 {
+    let io = if ms == tuple {
         IoData::buffer(filled(c, &data2))
     } else {
         memory(c, ns, &data2, &md)
     };
     let w = run(&mut qp, write, io.protection(pract));
     assert!(w.is_ok(), "{what}: PRACT write {:?}", w.result);
-    let io = if ms == 8 {
+    let io = if ms == tuple {
         IoData::buffer(c.alloc_dma(n * bs).unwrap())
     } else {
         memory(c, ns, &blank.0, &blank.1)
     };
     let r = run(&mut qp, read, io.protection(pract));
     assert!(r.is_ok(), "{what}: PRACT read {:?}", r.result);
-    let got = if ms == 8 {
+    let got = if ms == tuple {
         bytes_of(r.buffer.as_ref().unwrap(), n * bs)
     } else {
         split_back(ns, &r, n).0
@@ -263,10 +264,14 @@ fn round_trip(c: &Controller, ns: &Namespace) {
     let f = fmt.unwrap();
     for (i, chunk) in m.chunks(ms).enumerate() {
         let t = f.tuple(chunk).unwrap();
-        let before = if f.first { &[][..] } else { &chunk[..ms - 8] };
+        let before = if f.first {
+            &[][..]
+        } else {
+            &chunk[..ms - tuple]
+        };
         assert_eq!(
             t.guard,
-            upnvme::pi::guard(&d[i * bs..(i + 1) * bs], before),
+            f.guard_of(&d[i * bs..(i + 1) * bs], before),
             "{what}"
         );
         assert_eq!(t.app_tag, 0x0bee);
@@ -293,6 +298,12 @@ fn metadata_round_trips_in_every_layout_with_pi_and_format_nvm() {
     assert_eq!(layout.ms, ms);
     assert_eq!(layout.extended, env_u64("UPNVME_VM_NS1_MSET") == 1);
     assert_eq!(u64::from(layout.pi_type), env_u64("UPNVME_VM_NS1_PI"));
+    // QEMU's nvme-ns `pif` (0 or 2), reported through CNS 05h once the
+    // driver set Host Behavior Support LBAFEE.
+    assert_eq!(
+        layout.pif,
+        Pif::from_elbaf((env_u64("UPNVME_VM_NS1_PIF") as u32) << 7).unwrap()
+    );
     // QEMU stores the metadata after the data in the backing file:
     // NSZE = file size / (LBA size + MS).
     let lba = u64::from(ns.lba_size());
@@ -314,7 +325,8 @@ fn metadata_round_trips_in_every_layout_with_pi_and_format_nvm() {
         },
         FormatNvm {
             pi_type: 1,
-            ..FormatNvm::lbaf(lbaf_with(&ns, 8))
+            // A 64-bit guard's tuple needs 16 bytes.
+            ..FormatNvm::lbaf(lbaf_with(&ns, layout.pif.tuple_size() as u16))
         },
         FormatNvm {
             extended: true,
@@ -324,7 +336,15 @@ fn metadata_round_trips_in_every_layout_with_pi_and_format_nvm() {
         },
         FormatNvm {
             pi_type: 2,
-            ..FormatNvm::lbaf(lbaf_with(&ns, 64))
+            // QEMU 10.0.2 reports the 64-bit guard (ELBAF.PIF) only for the
+            // format nvme-ns was configured with, yet checks every format's
+            // PI with it; a later QEMU reports it for every format with 16
+            // or more metadata bytes. So with a 64-bit guard the formats
+            // here stay on the configured one.
+            ..FormatNvm::lbaf(lbaf_with(
+                &ns,
+                if layout.pif == Pif::Guard16 { 64 } else { ms },
+            ))
         },
     ];
     let mut old = ns;
@@ -461,11 +481,13 @@ fn metadata_namespace_read_write_and_format_in_the_tool() {
     let dev = device();
     // The indices of QEMU's 4096 + 16 and 4096 + ms formats (the tool needs
     // the device to itself: the library's handle is closed first).
-    let (lbaf16, lbaf_now) = {
+    let (lbaf16, lbaf_now, pif) = {
         let c = Controller::open(&dev, ControllerOptions::default()).unwrap();
         let ns = c.namespace(1).unwrap().clone();
-        (lbaf_with(&ns, 16), lbaf_with(&ns, ms))
+        let pif = ns.metadata_layout().unwrap().pif;
+        (lbaf_with(&ns, 16), lbaf_with(&ns, ms), pif)
     };
+    let tuple = pif.tuple_size();
     let (bs, n) = (4096usize, 2usize);
     let data = pattern(0x21, n * bs);
     let md = pattern(0x42, n * usize::from(ms));
@@ -521,7 +543,7 @@ fn metadata_namespace_read_write_and_format_in_the_tool() {
     ok(&o, "read --metadata");
     assert_eq!(std::fs::read("/tmp/md-out.bin").unwrap(), data);
     assert_eq!(std::fs::read("/tmp/md-mout.bin").unwrap(), md);
-    if env_u64("UPNVME_VM_NS1_PI") != 0 && ms == 8 {
+    if env_u64("UPNVME_VM_NS1_PI") != 0 && usize::from(ms) == tuple {
         // PRACT: the controller generates the PI; a checked read returns it.
         let o = run("write", &["--data", "/tmp/md-data.bin", "--prinfo", "8"]);
         ok(&o, "write --prinfo 8");
@@ -539,10 +561,15 @@ fn metadata_namespace_read_write_and_format_in_the_tool() {
         ok(&o, "read --prinfo 5");
         assert_eq!(std::fs::read("/tmp/md-out.bin").unwrap(), data);
         let meta = std::fs::read("/tmp/md-mout.bin").unwrap();
-        for (i, t) in meta.chunks(8).enumerate() {
-            let guard = u16::from_be_bytes([t[0], t[1]]);
-            assert_eq!(guard, upnvme::pi::guard(&data[i * bs..(i + 1) * bs], &[]));
-            assert_eq!(u32::from_be_bytes([t[4], t[5], t[6], t[7]]), 16 + i as u32);
+        for (i, t) in meta.chunks(tuple).enumerate() {
+            let t = upnvme::pi::PiTuple::decode(pif, t).unwrap();
+            let block = &data[i * bs..(i + 1) * bs];
+            let guard = match pif {
+                Pif::Guard64 => upnvme::pi::guard64(block, &[]),
+                _ => u64::from(upnvme::pi::guard(block, &[])),
+            };
+            assert_eq!(t.guard, guard);
+            assert_eq!(t.ref_tag, 16 + i as u64);
         }
     }
     // perf --verify on the metadata format with each -e mode, then plain
@@ -573,6 +600,33 @@ fn metadata_namespace_read_write_and_format_in_the_tool() {
         "format", "-d", &dev, "-n", "1", "--lbaf", &l16, "--ms", "0", "--pi", "2", "--pil", "1",
     ]);
     ok(&o, "format --pi 2");
+    if pif == Pif::Guard64 {
+        // Blocks not written since the Format NVM read back as zero data
+        // with a zero tuple unless QEMU's block status calls them zero
+        // (hw/nvme/dif.c then reports an all-ones tuple: checks disabled).
+        // A zero tuple passes a 16-bit guard check (the CRC-16 of zeroes is
+        // 0) but not a 64-bit one, so the checked runs below would fail on
+        // reads ahead of their writes: PRACT writes over their whole range
+        // (2000 sequential 16 KiB I/Os from block 0) first.
+        let o = upnvme(&[
+            "perf",
+            "-d",
+            &dev,
+            "-n",
+            "1",
+            "-q",
+            "8",
+            "-o",
+            "16384",
+            "-w",
+            "write",
+            "--io-count",
+            "2000",
+            "-e",
+            "PRACT=1",
+        ]);
+        ok(&o, "PRACT fill after format --pi 2");
+    }
     // (No REFTAG here: with it, reads of blocks not yet written since this
     // Format NVM failed their reference tag check under QEMU 10.0.2 —
     // observed in this bed, the cause not pinned down; guard and

@@ -684,7 +684,7 @@ fn metadata_and_protection_refusals_say_what_is_wrong() {
         assert_eq!(
             e.to_string(),
             "command refused: the namespace's LBA format (4 metadata bytes per block, extended \
-             LBA, protection information type 1 in the last 8 bytes) carries protection \
+             LBA, protection information type 1 (16-bit guard) in the last 8 bytes) carries protection \
              information in fewer than 8 metadata bytes, which no transfer can describe: select \
              another LBA format with Format NVM (`upnvme format`)"
         );

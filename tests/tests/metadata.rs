@@ -180,8 +180,11 @@ fn pract_generates_and_strips_pi_for_eight_byte_metadata() {
         let md = m.namespace_metadata(1, 40, 4);
         for (i, chunk) in md.chunks(8).enumerate() {
             let t = fmt.tuple(chunk).unwrap();
-            assert_eq!(t.guard, upnvme::pi::guard(&data[i * BS..(i + 1) * BS], &[]));
-            assert_eq!(t.ref_tag, 40 + i as u32);
+            assert_eq!(
+                t.guard,
+                u64::from(upnvme::pi::guard(&data[i * BS..(i + 1) * BS], &[]))
+            );
+            assert_eq!(t.ref_tag, 40 + i as u64);
         }
         let io = IoData::buffer(c.alloc_dma(4 * BS).unwrap()).protection(Protection::PRACT);
         let r = run_io(&mut qp, read(40, 4, &ns), io);
@@ -400,7 +403,10 @@ fn pi_first_and_type_3_keep_their_rules() {
     for (i, chunk) in stored.chunks(16).enumerate() {
         let t = fmt.tuple(chunk).unwrap();
         assert_eq!((t.ref_tag, t.app_tag), (0xabcd, 9));
-        assert_eq!(t.guard, upnvme::pi::guard(&data[i * BS..(i + 1) * BS], &[]));
+        assert_eq!(
+            t.guard,
+            u64::from(upnvme::pi::guard(&data[i * BS..(i + 1) * BS], &[]))
+        );
         assert_eq!(&chunk[8..], &md[i * 16 + 8..(i + 1) * 16]);
     }
     drop(qp);

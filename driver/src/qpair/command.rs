@@ -223,18 +223,20 @@ pub struct Protection {
     /// the metadata is exactly the 8-byte tuple); on a read it checks and,
     /// for 8-byte metadata, strips it.
     pub pract: bool,
-    /// PRCHK bit 2 (CDW12 bit 28): check each block's Guard (CRC-16).
+    /// PRCHK bit 2 (CDW12 bit 28): check each block's Guard (CRC-16 or
+    /// CRC-64).
     pub check_guard: bool,
     /// PRCHK bit 1 (CDW12 bit 27): check the Application Tag under
     /// `app_tag_mask`.
     pub check_app_tag: bool,
     /// PRCHK bit 0 (CDW12 bit 26): check the Reference Tag.
     pub check_ref_tag: bool,
-    /// CDW14: the (expected) Initial Logical Block Reference Tag, ILBRT on
-    /// writes and EILBRT on reads; the block at index i carries tag + i
-    /// (Types 1 and 2). `None`: the lower 32 bits of SLBA, which Type 1
-    /// requires.
-    pub ref_tag: Option<u32>,
+    /// The (expected) Initial Logical Block Reference Tag, ILBRT on writes
+    /// and EILBRT on reads: CDW14 (with a 64-bit guard, bits 47:32 in CDW3);
+    /// the block at index i carries tag + i (Types 1 and 2). `None`: the
+    /// lower 32 bits of SLBA (16-bit guard) or the lower 48 (64-bit guard),
+    /// which Type 1 requires. A tag wider than the format's is refused.
+    pub ref_tag: Option<u64>,
     /// CDW15 bits 15:0: the (expected) Logical Block Application Tag.
     pub app_tag: u16,
     /// CDW15 bits 31:16: which bits of the Application Tag are checked.

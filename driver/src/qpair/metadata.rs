@@ -20,7 +20,7 @@
 //! command brings metadata or protection fields: the plain path pays one
 //! branch for it.
 
-use upnvme_queues::pi::{PI_TUPLE_SIZE, PRINFO_SHIFT};
+use upnvme_queues::pi::{PRINFO_SHIFT, Pif};
 use upnvme_queues::sqe::{Sqe, io_qwords};
 
 use super::command::Protection;
@@ -30,13 +30,26 @@ use crate::device::Device;
 use crate::error::Reject;
 use crate::namespace::Namespace;
 
-/// CDW14 and CDW15 (the second half of SQE qword 7) of a protected command:
-/// the (expected) initial reference tag — by default the lower 32 bits of
-/// SLBA, as Type 1 requires — and the application tag and its mask.
-fn tag_dwords(p: &Protection, slba: u64) -> u64 {
-    let cdw14 = p.ref_tag.unwrap_or(slba as u32);
-    let cdw15 = u32::from(p.app_tag_mask) << 16 | u32::from(p.app_tag);
-    u64::from(cdw14) | u64::from(cdw15) << 32
+/// SQE qwords 1 (CDW2, CDW3) and 7 (CDW14, CDW15) of a protected command:
+/// the (expected) initial reference tag — by default the lower 32 (16-bit
+/// guard) or 48 (64-bit guard) bits of SLBA, as Type 1 requires — and the
+/// application tag and its mask. With a 64-bit guard the 48-bit tag is
+/// split: bits 31:0 in CDW14, bits 47:32 in CDW3 bits 15:0 (NVM Command Set
+/// 1.0, "Command Dword 2 and Command Dword 3" and "Command Dword 14": the
+/// storage and reference space, here without storage tag). A tag wider
+/// than the format's is refused.
+fn tag_qwords(p: &Protection, slba: u64, pif: Pif) -> Result<(u64, u64), Reject> {
+    let max = pif.ref_tag_max();
+    let tag = p.ref_tag.unwrap_or(slba & max);
+    if tag > max {
+        return Err(Reject::ProtectionNotApplicable(
+            "the reference tag is wider than the format's (32 bits with a 16-bit guard, 48 with a 64-bit guard)",
+        ));
+    }
+    let cdw3 = tag >> 32;
+    let cdw14 = tag & 0xffff_ffff;
+    let cdw15 = u64::from(p.app_tag_mask) << 16 | u64::from(p.app_tag);
+    Ok((cdw3 << 32, cdw14 | cdw15 << 32))
 }
 
 /// Refuses protection fields on a namespace without protection
@@ -47,7 +60,18 @@ fn pi_applies(ns: &Namespace, protection: Option<Protection>) -> Result<(), Reje
     let Some(p) = protection else {
         return Ok(());
     };
-    match ns.metadata_layout_always().pi_type {
+    let layout = ns.metadata_layout_always();
+    if layout.pi_type != 0 && layout.pif == Pif::Guard32 {
+        return Err(Reject::ProtectionNotApplicable(
+            "the namespace's format has a 32-bit guard (ELBAF.PIF 01b), which upnvme does not build commands for",
+        ));
+    }
+    if layout.pi_type != 0 && layout.sts != 0 {
+        return Err(Reject::ProtectionNotApplicable(
+            "the namespace's format has storage tags (ELBAF.STS non-zero), which upnvme does not build commands for",
+        ));
+    }
+    match layout.pi_type {
         0 => Err(Reject::ProtectionNotApplicable(
             "the namespace's format has no protection information (Identify Namespace DPS = 0)",
         )),
@@ -83,7 +107,8 @@ impl<D: Device> IoQueuePair<D> {
     ) -> Result<([u64; 8], Data), Reject> {
         let layout = ns.metadata_layout_always();
         pi_applies(ns, protection)?;
-        if layout.pi_type != 0 && usize::from(layout.ms) < PI_TUPLE_SIZE {
+        let tuple = layout.pif.tuple_size();
+        if layout.pi_type != 0 && usize::from(layout.ms) < tuple {
             return Err(Reject::MetadataFormat(layout));
         }
         let p = protection.unwrap_or_default();
@@ -91,7 +116,7 @@ impl<D: Device> IoQueuePair<D> {
         let ms = usize::from(layout.ms);
         // Metadata moves unless there is none, or PRACT lets the controller
         // insert and strip a PI tuple that is all the metadata there is.
-        let md_moves = ms != 0 && !(layout.pi_type != 0 && p.pract && ms == PI_TUPLE_SIZE);
+        let md_moves = ms != 0 && !(layout.pi_type != 0 && p.pract && ms == tuple);
         let mut bytes = blocks << ns.lba_shift();
         let mut q2 = 0;
         match (md_moves, layout.extended, metadata) {
@@ -116,7 +141,7 @@ impl<D: Device> IoQueuePair<D> {
         let mut q = io_qwords(rw.op, 0, ns.id(), 0, 0, rw.slba, cdw12);
         q[2] = q2;
         if protection.is_some() {
-            q[7] = tag_dwords(&p, rw.slba);
+            (q[1], q[7]) = tag_qwords(&p, rw.slba, layout.pif)?;
         }
         Ok((q, data))
     }
@@ -160,7 +185,7 @@ impl<D: Device> IoQueuePair<D> {
                     ));
                 }
                 q[6] |= u64::from(p.prinfo()) << PRINFO_SHIFT;
-                q[7] = tag_dwords(&p, slba);
+                (q[1], q[7]) = tag_qwords(&p, slba, ns.metadata_layout_always().pif)?;
                 Ok((q, data))
             }
             _ if metadata.is_some() => Err(Reject::MetadataNotApplicable),
@@ -245,7 +270,8 @@ fn raw_transfer(ns: &Namespace, op: u8, sqe: &Sqe) -> (usize, Option<usize>) {
             // PRINFO.PRACT (CDW12 bit 29) on a format whose metadata is just
             // the PI tuple: the controller inserts or strips it.
             let pract = (cdw12 >> (PRINFO_SHIFT + 3)) & 1 == 1;
-            let md_moves = ms != 0 && !(layout.pi_type != 0 && pract && ms == PI_TUPLE_SIZE);
+            let md_moves =
+                ms != 0 && !(layout.pi_type != 0 && pract && ms == layout.pif.tuple_size());
             let data = blocks << ns.lba_shift();
             match (md_moves, layout.extended) {
                 (true, true) => (data + blocks * ms, None),

@@ -32,9 +32,10 @@ pub struct MetadataArgs {
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..16))]
     pub prinfo: u8,
     /// Initial (expected) logical block reference tag (default: the lower
-    /// 32 bits of the start block, as Type 1 requires).
+    /// 32 bits of the start block, or 48 with a 64-bit guard, as Type 1
+    /// requires).
     #[arg(long)]
-    pub ref_tag: Option<u32>,
+    pub ref_tag: Option<u64>,
     /// (Expected) logical block application tag.
     #[arg(long, default_value_t = 0)]
     pub app_tag: u16,
@@ -85,13 +86,16 @@ fn shape(ns: &Namespace, m: &MetadataArgs) -> Result<Shape> {
         });
     };
     let pract = m.prinfo & 8 != 0;
-    let moves = !(layout.pi_type != 0 && pract && layout.ms == 8);
+    // The metadata is just the PI tuple (8 bytes, 16 with a 64-bit guard):
+    // with PRACT the controller inserts and strips it.
+    let tuple_only = layout.pi_type != 0 && usize::from(layout.ms) == layout.pif.tuple_size();
+    let moves = !(tuple_only && pract);
     if moves && m.metadata.is_none() {
         bail!(
             "namespace {} has metadata ({layout}): pass --metadata FILE (block-count × {} bytes){}",
             ns.id(),
             layout.ms,
-            if layout.pi_type != 0 && layout.ms == 8 {
+            if tuple_only {
                 ", or --prinfo 8 (PRACT) to let the controller insert and strip the protection information"
             } else {
                 ""
@@ -99,7 +103,9 @@ fn shape(ns: &Namespace, m: &MetadataArgs) -> Result<Shape> {
         );
     }
     if !moves && m.metadata.is_some() {
-        bail!("with PRACT and 8-byte metadata no metadata moves: leave out --metadata");
+        bail!(
+            "with PRACT and metadata that is just the protection information tuple no metadata moves: leave out --metadata"
+        );
     }
     Ok(Shape {
         lba,

@@ -196,6 +196,13 @@ pub struct VmArgs {
     #[arg(long, value_name = "0|1", default_value_t = 0,
           value_parser = clap::value_parser!(u8).range(0..=1))]
     pub pil: u8,
+    /// With --pi: the guard size of namespace 1's protection information, 0 = 16-bit, 2 =
+    /// 64-bit with a 48-bit reference tag (QEMU nvme-ns `pif`; needs --ms 16 or more). The
+    /// driver sets Host Behavior Support LBAFEE, without which QEMU refuses I/O to it.
+    #[arg(long, value_name = "0|2", default_value_t = 0,
+          value_parser = clap::builder::PossibleValuesParser::new(["0", "2"])
+              .map(|s| s.parse::<u8>().expect("validated")))]
+    pub pif: u8,
     /// Put the vfio-bound controllers behind hot-pluggable `pcie-root-port`s (controller i is
     /// then 0000:0{i+1}:00.0) with their images as -blockdev nodes, so they can be removed
     /// and re-added while COMMAND runs (implied by --unplug and --replug).

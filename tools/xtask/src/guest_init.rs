@@ -159,6 +159,8 @@ pub struct GuestEnv {
     pub ns1_pi: u8,
     /// Namespace 1: protection information first (1) or last (0) in the metadata.
     pub ns1_pil: u8,
+    /// Namespace 1: protection information format (0 = 16-bit guard, 2 = 64-bit).
+    pub ns1_pif: u8,
     /// Namespace 1: LBAs whose reads fail (`--inject-read-error`).
     pub ns1_read_errors: Vec<u64>,
     /// The hotplug schedule: `unplug:0@5 replug:0@15` (empty: none).
@@ -199,6 +201,7 @@ impl GuestEnv {
             ("UPNVME_VM_NS1_MSET", self.ns1_mset.to_string()),
             ("UPNVME_VM_NS1_PI", self.ns1_pi.to_string()),
             ("UPNVME_VM_NS1_PIL", self.ns1_pil.to_string()),
+            ("UPNVME_VM_NS1_PIF", self.ns1_pif.to_string()),
             ("UPNVME_VM_HOTPLUG", self.hotplug.clone()),
             (
                 "UPNVME_VM_NS1_READ_ERRORS",
@@ -278,6 +281,7 @@ mod tests {
             ns1_mset: 0,
             ns1_pi: 0,
             ns1_pil: 0,
+            ns1_pif: 0,
             ns1_read_errors: vec![],
             hotplug: String::new(),
             mdts: 7,

@@ -322,6 +322,12 @@ impl Bed {
                 args.pi
             );
         }
+        if args.pif != 0 && (args.pi == 0 || args.ms < 16) {
+            bail!(
+                "--pif {} (a 64-bit guard) needs --pi 1|2|3 and at least 16 metadata bytes per block (--ms 16 or more)",
+                args.pif
+            );
+        }
         if args.ms == 0 && (args.mset != 0 || args.pil != 0) {
             bail!("--mset and --pil describe metadata: give --ms BYTES too");
         }
@@ -340,6 +346,9 @@ impl Bed {
             if args.pi != 0 {
                 ns1_props.push(("pi".to_string(), args.pi.to_string()));
                 ns1_props.push(("pil".to_string(), args.pil.to_string()));
+                if args.pif != 0 {
+                    ns1_props.push(("pif".to_string(), args.pif.to_string()));
+                }
             }
         }
         let mut props = vec![];
@@ -419,6 +428,7 @@ impl Bed {
             ns1_mset: args.mset,
             ns1_pi: args.pi,
             ns1_pil: args.pil,
+            ns1_pif: args.pif,
             ns1_read_errors: args.inject_read_error.clone(),
             hotplug: args
                 .unplug

@@ -173,7 +173,7 @@ pub struct PerfArgs {
     /// End-to-end protection of every I/O on a namespace formatted with
     /// protection information, as spdk_nvme_perf's -e:
     /// `PRACT=0|1,PRCHK=GUARD|REFTAG|APPTAG`. With PRACT=1 the controller
-    /// builds the PI on writes (and strips it on reads of 8-byte metadata);
+    /// builds the PI on writes (and strips it on reads when the metadata is just the PI tuple);
     /// with PRACT=0 perf builds it before each write.
     #[arg(short = 'e', long = "pi", value_parser = super::metadata::parse_pi)]
     pub pi: Option<upnvme::Protection>,

@@ -49,7 +49,7 @@ pub fn parse_pi(s: &str) -> Result<Protection, String> {
 pub struct MdWork {
     /// Data bytes per block.
     lba: usize,
-    /// Metadata bytes per block that move (0 with PRACT on 8-byte PI).
+    /// Metadata bytes per block that move (0 with PRACT when the metadata is the PI tuple).
     ms: usize,
     extended: bool,
     /// The separate metadata buffer of each slot (by tag), while the slot's
@@ -70,10 +70,11 @@ pub fn data_stride(lba: u32, layout: Option<MetadataLayout>, prot: Option<Protec
     }
 }
 
-/// Whether the metadata moves at all (not with PRACT on 8-byte PI).
+/// Whether the metadata moves at all (not with PRACT when the metadata is
+/// just the PI tuple).
 fn moves(l: MetadataLayout, prot: Option<Protection>) -> bool {
     let pract = prot.is_some_and(|p| p.pract);
-    !(l.pi_type != 0 && pract && l.ms == 8)
+    !(l.pi_type != 0 && pract && usize::from(l.ms) == l.pif.tuple_size())
 }
 
 impl MdWork {
@@ -120,12 +121,12 @@ impl MdWork {
         let md = self.bufs.get_mut(tag as usize).and_then(Option::take);
         if write && let Some(f) = self.host_pi {
             let p = self.protection.unwrap_or_default();
-            let tag32 = p.ref_tag.unwrap_or(slba as u32);
+            let tag = p.ref_tag.unwrap_or(slba & f.pif.ref_tag_max());
             let n = blocks as usize;
             if self.extended {
                 self.scratch.resize(n * (self.lba + self.ms), 0);
                 if buf.read_bytes(0, &mut self.scratch).is_ok()
-                    && f.protect_extended(&mut self.scratch, p.app_tag, tag32)
+                    && f.protect_extended(&mut self.scratch, p.app_tag, tag)
                 {
                     let _ = buf.write_bytes(0, &self.scratch);
                 }
@@ -133,7 +134,7 @@ impl MdWork {
                 self.scratch.resize(n * self.lba, 0);
                 let mut meta = vec![0u8; n * self.ms];
                 if buf.read_bytes(0, &mut self.scratch).is_ok()
-                    && f.protect(&self.scratch, &mut meta, p.app_tag, tag32)
+                    && f.protect(&self.scratch, &mut meta, p.app_tag, tag)
                 {
                     let _ = m.write_bytes(0, &meta);
                 }
