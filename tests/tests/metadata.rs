@@ -8,12 +8,12 @@
 mod common;
 
 use common::{assert_clean, buffer_with, pattern, read_back, run_io, setup};
-use upnvme::pi::PiFormat;
+use upnvme::pi::{PiFormat, Pif};
 use upnvme::{
     FormatNvm, IoCommand, IoData, IoError, IoVec, PiCheck, Protection, QueuePairOptions, Reject,
     SglMode,
 };
-use upnvme_tests::{ModelConfig, NamespaceConfig};
+use upnvme_tests::{ModelConfig, ModelController, NamespaceConfig};
 
 const BS: usize = 512;
 const BLOCKS: u64 = 4096;
@@ -653,5 +653,224 @@ fn raw_reads_and_writes_carry_the_metadata_their_format_moves() {
         }
         drop(qp);
         assert_clean(&m);
+    }
+}
+
+/// A model controller with Extended LBA Formats (CTRATT.ELBAS) and two
+/// namespaces whose 16 extended metadata bytes per block carry a 64-bit
+/// guard tuple (ELBAF.PIF 10b): namespace 1 Type 1, namespace 2 Type 2.
+fn with_guard64() -> ModelConfig {
+    let ns = |nsid, pi_type| NamespaceConfig {
+        nsid,
+        lba_size: BS as u32,
+        blocks: BLOCKS,
+        ms: 16,
+        extended: true,
+        pi_type,
+        pif: 2,
+        ..NamespaceConfig::default()
+    };
+    ModelConfig {
+        elbas: true,
+        sgls: 1,
+        namespaces: vec![ns(1, 1), ns(2, 2)],
+        ..with_format(16, true, 1, false)
+    }
+}
+
+#[test]
+fn a_64_bit_guard_format_gets_lbafee_16_byte_tuples_and_a_48_bit_reference_tag() {
+    let (m, c) = setup(with_guard64());
+    // The driver set Host Behavior Support LBAFEE at bring-up (without it
+    // the model, like QEMU, refuses I/O to these namespaces).
+    assert_eq!(m.host_behavior_sets(), 1);
+    let ns = c.namespace(1).unwrap().clone();
+    let layout = ns.metadata_layout().unwrap();
+    assert_eq!((layout.pif, layout.sts), (Pif::Guard64, 0));
+    assert!(
+        layout
+            .to_string()
+            .contains("(64-bit guard) in the last 16 bytes"),
+        "{layout}"
+    );
+    let fmt = ns.pi_format().unwrap();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let stride = BS + 16;
+
+    // Host-built tuples (Type 1: the tag is the LBA), checked by the model,
+    // read back byte for byte.
+    let mut host = pattern(64, 3 * stride);
+    assert!(fmt.protect_extended(&mut host, 0x0bee, 300));
+    let check = Protection {
+        check_app_tag: true,
+        app_tag: 0x0bee,
+        app_tag_mask: 0xffff,
+        ..Protection::CHECK
+    };
+    let w = run_io(
+        &mut qp,
+        write(300, 3, &ns),
+        IoData::buffer(buffer_with(&c, &host)).protection(check),
+    );
+    assert!(w.is_ok(), "{:?}", w.result);
+    let r = run_io(
+        &mut qp,
+        read(300, 3, &ns),
+        IoData::buffer(c.alloc_dma(3 * stride).unwrap()).protection(check),
+    );
+    assert!(r.is_ok(), "{:?}", r.result);
+    assert_eq!(read_back(r.buffer.as_ref().unwrap(), host.len()), host);
+    // A flipped data byte fails the CRC-64 guard.
+    let mut bad = host.clone();
+    bad[stride + 3] ^= 0x40;
+    let e = run_io(
+        &mut qp,
+        write(300, 3, &ns),
+        IoData::buffer(buffer_with(&c, &bad)).protection(check),
+    );
+    assert!(
+        matches!(
+            e.result,
+            Err(IoError::Protection {
+                check: PiCheck::Guard,
+                ..
+            })
+        ),
+        "{:?}",
+        e.result
+    );
+
+    // PRACT with metadata that is just the 16-byte tuple: only data moves,
+    // the model stores a tuple the host can check.
+    let data = pattern(65, 2 * BS);
+    let w = run_io(
+        &mut qp,
+        write(310, 2, &ns),
+        IoData::buffer(buffer_with(&c, &data)).protection(Protection::PRACT),
+    );
+    assert!(w.is_ok(), "{:?}", w.result);
+    let md = m.namespace_metadata(1, 310, 2);
+    for (i, t) in md.chunks(16).enumerate() {
+        let t = fmt.tuple(t).unwrap();
+        assert_eq!(
+            t.guard,
+            upnvme::pi::guard64(&data[i * BS..(i + 1) * BS], &[])
+        );
+        assert_eq!(t.ref_tag, 310 + i as u64);
+    }
+    let r = run_io(
+        &mut qp,
+        read(310, 2, &ns),
+        IoData::buffer(c.alloc_dma(2 * BS).unwrap()).protection(Protection::PRACT),
+    );
+    assert!(r.is_ok(), "{:?}", r.result);
+    assert_eq!(read_back(r.buffer.as_ref().unwrap(), data.len()), data);
+
+    // Type 2 with a tag above 32 bits: bits 47:32 travel in CDW3, so the
+    // model expects exactly the tags the host built.
+    let ns2 = c.namespace(2).unwrap().clone();
+    let fmt2 = ns2.pi_format().unwrap();
+    let tag = 0x1234_0000_0007u64;
+    let mut host2 = pattern(66, 2 * stride);
+    assert!(fmt2.protect_extended(&mut host2, 0, tag));
+    let wide = Protection {
+        ref_tag: Some(tag),
+        ..Protection::CHECK
+    };
+    let w = run_io(
+        &mut qp,
+        write(40, 2, &ns2),
+        IoData::buffer(buffer_with(&c, &host2)).protection(wide),
+    );
+    assert!(w.is_ok(), "{:?}", w.result);
+    // The same tuples under a tag that differs only in bits 47:32.
+    let other = Protection {
+        ref_tag: Some(0x1235_0000_0007),
+        ..Protection::CHECK
+    };
+    let e = run_io(
+        &mut qp,
+        write(40, 2, &ns2),
+        IoData::buffer(buffer_with(&c, &host2)).protection(other),
+    );
+    assert!(
+        matches!(
+            e.result,
+            Err(IoError::Protection {
+                check: PiCheck::ReferenceTag,
+                ..
+            })
+        ),
+        "{:?}",
+        e.result
+    );
+    // A tag wider than 48 bits is refused before submission.
+    let too_wide = Protection {
+        ref_tag: Some(1 << 48),
+        ..Protection::CHECK
+    };
+    let err = qp
+        .submit_io(
+            write(40, 2, &ns2),
+            IoData::buffer(buffer_with(&c, &host2)).protection(too_wide),
+            9,
+        )
+        .unwrap_err();
+    assert!(
+        matches!(err.reason, Reject::ProtectionNotApplicable(_)),
+        "{err:?}"
+    );
+
+    // A reset sets LBAFEE again (Host Behavior Support is not kept across a
+    // Controller Level Reset), and I/O goes on.
+    drop(qp);
+    c.reset().unwrap();
+    assert_eq!(m.host_behavior_sets(), 2);
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let r = run_io(
+        &mut qp,
+        read(300, 3, &ns),
+        IoData::buffer(c.alloc_dma(3 * stride).unwrap()).protection(check),
+    );
+    assert!(r.is_ok(), "{:?}", r.result);
+    assert_eq!(read_back(r.buffer.as_ref().unwrap(), host.len()), host);
+    drop(qp);
+    assert_clean(&m);
+}
+
+#[test]
+fn a_32_bit_guard_or_storage_tags_are_reported_and_protection_on_them_refused() {
+    for (elbaf, why) in [(1u32 << 7, "32-bit guard"), (8, "storage tags")] {
+        let m = ModelController::new(with_guard64());
+        // CNS 05h of namespace 1: ELBAF of format 2 (512 + 16), the current
+        // one, says PIF 01b or STS 8.
+        let mut page = vec![0u8; 4096];
+        page[12 + 4 * 2..12 + 4 * 2 + 4].copy_from_slice(&elbaf.to_le_bytes());
+        m.set_identify_data(5, 1, Some(page));
+        let c = common::open(&m, common::opts());
+        let ns = c.namespace(1).unwrap().clone();
+        let layout = ns.metadata_layout().unwrap();
+        let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+        let err = qp
+            .submit_io(
+                read(0, 1, &ns),
+                IoData::buffer(c.alloc_dma(BS + 16).unwrap()).protection(Protection::CHECK),
+                1,
+            )
+            .unwrap_err();
+        match err.reason {
+            Reject::ProtectionNotApplicable(s) => assert!(s.contains(why), "{s}"),
+            r => panic!("{layout}: {r:?}"),
+        }
+        if elbaf == 8 {
+            assert_eq!(layout.sts, 8);
+        } else {
+            assert_eq!(layout.pif, Pif::Guard32);
+            assert!(
+                !ns.pi_format()
+                    .unwrap()
+                    .protect_extended(&mut [0; 528], 0, 0)
+            );
+        }
     }
 }

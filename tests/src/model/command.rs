@@ -136,9 +136,10 @@ impl Command {
         u64::from(le32(&self.raw, 16)) | u64::from(le32(&self.raw, 20)) << 32
     }
 
-    /// Command Dword `n` (10..=15; other values read 0).
+    /// Command Dword `n` (2, 3 and 10..=15; other values read 0).
     pub fn cdw(&self, n: usize) -> u32 {
         match n {
+            2 | 3 => le32(&self.raw, 8 + (n - 2) * 4),
             10..=15 => le32(&self.raw, 40 + (n - 10) * 4),
             _ => 0,
         }

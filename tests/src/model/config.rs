@@ -52,6 +52,11 @@ pub struct ModelConfig {
     /// Identify Controller OACS bit 8: Doorbell Buffer Config command
     /// supported (shadow doorbells, §5.8).
     pub oacs_dbbc: bool,
+    /// Identify Controller CTRATT bit 15, Extended LBA Formats Supported:
+    /// the model answers Identify CNS 05h (ELBAF) and Set Features Host
+    /// Behavior Support, and refuses I/O to a namespace with a 64-bit guard
+    /// (`NamespaceConfig::pif`) until LBAFEE is set, as QEMU does.
+    pub elbas: bool,
     /// Identify Controller VWC (byte 525) bit 0: a volatile write cache is
     /// present, so Set Features — Volatile Write Cache is accepted.
     pub vwc: bool,
@@ -138,7 +143,10 @@ impl ModelConfig {
                     ns.nsid, ns.ms
                 ));
             }
-            if ns.pi_type > 3 || (ns.pi_type != 0 && ns.ms < 8) {
+            if ns.pif != 0 && ns.pif != 2 {
+                return Err(format!("namespace {}: pif {} (0 or 2)", ns.nsid, ns.pif));
+            }
+            if ns.pi_type > 3 || (ns.pi_type != 0 && usize::from(ns.ms) < ns.pi_tuple_size()) {
                 return Err(format!(
                     "namespace {}: PI type {} with {} metadata bytes (types 1-3 need 8 or more)",
                     ns.nsid, ns.pi_type, ns.ms
@@ -183,6 +191,7 @@ impl Default for ModelConfig {
             rtd3e_us: 0,
             aerl: 3,
             oacs_dbbc: true,
+            elbas: false,
             vwc: false,
             oncs: Self::ONCS_COMPARE | Self::ONCS_DSM | Self::ONCS_WRITE_ZEROES,
             sgls: 0,
@@ -215,6 +224,10 @@ pub struct NamespaceConfig {
     pub pi_type: u8,
     /// DPS bit 3: the PI tuple is the first 8 bytes of the metadata.
     pub pi_first: bool,
+    /// ELBAF.PIF of the namespace's formats with 16 or more metadata bytes
+    /// (reported with `ModelConfig::elbas`): 0 a 16-bit guard, 2 a 64-bit
+    /// guard with a 48-bit reference tag (a 16-byte tuple).
+    pub pif: u8,
     /// DPC, the protection capabilities reported: bits 2:0 PI Types 1–3,
     /// bit 3 PI in the first 8 metadata bytes, bit 4 in the last 8
     /// (default 0x1f, everything, as QEMU's nvme-ns).
@@ -235,6 +248,11 @@ impl NamespaceConfig {
         (4096, 64),
     ];
 
+    /// Bytes of the PI tuple: 8, or 16 with a 64-bit guard.
+    pub fn pi_tuple_size(&self) -> usize {
+        if self.pif == 2 { 16 } else { 8 }
+    }
+
     /// The index of the current format in [`Self::LBA_FORMATS`].
     pub fn format_index(&self) -> Option<usize> {
         Self::LBA_FORMATS
@@ -254,6 +272,7 @@ impl Default for NamespaceConfig {
             extended: false,
             pi_type: 0,
             pi_first: false,
+            pif: 0,
             dpc: 0x1f,
         }
     }

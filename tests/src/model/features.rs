@@ -16,6 +16,8 @@ const FID_TEMPERATURE_THRESHOLD: u32 = 0x04;
 const FID_VOLATILE_WRITE_CACHE: u32 = 0x06;
 /// FID 07h, Number of Queues.
 const FID_NUMBER_OF_QUEUES: u32 = 0x07;
+/// FID 16h, Host Behavior Support (a 512-byte data structure).
+const FID_HOST_BEHAVIOR_SUPPORT: u32 = 0x16;
 /// FID 0Bh, Asynchronous Event Configuration.
 const FID_ASYNC_EVENT_CONFIG: u32 = 0x0b;
 /// Default over-temperature threshold: WCTEMP, 343 K.
@@ -73,6 +75,14 @@ impl State {
                 self.features.aec = cdw11;
                 Outcome::ok(0)
             }
+            FID_HOST_BEHAVIOR_SUPPORT if self.cfg.elbas => match self.read_host_data(cmd, 512) {
+                Ok(d) => {
+                    self.features.lbafee = d[2] & 1 != 0;
+                    self.stats.hbs_sets += 1;
+                    Outcome::ok(0)
+                }
+                Err(s) => Outcome::err(s),
+            },
             FID_TEMPERATURE_THRESHOLD => match Self::temp_key(cdw11) {
                 Some(key) => {
                     self.features.temp.insert(key, (cdw11 & 0xffff) as u16);

@@ -46,7 +46,7 @@ pub(crate) fn controller(cfg: &ModelConfig) -> Vec<u8> {
     put(&mut p, 84, &0u32.to_le_bytes()); // RTD3R
     put(&mut p, 88, &cfg.rtd3e_us.to_le_bytes()); // RTD3E
     put(&mut p, 92, &(1u32 << 8).to_le_bytes()); // OAES: Namespace Attribute Notices
-    put(&mut p, 96, &0u32.to_le_bytes()); // CTRATT
+    put(&mut p, 96, &(u32::from(cfg.elbas) << 15).to_le_bytes()); // CTRATT: ELBAS
     // OACS bit 1 Format NVM, bit 8 Doorbell Buffer Config.
     let oacs: u16 = 1 << 1 | if cfg.oacs_dbbc { 1 << 8 } else { 0 };
     put(&mut p, 256, &oacs.to_le_bytes()); // OACS
@@ -106,6 +106,21 @@ pub(crate) fn namespace(ns: &Namespace) -> Vec<u8> {
     p
 }
 
+/// The I/O Command Set specific Identify Namespace data structure for the
+/// NVM Command Set (CNS 05h, CSI 00h): LBSTM 0, PIC 0, and ELBAF0..7 at
+/// bytes 12 + 4 × index: PIF (bits 8:7) for the formats with 16 or more
+/// metadata bytes, STS 0.
+pub(crate) fn namespace_nvm(ns: &Namespace) -> Vec<u8> {
+    let mut p = vec![0u8; PAGE];
+    for (i, (_, ms)) in NamespaceConfig::LBA_FORMATS.iter().enumerate() {
+        if *ms >= 16 {
+            let elbaf = u32::from(ns.cfg.pif & 0x3) << 7;
+            put(&mut p, 12 + 4 * i, &elbaf.to_le_bytes());
+        }
+    }
+    p
+}
+
 impl State {
     /// Identify (§5.17): CDW10 CNS (7:0); data to PRP1/PRP2.
     pub(crate) fn identify(&mut self, cmd: &Command) -> Outcome {
@@ -131,6 +146,13 @@ impl State {
                 }
             }
             0x01 => controller(&self.cfg),
+            // CSI (CDW11 bits 31:24) 00h, the NVM Command Set.
+            0x05 if self.cfg.elbas && cmd.cdw(11) >> 24 == 0 => {
+                match self.namespace(nsid).and_then(|i| self.namespaces.get(i)) {
+                    Some(ns) => namespace_nvm(ns),
+                    None => return Outcome::err(Status::INVALID_NAMESPACE.with_dnr()),
+                }
+            }
             0x02 => {
                 if nsid >= 0xffff_fffe {
                     return Outcome::err(Status::INVALID_NAMESPACE.with_dnr());

@@ -24,6 +24,7 @@ fn pi_fields(cmd: &Command) -> PiFields {
     PiFields {
         prinfo: (cmd.cdw(12) >> 26 & 0xf) as u8,
         ref_tag: cmd.cdw(14),
+        ref_tag_upper: cmd.cdw(3) as u16,
         app_tag: cmd.cdw(15) as u16,
         app_mask: (cmd.cdw(15) >> 16) as u16,
     }
@@ -72,8 +73,16 @@ impl State {
     }
 
     fn ns_index(&self, cmd: &Command) -> Result<usize, Status> {
-        self.namespace(cmd.nsid())
-            .ok_or(Status::INVALID_NAMESPACE.with_dnr())
+        let i = self
+            .namespace(cmd.nsid())
+            .ok_or(Status::INVALID_NAMESPACE.with_dnr())?;
+        // A format with a 64-bit guard is an Extended LBA Format: usable
+        // only once the host set Host Behavior Support LBAFEE (as QEMU's
+        // nvme_io_cmd: Invalid Format).
+        if self.namespaces.get(i).is_some_and(|n| n.cfg.pif != 0) && !self.features.lbafee {
+            return Err(Status::new(1, 0x0a).with_dnr());
+        }
+        Ok(i)
     }
 
     /// Flush: nothing is volatile, so it only validates NSID.
@@ -108,7 +117,7 @@ impl State {
         let (ext, pi) = (ns.cfg.extended, ns.cfg.pi_type != 0);
         // Metadata moves unless PRACT inserts/strips a PI tuple that is all
         // the metadata (QEMU's rule, NVM Command Set 1.0 §5.2.1).
-        let md_moves = ms != 0 && !(pi && f.pract() && ms == 8);
+        let md_moves = ms != 0 && !(pi && f.pract() && ms == ns.cfg.pi_tuple_size());
         let n = nlb as usize;
         let len = bs * n;
         let host_len = len + if ext && md_moves { ms * n } else { 0 };

@@ -380,6 +380,12 @@ impl ModelController {
         self.state().stats.dma_faults
     }
 
+    /// Set Features Host Behavior Support commands the model accepted
+    /// (with `ModelConfig::elbas`), resets included.
+    pub fn host_behavior_sets(&self) -> u32 {
+        self.state().stats.hbs_sets
+    }
+
     /// Descriptions of the DMA faults (what was accessed, where).
     pub fn dma_fault_log(&self) -> Vec<String> {
         self.state().stats.dma_fault_log.clone()

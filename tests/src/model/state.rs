@@ -150,6 +150,8 @@ pub(crate) struct Features {
     pub temp: BTreeMap<(u8, u8), u16>,
     /// Number of Queues (FID 07h) granted: (NSQA, NCQA), 0-based.
     pub granted: Option<(u16, u16)>,
+    /// Host Behavior Support (FID 16h) LBAFEE, byte 2 bit 0.
+    pub lbafee: bool,
 }
 
 /// Everything tests can inspect.
@@ -161,6 +163,8 @@ pub(crate) struct Stats {
     pub violations_lost: u64,
     /// DMA accesses to unmapped IOVAs.
     pub dma_faults: u64,
+    /// Set Features Host Behavior Support commands accepted.
+    pub hbs_sets: u32,
     /// Descriptions of the first DMA faults.
     pub dma_fault_log: Vec<String>,
     /// MMIO doorbell writes per queue: (SQ tail, CQ head).

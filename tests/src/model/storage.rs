@@ -79,7 +79,7 @@ impl Namespace {
         if self.cfg.pi_type == 0 {
             return None;
         }
-        let ms = self.ms().checked_sub(8)?;
+        let ms = self.ms().checked_sub(self.cfg.pi_tuple_size())?;
         Some(if self.cfg.pi_first { 0 } else { ms })
     }
 
