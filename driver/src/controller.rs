@@ -680,7 +680,9 @@ impl<D: Device> Inner<D> {
     ) -> std::result::Result<u64, CreateFailure> {
         let t = self.admin_timeout;
         let mut cq_left = None;
+        let mut during = None;
         self.with_admin(|dev, name, admin| {
+            during = Some(self.generation());
             let what = format!("Create I/O Completion Queue {qid}{when}");
             let (cqe, _) = admin.execute(dev, name, cq, None, None, t, &what)?;
             succeeded(cqe, &what)?;
@@ -702,7 +704,11 @@ impl<D: Device> Inner<D> {
             }
             Ok(self.generation())
         })
-        .map_err(|error| CreateFailure { error, cq_left })
+        .map_err(|error| CreateFailure {
+            error,
+            cq_left,
+            during,
+        })
     }
 
     /// Executes an admin command without data; an error status is an error.
@@ -1392,6 +1398,10 @@ pub(crate) struct CreateFailure {
     /// The CQ was created and could not be deleted again: `Some` of the
     /// reset generation it exists in.
     pub(crate) cq_left: Option<u64>,
+    /// The reset generation the commands were sent in (read under the
+    /// admin lock, which a reset holds throughout); `None` when none was
+    /// sent (the controller was not usable).
+    pub(crate) during: Option<u64>,
 }
 
 /// Why enabling the controller failed, and the admin queue memory it may

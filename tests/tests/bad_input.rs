@@ -1395,6 +1395,35 @@ fn commands_queued_before_a_reset_are_not_rung_after_it() {
     assert_clean(&m);
 }
 
+/// A command that moves no data (Flush) may carry a slice nobody can
+/// describe: its buffer rides along and comes back, and the offset is never
+/// added up into an overflow (a panic in a debug build before).
+#[test]
+fn a_flush_with_an_undescribable_slice_completes_and_returns_its_buffer() {
+    let (m, c) = setup(config_one_ns(4096, BLOCKS));
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let ns = ns1(&c);
+    qp.submit_io(
+        IoCommand::Flush { ns: &ns },
+        upnvme::IoData::slice(c.alloc_dma(4096).unwrap(), usize::MAX, 1),
+        7,
+    )
+    .unwrap();
+    let mut done = None;
+    let start = std::time::Instant::now();
+    while done.is_none() {
+        assert!(start.elapsed() < T, "the Flush did not complete");
+        qp.process_completions(1, |_, cpl| done = Some(cpl))
+            .unwrap();
+    }
+    let done = done.unwrap();
+    assert_eq!(done.tag, 7);
+    assert!(done.result.is_ok(), "{:?}", done.result);
+    assert!(done.buffer.is_some());
+    drop(qp);
+    assert_clean(&m);
+}
+
 /// Rows 71–76: the data path's refusals (slices, vectors, SGLs, optional
 /// commands, flags, raw commands), each with its memory handed back and
 /// the exact text a user sees.

@@ -13,7 +13,7 @@ use upnvme::{
     Controller, ControllerOptions, CqHeadPolicy, IoCommand, IoQueuePair, Namespace,
     QueuePairOptions, Reject,
 };
-use upnvme_tests::ModelController;
+use upnvme_tests::{Fault, Match, ModelController};
 
 #[global_allocator]
 static GLOBAL: CountingAllocator = CountingAllocator;
@@ -124,6 +124,46 @@ fn submit_and_reap_allocate_nothing() {
             assert_clean(&m);
         }
     }
+}
+
+/// The command timeout scan runs every 1024 polls while commands are in
+/// flight (the default 30 s timeout): it must not allocate either.
+#[test]
+fn the_periodic_timeout_scan_allocates_nothing() {
+    let (m, c, mut qp) = setup(
+        false,
+        QueuePairOptions {
+            entries: Some(16),
+            ..Default::default()
+        },
+    );
+    let ns = c.namespace(1).unwrap().clone();
+    // Four reads the model holds back: they stay in flight while the pair
+    // polls an empty CQ, so the scans find (and stamp) them.
+    for i in 0..4u64 {
+        m.inject(Fault::DelayCompletion {
+            on: Match::Queue(qp.qid()),
+            doorbells: None,
+        });
+        qp.submit(read(&ns, i), Some(c.alloc_dma(512).unwrap()), i)
+            .unwrap();
+    }
+    assert_eq!(qp.in_flight(), 4);
+    // 2100 empty polls: two scans in the window.
+    let n = allocations(|| {
+        for _ in 0..2100 {
+            assert_eq!(qp.process_completions(8, |_, _| {}).unwrap(), 0);
+        }
+    });
+    assert_eq!(n, 0, "allocations in the timeout scan");
+    m.release_delayed();
+    let mut done = 0;
+    while done < 4 {
+        done += qp.process_completions(8, |_, _| {}).unwrap();
+    }
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
 }
 
 #[test]

@@ -441,3 +441,104 @@ fn reset_of_a_fatal_controller_deletes_nothing_first() {
     drop(qp);
     assert_clean(&m);
 }
+
+#[test]
+fn an_abort_that_gets_no_answer_resets_the_controller_and_the_command_completes_once() {
+    let m = ModelController::new(config_one_ns(4096, 256));
+    let c = open(
+        &m,
+        upnvme::ControllerOptions {
+            admin_timeout: Some(Duration::from_millis(300)),
+            ..opts()
+        },
+    );
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(qp_opts(50)).unwrap();
+    // The read's completion is lost, and so is the Abort's (admin opcode
+    // 08h): the Abort times out and the controller is marked failed.
+    m.inject(Fault::DropCompletion(Match::Opcode {
+        qid: qp.qid(),
+        opcode: READ,
+    }));
+    m.inject(Fault::DropCompletion(Match::Opcode {
+        qid: 0,
+        opcode: 0x08,
+    }));
+    let b = c.alloc_dma(4096).unwrap();
+    qp.submit(
+        IoCommand::Read {
+            ns: &ns,
+            slba: 1,
+            blocks: 1,
+        },
+        Some(b),
+        21,
+    )
+    .unwrap();
+    // Without the reset the pair would answer ControllerFailed from here
+    // on and the command (and its buffer) would never come back.
+    let done = collect(&mut qp, 1);
+    assert_eq!(done[0].tag, 21);
+    assert_eq!(done[0].result, Err(IoError::TimedOut));
+    assert!(done[0].buffer.is_some());
+    assert_eq!(qp.stats().aborts, 1);
+    assert_eq!(c.resets(), 1);
+    assert_eq!(qp.stats().timeout_resets, 1);
+    let data = pattern(9, 4096);
+    qp.write_blocking(&ns, 5, 1, buffer_with(&c, &data), T)
+        .unwrap();
+    let back = qp
+        .read_blocking(&ns, 5, 1, c.alloc_dma(4096).unwrap(), T)
+        .unwrap();
+    assert_eq!(read_back(&back, 4096), data);
+    drop(qp);
+    assert_clean(&m);
+}
+
+/// A blocking wait that backs off with a sleep still ends at its timeout:
+/// with the checks counted in polls (every 1024), a 20 ms sleep made a
+/// 100 ms timeout end after about 20 s.
+#[test]
+fn a_sleeping_blocking_wait_ends_at_its_timeout() {
+    let m = ModelController::new(config_one_ns(4096, 256));
+    let c = open(&m, opts());
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c
+        .io_queue_pair(QueuePairOptions {
+            backoff: upnvme::Backoff {
+                spin_polls: 10,
+                sleep: Some(Duration::from_millis(20)),
+            },
+            command_timeout: None,
+            ..Default::default()
+        })
+        .unwrap();
+    m.inject(Fault::DelayCompletion {
+        on: Match::Opcode {
+            qid: qp.qid(),
+            opcode: READ,
+        },
+        doorbells: None,
+    });
+    let start = Instant::now();
+    let e = qp
+        .read_blocking(
+            &ns,
+            2,
+            1,
+            c.alloc_dma(4096).unwrap(),
+            Duration::from_millis(100),
+        )
+        .unwrap_err();
+    let took = start.elapsed();
+    assert!(matches!(e.error, Error::Timeout { .. }), "{e:?}");
+    // A bound on correctness, not on speed: the timeout plus a few sleeps,
+    // far below 1024 sleeps.
+    assert!(took < Duration::from_secs(5), "the wait took {took:?}");
+    // The command is still in flight; released, it completes once.
+    m.release_delayed();
+    let done = collect(&mut qp, 1);
+    assert!(done[0].result.is_ok(), "{:?}", done[0].result);
+    drop(qp);
+    assert_clean(&m);
+}

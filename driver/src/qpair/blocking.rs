@@ -98,8 +98,12 @@ impl<D: Device> IoQueuePair<D> {
             }
             empty = empty.saturating_add(1);
             // Clock reads, CSTS checks and back-off only every so often: no PAUSE
-            // and no clock_gettime in the tight loop.
-            let (check, check_csts) = periodic.tick();
+            // and no clock_gettime in the tight loop. Once the wait sleeps
+            // between polls, every poll checks: counted in sleeps, 1024 of
+            // them would overrun the timeout by 1024 sleeps.
+            let sleeping = empty > self.backoff.spin_polls && self.backoff.sleep.is_some();
+            let (tick, tick_csts) = periodic.tick();
+            let (check, check_csts) = (tick || sleeping, tick_csts || sleeping);
             if check {
                 if start.elapsed() >= timeout {
                     return Err(IoFailure {

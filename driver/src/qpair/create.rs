@@ -133,7 +133,7 @@ impl<D: Device> IoQueuePair<D> {
             "",
         ) {
             Ok(g) => g,
-            Err(CreateFailure { error, cq_left }) => {
+            Err(CreateFailure { error, cq_left, .. }) => {
                 let (mut sq, mut cq) = (sq, cq);
                 if !matches!(error, Error::Command { .. }) {
                     // No answer (timeout, device fault, controller gone or

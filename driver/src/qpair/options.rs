@@ -10,7 +10,8 @@ pub struct Backoff {
     /// Empty polls spent spinning (no PAUSE, no clock read per poll) before
     /// backing off.
     pub spin_polls: u32,
-    /// After that: `None` yields the CPU between polls; `Some(d)` sleeps `d`.
+    /// After that: `None` yields the CPU between polls; `Some(d)` sleeps `d`
+    /// (and then checks the clock, the timeout and CSTS after every sleep).
     pub sleep: Option<Duration>,
 }
 

@@ -130,8 +130,12 @@ impl<D: Device> IoQueuePair<D> {
         let t = self.timeout_ticks;
         let mut to_abort = Vec::new();
         let mut reset = false;
-        let slots: Vec<u16> = self.trackers.in_flight_slots().collect();
-        for slot in slots {
+        // By index, not through a collected list: this scan runs every 1024
+        // polls with commands in flight, and the I/O path allocates nothing.
+        for slot in 0..self.trackers.slots() {
+            if !self.trackers.is_in_flight(slot) {
+                continue;
+            }
             let Some(tr) = self.trackers.get_mut(slot) else {
                 continue;
             };
@@ -160,10 +164,13 @@ impl<D: Device> IoQueuePair<D> {
         }
         for slot in to_abort {
             if let Some(cid) = self.trackers.cid_of(slot) {
-                // The Abort's own result does not matter: either the command
+                // The Abort's status does not matter: either the command
                 // completes (with Command Abort Requested) or, after a second
-                // timeout, the controller is reset.
-                let _ = self.ctrl.admin_command(
+                // timeout, the controller is reset. An Abort that got no
+                // answer (or a broken one) left the controller marked failed,
+                // and a failed controller's pair never gets to a second scan:
+                // reset now, or nothing would end the overdue commands.
+                let r = self.ctrl.admin_command(
                     Sqe::abort(self.qid, cid),
                     &format!("Abort (SQ {}, CID 0x{cid:04x})", self.qid),
                 );
@@ -171,6 +178,10 @@ impl<D: Device> IoQueuePair<D> {
                     tr.aborted = true;
                 }
                 self.stats.aborts += 1;
+                if matches!(r, Err(Error::Timeout { .. } | Error::DeviceFault { .. })) {
+                    reset = true;
+                    break;
+                }
             }
         }
         if reset {
@@ -275,7 +286,19 @@ impl<D: Device> IoQueuePair<D> {
             );
             self.generation = match created {
                 Ok(g) => g,
-                Err(CreateFailure { error, cq_left }) => {
+                Err(CreateFailure {
+                    error,
+                    cq_left,
+                    during,
+                }) => {
+                    // The generation the creation ran in, not the one read
+                    // before it: a reset in between would otherwise leave a
+                    // CQ of the newer generation looking like one of the
+                    // older, which `delete_queues` would take as gone (and
+                    // free its ID and memory).
+                    if let Some(g) = during {
+                        self.generation = g;
+                    }
                     // No answer, or a CQ that could not be deleted again: the
                     // queues may exist on this memory (`delete_queues` then
                     // deletes or quarantines it, and holds the ID).

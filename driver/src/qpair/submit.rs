@@ -396,9 +396,15 @@ impl<D: Device> IoQueuePair<D> {
         }
         // The data pointer of one or two memory pages needs no slot: PRP1 is
         // the buffer, PRP2 0 or the second page's address (NVMe 2.0 §4.3.1).
-        // Nothing overflows: [iova, iova + bytes) lies inside the buffer's
-        // IOVA range. Anything else goes to the slot's list page below.
-        let iova = buffer.as_ref().map_or(0, |b| b.iova()) + offset as u64;
+        // For a command that moves data, [iova, iova + bytes) lies inside
+        // the buffer's IOVA range (its slice was checked). A command that
+        // moves none (Flush, Write Zeroes, ...) may carry a buffer whose
+        // slice nobody checked: its sum is unused, so it wraps rather than
+        // overflows. Anything else goes to the slot's list page below.
+        let iova = buffer
+            .as_ref()
+            .map_or(0, |b| b.iova())
+            .wrapping_add(offset as u64);
         let (mut prp1, mut prp2, mut placed) = (0u64, 0u64, true);
         match data {
             Data::Buffer(bytes) => {
