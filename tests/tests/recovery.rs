@@ -542,3 +542,76 @@ fn a_sleeping_blocking_wait_ends_at_its_timeout() {
     drop(qp);
     assert_clean(&m);
 }
+
+/// `next_completion` returns a completion it reaped even when the periodic
+/// timeout scan of the same call fails (here: the reset it starts never
+/// sees CSTS.RDY); the error comes with the next call.
+#[test]
+fn next_completion_keeps_a_completion_reaped_in_a_call_whose_timeout_scan_fails() {
+    let m = ModelController::new(config_one_ns(4096, 256));
+    let c = open(
+        &m,
+        upnvme::ControllerOptions {
+            ready_timeout: Some(Duration::from_millis(200)),
+            ..opts()
+        },
+    );
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(qp_opts(1)).unwrap();
+    let read = |slba| IoCommand::Read {
+        ns: &ns,
+        slba,
+        blocks: 1,
+    };
+    // A is lost: the first scan stamps it, the second aborts it (the Abort
+    // finds nothing to abort), the third resets the controller.
+    m.inject(Fault::DropCompletion(Match::Opcode {
+        qid: qp.qid(),
+        opcode: READ,
+    }));
+    qp.submit(read(1), Some(c.alloc_dma(4096).unwrap()), 1)
+        .unwrap();
+    let poll_to = |qp: &mut IoQueuePair<ModelController>, polls: u64| {
+        while qp.stats().polls < polls {
+            assert!(qp.next_completion().unwrap().is_none());
+        }
+    };
+    poll_to(&mut qp, 1024);
+    std::thread::sleep(Duration::from_millis(5));
+    poll_to(&mut qp, 2048);
+    assert_eq!(qp.stats().aborts, 1);
+    std::thread::sleep(Duration::from_millis(5));
+    // B is held back until the poll of the third scan.
+    m.inject(Fault::DelayCompletion {
+        on: Match::Opcode {
+            qid: qp.qid(),
+            opcode: READ,
+        },
+        doorbells: None,
+    });
+    qp.submit(read(2), Some(c.alloc_dma(4096).unwrap()), 2)
+        .unwrap();
+    poll_to(&mut qp, 3071);
+    m.inject(Fault::NeverReady);
+    m.release_delayed();
+    // The 3072nd poll reaps B, then its scan resets the controller, which
+    // fails: B comes back all the same, with its buffer.
+    let b = qp
+        .next_completion()
+        .unwrap()
+        .expect("B, reaped in this call");
+    assert_eq!(b.tag, 2);
+    assert!(b.result.is_ok(), "{:?}", b.result);
+    assert!(b.buffer.is_some());
+    // A, ended by the reset (the controller was disabled), completes once;
+    // then the failed re-enable is reported.
+    let a = qp
+        .next_completion()
+        .unwrap()
+        .expect("A, ended by the reset");
+    assert_eq!((a.tag, a.result), (1, Err(IoError::TimedOut)));
+    assert!(a.buffer.is_some());
+    assert!(qp.next_completion().is_err());
+    drop(qp);
+    assert_eq!(m.dma_faults(), 0);
+}

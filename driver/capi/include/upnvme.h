@@ -172,8 +172,8 @@ typedef struct upnvme_ns_info {
    */
   uint64_t size_bytes;
   /**
-   * Metadata bytes per block (LBAF.MS); data commands are refused with
-   * `UPNVME_ENOTSUP` when it is not 0.
+   * Metadata bytes per block (LBAF.MS); Read and Write are refused with
+   * `UPNVME_ENOTSUP` when it is not 0 (the C API moves no metadata).
    */
   uint16_t metadata_size;
   /**
@@ -511,7 +511,9 @@ int upnvme_qpair_create(const struct upnvme_ctrl *ctrl,
 int upnvme_qpair_destroy(struct upnvme_qpair *qp);
 
 /**
- * Commands in flight on the pair (0 for NULL).
+ * Commands submitted on the pair whose callback has not run yet: in flight
+ * at the controller, or completed and waiting for
+ * `upnvme_qpair_process_completions` (0 for NULL).
  *
  * # Safety
  * `qp` is null or a live pair.
@@ -597,7 +599,8 @@ int upnvme_deallocate(struct upnvme_qpair *qp,
 
 /**
  * Reaps completions and runs their callbacks: at most `max` (0: every
- * ready one). Returns how many ran, or a negative code (the controller
+ * ready one, up to the pair's depth per call, so callbacks that resubmit
+ * cannot keep one call going). Returns how many ran, or a negative code (the controller
  * failed: `UPNVME_ENODEV`; commands it ended were delivered first). Never
  * blocks. Callbacks may submit on this pair and call this function again.
  *

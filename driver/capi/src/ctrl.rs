@@ -75,8 +75,8 @@ pub struct upnvme_ns_info {
     pub blocks: u64,
     /// NSZE × LBA size.
     pub size_bytes: u64,
-    /// Metadata bytes per block (LBAF.MS); data commands are refused with
-    /// `UPNVME_ENOTSUP` when it is not 0.
+    /// Metadata bytes per block (LBAF.MS); Read and Write are refused with
+    /// `UPNVME_ENOTSUP` when it is not 0 (the C API moves no metadata).
     pub metadata_size: u16,
     /// FLBAS bit 4: metadata at the end of each block (extended LBA).
     pub metadata_extended: bool,

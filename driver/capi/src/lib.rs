@@ -485,6 +485,14 @@ pub unsafe extern "C" fn upnvme_pool_put(pool: *mut upnvme_pool, buf: *mut upnvm
         if h.pool != (p as *const upnvme_pool).cast() {
             return fail(UPNVME_EINVAL, "the buffer was not handed out by this pool");
         }
+        if h.buf.is_none() {
+            return fail(
+                UPNVME_EINVAL,
+                "the driver kept this buffer's memory when its command ended without a \
+                 completion (the device might still have used it): free the handle with \
+                 upnvme_buf_free instead of putting it back",
+            );
+        }
         // SAFETY: a handle made by `Box::into_raw` (by `upnvme_pool_get`),
         // given up by the caller.
         let boxed = unsafe { Box::from_raw(buf) };
@@ -598,14 +606,16 @@ pub unsafe extern "C" fn upnvme_qpair_destroy(qp: *mut upnvme_qpair) -> c_int {
     })
 }
 
-/// Commands in flight on the pair (0 for NULL).
+/// Commands submitted on the pair whose callback has not run yet: in flight
+/// at the controller, or completed and waiting for
+/// `upnvme_qpair_process_completions` (0 for NULL).
 ///
 /// # Safety
 /// `qp` is null or a live pair.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn upnvme_qpair_in_flight(qp: *const upnvme_qpair) -> u32 {
     // SAFETY: null or live (the caller's contract).
-    unsafe { qp.as_ref() }.map_or(0, |q| q.0.qp.in_flight())
+    unsafe { qp.as_ref() }.map_or(0, |q| q.0.outstanding())
 }
 
 /// The most commands the pair holds in flight at once.
@@ -757,7 +767,8 @@ pub unsafe extern "C" fn upnvme_deallocate(
 }
 
 /// Reaps completions and runs their callbacks: at most `max` (0: every
-/// ready one). Returns how many ran, or a negative code (the controller
+/// ready one, up to the pair's depth per call, so callbacks that resubmit
+/// cannot keep one call going). Returns how many ran, or a negative code (the controller
 /// failed: `UPNVME_ENODEV`; commands it ended were delivered first). Never
 /// blocks. Callbacks may submit on this pair and call this function again.
 ///

@@ -204,6 +204,14 @@ impl<D: Device> Qpair<D> {
         }
     }
 
+    /// Commands submitted through this API whose callback has not run yet:
+    /// in flight at the controller, or completed and parked by the library
+    /// (after a reset or close, an opportunistic reap, a partial reap) —
+    /// which the library's `in_flight` does not count.
+    pub(crate) fn outstanding(&self) -> u32 {
+        (self.ctxs.len() - self.free.len()) as u32
+    }
+
     /// Whether a callback of this pair is running (destroy is refused then).
     pub(crate) fn in_callback(&self) -> bool {
         self.depth > 0
@@ -231,14 +239,14 @@ impl<D: Device> Qpair<D> {
                 "a queue pair cannot be destroyed from its own callback",
             );
         }
-        if me.qp.in_flight() == 0 {
+        if me.outstanding() == 0 {
             return UPNVME_OK;
         }
         // SAFETY: as above (no reference to the pair is held across it).
         let rc = unsafe { Self::process_completions(this, 0) };
         // SAFETY: as above.
         let me = unsafe { &mut *this };
-        let left = me.qp.in_flight();
+        let left = me.outstanding();
         if left == 0 {
             return UPNVME_OK;
         }
@@ -259,15 +267,17 @@ impl<D: Device> Qpair<D> {
             .filter(|&i| !is_free[i])
             .map(|i| std::mem::replace(&mut me.ctxs[i], NO_CTX))
             .collect();
-        for ctx in &ended {
+        me.depth += 1;
+        for ctx in ended {
             if !ctx.buf.is_null() {
+                // Settled right before its own callback, not before the
+                // first: until then the handle is in flight, so an earlier
+                // callback cannot free it (`upnvme_buf_free` refuses) and
+                // leave this callback a dangling pointer.
                 // SAFETY: the handle was live at submission and cannot be
                 // freed while in flight (`upnvme_buf_free` refuses).
                 unsafe { (*ctx.buf).settle(None) };
             }
-        }
-        me.depth += 1;
-        for ctx in ended {
             let cpl = upnvme_cpl {
                 status: UPNVME_ENODEV,
                 sct: 0,
@@ -325,6 +335,17 @@ impl<D: Device> Qpair<D> {
             );
         }
         let data = matches!(cmd, Cmd::Read { .. } | Cmd::Write { .. });
+        if data && ns.metadata_size() != 0 {
+            return fail(
+                crate::status::UPNVME_ENOTSUP,
+                format!(
+                    "namespace {nsid} has metadata ({} bytes per block): the C API moves data \
+                     only, so it does not read or write such a namespace; format it without \
+                     metadata (`upnvme format`) or use the Rust API (IoData::metadata)",
+                    ns.metadata_size()
+                ),
+            );
+        }
         // SAFETY: `buf` is null or a live handle (the caller's contract); no
         // other reference to it exists while this function runs (handles
         // are used by one thread, like the pair).
@@ -420,8 +441,9 @@ impl<D: Device> Qpair<D> {
         }
     }
 
-    /// Delivers up to `max` completions (0: all that are ready) to their
-    /// callbacks; returns how many, or a negative code.
+    /// Delivers up to `max` completions (0: all that are ready, at most the
+    /// pair's depth) to their callbacks; returns how many, or a negative
+    /// code.
     ///
     /// # Safety
     /// `this` is a live pair, used by this thread only. No reference to it
@@ -435,8 +457,16 @@ impl<D: Device> Qpair<D> {
                 "the queue pair is being destroyed: its controller cannot take commands",
             );
         }
+        // 0: every ready one, but at most the pair's depth in one call (as
+        // SPDK caps it): callbacks that resubmit on a fast device would
+        // otherwise keep finding one more.
+        let max = match max {
+            // SAFETY: live, this thread's; no callback runs yet.
+            0 => unsafe { (*this).qp.max_depth() }.max(1),
+            m => m,
+        };
         let mut n: u32 = 0;
-        while max == 0 || n < max {
+        while n < max {
             let (ctx, cpl) = {
                 // SAFETY: `this` is live and no other reference to it exists
                 // now (callbacks run outside this block).
@@ -460,7 +490,8 @@ impl<D: Device> Qpair<D> {
                 }
                 let (status, sct, sc, dnr) = match &c.result {
                     Ok(_) => (UPNVME_OK, 0, 0, false),
-                    Err(e @ upnvme::IoError::Status(s)) => {
+                    Err(e @ upnvme::IoError::Status(s))
+                    | Err(e @ upnvme::IoError::Protection { status: s, .. }) => {
                         (io_error_code(e), s.sct(), s.sc(), s.dnr())
                     }
                     Err(e) => (io_error_code(e), 0, 0, false),

@@ -103,7 +103,11 @@ pub(crate) fn reject_code(r: Reject) -> c_int {
     match r {
         Reject::QueueFull => UPNVME_EAGAIN,
         Reject::Unusable => UPNVME_ENODEV,
-        Reject::MetadataFormat(_) => UPNVME_ENOTSUP,
+        // Not a bad argument: the controller lacks the command (ONCS) or
+        // cannot be given the memory (no SGLs), or the format is unusable.
+        Reject::MetadataFormat(_) | Reject::Unsupported { .. } | Reject::NotDescribable => {
+            UPNVME_ENOTSUP
+        }
         _ => UPNVME_EINVAL,
     }
 }

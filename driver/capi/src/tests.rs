@@ -570,3 +570,242 @@ fn option_bools_with_any_nonzero_byte_read_as_true() {
     assert_eq!(b, 1);
     assert!(c.no_hugepages && !c.shadow_doorbells);
 }
+
+/// Records each completion's status and, the first time, tries to free the
+/// buffer handle of another command of the same batch.
+struct FreeOther {
+    other: *mut upnvme_buf,
+    seen: Vec<c_int>,
+    free_rc: Vec<c_int>,
+}
+
+unsafe extern "C" fn free_other_cb(arg: *mut c_void, cpl: *const upnvme_cpl) {
+    // SAFETY: `arg` is the test's `FreeOther`, alive for the whole test.
+    let f = unsafe { &mut *arg.cast::<FreeOther>() };
+    // SAFETY: valid for the call.
+    f.seen.push(unsafe { (*cpl).status });
+    if f.free_rc.is_empty() {
+        // SAFETY: a handle of the test, live (the call must refuse it while
+        // its command has not ended).
+        f.free_rc.push(unsafe { upnvme_buf_free(f.other) });
+    }
+}
+
+#[test]
+fn destroy_keeps_each_ended_buffer_in_flight_until_its_own_callback() {
+    let (m, c) = model();
+    let mut qp = pair(&c, 8);
+    let qpp: *mut Qpair<ModelController> = &mut *qp;
+    let bufs = [handle(&c, 4096), handle(&c, 4096)];
+    let mut f = FreeOther {
+        other: bufs[1],
+        seen: Vec::new(),
+        free_rc: Vec::new(),
+    };
+    let arg: *mut FreeOther = &mut f;
+    m.inject(upnvme_tests::Fault::UnplugOn(upnvme_tests::Match::Queue(
+        qp.qp.qid(),
+    )));
+    let read = Cmd::Read { slba: 0, blocks: 8 };
+    for b in bufs {
+        // SAFETY: live handle and pair.
+        let rc = unsafe { qp.submit(1, read, b, Some(free_other_cb), arg.cast()) };
+        assert_eq!(rc, UPNVME_OK, "{}", last_error());
+    }
+    assert!(c.smart_log().is_err(), "the device is gone");
+    // SAFETY: live pair, this thread's.
+    assert_eq!(unsafe { Qpair::end_for_destroy(qpp) }, UPNVME_OK);
+    assert_eq!(f.seen, vec![UPNVME_ENODEV; 2]);
+    // The first callback could not free the second command's handle: that
+    // command had not ended yet (freed, its callback would have got a
+    // dangling pointer).
+    assert_eq!(f.free_rc, vec![UPNVME_EBUSY]);
+    for b in bufs {
+        // SAFETY: live handles, their commands ended; freed once.
+        assert_eq!(unsafe { upnvme_buf_free(b) }, UPNVME_OK);
+    }
+    drop(qp);
+    assert_eq!(m.dma_faults(), 0);
+}
+
+#[test]
+fn destroy_delivers_completions_the_library_parked_after_a_close() {
+    let (m, c) = model();
+    let mut qp = pair(&c, 8);
+    let qpp: *mut Qpair<ModelController> = &mut *qp;
+    m.inject(upnvme_tests::Fault::DelayCompletion {
+        on: upnvme_tests::Match::Queue(qp.qp.qid()),
+        doorbells: None,
+    });
+    m.inject(upnvme_tests::Fault::DelayCompletion {
+        on: upnvme_tests::Match::Queue(qp.qp.qid()),
+        doorbells: None,
+    });
+    m.inject(upnvme_tests::Fault::DelayCompletion {
+        on: upnvme_tests::Match::Queue(qp.qp.qid()),
+        doorbells: None,
+    });
+    let bufs = [handle(&c, 4096), handle(&c, 4096), handle(&c, 4096)];
+    let mut seen: Vec<c_int> = Vec::new();
+    let arg: *mut Vec<c_int> = &mut seen;
+    let read = Cmd::Read { slba: 0, blocks: 8 };
+    for b in bufs {
+        // SAFETY: live handle and pair.
+        let rc = unsafe { qp.submit(1, read, b, Some(count_cb), arg.cast()) };
+        assert_eq!(rc, UPNVME_OK, "{}", last_error());
+    }
+    // Closing the controller ends the three; one poll delivers one and the
+    // library parks the other two (its own in-flight count is then 0).
+    c.close().unwrap();
+    // SAFETY: live pair, this thread's.
+    assert_eq!(unsafe { Qpair::process_completions(qpp, 1) }, 1);
+    assert_eq!(qp.qp.in_flight(), 0);
+    // SAFETY: a live pair.
+    assert_eq!(unsafe { crate::upnvme_qpair_in_flight(qpp.cast()) }, 2);
+    // SAFETY: live pair, this thread's.
+    assert_eq!(unsafe { Qpair::end_for_destroy(qpp) }, UPNVME_OK);
+    assert_eq!(seen.len(), 3, "every callback ran: {seen:?}");
+    assert!(seen.iter().all(|&s| s != UPNVME_OK), "{seen:?}");
+    for b in bufs {
+        // SAFETY: live handles, their commands ended; freed once.
+        assert_eq!(unsafe { upnvme_buf_free(b) }, UPNVME_OK);
+    }
+    drop(qp);
+    assert_eq!(m.dma_faults(), 0);
+}
+
+/// Resubmits the same read from its own callback while `left` lasts.
+struct Forever {
+    qp: *mut Qpair<ModelController>,
+    left: u32,
+    ran: u32,
+}
+
+unsafe extern "C" fn forever_cb(arg: *mut c_void, cpl: *const upnvme_cpl) {
+    // SAFETY: `arg` is the test's `Forever`, alive for the whole test.
+    let f = unsafe { &mut *arg.cast::<Forever>() };
+    f.ran += 1;
+    if f.left == 0 {
+        return;
+    }
+    f.left -= 1;
+    // SAFETY: the pair is alive while its callbacks run.
+    let q = unsafe { &mut *f.qp };
+    let read = Cmd::Read { slba: 0, blocks: 1 };
+    // SAFETY: valid for the call.
+    let buf = unsafe { (*cpl).buf };
+    // SAFETY: the handle is the application's again; resubmitted at once.
+    let rc = unsafe { q.submit(1, read, buf, Some(forever_cb), arg) };
+    assert_eq!(rc, UPNVME_OK);
+}
+
+#[test]
+fn process_completions_zero_runs_at_most_the_pairs_depth_per_call() {
+    let (m, c) = model();
+    let mut qp = pair(&c, 8);
+    let qpp: *mut Qpair<ModelController> = &mut *qp;
+    let depth = qp.qp.max_depth();
+    let mut f = Forever {
+        qp: qpp,
+        left: 10_000,
+        ran: 0,
+    };
+    let arg: *mut Forever = &mut f;
+    let b = handle(&c, 4096);
+    let read = Cmd::Read { slba: 0, blocks: 1 };
+    // SAFETY: live handle and pair.
+    let rc = unsafe { qp.submit(1, read, b, Some(forever_cb), arg.cast()) };
+    assert_eq!(rc, UPNVME_OK);
+    // The model completes each resubmission at once: without a cap one
+    // call would run all 10 000 callbacks.
+    // SAFETY: live pair, this thread's.
+    let n = unsafe { Qpair::process_completions(qpp, 0) };
+    assert!(
+        n >= 1 && n as u32 <= depth,
+        "{n} callbacks in one call (depth {depth})"
+    );
+    // Drain.
+    // SAFETY: the test's `Forever`; no callback runs now.
+    unsafe { (*arg).left = 0 };
+    // SAFETY: a live pair.
+    while unsafe { crate::upnvme_qpair_in_flight(qpp.cast()) } > 0 {
+        // SAFETY: live pair, this thread's.
+        assert!(unsafe { Qpair::process_completions(qpp, 0) } >= 0);
+    }
+    // SAFETY: live handle, its command ended; freed once.
+    assert_eq!(unsafe { upnvme_buf_free(b) }, UPNVME_OK);
+    drop(qp);
+    assert_eq!(m.dma_faults(), 0);
+}
+
+#[test]
+fn unsupported_commands_and_metadata_namespaces_are_enotsup() {
+    let m = ModelController::new(ModelConfig {
+        oncs: 0,
+        namespaces: vec![
+            NamespaceConfig {
+                nsid: 1,
+                lba_size: 512,
+                blocks: BLOCKS,
+                ..NamespaceConfig::default()
+            },
+            NamespaceConfig {
+                nsid: 2,
+                lba_size: 512,
+                blocks: BLOCKS,
+                ms: 8,
+                extended: true,
+                ..NamespaceConfig::default()
+            },
+        ],
+        ..Default::default()
+    });
+    let c = Controller::with_device(
+        m.clone(),
+        ControllerOptions {
+            page_backing: PageBacking::Small4K,
+            admin_timeout: Some(Duration::from_secs(2)),
+            ready_timeout: Some(Duration::from_secs(2)),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let mut qp = pair(&c, 8);
+    let ranges = [crate::qpair::upnvme_range { slba: 0, blocks: 8 }];
+    let dsm = Cmd::Deallocate { ranges: &ranges };
+    // SAFETY: no buffer.
+    let rc = unsafe { qp.submit(1, dsm, std::ptr::null_mut(), None, std::ptr::null_mut()) };
+    assert_eq!(rc, UPNVME_ENOTSUP, "{}", last_error());
+    let b = handle(&c, 8 * 520);
+    let read = Cmd::Read { slba: 0, blocks: 8 };
+    // SAFETY: live handle.
+    let rc = unsafe { qp.submit(2, read, b, None, std::ptr::null_mut()) };
+    assert_eq!(rc, UPNVME_ENOTSUP);
+    assert!(last_error().contains("has metadata"), "{}", last_error());
+    // SAFETY: live handle, never submitted; freed once.
+    assert_eq!(unsafe { upnvme_buf_free(b) }, UPNVME_OK);
+    drop(qp);
+    assert_eq!(m.dma_faults(), 0);
+}
+
+#[test]
+fn putting_back_a_pool_buffer_the_driver_kept_says_to_free_it() {
+    let (_m, c) = model();
+    let p = Box::into_raw(upnvme_pool::new(c.dma_pool(4096, 2).unwrap()));
+    // SAFETY: a live pool, this thread's.
+    let b = unsafe { crate::upnvme_pool_get(p) };
+    assert!(!b.is_null());
+    // SAFETY: a live handle, this test's only reference to it.
+    let h = unsafe { &mut *b };
+    let _kept = h.buf.take();
+    h.inflight = true;
+    // The command ended without the buffer (the device might still use it).
+    h.settle(None);
+    // SAFETY: live pool and handle.
+    assert_eq!(unsafe { crate::upnvme_pool_put(p, b) }, UPNVME_EINVAL);
+    assert!(last_error().contains("upnvme_buf_free"), "{}", last_error());
+    // SAFETY: the handle is still the caller's; freed once.
+    assert_eq!(unsafe { upnvme_buf_free(b) }, UPNVME_OK);
+    // SAFETY: made by Box::into_raw above.
+    drop(unsafe { Box::from_raw(p) });
+}

@@ -67,11 +67,20 @@ impl<D: Device> IoQueuePair<D> {
     /// The next completion, if one is ready: a lending-iterator form of
     /// [`IoQueuePair::process_completions`] (`while let Some(c) =
     /// qp.next_completion()? { qp.submit(..)?; }`).
+    ///
+    /// A completion reaped in the same call as an error (the periodic
+    /// timeout scan runs after the reap and may fail: a reset that fails, a
+    /// controller gone) is returned, not dropped; the error (the controller
+    /// is then failed) comes with the next call.
     #[inline]
     pub fn next_completion(&mut self) -> Result<Option<Completion>> {
         let mut out = None;
-        self.process_completions(1, |_, c| out = Some(c))?;
-        Ok(out)
+        let r = self.process_completions(1, |_, c| out = Some(c));
+        match (r, out) {
+            (_, Some(c)) => Ok(Some(c)),
+            (Err(e), None) => Err(e),
+            (Ok(_), None) => Ok(None),
+        }
     }
 
     /// `process_completions` when something needs attention first: a reset
