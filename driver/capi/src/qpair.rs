@@ -170,6 +170,25 @@ struct Ctx {
     buf: *mut upnvme_buf,
 }
 
+/// Armed while `submit` holds a handle's buffer outside both the handle and
+/// the library's answer: if a panic unwinds through it (the guard at the ABI
+/// turns it into `UPNVME_EINTERNAL`), the handle is settled without memory —
+/// not in flight, no data pointer — so it can still be freed, and nothing
+/// points at a buffer the unwinding may have released or the device may
+/// still use.
+pub(crate) struct Unwound(pub(crate) *mut upnvme_buf);
+
+impl Drop for Unwound {
+    fn drop(&mut self) {
+        if !self.0.is_null() {
+            // SAFETY: armed only with a live handle whose buffer `submit`
+            // took; no reference to the handle is live while the guard
+            // drops (`submit`'s reference ended with the take).
+            unsafe { (*self.0).settle(None) };
+        }
+    }
+}
+
 /// A queue pair, generic over its device (see `Ctrl`).
 pub struct Qpair<D: Device> {
     /// The library's pair.
@@ -352,6 +371,7 @@ impl<D: Device> Qpair<D> {
         let handle = unsafe { buf.as_mut() };
         let mut buffer = None;
         let mut kept = std::ptr::null_mut();
+        let mut unwound = Unwound(std::ptr::null_mut());
         if data {
             let Some(h) = handle else {
                 return fail(UPNVME_EINVAL, "Read and Write need a buffer (buf is NULL)");
@@ -366,9 +386,9 @@ impl<D: Device> Qpair<D> {
                      (the device might still have used it); free it and use another",
                 );
             };
-            h.inflight = true;
             buffer = Some(b);
             kept = buf;
+            unwound.0 = buf;
         }
         let slot = match self.free.pop() {
             Some(s) => s,
@@ -423,8 +443,20 @@ impl<D: Device> Qpair<D> {
                 self.qp.submit(cmd, buffer, u64::from(slot))
             }
         };
+        // The buffer is the command's now, or back in the refusal: no
+        // unwinding left to guard against.
+        unwound.0 = std::ptr::null_mut();
         match result {
             Ok(()) => {
+                if !kept.is_null() {
+                    // In flight only once the command holds the buffer: a
+                    // panic between the take above and here leaves the
+                    // handle without memory but not in flight, so it can
+                    // still be freed.
+                    // SAFETY: `kept` is `buf`, live (see above); the
+                    // reference taken above is no longer used.
+                    unsafe { (*kept).inflight = true };
+                }
                 self.ctxs[slot as usize] = Ctx { cb, arg, buf: kept };
                 UPNVME_OK
             }

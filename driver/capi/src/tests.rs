@@ -809,3 +809,26 @@ fn putting_back_a_pool_buffer_the_driver_kept_says_to_free_it() {
     // SAFETY: made by Box::into_raw above.
     drop(unsafe { Box::from_raw(p) });
 }
+
+#[test]
+fn a_panic_inside_submit_leaves_the_handle_freeable_without_memory() {
+    let (_m, c) = model();
+    let b = handle(&c, 4096);
+    // What `submit` does up to the library call, then a panic.
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let guard = crate::qpair::Unwound(b);
+        // SAFETY: the test's live handle; no other reference to it now.
+        let taken = unsafe { (*b).buf.take() };
+        assert!(taken.is_some());
+        let _keep = (guard, taken);
+        panic!("inside the library");
+    }));
+    assert!(r.is_err());
+    // SAFETY: the test's live handle.
+    let h = unsafe { &*b };
+    assert!(h.buf.is_none() && !h.inflight);
+    // SAFETY: as above.
+    assert!(unsafe { upnvme_buf_data(b) }.is_null());
+    // SAFETY: as above; freed once.
+    assert_eq!(unsafe { upnvme_buf_free(b) }, UPNVME_OK);
+}
