@@ -302,12 +302,26 @@ const char *upnvme_strerror(int code);
 const char *upnvme_last_error(void);
 
 /**
- * Fills `opts` with the defaults.
+ * Fills `opts` with the defaults: the whole struct as this library knows
+ * it. A program that may run with a newer library than its header should
+ * use [`upnvme_ctrl_opts_init`] instead.
  *
  * # Safety
  * `opts` is null or points to writable memory for the struct.
  */
 void upnvme_ctrl_opts_default(struct upnvme_ctrl_opts *opts);
+
+/**
+ * Fills `opts` with the defaults, writing at most `size` bytes — pass
+ * `sizeof(struct upnvme_ctrl_opts)` as your header has it — and sets its
+ * `size` field to what was written, so a program built against an older,
+ * shorter struct works with a newer library. `UPNVME_EINVAL` for NULL or a
+ * `size` below 4.
+ *
+ * # Safety
+ * `opts` is null or points to `size` writable bytes.
+ */
+int upnvme_ctrl_opts_init(struct upnvme_ctrl_opts *opts, size_t size);
 
 /**
  * Opens and brings up the controller at `pci_addr` (e.g. `"0000:00:04.0"`;
@@ -475,12 +489,25 @@ size_t upnvme_pool_available(const struct upnvme_pool *pool);
 void upnvme_pool_destroy(struct upnvme_pool *pool);
 
 /**
- * Fills `opts` with the defaults.
+ * Fills `opts` with the defaults: the whole struct as this library knows
+ * it. A program that may run with a newer library than its header should
+ * use [`upnvme_qpair_opts_init`] instead.
  *
  * # Safety
  * `opts` is null or points to writable memory for the struct.
  */
 void upnvme_qpair_opts_default(struct upnvme_qpair_opts *opts);
+
+/**
+ * Fills `opts` with the defaults, writing at most `size` bytes — pass
+ * `sizeof(struct upnvme_qpair_opts)` as your header has it — and sets its
+ * `size` field to what was written (see [`upnvme_ctrl_opts_init`]).
+ * `UPNVME_EINVAL` for NULL or a `size` below 4.
+ *
+ * # Safety
+ * `opts` is null or points to `size` writable bytes.
+ */
+int upnvme_qpair_opts_init(struct upnvme_qpair_opts *opts, size_t size);
 
 /**
  * Creates an I/O queue pair (an SQ/CQ pair polled by the caller, no

@@ -97,7 +97,9 @@ pub extern "C" fn upnvme_last_error() -> *const c_char {
     status::last_error()
 }
 
-/// Fills `opts` with the defaults.
+/// Fills `opts` with the defaults: the whole struct as this library knows
+/// it. A program that may run with a newer library than its header should
+/// use [`upnvme_ctrl_opts_init`] instead.
 ///
 /// # Safety
 /// `opts` is null or points to writable memory for the struct.
@@ -105,6 +107,20 @@ pub extern "C" fn upnvme_last_error() -> *const c_char {
 pub unsafe extern "C" fn upnvme_ctrl_opts_default(opts: *mut upnvme_ctrl_opts) {
     // SAFETY: the caller's contract.
     unsafe { put(opts, upnvme_ctrl_opts::default()) }
+}
+
+/// Fills `opts` with the defaults, writing at most `size` bytes — pass
+/// `sizeof(struct upnvme_ctrl_opts)` as your header has it — and sets its
+/// `size` field to what was written, so a program built against an older,
+/// shorter struct works with a newer library. `UPNVME_EINVAL` for NULL or a
+/// `size` below 4.
+///
+/// # Safety
+/// `opts` is null or points to `size` writable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn upnvme_ctrl_opts_init(opts: *mut upnvme_ctrl_opts, size: usize) -> c_int {
+    // SAFETY: the caller's contract.
+    guard(|| unsafe { status::write_sized(opts, size, upnvme_ctrl_opts::default()) })
 }
 
 /// The only NVMe controller bound to vfio-pci, or why there is none.
@@ -533,7 +549,9 @@ pub unsafe extern "C" fn upnvme_pool_destroy(pool: *mut upnvme_pool) {
     })
 }
 
-/// Fills `opts` with the defaults.
+/// Fills `opts` with the defaults: the whole struct as this library knows
+/// it. A program that may run with a newer library than its header should
+/// use [`upnvme_qpair_opts_init`] instead.
 ///
 /// # Safety
 /// `opts` is null or points to writable memory for the struct.
@@ -541,6 +559,22 @@ pub unsafe extern "C" fn upnvme_pool_destroy(pool: *mut upnvme_pool) {
 pub unsafe extern "C" fn upnvme_qpair_opts_default(opts: *mut upnvme_qpair_opts) {
     // SAFETY: the caller's contract.
     unsafe { put(opts, upnvme_qpair_opts::default()) }
+}
+
+/// Fills `opts` with the defaults, writing at most `size` bytes — pass
+/// `sizeof(struct upnvme_qpair_opts)` as your header has it — and sets its
+/// `size` field to what was written (see [`upnvme_ctrl_opts_init`]).
+/// `UPNVME_EINVAL` for NULL or a `size` below 4.
+///
+/// # Safety
+/// `opts` is null or points to `size` writable bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn upnvme_qpair_opts_init(
+    opts: *mut upnvme_qpair_opts,
+    size: usize,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    guard(|| unsafe { status::write_sized(opts, size, upnvme_qpair_opts::default()) })
 }
 
 /// Creates an I/O queue pair (an SQ/CQ pair polled by the caller, no

@@ -193,6 +193,32 @@ pub(crate) unsafe fn read_sized<T: CallerOptions>(p: *const T) -> T {
     unsafe { out.assume_init() }
 }
 
+/// Writes the defaults `v` into the caller's options struct of `size` bytes
+/// (`sizeof` as the caller's header has it): at most that many bytes, and
+/// the struct's `size` field as what was written. `UPNVME_EINVAL` for a
+/// NULL struct or one too small for its `size` field.
+///
+/// # Safety
+/// `p` is null or valid for writes of `size` bytes.
+pub(crate) unsafe fn write_sized<T: CallerOptions>(p: *mut T, size: usize, v: T) -> c_int {
+    if p.is_null() || size < std::mem::size_of::<u32>() {
+        return fail(
+            UPNVME_EINVAL,
+            "options: NULL, or a size smaller than the struct's size field",
+        );
+    }
+    let n = size.min(std::mem::size_of::<T>());
+    let src = std::ptr::addr_of!(v).cast::<u8>();
+    // SAFETY: `n` bytes are readable in `v` (n <= its size) and writable at
+    // `p` (the caller's contract: `size` bytes, n <= size); the regions are
+    // distinct (`v` is ours).
+    unsafe { std::ptr::copy_nonoverlapping(src, p.cast::<u8>(), n) };
+    // SAFETY: the first field of every options struct is its u32 size, and
+    // `size >= 4` bytes are writable at `p`.
+    unsafe { p.cast::<u32>().write_unaligned(n as u32) };
+    UPNVME_OK
+}
+
 /// Static text for a code.
 pub(crate) fn strerror(code: c_int) -> &'static std::ffi::CStr {
     match code {

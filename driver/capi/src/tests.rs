@@ -832,3 +832,58 @@ fn a_panic_inside_submit_leaves_the_handle_freeable_without_memory() {
     // SAFETY: as above; freed once.
     assert_eq!(unsafe { upnvme_buf_free(b) }, UPNVME_OK);
 }
+
+#[test]
+fn opts_init_writes_no_more_than_the_callers_struct() {
+    use crate::qpair::upnvme_qpair_opts;
+    // A caller built against the struct before `sq_announce_each_command`:
+    // its struct ends there; the byte after it is someone else's.
+    let old = std::mem::offset_of!(upnvme_qpair_opts, sq_announce_each_command);
+    let mut mem = [0xa5u8; 64];
+    let p = mem.as_mut_ptr().cast::<upnvme_qpair_opts>();
+    // SAFETY: `old` bytes of `mem` are writable.
+    assert_eq!(unsafe { crate::upnvme_qpair_opts_init(p, old) }, UPNVME_OK);
+    assert!(
+        mem[old..].iter().all(|&b| b == 0xa5),
+        "wrote past the caller's struct"
+    );
+    assert_eq!(
+        u32::from_ne_bytes(mem[..4].try_into().unwrap()) as usize,
+        old
+    );
+    // Read back as the library reads a caller's struct: the fields it
+    // holds are the defaults, the missing one the default too.
+    // SAFETY: `mem` holds at least `size` readable bytes.
+    let o = unsafe { crate::status::read_sized(p) };
+    let d = upnvme_qpair_opts::default();
+    assert_eq!(
+        (
+            o.entries,
+            o.shadow_doorbells,
+            o.command_timeout_ms,
+            o.sq_announce_each_command
+        ),
+        (
+            d.entries,
+            d.shadow_doorbells,
+            d.command_timeout_ms,
+            d.sq_announce_each_command
+        )
+    );
+    // The whole struct, and the refusals.
+    let mut full = [0u8; std::mem::size_of::<upnvme_qpair_opts>()];
+    let fp = full.as_mut_ptr().cast::<upnvme_qpair_opts>();
+    // SAFETY: the whole struct is writable.
+    let rc = unsafe { crate::upnvme_qpair_opts_init(fp, std::mem::size_of::<upnvme_qpair_opts>()) };
+    assert_eq!(rc, UPNVME_OK);
+    assert_eq!(
+        u32::from_ne_bytes(full[..4].try_into().unwrap()) as usize,
+        std::mem::size_of::<upnvme_qpair_opts>()
+    );
+    // SAFETY: NULL is refused before any write.
+    let rc = unsafe { crate::upnvme_qpair_opts_init(std::ptr::null_mut(), 20) };
+    assert_eq!(rc, UPNVME_EINVAL);
+    // SAFETY: too small for the size field: refused before any write.
+    let rc = unsafe { crate::upnvme_ctrl_opts_init(fp.cast(), 2) };
+    assert_eq!(rc, UPNVME_EINVAL);
+}
