@@ -847,7 +847,7 @@ impl<D: Device> Inner<D> {
     /// Namespace data structure for the NVM Command Set (CNS 05h, CSI 00h):
     /// bytes 12 + 4 × index. A controller that refuses CNS 05h with a
     /// status has none to report: 0, the 16-bit guard without storage tags.
-    fn elbaf(&self, nsid: u32, index: usize) -> Result<u32> {
+    pub(crate) fn elbaf(&self, nsid: u32, index: usize) -> Result<u32> {
         let data = match self.identify_raw(cns::CSI_NAMESPACE, nsid) {
             Ok(d) => d,
             Err(Error::Command { .. }) => return Ok(0),

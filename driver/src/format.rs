@@ -9,6 +9,7 @@
 //! geometry that no longer holds.
 
 use std::time::Duration;
+use upnvme_queues::pi::Pif;
 
 use upnvme_queues::Sqe;
 use upnvme_queues::sqe::opcode::admin::FORMAT_NVM;
@@ -126,10 +127,24 @@ impl<D: Device> Controller<D> {
             return Err(bad(format!("PI type {} (0..=3)", format.pi_type)));
         }
         if format.pi_type != 0 {
-            if lbaf.ms < 8 {
+            // The tuple's size follows the format's guard (ELBAF.PIF, CNS
+            // 05h, on a controller with Extended LBA Formats): 8 bytes, or
+            // 16 with a 32- or 64-bit guard.
+            let pif = if self.identify().ctratt_elbas() {
+                Pif::from_elbaf(self.inner.elbaf(nsid, usize::from(format.lbaf))?)
+                    .unwrap_or_default()
+            } else {
+                Pif::Guard16
+            };
+            if usize::from(lbaf.ms) < pif.tuple_size() {
                 return Err(bad(format!(
-                    "PI type {} needs 8 or more metadata bytes per block; LBA format {} has {}",
-                    format.pi_type, format.lbaf, lbaf.ms
+                    "PI type {} needs {} or more metadata bytes per block (the tuple of a {}-bit \
+                     guard); LBA format {} has {}",
+                    format.pi_type,
+                    pif.tuple_size(),
+                    pif.guard_bits(),
+                    format.lbaf,
+                    lbaf.ms
                 )));
             }
             // DPC bit 3: PI in the first 8 bytes of the metadata; bit 4:

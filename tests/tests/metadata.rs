@@ -874,3 +874,46 @@ fn a_32_bit_guard_or_storage_tags_are_reported_and_protection_on_them_refused() 
         }
     }
 }
+
+#[test]
+fn format_nvm_checks_pi_against_the_target_formats_guard() {
+    let m = ModelController::new(with_guard64());
+    // CNS 05h of namespace 1 says LBA format 1 (512 + 8) has a 64-bit
+    // guard: its 16-byte tuple does not fit 8 metadata bytes.
+    let mut page = vec![0u8; 4096];
+    for i in 0..8usize {
+        page[12 + 4 * i..16 + 4 * i].copy_from_slice(&(2u32 << 7).to_le_bytes());
+    }
+    m.set_identify_data(5, 1, Some(page));
+    let mut c = common::open(&m, common::opts());
+    let fetched = m.commands_fetched();
+    let e = c
+        .format_nvm(
+            1,
+            &FormatNvm {
+                pi_type: 1,
+                ..FormatNvm::lbaf(1)
+            },
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("needs 16 or more metadata bytes per block (the tuple of a 64-bit guard)"),
+        "{e}"
+    );
+    // Only the Identify (CNS 05h) of the check reached the controller.
+    assert_eq!(m.commands_fetched(), fetched + 1);
+    // 16 bytes hold it.
+    let ns = c
+        .format_nvm(
+            1,
+            &FormatNvm {
+                pi_type: 1,
+                extended: true,
+                ..FormatNvm::lbaf(2)
+            },
+        )
+        .unwrap();
+    assert_eq!(ns.metadata_layout().unwrap().pif, Pif::Guard64);
+    assert_clean(&m);
+}
