@@ -1215,9 +1215,14 @@ fn admin_data_buffer<D: Device>(
         )));
     }
     let buf = dev.alloc_dma(len)?;
-    // PRPs (PSDT 00b), whatever the caller's SQE said.
+    // PRPs (PSDT 00b), whatever the caller's SQE said: PRP2 too (a
+    // one-page transfer's PRP2 is 0, not a pointer left in the SQE) and no
+    // metadata pointer.
     sqe.set_psdt(0);
     sqe.set_prp1(buf.iova());
+    sqe.set_prp2(0);
+    sqe.dw[4] = 0;
+    sqe.dw[5] = 0;
     let list = match pages {
         1 => None,
         2 => {

@@ -364,6 +364,10 @@ fn admin_passthrough_with_data_and_errors() {
     let mut sqe = Sqe::identify(1, 0, 0);
     sqe.set_psdt(1);
     sqe.set_prp1(0xdead_0000);
+    // A PRP2 and an MPTR left in the SQE do not reach the controller either
+    // (a one-page transfer has PRP2 0).
+    sqe.set_prp2(0xbeef_0000);
+    sqe.dw[4] = 0x1234_5000;
     let (cqe, data) = c.admin_passthrough(sqe, 4096, None).unwrap();
     assert!(cqe.status().is_success());
     assert_eq!(
@@ -375,6 +379,16 @@ fn admin_passthrough_with_data_and_errors() {
     assert_ne!(
         u64::from_le_bytes(raw[24..32].try_into().unwrap()),
         0xdead_0000
+    );
+    assert_eq!(
+        u64::from_le_bytes(raw[32..40].try_into().unwrap()),
+        0,
+        "PRP2"
+    );
+    assert_eq!(
+        u64::from_le_bytes(raw[16..24].try_into().unwrap()),
+        0,
+        "MPTR"
     );
     drop(c);
     assert_clean(&m);
