@@ -386,6 +386,12 @@ impl<D: Device> Controller<D> {
     ///
     /// An error status is returned as [`Error::Command`].
     ///
+    /// Not covered by the driver's safety argument: without data, the
+    /// pointers in the SQE are the caller's, and the device writes or reads
+    /// whatever they name for as long as the command (or a queue it
+    /// created) lives. That memory must stay mapped, and must not be
+    /// accessed by safe code meanwhile (docs/DESIGN.md, "Escape hatches").
+    ///
     /// Queue management is the driver's: creating or deleting I/O queues
     /// (Create/Delete I/O Submission/Completion Queue) under a queue ID that
     /// an [`crate::IoQueuePair`] uses breaks that pair, and a Doorbell
