@@ -16,7 +16,7 @@
 //!
 //! Crate map: [`device`] (the register + DMA abstraction and its VFIO
 //! implementation), [`controller`] (bring-up, admin commands, shutdown,
-//! reset, release on the kernel's request), [`format`] (Format NVM), [`hotplug`] (controllers
+//! reset, release on the kernel's request), [`format`](mod@format) (Format NVM), [`hotplug`] (controllers
 //! appearing and disappearing), [`namespace`] (namespace handles), [`qpair`] (I/O queue pairs: submission, completion, recovery),
 //! [`options`], [`error`], [`memory`] (application-owned memory registered
 //! for DMA: [`Controller::register_memory`]).

@@ -5,9 +5,14 @@
 /// [`crate::IoQueuePair::stats`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct QueueStats {
-    /// Commands submitted (written to the SQ and announced to the device).
+    /// Commands submitted (written to the SQ and announced to the device),
+    /// counted by `ring` and `submit`: `submit` counts its own command, and
+    /// commands `queue`d before it, which its doorbell announced too, are
+    /// counted by the next `ring` or poll (a reset in between drops that
+    /// count).
     pub submissions: u64,
-    /// Completions reaped.
+    /// Completions reaped from the CQ (commands a reset or close ended
+    /// without a CQE are not counted).
     pub completions: u64,
     /// Calls that looked at the CQ (process_completions and internal reaps).
     pub polls: u64,
