@@ -16,7 +16,7 @@ use crate::{upnvme_buf_data, upnvme_buf_free, upnvme_last_error};
 const BLOCKS: u64 = 256;
 
 fn model() -> (ModelController, Controller<ModelController>) {
-    let m = ModelController::new(ModelConfig {
+    model_with(ModelConfig {
         namespaces: vec![NamespaceConfig {
             nsid: 1,
             lba_size: 512,
@@ -24,7 +24,11 @@ fn model() -> (ModelController, Controller<ModelController>) {
             ..NamespaceConfig::default()
         }],
         ..Default::default()
-    });
+    })
+}
+
+fn model_with(cfg: ModelConfig) -> (ModelController, Controller<ModelController>) {
+    let m = ModelController::new(cfg);
     let c = Controller::with_device(
         m.clone(),
         ControllerOptions {
@@ -740,7 +744,7 @@ fn process_completions_zero_runs_at_most_the_pairs_depth_per_call() {
 
 #[test]
 fn unsupported_commands_and_metadata_namespaces_are_enotsup() {
-    let m = ModelController::new(ModelConfig {
+    let (m, c) = model_with(ModelConfig {
         oncs: 0,
         namespaces: vec![
             NamespaceConfig {
@@ -760,16 +764,6 @@ fn unsupported_commands_and_metadata_namespaces_are_enotsup() {
         ],
         ..Default::default()
     });
-    let c = Controller::with_device(
-        m.clone(),
-        ControllerOptions {
-            page_backing: PageBacking::Small4K,
-            admin_timeout: Some(Duration::from_secs(2)),
-            ready_timeout: Some(Duration::from_secs(2)),
-            ..Default::default()
-        },
-    )
-    .unwrap();
     let mut qp = pair(&c, 8);
     let ranges = [crate::qpair::upnvme_range { slba: 0, blocks: 8 }];
     let dsm = Cmd::Deallocate { ranges: &ranges };
