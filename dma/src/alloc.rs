@@ -130,6 +130,15 @@ impl DmaAllocator {
         self.state.lock().map(|s| s.regions.len()).unwrap_or(0)
     }
 
+    /// Buffers handed out and not yet dropped (pages kept by a
+    /// [`crate::DmaPages`] count until it goes too).
+    pub fn live_buffers(&self) -> usize {
+        self.state
+            .lock()
+            .map(|s| s.regions.iter().map(|r| r.live).sum())
+            .unwrap_or(0)
+    }
+
     /// Bytes currently free across all regions.
     pub fn free_bytes(&self) -> usize {
         self.state

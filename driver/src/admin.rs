@@ -101,6 +101,15 @@ impl AdminQueue {
         keep
     }
 
+    /// Leaks the queues' pages and those of timed-out commands (they stay
+    /// mapped and are never handed out again): for a controller that could
+    /// not be disabled and whose device cannot say its DMA stopped.
+    pub(crate) fn leak_memory(&mut self) {
+        std::mem::forget(std::mem::take(&mut self.quarantine));
+        std::mem::forget(self.sq.detach_pages());
+        std::mem::forget(self.cq.detach_pages());
+    }
+
     /// IOVA of the submission queue (for ASQ).
     pub(crate) fn sq_iova(&self) -> u64 {
         self.sq.iova()

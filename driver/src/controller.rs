@@ -529,9 +529,15 @@ impl<D: Device> Inner<D> {
                 );
             }
         }
-        self.dev.release();
+        let released = self.dev.release();
         if let Ok(mut q) = self.quarantine.lock() {
-            q.clear();
+            if released {
+                q.clear();
+            } else {
+                // The device did not say it can no longer reach memory:
+                // what it was given is never handed out again.
+                std::mem::forget(std::mem::take(&mut *q));
+            }
         }
         // Closed, failed and a new generation in one step: a queue pair that
         // sees the controller unusable also sees that its commands ended (and
@@ -1169,7 +1175,24 @@ fn watch_release_requests<D: Device>(
 
 impl<D: Device> Drop for Inner<D> {
     fn drop(&mut self) {
-        let _ = self.shutdown();
+        if self.shutdown().is_ok() {
+            return;
+        }
+        // Shutdown failed: unless CSTS says the controller is disabled
+        // (RDY = 0) or gone (all ones), it may still use the admin queue
+        // and the quarantined memory, which the fields' drops would free.
+        // Release the device first; one that cannot say its DMA stopped
+        // keeps that memory, leaked rather than handed out again.
+        let csts = Csts(self.dev.read32(REG_CSTS));
+        if csts.is_all_ones() || !csts.rdy() || self.dev.release() {
+            return;
+        }
+        if let Ok(q) = self.quarantine.get_mut() {
+            std::mem::forget(std::mem::take(q));
+        }
+        if let Ok(admin) = self.admin.get_mut() {
+            admin.leak_memory();
+        }
     }
 }
 
@@ -1472,11 +1495,19 @@ fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<(Inner<D>, 
         Ok(a) => a,
         Err(f) => {
             // The controller was disabled again (ASQ/ACQ point at memory
-            // that is about to be freed); if it could not be, the admin
-            // queue's pages are leaked rather than handed out again: no
-            // controller is left to keep them until a later disable.
+            // that is about to be freed). If it could not be, the device is
+            // released (VFIO: its file closed, which stops its DMA) and the
+            // admin queue's pages freed after that; a device that cannot
+            // say its DMA stopped keeps them, leaked rather than handed out
+            // again. (Leaking them unconditionally kept the VFIO container
+            // open: every later open of the device in this process failed
+            // with EBUSY.)
             if let Some(keep) = f.keep {
-                std::mem::forget(keep);
+                if dev.release() {
+                    drop(keep);
+                } else {
+                    std::mem::forget(keep);
+                }
             }
             return Err(step_err(BringupStep::Enable, f.error));
         }

@@ -63,8 +63,17 @@ pub trait Device: Send + Sync + 'static {
     }
     /// Gives the device back: no DMA from here on, register accesses read
     /// all ones and writes are dropped, and the kernel's handle is closed.
-    /// Called once the controller has ended its use of the device.
-    fn release(&self) {}
+    /// Called once the controller has ended its use of the device, and when
+    /// bring-up or shutdown could not disable a controller (CC.EN = 0 never
+    /// brought CSTS.RDY = 0): memory the controller was given (the admin
+    /// queue, quarantined buffers) is freed only when this returns true.
+    ///
+    /// Returns whether the device can no longer reach memory. The default
+    /// does nothing and returns false (such memory is then leaked, never
+    /// handed out again).
+    fn release(&self) -> bool {
+        false
+    }
 }
 
 /// An NVMe controller reached through VFIO: BAR0 registers and hugepage DMA
@@ -139,7 +148,7 @@ impl Device for VfioNvme {
     fn release_request(&self) -> Option<Arc<dyn ReleaseRequest>> {
         self.request.clone().map(|r| r as Arc<dyn ReleaseRequest>)
     }
-    fn release(&self) {
-        self.device.release();
+    fn release(&self) -> bool {
+        self.device.release()
     }
 }

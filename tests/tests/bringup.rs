@@ -440,6 +440,87 @@ fn failed_enable_step_leaves_the_controller_disabled() {
     assert_clean(&m);
 }
 
+/// Short bounds for the wedged-controller tests (every wait times out).
+fn quick() -> ControllerOptions {
+    ControllerOptions {
+        ready_timeout: Some(Duration::from_millis(50)),
+        admin_timeout: Some(Duration::from_millis(200)),
+        shutdown_timeout: Some(Duration::from_millis(50)),
+        ..opts()
+    }
+}
+
+#[test]
+fn a_controller_that_cannot_be_disabled_at_bring_up_is_released_and_its_memory_freed() {
+    // Enable times out, and so does the disable after it: the admin queue
+    // may still be in use. The device is released (it says its DMA has
+    // stopped) and only then is the memory freed — it used to be leaked,
+    // which kept a VFIO container open and made every later open fail.
+    let m = model();
+    m.inject(Fault::Wedged);
+    let r = Controller::with_device(m.clone(), quick());
+    assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
+    assert_eq!(m.csts() & 1, 1, "the model is wedged ready");
+    assert!(m.is_released(), "the device was released");
+    assert_eq!(m.live_dma_buffers(), 0, "the admin queue was freed");
+}
+
+#[test]
+fn memory_a_wedged_controller_may_use_is_kept_when_the_device_cannot_be_released() {
+    // The same through a device that cannot say its DMA stopped (the
+    // default `Device::release`): the admin queue stays allocated.
+    let m = model();
+    m.inject(Fault::Wedged);
+    let r = Controller::with_device(Spy::new(m.clone()), quick());
+    assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
+    assert!(!m.is_released());
+    assert_eq!(m.live_dma_buffers(), 2, "admin SQ and CQ kept");
+}
+
+#[test]
+fn a_controller_that_cannot_be_shut_down_is_released_before_its_memory_goes() {
+    for releasable in [true, false] {
+        let m = model();
+        let mut o = quick();
+        o.admin_timeout = Some(Duration::from_secs(2));
+        let c = if releasable {
+            ControllerOrSpy::Model(open(&m, o))
+        } else {
+            ControllerOrSpy::Spy(Controller::with_device(Spy::new(m.clone()), o).unwrap())
+        };
+        // A reset whose enable wedges: the controller keeps running on
+        // admin queue memory and ignores CC from then on, so the drop's
+        // shutdown and disable both time out.
+        m.inject(Fault::Wedged);
+        let r = match &c {
+            ControllerOrSpy::Model(c) => c.reset(),
+            ControllerOrSpy::Spy(c) => c.reset(),
+        };
+        assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
+        assert!(m.live_dma_buffers() > 0);
+        drop(c);
+        assert_eq!(m.csts() & 1, 1, "the model is wedged ready");
+        if releasable {
+            assert!(m.is_released(), "released before the memory went");
+            assert_eq!(m.live_dma_buffers(), 0, "everything freed");
+        } else {
+            assert!(!m.is_released());
+            assert!(
+                m.live_dma_buffers() >= 2,
+                "the admin queue kept: {} buffers",
+                m.live_dma_buffers()
+            );
+        }
+    }
+}
+
+/// A controller on the model itself (releasable) or behind a [`Spy`]
+/// (whose `release` is the trait's default).
+enum ControllerOrSpy {
+    Model(Controller<ModelController>),
+    Spy(Controller<Spy>),
+}
+
 #[test]
 fn never_ready_bound_comes_from_cap_to_by_default() {
     // CAP.TO = 1: 500 ms.

@@ -564,13 +564,22 @@ impl VfioDevice {
     /// thread keep working and read "device gone"), and the device file
     /// closed, which lets a removal or unbind the kernel is waiting on
     /// complete. Idempotent; configuration space accesses fail afterwards.
-    pub fn release(&self) {
+    ///
+    /// Returns true: once the device file is closed the device cannot
+    /// reach memory, whether or not the Bus Master Enable write above took
+    /// effect (a device that no longer answers configuration accesses), since
+    /// vfio-pci's release of its last open file clears Bus Master Enable
+    /// itself and resets the function before `close` returns (for a device
+    /// file that nothing else holds open: BAR0, its only mapping, is replaced
+    /// first).
+    pub fn release(&self) -> bool {
         if let Ok(cmd) = self.config_read16(PCI_COMMAND) {
             let _ = self.config_write16(PCI_COMMAND, cmd & !PCI_COMMAND_MASTER);
         }
         self.bar0.retire();
         let mut guard = self.device.write().unwrap_or_else(|p| p.into_inner());
         drop(guard.take());
+        true
     }
 
     /// Whether [`VfioDevice::release`] gave the device back.

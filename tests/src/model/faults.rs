@@ -107,6 +107,12 @@ pub enum Fault {
     UnplugOn(Match),
     /// The next CC.EN 0→1 transition never sets CSTS.RDY.
     NeverReady,
+    /// The next CC.EN 0→1 transition does not set CSTS.RDY by itself; the
+    /// host's next CC write sets it instead (and is otherwise ignored), and
+    /// from then on CSTS.RDY stays 1 whatever CC says: a controller that
+    /// keeps running on the admin queue it was given and can be neither
+    /// brought up nor disabled again.
+    Wedged,
     /// The next shutdown notification (CC.SHN) never reaches CSTS.SHST
     /// "shutdown processing complete".
     NeverShutdownComplete,
@@ -124,7 +130,7 @@ impl Fault {
             | Fault::CorruptCid { on, .. }
             | Fault::BadSqHead { on, .. }
             | Fault::Status { on, .. } => Some(on),
-            Fault::NeverReady | Fault::NeverShutdownComplete => None,
+            Fault::NeverReady | Fault::Wedged | Fault::NeverShutdownComplete => None,
         }
     }
 }
@@ -228,7 +234,9 @@ impl FaultQueue {
                 Fault::Status { status, .. } => plan.status = Some(status),
                 Fault::FatalOn(_) => plan.fatal = true,
                 Fault::UnplugOn(_) => plan.unplug = true,
-                Fault::NeverReady | Fault::NeverShutdownComplete => return true,
+                Fault::NeverReady | Fault::Wedged | Fault::NeverShutdownComplete => {
+                    return true;
+                }
             }
             false
         });

@@ -573,6 +573,12 @@ impl ModelController {
             .map(|(s, c)| (s.saturating_add(1), c.saturating_add(1)))
     }
 
+    /// DMA buffers allocated from this model ([`Device::alloc_dma`]) and
+    /// not yet given back (dropped, or leaked on purpose).
+    pub fn live_dma_buffers(&self) -> usize {
+        self.inner.alloc.live_buffers()
+    }
+
     /// Number of DMA regions currently mapped in the model's IOMMU table.
     pub fn iova_mappings(&self) -> usize {
         self.inner.table.mappings()
@@ -629,7 +635,7 @@ impl Device for ModelController {
             .then(|| self.inner.release.clone() as Arc<dyn upnvme::ReleaseRequest>)
     }
 
-    fn release(&self) {
+    fn release(&self) -> bool {
         let mut s = self.state();
         let disabled = s.regs.cc & 1 == 0;
         s.gone = true;
@@ -637,5 +643,7 @@ impl Device for ModelController {
         let r = &self.inner.release;
         r.disabled_first.store(disabled, Ordering::SeqCst);
         r.released.store(true, Ordering::SeqCst);
+        // A released model neither fetches nor posts anything any more.
+        true
     }
 }

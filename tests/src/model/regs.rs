@@ -66,6 +66,9 @@ pub(crate) struct Regs {
     pub pending_shst: Option<u32>,
     /// Memory page size latched from CC.MPS at enable.
     pub page: u64,
+    /// [`Fault::Wedged`] took effect at CC.EN 0→1: CC writes are ignored
+    /// from then on, except that the first sets CSTS.RDY.
+    pub wedged: bool,
 }
 
 impl Regs {
@@ -214,6 +217,13 @@ impl State {
 
     /// CC write: EN and SHN transitions.
     fn write_cc(&mut self, value: u32) {
+        if self.regs.wedged {
+            // Wedged: the first CC write after the enable makes it ready,
+            // and nothing written to CC changes anything any more.
+            self.regs.rdy = true;
+            self.regs.pending_rdy = None;
+            return;
+        }
         let old = self.regs.cc;
         self.regs.cc = value;
         let (was, now) = (old & 1 != 0, value & 1 != 0);
@@ -302,7 +312,11 @@ impl State {
             },
         );
         self.cqs.insert(0, CompQueue::new(acq, acqs, true));
-        if self.faults.take(Fault::NeverReady) {
+        if self.faults.take(Fault::Wedged) {
+            self.regs.pending_rdy = None;
+            self.regs.rdy = false;
+            self.regs.wedged = true;
+        } else if self.faults.take(Fault::NeverReady) {
             self.regs.pending_rdy = None;
             self.regs.rdy = false;
         } else {
