@@ -171,7 +171,14 @@ impl<D: Device> Controller<D> {
         &self.inner.name
     }
 
-    /// The device this controller runs on.
+    /// The device this controller runs on: its registers, and for
+    /// [`VfioNvme`] its PCI configuration space.
+    ///
+    /// Only with the `raw` feature: a register write (ASQ, ACQ, CC, a
+    /// doorbell) can point the device at memory the driver did not describe,
+    /// which is outside the driver's safety argument (docs/DESIGN.md,
+    /// "Escape hatches").
+    #[cfg(feature = "raw")]
     pub fn device(&self) -> &D {
         &self.inner.dev
     }
@@ -374,31 +381,71 @@ impl<D: Device> Controller<D> {
         })
     }
 
-    /// Raw admin command passthrough: the command's CID is filled in by the
-    /// driver; `data_len` bytes of data (0 for none) are transferred through
-    /// a driver-owned buffer: for a command that writes to the host, the data
-    /// is returned; for one that reads from the host, pass it in `data_out`.
-    /// With data the driver also fills in the data pointer (PRP1/PRP2, PSDT
-    /// 00b); with none the SQE's own PRP1/PRP2 and PSDT are sent as given
-    /// (e.g. a queue's memory for Create I/O Completion Queue), and whatever
-    /// they point at is the caller's to keep mapped until the command
-    /// completes. Returns the completion entry and the data buffer's contents.
+    /// Admin command passthrough: the caller's SQE with the driver's CID and
+    /// data pointer. `data_len` bytes of data (0 for none) are transferred
+    /// through a driver-owned buffer: for a command that writes to the host
+    /// the data is returned; for one that reads from the host, pass it in
+    /// `data_out` (its length counts when longer than `data_len`). The data
+    /// pointer (PRP1/PRP2, PSDT 00b) and the metadata pointer (MPTR, 0) are
+    /// always the driver's: with no data both pointers are 0, whatever the
+    /// SQE said, so the device never touches memory the driver did not
+    /// describe. Returns the completion entry and the data.
+    ///
+    /// Refused with [`Error::InvalidArgument`] before anything is sent:
+    /// the commands whose effect outlives the command itself on memory or
+    /// on state the driver keeps — Create/Delete I/O Submission/Completion
+    /// Queue (queues are [`Controller::io_queue_pair`]'s), Asynchronous Event
+    /// Request (the driver keeps them posted: [`Controller::poll_async_events`]),
+    /// Doorbell Buffer Config (the driver's shadow doorbells), Format NVM
+    /// ([`Controller::format_nvm`], which retires the namespace's handles),
+    /// Namespace Management and Namespace Attachment (a namespace changed
+    /// under its handles would be read and written with its old geometry),
+    /// and Set Features Host Memory Buffer (the device would use host memory
+    /// named in the data for as long as it likes). Vendor-specific opcodes
+    /// (C0h–FFh) are sent: their data pointer is the driver's, but what
+    /// else they do is the vendor's.
     ///
     /// An error status is returned as [`Error::Command`].
-    ///
-    /// Not covered by the driver's safety argument: without data, the
-    /// pointers in the SQE are the caller's, and the device writes or reads
-    /// whatever they name for as long as the command (or a queue it
-    /// created) lives. That memory must stay mapped, and must not be
-    /// accessed by safe code meanwhile (docs/DESIGN.md, "Escape hatches").
-    ///
-    /// Queue management is the driver's: creating or deleting I/O queues
-    /// (Create/Delete I/O Submission/Completion Queue) under a queue ID that
-    /// an [`crate::IoQueuePair`] uses breaks that pair, and a Doorbell
-    /// Buffer Config replaces the driver's shadow buffers. Queues created
-    /// here under other IDs are the caller's to delete before a reset or a
-    /// close (which delete only the pairs' queues).
     pub fn admin_passthrough(
+        &self,
+        mut sqe: Sqe,
+        data_len: usize,
+        data_out: Option<&[u8]>,
+    ) -> Result<(Cqe, Vec<u8>)> {
+        if let Some(why) = passthrough_refusal(&sqe) {
+            return Err(Error::InvalidArgument(format!(
+                "admin command 0x{:02x} through admin_passthrough: {why}",
+                sqe.opcode()
+            )));
+        }
+        // Without data no pointer is the caller's either (with data,
+        // `admin_data_buffer` fills them in).
+        sqe.set_psdt(0);
+        sqe.set_prp1(0);
+        sqe.set_prp2(0);
+        sqe.dw[4] = 0;
+        sqe.dw[5] = 0;
+        let len = data_out.map_or(data_len, |d| d.len().max(data_len));
+        let what = format!("admin command 0x{:02x}", sqe.opcode());
+        self.inner
+            .execute_with(sqe, (len > 0).then_some(len), data_out, &what)
+    }
+
+    /// [`Controller::admin_passthrough`] without its checks: any opcode,
+    /// and without data the SQE's own PRP1/PRP2, PSDT and MPTR are sent as
+    /// given (e.g. a queue's memory for Create I/O Completion Queue). Only
+    /// with the `raw` feature (`upnvme-rawfloor` creates its queues this
+    /// way).
+    ///
+    /// Outside the driver's safety argument (docs/DESIGN.md, "Escape
+    /// hatches"): the device reads or writes whatever the pointers name for
+    /// as long as the command, or a queue it created, lives; that memory
+    /// must stay mapped and untouched meanwhile. Queues created here under
+    /// IDs an [`crate::IoQueuePair`] uses break that pair; queues under
+    /// other IDs are the caller's to delete before a reset or a close (which
+    /// delete only the pairs' queues).
+    #[cfg(feature = "raw")]
+    pub fn admin_passthrough_raw(
         &self,
         sqe: Sqe,
         data_len: usize,
@@ -1443,6 +1490,42 @@ pub(crate) struct CreateFailure {
 struct EnableFailure {
     error: Error,
     keep: Option<Vec<DmaPages>>,
+}
+
+/// Why [`Controller::admin_passthrough`] refuses `sqe`, if it does (NVMe
+/// 2.0 Base Specification, Figure 28 admin opcodes; Set Features FID 0Dh
+/// Host Memory Buffer).
+fn passthrough_refusal(sqe: &Sqe) -> Option<&'static str> {
+    use upnvme_queues::sqe::opcode::admin::{
+        ASYNC_EVENT_REQUEST, CREATE_IO_CQ, CREATE_IO_SQ, DELETE_IO_CQ, DELETE_IO_SQ,
+        DOORBELL_BUFFER_CONFIG, FORMAT_NVM, NAMESPACE_ATTACHMENT, NAMESPACE_MANAGEMENT,
+        SET_FEATURES,
+    };
+    Some(match sqe.opcode() {
+        DELETE_IO_SQ | CREATE_IO_SQ | DELETE_IO_CQ | CREATE_IO_CQ => {
+            "I/O queues are the driver's: create them with Controller::io_queue_pair"
+        }
+        ASYNC_EVENT_REQUEST => {
+            "the driver keeps Asynchronous Event Requests posted: read events with \
+             Controller::poll_async_events"
+        }
+        DOORBELL_BUFFER_CONFIG => {
+            "the shadow doorbell buffers are the driver's (ControllerOptions::shadow_doorbells)"
+        }
+        FORMAT_NVM => {
+            "use Controller::format_nvm, which retires the namespace's handles and returns a \
+             fresh one"
+        }
+        NAMESPACE_MANAGEMENT | NAMESPACE_ATTACHMENT => {
+            "a namespace created, deleted, attached or detached under live namespace handles \
+             would be read and written with its old geometry; not supported"
+        }
+        SET_FEATURES if sqe.dw[10] & 0xff == u32::from(feature::HOST_MEMORY_BUFFER) => {
+            "a Host Memory Buffer would let the device use host memory after the command; \
+             not supported"
+        }
+        _ => return None,
+    })
 }
 
 /// Runs the bring-up sequence.

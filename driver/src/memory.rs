@@ -53,7 +53,7 @@ impl<D: Device> Controller<D> {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn register_memory(&self, mapping: MmapMut) -> Result<RegisteredMemory, RegisterError> {
-        match self.device().dma_mapper() {
+        match self.inner.dev().dma_mapper() {
             Some(mapper) => RegisteredMemory::new(mapping, mapper),
             None => Err(RegisterError::new(
                 RegisterFailure::Unsupported {

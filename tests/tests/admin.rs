@@ -395,6 +395,73 @@ fn admin_passthrough_with_data_and_errors() {
 }
 
 #[test]
+fn admin_passthrough_without_data_sends_no_pointer_of_the_callers() {
+    let (m, c) = setup(ModelConfig::default());
+    // A command without data: PRP1, PRP2, PSDT and MPTR left in the SQE
+    // would name memory the driver never described; they go out as 0.
+    let mut sqe = Sqe::get_features(feature::NUMBER_OF_QUEUES, 0, 0);
+    sqe.set_psdt(1);
+    sqe.set_prp1(0xdead_0000);
+    sqe.set_prp2(0xbeef_0000);
+    sqe.dw[4] = 0x1234_5000;
+    sqe.dw[5] = 0x1;
+    c.admin_passthrough(sqe, 0, None).unwrap();
+    let (_, raw) = *m.recent_commands().last().unwrap();
+    assert_eq!(raw[0], 0x0a, "the Get Features itself");
+    assert_eq!(raw[1] >> 6, 0, "PSDT 00b");
+    assert_eq!(&raw[16..40], &[0u8; 24], "MPTR, PRP1 and PRP2 are 0");
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn admin_passthrough_refuses_what_the_driver_owns() {
+    let (m, c) = setup(ModelConfig::default());
+    let with = |opcode: u8, cdw10: u32| {
+        let mut sqe = Sqe::default();
+        sqe.set_opcode(opcode);
+        sqe.dw[10] = cdw10;
+        sqe
+    };
+    let refused = [
+        (with(admin_op::DELETE_IO_SQ, 1), "io_queue_pair"),
+        (with(admin_op::CREATE_IO_SQ, 1), "io_queue_pair"),
+        (with(admin_op::DELETE_IO_CQ, 1), "io_queue_pair"),
+        (with(admin_op::CREATE_IO_CQ, 1), "io_queue_pair"),
+        (with(0x0c, 0), "poll_async_events"),
+        (with(0x7c, 0), "shadow doorbell"),
+        (with(0x80, 0), "format_nvm"),
+        (with(0x0d, 0), "old geometry"),
+        (with(0x15, 0), "old geometry"),
+        (with(admin_op::SET_FEATURES, 0x0d), "Host Memory Buffer"),
+    ];
+    let fetched = m.commands_fetched();
+    for (sqe, hint) in refused {
+        let e = c.admin_passthrough(sqe, 0, None).unwrap_err();
+        let Error::InvalidArgument(msg) = &e else {
+            panic!("opcode {:#x}: {e:?}", sqe.opcode())
+        };
+        assert!(
+            msg.contains(&format!("0x{:02x}", sqe.opcode())) && msg.contains(hint),
+            "{msg}"
+        );
+    }
+    assert_eq!(m.commands_fetched(), fetched, "nothing reached the device");
+    // Set Features of another feature goes through.
+    let (cqe, _) = c
+        .admin_passthrough(
+            Sqe::set_features(feature::ASYNC_EVENT_CONFIG, 0, false),
+            0,
+            None,
+        )
+        .unwrap();
+    assert!(cqe.status().is_success());
+    assert!(c.failure().is_none());
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
 fn admin_data_of_several_pages_uses_prp_lists() {
     let (m, c) = setup(ModelConfig::default());
     // Error Information log: 4 entries of 64 bytes; one page.

@@ -250,16 +250,16 @@ impl RawQueues {
         let sq = ctrl.alloc_dma(entries as usize * SQE_BYTES)?;
         let cq = ctrl.alloc_dma(entries as usize * CQE_BYTES)?;
         let dstrd = ctrl.cap().dstrd();
-        ctrl.admin_passthrough(
+        ctrl.admin_passthrough_raw(
             Sqe::create_io_cq(qid, entries, cq.iova(), false, 0),
             0,
             None,
         )
         .with_context(|| format!("Create I/O Completion Queue {qid}"))?;
         if let Err(e) =
-            ctrl.admin_passthrough(Sqe::create_io_sq(qid, entries, sq.iova(), qid, 0), 0, None)
+            ctrl.admin_passthrough_raw(Sqe::create_io_sq(qid, entries, sq.iova(), qid, 0), 0, None)
         {
-            let _ = ctrl.admin_passthrough(Sqe::delete_io_cq(qid), 0, None);
+            let _ = ctrl.admin_passthrough_raw(Sqe::delete_io_cq(qid), 0, None);
             return Err(e).with_context(|| format!("Create I/O Submission Queue {qid}"));
         }
         Ok(RawQueues {
@@ -275,9 +275,9 @@ impl RawQueues {
 
     /// Deletes the SQ, then the CQ.
     fn delete(self, ctrl: &Controller) -> Result<()> {
-        ctrl.admin_passthrough(Sqe::delete_io_sq(self.qid), 0, None)
+        ctrl.admin_passthrough_raw(Sqe::delete_io_sq(self.qid), 0, None)
             .with_context(|| format!("Delete I/O Submission Queue {}", self.qid))?;
-        ctrl.admin_passthrough(Sqe::delete_io_cq(self.qid), 0, None)
+        ctrl.admin_passthrough_raw(Sqe::delete_io_cq(self.qid), 0, None)
             .with_context(|| format!("Delete I/O Completion Queue {}", self.qid))?;
         Ok(())
     }
