@@ -12,7 +12,9 @@
 use std::fmt;
 use std::ptr::NonNull;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, AtomicU16, AtomicU32, AtomicU64, Ordering};
+#[cfg(feature = "emulation")]
+use std::sync::atomic::AtomicU8;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::error::DmaError;
 
@@ -83,14 +85,14 @@ enum Owner {
 
 // SAFETY: `HostMemory` owns its mapping exclusively (made here, or the
 // application's `MmapMut` moved in by value and kept in `owner` until the
-// last handle is gone); the raw pointer is never handed out as a reference,
-// and every access goes through volatile, atomic or copy operations that are
-// sound from any thread (concurrent accesses to the same bytes are the same
-// kind of race the device itself creates, and the data path's ownership
-// protocol orders them).
+// last handle is gone) and never hands out a reference into it. Without the
+// `emulation` feature none of its methods touches the memory (the host's
+// accesses are `DmaBuffer`'s, through a buffer one thread owns); with it, the
+// device-side accessors are atomic, and their races are the emulated
+// device's to avoid (see that `impl` block).
 unsafe impl Send for HostMemory {}
-// SAFETY: as for `Send`: all methods take `&self` and perform only raw-pointer
-// volatile/atomic/copy accesses within bounds.
+// SAFETY: as for `Send`: every method takes `&self`, and only the
+// `emulation` accessors touch the memory, atomically and within bounds.
 unsafe impl Sync for HostMemory {}
 
 impl fmt::Debug for HostMemory {
@@ -240,7 +242,27 @@ impl HostMemory {
     fn base(&self) -> *mut u8 {
         self.ptr.as_ptr()
     }
+}
 
+/// The device side of an emulated controller (feature `emulation`, for
+/// tests): an in-memory device model reads and writes the memory it was
+/// given through these, as a real device does by DMA.
+///
+/// Outside the safety argument, which is why they are behind a feature the
+/// library never enables: every access is atomic (relaxed unless stated),
+/// but two callers racing on the same bytes with accesses of different sizes
+/// (a byte copy against a 32-bit load, or against a [`DmaBuffer`]'s 64-bit
+/// store) is undefined behaviour under Rust's memory model, which allows a
+/// write to race only with an access of the same size. An emulated device
+/// must touch memory only when the driver's protocol hands it over (the
+/// submission queue entries after their doorbell, a data buffer while its
+/// command is in flight), as the model in `upnvme-tests` does; it uses
+/// [`HostMemory::load_acquire_u32`] and [`HostMemory::store_release_u32`] for
+/// the words both sides access at once (shadow doorbells, event indexes,
+/// the completion queue entry's phase dword), which the driver accesses with
+/// 32-bit atomics too.
+#[cfg(feature = "emulation")]
+impl HostMemory {
     #[inline(always)]
     fn check(&self, offset: usize, len: usize, align: usize) -> Result<*mut u8, DmaError> {
         match offset.checked_add(len) {
@@ -256,70 +278,6 @@ impl HostMemory {
                 size: self.len,
             }),
         }
-    }
-
-    // Every accessor of `HostMemory` is atomic (relaxed unless stated): the
-    // type is `Sync` and reached through `Arc`s by every buffer of a region
-    // and by the device side (a `DmaMapper`, e.g. the in-memory model), so
-    // two safe callers touching the same bytes concurrently get torn data at
-    // worst, never a data race. The host's own hot accessors are
-    // `DmaBuffer`'s (one owner thread: the buffer is `!Sync`).
-
-    /// Little-endian 16-bit read.
-    #[inline]
-    pub fn read_u16(&self, offset: usize) -> Result<u16, DmaError> {
-        let p = self.check(offset, 2, 2)?;
-        // SAFETY: `p` is inside the live mapping and 2-byte aligned (checked);
-        // the `&AtomicU16` lives for this one load.
-        let v = unsafe { AtomicU16::from_ptr(p.cast::<u16>()) }.load(Ordering::Relaxed);
-        Ok(u16::from_le(v))
-    }
-
-    /// Little-endian 16-bit write.
-    #[inline]
-    pub fn write_u16(&self, offset: usize, value: u16) -> Result<(), DmaError> {
-        let p = self.check(offset, 2, 2)?;
-        // SAFETY: as in `read_u16`.
-        unsafe { AtomicU16::from_ptr(p.cast::<u16>()) }.store(value.to_le(), Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// Little-endian 32-bit read.
-    #[inline]
-    pub fn read_u32(&self, offset: usize) -> Result<u32, DmaError> {
-        let p = self.check(offset, 4, 4)?;
-        // SAFETY: inside the live mapping and 4-byte aligned (checked); the
-        // `&AtomicU32` lives for this one load.
-        let v = unsafe { AtomicU32::from_ptr(p.cast::<u32>()) }.load(Ordering::Relaxed);
-        Ok(u32::from_le(v))
-    }
-
-    /// Little-endian 32-bit write.
-    #[inline]
-    pub fn write_u32(&self, offset: usize, value: u32) -> Result<(), DmaError> {
-        let p = self.check(offset, 4, 4)?;
-        // SAFETY: as in `read_u32`.
-        unsafe { AtomicU32::from_ptr(p.cast::<u32>()) }.store(value.to_le(), Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// Little-endian 64-bit read.
-    #[inline]
-    pub fn read_u64(&self, offset: usize) -> Result<u64, DmaError> {
-        let p = self.check(offset, 8, 8)?;
-        // SAFETY: inside the live mapping and 8-byte aligned (checked); the
-        // `&AtomicU64` lives for this one load.
-        let v = unsafe { AtomicU64::from_ptr(p.cast::<u64>()) }.load(Ordering::Relaxed);
-        Ok(u64::from_le(v))
-    }
-
-    /// Little-endian 64-bit write.
-    #[inline]
-    pub fn write_u64(&self, offset: usize, value: u64) -> Result<(), DmaError> {
-        let p = self.check(offset, 8, 8)?;
-        // SAFETY: as in `read_u64`.
-        unsafe { AtomicU64::from_ptr(p.cast::<u64>()) }.store(value.to_le(), Ordering::Relaxed);
-        Ok(())
     }
 
     /// Atomic 32-bit load with acquire ordering: every read of this memory that
@@ -363,16 +321,6 @@ impl HostMemory {
         for (i, d) in dst.iter_mut().enumerate() {
             // SAFETY: as in `write_bytes`.
             *d = unsafe { AtomicU8::from_ptr(p.wrapping_add(i)) }.load(Ordering::Relaxed);
-        }
-        Ok(())
-    }
-
-    /// Sets `len` bytes at `offset` to `byte` (atomically, byte by byte).
-    pub fn fill(&self, offset: usize, len: usize, byte: u8) -> Result<(), DmaError> {
-        let p = self.check(offset, len, 1)?;
-        for i in 0..len {
-            // SAFETY: as in `write_bytes`.
-            unsafe { AtomicU8::from_ptr(p.wrapping_add(i)) }.store(byte, Ordering::Relaxed);
         }
         Ok(())
     }
@@ -945,7 +893,7 @@ impl DmaBuffer {
     #[inline]
     pub fn write_u16(&self, offset: usize, v: u16) -> Result<(), DmaError> {
         let p = self.ptr(offset, 2, 2)?;
-        // SAFETY: as in `read_u16`.
+        // SAFETY: as in `load_acquire_u32`.
         unsafe { p.cast::<u16>().write_volatile(v.to_le()) };
         Ok(())
     }
