@@ -238,6 +238,15 @@ impl<D: Device> IoQueuePair<D> {
                 let c = self.end_in_flight(slot, closed);
                 self.ready.push_back((slot, c));
             }
+            // `pending` holds commands queued but not yet counted: those
+            // behind the committed tail were announced (by a `submit`,
+            // which counts only its own command) and count as submitted;
+            // the rest were never announced.
+            let entries = self.sq_ring.entries();
+            let unannounced = (u32::from(self.sq_ring.tail()) + entries
+                - u32::from(self.sq_ring.committed_tail()))
+                % entries;
+            self.stats.submissions += u64::from(self.pending.saturating_sub(unannounced));
             self.pending = 0;
             self.sq_ring = SqRing::new(self.sq_ring.entries())
                 .map_err(|e| Error::InvalidArgument(e.to_string()))?;

@@ -8,8 +8,8 @@ pub struct QueueStats {
     /// Commands submitted (written to the SQ and announced to the device),
     /// counted by `ring` and `submit`: `submit` counts its own command, and
     /// commands `queue`d before it, which its doorbell announced too, are
-    /// counted by the next `ring` or poll (a reset in between drops that
-    /// count).
+    /// counted by the next `ring` or poll, or by the pair's next call after
+    /// a reset.
     pub submissions: u64,
     /// Completions reaped from the CQ (commands a reset or close ended
     /// without a CQE are not counted).
