@@ -248,19 +248,24 @@ impl HostMemory {
 /// tests): an in-memory device model reads and writes the memory it was
 /// given through these, as a real device does by DMA.
 ///
-/// Outside the safety argument, which is why they are behind a feature the
-/// library never enables: every access is atomic (relaxed unless stated),
-/// but two callers racing on the same bytes with accesses of different sizes
-/// (a byte copy against a 32-bit load, or against a [`DmaBuffer`]'s 64-bit
-/// store) is undefined behaviour under Rust's memory model, which allows a
-/// write to race only with an access of the same size. An emulated device
-/// must touch memory only when the driver's protocol hands it over (the
-/// submission queue entries after their doorbell, a data buffer while its
-/// command is in flight), as the model in `upnvme-tests` does; it uses
-/// [`HostMemory::load_acquire_u32`] and [`HostMemory::store_release_u32`] for
-/// the words both sides access at once (shadow doorbells, event indexes,
-/// the completion queue entry's phase dword), which the driver accesses with
-/// 32-bit atomics too.
+/// They are `unsafe`: a device emulated in Rust is inside Rust's memory
+/// model, where a write may race only with an atomic access of its own size.
+/// A real device's DMA is not; the driver's accesses (volatile copies and
+/// stores, 32-bit atomics for the words both sides poll) are right for it,
+/// and an emulated device is sound only if it touches memory when the
+/// driver's protocol hands it over.
+///
+/// # Safety (every method)
+///
+/// No access by another thread to any of the bytes accessed may race with
+/// this one, except a 32-bit atomic access of the same aligned word racing
+/// with [`HostMemory::load_acquire_u32`] or [`HostMemory::store_release_u32`].
+/// An emulated device meets this by following the protocol: submission
+/// queue entries only after their doorbell, a command's data and PRP/SGL
+/// lists only while the command is in flight, completion queue slots only
+/// after the host released them (CQ head), and 32-bit atomics for the words
+/// both sides access at once (shadow doorbells, event indexes, the
+/// completion queue entry's phase dword).
 #[cfg(feature = "emulation")]
 impl HostMemory {
     #[inline(always)]
@@ -284,12 +289,15 @@ impl HostMemory {
     /// follows observes what the device wrote before this word. Used for the
     /// completion queue entry's status/phase dword before reading the rest.
     #[inline]
-    pub fn load_acquire_u32(&self, offset: usize) -> Result<u32, DmaError> {
+    ///
+    /// # Safety
+    ///
+    /// As for every method of this block (above).
+    pub unsafe fn load_acquire_u32(&self, offset: usize) -> Result<u32, DmaError> {
         let p = self.check(offset, 4, 4)?;
         // SAFETY: `p` is inside the live mapping, 4-byte aligned, and valid for
         // the lifetime of `self`; the `&AtomicU32` exists only for this one
-        // load, and an atomic view of shared memory is exactly what
-        // `AtomicU32::from_ptr` is for. No plain reference is formed.
+        // load. Racing accesses are 32-bit atomics (the caller's contract).
         let v = unsafe { AtomicU32::from_ptr(p.cast::<u32>()) }.load(Ordering::Acquire);
         Ok(u32::from_le(v))
     }
@@ -297,26 +305,40 @@ impl HostMemory {
     /// Atomic 32-bit store with release ordering: all earlier stores to this
     /// memory are visible before it (shadow doorbell updates).
     #[inline]
-    pub fn store_release_u32(&self, offset: usize, value: u32) -> Result<(), DmaError> {
+    ///
+    /// # Safety
+    ///
+    /// As for every method of this block (above).
+    pub unsafe fn store_release_u32(&self, offset: usize, value: u32) -> Result<(), DmaError> {
         let p = self.check(offset, 4, 4)?;
-        // SAFETY: as in `load_acquire_u32`: in bounds, aligned, atomic access only.
+        // SAFETY: as in `load_acquire_u32`: in bounds, aligned, and racing
+        // accesses are 32-bit atomics (the caller's contract).
         unsafe { AtomicU32::from_ptr(p.cast::<u32>()) }.store(value.to_le(), Ordering::Release);
         Ok(())
     }
 
     /// Copies `src` into the mapping at `offset` (byte by byte, atomically).
-    pub fn write_bytes(&self, offset: usize, src: &[u8]) -> Result<(), DmaError> {
+    ///
+    /// # Safety
+    ///
+    /// As for every method of this block (above).
+    pub unsafe fn write_bytes(&self, offset: usize, src: &[u8]) -> Result<(), DmaError> {
         let p = self.check(offset, src.len(), 1)?;
         for (i, &b) in src.iter().enumerate() {
             // SAFETY: `p + i` is inside the live mapping (the whole range was
-            // checked); the `&AtomicU8` lives for this one store.
+            // checked); the `&AtomicU8` lives for this one store; nothing
+            // races with it (the caller's contract).
             unsafe { AtomicU8::from_ptr(p.wrapping_add(i)) }.store(b, Ordering::Relaxed);
         }
         Ok(())
     }
 
     /// Copies from the mapping at `offset` into `dst` (byte by byte, atomically).
-    pub fn read_bytes(&self, offset: usize, dst: &mut [u8]) -> Result<(), DmaError> {
+    ///
+    /// # Safety
+    ///
+    /// As for every method of this block (above).
+    pub unsafe fn read_bytes(&self, offset: usize, dst: &mut [u8]) -> Result<(), DmaError> {
         let p = self.check(offset, dst.len(), 1)?;
         for (i, d) in dst.iter_mut().enumerate() {
             // SAFETY: as in `write_bytes`.
@@ -403,9 +425,21 @@ pub trait DmaMapper: Send + Sync {
 pub struct Unmapping {
     iova: u64,
     len: usize,
+    /// Address of the mapper that made the mapping (the data pointer of
+    /// the region's `Arc<dyn DmaMapper>`).
+    mapper: usize,
 }
 
 impl Unmapping {
+    /// Whether `mapper` made this mapping. A mapper must refuse (return
+    /// false from [`DmaMapper::unmap`]) an `Unmapping` another mapper
+    /// handed on: one mapper's region could otherwise remove a live mapping
+    /// of another at the same IOVA, and that IOVA would be handed out again
+    /// while a buffer still uses it.
+    pub fn made_by<M: DmaMapper + ?Sized>(&self, mapper: &M) -> bool {
+        self.mapper == (mapper as *const M).cast::<()>() as usize
+    }
+
     /// IOVA of the mapping's first byte (what [`DmaMapper::map`] returned).
     pub fn iova(&self) -> u64 {
         self.iova
@@ -437,6 +471,7 @@ impl RegionInner {
         self.mapper.unmap(Unmapping {
             iova: self.iova,
             len: self.mem.len(),
+            mapper: Arc::as_ptr(&self.mapper).cast::<()>() as usize,
         })
     }
 }
@@ -804,6 +839,9 @@ impl DmaBuffer {
             _inner: Box::new(view(None, Some(owner.clone()))),
         };
         i.parent = Some(owner);
+        // No longer a pool's: its pages are kept (quarantined) by `pages`,
+        // and a pool would hand them to its next user.
+        i.pool = 0;
         pages
     }
 

@@ -172,6 +172,18 @@ mod tests {
     }
 
     #[test]
+    fn a_buffer_whose_pages_are_kept_does_not_go_back() {
+        // Quarantined pages (the device may still use them) must not be
+        // handed to the pool's next user.
+        let mut p = DmaPool::new(slab(4 * 4096), 4096, 4).unwrap();
+        let mut b = p.get().unwrap();
+        let kept = b.detach_pages();
+        assert!(p.put(b).is_err(), "refused: its pages are kept");
+        drop(kept);
+        assert_eq!(p.available(), 3);
+    }
+
+    #[test]
     fn data_survives_reuse() {
         let mut p = DmaPool::new(slab(4096), 4096, 1).unwrap();
         let b = p.get().unwrap();

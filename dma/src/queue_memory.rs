@@ -24,9 +24,17 @@ pub const CQE_BYTES: usize = 16;
 fn check(buf: &DmaBuffer, entries: u32, entry_bytes: usize) -> Result<NonNull<u8>, DmaError> {
     let (base, len) = buf.raw();
     let need = (entries as usize).checked_mul(entry_bytes);
-    if entries == 0 || need.is_none_or(|n| n > len) || base.as_ptr() as usize % entry_bytes != 0 {
+    // The controller takes a queue's base from its IOVA (PRP1 of Create I/O
+    // SQ/CQ, ASQ/ACQ), which must be page-aligned (offset 0, CC.MPS =
+    // 4 KiB): a queue carved at an offset inside a page would be placed at
+    // the page's start by the device, over whatever lies before it.
+    if entries == 0
+        || need.is_none_or(|n| n > len)
+        || base.as_ptr() as usize % entry_bytes != 0
+        || buf.iova() % crate::PAGE_SIZE as u64 != 0
+    {
         return Err(DmaError::OutOfBounds {
-            what: "queue memory (entries x entry size, entry-aligned)",
+            what: "queue memory (entries x entry size, page-aligned)",
             offset: 0,
             len: need.unwrap_or(usize::MAX),
             size: len,
@@ -50,7 +58,7 @@ unsafe impl Send for SqMemory {}
 
 impl SqMemory {
     /// Takes `buf` as the memory of a queue of `entries` SQEs. Fails if the
-    /// buffer is too small or not 64-byte aligned.
+    /// buffer is too small or does not start on a page (its IOVA).
     pub fn new(buf: DmaBuffer, entries: u32) -> Result<SqMemory, DmaError> {
         let base = check(&buf, entries, SQE_BYTES)?;
         Ok(SqMemory { base, entries, buf })
@@ -148,7 +156,7 @@ unsafe impl Send for CqMemory {}
 
 impl CqMemory {
     /// Takes `buf` as the memory of a queue of `entries` CQEs. Fails if the
-    /// buffer is too small or not 16-byte aligned.
+    /// buffer is too small or does not start on a page (its IOVA).
     pub fn new(buf: DmaBuffer, entries: u32) -> Result<CqMemory, DmaError> {
         let base = check(&buf, entries, CQE_BYTES)?;
         Ok(CqMemory { base, entries, buf })
@@ -261,6 +269,20 @@ mod tests {
             assert_eq!(sq.buffer().read_u64(2 * 64 + i * 8).unwrap(), 0);
         }
         assert!(SqMemory::new(buffer(4096), 65).is_err());
+    }
+
+    #[test]
+    fn a_queue_must_start_on_a_page() {
+        // A 64-byte-aligned piece inside a page: the controller would place
+        // the queue at the page's start, over the piece before it.
+        let pieces = buffer(8192).split(64).unwrap();
+        assert!(SqMemory::new(pieces.into_iter().nth(1).unwrap(), 1).is_err());
+        let pieces = buffer(8192).split(16).unwrap();
+        assert!(CqMemory::new(pieces.into_iter().nth(1).unwrap(), 1).is_err());
+        let pieces = buffer(8192).split(4096).unwrap();
+        for p in pieces {
+            assert!(SqMemory::new(p, 64).is_ok(), "page-aligned pieces are fine");
+        }
     }
 
     #[test]

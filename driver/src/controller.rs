@@ -1226,12 +1226,14 @@ impl<D: Device> Drop for Inner<D> {
             return;
         }
         // Shutdown failed: unless CSTS says the controller is disabled
-        // (RDY = 0) or gone (all ones), it may still use the admin queue
-        // and the quarantined memory, which the fields' drops would free.
-        // Release the device first; one that cannot say its DMA stopped
-        // keeps that memory, leaked rather than handed out again.
+        // (RDY = 0), it may still use the admin queue and the quarantined
+        // memory, which the fields' drops would free. All ones is no proof
+        // (a BAR revoked by clearing Memory Space Enable reads all ones
+        // while Bus Master Enable may still be set). Release the device
+        // first; one that cannot say its DMA stopped keeps that memory,
+        // leaked rather than handed out again.
         let csts = Csts(self.dev.read32(REG_CSTS));
-        if csts.is_all_ones() || !csts.rdy() || self.dev.release() {
+        if (!csts.is_all_ones() && !csts.rdy()) || self.dev.release() {
             return;
         }
         if let Ok(q) = self.quarantine.get_mut() {

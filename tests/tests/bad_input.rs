@@ -1526,3 +1526,49 @@ fn data_path_refusals_say_what_is_wrong() {
     assert_eq!(m.commands_fetched(), fetched, "nothing reached the device");
     assert_clean(&m);
 }
+
+/// Maps nothing itself: claims a live mapping's IOVA, and hands the
+/// `Unmapping` of its region on to the real mapper.
+struct Forwarding {
+    to: Arc<dyn DmaMapper>,
+    iova: u64,
+}
+
+impl DmaMapper for Forwarding {
+    fn map(&self, _mem: &Arc<HostMemory>) -> Result<u64, DmaError> {
+        Ok(self.iova)
+    }
+    fn unmap(&self, m: upnvme::dma::Unmapping) -> bool {
+        self.to.unmap(m)
+    }
+}
+
+#[test]
+fn an_unmapping_handed_on_to_another_mapper_is_refused() {
+    // A region of a forwarding mapper "mapped" at the IOVA of the
+    // controller's first live mapping: dropping it must not remove that
+    // mapping (its IOVA would be handed out again while the admin queue
+    // and buffers in it still use it).
+    let (m, c) = setup(config_one_ns(4096, 64));
+    let table = upnvme::Device::dma_mapper(&m).expect("the model maps memory");
+    let mappings = m.iova_mappings();
+    let region = upnvme::dma::memory::DmaRegion::new(
+        4096,
+        PageBacking::Small4K,
+        Arc::new(Forwarding {
+            to: table,
+            iova: 0x1_0000_0000,
+        }),
+    )
+    .unwrap();
+    drop(region);
+    assert_eq!(m.iova_mappings(), mappings, "no live mapping removed");
+    // The controller still works on the memory it had.
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let buf = c.alloc_dma(4096).unwrap();
+    qp.read_blocking(&ns, 0, 1, buf, T).unwrap();
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}

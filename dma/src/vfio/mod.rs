@@ -14,6 +14,7 @@ use std::fs::{File, OpenOptions};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -287,6 +288,12 @@ impl DmaMapper for VfioContainer {
     }
 
     fn unmap(&self, mapping: crate::memory::Unmapping) -> bool {
+        if !mapping.made_by(self) {
+            // Another mapper's region handed its `Unmapping` on: removing a
+            // mapping of ours at that IOVA would free it for reuse while a
+            // buffer still uses it.
+            return false;
+        }
         let (iova, len) = (mapping.iova(), mapping.len());
         let mut u = abi::DmaUnmap {
             argsz: std::mem::size_of::<abi::DmaUnmap>() as u32,
@@ -317,6 +324,8 @@ pub struct VfioDevice {
     bar0: Bar,
     /// The device file; `None` once [`VfioDevice::release`] gave it back.
     device: RwLock<Option<File>>,
+    /// What the release that closed the device file returned.
+    dma_stopped: AtomicBool,
     config_offset: u64,
     container: Arc<VfioContainer>,
 }
@@ -439,6 +448,7 @@ impl VfioDevice {
             address: *address,
             bar0,
             device: RwLock::new(Some(device)),
+            dma_stopped: AtomicBool::new(false),
             config_offset: config.offset,
             container,
         };
@@ -565,21 +575,32 @@ impl VfioDevice {
     /// closed, which lets a removal or unbind the kernel is waiting on
     /// complete. Idempotent; configuration space accesses fail afterwards.
     ///
-    /// Returns true: once the device file is closed the device cannot
-    /// reach memory, whether or not the Bus Master Enable write above took
-    /// effect (a device that no longer answers configuration accesses), since
-    /// vfio-pci's release of its last open file clears Bus Master Enable
-    /// itself and resets the function before `close` returns (for a device
-    /// file that nothing else holds open: BAR0, its only mapping, is replaced
-    /// first).
+    /// Returns whether the device can no longer reach memory: Bus Master
+    /// Enable read back clear, or the device file really closed — vfio-pci's
+    /// release of its last open file clears Bus Master Enable itself and
+    /// resets the function before `close` returns, but only if nothing else
+    /// holds the file: BAR0's mapping does until it is replaced, so a BAR
+    /// that could not be replaced (and a Bus Master Enable that could not be
+    /// cleared) makes this false.
     pub fn release(&self) -> bool {
-        if let Ok(cmd) = self.config_read16(PCI_COMMAND) {
-            let _ = self.config_write16(PCI_COMMAND, cmd & !PCI_COMMAND_MASTER);
-        }
-        self.bar0.retire();
+        let bus_master_off = self
+            .config_read16(PCI_COMMAND)
+            .and_then(|cmd| self.config_write16(PCI_COMMAND, cmd & !PCI_COMMAND_MASTER))
+            .and_then(|()| self.config_read16(PCI_COMMAND))
+            .is_ok_and(|cmd| cmd & PCI_COMMAND_MASTER == 0);
+        let bar_gone = self.bar0.retire();
         let mut guard = self.device.write().unwrap_or_else(|p| p.into_inner());
-        drop(guard.take());
-        true
+        match guard.take() {
+            Some(file) => {
+                drop(file);
+                let stopped = bus_master_off || bar_gone;
+                self.dma_stopped.store(stopped, Ordering::Release);
+                stopped
+            }
+            // Released before: its answer stands (configuration space is
+            // gone now, and the BAR was replaced then).
+            None => self.dma_stopped.load(Ordering::Acquire),
+        }
     }
 
     /// Whether [`VfioDevice::release`] gave the device back.

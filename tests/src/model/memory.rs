@@ -94,28 +94,62 @@ impl IovaTable {
         }
     }
 
+    // The one place outside dma/ with `unsafe`: the model is a device
+    // emulated in Rust, so its DMA is inside Rust's memory model, and each
+    // access must not race with the host's (docs/DESIGN.md, "Escape
+    // hatches"). The model's callers of these four keep the driver's
+    // protocol: submission queue entries are read after their doorbell
+    // (the host writes only slots past the tail it announced), data, PRP
+    // and SGL lists and metadata only for a command in flight (whose
+    // buffers the host gave up until its completion), completion queue
+    // slots are written only once the host released them through the CQ
+    // head (a full CQ makes the model wait), and the words both sides poll
+    // (shadow doorbells, event indexes, the CQE phase dword) with 32-bit
+    // atomics, as the driver does. Calls come from the host's own thread
+    // (a doorbell write or register read), under the model's state lock.
+
     /// Copies `dst.len()` bytes from IOVA `iova` (a device read).
+    #[allow(unsafe_code)]
     pub fn read(&self, iova: u64, dst: &mut [u8]) -> Result<(), DmaFault> {
-        self.access(iova, dst.len(), false, |mem, off| mem.read_bytes(off, dst))
+        // SAFETY: a device read of memory the protocol hands the device
+        // (see above): no host access races with it.
+        self.access(iova, dst.len(), false, |mem, off| unsafe {
+            mem.read_bytes(off, dst)
+        })
     }
 
     /// Copies `src` to IOVA `iova` (a device write).
+    #[allow(unsafe_code)]
     pub fn write(&self, iova: u64, src: &[u8]) -> Result<(), DmaFault> {
-        self.access(iova, src.len(), true, |mem, off| mem.write_bytes(off, src))
+        // SAFETY: a device write of memory the protocol hands the device
+        // (see above): no host access races with it.
+        self.access(iova, src.len(), true, |mem, off| unsafe {
+            mem.write_bytes(off, src)
+        })
     }
 
     /// Reads a little-endian dword with acquire ordering: every host store
     /// made before the host's release store of this word (a shadow doorbell
     /// update after writing submission queue entries) is visible afterwards.
+    #[allow(unsafe_code)]
     pub fn read_u32_acquire(&self, iova: u64) -> Result<u32, DmaFault> {
-        self.access(iova, 4, false, |mem, off| mem.load_acquire_u32(off))
+        // SAFETY: a word both sides access at once (shadow doorbell, event
+        // index), which the host accesses only with 32-bit atomics.
+        self.access(iova, 4, false, |mem, off| unsafe {
+            mem.load_acquire_u32(off)
+        })
     }
 
     /// Writes a little-endian dword with release ordering: every earlier
     /// write of the model to host memory is visible before it (the CQE phase
     /// dword, event index entries).
+    #[allow(unsafe_code)]
     pub fn write_u32_release(&self, iova: u64, value: u32) -> Result<(), DmaFault> {
-        self.access(iova, 4, true, |mem, off| mem.store_release_u32(off, value))
+        // SAFETY: the CQE phase dword or an event index: the host reads it
+        // only with 32-bit atomic loads while the model may write it.
+        self.access(iova, 4, true, |mem, off| unsafe {
+            mem.store_release_u32(off, value)
+        })
     }
 
     /// Reads a little-endian qword (a PRP entry).
@@ -161,6 +195,9 @@ impl DmaMapper for IovaTable {
     }
 
     fn unmap(&self, mapping: upnvme_dma::Unmapping) -> bool {
+        if !mapping.made_by(self) {
+            return false;
+        }
         // Take the entry out under the lock, drop the handle after it.
         let mem = self.lock().maps.remove(&mapping.iova());
         drop(mem);
