@@ -295,4 +295,16 @@ mod tests {
             "a new buffer overlaps a live one: its pages went back to the wrong region"
         );
     }
+
+    #[test]
+    fn a_mapper_iova_that_is_misaligned_or_too_high_is_refused() {
+        for iova in [0x20_0800, !0xfff_u64] {
+            let a = DmaAllocator::new(Arc::new(FixedIova(iova)), PageBacking::Small4K);
+            let e = a.alloc(4096).unwrap_err();
+            assert!(
+                e.to_string().contains(&format!("{iova:#x}")),
+                "{iova:#x}: {e}"
+            );
+        }
+    }
 }

@@ -41,11 +41,20 @@ pub struct IovaAllocator {
 
 /// Lowest IOVA handed out.
 const MIN_IOVA: u64 = 1 << 21;
+/// IOVAs from here up are never handed out (2^63: far above any IOMMU's
+/// address width, 39 to 57 bits).
+const MAX_IOVA: u64 = 1 << 63;
 
 impl IovaAllocator {
     /// An allocator over `ranges` (in any order; overlapping or adjacent
     /// ranges are merged, so no address is reachable twice).
     pub fn new(mut ranges: Vec<IovaRange>) -> Self {
+        // Nothing at or above `MAX_IOVA`: a block's end (`iova + len`) is
+        // then always representable, so freeing it and a buffer's
+        // `iova + offset` arithmetic never overflow.
+        for r in &mut ranges {
+            r.end = r.end.min(MAX_IOVA - 1);
+        }
         ranges.retain(|r| r.end >= r.start);
         ranges.sort_by_key(|r| r.start);
         let mut merged: Vec<IovaRange> = Vec::with_capacity(ranges.len());
@@ -212,13 +221,27 @@ mod tests {
 
     #[test]
     fn range_ending_at_top_of_address_space() {
+        // A range reaching 2^64 - 1 is cut below 2^63: a block ending at
+        // 2^64 could not be freed (its end overflows), and is not handed out.
         let mut a = IovaAllocator::new(vec![IovaRange {
             start: u64::MAX - 0x3f_ffff,
             end: u64::MAX,
         }]);
-        assert!(a.alloc(0x20_0000, 0x20_0000).is_ok());
-        assert!(a.alloc(0x20_0000, 0x20_0000).is_ok());
+        assert!(a.ranges().is_empty());
         assert!(a.alloc(0x20_0000, 0x20_0000).is_err());
+        let top = MAX_IOVA - 0x40_0000;
+        let mut a = IovaAllocator::new(vec![IovaRange {
+            start: top,
+            end: u64::MAX,
+        }]);
+        let x = a.alloc(0x20_0000, 0x20_0000).unwrap();
+        let y = a.alloc(0x20_0000, 0x20_0000).unwrap();
+        assert_eq!(y + 0x20_0000, MAX_IOVA, "the last block ends at 2^63");
+        assert!(a.alloc(0x20_0000, 0x20_0000).is_err());
+        // Freed, the top block is handed out again.
+        a.free(y, 0x20_0000);
+        assert_eq!(a.alloc(0x20_0000, 0x20_0000).unwrap(), y);
+        assert_ne!(x, y);
     }
 
     #[test]

@@ -137,7 +137,20 @@ impl HostMemory {
         if ptr == libc::MAP_FAILED {
             let err = std::io::Error::last_os_error();
             return Err(match backing.hugepage_dir() {
-                Some(dir) => hugepage_error(len, page, dir),
+                // ENOMEM: too few free hugepages of that size. Anything else
+                // (EINVAL: the kernel has no pages of that size) is not cured
+                // by reserving more.
+                Some(dir) if err.raw_os_error() == Some(libc::ENOMEM) => {
+                    hugepage_error(len, page, dir)
+                }
+                Some(dir) => DmaError::Sys {
+                    what: format!(
+                        "mmap of {len} bytes of {} KiB hugepages (does {dir} exist? the kernel \
+                         may not offer pages of that size; choose another PageBacking)",
+                        page / 1024
+                    ),
+                    os_error: err,
+                },
                 None => DmaError::Sys {
                     what: format!("mmap of {len} locked bytes (check `ulimit -l`)"),
                     os_error: err,
@@ -379,7 +392,10 @@ fn hugepage_error(bytes: usize, page: usize, dir: &str) -> DmaError {
         page_kib: page / 1024,
         free,
         total,
-        suggest: total + need.saturating_sub(free).max(need),
+        // Enough for this request on top of what is free now; at least one
+        // more page than reserved (the free count may already have been
+        // enough, the pages fragmented or taken meanwhile).
+        suggest: total + need.saturating_sub(free).max(1),
         sysctl: format!("{dir}/nr_hugepages"),
     }
 }
@@ -504,6 +520,24 @@ impl fmt::Debug for DmaRegion {
     }
 }
 
+/// Why an IOVA a mapper returned for `len` bytes cannot be used: not
+/// page-aligned (the PRP and queue arithmetic relies on it), or its end not
+/// representable (`iova + len` would overflow).
+fn unusable_iova(iova: u64, len: usize) -> Option<DmaError> {
+    let aligned = iova % crate::PAGE_SIZE as u64 == 0;
+    if aligned && iova.checked_add(len as u64).is_some() {
+        return None;
+    }
+    Some(DmaError::InvalidAllocation(format!(
+        "the DMA mapper returned IOVA {iova:#x} for {len} bytes: {}",
+        if aligned {
+            "the mapping would run past the end of the address space"
+        } else {
+            "not aligned to a 4 KiB page"
+        }
+    )))
+}
+
 impl DmaRegion {
     /// Maps `len` bytes of `backing` memory and makes it device-visible through
     /// `mapper`.
@@ -514,14 +548,19 @@ impl DmaRegion {
     ) -> Result<DmaRegion, DmaError> {
         let mem = HostMemory::map(len, backing)?;
         let iova = mapper.map(&mem)?;
-        Ok(DmaRegion {
+        let region = DmaRegion {
             inner: Arc::new(RegionInner {
                 mem,
                 iova,
                 mapper,
                 unmapped: false,
             }),
-        })
+        };
+        match unusable_iova(iova, region.len()) {
+            // Dropping the region removes the mapping again.
+            Some(e) => Err(e),
+            None => Ok(region),
+        }
     }
 
     /// IOVA of the first byte.
@@ -565,14 +604,29 @@ impl DmaRegion {
         mapper: Arc<dyn DmaMapper>,
     ) -> Result<DmaRegion, (DmaError, Arc<HostMemory>)> {
         match mapper.map(&mem) {
-            Ok(iova) => Ok(DmaRegion {
-                inner: Arc::new(RegionInner {
-                    mem,
-                    iova,
-                    mapper,
-                    unmapped: false,
+            Ok(iova) => match unusable_iova(iova, mem.len()) {
+                None => Ok(DmaRegion {
+                    inner: Arc::new(RegionInner {
+                        mem,
+                        iova,
+                        mapper,
+                        unmapped: false,
+                    }),
                 }),
-            }),
+                Some(e) => {
+                    let gone = mapper.unmap(Unmapping {
+                        iova,
+                        len: mem.len(),
+                        mapper: Arc::as_ptr(&mapper).cast::<()>() as usize,
+                    });
+                    if !gone {
+                        // Still mapped: one handle is never dropped, so the
+                        // memory can never be handed back to the application.
+                        std::mem::forget(mem.clone());
+                    }
+                    Err((e, mem))
+                }
+            },
             Err(e) => Err((e, mem)),
         }
     }

@@ -339,6 +339,7 @@ impl RegisteredMemory {
         let ranges = mapper.iova_ranges();
         if let Some(largest) = ranges
             .iter()
+            .filter(|r| r.end >= r.start)
             .map(|r| (r.end - r.start).saturating_add(1))
             .max()
             && len as u64 > largest
