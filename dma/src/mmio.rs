@@ -29,7 +29,7 @@ unsafe impl Sync for Bar {}
 
 impl Bar {
     /// Maps `len` bytes of `fd` at `offset` (a VFIO device region).
-    pub fn map(fd: i32, offset: u64, len: usize, what: &str) -> Result<Bar, DmaError> {
+    pub(crate) fn map(fd: i32, offset: u64, len: usize, what: &str) -> Result<Bar, DmaError> {
         if len < 0x1000 {
             return Err(DmaError::Bar {
                 address: what.to_string(),
@@ -118,11 +118,11 @@ impl Bar {
     /// access to 64-bit registers); all ones outside the BAR.
     #[inline]
     pub fn read64(&self, offset: usize) -> u64 {
-        let lo = self.read32(offset) as u64;
-        let hi = self.read32(offset.wrapping_add(4)) as u64;
         if offset % 8 != 0 {
             return u64::MAX;
         }
+        let lo = self.read32(offset) as u64;
+        let hi = self.read32(offset.wrapping_add(4)) as u64;
         lo | (hi << 32)
     }
 

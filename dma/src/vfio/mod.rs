@@ -176,8 +176,9 @@ fn iommu_info(container: &OwnedFd) -> Result<(Vec<IovaRange>, u64), DmaError> {
     }?;
     let pgsizes = head.iova_pgsizes;
     let full = (head.argsz as usize).max(std::mem::size_of::<abi::IommuInfo>());
-    // Without the capability (old kernels), the whole 64-bit space minus page 0
-    // is assumed valid, as the kernel itself did before it reported ranges.
+    // Without the capability (old kernels): the low 39 bits, the narrowest
+    // address width an IOMMU here offers (QEMU's intel-iommu default), so an
+    // IOVA handed out fits whatever the IOMMU is.
     let fallback = vec![IovaRange {
         start: 0,
         end: (1u64 << 39) - 1,
@@ -231,7 +232,9 @@ fn iommu_info(container: &OwnedFd) -> Result<(Vec<IovaRange>, u64), DmaError> {
         let id = rd16(off).unwrap_or(0);
         let next = rd32(off + 4).unwrap_or(0) as usize;
         if id == abi::VFIO_IOMMU_TYPE1_INFO_CAP_IOVA_RANGE {
-            let n = rd32(off + 8).unwrap_or(0) as usize;
+            // At most what the kernel's buffer can hold (16 bytes a range).
+            let n =
+                (rd32(off + 8).unwrap_or(0) as usize).min(bytes_len.saturating_sub(off + 16) / 16);
             let mut ranges = Vec::with_capacity(n);
             for i in 0..n {
                 let base = off + 16 + i * 16;
