@@ -308,6 +308,14 @@ impl AdminQueue {
         self.events.drain(..).collect()
     }
 
+    /// Puts events taken from a previous admin queue (a reset replaces it)
+    /// in front of any received since.
+    pub(crate) fn keep_events(&mut self, events: Vec<AsyncEvent>) {
+        for e in events.into_iter().rev() {
+            self.events.push_front(e);
+        }
+    }
+
     /// Forgets every command in flight: only valid once the controller is
     /// disabled (CSTS.RDY = 0), when no more DMA can happen. Releases
     /// quarantined buffers.

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use upnvme_dma::{DmaBuffer, DmaPages, DmaPool, PciAddress, SharedWords, Sysfs};
 use upnvme_queues::regs::{
     Crto, REG_ACQ, REG_AQA, REG_ASQ, REG_CAP, REG_CC, REG_CRTO, REG_CSTS, REG_VS, aqa,
+    cq_head_doorbell,
 };
 use upnvme_queues::{
     AsyncEvent, Cap, Cc, Cqe, Csts, ErrorLogEntry, FirmwareSlotLog, IdentifyController,
@@ -107,6 +108,10 @@ pub(crate) struct Inner<D: Device> {
     /// Released on the kernel's request (see `release_on_request`).
     removed: AtomicBool,
 }
+
+/// The longest shutdown wait derived from RTD3E (Identify Controller) when
+/// the caller set none.
+const MAX_DEFAULT_SHUTDOWN: Duration = Duration::from_secs(60);
 
 /// How long a release on request waits for CSTS.RDY = 0 after CC.EN = 0
 /// before it turns bus mastering off anyway (the removal waits on it).
@@ -986,13 +991,19 @@ impl<D: Device> Inner<D> {
         self.bump_generation_after_disable();
         self.resets.fetch_add(1, Ordering::Relaxed);
 
-        *admin = enable_with_admin_queue(dev, name, self.cap, admin.entries(), self.ready_timeout)
-            .map_err(|f| {
-                if let Some(keep) = f.keep {
-                    self.quarantine(keep);
-                }
-                f.error
-            })?;
+        let fresh =
+            enable_with_admin_queue(dev, name, self.cap, admin.entries(), self.ready_timeout)
+                .map_err(|f| {
+                    if let Some(keep) = f.keep {
+                        self.quarantine(keep);
+                    }
+                    f.error
+                })?;
+        // Events reaped before the reset and not yet handed out
+        // (`poll_async_events`) survive it.
+        let events = admin.take_events();
+        *admin = fresh;
+        admin.keep_events(events);
         let t = self.admin_timeout;
         // Same device? (A different serial number means something else now
         // sits at this address: refuse to carry on with the old state.)
@@ -1106,7 +1117,9 @@ impl<D: Device> Inner<D> {
                 .collect(),
             Err(_) => return,
         };
-        let deadline = Instant::now() + budget;
+        // Measured from a start, not a deadline: `Instant + Duration::MAX`
+        // (a caller's "no bound" admin timeout) would overflow.
+        let start = Instant::now();
         let deletions = qids
             .iter()
             .map(|&q| {
@@ -1122,7 +1135,7 @@ impl<D: Device> Inner<D> {
                 )
             }));
         for (sqe, what) in deletions {
-            let left = deadline.saturating_duration_since(Instant::now());
+            let left = budget.saturating_sub(start.elapsed());
             if left.is_zero()
                 || admin
                     .execute(&self.dev, &self.name, sqe, None, None, left, what)
@@ -1162,7 +1175,11 @@ impl<D: Device> Inner<D> {
                     .shutdown_timeout
                     .unwrap_or_else(|| match self.identify.rtd3e {
                         0 => self.ready_timeout,
-                        us => Duration::from_micros(us as u64).max(Duration::from_millis(500)),
+                        // RTD3E, at least 500 ms and at most 60 s (as
+                        // Linux clamps it): a device reporting hours would
+                        // make every drop hang that long.
+                        us => Duration::from_micros(us as u64)
+                            .clamp(Duration::from_millis(500), MAX_DEFAULT_SHUTDOWN),
                     });
             result = wait_csts(
                 &self.dev,
@@ -1222,16 +1239,15 @@ fn watch_release_requests<D: Device>(
 
 impl<D: Device> Drop for Inner<D> {
     fn drop(&mut self) {
-        if self.shutdown().is_ok() {
-            return;
-        }
-        // Shutdown failed: unless CSTS says the controller is disabled
-        // (RDY = 0), it may still use the admin queue and the quarantined
-        // memory, which the fields' drops would free. All ones is no proof
-        // (a BAR revoked by clearing Memory Space Enable reads all ones
-        // while Bus Master Enable may still be set). Release the device
+        // Whatever the shutdown says (a `close` that failed earlier makes
+        // this one return at once), the memory the fields' drops free — the
+        // admin queue, the quarantine — may still be in use unless CSTS
+        // says the controller is disabled (RDY = 0). All ones is no proof (a
+        // BAR revoked by clearing Memory Space Enable reads all ones while
+        // Bus Master Enable may still be set). Otherwise release the device
         // first; one that cannot say its DMA stopped keeps that memory,
         // leaked rather than handed out again.
+        let _ = self.shutdown();
         let csts = Csts(self.dev.read32(REG_CSTS));
         if (!csts.is_all_ones() && !csts.rdy()) || self.dev.release() {
             return;
@@ -1570,6 +1586,16 @@ fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<(Inner<D>, 
 
     // Disable.
     disable(&dev, &name, ready_timeout).map_err(|e| step_err(BringupStep::Disable, e))?;
+
+    // The admin queue's doorbells (queue 0, CAP.DSTRD apart) must lie in
+    // BAR0: writes beyond it reach nothing, and the admin queue would stall.
+    if cq_head_doorbell(0, cap.dstrd()) + 4 > dev.bar_len() {
+        return Err(unsupported(format!(
+            "the admin queue's doorbells (CAP.DSTRD {}) lie beyond BAR0 ({} bytes)",
+            cap.dstrd(),
+            dev.bar_len()
+        )));
+    }
 
     // Configure the admin queue, enable.
     let entries = options

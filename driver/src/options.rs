@@ -27,7 +27,8 @@ pub struct ControllerOptions {
     /// Bound on the controller-ready waits; `None` uses CAP.TO as the spec says, or CRTO.CRWMT when the
     /// controller reports CAP.CRMS.CRWMS and CRWMT is longer (NVMe 2.0).
     pub ready_timeout: Option<Duration>,
-    /// Bound on the shutdown wait; `None` uses RTD3E when reported, else CAP.TO.
+    /// Bound on the shutdown wait; `None` uses RTD3E when reported (clamped to
+    /// 500 ms..=60 s), else CAP.TO.
     pub shutdown_timeout: Option<Duration>,
     /// What backs DMA memory.
     pub page_backing: PageBacking,

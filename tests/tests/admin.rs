@@ -306,6 +306,50 @@ fn more_events_than_requests_are_not_lost() {
 }
 
 #[test]
+fn events_reaped_before_a_reset_survive_it() {
+    let (m, c) = setup(ModelConfig::default());
+    m.raise_async_event(1, 0x01, 0x02);
+    // Reaped (by other admin work), not yet handed out.
+    c.get_features(feature::NUMBER_OF_QUEUES, 0, 0).unwrap();
+    c.reset().unwrap();
+    m.raise_async_event(2, 0x03, 0x04);
+    let mut got = Vec::new();
+    for _ in 0..10 {
+        got.extend(c.poll_async_events().unwrap());
+        if got.len() >= 2 {
+            break;
+        }
+    }
+    let infos: Vec<(u8, u8)> = got.iter().map(|e| (e.event_type, e.event_info)).collect();
+    assert_eq!(
+        infos,
+        vec![(1, 1), (2, 3)],
+        "the old event first, then the new"
+    );
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn an_unbounded_admin_timeout_does_not_overflow() {
+    // `Duration::MAX` as "no bound": reset and close measure their budgets
+    // without adding it to an `Instant`.
+    let m = model();
+    let c = open(
+        &m,
+        ControllerOptions {
+            admin_timeout: Some(Duration::MAX),
+            ..opts()
+        },
+    );
+    let qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    c.reset().unwrap();
+    drop(qp);
+    c.close().unwrap();
+    assert_clean(&m);
+}
+
+#[test]
 fn async_events_disabled_posts_none() {
     let m = model();
     let c = open(

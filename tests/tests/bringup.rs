@@ -479,7 +479,7 @@ fn memory_a_wedged_controller_may_use_is_kept_when_the_device_cannot_be_released
 
 #[test]
 fn a_controller_that_cannot_be_shut_down_is_released_before_its_memory_goes() {
-    for releasable in [true, false] {
+    for (releasable, close_first) in [(true, false), (false, false), (true, true), (false, true)] {
         let m = model();
         let mut o = quick();
         o.admin_timeout = Some(Duration::from_secs(2));
@@ -498,7 +498,17 @@ fn a_controller_that_cannot_be_shut_down_is_released_before_its_memory_goes() {
         };
         assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
         assert!(m.live_dma_buffers() > 0);
-        drop(c);
+        if close_first {
+            // A close that fails leaves the memory to the drop, which must
+            // not free it because the shutdown was tried already.
+            let r = match c {
+                ControllerOrSpy::Model(c) => c.close(),
+                ControllerOrSpy::Spy(c) => c.close(),
+            };
+            assert!(r.is_err(), "{r:?}");
+        } else {
+            drop(c);
+        }
         assert_eq!(m.csts() & 1, 1, "the model is wedged ready");
         if releasable {
             assert!(m.is_released(), "released before the memory went");
@@ -519,6 +529,51 @@ fn a_controller_that_cannot_be_shut_down_is_released_before_its_memory_goes() {
 enum ControllerOrSpy {
     Model(Controller<ModelController>),
     Spy(Controller<Spy>),
+}
+
+/// The model behind a BAR0 that ends right after the admin SQ tail
+/// doorbell (the admin CQ head doorbell, at 0x1004 with CAP.DSTRD 0, is
+/// beyond it).
+#[derive(Clone)]
+struct ShortBar(ModelController);
+
+impl Device for ShortBar {
+    fn read32(&self, offset: usize) -> u32 {
+        self.0.read32(offset)
+    }
+    fn write32(&self, offset: usize, value: u32) {
+        self.0.write32(offset, value)
+    }
+    fn read64(&self, offset: usize) -> u64 {
+        self.0.read64(offset)
+    }
+    fn write64(&self, offset: usize, value: u64) {
+        self.0.write64(offset, value)
+    }
+    fn bar_len(&self) -> usize {
+        0x1004
+    }
+    fn alloc_dma(&self, len: usize) -> Result<upnvme::DmaBuffer, upnvme::dma::DmaError> {
+        self.0.alloc_dma(len)
+    }
+    fn name(&self) -> String {
+        self.0.name()
+    }
+}
+
+#[test]
+fn admin_doorbells_beyond_bar0_are_refused_at_bring_up() {
+    let m = model();
+    match Controller::with_device(ShortBar(m.clone()), opts()) {
+        Err(Error::Unsupported { what, .. }) => {
+            assert!(
+                what.contains("CAP.DSTRD 0") && what.contains("BAR0"),
+                "{what}"
+            )
+        }
+        other => panic!("expected Unsupported, got {:?}", other.err()),
+    }
+    assert_eq!(m.cc() & 1, 0, "never enabled");
 }
 
 #[test]
