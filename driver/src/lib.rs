@@ -21,6 +21,11 @@
 //! [`options`], [`error`], [`memory`] (application-owned memory registered
 //! for DMA: [`Controller::register_memory`]).
 
+// Transfer sizes (blocks x LBA size, up to 65536 x 2^31 bytes) and IOVA
+// arithmetic are done in `usize` on the I/O path: a 32-bit target would
+// wrap them, and the device would move more than the driver described.
+const _: () = assert!(usize::BITS == 64, "upnvme supports 64-bit targets only");
+
 mod admin;
 pub mod controller;
 pub mod device;

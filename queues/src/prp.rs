@@ -334,7 +334,7 @@ pub fn prp_pair_4k(first_iova: u64, len: usize) -> Option<(u64, u64)> {
     // `len` in 1..=2 pages (so the sums below cannot overflow), PRP1 dword
     // aligned, the transfer within two pages, the last byte addressable.
     let len = len as u64;
-    if len.wrapping_sub(1) >= 2 * PS || first_iova & 3 != 0 || first_iova > u64::MAX - len {
+    if len.wrapping_sub(1) >= 2 * PS || first_iova & 3 != 0 || first_iova > u64::MAX - (len - 1) {
         return None;
     }
     let end = (first_iova & (PS - 1)) + len;
@@ -488,6 +488,18 @@ pub fn max_transfer(mdts: u8, mpsmin_page: usize) -> Option<usize> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn pair_fast_path_reaches_the_last_byte_of_the_address_space() {
+        // The last byte at u64::MAX is addressable, as `plan` agrees.
+        assert!(plan(u64::MAX - 3, 4, 4096).is_ok());
+        assert_eq!(prp_pair_4k(u64::MAX - 3, 4), Some((u64::MAX - 3, 0)));
+        assert_eq!(
+            prp_pair_4k(u64::MAX - 4095, 4096),
+            Some((u64::MAX - 4095, 0))
+        );
+        assert_eq!(prp_pair_4k(u64::MAX - 4095, 4097), None);
+    }
+
     use super::*;
     use std::collections::HashMap;
 

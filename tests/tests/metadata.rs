@@ -917,3 +917,37 @@ fn format_nvm_checks_pi_against_the_target_formats_guard() {
     assert_eq!(ns.metadata_layout().unwrap().pif, Pif::Guard64);
     assert_clean(&m);
 }
+
+#[test]
+fn a_reserved_protection_type_is_refused() {
+    // Identify Namespace DPS bits 2:0 = 5 (reserved): no protection fields
+    // are built for it.
+    let m = ModelController::new(with_format(8, false, 1, false));
+    let c = common::open(&m, common::opts());
+    let (_, mut id) = c
+        .admin_passthrough(upnvme::Sqe::identify(0, 1, 0), 4096, None)
+        .unwrap();
+    drop(c);
+    id[29] = 5;
+    m.set_identify_data(0, 1, Some(id));
+    let c = common::open(&m, common::opts());
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let f = qp
+        .submit_io(
+            write(0, 1, &ns),
+            IoData::buffer(c.alloc_dma(BS).unwrap())
+                .metadata(c.alloc_dma(8).unwrap())
+                .protection(Protection::CHECK),
+            1,
+        )
+        .unwrap_err();
+    assert!(
+        matches!(f.reason, Reject::ProtectionNotApplicable(w) if w.contains("reserved")),
+        "{:?}",
+        f.reason
+    );
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}

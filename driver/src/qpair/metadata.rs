@@ -78,7 +78,10 @@ fn pi_applies(ns: &Namespace, protection: Option<Protection>) -> Result<(), Reje
         3 if p.check_ref_tag => Err(Reject::ProtectionNotApplicable(
             "Type 3 protection has no reference tag to check: clear check_ref_tag",
         )),
-        _ => Ok(()),
+        1..=3 => Ok(()),
+        _ => Err(Reject::ProtectionNotApplicable(
+            "the namespace's protection type is reserved (Identify Namespace DPS bits 2:0 above 3)",
+        )),
     }
 }
 

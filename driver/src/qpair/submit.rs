@@ -869,7 +869,10 @@ impl<D: Device> IoQueuePair<D> {
         // the start of every further page (NVMe 2.0 §4.3.1).
         let first_end = (iova & !(page - 1)) + page;
         let rest = ((iova as usize & (PAGE - 1)) + bytes).div_ceil(PAGE) - 1;
-        if iova & 3 == 0 && rest <= PAGE / 8 {
+        // `rest >= 2`: with one further page PRP2 is that page, not a list
+        // (callers come here only past two pages; a shorter transfer takes
+        // the general planner's answer below instead of a list).
+        if iova & 3 == 0 && (2..=PAGE / 8).contains(&rest) {
             // The common case: one list page, entries written in one run.
             self.prp_lists
                 .write_u64_run(list_base, rest, |i| first_end + i as u64 * page)
