@@ -284,7 +284,7 @@ pub fn namespace(id: &IdentifyNamespace) -> Vec<Field> {
             ),
         ],
     });
-    let in_use = usize::from(id.flbas & 0xf) | usize::from(id.flbas >> 5 & 0x3) << 4;
+    let in_use = id.current_lba_format_index();
     for (i, f) in id.lbaf.iter().enumerate() {
         out.push(Field {
             name: "lbaf",

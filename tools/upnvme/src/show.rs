@@ -173,17 +173,14 @@ pub fn identify(c: &Controller, nsid: Option<u32>, human: bool) -> Result<()> {
         outln!("  nsfeat  : 0x{:02x}", id.nsfeat);
         outln!("  nlbaf   : {}", id.nlbaf);
         outln!("  flbas   : 0x{:02x}", id.flbas);
+        let in_use = id.current_lba_format_index();
         for (i, f) in id.lbaf.iter().enumerate() {
             outln!(
                 "  lbaf {i:2} : ms {:<3} lbads {:<2} rp {}{}",
                 f.ms,
                 f.lbads,
                 f.rp,
-                if (id.flbas & 0xf) as usize == i {
-                    " (in use)"
-                } else {
-                    ""
-                }
+                if in_use == i { " (in use)" } else { "" }
             );
         }
         outln!(

@@ -217,6 +217,11 @@ pub struct PerfArgs {
     pub seed: Option<u64>,
 }
 
+/// The highest core ID a core list may name (Linux's default NR_CPUS
+/// limit is 8192; a list is expanded into memory before it is checked
+/// against the machine).
+const MAX_CORE: usize = 8191;
+
 /// Parses "0,2-3" or "0x3" into sorted, de-duplicated core IDs.
 pub fn parse_cores(s: &str) -> Result<Vec<usize>, String> {
     let s = s.trim();
@@ -242,9 +247,22 @@ pub fn parse_cores(s: &str) -> Result<Vec<usize>, String> {
                     if a > b {
                         return Err(format!("core list '{s}': range {a}-{b} is backwards"));
                     }
+                    if b > MAX_CORE {
+                        return Err(format!(
+                            "core list '{s}': core {b} is above {MAX_CORE} (no machine has that many)"
+                        ));
+                    }
                     out.extend(a..=b);
                 }
-                None => out.push(num(part)?),
+                None => {
+                    let c = num(part)?;
+                    if c > MAX_CORE {
+                        return Err(format!(
+                            "core list '{s}': core {c} is above {MAX_CORE} (no machine has that many)"
+                        ));
+                    }
+                    out.push(c)
+                }
             }
         }
     }
@@ -264,6 +282,12 @@ mod tests {
         assert_eq!(parse_cores("0,2-3,2").unwrap(), vec![0, 2, 3]);
         assert!(parse_cores("0x0").is_err());
         assert!(parse_cores("a").is_err());
+        // A huge range is refused before it is expanded (it aborted the
+        // process: capacity overflow, or terabytes of core IDs).
+        assert!(parse_cores("0-18446744073709551615").is_err());
+        assert!(parse_cores("0-1000000000000").is_err());
+        assert!(parse_cores("9000").is_err());
+        assert_eq!(parse_cores("8190-8191").unwrap(), vec![8190, 8191]);
         assert!(parse_cores("3-1").is_err());
         assert!(parse_cores("0xzz").is_err());
     }
