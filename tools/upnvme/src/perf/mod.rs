@@ -130,7 +130,17 @@ pub fn run(a: PerfArgs) -> Result<bool> {
         handles.push(
             std::thread::Builder::new()
                 .name(format!("upnvme-perf-{core}"))
-                .spawn(move || worker::run(c, plan, p, s))
+                .spawn(move || {
+                    let r = worker::run(c, plan, p, s.clone());
+                    if r.is_err() {
+                        // A worker that failed (its setup: queue pair,
+                        // buffers) ends the run: the others stop too
+                        // instead of running out their time for a report
+                        // that is then not printed.
+                        s.store(true, Ordering::Relaxed);
+                    }
+                    r
+                })
                 .context("spawning a worker")?,
         );
     }

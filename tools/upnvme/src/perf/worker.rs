@@ -366,12 +366,16 @@ impl Job {
                     w.refused.get_or_insert(r);
                 }
             }
-            // Bookkeeping, after the resubmission.
+            // Bookkeeping, after the resubmission. Only a successful I/O
+            // counts toward IOPS, bandwidth and latency (a failed one is an
+            // error, a removed one a removed I/O).
             if clock.measuring && !ends_warmup {
-                w.hist
-                    .saturating_record(((ticks as f64) * plan.ns_per_tick) as u64);
-                w.ios += 1;
-                w.bytes += plan.io_size as u64;
+                if c.result.is_ok() {
+                    w.hist
+                        .saturating_record(((ticks as f64) * plan.ns_per_tick) as u64);
+                    w.ios += 1;
+                    w.bytes += plan.io_size as u64;
+                }
                 w.reaped_in_window += 1;
             }
             let removed = c.result == Err(IoError::ControllerRemoved);
