@@ -281,10 +281,29 @@ fn write_then_read_is_byte_exact() {
     assert_eq!(
         err.trim(),
         format!(
-            "upnvme: input ended before {} bytes (2 blocks of {lba}) were read: failed to fill whole buffer",
+            "upnvme: input /tmp/short.bin holds {} bytes; writing 2 blocks takes exactly {} (2 x {lba}); nothing was written",
+            lba + 1,
             2 * lba
         )
     );
+    // So is a longer one, and nothing is written either.
+    fs::write("/tmp/long.bin", vec![0xa5u8; 4 * lba]).unwrap();
+    let o = upnvme(&[
+        "write",
+        "-d",
+        &dev,
+        "-s",
+        "33",
+        "-c",
+        "2",
+        "--data",
+        "/tmp/long.bin",
+    ]);
+    let err = fails(&o, 1);
+    assert!(err.contains(&format!("holds {} bytes", 4 * lba)), "{err}");
+    let o = upnvme(&["read", "-d", &dev, "-s", "33", "-c", "2"]);
+    ok(&o);
+    assert!(o.stdout == data[..2 * lba], "blocks 33-34 unchanged");
 }
 
 // ---------------------------------------------------------------- identify, list, smart-log

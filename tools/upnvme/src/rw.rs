@@ -266,6 +266,28 @@ pub fn write(
 ) -> Result<()> {
     let ns = check_range(c, nsid, start, count)?;
     let s = shape(ns, m)?;
+    // A regular file's size is checked before anything is written.
+    let exact = |p: &Path, per_block: usize, what: &str| -> Result<()> {
+        let want = count * per_block as u64;
+        if let Ok(md) = std::fs::metadata(p)
+            && md.is_file()
+            && md.len() != want
+        {
+            bail!(
+                "{what} {} holds {} bytes; writing {count} blocks takes exactly {want} \
+                 ({count} x {per_block}); nothing was written",
+                p.display(),
+                md.len()
+            );
+        }
+        Ok(())
+    };
+    if let Some(p) = input {
+        exact(p, s.lba, "input")?;
+    }
+    if let Some(p) = &m.metadata {
+        exact(p, s.ms, "metadata file")?;
+    }
     let mut src: Box<dyn Read> = match input {
         Some(p) => Box::new(File::open(p).with_context(|| format!("opening {}", p.display()))?),
         None => Box::new(std::io::stdin().lock()),
@@ -320,6 +342,17 @@ pub fn write(
         };
         (buf, md) = transfer(&mut qp, cmd, buf, md, m, slba)?;
         done += n as u64;
+    }
+    // A pipe is checked at its end: more input than the blocks take is an
+    // error too (the blocks were written).
+    let mut more = [0u8; 1];
+    if src.read(&mut more)? != 0 {
+        bail!(
+            "the input holds more than {} bytes ({count} blocks of {}); the {count} blocks were \
+             written, the rest of the input was not",
+            count as usize * s.lba,
+            s.lba
+        );
     }
     Ok(())
 }
