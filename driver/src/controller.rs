@@ -134,6 +134,9 @@ pub struct Controller<D: Device = VfioNvme> {
     /// The active namespaces, by ascending NSID; refreshed by Format NVM
     /// ([`Controller::format_nvm`], which takes `&mut self`).
     pub(crate) namespaces: Vec<Namespace>,
+    /// Active namespaces the driver cannot use, with the reason (reported
+    /// by [`Controller::namespace`]).
+    pub(crate) unusable: Vec<(u32, String)>,
 }
 
 impl<D: Device> std::fmt::Debug for Controller<D> {
@@ -163,12 +166,16 @@ impl Controller<VfioNvme> {
 impl<D: Device> Controller<D> {
     /// Brings up the controller behind `dev`.
     pub fn with_device(dev: D, options: ControllerOptions) -> Result<Self> {
-        let (inner, namespaces) = bring_up(dev, options)?;
+        let (inner, namespaces, unusable) = bring_up(dev, options)?;
         let inner = Arc::new(inner);
         if let Some(req) = inner.dev.release_request() {
             watch_release_requests(Arc::downgrade(&inner), req);
         }
-        Ok(Controller { inner, namespaces })
+        Ok(Controller {
+            inner,
+            namespaces,
+            unusable,
+        })
     }
 
     /// The device name (PCI address, or the model's name).
@@ -232,10 +239,17 @@ impl<D: Device> Controller<D> {
         self.namespaces
             .iter()
             .find(|n| n.id() == nsid)
-            .ok_or_else(|| Error::NoSuchNamespace {
-                device: self.inner.name.clone(),
-                nsid,
-                active: self.namespaces.iter().map(|n| n.id()).collect(),
+            .ok_or_else(|| match self.unusable.iter().find(|(n, _)| *n == nsid) {
+                Some((_, reason)) => Error::UnusableNamespace {
+                    device: self.inner.name.clone(),
+                    nsid,
+                    reason: reason.clone(),
+                },
+                None => Error::NoSuchNamespace {
+                    device: self.inner.name.clone(),
+                    nsid,
+                    active: self.namespaces.iter().map(|n| n.id()).collect(),
+                },
             })
     }
 
@@ -323,9 +337,17 @@ impl<D: Device> Controller<D> {
         Ok(cqe.dw0())
     }
 
-    /// Set Features: returns completion dword 0.
+    /// Set Features: returns completion dword 0. Refused with
+    /// [`Error::InvalidArgument`]: Host Memory Buffer (FID 0Dh) and a
+    /// non-zero Keep Alive Timeout (FID 0Fh), as in
+    /// [`Controller::admin_passthrough`].
     pub fn set_features(&self, fid: u8, cdw11: u32, save: bool) -> Result<u32> {
         let sqe = Sqe::set_features(fid, cdw11, save);
+        if let Some(why) = passthrough_refusal(&sqe) {
+            return Err(Error::InvalidArgument(format!(
+                "Set Features (FID 0x{fid:02x}): {why}"
+            )));
+        }
         let (cqe, _) = self
             .inner
             .execute(sqe, None, &format!("Set Features (FID 0x{fid:02x})"))?;
@@ -406,7 +428,9 @@ impl<D: Device> Controller<D> {
     /// Namespace Management and Namespace Attachment (a namespace changed
     /// under its handles would be read and written with its old geometry),
     /// and Set Features Host Memory Buffer (the device would use host memory
-    /// named in the data for as long as it likes). Vendor-specific opcodes
+    /// named in the data for as long as it likes), and Set Features Keep Alive
+    /// Timer with a non-zero KATO (the driver sends no Keep Alive; the timer
+    /// would expire and fail the controller). Vendor-specific opcodes
     /// (C0h–FFh) are sent: their data pointer is the driver's, but what
     /// else they do is the vendor's.
     ///
@@ -889,21 +913,33 @@ impl<D: Device> Inner<D> {
         self.max_transfer().unwrap_or(usize::MAX)
     }
 
-    /// Identify Namespace `nsid` as a handle of this controller; `None` for
-    /// an inactive namespace or an unusable LBA format.
-    pub(crate) fn namespace_handle(&self, nsid: u32) -> Result<Option<Namespace>> {
+    /// Identify Namespace `nsid` as a handle of this controller; `Err` of
+    /// why not for an inactive namespace or an unusable LBA format.
+    pub(crate) fn namespace_handle(
+        &self,
+        nsid: u32,
+    ) -> Result<std::result::Result<Namespace, String>> {
         let data = self.identify_raw(cns::NAMESPACE, nsid)?;
         let idns = IdentifyNamespace::parse(&data)
             .map_err(|e| self.fault(format!("Identify Namespace {nsid}: {e}")))?;
         if !idns.is_active() {
-            return Ok(None);
+            return Ok(Err(
+                "it is no longer active (Identify Namespace NSZE 0: detached or \
+                           deleted after the active namespace list was read)"
+                    .into(),
+            ));
         }
         let elbaf = if self.identify.ctratt_elbas() {
             self.elbaf(nsid, idns.current_lba_format_index())?
         } else {
             0
         };
-        Ok(Namespace::from_identify_elbaf(nsid, idns, elbaf).map(|ns| ns.adopt(self.instance)))
+        if let Some(why) = Namespace::unusable_reason(&idns, elbaf) {
+            return Ok(Err(why));
+        }
+        Ok(Namespace::from_identify_elbaf(nsid, idns, elbaf)
+            .map(|ns| ns.adopt(self.instance))
+            .ok_or_else(|| "its Identify Namespace data is unusable".to_string()))
     }
 
     /// The Extended LBA Format dword (ELBAF) of LBA format `index` of
@@ -1510,9 +1546,10 @@ struct EnableFailure {
     keep: Option<Vec<DmaPages>>,
 }
 
-/// Why [`Controller::admin_passthrough`] refuses `sqe`, if it does (NVMe
-/// 2.0 Base Specification, Figure 28 admin opcodes; Set Features FID 0Dh
-/// Host Memory Buffer).
+/// Why [`Controller::admin_passthrough`] (and [`Controller::set_features`])
+/// refuses `sqe`, if it does (NVMe 2.0 Base Specification, Figure 28 admin
+/// opcodes; Set Features FID 0Dh Host Memory Buffer, FID 0Fh Keep Alive
+/// Timer).
 fn passthrough_refusal(sqe: &Sqe) -> Option<&'static str> {
     use upnvme_queues::sqe::opcode::admin::{
         ASYNC_EVENT_REQUEST, CREATE_IO_CQ, CREATE_IO_SQ, DELETE_IO_CQ, DELETE_IO_SQ,
@@ -1542,12 +1579,22 @@ fn passthrough_refusal(sqe: &Sqe) -> Option<&'static str> {
             "a Host Memory Buffer would let the device use host memory after the command; \
              not supported"
         }
+        SET_FEATURES
+            if sqe.dw[10] & 0xff == u32::from(feature::KEEP_ALIVE_TIMER) && sqe.dw[11] != 0 =>
+        {
+            "the driver sends no Keep Alive commands: a Keep Alive Timeout would expire and \
+             leave the controller fatally failed (CSTS.CFS); only KATO 0 is accepted"
+        }
         _ => return None,
     })
 }
 
 /// Runs the bring-up sequence.
-fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<(Inner<D>, Vec<Namespace>)> {
+/// What bring-up hands the controller: its state, the namespaces it can use,
+/// and those it cannot (with why).
+type BroughtUp<D> = (Inner<D>, Vec<Namespace>, Vec<(u32, String)>);
+
+fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<BroughtUp<D>> {
     let name = dev.name();
     let cap = Cap(dev.read64(REG_CAP));
     if cap.0 == u64::MAX {
@@ -1728,9 +1775,17 @@ fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<(Inner<D>, 
     nsids.sort_unstable();
     nsids.dedup();
     let mut namespaces = Vec::new();
+    let mut unusable = Vec::new();
     for nsid in nsids {
-        if let Some(ns) = inner.namespace_handle(nsid)? {
-            namespaces.push(ns);
+        // One namespace the driver cannot use (an Identify refused with a
+        // status, a format it has no code for) does not fail the others.
+        match inner.namespace_handle(nsid) {
+            Ok(Ok(ns)) => namespaces.push(ns),
+            Ok(Err(why)) => unusable.push((nsid, why)),
+            Err(e @ Error::Command { .. }) => {
+                unusable.push((nsid, format!("Identify Namespace failed: {e}")));
+            }
+            Err(e) => return Err(e),
         }
     }
 
@@ -1769,7 +1824,7 @@ fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<(Inner<D>, 
     inner.aer_target = (inner.options.async_events as u32).min(inner.identify.aerl as u32 + 1);
     let target = inner.aer_target;
     inner.with_admin(|dev, _, admin| admin.post_aers(dev, target))?;
-    Ok((inner, namespaces))
+    Ok((inner, namespaces, unusable))
 }
 
 /// What `upnvme list` shows about a controller without opening it.

@@ -134,6 +134,18 @@ pub enum Error {
     #[error("command refused: {0}")]
     Rejected(Reject),
 
+    /// The namespace is active but the driver cannot use it (an LBA format
+    /// it has no code for, Identify refused with a status).
+    #[error("namespace {nsid} on {device} is active but upnvme cannot use it: {reason}")]
+    UnusableNamespace {
+        /// The device name.
+        device: String,
+        /// The namespace asked for.
+        nsid: u32,
+        /// Why, and what to do about it.
+        reason: String,
+    },
+
     /// No namespace with this ID is active on the controller.
     #[error("namespace {nsid} is not active on {device} (active: {active:?})")]
     NoSuchNamespace {

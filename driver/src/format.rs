@@ -180,16 +180,19 @@ impl<D: Device> Controller<D> {
         self.inner.execute_within(sqe, None, None, &what, timeout)?;
         let fresh = self.inner.namespace_handle(nsid)?;
         self.namespaces.retain(|n| n.id() != nsid);
+        self.unusable.retain(|(n, _)| *n != nsid);
         match fresh {
-            Some(ns) => {
+            Ok(ns) => {
                 let at = self.namespaces.partition_point(|n| n.id() < nsid);
                 self.namespaces.insert(at, ns.clone());
                 Ok(ns)
             }
-            None => Err(Error::InvalidArgument(format!(
-                "after Format NVM, namespace {nsid} reports an LBA format the driver cannot use \
-                 (LBADS outside 9..=31) or is no longer active"
-            ))),
+            Err(why) => {
+                self.unusable.push((nsid, why.clone()));
+                Err(Error::InvalidArgument(format!(
+                    "after Format NVM, namespace {nsid} cannot be used: {why}"
+                )))
+            }
         }
     }
 }

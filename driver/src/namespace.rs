@@ -124,6 +124,33 @@ impl Namespace {
         Namespace::from_identify_elbaf(id, identify, 0)
     }
 
+    /// Why a namespace with this Identify data and ELBAF cannot be used
+    /// ([`Namespace::from_identify_elbaf`] returns `None` exactly then).
+    pub(crate) fn unusable_reason(identify: &IdentifyNamespace, elbaf: u32) -> Option<String> {
+        if Pif::from_elbaf(elbaf).is_none() {
+            return Some(format!(
+                "its protection information format (ELBAF.PIF {}) is reserved",
+                (elbaf >> 7) & 0x3
+            ));
+        }
+        let i = identify.current_lba_format_index();
+        let Some(fmt) = identify.current_lba_format() else {
+            return Some(format!(
+                "FLBAS names LBA format {i}, beyond the {} it has (NLBAF {})",
+                usize::from(identify.nlbaf) + 1,
+                identify.nlbaf
+            ));
+        };
+        if fmt.lba_size().is_none() {
+            return Some(format!(
+                "its LBA format {i} has LBADS {}, outside 9..=31 (512 B to 2 GiB blocks); \
+                 format it with another LBA format first (nvme-cli's `nvme format`)",
+                fmt.lbads
+            ));
+        }
+        None
+    }
+
     /// [`Namespace::from_identify`] with the current LBA format's Extended
     /// LBA Format dword (ELBAF, from CNS 05h) of a controller that reports
     /// Extended LBA Formats; `None` also for a reserved PIF (11b).

@@ -478,6 +478,14 @@ fn admin_passthrough_refuses_what_the_driver_owns() {
         (with(0x0d, 0), "old geometry"),
         (with(0x15, 0), "old geometry"),
         (with(admin_op::SET_FEATURES, 0x0d), "Host Memory Buffer"),
+        (
+            {
+                let mut sqe = with(admin_op::SET_FEATURES, 0x0f);
+                sqe.dw[11] = 10_000; // KATO 10 s
+                sqe
+            },
+            "Keep Alive",
+        ),
     ];
     let fetched = m.commands_fetched();
     for (sqe, hint) in refused {
@@ -489,6 +497,11 @@ fn admin_passthrough_refuses_what_the_driver_owns() {
             msg.contains(&format!("0x{:02x}", sqe.opcode())) && msg.contains(hint),
             "{msg}"
         );
+    }
+    // The same through set_features.
+    for (fid, cdw11) in [(0x0d, 1), (0x0f, 10_000)] {
+        let e = c.set_features(fid, cdw11, false).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
     }
     assert_eq!(m.commands_fetched(), fetched, "nothing reached the device");
     // Set Features of another feature goes through.

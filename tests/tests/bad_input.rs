@@ -1572,3 +1572,46 @@ fn an_unmapping_handed_on_to_another_mapper_is_refused() {
     drop(c);
     assert_clean(&m);
 }
+
+#[test]
+fn an_active_namespace_the_driver_cannot_use_says_why_and_the_others_work() {
+    // Namespace 2's Identify names LBA format 5 of a namespace with one
+    // format (FLBAS beyond NLBAF): bring-up goes on with namespace 1, and
+    // asking for namespace 2 says what is wrong with it instead of "not
+    // active".
+    let m = ModelController::new(ModelConfig {
+        namespaces: vec![
+            NamespaceConfig {
+                nsid: 1,
+                ..NamespaceConfig::default()
+            },
+            NamespaceConfig {
+                nsid: 2,
+                ..NamespaceConfig::default()
+            },
+        ],
+        ..ModelConfig::default()
+    });
+    let c = open(&m, opts());
+    let (_, mut id) = c
+        .admin_passthrough(upnvme::Sqe::identify(0, 2, 0), 4096, None)
+        .unwrap();
+    drop(c);
+    id[25] = 0; // NLBAF: one format
+    id[26] = 5; // FLBAS: format 5
+    m.set_identify_data(0, 2, Some(id));
+    let c = open(&m, opts());
+    assert_eq!(c.namespaces().len(), 1);
+    assert!(c.namespace(1).is_ok());
+    let e = c.namespace(2).unwrap_err();
+    assert!(
+        matches!(e, Error::UnusableNamespace { nsid: 2, .. }),
+        "{e:?}"
+    );
+    assert_eq!(
+        e.to_string(),
+        "namespace 2 on model is active but upnvme cannot use it: FLBAS names LBA format 5, beyond the 1 it has (NLBAF 0)"
+    );
+    drop(c);
+    assert_clean(&m);
+}

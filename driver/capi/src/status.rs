@@ -60,6 +60,7 @@ pub(crate) fn last_error() -> *const c_char {
 pub(crate) fn fail_error(e: &Error) -> c_int {
     let code = match e {
         Error::InvalidArgument(_) | Error::NoSuchNamespace { .. } => UPNVME_EINVAL,
+        Error::UnusableNamespace { .. } => UPNVME_ENOTSUP,
         Error::Rejected(Reject::MetadataFormat(_)) | Error::Unsupported { .. } => UPNVME_ENOTSUP,
         Error::Rejected(Reject::QueueFull) | Error::QueueFull { .. } => UPNVME_EAGAIN,
         Error::Rejected(_) => UPNVME_EINVAL,

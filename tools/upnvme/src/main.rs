@@ -336,7 +336,7 @@ fn run(cli: Cli) -> Result<()> {
             let layout = ns
                 .metadata_layout()
                 .map_or_else(|| "no metadata".to_string(), |l| l.to_string());
-            println!(
+            outln!(
                 "namespace {nsid} formatted: LBA format {lbaf}, {} blocks of {} bytes, {layout}",
                 ns.lba_count(),
                 ns.lba_size()
