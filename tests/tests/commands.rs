@@ -518,3 +518,45 @@ fn a_raw_command_must_describe_what_its_sqe_transfers() {
     assert_eq!(victim.to_vec(), pat, "the victim is untouched");
     assert_clean(&m);
 }
+
+/// A raw command whose `data_len` is larger than what its SQE moves gets a
+/// data pointer for what it moves: an SGL Data Block longer than the
+/// transfer is Data SGL Length Invalid on a controller without SGLS bit 18
+/// (the model's), and a PRP List would name pages nothing uses.
+#[test]
+fn a_raw_command_describes_what_its_sqe_moves_not_its_data_len() {
+    for sgls in [0u32, 1] {
+        let (m, c) = setup(ModelConfig {
+            sgls,
+            ..config_one_ns(512, 8192)
+        });
+        let ns = c.namespace(1).unwrap().clone();
+        let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+        m.write_namespace_data(1, 8, &pattern(11, 4096));
+        // 8 blocks of 512 bytes (4 KiB) from a 4-byte offset (PRP List or
+        // SGL), with 16 KiB of room offered.
+        let sqe = Sqe::read(1, 8, 8);
+        let cmd = IoCommand::Raw {
+            ns: &ns,
+            sqe: &sqe,
+            data_len: 16384,
+        };
+        let buf = c.alloc_dma(5 * 4096).unwrap();
+        let done = run_io(&mut qp, cmd, IoData::slice(buf, 4, 16384));
+        assert!(done.is_ok(), "sgls {sgls}: {:?}", done.result);
+        let back = read_back(done.buffer.as_ref().unwrap(), 4 + 16384);
+        let want = pattern(11, 4096);
+        let diff: Vec<usize> = (0..4096).filter(|&i| back[4 + i] != want[i]).collect();
+        assert!(
+            diff.is_empty(),
+            "sgls {sgls}: {} bytes differ from {:?}",
+            diff.len(),
+            diff.first()
+        );
+        assert!(
+            back[4 + 4096..].iter().all(|&b| b == 0),
+            "sgls {sgls}: past the transfer"
+        );
+        assert_clean(&m);
+    }
+}

@@ -117,19 +117,23 @@ pub enum IoCommand<'a> {
     /// Any I/O command, built by the caller (vendor commands, commands the
     /// driver has no variant for). The driver keeps the opcode, CDW2..3 and
     /// CDW10..15 of `sqe`, sets NSID from `ns`, the CID, and the data pointer
-    /// for `data_len` bytes of the memory passed with the command (0: none);
-    /// fused commands and a non-zero MPTR are refused, since the driver
-    /// could not describe them. For Read, Write, Compare, Dataset
-    /// Management, Copy (formats 0h/1h) and the Reservation commands
-    /// `data_len` must cover what the SQE transfers (and a separate-metadata
-    /// format needs the metadata buffer); any other opcode is trusted to
-    /// move at most `data_len` bytes.
+    /// for the memory passed with the command; fused commands and a
+    /// non-zero MPTR are refused, since the driver could not describe them.
+    /// For Read, Write, Compare, Dataset Management, Copy (formats 0h/1h)
+    /// and the Reservation commands `data_len` must cover what the SQE
+    /// transfers (and a separate-metadata format needs the metadata
+    /// buffer), and the data pointer describes exactly that; any other
+    /// opcode gets a data pointer for `data_len` bytes (0: none) and must
+    /// move exactly that many — with PRPs, a command that moves two memory
+    /// pages under a description of more would take the PRP List page as
+    /// its second data page (NVMe 2.0 §4.3.1).
     Raw {
         /// The namespace (NSID).
         ns: &'a Namespace,
         /// The command as built by the caller.
         sqe: &'a Sqe,
-        /// Bytes the command transfers through its data pointer.
+        /// Bytes the command transfers through its data pointer (at least;
+        /// see above).
         data_len: usize,
     },
 }

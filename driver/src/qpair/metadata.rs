@@ -199,8 +199,10 @@ impl<D: Device> IoQueuePair<D> {
     }
 
     /// A raw I/O command ([`IoCommand::Raw`]): the caller's opcode and
-    /// command dwords, the driver's NSID, CID, data pointer for `data_len`
-    /// bytes and MPTR (from the metadata buffer, if one is passed).
+    /// command dwords, the driver's NSID, CID, data pointer and MPTR (from
+    /// the metadata buffer, if one is passed). The data pointer describes
+    /// what the SQE moves where the driver can tell (below), else
+    /// `data_len` bytes.
     ///
     /// For the commands whose transfer the driver can work out from the
     /// SQE, it checks that what it describes covers what the controller
@@ -210,7 +212,7 @@ impl<D: Device> IoQueuePair<D> {
     /// PRINFO.PRACT say, see the module doc), Dataset Management, Copy
     /// (Descriptor Formats 0h and 1h) and the four Reservation commands.
     /// Any other opcode moves what the caller says it moves: the device is
-    /// trusted to transfer no more than `data_len` bytes for it.
+    /// trusted to transfer exactly `data_len` bytes for it.
     #[cold]
     #[inline(never)]
     pub(super) fn build_raw(
@@ -250,10 +252,18 @@ impl<D: Device> IoQueuePair<D> {
         q[2] = md.map_or(Ok(0), mptr)?;
         q[3] = 0;
         q[4] = 0;
-        if data_len == 0 {
+        // Describe what the command moves when the SQE says, not the
+        // (larger) `data_len`: a PRP2 is a data page or a list pointer by
+        // the transfer's own length (NVMe 2.0 §4.3.1), so a list built for
+        // more than two pages under a transfer of two would have the
+        // controller move data into the list page; an SGL Data Block
+        // longer than the transfer is Data SGL Length Invalid without
+        // SGLS bit 18.
+        let bytes = if need > 0 { need } else { data_len };
+        if bytes == 0 {
             return Ok((q, Data::None));
         }
-        let data = self.data_for(data_len, mem)?;
+        let data = self.data_for(bytes, mem)?;
         Ok((q, data))
     }
 }
