@@ -418,6 +418,13 @@ impl<D: Device> Controller<D> {
     /// SQE said, so the device never touches memory the driver did not
     /// describe. Returns the completion entry and the data.
     ///
+    /// `data_len` must be exactly what the command moves (Get Log Page:
+    /// (NUMD + 1) × 4 bytes; Identify: 4096): the data pointer describes
+    /// `data_len` bytes, and a controller moving two memory pages under a
+    /// description of more takes PRP2, then a PRP List pointer, as its
+    /// second data page (NVMe 2.0 §4.3.1) — the data lands in the driver's
+    /// list page and the caller's second page reads back as zeros.
+    ///
     /// Refused with [`Error::InvalidArgument`] before anything is sent:
     /// the commands whose effect outlives the command itself on memory or
     /// on state the driver keeps — Create/Delete I/O Submission/Completion

@@ -474,9 +474,73 @@ fn protection_refusals_say_what_is_wrong() {
     };
     let z = run_io(&mut qp, wz, IoData::none().protection(pract_only));
     assert!(z.is_ok(), "{:?}", z.result);
-    // Type 1 rule in the model and the spec: a reference-tag check needs
-    // ILBRT = SLBA; the driver's default is SLBA, an explicit other tag is
-    // the controller's Invalid Protection Information.
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+
+    // Type 1 takes the reference tag from the LBA (the model, like QEMU,
+    // fails a checked other tag with Invalid Protection Information, and
+    // PRACT would store it): an explicit other tag is refused, checked or
+    // not; the SLBA's own lower bits are taken.
+    let (m, c) = setup(with_format(8, true, 1, false));
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let fetched = m.commands_fetched();
+    for check_ref_tag in [true, false] {
+        let p = Protection {
+            ref_tag: Some(7),
+            check_ref_tag,
+            ..Protection::PRACT
+        };
+        let f = qp
+            .submit_io(
+                write(6, 1, &ns),
+                IoData::buffer(c.alloc_dma(BS).unwrap()).protection(p),
+                1,
+            )
+            .unwrap_err();
+        assert!(
+            matches!(f.reason, Reject::ProtectionNotApplicable(w) if w.contains("Type 1")),
+            "{:?}",
+            f.reason
+        );
+        assert!(f.buffer.is_some(), "the refused buffer comes back");
+    }
+    assert_eq!(m.commands_fetched(), fetched, "nothing reached the device");
+    let own = Protection {
+        ref_tag: Some((1 << 32) + 6),
+        ..Protection::PRACT
+    };
+    let f = qp
+        .submit_io(
+            write(6, 1, &ns),
+            IoData::buffer(c.alloc_dma(BS).unwrap()).protection(own),
+            1,
+        )
+        .unwrap_err();
+    assert!(matches!(f.reason, Reject::ProtectionNotApplicable(w) if w.contains("wider")));
+    let own = Protection {
+        ref_tag: Some(6),
+        check_ref_tag: true,
+        ..Protection::PRACT
+    };
+    let data = pattern(31, BS);
+    let w = run_io(
+        &mut qp,
+        write(6, 1, &ns),
+        IoData::buffer(buffer_with(&c, &data)).protection(own),
+    );
+    assert!(w.is_ok(), "{:?}", w.result);
+    let r = run_io(
+        &mut qp,
+        read(6, 1, &ns),
+        IoData::buffer(c.alloc_dma(BS).unwrap()).protection(Protection {
+            check_ref_tag: true,
+            ..Protection::PRACT
+        }),
+    );
+    assert!(r.is_ok(), "{:?}", r.result);
+    assert_eq!(read_back(r.buffer.as_ref().unwrap(), BS), data);
     drop(qp);
     drop(c);
     assert_clean(&m);

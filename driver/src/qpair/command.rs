@@ -239,7 +239,9 @@ pub struct Protection {
     /// and EILBRT on reads: CDW14 (with a 64-bit guard, bits 47:32 in CDW3);
     /// the block at index i carries tag + i (Types 1 and 2). `None`: the
     /// lower 32 bits of SLBA (16-bit guard) or the lower 48 (64-bit guard),
-    /// which Type 1 requires. A tag wider than the format's is refused.
+    /// which Type 1 requires: on Type 1 any other tag is refused
+    /// ([`crate::Reject::ProtectionNotApplicable`]). A tag wider than the
+    /// format's is refused.
     pub ref_tag: Option<u64>,
     /// CDW15 bits 15:0: the (expected) Logical Block Application Tag.
     pub app_tag: u16,

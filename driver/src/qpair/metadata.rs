@@ -28,7 +28,7 @@ use super::submit::{Data, MdMem, Mem, Rw};
 use super::{IoCommand, IoQueuePair};
 use crate::device::Device;
 use crate::error::Reject;
-use crate::namespace::Namespace;
+use crate::namespace::{MetadataLayout, Namespace};
 
 /// SQE qwords 1 (CDW2, CDW3) and 7 (CDW14, CDW15) of a protected command:
 /// the (expected) initial reference tag — by default the lower 32 (16-bit
@@ -38,12 +38,21 @@ use crate::namespace::Namespace;
 /// 1.0, "Command Dword 2 and Command Dword 3" and "Command Dword 14": the
 /// storage and reference space, here without storage tag). A tag wider
 /// than the format's is refused.
-fn tag_qwords(p: &Protection, slba: u64, pif: Pif) -> Result<(u64, u64), Reject> {
-    let max = pif.ref_tag_max();
+fn tag_qwords(p: &Protection, slba: u64, layout: MetadataLayout) -> Result<(u64, u64), Reject> {
+    let max = layout.pif.ref_tag_max();
     let tag = p.ref_tag.unwrap_or(slba & max);
     if tag > max {
         return Err(Reject::ProtectionNotApplicable(
             "the reference tag is wider than the format's (32 bits with a 16-bit guard, 48 with a 64-bit guard)",
+        ));
+    }
+    // Type 1's reference tag is the LBA's lower bits: the controller fails
+    // any other with Invalid Protection Information when it checks it, and
+    // with PRACT on a write it would store tags that every later checked
+    // read of those blocks fails.
+    if layout.pi_type == 1 && tag != slba & max {
+        return Err(Reject::ProtectionNotApplicable(
+            "Type 1 protection takes the reference tag from the LBA: leave ref_tag None (or the SLBA's lower 32 bits, 48 with a 64-bit guard)",
         ));
     }
     let cdw3 = tag >> 32;
@@ -144,7 +153,7 @@ impl<D: Device> IoQueuePair<D> {
         let mut q = io_qwords(rw.op, 0, ns.id(), 0, 0, rw.slba, cdw12);
         q[2] = q2;
         if protection.is_some() {
-            (q[1], q[7]) = tag_qwords(&p, rw.slba, layout.pif)?;
+            (q[1], q[7]) = tag_qwords(&p, rw.slba, layout)?;
         }
         Ok((q, data))
     }
@@ -188,7 +197,7 @@ impl<D: Device> IoQueuePair<D> {
                     ));
                 }
                 q[6] |= u64::from(p.prinfo()) << PRINFO_SHIFT;
-                (q[1], q[7]) = tag_qwords(&p, slba, ns.metadata_layout_always().pif)?;
+                (q[1], q[7]) = tag_qwords(&p, slba, ns.metadata_layout_always())?;
                 Ok((q, data))
             }
             _ if metadata.is_some() => Err(Reject::MetadataNotApplicable),
