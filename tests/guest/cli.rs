@@ -277,7 +277,7 @@ fn write_then_read_is_byte_exact() {
         "--data",
         "/tmp/short.bin",
     ]);
-    let err = fails(&o, 1);
+    let err = fails(&o, 2);
     assert_eq!(
         err.trim(),
         format!(
@@ -299,7 +299,7 @@ fn write_then_read_is_byte_exact() {
         "--data",
         "/tmp/long.bin",
     ]);
-    let err = fails(&o, 1);
+    let err = fails(&o, 2);
     assert!(err.contains(&format!("holds {} bytes", 4 * lba)), "{err}");
     let o = upnvme(&["read", "-d", &dev, "-s", "33", "-c", "2"]);
     ok(&o);
@@ -1499,9 +1499,9 @@ fn bad_input_texts_and_exit_codes() {
         "bad input reached the controller"
     );
 
-    // read / write input (exit 1).
+    // read / write input: usage errors (exit 2), as perf's.
     let s = nsze.to_string();
-    let err = fails(&upnvme(&["read", "-d", &dev, "-s", &s, "-c", "1"]), 1);
+    let err = fails(&upnvme(&["read", "-d", &dev, "-s", &s, "-c", "1"]), 2);
     assert_eq!(
         err.trim(),
         format!("upnvme: blocks {nsze}..+1 are outside namespace 1 ({nsze} blocks)")
@@ -1518,15 +1518,15 @@ fn bad_input_texts_and_exit_codes() {
             "--data",
             "/dev/null",
         ]),
-        1,
+        2,
     );
     assert_eq!(
         err.trim(),
         format!("upnvme: blocks 18446744073709551615..+2 are outside namespace 1 ({nsze} blocks)")
     );
-    let err = fails(&upnvme(&["read", "-d", &dev, "-c", "0"]), 1);
+    let err = fails(&upnvme(&["read", "-d", &dev, "-c", "0"]), 2);
     assert_eq!(err.trim(), "upnvme: --block-count must be at least 1");
-    let err = fails(&upnvme(&["read", "-d", &dev, "-n", "9"]), 1);
+    let err = fails(&upnvme(&["read", "-d", &dev, "-n", "9"]), 2);
     assert_eq!(
         err.trim(),
         format!("upnvme: namespace 9 is not active on {dev} (active: {active:?})")

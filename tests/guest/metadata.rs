@@ -512,10 +512,11 @@ fn metadata_namespace_read_write_and_format_in_the_tool() {
         let refs: Vec<&str> = a.iter().map(String::as_str).collect();
         upnvme(&refs)
     };
-    // Without --metadata the tool says what the format needs.
+    // Without --metadata the tool says what the format needs (a usage
+    // error: exit status 2, before any I/O).
     let o = run("write", &["--data", "/tmp/md-data.bin"]);
     let err = String::from_utf8_lossy(&o.stderr).to_string();
-    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(
         err.contains("--metadata") && err.contains("metadata bytes per block"),
         "{err}"

@@ -25,6 +25,7 @@ mod perf;
 mod rw;
 mod setup;
 mod show;
+mod usage;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -364,7 +365,7 @@ impl std::error::Error for VerifyFailed {}
 /// (`perf`'s checks), 128 + the signal for a `perf` run a signal cut short
 /// (after its report), 1 for everything else.
 fn exit_status(e: &anyhow::Error) -> u8 {
-    if e.downcast_ref::<perf::UsageError>().is_some() {
+    if e.downcast_ref::<usage::UsageError>().is_some() {
         2
     } else if let Some(perf::Interrupted(sig)) = e.downcast_ref::<perf::Interrupted>() {
         (128 + sig) as u8

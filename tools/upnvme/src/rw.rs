@@ -10,6 +10,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
+
+use crate::usage::usage;
 use upnvme::{
     Completion, Controller, DmaBuffer, IoCommand, IoData, IoQueuePair, Namespace, Protection,
     QueuePairOptions,
@@ -74,10 +76,11 @@ fn shape(ns: &Namespace, m: &MetadataArgs) -> Result<Shape> {
     let lba = ns.lba_size() as usize;
     let Some(layout) = ns.metadata_layout() else {
         if m.metadata.is_some() {
-            bail!(
+            return Err(usage(format!(
                 "namespace {} has no metadata (LBAF.MS = 0): leave out --metadata",
                 ns.id()
-            );
+            ))
+            .into());
         }
         return Ok(Shape {
             lba,
@@ -91,7 +94,7 @@ fn shape(ns: &Namespace, m: &MetadataArgs) -> Result<Shape> {
     let tuple_only = layout.pi_type != 0 && usize::from(layout.ms) == layout.pif.tuple_size();
     let moves = !(tuple_only && pract);
     if moves && m.metadata.is_none() {
-        bail!(
+        return Err(usage(format!(
             "namespace {} has metadata ({layout}): pass --metadata FILE (block-count × {} bytes){}",
             ns.id(),
             layout.ms,
@@ -100,12 +103,14 @@ fn shape(ns: &Namespace, m: &MetadataArgs) -> Result<Shape> {
             } else {
                 ""
             }
-        );
+        ))
+        .into());
     }
     if !moves && m.metadata.is_some() {
-        bail!(
-            "with PRACT and metadata that is just the protection information tuple no metadata moves: leave out --metadata"
-        );
+        return Err(usage(
+            "with PRACT and metadata that is just the protection information tuple no metadata moves: leave out --metadata",
+        )
+        .into());
     }
     Ok(Shape {
         lba,
@@ -119,18 +124,24 @@ fn chunk_blocks(c: &Controller, per_block: usize, total: u64) -> u32 {
     ((max / per_block) as u64).min(total).max(1) as u32
 }
 
-/// The namespace handle, once the range is checked.
+/// The namespace handle, once the range is checked; bad arguments are
+/// usage errors (exit status 2).
 fn check_range(c: &Controller, nsid: u32, start: u64, count: u64) -> Result<&Namespace> {
-    let ns = c.namespace(nsid)?;
+    let ns = match c.namespace(nsid) {
+        Ok(ns) => ns,
+        Err(e @ upnvme::Error::NoSuchNamespace { .. }) => return Err(usage(e.to_string()).into()),
+        Err(e) => return Err(e.into()),
+    };
     if count == 0 {
-        bail!("--block-count must be at least 1");
+        return Err(usage("--block-count must be at least 1").into());
     }
     match start.checked_add(count) {
         Some(end) if end <= ns.lba_count() => Ok(ns),
-        _ => bail!(
+        _ => Err(usage(format!(
             "blocks {start}..+{count} are outside namespace {nsid} ({} blocks)",
             ns.lba_count()
-        ),
+        ))
+        .into()),
     }
 }
 
@@ -273,12 +284,13 @@ pub fn write(
             && md.is_file()
             && md.len() != want
         {
-            bail!(
+            return Err(usage(format!(
                 "{what} {} holds {} bytes; writing {count} blocks takes exactly {want} \
                  ({count} x {per_block}); nothing was written",
                 p.display(),
                 md.len()
-            );
+            ))
+            .into());
         }
         Ok(())
     };

@@ -20,7 +20,6 @@ use upnvme::{Controller, ControllerOptions, CqHeadPolicy, PageBacking, QueuePair
 
 pub use args::PerfArgs;
 pub use interrupt::Interrupted;
-pub use plan::UsageError;
 use plan::{DeviceFacts, check_args, validate};
 use worker::{JobResult, WorkerPlan};
 

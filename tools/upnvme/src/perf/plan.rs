@@ -9,22 +9,8 @@
 
 use super::args::{PerfArgs, parse_cores};
 use super::worker::NsPlan;
-
-/// Bad input: one line on stderr and exit status 2, before any I/O.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct UsageError(pub String);
-
-impl std::fmt::Display for UsageError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for UsageError {}
-
-fn usage(msg: impl Into<String>) -> UsageError {
-    UsageError(msg.into())
-}
+use crate::usage::UsageError;
+use crate::usage::usage;
 
 /// One active namespace as Identify Namespace describes it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
