@@ -521,18 +521,17 @@ fn bind_one(host: &Host, c: &ControllerInfo) -> Result<()> {
     }
     if let Some(d) = c.driver()
         && d != "vfio-pci"
+        && let Err(e) = write_attr(&dir.join("driver/unbind"), &a.to_string())
     {
-        write_attr(&dir.join("driver/unbind"), &a.to_string())
-            .with_context(|| format!("unbinding {a} from {d}"))?;
+        let undo = undo_bind(host, c);
+        return Err(e.context(format!("unbinding {a} from {d}{undo}")));
     }
-    write_attr(&host.sys_path("bus/pci/drivers_probe"), &a.to_string())?;
+    let probe = write_attr(&host.sys_path("bus/pci/drivers_probe"), &a.to_string());
     let now = driver_after(host, c, Some("vfio-pci"), Duration::from_secs(2));
     if now.as_deref() != Some("vfio-pci") {
-        bail!(
-            "{a} did not bind to vfio-pci (now: {}); the kernel log (`dmesg | tail`) says why; `upnvme setup unbind {a}` gives it back to {}",
-            now.as_deref().unwrap_or("no driver"),
-            c.driver().unwrap_or("the kernel")
-        );
+        let undo = undo_bind(host, c);
+        let why = probe.err().map_or(String::new(), |e| format!(" ({e})"));
+        bail!("{a} did not bind to vfio-pci{why}; the kernel log (`dmesg | tail`) says why{undo}",);
     }
     // The group's device node appears with the binding.
     let node = Path::new("/dev/vfio").join(group.to_string());
@@ -546,6 +545,38 @@ fn bind_one(host: &Host, c: &ControllerInfo) -> Result<()> {
         node.display()
     );
     Ok(())
+}
+
+/// Puts a controller whose binding to vfio-pci failed back as it was:
+/// its previous `driver_override` (none: cleared), and, when it was left
+/// without a driver, a re-probe that hands it back to its previous driver.
+/// Returns what the controller is now, for the error text.
+fn undo_bind(host: &Host, c: &ControllerInfo) -> String {
+    let a = c.address();
+    let dir = host.device_dir(&a);
+    // An empty line clears driver_override.
+    let old = c.driver_override.as_deref().unwrap_or("\n");
+    if let Err(e) = write_attr(&dir.join("driver_override"), old) {
+        return format!(
+            "; its driver_override could not be set back ({e}): `upnvme setup unbind {a}` clears it"
+        );
+    }
+    let mut now = driver_after(host, c, c.driver(), Duration::ZERO);
+    if now.is_none() && c.driver().is_some() {
+        let _ = write_attr(&host.sys_path("bus/pci/drivers_probe"), &a.to_string());
+        now = driver_after(host, c, c.driver(), Duration::from_secs(5));
+    }
+    match (now.as_deref(), c.driver()) {
+        (d, was) if d == was => format!(
+            "; nothing was changed ({a} is on {} again)",
+            d.unwrap_or("no driver")
+        ),
+        (d, was) => format!(
+            "; {a} was on {}, is now on {} (its driver_override is set back); `upnvme setup unbind {a}` hands it to the kernel's nvme driver",
+            was.unwrap_or("no driver"),
+            d.unwrap_or("no driver")
+        ),
+    }
 }
 
 /// `upnvme setup unbind [ADDRESS…]`.
@@ -855,5 +886,51 @@ mod tests {
         assert!(text.contains("intel_iommu=on iommu=pt"), "{text}");
         assert!(text.contains("0000:00:09.0: no IOMMU group"), "{text}");
         assert_eq!(s.json()["iommu"]["enabled"], false);
+    }
+
+    /// A bind that fails half way sets `driver_override` back: here the
+    /// old driver's `unbind` cannot be written (a directory in the fake
+    /// sysfs), and then the probe (likewise), so the controller stays on
+    /// nvme and must not keep an override that would send it to vfio-pci
+    /// at its next probe.
+    #[test]
+    fn a_failed_bind_sets_driver_override_back() {
+        let t = Tree::new();
+        t.device("0000:00:05.0", "0x010802", Some("nvme"), Some(4));
+        fs::create_dir_all(t.root.join("sys/bus/pci/drivers/nvme/unbind")).unwrap();
+        let host = t.host();
+        let addr: upnvme::PciAddress = "0000:00:05.0".parse().unwrap();
+        let c = host.controller(&addr).unwrap();
+        let e = bind_one(&host, &c).unwrap_err();
+        let text = format!("{e:#}");
+        assert!(
+            text.starts_with(
+                "unbinding 0000:00:05.0 from nvme; nothing was changed (0000:00:05.0 is on nvme again): writing"
+            ),
+            "{text}"
+        );
+        let over = t
+            .root
+            .join("sys/bus/pci/devices/0000:00:05.0/driver_override");
+        assert_eq!(fs::read_to_string(&over).unwrap(), "\n");
+
+        // The old driver lets go, but the probe fails: set back again.
+        fs::remove_dir(t.root.join("sys/bus/pci/drivers/nvme/unbind")).unwrap();
+        fs::create_dir_all(t.root.join("sys/bus/pci/drivers_probe")).unwrap();
+        let c = host.controller(&addr).unwrap();
+        let e = bind_one(&host, &c).unwrap_err();
+        let text = format!("{e:#}");
+        assert!(
+            text.starts_with("0000:00:05.0 did not bind to vfio-pci (writing")
+                && text.ends_with("nothing was changed (0000:00:05.0 is on nvme again)"),
+            "{text}"
+        );
+        assert_eq!(fs::read_to_string(&over).unwrap(), "\n");
+        // An override the controller had before is put back as it was.
+        fs::write(&over, "nvme\n").unwrap();
+        let c = host.controller(&addr).unwrap();
+        assert_eq!(c.driver_override.as_deref(), Some("nvme"));
+        assert!(bind_one(&host, &c).is_err());
+        assert_eq!(fs::read_to_string(&over).unwrap(), "nvme");
     }
 }
