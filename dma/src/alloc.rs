@@ -210,6 +210,23 @@ mod tests {
         b2.write_u64(8, 0x1122_3344_5566_7788).unwrap();
         assert_eq!(b2.read_u64(8).unwrap(), 0x1122_3344_5566_7788);
         assert_eq!(b2.read_u32(12).unwrap(), 0x1122_3344);
+        // Inside but misaligned, and outside: each says which.
+        assert_eq!(
+            b2.read_u32(2).unwrap_err().to_string(),
+            "access of 4 bytes at offset 2 of a DMA buffer is not 4-byte aligned"
+        );
+        assert_eq!(
+            b2.write_u64(8188, 0).unwrap_err().to_string(),
+            "access of 8 bytes at offset 8188 is outside a 8192-byte DMA buffer"
+        );
+        assert!(matches!(
+            b2.write_u64_run(4, 2, |_| 0),
+            Err(DmaError::Misaligned { align: 8, .. })
+        ));
+        assert!(matches!(
+            b2.write_u64_run(8, usize::MAX / 4, |_| 0),
+            Err(DmaError::OutOfBounds { .. })
+        ));
         assert!(b2.read_u32(8190).is_err());
         assert!(b2.write_bytes(8000, &[0; 200]).is_err());
         let before = a.free_bytes();

@@ -154,6 +154,19 @@ pub enum DmaError {
         /// Size of the object.
         size: usize,
     },
+    /// An access inside a DMA buffer or mapping at an address not aligned
+    /// to the access's size.
+    #[error("access of {len} bytes at offset {offset} of a {what} is not {align}-byte aligned")]
+    Misaligned {
+        /// "DMA buffer" or "DMA mapping".
+        what: &'static str,
+        /// Offset of the access.
+        offset: usize,
+        /// Length of the access.
+        len: usize,
+        /// The alignment the access needs.
+        align: usize,
+    },
     /// A zero-length or otherwise invalid allocation request.
     #[error("invalid DMA allocation: {0}")]
     InvalidAllocation(String),

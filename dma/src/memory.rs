@@ -289,8 +289,14 @@ impl HostMemory {
                 // inside the mapping because of the check above.
                 Ok(self.ptr.as_ptr().wrapping_add(offset))
             }
+            Some(end) if end <= self.len => Err(DmaError::Misaligned {
+                what: "DMA mapping",
+                offset,
+                len,
+                align,
+            }),
             _ => Err(DmaError::OutOfBounds {
-                what: "DMA mapping (or misaligned access)",
+                what: "DMA mapping",
                 offset,
                 len,
                 size: self.len,
@@ -749,6 +755,19 @@ impl fmt::Debug for DmaPages {
     }
 }
 
+/// The error of an in-bounds access at a misaligned address (cold: off
+/// the accessors' path).
+#[cold]
+#[inline(never)]
+fn misaligned(offset: usize, len: usize, align: usize) -> DmaError {
+    DmaError::Misaligned {
+        what: "DMA buffer",
+        offset,
+        len,
+        align,
+    }
+}
+
 impl DmaBuffer {
     /// A buffer over `len` bytes of `region` at `offset`; `release` runs on drop
     /// (the allocator's way to take the pages back). Crate-private: a second
@@ -954,23 +973,22 @@ impl DmaBuffer {
     #[inline(always)]
     pub(crate) fn ptr(&self, offset: usize, len: usize, align: usize) -> Result<*mut u8, DmaError> {
         let i = &*self.inner;
-        let what = match offset.checked_add(len) {
+        match offset.checked_add(len) {
             Some(end) if end <= i.len => {
                 let p = i.base.as_ptr().wrapping_add(offset);
                 if (p as usize) & (align - 1) == 0 {
                     // Stays inside the mapping (see above); wrapping_add is exact.
                     return Ok(p);
                 }
-                "DMA buffer (misaligned access)"
+                Err(misaligned(offset, len, align))
             }
-            _ => "DMA buffer",
-        };
-        Err(DmaError::OutOfBounds {
-            what,
-            offset,
-            len,
-            size: i.len,
-        })
+            _ => Err(DmaError::OutOfBounds {
+                what: "DMA buffer",
+                offset,
+                len,
+                size: i.len,
+            }),
+        }
     }
 
     /// Volatile little-endian 16-bit read.

@@ -81,6 +81,7 @@ pub(crate) fn fail_error(e: &Error) -> c_int {
         Error::Dma(
             DmaError::InvalidPciAddress { .. }
             | DmaError::OutOfBounds { .. }
+            | DmaError::Misaligned { .. }
             | DmaError::InvalidAllocation(_),
         ) => UPNVME_EINVAL,
         _ => UPNVME_ESETUP,
