@@ -141,6 +141,31 @@ fn chained_prp_lists_beyond_one_list_page() {
         let buf = qp.read_blocking(&ns, 0, blocks, buf, T).unwrap();
         assert_eq!(read_back(&buf, len), data);
     }
+    // Exactly MDTS from a dword offset inside the first page: 1025 memory
+    // pages, PRP1 and 1024 entries over three chained list pages (511 +
+    // pointer, 511 + pointer, 2). Read into a slice of a larger buffer,
+    // then checked byte for byte with the bytes around it untouched.
+    let len = 4 << 20;
+    let data = pattern(300, len);
+    m.write_namespace_data(1, 64, &data);
+    for offset in [4usize, 2048, 4092] {
+        let buf = c.alloc_dma(len + 8192).unwrap();
+        buf.fill(0, len + 8192, 0xee).unwrap();
+        let cmd = upnvme::IoCommand::Read {
+            ns: &ns,
+            slba: 64,
+            blocks: 1024,
+        };
+        let done = common::run_io(&mut qp, cmd, upnvme::IoData::slice(buf, offset, len));
+        assert!(done.is_ok(), "offset {offset}: {:?}", done.result);
+        let back = read_back(done.buffer.as_ref().unwrap(), len + 8192);
+        assert!(back[..offset].iter().all(|&b| b == 0xee), "offset {offset}");
+        assert!(back[offset..offset + len] == data[..], "offset {offset}");
+        assert!(
+            back[offset + len..].iter().all(|&b| b == 0xee),
+            "offset {offset}"
+        );
+    }
     drop(qp);
     drop(c);
     assert_clean(&m);
