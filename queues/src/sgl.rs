@@ -160,7 +160,7 @@ pub enum SglError {
     /// need (a loop).
     ChainLoop,
     /// While decoding: the descriptors describe fewer bytes than the
-    /// transfer, or more than it.
+    /// transfer, or more than it; while building: more pieces than `count`.
     LengthMismatch,
 }
 
@@ -248,7 +248,9 @@ fn check_piece(iova: u64, len: usize, support: SglSupport) -> Result<u32, SglErr
 /// Builds the SGL for `pieces` (IOVA, length) in transfer order and returns
 /// SGL1, the descriptor for the command's DPTR.
 ///
-/// - `count`: the number of pieces (the iterator yields exactly that many);
+/// - `count`: the number of pieces; an iterator that yields fewer or more
+///   is [`SglError::ZeroLength`] or [`SglError::LengthMismatch`] (the
+///   list would not describe the transfer);
 /// - `out`: descriptor memory as a flat array of qwords, two per slot: list
 ///   page 0's slots, then page 1's (`page_size / 16` slots per page);
 /// - `list_page_iova(i)`: the IOVA of list page `i` (page aligned).
@@ -270,6 +272,9 @@ where
     if count <= 1 {
         let (iova, len) = it.next().ok_or(SglError::ZeroLength)?;
         let l = check_piece(iova, len, support)?;
+        if it.next().is_some() {
+            return Err(SglError::LengthMismatch);
+        }
         return Ok((Descriptor::data_block(iova, l), 0));
     }
     let per_page = page_size / DESCRIPTOR_SIZE;
@@ -312,6 +317,9 @@ where
             out[2 * slot + 1] = q[1];
             slot += 1;
         }
+    }
+    if it.next().is_some() {
+        return Err(SglError::LengthMismatch);
     }
     Ok((sgl1, slot))
 }
@@ -557,6 +565,22 @@ mod tests {
             ),
             Err(SglError::Overflow)
         );
+        // A count that does not match the pieces: the list would describe
+        // fewer bytes than the transfer (or fail at a missing piece).
+        let mut out = vec![0u64; 64];
+        let three = [(0x1000, 8), (0x2000, 8), (0x3000, 8)];
+        for count in [1, 2] {
+            assert_eq!(
+                build(three, count, SglSupport::Unaligned, &mut out, PS, |_| 0),
+                Err(SglError::LengthMismatch),
+                "count {count}"
+            );
+        }
+        assert_eq!(
+            build(three, 4, SglSupport::Unaligned, &mut out, PS, |_| 0),
+            Err(SglError::ZeroLength)
+        );
+        assert!(build(three, 3, SglSupport::Unaligned, &mut out, PS, |_| 0).is_ok());
     }
 
     #[test]
