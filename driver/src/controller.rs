@@ -966,6 +966,23 @@ impl<D: Device> Inner<D> {
             .map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])))
     }
 
+    /// Identify Namespace `nsid` (CNS 00h) parsed, whatever its LBA format:
+    /// for a namespace the driver has no handle for (Format NVM of an
+    /// unusable one). An inactive one is [`Error::NoSuchNamespace`].
+    pub(crate) fn identify_namespace(&self, nsid: u32) -> Result<IdentifyNamespace> {
+        let data = self.identify_raw(cns::NAMESPACE, nsid)?;
+        let idns = IdentifyNamespace::parse(&data)
+            .map_err(|e| self.fault(format!("Identify Namespace {nsid}: {e}")))?;
+        if !idns.is_active() {
+            return Err(Error::NoSuchNamespace {
+                device: self.name.clone(),
+                nsid,
+                active: Vec::new(),
+            });
+        }
+        Ok(idns)
+    }
+
     fn identify_raw(&self, cns: u8, nsid: u32) -> Result<Vec<u8>> {
         let sqe = Sqe::identify(cns, nsid, 0);
         let (_, data) = self.execute(

@@ -88,11 +88,26 @@ impl<D: Device> Controller<D> {
     /// layout, DPC for the PI type and location, FNA bit 2 for a
     /// cryptographic erase); the controller refuses anything else with
     /// Invalid Format. Every handle of the namespace taken before is retired
-    /// (queue pairs refuse it with [`crate::Reject::StaleNamespace`]). No
-    /// command may be in flight on the namespace meanwhile: the controller
-    /// aborts or fails them.
+    /// (queue pairs refuse it with [`crate::Reject::StaleNamespace`]); on a
+    /// controller whose FNA bit 0 is set, where formatting one namespace
+    /// formats them all, every namespace's handles are retired and every
+    /// namespace is read again ([`Controller::namespace`] returns the new
+    /// handles). No command may be in flight on the formatted namespaces
+    /// meanwhile: the controller aborts or fails them.
+    ///
+    /// A namespace the driver cannot use ([`Error::UnusableNamespace`]: an
+    /// LBA format it does not support) can be formatted too: its Identify
+    /// Namespace data is read again for the checks. A target LBA format
+    /// whose data size the driver cannot use is refused.
     pub fn format_nvm(&mut self, nsid: u32, format: &FormatNvm) -> Result<Namespace> {
-        let id = self.namespace(nsid)?.identify().clone();
+        let id = match self.namespace(nsid) {
+            Ok(ns) => ns.identify().clone(),
+            // A namespace the driver cannot use (its LBA format, or its
+            // Identify data at bring-up): formatting it is the way out, so
+            // its Identify Namespace data is read again here.
+            Err(Error::UnusableNamespace { .. }) => self.inner.identify_namespace(nsid)?,
+            Err(e) => return Err(e),
+        };
         let bad = |what: String| {
             Error::InvalidArgument(format!("Format NVM of namespace {nsid}: {what}"))
         };
@@ -110,6 +125,13 @@ impl<D: Device> Controller<D> {
                 id.nlbaf
             )));
         };
+        if lbaf.lba_size().is_none() {
+            return Err(bad(format!(
+                "LBA format {} has LBADS {}, outside 9..=31 (512 B to 2 GiB blocks): the driver \
+                 could not use the namespace after it",
+                format.lbaf, lbaf.lbads
+            )));
+        }
         if lbaf.ms != 0 {
             let (bit, layout) = if format.extended {
                 (0, "extended LBA")
@@ -172,27 +194,47 @@ impl<D: Device> Controller<D> {
         sqe.dw[10] = format.cdw10();
         let timeout = format.timeout.unwrap_or(self.inner.admin_timeout);
         let what = format!("Format NVM (namespace {nsid}, LBA format {})", format.lbaf);
+        // FNA bit 0 (Format NVM Attributes): a format of one namespace
+        // formats every namespace of the controller, so every handle's
+        // geometry changes with it.
+        let formatted: Vec<u32> = if self.identify().fna & 1 != 0 {
+            let mut all: Vec<u32> = self.namespaces.iter().map(Namespace::id).collect();
+            all.extend(self.unusable.iter().map(|(n, _)| *n));
+            all.sort_unstable();
+            all
+        } else {
+            vec![nsid]
+        };
         // Retired before the command: whatever happens to it, the old
         // geometry is no longer to be trusted.
-        if let Ok(old) = self.namespace(nsid) {
-            old.retire();
+        for n in &formatted {
+            if let Ok(old) = self.namespace(*n) {
+                old.retire();
+            }
         }
         self.inner.execute_within(sqe, None, None, &what, timeout)?;
-        let fresh = self.inner.namespace_handle(nsid)?;
-        self.namespaces.retain(|n| n.id() != nsid);
-        self.unusable.retain(|(n, _)| *n != nsid);
-        match fresh {
-            Ok(ns) => {
-                let at = self.namespaces.partition_point(|n| n.id() < nsid);
-                self.namespaces.insert(at, ns.clone());
-                Ok(ns)
-            }
-            Err(why) => {
-                self.unusable.push((nsid, why.clone()));
-                Err(Error::InvalidArgument(format!(
-                    "after Format NVM, namespace {nsid} cannot be used: {why}"
-                )))
+        let mut result = None;
+        for n in formatted {
+            let fresh = self.inner.namespace_handle(n)?;
+            self.namespaces.retain(|h| h.id() != n);
+            self.unusable.retain(|(u, _)| *u != n);
+            let this = match fresh {
+                Ok(ns) => {
+                    let at = self.namespaces.partition_point(|h| h.id() < n);
+                    self.namespaces.insert(at, ns.clone());
+                    Ok(ns)
+                }
+                Err(why) => {
+                    self.unusable.push((n, why.clone()));
+                    Err(Error::InvalidArgument(format!(
+                        "after Format NVM, namespace {n} cannot be used: {why}"
+                    )))
+                }
+            };
+            if n == nsid {
+                result = Some(this);
             }
         }
+        result.unwrap_or_else(|| self.namespace(nsid).cloned())
     }
 }

@@ -144,7 +144,7 @@ impl Namespace {
         if fmt.lba_size().is_none() {
             return Some(format!(
                 "its LBA format {i} has LBADS {}, outside 9..=31 (512 B to 2 GiB blocks); \
-                 format it with another LBA format first (nvme-cli's `nvme format`)",
+                 format it with another LBA format first (Controller::format_nvm, `upnvme format`)",
                 fmt.lbads
             ));
         }

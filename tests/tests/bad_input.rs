@@ -1612,6 +1612,19 @@ fn an_active_namespace_the_driver_cannot_use_says_why_and_the_others_work() {
         e.to_string(),
         "namespace 2 on model is active but upnvme cannot use it: FLBAS names LBA format 5, beyond the 1 it has (NLBAF 0)"
     );
+    // Formatting it is the way out: its Identify data is read again for
+    // the checks (an LBA format beyond NLBAF is refused before sending), and
+    // after the format the namespace is usable.
+    let mut c = c;
+    let fetched = m.commands_fetched();
+    let e = c.format_nvm(2, &upnvme::FormatNvm::lbaf(3)).unwrap_err();
+    assert!(e.to_string().contains("LBA format 3 does not exist"), "{e}");
+    assert_eq!(m.commands_fetched(), fetched + 1, "only its Identify");
+    assert_eq!(m.recent_commands().last().unwrap().1[0], 0x06, "Identify");
+    let ns2 = c.format_nvm(2, &upnvme::FormatNvm::lbaf(0)).unwrap();
+    assert_eq!(ns2.lba_size(), 512);
+    assert_eq!(c.namespace(2).unwrap().id(), 2);
+    assert_eq!(c.namespaces().len(), 2);
     drop(c);
     assert_clean(&m);
 }

@@ -629,6 +629,54 @@ fn format_nvm_changes_the_geometry_and_retires_old_handles() {
     assert_clean(&m);
 }
 
+/// FNA bit 0: a format of one namespace formats every namespace, so every
+/// handle's geometry changes. The driver retires all of them and reads
+/// every namespace again; an old handle of the other namespace must not go
+/// on describing 512-byte blocks that are 4096 bytes now (the controller
+/// would move 4096 bytes into a 512-byte slice).
+#[test]
+fn format_nvm_with_fna_bit_0_retires_every_namespaces_handles() {
+    let ns = |nsid| NamespaceConfig {
+        nsid,
+        lba_size: 512,
+        blocks: 2048,
+        ..NamespaceConfig::default()
+    };
+    let (m, mut c) = setup(ModelConfig {
+        fna: 1,
+        namespaces: vec![ns(1), ns(2)],
+        ..ModelConfig::default()
+    });
+    let old2 = c.namespace(2).unwrap().clone();
+    assert_eq!(old2.lba_size(), 512);
+    let new1 = c.format_nvm(1, &FormatNvm::lbaf(4)).unwrap();
+    assert_eq!(new1.lba_size(), 4096);
+    assert!(old2.is_stale(), "namespace 2 was formatted too");
+    let new2 = c.namespace(2).unwrap().clone();
+    assert!(!new2.is_stale());
+    assert_eq!((new2.lba_size(), new2.lba_count()), (4096, 256));
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let buf = c.alloc_dma(4096).unwrap();
+    let f = qp
+        .submit_io(read(0, 1, &old2), IoData::slice(buf, 0, 512), 7)
+        .unwrap_err();
+    assert_eq!(f.reason, Reject::StaleNamespace { nsid: 2 });
+    m.write_namespace_data(2, 0, &pattern(5, 4096));
+    let r = run_io(
+        &mut qp,
+        read(0, 1, &new2),
+        IoData::buffer(c.alloc_dma(4096).unwrap()),
+    );
+    assert!(r.is_ok(), "{:?}", r.result);
+    assert_eq!(
+        read_back(r.buffer.as_ref().unwrap(), 4096),
+        pattern(5, 4096)
+    );
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
 #[test]
 fn format_nvm_reads_the_pi_location_from_dpc_bits_3_first_and_4_last() {
     // DPC 0x09: Type 1, PI in the first 8 metadata bytes only; 0x11: Type 1,

@@ -61,6 +61,8 @@ impl State {
             (0..self.namespaces.len()).collect()
         } else {
             match self.namespace(nsid) {
+                // FNA bit 0: formatting one namespace formats them all.
+                Some(_) if self.cfg.fna & 1 != 0 => (0..self.namespaces.len()).collect(),
                 Some(i) => vec![i],
                 None => return Outcome::err(Status::INVALID_NAMESPACE.with_dnr()),
             }
@@ -90,7 +92,11 @@ impl State {
                 blocks: bytes / (u64::from(lba_size) + u64::from(ms)),
                 ..ns.cfg
             };
+            let id = ns.cfg.nsid;
             ns.format(cfg);
+            // Whatever a test made its Identify Namespace say is replaced by
+            // the new format's.
+            self.identify_overrides.remove(&(0, id));
         }
         Outcome::ok(0)
     }

@@ -76,6 +76,11 @@ pub struct ModelConfig {
     /// command accepted. Off by default, as in QEMU (Keep Alive is then an
     /// Invalid Command Opcode).
     pub keep_alive: bool,
+    /// Identify Controller FNA (byte 524), Format NVM Attributes: bit 0 a
+    /// Format NVM of any namespace formats every namespace, bit 1 a secure
+    /// erase applies to all, bit 2 cryptographic erase supported. 0 by
+    /// default, as QEMU.
+    pub fna: u8,
     /// SMART / Health Information log, Critical Warning (byte 0), as QEMU's
     /// `smart_critical_warning` property.
     pub smart_critical_warning: u8,
@@ -196,6 +201,7 @@ impl Default for ModelConfig {
             oncs: Self::ONCS_COMPARE | Self::ONCS_DSM | Self::ONCS_WRITE_ZEROES,
             sgls: 0,
             keep_alive: false,
+            fna: 0,
             smart_critical_warning: 0,
             namespaces: vec![NamespaceConfig::default()],
             bar_len: 0x4000,

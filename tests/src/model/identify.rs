@@ -65,7 +65,7 @@ pub(crate) fn controller(cfg: &ModelConfig) -> Vec<u8> {
     put(&mut p, 516, &cfg.nn().to_le_bytes()); // NN
     put(&mut p, 520, &cfg.oncs.to_le_bytes()); // ONCS
     put(&mut p, 522, &0u16.to_le_bytes()); // FUSES
-    p[524] = 0; // FNA
+    p[524] = cfg.fna; // FNA
     p[525] = if cfg.vwc { 0x07 } else { 0x00 }; // VWC (+ flush broadcast bits 2:1 = 11b)
     put(&mut p, 526, &0u16.to_le_bytes()); // AWUN
     put(&mut p, 528, &0u16.to_le_bytes()); // AWUPF
