@@ -412,7 +412,8 @@ impl<D: Device> Controller<D> {
     /// data pointer. `data_len` bytes of data (0 for none) are transferred
     /// through a driver-owned buffer: for a command that writes to the host
     /// the data is returned; for one that reads from the host, pass it in
-    /// `data_out` (its length counts when longer than `data_len`). The data
+    /// `data_out` (with `data_len` 0 its length is the transfer; longer than
+    /// a non-zero `data_len` is refused, shorter is padded with zeros). The data
     /// pointer (PRP1/PRP2, PSDT 00b) and the metadata pointer (MPTR, 0) are
     /// always the driver's: with no data both pointers are 0, whatever the
     /// SQE said, so the device never touches memory the driver did not
@@ -461,7 +462,7 @@ impl<D: Device> Controller<D> {
         sqe.set_prp2(0);
         sqe.dw[4] = 0;
         sqe.dw[5] = 0;
-        let len = data_out.map_or(data_len, |d| d.len().max(data_len));
+        let len = passthrough_len(data_len, data_out)?;
         let what = format!("admin command 0x{:02x}", sqe.opcode());
         self.inner
             .execute_with(sqe, (len > 0).then_some(len), data_out, &what)
@@ -487,7 +488,7 @@ impl<D: Device> Controller<D> {
         data_len: usize,
         data_out: Option<&[u8]>,
     ) -> Result<(Cqe, Vec<u8>)> {
-        let len = data_out.map_or(data_len, |d| d.len().max(data_len));
+        let len = passthrough_len(data_len, data_out)?;
         let what = format!("admin command 0x{:02x}", sqe.opcode());
         self.inner
             .execute_with(sqe, (len > 0).then_some(len), data_out, &what)
@@ -1353,6 +1354,22 @@ const HBS_LBAFEE: [u8; HBS_LEN] = {
 /// [`HBS_LBAFEE`].
 fn host_behavior_lbafee() -> Sqe {
     Sqe::set_features(feature::HOST_BEHAVIOR_SUPPORT, 0, false)
+}
+
+/// The transfer of an admin passthrough: `data_len`, or with `data_len` 0
+/// the length of `data_out`; a `data_out` longer than a non-zero
+/// `data_len` is refused (describing it would describe more than the
+/// command moves: see [`Controller::admin_passthrough`]).
+fn passthrough_len(data_len: usize, data_out: Option<&[u8]>) -> Result<usize> {
+    match data_out {
+        Some(d) if data_len == 0 => Ok(d.len()),
+        Some(d) if d.len() > data_len => Err(Error::InvalidArgument(format!(
+            "admin passthrough: data_out holds {} bytes, more than the {data_len} bytes data_len says \
+             the command moves (pass data_len 0 to take data_out's length)",
+            d.len()
+        ))),
+        _ => Ok(data_len),
+    }
 }
 
 fn admin_data_buffer<D: Device>(

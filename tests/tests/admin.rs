@@ -458,6 +458,39 @@ fn admin_passthrough_without_data_sends_no_pointer_of_the_callers() {
     assert_clean(&m);
 }
 
+/// The data pointer describes `data_len` bytes: a `data_out` longer than
+/// that is refused (describing it made PRP2 a list pointer under a
+/// two-page transfer, so the controller took the list page as data), and
+/// with `data_len` 0 its own length is the transfer.
+#[test]
+fn admin_passthrough_describes_data_len_not_a_longer_data_out() {
+    let (m, c) = setup(ModelConfig::default());
+    let prp = |raw: &[u8], at: usize| u64::from_le_bytes(raw[at..at + 8].try_into().unwrap());
+    let log = || Sqe::get_log_page(log_id::FIRMWARE_SLOT, 0xffff_ffff, 8192 / 4, 0, false);
+    let fetched = m.commands_fetched();
+    let e = c
+        .admin_passthrough(log(), 8192, Some(&[0u8; 3 * 4096]))
+        .unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
+    assert!(e.to_string().contains("more than the 8192 bytes"), "{e}");
+    assert_eq!(m.commands_fetched(), fetched, "refused before sending");
+    for data_len in [8192, 0] {
+        let (cqe, data) = c
+            .admin_passthrough(log(), data_len, Some(&[0u8; 8192]))
+            .unwrap();
+        assert!(cqe.status().is_success());
+        assert_eq!((data.len(), data[0]), (8192, 1), "data_len {data_len}");
+        let (_, raw) = *m.recent_commands().last().unwrap();
+        assert_eq!(
+            prp(&raw, 32),
+            prp(&raw, 24) + 4096,
+            "PRP2 is the second page"
+        );
+    }
+    drop(c);
+    assert_clean(&m);
+}
+
 #[test]
 fn admin_passthrough_refuses_what_the_driver_owns() {
     let (m, c) = setup(ModelConfig::default());
