@@ -328,8 +328,22 @@ impl<D: Device> Controller<D> {
     }
 
     /// Get Features: returns completion dword 0. `sel` is the Select field
-    /// (0 current, 1 default, 2 saved, 3 supported capabilities).
+    /// (0 current, 1 default, 2 saved, 3 supported capabilities). A feature
+    /// whose value is a data structure in memory (LBA Range Type,
+    /// Autonomous Power State Transition, Host Memory Buffer, Timestamp,
+    /// Predictable Latency Mode Config, Host Behavior Support, the metadata
+    /// features, Host Identifier) is refused with [`Error::InvalidArgument`]:
+    /// this call has no data pointer, so the controller would write to IOVA
+    /// 0; use [`Controller::admin_passthrough`] with the structure's length.
     pub fn get_features(&self, fid: u8, sel: u8, cdw11: u32) -> Result<u32> {
+        // Select 3 (supported capabilities) returns dword 0 only.
+        if sel != 3
+            && let Some(what) = feature_data(fid)
+        {
+            return Err(Error::InvalidArgument(format!(
+                "Get Features (FID 0x{fid:02x}): {what}"
+            )));
+        }
         let sqe = Sqe::get_features(fid, sel, cdw11);
         let (cqe, _) = self
             .inner
@@ -340,12 +354,18 @@ impl<D: Device> Controller<D> {
     /// Set Features: returns completion dword 0. Refused with
     /// [`Error::InvalidArgument`]: Host Memory Buffer (FID 0Dh) and a
     /// non-zero Keep Alive Timeout (FID 0Fh), as in
-    /// [`Controller::admin_passthrough`].
+    /// [`Controller::admin_passthrough`], and the features whose value is a
+    /// data structure in memory (see [`Controller::get_features`]).
     pub fn set_features(&self, fid: u8, cdw11: u32, save: bool) -> Result<u32> {
         let sqe = Sqe::set_features(fid, cdw11, save);
         if let Some(why) = passthrough_refusal(&sqe) {
             return Err(Error::InvalidArgument(format!(
                 "Set Features (FID 0x{fid:02x}): {why}"
+            )));
+        }
+        if let Some(what) = feature_data(fid) {
+            return Err(Error::InvalidArgument(format!(
+                "Set Features (FID 0x{fid:02x}): {what}"
             )));
         }
         let (cqe, _) = self
@@ -1354,6 +1374,33 @@ const HBS_LBAFEE: [u8; HBS_LEN] = {
 /// [`HBS_LBAFEE`].
 fn host_behavior_lbafee() -> Sqe {
     Sqe::set_features(feature::HOST_BEHAVIOR_SUPPORT, 0, false)
+}
+
+/// For a feature whose value is a data structure in host memory (NVMe 2.0,
+/// Figure "Feature Identifiers"), why `get_features`/`set_features` (which
+/// send no data pointer) cannot carry it.
+fn feature_data(fid: u8) -> Option<String> {
+    let (name, bytes) = match fid {
+        feature::LBA_RANGE_TYPE => ("LBA Range Type", "4096 bytes"),
+        feature::AUTONOMOUS_POWER_STATE_TRANSITION => {
+            ("Autonomous Power State Transition", "256 bytes")
+        }
+        feature::HOST_MEMORY_BUFFER => ("Host Memory Buffer", "4096 bytes"),
+        feature::TIMESTAMP => ("Timestamp", "8 bytes"),
+        feature::PREDICTABLE_LATENCY_MODE_CONFIG => {
+            ("Predictable Latency Mode Config", "512 bytes")
+        }
+        feature::HOST_BEHAVIOR_SUPPORT => ("Host Behavior Support", "512 bytes"),
+        0x7d => ("Enhanced Controller Metadata", "4096 bytes"),
+        0x7e => ("Controller Metadata", "4096 bytes"),
+        0x7f => ("Namespace Metadata", "4096 bytes"),
+        0x81 => ("Host Identifier", "8 bytes, 16 with CDW11.EXHID"),
+        _ => return None,
+    };
+    Some(format!(
+        "{name} is a data structure in host memory, which this call does not transfer: use \
+         admin_passthrough with its length ({bytes})"
+    ))
 }
 
 /// The transfer of an admin passthrough: `data_len`, or with `data_len` 0

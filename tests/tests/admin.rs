@@ -458,6 +458,44 @@ fn admin_passthrough_without_data_sends_no_pointer_of_the_callers() {
     assert_clean(&m);
 }
 
+/// Features whose value is a data structure in memory are refused by
+/// `get_features`/`set_features`, which send no data pointer: the
+/// controller would read or write IOVA 0 (a DMA fault, or worse where
+/// something is mapped there).
+#[test]
+fn features_with_a_data_structure_are_refused_without_a_data_pointer() {
+    let (m, c) = setup(ModelConfig {
+        elbas: true,
+        ..ModelConfig::default()
+    });
+    let fetched = m.commands_fetched();
+    let e = c
+        .set_features(feature::HOST_BEHAVIOR_SUPPORT, 0, false)
+        .unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
+    assert_eq!(
+        e.to_string(),
+        "invalid argument: Set Features (FID 0x16): Host Behavior Support is a data structure in host memory, which this call does not transfer: use admin_passthrough with its length (512 bytes)"
+    );
+    for fid in [0x03, 0x0c, 0x0d, 0x0e, 0x13, 0x16, 0x7d, 0x7e, 0x7f, 0x81] {
+        let e = c.get_features(fid, 0, 0).unwrap_err();
+        assert!(e.to_string().contains("data structure"), "{fid:#x}: {e}");
+    }
+    assert_eq!(m.commands_fetched(), fetched, "nothing reached the device");
+    // Through admin_passthrough, with its data: fine.
+    let (cqe, _) = c
+        .admin_passthrough(
+            Sqe::set_features(feature::HOST_BEHAVIOR_SUPPORT, 0, false),
+            512,
+            Some(&[0u8; 512]),
+        )
+        .unwrap();
+    assert!(cqe.status().is_success());
+    assert_eq!(m.commands_fetched(), fetched + 1);
+    drop(c);
+    assert_clean(&m);
+}
+
 /// The data pointer describes `data_len` bytes: a `data_out` longer than
 /// that is refused (describing it made PRP2 a list pointer under a
 /// two-page transfer, so the controller took the list page as data), and
