@@ -413,6 +413,16 @@ fn run(a: &Args) -> Result<Value> {
     .with_context(|| format!("opening {addr}"))?;
     let ns = ctrl.namespace(a.nsid)?;
     let lba = ns.lba_size() as usize;
+    // The floor's reads describe 4 KiB of data and no metadata: on a format
+    // with metadata the controller would move more (extended LBA) or write
+    // the metadata to MPTR 0.
+    ensure!(
+        ns.metadata_layout().is_none(),
+        "namespace {} has metadata ({}); the raw floor reads only formats without it",
+        a.nsid,
+        ns.metadata_layout()
+            .map_or_else(String::new, |l| l.to_string())
+    );
     ensure!(
         IO_SIZE % lba == 0,
         "namespace {} has {lba}-byte blocks; 4096 is not a multiple",
