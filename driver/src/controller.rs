@@ -958,7 +958,21 @@ impl<D: Device> Inner<D> {
             ));
         }
         let elbaf = if self.identify.ctratt_elbas() {
-            self.elbaf(nsid, idns.current_lba_format_index())?
+            match self.elbaf_reported(nsid, idns.current_lba_format_index())? {
+                Some(e) => e,
+                // The guard's size (ELBAF.PIF) decides the tuple's size
+                // and where the metadata transfers end: without it, PI on
+                // this namespace cannot be described.
+                None if idns.dps & 0x7 != 0 => {
+                    return Ok(Err(
+                        "it has protection information, and the controller reports Extended LBA \
+                         Formats (CTRATT.ELBAS) but refused Identify CNS 05h, so the size of its \
+                         guard (ELBAF.PIF) is unknown"
+                            .into(),
+                    ));
+                }
+                None => 0,
+            }
         } else {
             0
         };
@@ -976,15 +990,20 @@ impl<D: Device> Inner<D> {
     /// bytes 12 + 4 × index. A controller that refuses CNS 05h with a
     /// status has none to report: 0, the 16-bit guard without storage tags.
     pub(crate) fn elbaf(&self, nsid: u32, index: usize) -> Result<u32> {
+        Ok(self.elbaf_reported(nsid, index)?.unwrap_or(0))
+    }
+
+    /// [`Inner::elbaf`], `None` when the controller refused CNS 05h.
+    fn elbaf_reported(&self, nsid: u32, index: usize) -> Result<Option<u32>> {
         let data = match self.identify_raw(cns::CSI_NAMESPACE, nsid) {
             Ok(d) => d,
-            Err(Error::Command { .. }) => return Ok(0),
+            Err(Error::Command { .. }) => return Ok(None),
             Err(e) => return Err(e),
         };
         let at = 12 + 4 * index;
-        Ok(data
-            .get(at..at + 4)
-            .map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])))
+        Ok(Some(data.get(at..at + 4).map_or(0, |b| {
+            u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+        })))
     }
 
     /// Identify Namespace `nsid` (CNS 00h) parsed, whatever its LBA format:

@@ -1628,3 +1628,53 @@ fn an_active_namespace_the_driver_cannot_use_says_why_and_the_others_work() {
     drop(c);
     assert_clean(&m);
 }
+
+/// A namespace whose Identify the controller refuses with a status, and a
+/// PI namespace whose guard size cannot be known (CTRATT.ELBAS set but
+/// Identify CNS 05h refused), are unusable with the reason; the other
+/// namespaces work.
+#[test]
+fn an_identify_refused_for_one_namespace_leaves_the_others_usable() {
+    let ns = |nsid, ms, pi_type| NamespaceConfig {
+        nsid,
+        ms,
+        extended: true,
+        pi_type,
+        ..NamespaceConfig::default()
+    };
+    let m = ModelController::new(ModelConfig {
+        elbas: true,
+        namespaces: vec![ns(1, 8, 1), ns(2, 0, 0), ns(3, 0, 0)],
+        ..ModelConfig::default()
+    });
+    m.inject(Fault::Status {
+        on: Match::Identify { cns: 0x05, nsid: 1 },
+        status: upnvme_tests::Status::INVALID_FIELD.with_dnr(),
+    });
+    m.inject(Fault::Status {
+        on: Match::Identify { cns: 0x00, nsid: 3 },
+        status: upnvme_tests::Status::INVALID_FIELD.with_dnr(),
+    });
+    let c = open(&m, opts());
+    assert_eq!(c.namespaces().len(), 1);
+    assert!(c.namespace(2).is_ok());
+    let e = c.namespace(1).unwrap_err();
+    assert!(
+        matches!(e, Error::UnusableNamespace { nsid: 1, .. }),
+        "{e:?}"
+    );
+    assert!(e.to_string().contains("refused Identify CNS 05h"), "{e}");
+    let e = c.namespace(3).unwrap_err();
+    assert!(
+        e.to_string().starts_with(
+            "namespace 3 on model is active but upnvme cannot use it: Identify Namespace failed"
+        ),
+        "{e}"
+    );
+    drop(c);
+    // Without the faults all three are usable.
+    let c = open(&m, opts());
+    assert_eq!(c.namespaces().len(), 3);
+    drop(c);
+    assert_clean(&m);
+}

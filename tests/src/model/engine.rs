@@ -209,7 +209,7 @@ impl State {
             self.stats.recent.pop_front();
         }
         self.stats.recent.push_back((sqid, *cmd.raw()));
-        let plan = self.faults.plan_for(sqid, opcode, index);
+        let plan = self.faults.plan_for(sqid, &cmd, index);
         if plan.unplug {
             self.gone = true;
             return;

@@ -35,15 +35,30 @@ pub enum Match {
     /// [`ModelController::commands_fetched`](super::ModelController::commands_fetched)
     /// is the index of the next one).
     Nth(u64),
+    /// The next Identify (admin opcode 06h) with CDW10.CNS `cns` for
+    /// namespace `nsid`: singles out one namespace's Identify.
+    Identify {
+        /// CDW10 bits 07:00.
+        cns: u8,
+        /// The command's NSID.
+        nsid: u32,
+    },
 }
 
 impl Match {
-    fn matches(&self, qid: u16, opcode: u8, index: u64) -> bool {
+    fn matches(&self, qid: u16, cmd: &super::command::Command, index: u64) -> bool {
+        let opcode = cmd.opcode();
         match *self {
             Match::Next => true,
             Match::Queue(q) => q == qid,
             Match::Opcode { qid: q, opcode: o } => q == qid && o == opcode,
             Match::Nth(n) => n == index,
+            Match::Identify { cns, nsid } => {
+                qid == 0
+                    && opcode == 0x06
+                    && cmd.cdw(10) & 0xff == u32::from(cns)
+                    && cmd.nsid() == nsid
+            }
         }
     }
 }
@@ -215,13 +230,13 @@ impl FaultQueue {
 
     /// Consumes every command fault matching the command and returns the
     /// combined plan for it.
-    pub fn plan_for(&mut self, qid: u16, opcode: u8, index: u64) -> Plan {
+    pub fn plan_for(&mut self, qid: u16, cmd: &super::command::Command, index: u64) -> Plan {
         let mut plan = Plan::default();
         self.faults.retain(|f| {
             let Some(m) = f.command_match() else {
                 return true;
             };
-            if !m.matches(qid, opcode, index) {
+            if !m.matches(qid, cmd, index) {
                 return true;
             }
             match *f {
