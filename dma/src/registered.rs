@@ -555,8 +555,12 @@ impl RegisteredMemory {
         pages_len: usize,
     ) -> Result<DmaBuffer, CarveError> {
         // `k` live buffers leave at most `k + 1` free runs: reserve that
-        // now, so a buffer's drop never allocates.
-        let want = self.live_buffers() + 2;
+        // now, so a buffer's drop never allocates. The new buffer's hold on
+        // the root is taken under the lock, so a carve in another thread
+        // counts it (two carves that both counted before either took its
+        // hold would each reserve one run too few).
+        let parent = self.root.clone();
+        let want = self.live_buffers() + 1;
         let runs = free.len();
         free.reserve(want.saturating_sub(runs));
         drop(free);
@@ -568,7 +572,7 @@ impl RegisteredMemory {
             }
         });
         match DmaBuffer::new(self.region.clone(), offset, len, Some(release)) {
-            Ok(b) => Ok(b.with_parent(self.root.clone())),
+            Ok(b) => Ok(b.with_parent(parent)),
             // Cannot happen (the range was checked against the region);
             // the pages go back.
             Err(_) => {
