@@ -31,7 +31,7 @@
 
 use std::ffi::c_void;
 use std::sync::Once;
-use std::sync::atomic::{AtomicI32, AtomicPtr, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU64, Ordering};
 
 /// How many BAR mappings can be watched at once.
 pub const SLOTS: usize = 64;
@@ -58,6 +58,10 @@ static SLOT_TABLE: [Slot; SLOTS] = [const {
 static REVOKED: AtomicU64 = AtomicU64::new(0);
 /// The SIGBUS action in place before ours (null until installed).
 static PREVIOUS: AtomicPtr<libc::sigaction> = AtomicPtr::new(std::ptr::null_mut());
+/// Set once a previous action installed with `SA_RESETHAND` ran: from then
+/// on a SIGBUS that is not ours gets the default action, as it would have
+/// without this handler.
+static PREVIOUS_SPENT: AtomicBool = AtomicBool::new(false);
 static INSTALL: Once = Once::new();
 
 /// An SA_SIGINFO signal handler.
@@ -301,7 +305,17 @@ fn forward(sig: libc::c_int, code: libc::c_int, info: *mut libc::siginfo_t, ctx:
             // A SIGBUS someone sent, to a process that ignored SIGBUS.
             return;
         }
-        if handler != libc::SIG_DFL && handler != libc::SIG_IGN {
+        let spent =
+            prev.sa_flags & libc::SA_RESETHAND != 0 && PREVIOUS_SPENT.swap(true, Ordering::AcqRel);
+        if handler != libc::SIG_DFL && handler != libc::SIG_IGN && !spent {
+            // The previous action's mask is blocked while it runs, as the
+            // kernel would have blocked it (SIGBUS itself is blocked already
+            // unless that action asked for SA_NODEFER, which only matters
+            // for a nested SIGBUS).
+            // SAFETY: all-zero is a valid (empty) sigset_t.
+            let mut old: libc::sigset_t = unsafe { std::mem::zeroed() };
+            // SAFETY: valid sets; pthread_sigmask is async-signal-safe.
+            unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &prev.sa_mask, &mut old) };
             if prev.sa_flags & libc::SA_SIGINFO != 0 {
                 // SAFETY: the previous action was installed with SA_SIGINFO, so
                 // `handler` is a function of this signature.
@@ -313,6 +327,8 @@ fn forward(sig: libc::c_int, code: libc::c_int, info: *mut libc::siginfo_t, ctx:
                 let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(handler) };
                 f(sig);
             }
+            // SAFETY: restores the mask saved above.
+            unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
             return;
         }
     }
