@@ -121,6 +121,7 @@ struct upnvme_fio_iou {
 	struct upnvme_fio_thread *t;
 	struct io_u *io_u;
 	struct upnvme_buf *piece;
+	unsigned int gen;            /* the split `piece` came from */
 };
 
 /* Per thread. */
@@ -133,6 +134,11 @@ struct upnvme_fio_thread {
 	size_t nr_pieces;
 	char *mem_base;
 	size_t piece_len;
+	/* Bumped by every split and every free of the I/O memory: an io_u
+	 * whose `gen` differs holds no valid piece (fio frees and allocates
+	 * its I/O memory again mid-run when it replays an iolog in chunks or
+	 * a blktrace, without calling post_init). */
+	unsigned int gen;
 };
 
 static int fail(struct thread_data *td, const char *what, int rc)
@@ -364,6 +370,9 @@ static void upnvme_fio_iomem_free(struct thread_data *td)
 	upnvme_buf_free(t->mem);
 	t->mem = NULL;
 	td->orig_buffer = NULL;
+	/* The io_us may be freed already (fio frees them first at cleanup):
+	 * their pieces are marked stale by the generation, not touched. */
+	t->gen++;
 }
 
 static int upnvme_fio_io_u_init(struct thread_data *td, struct io_u *io_u)
@@ -384,12 +393,12 @@ static void upnvme_fio_io_u_free(struct thread_data *td, struct io_u *io_u)
 }
 
 /* After fio placed each io_u's buffer in the I/O memory: split it into one
- * piece per io_u (each a DMA buffer its commands own while in flight). */
-static int upnvme_fio_post_init(struct thread_data *td)
+ * piece per io_u (each a DMA buffer its commands own while in flight). Run
+ * from post_init, and again from queue after fio allocated its I/O memory
+ * anew (see `gen`). */
+static int split_io_mem(struct thread_data *td)
 {
 	struct upnvme_fio_thread *t = td->io_ops_data;
-	if (!t->mem)
-		return 0; /* no data transfer (e.g. trim only) */
 	size_t piece = td_max_bs(td);
 	size_t len = upnvme_buf_len(t->mem);
 	size_t n = (len + piece - 1) / piece;
@@ -410,12 +419,22 @@ static int upnvme_fio_post_init(struct thread_data *td)
 		return fail(td, "upnvme_buf_split", rc);
 	t->mem = NULL; /* consumed */
 	t->piece_len = piece;
+	t->gen++;
 	for (int i = 0; i < td->io_u_all.nr; i++) {
 		struct io_u *io_u = td->io_u_all.io_us[i];
 		struct upnvme_fio_iou *u = io_u->engine_data;
 		u->piece = t->pieces[((char *)io_u->buf - t->mem_base) / piece];
+		u->gen = t->gen;
 	}
 	return 0;
+}
+
+static int upnvme_fio_post_init(struct thread_data *td)
+{
+	struct upnvme_fio_thread *t = td->io_ops_data;
+	if (!t->mem)
+		return 0; /* no data transfer (e.g. trim only) */
+	return split_io_mem(td);
 }
 
 static void upnvme_fio_done(void *arg, const struct upnvme_cpl *cpl)
@@ -455,7 +474,12 @@ static enum fio_q_status upnvme_fio_queue(struct thread_data *td, struct io_u *i
 	switch (io_u->ddir) {
 	case DDIR_READ:
 	case DDIR_WRITE:
-		if (!u->piece || io_u->xfer_buf != upnvme_buf_data(u->piece)) {
+		if (u->gen != u->t->gen && u->t->mem && split_io_mem(td) != 0) {
+			io_u->error = EINVAL;
+			return FIO_Q_COMPLETED;
+		}
+		if (u->gen != u->t->gen || !u->piece ||
+		    io_u->xfer_buf != upnvme_buf_data(u->piece)) {
 			log_err("upnvme: the io_u's data is not at the start of its DMA piece\n");
 			io_u->error = EINVAL;
 			return FIO_Q_COMPLETED;
@@ -510,7 +534,9 @@ static int upnvme_fio_getevents(struct thread_data *td, unsigned int min, unsign
 			int rc = upnvme_qpair_process_completions(uf->qp, max - t->nr_events);
 			if (rc < 0) {
 				log_err("upnvme: process_completions: %s\n", upnvme_last_error());
-				return -EIO;
+				/* The io_us collected so far completed: hand them to
+				 * fio; the error comes back at the next call. */
+				return t->nr_events > 0 ? (int)t->nr_events : -EIO;
 			}
 		}
 		if (t->nr_events >= min)
@@ -570,7 +596,10 @@ static int upnvme_fio_invalidate(struct thread_data *td, struct fio_file *f)
 struct ioengine_ops ioengine = {
 	.name = "upnvme",
 	.version = FIO_IOOPS_VERSION,
-	.flags = FIO_RAWIO | FIO_NOEXTEND | FIO_NODISKUTIL | FIO_MEMALIGN | FIO_DISKLESSIO,
+	/* FIO_NO_OFFLOAD: io_submit_mode=offload would submit from fio's
+	 * worker threads onto this thread's queue pairs (one thread per pair). */
+	.flags = FIO_RAWIO | FIO_NOEXTEND | FIO_NODISKUTIL | FIO_MEMALIGN | FIO_DISKLESSIO |
+		 FIO_NO_OFFLOAD,
 	.setup = upnvme_fio_setup,
 	.init = upnvme_fio_init,
 	.post_init = upnvme_fio_post_init,

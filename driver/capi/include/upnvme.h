@@ -128,7 +128,8 @@ typedef struct upnvme_qpair upnvme_qpair;
 typedef struct upnvme_ctrl_opts {
   /**
    * `sizeof(struct upnvme_ctrl_opts)`, set by `upnvme_ctrl_opts_default`
-   * (lets later versions add fields).
+   * (lets later versions add fields; a struct with `size` below 4 is
+   * refused with `UPNVME_EINVAL`).
    */
   uint32_t size;
   /**
@@ -192,7 +193,8 @@ typedef struct upnvme_ns_info {
  */
 typedef struct upnvme_qpair_opts {
   /**
-   * `sizeof(struct upnvme_qpair_opts)`, set by `upnvme_qpair_opts_default`.
+   * `sizeof(struct upnvme_qpair_opts)`, set by `upnvme_qpair_opts_default`
+   * (a struct with `size` below 4 is refused with `UPNVME_EINVAL`).
    */
   uint32_t size;
   /**
@@ -628,8 +630,10 @@ int upnvme_deallocate(struct upnvme_qpair *qp,
  * Reaps completions and runs their callbacks: at most `max` (0: every
  * ready one, up to the pair's depth per call, so callbacks that resubmit
  * cannot keep one call going). Returns how many ran, or a negative code (the controller
- * failed: `UPNVME_ENODEV`; commands it ended were delivered first). Never
- * blocks. Callbacks may submit on this pair and call this function again.
+ * failed: `UPNVME_ENODEV`). A call whose callbacks ran returns their count even
+ * when the controller failed after them (the commands it ended are delivered
+ * first); the error is the next call's. Never blocks. Callbacks may submit on
+ * this pair and call this function again.
  *
  * # Safety
  * `qp` a live pair used by this thread.

@@ -10,7 +10,8 @@ use upnvme::{Controller, ControllerOptions, Device, PageBacking};
 #[derive(Clone, Copy, Debug)]
 pub struct upnvme_ctrl_opts {
     /// `sizeof(struct upnvme_ctrl_opts)`, set by `upnvme_ctrl_opts_default`
-    /// (lets later versions add fields).
+    /// (lets later versions add fields; a struct with `size` below 4 is
+    /// refused with `UPNVME_EINVAL`).
     pub size: u32,
     /// Back DMA memory with 4 KiB pages instead of 2 MiB hugepages.
     pub no_hugepages: bool,

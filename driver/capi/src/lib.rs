@@ -171,7 +171,7 @@ pub unsafe extern "C" fn upnvme_ctrl_open(
                 }
             };
             // SAFETY: null or valid for its `size` (the caller's contract).
-            let o = unsafe { read_sized(opts) };
+            let o = unsafe { read_sized(opts) }?;
             let c = Controller::open(&addr, o.to_options()).map_err(|e| fail_error(&e))?;
             Ok(Box::new(upnvme_ctrl(Ctrl { ctrl: Some(c) })))
         };
@@ -593,7 +593,7 @@ pub unsafe extern "C" fn upnvme_qpair_create(
             // SAFETY: the caller's contract.
             let c = unsafe { ctrl_ref(ctrl) }?;
             // SAFETY: null or valid for its `size` (the caller's contract).
-            let o = unsafe { read_sized(opts) };
+            let o = unsafe { read_sized(opts) }?;
             let qp = c
                 .io_queue_pair(o.to_options())
                 .map_err(|e| fail_error(&e))?;
@@ -803,8 +803,10 @@ pub unsafe extern "C" fn upnvme_deallocate(
 /// Reaps completions and runs their callbacks: at most `max` (0: every
 /// ready one, up to the pair's depth per call, so callbacks that resubmit
 /// cannot keep one call going). Returns how many ran, or a negative code (the controller
-/// failed: `UPNVME_ENODEV`; commands it ended were delivered first). Never
-/// blocks. Callbacks may submit on this pair and call this function again.
+/// failed: `UPNVME_ENODEV`). A call whose callbacks ran returns their count even
+/// when the controller failed after them (the commands it ended are delivered
+/// first); the error is the next call's. Never blocks. Callbacks may submit on
+/// this pair and call this function again.
 ///
 /// # Safety
 /// `qp` a live pair used by this thread.

@@ -24,7 +24,8 @@ use crate::status::{
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct upnvme_qpair_opts {
-    /// `sizeof(struct upnvme_qpair_opts)`, set by `upnvme_qpair_opts_default`.
+    /// `sizeof(struct upnvme_qpair_opts)`, set by `upnvme_qpair_opts_default`
+    /// (a struct with `size` below 4 is refused with `UPNVME_EINVAL`).
     pub size: u32,
     /// Submission queue entries (2..=CAP.MQES+1); 0 = the default (up to 256).
     /// At most `entries - 1` commands are in flight.
@@ -506,6 +507,11 @@ impl<D: Device> Qpair<D> {
                 let c = match me.qp.next_completion() {
                     Ok(Some(c)) => c,
                     Ok(None) => break,
+                    // Callbacks ran: their count is the answer, so the
+                    // caller knows which commands ended; the error (a
+                    // failed, closed or released controller) is the next
+                    // call's.
+                    Err(_) if n > 0 => break,
                     Err(e) => return fail_error(&e),
                 };
                 let slot = c.tag as usize;

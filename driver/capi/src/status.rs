@@ -166,14 +166,27 @@ pub(crate) unsafe trait CallerOptions: Copy + Default {
 /// # Safety
 /// `p` is null or points to at least `(*p).size` readable bytes (and at
 /// least 4).
-pub(crate) unsafe fn read_sized<T: CallerOptions>(p: *const T) -> T {
+pub(crate) unsafe fn read_sized<T: CallerOptions>(p: *const T) -> Result<T, c_int> {
     let mut out = std::mem::MaybeUninit::new(T::default());
     if p.is_null() {
-        return T::default();
+        return Ok(T::default());
     }
     // SAFETY: the first field of every options struct is its u32 size, and
     // `p` points to at least 4 readable bytes (the caller's contract).
     let size = unsafe { p.cast::<u32>().read_unaligned() } as usize;
+    if size < 4 {
+        // A struct the caller filled without `*_opts_init` (`= {.entries =
+        // 64}` leaves `size` 0): reading none of it would drop every field
+        // the caller set without a word.
+        return Err(fail(
+            UPNVME_EINVAL,
+            format!(
+                "an options struct with size {size}: fill it with its *_opts_default or \
+                 *_opts_init function (which set size) before setting fields, or pass NULL for \
+                 the defaults"
+            ),
+        ));
+    }
     let n = size.min(std::mem::size_of::<T>());
     let dst = out.as_mut_ptr().cast::<u8>();
     // SAFETY: `n` bytes are readable at `p` (the caller's contract) and
@@ -192,7 +205,7 @@ pub(crate) unsafe fn read_sized<T: CallerOptions>(p: *const T) -> T {
     // SAFETY: every byte of every field is initialised (from the default,
     // then the caller's bytes); integers are valid for any bits, and each
     // `bool` field holds 0 or 1 now (the trait's contract names them all).
-    unsafe { out.assume_init() }
+    Ok(unsafe { out.assume_init() })
 }
 
 /// Writes the defaults `v` into the caller's options struct of `size` bytes

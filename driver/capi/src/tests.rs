@@ -504,7 +504,7 @@ fn options_are_read_only_as_far_as_the_callers_struct_goes() {
         sq_announce_each_command: true,
     };
     // SAFETY: `o` is readable for its whole size.
-    let r = unsafe { read_sized(&o) };
+    let r = unsafe { read_sized(&o) }.unwrap();
     let d = upnvme_qpair_opts::default();
     assert_eq!(r.entries, 64);
     assert_eq!(
@@ -523,15 +523,21 @@ fn options_are_read_only_as_far_as_the_callers_struct_goes() {
     );
     o.size = std::mem::size_of::<upnvme_qpair_opts>() as u32;
     // SAFETY: as above.
-    let r = unsafe { read_sized(&o) };
+    let r = unsafe { read_sized(&o) }.unwrap();
     assert!(r.reap_on_submit && !r.shadow_doorbells);
     assert!(r.sq_announce_each_command && !d.sq_announce_each_command);
     assert_eq!(r.to_options().sq_announce, upnvme::SqAnnounce::EachCommand);
     assert_eq!(d.to_options().sq_announce, upnvme::SqAnnounce::DEEP);
     // NULL: the defaults.
     // SAFETY: null is allowed.
-    let r = unsafe { read_sized::<upnvme_qpair_opts>(std::ptr::null()) };
+    let r = unsafe { read_sized::<upnvme_qpair_opts>(std::ptr::null()) }.unwrap();
     assert_eq!(r.entries, 0);
+    // Size 0 (a struct set up without `upnvme_qpair_opts_init`): refused,
+    // not read as "nothing" with the caller's fields dropped.
+    o.size = 0;
+    // SAFETY: as above.
+    assert_eq!(unsafe { read_sized(&o) }.unwrap_err(), UPNVME_EINVAL);
+    assert!(last_error().contains("*_opts_init"), "{}", last_error());
 }
 
 #[test]
@@ -544,7 +550,7 @@ fn option_bools_with_any_nonzero_byte_read_as_true() {
     raw[offset_of!(upnvme_qpair_opts, reap_on_submit)] = 0x02;
     // SAFETY: `raw` holds the struct's size in its first 4 bytes and is
     // readable for that many; `read_sized` copies bytes, not a value.
-    let r = unsafe { read_sized(raw.as_ptr().cast::<upnvme_qpair_opts>()) };
+    let r = unsafe { read_sized(raw.as_ptr().cast::<upnvme_qpair_opts>()) }.unwrap();
     // SAFETY: the three fields are bools in `r` (a Rust value now); their
     // bytes are what `read_sized` stored.
     let p = (&raw const r).cast::<u8>();
@@ -564,7 +570,7 @@ fn option_bools_with_any_nonzero_byte_read_as_true() {
     raw[..4].copy_from_slice(&(size_of::<upnvme_ctrl_opts>() as u32).to_ne_bytes());
     raw[offset_of!(upnvme_ctrl_opts, shadow_doorbells)] = 0;
     // SAFETY: as above.
-    let c = unsafe { read_sized(raw.as_ptr().cast::<upnvme_ctrl_opts>()) };
+    let c = unsafe { read_sized(raw.as_ptr().cast::<upnvme_ctrl_opts>()) }.unwrap();
     // SAFETY: as above.
     let b = (&raw const c)
         .cast::<u8>()
@@ -670,6 +676,45 @@ fn destroy_delivers_completions_the_library_parked_after_a_close() {
     assert_eq!(unsafe { Qpair::end_for_destroy(qpp) }, UPNVME_OK);
     assert_eq!(seen.len(), 3, "every callback ran: {seen:?}");
     assert!(seen.iter().all(|&s| s != UPNVME_OK), "{seen:?}");
+    for b in bufs {
+        // SAFETY: live handles, their commands ended; freed once.
+        assert_eq!(unsafe { upnvme_buf_free(b) }, UPNVME_OK);
+    }
+    drop(qp);
+    assert_eq!(m.dma_faults(), 0);
+}
+
+/// A poll whose callbacks ran returns their count even when the
+/// controller turns out closed after them; the error is the next call's
+/// (before, the call returned `UPNVME_ENODEV` after running the callbacks,
+/// so a caller such as fio could not tell which commands had ended).
+#[test]
+fn callbacks_that_ran_are_counted_and_the_error_comes_next() {
+    let (m, c) = model();
+    let mut qp = pair(&c, 8);
+    let qpp: *mut Qpair<ModelController> = &mut *qp;
+    for _ in 0..3 {
+        m.inject(upnvme_tests::Fault::DelayCompletion {
+            on: upnvme_tests::Match::Queue(qp.qp.qid()),
+            doorbells: None,
+        });
+    }
+    let bufs = [handle(&c, 4096), handle(&c, 4096), handle(&c, 4096)];
+    let mut seen: Vec<c_int> = Vec::new();
+    let arg: *mut Vec<c_int> = &mut seen;
+    let read = Cmd::Read { slba: 0, blocks: 8 };
+    for b in bufs {
+        // SAFETY: live handle and pair.
+        let rc = unsafe { qp.submit(1, read, b, Some(count_cb), arg.cast()) };
+        assert_eq!(rc, UPNVME_OK, "{}", last_error());
+    }
+    c.close().unwrap();
+    // SAFETY: live pair, this thread's.
+    let rc = unsafe { Qpair::process_completions(qpp, 0) };
+    assert_eq!(rc, 3, "the count of callbacks run: {seen:?}");
+    assert_eq!(seen.len(), 3);
+    // SAFETY: live pair, this thread's.
+    assert_eq!(unsafe { Qpair::process_completions(qpp, 0) }, UPNVME_ENODEV);
     for b in bufs {
         // SAFETY: live handles, their commands ended; freed once.
         assert_eq!(unsafe { upnvme_buf_free(b) }, UPNVME_OK);
@@ -848,7 +893,7 @@ fn opts_init_writes_no_more_than_the_callers_struct() {
     // Read back as the library reads a caller's struct: the fields it
     // holds are the defaults, the missing one the default too.
     // SAFETY: `mem` holds at least `size` readable bytes.
-    let o = unsafe { crate::status::read_sized(p) };
+    let o = unsafe { crate::status::read_sized(p) }.unwrap();
     let d = upnvme_qpair_opts::default();
     assert_eq!(
         (
