@@ -47,13 +47,18 @@ thread_local! {
 pub(crate) fn fail(code: c_int, msg: impl std::fmt::Display) -> c_int {
     let text = msg.to_string().replace('\0', " ");
     let c = CString::new(text).unwrap_or_default();
-    LAST_ERROR.with(|e| *e.borrow_mut() = c);
+    // `try_with`: during the thread's teardown the slot may be gone, and a
+    // panic here (outside the entry points' catch_unwind) would abort.
+    let _ = LAST_ERROR.try_with(|e| *e.borrow_mut() = c);
     code
 }
 
-/// This thread's last error message (empty when none).
+/// This thread's last error message (empty when none, and during the
+/// thread's teardown, when its slot is gone).
 pub(crate) fn last_error() -> *const c_char {
-    LAST_ERROR.with(|e| e.borrow().as_ptr())
+    LAST_ERROR
+        .try_with(|e| e.borrow().as_ptr())
+        .unwrap_or(c"".as_ptr())
 }
 
 /// The code of a library error, with its text recorded as the last error.
