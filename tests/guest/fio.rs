@@ -191,3 +191,52 @@ fn fio_with_a_bad_filename_fails_and_says_why() {
     assert!(!o.status.success(), "{err}");
     assert!(err.contains("expected 'traddr=DDDD.BB.DD.F ns=N'"), "{err}");
 }
+
+/// An iolog replay (here in chunks, a later chunk with larger I/Os, which
+/// makes fio allocate its I/O memory anew mid-run): fio allocates its I/O
+/// memory before the engine has the job's controller open, with or without
+/// --filename, so the engine refuses with the reason instead of failing
+/// silently. (Had the first allocation worked, the engine's pieces are
+/// generation-checked and split again after fio's reallocation.)
+#[test]
+fn fio_iolog_replay_is_refused_with_the_reason() {
+    if !enabled() {
+        return;
+    }
+    let f = filename(1);
+    // `traddr=` alone (namespace 1): iolog lines split at spaces.
+    let name = f
+        .trim_start_matches("--filename=")
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string();
+    let mut log = format!("fio version 2 iolog\n{name} add\n{name} open\n");
+    for i in 0..24u64 {
+        log += &format!("{name} read {} 4096\n", i * 4096);
+    }
+    for i in 0..6u64 {
+        log += &format!("{name} read {} 131072\n", (1 << 20) + i * 131072);
+    }
+    log += &format!("{name} close\n");
+    std::fs::write("/tmp/chunked.iolog", log).unwrap();
+    let named = format!("--filename={name}");
+    for extra in [None, Some(named.as_str())] {
+        let mut args = vec![
+            "--name=replay",
+            "--read_iolog=/tmp/chunked.iolog",
+            "--read_iolog_chunked=1",
+            "--iodepth=4",
+        ];
+        args.extend(extra);
+        let o = fio(&args);
+        let err = String::from_utf8_lossy(&o.stderr).to_string();
+        assert!(!o.status.success(), "{extra:?}: {err}");
+        assert!(
+            err.contains(
+                "upnvme: fio allocates its I/O memory before the job's controller is open"
+            ),
+            "{extra:?}: {err}"
+        );
+    }
+}

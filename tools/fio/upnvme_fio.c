@@ -347,8 +347,15 @@ static int upnvme_fio_iomem_alloc(struct thread_data *td, size_t total)
 	struct upnvme_fio_thread *t = td->io_ops_data;
 	struct fio_file *f = td->files[0];
 	struct upnvme_fio_file *uf = f ? f->engine_data : NULL;
-	if (!t || !uf)
+	if (!t || !uf) {
+		/* The DMA memory comes from the controller of the job's first
+		 * file, set up before fio allocates I/O memory only when the job
+		 * names its files (--filename) and sets them up serially. */
+		log_err("upnvme: fio allocates its I/O memory before the job's controller is open: "
+			"give the job --filename=traddr=... (iolog or blktrace replay without it, and "
+			"create_serialize=0, are not supported)\n");
 		return 1;
+	}
 	int rc = upnvme_buf_alloc(uf->sc->ctrl, total, &t->mem);
 	if (rc != UPNVME_OK)
 		return fail(td, "upnvme_buf_alloc (fio's I/O memory)", rc);
