@@ -180,9 +180,10 @@ pub unsafe extern "C" fn upnvme_ctrl_open(
     })
 }
 
-/// Shuts the controller down (CC.SHN, then CC.EN = 0) and frees the handle.
-/// Queue pairs still alive fail with `UPNVME_ENODEV` afterwards; destroy
-/// them too. NULL is a no-op.
+/// Shuts the controller down (CC.SHN, then CC.EN = 0) and frees the handle,
+/// also when the shutdown fails (the error code says so; the handle is gone
+/// either way). Queue pairs still alive fail with `UPNVME_ENODEV`
+/// afterwards; destroy them too. NULL is a no-op.
 ///
 /// # Safety
 /// `ctrl` is null or a handle from `upnvme_ctrl_open`, not used afterwards.
@@ -608,8 +609,9 @@ pub unsafe extern "C" fn upnvme_qpair_create(
 }
 
 /// Deletes the queue pair. With commands in flight it first delivers the
-/// completions that are ready; `UPNVME_EBUSY` (nothing done) while commands
-/// are still in flight that can complete — process completions until
+/// completions that are ready (their callbacks run); `UPNVME_EBUSY` (the
+/// pair is kept) while commands are still in flight that can complete —
+/// process completions until
 /// `upnvme_qpair_in_flight` is 0 — or when called from one of its own
 /// callbacks. When they cannot complete any more (the controller failed or
 /// was closed, or the device is gone: processing completions gives

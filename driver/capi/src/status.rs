@@ -66,9 +66,10 @@ pub(crate) fn fail_error(e: &Error) -> c_int {
     let code = match e {
         Error::InvalidArgument(_) | Error::NoSuchNamespace { .. } => UPNVME_EINVAL,
         Error::UnusableNamespace { .. } => UPNVME_ENOTSUP,
-        Error::Rejected(Reject::MetadataFormat(_)) | Error::Unsupported { .. } => UPNVME_ENOTSUP,
-        Error::Rejected(Reject::QueueFull) | Error::QueueFull { .. } => UPNVME_EAGAIN,
-        Error::Rejected(_) => UPNVME_EINVAL,
+        Error::Unsupported { .. } => UPNVME_ENOTSUP,
+        Error::QueueFull { .. } => UPNVME_EAGAIN,
+        // The same code as the refusal of a submission (`reject_code`).
+        Error::Rejected(r) => reject_code(*r),
         Error::Command { .. } => UPNVME_EIO,
         Error::Timeout { .. } => UPNVME_ETIMEDOUT,
         Error::Io { error, .. } => io_error_code(error),
