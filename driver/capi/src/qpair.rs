@@ -202,6 +202,12 @@ pub struct Qpair<D: Device> {
     /// Being destroyed with commands that can never complete: their
     /// callbacks run now, and the pair takes no more work.
     ending: bool,
+    /// A submission unwound (an internal error, turned into
+    /// `UPNVME_EINTERNAL` by the entry point) between taking a tracking
+    /// slot and recording its command: whether the library queued that
+    /// command is unknown, so the pair takes no more work and destroy drops
+    /// it without waiting for its commands.
+    poisoned: bool,
 }
 
 const NO_CTX: Ctx = Ctx {
@@ -221,6 +227,7 @@ impl<D: Device> Qpair<D> {
             free: (0..depth as u32).rev().collect(),
             depth: 0,
             ending: false,
+            poisoned: false,
         }
     }
 
@@ -258,6 +265,11 @@ impl<D: Device> Qpair<D> {
                 UPNVME_EBUSY,
                 "a queue pair cannot be destroyed from its own callback",
             );
+        }
+        if me.poisoned {
+            // Dropped as it is: the library ends its commands (keeping any
+            // memory the device may still reach); their callbacks do not run.
+            return UPNVME_OK;
         }
         if me.outstanding() == 0 {
             return UPNVME_OK;
@@ -337,6 +349,9 @@ impl<D: Device> Qpair<D> {
                 "the queue pair is being destroyed: its controller cannot take commands",
             );
         }
+        if self.poisoned {
+            return poisoned();
+        }
         let Some(ns) = self.nss.iter().find(|n| n.id() == nsid) else {
             return fail(
                 UPNVME_EINVAL,
@@ -398,6 +413,8 @@ impl<D: Device> Qpair<D> {
                 self.ctxs.len() as u32 - 1
             }
         };
+        // Cleared below; stays set if the submission unwinds.
+        self.poisoned = true;
         let result = match cmd {
             Cmd::Read { slba, blocks } => self.qp.submit(
                 IoCommand::Read { ns, slba, blocks },
@@ -447,6 +464,7 @@ impl<D: Device> Qpair<D> {
         // The buffer is the command's now, or back in the refusal: no
         // unwinding left to guard against.
         unwound.0 = std::ptr::null_mut();
+        self.poisoned = false;
         match result {
             Ok(()) => {
                 if !kept.is_null() {
@@ -483,6 +501,10 @@ impl<D: Device> Qpair<D> {
     /// is held while a callback runs, so callbacks may call back into the
     /// pair through their own pointer.
     pub unsafe fn process_completions(this: *mut Self, max: u32) -> c_int {
+        // SAFETY: live, this thread's.
+        if unsafe { (*this).poisoned } {
+            return poisoned();
+        }
         // SAFETY: live, this thread's.
         if unsafe { (*this).ending } {
             return fail(
@@ -559,4 +581,13 @@ impl<D: Device> Qpair<D> {
         }
         n as c_int
     }
+}
+
+/// The refusal of a pair poisoned by an internal error (see `Qpair::poisoned`).
+fn poisoned() -> c_int {
+    fail(
+        crate::status::UPNVME_EINTERNAL,
+        "the queue pair is unusable after an internal error in an earlier call (see that \
+         call's message); destroy it (its commands' callbacks will not run)",
+    )
 }
