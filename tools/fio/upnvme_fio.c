@@ -98,6 +98,7 @@ struct shared_ctrl {
 	char addr[32]; /* "" for the only vfio-bound controller */
 	struct upnvme_ctrl *ctrl;
 	unsigned int refs;
+	int shadow_doorbells; /* the option it was opened with */
 };
 
 static pthread_mutex_t ctrls_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -199,6 +200,11 @@ static struct shared_ctrl *ctrl_get(struct thread_data *td, const char *addr)
 	for (struct shared_ctrl *c = ctrls; c; c = c->next)
 		if (!strcmp(c->addr, addr)) {
 			c->refs++;
+			if ((o->shadow_doorbells != 0) != c->shadow_doorbells)
+				log_info("upnvme: %s is open already with upnvme_shadow_doorbells=%d (the "
+					 "first job's); this job's %d applies to its queue pairs only\n",
+					 addr[0] ? addr : "the controller", c->shadow_doorbells,
+					 o->shadow_doorbells != 0);
 			pthread_mutex_unlock(&ctrls_lock);
 			return c;
 		}
@@ -220,6 +226,7 @@ static struct shared_ctrl *ctrl_get(struct thread_data *td, const char *addr)
 		return NULL;
 	}
 	c->refs = 1;
+	c->shadow_doorbells = o->shadow_doorbells != 0;
 	c->next = ctrls;
 	ctrls = c;
 	pthread_mutex_unlock(&ctrls_lock);
@@ -241,8 +248,43 @@ static void ctrl_put(struct shared_ctrl *c)
 	pthread_mutex_unlock(&ctrls_lock);
 }
 
+/* Undoes what a failed setup did: fio does not call cleanup for a job
+ * whose setup failed, so the files it opened let go of their controllers
+ * here (the last reference closes a controller). */
+static void release_setup(struct thread_data *td)
+{
+	struct fio_file *f;
+	unsigned int i;
+
+	for_each_file(td, f, i) {
+		struct upnvme_fio_file *uf = f->engine_data;
+		if (!uf || uf->owner != td)
+			continue;
+		pthread_mutex_lock(&ctrls_lock);
+		for (struct upnvme_fio_file **p = &files_all; *p; p = &(*p)->next)
+			if (*p == uf) {
+				*p = uf->next;
+				break;
+			}
+		pthread_mutex_unlock(&ctrls_lock);
+		ctrl_put(uf->sc);
+		free(uf);
+		f->engine_data = NULL;
+	}
+}
+
+static int open_files(struct thread_data *td);
+
 /* Opens the controllers and sizes the files (before the threads start). */
 static int upnvme_fio_setup(struct thread_data *td)
+{
+	int rc = open_files(td);
+	if (rc != 0)
+		release_setup(td);
+	return rc;
+}
+
+static int open_files(struct thread_data *td)
 {
 	struct fio_file *f;
 	unsigned int i;
