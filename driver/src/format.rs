@@ -214,8 +214,21 @@ impl<D: Device> Controller<D> {
         }
         self.inner.execute_within(sqe, None, None, &what, timeout)?;
         let mut result = None;
+        let mut failed = None;
         for n in formatted {
-            let fresh = self.inner.namespace_handle(n)?;
+            // An Identify that fails leaves the namespace unusable (its old
+            // handle is retired), not the old handle listed; the formatted
+            // namespace's own failure is the call's error.
+            let fresh = match self.inner.namespace_handle(n) {
+                Ok(f) => f,
+                Err(e) => {
+                    let why = format!("its Identify after Format NVM failed: {e}");
+                    if n == nsid {
+                        failed = Some(e);
+                    }
+                    Err(why)
+                }
+            };
             self.namespaces.retain(|h| h.id() != n);
             self.unusable.retain(|(u, _)| *u != n);
             let this = match fresh {
@@ -234,6 +247,9 @@ impl<D: Device> Controller<D> {
             if n == nsid {
                 result = Some(this);
             }
+        }
+        if let Some(e) = failed {
+            return Err(e);
         }
         result.unwrap_or_else(|| self.namespace(nsid).cloned())
     }

@@ -677,6 +677,33 @@ fn format_nvm_with_fna_bit_0_retires_every_namespaces_handles() {
     assert_clean(&m);
 }
 
+/// An Identify that fails after the Format NVM: the call fails with it, and
+/// the namespace is listed as unusable (with why) instead of under its old,
+/// retired handle, which `Controller::namespace` would hand out again.
+#[test]
+fn an_identify_failing_after_format_nvm_leaves_the_namespace_unusable() {
+    let (m, mut c) = setup(with_format(0, false, 0, false));
+    let old = c.namespace(1).unwrap().clone();
+    m.inject(upnvme_tests::Fault::Status {
+        on: upnvme_tests::Match::Identify { cns: 0, nsid: 1 },
+        status: upnvme_tests::Status::INVALID_FIELD.with_dnr(),
+    });
+    let e = c.format_nvm(1, &FormatNvm::lbaf(4)).unwrap_err();
+    assert!(matches!(e, upnvme::Error::Command { .. }), "{e:?}");
+    assert!(old.is_stale());
+    let e = c.namespace(1).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("its Identify after Format NVM failed"),
+        "{e}"
+    );
+    // Formatting it again reads its Identify again and brings it back.
+    let ns = c.format_nvm(1, &FormatNvm::lbaf(4)).unwrap();
+    assert_eq!(ns.lba_size(), 4096);
+    drop(c);
+    assert_clean(&m);
+}
+
 #[test]
 fn format_nvm_reads_the_pi_location_from_dpc_bits_3_first_and_4_last() {
     // DPC 0x09: Type 1, PI in the first 8 metadata bytes only; 0x11: Type 1,
