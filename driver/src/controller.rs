@@ -603,7 +603,10 @@ impl<D: Device> Inner<D> {
     /// (bus mastering off, BAR0 replaced by all ones, the VFIO device closed
     /// — which lets the kernel's removal finish), then a new generation: each
     /// queue pair ends its commands in flight exactly once with
-    /// `IoError::ControllerRemoved`, with their buffers, at its next call.
+    /// `IoError::ControllerRemoved`, with their buffers, at its next call —
+    /// if DMA is known to have stopped (released, or CSTS.RDY = 0 read
+    /// back); otherwise no new generation: nothing the device may still
+    /// write is handed back.
     /// The admin lock is not taken (a caller may hold it in a long wait; it
     /// sees the all-ones registers and gives up).
     pub(crate) fn release_on_request(&self) {
@@ -618,24 +621,33 @@ impl<D: Device> Inner<D> {
                 .to_string(),
             );
         }
+        // Whether the controller itself said it stopped: CSTS.RDY = 0 read
+        // back (not all ones) with CC.EN = 0.
+        let mut disabled = false;
         let csts = Csts(self.dev.read32(REG_CSTS));
         if !csts.is_all_ones() {
             let cc = Cc(self.dev.read32(REG_CC));
             if cc.en() {
                 self.dev
                     .write32(REG_CC, cc.with_en(false).with_shn(Cc::SHN_NONE).0);
-                let _ = wait_csts(
+                disabled = wait_csts(
                     &self.dev,
                     &self.name,
                     RELEASE_DISABLE_WAIT,
                     "CSTS.RDY = 0 after CC.EN = 0 (release)",
                     |c| !c.rdy(),
-                );
+                )
+                .is_ok();
+            } else {
+                disabled = !csts.rdy();
             }
         }
         let released = self.dev.release();
+        // DMA has stopped if the device was released (bus mastering off or
+        // the device file really closed) or the controller was disabled.
+        let stopped = released || disabled;
         if let Ok(mut q) = self.quarantine.lock() {
-            if released {
+            if stopped {
                 q.clear();
             } else {
                 // The device did not say it can no longer reach memory:
@@ -646,10 +658,20 @@ impl<D: Device> Inner<D> {
         // Closed, failed and a new generation in one step: a queue pair that
         // sees the controller unusable also sees that its commands ended (and
         // delivers them, with their buffers) — never one without the other.
+        // Unless DMA is not known to have stopped: then no new generation,
+        // so the pairs do not hand back buffers (or free queue memory) the
+        // device may still write; their commands stay in flight and their
+        // memory is kept when they are dropped, as for any failed
+        // controller.
         let _ = self
             .state
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
-                Some((s | STATE_CLOSED | STATE_FAILED).wrapping_add(1 << STATE_GENERATION_SHIFT))
+                let s = s | STATE_CLOSED | STATE_FAILED;
+                Some(if stopped {
+                    s.wrapping_add(1 << STATE_GENERATION_SHIFT)
+                } else {
+                    s
+                })
             });
     }
 

@@ -131,3 +131,117 @@ fn a_closed_controller_whose_pairs_live_on_is_still_released() {
     assert!(matches!(err, Error::ControllerRemoved { .. }), "{err:?}");
     drop(qp);
 }
+
+/// A device that cannot be stopped: CC writes that clear EN are dropped
+/// (CSTS.RDY stays 1) and `release` reports that DMA may go on.
+#[derive(Clone)]
+struct Unstoppable {
+    model: ModelController,
+    stubborn: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl upnvme::Device for Unstoppable {
+    fn read32(&self, o: usize) -> u32 {
+        self.model.read32(o)
+    }
+    fn write32(&self, o: usize, v: u32) {
+        if o == 0x14 && v & 1 == 0 && self.stubborn.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
+        self.model.write32(o, v)
+    }
+    fn read64(&self, o: usize) -> u64 {
+        self.model.read64(o)
+    }
+    fn write64(&self, o: usize, v: u64) {
+        self.model.write64(o, v)
+    }
+    fn bar_len(&self) -> usize {
+        self.model.bar_len()
+    }
+    fn alloc_dma(&self, len: usize) -> Result<upnvme::DmaBuffer, upnvme_dma::DmaError> {
+        self.model.alloc_dma(len)
+    }
+    fn name(&self) -> String {
+        self.model.name()
+    }
+    fn release_request(&self) -> Option<std::sync::Arc<dyn upnvme::ReleaseRequest>> {
+        self.model.release_request()
+    }
+    fn release(&self) -> bool {
+        false
+    }
+}
+
+/// A release request for a controller that neither disables (CSTS.RDY
+/// stays 1) nor can be released: nothing the device may still write is
+/// handed back — the command stays in flight with its buffer, and the
+/// pair's queue memory is kept — so the late completion the model posts
+/// afterwards lands in memory nobody was given again.
+#[test]
+fn an_unconfirmed_release_hands_back_nothing_the_device_may_still_write() {
+    let m = ModelController::new(config_one_ns(4096, 1024));
+    m.offer_release_request();
+    let dev = Unstoppable {
+        model: m.clone(),
+        stubborn: Default::default(),
+    };
+    let stubborn = dev.stubborn.clone();
+    let c = upnvme::Controller::with_device(dev, opts()).unwrap();
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c
+        .io_queue_pair(QueuePairOptions {
+            entries: Some(2),
+            cq_entries: Some(256),
+            ..Default::default()
+        })
+        .unwrap();
+    m.inject(Fault::DelayCompletion {
+        on: Match::Queue(qp.qid()),
+        doorbells: None,
+    });
+    qp.read(&ns, 0, 1, c.alloc_dma(4096).unwrap(), 5).unwrap();
+    stubborn.store(true, std::sync::atomic::Ordering::SeqCst);
+    m.request_release();
+    // Until the release has run (the pair then reports the controller
+    // unusable): nothing comes back meanwhile or after.
+    let mut back = Vec::new();
+    let start = Instant::now();
+    let mut r = Ok(0);
+    while start.elapsed() < Duration::from_secs(10) {
+        r = qp.process_completions(u32::MAX, |_, c| back.push(c));
+        if r.is_err() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(matches!(r, Err(Error::ControllerRemoved { .. })), "{r:?}");
+    for _ in 0..10 {
+        let _ = qp.process_completions(u32::MAX, |_, c| back.push(c));
+    }
+    assert_eq!(m.csts() & 1, 1, "the controller never disabled");
+    assert!(
+        back.iter().all(|c| c.buffer.is_none()),
+        "a buffer came back while the device may still write it"
+    );
+    assert_eq!(qp.in_flight(), 1, "the command stays in flight");
+    drop(qp);
+    // Memory handed out again: marked, and checked after the late CQE.
+    let bufs: Vec<_> = (0..64)
+        .map(|_| {
+            let b = c.alloc_dma(4096).unwrap();
+            b.write_bytes(0, &[0xa5; 4096]).unwrap();
+            b
+        })
+        .collect();
+    assert_eq!(
+        m.release_delayed(),
+        1,
+        "the model posts its late completion"
+    );
+    let touched = bufs
+        .iter()
+        .filter(|b| b.to_vec().iter().any(|&x| x != 0xa5))
+        .count();
+    assert_eq!(touched, 0, "the device wrote into memory handed out again");
+}
