@@ -615,3 +615,56 @@ fn next_completion_keeps_a_completion_reaped_in_a_call_whose_timeout_scan_fails(
     drop(qp);
     assert_eq!(m.dma_faults(), 0);
 }
+
+/// A blocking call whose command the timeout reset ends, when the queues'
+/// re-creation after that reset is refused once: the call returns its own
+/// command's end (TimedOut or ControllerReset) with the buffer, not the
+/// Create error while the completion with the buffer waits parked; the next
+/// reap re-creates the queues.
+#[test]
+fn a_blocking_call_ended_by_a_timeout_reset_gets_its_buffer_even_if_re_creation_fails() {
+    const CREATE_IO_CQ: u8 = 0x05;
+    let m = ModelController::new(config_one_ns(4096, 256));
+    let c = open(&m, opts());
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c
+        .io_queue_pair(QueuePairOptions {
+            entries: Some(16),
+            command_timeout: Some(Duration::from_millis(30)),
+            ..Default::default()
+        })
+        .unwrap();
+    m.inject(Fault::DropCompletion(Match::Opcode {
+        qid: qp.qid(),
+        opcode: READ,
+    }));
+    m.inject(Fault::Status {
+        on: Match::Opcode {
+            qid: 0,
+            opcode: CREATE_IO_CQ,
+        },
+        status: upnvme_tests::Status::INTERNAL_ERROR,
+    });
+    let f = qp
+        .read_blocking(&ns, 1, 1, c.alloc_dma(4096).unwrap(), T)
+        .expect_err("the read was lost");
+    assert_eq!(c.resets(), 1);
+    assert!(
+        matches!(
+            f.error,
+            Error::Io {
+                error: IoError::TimedOut | IoError::ControllerReset,
+                ..
+            }
+        ),
+        "{}",
+        f.error
+    );
+    assert!(f.buffer.is_some(), "the buffer comes back with the call");
+    // The next blocking call re-creates the queues and works.
+    let buf = qp.read_blocking(&ns, 2, 1, f.buffer.unwrap(), T).unwrap();
+    assert_eq!(buf.len(), 4096);
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
