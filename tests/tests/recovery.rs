@@ -668,3 +668,53 @@ fn a_blocking_call_ended_by_a_timeout_reset_gets_its_buffer_even_if_re_creation_
     drop(c);
     assert_clean(&m);
 }
+
+/// After a reset, Create I/O SQ is refused and the Delete I/O CQ that
+/// should undo the CQ is refused too: the CQ may stay on the controller.
+/// The pair then deletes what may be left before creating again (before,
+/// every poll sent a Create I/O CQ the controller refused because the CQ
+/// existed, and reported an empty queue), and a poll that could not
+/// re-create says why.
+#[test]
+fn a_re_creation_that_left_its_cq_deletes_it_before_creating_again() {
+    const CREATE_IO_SQ: u8 = 0x01;
+    const CREATE_IO_CQ: u8 = 0x05;
+    let m = ModelController::new(config_one_ns(4096, 1024));
+    let c = open(&m, opts());
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    c.reset().unwrap();
+    let on = |opcode| Match::Opcode { qid: 0, opcode };
+    m.inject(Fault::Status {
+        on: on(CREATE_IO_SQ),
+        status: upnvme_tests::Status::INTERNAL_ERROR,
+    });
+    m.inject(Fault::Status {
+        on: on(DELETE_IO_CQ),
+        status: upnvme_tests::Status::INTERNAL_ERROR,
+    });
+    let e = qp.process_completions(u32::MAX, |_, _| {}).unwrap_err();
+    assert!(
+        e.to_string().contains("Create I/O Submission Queue"),
+        "the poll says why: {e}"
+    );
+    let before = m.commands_seen().len();
+    for _ in 0..100 {
+        qp.process_completions(u32::MAX, |_, _| {}).unwrap();
+    }
+    let creates = m.commands_seen()[before..]
+        .iter()
+        .filter(|(q, op, _)| *q == 0 && *op == CREATE_IO_CQ)
+        .count();
+    assert_eq!(
+        creates, 1,
+        "re-created once, after deleting the leftover CQ"
+    );
+    let buf = qp
+        .read_blocking(&ns, 0, 1, c.alloc_dma(4096).unwrap(), T)
+        .unwrap();
+    drop(buf);
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}

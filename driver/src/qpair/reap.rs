@@ -91,9 +91,10 @@ impl<D: Device> IoQueuePair<D> {
     where
         F: FnMut(&mut Self, Completion),
     {
+        let mut recreate_error = None;
         if self.needs_recreate || (!self.current() && self.generation_changed()) {
             // Deliver what the reset ended even if re-creating fails now.
-            let _ = self.sync_generation();
+            recreate_error = self.sync_generation().err();
         }
         if self.pending != 0 || self.sq_ring.tail() != self.sq_ring.committed_tail() {
             self.ring();
@@ -118,6 +119,14 @@ impl<D: Device> IoQueuePair<D> {
             // Closed or failed elsewhere (admin path, another pair): say so
             // instead of reporting an empty queue forever.
             return Err(self.ctrl.unusable_error());
+        }
+        if n == 0
+            && self.needs_recreate
+            && let Some(e) = recreate_error
+        {
+            // The queues are not there again: say why, instead of an empty
+            // queue (the next call tries again).
+            return Err(e);
         }
         if n < max && self.current() {
             n += self.poll_cq(max - n, f)?;

@@ -196,6 +196,36 @@ impl<D: Device> IoQueuePair<D> {
         Ok(())
     }
 
+    /// Before re-creating after a creation that may have left this pair's
+    /// queues on the controller (no answer, or a CQ whose undo was
+    /// refused): Delete I/O SQ, then Delete I/O CQ, each fine when the
+    /// queue does not exist (Invalid Queue Identifier). Otherwise every
+    /// later Create I/O CQ would be refused because the CQ exists, and the
+    /// pair would send one per call for ever.
+    #[cold]
+    fn delete_leftover_queues(&mut self) -> Result<()> {
+        let gone = |r: Result<upnvme_queues::Cqe>| match r {
+            Ok(_) => Ok(()),
+            Err(Error::Command { status, .. })
+                if status.sct() == 1
+                    && status.sc() == upnvme_queues::status::sc::command_specific::INVALID_QID =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(e),
+        };
+        gone(self.ctrl.admin_command(
+            Sqe::delete_io_sq(self.qid),
+            "Delete I/O Submission Queue (left by a failed re-creation)",
+        ))?;
+        gone(self.ctrl.admin_command(
+            Sqe::delete_io_cq(self.qid),
+            "Delete I/O Completion Queue (left by a failed re-creation)",
+        ))?;
+        self.recreated_maybe = false;
+        Ok(())
+    }
+
     /// Ends the in-flight command in `slot` once the controller was disabled
     /// (nothing can reach its buffer any more): frees its CID and builds its
     /// only completion — ControllerFailed after close, TimedOut if we had
@@ -270,6 +300,9 @@ impl<D: Device> IoQueuePair<D> {
         }
         if self.needs_recreate {
             self.ctrl.check_usable()?;
+            if self.recreated_maybe {
+                self.delete_leftover_queues()?;
+            }
             if let (Some(slots), Some(s)) = (self.doorbells.shadow, self.ctrl.shadow()) {
                 for b in [&s.doorbells, &s.event_idx] {
                     b.store_release_u32(slots.sq, 0)?;
