@@ -60,3 +60,62 @@ fn close_hands_back_commands_the_device_holds_after_deleting_the_queues() {
     drop(c);
     assert_clean(&m);
 }
+
+/// close() while another thread resets: every command submitted comes
+/// back exactly once, whichever way the race goes (before, a reset between
+/// close's reading of the generation and its Delete left close without the
+/// commands, and the pair's drop then freed their buffers unseen).
+#[test]
+fn close_racing_a_reset_delivers_every_command() {
+    use std::collections::HashSet;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Instant;
+    let m = upnvme_tests::ModelController::new(common::config_one_ns(4096, 1024));
+    let c = common::open(&m, common::opts());
+    let stop = AtomicBool::new(false);
+    let (lost, rounds) = std::thread::scope(|s| {
+        let resetter = s.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                let _ = c.reset();
+            }
+        });
+        let (mut lost, mut rounds) = (0u64, 0u64);
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(3) {
+            let Ok(mut qp) = c.io_queue_pair(QueuePairOptions::default()) else {
+                continue;
+            };
+            m.clear_faults();
+            for _ in 0..2 {
+                m.inject(upnvme_tests::Fault::DelayCompletion {
+                    on: upnvme_tests::Match::Queue(qp.qid()),
+                    doorbells: None,
+                });
+            }
+            let ns = c.namespace(1).unwrap().clone();
+            let mut sent = 0u64;
+            for tag in 0..4u64 {
+                if qp
+                    .read(&ns, tag, 1, c.alloc_dma(4096).unwrap(), tag)
+                    .is_ok()
+                {
+                    sent += 1;
+                }
+            }
+            let got = qp.close(Duration::ZERO);
+            let tags: HashSet<u64> = got.iter().map(|c| c.tag).collect();
+            assert_eq!(tags.len(), got.len(), "twice: {got:?}");
+            assert!(got.iter().all(|c| c.buffer.is_some()), "{got:?}");
+            lost += sent - got.len() as u64;
+            rounds += 1;
+        }
+        stop.store(true, Ordering::Relaxed);
+        resetter.join().unwrap();
+        (lost, rounds)
+    });
+    assert!(rounds > 10, "{rounds} rounds");
+    assert_eq!(
+        lost, 0,
+        "commands lost by close() racing a reset ({rounds} rounds)"
+    );
+}

@@ -16,9 +16,12 @@ impl<D: Device> IoQueuePair<D> {
     /// [`IoError::QueueDeleted`]: the device can no longer reach it.
     ///
     /// Only when the controller cannot confirm the deletion (it failed or
-    /// vanished) does a command stay without a completion: its buffer is
-    /// quarantined until the controller is disabled, as when the pair is
-    /// dropped. A pair that is simply dropped delivers nothing (see `Drop`).
+    /// vanished, or refused the deletion) does a command stay without a
+    /// completion: its buffer is quarantined until the controller is
+    /// disabled, never freed while the queues may exist. A reset from
+    /// another thread during the close ends the commands it ended here, as
+    /// the pair's next call would have. A pair that is simply dropped
+    /// delivers nothing (see `Drop`).
     pub fn close(mut self, timeout: Duration) -> Vec<Completion> {
         let mut out = Vec::new();
         let start = Instant::now();
@@ -38,6 +41,18 @@ impl<D: Device> IoQueuePair<D> {
             let _ = qp.process_completions(u32::MAX, |_, c| late.push(c));
         });
         out.append(&mut late);
+        if !deleted && self.generation_changed() {
+            // A reset (from another thread) came between: it disabled the
+            // controller since these queues were created, so nothing can
+            // reach the commands' memory any more — they end here, once,
+            // as the reset ends them, instead of being dropped unseen.
+            let closed = self.ctrl.is_closed();
+            let slots: Vec<u16> = self.trackers.in_flight_slots().collect();
+            for slot in slots {
+                out.push(self.end_in_flight(slot, closed));
+            }
+            self.deleted = true;
+        }
         // Parked completions (reaped on the owner's behalf) are delivered too.
         while let Some((_, c)) = self.ready.pop_front() {
             out.push(c);

@@ -267,7 +267,16 @@ impl<D: Device> IoQueuePair<D> {
 /// command back, exactly once, call [`IoQueuePair::close`] instead.
 impl<D: Device> Drop for IoQueuePair<D> {
     fn drop(&mut self) {
-        if !self.delete_queues(|_| {}) {
+        // After a close whose deletion was not confirmed, no second try: it
+        // could succeed and free buffers whose commands close did not hand
+        // back (the close's contract is to keep them until the controller
+        // is disabled).
+        let deleted = if self.closing {
+            self.deleted
+        } else {
+            self.delete_queues(|_| {})
+        };
+        if !deleted {
             // The device may still DMA: keep everything it could touch alive
             // until the controller is disabled.
             let mut keep: Vec<DmaPages> = self
