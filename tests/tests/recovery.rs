@@ -454,33 +454,41 @@ fn an_abort_that_gets_no_answer_resets_the_controller_and_the_command_completes_
     );
     let ns = c.namespace(1).unwrap().clone();
     let mut qp = c.io_queue_pair(qp_opts(50)).unwrap();
-    // The read's completion is lost, and so is the Abort's (admin opcode
-    // 08h): the Abort times out and the controller is marked failed.
-    m.inject(Fault::DropCompletion(Match::Opcode {
-        qid: qp.qid(),
-        opcode: READ,
-    }));
+    // Two reads' completions are lost, and so is the first Abort's (admin
+    // opcode 08h): the Abort times out and the controller is marked failed.
+    // (One fault per command: a fault matches every command it can.)
+    let next = m.commands_fetched();
+    for n in [next, next + 1] {
+        m.inject(Fault::DropCompletion(Match::Nth(n)));
+    }
     m.inject(Fault::DropCompletion(Match::Opcode {
         qid: 0,
         opcode: 0x08,
     }));
-    let b = c.alloc_dma(4096).unwrap();
-    qp.submit(
-        IoCommand::Read {
-            ns: &ns,
-            slba: 1,
-            blocks: 1,
-        },
-        Some(b),
-        21,
-    )
-    .unwrap();
+    for tag in [21, 22] {
+        let b = c.alloc_dma(4096).unwrap();
+        qp.submit(
+            IoCommand::Read {
+                ns: &ns,
+                slba: 1,
+                blocks: 1,
+            },
+            Some(b),
+            tag,
+        )
+        .unwrap();
+    }
     // Without the reset the pair would answer ControllerFailed from here
-    // on and the command (and its buffer) would never come back.
-    let done = collect(&mut qp, 1);
-    assert_eq!(done[0].tag, 21);
-    assert_eq!(done[0].result, Err(IoError::TimedOut));
-    assert!(done[0].buffer.is_some());
+    // on and the commands (and their buffers) would never come back. The
+    // second was overdue too but got no Abort (none gets through): it is
+    // timed out as well, not "reset".
+    let mut done = collect(&mut qp, 2);
+    done.sort_by_key(|c| c.tag);
+    assert_eq!((done[0].tag, done[1].tag), (21, 22));
+    for d in &done {
+        assert_eq!(d.result, Err(IoError::TimedOut), "tag {}", d.tag);
+        assert!(d.buffer.is_some());
+    }
     assert_eq!(qp.stats().aborts, 1);
     assert_eq!(c.resets(), 1);
     assert_eq!(qp.stats().timeout_resets, 1);

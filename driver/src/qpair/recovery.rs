@@ -162,7 +162,7 @@ impl<D: Device> IoQueuePair<D> {
                 return Err(e);
             }
         }
-        for slot in to_abort {
+        for (i, &slot) in to_abort.iter().enumerate() {
             if let Some(cid) = self.trackers.cid_of(slot) {
                 // The Abort's status does not matter: either the command
                 // completes (with Command Abort Requested) or, after a second
@@ -179,6 +179,14 @@ impl<D: Device> IoQueuePair<D> {
                 }
                 self.stats.aborts += 1;
                 if matches!(r, Err(Error::Timeout { .. } | Error::DeviceFault { .. })) {
+                    // No Abort gets through now: the other overdue commands
+                    // are timed out too (the reset below ends them as
+                    // TimedOut, not as ControllerReset).
+                    for &rest in &to_abort[i + 1..] {
+                        if let Some(tr) = self.trackers.get_mut(rest) {
+                            tr.aborted = true;
+                        }
+                    }
                     reset = true;
                     break;
                 }
