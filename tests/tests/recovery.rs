@@ -508,6 +508,14 @@ fn an_abort_that_gets_no_answer_resets_the_controller_and_the_command_completes_
 /// 100 ms timeout end after about 20 s.
 #[test]
 fn a_sleeping_blocking_wait_ends_at_its_timeout() {
+    // 20 ms sleeps, and a back-off sleep longer than the whole wait (an
+    // hour: each sleep is cut to what is left of the timeout).
+    for sleep in [Duration::from_millis(20), Duration::from_secs(3600)] {
+        sleeping_blocking_wait_ends_at_its_timeout(sleep);
+    }
+}
+
+fn sleeping_blocking_wait_ends_at_its_timeout(sleep: Duration) {
     let m = ModelController::new(config_one_ns(4096, 256));
     let c = open(&m, opts());
     let ns = c.namespace(1).unwrap().clone();
@@ -515,7 +523,7 @@ fn a_sleeping_blocking_wait_ends_at_its_timeout() {
         .io_queue_pair(QueuePairOptions {
             backoff: upnvme::Backoff {
                 spin_polls: 10,
-                sleep: Some(Duration::from_millis(20)),
+                sleep: Some(sleep),
             },
             command_timeout: None,
             ..Default::default()

@@ -148,7 +148,9 @@ impl<D: Device> IoQueuePair<D> {
             }
             if empty > self.backoff.spin_polls {
                 match self.backoff.sleep {
-                    Some(d) => std::thread::sleep(d),
+                    // Never past the caller's timeout (a sleep of
+                    // `Duration::MAX` would never return).
+                    Some(d) => std::thread::sleep(d.min(timeout.saturating_sub(start.elapsed()))),
                     None => std::thread::yield_now(),
                 }
             }
