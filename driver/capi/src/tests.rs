@@ -638,32 +638,38 @@ fn destroy_keeps_each_ended_buffer_in_flight_until_its_own_callback() {
     assert_eq!(m.dma_faults(), 0);
 }
 
-#[test]
-fn destroy_delivers_completions_the_library_parked_after_a_close() {
-    let (m, c) = model();
-    let mut qp = pair(&c, 8);
-    let qpp: *mut Qpair<ModelController> = &mut *qp;
-    m.inject(upnvme_tests::Fault::DelayCompletion {
-        on: upnvme_tests::Match::Queue(qp.qp.qid()),
-        doorbells: None,
-    });
-    m.inject(upnvme_tests::Fault::DelayCompletion {
-        on: upnvme_tests::Match::Queue(qp.qp.qid()),
-        doorbells: None,
-    });
-    m.inject(upnvme_tests::Fault::DelayCompletion {
-        on: upnvme_tests::Match::Queue(qp.qp.qid()),
-        doorbells: None,
-    });
-    let bufs = [handle(&c, 4096), handle(&c, 4096), handle(&c, 4096)];
-    let mut seen: Vec<c_int> = Vec::new();
-    let arg: *mut Vec<c_int> = &mut seen;
+/// Three reads whose completions the model holds back, each counted into
+/// `seen` by `count_cb`; returns their buffer handles.
+fn three_held_reads(
+    m: &ModelController,
+    c: &Controller<ModelController>,
+    qp: &mut Qpair<ModelController>,
+    seen: &mut Vec<c_int>,
+) -> [*mut upnvme_buf; 3] {
+    for _ in 0..3 {
+        m.inject(upnvme_tests::Fault::DelayCompletion {
+            on: upnvme_tests::Match::Queue(qp.qp.qid()),
+            doorbells: None,
+        });
+    }
+    let bufs = [handle(c, 4096), handle(c, 4096), handle(c, 4096)];
+    let arg: *mut Vec<c_int> = seen;
     let read = Cmd::Read { slba: 0, blocks: 8 };
     for b in bufs {
         // SAFETY: live handle and pair.
         let rc = unsafe { qp.submit(1, read, b, Some(count_cb), arg.cast()) };
         assert_eq!(rc, UPNVME_OK, "{}", last_error());
     }
+    bufs
+}
+
+#[test]
+fn destroy_delivers_completions_the_library_parked_after_a_close() {
+    let (m, c) = model();
+    let mut qp = pair(&c, 8);
+    let qpp: *mut Qpair<ModelController> = &mut *qp;
+    let mut seen: Vec<c_int> = Vec::new();
+    let bufs = three_held_reads(&m, &c, &mut qp, &mut seen);
     // Closing the controller ends the three; one poll delivers one and the
     // library parks the other two (its own in-flight count is then 0).
     c.close().unwrap();
@@ -693,21 +699,8 @@ fn callbacks_that_ran_are_counted_and_the_error_comes_next() {
     let (m, c) = model();
     let mut qp = pair(&c, 8);
     let qpp: *mut Qpair<ModelController> = &mut *qp;
-    for _ in 0..3 {
-        m.inject(upnvme_tests::Fault::DelayCompletion {
-            on: upnvme_tests::Match::Queue(qp.qp.qid()),
-            doorbells: None,
-        });
-    }
-    let bufs = [handle(&c, 4096), handle(&c, 4096), handle(&c, 4096)];
     let mut seen: Vec<c_int> = Vec::new();
-    let arg: *mut Vec<c_int> = &mut seen;
-    let read = Cmd::Read { slba: 0, blocks: 8 };
-    for b in bufs {
-        // SAFETY: live handle and pair.
-        let rc = unsafe { qp.submit(1, read, b, Some(count_cb), arg.cast()) };
-        assert_eq!(rc, UPNVME_OK, "{}", last_error());
-    }
+    let bufs = three_held_reads(&m, &c, &mut qp, &mut seen);
     c.close().unwrap();
     // SAFETY: live pair, this thread's.
     let rc = unsafe { Qpair::process_completions(qpp, 0) };
