@@ -64,8 +64,13 @@ pub struct ShadowBuffers {
 const STATE_CLOSED: u64 = 1;
 /// `Inner::state` bit: failed.
 const STATE_FAILED: u64 = 2;
+/// `Inner::state` bit: a reset is under way (set under the admin lock before
+/// its queue deletions, cleared when it ends): no queue pair writes a doorbell
+/// while it is set, since its queues may already be deleted or the controller
+/// disabled.
+pub(crate) const STATE_RESETTING: u64 = 4;
 /// `Inner::state`: the reset generation starts at this bit.
-pub(crate) const STATE_GENERATION_SHIFT: u32 = 2;
+pub(crate) const STATE_GENERATION_SHIFT: u32 = 3;
 
 pub(crate) struct Inner<D: Device> {
     dev: D,
@@ -80,7 +85,8 @@ pub(crate) struct Inner<D: Device> {
     ready_timeout: Duration,
     failure: Mutex<Option<String>>,
     /// What the I/O path checks, in one word (one load per check): bit 0
-    /// closed, bit 1 failed (set with `failure`), and above
+    /// closed, bit 1 failed (set with `failure`), bit 2 resetting (a reset
+    /// holds the admin lock and may have deleted the I/O queues), and above
     /// [`STATE_GENERATION_SHIFT`] the reset generation, incremented by every
     /// controller reset once the controller is disabled (no DMA possible):
     /// queue pairs compare it with their own copy to learn that their
@@ -1092,11 +1098,27 @@ impl<D: Device> Inner<D> {
                 device: self.name.clone(),
             });
         }
+        // From here to the end no queue pair writes a doorbell (its one-load
+        // check fails): the deletions below remove its queues before CC.EN =
+        // 0 and the new generation. A pair that wants to submit meanwhile
+        // waits for the end (`wait_for_reset`).
+        self.state.fetch_or(STATE_RESETTING, Ordering::AcqRel);
         let r = self.reset_locked(&mut admin, deletion_budget);
         if let Err(e) = &r {
             self.mark_failed(e);
         }
+        self.state.fetch_and(!STATE_RESETTING, Ordering::AcqRel);
         r
+    }
+
+    /// Returns once no reset is under way (at once when none runs). Yields
+    /// rather than taking the admin lock: once the reset ends, the lock may
+    /// pass to a long admin command (a Format NVM) this caller need not wait
+    /// for. Bounded by the reset, whose every step has a timeout.
+    pub(crate) fn wait_for_reset(&self) {
+        while self.state() & STATE_RESETTING != 0 {
+            std::thread::yield_now();
+        }
     }
 
     fn reset_locked(&self, admin: &mut AdminQueue, deletion_budget: Duration) -> Result<()> {

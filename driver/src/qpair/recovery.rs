@@ -58,6 +58,9 @@ impl<D: Device> IoQueuePair<D> {
             if self.current() {
                 return Ok(());
             }
+            // A reset under way (another thread) may have deleted the
+            // queues: wait for it to end, then catch up with it.
+            self.ctrl.wait_for_reset();
             if !(self.needs_recreate || self.generation_changed()) {
                 // Failed or closed: no reset to catch up with.
                 return Err(Reject::Unusable);
