@@ -103,12 +103,16 @@ pub(crate) struct Inner<D: Device> {
     /// Memory the device may still access (timed-out commands, queues whose
     /// deletion failed): released only after the controller is disabled.
     quarantine: Mutex<Vec<DmaPages>>,
-    identify: IdentifyController,
+    pub(crate) identify: IdentifyController,
     granted_io_queues: u16,
     /// Host Behavior Support LBAFEE was set (the controller reports
     /// Extended LBA Formats, CTRATT.ELBAS, and took the feature): set again
     /// after every reset.
     lbafee: bool,
+    /// The Asynchronous Event Configuration value set at bring-up to enable
+    /// Namespace Attribute Notices (set again after every reset); `None`
+    /// when the controller does not offer them or refused.
+    aec: Option<u32>,
     shadow: Option<ShadowBuffers>,
     aer_target: u32,
     /// Released on the kernel's request (see `release_on_request`).
@@ -423,15 +427,25 @@ impl<D: Device> Controller<D> {
     /// The controller masks an event type until the host reads the log page
     /// the event names ([`AsyncEvent::log_page`]) with Retain Asynchronous
     /// Event cleared, which [`Controller::get_log_page`] does.
+    ///
+    /// A Notice / Namespace Attribute Changed event
+    /// ([`AsyncEvent::is_namespace_attribute_changed`]) is followed before
+    /// it is returned: the Changed Namespace List (log 04h) is read (which
+    /// re-arms the notice) and the handles of listed namespaces whose
+    /// geometry changed, or that are gone, are retired; take new ones after
+    /// [`Controller::refresh_namespaces`] (docs/io.md, "Namespaces changed
+    /// by someone else").
     pub fn poll_async_events(&self) -> Result<Vec<AsyncEvent>> {
-        self.inner.with_admin(|dev, name, admin| {
-            admin.reap(dev, name)?;
-            let events = admin.take_events();
-            if admin.aers_to_repost() > 0 {
-                admin.post_aers(dev, self.inner.aer_target)?;
-            }
-            Ok(events)
-        })
+        self.inner
+            .with_admin(|dev, name, admin| {
+                admin.reap(dev, name)?;
+                let events = admin.take_events();
+                if admin.aers_to_repost() > 0 {
+                    admin.post_aers(dev, self.inner.aer_target)?;
+                }
+                Ok(events)
+            })
+            .inspect(|events| self.follow_namespace_changes(events))
     }
 
     /// Admin command passthrough: the caller's SQE with the driver's CID and
@@ -914,7 +928,12 @@ impl<D: Device> Inner<D> {
         r
     }
 
-    fn execute(&self, sqe: Sqe, data_len: Option<usize>, what: &str) -> Result<(Cqe, Vec<u8>)> {
+    pub(crate) fn execute(
+        &self,
+        sqe: Sqe,
+        data_len: Option<usize>,
+        what: &str,
+    ) -> Result<(Cqe, Vec<u8>)> {
         self.execute_with(sqe, data_len, None, what)
     }
 
@@ -1051,7 +1070,7 @@ impl<D: Device> Inner<D> {
         Ok(idns)
     }
 
-    fn identify_raw(&self, cns: u8, nsid: u32) -> Result<Vec<u8>> {
+    pub(crate) fn identify_raw(&self, cns: u8, nsid: u32) -> Result<Vec<u8>> {
         let sqe = Sqe::identify(cns, nsid, 0);
         let (_, data) = self.execute(
             sqe,
@@ -1202,6 +1221,21 @@ impl<D: Device> Inner<D> {
             buf.write_bytes(0, &HBS_LBAFEE)?;
             let (cqe, _) = admin.execute(dev, name, sqe, Some(buf), list, t, what)?;
             succeeded(cqe, what)?;
+        }
+        if let Some(aec) = self.aec {
+            // Namespace Attribute Notices again (a Controller Level Reset
+            // sets features back). Refused now: no notices, as for a
+            // controller that never offered them.
+            let what = "Set Features (Asynchronous Event Configuration, after reset)";
+            admin.execute(
+                dev,
+                name,
+                Sqe::set_features(feature::ASYNC_EVENT_CONFIG, aec, false),
+                None,
+                None,
+                t,
+                what,
+            )?;
         }
         if let Some(s) = &self.shadow {
             // Atomic word stores: queue pairs on other threads may store
@@ -1847,6 +1881,7 @@ fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<BroughtUp<D
         identify: placeholder,
         granted_io_queues: 0,
         lbafee: false,
+        aec: None,
         shadow: None,
         aer_target: 0,
         removed: AtomicBool::new(false),
@@ -1903,42 +1938,9 @@ fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<BroughtUp<D
     }
 
     // Identify namespaces.
-    // The list is untrusted: only NSIDs 1..=min(NN, FFFFFFFEh), each once, in
-    // ascending order; a list that does not advance ends the paging (a device
-    // that ignores the starting NSID would otherwise loop forever).
-    let max_nsid = inner.identify.nn.min(0xffff_fffe);
-    let mut nsids = Vec::new();
-    let mut start = 0u32;
-    for _page in 0..4096 {
-        let data = inner.identify_raw(cns::ACTIVE_NSID_LIST, start)?;
-        let ids = parse_ns_list(&data);
-        let full = ids.len() == 1024;
-        let last = ids.iter().copied().max();
-        nsids.extend(
-            ids.into_iter()
-                .filter(|&n| n > start && n >= 1 && n <= max_nsid),
-        );
-        match last {
-            Some(l) if full && l > start && l < max_nsid => start = l,
-            _ => break,
-        }
-    }
-    nsids.sort_unstable();
-    nsids.dedup();
-    let mut namespaces = Vec::new();
-    let mut unusable = Vec::new();
-    for nsid in nsids {
-        // One namespace the driver cannot use (an Identify refused with a
-        // status, a format it has no code for) does not fail the others.
-        match inner.namespace_handle(nsid) {
-            Ok(Ok(ns)) => namespaces.push(ns),
-            Ok(Err(why)) => unusable.push((nsid, why)),
-            Err(e @ Error::Command { .. }) => {
-                unusable.push((nsid, format!("Identify Namespace failed: {e}")));
-            }
-            Err(e) => return Err(e),
-        }
-    }
+    let (namespaces, unusable) = inner.scan_namespaces()?;
+    // Namespace Attribute Notices, when offered (namespace_list.rs).
+    inner.aec = inner.enable_namespace_notices()?;
 
     // Doorbell Buffer Config (admin 7Ch), when OACS bit 8 says so. Shadow
     // doorbells only save MMIO writes: when their buffers cannot be had

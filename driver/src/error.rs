@@ -281,8 +281,9 @@ pub enum Reject {
     /// mapped for another controller: its IOVA means something else, or
     /// nothing, to this one.
     ForeignBuffer,
-    /// The namespace was formatted (Format NVM) since the handle was taken:
-    /// its geometry no longer holds.
+    /// The namespace was formatted (Format NVM), or changed or removed by
+    /// someone else (a Namespace Attribute Changed notice), since the handle
+    /// was taken: its geometry no longer holds.
     StaleNamespace {
         /// The namespace's NSID.
         nsid: u32,
@@ -389,8 +390,10 @@ impl std::fmt::Display for Reject {
             ),
             Reject::StaleNamespace { nsid } => write!(
                 f,
-                "namespace {nsid} was formatted (Format NVM) since this handle was taken: take a \
-                 new one with Controller::namespace({nsid})"
+                "namespace {nsid} was formatted or changed since this handle was taken (Format \
+                 NVM, or a Namespace Attribute Changed notice): take a new one with \
+                 Controller::namespace({nsid}), after Controller::refresh_namespaces() for a \
+                 change made elsewhere"
             ),
             Reject::NoBuffer => f.write_str("the command needs a data buffer"),
             Reject::BlockCount { blocks } => {

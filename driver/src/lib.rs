@@ -34,6 +34,7 @@ pub mod format;
 pub mod hotplug;
 pub mod memory;
 pub mod namespace;
+pub mod namespace_list;
 pub mod options;
 pub mod qpair;
 
@@ -43,6 +44,7 @@ pub use error::{Error, IoError, IoFailure, PiCheck, Reject, Rejected, Result};
 pub use format::{FormatNvm, SecureErase};
 pub use hotplug::{HotplugEvent, Watcher, watch};
 pub use namespace::{MetadataLayout, Namespace};
+pub use namespace_list::NamespaceChanges;
 pub use options::ControllerOptions;
 pub use options::MAX_TRANSFER_CAP;
 pub use qpair::{

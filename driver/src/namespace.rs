@@ -34,7 +34,7 @@ struct Shared {
     /// The current LBA format's Extended LBA Format dword (CNS 05h ELBAF:
     /// STS bits 6:0, PIF bits 8:7), 0 when the controller reports none.
     elbaf: u32,
-    /// Set when Format NVM changed the namespace's format: the handle's
+    /// Set when Format NVM (or someone else) changed the namespace: the handle's
     /// geometry no longer holds, so queue pairs refuse it
     /// ([`crate::Reject::StaleNamespace`]).
     retired: AtomicBool,
@@ -295,14 +295,28 @@ impl Namespace {
     }
 
     /// True once Format NVM changed the namespace's format after this
-    /// handle was taken: queue pairs refuse it; take a new one with
-    /// [`crate::Controller::namespace`].
+    /// handle was taken, or a Namespace Attribute Changed notice showed its
+    /// geometry changed or the namespace gone: queue pairs refuse it; take a
+    /// new one with [`crate::Controller::namespace`] (after
+    /// [`crate::Controller::refresh_namespaces`] for a change made by
+    /// someone else).
     #[inline(always)]
     pub fn is_stale(&self) -> bool {
         self.shared.retired.load(Ordering::Relaxed)
     }
 
-    /// Marks every clone of this handle stale (after Format NVM).
+    /// Whether `other` describes the namespace as this handle does for
+    /// I/O: NSID, size (NSZE), LBA data size, metadata size and layout,
+    /// protection information.
+    pub(crate) fn same_geometry(&self, other: &Namespace) -> bool {
+        self.id == other.id
+            && self.blocks == other.blocks
+            && self.lba_size == other.lba_size
+            && self.metadata_layout_always() == other.metadata_layout_always()
+    }
+
+    /// Marks every clone of this handle stale (after Format NVM, or a
+    /// change another host made).
     pub(crate) fn retire(&self) {
         self.shared.plain_key.store(0, Ordering::Relaxed);
         self.shared.retired.store(true, Ordering::Relaxed);

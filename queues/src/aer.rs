@@ -59,6 +59,13 @@ impl AsyncEvent {
         }
     }
 
+    /// Notice / Namespace Attribute Changed: the Changed Namespace List
+    /// (log 04h) names the namespaces whose Identify data changed.
+    pub fn is_namespace_attribute_changed(&self) -> bool {
+        self.event_type == event_type::NOTICE
+            && self.event_info == notice::NAMESPACE_ATTRIBUTE_CHANGED
+    }
+
     /// Encodes completion Dword 0 (used by controller models).
     pub fn to_dw0(&self) -> u32 {
         u32::from(self.event_type & 0x7)

@@ -252,6 +252,14 @@ impl IdentifyController {
         self.ctratt & (1 << 15) != 0
     }
 
+    /// OAES bit 8: the controller sends Namespace Attribute Notices (an
+    /// asynchronous event, Notice 00h, when a namespace's Identify data
+    /// changes or it is attached or detached), once Asynchronous Event
+    /// Configuration bit 8 enables them.
+    pub fn oaes_namespace_attribute_notices(&self) -> bool {
+        self.oaes & (1 << 8) != 0
+    }
+
     /// OACS bit 8: the Doorbell Buffer Config command is supported.
     pub fn oacs_doorbell_buffer_config(&self) -> bool {
         self.oacs & (1 << 8) != 0

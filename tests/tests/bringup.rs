@@ -109,19 +109,22 @@ fn bringup_admin_commands_in_order() {
         .map(|&(_, op, _)| op)
         .collect();
     // Identify Controller, Number of Queues, namespace list, namespace 1,
-    // Doorbell Buffer Config, then the AERs.
+    // Get and Set Features Asynchronous Event Configuration (Namespace
+    // Attribute Notices, OAES bit 8), Doorbell Buffer Config, then the AERs.
     assert_eq!(
-        &admin[..5],
+        &admin[..7],
         &[
             admin_op::IDENTIFY,
             admin_op::SET_FEATURES,
             admin_op::IDENTIFY,
             admin_op::IDENTIFY,
+            admin_op::GET_FEATURES,
+            admin_op::SET_FEATURES,
             admin_op::DBBC
         ]
     );
-    assert!(admin[5..].iter().all(|&op| op == admin_op::AER));
-    assert_eq!(admin.len() - 5, 4);
+    assert!(admin[7..].iter().all(|&op| op == admin_op::AER));
+    assert_eq!(admin.len() - 7, 4);
     drop(c);
     assert_clean(&m);
 }

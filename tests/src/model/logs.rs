@@ -1,6 +1,6 @@
 //! Get Log Page (NVMe Base Specification 2.0, §5.16) and the log pages the
 //! model keeps: Error Information (01h), SMART / Health Information
-//! (02h), Firmware Slot Information (03h).
+//! (02h), Firmware Slot Information (03h), Changed Namespace List (04h).
 
 use std::collections::VecDeque;
 
@@ -15,6 +15,10 @@ const LID_ERROR_INFO: u8 = 0x01;
 const LID_SMART: u8 = 0x02;
 /// LID 03h, Firmware Slot Information.
 const LID_FIRMWARE_SLOT: u8 = 0x03;
+/// LID 04h, Changed Namespace List.
+const LID_CHANGED_NS_LIST: u8 = 0x04;
+/// Asynchronous Event Configuration bit 8: Namespace Attribute Notices.
+const AEC_NS_ATTRIBUTE_NOTICES: u32 = 1 << 8;
 /// Error Information entries kept: Identify Controller ELPE + 1.
 const ERROR_ENTRIES: usize = 4;
 /// Composite temperature reported, in kelvins (QEMU's default).
@@ -109,6 +113,40 @@ impl State {
         p
     }
 
+    /// Changed Namespace List: up to 1024 NSIDs, zero-filled after; the
+    /// first entry FFFFFFFFh when more changed.
+    fn changed_ns_page(&self) -> Vec<u8> {
+        let mut p = vec![0u8; 4096];
+        if self.changed_overflow {
+            p[..4].copy_from_slice(&0xffff_ffffu32.to_le_bytes());
+        } else {
+            for (dst, id) in p.chunks_exact_mut(4).zip(&self.changed_nsids) {
+                dst.copy_from_slice(&id.to_le_bytes());
+            }
+        }
+        p
+    }
+
+    /// Namespace `nsid` changed (another host formatted, resized, attached
+    /// or detached it): listed in log 04h, and a Notice / Namespace
+    /// Attribute Changed event raised if the host enabled them
+    /// (Asynchronous Event Configuration bit 8) and has read the list
+    /// since the last one.
+    pub(crate) fn namespace_changed(&mut self, nsid: u32) {
+        if !self.changed_nsids.contains(&nsid) {
+            if self.changed_nsids.len() == 1024 {
+                self.changed_overflow = true;
+            } else {
+                self.changed_nsids.push(nsid);
+            }
+        }
+        if self.features.aec & AEC_NS_ATTRIBUTE_NOTICES != 0 && !self.ns_notice_masked {
+            self.ns_notice_masked = true;
+            // Notice (2h), Namespace Attribute Changed (00h), log 04h.
+            self.async_event(2 | 0x04 << 16);
+        }
+    }
+
     /// Get Log Page (§5.16): CDW10 LID (7:0), NUMDL (31:16); CDW11 NUMDU
     /// (15:0); CDW12/13 LPOL/LPOU, a dword-aligned byte offset. Bytes past
     /// the end of the page are not transferred (as QEMU); an offset past it
@@ -130,6 +168,17 @@ impl State {
                 self.health.page(self.errors.count)
             }
             LID_FIRMWARE_SLOT => self.firmware_slot_page(),
+            LID_CHANGED_NS_LIST => {
+                let page = self.changed_ns_page();
+                // RAE (CDW10 bit 15) clear: the list is cleared and the
+                // notice re-armed.
+                if cdw10 & (1 << 15) == 0 {
+                    self.changed_nsids.clear();
+                    self.changed_overflow = false;
+                    self.ns_notice_masked = false;
+                }
+                page
+            }
             _ => return Outcome::err(Status::INVALID_LOG_PAGE.with_dnr()),
         };
         if offset % 4 != 0 || offset >= page.len() as u64 {

@@ -298,6 +298,33 @@ impl ModelController {
         self.state().async_event(event);
     }
 
+    /// Another host changes namespace `nsid` (nothing the driver sent):
+    /// `Some(cfg)` formats or resizes it to `cfg` (its data reads as zeros
+    /// afterwards) or attaches it if it was not attached, `None` detaches
+    /// it. The namespace is listed in the Changed Namespace List (log 04h)
+    /// and, if the host enabled Namespace Attribute Notices (Asynchronous
+    /// Event Configuration bit 8), a Notice / Namespace Attribute Changed
+    /// event is raised (once until the host reads log 04h).
+    pub fn change_namespace(&self, nsid: u32, cfg: Option<NamespaceConfig>) {
+        let mut s = self.state();
+        match (s.namespace(nsid), cfg) {
+            (Some(i), Some(cfg)) => {
+                s.namespaces[i].format(NamespaceConfig { nsid, ..cfg });
+                s.identify_overrides.remove(&(0, nsid));
+            }
+            (None, Some(cfg)) => {
+                let at = s.namespaces.partition_point(|n| n.cfg.nsid < nsid);
+                s.namespaces
+                    .insert(at, storage::Namespace::new(NamespaceConfig { nsid, ..cfg }));
+            }
+            (Some(i), None) => {
+                s.namespaces.remove(i);
+            }
+            (None, None) => {}
+        }
+        s.namespace_changed(nsid);
+    }
+
     /// Sets the SMART / Health Information log's Critical Warning byte (for
     /// example before raising a SMART / Health asynchronous event).
     pub fn set_critical_warning(&self, warning: u8) {

@@ -216,6 +216,14 @@ pub(crate) struct State {
     pub aers: Vec<ParkedAer>,
     /// Asynchronous events waiting for a request (completion dword 0).
     pub events: VecDeque<u32>,
+    /// The Changed Namespace List (log 04h): NSIDs changed since the host
+    /// last read it, up to 1024 (more: the list says FFFFFFFFh).
+    pub changed_nsids: Vec<u32>,
+    /// More than 1024 namespaces changed since the last read.
+    pub changed_overflow: bool,
+    /// A Namespace Attribute Changed notice was sent and the host has not
+    /// read log 04h since: no further notice until it does.
+    pub ns_notice_masked: bool,
     /// Feature values.
     pub features: Features,
     /// Shadow doorbells, once configured.
@@ -260,6 +268,9 @@ impl State {
             dropped: Vec::new(),
             aers: Vec::new(),
             events: VecDeque::new(),
+            changed_nsids: Vec::new(),
+            changed_overflow: false,
+            ns_notice_masked: false,
             features: Features::default(),
             shadow: None,
             event_idx_frozen: false,

@@ -1,0 +1,269 @@
+//! The controller's namespace list: reading it (bring-up,
+//! [`Controller::refresh_namespaces`]) and following its changes.
+//!
+//! A namespace can change under the driver's handles without anything the
+//! driver sent: another host (or another controller of the subsystem)
+//! formats it, resizes it, detaches it. A handle that kept the old geometry
+//! would size transfers wrongly — a Read of one block into a 512-byte
+//! buffer moving 4096 bytes after a format to 4 KiB blocks. So, when the
+//! controller offers Namespace Attribute Notices (Identify Controller OAES
+//! bit 8), the driver enables them (Set Features, Asynchronous Event
+//! Configuration bit 8) at bring-up and after every reset. When
+//! [`Controller::poll_async_events`] meets a Notice / Namespace Attribute
+//! Changed event, it reads the Changed Namespace List (log 04h, which also
+//! re-arms the event) and Identify Namespace of each namespace listed, and
+//! retires every handle whose geometry changed or whose namespace is gone:
+//! queue pairs refuse it ([`crate::Reject::StaleNamespace`]).
+//! [`Controller::refresh_namespaces`] then reads the list again and hands
+//! out new handles.
+//!
+//! What no notice can close: a command submitted between the change and the
+//! poll that retires the handle still carries the old geometry. Poll the
+//! events regularly (a management thread) where other hosts share the
+//! namespaces.
+
+use upnvme_queues::{AsyncEvent, Sqe, cns, feature, log_id, parse_ns_list};
+
+use crate::controller::{Controller, Inner};
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::namespace::Namespace;
+
+/// Asynchronous Event Configuration (Feature 0Bh) bit 8: Namespace Attribute
+/// Notices.
+const AEC_NAMESPACE_ATTRIBUTE_NOTICES: u32 = 1 << 8;
+
+/// The Changed Namespace List's size: 1024 NSIDs.
+const CHANGED_NS_LIST_LEN: usize = 4096;
+
+/// The Changed Namespace List's first entry when more than 1024 namespaces
+/// changed.
+const CHANGED_NS_LIST_OVERFLOW: u32 = 0xffff_ffff;
+
+/// The active namespaces the driver can use, and those it cannot (with why).
+pub(crate) type Scanned = (Vec<Namespace>, Vec<(u32, String)>);
+
+/// What [`Controller::refresh_namespaces`] found, by NSID (ascending).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NamespaceChanges {
+    /// Namespaces listed now and not before (attached or created), usable
+    /// or not.
+    pub added: Vec<u32>,
+    /// Namespaces listed before and gone now (detached or deleted): their
+    /// handles are retired.
+    pub removed: Vec<u32>,
+    /// Namespaces whose geometry (size, LBA format, metadata, protection
+    /// information) changed, or that became usable or unusable: old handles
+    /// are retired, [`Controller::namespace`] gives the new one.
+    pub changed: Vec<u32>,
+}
+
+impl NamespaceChanges {
+    /// True when nothing changed.
+    pub fn is_empty(&self) -> bool {
+        self.added.is_empty() && self.removed.is_empty() && self.changed.is_empty()
+    }
+}
+
+impl<D: Device> Inner<D> {
+    /// Identify Active Namespace ID list (CNS 02h), then Identify Namespace of
+    /// each: the handles, and the namespaces that cannot be used with why.
+    ///
+    /// The list is untrusted: only NSIDs 1..=min(NN, FFFFFFFEh), each once, in
+    /// ascending order; a list that does not advance ends the paging (a device
+    /// that ignores the starting NSID would otherwise loop forever).
+    pub(crate) fn scan_namespaces(&self) -> Result<Scanned> {
+        let max_nsid = self.identify.nn.min(0xffff_fffe);
+        let mut nsids = Vec::new();
+        let mut start = 0u32;
+        for _page in 0..4096 {
+            let data = self.identify_raw(cns::ACTIVE_NSID_LIST, start)?;
+            let ids = parse_ns_list(&data);
+            let full = ids.len() == 1024;
+            let last = ids.iter().copied().max();
+            nsids.extend(
+                ids.into_iter()
+                    .filter(|&n| n > start && n >= 1 && n <= max_nsid),
+            );
+            match last {
+                Some(l) if full && l > start && l < max_nsid => start = l,
+                _ => break,
+            }
+        }
+        nsids.sort_unstable();
+        nsids.dedup();
+        let mut namespaces = Vec::new();
+        let mut unusable = Vec::new();
+        for nsid in nsids {
+            // One namespace the driver cannot use (an Identify refused with a
+            // status, a format it has no code for) does not fail the others.
+            match self.namespace_handle(nsid) {
+                Ok(Ok(ns)) => namespaces.push(ns),
+                Ok(Err(why)) => unusable.push((nsid, why)),
+                Err(e @ Error::Command { .. }) => {
+                    unusable.push((nsid, format!("Identify Namespace failed: {e}")));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok((namespaces, unusable))
+    }
+
+    /// Enables Namespace Attribute Notices when the controller offers them
+    /// (OAES bit 8): Get Features then Set Features Asynchronous Event
+    /// Configuration with bit 8 added to its current value. Returns the
+    /// value set (for the resets to set again), `None` when not offered or
+    /// refused with a status (no notices then: a namespace changed by
+    /// someone else goes unnoticed, as on a controller without them).
+    pub(crate) fn enable_namespace_notices(&self) -> Result<Option<u32>> {
+        if !self.identify.oaes_namespace_attribute_notices() {
+            return Ok(None);
+        }
+        let what = "Get Features (Asynchronous Event Configuration)";
+        let current = match self.execute(
+            Sqe::get_features(feature::ASYNC_EVENT_CONFIG, 0, 0),
+            None,
+            what,
+        ) {
+            Ok((cqe, _)) => cqe.dw0(),
+            Err(Error::Command { .. }) => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        let aec = current | AEC_NAMESPACE_ATTRIBUTE_NOTICES;
+        let what = "Set Features (Asynchronous Event Configuration, Namespace Attribute Notices)";
+        match self.execute(
+            Sqe::set_features(feature::ASYNC_EVENT_CONFIG, aec, false),
+            None,
+            what,
+        ) {
+            Ok(_) => Ok(Some(aec)),
+            Err(Error::Command { .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+}
+
+impl<D: Device> Controller<D> {
+    /// After `events` came in: for a Namespace Attribute Changed notice,
+    /// reads the Changed Namespace List (log 04h, Retain Asynchronous Event
+    /// clear: the notice is re-armed) and retires the handles of every
+    /// listed namespace whose geometry changed or that is gone. When the
+    /// list cannot be read, or says more than 1024 namespaces changed, or a
+    /// listed namespace's Identify fails, every handle concerned is retired
+    /// (the safe side; [`Controller::refresh_namespaces`] then says what is
+    /// left).
+    pub(crate) fn follow_namespace_changes(&self, events: &[AsyncEvent]) {
+        if !events
+            .iter()
+            .any(AsyncEvent::is_namespace_attribute_changed)
+        {
+            return;
+        }
+        let listed = self
+            .get_log_page(log_id::CHANGED_NS_LIST, 0xffff_ffff, CHANGED_NS_LIST_LEN, 0)
+            .map(|page| parse_ns_list(&page));
+        let changed: Vec<&Namespace> = match &listed {
+            Ok(ids) if ids.first() != Some(&CHANGED_NS_LIST_OVERFLOW) => self
+                .namespaces
+                .iter()
+                .filter(|ns| ids.contains(&ns.id()))
+                .collect(),
+            // Overflow, or no list: any namespace may have changed.
+            _ => self.namespaces.iter().collect(),
+        };
+        for old in changed {
+            let keep = match self.inner.namespace_handle(old.id()) {
+                Ok(Ok(fresh)) => fresh.same_geometry(old),
+                _ => false,
+            };
+            if !keep {
+                old.retire();
+            }
+        }
+    }
+
+    /// Reads the namespace list again (Identify Active Namespace ID list,
+    /// then Identify Namespace of each) and replaces the controller's: new
+    /// namespaces get handles, and the handles of namespaces that are gone
+    /// or whose geometry (size, LBA format, metadata, protection
+    /// information) changed are retired, so queue pairs refuse them
+    /// ([`crate::Reject::StaleNamespace`]); take new ones with
+    /// [`Controller::namespace`]. Handles of namespaces that did not change
+    /// stay valid (a handle's Identify data is as of when it was taken;
+    /// [`Controller::identify_namespace`] reads it afresh). Call it after [`Controller::poll_async_events`] returned
+    /// a Namespace Attribute Changed notice
+    /// ([`AsyncEvent::is_namespace_attribute_changed`]), or whenever the
+    /// namespaces may have changed (another host attached one).
+    ///
+    /// On an error (the controller does not answer), nothing is replaced.
+    pub fn refresh_namespaces(&mut self) -> Result<NamespaceChanges> {
+        self.inner.check_usable()?;
+        let (namespaces, unusable) = self.inner.scan_namespaces()?;
+        let mut changes = NamespaceChanges::default();
+        let listed_before = |n: u32| {
+            self.namespaces.iter().any(|h| h.id() == n) || self.unusable.iter().any(|u| u.0 == n)
+        };
+        let now: Vec<u32> = namespaces
+            .iter()
+            .map(Namespace::id)
+            .chain(unusable.iter().map(|u| u.0))
+            .collect();
+        let listed_now = |n: u32| now.contains(&n);
+        for old in &self.namespaces {
+            match namespaces.iter().find(|h| h.id() == old.id()) {
+                Some(fresh) if fresh.same_geometry(old) && !old.is_stale() => {}
+                Some(_) => {
+                    old.retire();
+                    changes.changed.push(old.id());
+                }
+                None => {
+                    old.retire();
+                    if listed_now(old.id()) {
+                        changes.changed.push(old.id());
+                    } else {
+                        changes.removed.push(old.id());
+                    }
+                }
+            }
+        }
+        // An unchanged namespace keeps its handle (not the fresh one): the
+        // clones the application holds must be the ones a later change
+        // retires.
+        let namespaces: Vec<Namespace> = namespaces
+            .into_iter()
+            .map(|fresh| {
+                match self
+                    .namespaces
+                    .iter()
+                    .find(|old| old.id() == fresh.id() && !old.is_stale())
+                {
+                    Some(old) => old.clone(),
+                    None => fresh,
+                }
+            })
+            .collect();
+        for (n, _) in &self.unusable {
+            if namespaces.iter().any(|h| h.id() == *n) {
+                changes.changed.push(*n);
+            } else if !listed_now(*n) {
+                changes.removed.push(*n);
+            }
+        }
+        for &n in &now {
+            if !listed_before(n) {
+                changes.added.push(n);
+            }
+        }
+        for v in [
+            &mut changes.added,
+            &mut changes.removed,
+            &mut changes.changed,
+        ] {
+            v.sort_unstable();
+            v.dedup();
+        }
+        self.namespaces = namespaces;
+        self.unusable = unusable;
+        Ok(changes)
+    }
+}

@@ -1,0 +1,173 @@
+//! Namespaces changed by someone else (another host formats, resizes,
+//! detaches or attaches one): the driver enables Namespace Attribute Notices,
+//! and `poll_async_events` retires the handles whose geometry no longer
+//! holds before a transfer is sized by it; `refresh_namespaces` hands out the
+//! new ones (driver/src/namespace_list.rs).
+
+mod common;
+
+use common::{assert_clean, pattern, read_back, run_io, setup};
+use upnvme::{Controller, Error, IoCommand, IoData, NamespaceChanges, QueuePairOptions, Reject};
+use upnvme_tests::{ModelConfig, ModelController, NamespaceConfig};
+
+fn ns(nsid: u32, lba_size: u32, blocks: u64) -> NamespaceConfig {
+    NamespaceConfig {
+        nsid,
+        lba_size,
+        blocks,
+        ..NamespaceConfig::default()
+    }
+}
+
+fn two_namespaces() -> (ModelController, Controller<ModelController>) {
+    setup(ModelConfig {
+        namespaces: vec![ns(1, 512, 4096), ns(2, 512, 4096)],
+        ..ModelConfig::default()
+    })
+}
+
+/// Polls the asynchronous events and returns how many were Namespace
+/// Attribute Changed notices.
+fn notices(c: &Controller<ModelController>) -> usize {
+    c.poll_async_events()
+        .unwrap()
+        .iter()
+        .filter(|e| e.is_namespace_attribute_changed())
+        .count()
+}
+
+#[test]
+fn another_hosts_format_retires_the_handle_before_a_transfer_is_sized_by_it() {
+    let (m, mut c) = two_namespaces();
+    let old = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    // Someone else formats namespace 1 to 4 KiB blocks.
+    m.change_namespace(1, Some(ns(1, 4096, 512)));
+    assert_eq!(notices(&c), 1);
+    assert!(old.is_stale(), "the handle still says 512-byte blocks");
+    // A Read of one "512-byte" block would now move 4096 bytes.
+    let buf = c.alloc_dma(4096).unwrap();
+    let refused = qp
+        .submit_io(
+            IoCommand::Read {
+                ns: &old,
+                slba: 0,
+                blocks: 1,
+            },
+            IoData::slice(buf, 0, 512),
+            1,
+        )
+        .unwrap_err();
+    assert_eq!(refused.reason, Reject::StaleNamespace { nsid: 1 });
+    let changes = c.refresh_namespaces().unwrap();
+    assert_eq!(
+        changes,
+        NamespaceChanges {
+            changed: vec![1],
+            ..NamespaceChanges::default()
+        }
+    );
+    let new = c.namespace(1).unwrap().clone();
+    assert_eq!((new.lba_size(), new.lba_count()), (4096, 512));
+    m.write_namespace_data(1, 3, &pattern(9, 4096));
+    let r = run_io(
+        &mut qp,
+        IoCommand::Read {
+            ns: &new,
+            slba: 3,
+            blocks: 1,
+        },
+        IoData::buffer(c.alloc_dma(4096).unwrap()),
+    );
+    assert!(r.result.is_ok(), "{:?}", r.result);
+    assert_eq!(
+        read_back(r.buffer.as_ref().unwrap(), 4096),
+        pattern(9, 4096)
+    );
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn an_unchanged_namespace_keeps_its_handle_and_a_later_change_still_retires_it() {
+    let (m, mut c) = two_namespaces();
+    let one = c.namespace(1).unwrap().clone();
+    let two = c.namespace(2).unwrap().clone();
+    // Namespace 2 grows; namespace 1 is not touched.
+    m.change_namespace(2, Some(ns(2, 512, 8192)));
+    assert_eq!(notices(&c), 1);
+    assert!(!one.is_stale());
+    assert!(two.is_stale(), "its size (NSZE) changed");
+    let changes = c.refresh_namespaces().unwrap();
+    assert_eq!(changes.changed, vec![2]);
+    assert!(changes.added.is_empty() && changes.removed.is_empty());
+    assert_eq!(c.namespace(2).unwrap().lba_count(), 8192);
+    // The application's clone of namespace 1 is the controller's handle
+    // still: a change to namespace 1 now retires it.
+    assert!(!one.is_stale());
+    m.change_namespace(1, Some(ns(1, 4096, 512)));
+    assert_eq!(notices(&c), 1, "the notice was re-armed by reading log 04h");
+    assert!(one.is_stale());
+    assert!(!c.namespace(2).unwrap().is_stale());
+    // A refresh with nothing changed changes nothing.
+    assert_eq!(c.refresh_namespaces().unwrap().changed, vec![1]);
+    assert!(c.refresh_namespaces().unwrap().is_empty());
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn a_detached_namespace_is_retired_and_a_new_one_listed() {
+    let (m, mut c) = two_namespaces();
+    let two = c.namespace(2).unwrap().clone();
+    m.change_namespace(2, None);
+    assert_eq!(notices(&c), 1);
+    assert!(two.is_stale());
+    let changes = c.refresh_namespaces().unwrap();
+    assert_eq!(changes.removed, vec![2]);
+    assert!(matches!(
+        c.namespace(2),
+        Err(Error::NoSuchNamespace { nsid: 2, .. })
+    ));
+    m.change_namespace(2, Some(ns(2, 4096, 1024)));
+    assert_eq!(notices(&c), 1);
+    let changes = c.refresh_namespaces().unwrap();
+    assert_eq!(changes.added, vec![2]);
+    assert_eq!(c.namespace(2).unwrap().lba_size(), 4096);
+    assert!(!c.namespace(1).unwrap().is_stale());
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn notices_are_enabled_again_after_a_reset() {
+    let (m, c) = two_namespaces();
+    let one = c.namespace(1).unwrap().clone();
+    // A reset sets the features back to their defaults (the model's
+    // controller does, as the specification's Controller Level Reset).
+    c.reset().unwrap();
+    m.change_namespace(1, Some(ns(1, 4096, 512)));
+    assert_eq!(notices(&c), 1);
+    assert!(one.is_stale());
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn more_than_1024_changes_re_read_every_namespace() {
+    let (m, c) = two_namespaces();
+    let one = c.namespace(1).unwrap().clone();
+    let two = c.namespace(2).unwrap().clone();
+    m.change_namespace(2, Some(ns(2, 4096, 512)));
+    // 1024 more (inactive NSIDs): the list overflows (first entry
+    // FFFFFFFFh) and names none of them.
+    for nsid in 100..1124 {
+        m.change_namespace(nsid, None);
+    }
+    assert_eq!(notices(&c), 1);
+    assert!(two.is_stale(), "found by reading every namespace again");
+    assert!(!one.is_stale(), "unchanged");
+    drop(c);
+    assert_clean(&m);
+}
