@@ -853,10 +853,17 @@ impl<D: Device> Inner<D> {
                 let deleted = admin
                     .execute(dev, name, Sqe::delete_io_cq(qid), None, None, t, &what)
                     .and_then(|(cqe, _)| succeeded(cqe, &what));
-                if deleted.is_err() {
+                if let Err(undo) = deleted {
                     // Read under the admin lock, which a reset holds
                     // throughout: the generation the CQ exists in.
                     cq_left = Some(self.generation());
+                    // A deletion that got no answer (or a broken one) says
+                    // more about the controller than the SQ's status: it is
+                    // the error, so `with_admin` marks the controller
+                    // failed as for any admin timeout.
+                    if !matches!(undo, Error::Command { .. }) {
+                        return Err(undo);
+                    }
                 }
                 return Err(e);
             }

@@ -872,6 +872,36 @@ fn a_cq_that_cannot_be_deleted_again_keeps_its_qid_and_memory_until_a_reset() {
     assert_clean(&m);
 }
 
+/// Create I/O SQ refused, and the Delete I/O CQ that should undo the CQ
+/// gets no answer: that is the error (a timeout), and the controller is
+/// marked failed as after any admin timeout — not the SQ's status, which
+/// left it in service with a command it never answered.
+#[test]
+fn a_cq_undo_that_gets_no_answer_fails_the_controller() {
+    let m = model();
+    let c = open(
+        &m,
+        ControllerOptions {
+            admin_timeout: Some(Duration::from_millis(150)),
+            ..opts()
+        },
+    );
+    m.inject(Fault::Status {
+        on: on_admin(admin_op::CREATE_IO_SQ),
+        status: Status::INVALID_QID.with_dnr(),
+    });
+    m.inject(Fault::DelayCompletion {
+        on: on_admin(admin_op::DELETE_IO_CQ),
+        doorbells: None,
+    });
+    let e = c.io_queue_pair(QueuePairOptions::default()).unwrap_err();
+    assert!(matches!(e, Error::Timeout { .. }), "{e:?}");
+    assert!(e.to_string().contains("Delete I/O Completion Queue"), "{e}");
+    assert!(c.failure().is_some(), "the controller is out of service");
+    c.close().unwrap();
+    assert_clean(&m);
+}
+
 /// A dropped pair whose Delete I/O SQ the controller refuses: its queues
 /// still exist, so its queue ID is held (the next pair gets another) until a
 /// reset disables the controller.
