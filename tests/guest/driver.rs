@@ -207,6 +207,23 @@ fn async_event_polling_is_quiet_when_nothing_happened() {
     c.close().unwrap();
 }
 
+/// QEMU offers Namespace Attribute Notices (OAES bit 8): the driver turns
+/// them on at bring-up and again after a reset (which sets features back),
+/// and the controller keeps them.
+#[test]
+fn namespace_attribute_notices_are_on_after_bring_up_and_after_a_reset() {
+    const ASYNC_EVENT_CONFIG: u8 = 0x0b;
+    let c = open(&devices()[0]);
+    assert!(c.identify().oaes_namespace_attribute_notices());
+    let aec = c.get_features(ASYNC_EVENT_CONFIG, 0, 0).unwrap();
+    assert_ne!(aec & (1 << 8), 0, "AEC {aec:#x} after bring-up");
+    c.reset().unwrap();
+    let aec = c.get_features(ASYNC_EVENT_CONFIG, 0, 0).unwrap();
+    assert_ne!(aec & (1 << 8), 0, "AEC {aec:#x} after a reset");
+    assert!(c.poll_async_events().unwrap().is_empty());
+    c.close().unwrap();
+}
+
 #[test]
 fn the_same_controller_cannot_be_opened_twice() {
     let addr = &devices()[0];
