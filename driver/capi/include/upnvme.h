@@ -153,6 +153,31 @@ typedef struct upnvme_ctrl_opts {
 } upnvme_ctrl_opts;
 
 /**
+ * An asynchronous event (`upnvme_ctrl_poll_async_events`): the
+ * Asynchronous Event Request's completion Dword 0, decoded.
+ */
+typedef struct upnvme_async_event {
+  /**
+   * Asynchronous Event Type (0 error, 1 SMART / Health, 2 notice, 6 I/O
+   * command specific, 7 vendor specific).
+   */
+  uint8_t event_type;
+  /**
+   * Asynchronous Event Information (for a notice, 0: Namespace Attribute
+   * Changed — call `upnvme_ctrl_refresh_namespaces`).
+   */
+  uint8_t event_info;
+  /**
+   * The log page that tells more (and whose read re-arms the event).
+   */
+  uint8_t log_page;
+  /**
+   * Reserved, 0.
+   */
+  uint8_t reserved;
+} upnvme_async_event;
+
+/**
  * What a namespace is (Identify Namespace, current LBA format).
  */
 typedef struct upnvme_ns_info {
@@ -349,6 +374,40 @@ int upnvme_ctrl_open(const char *pci_addr,
  * `ctrl` is null or a handle from `upnvme_ctrl_open`, not used afterwards.
  */
 int upnvme_ctrl_close(struct upnvme_ctrl *ctrl);
+
+/**
+ * Hands out the asynchronous events that arrived: writes up to `cap` of
+ * them into `events` and returns how many (0: none), or a negative code.
+ * When it returns `cap`, more may be waiting: call again. The controller
+ * keeps an event type masked until its log page is read; a Namespace
+ * Attribute Changed notice (`event_type` 2, `event_info` 0) is followed by
+ * the library first — its log is read and the queue pairs refuse the
+ * namespaces that changed (`UPNVME_EINVAL`, "formatted or changed") until
+ * `upnvme_ctrl_refresh_namespaces` is called.
+ *
+ * # Safety
+ * `ctrl` a live handle; `events` valid for `cap` writes (NULL when `cap`
+ * is 0).
+ */
+int upnvme_ctrl_poll_async_events(const struct upnvme_ctrl *ctrl,
+                                  struct upnvme_async_event *events,
+                                  uint32_t cap);
+
+/**
+ * Reads the namespace list again (after a Namespace Attribute Changed
+ * event, or whenever namespaces may have been attached, detached, formatted
+ * or resized by someone else) and returns how many namespaces were added,
+ * removed or changed (0: none), or a negative code. Namespaces that
+ * changed get new geometry (`upnvme_ns_get_info`), and every queue pair of
+ * the controller uses the new handles from its next submission.
+ *
+ * Not at the same time as any other call on this controller handle (its
+ * queue pairs may keep running).
+ *
+ * # Safety
+ * `ctrl` a live handle, used by no other thread during the call.
+ */
+int upnvme_ctrl_refresh_namespaces(struct upnvme_ctrl *ctrl);
 
 /**
  * Writes up to `cap` active NSIDs into `nsids` (which may be NULL when `cap`

@@ -1,8 +1,13 @@
-//! Controllers (`upnvme_ctrl`): options, open and close, namespace geometry.
+//! Controllers (`upnvme_ctrl`): options, open and close, namespace geometry,
+//! asynchronous events and the namespace list's refresh.
 
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use upnvme::{Controller, ControllerOptions, Device, PageBacking};
+use upnvme::{
+    AsyncEvent, Controller, ControllerOptions, Device, Namespace, NamespaceChanges, PageBacking,
+};
 
 /// Options of `upnvme_ctrl_open`. Fill with `upnvme_ctrl_opts_default`, then
 /// change fields.
@@ -85,13 +90,94 @@ pub struct upnvme_ns_info {
     pub pi_type: u8,
 }
 
+/// An asynchronous event (`upnvme_ctrl_poll_async_events`): the
+/// Asynchronous Event Request's completion Dword 0, decoded.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct upnvme_async_event {
+    /// Asynchronous Event Type (0 error, 1 SMART / Health, 2 notice, 6 I/O
+    /// command specific, 7 vendor specific).
+    pub event_type: u8,
+    /// Asynchronous Event Information (for a notice, 0: Namespace Attribute
+    /// Changed — call `upnvme_ctrl_refresh_namespaces`).
+    pub event_info: u8,
+    /// The log page that tells more (and whose read re-arms the event).
+    pub log_page: u8,
+    /// Reserved, 0.
+    pub reserved: u8,
+}
+
+impl From<AsyncEvent> for upnvme_async_event {
+    fn from(e: AsyncEvent) -> Self {
+        upnvme_async_event {
+            event_type: e.event_type,
+            event_info: e.event_info,
+            log_page: e.log_page,
+            reserved: 0,
+        }
+    }
+}
+
+/// The controller's namespace handles as of its last refresh, shared with
+/// its queue pairs: a pair that meets a retired handle takes the current
+/// ones from here.
+pub(crate) type SharedNamespaces = Arc<Mutex<Vec<Namespace>>>;
+
 /// A controller, generic over its device so the host tests can run the C
 /// API's logic on the in-memory model.
 pub struct Ctrl<D: Device> {
     pub(crate) ctrl: Option<Controller<D>>,
+    pub(crate) nss: SharedNamespaces,
+    /// Events polled but not yet handed out (more than the caller's array
+    /// took).
+    events: Mutex<VecDeque<AsyncEvent>>,
 }
 
 impl<D: Device> Ctrl<D> {
+    /// Wraps an open controller.
+    pub fn new(c: Controller<D>) -> Ctrl<D> {
+        Ctrl {
+            nss: Arc::new(Mutex::new(c.namespaces().to_vec())),
+            ctrl: Some(c),
+            events: Mutex::new(VecDeque::new()),
+        }
+    }
+
+    /// Fills `out` with the asynchronous events that arrived (polling the
+    /// admin queue when fewer than `out.len()` are kept from before);
+    /// returns how many. A Namespace Attribute Changed notice has already
+    /// retired the handles whose namespace changed when it is returned.
+    pub(crate) fn poll_events(&self, out: &mut [upnvme_async_event]) -> upnvme::Result<usize> {
+        let Some(c) = self.get() else {
+            return Err(closed());
+        };
+        let mut kept = self.events.lock().unwrap_or_else(PoisonError::into_inner);
+        if kept.len() < out.len() {
+            match c.poll_async_events() {
+                Ok(new) => kept.extend(new),
+                // What was kept is handed out; the error comes next time.
+                Err(e) if kept.is_empty() => return Err(e),
+                Err(_) => {}
+            }
+        }
+        let n = kept.len().min(out.len());
+        for (dst, e) in out.iter_mut().zip(kept.drain(..n)) {
+            *dst = e.into();
+        }
+        Ok(n)
+    }
+
+    /// Reads the namespace list again (`Controller::refresh_namespaces`)
+    /// and shares the new handles with the queue pairs.
+    pub(crate) fn refresh(&mut self) -> upnvme::Result<NamespaceChanges> {
+        let Some(c) = self.ctrl.as_mut() else {
+            return Err(closed());
+        };
+        let changes = c.refresh_namespaces()?;
+        *self.nss.lock().unwrap_or_else(PoisonError::into_inner) = c.namespaces().to_vec();
+        Ok(changes)
+    }
+
     /// The controller; `None` after close.
     pub(crate) fn get(&self) -> Option<&Controller<D>> {
         self.ctrl.as_ref()
@@ -100,9 +186,7 @@ impl<D: Device> Ctrl<D> {
     /// Geometry of namespace `nsid`.
     pub(crate) fn ns_info(&self, nsid: u32) -> upnvme::Result<upnvme_ns_info> {
         let Some(c) = self.get() else {
-            return Err(upnvme::Error::InvalidArgument(
-                "the controller is closed".into(),
-            ));
+            return Err(closed());
         };
         let ns = c.namespace(nsid)?;
         let layout = ns.metadata_layout();
@@ -116,4 +200,9 @@ impl<D: Device> Ctrl<D> {
             pi_type: layout.map_or(0, |l| l.pi_type),
         })
     }
+}
+
+/// The error for a handle whose controller was closed.
+fn closed() -> upnvme::Error {
+    upnvme::Error::InvalidArgument("the controller is closed".into())
 }

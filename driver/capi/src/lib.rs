@@ -28,7 +28,7 @@ use std::ffi::{CStr, c_char, c_int, c_void};
 use upnvme::{Controller, VfioNvme};
 
 pub use buf::{upnvme_buf, upnvme_pool};
-pub use ctrl::{Ctrl, upnvme_ctrl_opts, upnvme_ns_info};
+pub use ctrl::{Ctrl, upnvme_async_event, upnvme_ctrl_opts, upnvme_ns_info};
 pub use qpair::{Cmd, Qpair, upnvme_cmd_cb, upnvme_cpl, upnvme_qpair_opts, upnvme_range};
 pub use status::*;
 
@@ -173,7 +173,7 @@ pub unsafe extern "C" fn upnvme_ctrl_open(
             // SAFETY: null or valid for its `size` (the caller's contract).
             let o = unsafe { read_sized(opts) }?;
             let c = Controller::open(&addr, o.to_options()).map_err(|e| fail_error(&e))?;
-            Ok(Box::new(upnvme_ctrl(Ctrl { ctrl: Some(c) })))
+            Ok(Box::new(upnvme_ctrl(Ctrl::new(c))))
         };
         // SAFETY: `out` null or valid (the caller's contract).
         unsafe { make_handle(out, "upnvme_ctrl_open", make) }
@@ -212,6 +212,88 @@ unsafe fn ctrl_ref<'a>(ctrl: *const upnvme_ctrl) -> Result<&'a Controller<VfioNv
         Some(c) => Ok(c),
         None => Err(fail(UPNVME_EINVAL, "the controller handle is NULL")),
     }
+}
+
+/// Borrows a handle's wrapper, or records why not.
+///
+/// # Safety
+/// `ctrl` is null or a live handle.
+unsafe fn ctrl_wrap<'a>(ctrl: *const upnvme_ctrl) -> Result<&'a Ctrl<VfioNvme>, c_int> {
+    // SAFETY: null or live (the caller's contract).
+    match unsafe { ctrl.as_ref() } {
+        Some(c) => Ok(&c.0),
+        None => Err(fail(UPNVME_EINVAL, "the controller handle is NULL")),
+    }
+}
+
+/// Hands out the asynchronous events that arrived: writes up to `cap` of
+/// them into `events` and returns how many (0: none), or a negative code.
+/// When it returns `cap`, more may be waiting: call again. The controller
+/// keeps an event type masked until its log page is read; a Namespace
+/// Attribute Changed notice (`event_type` 2, `event_info` 0) is followed by
+/// the library first — its log is read and the queue pairs refuse the
+/// namespaces that changed (`UPNVME_EINVAL`, "formatted or changed") until
+/// `upnvme_ctrl_refresh_namespaces` is called.
+///
+/// # Safety
+/// `ctrl` a live handle; `events` valid for `cap` writes (NULL when `cap`
+/// is 0).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn upnvme_ctrl_poll_async_events(
+    ctrl: *const upnvme_ctrl,
+    events: *mut upnvme_async_event,
+    cap: u32,
+) -> c_int {
+    guard(|| {
+        // SAFETY: the caller's contract.
+        let h = match unsafe { ctrl_wrap(ctrl) } {
+            Ok(h) => h,
+            Err(code) => return code,
+        };
+        if events.is_null() && cap != 0 {
+            return fail(UPNVME_EINVAL, "events is NULL but cap is not 0");
+        }
+        let cap = cap.min(c_int::MAX as u32) as usize;
+        let mut out = vec![upnvme_async_event::default(); cap];
+        match h.poll_events(&mut out) {
+            Ok(n) => {
+                for (i, e) in out.iter().take(n).enumerate() {
+                    // SAFETY: `i < cap` and `events` is valid for `cap` writes.
+                    unsafe { events.wrapping_add(i).write(*e) };
+                }
+                n as c_int
+            }
+            Err(e) => fail_error(&e),
+        }
+    })
+}
+
+/// Reads the namespace list again (after a Namespace Attribute Changed
+/// event, or whenever namespaces may have been attached, detached, formatted
+/// or resized by someone else) and returns how many namespaces were added,
+/// removed or changed (0: none), or a negative code. Namespaces that
+/// changed get new geometry (`upnvme_ns_get_info`), and every queue pair of
+/// the controller uses the new handles from its next submission.
+///
+/// Not at the same time as any other call on this controller handle (its
+/// queue pairs may keep running).
+///
+/// # Safety
+/// `ctrl` a live handle, used by no other thread during the call.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn upnvme_ctrl_refresh_namespaces(ctrl: *mut upnvme_ctrl) -> c_int {
+    guard(|| {
+        // SAFETY: null or live, and not used elsewhere meanwhile (the
+        // caller's contract).
+        let Some(h) = (unsafe { ctrl.as_mut() }) else {
+            return fail(UPNVME_EINVAL, "the controller handle is NULL");
+        };
+        match h.0.refresh() {
+            Ok(c) => (c.added.len() + c.removed.len() + c.changed.len()).min(c_int::MAX as usize)
+                as c_int,
+            Err(e) => fail_error(&e),
+        }
+    })
 }
 
 /// Writes up to `cap` active NSIDs into `nsids` (which may be NULL when `cap`
@@ -592,16 +674,16 @@ pub unsafe extern "C" fn upnvme_qpair_create(
     guard(|| {
         let make = || {
             // SAFETY: the caller's contract.
-            let c = unsafe { ctrl_ref(ctrl) }?;
+            let h = unsafe { ctrl_wrap(ctrl) }?;
+            let c = h
+                .get()
+                .ok_or_else(|| fail(UPNVME_EINVAL, "the controller is closed"))?;
             // SAFETY: null or valid for its `size` (the caller's contract).
             let o = unsafe { read_sized(opts) }?;
             let qp = c
                 .io_queue_pair(o.to_options())
                 .map_err(|e| fail_error(&e))?;
-            Ok(Box::new(upnvme_qpair(Qpair::new(
-                qp,
-                c.namespaces().to_vec(),
-            ))))
+            Ok(Box::new(upnvme_qpair(Qpair::new(qp, h.nss.clone()))))
         };
         // SAFETY: `out` null or valid (the caller's contract).
         unsafe { make_handle(out, "upnvme_qpair_create", make) }

@@ -14,6 +14,7 @@ use std::time::Duration;
 use upnvme::{Device, DsmRange, IoCommand, IoQueuePair, Namespace, QueuePairOptions, SqAnnounce};
 
 use crate::buf::upnvme_buf;
+use crate::ctrl::SharedNamespaces;
 use crate::status::{
     UPNVME_EBUSY, UPNVME_EINVAL, UPNVME_ENODEV, UPNVME_OK, fail, fail_error, io_error_code,
     reject_code,
@@ -194,7 +195,10 @@ impl Drop for Unwound {
 pub struct Qpair<D: Device> {
     /// The library's pair.
     pub qp: IoQueuePair<D>,
+    /// The controller's handles as of the last look at `shared`.
     nss: Vec<Namespace>,
+    /// The controller's handles as of its last refresh.
+    shared: SharedNamespaces,
     ctxs: Vec<Ctx>,
     free: Vec<u32>,
     /// Callbacks running now (nested when a callback processes completions).
@@ -217,12 +221,17 @@ const NO_CTX: Ctx = Ctx {
 };
 
 impl<D: Device> Qpair<D> {
-    /// Wraps `qp`; `nss` are its controller's namespaces.
-    pub fn new(qp: IoQueuePair<D>, nss: Vec<Namespace>) -> Qpair<D> {
+    /// Wraps `qp`; `shared` are its controller's namespaces (`Ctrl::nss`).
+    pub(crate) fn new(qp: IoQueuePair<D>, shared: SharedNamespaces) -> Qpair<D> {
         let depth = qp.max_depth() as usize;
+        let nss = shared
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
         Qpair {
             qp,
             nss,
+            shared,
             ctxs: vec![NO_CTX; depth],
             free: (0..depth as u32).rev().collect(),
             depth: 0,
@@ -351,6 +360,16 @@ impl<D: Device> Qpair<D> {
         }
         if self.poisoned {
             return poisoned();
+        }
+        // A handle a namespace change retired (or a namespace listed only
+        // since): take the controller's current ones, which
+        // `upnvme_ctrl_refresh_namespaces` keeps (one load on the way).
+        if !self.nss.iter().any(|n| n.id() == nsid && !n.is_stale()) {
+            self.nss = self
+                .shared
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone();
         }
         let Some(ns) = self.nss.iter().find(|n| n.id() == nsid) else {
             return fail(

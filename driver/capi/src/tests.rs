@@ -51,7 +51,10 @@ fn pair(c: &Controller<ModelController>, entries: u32) -> Box<Qpair<ModelControl
             ..Default::default()
         })
         .unwrap();
-    Box::new(Qpair::new(qp, c.namespaces().to_vec()))
+    Box::new(Qpair::new(
+        qp,
+        std::sync::Arc::new(std::sync::Mutex::new(c.namespaces().to_vec())),
+    ))
 }
 
 fn handle(c: &Controller<ModelController>, len: usize) -> *mut upnvme_buf {
@@ -918,4 +921,101 @@ fn opts_init_writes_no_more_than_the_callers_struct() {
     // SAFETY: too small for the size field: refused before any write.
     let rc = unsafe { crate::upnvme_ctrl_opts_init(fp.cast(), 2) };
     assert_eq!(rc, UPNVME_EINVAL);
+}
+
+/// Records the status of each completion.
+unsafe extern "C" fn status_cb(arg: *mut c_void, cpl: *const upnvme_cpl) {
+    // SAFETY: valid for the call.
+    let cpl = unsafe { &*cpl };
+    // SAFETY: `arg` is the test's Vec, alive for the whole test and not
+    // otherwise borrowed while the pair runs callbacks.
+    let seen = unsafe { &mut *arg.cast::<Vec<(c_int, *mut upnvme_buf)>>() };
+    seen.push((cpl.status, cpl.buf));
+}
+
+#[test]
+fn a_namespace_changed_elsewhere_is_refused_until_the_refresh_then_used_with_its_new_geometry() {
+    let (m, c) = model();
+    let mut h = crate::Ctrl::new(c);
+    let qp = h
+        .get()
+        .unwrap()
+        .io_queue_pair(QueuePairOptions {
+            entries: Some(8),
+            ..Default::default()
+        })
+        .unwrap();
+    let mut q = Box::new(Qpair::new(qp, h.nss.clone()));
+    // Another host formats namespace 1 to 4 KiB blocks.
+    m.change_namespace(
+        1,
+        Some(NamespaceConfig {
+            nsid: 1,
+            lba_size: 4096,
+            blocks: 32,
+            ..NamespaceConfig::default()
+        }),
+    );
+    let mut ev = [crate::upnvme_async_event::default(); 4];
+    assert_eq!(h.poll_events(&mut ev).unwrap(), 1);
+    assert_eq!(
+        (ev[0].event_type, ev[0].event_info, ev[0].log_page),
+        (2, 0, 4)
+    );
+    // One "512-byte" block would move 4096 bytes: refused.
+    let b = handle(h.get().unwrap(), 4096);
+    let read = Cmd::Read { slba: 0, blocks: 1 };
+    // SAFETY: a live handle.
+    let rc = unsafe { q.submit(1, read, b, None, std::ptr::null_mut()) };
+    assert_eq!(rc, UPNVME_EINVAL);
+    assert!(
+        last_error().contains("formatted or changed"),
+        "{}",
+        last_error()
+    );
+    // After the refresh the pair takes the new handle: 4096 bytes per block.
+    assert_eq!(h.refresh().unwrap().changed, vec![1]);
+    assert_eq!(h.ns_info(1).unwrap().lba_size, 4096);
+    m.write_namespace_data(1, 2, &[0x5a; 4096]);
+    let mut seen: Vec<(c_int, *mut upnvme_buf)> = Vec::new();
+    let read = Cmd::Read { slba: 2, blocks: 1 };
+    // SAFETY: a live handle; `seen` outlives the pair's callbacks.
+    let rc = unsafe {
+        q.submit(
+            1,
+            read,
+            b,
+            Some(status_cb),
+            (&mut seen as *mut Vec<(c_int, *mut upnvme_buf)>).cast(),
+        )
+    };
+    assert_eq!(rc, UPNVME_OK, "{}", last_error());
+    for _ in 0..1000 {
+        // SAFETY: the pair is alive and not otherwise borrowed.
+        unsafe { Qpair::process_completions(&mut *q, 0) };
+        if !seen.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].0, UPNVME_OK);
+    // SAFETY: the handle is the test's again.
+    let data = unsafe { upnvme_buf_data(b) };
+    // SAFETY: 4096 bytes of the live buffer.
+    let got = unsafe { std::slice::from_raw_parts(data.cast::<u8>(), 4096) };
+    assert!(got.iter().all(|&x| x == 0x5a));
+    // SAFETY: freed once.
+    assert_eq!(unsafe { upnvme_buf_free(b) }, UPNVME_OK);
+    // More events than the array holds are handed out over two calls.
+    for _ in 0..2 {
+        m.raise_async_event(1, 0, 2);
+    }
+    let mut one = [crate::upnvme_async_event::default(); 1];
+    let mut got = 0;
+    for _ in 0..3 {
+        got += h.poll_events(&mut one).unwrap();
+    }
+    assert_eq!(got, 2);
+    drop(q);
+    assert_eq!(m.dma_faults(), 0);
 }
