@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow};
 use upnvme::dma::tsc;
-use upnvme::{Controller, ControllerOptions, CqHeadPolicy, PageBacking, QueuePairOptions, SglMode};
+use upnvme::{Controller, ControllerOptions, PageBacking, QueuePairOptions};
 
 pub use args::PerfArgs;
 pub use interrupt::Interrupted;
@@ -61,6 +61,7 @@ pub fn run(a: PerfArgs) -> Result<bool> {
 
     // Checks against the device, still before any I/O.
     let plan = validate(&a, &DeviceFacts::of(&ctrl, &addr), &present)?;
+    let qp = plan::queue_pair_options(&a, &plan)?;
     let (cores, namespaces, read_percent) = (plan.cores, plan.namespaces, plan.read_percent);
 
     let tsc_hz = tsc::calibrate(Duration::from_millis(100))
@@ -72,28 +73,6 @@ pub fn run(a: PerfArgs) -> Result<bool> {
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(1)
     });
-    let policy = if a.cq_head_every_reap {
-        CqHeadPolicy::EveryReap
-    } else {
-        CqHeadPolicy::default()
-    };
-    let qp = QueuePairOptions {
-        entries: Some(plan.sq_entries),
-        cq_entries: Some(plan.cq_entries),
-        shadow_doorbells: !a.no_shadow_doorbell,
-        reap_on_submit: a.reap_on_submit,
-        cq_head_policy: policy,
-        sgl: if a.sgl {
-            SglMode::Always
-        } else {
-            SglMode::Auto
-        },
-        sq_announce: a
-            .sq_announce_policy()
-            .map_err(|e| anyhow!(e))?
-            .unwrap_or_default(),
-        ..Default::default()
-    };
     if let Some(sig) = interrupt.signal() {
         // Interrupted during bring-up: no I/O at all.
         drop(ctrl);
@@ -216,7 +195,7 @@ pub fn run(a: PerfArgs) -> Result<bool> {
         reap_on_submit: a.reap_on_submit,
         ring_per_io: a.ring_per_io,
         sq_announce: qp.sq_announce,
-        sgl: sgl_mode(&a),
+        sgl: plan::sgl_mode(&a),
         shadow: ctrl.shadow_doorbells() && !a.no_shadow_doorbell,
         doorbell_buffer: ctrl.shadow_doorbells(),
         cq_policy: if a.cq_head_every_reap {
@@ -351,15 +330,4 @@ fn verify(
         total += j.mismatches;
     }
     Ok(total)
-}
-
-/// `--sgl` / `--prp` / neither.
-fn sgl_mode(a: &PerfArgs) -> SglMode {
-    if a.sgl {
-        SglMode::Always
-    } else if a.prp {
-        SglMode::Never
-    } else {
-        SglMode::Auto
-    }
 }

@@ -7,6 +7,8 @@
 //! workers run. Every failure is a [`UsageError`]: one line, exit status 2,
 //! before any I/O is issued.
 
+use upnvme::{CqHeadPolicy, QueuePairOptions, SglMode};
+
 use super::args::{PerfArgs, parse_cores};
 use super::worker::NsPlan;
 use crate::usage::UsageError;
@@ -243,6 +245,41 @@ pub fn validate(
     })
 }
 
+/// `--sgl` / `--prp` / neither.
+pub fn sgl_mode(a: &PerfArgs) -> SglMode {
+    if a.sgl {
+        SglMode::Always
+    } else if a.prp {
+        SglMode::Never
+    } else {
+        SglMode::Auto
+    }
+}
+
+/// The queue pair options of every job: the queue sizes of `plan` and
+/// what the flags ask for (doorbells, CQ head policy, data pointer, SQ
+/// announcement).
+pub fn queue_pair_options(a: &PerfArgs, plan: &Plan) -> anyhow::Result<QueuePairOptions> {
+    let policy = if a.cq_head_every_reap {
+        CqHeadPolicy::EveryReap
+    } else {
+        CqHeadPolicy::default()
+    };
+    Ok(QueuePairOptions {
+        entries: Some(plan.sq_entries),
+        cq_entries: Some(plan.cq_entries),
+        shadow_doorbells: !a.no_shadow_doorbell,
+        reap_on_submit: a.reap_on_submit,
+        cq_head_policy: policy,
+        sgl: sgl_mode(a),
+        sq_announce: a
+            .sq_announce_policy()
+            .map_err(|e| anyhow::anyhow!(e))?
+            .unwrap_or_default(),
+        ..Default::default()
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -275,6 +312,25 @@ mod tests {
         match Cli::try_parse_from(argv)?.command {
             Command::Perf(a) => Ok(a),
             c => panic!("parsed as {c:?}"),
+        }
+    }
+
+    /// `--prp` reaches the queue pairs (it was only reported: the I/O went
+    /// out with SGLs on an SGL-capable controller while the report said
+    /// "prp").
+    #[test]
+    fn the_data_pointer_flags_reach_the_queue_pairs() {
+        for (args, want) in [
+            (&["--prp"][..], SglMode::Never),
+            (&["--sgl"][..], SglMode::Always),
+            (&[][..], SglMode::Auto),
+        ] {
+            let a = parse(args).unwrap();
+            let plan = validate(&a, &qemu(), &CORES).unwrap();
+            let qp = queue_pair_options(&a, &plan).unwrap();
+            assert_eq!(qp.sgl, want, "{args:?}");
+            assert_eq!(sgl_mode(&a), want);
+            assert_eq!(qp.entries, Some(plan.sq_entries));
         }
     }
 
