@@ -141,9 +141,12 @@ impl State {
             // CAP.CQR = 1: queues must be physically contiguous.
             return Outcome::err(Status::INVALID_FIELD.with_dnr());
         }
-        if ien && iv > u32::from(self.cfg.max_ioqpairs) {
+        // The vector is checked whether or not interrupts are enabled (as
+        // QEMU, against its MSI-X table).
+        if iv > u32::from(self.cfg.max_ioqpairs) {
             return Outcome::err(Status::INVALID_INTERRUPT_VECTOR.with_dnr());
         }
+        self.queues_created = true;
         self.cqs.insert(qid, CompQueue::new(base, size, ien));
         Outcome::ok(0)
     }
@@ -269,7 +272,7 @@ impl State {
     /// event, otherwise stays outstanding; more than AERL + 1 outstanding is
     /// Asynchronous Event Request Limit Exceeded.
     fn async_event_request(&mut self) -> Outcome {
-        if let Some(event) = self.events.pop_front() {
+        if let Some(event) = self.take_unmasked_event() {
             return Outcome::ok(event);
         }
         if self.aers.len() > usize::from(self.cfg.aerl) {

@@ -229,6 +229,10 @@ impl State {
         } else if cmd.fuse() != 0 {
             // FUSES = 0: fused operations are not supported.
             Outcome::err(Status::INVALID_FIELD.with_dnr())
+        } else if sqid == 0 && cmd.psdt() != 0 {
+            // SGLs shall not be used for Admin commands over PCIe (as
+            // QEMU's nvme_admin_cmd: Invalid Field).
+            Outcome::err(Status::INVALID_FIELD.with_dnr())
         } else if sqid == 0 {
             self.admin(&cmd)
         } else {

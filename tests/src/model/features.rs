@@ -53,8 +53,9 @@ impl State {
                 if nsqr == 0xffff || ncqr == 0xffff {
                     return Outcome::err(Status::INVALID_FIELD.with_dnr());
                 }
-                if self.sqs.keys().chain(self.cqs.keys()).any(|&q| q != 0) {
-                    // Number of Queues: not after I/O queues were created.
+                if self.queues_created || self.sqs.keys().chain(self.cqs.keys()).any(|&q| q != 0) {
+                    // Number of Queues: not after I/O queues were created
+                    // since the last reset (even if deleted since, as QEMU).
                     return Outcome::err(Status::COMMAND_SEQUENCE_ERROR.with_dnr());
                 }
                 let max = u32::from(self.cfg.max_ioqpairs.saturating_sub(1));

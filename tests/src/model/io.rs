@@ -65,7 +65,7 @@ impl State {
     }
 
     /// MDTS in bytes (units of CAP.MPSMIN = 4 KiB), `None` for no limit.
-    fn mdts_bytes(&self) -> Option<usize> {
+    pub(super) fn mdts_bytes(&self) -> Option<usize> {
         match self.cfg.mdts {
             0 => None,
             m => 1usize.checked_shl(12 + u32::from(m)),
@@ -73,9 +73,17 @@ impl State {
     }
 
     fn ns_index(&self, cmd: &Command) -> Result<usize, Status> {
+        let nsid = cmd.nsid();
+        // As QEMU's nvme_io_cmd: an NSID that cannot name a namespace is
+        // Invalid Namespace; one that could but is not attached (detached,
+        // never created) is Invalid Field.
         let i = self
-            .namespace(cmd.nsid())
-            .ok_or(Status::INVALID_NAMESPACE.with_dnr())?;
+            .namespace(nsid)
+            .ok_or(if nsid == 0 || nsid > self.cfg.nn() {
+                Status::INVALID_NAMESPACE.with_dnr()
+            } else {
+                Status::INVALID_FIELD.with_dnr()
+            })?;
         // A format with a 64-bit guard is an Extended LBA Format: usable
         // only once the host set Host Behavior Support LBAFEE (as QEMU's
         // nvme_io_cmd: Invalid Format).

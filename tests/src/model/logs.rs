@@ -156,6 +156,10 @@ impl State {
         let lid = (cdw10 & 0xff) as u8;
         let numd = u64::from(cdw10 >> 16) | u64::from(cdw11 & 0xffff) << 16;
         let len = ((numd + 1) * 4) as usize;
+        // As QEMU (`nvme_check_mdts`): a transfer above MDTS is refused.
+        if self.mdts_bytes().is_some_and(|max| len > max) {
+            return Outcome::err(Status::INVALID_FIELD.with_dnr());
+        }
         let offset = u64::from(cmd.cdw(12)) | u64::from(cmd.cdw(13)) << 32;
         let nsid = cmd.nsid();
         let page = match lid {
@@ -188,7 +192,22 @@ impl State {
         let end = page.len().min(start.saturating_add(len));
         let data = page.get(start..end).unwrap_or_default();
         match self.write_host_data(cmd, data, len) {
-            Ok(()) => Outcome::ok(0),
+            Ok(()) => {
+                // RAE clear: the event type this log reports is unmasked.
+                if cdw10 & (1 << 15) == 0 {
+                    let unmask = match lid {
+                        LID_ERROR_INFO => 1 << 0,
+                        LID_SMART => 1 << 1,
+                        LID_CHANGED_NS_LIST => 1 << 2,
+                        _ => 0,
+                    };
+                    if self.aer_masked & unmask != 0 {
+                        self.aer_masked &= !unmask;
+                        self.process_aers();
+                    }
+                }
+                Outcome::ok(0)
+            }
             Err(s) => Outcome::err(s),
         }
     }

@@ -27,7 +27,14 @@
 //! controller may not post; the completion is held until the host moves the
 //! head), doorbells while the controller is not ready, a command identifier
 //! reused while its command is outstanding, CC fields changed while enabled,
-//! invalid register accesses.
+//! CC.EN set again before CSTS.RDY returned to 0, invalid register accesses.
+//!
+//! Where QEMU's hw/nvme is stricter than the specification requires, the
+//! model follows QEMU (model/tests/spec_strictness.rs): PRP List chain
+//! pointers with offset 0, no SGLs on admin commands, Get Log Page within
+//! MDTS, Number of Queues refused once I/O queues were created until a
+//! reset, an event type masked once reported until its log page is read
+//! (RAE clear) or the controller is reset.
 //!
 //! # Example
 //!

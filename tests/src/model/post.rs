@@ -174,25 +174,46 @@ impl State {
         }
     }
 
-    /// Completes one outstanding Asynchronous Event Request with `event`
-    /// (dword 0), or queues the event until one arrives.
+    /// Queues `event` (dword 0) and completes outstanding Asynchronous Event
+    /// Requests with the queued events whose type is not masked.
     pub(super) fn async_event(&mut self, event: u32) {
         if self.gone || self.fatal {
             return;
         }
-        if self.aers.is_empty() || !self.cqs.contains_key(&0) {
-            self.events.push_back(event);
-            return;
+        self.events.push_back(event);
+        self.process_aers();
+    }
+
+    /// The first queued event whose type is not masked, taken from the queue
+    /// and its type masked (until its log page is read, or a reset).
+    pub(super) fn take_unmasked_event(&mut self) -> Option<u32> {
+        let i = self
+            .events
+            .iter()
+            .position(|e| self.aer_masked & (1 << (e & 7)) == 0)?;
+        let event = self.events.remove(i)?;
+        self.aer_masked |= 1 << (event & 7);
+        Some(event)
+    }
+
+    /// Completes outstanding Asynchronous Event Requests with the queued
+    /// events that are not masked (NVMe 2.0 §5.2: an event type is masked
+    /// once reported, until the host reads its log page with RAE clear).
+    pub(super) fn process_aers(&mut self) {
+        while !self.aers.is_empty() && self.cqs.contains_key(&0) {
+            let Some(event) = self.take_unmasked_event() else {
+                return;
+            };
+            let aer = self.aers.remove(0);
+            self.deliver(Completion {
+                sqid: 0,
+                cqid: 0,
+                cid: aer.cid,
+                dw0: event,
+                sqhd_hint: 0,
+                status: Status::SUCCESS,
+                plan: aer.plan,
+            });
         }
-        let aer = self.aers.remove(0);
-        self.deliver(Completion {
-            sqid: 0,
-            cqid: 0,
-            cid: aer.cid,
-            dw0: event,
-            sqhd_hint: 0,
-            status: Status::SUCCESS,
-            plan: aer.plan,
-        });
     }
 }

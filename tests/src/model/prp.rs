@@ -102,7 +102,9 @@ pub(crate) fn segments(
         let next = mem
             .read_u64(list.wrapping_add((in_page - 1) * 8))
             .map_err(PrpError::Dma)?;
-        if next & 0x7 != 0 {
+        // The chain pointer is a PRP entry inside a list: offset 0 (as
+        // QEMU's nvme_map_prp), unlike PRP2's list pointer.
+        if next & mask != 0 {
             return Err(PrpError::Offset { entry: next });
         }
         list = next;

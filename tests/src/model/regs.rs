@@ -258,6 +258,13 @@ impl State {
     /// become ready ("Controller Initialization"). A configuration the controller cannot run sets
     /// CSTS.CFS instead, and is recorded.
     fn enable(&mut self) {
+        // NVMe 2.0 §3.5.2: after CC.EN = 0 the host waits for CSTS.RDY = 0
+        // before setting CC.EN again.
+        if self.regs.rdy || matches!(self.regs.pending_rdy, Some((false, _))) {
+            self.violation(
+                "CC.EN set to 1 before CSTS.RDY returned to 0 after the last CC.EN = 0".into(),
+            );
+        }
         self.health.power_cycles += 1;
         let cc = self.regs.cc;
         let mps = (cc >> 7) & 0xf;
@@ -333,6 +340,10 @@ impl State {
         }
         self.drop_queues();
         self.events.clear();
+        // Every event type unmasked again (as QEMU's reset clears its mask).
+        self.aer_masked = 0;
+        self.ns_notice_masked = false;
+        self.queues_created = false;
         self.features = Default::default();
         self.fatal = false;
         self.shut_down = false;

@@ -221,6 +221,13 @@ pub(crate) struct State {
     pub changed_nsids: Vec<u32>,
     /// More than 1024 namespaces changed since the last read.
     pub changed_overflow: bool,
+    /// Asynchronous Event Types (bit = type) reported and masked until the
+    /// host reads their log page with RAE clear (Error 01h, SMART 02h,
+    /// Changed Namespace List 04h) or resets the controller.
+    pub aer_masked: u8,
+    /// An I/O queue was created since the last reset: Number of Queues is
+    /// refused from then on (QEMU's `qs_created`).
+    pub queues_created: bool,
     /// A Namespace Attribute Changed notice was sent and the host has not
     /// read log 04h since: no further notice until it does.
     pub ns_notice_masked: bool,
@@ -271,6 +278,8 @@ impl State {
             changed_nsids: Vec::new(),
             changed_overflow: false,
             ns_notice_masked: false,
+            aer_masked: 0,
+            queues_created: false,
             features: Features::default(),
             shadow: None,
             event_idx_frozen: false,

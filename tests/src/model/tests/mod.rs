@@ -7,6 +7,7 @@ mod doorbells;
 mod faults;
 mod hostile;
 mod io;
+mod spec_strictness;
 
 use upnvme::Device;
 use upnvme_dma::DmaBuffer;
