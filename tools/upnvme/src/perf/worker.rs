@@ -195,7 +195,15 @@ struct Work {
     next_seq: u64,
     io_blocks: u32,
     slots: u64,
-    written: Vec<bool>,
+    /// `--verify`: the slots whose last write completed successfully (one
+    /// bit each), the only ones read back at the end.
+    written: SlotBits,
+    /// `--verify`: per tag, the slot + 1 of the write in flight under it
+    /// (0: a read, or none).
+    write_slot: Vec<u64>,
+    /// `--verify`: one block's stamp, built before each write (no
+    /// allocation in the completion callback).
+    stamp_block: Vec<u8>,
     /// A refusal met inside the completion callback (reported after it).
     refused: Option<Reject>,
     /// Completions of the current poll recorded in the measured window.
@@ -203,6 +211,37 @@ struct Work {
     ticks: CallTicks,
     /// Metadata and protection (`None` on a namespace without metadata).
     md: Option<Box<super::metadata::MdWork>>,
+}
+
+/// One bit per I/O slot (`--verify`'s record of what was written): a
+/// namespace of 2^32 slots takes 512 MiB, not 4 GiB.
+#[derive(Debug, Default)]
+struct SlotBits(Vec<u64>);
+
+impl SlotBits {
+    fn new(slots: u64) -> SlotBits {
+        SlotBits(vec![0; slots.div_ceil(64) as usize])
+    }
+
+    fn set(&mut self, slot: u64, value: bool) {
+        if let Some(w) = self.0.get_mut((slot / 64) as usize) {
+            let bit = 1u64 << (slot % 64);
+            if value {
+                *w |= bit;
+            } else {
+                *w &= !bit;
+            }
+        }
+    }
+
+    /// The slots set, ascending.
+    fn ones(&self) -> impl Iterator<Item = u64> + '_ {
+        self.0.iter().enumerate().flat_map(|(i, &w)| {
+            (0..64)
+                .filter(move |b| w & (1 << b) != 0)
+                .map(move |b| i as u64 * 64 + b)
+        })
+    }
 }
 
 /// xorshift64*: cheap, good enough for LBA choice.
@@ -277,8 +316,14 @@ impl Job {
                     next_seq: (plan.index as u64 * 7919) % slots.max(1),
                     io_blocks,
                     slots,
-                    written: if plan.verify {
-                        vec![false; slots as usize]
+                    written: SlotBits::new(if plan.verify { slots } else { 0 }),
+                    write_slot: if plan.verify {
+                        vec![0; plan.depth as usize]
+                    } else {
+                        Vec::new()
+                    },
+                    stamp_block: if plan.verify {
+                        vec![0; ns.lba_size as usize]
                     } else {
                         Vec::new()
                     },
@@ -328,6 +373,8 @@ impl Job {
             let seen = rdtsc();
             let ticks = seen.saturating_sub(w.start[c.tag as usize]);
             w.in_flight -= 1;
+            // Before the resubmission below reuses the tag.
+            w.settle_write(c.tag, c.result.is_ok());
             let ends_warmup = clock.warmup_ends(seen);
             if ends_warmup {
                 // This completion is the warm-up's last: what was
@@ -442,6 +489,18 @@ impl Work {
         }
     }
 
+    /// `--verify`: the command under `tag` completed (`ok`: successfully).
+    /// A write's slot is read back at the end if it succeeded; after a
+    /// failed write the slot's content is unknown and it is not.
+    fn settle_write(&mut self, tag: u64, ok: bool) {
+        if let Some(w) = self.write_slot.get_mut(tag as usize) {
+            let slot = std::mem::take(w);
+            if slot != 0 {
+                self.written.set(slot - 1, ok);
+            }
+        }
+    }
+
     /// The warm-up is over (see [`Job::start_window`]; the caller resets the
     /// queue pair's counters).
     fn start_window(&mut self) {
@@ -487,16 +546,22 @@ impl Work {
             if plan.verify {
                 let lba = self.ns.lba_size as usize;
                 let stride = self.md.as_ref().map_or(lba, |m| m.stride());
-                let mut block = vec![0u8; lba];
                 for b in 0..blocks as u64 {
-                    stamp(&mut block, plan.seed, nsid, slba + b);
-                    if buf.write_bytes(b as usize * stride, &block).is_err() {
+                    stamp(&mut self.stamp_block, plan.seed, nsid, slba + b);
+                    if buf
+                        .write_bytes(b as usize * stride, &self.stamp_block)
+                        .is_err()
+                    {
                         return Err(Reject::BufferTooSmall {
                             need: (blocks as u64) * lba as u64,
                         });
                     }
                 }
-                self.written[slot as usize] = true;
+                // Read back at the end only once it completed successfully
+                // (`settle_write`).
+                if let Some(w) = self.write_slot.get_mut(tag as usize) {
+                    *w = slot + 1;
+                }
             }
             IoCommand::Write { ns, slba, blocks }
         };
@@ -601,10 +666,8 @@ pub fn run(
             });
             let written = if plan.verify {
                 j.written
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, w)| **w)
-                    .map(|(s, _)| (s as u64 * j.io_blocks as u64, j.io_blocks))
+                    .ones()
+                    .map(|s| (s * j.io_blocks as u64, j.io_blocks))
                     .collect()
             } else {
                 Vec::new()
@@ -753,5 +816,21 @@ fn run_loop(
             idle_polls = 0;
             done.add(reaped);
         }
+    }
+}
+
+#[cfg(test)]
+mod slot_bits_tests {
+    use super::SlotBits;
+
+    #[test]
+    fn slots_set_cleared_and_listed() {
+        let mut b = SlotBits::new(130);
+        for s in [0, 63, 64, 129] {
+            b.set(s, true);
+        }
+        b.set(63, false);
+        b.set(500, true); // beyond: ignored
+        assert_eq!(b.ones().collect::<Vec<_>>(), vec![0, 64, 129]);
     }
 }
