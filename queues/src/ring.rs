@@ -182,6 +182,21 @@ impl SqRing {
         }
     }
 
+    /// The common case of [`SqRing::update_head`] on its own: when `sqhd`
+    /// (a CQE's SQ Head Pointer, widened, or any other value) is the
+    /// committed tail — the controller has fetched everything announced —
+    /// it becomes the head and the answer is true. Otherwise nothing changes
+    /// and the answer is false (then [`SqRing::update_head`] decides).
+    #[inline(always)]
+    pub fn head_to_committed_if(&mut self, sqhd: u32) -> bool {
+        if sqhd == self.committed {
+            self.head = sqhd;
+            true
+        } else {
+            false
+        }
+    }
+
     /// Takes a device-reported SQ Head Pointer (CQE DW2.SQHD) as the new head.
     ///
     /// The value is untrusted: it must be a slot of the queue and lie in the

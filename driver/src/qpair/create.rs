@@ -180,6 +180,7 @@ impl<D: Device> IoQueuePair<D> {
             },
             cq_threshold,
             qid,
+            qid_dw2: u32::from(qid) << 16,
             announce_free_below,
             // `cq_threshold` is at most the CQ size: no overflow.
             reap_due_at: if opts.cq_head_policy == CqHeadPolicy::EveryReap {

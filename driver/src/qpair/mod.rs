@@ -184,6 +184,10 @@ pub struct IoQueuePair<D: Device = VfioNvme> {
     /// since the last write (see doorbell.rs).
     cq_threshold: u32,
     qid: u16,
+    /// `qid << 16`: CQE dword 2 (SQ ID in the upper half, SQ head in the
+    /// lower) xor this is the SQ head alone exactly when the SQ ID is
+    /// `qid`, so the usual completion's SQ ID and SQ head are one compare.
+    qid_dw2: u32,
     /// Announce a command through the shadow doorbell as it is queued when
     /// fewer tracker slots than this are free ([`SqAnnounce::free_below`];
     /// 0 without shadow doorbells and the EventIdx).

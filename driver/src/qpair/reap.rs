@@ -216,8 +216,13 @@ impl<D: Device> IoQueuePair<D> {
         }
         let (dw2, dw0) = (entry.dw2(), entry.dw0());
         self.cq_ring.advance();
-        let sqhd = dw2 as u16;
-        if (dw2 >> 16) as u16 != self.qid || self.sq_ring.update_head(sqhd).is_err() {
+        // SQ ID and SQ head: one compare when the SQ ID is ours and the
+        // controller fetched everything announced (`dw2 ^ qid_dw2` is then
+        // the SQ head alone, and equal to the committed tail, which is below
+        // 10000h); else both checked on their own.
+        if !self.sq_ring.head_to_committed_if(dw2 ^ self.qid_dw2)
+            && ((dw2 >> 16) as u16 != self.qid || self.sq_ring.update_head(dw2 as u16).is_err())
+        {
             return Err(self.bad_completion(dw2, dw3));
         }
         let (slot, tag, buffer, extras, aborted) = match self.trackers.complete_mut(dw3 as u16) {
