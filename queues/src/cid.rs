@@ -9,11 +9,13 @@
 //! flight, or with an old generation (a stale or duplicated completion from a
 //! misbehaving device), is detected instead of completing the wrong request.
 //!
-//! Encoding: with `slot_bits = ceil(log2(slots))` (0 for a single slot),
-//! `cid = (generation << slot_bits) | slot`; the generation has
-//! `16 - slot_bits` bits (at least 4, since `slots <= 4096`) and wraps.
-//! The value `0xFFFF` is never handed out: the Error Information log uses it
-//! to mean "not associated with a command".
+//! Encoding: with `slot_bits` the number of bits that write `slots`
+//! (`floor(log2(slots)) + 1`, so the all-ones slot index is never a usable
+//! slot), `cid = (generation << slot_bits) | slot`; the generation has
+//! `16 - slot_bits` bits (at least 3, since `slots <= 4096`) and wraps.
+//! The value `0xFFFF` (all slot bits set) is therefore never handed out, with
+//! no test when a generation wraps: the Error Information log uses it to
+//! mean "not associated with a command".
 
 use core::fmt;
 
@@ -75,11 +77,11 @@ impl std::error::Error for CidError {}
 /// trackers here: tag, buffer, timeout state). All memory is allocated in
 /// [`CidTable::new`]; `alloc`, `complete` and `cancel` never allocate.
 ///
-/// Each slot keeps the CID in flight in it (or [`FREE`]) and the CID it hands
-/// out next, so allocation is a pop and a copy, and checking a completion is
-/// one load and one compare; the generation is the CID's upper bits. The
-/// slot array has a power-of-two length, so the slot of any CID is
-/// `cid & mask`; slots beyond the requested count are never handed out.
+/// Each slot keeps one word: the CID in flight in it, or [`FREE`] plus the
+/// CID it hands out next, so allocation is a pop and a copy, checking a
+/// completion is one load and one compare, and the release one store; the
+/// generation is the CID's upper bits. The slot of any CID is `cid & mask`;
+/// a slot index at or beyond the requested count names no slot.
 #[derive(Clone, Debug)]
 pub struct CidTable<T = ()> {
     slots: Box<[Slot<T>]>,
@@ -89,27 +91,30 @@ pub struct CidTable<T = ()> {
     /// Usable slots (those ever handed out).
     usable: u16,
     slot_mask: u16,
-    /// `1 << slot_bits`: what the generation adds to a CID.
-    step: u16,
+    /// [`FREE`] + `1 << slot_bits` (what the generation adds to a CID):
+    /// what a release adds to the CID to make the slot's free word.
+    free_step: u32,
     slot_bits: u32,
 }
 
-/// A slot's CIDs: `cid` in flight (or [`FREE`]) and the `next` one to hand
-/// out, and the caller's value.
+/// A slot's CID word and the caller's value.
 #[derive(Clone, Copy, Debug)]
 struct Slot<T> {
-    /// The CID in flight, widened, or [`FREE`] (which no CID equals: a
-    /// completion is checked with one compare).
+    /// In flight: the CID, widened. Free: at least [`FREE`] (so no CID
+    /// equals it: a completion is checked with one compare), and the low 16
+    /// bits are the CID the slot hands out next.
     cid: u32,
-    next: u16,
     value: T,
 }
 
-/// `Slot::cid` of a free slot: outside the 16-bit CID range.
+/// `Slot::cid` of a free slot is this or more: outside the 16-bit CID range.
 const FREE: u32 = 0x1_0000;
-/// The one 16-bit CID never handed out (Error Information log entries use
-/// FFFFh for "no command").
-const RESERVED: u16 = 0xffff;
+
+/// True when a slot's CID word says the slot is free (see [`Slot::cid`]).
+#[inline(always)]
+fn is_free(word: u32) -> bool {
+    word >= FREE
+}
 
 /// Why `cid` names no command in flight.
 #[cold]
@@ -119,7 +124,7 @@ fn mismatch<T>(slots: &[Slot<T>], usable: u16, mask: u16, cid: u16) -> CidError 
     match slots.get(usize::from(slot)) {
         None => CidError::UnknownSlot(cid),
         Some(_) if slot >= usable => CidError::UnknownSlot(cid),
-        Some(s) if s.cid == FREE => CidError::NotInFlight(cid),
+        Some(s) if is_free(s.cid) => CidError::NotInFlight(cid),
         Some(s) => CidError::StaleGeneration {
             cid,
             expected: s.cid as u16,
@@ -132,29 +137,27 @@ impl<T: Default> CidTable<T> {
     /// `T::default()`. `slots` is clamped to 1..=[`MAX_SLOTS`] (4096).
     pub fn new(slots: u16) -> CidTable<T> {
         let slots = slots.clamp(1, MAX_SLOTS);
-        let slot_bits = if slots == 1 {
-            0
-        } else {
-            16 - (slots - 1).leading_zeros()
-        };
+        // The bits that write `slots` itself: the largest slot index
+        // (`slots - 1`) is below `slot_mask`, so 0xFFFF (slot bits all set)
+        // is no CID of a usable slot at any generation.
+        let slot_bits = 16 - slots.leading_zeros();
         let slot_mask = ((1u32 << slot_bits) - 1) as u16;
+        debug_assert!(slots <= slot_mask);
         // Pop order: slot 0 first.
         let mut free = Vec::with_capacity(usize::from(slots));
         free.extend((0..slots).rev());
         CidTable {
-            // Generation 0: the CID is the slot index (never 0xFFFF, as
-            // slots <= 4096).
-            slots: (0..=slot_mask)
+            // Generation 0: the next CID is the slot index.
+            slots: (0..slots)
                 .map(|i| Slot {
-                    cid: FREE,
-                    next: i,
+                    cid: FREE + u32::from(i),
                     value: T::default(),
                 })
                 .collect(),
             free,
             usable: slots,
             slot_mask,
-            step: (1u32 << slot_bits) as u16,
+            free_step: FREE + (1u32 << slot_bits),
             slot_bits,
         }
     }
@@ -196,15 +199,13 @@ impl<T> CidTable<T> {
         cid & self.slot_mask
     }
 
-    /// The CID after `cid` in its slot: the generation (upper bits) plus one,
-    /// wrapping, skipping the reserved 0xFFFF.
-    #[inline]
-    fn successor(&self, cid: u16) -> u16 {
-        let step = self.step;
-        match cid.wrapping_add(step) {
-            RESERVED => RESERVED.wrapping_add(step),
-            n => n,
-        }
+    /// The CID word of a slot freed from `cid`: [`FREE`] plus the next CID,
+    /// the generation (upper bits) plus one — its low 16 bits, wrapping
+    /// (the sum may carry into bit 17: still free). Never 0xFFFF: the slot
+    /// bits stay those of a usable slot.
+    #[inline(always)]
+    fn freed(&self, cid: u16) -> u32 {
+        u32::from(cid) + self.free_step
     }
 
     /// Allocates a free slot and returns its CID, or `None` when every slot is
@@ -219,14 +220,10 @@ impl<T> CidTable<T> {
     pub fn alloc_mut(&mut self) -> Option<(Cid, &mut T)> {
         let slot = self.free.pop()?;
         let s = self.slots.get_mut(usize::from(slot))?;
-        s.cid = u32::from(s.next);
-        Some((
-            Cid {
-                value: s.next,
-                slot,
-            },
-            &mut s.value,
-        ))
+        // Free: the low 16 bits are the slot's next CID.
+        let value = s.cid as u16;
+        s.cid = u32::from(value);
+        Some((Cid { value, slot }, &mut s.value))
     }
 
     /// Checks that `cid` is the CID of a command in flight, without releasing
@@ -260,19 +257,13 @@ impl<T> CidTable<T> {
     #[inline(always)]
     pub fn complete_mut(&mut self, cid: u16) -> Result<(u16, &mut T), CidError> {
         let slot = cid & self.slot_mask;
-        let step = self.step;
+        let freed = self.freed(cid);
         let i = usize::from(slot);
         if i >= self.slots.len() || self.slots[i].cid != u32::from(cid) {
             return Err(mismatch(&self.slots, self.usable, self.slot_mask, cid));
         }
         let s = &mut self.slots[i];
-        let next = cid.wrapping_add(step);
-        s.next = if next == RESERVED {
-            RESERVED.wrapping_add(step)
-        } else {
-            next
-        };
-        s.cid = FREE;
+        s.cid = freed;
         // Cannot reallocate: at most `usable` entries are ever free.
         self.free.push(slot);
         Ok((slot, &mut s.value))
@@ -281,9 +272,7 @@ impl<T> CidTable<T> {
     #[inline]
     fn release(&mut self, slot: u16) {
         let i = usize::from(slot);
-        let next = self.successor(self.slots[i].cid as u16);
-        self.slots[i].cid = FREE;
-        self.slots[i].next = next;
+        self.slots[i].cid = self.freed(self.slots[i].cid as u16);
         // Cannot reallocate: at most `usable` entries are ever free.
         self.free.push(slot);
     }
@@ -297,7 +286,7 @@ impl<T> CidTable<T> {
         match self.slots.get(usize::from(slot)) {
             None => Err(CidError::UnknownSlot(slot)),
             Some(_) if slot >= self.usable => Err(CidError::UnknownSlot(slot)),
-            Some(s) if s.cid == FREE => Err(CidError::NotInFlight(slot)),
+            Some(s) if is_free(s.cid) => Err(CidError::NotInFlight(slot)),
             Some(_) => {
                 self.release(slot);
                 Ok(())
@@ -309,7 +298,7 @@ impl<T> CidTable<T> {
     pub fn is_in_flight(&self, slot: u16) -> bool {
         self.slots
             .get(usize::from(slot))
-            .is_some_and(|s| s.cid != FREE)
+            .is_some_and(|s| !is_free(s.cid))
     }
 
     /// The CID of the command in flight in `slot` (e.g. for an Abort command),
@@ -317,7 +306,7 @@ impl<T> CidTable<T> {
     pub fn cid_of(&self, slot: u16) -> Option<u16> {
         self.slots
             .get(usize::from(slot))
-            .filter(|s| s.cid != FREE)
+            .filter(|s| !is_free(s.cid))
             .map(|s| s.cid as u16)
     }
 
@@ -338,11 +327,11 @@ impl<T> CidTable<T> {
         self.slots
             .iter()
             .enumerate()
-            .filter(|(_, s)| s.cid != FREE)
+            .filter(|(_, s)| !is_free(s.cid))
             .map(|(i, _)| i as u16)
     }
 
-    /// Every slot's value, in slot order (including never-used slots).
+    /// Every slot's value, in slot order.
     pub fn values_mut(&mut self) -> impl Iterator<Item = &mut T> + '_ {
         self.slots.iter_mut().map(|s| &mut s.value)
     }
@@ -354,12 +343,18 @@ mod tests {
 
     #[test]
     fn encoding() {
+        // The bits that write the slot count: a power of two takes one bit
+        // more than its largest index needs (the all-ones slot is never
+        // usable, so 0xFFFF is never a CID).
         let t: CidTable = CidTable::new(256);
-        assert_eq!(t.slot_bits(), 8);
+        assert_eq!(t.slot_bits(), 9);
+        assert_eq!(CidTable::<()>::new(255).slot_bits(), 8);
         assert_eq!(CidTable::<()>::new(257).slot_bits(), 9);
-        assert_eq!(CidTable::<()>::new(1).slot_bits(), 0);
-        assert_eq!(CidTable::<()>::new(2).slot_bits(), 1);
-        assert_eq!(CidTable::<()>::new(4096).slot_bits(), 12);
+        assert_eq!(CidTable::<()>::new(1).slot_bits(), 1);
+        assert_eq!(CidTable::<()>::new(2).slot_bits(), 2);
+        assert_eq!(CidTable::<()>::new(3).slot_bits(), 2);
+        assert_eq!(CidTable::<()>::new(4095).slot_bits(), 12);
+        assert_eq!(CidTable::<()>::new(4096).slot_bits(), 13);
         assert_eq!(CidTable::<()>::new(60000).slots(), 4096);
         assert_eq!(CidTable::<()>::new(0).slots(), 1);
     }
@@ -377,19 +372,22 @@ mod tests {
         assert_eq!(t.complete(a.value), Err(CidError::NotInFlight(0)));
         let c = t.alloc().unwrap();
         assert_eq!(c.slot, 0);
-        assert_eq!(c.value, 1 << 2);
+        // 4 slots: 3 slot bits (slots 4..7 are never handed out).
+        assert_eq!(c.value, 1 << 3);
         // Stale completion of the previous command in slot 0.
         assert_eq!(
             t.complete(a.value),
             Err(CidError::StaleGeneration {
                 cid: 0,
-                expected: 4
+                expected: 8
             })
         );
+        // Slot bits naming a slot beyond the count.
+        assert_eq!(t.complete(5), Err(CidError::UnknownSlot(5)));
         // A 3-slot table has 2 slot bits, so slot bits 0b11 name no slot.
         let mut u: CidTable = CidTable::new(3);
         assert_eq!(u.complete(3), Err(CidError::UnknownSlot(3)));
-        assert_eq!(t.cid_of(0), Some(4));
+        assert_eq!(t.cid_of(0), Some(8));
         assert_eq!(t.cid_of(2), None);
         assert_eq!(t.in_flight_slots().collect::<Vec<_>>(), vec![0, 1]);
         assert_eq!(t.complete(c.value), Ok(0));
@@ -421,29 +419,25 @@ mod tests {
 
     #[test]
     fn a_completion_for_ffff_is_refused() {
-        let mut t: CidTable = CidTable::new(4096);
-        // 0xFFFF names slot 4095; free, and then in flight at generation 0.
-        assert_eq!(t.complete(0xffff), Err(CidError::NotInFlight(0xffff)));
-        let all: Vec<Cid> = (0..4096).map(|_| t.alloc().unwrap()).collect();
-        assert_eq!(all[4095].value, 4095);
-        assert_eq!(
-            t.complete(0xffff),
-            Err(CidError::StaleGeneration {
-                cid: 0xffff,
-                expected: 4095
-            })
-        );
-        assert_eq!(
-            t.validate(0xffff).map(|_| ()),
-            Err(t.complete(0xffff).unwrap_err())
-        );
-        assert_eq!(t.in_flight(), 4096);
+        for slots in [1, 2, 255, 256, 4095, 4096] {
+            let mut t: CidTable = CidTable::new(slots);
+            // 0xFFFF has every slot bit set: a slot beyond the count.
+            assert_eq!(t.complete(0xffff), Err(CidError::UnknownSlot(0xffff)));
+            let all: Vec<Cid> = (0..slots).map(|_| t.alloc().unwrap()).collect();
+            assert!(all.iter().all(|c| c.value != 0xffff));
+            assert_eq!(t.complete(0xffff), Err(CidError::UnknownSlot(0xffff)));
+            assert_eq!(
+                t.validate(0xffff).map(|_| ()),
+                Err(t.complete(0xffff).unwrap_err())
+            );
+            assert_eq!(t.in_flight(), u32::from(slots));
+        }
     }
 
     #[test]
     fn never_hands_out_ffff() {
         let mut t: CidTable = CidTable::new(4096);
-        // Drive slot 4095 through all 16 generations.
+        // Drive slot 4095 through all 8 generations (13 slot bits), 5 times.
         let all: Vec<Cid> = (0..4096).map(|_| t.alloc().unwrap()).collect();
         for c in &all[..4095] {
             t.complete(c.value).unwrap();
@@ -466,8 +460,9 @@ mod tests {
             let c = t.alloc().unwrap();
             assert_eq!(c.slot, 0);
             assert_ne!(c.value, 0xffff);
-            if i < 0xffff {
-                assert_eq!(u32::from(c.value), i);
+            // One slot bit (slot 1 is never handed out): CIDs 0, 2, 4, ...
+            if i < 0x8000 {
+                assert_eq!(u32::from(c.value), 2 * i);
             }
             assert_eq!(t.complete(c.value), Ok(0));
         }

@@ -86,8 +86,8 @@ impl<D: Device> IoQueuePair<D> {
         let sq = SqMemory::new(dev.alloc_dma(sq_entries as usize * SQE_BYTES)?, sq_entries)?;
         let cq = CqMemory::new(dev.alloc_dma(cq_entries as usize * CQE_BYTES)?, cq_entries)?;
         let trackers: CidTable<super::Tracker> = CidTable::new(max_depth as u16);
-        // One list area per CID slot (the table's power-of-two size).
-        let slots = 1usize << trackers.slot_bits();
+        // One list area per CID slot (slots `0..slots()` are handed out).
+        let slots = usize::from(trackers.slots());
         let prp_lists = dev.alloc_dma(slots * list_pages_per_slot * PAGE)?;
 
         let dstrd = ctrl.cap().dstrd();
