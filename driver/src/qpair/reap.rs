@@ -13,7 +13,9 @@ use crate::error::{IoError, PiCheck, Result};
 pub(super) struct Reaped {
     slot: u16,
     tag: u64,
-    result: std::result::Result<u32, IoError>,
+    /// CQE dword 0 (the result of a success).
+    dw0: u32,
+    status: Status,
     buffer: Option<upnvme_dma::DmaBuffer>,
     /// The tracker may hold a vector or metadata buffer too.
     extras: bool,
@@ -148,12 +150,23 @@ impl<D: Device> IoQueuePair<D> {
                     if r.extras {
                         let c = self.completion(r);
                         f(self, c);
-                    } else {
+                    } else if r.status.is_success() {
                         // Spelled out so that `f` sees the two `None`s and
-                        // drops nothing for them.
+                        // drops nothing for them, and a literal `Ok` (a
+                        // success in an arm of its own: no `Result` to
+                        // build and test).
                         let c = Completion {
                             tag: r.tag,
-                            result: r.result,
+                            result: Ok(r.dw0),
+                            buffer: r.buffer,
+                            segments: None,
+                            metadata: None,
+                        };
+                        f(self, c);
+                    } else {
+                        let c = Completion {
+                            tag: r.tag,
+                            result: Err(self.io_error_of(r.slot, r.status)),
                             buffer: r.buffer,
                             segments: None,
                             metadata: None,
@@ -225,21 +238,16 @@ impl<D: Device> IoQueuePair<D> {
         {
             return Err(self.bad_completion(dw2, dw3));
         }
-        let (slot, tag, buffer, extras, aborted) = match self.trackers.complete_mut(dw3 as u16) {
-            Ok((slot, t)) => (slot, t.tag, t.buffer.take(), t.extras, t.aborted),
+        let (slot, tag, buffer, extras) = match self.trackers.complete_mut(dw3 as u16) {
+            Ok((slot, t)) => (slot, t.tag, t.buffer.take(), t.extras),
             Err(_) => return Err(self.bad_completion(dw2, dw3)),
-        };
-        let status = Status::from_dw3(dw3);
-        let result = if status.is_success() {
-            Ok(dw0)
-        } else {
-            Err(self.io_error(status, aborted))
         };
         self.stats.completions += 1;
         Ok(Some(Reaped {
             slot,
             tag,
-            result,
+            dw0,
+            status: Status::from_dw3(dw3),
             buffer,
             extras,
         }))
@@ -249,6 +257,11 @@ impl<D: Device> IoQueuePair<D> {
     /// taken from the tracker when it had them.
     #[inline(always)]
     fn completion(&mut self, r: Reaped) -> Completion {
+        let result = if r.status.is_success() {
+            Ok(r.dw0)
+        } else {
+            Err(self.io_error_of(r.slot, r.status))
+        };
         let (segments, metadata) = if r.extras {
             self.take_extras(r.slot)
         } else {
@@ -256,11 +269,21 @@ impl<D: Device> IoQueuePair<D> {
         };
         Completion {
             tag: r.tag,
-            result: r.result,
+            result,
             buffer: r.buffer,
             segments,
             metadata,
         }
+    }
+
+    /// How the command reaped from `slot` with a non-success `status`
+    /// ended. Right after its reap: the slot was released but not handed
+    /// out again, so its tracker still says whether an Abort was sent.
+    #[cold]
+    #[inline(never)]
+    fn io_error_of(&self, slot: u16, status: Status) -> IoError {
+        let aborted = self.trackers.get(slot).is_some_and(|t| t.aborted);
+        self.io_error(status, aborted)
     }
 
     /// The vector and metadata buffer of the command that was in `slot`
