@@ -464,6 +464,28 @@ fn no_doorbell_without_work() {
     assert_clean(&m);
 }
 
+/// `polls` counts every poll across the periodic work's countdown (1024
+/// polls) and across `reset_stats` in the middle of a period.
+#[test]
+fn polls_are_counted_across_periods_and_resets() {
+    let (m, c) = controller(false);
+    let mut qp = pair(&c, 8, 16, CqHeadPolicy::Adaptive { batch: 0 });
+    for _ in 0..1500 {
+        qp.process_completions(8, |_, _| {}).unwrap();
+    }
+    assert_eq!(qp.stats().polls, 1500);
+    qp.reset_stats();
+    assert_eq!(qp.stats().polls, 0);
+    for _ in 0..2100 {
+        qp.process_completions(8, |_, _| {}).unwrap();
+    }
+    let st = qp.stats();
+    assert_eq!((st.polls, st.idle_polls), (2100, 2100));
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
 /// A 16/32-entry pair whose EventIdx may skip MMIO writes, announcing each
 /// queued command at once (`SqAnnounce::EachCommand`).
 fn event_idx_pair<D: Device>(c: &Controller<D>) -> IoQueuePair<D> {

@@ -63,7 +63,7 @@ impl<D: Device> IoQueuePair<D> {
                     Err(e) => break Err(e),
                 }
             };
-            self.stats.polls += 1;
+            self.stats.polls = self.stats.polls.wrapping_add(1);
             if reaped == 0 {
                 self.stats.idle_polls += 1;
             } else if self.cq_head_due_after_reap() {

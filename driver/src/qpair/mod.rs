@@ -198,6 +198,8 @@ pub struct IoQueuePair<D: Device = VfioNvme> {
     /// submission from the callback already made it).
     reap_due_at: u32,
     reap_on_submit: bool,
+    /// Polls left until the periodic work (the command timeout scan); the
+    /// polls counted down are also the ones `stats.polls` does not hold yet.
     poll_countdown: u32,
     /// The controller instance (namespace handles of other controllers are
     /// refused).
@@ -260,7 +262,7 @@ impl<D: Device> std::fmt::Debug for IoQueuePair<D> {
             .field("sq_entries", &self.sq_ring.entries())
             .field("cq_entries", &self.cq_ring.entries())
             .field("in_flight", &self.trackers.in_flight())
-            .field("stats", &self.stats)
+            .field("stats", &self.stats())
             .finish()
     }
 }
@@ -338,11 +340,24 @@ impl<D: Device> IoQueuePair<D> {
 
     /// The counters.
     pub fn stats(&self) -> QueueStats {
-        self.stats
+        let mut s = self.stats;
+        s.polls = s.polls.wrapping_add(self.polls_since_periodic());
+        s
     }
 
     /// Resets the counters to zero (e.g. after a warm-up).
     pub fn reset_stats(&mut self) {
-        self.stats = QueueStats::default();
+        self.stats = QueueStats {
+            // `stats()` adds the polls of this period back.
+            polls: 0u64.wrapping_sub(self.polls_since_periodic()),
+            ..QueueStats::default()
+        };
+    }
+
+    /// `process_completions` polls since the periodic work last ran: they
+    /// are counted by the countdown alone, and added to `stats.polls` when
+    /// it runs out (one counter per poll, not two).
+    fn polls_since_periodic(&self) -> u64 {
+        u64::from(PERIODIC_POLLS - self.poll_countdown)
     }
 }

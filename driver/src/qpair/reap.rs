@@ -184,7 +184,7 @@ impl<D: Device> IoQueuePair<D> {
                 None => break,
             }
         }
-        self.stats.polls += 1;
+        // `stats.polls` is the countdown's (see `polls_since_periodic`).
         if n == 0 {
             self.stats.idle_polls += 1;
         } else {
@@ -373,6 +373,8 @@ impl<D: Device> IoQueuePair<D> {
     #[cold]
     #[inline(never)]
     fn periodic(&mut self) -> Result<()> {
+        // Wrapping: `reset_stats` may have left it "below zero".
+        self.stats.polls = self.stats.polls.wrapping_add(u64::from(PERIODIC_POLLS));
         self.poll_countdown = PERIODIC_POLLS;
         if self.timeout_ticks > 0 && self.trackers.in_flight() > 0 {
             self.check_timeouts()?;
