@@ -882,20 +882,10 @@ fn a_cq_that_cannot_be_deleted_again_keeps_its_qid_and_memory_until_a_reset() {
 #[test]
 fn a_cq_undo_that_gets_no_answer_fails_the_controller() {
     let m = model();
-    let c = open(
-        &m,
-        ControllerOptions {
-            admin_timeout: Some(Duration::from_millis(150)),
-            ..opts()
-        },
-    );
+    let c = with_held_admin(&m, admin_op::DELETE_IO_CQ);
     m.inject(Fault::Status {
         on: on_admin(admin_op::CREATE_IO_SQ),
         status: Status::INVALID_QID.with_dnr(),
-    });
-    m.inject(Fault::DelayCompletion {
-        on: on_admin(admin_op::DELETE_IO_CQ),
-        doorbells: None,
     });
     let e = c.io_queue_pair(QueuePairOptions::default()).unwrap_err();
     assert!(matches!(e, Error::Timeout { .. }), "{e:?}");
