@@ -117,6 +117,12 @@ pub(crate) struct Inner<D: Device> {
     aer_target: u32,
     /// Released on the kernel's request (see `release_on_request`).
     removed: AtomicBool,
+    /// Set by every controller reset: the namespace handles are verified
+    /// against Identify Namespace at the next
+    /// [`Controller::poll_async_events`]. A reset leaves Namespace Attribute
+    /// Notices off from CC.EN = 0 until Set Features sets them again, and a
+    /// namespace changed in that window raises no event.
+    pub(crate) namespaces_unverified: AtomicBool,
 }
 
 /// The longest shutdown wait derived from RTD3E (Identify Controller) when
@@ -434,7 +440,12 @@ impl<D: Device> Controller<D> {
     /// re-arms the notice) and the handles of listed namespaces whose
     /// geometry changed, or that are gone, are retired; take new ones after
     /// [`Controller::refresh_namespaces`] (docs/io.md, "Namespaces changed
-    /// by someone else").
+    /// by someone else"). An empty list (the log was read elsewhere, by a
+    /// [`Controller::get_log_page`] of log 04h) or an unreadable one makes
+    /// every handle checked, as does the first call after a controller reset
+    /// (the reset turns the notices off until it sets them again). Events
+    /// the controller had posted when a reset began are kept and returned by
+    /// the next call.
     pub fn poll_async_events(&self) -> Result<Vec<AsyncEvent>> {
         self.inner
             .with_admin(|dev, name, admin| {
@@ -445,7 +456,13 @@ impl<D: Device> Controller<D> {
                 }
                 Ok(events)
             })
-            .inspect(|events| self.follow_namespace_changes(events))
+            .inspect(|events| {
+                let unverified = self
+                    .inner
+                    .namespaces_unverified
+                    .swap(false, Ordering::AcqRel);
+                self.follow_namespace_changes(events, unverified);
+            })
     }
 
     /// Admin command passthrough: the caller's SQE with the driver's CID and
@@ -538,8 +555,22 @@ impl<D: Device> Controller<D> {
     /// and clears a failure. Queue pairs survive: each completes its in-flight
     /// commands once with [`crate::IoError::ControllerReset`] at its next call
     /// and re-creates its queues (see [`crate::IoQueuePair`]).
+    ///
+    /// Before it returns, the namespace handles are checked against Identify
+    /// Namespace (a namespace changed during the reset raised no notice) and
+    /// those whose geometry changed are retired, as
+    /// [`Controller::poll_async_events`] does after a reset a queue pair
+    /// started.
     pub fn reset(&self) -> Result<()> {
-        self.inner.reset()
+        self.inner.reset()?;
+        if self
+            .inner
+            .namespaces_unverified
+            .swap(false, Ordering::AcqRel)
+        {
+            self.follow_namespace_changes(&[], true);
+        }
+        Ok(())
     }
 
     /// How many controller resets happened (explicit and automatic).
@@ -1150,6 +1181,14 @@ impl<D: Device> Inner<D> {
     fn reset_locked(&self, admin: &mut AdminQueue, deletion_budget: Duration) -> Result<()> {
         let dev = &self.dev;
         let name = self.name.as_str();
+        // What the admin CQ holds is lost at CC.EN = 0: take the
+        // asynchronous events it has first (a Namespace Attribute Changed
+        // notice, a SMART warning), so that `poll_async_events` still hands
+        // them out (and follows them) after the reset. A controller that
+        // posts garbage here fails the reap: the reset goes on regardless.
+        if !Csts(dev.read32(REG_CSTS)).is_all_ones() {
+            let _ = admin.reap(dev, name);
+        }
         self.delete_io_queues(admin, deletion_budget);
         disable(dev, name, self.ready_timeout)?;
         // The controller is disabled: nothing it was doing can touch memory any
@@ -1160,6 +1199,7 @@ impl<D: Device> Inner<D> {
         }
         self.bump_generation_after_disable();
         self.resets.fetch_add(1, Ordering::Relaxed);
+        self.namespaces_unverified.store(true, Ordering::Release);
 
         let fresh =
             enable_with_admin_queue(dev, name, self.cap, admin.entries(), self.ready_timeout)
@@ -1892,6 +1932,7 @@ fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<BroughtUp<D
         shadow: None,
         aer_target: 0,
         removed: AtomicBool::new(false),
+        namespaces_unverified: AtomicBool::new(false),
     };
 
     // Identify Controller.

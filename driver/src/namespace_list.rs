@@ -148,27 +148,40 @@ impl<D: Device> Controller<D> {
     /// reads the Changed Namespace List (log 04h, Retain Asynchronous Event
     /// clear: the notice is re-armed) and retires the handles of every
     /// listed namespace whose geometry changed or that is gone. When the
-    /// list cannot be read, or says more than 1024 namespaces changed, or a
-    /// listed namespace's Identify fails, every handle concerned is retired
-    /// (the safe side; [`Controller::refresh_namespaces`] then says what is
-    /// left).
-    pub(crate) fn follow_namespace_changes(&self, events: &[AsyncEvent]) {
-        if !events
+    /// list cannot be read, is empty (someone else read it first: the
+    /// notice still says something changed), or says more than 1024
+    /// namespaces changed, every handle is checked; a handle whose
+    /// Identify fails is retired (the safe side;
+    /// [`Controller::refresh_namespaces`] then says what is left).
+    /// `unverified` (a reset happened: a change in its window raised no
+    /// notice) checks every handle, notice or not.
+    pub(crate) fn follow_namespace_changes(&self, events: &[AsyncEvent], unverified: bool) {
+        let noticed = events
             .iter()
-            .any(AsyncEvent::is_namespace_attribute_changed)
-        {
+            .any(AsyncEvent::is_namespace_attribute_changed);
+        if !noticed && !unverified {
             return;
         }
-        let listed = self
-            .get_log_page(log_id::CHANGED_NS_LIST, 0xffff_ffff, CHANGED_NS_LIST_LEN, 0)
-            .map(|page| parse_ns_list(&page));
+        let listed = if noticed {
+            self.get_log_page(log_id::CHANGED_NS_LIST, 0xffff_ffff, CHANGED_NS_LIST_LEN, 0)
+                .map(|page| parse_ns_list(&page))
+                .ok()
+        } else {
+            None
+        };
         let changed: Vec<&Namespace> = match &listed {
-            Ok(ids) if ids.first() != Some(&CHANGED_NS_LIST_OVERFLOW) => self
-                .namespaces
-                .iter()
-                .filter(|ns| ids.contains(&ns.id()))
-                .collect(),
-            // Overflow, or no list: any namespace may have changed.
+            Some(ids)
+                if !unverified
+                    && !ids.is_empty()
+                    && ids.first() != Some(&CHANGED_NS_LIST_OVERFLOW) =>
+            {
+                self.namespaces
+                    .iter()
+                    .filter(|ns| ids.contains(&ns.id()))
+                    .collect()
+            }
+            // Overflow, an empty or unreadable list, or a reset: any
+            // namespace may have changed.
             _ => self.namespaces.iter().collect(),
         };
         for old in changed {

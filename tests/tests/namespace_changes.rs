@@ -8,7 +8,7 @@ mod common;
 
 use common::{assert_clean, pattern, read_back, run_io, setup};
 use upnvme::{Controller, Error, IoCommand, IoData, NamespaceChanges, QueuePairOptions, Reject};
-use upnvme_tests::{ModelConfig, ModelController, NamespaceConfig};
+use upnvme_tests::{Fault, Match, ModelConfig, ModelController, NamespaceConfig};
 
 fn ns(nsid: u32, lba_size: u32, blocks: u64) -> NamespaceConfig {
     NamespaceConfig {
@@ -169,5 +169,103 @@ fn more_than_1024_changes_re_read_every_namespace() {
     assert!(two.is_stale(), "found by reading every namespace again");
     assert!(!one.is_stale(), "unchanged");
     drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn a_notice_posted_before_a_reset_is_still_handed_out_after_it() {
+    let (m, c) = two_namespaces();
+    let one = c.namespace(1).unwrap().clone();
+    let two = c.namespace(2).unwrap().clone();
+    // The notice completes an Asynchronous Event Request: it sits in the
+    // admin CQ when the reset begins, and CC.EN = 0 would forget it.
+    m.change_namespace(1, Some(ns(1, 4096, 512)));
+    c.reset().unwrap();
+    assert!(one.is_stale(), "retired by the reset's own check");
+    assert!(!two.is_stale(), "unchanged");
+    assert_eq!(notices(&c), 1, "the notice survived the reset");
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn a_namespace_changed_while_a_reset_had_the_notices_off_is_found() {
+    let (m, c) = two_namespaces();
+    let one = c.namespace(1).unwrap().clone();
+    let two = c.namespace(2).unwrap().clone();
+    // Namespace 1 is formatted when the reset's Identify Controller is
+    // fetched: after CC.EN = 0 (features back to defaults, no notices) and
+    // before Set Features turns the notices on again. No event is raised.
+    m.inject(Fault::ChangeNamespaceOn {
+        on: Match::Identify { cns: 1, nsid: 0 },
+        nsid: 1,
+        to: Some(ns(1, 4096, 512)),
+    });
+    c.reset().unwrap();
+    assert!(m.pending_faults().is_empty(), "the change happened");
+    assert!(one.is_stale(), "the reset checked every handle");
+    assert!(!two.is_stale(), "unchanged");
+    assert_eq!(notices(&c), 0, "no notice was raised");
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn a_changed_namespace_list_read_by_the_application_first_still_retires() {
+    let (m, c) = two_namespaces();
+    let one = c.namespace(1).unwrap().clone();
+    let two = c.namespace(2).unwrap().clone();
+    m.change_namespace(1, Some(ns(1, 4096, 512)));
+    // The application reads log 04h itself (Retain Asynchronous Event
+    // clear): the list the driver reads next is empty.
+    let list = c.get_log_page(0x04, 0xffff_ffff, 4096, 0).unwrap();
+    assert_eq!(&list[..4], &1u32.to_le_bytes());
+    assert_eq!(notices(&c), 1);
+    assert!(
+        one.is_stale(),
+        "an empty list after a notice checks every handle"
+    );
+    assert!(!two.is_stale(), "unchanged");
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn after_an_automatic_reset_the_next_event_poll_checks_every_handle() {
+    let (m, c) = two_namespaces();
+    let one = c.namespace(1).unwrap().clone();
+    let two = c.namespace(2).unwrap().clone();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    // A fatal controller error on the pair's Read: the pair resets the
+    // controller itself, and namespace 1 changes inside that reset.
+    m.inject(Fault::FatalOn(Match::Opcode {
+        qid: qp.qid(),
+        opcode: 0x02,
+    }));
+    m.inject(Fault::ChangeNamespaceOn {
+        on: Match::Identify { cns: 1, nsid: 0 },
+        nsid: 1,
+        to: Some(ns(1, 4096, 512)),
+    });
+    let failed = qp
+        .read_blocking(
+            &two,
+            0,
+            1,
+            c.alloc_dma(512).unwrap(),
+            std::time::Duration::from_secs(30),
+        )
+        .unwrap_err();
+    assert!(matches!(failed.error, Error::Io { .. }), "{}", failed.error);
+    assert_eq!(c.resets(), 1);
+    assert!(m.pending_faults().is_empty(), "the change happened");
+    assert!(!one.is_stale(), "nothing has checked yet");
+    assert_eq!(notices(&c), 0, "no notice was raised");
+    assert!(
+        one.is_stale(),
+        "the poll after the reset checked every handle"
+    );
+    assert!(!two.is_stale(), "unchanged");
+    drop((qp, c));
     assert_clean(&m);
 }

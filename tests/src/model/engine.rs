@@ -210,6 +210,9 @@ impl State {
         }
         self.stats.recent.push_back((sqid, *cmd.raw()));
         let plan = self.faults.plan_for(sqid, &cmd, index);
+        if let Some((nsid, to)) = plan.change_namespace {
+            self.change_namespace(nsid, to);
+        }
         if plan.unplug {
             self.gone = true;
             return;

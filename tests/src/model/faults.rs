@@ -120,6 +120,19 @@ pub enum Fault {
     /// When the matched command is fetched the device disappears, as
     /// [`ModelController::unplug`](super::ModelController::unplug).
     UnplugOn(Match),
+    /// When the matched command is fetched, someone else changes namespace
+    /// `nsid` first, as [`ModelController::change_namespace`](super::ModelController::change_namespace)
+    /// (`to: None` detaches it); the command then executes as usual. Lets
+    /// a test change a namespace at one exact point of the host's sequence
+    /// (during a reset, before Namespace Attribute Notices are on again).
+    ChangeNamespaceOn {
+        /// The command before which the namespace changes.
+        on: Match,
+        /// The namespace.
+        nsid: u32,
+        /// Its new configuration.
+        to: Option<super::NamespaceConfig>,
+    },
     /// The next CC.EN 0→1 transition never sets CSTS.RDY.
     NeverReady,
     /// The next CC.EN 0→1 transition does not set CSTS.RDY by itself; the
@@ -144,7 +157,8 @@ impl Fault {
             Fault::DelayCompletion { on, .. }
             | Fault::CorruptCid { on, .. }
             | Fault::BadSqHead { on, .. }
-            | Fault::Status { on, .. } => Some(on),
+            | Fault::Status { on, .. }
+            | Fault::ChangeNamespaceOn { on, .. } => Some(on),
             Fault::NeverReady | Fault::Wedged | Fault::NeverShutdownComplete => None,
         }
     }
@@ -171,6 +185,8 @@ pub(crate) struct Plan {
     pub fatal: bool,
     /// Unplug and stop.
     pub unplug: bool,
+    /// Change this namespace (NSID, new configuration) before executing.
+    pub change_namespace: Option<(u32, Option<super::NamespaceConfig>)>,
 }
 
 impl Plan {
@@ -249,6 +265,9 @@ impl FaultQueue {
                 Fault::Status { status, .. } => plan.status = Some(status),
                 Fault::FatalOn(_) => plan.fatal = true,
                 Fault::UnplugOn(_) => plan.unplug = true,
+                Fault::ChangeNamespaceOn { nsid, to, .. } => {
+                    plan.change_namespace = Some((nsid, to));
+                }
                 Fault::NeverReady | Fault::Wedged | Fault::NeverShutdownComplete => {
                     return true;
                 }

@@ -5,9 +5,11 @@
 use std::collections::VecDeque;
 
 use super::command::Command;
+use super::config::NamespaceConfig;
 use super::engine::Outcome;
 use super::state::State;
 use super::status::Status;
+use super::storage::Namespace;
 
 /// LID 01h, Error Information.
 const LID_ERROR_INFO: u8 = 0x01;
@@ -125,6 +127,26 @@ impl State {
             }
         }
         p
+    }
+
+    /// Someone else changes namespace `nsid` ([`super::ModelController::change_namespace`]).
+    pub(crate) fn change_namespace(&mut self, nsid: u32, cfg: Option<NamespaceConfig>) {
+        match (self.namespace(nsid), cfg) {
+            (Some(i), Some(cfg)) => {
+                self.namespaces[i].format(NamespaceConfig { nsid, ..cfg });
+                self.identify_overrides.remove(&(0, nsid));
+            }
+            (None, Some(cfg)) => {
+                let at = self.namespaces.partition_point(|n| n.cfg.nsid < nsid);
+                self.namespaces
+                    .insert(at, Namespace::new(NamespaceConfig { nsid, ..cfg }));
+            }
+            (Some(i), None) => {
+                self.namespaces.remove(i);
+            }
+            (None, None) => {}
+        }
+        self.namespace_changed(nsid);
     }
 
     /// Namespace `nsid` changed (another host formatted, resized, attached

@@ -313,23 +313,7 @@ impl ModelController {
     /// Event Configuration bit 8), a Notice / Namespace Attribute Changed
     /// event is raised (once until the host reads log 04h).
     pub fn change_namespace(&self, nsid: u32, cfg: Option<NamespaceConfig>) {
-        let mut s = self.state();
-        match (s.namespace(nsid), cfg) {
-            (Some(i), Some(cfg)) => {
-                s.namespaces[i].format(NamespaceConfig { nsid, ..cfg });
-                s.identify_overrides.remove(&(0, nsid));
-            }
-            (None, Some(cfg)) => {
-                let at = s.namespaces.partition_point(|n| n.cfg.nsid < nsid);
-                s.namespaces
-                    .insert(at, storage::Namespace::new(NamespaceConfig { nsid, ..cfg }));
-            }
-            (Some(i), None) => {
-                s.namespaces.remove(i);
-            }
-            (None, None) => {}
-        }
-        s.namespace_changed(nsid);
+        self.state().change_namespace(nsid, cfg);
     }
 
     /// Sets the SMART / Health Information log's Critical Warning byte (for
