@@ -117,11 +117,21 @@ impl IovaAllocator {
                 && let Some(last) = aligned.checked_add(size - 1)
                 && last <= r.end
             {
+                // The alignment gap stays usable (a later, smaller
+                // allocation takes it from the free list).
+                if aligned > start {
+                    self.free(start, aligned - start);
+                }
                 self.next = last.wrapping_add(1);
                 if last == u64::MAX {
                     self.current += 1;
                 }
                 return Ok(aligned);
+            }
+            // Moving on to the next range: this one's tail stays usable.
+            // (`r.end` < `MAX_IOVA`: no overflow.)
+            if start <= r.end {
+                self.free(start, r.end - start + 1);
             }
             self.current += 1;
             if let Some(n) = self.ranges.get(self.current) {
@@ -169,6 +179,36 @@ impl IovaAllocator {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn alignment_gaps_and_range_tails_are_used_later() {
+        let ranges = vec![
+            IovaRange {
+                start: MIN_IOVA,
+                end: (7 << 20) - 1,
+            },
+            IovaRange {
+                start: 1 << 30,
+                end: (1 << 31) - 1,
+            },
+        ];
+        let mut a = IovaAllocator::new(ranges);
+        // 4 KiB at 2 MiB, then 2 MiB aligned to 2 MiB at 4 MiB: the gap
+        // 2 MiB + 4 KiB .. 4 MiB is free.
+        assert_eq!(a.alloc(4096, 4096).unwrap(), MIN_IOVA);
+        assert_eq!(a.alloc(2 << 20, 2 << 20).unwrap(), 4 << 20);
+        assert_eq!(a.alloc(4096, 4096).unwrap(), MIN_IOVA + 4096);
+        // 2 MiB more does not fit in the first range's last 1 MiB (6..7
+        // MiB, nor in the gap): it comes from the second range, and the
+        // first range's tail is free.
+        assert_eq!(a.alloc(2 << 20, 2 << 20).unwrap(), 1 << 30);
+        assert_eq!(a.alloc(1 << 20, 1 << 20).unwrap(), 3 << 20, "the gap");
+        assert_eq!(a.alloc(1 << 20, 1 << 20).unwrap(), 6 << 20, "the tail");
+        assert_eq!(a.alloc(4096, 4096).unwrap(), MIN_IOVA + 8192, "the gap");
+        // What is left of the first range: 2 MiB + 12 KiB .. 3 MiB.
+        assert_eq!(a.alloc((1 << 20) - 12288, 4096).unwrap(), MIN_IOVA + 12288);
+        assert_eq!(a.alloc(4096, 4096).unwrap(), (1 << 30) + (2 << 20));
+    }
 
     #[test]
     fn stays_inside_reported_ranges() {

@@ -105,6 +105,29 @@ impl fmt::Debug for HostMemory {
     }
 }
 
+/// `madvise(MADV_DONTFORK)` on a mapping the device reads or writes (DMA
+/// memory, BAR0): a child process made by `fork` does not inherit it.
+/// Without it, the private pages would be shared copy-on-write with the
+/// child, and the first store by either side after the fork could move the
+/// parent's page away from the physical page the IOMMU maps (kernels since
+/// 5.8 copy pinned pages eagerly for the child instead — at the price of
+/// copying all of the DMA memory, hugepages included, into every child, which
+/// may fail for want of free hugepages); a child writing BAR0 would ring the
+/// parent's doorbells. A child cannot use the driver either way: VFIO
+/// container and device belong to the process that opened them.
+pub(crate) fn dont_fork(ptr: NonNull<u8>, len: usize, what: &str) -> Result<(), DmaError> {
+    // SAFETY: `ptr..ptr + len` is a mapping this crate made (mmap) and still
+    // owns; MADV_DONTFORK changes only whether a future fork copies it — no
+    // page, permission or address changes for this process.
+    let rc = unsafe { libc::madvise(ptr.as_ptr().cast(), len, libc::MADV_DONTFORK) };
+    if rc != 0 {
+        return Err(DmaError::last_os(format!(
+            "madvise(MADV_DONTFORK) of {len} bytes of {what}"
+        )));
+    }
+    Ok(())
+}
+
 impl HostMemory {
     /// Maps `len` bytes (rounded up to the backing's page size), zeroed,
     /// populated and locked.
@@ -161,12 +184,15 @@ impl HostMemory {
             what: "mmap returned a null mapping".into(),
             os_error: std::io::Error::from(std::io::ErrorKind::Other),
         })?;
-        Ok(Arc::new(HostMemory {
+        // Owned from here: dropping `mem` unmaps on every error path below.
+        let mem = Arc::new(HostMemory {
             ptr,
             len,
             backing,
             owner: Owner::Anonymous,
-        }))
+        });
+        dont_fork(ptr, len, "DMA memory")?;
+        Ok(mem)
     }
 
     /// Takes ownership of an application's mapping. The caller
@@ -209,7 +235,13 @@ impl HostMemory {
         }
         let mut mem = Arc::try_unwrap(this)?;
         match std::mem::replace(&mut mem.owner, Owner::Returned) {
-            Owner::Mapping(m) => Ok(m),
+            Owner::Mapping(m) => {
+                // As the application mapped it: inherited by a fork again
+                // (registration set MADV_DONTFORK). Best effort: a refusal
+                // leaves a mapping a child does not inherit, nothing worse.
+                let _ = m.advise(memmap2::Advice::DoFork);
+                Ok(m)
+            }
             // Checked above, and `owner` never changes while shared.
             other => {
                 mem.owner = other;
@@ -1124,5 +1156,18 @@ impl DmaBuffer {
     #[inline]
     pub(crate) fn raw(&self) -> (NonNull<u8>, usize) {
         (self.inner.base, self.inner.len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dma_memory_is_not_inherited_by_fork() {
+        let mem = HostMemory::map(8192, PageBacking::Small4K).unwrap();
+        assert!(crate::registered::tests::not_inherited_by_fork(
+            mem.ptr.as_ptr() as usize
+        ));
     }
 }

@@ -62,7 +62,10 @@ impl Bar {
         // A revoked mapping (surprise removal) then reads all ones instead of
         // raising SIGBUS; see sigbus.rs.
         let watched = crate::sigbus::watch(ptr.as_ptr(), len);
-        Ok(Bar { ptr, len, watched })
+        // Owned from here: dropping `bar` unmaps (and unwatches) on error.
+        let bar = Bar { ptr, len, watched };
+        crate::memory::dont_fork(ptr, len, "BAR0")?;
+        Ok(bar)
     }
 
     /// Size of the mapping in bytes.

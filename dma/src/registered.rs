@@ -358,6 +358,16 @@ impl RegisteredMemory {
             Some(s) if s == PageBacking::Huge2M.page_size() => PageBacking::Huge2M,
             _ => PageBacking::Small4K,
         };
+        // As the driver's own DMA memory (`memory::dont_fork`): a child
+        // made by fork does not inherit it; undone when the mapping is
+        // handed back.
+        if let Err(os_error) = mapping.advise(memmap2::Advice::DontFork) {
+            let e = DmaError::Sys {
+                what: format!("madvise(MADV_DONTFORK) of the {len}-byte mapping"),
+                os_error,
+            };
+            return Err(RegisterError::new(RegisterFailure::Map(e), mapping));
+        }
         let mem = HostMemory::adopt(mapping, backing)
             .map_err(|m| RegisterError::new(RegisterFailure::NotPageAligned { vaddr: 0 }, m))?;
         let region = match DmaRegion::map_memory(mem, mapper) {
@@ -598,6 +608,15 @@ fn format_ranges(ranges: &[crate::IovaRange]) -> String {
 /// The KernelPageSize of the mapping containing `vaddr`, from
 /// `/proc/self/smaps` (None when it cannot be read).
 fn kernel_page_size(vaddr: usize) -> Option<usize> {
+    let v = smaps_field(vaddr, "KernelPageSize:")?;
+    let kib = v.trim().strip_suffix("kB")?.trim().parse::<usize>().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// The value of `field` (with its colon, e.g. `"VmFlags:"`) in the
+/// `/proc/self/smaps` entry of the mapping containing `vaddr` (None when it
+/// cannot be read).
+pub(crate) fn smaps_field(vaddr: usize, field: &str) -> Option<String> {
     let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
     let mut inside = false;
     for line in smaps.lines() {
@@ -608,16 +627,15 @@ fn kernel_page_size(vaddr: usize) -> Option<usize> {
             inside = a <= vaddr && vaddr < b;
             continue;
         }
-        if inside && let Some(v) = line.strip_prefix("KernelPageSize:") {
-            let kib = v.trim().strip_suffix("kB")?.trim().parse::<usize>().ok()?;
-            return kib.checked_mul(1024);
+        if inside && let Some(v) = line.strip_prefix(field) {
+            return Some(v.to_string());
         }
     }
     None
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -689,6 +707,34 @@ mod tests {
         let mapping = reg.unregister().unwrap();
         assert_eq!(&mapping[..16], b"through a buffer");
         assert_eq!(m.live.load(Ordering::SeqCst), 0, "IOMMU mapping removed");
+    }
+
+    /// Whether a fork's child would not inherit the mapping at `vaddr`
+    /// (smaps VmFlags `dc`, VM_DONTCOPY).
+    pub(crate) fn not_inherited_by_fork(vaddr: usize) -> bool {
+        smaps_field(vaddr, "VmFlags:")
+            .expect("smaps lists the mapping")
+            .split_whitespace()
+            .any(|f| f == "dc")
+    }
+
+    #[test]
+    fn a_registered_mapping_is_not_inherited_by_fork_until_handed_back() {
+        let m = mapper();
+        let mapping = MmapMut::map_anon(64 << 10).unwrap();
+        let vaddr = mapping.as_ptr() as usize;
+        assert!(!not_inherited_by_fork(vaddr), "an ordinary mapping");
+        let reg = RegisteredMemory::new(mapping, m).unwrap();
+        assert!(
+            not_inherited_by_fork(vaddr),
+            "MADV_DONTFORK while registered"
+        );
+        let mapping = reg.unregister().unwrap();
+        assert_eq!(mapping.as_ptr() as usize, vaddr);
+        assert!(
+            !not_inherited_by_fork(vaddr),
+            "as the application mapped it"
+        );
     }
 
     #[test]
