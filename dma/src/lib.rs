@@ -23,11 +23,14 @@
 //! - [`registered`]: memory the application mapped (a `memmap2::MmapMut`),
 //!   owned by the driver while registered for DMA and carved into buffers.
 //! - [`queue_memory`]: the SQ/CQ ring accessors of the I/O hot path.
+//! - [`barrier`]: CPU–device ordering (before a doorbell, after a Phase Tag,
+//!   between a shadow doorbell and its EventIdx), per architecture.
 
 #![allow(unsafe_code)]
 
 pub mod alloc;
 pub mod alloc_count;
+pub mod barrier;
 pub mod error;
 pub mod iova;
 pub mod memory;

@@ -350,6 +350,7 @@ impl HostMemory {
         // the lifetime of `self`; the `&AtomicU32` exists only for this one
         // load. Racing accesses are 32-bit atomics (the caller's contract).
         let v = unsafe { AtomicU32::from_ptr(p.cast::<u32>()) }.load(Ordering::Acquire);
+        crate::barrier::dma_rmb();
         Ok(u32::from_le(v))
     }
 
@@ -362,6 +363,7 @@ impl HostMemory {
     /// As for every method of this block (above).
     pub unsafe fn store_release_u32(&self, offset: usize, value: u32) -> Result<(), DmaError> {
         let p = self.check(offset, 4, 4)?;
+        crate::barrier::dma_wmb();
         // SAFETY: as in `load_acquire_u32`: in bounds, aligned, and racing
         // accesses are 32-bit atomics (the caller's contract).
         unsafe { AtomicU32::from_ptr(p.cast::<u32>()) }.store(value.to_le(), Ordering::Release);
@@ -1106,12 +1108,14 @@ impl DmaBuffer {
         // lives; the `&AtomicU32` exists only for this one load (an atomic
         // view of shared memory, what `AtomicU32::from_ptr` is for).
         let v = unsafe { AtomicU32::from_ptr(p.cast::<u32>()) }.load(Ordering::Acquire);
+        crate::barrier::dma_rmb();
         Ok(u32::from_le(v))
     }
     /// Atomic release store of a 32-bit word.
     #[inline]
     pub fn store_release_u32(&self, offset: usize, v: u32) -> Result<(), DmaError> {
         let p = self.ptr(offset, 4, 4)?;
+        crate::barrier::dma_wmb();
         // SAFETY: as in `load_acquire_u32`.
         unsafe { AtomicU32::from_ptr(p.cast::<u32>()) }.store(v.to_le(), Ordering::Release);
         Ok(())

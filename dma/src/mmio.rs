@@ -7,7 +7,6 @@
 //! wrong offset can never touch memory outside the mapping and never panics.
 
 use std::ptr::NonNull;
-use std::sync::atomic::{Ordering, fence};
 
 use crate::error::DmaError;
 
@@ -108,9 +107,8 @@ impl Bar {
     pub fn write32(&self, offset: usize, value: u32) {
         if let Some(p) = self.at(offset, 4) {
             // Orders earlier (normal and volatile) stores before the MMIO store,
-            // both for the compiler and the CPU; on x86 this is a compiler
-            // barrier since stores to UC memory do not pass earlier stores.
-            fence(Ordering::Release);
+            // for the compiler and the CPU (see `barrier`).
+            crate::barrier::dma_wmb();
             // SAFETY: in bounds of the live mapping and 4-byte aligned (checked).
             unsafe { p.cast::<u32>().write_volatile(value.to_le()) };
         }

@@ -209,6 +209,7 @@ impl CqMemory {
         // 4-byte aligned; the `&AtomicU32` exists only for this one load, an
         // atomic view of memory the device writes.
         let v = unsafe { AtomicU32::from_ptr(p.wrapping_add(3)) }.load(Ordering::Acquire);
+        crate::barrier::dma_rmb();
         Some((
             u32::from_le(v),
             CqSlot {

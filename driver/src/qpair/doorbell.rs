@@ -41,8 +41,6 @@
 //! start on new work while we finish), which the rule allows because it budgets
 //! for the submissions already counted in `O`.
 
-use std::sync::atomic::{Ordering, fence};
-
 use upnvme_dma::SharedWords;
 use upnvme_queues::need_mmio;
 
@@ -180,7 +178,7 @@ fn update_shadow(db: &SharedWords, ei: &SharedWords, off: usize, new: u16, old: 
     if db.store_release_u32(off, new as u32).is_err() {
         return true;
     }
-    fence(Ordering::SeqCst);
+    upnvme_dma::barrier::dma_mb();
     match ei.load_u32(off) {
         Ok(event_idx) => need_mmio(event_idx as u16, new, old),
         Err(_) => true,
