@@ -572,6 +572,41 @@ fn metadata_namespace_read_write_and_format_in_the_tool() {
             assert_eq!(t.guard, guard);
             assert_eq!(t.ref_tag, 16 + i as u64);
         }
+        if env_u64("UPNVME_VM_NS1_PI") != 3 {
+            // More blocks than one command moves (MDTS, 512 KiB here): the
+            // tool splits the transfer, and each chunk's reference tag is
+            // the given one plus the blocks before it (Type 1: its LBA).
+            let big = pattern(0x5a, 300 * bs);
+            std::fs::write("/tmp/md-big.bin", &big).unwrap();
+            let chunked = |sub: &str, file: &str, prinfo: &str| {
+                upnvme(&[
+                    sub,
+                    "-d",
+                    &dev,
+                    "--nsid",
+                    "1",
+                    "--start-block",
+                    "16",
+                    "--block-count",
+                    "300",
+                    "--data",
+                    file,
+                    "--prinfo",
+                    prinfo,
+                    "--ref-tag",
+                    "16",
+                ])
+            };
+            ok(
+                &chunked("write", "/tmp/md-big.bin", "9"),
+                "write --ref-tag 16 over several commands",
+            );
+            ok(
+                &chunked("read", "/tmp/md-big-out.bin", "9"),
+                "read --ref-tag 16 over several commands",
+            );
+            assert_eq!(std::fs::read("/tmp/md-big-out.bin").unwrap(), big);
+        }
     }
     // perf --verify on the metadata format with each -e mode, then plain
     // (which writes metadata unchecked: the checked runs come first, since

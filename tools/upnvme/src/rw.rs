@@ -62,6 +62,22 @@ impl MetadataArgs {
             app_tag_mask: self.app_tag_mask,
         })
     }
+
+    /// The protection fields of the command that starts `done` blocks into
+    /// the transfer. A `--ref-tag` names the first block's tag; a later
+    /// chunk's first block expects that tag plus the blocks before it
+    /// (Type 1 and 2 tags advance by one per block, wrapping at the
+    /// format's tag width, `tag_max`). A tag above `tag_max` is passed on
+    /// unchanged for the driver to refuse.
+    fn protection_at(&self, done: u64, tag_max: u64) -> Option<Protection> {
+        let mut p = self.protection()?;
+        if let Some(t) = p.ref_tag
+            && t <= tag_max
+        {
+            p.ref_tag = Some(t.wrapping_add(done) & tag_max);
+        }
+        Some(p)
+    }
 }
 
 /// What moves per block on this namespace with these options.
@@ -166,6 +182,14 @@ fn run(qp: &mut IoQueuePair, cmd: IoCommand<'_>, io: IoData, slba: u64) -> Resul
     }
 }
 
+/// Where a chunk lies in the whole transfer: its first LBA and how many
+/// blocks came before it.
+#[derive(Clone, Copy)]
+struct ChunkAt {
+    slba: u64,
+    done: u64,
+}
+
 /// Runs one chunk's command with its memory and protection fields; hands
 /// the buffers back for the next chunk.
 fn transfer(
@@ -174,13 +198,18 @@ fn transfer(
     buf: DmaBuffer,
     md: Option<DmaBuffer>,
     m: &MetadataArgs,
-    slba: u64,
+    at: ChunkAt,
 ) -> Result<(DmaBuffer, Option<DmaBuffer>)> {
+    let ChunkAt { slba, done } = at;
     let mut io = IoData::buffer(buf);
     if let Some(b) = md {
         io = io.metadata(b);
     }
-    if let Some(p) = m.protection() {
+    let tag_max = cmd
+        .namespace()
+        .metadata_layout()
+        .map_or(u64::MAX, |l| l.pif.ref_tag_max());
+    if let Some(p) = m.protection_at(done, tag_max) {
         io = io.protection(p);
     }
     let r = run(qp, cmd, io, slba)?;
@@ -233,7 +262,7 @@ pub fn read(
             slba,
             blocks: n,
         };
-        (buf, md) = transfer(&mut qp, cmd, buf, md, m, slba)?;
+        (buf, md) = transfer(&mut qp, cmd, buf, md, m, ChunkAt { slba, done })?;
         let nb = n as usize;
         if s.extended && s.ms > 0 {
             let mut host = vec![0u8; nb * (s.lba + s.ms)];
@@ -319,18 +348,20 @@ pub fn write(
         let mut data = vec![0u8; nb * s.lba];
         src.read_exact(&mut data).with_context(|| {
             format!(
-                "input ended before {} bytes ({count} blocks of {}) were read",
+                "input ended before {} bytes ({count} blocks of {}) were read{}",
                 count as usize * s.lba,
-                s.lba
+                s.lba,
+                written_so_far(start, done)
             )
         })?;
         let mut meta = vec![0u8; nb * s.ms];
         if let Some(f) = md_src.as_mut() {
             f.read_exact(&mut meta).with_context(|| {
                 format!(
-                    "the metadata file ended before {} bytes ({count} blocks of {}) were read",
+                    "the metadata file ended before {} bytes ({count} blocks of {}) were read{}",
                     count as usize * s.ms,
-                    s.ms
+                    s.ms,
+                    written_so_far(start, done)
                 )
             })?;
         }
@@ -352,7 +383,7 @@ pub fn write(
             slba,
             blocks: n,
         };
-        (buf, md) = transfer(&mut qp, cmd, buf, md, m, slba)?;
+        (buf, md) = transfer(&mut qp, cmd, buf, md, m, ChunkAt { slba, done })?;
         done += n as u64;
     }
     // A pipe is checked at its end: more input than the blocks take is an
@@ -367,4 +398,66 @@ pub fn write(
         );
     }
     Ok(())
+}
+
+/// What a write that stopped at `done` blocks left on the namespace, for
+/// its error message.
+fn written_so_far(start: u64, done: u64) -> String {
+    if done == 0 {
+        "; nothing was written".to_string()
+    } else {
+        format!(
+            "; LBAs {start}..={} were written, nothing from LBA {} on",
+            start + done - 1,
+            start + done
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(prinfo: u8, ref_tag: Option<u64>) -> MetadataArgs {
+        MetadataArgs {
+            prinfo,
+            ref_tag,
+            ..MetadataArgs::default()
+        }
+    }
+
+    #[test]
+    fn a_given_reference_tag_advances_with_each_chunk() {
+        let m = args(13, Some(100));
+        let tag = |done, max| m.protection_at(done, max).unwrap().ref_tag;
+        assert_eq!(tag(0, u64::from(u32::MAX)), Some(100));
+        assert_eq!(tag(128, u64::from(u32::MAX)), Some(228));
+        // Wraps at the format's width (32-bit tags with a 16-bit guard).
+        let m = args(13, Some(u64::from(u32::MAX) - 1));
+        assert_eq!(
+            m.protection_at(3, u64::from(u32::MAX)).unwrap().ref_tag,
+            Some(1)
+        );
+        // Out of range: left for the driver to refuse.
+        let m = args(13, Some(1 << 40));
+        assert_eq!(
+            m.protection_at(8, u64::from(u32::MAX)).unwrap().ref_tag,
+            Some(1 << 40)
+        );
+        // No tag given: the driver derives it from each chunk's SLBA.
+        assert_eq!(
+            args(13, None).protection_at(128, u64::MAX).unwrap().ref_tag,
+            None
+        );
+        assert!(args(0, None).protection_at(128, u64::MAX).is_none());
+    }
+
+    #[test]
+    fn a_partial_write_says_which_blocks_were_written() {
+        assert_eq!(written_so_far(10, 0), "; nothing was written");
+        assert_eq!(
+            written_so_far(10, 512),
+            "; LBAs 10..=521 were written, nothing from LBA 522 on"
+        );
+    }
 }

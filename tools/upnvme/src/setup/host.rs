@@ -17,6 +17,25 @@ use upnvme::dma::pci::{NVME_CLASS, PciAddress, PciFunction, Sysfs};
 pub struct Host {
     sys: PathBuf,
     proc_root: PathBuf,
+    /// Whether the kernel holds a block device node exclusively
+    /// ([`claimed_by_kernel`]; replaced in tests).
+    claim_probe: fn(&Path) -> bool,
+}
+
+/// Whether the kernel refuses an exclusive open of the block device at
+/// `node` (`open(O_RDONLY | O_EXCL)` fails with EBUSY): a mounted file
+/// system in any mount namespace, an active swap area or a stacked device
+/// claims it. The probe's own descriptor is closed at once.
+pub fn claimed_by_kernel(node: &Path) -> bool {
+    use std::os::unix::fs::OpenOptionsExt;
+    match fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_EXCL)
+        .open(node)
+    {
+        Ok(_) => false,
+        Err(e) => e.raw_os_error() == Some(libc::EBUSY),
+    }
 }
 
 /// The IOMMU as the kernel shows it.
@@ -87,6 +106,9 @@ pub struct BlockDevice {
     pub holders: Vec<String>,
     /// Processes that have `/dev/NAME` open.
     pub open_by: Vec<ProcUser>,
+    /// The kernel refuses an exclusive open of `/dev/NAME`
+    /// ([`claimed_by_kernel`]).
+    pub claimed: bool,
 }
 
 impl BlockDevice {
@@ -118,6 +140,18 @@ impl BlockDevice {
                 "{} is held by {} (LVM, dm-crypt, MD RAID or another stacked device): deactivate that first (`dmsetup remove`, `vgchange -an`, `mdadm --stop`, `cryptsetup close`)",
                 self.name,
                 self.holders.join(", ")
+            ));
+        }
+        if self.claimed
+            && self.mounts.is_empty()
+            && !self.swap
+            && self.holders.is_empty()
+            && self.open_by.is_empty()
+        {
+            // Claimed, and nothing this mount namespace shows says by what.
+            out.push(format!(
+                "/dev/{} is claimed by the kernel (an exclusive open fails with EBUSY) although no mount, swap area, stacked device or process here uses it: most likely a file system mounted in another mount namespace (a container, or a service with private mounts); unmount it there first",
+                self.name
             ));
         }
         if !self.open_by.is_empty() {
@@ -303,6 +337,16 @@ impl Host {
         Host {
             sys: sys.into(),
             proc_root: proc_root.into(),
+            claim_probe: claimed_by_kernel,
+        }
+    }
+
+    /// The same host with `probe` instead of [`claimed_by_kernel`].
+    #[cfg(test)]
+    pub fn with_claim_probe(self, probe: fn(&Path) -> bool) -> Host {
+        Host {
+            claim_probe: probe,
+            ..self
         }
     }
 
@@ -431,6 +475,7 @@ impl Host {
             swaps,
             users,
             blocks,
+            claim_probe: self.claim_probe,
         }
     }
 
@@ -593,6 +638,7 @@ struct UsageContext {
     swaps: Vec<String>,
     users: BTreeMap<PathBuf, Vec<ProcUser>>,
     blocks: BTreeMap<PciAddress, Vec<(String, String, PathBuf)>>,
+    claim_probe: fn(&Path) -> bool,
 }
 
 impl UsageContext {
@@ -619,6 +665,7 @@ impl UsageContext {
             swap: self.swaps.iter().any(|s| is_node(s)),
             holders: dir_names(&dir.join("holders")),
             open_by: self.users.get(&node).cloned().unwrap_or_default(),
+            claimed: (self.claim_probe)(&node),
             dev,
         }
     }
@@ -684,8 +731,10 @@ pub mod fake {
         }
 
         /// The host over this tree.
+        /// The tree as a host; no block device claimed (the real probe
+        /// would look at this machine's /dev).
         pub fn host(&self) -> Host {
-            Host::at(self.root.join("sys"), self.root.join("proc"))
+            Host::at(self.root.join("sys"), self.root.join("proc")).with_claim_probe(|_| false)
         }
 
         /// Writes `text` to `rel` (below the tree), creating directories.
@@ -861,6 +910,39 @@ mod tests {
         assert!(format!("{e:#}").contains("invalid PCI address"), "{e:#}");
         let r = resolve_targets(&t.host(), &["00:04.0".into(), "0000:00:04.0".into()]).unwrap();
         assert_eq!(r.len(), 1, "duplicates are folded");
+    }
+
+    #[test]
+    fn a_namespace_the_kernel_claims_for_no_visible_reason_is_in_use() {
+        let t = Tree::new();
+        t.device("0000:00:05.0", "0x010802", Some("nvme"), Some(4));
+        t.namespace("0000:00:05.0", 0, 1, 0);
+        t.namespace("0000:00:05.0", 0, 2, 0);
+        let addr = "0000:00:05.0".parse().unwrap();
+        // nvme0n2 is claimed (a mount in another mount namespace); nvme0n1
+        // is not.
+        fn probe(node: &Path) -> bool {
+            node == Path::new("/dev/nvme0n2")
+        }
+        let c = t.host().controller(&addr).unwrap();
+        assert!(c.in_use().is_empty(), "{:?}", c.in_use());
+        let c = t.host().with_claim_probe(probe).controller(&addr).unwrap();
+        assert_eq!(
+            c.in_use(),
+            [
+                "/dev/nvme0n2 is claimed by the kernel (an exclusive open fails with EBUSY) although no mount, swap area, stacked device or process here uses it: most likely a file system mounted in another mount namespace (a container, or a service with private mounts); unmount it there first"
+            ]
+        );
+        // A visible reason is reported instead, not beside it.
+        t.write(
+            "proc/swaps",
+            "Filename\tType\tSize\tUsed\tPriority\n/dev/nvme0n2\tpartition\t1024\t0\t-2\n",
+        );
+        let c = t.host().with_claim_probe(probe).controller(&addr).unwrap();
+        assert_eq!(
+            c.in_use(),
+            ["nvme0n2 is an active swap area: turn it off first (`swapoff /dev/nvme0n2`)"]
+        );
     }
 
     #[test]

@@ -81,13 +81,14 @@ pub fn parse_page_size(s: &str) -> Result<u64, String> {
             if n % 1024 != 0 {
                 return Err(format!("'{s}' is not a whole number of KiB"));
             }
-            n / 1024
+            Some(n / 1024)
         }
-        "k" | "kb" | "kib" => n,
-        "m" | "mb" | "mib" => n * 1024,
-        "g" | "gb" | "gib" => n * 1024 * 1024,
+        "k" | "kb" | "kib" => Some(n),
+        "m" | "mb" | "mib" => n.checked_mul(1024),
+        "g" | "gb" | "gib" => n.checked_mul(1024 * 1024),
         _ => return Err(format!("'{s}': unknown unit '{unit}' (use K, M or G)")),
-    };
+    }
+    .ok_or_else(|| format!("'{s}' is too large for a page size"))?;
     if kib == 0 {
         return Err(format!("'{s}' is not a page size"));
     }
@@ -492,8 +493,19 @@ fn bind(host: &Host, wanted: &[String]) -> Result<()> {
     if go.iter().any(|c| c.driver() != Some("vfio-pci")) {
         ensure_vfio_pci(host)?;
     }
-    for c in &go {
-        bind_one(host, c)?;
+    for (i, c) in go.iter().enumerate() {
+        if let Err(e) = bind_one(host, c) {
+            // What this failure undid concerns `c` only: say what stays bound.
+            let bound: Vec<String> = go[..i].iter().map(|b| b.address().to_string()).collect();
+            if bound.is_empty() {
+                return Err(e);
+            }
+            bail!(
+                "{e:#}\n{} stay on vfio-pci, bound before this failure (`upnvme setup unbind {}` hands them back to the kernel)",
+                bound.join(", "),
+                bound.join(" ")
+            );
+        }
     }
     Ok(())
 }
@@ -738,6 +750,16 @@ mod tests {
         assert!(parse_page_size("M").is_err());
         assert!(parse_page_size("0M").is_err());
         assert!(parse_page_size("1000").is_err());
+        assert!(
+            parse_page_size("18014398509481984G")
+                .unwrap_err()
+                .contains("too large")
+        );
+        assert!(
+            parse_page_size("18014398509481984M")
+                .unwrap_err()
+                .contains("too large")
+        );
     }
 
     #[test]
