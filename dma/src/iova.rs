@@ -87,28 +87,8 @@ impl IovaAllocator {
                 "IOVA block of {size} bytes aligned to {align}"
             )));
         }
-        // First fit among the freed blocks, at the first aligned address
-        // inside one; what is left before and after stays free.
-        let fit = self.free.iter().enumerate().find_map(|(i, &(iova, len))| {
-            let aligned = iova.checked_add(align - 1)? & !(align - 1);
-            let end = iova + len; // freed blocks never wrap (see `free`)
-            (aligned.checked_add(size)? <= end).then_some((i, aligned, end))
-        });
-        if let Some((i, aligned, end)) = fit {
-            let iova = self.free[i].0;
-            let after = (aligned + size, end - (aligned + size));
-            match (aligned > iova, after.1 > 0) {
-                (true, true) => {
-                    self.free[i].1 = aligned - iova;
-                    self.free.insert(i + 1, after);
-                }
-                (true, false) => self.free[i].1 = aligned - iova,
-                (false, true) => self.free[i] = after,
-                (false, false) => {
-                    self.free.remove(i);
-                }
-            }
-            return Ok(aligned);
+        if let Some(iova) = self.take_free(size, align) {
+            return Ok(iova);
         }
         while self.current < self.ranges.len() {
             let r = self.ranges[self.current];
@@ -130,12 +110,17 @@ impl IovaAllocator {
             }
             // Moving on to the next range: this one's tail stays usable.
             // (`r.end` < `MAX_IOVA`: no overflow.)
-            if start <= r.end {
-                self.free(start, r.end - start + 1);
-            }
             self.current += 1;
             if let Some(n) = self.ranges.get(self.current) {
                 self.next = n.start;
+            }
+            if start <= r.end {
+                self.free(start, r.end - start + 1);
+                // The tail may have merged with a block freed earlier into
+                // one that holds the request.
+                if let Some(iova) = self.take_free(size, align) {
+                    return Ok(iova);
+                }
             }
         }
         Err(DmaError::IovaExhausted {
@@ -147,6 +132,30 @@ impl IovaAllocator {
                 .collect::<Vec<_>>()
                 .join(", "),
         })
+    }
+
+    /// First fit among the freed blocks, at the first aligned address
+    /// inside one; what is left before and after stays free.
+    fn take_free(&mut self, size: u64, align: u64) -> Option<u64> {
+        let (i, aligned, end) = self.free.iter().enumerate().find_map(|(i, &(iova, len))| {
+            let aligned = iova.checked_add(align - 1)? & !(align - 1);
+            let end = iova + len; // freed blocks never wrap (see `free`)
+            (aligned.checked_add(size)? <= end).then_some((i, aligned, end))
+        })?;
+        let iova = self.free[i].0;
+        let after = (aligned + size, end - (aligned + size));
+        match (aligned > iova, after.1 > 0) {
+            (true, true) => {
+                self.free[i].1 = aligned - iova;
+                self.free.insert(i + 1, after);
+            }
+            (true, false) => self.free[i].1 = aligned - iova,
+            (false, true) => self.free[i] = after,
+            (false, false) => {
+                self.free.remove(i);
+            }
+        }
+        Some(aligned)
     }
 
     /// Returns a block to the allocator; it merges with the free blocks it
@@ -208,6 +217,24 @@ mod tests {
         // What is left of the first range: 2 MiB + 12 KiB .. 3 MiB.
         assert_eq!(a.alloc((1 << 20) - 12288, 4096).unwrap(), MIN_IOVA + 12288);
         assert_eq!(a.alloc(4096, 4096).unwrap(), (1 << 30) + (2 << 20));
+    }
+
+    /// A range tail pushed by a failing bump merges with a block freed
+    /// earlier into one that holds the request: the same call takes it (the
+    /// free list is searched again).
+    #[test]
+    fn a_tail_merged_with_a_freed_block_serves_the_allocation() {
+        let mut a = IovaAllocator::new(vec![IovaRange {
+            start: MIN_IOVA,
+            end: (8 << 20) - 1,
+        }]);
+        let x = a.alloc(4 << 20, 4096).unwrap();
+        assert_eq!(x, MIN_IOVA);
+        a.free(x, 4 << 20);
+        // 2..6 MiB free (freed), 6..8 MiB never handed out: 6 MiB free,
+        // contiguous.
+        let first = a.alloc(6 << 20, 4096);
+        assert_eq!(first.ok(), Some(MIN_IOVA), "the space is there");
     }
 
     #[test]

@@ -116,13 +116,30 @@ impl fmt::Debug for HostMemory {
 /// parent's doorbells. A child cannot use the driver either way: VFIO
 /// container and device belong to the process that opened them.
 pub(crate) fn dont_fork(ptr: NonNull<u8>, len: usize, what: &str) -> Result<(), DmaError> {
-    // SAFETY: `ptr..ptr + len` is a mapping this crate made (mmap) and still
-    // owns; MADV_DONTFORK changes only whether a future fork copies it — no
+    advise_fork(ptr, len, false, what)
+}
+
+/// MADV_DONTFORK (`inherit` false) or MADV_DOFORK (`inherit` true) of
+/// `ptr..ptr + len`, a mapping this crate made or holds by value (an
+/// adopted `MmapMut`, including the rest of its last hugepage).
+pub(crate) fn advise_fork(
+    ptr: NonNull<u8>,
+    len: usize,
+    inherit: bool,
+    what: &str,
+) -> Result<(), DmaError> {
+    let (advice, name) = if inherit {
+        (libc::MADV_DOFORK, "MADV_DOFORK")
+    } else {
+        (libc::MADV_DONTFORK, "MADV_DONTFORK")
+    };
+    // SAFETY: `ptr..ptr + len` lies in one mapping this crate owns (see
+    // above); the advice changes only whether a future fork copies it — no
     // page, permission or address changes for this process.
-    let rc = unsafe { libc::madvise(ptr.as_ptr().cast(), len, libc::MADV_DONTFORK) };
+    let rc = unsafe { libc::madvise(ptr.as_ptr().cast(), len, advice) };
     if rc != 0 {
         return Err(DmaError::last_os(format!(
-            "madvise(MADV_DONTFORK) of {len} bytes of {what}"
+            "madvise({name}) of {len} bytes of {what}"
         )));
     }
     Ok(())
@@ -237,9 +254,15 @@ impl HostMemory {
         match std::mem::replace(&mut mem.owner, Owner::Returned) {
             Owner::Mapping(m) => {
                 // As the application mapped it: inherited by a fork again
-                // (registration set MADV_DONTFORK). Best effort: a refusal
-                // leaves a mapping a child does not inherit, nothing worse.
-                let _ = m.advise(memmap2::Advice::DoFork);
+                // (registration set MADV_DONTFORK on the whole VMA). Best
+                // effort: a refusal leaves a mapping a child does not
+                // inherit, nothing worse.
+                let _ = advise_fork(
+                    mem.ptr,
+                    mem.len.next_multiple_of(mem.backing.page_size()),
+                    true,
+                    "the registered mapping",
+                );
                 Ok(m)
             }
             // Checked above, and `owner` never changes while shared.

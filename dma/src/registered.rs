@@ -361,11 +361,16 @@ impl RegisteredMemory {
         // As the driver's own DMA memory (`memory::dont_fork`): a child
         // made by fork does not inherit it; undone when the mapping is
         // handed back.
-        if let Err(os_error) = mapping.advise(memmap2::Advice::DontFork) {
-            let e = DmaError::Sys {
-                what: format!("madvise(MADV_DONTFORK) of the {len}-byte mapping"),
-                os_error,
-            };
+        // The whole VMA: the kernel rounded a hugetlb mapping up to whole
+        // hugepages, and madvise of `len` bytes would have to split it off
+        // a hugepage boundary (EINVAL).
+        let vma_len = len.next_multiple_of(backing.page_size());
+        if let Err(e) = crate::memory::advise_fork(
+            std::ptr::NonNull::new(vaddr as *mut u8).expect("checked non-zero above"),
+            vma_len,
+            false,
+            "the registered mapping",
+        ) {
             return Err(RegisterError::new(RegisterFailure::Map(e), mapping));
         }
         let mem = HostMemory::adopt(mapping, backing)
@@ -716,6 +721,25 @@ pub(crate) mod tests {
             .expect("smaps lists the mapping")
             .split_whitespace()
             .any(|f| f == "dc")
+    }
+
+    /// A 2 MiB-hugepage mapping whose length is whole 4 KiB pages but not
+    /// whole hugepages (the kernel rounds the VMA up) registers: MADV_DONTFORK
+    /// covers the whole VMA (madvise of its `len()` bytes would have to
+    /// split the hugetlb VMA off a hugepage boundary, which the kernel
+    /// refuses with EINVAL). Skipped without a free hugepage.
+    #[test]
+    fn a_hugepage_mapping_of_whole_small_pages_registers() {
+        let Ok(mapping) = memmap2::MmapOptions::new()
+            .len(4096)
+            .huge(Some(21))
+            .map_anon()
+        else {
+            eprintln!("no free 2 MiB hugepage: skipped");
+            return;
+        };
+        let reg = RegisteredMemory::new(mapping, mapper());
+        assert!(reg.is_ok(), "{:?}", reg.err().map(|e| e.to_string()));
     }
 
     #[test]

@@ -218,6 +218,26 @@ fn install() {
     if unsafe { libc::sigaction(libc::SIGBUS, &new, &mut old) } == 0 {
         // Leaked on purpose: the handler may read it until the process ends.
         PREVIOUS.store(Box::into_raw(Box::new(old)), Ordering::Release);
+        // SAFETY: registers a plain `extern "C"` function with no
+        // arguments, run in the child of a fork.
+        unsafe { libc::pthread_atfork(None, None, Some(forget_in_child)) };
+    }
+}
+
+/// In a fork's child: BAR mappings are MADV_DONTFORK, so the watched
+/// ranges are holes there that the child may map something else into; a
+/// SIGBUS in that must not be "handled" by mapping all ones over it. Only
+/// atomic stores and close (async-signal-safe, as a child of a
+/// multithreaded fork requires).
+extern "C" fn forget_in_child() {
+    for slot in &SLOT_TABLE {
+        slot.region.store(0, Ordering::Release);
+        let fd = slot.fd.swap(-1, Ordering::Relaxed);
+        if fd >= 0 {
+            // SAFETY: the child's copy of a memfd `watch` made; nothing else
+            // in the child uses it now that its slot is free.
+            unsafe { libc::close(fd) };
+        }
     }
 }
 
@@ -415,5 +435,119 @@ mod tests {
         // SAFETY: unmaps the mapping made above.
         unsafe { libc::munmap(p.cast(), 0x2000) };
         let _ = std::fs::remove_file(&path);
+    }
+
+    /// MADV_DONTFORK leaves a hole in a fork's child where BAR0 was, and
+    /// the child inherits the SIGBUS handler: the slot table naming that
+    /// range is cleared in the child, so a mapping of the child's own that
+    /// lands in the hole and faults (a truncated file) gets the SIGBUS it
+    /// should, instead of all-ones memory over it and its neighbours.
+    #[test]
+    fn a_forks_child_keeps_its_own_sigbus() {
+        use std::os::fd::AsRawFd;
+        let dir = std::env::temp_dir();
+        let pid = std::process::id();
+        let bar_path = dir.join(format!("upnvme-review-bar-{pid}"));
+        let child_path = dir.join(format!("upnvme-review-child-{pid}"));
+        let open = |p: &std::path::Path, len: u64| {
+            let f = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(p)
+                .unwrap();
+            f.set_len(len).unwrap();
+            f
+        };
+        let bar_file = open(&bar_path, 0x4000);
+        let child_file = open(&child_path, 0x1000);
+        // SAFETY: a fresh shared mapping of a file this test owns.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                0x4000,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                bar_file.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(p, libc::MAP_FAILED);
+        let p = p.cast::<u8>();
+        // What `Bar::map` does.
+        assert!(watch(p, 0x4000));
+        crate::memory::dont_fork(std::ptr::NonNull::new(p).unwrap(), 0x4000, "BAR0").unwrap();
+        let cfd = child_file.as_raw_fd();
+        // SAFETY: the child does only async-signal-safe calls, then _exit.
+        let child = unsafe { libc::fork() };
+        if child == 0 {
+            // The hole is unmapped in the child: MAP_FIXED_NOREPLACE checks.
+            let q = p.wrapping_add(0x1000);
+            // SAFETY: a new shared mapping of the child's own file at a free
+            // address (refused, not replacing anything, if it is not free).
+            let a = unsafe {
+                libc::mmap(
+                    p.cast(),
+                    0x1000,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_SHARED | libc::MAP_FIXED_NOREPLACE,
+                    cfd,
+                    0,
+                )
+            };
+            if a != p.cast() {
+                // SAFETY: ends the child at once (async-signal-safe).
+                unsafe { libc::_exit(3) };
+            }
+            // SAFETY: as above, anonymous memory beside it.
+            let b = unsafe {
+                libc::mmap(
+                    q.cast(),
+                    0x3000,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED_NOREPLACE,
+                    -1,
+                    0,
+                )
+            };
+            if b != q.cast() {
+                // SAFETY: ends the child at once (async-signal-safe).
+                unsafe { libc::_exit(4) };
+            }
+            // SAFETY: `q` is the child's anonymous mapping made just above.
+            unsafe { q.write_volatile(0x11) };
+            // SAFETY: truncates the child's own file (its mapping at `p`
+            // now faults).
+            unsafe { libc::ftruncate(cfd, 0) };
+            // A SIGBUS of the child's own: it should die of it.
+            // SAFETY: `p` is the child's file mapping made above.
+            let v = unsafe { p.cast::<u32>().read_volatile() };
+            // SAFETY: `q` is the child's anonymous mapping.
+            let other = unsafe { q.read_volatile() };
+            let code = if v == u32::MAX && other == 0xff {
+                10
+            } else {
+                11
+            };
+            // SAFETY: ends the child at once (async-signal-safe).
+            unsafe { libc::_exit(code) };
+        }
+        assert!(child > 0);
+        let mut status = 0;
+        // SAFETY: waits for the child made above.
+        assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+        unwatch(p);
+        // SAFETY: unmaps the mapping made above.
+        unsafe { libc::munmap(p.cast(), 0x4000) };
+        let _ = std::fs::remove_file(&bar_path);
+        let _ = std::fs::remove_file(&child_path);
+        let exited = libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status));
+        assert!(
+            libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGBUS,
+            "the child was not killed by its own SIGBUS: exit code {exited:?} \
+             (10: its file mapping read all ones and its anonymous page next to \
+             it was replaced by all ones)"
+        );
     }
 }

@@ -316,6 +316,13 @@ impl AdminQueue {
         }
     }
 
+    /// Queues `event` unless an event like it waits already.
+    pub(crate) fn keep_event_once(&mut self, event: AsyncEvent) {
+        if !self.events.contains(&event) {
+            self.events.push_back(event);
+        }
+    }
+
     /// Forgets every command in flight: only valid once the controller is
     /// disabled (CSTS.RDY = 0), when no more DMA can happen. Releases
     /// quarantined buffers.

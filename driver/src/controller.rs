@@ -123,6 +123,10 @@ pub(crate) struct Inner<D: Device> {
     /// Notices off from CC.EN = 0 until Set Features sets them again, and a
     /// namespace changed in that window raises no event.
     pub(crate) namespaces_unverified: AtomicBool,
+    /// Held from taking `namespaces_unverified` to the end of the check it
+    /// asks for: a `Controller::reset` that finds the flag taken by a
+    /// concurrent `poll_async_events` returns only once that check ended.
+    pub(crate) namespace_check: Mutex<()>,
 }
 
 /// The longest shutdown wait derived from RTD3E (Identify Controller) when
@@ -456,12 +460,27 @@ impl<D: Device> Controller<D> {
                 }
                 Ok(events)
             })
-            .inspect(|events| {
+            .map(|mut events| {
+                let _check = self
+                    .inner
+                    .namespace_check
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
                 let unverified = self
                     .inner
                     .namespaces_unverified
                     .swap(false, Ordering::AcqRel);
-                self.follow_namespace_changes(events, unverified);
+                let retired = self.follow_namespace_changes(&events, unverified);
+                // A change inside a reset raised no notice: say so as the
+                // controller would have, so that the application refreshes.
+                if retired
+                    && !events
+                        .iter()
+                        .any(AsyncEvent::is_namespace_attribute_changed)
+                {
+                    events.push(namespace_attribute_changed());
+                }
+                events
             })
     }
 
@@ -563,12 +582,21 @@ impl<D: Device> Controller<D> {
     /// started.
     pub fn reset(&self) -> Result<()> {
         self.inner.reset()?;
+        let _check = self
+            .inner
+            .namespace_check
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if self
             .inner
             .namespaces_unverified
             .swap(false, Ordering::AcqRel)
+            && self.follow_namespace_changes(&[], true)
         {
-            self.follow_namespace_changes(&[], true);
+            // Handed out by the next `poll_async_events`.
+            self.inner
+                .admin()?
+                .keep_event_once(namespace_attribute_changed());
         }
         Ok(())
     }
@@ -1486,6 +1514,12 @@ impl<D: Device> Drop for Inner<D> {
     }
 }
 
+/// A Notice / Namespace Attribute Changed event (log 04h), for a change
+/// the driver found without one.
+fn namespace_attribute_changed() -> AsyncEvent {
+    AsyncEvent::from_dw0(2 | 0x04 << 16)
+}
+
 /// The completion of `what`, or [`Error::Command`] with its status when that
 /// is not Successful Completion.
 fn succeeded(cqe: Cqe, what: &str) -> Result<Cqe> {
@@ -1933,6 +1967,7 @@ fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<BroughtUp<D
         aer_target: 0,
         removed: AtomicBool::new(false),
         namespaces_unverified: AtomicBool::new(false),
+        namespace_check: Mutex::new(()),
     };
 
     // Identify Controller.

@@ -155,12 +155,13 @@ impl<D: Device> Controller<D> {
     /// [`Controller::refresh_namespaces`] then says what is left).
     /// `unverified` (a reset happened: a change in its window raised no
     /// notice) checks every handle, notice or not.
-    pub(crate) fn follow_namespace_changes(&self, events: &[AsyncEvent], unverified: bool) {
+    /// Returns whether a handle was retired.
+    pub(crate) fn follow_namespace_changes(&self, events: &[AsyncEvent], unverified: bool) -> bool {
         let noticed = events
             .iter()
             .any(AsyncEvent::is_namespace_attribute_changed);
         if !noticed && !unverified {
-            return;
+            return false;
         }
         let listed = if noticed {
             self.get_log_page(log_id::CHANGED_NS_LIST, 0xffff_ffff, CHANGED_NS_LIST_LEN, 0)
@@ -184,15 +185,18 @@ impl<D: Device> Controller<D> {
             // namespace may have changed.
             _ => self.namespaces.iter().collect(),
         };
+        let mut retired = false;
         for old in changed {
             let keep = match self.inner.namespace_handle(old.id()) {
                 Ok(Ok(fresh)) => fresh.same_geometry(old),
                 _ => false,
             };
             if !keep {
+                retired |= !old.is_stale();
                 old.retire();
             }
         }
+        retired
     }
 
     /// Reads the namespace list again (Identify Active Namespace ID list,

@@ -1020,3 +1020,84 @@ fn a_namespace_changed_elsewhere_is_refused_until_the_refresh_then_used_with_its
     drop(q);
     assert_eq!(m.dma_faults(), 0);
 }
+
+/// A namespace changed inside an automatic controller reset (a queue
+/// pair's recovery) raises no notice. The next
+/// `upnvme_ctrl_poll_async_events` retires its handle (the pairs refuse it
+/// with "formatted or changed") and hands out a Namespace Attribute Changed
+/// event of its own, so an application that follows the documented
+/// protocol (refresh on that event) refreshes.
+#[test]
+fn a_namespace_changed_inside_an_automatic_reset_is_announced() {
+    use upnvme_tests::{Fault, Match};
+    let (m, c) = model();
+    let h = crate::Ctrl::new(c);
+    let mut rust_pair = h
+        .get()
+        .unwrap()
+        .io_queue_pair(QueuePairOptions::default())
+        .unwrap();
+    m.inject(Fault::FatalOn(Match::Opcode {
+        qid: rust_pair.qid(),
+        opcode: 0x02,
+    }));
+    m.inject(Fault::ChangeNamespaceOn {
+        on: Match::Identify { cns: 1, nsid: 0 },
+        nsid: 1,
+        to: Some(NamespaceConfig {
+            nsid: 1,
+            lba_size: 4096,
+            blocks: 32,
+            ..NamespaceConfig::default()
+        }),
+    });
+    let ns = h.get().unwrap().namespace(1).unwrap().clone();
+    let buf = h.get().unwrap().alloc_dma(512).unwrap();
+    assert!(
+        rust_pair
+            .read_blocking(&ns, 0, 1, buf, Duration::from_secs(30))
+            .is_err()
+    );
+    assert_eq!(h.get().unwrap().resets(), 1);
+    drop(rust_pair);
+    let mut q = Box::new(Qpair::new(
+        h.get()
+            .unwrap()
+            .io_queue_pair(QueuePairOptions {
+                entries: Some(8),
+                ..Default::default()
+            })
+            .unwrap(),
+        h.nss.clone(),
+    ));
+    let mut ev = [crate::upnvme_async_event::default(); 4];
+    let n = h.poll_events(&mut ev).unwrap();
+    let b = handle(h.get().unwrap(), 4096);
+    // SAFETY: a live handle.
+    let rc = unsafe {
+        q.submit(
+            1,
+            Cmd::Read { slba: 0, blocks: 1 },
+            b,
+            None,
+            std::ptr::null_mut(),
+        )
+    };
+    assert_eq!(rc, UPNVME_EINVAL, "the handle was retired by the poll");
+    assert!(
+        last_error().contains("formatted or changed"),
+        "{}",
+        last_error()
+    );
+    // SAFETY: refused: the handle is the test's again.
+    assert_eq!(unsafe { upnvme_buf_free(b) }, UPNVME_OK);
+    assert!(
+        ev[..n]
+            .iter()
+            .any(|e| (e.event_type, e.event_info) == (2, 0)),
+        "the poll that retired namespace 1 handed out {n} events: nothing tells the \
+         application to call upnvme_ctrl_refresh_namespaces"
+    );
+    drop(q);
+    drop(h);
+}
