@@ -189,7 +189,60 @@ fn fio_with_a_bad_filename_fails_and_says_why() {
     ]);
     let err = String::from_utf8_lossy(&o.stderr).to_string();
     assert!(!o.status.success(), "{err}");
-    assert!(err.contains("expected 'traddr=DDDD.BB.DD.F ns=N'"), "{err}");
+    assert!(
+        err.contains("unknown key in 'nsid=1' (expected 'traddr=DDDD.BB.DD.F ns=N')"),
+        "{err}"
+    );
+}
+
+/// SPDK's filename form (`trtype=PCIe`, ignored) and the short address
+/// without the domain both reach the controller.
+#[test]
+fn fio_takes_spdks_filename_form_and_the_short_address() {
+    if !enabled() {
+        return;
+    }
+    let f = filename(1);
+    let spdk = f.replace("--filename=", "--filename=trtype=PCIe ");
+    let short = f.replace("traddr=0000.", "traddr=");
+    assert_ne!(short, f, "the first controller is in domain 0000: {f}");
+    for name in [spdk, short] {
+        let o = fio(&["--name=r", &name, "--rw=read", "--size=256k", "--bs=4k"]);
+        passed(&o);
+    }
+}
+
+/// What would fail at every I/O is refused before the run, with the limit.
+#[test]
+fn fio_refuses_block_sizes_the_namespace_or_the_controller_cannot_take() {
+    if !enabled() {
+        return;
+    }
+    let f = filename(1);
+    let lba: u64 = std::env::var("UPNVME_VM_LBA_SIZE")
+        .expect("UPNVME_VM_LBA_SIZE set by cargo xtask vm")
+        .parse()
+        .unwrap();
+    let refused = |extra: &[&str], expect: &str| {
+        let mut args = vec!["--name=x", f.as_str(), "--rw=randread", "--size=4M"];
+        args.extend(extra);
+        let o = fio(&args);
+        let err = String::from_utf8_lossy(&o.stderr).to_string();
+        assert!(!o.status.success(), "{extra:?}: {err}");
+        assert!(err.contains(expect), "{extra:?}: {err}");
+    };
+    // QEMU's MDTS is 7: 512 KiB with 4 KiB pages.
+    refused(
+        &["--bs=1M"],
+        "block size 1048576 is above the controller's largest transfer (MDTS) of 524288 bytes",
+    );
+    let odd = (lba + lba / 2).to_string();
+    refused(
+        &[&format!("--bs={odd}")],
+        &format!(
+            "a block size (bs/bsrange/bssplit) of {odd} bytes is not a multiple of namespace 1's {lba}-byte blocks"
+        ),
+    );
 }
 
 /// An iolog replay (here in chunks, a later chunk with larger I/Os, which

@@ -31,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "fio.h"
 #include "optgroup.h"
@@ -149,7 +150,8 @@ static int fail(struct thread_data *td, const char *what, int rc)
 	return 1;
 }
 
-/* Parses "traddr=0000.00.04.0 ns=1" (either key optional). */
+/* Parses "traddr=0000.00.04.0 ns=1" (either key optional; SPDK's
+ * "trtype=PCIe" is accepted and ignored). Says what is wrong itself. */
 static int parse_filename(const char *name, char *addr, size_t addr_len, uint32_t *nsid)
 {
 	addr[0] = '\0';
@@ -165,32 +167,66 @@ static int parse_filename(const char *name, char *addr, size_t addr_len, uint32_
 		if (!strncmp(tok, "traddr=", 7)) {
 			const char *v = tok + 7;
 			if (strlen(v) >= addr_len) {
+				log_err("upnvme: filename '%s': traddr '%s' is too long for a PCI address\n",
+					name, v);
 				rc = -EINVAL;
 				break;
 			}
 			strcpy(addr, v);
-			/* 0000.00.04.0 -> 0000:00:04.0: the first two dots are colons. */
-			int dots = 0;
-			for (char *p = addr; *p && dots < 2; p++)
-				if (*p == '.') {
+			/* fio takes ':' in a filename as a separator, so the address
+			 * comes with dots: every dot but the last (the function's) is a
+			 * colon. 0000.00.04.0 -> 0000:00:04.0, 00.04.0 -> 00:04.0. */
+			char *last = strrchr(addr, '.');
+			for (char *p = addr; *p; p++)
+				if (*p == '.' && p != last)
 					*p = ':';
-					dots++;
-				}
 		} else if (!strncmp(tok, "ns=", 3)) {
 			char *end;
 			unsigned long v = strtoul(tok + 3, &end, 10);
 			if (*end || v == 0 || v > 0xfffffffeUL) {
+				log_err("upnvme: filename '%s': '%s' is not a namespace ID (1 to 4294967294)\n",
+					name, tok);
 				rc = -EINVAL;
 				break;
 			}
 			*nsid = (uint32_t)v;
+		} else if (!strcasecmp(tok, "trtype=PCIe")) {
+			/* SPDK's form; PCIe is the only transport here. */
 		} else {
+			log_err("upnvme: filename '%s': unknown key in '%s' (expected "
+				"'traddr=DDDD.BB.DD.F ns=N')\n",
+				name, tok);
 			rc = -EINVAL;
 			break;
 		}
 	}
 	free(copy);
 	return rc;
+}
+
+/* Whether fio may issue a block size or alignment for direction `d` that
+ * is not a whole number of the namespace's blocks. */
+static bool sizes_fit_blocks(struct thread_data *td, uint32_t lba, const char **what,
+			     unsigned long long *value)
+{
+	for (int d = DDIR_READ; d < DDIR_RWDIR_CNT; d++) {
+		if (td->o.min_bs[d] % lba) {
+			*what = "a block size (bs/bsrange/bssplit)";
+			*value = td->o.min_bs[d];
+			return false;
+		}
+		if (td->o.max_bs[d] % lba) {
+			*what = "a block size (bs/bsrange/bssplit)";
+			*value = td->o.max_bs[d];
+			return false;
+		}
+		if (td->o.ba[d] % lba) {
+			*what = "the block alignment (ba)";
+			*value = td->o.ba[d];
+			return false;
+		}
+	}
+	return true;
 }
 
 static struct shared_ctrl *ctrl_get(struct thread_data *td, const char *addr)
@@ -301,8 +337,6 @@ static int open_files(struct thread_data *td)
 		if (!uf)
 			return 1;
 		if (parse_filename(f->file_name, addr, sizeof(addr), &uf->nsid)) {
-			log_err("upnvme: filename '%s': expected 'traddr=DDDD.BB.DD.F ns=N'\n",
-				f->file_name);
 			free(uf);
 			return 1;
 		}
@@ -318,6 +352,41 @@ static int open_files(struct thread_data *td)
 			ctrl_put(uf->sc);
 			free(uf);
 			return fail(td, "upnvme_ns_get_info", rc);
+		}
+		/* What would fail at every I/O is refused before the run. */
+		struct upnvme_fio_file *first = td->files[0] ? td->files[0]->engine_data : NULL;
+		const char *what = NULL;
+		unsigned long long value = 0;
+		unsigned long long max_transfer = upnvme_ctrl_max_transfer(uf->sc->ctrl);
+		unsigned long long max_rw = td->o.max_bs[DDIR_READ] > td->o.max_bs[DDIR_WRITE]
+						    ? td->o.max_bs[DDIR_READ]
+						    : td->o.max_bs[DDIR_WRITE];
+		bool refuse = true;
+		if (first && first->sc != uf->sc) {
+			log_err("upnvme: '%s' is on another controller than '%s': the job's I/O memory "
+				"is mapped for its first file's controller only; use one job per "
+				"controller\n",
+				f->file_name, td->files[0]->file_name);
+		} else if (info.metadata_size) {
+			log_err("upnvme: namespace %u of '%s' has %u metadata bytes per block: the fio "
+				"engine moves no metadata; format it without (upnvme format --ms 0 "
+				"--lbaf N) or use another namespace\n",
+				uf->nsid, f->file_name, info.metadata_size);
+		} else if (!sizes_fit_blocks(td, info.lba_size, &what, &value)) {
+			log_err("upnvme: %s of %llu bytes is not a multiple of namespace %u's %u-byte "
+				"blocks\n",
+				what, value, uf->nsid, info.lba_size);
+		} else if (max_rw > max_transfer) {
+			log_err("upnvme: block size %llu is above the controller's largest transfer "
+				"(MDTS) of %llu bytes: use bs <= %llu\n",
+				max_rw, max_transfer, max_transfer);
+		} else {
+			refuse = false;
+		}
+		if (refuse) {
+			ctrl_put(uf->sc);
+			free(uf);
+			return 1;
 		}
 		uf->lba_size = info.lba_size;
 		uf->owner = td;
