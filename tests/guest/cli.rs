@@ -342,6 +342,19 @@ fn identify_fields_equal_the_vm_options() {
         assert!(t.contains(&format!("  sn      : {prefix}{i}\n")), "{t}");
         assert!(t.contains("  mn      : QEMU NVMe Ctrl\n"), "{t}");
         assert!(t.contains(&format!("  mdts    : {mdts} (")), "{t}");
+        // QEMU's MDTS (7: 512 KiB) is below the driver's 4 MiB cap.
+        if mdts != 0 && 4096u64 << mdts <= 4 << 20 {
+            let size = 4096u64 << mdts;
+            let human = if size >= 1 << 20 {
+                format!("{:.2} MiB", size as f64 / f64::from(1 << 20))
+            } else {
+                format!("{:.2} KiB", size as f64 / 1024.0)
+            };
+            assert!(
+                t.contains(&format!("  mdts    : {mdts} ({human} max transfer)\n")),
+                "{t}"
+            );
+        }
         assert!(t.contains(&format!("mqes {}", mqes + 1)), "{t}");
         assert_eq!(t.matches("\nNamespace ").count() as u64, namespaces, "{t}");
         assert!(t.contains(&format!("  lba size: {lba} bytes")), "{t}");

@@ -107,13 +107,28 @@ pub fn identify(c: &Controller, nsid: Option<u32>, human: bool) -> Result<()> {
             c.version()
         );
         outln!("  cntlid  : 0x{:04x}", id.cntlid);
-        match c.max_transfer_bytes() {
-            Some(b) => outln!(
-                "  mdts    : {} ({} max transfer)",
+        // MDTS is a power of two of CAP.MPSMIN pages (0: no limit); the
+        // driver moves at most 4 MiB per command whatever it says.
+        let moved = c.max_transfer_bytes().unwrap_or(0) as u64;
+        let device = (id.mdts != 0).then(|| {
+            1u64.checked_shl(u32::from(id.mdts))
+                .and_then(|n| n.checked_mul(c.cap().min_page_size() as u64))
+                .unwrap_or(u64::MAX)
+        });
+        match device {
+            Some(d) if d <= moved => {
+                outln!("  mdts    : {} ({} max transfer)", id.mdts, human_bytes(d))
+            }
+            Some(d) => outln!(
+                "  mdts    : {} ({} max transfer; upnvme moves at most {} per command)",
                 id.mdts,
-                human_bytes(b as u64)
+                human_bytes(d),
+                human_bytes(moved)
             ),
-            None => outln!("  mdts    : 0 (no limit)"),
+            None => outln!(
+                "  mdts    : 0 (no limit; upnvme moves at most {} per command)",
+                human_bytes(moved)
+            ),
         }
         outln!(
             "  oacs    : 0x{:04x}{}",

@@ -124,6 +124,8 @@ pub struct PerfArgs {
     pub io_count: Option<u64>,
     /// Cores to run workers on: a list ("0,2-3") or a hex mask ("0x3").
     /// One worker thread per core, pinned, each with its own queue pair.
+    /// Unlike spdk_nvme_perf's -c, a number without "0x" is a core, not a
+    /// mask ("-c 3" is core 3; SPDK's "-c 3" is "-c 0x3").
     #[arg(short = 'c', long = "core-mask", default_value = "0")]
     pub cores: String,
     /// Namespace ID (default: every active namespace; one queue pair per

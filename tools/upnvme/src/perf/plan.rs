@@ -194,6 +194,18 @@ pub fn validate(
                 a.io_size
             )));
         }
+        // On an extended-LBA format the interleaved metadata moves in the
+        // data buffer and counts against MDTS too.
+        let moved = a.io_size / lba * super::metadata::data_stride(ns.lba_size, ns.metadata, a.pi);
+        if let Some(max) = dev.max_transfer
+            && moved > max
+            && a.io_size <= max
+        {
+            return Err(usage(format!(
+                "I/O size {} moves {moved} bytes per command on namespace {n} (its metadata is interleaved with the data), more than the controller's maximum transfer of {max} bytes (MDTS {}); perf does not split I/Os",
+                a.io_size, dev.mdts
+            )));
+        }
         namespaces.push(NsPlan {
             nsid: n,
             lba_size: ns.lba_size,
@@ -618,6 +630,26 @@ mod tests {
             ..qemu()
         };
         validate(&parse(&["-o", "1048576"]).unwrap(), &unlimited, &CORES).unwrap();
+        // 4096 + 8 extended: 128 blocks move 525312 bytes, above 512 KiB.
+        let extended = DeviceFacts {
+            namespaces: vec![NsFacts {
+                metadata: Some(upnvme::MetadataLayout {
+                    ms: 8,
+                    extended: true,
+                    pi_type: 0,
+                    pi_first: false,
+                    pif: upnvme::pi::Pif::Guard16,
+                    sts: 0,
+                }),
+                ..qemu().namespaces[0]
+            }],
+            ..qemu()
+        };
+        assert_eq!(
+            bad(&["-o", "524288"], &extended),
+            "I/O size 524288 moves 525312 bytes per command on namespace 1 (its metadata is interleaved with the data), more than the controller's maximum transfer of 524288 bytes (MDTS 7); perf does not split I/Os"
+        );
+        validate(&parse(&["-o", "520192"]).unwrap(), &extended, &CORES).unwrap();
     }
 
     #[test]
