@@ -77,7 +77,12 @@ enum Owner {
     /// Mapped by [`HostMemory::map`]: `munmap` on drop.
     Anonymous,
     /// An application's mapping: dropping the `MmapMut` unmaps it.
-    Mapping(memmap2::MmapMut),
+    /// `inherited`: a fork inherited it before registration (MADV_DONTFORK
+    /// clear), so handing it back clears the advice again.
+    Mapping {
+        mapping: memmap2::MmapMut,
+        inherited: bool,
+    },
     /// The application's mapping was handed back ([`HostMemory::into_mapping`]);
     /// nothing to unmap.
     Returned,
@@ -221,9 +226,12 @@ impl HostMemory {
     /// bounds-checked accessors (and the device's DMA): the `MmapMut` is not
     /// reachable, so no `&[u8]`/`&mut [u8]` of it can exist while the device
     /// may write it.
+    /// `inherited`: whether a fork inherited the mapping before its
+    /// registration advised MADV_DONTFORK (restored when handed back).
     pub(crate) fn adopt(
         mut mapping: memmap2::MmapMut,
         backing: PageBacking,
+        inherited: bool,
     ) -> Result<Arc<HostMemory>, memmap2::MmapMut> {
         // A raw pointer taken from the mapping without forming a slice
         // (`MmapMut::as_mut_ptr`); moving the `MmapMut` below moves its
@@ -237,7 +245,7 @@ impl HostMemory {
             ptr,
             len,
             backing,
-            owner: Owner::Mapping(mapping),
+            owner: Owner::Mapping { mapping, inherited },
         }))
     }
 
@@ -247,23 +255,26 @@ impl HostMemory {
     /// application may form references into it again. A mapping made by
     /// [`HostMemory::map`] is never handed out.
     pub(crate) fn into_mapping(this: Arc<HostMemory>) -> Result<memmap2::MmapMut, Arc<HostMemory>> {
-        if !matches!(this.owner, Owner::Mapping(_)) {
+        if !matches!(this.owner, Owner::Mapping { .. }) {
             return Err(this);
         }
         let mut mem = Arc::try_unwrap(this)?;
         match std::mem::replace(&mut mem.owner, Owner::Returned) {
-            Owner::Mapping(m) => {
+            Owner::Mapping { mapping, inherited } => {
                 // As the application mapped it: inherited by a fork again
-                // (registration set MADV_DONTFORK on the whole VMA). Best
-                // effort: a refusal leaves a mapping a child does not
+                // if it was before (registration set MADV_DONTFORK on the
+                // whole VMA; an application that had set it keeps it).
+                // Best effort: a refusal leaves a mapping a child does not
                 // inherit, nothing worse.
-                let _ = advise_fork(
-                    mem.ptr,
-                    mem.len.next_multiple_of(mem.backing.page_size()),
-                    true,
-                    "the registered mapping",
-                );
-                Ok(m)
+                if inherited {
+                    let _ = advise_fork(
+                        mem.ptr,
+                        mem.len.next_multiple_of(mem.backing.page_size()),
+                        true,
+                        "the registered mapping",
+                    );
+                }
+                Ok(mapping)
             }
             // Checked above, and `owner` never changes while shared.
             other => {
@@ -435,7 +446,7 @@ impl Drop for HostMemory {
             // The application's mapping: the `MmapMut` field unmaps it when
             // it is dropped right after this; no pointer into it outlives
             // `self`.
-            Owner::Mapping(_) | Owner::Returned => 0,
+            Owner::Mapping { .. } | Owner::Returned => 0,
         };
     }
 }

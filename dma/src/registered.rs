@@ -365,6 +365,10 @@ impl RegisteredMemory {
         // hugepages, and madvise of `len` bytes would have to split it off
         // a hugepage boundary (EINVAL).
         let vma_len = len.next_multiple_of(backing.page_size());
+        // Whether a fork inherits it now (smaps VmFlags without `dc`): what
+        // the hand-back restores.
+        let inherited = !smaps_field(vaddr, "VmFlags:")
+            .is_some_and(|f| f.split_whitespace().any(|flag| flag == "dc"));
         if let Err(e) = crate::memory::advise_fork(
             std::ptr::NonNull::new(vaddr as *mut u8).expect("checked non-zero above"),
             vma_len,
@@ -373,7 +377,7 @@ impl RegisteredMemory {
         ) {
             return Err(RegisterError::new(RegisterFailure::Map(e), mapping));
         }
-        let mem = HostMemory::adopt(mapping, backing)
+        let mem = HostMemory::adopt(mapping, backing, inherited)
             .map_err(|m| RegisterError::new(RegisterFailure::NotPageAligned { vaddr: 0 }, m))?;
         let region = match DmaRegion::map_memory(mem, mapper) {
             Ok(r) => r,
@@ -740,6 +744,20 @@ pub(crate) mod tests {
         };
         let reg = RegisteredMemory::new(mapping, mapper());
         assert!(reg.is_ok(), "{:?}", reg.err().map(|e| e.to_string()));
+    }
+
+    #[test]
+    fn a_mapping_the_application_kept_from_forks_stays_so_when_handed_back() {
+        let mapping = MmapMut::map_anon(64 << 10).unwrap();
+        mapping.advise(memmap2::Advice::DontFork).unwrap();
+        let vaddr = mapping.as_ptr() as usize;
+        let reg = RegisteredMemory::new(mapping, mapper()).unwrap();
+        let mapping = reg.unregister().unwrap();
+        assert_eq!(mapping.as_ptr() as usize, vaddr);
+        assert!(
+            not_inherited_by_fork(vaddr),
+            "the application's MADV_DONTFORK"
+        );
     }
 
     #[test]

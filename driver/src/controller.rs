@@ -454,11 +454,12 @@ impl<D: Device> Controller<D> {
         self.inner
             .with_admin(|dev, name, admin| {
                 admin.reap(dev, name)?;
-                let events = admin.take_events();
                 if admin.aers_to_repost() > 0 {
                     admin.post_aers(dev, self.inner.aer_target)?;
                 }
-                Ok(events)
+                // Taken only now: a failed re-post leaves them for the next
+                // call (or, kept across a reset, for the one after it).
+                Ok(admin.take_events())
             })
             .map(|mut events| {
                 let _check = self

@@ -126,19 +126,27 @@ pub fn run(a: PerfArgs) -> Result<bool> {
     // Live progress, one line per second, only on a terminal and without --json.
     let live = std::io::stderr().is_terminal() && !a.json;
     let started = Instant::now();
-    let mut last = 0u64;
+    let (mut last, mut last_at) = (0u64, started);
+    let mut next = Duration::from_secs(1);
     while handles.iter().any(|h| !h.is_finished()) {
         std::thread::sleep(Duration::from_millis(100));
-        if live && started.elapsed().as_secs() > 0 && started.elapsed().as_millis() % 1000 < 100 {
+        let now = Instant::now();
+        if live && now - started >= next {
+            // The rate over the time since the last line, however late the
+            // sleep made this one.
             let total: u64 = progress.iter().map(|p| p.load(Ordering::Relaxed)).sum();
+            let secs = (now - last_at).as_secs_f64();
             eprint!(
                 "\r[{:>4}s] {:>10} I/Os, {:>10.0} IOPS   ",
-                started.elapsed().as_secs(),
+                (now - started).as_secs(),
                 total,
-                (total - last) as f64
+                (total - last) as f64 / secs
             );
             let _ = std::io::stderr().flush();
-            last = total;
+            (last, last_at) = (total, now);
+            while next <= now - started {
+                next += Duration::from_secs(1);
+            }
         }
     }
     if live {
