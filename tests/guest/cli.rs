@@ -326,6 +326,12 @@ fn identify_fields_equal_the_vm_options() {
         assert_eq!(c["mdts"], mdts, "MDTS of {dev}");
         assert!(c["nn"].as_u64().unwrap() >= namespaces, "{c}");
         assert_eq!(v["registers"]["mqes"], mqes, "CAP.MQES of {dev}");
+        let cap_hex = v["registers"]["cap_hex"].as_str().unwrap();
+        assert_eq!(
+            u64::from_str_radix(cap_hex.trim_start_matches("0x"), 16).unwrap(),
+            v["registers"]["cap"].as_u64().unwrap(),
+            "{cap_hex}"
+        );
         assert_eq!(v["max_transfer_bytes"], 4096u64 << mdts);
         let granted = v["granted_io_queue_pairs"].as_u64().unwrap();
         assert!((1..=max_pairs).contains(&granted), "granted {granted}");

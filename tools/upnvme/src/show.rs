@@ -260,7 +260,9 @@ pub fn identify_json(c: &Controller, nsid: Option<u32>, human: bool) -> Result<(
             "subnqn": id.subnqn,
         },
         "registers": {
-            "cap": cap.0, "mqes": cap.mqes(), "to_ms": cap.timeout_ms(), "dstrd": cap.dstrd(),
+            // Also as a hex string: CAP can exceed 2^53, which JSON
+            // readers that use doubles (JavaScript, jq) round.
+            "cap": cap.0, "cap_hex": format!("0x{:016x}", cap.0), "mqes": cap.mqes(), "to_ms": cap.timeout_ms(), "dstrd": cap.dstrd(),
             "version": c.version().to_string(),
         },
         "granted_io_queue_pairs": c.granted_io_queues(),
