@@ -91,9 +91,19 @@ impl upnvme_buf {
 pub struct upnvme_pool {
     pub(crate) pool: DmaPool,
     /// Handles not handed out (empty, `buf: None`); capacity = count.
-    /// Boxed: a handle's address is what C holds, so it must not move.
-    #[allow(clippy::vec_box)]
-    pub(crate) spare: Vec<Box<upnvme_buf>>,
+    /// Raw (from `Box::into_raw`), not `Box`: C may still hold a stale
+    /// pointer to a handle given back, and the library reads it to refuse
+    /// the use; a `Box` here would assert uniqueness that read violates.
+    pub(crate) spare: Vec<std::ptr::NonNull<upnvme_buf>>,
+}
+
+impl Drop for upnvme_pool {
+    fn drop(&mut self) {
+        for h in self.spare.drain(..) {
+            // SAFETY: made by `Box::into_raw`, owned by the pool (spare).
+            drop(unsafe { Box::from_raw(h.as_ptr()) });
+        }
+    }
 }
 
 impl upnvme_pool {
@@ -106,7 +116,7 @@ impl upnvme_pool {
         });
         let me: *const c_void = (&*p as *const upnvme_pool).cast();
         for _ in 0..n {
-            p.spare.push(Box::new(upnvme_buf {
+            let h = Box::into_raw(Box::new(upnvme_buf {
                 buf: None,
                 inflight: false,
                 ptr: std::ptr::null_mut(),
@@ -115,17 +125,21 @@ impl upnvme_pool {
                 pool: me,
                 spare: true,
             }));
+            // SAFETY: not null (from `Box::into_raw`).
+            p.spare.push(unsafe { std::ptr::NonNull::new_unchecked(h) });
         }
         p
     }
 
     /// A buffer in a handle, or `None` when all are handed out.
-    pub(crate) fn get(&mut self) -> Option<Box<upnvme_buf>> {
+    pub(crate) fn get(&mut self) -> Option<*mut upnvme_buf> {
         let b = self.pool.get()?;
         match self.spare.pop() {
-            Some(mut h) => {
-                h.refill(b);
-                Some(h)
+            Some(h) => {
+                // SAFETY: a spare handle, owned by the pool; no reference
+                // to it is live (C only holds raw pointers).
+                unsafe { (*h.as_ptr()).refill(b) };
+                Some(h.as_ptr())
             }
             // Cannot happen (one handle per buffer); give the buffer back.
             None => {
@@ -137,17 +151,23 @@ impl upnvme_pool {
 
     /// Takes back a handle this pool handed out; `Err` hands it back when it
     /// is not this pool's or is in flight.
-    pub(crate) fn put(&mut self, mut h: Box<upnvme_buf>) -> Result<(), Box<upnvme_buf>> {
+    ///
+    /// # Safety
+    /// `hp` is a live handle made by `Box::into_raw`, not referenced
+    /// elsewhere during the call; on `Ok` the pool owns it.
+    pub(crate) unsafe fn put(&mut self, hp: *mut upnvme_buf) -> Result<(), ()> {
+        // SAFETY: the caller's contract.
+        let h = unsafe { &mut *hp };
         if h.pool != (self as *const upnvme_pool).cast()
             || self.spare.len() >= self.spare.capacity()
         {
-            return Err(h);
+            return Err(());
         }
         if h.busy().is_some() {
-            return Err(h);
+            return Err(());
         }
         let Some(b) = h.buf.take() else {
-            return Err(h);
+            return Err(());
         };
         match self.pool.put(b) {
             Ok(()) => {
@@ -155,12 +175,14 @@ impl upnvme_pool {
                 h.len = 0;
                 h.iova = 0;
                 h.spare = true;
-                self.spare.push(h);
+                // SAFETY: not null (a live handle).
+                self.spare
+                    .push(unsafe { std::ptr::NonNull::new_unchecked(hp) });
                 Ok(())
             }
             Err(back) => {
                 h.buf = Some(back.0);
-                Err(h)
+                Err(())
             }
         }
     }

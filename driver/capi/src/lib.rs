@@ -557,7 +557,7 @@ pub unsafe extern "C" fn upnvme_pool_get(pool: *mut upnvme_pool) -> *mut upnvme_
         let Some(p) = (unsafe { pool.as_mut() }) else {
             return std::ptr::null_mut();
         };
-        p.get().map_or(std::ptr::null_mut(), Box::into_raw)
+        p.get().unwrap_or(std::ptr::null_mut())
     })
 }
 
@@ -593,15 +593,11 @@ pub unsafe extern "C" fn upnvme_pool_put(pool: *mut upnvme_pool, buf: *mut upnvm
             );
         }
         // SAFETY: a handle made by `Box::into_raw` (by `upnvme_pool_get`),
-        // given up by the caller.
-        let boxed = unsafe { Box::from_raw(buf) };
-        match p.put(boxed) {
+        // given up by the caller; `h` is not used any more.
+        match unsafe { p.put(buf) } {
             Ok(()) => UPNVME_OK,
-            Err(back) => {
-                // Not taken: the handle stays the caller's.
-                let _ = Box::into_raw(back);
-                fail(UPNVME_EINVAL, "the buffer was not handed out by this pool")
-            }
+            // Not taken: the handle stays the caller's.
+            Err(()) => fail(UPNVME_EINVAL, "the buffer was not handed out by this pool"),
         }
     })
 }

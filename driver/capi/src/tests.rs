@@ -318,12 +318,17 @@ fn pools_hand_out_and_take_back_their_own_buffers_only() {
     let b = p.get().unwrap();
     let d = p.get().unwrap();
     assert!(p.get().is_none(), "three buffers, then none");
-    assert_ne!(a.iova, b.iova);
+    // SAFETY: live handles.
+    assert_ne!(unsafe { (*a).iova }, unsafe { (*b).iova });
     let mut other = upnvme_pool::new(c.dma_pool(4096, 1).unwrap());
-    let back = other.put(a).unwrap_err();
-    p.put(back).unwrap();
-    p.put(b).unwrap();
-    p.put(d).unwrap();
+    // SAFETY: live handles of the test, given up on Ok.
+    unsafe { other.put(a) }.unwrap_err();
+    // SAFETY: as above.
+    unsafe { p.put(a) }.unwrap();
+    // SAFETY: as above.
+    unsafe { p.put(b) }.unwrap();
+    // SAFETY: as above.
+    unsafe { p.put(d) }.unwrap();
     assert_eq!(p.pool.available(), 3);
     assert!(p.get().is_some());
 }
@@ -1100,4 +1105,203 @@ fn a_namespace_changed_inside_an_automatic_reset_is_announced() {
     );
     drop(q);
     drop(h);
+}
+
+mod send_sync {
+    #[allow(dead_code)]
+    fn send<T: Send>() {}
+    #[allow(dead_code)]
+    fn sync<T: Sync>() {}
+    #[test]
+    fn inner_types_cross_threads() {
+        send::<upnvme::IoQueuePair<upnvme::VfioNvme>>();
+        send::<upnvme::DmaBuffer>();
+        send::<upnvme::DmaPool>();
+        send::<crate::ctrl::Ctrl<upnvme::VfioNvme>>();
+        sync::<crate::ctrl::Ctrl<upnvme::VfioNvme>>();
+        sync::<upnvme::Controller<upnvme::VfioNvme>>();
+    }
+}
+
+#[test]
+fn huge_lengths_from_c_are_refused() {
+    let (_m, c) = model();
+    for len in [
+        0usize,
+        usize::MAX,
+        usize::MAX - 4095,
+        usize::MAX / 2 + 1,
+        1 << 62,
+        isize::MAX as usize,
+    ] {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            c.alloc_dma(len).map(|b| b.len())
+        }));
+        assert!(matches!(r, Ok(Err(_))), "alloc_dma({len:#x}) -> {r:?}");
+    }
+    for (len, count) in [
+        (usize::MAX, 1usize),
+        (usize::MAX - 4095, 1),
+        (4096, usize::MAX),
+        (1, usize::MAX / 4096 + 1),
+        (4096, 1 << 40),
+        (0, 1),
+        (1, 0),
+    ] {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            c.dma_pool(len, count).map(|p| p.capacity())
+        }));
+        assert!(
+            matches!(r, Ok(Err(_))),
+            "dma_pool({len:#x}, {count:#x}) -> {r:?}"
+        );
+    }
+    let b = handle(&c, 8192);
+    let mut pieces = [std::ptr::null_mut(); 4];
+    let mut n = 0usize;
+    for pl in [usize::MAX, 8193, 1 << 40] {
+        // SAFETY: live handle, arrays valid.
+        let rc = unsafe { crate::upnvme_buf_split(b, pl, pieces.as_mut_ptr(), 0, &mut n) };
+        assert_eq!(rc, UPNVME_EINVAL, "split({pl:#x}): {}", last_error());
+    }
+    // SAFETY: live handle, not in flight.
+    assert_eq!(unsafe { upnvme_buf_free(b) }, UPNVME_OK);
+}
+
+struct CloseIn {
+    ctrl: Option<Controller<ModelController>>,
+    qp: *mut Qpair<ModelController>,
+    seen: Vec<c_int>,
+    destroy_rc: Vec<c_int>,
+}
+
+unsafe extern "C" fn close_in_cb(arg: *mut c_void, cpl: *const upnvme_cpl) {
+    // SAFETY: the test's CloseIn.
+    let s = unsafe { &mut *arg.cast::<CloseIn>() };
+    // SAFETY: valid for the call.
+    s.seen.push(unsafe { (*cpl).status });
+    // SAFETY: valid for the call.
+    let buf = unsafe { (*cpl).buf };
+    // SAFETY: the handle is ours again.
+    assert_eq!(unsafe { upnvme_buf_free(buf) }, UPNVME_OK);
+    if let Some(c) = s.ctrl.take() {
+        let _ = c.close();
+    }
+    // SAFETY: live pair, this thread's.
+    s.destroy_rc.push(unsafe { Qpair::end_for_destroy(s.qp) });
+}
+
+#[test]
+fn a_callback_may_close_the_controller_and_free_its_buffer() {
+    let (m, c) = model();
+    let mut qp = pair(&c, 8);
+    let qpp: *mut Qpair<ModelController> = &mut *qp;
+    let bufs = [handle(&c, 4096), handle(&c, 4096), handle(&c, 4096)];
+    let mut s = CloseIn {
+        ctrl: None,
+        qp: qpp,
+        seen: vec![],
+        destroy_rc: vec![],
+    };
+    let arg: *mut CloseIn = &mut s;
+    for _ in 0..2 {
+        m.inject(upnvme_tests::Fault::DelayCompletion {
+            on: upnvme_tests::Match::Queue(qp.qp.qid()),
+            doorbells: None,
+        });
+    }
+    let read = Cmd::Read { slba: 0, blocks: 8 };
+    // first completes; the next two are held
+    for b in bufs {
+        // SAFETY: live handle and pair.
+        let rc = unsafe { qp.submit(1, read, b, Some(close_in_cb), arg.cast()) };
+        assert_eq!(rc, UPNVME_OK, "{}", last_error());
+    }
+    s.ctrl = Some(c);
+    let mut rcs = vec![];
+    for _ in 0..4 {
+        // SAFETY: live pair, this thread's.
+        rcs.push(unsafe { Qpair::process_completions(qpp, 0) });
+    }
+    assert_eq!(rcs.iter().filter(|&&r| r > 0).count(), 1, "{rcs:?}");
+    // SAFETY: live pair, this thread's.
+    let rc = unsafe { Qpair::end_for_destroy(qpp) };
+    assert_eq!(rc, UPNVME_OK);
+    assert_eq!(s.seen.len(), 3);
+    drop(qp);
+    assert_eq!(m.dma_faults(), 0);
+}
+
+#[test]
+fn a_buffer_of_another_controller_is_refused_and_handed_back() {
+    let (ma, a) = model();
+    let (mb, b) = model();
+    let mut qp = pair(&b, 8);
+    let h = handle(&a, 4096);
+    let read = Cmd::Read { slba: 0, blocks: 8 };
+    // SAFETY: live handle and pair.
+    let rc = unsafe { qp.submit(1, read, h, None, std::ptr::null_mut()) };
+    assert_eq!(rc, UPNVME_EINVAL, "{}", last_error());
+    // SAFETY: live handle: the refusal handed the buffer back.
+    assert!(!unsafe { upnvme_buf_data(h) }.is_null());
+    // SAFETY: live, not in flight.
+    assert_eq!(unsafe { upnvme_buf_free(h) }, UPNVME_OK);
+    drop(qp);
+    assert_eq!(ma.dma_faults() + mb.dma_faults(), 0);
+}
+
+#[test]
+fn duplicate_and_corrupt_completions_through_the_capi_fail_cleanly() {
+    use upnvme_tests::{Fault, Match};
+    for fault in 0..3 {
+        let (m, c) = model();
+        let mut qp = pair(&c, 8);
+        let qpp: *mut Qpair<ModelController> = &mut *qp;
+        let mut seen: Vec<c_int> = Vec::new();
+        let arg: *mut Vec<c_int> = &mut seen;
+        let f = match fault {
+            0 => Fault::DuplicateCompletion(Match::Queue(qp.qp.qid())),
+            1 => Fault::CorruptCid {
+                on: Match::Queue(qp.qp.qid()),
+                xor: 0x8000,
+            },
+            _ => Fault::CorruptCid {
+                on: Match::Queue(qp.qp.qid()),
+                xor: 0x0001,
+            },
+        };
+        m.inject(f);
+        let bufs = [handle(&c, 4096), handle(&c, 4096), handle(&c, 4096)];
+        let read = Cmd::Read { slba: 0, blocks: 8 };
+        let mut submitted = 0;
+        for b in bufs {
+            // SAFETY: live handle and pair.
+            let rc = unsafe { qp.submit(1, read, b, Some(count_cb), arg.cast()) };
+            submitted += usize::from(rc == UPNVME_OK);
+            // SAFETY: live pair.
+            let pc = unsafe { Qpair::process_completions(qpp, 0) };
+            // Once the controller failed, submissions are refused and the
+            // buffer stays the caller's.
+            assert!(rc == UPNVME_OK || rc < 0, "{rc}");
+            let _ = pc;
+        }
+        for _ in 0..3 {
+            // SAFETY: live pair.
+            let _ = unsafe { Qpair::process_completions(qpp, 0) };
+        }
+        // SAFETY: live pair.
+        let rc = unsafe { Qpair::end_for_destroy(qpp) };
+        assert_eq!(rc, UPNVME_OK, "fault {fault}: {}", last_error());
+        assert_eq!(
+            seen.len(),
+            submitted,
+            "fault {fault}: each callback exactly once"
+        );
+        for b in bufs {
+            // SAFETY: live handles, none in flight after the destroy.
+            assert_eq!(unsafe { upnvme_buf_free(b) }, UPNVME_OK, "fault {fault}");
+        }
+        drop(qp);
+        let _ = m.take_violations();
+    }
 }
