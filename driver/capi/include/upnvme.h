@@ -377,8 +377,9 @@ int upnvme_ctrl_close(struct upnvme_ctrl *ctrl);
 
 /**
  * Hands out the asynchronous events that arrived: writes up to `cap` of
- * them into `events` and returns how many (0: none), or a negative code.
- * When it returns `cap`, more may be waiting: call again. The controller
+ * them (at most 256 per call) into `events` and returns how many (0:
+ * none), or a negative code. When it returns `cap` (or 256), more may be
+ * waiting: call again. The controller
  * keeps an event type masked until its log page is read; a Namespace
  * Attribute Changed notice (`event_type` 2, `event_info` 0) is followed by
  * the library first — its log is read and the queue pairs refuse the

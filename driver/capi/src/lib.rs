@@ -214,6 +214,9 @@ unsafe fn ctrl_ref<'a>(ctrl: *const upnvme_ctrl) -> Result<&'a Controller<VfioNv
     }
 }
 
+/// The most events one `upnvme_ctrl_poll_async_events` call hands out.
+const MAX_EVENTS_PER_POLL: usize = 256;
+
 /// Borrows a handle's wrapper, or records why not.
 ///
 /// # Safety
@@ -227,8 +230,9 @@ unsafe fn ctrl_wrap<'a>(ctrl: *const upnvme_ctrl) -> Result<&'a Ctrl<VfioNvme>, 
 }
 
 /// Hands out the asynchronous events that arrived: writes up to `cap` of
-/// them into `events` and returns how many (0: none), or a negative code.
-/// When it returns `cap`, more may be waiting: call again. The controller
+/// them (at most 256 per call) into `events` and returns how many (0:
+/// none), or a negative code. When it returns `cap` (or 256), more may be
+/// waiting: call again. The controller
 /// keeps an event type masked until its log page is read; a Namespace
 /// Attribute Changed notice (`event_type` 2, `event_info` 0) is followed by
 /// the library first — its log is read and the queue pairs refuse the
@@ -253,7 +257,9 @@ pub unsafe extern "C" fn upnvme_ctrl_poll_async_events(
         if events.is_null() && cap != 0 {
             return fail(UPNVME_EINVAL, "events is NULL but cap is not 0");
         }
-        let cap = cap.min(c_int::MAX as u32) as usize;
+        // At most MAX_EVENTS_PER_POLL per call (the rest are kept for the
+        // next): the scratch array is not sized by whatever `cap` says.
+        let cap = (cap as usize).min(MAX_EVENTS_PER_POLL);
         let mut out = vec![upnvme_async_event::default(); cap];
         match h.poll_events(&mut out) {
             Ok(n) => {
@@ -507,7 +513,13 @@ pub unsafe extern "C" fn upnvme_buf_split(
         };
         let parts = match b.split(piece_len) {
             Ok(p) => p,
-            Err(e) => return fail(UPNVME_EINVAL, e),
+            // Not reached after the checks above; were it, the buffer is
+            // gone with the error: the handle says so (NULL data, length
+            // 0) instead of pointing at freed memory.
+            Err(e) => {
+                h.settle(None);
+                return fail(UPNVME_EINVAL, e);
+            }
         };
         for (i, p) in parts.into_iter().enumerate() {
             let ph = Box::into_raw(Box::new(upnvme_buf::new(p, std::ptr::null())));
