@@ -516,7 +516,8 @@ int upnvme_pool_create(const struct upnvme_ctrl *ctrl,
                        struct upnvme_pool **out);
 
 /**
- * A buffer from the pool, or NULL when all are handed out.
+ * A buffer from the pool, or NULL when all are handed out (or `pool` is
+ * NULL); `upnvme_last_error` then says which.
  *
  * # Safety
  * `pool` is null or a live pool.

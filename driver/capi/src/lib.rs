@@ -558,7 +558,8 @@ pub unsafe extern "C" fn upnvme_pool_create(
     })
 }
 
-/// A buffer from the pool, or NULL when all are handed out.
+/// A buffer from the pool, or NULL when all are handed out (or `pool` is
+/// NULL); `upnvme_last_error` then says which.
 ///
 /// # Safety
 /// `pool` is null or a live pool.
@@ -567,9 +568,16 @@ pub unsafe extern "C" fn upnvme_pool_get(pool: *mut upnvme_pool) -> *mut upnvme_
     guard_or(std::ptr::null_mut(), || {
         // SAFETY: null or live, used by one thread (the caller's contract).
         let Some(p) = (unsafe { pool.as_mut() }) else {
+            fail(UPNVME_EINVAL, "upnvme_pool_get: pool is NULL");
             return std::ptr::null_mut();
         };
-        p.get().unwrap_or(std::ptr::null_mut())
+        p.get().unwrap_or_else(|| {
+            fail(
+                UPNVME_EAGAIN,
+                "the pool is empty: every buffer is handed out (upnvme_pool_put gives one back)",
+            );
+            std::ptr::null_mut()
+        })
     })
 }
 
