@@ -60,7 +60,18 @@ pub struct Step {
     pub what: String,
     /// `{"execute": ...}` documents, sent in order.
     pub commands: Vec<String>,
+    /// A device ID that must be gone before the commands are sent: a
+    /// replug waits (up to [`GONE_WAIT`]) until the guest finished the
+    /// unplug. `device_del` only starts it (the guest's pciehp waits 5 s,
+    /// then the driver must let go); a `device_add` before it is done fails
+    /// ("permission conflict" on the image, which the old device still
+    /// holds), and one racing the teardown has crashed QEMU's TCG
+    /// (`iotlb_to_section` assertion).
+    pub wait_gone: Option<String>,
 }
+
+/// How long a replug waits for the unplugged device to be gone.
+const GONE_WAIT: Duration = Duration::from_secs(60);
 
 /// Runs `steps` (sorted by time) against the QMP socket at `sock` from a
 /// thread: each once `booted` is set and its time has come. Failures are
@@ -79,6 +90,35 @@ pub fn spawn(sock: PathBuf, booted: Arc<AtomicBool>, steps: Vec<Step>) {
             for s in steps {
                 if let Some(wait) = s.at.checked_sub(start.elapsed()) {
                     std::thread::sleep(wait);
+                }
+                if let Some(id) = &s.wait_gone {
+                    let since = Instant::now();
+                    loop {
+                        match present(&sock, id) {
+                            Ok(false) => break,
+                            Ok(true) if since.elapsed() < GONE_WAIT => {
+                                std::thread::sleep(Duration::from_millis(200));
+                            }
+                            Ok(true) => {
+                                eprintln!(
+                                    "xtask: {id} still present {GONE_WAIT:?} after its unplug; {} anyway",
+                                    s.what
+                                );
+                                break;
+                            }
+                            Err(e) => {
+                                eprintln!("xtask: QMP qom-list failed: {e:#}");
+                                break;
+                            }
+                        }
+                    }
+                    if since.elapsed() > Duration::from_millis(250) {
+                        eprintln!(
+                            "xtask: +{:.1} s: waited {:.1} s for {id}'s unplug to finish",
+                            start.elapsed().as_secs_f64(),
+                            since.elapsed().as_secs_f64()
+                        );
+                    }
                 }
                 match run(&sock, &s.commands) {
                     Ok(()) => eprintln!(
@@ -125,6 +165,47 @@ fn run(sock: &Path, commands: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// Whether a device with ID `id` is still attached (listed under
+/// `/machine/peripheral`, QOM's home of devices created with an ID).
+fn present(sock: &Path, id: &str) -> Result<bool> {
+    let stream = UnixStream::connect(sock)
+        .with_context(|| format!("connecting to QMP at {}", sock.display()))?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut w = stream.try_clone()?;
+    let mut r = BufReader::new(stream);
+    let mut line = String::new();
+    r.read_line(&mut line).context("reading the QMP greeting")?;
+    let mut ask = |cmd: &str| -> Result<serde_json::Value> {
+        w.write_all(cmd.as_bytes())?;
+        w.write_all(b"\n")?;
+        loop {
+            line.clear();
+            if r.read_line(&mut line)? == 0 {
+                bail!("QMP closed the connection after {cmd}");
+            }
+            let v: serde_json::Value = serde_json::from_str(line.trim())
+                .with_context(|| format!("QMP answered {}", line.trim()))?;
+            if let Some(ret) = v.get("return") {
+                return Ok(ret.clone());
+            }
+            if v.get("error").is_some() {
+                bail!("{cmd}: {}", line.trim());
+            }
+        }
+    };
+    ask(r#"{"execute":"qmp_capabilities"}"#)?;
+    let list = ask(r#"{"execute":"qom-list","arguments":{"path":"/machine/peripheral"}}"#)?;
+    Ok(listed(&list, id))
+}
+
+/// Whether a `qom-list` answer names `id`.
+fn listed(list: &serde_json::Value, id: &str) -> bool {
+    list.as_array().is_some_and(|a| {
+        a.iter()
+            .any(|p| p.get("name").and_then(|n| n.as_str()) == Some(id))
+    })
+}
+
 /// A JSON string literal.
 pub fn json_str(s: &str) -> String {
     let mut o = String::from("\"");
@@ -151,6 +232,17 @@ pub fn device_del(id: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_device_is_present_while_qom_lists_it() {
+        let list: serde_json::Value = serde_json::from_str(
+            r#"[{"name":"type","type":"string"},{"name":"c0","type":"child<nvme>"},{"name":"rp0","type":"child<pcie-root-port>"}]"#,
+        )
+        .unwrap();
+        assert!(listed(&list, "c0"));
+        assert!(!listed(&list, "c1"));
+        assert!(!listed(&serde_json::Value::Null, "c0"));
+    }
 
     #[test]
     fn specs_and_commands() {

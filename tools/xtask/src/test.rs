@@ -363,7 +363,20 @@ fn guest_tests(cmd: &TestCmd, rows: &mut Vec<Row>) {
             config.name, note
         );
         let start = Instant::now();
-        match bed.run(&args, &command, true) {
+        let mut result = bed.run(&args, &command, true);
+        if let Err(e) = &result
+            && is_known_qemu_crash(&format!("{e:#}"))
+        {
+            // QEMU's own crash, not the driver's: one more boot, said in
+            // the summary. A second crash fails the configuration.
+            eprintln!(
+                "xtask: configuration `{}`: QEMU hit its TCG `iotlb_to_section` assertion (a QEMU race with hot-plug); running the configuration once more",
+                config.name
+            );
+            note = format!("retried after QEMU's iotlb_to_section assertion; {note}");
+            result = bed.run(&args, &command, true);
+        }
+        match result {
             Ok(outcome) => {
                 let mut counts = TestCounts::default();
                 for l in &outcome.command_lines {
@@ -492,5 +505,29 @@ mod tests {
                 assert!(e.split_once('=').is_some_and(|(k, _)| !k.is_empty()));
             }
         }
+    }
+}
+
+/// A QEMU crash that is QEMU's own bug, seen with hot-plug under TCG
+/// (QEMU 10.0.2, once in about ten boots of the `hotplug` configuration on
+/// 2026-12-04): `system/physmem.c: iotlb_to_section: Assertion
+/// `section_index < d->map.sections_nb' failed`, a vCPU's software TLB
+/// pointing into a memory map that `device_add` just replaced.
+fn is_known_qemu_crash(error: &str) -> bool {
+    error.contains("iotlb_to_section") && error.contains("sections_nb")
+}
+
+#[cfg(test)]
+mod known_crash_tests {
+    use super::is_known_qemu_crash;
+
+    #[test]
+    fn only_the_iotlb_assertion_is_retried() {
+        assert!(is_known_qemu_crash(
+            "QEMU stopped (signal: 6 (SIGABRT) (core dumped)) before the guest reported COMMAND's exit status\nQEMU said:\n  qemu-system-x86_64: system/physmem.c:2678: iotlb_to_section: Assertion `section_index < d->map.sections_nb' failed."
+        ));
+        assert!(!is_known_qemu_crash(
+            "QEMU stopped (signal: 11 (SIGSEGV)) before the guest reported COMMAND's exit status"
+        ));
     }
 }

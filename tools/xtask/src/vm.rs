@@ -576,6 +576,7 @@ fn hotplug_steps(args: &VmArgs, controllers: &[ControllerSpec]) -> Result<Vec<cr
             } else {
                 vec![crate::qmp::device_del(&c.id)]
             },
+            wait_gone: a.replug.then(|| c.id.clone()),
         });
     }
     steps.sort_by_key(|s| s.at);
