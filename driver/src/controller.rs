@@ -580,7 +580,8 @@ impl<D: Device> Controller<D> {
     /// Namespace (a namespace changed during the reset raised no notice) and
     /// those whose geometry changed are retired, as
     /// [`Controller::poll_async_events`] does after a reset a queue pair
-    /// started.
+    /// started. Should the controller fail during that check, the error is
+    /// returned: `Ok` means the controller is usable.
     pub fn reset(&self) -> Result<()> {
         self.inner.reset()?;
         let _check = self
@@ -599,7 +600,10 @@ impl<D: Device> Controller<D> {
                 .admin()?
                 .keep_event_once(namespace_attribute_changed());
         }
-        Ok(())
+        // The check's admin commands may have failed the controller (no
+        // answer, a protocol violation): then the reset did not leave it
+        // usable, and says so.
+        self.inner.check_usable()
     }
 
     /// How many controller resets happened (explicit and automatic).

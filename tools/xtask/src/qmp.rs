@@ -132,55 +132,38 @@ pub fn spawn(sock: PathBuf, booted: Arc<AtomicBool>, steps: Vec<Step>) {
         });
 }
 
-/// Connects, negotiates capabilities, sends each command and waits for its
-/// `return` (events in between are skipped; an `error` fails).
-fn run(sock: &Path, commands: &[String]) -> Result<()> {
-    let stream = UnixStream::connect(sock)
-        .with_context(|| format!("connecting to QMP at {}", sock.display()))?;
-    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-    let mut w = stream.try_clone()?;
-    let mut r = BufReader::new(stream);
-    let mut line = String::new();
-    r.read_line(&mut line).context("reading the QMP greeting")?;
-    let mut send = |cmd: &str| -> Result<()> {
-        w.write_all(cmd.as_bytes())?;
-        w.write_all(b"\n")?;
-        loop {
-            line.clear();
-            if r.read_line(&mut line)? == 0 {
-                bail!("QMP closed the connection after {cmd}");
-            }
-            if line.contains("\"return\"") {
-                return Ok(());
-            }
-            if line.contains("\"error\"") {
-                bail!("{cmd}: {}", line.trim());
-            }
-        }
-    };
-    send(r#"{"execute":"qmp_capabilities"}"#)?;
-    for c in commands {
-        send(c)?;
-    }
-    Ok(())
+/// One QMP connection, capabilities negotiated.
+struct Session {
+    w: UnixStream,
+    r: BufReader<UnixStream>,
 }
 
-/// Whether a device with ID `id` is still attached (listed under
-/// `/machine/peripheral`, QOM's home of devices created with an ID).
-fn present(sock: &Path, id: &str) -> Result<bool> {
-    let stream = UnixStream::connect(sock)
-        .with_context(|| format!("connecting to QMP at {}", sock.display()))?;
-    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-    let mut w = stream.try_clone()?;
-    let mut r = BufReader::new(stream);
-    let mut line = String::new();
-    r.read_line(&mut line).context("reading the QMP greeting")?;
-    let mut ask = |cmd: &str| -> Result<serde_json::Value> {
-        w.write_all(cmd.as_bytes())?;
-        w.write_all(b"\n")?;
+impl Session {
+    /// Connects to `sock`, reads the greeting and negotiates capabilities.
+    fn open(sock: &Path) -> Result<Session> {
+        let stream = UnixStream::connect(sock)
+            .with_context(|| format!("connecting to QMP at {}", sock.display()))?;
+        stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+        let mut s = Session {
+            w: stream.try_clone()?,
+            r: BufReader::new(stream),
+        };
+        let mut greeting = String::new();
+        s.r.read_line(&mut greeting)
+            .context("reading the QMP greeting")?;
+        s.ask(r#"{"execute":"qmp_capabilities"}"#)?;
+        Ok(s)
+    }
+
+    /// Sends `cmd` and returns its `return` value (events in between are
+    /// skipped; an `error` fails).
+    fn ask(&mut self, cmd: &str) -> Result<serde_json::Value> {
+        self.w.write_all(cmd.as_bytes())?;
+        self.w.write_all(b"\n")?;
+        let mut line = String::new();
         loop {
             line.clear();
-            if r.read_line(&mut line)? == 0 {
+            if self.r.read_line(&mut line)? == 0 {
                 bail!("QMP closed the connection after {cmd}");
             }
             let v: serde_json::Value = serde_json::from_str(line.trim())
@@ -192,9 +175,23 @@ fn present(sock: &Path, id: &str) -> Result<bool> {
                 bail!("{cmd}: {}", line.trim());
             }
         }
-    };
-    ask(r#"{"execute":"qmp_capabilities"}"#)?;
-    let list = ask(r#"{"execute":"qom-list","arguments":{"path":"/machine/peripheral"}}"#)?;
+    }
+}
+
+/// Sends each command in turn, each waiting for its `return`.
+fn run(sock: &Path, commands: &[String]) -> Result<()> {
+    let mut s = Session::open(sock)?;
+    for c in commands {
+        s.ask(c)?;
+    }
+    Ok(())
+}
+
+/// Whether a device with ID `id` is still attached (listed under
+/// `/machine/peripheral`, QOM's home of devices created with an ID).
+fn present(sock: &Path, id: &str) -> Result<bool> {
+    let list = Session::open(sock)?
+        .ask(r#"{"execute":"qom-list","arguments":{"path":"/machine/peripheral"}}"#)?;
     Ok(listed(&list, id))
 }
 
