@@ -447,7 +447,10 @@ impl<D: Device> Controller<D> {
     /// by someone else"). An empty list (the log was read elsewhere, by a
     /// [`Controller::get_log_page`] of log 04h) or an unreadable one makes
     /// every handle checked, as does the first call after a controller reset
-    /// (the reset turns the notices off until it sets them again). Events
+    /// (the reset turns the notices off until it sets them again), which
+    /// also reads the Active Namespace ID list: a retired handle, or a
+    /// namespace attached during the reset, comes out as a Namespace
+    /// Attribute Changed event of the driver's own. Events
     /// the controller had posted when a reset began are kept and returned by
     /// the next call.
     pub fn poll_async_events(&self) -> Result<Vec<AsyncEvent>> {
@@ -471,10 +474,11 @@ impl<D: Device> Controller<D> {
                     .inner
                     .namespaces_unverified
                     .swap(false, Ordering::AcqRel);
-                let retired = self.follow_namespace_changes(&events, unverified);
-                // A change inside a reset raised no notice: say so as the
-                // controller would have, so that the application refreshes.
-                if retired
+                let announce = self.follow_namespace_changes(&events, unverified);
+                // A change inside a reset (a namespace changed, gone or
+                // attached) raised no notice: say so as the controller would
+                // have, so that the application refreshes.
+                if announce
                     && !events
                         .iter()
                         .any(AsyncEvent::is_namespace_attribute_changed)
@@ -578,7 +582,8 @@ impl<D: Device> Controller<D> {
     ///
     /// Before it returns, the namespace handles are checked against Identify
     /// Namespace (a namespace changed during the reset raised no notice) and
-    /// those whose geometry changed are retired, as
+    /// those whose geometry changed are retired (a namespace attached
+    /// during the reset is looked for too), as
     /// [`Controller::poll_async_events`] does after a reset a queue pair
     /// started. Should the controller fail during that check, the error is
     /// returned: `Ok` means the controller is usable.

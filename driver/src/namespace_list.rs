@@ -73,6 +73,28 @@ impl<D: Device> Inner<D> {
     /// ascending order; a list that does not advance ends the paging (a device
     /// that ignores the starting NSID would otherwise loop forever).
     pub(crate) fn scan_namespaces(&self) -> Result<Scanned> {
+        let nsids = self.active_nsids()?;
+        let mut namespaces = Vec::new();
+        let mut unusable = Vec::new();
+        for nsid in nsids {
+            // One namespace the driver cannot use (an Identify refused with a
+            // status, a format it has no code for) does not fail the others.
+            match self.namespace_handle(nsid) {
+                Ok(Ok(ns)) => namespaces.push(ns),
+                Ok(Err(why)) => unusable.push((nsid, why)),
+                Err(e @ Error::Command { .. }) => {
+                    unusable.push((nsid, format!("Identify Namespace failed: {e}")));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok((namespaces, unusable))
+    }
+
+    /// Identify Active Namespace ID list (CNS 02h), every page: the active
+    /// NSIDs, ascending, each once (the list is untrusted, see
+    /// [`Inner::scan_namespaces`]).
+    pub(crate) fn active_nsids(&self) -> Result<Vec<u32>> {
         let max_nsid = self.identify.nn.min(0xffff_fffe);
         let mut nsids = Vec::new();
         let mut start = 0u32;
@@ -92,21 +114,7 @@ impl<D: Device> Inner<D> {
         }
         nsids.sort_unstable();
         nsids.dedup();
-        let mut namespaces = Vec::new();
-        let mut unusable = Vec::new();
-        for nsid in nsids {
-            // One namespace the driver cannot use (an Identify refused with a
-            // status, a format it has no code for) does not fail the others.
-            match self.namespace_handle(nsid) {
-                Ok(Ok(ns)) => namespaces.push(ns),
-                Ok(Err(why)) => unusable.push((nsid, why)),
-                Err(e @ Error::Command { .. }) => {
-                    unusable.push((nsid, format!("Identify Namespace failed: {e}")));
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        Ok((namespaces, unusable))
+        Ok(nsids)
     }
 
     /// Enables Namespace Attribute Notices when the controller offers them
@@ -154,8 +162,12 @@ impl<D: Device> Controller<D> {
     /// Identify fails is retired (the safe side;
     /// [`Controller::refresh_namespaces`] then says what is left).
     /// `unverified` (a reset happened: a change in its window raised no
-    /// notice) checks every handle, notice or not.
-    /// Returns whether a handle was retired.
+    /// notice) checks every handle, notice or not, and reads the Active
+    /// Namespace ID list for namespaces attached meanwhile.
+    /// Returns whether the application must be told (a Namespace Attribute
+    /// Changed event, should none have come): a handle was retired, or —
+    /// after a reset — a namespace the controller lists is not one this
+    /// controller knows (a handle or an unusable namespace).
     pub(crate) fn follow_namespace_changes(&self, events: &[AsyncEvent], unverified: bool) -> bool {
         let noticed = events
             .iter()
@@ -196,7 +208,21 @@ impl<D: Device> Controller<D> {
                 old.retire();
             }
         }
-        retired
+        retired || (unverified && self.a_namespace_was_attached())
+    }
+
+    /// True when the Active Namespace ID list names a namespace that is
+    /// neither a handle of this controller nor one of its unusable
+    /// namespaces: attached while nothing announced it (inside a reset).
+    /// An unreadable list says nothing (the handles' check above already
+    /// covered what can be known).
+    fn a_namespace_was_attached(&self) -> bool {
+        let known = |n: u32| {
+            self.namespaces.iter().any(|h| h.id() == n) || self.unusable.iter().any(|u| u.0 == n)
+        };
+        self.inner
+            .active_nsids()
+            .is_ok_and(|ids| ids.into_iter().any(|n| !known(n)))
     }
 
     /// Reads the namespace list again (Identify Active Namespace ID list,

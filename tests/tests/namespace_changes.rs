@@ -211,6 +211,34 @@ fn a_namespace_changed_while_a_reset_had_the_notices_off_is_found() {
 }
 
 #[test]
+fn a_namespace_attached_while_a_reset_had_the_notices_off_is_announced() {
+    let (m, mut c) = two_namespaces();
+    m.change_namespace(2, None);
+    assert_eq!(notices(&c), 1);
+    assert_eq!(c.refresh_namespaces().unwrap().removed, vec![2]);
+    let one = c.namespace(1).unwrap().clone();
+    // Namespace 2 is attached again inside the reset, with the notices off:
+    // no handle changes, so only the Active Namespace ID list shows it.
+    m.inject(Fault::ChangeNamespaceOn {
+        on: Match::Identify { cns: 1, nsid: 0 },
+        nsid: 2,
+        to: Some(ns(2, 512, 1024)),
+    });
+    c.reset().unwrap();
+    assert!(m.pending_faults().is_empty(), "the attach happened");
+    assert!(!one.is_stale(), "unchanged");
+    assert_eq!(notices(&c), 1, "the driver announces the new namespace");
+    assert_eq!(notices(&c), 0, "once");
+    let changes = c.refresh_namespaces().unwrap();
+    assert_eq!(changes.added, vec![2]);
+    // Known now: a reset with nothing attached announces nothing.
+    c.reset().unwrap();
+    assert_eq!(notices(&c), 0, "nothing new after the refresh");
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
 fn a_changed_namespace_list_read_by_the_application_first_still_retires() {
     let (m, c) = two_namespaces();
     let one = c.namespace(1).unwrap().clone();
