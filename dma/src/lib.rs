@@ -23,6 +23,8 @@
 //! - [`registered`]: memory the application mapped (a `memmap2::MmapMut`),
 //!   owned by the driver while registered for DMA and carved into buffers.
 //! - [`queue_memory`]: the SQ/CQ ring accessors of the I/O hot path.
+//! - [`list_pages`]: the per-command list pages (PRP Lists, SGL segments,
+//!   ranges), one area per tracker slot, with the hot path's PRP List writer.
 //! - [`barrier`]: CPU–device ordering (before a doorbell, after a Phase Tag,
 //!   between a shadow doorbell and its EventIdx), per architecture.
 
@@ -33,6 +35,7 @@ pub mod alloc_count;
 pub mod barrier;
 pub mod error;
 pub mod iova;
+pub mod list_pages;
 pub mod memory;
 pub mod mmio;
 pub mod pci;
@@ -49,6 +52,7 @@ pub mod vfio;
 pub use alloc::{DmaAllocator, DmaMapper};
 pub use error::DmaError;
 pub use iova::{IovaAllocator, IovaRange};
+pub use list_pages::ListPages;
 /// The `memmap2` crate whose `MmapMut` [`RegisteredMemory`] takes, re-exported
 /// so applications use the same version.
 pub use memmap2;

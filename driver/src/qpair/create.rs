@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use upnvme_dma::{CqMemory, DmaBuffer, DmaPages, SqMemory};
+use upnvme_dma::{CqMemory, DmaBuffer, DmaPages, ListPages, SqMemory};
 use upnvme_queues::prp::list_pages;
 use upnvme_queues::regs::{cq_head_doorbell, sq_tail_doorbell};
 use upnvme_queues::shadow::{cq_head_offset, sq_tail_offset};
@@ -88,7 +88,11 @@ impl<D: Device> IoQueuePair<D> {
         let trackers: CidTable<super::Tracker> = CidTable::new(max_depth as u16);
         // One list area per CID slot (slots `0..slots()` are handed out).
         let slots = usize::from(trackers.slots());
-        let prp_lists = dev.alloc_dma(slots * list_pages_per_slot * PAGE)?;
+        let lists = ListPages::new(
+            dev.alloc_dma(slots * list_pages_per_slot * PAGE)?,
+            slots as u32,
+            list_pages_per_slot * PAGE,
+        )?;
 
         let dstrd = ctrl.cap().dstrd();
         let qid = ctrl.alloc_qid()?;
@@ -211,8 +215,7 @@ impl<D: Device> IoQueuePair<D> {
             deleted: false,
             closing: false,
             generation,
-            prp_lists,
-            list_pages_per_slot,
+            lists,
             prp_scratch: vec![0u64; list_pages_per_slot * PAGE / 8].into_boxed_slice(),
             backoff: opts.backoff,
             timeout_ticks,
@@ -288,7 +291,7 @@ impl<D: Device> Drop for IoQueuePair<D> {
                 .collect();
             keep.push(self.sq.detach_pages());
             keep.push(self.cq.detach_pages());
-            keep.push(self.prp_lists.detach_pages());
+            keep.push(self.lists.detach_pages());
             self.ctrl.quarantine(keep);
             // The queues may still exist under this ID: a Create with it
             // would fail until the controller is next disabled.

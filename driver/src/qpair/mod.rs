@@ -87,7 +87,7 @@ use std::collections::VecDeque;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use upnvme_dma::{CqMemory, DmaBuffer, SqMemory};
+use upnvme_dma::{CqMemory, DmaBuffer, ListPages, SqMemory};
 use upnvme_queues::{CidTable, CqRing, SqRing};
 
 pub use command::{Completion, CopyRange, DsmAttributes, IoCommand, IoFlags, Protection};
@@ -242,9 +242,9 @@ pub struct IoQueuePair<D: Device = VfioNvme> {
     closing: bool,
     /// Controller reset generation this pair's queues belong to.
     generation: u64,
-    /// PRP list pages: `list_pages_per_slot` pages per tracker slot.
-    prp_lists: DmaBuffer,
-    list_pages_per_slot: usize,
+    /// List pages (PRP Lists, SGL segments, ranges): one area of whole
+    /// pages per tracker slot.
+    lists: ListPages,
     prp_scratch: Box<[u64]>,
     backoff: Backoff,
     /// Command timeout in clock ticks (0 = none).

@@ -621,7 +621,8 @@ impl<D: Device> IoQueuePair<D> {
                     segments: count as u32,
                 })?;
                 let scratch = &self.prp_scratch[..n];
-                self.prp_lists
+                self.lists
+                    .buffer()
                     .write_u64_run(list_base, n, |i| scratch[i])
                     .map_err(|_| Reject::TooManySegments {
                         segments: count as u32,
@@ -655,7 +656,8 @@ impl<D: Device> IoQueuePair<D> {
             _ => Reject::NotDescribable,
         })?;
         let scratch = &self.prp_scratch[..2 * slots];
-        self.prp_lists
+        self.lists
+            .buffer()
             .write_u64_run(list_base, 2 * slots, |i| scratch[i])
             .map_err(|_| Reject::TooManySegments {
                 segments: count as u32,
@@ -846,8 +848,7 @@ impl<D: Device> IoQueuePair<D> {
     /// memory and the IOVA (PRP Lists, SGL segments, DSM and Copy ranges).
     #[inline(always)]
     fn list_area(&self, slot: u16) -> (usize, u64) {
-        let base = slot as usize * self.list_pages_per_slot * PAGE;
-        (base, self.prp_lists.iova() + base as u64)
+        self.lists.area(slot)
     }
 
     /// Refuses a command the controller does not advertise in ONCS.
@@ -861,9 +862,13 @@ impl<D: Device> IoQueuePair<D> {
 
     /// PRP1 and a PRP List in the slot's list pages, for a transfer of more
     /// than two memory pages; returns (PRP1, PRP2).
-    #[inline(never)]
+    ///
+    /// The common case inline: a dword-aligned start and a list that fits
+    /// one list page, whose entries are consecutive pages — one run of
+    /// stores through the list pages' accessor (bounds checked once per
+    /// run). Everything else takes the general planner.
+    #[inline(always)]
     fn place_prp_list(&mut self, iova: u64, bytes: usize, slot: u16) -> Result<(u64, u64), Reject> {
-        let (list_base, list_iova) = self.list_area(slot);
         let page = PAGE as u64;
         // PRP1 covers up to the end of the first memory page; the list holds
         // the start of every further page (NVMe 2.0 §4.3.1).
@@ -871,24 +876,35 @@ impl<D: Device> IoQueuePair<D> {
         let rest = ((iova as usize & (PAGE - 1)) + bytes).div_ceil(PAGE) - 1;
         // `rest >= 2`: with one further page PRP2 is that page, not a list
         // (callers come here only past two pages; a shorter transfer takes
-        // the general planner's answer below instead of a list).
-        if iova & 3 == 0 && (2..=PAGE / 8).contains(&rest) {
-            // The common case: one list page, entries written in one run.
-            self.prp_lists
-                .write_u64_run(list_base, rest, |i| first_end + i as u64 * page)
-                .map_err(|_| Reject::TransferTooLarge {
-                    bytes: bytes as u64,
-                })?;
-            return Ok((iova, list_iova));
+        // the general planner's answer instead of a list). At most one list
+        // page: a longer list chains (its last entry points to the next page).
+        if iova & 3 == 0
+            && (2..=PAGE / 8).contains(&rest)
+            && self.lists.write_steps(slot, rest, first_end, page)
+        {
+            return Ok((iova, self.lists.area(slot).1));
         }
-        // Chained list pages (more than 2 MiB) or a refusal: the general
-        // planner says which.
+        self.place_prp_list_general(iova, bytes, slot)
+    }
+
+    /// [`IoQueuePair::place_prp_list`] for chained list pages (more than
+    /// 2 MiB) or a refusal: the general planner says which.
+    #[cold]
+    #[inline(never)]
+    fn place_prp_list_general(
+        &mut self,
+        iova: u64,
+        bytes: usize,
+        slot: u16,
+    ) -> Result<(u64, u64), Reject> {
+        let (list_base, list_iova) = self.list_area(slot);
         let prps = build_contiguous(iova, bytes, PAGE, &mut self.prp_scratch, |i| {
             list_iova + (i * PAGE) as u64
         })
         .map_err(|_| Reject::Misaligned)?;
         let scratch = &self.prp_scratch[..prps.list_len];
-        self.prp_lists
+        self.lists
+            .buffer()
             .write_u64_run(list_base, scratch.len(), |i| scratch[i])
             .map_err(|_| Reject::TransferTooLarge {
                 bytes: bytes as u64,
@@ -902,7 +918,8 @@ impl<D: Device> IoQueuePair<D> {
     fn place_ranges(&mut self, ranges: &[DsmRange], slot: u16) -> Result<u64, Reject> {
         let (list_base, list_iova) = self.list_area(slot);
         for (i, r) in ranges.iter().enumerate() {
-            self.prp_lists
+            self.lists
+                .buffer()
                 .write_bytes(list_base + i * 16, &r.to_le_bytes())
                 .map_err(|_| Reject::RangeCount {
                     ranges: ranges.len() as u32,
@@ -961,7 +978,8 @@ impl<D: Device> IoQueuePair<D> {
             });
         }
         for (i, r) in ranges.iter().enumerate() {
-            self.prp_lists
+            self.lists
+                .buffer()
                 .write_bytes(list_base + i * CopyRange::SIZE, &r.to_le_bytes())
                 .map_err(|_| Reject::RangeCount {
                     ranges: ranges.len() as u32,
