@@ -18,7 +18,9 @@
  * - A queue pair (and a pool) is used by one thread at a time. Callbacks run inside
  *   upnvme_qpair_process_completions on that thread and may submit on the same pair
  *   or process completions again; destroying the pair from its callback is refused.
- * - A controller may be shared by threads, each with its own queue pairs. Destroy
+ * - A controller may be shared by threads, each with its own queue pairs: every
+ *   call on it but upnvme_ctrl_close may come from any thread at any time
+ *   (upnvme_ctrl_refresh_namespaces waits for the calls in progress). Destroy
  *   the pairs, then close the controller.
  * - Every pointer argument may be checked for NULL only: passing a freed handle is
  *   undefined behaviour, as in any C API.
@@ -402,13 +404,14 @@ int upnvme_ctrl_poll_async_events(const struct upnvme_ctrl *ctrl,
  * changed get new geometry (`upnvme_ns_get_info`), and every queue pair of
  * the controller uses the new handles from its next submission.
  *
- * Not at the same time as any other call on this controller handle (its
- * queue pairs may keep running).
+ * Other threads may use the controller handle meanwhile: the refresh waits
+ * for the calls in progress on it, and they wait for the refresh (its
+ * queue pairs keep running).
  *
  * # Safety
- * `ctrl` a live handle, used by no other thread during the call.
+ * `ctrl` a live handle.
  */
-int upnvme_ctrl_refresh_namespaces(struct upnvme_ctrl *ctrl);
+int upnvme_ctrl_refresh_namespaces(const struct upnvme_ctrl *ctrl);
 
 /**
  * Writes up to `cap` active NSIDs into `nsids` (which may be NULL when `cap`

@@ -2,7 +2,8 @@
 //! asynchronous events and the namespace list's refresh.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::ops::Deref;
+use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
 use std::time::Duration;
 
 use upnvme::{
@@ -126,7 +127,11 @@ pub(crate) type SharedNamespaces = Arc<Mutex<Vec<Namespace>>>;
 /// A controller, generic over its device so the host tests can run the C
 /// API's logic on the in-memory model.
 pub struct Ctrl<D: Device> {
-    pub(crate) ctrl: Option<Controller<D>>,
+    /// The controller (`None` only once taken by close). Read-locked by
+    /// every call on the handle, write-locked by the namespace refresh
+    /// (`Controller::refresh_namespaces` replaces the controller's list):
+    /// the handle may be shared by threads for every call but close.
+    ctrl: RwLock<Option<Controller<D>>>,
     pub(crate) nss: SharedNamespaces,
     /// Events polled but not yet handed out (more than the caller's array
     /// took).
@@ -138,7 +143,7 @@ impl<D: Device> Ctrl<D> {
     pub fn new(c: Controller<D>) -> Ctrl<D> {
         Ctrl {
             nss: Arc::new(Mutex::new(c.namespaces().to_vec())),
-            ctrl: Some(c),
+            ctrl: RwLock::new(Some(c)),
             events: Mutex::new(VecDeque::new()),
         }
     }
@@ -169,8 +174,10 @@ impl<D: Device> Ctrl<D> {
 
     /// Reads the namespace list again (`Controller::refresh_namespaces`)
     /// and shares the new handles with the queue pairs.
-    pub(crate) fn refresh(&mut self) -> upnvme::Result<NamespaceChanges> {
-        let Some(c) = self.ctrl.as_mut() else {
+    /// Waits for the calls in progress on this handle (a write lock).
+    pub(crate) fn refresh(&self) -> upnvme::Result<NamespaceChanges> {
+        let mut guard = self.ctrl.write().unwrap_or_else(PoisonError::into_inner);
+        let Some(c) = guard.as_mut() else {
             return Err(closed());
         };
         let changes = c.refresh_namespaces()?;
@@ -178,9 +185,18 @@ impl<D: Device> Ctrl<D> {
         Ok(changes)
     }
 
-    /// The controller; `None` after close.
-    pub(crate) fn get(&self) -> Option<&Controller<D>> {
-        self.ctrl.as_ref()
+    /// The controller, read-locked for as long as the returned value
+    /// lives; `None` after close.
+    pub(crate) fn get(&self) -> Option<CtrlRef<'_, D>> {
+        let guard = self.ctrl.read().unwrap_or_else(PoisonError::into_inner);
+        guard.is_some().then_some(CtrlRef(guard))
+    }
+
+    /// The controller itself, for close.
+    pub(crate) fn into_controller(self) -> Option<Controller<D>> {
+        self.ctrl
+            .into_inner()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Geometry of namespace `nsid`.
@@ -199,6 +215,23 @@ impl<D: Device> Ctrl<D> {
             metadata_extended: layout.is_some_and(|l| l.extended),
             pi_type: layout.map_or(0, |l| l.pi_type),
         })
+    }
+}
+
+/// A read-locked controller of a handle: [`Ctrl::get`] makes one only when
+/// the controller is there, and nothing takes it out while the lock is
+/// held (close consumes the handle; the refresh's write lock waits).
+pub(crate) struct CtrlRef<'a, D: Device>(RwLockReadGuard<'a, Option<Controller<D>>>);
+
+impl<D: Device> Deref for CtrlRef<'_, D> {
+    type Target = Controller<D>;
+
+    fn deref(&self) -> &Controller<D> {
+        match self.0.as_ref() {
+            Some(c) => c,
+            // `Ctrl::get` checked it under this same read lock.
+            None => unreachable!("a CtrlRef is only made for a present controller"),
+        }
     }
 }
 

@@ -28,6 +28,7 @@ use std::ffi::{CStr, c_char, c_int, c_void};
 use upnvme::{Controller, VfioNvme};
 
 pub use buf::{upnvme_buf, upnvme_pool};
+use ctrl::CtrlRef;
 pub use ctrl::{Ctrl, upnvme_async_event, upnvme_ctrl_opts, upnvme_ns_info};
 pub use qpair::{Cmd, Qpair, upnvme_cmd_cb, upnvme_cpl, upnvme_qpair_opts, upnvme_range};
 pub use status::*;
@@ -195,7 +196,7 @@ pub unsafe extern "C" fn upnvme_ctrl_close(ctrl: *mut upnvme_ctrl) -> c_int {
         }
         // SAFETY: a handle from `upnvme_ctrl_open`, given up by the caller.
         let h = unsafe { Box::from_raw(ctrl) };
-        match h.0.ctrl.map(Controller::close) {
+        match h.0.into_controller().map(Controller::close) {
             Some(Err(e)) => fail_error(&e),
             _ => UPNVME_OK,
         }
@@ -206,7 +207,7 @@ pub unsafe extern "C" fn upnvme_ctrl_close(ctrl: *mut upnvme_ctrl) -> c_int {
 ///
 /// # Safety
 /// `ctrl` is null or a live handle.
-unsafe fn ctrl_ref<'a>(ctrl: *const upnvme_ctrl) -> Result<&'a Controller<VfioNvme>, c_int> {
+unsafe fn ctrl_ref<'a>(ctrl: *const upnvme_ctrl) -> Result<CtrlRef<'a, VfioNvme>, c_int> {
     // SAFETY: null or live (the caller's contract).
     match unsafe { ctrl.as_ref() }.and_then(|c| c.0.get()) {
         Some(c) => Ok(c),
@@ -281,20 +282,21 @@ pub unsafe extern "C" fn upnvme_ctrl_poll_async_events(
 /// changed get new geometry (`upnvme_ns_get_info`), and every queue pair of
 /// the controller uses the new handles from its next submission.
 ///
-/// Not at the same time as any other call on this controller handle (its
-/// queue pairs may keep running).
+/// Other threads may use the controller handle meanwhile: the refresh waits
+/// for the calls in progress on it, and they wait for the refresh (its
+/// queue pairs keep running).
 ///
 /// # Safety
-/// `ctrl` a live handle, used by no other thread during the call.
+/// `ctrl` a live handle.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn upnvme_ctrl_refresh_namespaces(ctrl: *mut upnvme_ctrl) -> c_int {
+pub unsafe extern "C" fn upnvme_ctrl_refresh_namespaces(ctrl: *const upnvme_ctrl) -> c_int {
     guard(|| {
-        // SAFETY: null or live, and not used elsewhere meanwhile (the
-        // caller's contract).
-        let Some(h) = (unsafe { ctrl.as_mut() }) else {
-            return fail(UPNVME_EINVAL, "the controller handle is NULL");
+        // SAFETY: the caller's contract.
+        let h = match unsafe { ctrl_wrap(ctrl) } {
+            Ok(h) => h,
+            Err(code) => return code,
         };
-        match h.0.refresh() {
+        match h.refresh() {
             Ok(c) => (c.added.len() + c.removed.len() + c.changed.len()).min(c_int::MAX as usize)
                 as c_int,
             Err(e) => fail_error(&e),

@@ -941,7 +941,7 @@ unsafe extern "C" fn status_cb(arg: *mut c_void, cpl: *const upnvme_cpl) {
 #[test]
 fn a_namespace_changed_elsewhere_is_refused_until_the_refresh_then_used_with_its_new_geometry() {
     let (m, c) = model();
-    let mut h = crate::Ctrl::new(c);
+    let h = crate::Ctrl::new(c);
     let qp = h
         .get()
         .unwrap()
@@ -968,7 +968,7 @@ fn a_namespace_changed_elsewhere_is_refused_until_the_refresh_then_used_with_its
         (2, 0, 4)
     );
     // One "512-byte" block would move 4096 bytes: refused.
-    let b = handle(h.get().unwrap(), 4096);
+    let b = handle(&h.get().unwrap(), 4096);
     let read = Cmd::Read { slba: 0, blocks: 1 };
     // SAFETY: a live handle.
     let rc = unsafe { q.submit(1, read, b, None, std::ptr::null_mut()) };
@@ -1077,7 +1077,7 @@ fn a_namespace_changed_inside_an_automatic_reset_is_announced() {
     ));
     let mut ev = [crate::upnvme_async_event::default(); 4];
     let n = h.poll_events(&mut ev).unwrap();
-    let b = handle(h.get().unwrap(), 4096);
+    let b = handle(&h.get().unwrap(), 4096);
     // SAFETY: a live handle.
     let rc = unsafe {
         q.submit(
@@ -1304,4 +1304,66 @@ fn duplicate_and_corrupt_completions_through_the_capi_fail_cleanly() {
         drop(qp);
         let _ = m.take_violations();
     }
+}
+
+#[test]
+fn the_refresh_may_run_while_other_threads_use_the_controller_handle() {
+    let (m, c) = model_with(ModelConfig {
+        namespaces: vec![
+            NamespaceConfig {
+                nsid: 1,
+                lba_size: 512,
+                blocks: BLOCKS,
+                ..NamespaceConfig::default()
+            },
+            NamespaceConfig {
+                nsid: 2,
+                lba_size: 512,
+                blocks: BLOCKS,
+                ..NamespaceConfig::default()
+            },
+        ],
+        ..Default::default()
+    });
+    let h = crate::Ctrl::new(c);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        // Two threads read geometry, poll events and allocate through the
+        // handle while the main thread changes namespace 2 and refreshes.
+        for _ in 0..2 {
+            s.spawn(|| {
+                let mut calls = 0u32;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) || calls < 50 {
+                    let info = h.ns_info(1).unwrap();
+                    assert_eq!(info.lba_size, 512, "namespace 1 never changes");
+                    // Namespace 2 is either geometry, or absent mid-change.
+                    if let Ok(two) = h.ns_info(2) {
+                        assert!([512, 4096].contains(&two.lba_size));
+                    }
+                    let mut ev = [crate::upnvme_async_event::default(); 4];
+                    h.poll_events(&mut ev).unwrap();
+                    drop(h.get().unwrap().alloc_dma(4096).unwrap());
+                    calls += 1;
+                }
+            });
+        }
+        for round in 0..20u32 {
+            let lba_size = if round % 2 == 0 { 4096 } else { 512 };
+            m.change_namespace(
+                2,
+                Some(NamespaceConfig {
+                    nsid: 2,
+                    lba_size,
+                    blocks: BLOCKS * 512 / u64::from(lba_size),
+                    ..NamespaceConfig::default()
+                }),
+            );
+            let changes = h.refresh().unwrap();
+            assert_eq!(changes.changed, vec![2], "round {round}");
+            assert_eq!(h.ns_info(2).unwrap().lba_size, lba_size);
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
+    drop(h.into_controller());
+    assert!(m.pending_faults().is_empty());
 }
