@@ -503,6 +503,87 @@ fn an_abort_that_gets_no_answer_resets_the_controller_and_the_command_completes_
     assert_clean(&m);
 }
 
+#[test]
+fn an_abort_that_meets_a_fatal_controller_sends_no_more_aborts_and_both_end_as_timed_out() {
+    let m = ModelController::new(config_one_ns(4096, 256));
+    let c = open(&m, opts());
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(qp_opts(50)).unwrap();
+    // Two reads' completions are lost; the first Abort makes the controller
+    // fatal, so the admin path resets it in the middle of the timeout scan.
+    let next = m.commands_fetched();
+    for n in [next, next + 1] {
+        m.inject(Fault::DropCompletion(Match::Nth(n)));
+    }
+    m.inject(Fault::FatalOn(Match::Opcode {
+        qid: 0,
+        opcode: 0x08,
+    }));
+    for tag in [31, 32] {
+        let b = c.alloc_dma(4096).unwrap();
+        qp.submit(
+            IoCommand::Read {
+                ns: &ns,
+                slba: 1,
+                blocks: 1,
+            },
+            Some(b),
+            tag,
+        )
+        .unwrap();
+    }
+    let mut done = collect(&mut qp, 2);
+    done.sort_by_key(|c| c.tag);
+    assert_eq!((done[0].tag, done[1].tag), (31, 32));
+    for d in &done {
+        // Both were overdue: timed out, not "reset".
+        assert_eq!(d.result, Err(IoError::TimedOut), "tag {}", d.tag);
+        assert!(d.buffer.is_some());
+    }
+    // No second Abort went to the new controller, for a queue it does not
+    // have.
+    assert_eq!(qp.stats().aborts, 1);
+    assert_eq!(c.resets(), 1);
+    qp.read_blocking(&ns, 3, 1, c.alloc_dma(4096).unwrap(), T)
+        .unwrap();
+    drop(qp);
+    assert_clean(&m);
+}
+
+#[test]
+fn a_pair_dropped_while_a_reset_removes_its_queues_frees_its_memory() {
+    let m = ModelController::new(config_one_ns(4096, 256));
+    let c = open(&m, opts());
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(qp_opts(0)).unwrap();
+    let b = c.alloc_dma(4096).unwrap();
+    let iova = b.iova();
+    m.inject(Fault::DelayCompletion {
+        on: Match::Queue(qp.qid()),
+        doorbells: None,
+    });
+    qp.submit(read_cmd(&ns, 1), Some(b), 1).unwrap();
+    // The drop's Delete I/O SQ meets a fatal controller: the admin path
+    // resets it, which removes the queues (CC.EN = 0) — the deletion itself
+    // fails, but nothing can reach the pair's memory any more.
+    m.inject(Fault::FatalOn(Match::Opcode {
+        qid: 0,
+        opcode: DELETE_IO_SQ,
+    }));
+    drop(qp);
+    assert_eq!(c.resets(), 1);
+    // Its memory is handed out again (first fit: among the next few pages).
+    let again: Vec<_> = (0..64).map(|_| c.alloc_dma(4096).unwrap()).collect();
+    assert!(
+        again.iter().any(|b| b.iova() == iova),
+        "the in-flight buffer was freed, not quarantined until the next disable"
+    );
+    drop(again);
+    assert_eq!(m.release_delayed(), 0, "the reset ended the held read");
+    c.close().unwrap();
+    assert_clean(&m);
+}
+
 /// A blocking wait that backs off with a sleep still ends at its timeout:
 /// with the checks counted in polls (every 1024), a 20 ms sleep made a
 /// 100 ms timeout end after about 20 s.

@@ -265,9 +265,10 @@ impl<D: Device> IoQueuePair<D> {
 }
 
 /// Dropping a pair deletes its queues. Commands still in flight are not
-/// delivered: once the controller confirmed the deletion their buffers are
-/// freed; if it did not (a failed controller), the buffers and the queues'
-/// memory are quarantined until the controller is disabled. To get every
+/// delivered: once the controller confirmed the deletion (or a reset
+/// disabled it meanwhile) their buffers are freed; if it did not (a failed
+/// controller), the buffers and the queues' memory are quarantined until
+/// the controller is disabled. To get every
 /// command back, exactly once, call [`IoQueuePair::close`] instead.
 impl<D: Device> Drop for IoQueuePair<D> {
     fn drop(&mut self) {
@@ -278,7 +279,10 @@ impl<D: Device> Drop for IoQueuePair<D> {
         let deleted = if self.closing {
             self.deleted
         } else {
-            self.delete_queues(|_| {})
+            // A reset from another thread that disabled the controller while
+            // the deletion waited (it then failed: no such queue) removed the
+            // queues as well: nothing can reach their memory any more.
+            self.delete_queues(|_| {}) || self.generation_changed()
         };
         if !deleted {
             // The device may still DMA: keep everything it could touch alive

@@ -181,6 +181,19 @@ impl<D: Device> IoQueuePair<D> {
                     tr.aborted = true;
                 }
                 self.stats.aborts += 1;
+                if self.generation_changed() {
+                    // The Abort met a fatal controller and was answered by a
+                    // reset (`with_admin`): the queues are gone and the
+                    // commands end at the pair's next call. The other overdue
+                    // ones end as TimedOut too, without Aborts for queues the
+                    // new controller does not have.
+                    for &rest in &to_abort[i + 1..] {
+                        if let Some(tr) = self.trackers.get_mut(rest) {
+                            tr.aborted = true;
+                        }
+                    }
+                    break;
+                }
                 if matches!(r, Err(Error::Timeout { .. } | Error::DeviceFault { .. })) {
                     // No Abort gets through now: the other overdue commands
                     // are timed out too (the reset below ends them as
