@@ -1123,7 +1123,7 @@ fn perf_runs_with_and_without_each_option() {
     );
     // With the EventIdx (the default) and `--sq-announce each` every command
     // is announced as it is queued, batched or not (so is each command of
-    // `--ring-per-io`); by default (`deep:32`, per batch below 32 in flight)
+    // `--ring-per-io`); by default (`deep:33`, per batch up to 32 in flight)
     // once per batch of resubmissions.
     // MMIO writes only where QEMU asked for them.
     for extra in [
@@ -1134,11 +1134,11 @@ fn perf_runs_with_and_without_each_option() {
         let v = perf_json(extra);
         let t = &v["total"]["transport"];
         let batch = extra.len() == 2;
-        // The default (`deep:32`) is per batch at QD4.
+        // The default (`deep:33`) is per batch at QD4.
         let announce = if extra.contains(&"each") {
             "each"
         } else {
-            "deep:32"
+            "deep:33"
         };
         assert_eq!(v["sq_announce"], announce, "{v}");
         if batch {

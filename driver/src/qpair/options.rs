@@ -51,12 +51,13 @@ pub enum SglMode {
 /// on a controller with Doorbell Buffer Config). Without them every
 /// announcement is an MMIO write, and `queue` never announces.
 ///
-/// The default is [`SqAnnounce::DEEP`]: per batch below 32 commands in
-/// flight, each command at once from 32 on. Measured under QEMU 10.0.2
+/// The default is [`SqAnnounce::DEEP`]: per batch up to 32 commands in
+/// flight, each command at once from 33 on. Measured under QEMU 10.0.2
 /// (docs/benchmarks.md, "SQ announcement"): per batch beat each command at
 /// QD4–8 (up to 1.7x, 2026-12-02); on 2026-12-03 each command beat per batch
-/// at QD64–128 by 10–16% and this threshold by 11–25%, while below 32 in
-/// flight it is the per-batch code.
+/// at QD64–128 by 10–16%; on 2026-12-05 per batch beat each command at
+/// QD32 by 15–20% in two boots (a threshold of 32 made a full 32-deep
+/// pipeline announce each resubmission alone).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SqAnnounce {
     /// `queue` announces each command at once (shadow tail, fence, EventIdx
@@ -87,8 +88,9 @@ impl Default for SqAnnounce {
 }
 
 impl SqAnnounce {
-    /// [`SqAnnounce::WhenDeep`] from 32 commands in flight: the default.
-    pub const DEEP: SqAnnounce = SqAnnounce::WhenDeep { in_flight: 32 };
+    /// [`SqAnnounce::WhenDeep`] from 33 commands in flight (beyond a full
+    /// 32-deep pipeline): the default.
+    pub const DEEP: SqAnnounce = SqAnnounce::WhenDeep { in_flight: 33 };
 
     /// Announce a command at once when fewer than this many of the `usable`
     /// tracker slots are free after it took its own (0: never; `u32::MAX`:
