@@ -763,21 +763,36 @@ fn missing_data_buffer() {
     assert_clean(&m);
 }
 
+const TOO_LARGE: &str = "a transfer of {} bytes exceeds the maximum per command (MDTS, at most 4 MiB) and cannot be split into at most queue-depth commands of whole blocks (vectors and raw commands are never split); submit it in parts";
+
 #[test]
 fn transfer_above_mdts() {
-    let (m, c, mut qp) = pair();
+    // A pair 2 deep takes a transfer of up to two MDTS-sized commands
+    // (split.rs); three do not fit in it, ever.
+    let (m, c) = setup(config_one_ns(4096, BLOCKS));
+    let mut qp = c
+        .io_queue_pair(QueuePairOptions {
+            entries: Some(3),
+            ..Default::default()
+        })
+        .unwrap();
     let ns = ns1(&c);
     assert_eq!(qp.max_transfer(), 512 << 10, "MDTS 7 with 4 KiB pages");
-    let (r, e) = refused(&m, &c, &mut qp, read(&ns, 0, 129), 129 * 4096);
-    assert_eq!(r, Reject::TransferTooLarge { bytes: 528_384 });
+    assert_eq!(qp.max_depth(), 2);
+    let (r, e) = refused(&m, &c, &mut qp, read(&ns, 0, 257), 257 * 4096);
+    assert_eq!(r, Reject::TransferTooLarge { bytes: 1_052_672 });
     assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
     assert_eq!(
         e.to_string(),
-        "invalid argument: a transfer of 528384 bytes exceeds the maximum per command (MDTS, at most 4 MiB); split it"
+        format!("invalid argument: {}", TOO_LARGE.replace("{}", "1052672"))
     );
-    // MDTS itself works.
-    let buf = c.alloc_dma(128 * 4096).unwrap();
-    qp.read_blocking(&ns, 0, 128, buf, T).unwrap();
+    // MDTS itself is one command, twice MDTS two.
+    for (blocks, commands) in [(128u32, 1u64), (256, 2)] {
+        let fetched = m.commands_fetched();
+        let buf = c.alloc_dma(blocks as usize * 4096).unwrap();
+        qp.read_blocking(&ns, 0, blocks, buf, T).unwrap();
+        assert_eq!(m.commands_fetched() - fetched, commands, "{blocks} blocks");
+    }
     drop(qp);
     drop(c);
     assert_clean(&m);
@@ -788,13 +803,20 @@ fn transfer_above_the_queue_pairs_cap() {
     // MDTS 0 (no limit) or a large MDTS: a queue pair still takes at most
     // 4 MiB per command (its PRP list pages are preallocated per slot), and
     // says so. Controller::max_transfer_bytes reports the same capped limit.
+    // Above it a transfer is split (split.rs): as many commands as the
+    // pair's depth at most.
     for mdts in [0u8, 12] {
         let (m, c) = setup(ModelConfig {
             mdts,
             ..config_one_ns(4096, 4096)
         });
         let ns = ns1(&c);
-        let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+        let mut qp = c
+            .io_queue_pair(QueuePairOptions {
+                entries: Some(2),
+                ..Default::default()
+            })
+            .unwrap();
         assert_eq!(qp.max_transfer(), 4 << 20, "MDTS {mdts}");
         // The controller reports the per-command limit its queue pairs apply.
         assert_eq!(c.max_transfer_bytes(), Some(4 << 20), "MDTS {mdts}");
@@ -802,7 +824,7 @@ fn transfer_above_the_queue_pairs_cap() {
         assert_eq!(r, Reject::TransferTooLarge { bytes: 4_198_400 });
         assert_eq!(
             e.to_string(),
-            "invalid argument: a transfer of 4198400 bytes exceeds the maximum per command (MDTS, at most 4 MiB); split it"
+            format!("invalid argument: {}", TOO_LARGE.replace("{}", "4198400"))
         );
         // 4 MiB itself works.
         let buf = c.alloc_dma(4 << 20).unwrap();

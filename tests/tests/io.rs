@@ -365,7 +365,6 @@ fn argument_errors_return_the_buffer_and_send_nothing() {
     let (m2, c2) = setup(config_one_ns(4096, 1000));
     let foreign = c2.namespace(1).unwrap().clone();
     let before = m.commands_fetched();
-    let mdts_blocks = (qp.max_transfer() / 4096) as u32;
     let cases: Vec<(IoCommand<'_>, usize, Reject, &str)> = vec![
         (
             read(&ns, 999, 2),
@@ -396,14 +395,6 @@ fn argument_errors_return_the_buffer_and_send_nothing() {
             4096,
             Reject::BufferTooSmall { need: 8192 },
             "needs 8192 bytes",
-        ),
-        (
-            read(&ns, 0, mdts_blocks + 1),
-            4096 * (mdts_blocks as usize + 1),
-            Reject::TransferTooLarge {
-                bytes: 4096 * (u64::from(mdts_blocks) + 1),
-            },
-            "MDTS",
         ),
     ];
     for (cmd, len, want, what) in cases {

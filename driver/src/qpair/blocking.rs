@@ -28,8 +28,8 @@ impl<D: Device> IoQueuePair<D> {
         buffer: Option<DmaBuffer>,
         timeout: Duration,
     ) -> Result<Option<DmaBuffer>, IoFailure> {
-        let slot = match self.queue_sqe(cmd, super::IoData::from(buffer), BLOCKING_TAG) {
-            Ok(slot) => slot,
+        let key = match self.queue_sqe(cmd, super::IoData::from(buffer), BLOCKING_TAG) {
+            Ok(key) => key,
             Err(r) => {
                 return Err(IoFailure {
                     error: self.describe(r.reason),
@@ -39,7 +39,7 @@ impl<D: Device> IoQueuePair<D> {
         };
         self.pending += 1;
         // No opportunistic reap here: the loop below reaps, and knows which
-        // completion is ours by its slot.
+        // completion is ours by its key (its slot, or its split's).
         let reap_on_submit = std::mem::replace(&mut self.reap_on_submit, false);
         self.ring();
         self.reap_on_submit = reap_on_submit;
@@ -53,7 +53,7 @@ impl<D: Device> IoQueuePair<D> {
                 match self.reap_one() {
                     Ok(Some((s, c))) => {
                         reaped += 1;
-                        if s == slot && mine.is_none() {
+                        if s == key && mine.is_none() {
                             mine = Some(c);
                         } else {
                             self.ready.push_back((s, c));
@@ -80,11 +80,11 @@ impl<D: Device> IoQueuePair<D> {
             if let Some(c) = mine {
                 return finish_blocking(c, &cmd);
             }
-            if !self.trackers.is_in_flight(slot) {
+            if !self.key_in_flight(key) {
                 // A reset handled by `ring` or by a timeout scan ended the
                 // command and parked its completion in `ready`; the newest
-                // entry for this slot is ours (nothing was queued since).
-                if let Some(i) = self.ready.iter().rposition(|(s, _)| *s == slot)
+                // entry for this key is ours (nothing was queued since).
+                if let Some(i) = self.ready.iter().rposition(|(s, _)| *s == key)
                     && let Some((_, c)) = self.ready.remove(i)
                 {
                     return finish_blocking(c, &cmd);
@@ -92,9 +92,16 @@ impl<D: Device> IoQueuePair<D> {
             }
             if self.generation_changed() {
                 // A reset ended the command: it completes here, once.
-                let c = self.end_in_flight(slot, self.ctrl.is_closed());
+                let closed = self.ctrl.is_closed();
+                let c = if key & super::split::SPLIT_KEY != 0 {
+                    self.end_split_in_flight(key, closed)
+                } else {
+                    self.end_in_flight(key as u16, closed).map(|(_, c)| c)
+                };
                 let _ = self.sync_generation();
-                return finish_blocking(c, &cmd);
+                if let Some(c) = c {
+                    return finish_blocking(c, &cmd);
+                }
             }
             empty = empty.saturating_add(1);
             // Clock reads, CSTS checks and back-off only every so often: no PAUSE

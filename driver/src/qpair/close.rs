@@ -49,7 +49,7 @@ impl<D: Device> IoQueuePair<D> {
             let closed = self.ctrl.is_closed();
             let slots: Vec<u16> = self.trackers.in_flight_slots().collect();
             for slot in slots {
-                out.push(self.end_in_flight(slot, closed));
+                out.extend(self.end_in_flight(slot, closed).map(|(_, c)| c));
             }
             self.deleted = true;
         }
@@ -60,18 +60,7 @@ impl<D: Device> IoQueuePair<D> {
         if deleted {
             let slots: Vec<u16> = self.trackers.in_flight_slots().collect();
             for slot in slots {
-                let (tag, (buffer, segments, metadata)) = match self.trackers.get_mut(slot) {
-                    Some(t) => (t.tag, t.take_memory()),
-                    None => continue,
-                };
-                let _ = self.trackers.cancel(slot);
-                out.push(Completion {
-                    tag,
-                    result: Err(IoError::QueueDeleted),
-                    buffer,
-                    segments,
-                    metadata,
-                });
+                out.extend(self.end_slot(slot, IoError::QueueDeleted).map(|(_, c)| c));
             }
         }
         out

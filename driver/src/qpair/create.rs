@@ -207,6 +207,7 @@ impl<D: Device> IoQueuePair<D> {
             },
             stats: QueueStats::default(),
             ready: VecDeque::with_capacity(max_depth as usize),
+            splits: super::split::Splits::default(),
             max_depth,
             pending: 0,
             failed: false,
@@ -293,6 +294,7 @@ impl<D: Device> Drop for IoQueuePair<D> {
                 .flat_map(super::Tracker::take_buffers)
                 .map(DmaBuffer::into_pages)
                 .collect();
+            keep.extend(self.splits.take_buffers().map(DmaBuffer::into_pages));
             keep.push(self.sq.detach_pages());
             keep.push(self.cq.detach_pages());
             keep.push(self.lists.detach_pages());

@@ -97,6 +97,48 @@ fn pi_applies(ns: &Namespace, protection: Option<Protection>) -> Result<(), Reje
 /// A metadata buffer usable as MPTR: dword aligned (NVMe Base 2.0,
 /// "Metadata Pointer": with PSDT 00b or 01b MPTR is a dword-aligned
 /// address of one contiguous buffer).
+/// Whether a Read, Write or Compare moves metadata between host and
+/// controller: unless the format has none, or PRACT lets the controller
+/// insert and strip a PI tuple that is all the metadata there is.
+pub(super) fn metadata_moves(layout: MetadataLayout, p: &Protection) -> bool {
+    let ms = usize::from(layout.ms);
+    ms != 0 && !(layout.pi_type != 0 && p.pract && ms == layout.pif.tuple_size())
+}
+
+/// Per logical block of a Read, Write or Compare: the bytes its data
+/// pointer moves (the LBA data size, plus the metadata with an extended-LBA
+/// format) and the bytes of its separate metadata buffer.
+pub(super) fn bytes_per_block(ns: &Namespace, protection: Option<Protection>) -> (usize, usize) {
+    let lba = 1usize << ns.lba_shift();
+    if !ns.has_metadata() {
+        return (lba, 0);
+    }
+    let layout = ns.metadata_layout_always();
+    let ms = usize::from(layout.ms);
+    match (
+        metadata_moves(layout, &protection.unwrap_or_default()),
+        layout.extended,
+    ) {
+        (true, true) => (lba + ms, 0),
+        (true, false) => (lba, ms),
+        (false, _) => (lba, 0),
+    }
+}
+
+/// The reference tag of the part of a command that starts `blocks` blocks
+/// after its first: Types 1 and 2 increment it per block (modulo the tag's
+/// width), Type 3 has none to increment. `None` (taken from the SLBA) stays
+/// `None`.
+pub(super) fn ref_tag_after(ns: &Namespace, tag: Option<u64>, blocks: u64) -> Option<u64> {
+    let layout = ns.metadata_layout_always();
+    match tag {
+        Some(t) if matches!(layout.pi_type, 1 | 2) => {
+            Some(t.wrapping_add(blocks) & layout.pif.ref_tag_max())
+        }
+        other => other,
+    }
+}
+
 fn mptr(md: MdMem) -> Result<u64, Reject> {
     if md.iova & 3 != 0 {
         return Err(Reject::Misaligned);
@@ -126,9 +168,7 @@ impl<D: Device> IoQueuePair<D> {
         let p = protection.unwrap_or_default();
         let blocks = rw.blocks as usize;
         let ms = usize::from(layout.ms);
-        // Metadata moves unless there is none, or PRACT lets the controller
-        // insert and strip a PI tuple that is all the metadata there is.
-        let md_moves = ms != 0 && !(layout.pi_type != 0 && p.pract && ms == tuple);
+        let md_moves = metadata_moves(layout, &p);
         let mut bytes = blocks << ns.lba_shift();
         let mut q2 = 0;
         match (md_moves, layout.extended, metadata) {

@@ -14,7 +14,8 @@
 //! `iodata.rs` (the memory a command transfers through: buffers, slices,
 //! vectors), `plain.rs` (the plain Read/Write of one buffer, compiled on its
 //! own), `metadata.rs` (data commands on formats with metadata and
-//! protection information).
+//! protection information), `split.rs` (transfers above MDTS as several
+//! commands with one completion).
 //!
 //! ## Ordering contract (the reason this type is `!Sync`)
 //!
@@ -79,6 +80,7 @@ mod options;
 mod plain;
 mod reap;
 mod recovery;
+mod split;
 mod stats;
 mod submit;
 
@@ -136,7 +138,11 @@ struct Tracker {
     /// `segments` or `metadata` may be `Some`: the reap takes them only
     /// then, so a plain command's completion never loads or clears them.
     /// False whenever both are `None` for a slot being filled or freed.
+    /// Also set for a split's child, whose end goes to its parent.
     extras: bool,
+    /// The command is a child of a split (split.rs): `tag` is the split's
+    /// index, and the tracker holds no memory.
+    child: bool,
 }
 
 /// The memory a tracker holds for its command: buffer, vector, metadata.
@@ -147,6 +153,7 @@ impl Tracker {
     /// slot other than the reap's plain case goes through here).
     fn take_memory(&mut self) -> TrackedMemory {
         self.extras = false;
+        self.child = false;
         (
             self.buffer.take(),
             self.segments.take(),
@@ -221,7 +228,9 @@ pub struct IoQueuePair<D: Device = VfioNvme> {
     /// Completions reaped on behalf of the owner (by `reap_on_submit` or a
     /// blocking helper), with their slot, delivered by the next
     /// `process_completions`. Capacity `max_depth`: pushing never allocates.
-    ready: VecDeque<(u16, Completion)>,
+    ready: VecDeque<(split::Key, Completion)>,
+    /// Split commands waiting for their children (split.rs).
+    splits: split::Splits,
     max_depth: u32,
     /// Commands queued since the last `ring`: counted as submissions (and,
     /// with MMIO doorbells, announced) by `ring`.

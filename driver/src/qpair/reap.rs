@@ -5,6 +5,7 @@
 use upnvme_queues::Status;
 use upnvme_queues::status::sc::generic as sc;
 
+use super::split::Key;
 use super::{Completion, IoQueuePair, NEVER, PERIODIC_POLLS};
 use crate::device::Device;
 use crate::error::{IoError, PiCheck, Result};
@@ -143,13 +144,21 @@ impl<D: Device> IoQueuePair<D> {
         F: FnMut(&mut Self, Completion),
     {
         let mut n = 0u32;
+        // Entries consumed without a delivery (a split's child that was not
+        // its last): the CQ head rule below still applies to them.
+        let mut consumed = false;
         while n < max {
             match self.reap_next()? {
                 Some(r) => {
                     n += 1;
                     if r.extras {
-                        let c = self.completion(r);
-                        f(self, c);
+                        match self.completion_extras(r) {
+                            Some((_, c)) => f(self, c),
+                            None => {
+                                n -= 1;
+                                consumed = true;
+                            }
+                        }
                     } else if r.status.is_success() {
                         // Spelled out so that `f` sees the two `None`s and
                         // drops nothing for them, and a literal `Ok` (a
@@ -185,7 +194,7 @@ impl<D: Device> IoQueuePair<D> {
             }
         }
         // `stats.polls` is the countdown's (see `polls_since_periodic`).
-        if n == 0 {
+        if n == 0 && !consumed {
             self.stats.idle_polls += 1;
         } else {
             if self.cq_head_due_after_reap() {
@@ -206,12 +215,23 @@ impl<D: Device> IoQueuePair<D> {
     /// the reap batch when it is due, and before any submission that could
     /// otherwise leave the controller short of CQ space
     /// ([`IoQueuePair::cq_space_for_submit`]).
+    ///
+    /// A split's child that is not its last is consumed and counted, and the
+    /// next entry looked at: what comes back is always a completion to hand
+    /// out, with its key (split.rs).
     #[inline(always)]
-    pub(super) fn reap_one(&mut self) -> Result<Option<(u16, Completion)>> {
-        Ok(match self.reap_next()? {
-            Some(r) => Some((r.slot, self.completion(r))),
-            None => None,
-        })
+    pub(super) fn reap_one(&mut self) -> Result<Option<(Key, Completion)>> {
+        loop {
+            match self.reap_next()? {
+                Some(r) if r.extras => {
+                    if let Some(kc) = self.completion_extras(r) {
+                        return Ok(Some(kc));
+                    }
+                }
+                Some(r) => return Ok(Some((Key::from(r.slot), self.completion(r)))),
+                None => return Ok(None),
+            }
+        }
     }
 
     /// [`IoQueuePair::reap_one`] before the completion is put together: a
@@ -274,6 +294,29 @@ impl<D: Device> IoQueuePair<D> {
             segments,
             metadata,
         }
+    }
+
+    /// The completion of a reaped command whose tracker had `extras`: its
+    /// vector and metadata buffer taken back, or, for a split's child, the
+    /// split's completion when this was its last child (else nothing).
+    #[cold]
+    #[inline(never)]
+    fn completion_extras(&mut self, r: Reaped) -> Option<(Key, Completion)> {
+        let child = self.trackers.get(r.slot).is_some_and(|t| t.child);
+        if child {
+            let result = if r.status.is_success() {
+                Ok(r.dw0)
+            } else {
+                Err(self.io_error_of(r.slot, r.status))
+            };
+            if let Some(t) = self.trackers.get_mut(r.slot) {
+                t.extras = false;
+                t.child = false;
+            }
+            return self.end_child(r.tag, result);
+        }
+        let slot = Key::from(r.slot);
+        Some((slot, self.completion(r)))
     }
 
     /// How the command reaped from `slot` with a non-success `status`

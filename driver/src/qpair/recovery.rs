@@ -3,6 +3,7 @@
 
 use upnvme_queues::{CqRing, SqRing, Sqe};
 
+use super::split::Key;
 use super::{Completion, IoQueuePair, clock};
 use crate::controller::CreateFailure;
 use crate::device::Device;
@@ -254,17 +255,9 @@ impl<D: Device> IoQueuePair<D> {
     /// (nothing can reach its buffer any more): frees its CID and builds its
     /// only completion — ControllerFailed after close, TimedOut if we had
     /// aborted it, ControllerReset otherwise.
-    pub(super) fn end_in_flight(&mut self, slot: u16, closed: bool) -> Completion {
-        let (tag, (buffer, segments, metadata), aborted) = match self.trackers.get_mut(slot) {
-            Some(t) => {
-                let aborted = t.aborted;
-                t.aborted = false;
-                t.stamp = 0;
-                (t.tag, t.take_memory(), aborted)
-            }
-            None => (0, (None, None, None), false),
-        };
-        let result = Err(if closed && self.ctrl.is_removed() {
+    pub(super) fn end_in_flight(&mut self, slot: u16, closed: bool) -> Option<(Key, Completion)> {
+        let aborted = self.trackers.get(slot).is_some_and(|t| t.aborted);
+        let error = if closed && self.ctrl.is_removed() {
             IoError::ControllerRemoved
         } else if closed {
             IoError::ControllerFailed
@@ -272,15 +265,56 @@ impl<D: Device> IoQueuePair<D> {
             IoError::TimedOut
         } else {
             IoError::ControllerReset
-        });
+        };
+        self.end_slot(slot, error)
+    }
+
+    /// Ends the command in `slot` (which the device can no longer reach)
+    /// with `error`: frees its CID; returns its completion, or for a split's
+    /// child the split's when it was the last.
+    pub(super) fn end_slot(&mut self, slot: u16, error: IoError) -> Option<(Key, Completion)> {
+        let (tag, child, (buffer, segments, metadata)) = match self.trackers.get_mut(slot) {
+            Some(t) => {
+                t.aborted = false;
+                t.stamp = 0;
+                (t.tag, t.child, t.take_memory())
+            }
+            None => (0, false, (None, None, None)),
+        };
         let _ = self.trackers.cancel(slot);
-        Completion {
-            tag,
-            result,
-            buffer,
-            segments,
-            metadata,
+        if child {
+            return self.end_child(tag, Err(error));
         }
+        Some((
+            Key::from(slot),
+            Completion {
+                tag,
+                result: Err(error),
+                buffer,
+                segments,
+                metadata,
+            },
+        ))
+    }
+
+    /// Ends every command of the split `key` still in flight, as
+    /// [`IoQueuePair::end_in_flight`] ends one; returns the split's
+    /// completion.
+    pub(super) fn end_split_in_flight(&mut self, key: Key, closed: bool) -> Option<Completion> {
+        let index = u64::from(key & !super::split::SPLIT_KEY);
+        let slots: Vec<u16> = self.trackers.in_flight_slots().collect();
+        for slot in slots {
+            if self
+                .trackers
+                .get(slot)
+                .is_some_and(|t| t.child && t.tag == index)
+                && let Some((k, c)) = self.end_in_flight(slot, closed)
+            {
+                debug_assert_eq!(k, key);
+                return Some(c);
+            }
+        }
+        None
     }
 
     /// After a controller reset: completes every command in flight exactly once
@@ -293,8 +327,9 @@ impl<D: Device> IoQueuePair<D> {
             let closed = self.ctrl.is_closed();
             let slots: Vec<u16> = self.trackers.in_flight_slots().collect();
             for slot in slots {
-                let c = self.end_in_flight(slot, closed);
-                self.ready.push_back((slot, c));
+                if let Some(kc) = self.end_in_flight(slot, closed) {
+                    self.ready.push_back(kc);
+                }
             }
             // `pending` holds commands queued but not yet counted: those
             // behind the committed tail were announced (by a `submit`,

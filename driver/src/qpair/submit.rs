@@ -20,6 +20,7 @@ use upnvme_queues::{DsmRange, Sqe};
 
 use super::command::{CopyRange, DsmAttributes, IoFlags, Protection};
 use super::iodata::{IoData, IoVec};
+use super::split::{Key, may_split};
 use super::{IoCommand, IoQueuePair, PAGE, SglMode};
 use crate::device::Device;
 use crate::error::{Reject, Rejected};
@@ -289,9 +290,9 @@ impl<D: Device> IoQueuePair<D> {
         cmd: IoCommand<'_>,
         io: IoData,
         tag: u64,
-    ) -> Result<u16, Rejected> {
+    ) -> Result<Key, Rejected> {
         if let Some(p) = self.plain(&cmd, &io) {
-            return self.queue_plain(p, io, tag);
+            return self.queue_plain(p, io, tag).map(Key::from);
         }
         self.queue_sqe_general(cmd, io, tag)
     }
@@ -316,7 +317,7 @@ impl<D: Device> IoQueuePair<D> {
         cmd: IoCommand<'_>,
         io: IoData,
         tag: u64,
-    ) -> Result<u16, Rejected> {
+    ) -> Result<Key, Rejected> {
         if io.metadata.is_some() || io.protection.is_some() {
             return self.queue_sqe_md(cmd, io, tag);
         }
@@ -326,7 +327,7 @@ impl<D: Device> IoQueuePair<D> {
     /// [`IoQueuePair::queue_sqe`] for commands with metadata or protection.
     #[cold]
     #[inline(never)]
-    fn queue_sqe_md(&mut self, cmd: IoCommand<'_>, io: IoData, tag: u64) -> Result<u16, Rejected> {
+    fn queue_sqe_md(&mut self, cmd: IoCommand<'_>, io: IoData, tag: u64) -> Result<Key, Rejected> {
         self.queue_sqe_with::<true>(cmd, io, tag)
     }
 
@@ -338,7 +339,7 @@ impl<D: Device> IoQueuePair<D> {
         cmd: IoCommand<'_>,
         io: IoData,
         tag: u64,
-    ) -> Result<u16, Rejected> {
+    ) -> Result<Key, Rejected> {
         let IoData {
             buffer,
             offset,
@@ -379,7 +380,25 @@ impl<D: Device> IoQueuePair<D> {
         let (q, data) = match self.build(&cmd, mem, flags, md, protection) {
             Ok(x) => x,
             Err(reason) => {
-                return Err(Rejected::with_memory(reason, buffer, segments, metadata));
+                let io = IoData {
+                    buffer,
+                    offset,
+                    limit,
+                    segments,
+                    flags,
+                    metadata,
+                    protection,
+                };
+                // Too large for one command: as several (split.rs).
+                if may_split(reason, &io) {
+                    return self.queue_split(cmd, io, tag, reason);
+                }
+                return Err(Rejected::with_memory(
+                    reason,
+                    io.buffer,
+                    io.segments,
+                    io.metadata,
+                ));
             }
         };
         // Completions parked in `ready` count against the depth too, so that
@@ -465,7 +484,7 @@ impl<D: Device> IoQueuePair<D> {
             q[6],
             q[7],
         ];
-        self.write_sqe_and_announce(pos, &q, slot)
+        self.write_sqe_and_announce(pos, &q, slot).map(Key::from)
     }
 
     /// Stores the SQE of the command in `slot` into SQ slot `pos` and, with

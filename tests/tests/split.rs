@@ -1,0 +1,422 @@
+//! Transfers above MDTS (driver/src/qpair/split.rs): a Read, Write or
+//! Compare of one buffer larger than one command may carry goes to the
+//! device as several commands and comes back as one completion — byte
+//! exact, with the first child error, exactly once through a reset and a
+//! close, all or nothing when refused, and with metadata and protection
+//! information cut at the same block boundaries.
+
+mod common;
+
+use common::{T, assert_clean, buffer_with, pattern, read_back, run_io, setup, wait_one};
+use upnvme::{
+    Completion, IoCommand, IoData, IoError, Protection, QueuePairOptions, Reject, Status,
+};
+use upnvme_tests::{Fault, Match, ModelConfig, NamespaceConfig};
+
+const BS: usize = 512;
+const BLOCKS: u64 = 4096;
+/// MDTS 1 with 4 KiB pages: 8 KiB, 16 blocks of 512 bytes per command.
+const PER: u64 = 16;
+
+fn config(ms: u16, extended: bool, pi_type: u8) -> ModelConfig {
+    ModelConfig {
+        mdts: 1,
+        namespaces: vec![NamespaceConfig {
+            lba_size: BS as u32,
+            blocks: BLOCKS,
+            ms,
+            extended,
+            pi_type,
+            ..NamespaceConfig::default()
+        }],
+        oncs: ModelConfig::ONCS_COMPARE,
+        ..ModelConfig::default()
+    }
+}
+
+fn write(ns: &upnvme::Namespace, slba: u64, blocks: u32) -> IoCommand<'_> {
+    IoCommand::Write { ns, slba, blocks }
+}
+
+fn read(ns: &upnvme::Namespace, slba: u64, blocks: u32) -> IoCommand<'_> {
+    IoCommand::Read { ns, slba, blocks }
+}
+
+/// The (SLBA, blocks) of every command queue `qid` fetched since the
+/// model's fetch count was `from` (at most the last 64 commands).
+fn pieces(m: &upnvme_tests::ModelController, qid: u16, from: u64) -> Vec<(u64, u32)> {
+    let n = (m.commands_fetched() - from) as usize;
+    let recent = m.recent_commands();
+    assert!(n <= recent.len(), "more commands than the model keeps");
+    recent[recent.len() - n..]
+        .iter()
+        .filter(|(q, _)| *q == qid)
+        .map(|(_, sqe)| {
+            let slba = u64::from_le_bytes(sqe[40..48].try_into().unwrap());
+            let nlb = u16::from_le_bytes(sqe[48..50].try_into().unwrap());
+            (slba, u32::from(nlb) + 1)
+        })
+        .collect()
+}
+
+#[test]
+fn a_write_and_a_read_above_mdts_go_as_pieces_and_come_back_once_byte_exact() {
+    let (m, c) = setup(config(0, false, 0));
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    assert_eq!(qp.max_transfer(), PER as usize * BS);
+    let blocks = 7 * PER as u32 + 5;
+    let data = pattern(9, blocks as usize * BS);
+    let seen = m.commands_fetched();
+    let w = run_io(
+        &mut qp,
+        write(&ns, 100, blocks),
+        buffer_with(&c, &data).into(),
+    );
+    assert!(w.is_ok(), "{:?}", w.result);
+    assert_eq!(m.namespace_data(1, 100, u64::from(blocks)), data);
+    let want: Vec<(u64, u32)> = (0..8)
+        .map(|i| (100 + i * PER, if i < 7 { PER as u32 } else { 5 }))
+        .collect();
+    assert_eq!(pieces(&m, qp.qid(), seen), want, "pieces in LBA order");
+    // Read it back into a slice of a larger buffer (offset 1 KiB).
+    let big = c.alloc_dma(blocks as usize * BS + 4096).unwrap();
+    let r = run_io(
+        &mut qp,
+        read(&ns, 100, blocks),
+        IoData::slice(big, 1024, blocks as usize * BS),
+    );
+    assert!(r.is_ok(), "{:?}", r.result);
+    let back = r.buffer.expect("the buffer comes back");
+    let mut got = vec![0u8; data.len()];
+    back.read_bytes(1024, &mut got).unwrap();
+    assert_eq!(got, data);
+    // Nothing else comes: one completion per command the caller submitted.
+    assert_eq!(
+        qp.process_completions(u32::MAX, |_, c| panic!("extra completion {}", c.tag))
+            .unwrap(),
+        0
+    );
+    // Children are commands in the counters.
+    assert_eq!(qp.stats().completions, 16);
+    assert_eq!(qp.stats().submissions, 16);
+    // The blocking helpers split too.
+    let buf = c.alloc_dma(blocks as usize * BS).unwrap();
+    let buf = qp.read_blocking(&ns, 100, blocks, buf, T).unwrap();
+    assert_eq!(read_back(&buf, data.len()), data);
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn a_failing_piece_fails_the_whole_once_and_the_buffer_comes_back() {
+    let (m, c) = setup(config(0, false, 0));
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    // The third piece fails with Unrecovered Read Error.
+    m.inject(Fault::Status {
+        on: Match::Nth(m.commands_fetched() + 2),
+        status: upnvme_tests::Status::new(2, 0x81),
+    });
+    let status = Status::new(2, 0x81);
+    let buf = c.alloc_dma(4 * PER as usize * BS).unwrap();
+    let iova = buf.iova();
+    let r = run_io(&mut qp, read(&ns, 0, 4 * PER as u32), buf.into());
+    assert_eq!(r.result, Err(IoError::Status(status)));
+    assert_eq!(r.buffer.map(|b| b.iova()), Some(iova));
+    assert_eq!(qp.in_flight(), 0);
+    assert_eq!(
+        qp.process_completions(u32::MAX, |_, c| panic!("extra completion {}", c.tag))
+            .unwrap(),
+        0
+    );
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn a_reset_and_a_close_end_a_split_in_flight_once() {
+    let (m, c) = setup(config(0, false, 0));
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    // Reset: the second of three pieces is held back, the others complete.
+    m.inject(Fault::DelayCompletion {
+        on: Match::Nth(m.commands_fetched() + 1),
+        doorbells: None,
+    });
+    let buf = c.alloc_dma(3 * PER as usize * BS).unwrap();
+    qp.submit(read(&ns, 0, 3 * PER as u32), Some(buf), 11)
+        .unwrap();
+    let mut got: Vec<Completion> = Vec::new();
+    for _ in 0..100 {
+        qp.process_completions(u32::MAX, |_, c| got.push(c))
+            .unwrap();
+    }
+    assert!(got.is_empty(), "no completion while a piece is out");
+    assert_eq!(qp.in_flight(), 1);
+    c.reset().unwrap();
+    let done = wait_one(&mut qp);
+    assert_eq!(done.tag, 11);
+    assert_eq!(done.result, Err(IoError::ControllerReset));
+    assert!(done.buffer.is_some());
+    assert_eq!(
+        qp.process_completions(u32::MAX, |_, c| panic!("extra completion {}", c.tag))
+            .unwrap(),
+        0
+    );
+    // Close: every piece held back, the deletion ends them.
+    for i in 0..2 {
+        m.inject(Fault::DelayCompletion {
+            on: Match::Nth(m.commands_fetched() + i),
+            doorbells: None,
+        });
+    }
+    let buf = c.alloc_dma(2 * PER as usize * BS).unwrap();
+    qp.submit(read(&ns, 0, 2 * PER as u32), Some(buf), 12)
+        .unwrap();
+    qp.process_completions(u32::MAX, |_, _| panic!("nothing is back"))
+        .unwrap();
+    let out = qp.close(std::time::Duration::from_millis(20));
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert_eq!(out[0].tag, 12);
+    assert!(out[0].result.is_err());
+    assert!(out[0].buffer.is_some());
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn a_split_is_queued_whole_or_not_at_all() {
+    let (m, c) = setup(config(0, false, 0));
+    let ns = c.namespace(1).unwrap().clone();
+    // 4 deep.
+    let mut qp = c
+        .io_queue_pair(QueuePairOptions {
+            entries: Some(5),
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(qp.max_depth(), 4);
+    // Two single commands in flight: a three-piece split does not fit now.
+    m.inject(Fault::DelayCompletion {
+        on: Match::Nth(m.commands_fetched()),
+        doorbells: None,
+    });
+    m.inject(Fault::DelayCompletion {
+        on: Match::Nth(m.commands_fetched() + 1),
+        doorbells: None,
+    });
+    for t in 0..2 {
+        qp.submit(read(&ns, 0, 1), Some(c.alloc_dma(BS).unwrap()), t)
+            .unwrap();
+    }
+    let fetched = m.commands_fetched();
+    let buf = c.alloc_dma(3 * PER as usize * BS).unwrap();
+    let f = qp
+        .submit(read(&ns, 0, 3 * PER as u32), Some(buf), 9)
+        .unwrap_err();
+    assert_eq!(f.reason, Reject::QueueFull);
+    assert!(f.buffer.is_some(), "QueueFull hands the buffer back");
+    assert_eq!(m.commands_fetched(), fetched, "nothing of it was sent");
+    assert_eq!(qp.in_flight(), 2);
+    // A piece that would run past the namespace refuses the whole, up front.
+    let f = qp
+        .submit(
+            read(&ns, BLOCKS - 2 * PER, 2 * PER as u32 + 1),
+            Some(c.alloc_dma((2 * PER as usize + 1) * BS).unwrap()),
+            9,
+        )
+        .unwrap_err();
+    assert_eq!(f.reason, Reject::LbaRange);
+    // A buffer too small for the last piece: refused whole.
+    let f = qp
+        .submit_io(
+            read(&ns, 0, 2 * PER as u32),
+            IoData::slice(
+                c.alloc_dma(2 * PER as usize * BS).unwrap(),
+                0,
+                2 * PER as usize * BS - BS,
+            ),
+            9,
+        )
+        .unwrap_err();
+    assert!(
+        matches!(f.reason, Reject::BufferTooSmall { .. }),
+        "{:?}",
+        f.reason
+    );
+    assert_eq!(m.commands_fetched(), fetched);
+    // More pieces than the pair is deep: never.
+    let f = qp
+        .submit(
+            read(&ns, 0, 5 * PER as u32),
+            Some(c.alloc_dma(5 * PER as usize * BS).unwrap()),
+            9,
+        )
+        .unwrap_err();
+    assert_eq!(
+        f.reason,
+        Reject::TransferTooLarge {
+            bytes: 5 * PER * BS as u64
+        }
+    );
+    m.release_delayed();
+    let mut n = 0;
+    while n < 2 {
+        n += qp
+            .process_completions(u32::MAX, |_, c| assert!(c.is_ok()))
+            .unwrap();
+    }
+    // Now it fits.
+    let c3 = run_io(
+        &mut qp,
+        read(&ns, 0, 3 * PER as u32),
+        c.alloc_dma(3 * PER as usize * BS).unwrap().into(),
+    );
+    assert!(c3.is_ok());
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn more_than_65536_blocks_are_split_too() {
+    // MDTS 0 (no limit): the pair's 4 MiB cap, 8192 blocks of 512 bytes;
+    // 65537 blocks are above NLB's 16 bits as well.
+    let (m, c) = setup(ModelConfig {
+        mdts: 0,
+        namespaces: vec![NamespaceConfig {
+            lba_size: BS as u32,
+            blocks: 70_000,
+            ..NamespaceConfig::default()
+        }],
+        ..ModelConfig::default()
+    });
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let blocks = 65_537u32;
+    let data = pattern(3, blocks as usize * BS);
+    let seen = m.commands_fetched();
+    let w = run_io(
+        &mut qp,
+        write(&ns, 1, blocks),
+        buffer_with(&c, &data).into(),
+    );
+    assert!(w.is_ok(), "{:?}", w.result);
+    let p = pieces(&m, qp.qid(), seen);
+    assert_eq!(p.len(), 9);
+    assert_eq!(p[8], (1 + 8 * 8192, 1));
+    assert_eq!(m.namespace_data(1, 1, u64::from(blocks)), data);
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn extended_lba_pieces_carry_their_metadata_and_type_1_tags() {
+    // 512 + 8 bytes per block, Type 1: 8192 / 520 = 15 blocks per piece.
+    let (m, c) = setup(config(8, true, 1));
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let blocks = 40u32;
+    let data = pattern(5, blocks as usize * BS);
+    let seen = m.commands_fetched();
+    // PRACT: the controller generates each block's PI (Type 1: its LBA as
+    // reference tag); the host sends data only.
+    let w = run_io(
+        &mut qp,
+        write(&ns, 7, blocks),
+        IoData::buffer(buffer_with(&c, &data)).protection(Protection::PRACT),
+    );
+    assert!(w.is_ok(), "{:?}", w.result);
+    assert_eq!(
+        pieces(&m, qp.qid(), seen),
+        vec![(7, 16), (23, 16), (39, 8)],
+        "PRACT with 8-byte metadata moves no metadata: 16 blocks per piece"
+    );
+    assert_eq!(m.namespace_data(1, 7, u64::from(blocks)), data);
+    // Read data and PI (no PRACT): 520 bytes per block, 15 per piece; the
+    // reference tag each piece expects is its own SLBA, checked.
+    let seen = m.commands_fetched();
+    let check = Protection {
+        pract: false,
+        check_guard: true,
+        check_app_tag: false,
+        check_ref_tag: true,
+        ref_tag: None,
+        app_tag: 0,
+        app_tag_mask: 0,
+    };
+    let r = run_io(
+        &mut qp,
+        read(&ns, 7, blocks),
+        IoData::buffer(c.alloc_dma(blocks as usize * 520).unwrap()).protection(check),
+    );
+    assert!(r.is_ok(), "{:?}", r.result);
+    assert_eq!(
+        pieces(&m, qp.qid(), seen),
+        vec![(7, 15), (22, 15), (37, 10)]
+    );
+    let back = read_back(&r.buffer.unwrap(), blocks as usize * 520);
+    for (i, block) in back.chunks(520).enumerate() {
+        assert_eq!(&block[..BS], &data[i * BS..(i + 1) * BS], "block {i}");
+        // PI tuple (16-bit guard): guard, application tag, reference tag.
+        let ref_tag = u32::from_be_bytes(block[BS + 4..BS + 8].try_into().unwrap());
+        assert_eq!(
+            u64::from(ref_tag),
+            7 + i as u64,
+            "block {i}'s reference tag"
+        );
+    }
+    // An explicit Type 1 tag that is not the SLBA is refused whole.
+    let f = qp
+        .submit_io(
+            read(&ns, 7, blocks),
+            IoData::buffer(c.alloc_dma(blocks as usize * 520).unwrap()).protection(Protection {
+                ref_tag: Some(8),
+                ..check
+            }),
+            1,
+        )
+        .unwrap_err();
+    assert!(
+        matches!(f.reason, Reject::ProtectionNotApplicable(_)),
+        "{:?}",
+        f.reason
+    );
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn separate_metadata_is_cut_with_the_data() {
+    let (m, c) = setup(config(16, false, 0));
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let blocks = 3 * PER as u32 + 3;
+    let data = pattern(6, blocks as usize * BS);
+    let md = pattern(7, blocks as usize * 16);
+    let w = run_io(
+        &mut qp,
+        write(&ns, 0, blocks),
+        IoData::buffer(buffer_with(&c, &data)).metadata(buffer_with(&c, &md)),
+    );
+    assert!(w.is_ok(), "{:?}", w.result);
+    assert!(w.metadata.is_some(), "the metadata buffer comes back");
+    assert_eq!(m.namespace_data(1, 0, u64::from(blocks)), data);
+    assert_eq!(m.namespace_metadata(1, 0, u64::from(blocks)), md);
+    let r = run_io(
+        &mut qp,
+        read(&ns, 0, blocks),
+        IoData::buffer(c.alloc_dma(data.len()).unwrap()).metadata(c.alloc_dma(md.len()).unwrap()),
+    );
+    assert!(r.is_ok(), "{:?}", r.result);
+    assert_eq!(read_back(&r.buffer.unwrap(), data.len()), data);
+    assert_eq!(read_back(&r.metadata.unwrap(), md.len()), md);
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
