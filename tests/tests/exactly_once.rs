@@ -2,7 +2,8 @@
 //! (issues 4 and 8): a property test drives one queue pair with random
 //! submit / queue / ring / process_completions(max) / blocking calls and
 //! controller resets (what is in flight then ends once, with success or
-//! `ControllerReset`, and the pair carries on), random
+//! `ControllerReset`, and the pair carries on), transfers above MDTS that
+//! go as two commands and complete once (split.rs), random
 //! SQ and CQ sizes 2..=64, shadow doorbells on and off (controller and pair),
 //! `reap_on_submit` on and off, and every CQ head policy. Every accepted
 //! command must complete exactly once with its tag and its buffer, QueueFull
@@ -47,6 +48,14 @@ enum Op {
     /// A controller reset (`Controller::reset`): what is in flight ends
     /// once, with `IoError::ControllerReset`, and the pair carries on.
     Reset,
+    /// A transfer of 17..=32 blocks, above MDTS (16 blocks): two commands,
+    /// one completion; `queue` instead of `submit` when `queued`.
+    Big {
+        write: bool,
+        lba: u64,
+        blocks: u32,
+        queued: bool,
+    },
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -67,6 +76,14 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (1u32..10).prop_map(Op::Process),
         1 => (any::<bool>(), 0..LBAS).prop_map(|(write, lba)| Op::Blocking { write, lba }),
         1 => Just(Op::Reset),
+        2 => (any::<bool>(), 17u32..=32, any::<bool>(), 0u64..16).prop_map(
+            |(write, blocks, queued, lba)| Op::Big {
+                write,
+                lba: lba.min(LBAS - u64::from(blocks)),
+                blocks,
+                queued,
+            }
+        ),
     ]
 }
 
@@ -98,8 +115,14 @@ fn setup() -> impl Strategy<Value = Setup> {
         )
 }
 
+/// MDTS 1: 8 KiB, 16 blocks per command.
+const MDTS_BLOCKS: u32 = 16;
+
 fn controller(shadow: bool) -> (ModelController, Controller<ModelController>) {
-    let m = ModelController::new(config_one_ns(BS as u32, LBAS));
+    let m = ModelController::new(upnvme_tests::ModelConfig {
+        mdts: 1,
+        ..config_one_ns(BS as u32, LBAS)
+    });
     let c = open(
         &m,
         ControllerOptions {
@@ -128,13 +151,20 @@ struct Book {
     /// Commands in flight when a reset came: they end with
     /// `ControllerReset` (or completed before it, with success).
     cut: HashSet<u64>,
-    last_write: [Option<u64>; LBAS as usize],
+    /// (the write's pattern seed, the LBA's index in it).
+    last_write: [Option<(u64, usize)>; LBAS as usize],
     /// LBAs a write ended by a reset may or may not have reached.
     uncertain: [bool; LBAS as usize],
     /// Completions that were `ControllerReset` (no CQE: not in the pair's
     /// completion count).
     reset_ended: u64,
+    /// Commands accepted, counted as the device sees them (a split counts
+    /// its children).
     accepted: u64,
+    /// Tags of splits, and whether a reset cut one (how many of its
+    /// children ended without a CQE is then unknown).
+    splits: HashSet<u64>,
+    split_cut: bool,
     /// Commands `queue`d and not yet announced by a doorbell (a `submit`,
     /// `ring`, poll or blocking call announces them).
     unannounced: u64,
@@ -154,7 +184,11 @@ impl Book {
         );
         let cut = self.cut.remove(&c.tag);
         if c.result == Err(upnvme::IoError::ControllerReset) {
-            self.reset_ended += 1;
+            if self.splits.contains(&c.tag) {
+                self.split_cut = true;
+            } else {
+                self.reset_ended += 1;
+            }
         }
         assert!(
             c.result.is_ok() || (cut && c.result == Err(upnvme::IoError::ControllerReset)),
@@ -180,6 +214,8 @@ fn run(s: Setup, ops: &[Op]) {
         uncertain: [false; LBAS as usize],
         reset_ended: 0,
         accepted: 0,
+        splits: HashSet::new(),
+        split_cut: false,
         unannounced: 0,
         never_announced: 0,
         next: 0,
@@ -221,7 +257,7 @@ fn run(s: Setup, ops: &[Op]) {
                             _ => book.unannounced += 1,
                         }
                         if write {
-                            book.last_write[lba as usize] = Some(tag);
+                            book.last_write[lba as usize] = Some((tag, 0));
                             book.uncertain[lba as usize] = false;
                         }
                     }
@@ -244,6 +280,64 @@ fn run(s: Setup, ops: &[Op]) {
                 qp.ring();
                 book.unannounced = 0;
             }
+            Op::Big {
+                write,
+                lba,
+                blocks,
+                queued,
+            } => {
+                let tag = book.next;
+                book.next += 1;
+                let len = blocks as usize * BS;
+                let buf = buffer_with(&c, &pattern(tag, len));
+                let cmd = if write {
+                    IoCommand::Write {
+                        ns,
+                        slba: lba,
+                        blocks,
+                    }
+                } else {
+                    IoCommand::Read {
+                        ns,
+                        slba: lba,
+                        blocks,
+                    }
+                };
+                let r = if queued {
+                    qp.queue(cmd, Some(buf), tag)
+                } else {
+                    qp.submit(cmd, Some(buf), tag)
+                };
+                let pieces = u64::from(blocks.div_ceil(MDTS_BLOCKS));
+                match r {
+                    Ok(()) => {
+                        assert!(u64::from(max_depth) >= pieces);
+                        book.outstanding.insert(tag);
+                        book.splits.insert(tag);
+                        book.accepted += pieces;
+                        if queued {
+                            book.unannounced += pieces;
+                        } else {
+                            book.unannounced = 0;
+                        }
+                        if write {
+                            for i in 0..blocks as usize {
+                                book.last_write[lba as usize + i] = Some((tag, i));
+                                book.uncertain[lba as usize + i] = false;
+                            }
+                        }
+                    }
+                    Err(f) => {
+                        assert!(f.buffer.is_some(), "a refusal hands the buffer back");
+                        if u64::from(max_depth) < pieces {
+                            assert_eq!(f.reason, Reject::TransferTooLarge { bytes: len as u64 });
+                        } else {
+                            assert_eq!(f.reason, Reject::QueueFull, "{:?}", f.reason);
+                            assert!(!book.outstanding.is_empty());
+                        }
+                    }
+                }
+            }
             Op::Reset => {
                 c.reset().unwrap();
                 resets += 1;
@@ -252,7 +346,7 @@ fn run(s: Setup, ops: &[Op]) {
                     book.cut.insert(t);
                 }
                 for (lba, w) in book.last_write.iter().enumerate() {
-                    if w.is_some_and(|t| book.outstanding.contains(&t)) {
+                    if w.is_some_and(|(t, _)| book.outstanding.contains(&t)) {
                         book.uncertain[lba] = true;
                     }
                 }
@@ -278,7 +372,7 @@ fn run(s: Setup, ops: &[Op]) {
                         assert!(b.is_some());
                         book.accepted += 1;
                         if write {
-                            book.last_write[lba as usize] = Some(seed);
+                            book.last_write[lba as usize] = Some((seed, 0));
                             book.uncertain[lba as usize] = false;
                         }
                     }
@@ -320,10 +414,11 @@ fn run(s: Setup, ops: &[Op]) {
         if book.uncertain[lba] {
             continue;
         }
-        if let Some(seed) = w {
+        if let Some((seed, i)) = w {
+            let whole = pattern(*seed, (i + 1) * BS);
             assert_eq!(
                 m.namespace_data(1, lba as u64, 1),
-                pattern(*seed, BS),
+                whole[i * BS..],
                 "LBA {lba}"
             );
         }
@@ -337,7 +432,12 @@ fn run(s: Setup, ops: &[Op]) {
         book.accepted - book.never_announced,
         "resets: {resets}"
     );
-    assert_eq!(st.completions + book.reset_ended, book.accepted);
+    if book.split_cut {
+        // A split a reset ended may have had children complete before it.
+        assert!(st.completions + book.reset_ended <= book.accepted);
+    } else {
+        assert_eq!(st.completions + book.reset_ended, book.accepted);
+    }
     let (sq_db, cq_db) = m.doorbell_writes(qid);
     assert_eq!(st.sq_doorbell_mmio, sq_db, "SQ doorbell MMIO writes");
     assert_eq!(st.cq_doorbell_mmio, cq_db, "CQ doorbell MMIO writes");
