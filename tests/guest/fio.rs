@@ -212,6 +212,30 @@ fn fio_takes_spdks_filename_form_and_the_short_address() {
     }
 }
 
+/// Block sizes above MDTS (QEMU's: 512 KiB): the library splits each I/O
+/// into commands of at most MDTS and completes it once; fio's verify checks
+/// every byte, sequential and random, at depth 1 and 4.
+#[test]
+fn fio_block_sizes_above_mdts_are_split_and_verified() {
+    if !enabled() {
+        return;
+    }
+    let f = filename(1);
+    for (rw, bs, depth) in [("write", "1M", "1"), ("randwrite", "1536k", "4")] {
+        let o = fio(&[
+            "--name=big",
+            f.as_str(),
+            &format!("--rw={rw}"),
+            &format!("--bs={bs}"),
+            &format!("--iodepth={depth}"),
+            "--size=12M",
+            "--verify=crc32c",
+            "--do_verify=1",
+        ]);
+        passed(&o);
+    }
+}
+
 /// What would fail at every I/O is refused before the run, with the limit.
 #[test]
 fn fio_refuses_block_sizes_the_namespace_or_the_controller_cannot_take() {
@@ -231,10 +255,11 @@ fn fio_refuses_block_sizes_the_namespace_or_the_controller_cannot_take() {
         assert!(!o.status.success(), "{extra:?}: {err}");
         assert!(err.contains(expect), "{extra:?}: {err}");
     };
-    // QEMU's MDTS is 7: 512 KiB with 4 KiB pages.
+    // QEMU's MDTS is 7: 512 KiB with 4 KiB pages, so 1 MiB goes as two
+    // commands (the library splits it), which a pair one deep cannot hold.
     refused(
-        &["--bs=1M"],
-        "block size 1048576 is above the controller's largest transfer (MDTS) of 524288 bytes",
+        &["--bs=1M", "--upnvme_entries=2"],
+        "block size 1048576 goes as 2 commands of at most 524288 bytes (MDTS), more than the queue pair holds (1): use upnvme_entries=3 or more",
     );
     let odd = (lba + lba / 2).to_string();
     refused(

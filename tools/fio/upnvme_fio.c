@@ -357,10 +357,6 @@ static int open_files(struct thread_data *td)
 		struct upnvme_fio_file *first = td->files[0] ? td->files[0]->engine_data : NULL;
 		const char *what = NULL;
 		unsigned long long value = 0;
-		unsigned long long max_transfer = upnvme_ctrl_max_transfer(uf->sc->ctrl);
-		unsigned long long max_rw = td->o.max_bs[DDIR_READ] > td->o.max_bs[DDIR_WRITE]
-						    ? td->o.max_bs[DDIR_READ]
-						    : td->o.max_bs[DDIR_WRITE];
 		bool refuse = true;
 		if (first && first->sc != uf->sc) {
 			log_err("upnvme: '%s' is on another controller than '%s': the job's I/O memory "
@@ -376,10 +372,6 @@ static int open_files(struct thread_data *td)
 			log_err("upnvme: %s of %llu bytes is not a multiple of namespace %u's %u-byte "
 				"blocks\n",
 				what, value, uf->nsid, info.lba_size);
-		} else if (max_rw > max_transfer) {
-			log_err("upnvme: block size %llu is above the controller's largest transfer "
-				"(MDTS) of %llu bytes: use bs <= %llu\n",
-				max_rw, max_transfer, max_transfer);
 		} else {
 			refuse = false;
 		}
@@ -435,9 +427,28 @@ static int upnvme_fio_open_file(struct thread_data *td, struct fio_file *f)
 	int rc = upnvme_qpair_create(uf->sc->ctrl, &qo, &uf->qp);
 	if (rc != UPNVME_OK)
 		return fail(td, "upnvme_qpair_create", rc);
-	if (upnvme_qpair_max_depth(uf->qp) < td->o.iodepth)
-		log_info("upnvme: queue pair holds %u commands, iodepth is %u: fio waits when full\n",
-			 upnvme_qpair_max_depth(uf->qp), td->o.iodepth);
+	/* A block size above MDTS goes as several commands (the library
+	 * splits it): the pair must hold that many at once. */
+	unsigned long long max_transfer = upnvme_ctrl_max_transfer(uf->sc->ctrl);
+	unsigned long long max_rw = td->o.max_bs[DDIR_READ] > td->o.max_bs[DDIR_WRITE]
+					    ? td->o.max_bs[DDIR_READ]
+					    : td->o.max_bs[DDIR_WRITE];
+	unsigned long long pieces = max_transfer ? (max_rw + max_transfer - 1) / max_transfer : 1;
+	unsigned int depth = upnvme_qpair_max_depth(uf->qp);
+	if (pieces > depth) {
+		log_err("upnvme: block size %llu goes as %llu commands of at most %llu bytes (MDTS), "
+			"more than the queue pair holds (%u): use upnvme_entries=%llu or more, or a "
+			"smaller bs\n",
+			max_rw, pieces, max_transfer, depth, pieces + 1);
+		upnvme_qpair_destroy(uf->qp);
+		uf->qp = NULL;
+		td_verror(td, EINVAL, "upnvme_open_file");
+		return 1;
+	}
+	if (depth < td->o.iodepth * pieces)
+		log_info("upnvme: queue pair holds %u commands, iodepth %u x %llu command(s) per I/O "
+			 "is more: fio waits when full\n",
+			 depth, td->o.iodepth, pieces);
 	return 0;
 }
 
