@@ -433,6 +433,8 @@ int upnvme_ns_get_info(const struct upnvme_ctrl *ctrl, uint32_t nsid, struct upn
 
 /**
  * The largest transfer of one command in bytes (MDTS, capped at 4 MiB).
+ * A read or write above it is split into commands of at most this size by the queue
+ * pair and completes once (at most the pair's depth of pieces).
  *
  * # Safety
  * `ctrl` is null (returns 0) or a live handle.

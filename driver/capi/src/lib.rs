@@ -364,6 +364,8 @@ pub unsafe extern "C" fn upnvme_ns_get_info(
 }
 
 /// The largest transfer of one command in bytes (MDTS, capped at 4 MiB).
+/// A read or write above it is split into commands of at most this size by the queue
+/// pair and completes once (at most the pair's depth of pieces).
 ///
 /// # Safety
 /// `ctrl` is null (returns 0) or a live handle.
