@@ -1027,6 +1027,14 @@ fn perf_runs_with_and_without_each_option() {
     let v = perf_json(&["-o", "8192", "--seed", "7", "--no-hugepages"]);
     assert_eq!(v["io_size"], 8192);
     assert_eq!(v["seed"], 7);
+    // Above MDTS: every I/O two commands (the library splits it and
+    // completes it once), verified, with the queue sized for the pieces.
+    let two = (2u64 << (12 + env_u64("UPNVME_VM_MDTS"))).to_string();
+    let v = perf_json(&[
+        "-o", &two, "-q", "4", "-w", "randrw", "-M", "50", "--verify",
+    ]);
+    assert_eq!(v["io_size"].to_string(), two);
+    assert!(v["sq_entries"].as_u64().unwrap() > 8, "{v}");
 
     // Text output: rows, -L percentiles, -LL histogram, transport statistics.
     let out = ok(&perf(&[]));
@@ -1445,9 +1453,10 @@ fn bad_input_texts_and_exit_codes() {
             format!("I/O size 1000 is not a multiple of namespace 1's LBA size {lba}"),
         ),
         (
-            vec!["-o", &too_big],
+            // Above MDTS each I/O is two commands: 8 deep needs 16 in flight.
+            vec!["-o", &too_big, "-q", "8", "--queue-entries", "16"],
             format!(
-                "I/O size {too_big} exceeds the controller's maximum transfer of {max} bytes (MDTS {mdts}); perf does not split I/Os"
+                "queue depth 8 with I/Os of {too_big} bytes, each 2 commands of at most {max} bytes (MDTS {mdts}), keeps 16 commands in flight: more than a queue of 16 entries holds (at most 15); the controller allows {entries} entries"
             ),
         ),
         (

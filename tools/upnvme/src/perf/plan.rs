@@ -173,6 +173,8 @@ pub fn validate(
         return Err(usage(format!("{addr} has no active namespace")));
     }
     let mut namespaces = Vec::with_capacity(chosen.len());
+    // Commands per I/O: 1 up to MDTS, more above (the library splits).
+    let mut pieces = 1u32;
     for ns in &chosen {
         let (n, lba) = (ns.nsid, ns.lba_size as usize);
         if a.pi.is_some() && ns.metadata.is_none_or(|l| l.pi_type == 0) {
@@ -194,17 +196,19 @@ pub fn validate(
                 a.io_size
             )));
         }
-        // On an extended-LBA format the interleaved metadata moves in the
-        // data buffer and counts against MDTS too.
-        let moved = a.io_size / lba * super::metadata::data_stride(ns.lba_size, ns.metadata, a.pi);
-        if let Some(max) = dev.max_transfer
-            && moved > max
-            && a.io_size <= max
-        {
-            return Err(usage(format!(
-                "I/O size {} moves {moved} bytes per command on namespace {n} (its metadata is interleaved with the data), more than the controller's maximum transfer of {max} bytes (MDTS {}); perf does not split I/Os",
-                a.io_size, dev.mdts
-            )));
+        // Above MDTS the library splits each I/O into commands of whole
+        // blocks (at most MDTS each; on an extended-LBA format the
+        // interleaved metadata moves in the data buffer and counts too).
+        let stride = super::metadata::data_stride(ns.lba_size, ns.metadata, a.pi);
+        if let Some(max) = dev.max_transfer {
+            let per = max / stride;
+            if per == 0 {
+                return Err(usage(format!(
+                    "a block of namespace {n} moves {stride} bytes, more than the controller's maximum transfer of {max} bytes (MDTS {})",
+                    dev.mdts
+                )));
+            }
+            pieces = pieces.max((a.io_size / lba).div_ceil(per) as u32);
         }
         namespaces.push(NsPlan {
             nsid: n,
@@ -212,14 +216,6 @@ pub fn validate(
             blocks: ns.blocks,
             metadata: ns.metadata,
         });
-    }
-    if let Some(max) = dev.max_transfer
-        && a.io_size > max
-    {
-        return Err(usage(format!(
-            "I/O size {} exceeds the controller's maximum transfer of {max} bytes (MDTS {}); perf does not split I/Os",
-            a.io_size, dev.mdts
-        )));
     }
     let mqes = dev.max_queue_entries;
     if let Some(e) = a.queue_entries
@@ -229,10 +225,22 @@ pub fn validate(
             "--queue-entries {e}: must be 2..={mqes} (CAP.MQES + 1)"
         )));
     }
+    // Commands in flight at once: every I/O's pieces.
+    let commands = a.depth.saturating_mul(pieces);
     let sq_entries = a
         .queue_entries
-        .unwrap_or_else(|| a.depth.saturating_add(1).max(256).min(mqes));
-    if a.depth >= sq_entries {
+        .unwrap_or_else(|| commands.saturating_add(1).max(256).min(mqes));
+    if commands >= sq_entries {
+        if pieces > 1 {
+            return Err(usage(format!(
+                "queue depth {} with I/Os of {} bytes, each {pieces} commands of at most {} bytes (MDTS {}), keeps {commands} commands in flight: more than a queue of {sq_entries} entries holds (at most {}); the controller allows {mqes} entries",
+                a.depth,
+                a.io_size,
+                dev.max_transfer.unwrap_or(0),
+                dev.mdts,
+                sq_entries - 1
+            )));
+        }
         return Err(usage(format!(
             "queue depth {} does not fit a queue of {sq_entries} entries (at most {}); the controller allows {mqes} entries",
             a.depth,
@@ -618,19 +626,32 @@ mod tests {
 
     #[test]
     fn size_above_mdts() {
+        // Above MDTS each I/O goes as several commands (the library splits
+        // it): the queue is sized for all of them.
+        let p = validate(
+            &parse(&["-o", "1048576", "-q", "32"]).unwrap(),
+            &qemu(),
+            &CORES,
+        )
+        .unwrap();
+        assert_eq!(p.sq_entries, 256);
+        let p = validate(
+            &parse(&["-o", "2097152", "-q", "128"]).unwrap(),
+            &qemu(),
+            &CORES,
+        )
+        .unwrap();
+        assert_eq!(p.sq_entries, 513, "128 I/Os x 4 commands + 1");
         assert_eq!(
-            bad(&["-o", "1048576"], &qemu()),
-            "I/O size 1048576 exceeds the controller's maximum transfer of 524288 bytes (MDTS 7); perf does not split I/Os"
+            bad(
+                &["-o", "1048576", "-q", "8", "--queue-entries", "16"],
+                &qemu()
+            ),
+            "queue depth 8 with I/Os of 1048576 bytes, each 2 commands of at most 524288 bytes (MDTS 7), keeps 16 commands in flight: more than a queue of 16 entries holds (at most 15); the controller allows 2048 entries"
         );
         validate(&parse(&["-o", "524288"]).unwrap(), &qemu(), &CORES).unwrap();
-        // No MDTS limit.
-        let unlimited = DeviceFacts {
-            max_transfer: None,
-            mdts: 0,
-            ..qemu()
-        };
-        validate(&parse(&["-o", "1048576"]).unwrap(), &unlimited, &CORES).unwrap();
-        // 4096 + 8 extended: 128 blocks move 525312 bytes, above 512 KiB.
+        // 4096 + 8 extended: 128 blocks move 525312 bytes, above 512 KiB:
+        // two commands (127 blocks and 1).
         let extended = DeviceFacts {
             namespaces: vec![NsFacts {
                 metadata: Some(upnvme::MetadataLayout {
@@ -645,11 +666,23 @@ mod tests {
             }],
             ..qemu()
         };
+        let p = validate(
+            &parse(&["-o", "524288", "-q", "255"]).unwrap(),
+            &extended,
+            &CORES,
+        )
+        .unwrap();
+        assert_eq!(p.sq_entries, 511, "255 I/Os x 2 commands + 1");
+        // A block larger than MDTS cannot be split.
+        let tiny = DeviceFacts {
+            max_transfer: Some(4096),
+            mdts: 0,
+            ..extended
+        };
         assert_eq!(
-            bad(&["-o", "524288"], &extended),
-            "I/O size 524288 moves 525312 bytes per command on namespace 1 (its metadata is interleaved with the data), more than the controller's maximum transfer of 524288 bytes (MDTS 7); perf does not split I/Os"
+            bad(&["-o", "4096"], &tiny),
+            "a block of namespace 1 moves 4104 bytes, more than the controller's maximum transfer of 4096 bytes (MDTS 0)"
         );
-        validate(&parse(&["-o", "520192"]).unwrap(), &extended, &CORES).unwrap();
     }
 
     #[test]
