@@ -303,10 +303,10 @@ pub enum Reject {
         need: u64,
     },
     /// The transfer exceeds the controller's MDTS (or the pair's 4 MiB cap)
-    /// and the pair cannot split it: a vector or raw command, more pieces
-    /// than the pair's depth, or a logical block larger than MDTS. (A Read,
-    /// Write or Compare of one buffer above MDTS is otherwise split into
-    /// several commands with one completion.)
+    /// and the pair cannot split it: a raw command, more pieces than the
+    /// pair's depth, or a logical block larger than MDTS. (A Read, Write or
+    /// Compare above MDTS — one buffer, a slice or a vector — is otherwise
+    /// split into several commands with one completion.)
     TransferTooLarge {
         /// Bytes of the transfer.
         bytes: u64,
@@ -409,7 +409,7 @@ impl std::fmt::Display for Reject {
             }
             Reject::TransferTooLarge { bytes } => write!(
                 f,
-                "a transfer of {bytes} bytes exceeds the maximum per command (MDTS, at most 4 MiB) and cannot be split into at most queue-depth commands of whole blocks (vectors and raw commands are never split); submit it in parts"
+                "a transfer of {bytes} bytes exceeds the maximum per command (MDTS, at most 4 MiB) and cannot be split into at most queue-depth commands of whole blocks (raw commands are never split); submit it in parts"
             ),
             Reject::RangeCount { ranges } => {
                 write!(f, "Dataset Management with {ranges} ranges: must be 1..=256")

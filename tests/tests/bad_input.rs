@@ -763,7 +763,7 @@ fn missing_data_buffer() {
     assert_clean(&m);
 }
 
-const TOO_LARGE: &str = "a transfer of {} bytes exceeds the maximum per command (MDTS, at most 4 MiB) and cannot be split into at most queue-depth commands of whole blocks (vectors and raw commands are never split); submit it in parts";
+const TOO_LARGE: &str = "a transfer of {} bytes exceeds the maximum per command (MDTS, at most 4 MiB) and cannot be split into at most queue-depth commands of whole blocks (raw commands are never split); submit it in parts";
 
 #[test]
 fn transfer_above_mdts() {

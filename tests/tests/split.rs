@@ -420,3 +420,100 @@ fn separate_metadata_is_cut_with_the_data() {
     drop(c);
     assert_clean(&m);
 }
+
+/// The bytes of every segment of a vector, in order.
+fn vector_bytes(v: &upnvme::IoVec) -> Vec<u8> {
+    v.segments()
+        .iter()
+        .flat_map(|s| {
+            let mut b = vec![0u8; s.len()];
+            s.buffer().read_bytes(s.offset(), &mut b).unwrap();
+            b
+        })
+        .collect()
+}
+
+#[test]
+fn a_vector_above_mdts_is_cut_across_its_segments() {
+    // SGLs: segments of any length; the children's boundaries fall inside
+    // segments (8 KiB per child, segments of 3000, 5000, 700, ... bytes).
+    let (m, c) = setup(ModelConfig {
+        sgls: 1,
+        ..config(0, false, 0)
+    });
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let blocks = 3 * PER as u32 + 7;
+    let total = blocks as usize * BS;
+    let data = pattern(11, total);
+    let lens = [3000usize, 5000, 700, 9000, 4];
+    let mut v = upnvme::IoVec::new();
+    let mut at = 0;
+    for len in lens.iter().cycle() {
+        if at == total {
+            break;
+        }
+        let len = (*len).min(total - at);
+        v.push(buffer_with(&c, &data[at..at + len]), 0, len)
+            .unwrap();
+        at += len;
+    }
+    let seen = m.commands_fetched();
+    let w = run_io(&mut qp, write(&ns, 50, blocks), IoData::vectored(v));
+    assert!(w.is_ok(), "{:?}", w.result);
+    assert!(w.segments.is_some(), "the vector comes back");
+    assert_eq!(m.namespace_data(1, 50, u64::from(blocks)), data);
+    assert_eq!(
+        pieces(&m, qp.qid(), seen),
+        vec![(50, 16), (66, 16), (82, 16), (98, 7)]
+    );
+    // Read back through another vector cut differently.
+    let mut r = upnvme::IoVec::new();
+    let mut at = 0;
+    for len in [12_288usize, 1024, 4096].iter().cycle() {
+        if at == total {
+            break;
+        }
+        let len = (*len).min(total - at);
+        r.push(c.alloc_dma(len + 512).unwrap(), 512, len).unwrap();
+        at += len;
+    }
+    let back = run_io(&mut qp, read(&ns, 50, blocks), IoData::vectored(r));
+    assert!(back.is_ok(), "{:?}", back.result);
+    assert_eq!(vector_bytes(&back.segments.unwrap()), data);
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn a_vector_split_that_prps_cannot_describe_is_refused_whole() {
+    // No SGLs: a child whose part of the vector has an inner boundary off a
+    // page refuses the whole split, after the earlier children took slots
+    // and list pages: they are released and nothing reaches the device.
+    let (m, c) = setup(config(0, false, 0));
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let blocks = 2 * PER as u32;
+    // Child 1 (bytes 8192..16384) holds the boundary at 12000.
+    let mut v = upnvme::IoVec::new();
+    v.push(c.alloc_dma(12_000).unwrap(), 0, 12_000).unwrap();
+    v.push(c.alloc_dma(4384).unwrap(), 0, 4384).unwrap();
+    let fetched = m.commands_fetched();
+    let f = qp
+        .submit_io(read(&ns, 0, blocks), IoData::vectored(v), 3)
+        .unwrap_err();
+    assert_eq!(f.reason, Reject::NotDescribable);
+    assert_eq!(f.segments.map(|v| v.segments().len()), Some(2));
+    assert_eq!(m.commands_fetched(), fetched);
+    assert_eq!(qp.in_flight(), 0, "the first child's slot was released");
+    // Page-aligned inner boundaries split fine.
+    let mut v = upnvme::IoVec::new();
+    v.push(c.alloc_dma(12_288).unwrap(), 0, 12_288).unwrap();
+    v.push(c.alloc_dma(4096).unwrap(), 0, 4096).unwrap();
+    let r = run_io(&mut qp, read(&ns, 0, blocks), IoData::vectored(v));
+    assert!(r.is_ok(), "{:?}", r.result);
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}

@@ -174,22 +174,28 @@ impl IoVec {
         self.segs.into_iter().map(|s| s.buffer).collect()
     }
 
-    /// The first `bytes` bytes as (IOVA, length) pieces, in order.
-    pub(crate) fn pieces(&self, bytes: usize) -> impl Iterator<Item = (u64, usize)> + '_ {
+    /// The (IOVA, length) pieces of the `bytes` bytes that start `offset`
+    /// bytes into the vector (from 0, or for a split's child: split.rs).
+    pub(crate) fn pieces_at(
+        &self,
+        offset: usize,
+        bytes: usize,
+    ) -> impl Iterator<Item = (u64, usize)> + Clone + '_ {
+        let mut skip = offset;
         let mut left = bytes;
-        self.segs.iter().map_while(move |s| {
+        self.segs.iter().filter_map(move |s| {
+            if skip >= s.len {
+                skip -= s.len;
+                return None;
+            }
             if left == 0 {
                 return None;
             }
-            let n = s.len.min(left);
+            let start = std::mem::take(&mut skip);
+            let n = (s.len - start).min(left);
             left -= n;
-            Some((s.iova(), n))
+            Some((s.iova() + start as u64, n))
         })
-    }
-
-    /// How many segments the first `bytes` bytes use.
-    pub(crate) fn pieces_for(&self, bytes: usize) -> usize {
-        self.pieces(bytes).count()
     }
 }
 

@@ -1,7 +1,8 @@
 //! Transfers larger than one command may carry: a Read, Write or Compare of
-//! one buffer (whole, or a slice) above the controller's MDTS, or above the
-//! 65536 blocks of CDW12.NLB, is split into child commands, and the caller
-//! gets one completion for the whole when the last child ends.
+//! one buffer (whole, or a slice) or of a vector above the controller's
+//! MDTS, or above the 65536 blocks of CDW12.NLB, is split into child
+//! commands, and the caller gets one completion for the whole when the last
+//! child ends.
 //!
 //! - **Where the split happens.** Only after the command was refused as it
 //!   is (`build` answered [`Reject::TransferTooLarge`], or
@@ -9,21 +10,25 @@
 //!   command that fits pay nothing for it.
 //! - **The pieces.** Each child moves at most `MDTS / bytes per block`
 //!   whole blocks (and at most 65536), in LBA order; child *i* starts at
-//!   block `b` of the command: SLBA + b, the data at buffer offset
-//!   `b × bytes per block` (an extended-LBA format counts its interleaved
-//!   metadata), a separate metadata buffer at `b × MS`, and a given
+//!   block `b` of the command: SLBA + b, the data at buffer (or vector)
+//!   offset `b × bytes per block` (an extended-LBA format counts its
+//!   interleaved metadata; a child's part of a vector may start and end
+//!   inside segments), a separate metadata buffer at `b × MS`, and a given
 //!   reference tag plus `b` on Types 1 and 2 (NVM Command Set 1.0 §5.2.1.3:
 //!   the tag increments per block). Each child is checked by the same
 //!   `build` as any command, so a split refuses exactly what the pieces
 //!   would refuse on their own.
 //! - **All or nothing.** Every child is checked, and the free CID slots
-//!   counted, before the first is written: a refused split queued nothing
-//!   and hands everything back ([`Reject::QueueFull`] when the slots are
-//!   not free now; the original reason when the split can never fit:
-//!   more children than the pair's depth, a block larger than MDTS, or a
-//!   block size that would start a child off a dword boundary).
+//!   counted; then every child takes its slot and gets its data pointer
+//!   (a refusal releases the slots taken); only then are the SQEs written.
+//!   A refused split queued nothing and hands everything back
+//!   ([`Reject::QueueFull`] when the slots are not free now; the original
+//!   reason when the split can never fit: more children than the pair's
+//!   depth, a block larger than MDTS, or a block size that would start a
+//!   child off a dword boundary; the placement's reason, e.g. a part of a
+//!   vector PRPs cannot describe).
 //! - **One completion.** A child's tracker holds no memory: the parent
-//!   (here) holds the tag, the buffer and the metadata buffer, and is handed
+//!   (here) holds the tag, the buffer or vector and the metadata buffer, and is handed
 //!   back when the last child's slot is released — by a reap, a reset, a
 //!   close — so the buffer goes back only when the device can reach none of
 //!   it. The result is the first child error seen (a media error in one
@@ -33,7 +38,7 @@
 use upnvme_dma::DmaBuffer;
 
 use super::command::{Completion, IoCommand};
-use super::iodata::IoData;
+use super::iodata::{IoData, IoVec};
 use super::metadata::{bytes_per_block, ref_tag_after};
 use super::submit::{MdMem, Mem};
 use super::{IoQueuePair, PAGE};
@@ -56,6 +61,7 @@ const MAX_NLB: u64 = 0x1_0000;
 struct Parent {
     tag: u64,
     buffer: Option<DmaBuffer>,
+    segments: Option<IoVec>,
     metadata: Option<DmaBuffer>,
     /// Children not ended yet.
     remaining: u32,
@@ -72,6 +78,9 @@ struct Parent {
 pub(super) struct Splits {
     parents: Vec<Option<Parent>>,
     free: Vec<u16>,
+    /// The children of the split being queued, between taking their slots
+    /// and writing their SQEs: (slot, CID, SQE). Kept for its capacity.
+    staged: Vec<(u16, u16, [u64; 8])>,
 }
 
 impl Splits {
@@ -90,6 +99,13 @@ impl Splits {
         Ok(i)
     }
 
+    /// Takes split `index` out and frees its entry.
+    fn release(&mut self, index: u16) -> Option<Parent> {
+        let p = self.parents.get_mut(usize::from(index))?.take()?;
+        self.free.push(index);
+        Some(p)
+    }
+
     /// Whether split `index` still waits for a child.
     pub(super) fn is_live(&self, index: u16) -> bool {
         matches!(self.parents.get(usize::from(index)), Some(Some(_)))
@@ -101,19 +117,23 @@ impl Splits {
         self.parents
             .iter_mut()
             .filter_map(Option::take)
-            .flat_map(|p| p.buffer.into_iter().chain(p.metadata))
+            .flat_map(|p| {
+                p.buffer
+                    .into_iter()
+                    .chain(p.segments.into_iter().flat_map(IoVec::into_buffers))
+                    .chain(p.metadata)
+            })
     }
 }
 
-/// Whether a refusal of a Read, Write or Compare of one buffer is one a
-/// split may cure.
+/// Whether a refusal of a Read, Write or Compare is one a split may cure.
 pub(super) fn may_split(reason: Reject, io: &IoData) -> bool {
     let size = match reason {
         Reject::TransferTooLarge { .. } => true,
         Reject::BlockCount { blocks } => u64::from(blocks) > MAX_NLB,
         _ => false,
     };
-    size && io.buffer.is_some() && io.segments.is_none()
+    size && (io.buffer.is_some() || io.segments.is_some())
 }
 
 /// Child `i`'s command and memory.
@@ -122,13 +142,108 @@ struct Child<'a> {
     mem: Mem<'a>,
     md: Option<MdMem>,
     protection: Option<super::Protection>,
-    /// Buffer offset of its data.
+    /// Where its data starts: the buffer offset, or the vector offset.
     offset: usize,
+}
+
+/// How the children of one split are cut: `per` blocks each from `slba`.
+#[derive(Clone, Copy)]
+struct Cut<'a> {
+    cmd: IoCommand<'a>,
+    ns: &'a crate::namespace::Namespace,
+    slba: u64,
+    blocks: u64,
+    per: u64,
+    block_bytes: usize,
+    md_bytes: usize,
+    /// The buffer's length (`None`: the data is a vector).
+    len: Option<usize>,
+    offset: usize,
+    limit: usize,
+    md: Option<MdMem>,
+    protection: Option<super::Protection>,
+}
+
+impl<'a> Cut<'a> {
+    /// Child `i`; `segments` is the vector when the data is one.
+    fn child(&self, i: u32, segments: Option<&'a IoVec>) -> Child<'a> {
+        let b = u64::from(i) * self.per;
+        let n = self.per.min(self.blocks - b) as u32;
+        let slba = self.slba + b;
+        let ns = self.ns;
+        let cmd = match self.cmd {
+            IoCommand::Read { .. } => IoCommand::Read {
+                ns,
+                slba,
+                blocks: n,
+            },
+            IoCommand::Write { .. } => IoCommand::Write {
+                ns,
+                slba,
+                blocks: n,
+            },
+            _ => IoCommand::Compare {
+                ns,
+                slba,
+                blocks: n,
+            },
+        };
+        // Saturating: out of range means `build` refuses the child.
+        let skip = (b as usize).saturating_mul(self.block_bytes);
+        let (mem, offset) = match self.len {
+            Some(len) => {
+                let offset = self.offset.saturating_add(skip);
+                let limit = if self.limit == usize::MAX {
+                    usize::MAX
+                } else {
+                    self.limit.saturating_sub(skip)
+                };
+                let mem = Mem {
+                    buffer: Some(len),
+                    offset,
+                    limit,
+                    segments: None,
+                };
+                (mem, offset)
+            }
+            // The vector from `skip` on: `build` checks its total length,
+            // the caller checked that every child's part lies inside it.
+            None => {
+                let mem = Mem {
+                    buffer: None,
+                    offset: 0,
+                    limit: usize::MAX,
+                    segments,
+                };
+                (mem, skip)
+            }
+        };
+        let md_skip = (b as usize).saturating_mul(self.md_bytes);
+        Child {
+            cmd,
+            mem,
+            md: self.md.map(|m| MdMem {
+                iova: m.iova.wrapping_add(md_skip as u64),
+                len: m.len.saturating_sub(md_skip),
+            }),
+            protection: self.protection.map(|p| super::Protection {
+                ref_tag: ref_tag_after(ns, p.ref_tag, b),
+                ..p
+            }),
+            offset,
+        }
+    }
 }
 
 impl<D: Device> IoQueuePair<D> {
     /// Splits `cmd` (refused as a whole for `reason`, see [`may_split`])
     /// into child commands and queues them, all or none. Returns the key.
+    ///
+    /// Three steps: every child is built (checked); then each gets its CID
+    /// slot, tracker and data pointer (PRP List or SGL in its slot's list
+    /// page) — a refusal here releases the slots taken, nothing was
+    /// written to the SQ; only then are the SQEs written. So a refused
+    /// split sent nothing, whatever refused it.
     #[cold]
     #[inline(never)]
     pub(super) fn queue_split(
@@ -152,9 +267,6 @@ impl<D: Device> IoQueuePair<D> {
             | IoCommand::Compare { ns, slba, blocks } => (ns, slba, u64::from(blocks)),
             _ => return refuse(reason, io),
         };
-        let Some(len) = io.buffer.as_ref().map(DmaBuffer::len) else {
-            return refuse(reason, io);
-        };
         let (block_bytes, md_bytes) = bytes_per_block(ns, io.protection);
         let per = (self.max_transfer / block_bytes).min(MAX_NLB as usize) as u64;
         // `per` = 0: one block is above MDTS. A block size that is not a
@@ -168,81 +280,57 @@ impl<D: Device> IoQueuePair<D> {
             return refuse(reason, io);
         }
         let k = k as u32;
+        if let Some(v) = io.segments.as_ref() {
+            // Every child's part of the vector lies inside it (a refusal for
+            // the block count came before the whole was measured).
+            let need = (blocks as usize).saturating_mul(block_bytes);
+            if v.total_len() < need {
+                return refuse(Reject::BufferTooSmall { need: need as u64 }, io);
+            }
+        }
         if self.trackers.free_slots() < k
             || (!self.ready.is_empty()
                 && self.trackers.in_flight() + self.ready.len() as u32 + k > self.max_depth)
         {
             return refuse(Reject::QueueFull, io);
         }
-        let (io_offset, io_limit, io_protection, flags) =
-            (io.offset, io.limit, io.protection, io.flags);
-        let md_mem = io.metadata.as_ref().map(|m| MdMem {
-            iova: m.iova(),
-            len: m.len(),
-        });
-        let child = |i: u32| -> Child<'_> {
-            let b = u64::from(i) * per;
-            let n = per.min(blocks - b) as u32;
-            let cmd = match cmd {
-                IoCommand::Read { ns, .. } => IoCommand::Read {
-                    ns,
-                    slba: slba + b,
-                    blocks: n,
-                },
-                IoCommand::Write { ns, .. } => IoCommand::Write {
-                    ns,
-                    slba: slba + b,
-                    blocks: n,
-                },
-                _ => IoCommand::Compare {
-                    ns,
-                    slba: slba + b,
-                    blocks: n,
-                },
-            };
-            // In bounds of `usize`: the children's data lies inside the
-            // buffer (each is checked by `build`); saturating otherwise, so
-            // that `build` refuses it.
-            let skip = (b as usize).saturating_mul(block_bytes);
-            let offset = io_offset.saturating_add(skip);
-            let limit = if io_limit == usize::MAX {
-                usize::MAX
+        let cut = Cut {
+            cmd,
+            ns,
+            slba,
+            blocks,
+            per,
+            block_bytes,
+            md_bytes,
+            len: if io.segments.is_some() {
+                None
             } else {
-                io_limit.saturating_sub(skip)
-            };
-            let md_skip = (b as usize).saturating_mul(md_bytes);
-            Child {
-                cmd,
-                mem: Mem {
-                    buffer: Some(len),
-                    offset,
-                    limit,
-                    segments: None,
-                },
-                md: md_mem.map(|m| MdMem {
-                    iova: m.iova.wrapping_add(md_skip as u64),
-                    len: m.len.saturating_sub(md_skip),
-                }),
-                protection: io_protection.map(|p| super::Protection {
-                    ref_tag: ref_tag_after(ns, p.ref_tag, b),
-                    ..p
-                }),
-                offset,
-            }
+                io.buffer.as_ref().map(DmaBuffer::len)
+            },
+            offset: io.offset,
+            limit: io.limit,
+            md: io.metadata.as_ref().map(|m| MdMem {
+                iova: m.iova(),
+                len: m.len(),
+            }),
+            protection: io.protection,
         };
-        // Every child is checked before any is written.
+        let flags = io.flags;
+        // 1. Every child is checked before anything is taken.
         for i in 0..k {
-            let c = child(i);
+            let c = cut.child(i, io.segments.as_ref());
             if let Err(r) = self.build(&c.cmd, c.mem, flags, c.md, c.protection) {
                 return refuse(r, io);
             }
         }
         let base = io.buffer.as_ref().map_or(0, DmaBuffer::iova);
+        let segments = io.segments;
         let parent = Parent {
             tag,
             buffer: io.buffer,
+            segments: None,
             metadata: io.metadata,
-            remaining: 0,
+            remaining: k,
             error: None,
             dw0: 0,
         };
@@ -254,64 +342,109 @@ impl<D: Device> IoQueuePair<D> {
                 return Err(Rejected::with_memory(
                     Reject::QueueFull,
                     p.buffer,
-                    None,
+                    segments,
                     p.metadata,
                 ));
             }
         };
-        let mut queued = 0u32;
+        // 2. Slots, trackers and data pointers.
+        let mut staged = std::mem::take(&mut self.splits.staged);
+        staged.clear();
+        staged.reserve(k as usize);
         let mut failure = None;
         for i in 0..k {
-            let c = child(i);
-            match self.queue_child(&c, flags, base, index) {
-                Ok(()) => queued += 1,
+            let c = cut.child(i, segments.as_ref());
+            match self.stage_child(&c, flags, base, segments.as_ref(), index) {
+                Ok(s) => staged.push(s),
                 Err(r) => {
                     failure = Some(r);
                     break;
                 }
             }
         }
-        let p = self.splits.parents[usize::from(index)]
-            .as_mut()
-            .expect("allocated above");
-        p.remaining = queued;
-        // The caller counts the command it queued; the other children are
-        // counted as submissions with the next `ring` (`pending`).
-        self.pending += queued.saturating_sub(1);
-        match failure {
-            None => Ok(SPLIT_KEY | Key::from(index)),
-            Some(r) if queued == 0 => {
-                let p = self.splits.parents[usize::from(index)]
-                    .take()
-                    .expect("allocated above");
-                self.splits.free.push(index);
-                Err(Rejected::with_memory(r, p.buffer, None, p.metadata))
+        if let Some(r) = failure {
+            for &(slot, ..) in &staged {
+                let _ = self.unqueue(slot, r);
             }
-            Some(_) => {
-                // Cannot happen (every child was checked and the slots
-                // counted); if it did, the children already written are
-                // commands the device may run: the split ends with them, as
-                // failed, and the pair takes no more commands (as
-                // `write_sqe_and_announce` does).
+            self.splits.staged = staged;
+            let (buffer, metadata) = match self.splits.release(index) {
+                Some(p) => (p.buffer, p.metadata),
+                None => (None, None),
+            };
+            return Err(Rejected::with_memory(r, buffer, segments, metadata));
+        }
+        if let Some(p) = self.splits.parents[usize::from(index)].as_mut() {
+            p.segments = segments;
+        }
+        // 3. The SQEs, in LBA order.
+        let mut written = 0u32;
+        for &(slot, cid, q) in &staged {
+            self.cq_space_for_submit();
+            let Some(pos) = self.sq_ring.push() else {
+                let _ = self.unqueue(slot, Reject::QueueFull);
+                break;
+            };
+            let q = [
+                q[0] | u64::from(cid) << 16,
+                q[1],
+                q[2],
+                q[3],
+                q[4],
+                q[5],
+                q[6],
+                q[7],
+            ];
+            if self.write_sqe_and_announce(pos, &q, slot).is_err() {
+                break;
+            }
+            written += 1;
+        }
+        if written < k {
+            // Cannot happen (the slots were counted and the SQ has room for
+            // every one of them); if it did, the children not written are
+            // released, those written are commands the device may run: the
+            // split ends with them, as failed, and the pair takes no more
+            // commands (as `write_sqe_and_announce` does).
+            for &(slot, ..) in &staged[written as usize + 1..] {
+                let _ = self.unqueue(slot, Reject::QueueFull);
+            }
+            self.set_failed();
+            if let Some(p) = self.splits.parents[usize::from(index)].as_mut() {
+                p.remaining = written;
                 p.error = Some(IoError::ControllerFailed);
-                self.set_failed();
-                Ok(SPLIT_KEY | Key::from(index))
             }
         }
+        self.splits.staged = staged;
+        // The caller counts the command it queued; the other children are
+        // counted as submissions with the next `ring` (`pending`).
+        self.pending += written.saturating_sub(1);
+        if written == 0 {
+            let p = self.splits.release(index);
+            let (buffer, segments, metadata) = match p {
+                Some(p) => (p.buffer, p.segments, p.metadata),
+                None => (None, None, None),
+            };
+            return Err(Rejected::with_memory(
+                Reject::Unusable,
+                buffer,
+                segments,
+                metadata,
+            ));
+        }
+        Ok(SPLIT_KEY | Key::from(index))
     }
 
-    /// Queues child `c` of split `index`: tracker, data pointer, SQE.
-    fn queue_child(
+    /// Step 2 for child `c` of split `index`: CID slot, tracker and data
+    /// pointer. Returns the slot, the CID and the SQE (CID still to fill).
+    fn stage_child(
         &mut self,
         c: &Child<'_>,
         flags: super::IoFlags,
         base: u64,
+        segments: Option<&IoVec>,
         index: u16,
-    ) -> Result<(), Reject> {
+    ) -> Result<(u16, u16, [u64; 8]), Reject> {
         let (q, data) = self.build(&c.cmd, c.mem, flags, c.md, c.protection)?;
-        let super::submit::Data::Buffer(bytes) = data else {
-            return Err(Reject::NotDescribable);
-        };
         let Some((cid, t)) = self.trackers.alloc_mut() else {
             return Err(Reject::QueueFull);
         };
@@ -322,39 +455,39 @@ impl<D: Device> IoQueuePair<D> {
         t.stamp = 0;
         t.aborted = false;
         let slot = cid.slot;
-        self.cq_space_for_submit();
-        let iova = base.wrapping_add(c.offset as u64);
-        let end = (iova as usize & (PAGE - 1)) + bytes;
-        let (prp1, prp2, sgl) = if iova & 3 == 0 && end <= self.inline_prp_end {
-            let prp2 = if end > PAGE {
-                (iova & !(PAGE as u64 - 1)) + PAGE as u64
-            } else {
-                0
-            };
-            (iova, prp2, false)
-        } else {
-            match self.place_contiguous(iova, bytes, slot) {
-                Ok(d) => d,
-                Err(r) => return Err(self.unqueue(slot, r).reason),
+        let placed = match (data, segments) {
+            (super::submit::Data::Buffer(bytes), None) => {
+                let iova = base.wrapping_add(c.offset as u64);
+                let end = (iova as usize & (PAGE - 1)) + bytes;
+                if iova & 3 == 0 && end <= self.inline_prp_end {
+                    let prp2 = if end > PAGE {
+                        (iova & !(PAGE as u64 - 1)) + PAGE as u64
+                    } else {
+                        0
+                    };
+                    Ok((iova, prp2, false))
+                } else {
+                    self.place_contiguous(iova, bytes, slot)
+                }
+            }
+            (super::submit::Data::Vector(bytes), Some(v)) => {
+                self.place_vector(v, c.offset, bytes, slot)
+            }
+            _ => Err(Reject::NotDescribable),
+        };
+        let (prp1, prp2, sgl) = match placed {
+            Ok(d) => d,
+            Err(r) => {
+                let _ = self.unqueue(slot, r);
+                return Err(r);
             }
         };
-        let Some(pos) = self.sq_ring.push() else {
-            return Err(self.unqueue(slot, Reject::QueueFull).reason);
-        };
         let psdt = u64::from(sgl) * u64::from(upnvme_queues::sgl::PSDT_SGL_MPTR_ADDRESS);
-        let q = [
-            q[0] | u64::from(cid.value) << 16 | psdt,
-            q[1],
-            q[2],
-            prp1,
-            prp2,
-            q[5],
-            q[6],
-            q[7],
-        ];
-        self.write_sqe_and_announce(pos, &q, slot)
-            .map(|_| ())
-            .map_err(|r| r.reason)
+        Ok((
+            slot,
+            cid.value,
+            [q[0] | psdt, q[1], q[2], prp1, prp2, q[5], q[6], q[7]],
+        ))
     }
 
     /// Counts the end of a child of split `index` with `result`; when it was
@@ -381,8 +514,7 @@ impl<D: Device> IoQueuePair<D> {
         if p.remaining > 0 {
             return None;
         }
-        let p = self.splits.parents[i].take()?;
-        self.splits.free.push(i as u16);
+        let p = self.splits.release(i as u16)?;
         Some((
             SPLIT_KEY | i as Key,
             Completion {
@@ -392,7 +524,7 @@ impl<D: Device> IoQueuePair<D> {
                     None => Ok(p.dw0),
                 },
                 buffer: p.buffer,
-                segments: None,
+                segments: p.segments,
                 metadata: p.metadata,
             },
         ))

@@ -543,7 +543,7 @@ impl<D: Device> IoQueuePair<D> {
                 let Some(v) = self.trackers.get_mut(slot).and_then(|t| t.segments.take()) else {
                     return Err(Reject::NoBuffer);
                 };
-                let r = self.place_vector(&v, *bytes, slot);
+                let r = self.place_vector(&v, 0, *bytes, slot);
                 if let Some(t) = self.trackers.get_mut(slot) {
                     t.segments = Some(v);
                 }
@@ -591,18 +591,28 @@ impl<D: Device> IoQueuePair<D> {
     /// allows; PRPs when every inner boundary is page aligned and the mode
     /// allows (also when an SGL was not possible, with [`SglMode::Auto`]);
     /// a refusal otherwise.
-    fn place_vector(&mut self, v: &IoVec, bytes: usize, slot: u16) -> Result<Dptr, Reject> {
-        let count = v.pieces_for(bytes);
-        let prp_ok = self.sgl_mode != SglMode::Always && prp_describable(v.pieces(bytes), count);
+    ///
+    /// `offset` skips that many bytes of the vector first (a split's child,
+    /// split.rs; 0 otherwise).
+    pub(super) fn place_vector(
+        &mut self,
+        v: &IoVec,
+        offset: usize,
+        bytes: usize,
+        slot: u16,
+    ) -> Result<Dptr, Reject> {
+        let count = v.pieces_at(offset, bytes).count();
+        let prp_ok =
+            self.sgl_mode != SglMode::Always && prp_describable(v.pieces_at(offset, bytes), count);
         if self.sgl_mode != SglMode::Never && self.sgl.supported() {
-            match self.place_vector_sgl(v, bytes, count, slot) {
+            match self.place_vector_sgl(v, offset, bytes, count, slot) {
                 Ok(d) => return Ok(d),
                 Err(_) if prp_ok => {}
                 Err(e) => return Err(e),
             }
         }
         if prp_ok {
-            return self.place_vector_prp(v, bytes, count, slot);
+            return self.place_vector_prp(v, offset, bytes, count, slot);
         }
         Err(Reject::NotDescribable)
     }
@@ -611,12 +621,13 @@ impl<D: Device> IoQueuePair<D> {
     fn place_vector_prp(
         &mut self,
         v: &IoVec,
+        offset: usize,
         bytes: usize,
         count: usize,
         slot: u16,
     ) -> Result<Dptr, Reject> {
         let (list_base, list_iova) = self.list_area(slot);
-        let mut pieces = v.pieces(bytes);
+        let mut pieces = v.pieces_at(offset, bytes);
         let Some((first, first_len)) = pieces.next() else {
             return Err(Reject::NoBuffer);
         };
@@ -655,13 +666,14 @@ impl<D: Device> IoQueuePair<D> {
     fn place_vector_sgl(
         &mut self,
         v: &IoVec,
+        offset: usize,
         bytes: usize,
         count: usize,
         slot: u16,
     ) -> Result<Dptr, Reject> {
         let (list_base, list_iova) = self.list_area(slot);
         let (sgl1, slots) = sgl::build(
-            v.pieces(bytes),
+            v.pieces_at(offset, bytes),
             count,
             self.sgl,
             &mut self.prp_scratch,
