@@ -517,3 +517,61 @@ fn a_vector_split_that_prps_cannot_describe_is_refused_whole() {
     drop(c);
     assert_clean(&m);
 }
+
+#[test]
+fn splits_waiting_for_one_piece_each_do_not_block_a_new_one() {
+    // 4 deep: splits A and B each wait for their second piece (held back),
+    // two slots are free, so a third two-piece split fits — every split
+    // waiting holds at least one slot, so the parent table must hold as
+    // many splits as the pair is deep, not half.
+    let (m, c) = setup(config(0, false, 0));
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c
+        .io_queue_pair(QueuePairOptions {
+            entries: Some(5),
+            ..Default::default()
+        })
+        .unwrap();
+    let first = m.commands_fetched();
+    for n in [1, 3] {
+        m.inject(Fault::DelayCompletion {
+            on: Match::Nth(first + n),
+            doorbells: None,
+        });
+    }
+    let two = 2 * PER as u32;
+    for tag in [1, 2] {
+        qp.submit(
+            read(&ns, 0, two),
+            Some(c.alloc_dma(two as usize * BS).unwrap()),
+            tag,
+        )
+        .unwrap();
+        qp.process_completions(u32::MAX, |_, c| panic!("{} is not back yet", c.tag))
+            .unwrap();
+    }
+    assert_eq!(qp.in_flight(), 2);
+    qp.submit(
+        read(&ns, 0, two),
+        Some(c.alloc_dma(two as usize * BS).unwrap()),
+        3,
+    )
+    .unwrap();
+    m.release_delayed();
+    let mut tags = Vec::new();
+    for _ in 0..1000 {
+        qp.process_completions(u32::MAX, |_, c| {
+            assert!(c.is_ok(), "{:?}", c.result);
+            tags.push(c.tag);
+        })
+        .unwrap();
+        if tags.len() == 3 {
+            break;
+        }
+    }
+    tags.sort();
+    assert_eq!(tags, vec![1, 2, 3]);
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}

@@ -71,9 +71,9 @@ struct Parent {
     dw0: u32,
 }
 
-/// The split commands of a pair: a slab whose capacity (half the pair's
-/// depth: every split has at least two children) is reserved at the first
-/// split, so later splits allocate nothing.
+/// The split commands of a pair: a slab whose capacity (the pair's depth:
+/// a split waiting for a child holds at least that child's slot) is
+/// reserved at the first split, so later splits allocate nothing.
 #[derive(Debug, Default)]
 pub(super) struct Splits {
     parents: Vec<Option<Parent>>,
@@ -87,7 +87,7 @@ impl Splits {
     /// Takes `parent` in; hands it back when no entry is free.
     fn alloc(&mut self, max_depth: u32, parent: Parent) -> Result<u16, Parent> {
         if self.parents.is_empty() {
-            let n = (max_depth / 2).max(1) as usize;
+            let n = max_depth.max(1) as usize;
             self.parents.reserve_exact(n);
             self.parents.resize_with(n, || None);
             self.free = (0..n as u16).rev().collect();
@@ -336,8 +336,9 @@ impl<D: Device> IoQueuePair<D> {
         };
         let index = match self.splits.alloc(self.max_depth, parent) {
             Ok(index) => index,
-            // Cannot happen (a live split holds at least two of the
-            // `max_depth` slots); refused like a full queue if it did.
+            // Cannot happen (every live split holds at least one of the
+            // `max_depth` slots, and this one needs free slots too);
+            // refused like a full queue if it did.
             Err(p) => {
                 return Err(Rejected::with_memory(
                     Reject::QueueFull,
