@@ -57,10 +57,10 @@ impl PageBacking {
 ///
 /// Either a private anonymous mapping made here ([`HostMemory::map`]:
 /// populated and locked), or a mapping an application made and handed over
-/// by value ([`HostMemory::adopt`], behind [`crate::RegisteredMemory`]): then
+/// by value (`HostMemory::adopt`, behind [`crate::RegisteredMemory`]): then
 /// the `memmap2::MmapMut` lives inside this value, so nothing outside can
 /// unmap it, and it is handed back only when this value is the last handle
-/// ([`HostMemory::into_mapping`]).
+/// (`HostMemory::into_mapping`).
 ///
 /// It is shared (`Arc`) between the [`DmaRegion`] that maps it for the device
 /// and, in tests, an emulated device that reads and writes it as the device

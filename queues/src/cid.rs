@@ -77,7 +77,7 @@ impl std::error::Error for CidError {}
 /// trackers here: tag, buffer, timeout state). All memory is allocated in
 /// [`CidTable::new`]; `alloc`, `complete` and `cancel` never allocate.
 ///
-/// Each slot keeps one word: the CID in flight in it, or [`FREE`] plus the
+/// Each slot keeps one word: the CID in flight in it, or `FREE` (1_0000h) plus the
 /// CID it hands out next, so allocation is a pop and a copy, checking a
 /// completion is one load and one compare, and the release one store; the
 /// generation is the CID's upper bits. The slot of any CID is `cid & mask`;

@@ -253,7 +253,7 @@ pub struct VmArgs {
     /// loaded with poll queues, for comparisons.
     #[arg(long)]
     pub kernel_nvme: bool,
-    /// Copy a host file into the guest (repeatable). GUESTPATH defaults to /bin/<basename>.
+    /// Copy a host file into the guest (repeatable). GUESTPATH defaults to `/bin/<basename>`.
     #[arg(long, value_name = "HOSTFILE[:GUESTPATH]")]
     pub put: Vec<String>,
     /// Extra argument passed verbatim to QEMU (repeatable), e.g. --qemu-arg=-d --qemu-arg=guest_errors.
