@@ -1131,7 +1131,7 @@ fn perf_runs_with_and_without_each_option() {
     );
     // With the EventIdx (the default) and `--sq-announce each` every command
     // is announced as it is queued, batched or not (so is each command of
-    // `--ring-per-io`); by default (`deep:33`, per batch up to 32 in flight)
+    // `--ring-per-io`); by default (`deep:65`, per batch up to 64 in flight)
     // once per batch of resubmissions.
     // MMIO writes only where QEMU asked for them.
     for extra in [
@@ -1142,11 +1142,11 @@ fn perf_runs_with_and_without_each_option() {
         let v = perf_json(extra);
         let t = &v["total"]["transport"];
         let batch = extra.len() == 2;
-        // The default (`deep:33`) is per batch at QD4.
+        // The default (`deep:65`) is per batch at QD4.
         let announce = if extra.contains(&"each") {
             "each"
         } else {
-            "deep:33"
+            "deep:65"
         };
         assert_eq!(v["sq_announce"], announce, "{v}");
         if batch {

@@ -509,7 +509,7 @@ fn event_idx_pair<D: Device>(c: &Controller<D>) -> IoQueuePair<D> {
 #[test]
 fn the_default_announces_each_batch_once() {
     assert_eq!(QueuePairOptions::default().sq_announce, SqAnnounce::DEEP);
-    assert_eq!(SqAnnounce::DEEP, SqAnnounce::WhenDeep { in_flight: 33 });
+    assert_eq!(SqAnnounce::DEEP, SqAnnounce::WhenDeep { in_flight: 65 });
     let (m, c) = controller(true);
     let mut qp = c
         .io_queue_pair(QueuePairOptions {

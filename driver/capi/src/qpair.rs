@@ -42,8 +42,8 @@ pub struct upnvme_qpair_opts {
     /// How queued commands are announced to the controller (the SQ Tail
     /// doorbell, or its shadow and EventIdx): false (the default) is the
     /// library's default (`SqAnnounce::DEEP`: each batch once, when the pair
-    /// rings, while at most 32 commands are in flight; each command as it
-    /// is queued from 33 on); true announces every command as it is queued
+    /// rings, while at most 64 commands are in flight; each command as it
+    /// is queued from 65 on); true announces every command as it is queued
     /// (`SqAnnounce::EachCommand`). Both need `shadow_doorbells`. docs/benchmarks.md, "SQ announcement", has the
     /// measurements. Added after `command_timeout_ms`: a caller whose `size`
     /// ends before it gets the default.

@@ -12,15 +12,18 @@
 //!   shadow update and one EventIdx check; with `SqAnnounce::EachCommand`
 //!   `queue` announces each command at once (shadow store, fence, EventIdx
 //!   check), so a controller still working through the SQ can pick it up
-//!   before `ring`; the default, `SqAnnounce::DEEP`, is per batch up to 32
-//!   commands in flight and each command from 33 on. Measured under QEMU
+//!   before `ring`; the default, `SqAnnounce::DEEP`, is per batch up to 64
+//!   commands in flight and each command from 65 on. Measured under QEMU
 //!   10.0.2 (docs/benchmarks.md, "SQ announcement"): the same MMIO writes per
 //!   I/O either way, but on 2026-12-02 per batch 65.6k against 38.6k IOPS at
 //!   QD4 and 99.1k against 62.3k at QD8 (medians of three interleaved
 //!   rounds), while on 2026-12-03 each command was ahead at QD64–128 (116.4k
 //!   / 109.9k against 100.0k / 100.1k) and a threshold of 32 at 111.6k /
 //!   124.8k; on 2026-12-05 per batch was ahead at QD32 (219k / 224k against
-//!   180k each command and 190k with the threshold at 32), hence 33.
+//!   180k each command and 190k with the threshold at 32), hence 33; later
+//!   that day per batch was ahead at QD48–64 too (three boots: QD64 248–263k
+//!   against 233–244k with the threshold at 33) and level at QD96–128,
+//!   hence 65.
 //! * **CQ head**: written (to the shadow buffer and/or MMIO) only when it is *due*:
 //!   with `CqHeadPolicy::Adaptive` when the entries consumed since the last
 //!   write (`U`) exceed `cq_entries - 1 - max_depth`, or when a configured batch

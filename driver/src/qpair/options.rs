@@ -51,13 +51,14 @@ pub enum SglMode {
 /// on a controller with Doorbell Buffer Config). Without them every
 /// announcement is an MMIO write, and `queue` never announces.
 ///
-/// The default is [`SqAnnounce::DEEP`]: per batch up to 32 commands in
-/// flight, each command at once from 33 on. Measured under QEMU 10.0.2
+/// The default is [`SqAnnounce::DEEP`]: per batch up to 64 commands in
+/// flight, each command at once from 65 on. Measured under QEMU 10.0.2
 /// (docs/benchmarks.md, "SQ announcement"): per batch beat each command at
 /// QD4–8 (up to 1.7x, 2026-12-02); on 2026-12-03 each command beat per batch
 /// at QD64–128 by 10–16%; on 2026-12-05 per batch beat each command at
 /// QD32 by 15–20% in two boots (a threshold of 32 made a full 32-deep
-/// pipeline announce each resubmission alone).
+/// pipeline announce each resubmission alone), and in three later boots
+/// the same at QD48 (+10–14%) and QD64 (+7–9%), level at QD96–128.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SqAnnounce {
     /// `queue` announces each command at once (shadow tail, fence, EventIdx
@@ -88,9 +89,9 @@ impl Default for SqAnnounce {
 }
 
 impl SqAnnounce {
-    /// [`SqAnnounce::WhenDeep`] from 33 commands in flight (beyond a full
-    /// 32-deep pipeline): the default.
-    pub const DEEP: SqAnnounce = SqAnnounce::WhenDeep { in_flight: 33 };
+    /// [`SqAnnounce::WhenDeep`] from 65 commands in flight (beyond a full
+    /// 64-deep pipeline): the default.
+    pub const DEEP: SqAnnounce = SqAnnounce::WhenDeep { in_flight: 65 };
 
     /// Announce a command at once when fewer than this many of the `usable`
     /// tracker slots are free after it took its own (0: never; `u32::MAX`:

@@ -14,7 +14,7 @@ pub enum Announce {
     Each,
     /// Once per batch (`SqAnnounce::Batch`).
     Batch,
-    /// Per batch below `--sq-announce-deep` commands in flight (default 33),
+    /// Per batch below `--sq-announce-deep` commands in flight (default 65),
     /// each command at once from there on (`SqAnnounce::WhenDeep`).
     Deep,
 }
