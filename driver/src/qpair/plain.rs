@@ -20,7 +20,7 @@ use upnvme_queues::sqe::{io_qwords, opcode::nvm};
 
 use super::iodata::IoData;
 use super::submit::{check_range, slice_room};
-use super::{IoCommand, IoQueuePair, PAGE};
+use super::{IoCommand, IoQueuePair};
 use crate::device::Device;
 use crate::error::{Reject, Rejected};
 
@@ -121,19 +121,12 @@ impl<D: Device> IoQueuePair<D> {
         // PRP1 alone, or PRP1 and PRP2, for one or two memory pages (NVMe 2.0
         // §4.3.1); [iova, iova + bytes) lies inside the buffer's IOVA range,
         // so nothing overflows.
-        let end = (iova as usize & (PAGE - 1)) + p.bytes;
-        let (prp1, prp2, sgl) = if iova & 3 == 0 && end <= self.inline_prp_end {
-            let prp2 = if end > PAGE {
-                (iova & !(PAGE as u64 - 1)) + PAGE as u64
-            } else {
-                0
-            };
-            (iova, prp2, false)
-        } else {
-            match self.place_contiguous(iova, p.bytes, slot) {
+        let (prp1, prp2, sgl) = match self.inline_prp(iova, p.bytes) {
+            Some((prp1, prp2)) => (prp1, prp2, false),
+            None => match self.place_contiguous(iova, p.bytes, slot) {
                 Ok(d) => d,
                 Err(reason) => return Err(self.unqueue(slot, reason)),
-            }
+            },
         };
         let Some(pos) = self.sq_ring.push() else {
             return Err(self.unqueue(slot, Reject::QueueFull));

@@ -37,11 +37,11 @@
 
 use upnvme_dma::DmaBuffer;
 
+use super::IoQueuePair;
 use super::command::{Completion, IoCommand};
 use super::iodata::{IoData, IoVec};
 use super::metadata::{bytes_per_block, ref_tag_after};
 use super::submit::{MdMem, Mem};
-use super::{IoQueuePair, PAGE};
 use crate::device::Device;
 use crate::error::{IoError, Reject, Rejected};
 
@@ -459,16 +459,9 @@ impl<D: Device> IoQueuePair<D> {
         let placed = match (data, segments) {
             (super::submit::Data::Buffer(bytes), None) => {
                 let iova = base.wrapping_add(c.offset as u64);
-                let end = (iova as usize & (PAGE - 1)) + bytes;
-                if iova & 3 == 0 && end <= self.inline_prp_end {
-                    let prp2 = if end > PAGE {
-                        (iova & !(PAGE as u64 - 1)) + PAGE as u64
-                    } else {
-                        0
-                    };
-                    Ok((iova, prp2, false))
-                } else {
-                    self.place_contiguous(iova, bytes, slot)
+                match self.inline_prp(iova, bytes) {
+                    Some((prp1, prp2)) => Ok((prp1, prp2, false)),
+                    None => self.place_contiguous(iova, bytes, slot),
                 }
             }
             (super::submit::Data::Vector(bytes), Some(v)) => {

@@ -426,17 +426,10 @@ impl<D: Device> IoQueuePair<D> {
             .wrapping_add(offset as u64);
         let (mut prp1, mut prp2, mut placed) = (0u64, 0u64, true);
         match data {
-            Data::Buffer(bytes) => {
-                let end = (iova as usize & (PAGE - 1)) + bytes;
-                if iova & 3 == 0 && end <= self.inline_prp_end {
-                    prp1 = iova;
-                    if end > PAGE {
-                        prp2 = (iova & !(PAGE as u64 - 1)) + PAGE as u64;
-                    }
-                } else {
-                    placed = false;
-                }
-            }
+            Data::Buffer(bytes) => match self.inline_prp(iova, bytes) {
+                Some(d) => (prp1, prp2) = d,
+                None => placed = false,
+            },
             Data::Vector(_) | Data::Ranges | Data::CopyRanges => placed = false,
             Data::None => {}
         }
@@ -557,6 +550,28 @@ impl<D: Device> IoQueuePair<D> {
                 .place_copy_ranges(ranges, slot)
                 .map(|prp1| (prp1, 0, false)),
             _ => Ok((0, 0, false)),
+        }
+    }
+
+    /// PRP1 and PRP2 for a contiguous transfer of one or two memory pages
+    /// that needs no list (NVMe 2.0 §4.3.1 "Physical Region Page Entry and
+    /// List": PRP1 dword aligned, PRP2 0 or the second page's base), or
+    /// `None` when it must go to [`Self::place_contiguous`] (more pages, an
+    /// unaligned start, or [`SglMode::Always`], which sets `inline_prp_end`
+    /// to 0). The caller guarantees `[iova, iova + bytes)` lies inside one
+    /// buffer's IOVA range, so nothing overflows.
+    #[inline(always)]
+    pub(super) fn inline_prp(&self, iova: u64, bytes: usize) -> Option<(u64, u64)> {
+        let end = (iova as usize & (PAGE - 1)) + bytes;
+        if iova & 3 == 0 && end <= self.inline_prp_end {
+            let prp2 = if end > PAGE {
+                (iova & !(PAGE as u64 - 1)) + PAGE as u64
+            } else {
+                0
+            };
+            Some((iova, prp2))
+        } else {
+            None
         }
     }
 
