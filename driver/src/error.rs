@@ -89,6 +89,28 @@ pub enum Error {
         reason: String,
     },
 
+    /// After a controller reset, this queue pair could not create its
+    /// queues again (Create I/O Completion Queue or Create I/O Submission
+    /// Queue failed). The pair stays usable: the next submit or poll after
+    /// `retry_in` tries again (at once for the first few failures, then
+    /// after waits that double up to 100 ms), and a new reset starts over.
+    #[error(
+        "I/O queue pair {qid} of {device} has no queues since a controller reset: re-creating them failed {failures} time(s) in a row (last: {cause}); the next submit or poll tries again{}",
+        if retry_in.is_zero() { String::new() } else { format!(" after {} ms", retry_in.as_millis().max(1)) }
+    )]
+    QueuesNotRecreated {
+        /// The device name.
+        device: String,
+        /// The queue pair's queue ID.
+        qid: u16,
+        /// Failed re-creations in a row.
+        failures: u32,
+        /// Why the last one failed.
+        cause: String,
+        /// How long until the next try is made (zero: at the next call).
+        retry_in: Duration,
+    },
+
     /// The controller was closed.
     #[error("controller {device} is closed")]
     Closed {

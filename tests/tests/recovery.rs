@@ -815,3 +815,132 @@ fn a_re_creation_that_left_its_cq_deletes_it_before_creating_again() {
     drop(c);
     assert_clean(&m);
 }
+
+/// After a reset the controller keeps refusing Create I/O CQ. The pair tries
+/// again at once three times, then waits between tries (1, 2, 4, ... ms, at
+/// most 100 ms) instead of sending a Create I/O CQ per poll (before: one per
+/// call, millions a second for a polling application); polls and submits
+/// in between say why and when it tries again, without a command. Once the
+/// controller accepts, the pair works again; a new reset starts over.
+#[test]
+fn a_re_creation_that_keeps_failing_waits_between_tries() {
+    const CREATE_IO_CQ: u8 = 0x05;
+    const TEXT: &str = "I/O queue pair 1 of model has no queues since a controller reset: \
+        re-creating them failed 3 time(s) in a row (last: Create I/O Completion Queue 1 (after \
+        reset) failed with NVMe status: Internal Error (sct 0x0, sc 0x06)); the next submit or \
+        poll tries again";
+    let m = ModelController::new(config_one_ns(4096, 1024));
+    let c = open(&m, opts());
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    // Faults are one-shot (and all that match apply to one command): the
+    // next Create I/O CQ is refused.
+    let refuse = || {
+        if m.pending_faults().is_empty() {
+            m.inject(Fault::Status {
+                on: Match::Opcode {
+                    qid: 0,
+                    opcode: CREATE_IO_CQ,
+                },
+                status: upnvme_tests::Status::INTERNAL_ERROR,
+            });
+        }
+    };
+    let creates_since = |from: usize| {
+        admin_opcodes_since(&m, from)
+            .iter()
+            .filter(|&&op| op == CREATE_IO_CQ)
+            .count()
+    };
+    c.reset().unwrap();
+    let start = m.commands_seen().len();
+    for tries in 1..=3 {
+        refuse();
+        let e = qp.process_completions(u32::MAX, |_, _| {}).unwrap_err();
+        assert!(
+            e.to_string().contains("Create I/O Completion Queue"),
+            "try {tries} says why: {e}"
+        );
+        assert_eq!(creates_since(start), tries, "tries 1-3 are made at once");
+    }
+    // Inside the wait: no command, the last failure and the wait. (On a
+    // machine slow enough to let the 1 ms wait pass between two calls, a
+    // call tries again and fails with the refusal itself.)
+    let mut calls = 0;
+    let e = loop {
+        refuse();
+        match qp.process_completions(u32::MAX, |_, _| {}).unwrap_err() {
+            e @ Error::QueuesNotRecreated { .. } => break e,
+            Error::Command { .. } if calls < 1000 => calls += 1,
+            other => panic!("expected QueuesNotRecreated, got {other:?}"),
+        }
+    };
+    let failures = creates_since(start) as u32;
+    let Error::QueuesNotRecreated {
+        qid,
+        failures: f,
+        ref cause,
+        retry_in,
+        ..
+    } = e
+    else {
+        unreachable!()
+    };
+    assert_eq!(qid, qp.qid());
+    assert_eq!(f, failures, "every try counted");
+    assert!(cause.contains("Internal Error"), "{cause}");
+    assert!(retry_in <= Duration::from_millis(100), "{retry_in:?}");
+    let text = e.to_string();
+    let expected = TEXT.replace("3 time(s)", &format!("{failures} time(s)"));
+    assert!(
+        text == expected || text.starts_with(&format!("{expected} after ")),
+        "{text}"
+    );
+    let r = qp
+        .submit(read_cmd(&ns, 0), Some(c.alloc_dma(4096).unwrap()), 1)
+        .unwrap_err();
+    let e = qp.describe(r.reason);
+    let failures = creates_since(start) as u32;
+    assert!(
+        matches!(e, Error::QueuesNotRecreated { failures: f, .. } if f == failures),
+        "a submit says the same: {e:?}"
+    );
+    assert!(r.buffer.is_some(), "the refused buffer comes back");
+    // 60 ms of polling as fast as it goes: at most a handful of tries (the
+    // waits are 1, 2, 4, 8, 16, 32 ms from the fourth failure on), not one
+    // per poll.
+    let before = creates_since(start);
+    let t0 = Instant::now();
+    let mut polls = 0u64;
+    while t0.elapsed() < Duration::from_millis(60) {
+        refuse();
+        assert!(qp.process_completions(u32::MAX, |_, _| {}).is_err());
+        polls += 1;
+    }
+    let tries = creates_since(start) - before;
+    assert!(polls > 20, "the polls did not wait: {polls}");
+    assert!(tries <= 8, "{tries} tries in {polls} polls over 60 ms");
+    // The controller accepts again: within the longest wait the pair has
+    // its queues back, and reads work.
+    m.clear_faults();
+    let t0 = Instant::now();
+    while qp.process_completions(u32::MAX, |_, _| {}).is_err() {
+        assert!(t0.elapsed() < Duration::from_secs(1), "no re-creation");
+    }
+    let buf = qp
+        .read_blocking(&ns, 0, 1, c.alloc_dma(4096).unwrap(), T)
+        .unwrap();
+    // A new reset starts over: its first failure is retried at the next
+    // poll, with no wait.
+    c.reset().unwrap();
+    refuse();
+    let start = m.commands_seen().len();
+    assert!(qp.process_completions(u32::MAX, |_, _| {}).is_err());
+    qp.process_completions(u32::MAX, |_, _| {}).unwrap();
+    assert_eq!(creates_since(start), 2);
+    let buf = qp.read_blocking(&ns, 1, 1, buf, T).unwrap();
+    drop(buf);
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}

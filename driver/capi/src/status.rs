@@ -77,6 +77,7 @@ pub(crate) fn fail_error(e: &Error) -> c_int {
         | Error::ControllerFatal { .. }
         | Error::DeviceFault { .. }
         | Error::ControllerFailed { .. }
+        | Error::QueuesNotRecreated { .. }
         | Error::ControllerRemoved { .. }
         | Error::Closed { .. } => UPNVME_ENODEV,
         Error::NoQueuesLeft { .. } => UPNVME_EBUSY,

@@ -39,3 +39,11 @@ pub(crate) fn ticks(d: Duration) -> u64 {
         Source::Instant(_) => d.as_nanos().min(u64::MAX as u128) as u64,
     }
 }
+
+/// `t` ticks as a duration (the inverse of [`ticks`]).
+pub(crate) fn ticks_to_duration(t: u64) -> Duration {
+    match source() {
+        Source::Tsc(hz) => Duration::from_secs_f64(t as f64 / hz),
+        Source::Instant(_) => Duration::from_nanos(t),
+    }
+}

@@ -213,6 +213,7 @@ impl<D: Device> IoQueuePair<D> {
             failed: false,
             needs_recreate: false,
             recreated_maybe: false,
+            recreate_retry: Default::default(),
             deleted: false,
             closing: false,
             generation,

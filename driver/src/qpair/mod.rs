@@ -244,6 +244,8 @@ pub struct IoQueuePair<D: Device = VfioNvme> {
     /// deleted again. Until the next reset the queues count as existing
     /// (deleted on drop, or their memory quarantined and the ID held).
     recreated_maybe: bool,
+    /// Failed re-creations in a row and when the next may be tried.
+    recreate_retry: recovery::RecreateRetry,
     /// `close` deleted the queues already (Drop has nothing left to delete).
     deleted: bool,
     /// `close` is deleting the queues: what the deletion aborts ends with

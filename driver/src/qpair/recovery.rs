@@ -4,6 +4,8 @@
 use upnvme_queues::{CqRing, SqRing, Sqe};
 
 use super::split::Key;
+use std::time::Duration;
+
 use super::{Completion, IoQueuePair, clock};
 use crate::controller::CreateFailure;
 use crate::device::Device;
@@ -12,6 +14,58 @@ use crate::error::{Error, IoError, Reject, Result};
 /// How often a submission catches up with resets that keep coming before it
 /// gives up (see `resync_for_submit`).
 const RESYNC_ROUNDS: u32 = 16;
+
+/// Failed re-creations in a row that are retried at the next submit or poll;
+/// after that the pair waits between tries (`RecreateRetry`).
+const RECREATE_TRIES_AT_ONCE: u32 = 3;
+
+/// The longest wait between two re-creation tries.
+const RECREATE_MAX_WAIT: Duration = Duration::from_millis(100);
+
+/// The re-creation of a pair's queues after a reset that keeps failing: how
+/// often in a row, why the last time, and when the next try may be made.
+/// Without it a polling application (which polls millions of times a
+/// second) would send the controller a Create I/O Completion Queue per poll
+/// for as long as the controller refuses it; with it the first
+/// [`RECREATE_TRIES_AT_ONCE`] tries are made at once (a transient refusal
+/// costs nothing) and later ones 1, 2, 4, ... ms apart, at most
+/// [`RECREATE_MAX_WAIT`]. A new reset or a success starts over.
+#[derive(Debug, Default)]
+pub(super) struct RecreateRetry {
+    /// Failed re-creations in a row since the last reset or success.
+    failures: u32,
+    /// The last failure's message.
+    cause: String,
+    /// Clock tick (`clock::now`) before which no new try is made.
+    not_before: u64,
+}
+
+impl RecreateRetry {
+    /// Counts a failed re-creation, and when the next may be tried.
+    fn failed(&mut self, cause: &Error) {
+        self.failures = self.failures.saturating_add(1);
+        self.cause = cause.to_string();
+        self.not_before = match self.failures.checked_sub(RECREATE_TRIES_AT_ONCE) {
+            None => 0,
+            Some(k) => {
+                let wait = Duration::from_millis(1u64 << k.min(16)).min(RECREATE_MAX_WAIT);
+                clock::now().saturating_add(clock::ticks(wait))
+            }
+        };
+    }
+
+    /// How long until the next try may be made (zero: now).
+    fn wait(&self) -> Duration {
+        let now = clock::now();
+        if self.not_before <= now {
+            return Duration::ZERO;
+        }
+        let left = clock::ticks_to_duration(self.not_before - now);
+        // Never report more than the longest wait, even with a clock that
+        // jumped (a migrated thread's TSC).
+        left.min(RECREATE_MAX_WAIT)
+    }
+}
 
 impl<D: Device> IoQueuePair<D> {
     /// The descriptive error behind a refusal: for [`Reject::Unusable`] the
@@ -25,6 +79,8 @@ impl<D: Device> IoQueuePair<D> {
             Reject::Unusable => {
                 if self.failed || self.ctrl.check_usable().is_err() {
                     self.ctrl.unusable_error()
+                } else if self.needs_recreate && self.recreate_retry.failures > 0 {
+                    self.recreate_error()
                 } else {
                     Error::ControllerFailed {
                         device: self.ctrl.name().to_string(),
@@ -355,68 +411,107 @@ impl<D: Device> IoQueuePair<D> {
             // The reset disabled the controller: a creation it never
             // answered is forgotten with everything else.
             self.recreated_maybe = false;
+            self.recreate_retry = RecreateRetry::default();
             self.refresh_expect_state();
         }
         if self.needs_recreate {
             self.ctrl.check_usable()?;
-            if self.recreated_maybe {
-                self.delete_leftover_queues()?;
+            if self.recreate_retry.wait() > Duration::ZERO {
+                return Err(self.recreate_error());
             }
-            if let (Some(slots), Some(s)) = (self.doorbells.shadow, self.ctrl.shadow()) {
-                for b in [&s.doorbells, &s.event_idx] {
-                    b.store_release_u32(slots.sq, 0)?;
-                    b.store_release_u32(slots.cq, 0)?;
+            let before = self.generation;
+            match self.recreate() {
+                Ok(()) => self.recreate_retry = RecreateRetry::default(),
+                Err(e) => {
+                    if self.generation == before {
+                        self.recreate_retry.failed(&e);
+                    } else {
+                        // A reset came during the try (and may be why it
+                        // failed): the next try is its first.
+                        self.recreate_retry = RecreateRetry::default();
+                    }
+                    return Err(e);
                 }
             }
-            // Nothing is in flight and the rings are fresh, so if another
-            // reset came since the generation was taken above, the queues
-            // created now simply belong to that newer one.
-            let created = self.ctrl.create_io_queues(
-                Sqe::create_io_cq(
-                    self.qid,
-                    self.cq_ring.entries(),
-                    self.cq.buffer().iova(),
-                    false,
-                    0,
-                ),
-                Sqe::create_io_sq(
-                    self.qid,
-                    self.sq_ring.entries(),
-                    self.sq.buffer().iova(),
-                    self.qid,
-                    0,
-                ),
-                self.qid,
-                " (after reset)",
-            );
-            self.generation = match created {
-                Ok(g) => g,
-                Err(CreateFailure {
-                    error,
-                    cq_left,
-                    during,
-                }) => {
-                    // The generation the creation ran in, not the one read
-                    // before it: a reset in between would otherwise leave a
-                    // CQ of the newer generation looking like one of the
-                    // older, which `delete_queues` would take as gone (and
-                    // free its ID and memory).
-                    if let Some(g) = during {
-                        self.generation = g;
-                    }
-                    // No answer, or a CQ that could not be deleted again: the
-                    // queues may exist on this memory (`delete_queues` then
-                    // deletes or quarantines it, and holds the ID).
-                    if cq_left.is_some() || !matches!(error, Error::Command { .. }) {
-                        self.recreated_maybe = true;
-                    }
-                    return Err(error);
-                }
-            };
-            self.recreated_maybe = false;
-            self.needs_recreate = false;
-            self.refresh_expect_state();
         }
+        Ok(())
+    }
+
+    /// [`Error::QueuesNotRecreated`] for this pair: why the last re-creation
+    /// failed and when the next try is made.
+    #[cold]
+    fn recreate_error(&self) -> Error {
+        Error::QueuesNotRecreated {
+            device: self.ctrl.name().to_string(),
+            qid: self.qid,
+            failures: self.recreate_retry.failures,
+            cause: self.recreate_retry.cause.clone(),
+            retry_in: self.recreate_retry.wait(),
+        }
+    }
+
+    /// Creates this pair's queues again after a reset (the rings are fresh,
+    /// nothing is in flight): first deletes what a failed earlier try may
+    /// have left, then Create I/O CQ and Create I/O SQ on the same memory.
+    #[cold]
+    fn recreate(&mut self) -> Result<()> {
+        if self.recreated_maybe {
+            self.delete_leftover_queues()?;
+        }
+        if let (Some(slots), Some(s)) = (self.doorbells.shadow, self.ctrl.shadow()) {
+            for b in [&s.doorbells, &s.event_idx] {
+                b.store_release_u32(slots.sq, 0)?;
+                b.store_release_u32(slots.cq, 0)?;
+            }
+        }
+        // Nothing is in flight and the rings are fresh, so if another
+        // reset came since `sync_generation` took the generation, the
+        // queues created now simply belong to that newer one.
+        let created = self.ctrl.create_io_queues(
+            Sqe::create_io_cq(
+                self.qid,
+                self.cq_ring.entries(),
+                self.cq.buffer().iova(),
+                false,
+                0,
+            ),
+            Sqe::create_io_sq(
+                self.qid,
+                self.sq_ring.entries(),
+                self.sq.buffer().iova(),
+                self.qid,
+                0,
+            ),
+            self.qid,
+            " (after reset)",
+        );
+        self.generation = match created {
+            Ok(g) => g,
+            Err(CreateFailure {
+                error,
+                cq_left,
+                during,
+            }) => {
+                // The generation the creation ran in, not the one read
+                // before it: a reset in between would otherwise leave a
+                // CQ of the newer generation looking like one of the
+                // older, which `delete_queues` would take as gone (and
+                // free its ID and memory).
+                if let Some(g) = during {
+                    self.generation = g;
+                }
+                // No answer, or a CQ that could not be deleted again: the
+                // queues may exist on this memory (`delete_queues` then
+                // deletes or quarantines it, and holds the ID).
+                if cq_left.is_some() || !matches!(error, Error::Command { .. }) {
+                    self.recreated_maybe = true;
+                }
+                return Err(error);
+            }
+        };
+        self.recreated_maybe = false;
+        self.needs_recreate = false;
+        self.refresh_expect_state();
         Ok(())
     }
 }
