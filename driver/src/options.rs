@@ -18,7 +18,23 @@ pub struct ControllerOptions {
     /// How many I/O queue pairs to ask for with Set Features Number of Queues;
     /// the controller may grant fewer (see `Controller::granted_io_queues`).
     pub io_queues: u16,
-    /// Use shadow doorbells (Doorbell Buffer Config) when OACS advertises them.
+    /// Use shadow doorbells (the Doorbell Buffer Config admin command, when
+    /// Identify Controller OACS bit 8 advertises it): doorbell values go to a
+    /// host memory page the controller reads, and an MMIO write is made only
+    /// when the controller's EventIdx asks for one. Off by default.
+    ///
+    /// The buffer exists for virtual controllers, where an MMIO write is a
+    /// costly VM exit. Under QEMU's emulated controller with an emulated
+    /// IOMMU (this project's test bed, TCG) it costs more than it saves: the
+    /// controller reads the shadow SQ tail and CQ head and writes both
+    /// EventIdx values per command, each a DMA through the IOMMU, and at QD1
+    /// the EventIdx still asks for an MMIO write per command. Measured in
+    /// two boots (docs/benchmarks.md, "Twenty-sixth session"), MMIO
+    /// doorbells alone were ahead at every depth from 1 to 128 (QD1 p50
+    /// ~7 µs in every round against ~22 µs; QD2–128 3–10% more IOPS). Turn it
+    /// on where an MMIO write costs a VM exit that the buffer's memory
+    /// accesses do not (a KVM guest with a paravirtual controller); measure
+    /// both there.
     pub shadow_doorbells: bool,
     /// Asynchronous Event Requests to keep outstanding (capped by AERL+1; 0 = none).
     pub async_events: u8,
@@ -39,7 +55,7 @@ impl Default for ControllerOptions {
         ControllerOptions {
             admin_queue_entries: 32,
             io_queues: 64,
-            shadow_doorbells: true,
+            shadow_doorbells: false,
             async_events: 4,
             admin_timeout: None,
             ready_timeout: None,

@@ -973,22 +973,33 @@ fn perf_runs_with_and_without_each_option() {
     let base = perf_json(&[]);
     assert_eq!(base["reap_on_submit"], false);
     assert_eq!(base["cq_head_policy"], "adaptive");
-    let shadow_default = base["shadow_doorbells"].as_bool().unwrap();
+    // The library's default: MMIO doorbells only, no Doorbell Buffer Config.
+    assert_eq!(base["shadow_doorbells"], false, "{base}");
+    assert_eq!(base["doorbell_buffer"], false, "{base}");
+    assert_eq!(base["total"]["transport"]["sq_shadow_updates"], 0);
+    assert_eq!(base["total"]["transport"]["mmio_skipped_by_event_idx"], 0);
+    // The buffer on request, where the controller offers it (QEMU's does).
+    let buffered = perf_json(&["--doorbell-buffer"]);
+    let has_dbbc = buffered["doorbell_buffer"].as_bool().unwrap();
+    assert_eq!(buffered["shadow_doorbells"], has_dbbc, "{buffered}");
+    if has_dbbc {
+        let t = &buffered["total"]["transport"];
+        assert!(t["sq_shadow_updates"].as_u64().unwrap() > 0, "{t}");
+    }
+    let err = fails(&perf(&["--doorbell-buffer", "--no-doorbell-buffer"]), 2);
+    assert!(err.contains("cannot be used with"), "{err}");
 
     // Each transport option, on its own.
     let v = perf_json(&["--reap-on-submit"]);
     assert_eq!(v["reap_on_submit"], true);
-    let v = perf_json(&["--no-shadow-doorbell"]);
+    let v = perf_json(&["--doorbell-buffer", "--no-shadow-doorbell"]);
     assert_eq!(v["shadow_doorbells"], false);
+    assert_eq!(v["doorbell_buffer"], has_dbbc, "{v}");
     // No MMIO write is skipped because of the EventIdx.
     assert_eq!(
         v["total"]["transport"]["mmio_skipped_by_event_idx"], 0,
         "{v}"
     );
-    if !shadow_default {
-        // The controller has no Doorbell Buffer Config: the flag changes nothing.
-        assert_eq!(base["total"]["transport"]["mmio_skipped_by_event_idx"], 0);
-    }
     let v = perf_json(&["--cq-head-every-reap"]);
     assert_eq!(v["cq_head_policy"], "every-reap");
     assert_eq!(v["total"]["transport"]["cq_doorbell_skipped"], 0, "{v}");
@@ -1096,6 +1107,7 @@ fn perf_runs_with_and_without_each_option() {
     }
     let out = ok(&perf(&[
         "--reap-on-submit",
+        "--doorbell-buffer",
         "--no-shadow-doorbell",
         "--cq-head-every-reap",
     ]));
@@ -1129,19 +1141,19 @@ fn perf_runs_with_and_without_each_option() {
         t["sq_doorbell_mmio"].as_u64() <= t["submissions"].as_u64(),
         "{t}"
     );
-    // With the EventIdx (the default) and `--sq-announce each` every command
+    // With the doorbell buffer and its EventIdx and `--sq-announce each` every command
     // is announced as it is queued, batched or not (so is each command of
     // `--ring-per-io`); by default (`deep:65`, per batch up to 64 in flight)
     // once per batch of resubmissions.
     // MMIO writes only where QEMU asked for them.
     for extra in [
-        &["-q", "4", "--sq-announce", "each"][..],
-        &["-q", "4", "--ring-per-io"][..],
-        &["-q", "4"][..],
+        &["-q", "4", "--doorbell-buffer", "--sq-announce", "each"][..],
+        &["-q", "4", "--doorbell-buffer", "--ring-per-io"][..],
+        &["-q", "4", "--doorbell-buffer"][..],
     ] {
         let v = perf_json(extra);
         let t = &v["total"]["transport"];
-        let batch = extra.len() == 2;
+        let batch = extra.len() == 3;
         // The default (`deep:65`) is per batch at QD4.
         let announce = if extra.contains(&"each") {
             "each"

@@ -158,7 +158,23 @@ fn run(c: &Controller, qp: &mut IoQueuePair, ops: &[(u64, u32)], job: Job) -> Ou
 /// The controller, a default queue pair, namespace 1's LBA size and the most
 /// blocks one command may move.
 fn open_pair() -> (Controller, IoQueuePair, usize, u32) {
-    let c = Controller::open(&device(), ControllerOptions::default()).unwrap();
+    open_pair_with(ControllerOptions::default())
+}
+
+/// [`open_pair`] with shadow doorbells (Doorbell Buffer Config; off by
+/// default): the reset tests run with both doorbell modes, since a reset
+/// re-creates queues whose shadow slots must start over.
+fn open_pair_with_doorbell_buffer() -> (Controller, IoQueuePair, usize, u32) {
+    let (c, qp, lba, max_blocks) = open_pair_with(ControllerOptions {
+        shadow_doorbells: true,
+        ..Default::default()
+    });
+    assert!(c.shadow_doorbells(), "QEMU's controller offers the buffer");
+    (c, qp, lba, max_blocks)
+}
+
+fn open_pair_with(options: ControllerOptions) -> (Controller, IoQueuePair, usize, u32) {
+    let c = Controller::open(&device(), options).unwrap();
     let lba = c.namespace(1).unwrap().lba_size() as usize;
     let qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
     let max_blocks = (qp.max_transfer() / lba) as u32;
@@ -243,7 +259,7 @@ fn verify_after_resets(
 /// drain are still in flight, and crashes; see docs/DESIGN.md, "Reset".)
 #[test]
 fn repeated_resets_under_load_end_every_command_once() {
-    let (c, mut qp, lba, max_blocks) = open_pair();
+    let (c, mut qp, lba, max_blocks) = open_pair_with_doorbell_buffer();
     // 2048 blocks in extents of 1-4 blocks: about a thousand writes.
     let ops = extents(2048, &[1, 2, 1, 4], max_blocks);
     let seed = 0x5eed_0002;
@@ -277,7 +293,7 @@ fn repeated_resets_under_load_end_every_command_once() {
 #[test]
 fn resets_from_another_thread_end_every_command_once() {
     use std::sync::atomic::{AtomicBool, Ordering};
-    let (c, mut qp, lba, max_blocks) = open_pair();
+    let (c, mut qp, lba, max_blocks) = open_pair_with_doorbell_buffer();
     let ops = extents(4096, &[1, 2, 1, 4, 8], max_blocks);
     let seed = 0x5eed_0003;
     let depth = 32.min(qp.max_depth() as usize);

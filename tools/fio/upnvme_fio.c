@@ -12,10 +12,12 @@
  * pair per file (thread=1 is required: a controller cannot be shared across
  * processes).
  *
- * Engine options: upnvme_shadow_doorbells=0|1 (default 1), upnvme_reap_on_submit
- * =0|1 (default 0), upnvme_entries=N (SQ entries, default: the library's),
- * upnvme_sq_announce_each=0|1 (default 0: the library's default, each batch
- * announced once below 32 commands in flight and each command from 32 on).
+ * Engine options: upnvme_shadow_doorbells=0|1 (default 0: MMIO doorbells only,
+ * the library's default), upnvme_reap_on_submit=0|1 (default 0),
+ * upnvme_entries=N (SQ entries, default: the library's),
+ * upnvme_sq_announce_each=0|1 (with shadow doorbells; default 0: the library's
+ * default, each batch announced once below 65 commands in flight and each
+ * command from 65 on).
  *
  * Memory: fio's I/O buffers are one DMA buffer (iomem_alloc), split into one
  * piece per io_u (each I/O owns its piece while in flight). Completion times are
@@ -53,8 +55,8 @@ static struct fio_option options[] = {
 		.lname = "upnvme shadow doorbells",
 		.type = FIO_OPT_BOOL,
 		.off1 = offsetof(struct upnvme_fio_options, shadow_doorbells),
-		.def = "1",
-		.help = "Let the shadow doorbell EventIdx skip MMIO doorbell writes",
+		.def = "0",
+		.help = "Set up shadow doorbells (Doorbell Buffer Config) and let their EventIdx skip MMIO doorbell writes (default: MMIO doorbells only)",
 		.category = FIO_OPT_C_ENGINE,
 		.group = FIO_OPT_G_INVALID,
 	},

@@ -140,7 +140,8 @@ typedef struct upnvme_ctrl_opts {
   bool no_hugepages;
   /**
    * Use shadow doorbells (Doorbell Buffer Config) when the controller
-   * offers them (default true).
+   * offers them (default false: MMIO doorbells only; see
+   * `ControllerOptions::shadow_doorbells` for when the buffer pays).
    */
   bool shadow_doorbells;
   /**

@@ -22,7 +22,8 @@ pub struct upnvme_ctrl_opts {
     /// Back DMA memory with 4 KiB pages instead of 2 MiB hugepages.
     pub no_hugepages: bool,
     /// Use shadow doorbells (Doorbell Buffer Config) when the controller
-    /// offers them (default true).
+    /// offers them (default false: MMIO doorbells only; see
+    /// `ControllerOptions::shadow_doorbells` for when the buffer pays).
     pub shadow_doorbells: bool,
     /// I/O queue pairs to ask the controller for (Set Features Number of
     /// Queues); 0 = the library's default.

@@ -138,12 +138,19 @@ pub struct PerfArgs {
     /// Reap completions right after every submit (the opportunistic reap).
     #[arg(long = "reap-on-submit")]
     pub reap_on_submit: bool,
-    /// Do not let shadow doorbells skip MMIO writes (the Doorbell Buffer
-    /// Config stays active and its values current; every update is MMIO too).
+    /// With `--doorbell-buffer`: do not let shadow doorbells skip MMIO
+    /// writes (the Doorbell Buffer Config stays active and its values
+    /// current; every update is MMIO too).
     #[arg(long = "no-shadow-doorbell")]
     pub no_shadow_doorbell: bool,
-    /// Do not set up shadow doorbells at all (no Doorbell Buffer Config
-    /// command at bring-up): the controller reads only MMIO doorbells.
+    /// Set up shadow doorbells (Doorbell Buffer Config at bring-up, where
+    /// the controller offers it; `ControllerOptions::shadow_doorbells`),
+    /// instead of the library's default of MMIO doorbells only.
+    #[arg(long = "doorbell-buffer", conflicts_with = "no_doorbell_buffer")]
+    pub doorbell_buffer: bool,
+    /// MMIO doorbells only, no Doorbell Buffer Config: the library's
+    /// default (kept so that scripts written when the buffer was the
+    /// default still say what they mean).
     #[arg(long = "no-doorbell-buffer")]
     pub no_doorbell_buffer: bool,
     /// Ring the SQ tail doorbell for every I/O (`submit`), as an application

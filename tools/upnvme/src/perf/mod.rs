@@ -53,7 +53,7 @@ pub fn run(a: PerfArgs) -> Result<bool> {
             } else {
                 PageBacking::Huge2M
             },
-            shadow_doorbells: !a.no_doorbell_buffer,
+            shadow_doorbells: a.doorbell_buffer,
             ..Default::default()
         },
     )

@@ -33,12 +33,12 @@ pub enum Kind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Shadow {
     /// Doorbell Buffer Config active and the EventIdx may skip MMIO writes
-    /// (the default).
+    /// (`--doorbell-buffer`).
     On,
     /// Doorbell Buffer Config active, every update also written over MMIO
-    /// (`--no-shadow-doorbell`).
+    /// (`--doorbell-buffer --no-shadow-doorbell`).
     NoEventIdx,
-    /// No Doorbell Buffer Config at all (`--no-doorbell-buffer`).
+    /// No Doorbell Buffer Config at all: MMIO doorbells only (the default).
     Off,
 }
 
@@ -107,14 +107,14 @@ impl Contender {
                     extra.push("reap_on_submit");
                 }
                 match shadow {
-                    Shadow::On => {}
+                    Shadow::Off => {}
+                    Shadow::On => {
+                        id.push_str("-dbbuf");
+                        extra.push("doorbell buffer");
+                    }
                     Shadow::NoEventIdx => {
                         id.push_str("-noshadow");
-                        extra.push("no EventIdx");
-                    }
-                    Shadow::Off => {
-                        id.push_str("-nodbbuf");
-                        extra.push("no doorbell buffer");
+                        extra.push("doorbell buffer, no EventIdx");
                     }
                 }
                 if every_reap {
@@ -160,7 +160,7 @@ impl Contender {
     }
 
     /// True for upnvme perf in its default configuration (reap_on_submit off,
-    /// shadow doorbells on, adaptive CQ head): the configuration the targets
+    /// MMIO doorbells only, adaptive CQ head): the configuration the targets
     /// are judged on (at any depth and size).
     pub fn is_upnvme_default(&self) -> bool {
         self.kind == UPNVME_DEFAULT
@@ -184,9 +184,9 @@ impl Contender {
                     c.push_str(" --reap-on-submit");
                 }
                 match shadow {
-                    Shadow::On => {}
-                    Shadow::NoEventIdx => c.push_str(" --no-shadow-doorbell"),
-                    Shadow::Off => c.push_str(" --no-doorbell-buffer"),
+                    Shadow::Off => {}
+                    Shadow::On => c.push_str(" --doorbell-buffer"),
+                    Shadow::NoEventIdx => c.push_str(" --doorbell-buffer --no-shadow-doorbell"),
                 }
                 if every_reap {
                     c.push_str(" --cq-head-every-reap");
@@ -249,7 +249,7 @@ pub const FIO_PERCENTILES: [f64; 20] = [
 /// upnvme perf's defaults.
 pub const UPNVME_DEFAULT: Kind = Kind::Upnvme {
     reap_on_submit: false,
-    shadow: Shadow::On,
+    shadow: Shadow::Off,
     every_reap: false,
     ring_per_io: false,
 };
@@ -259,6 +259,12 @@ pub const UPNVME_VARIANTS: [Kind; 5] = [
     UPNVME_DEFAULT,
     Kind::Upnvme {
         reap_on_submit: true,
+        shadow: Shadow::Off,
+        every_reap: false,
+        ring_per_io: false,
+    },
+    Kind::Upnvme {
+        reap_on_submit: false,
         shadow: Shadow::On,
         every_reap: false,
         ring_per_io: false,
@@ -272,30 +278,25 @@ pub const UPNVME_VARIANTS: [Kind; 5] = [
     Kind::Upnvme {
         reap_on_submit: false,
         shadow: Shadow::Off,
-        every_reap: false,
-        ring_per_io: false,
-    },
-    Kind::Upnvme {
-        reap_on_submit: false,
-        shadow: Shadow::On,
         every_reap: true,
         ring_per_io: false,
     },
 ];
 
 /// One SQ doorbell per I/O, as an application calling `submit` for every
-/// command does: where the EventIdx can save MMIO writes. Run at QD > 1 only
-/// (at QD1 every batch is one I/O).
+/// command does, with MMIO doorbells (the default) and with the doorbell
+/// buffer (where the EventIdx can save MMIO writes). Run at QD > 1 only (at
+/// QD1 every batch is one I/O).
 pub const UPNVME_PER_IO: [Kind; 2] = [
     Kind::Upnvme {
         reap_on_submit: false,
-        shadow: Shadow::On,
+        shadow: Shadow::Off,
         every_reap: false,
         ring_per_io: true,
     },
     Kind::Upnvme {
         reap_on_submit: false,
-        shadow: Shadow::NoEventIdx,
+        shadow: Shadow::On,
         every_reap: false,
         ring_per_io: true,
     },
@@ -571,7 +572,7 @@ mod tests {
         assert_eq!(ids.len(), all.len(), "ids are unique");
         assert!(ids.contains("upnvme-qd1"));
         assert!(ids.contains("upnvme-noshadow-qd32"));
-        assert!(ids.contains("upnvme-nodbbuf-qd4"));
+        assert!(ids.contains("upnvme-dbbuf-qd4"));
         assert!(ids.contains("upnvme-everyreap-qd1"));
         assert!(ids.contains("rawfloor-qd32"));
         assert!(ids.contains("rawfloor-sqfirst-qd1"));
@@ -589,16 +590,20 @@ mod tests {
         let c = find("upnvme-noshadow-qd32");
         assert!(c.contains("-q 32") && c.contains("-t 5") && c.contains("--json"));
         assert!(!c.contains("--reap-on-submit") && c.contains("--no-shadow-doorbell"));
+        assert!(c.contains("--doorbell-buffer"));
         assert!(find("upnvme-ros-qd4").contains("--reap-on-submit"));
-        assert!(find("upnvme-nodbbuf-qd1").contains("--no-doorbell-buffer"));
+        assert!(find("upnvme-dbbuf-qd1").contains("--doorbell-buffer"));
         assert!(find("upnvme-everyreap-qd32").contains("--cq-head-every-reap"));
-        let c = find("upnvme-perio-noshadow-qd32");
-        assert!(c.contains("--ring-per-io") && c.contains("--no-shadow-doorbell"));
+        let c = find("upnvme-perio-dbbuf-qd32");
+        assert!(c.contains("--ring-per-io") && c.contains("--doorbell-buffer"));
+        let c = find("upnvme-perio-qd32");
+        assert!(c.contains("--ring-per-io") && !c.contains("--doorbell-buffer"));
         assert!(!all.iter().any(|c| c.id == "upnvme-perio-qd1"));
         let c = find("upnvme-qd1");
         for flag in [
             "--reap-on-submit",
             "--no-shadow",
+            "--doorbell-buffer",
             "--no-doorbell",
             "--cq-head",
         ] {
