@@ -976,6 +976,8 @@ fn perf_runs_with_and_without_each_option() {
     // The library's default: MMIO doorbells only, no Doorbell Buffer Config.
     assert_eq!(base["shadow_doorbells"], false, "{base}");
     assert_eq!(base["doorbell_buffer"], false, "{base}");
+    // MMIO doorbells announce once per batch, whatever `SqAnnounce` says.
+    assert_eq!(base["sq_announce"], "batch", "{base}");
     assert_eq!(base["total"]["transport"]["sq_shadow_updates"], 0);
     assert_eq!(base["total"]["transport"]["mmio_skipped_by_event_idx"], 0);
     // The buffer on request, where the controller offers it (QEMU's does).

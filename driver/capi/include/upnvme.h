@@ -231,7 +231,9 @@ typedef struct upnvme_qpair_opts {
    */
   uint32_t entries;
   /**
-   * Let the shadow doorbell EventIdx skip MMIO writes (default true).
+   * Let the shadow doorbell EventIdx skip MMIO writes (default true; only
+   * with a controller opened with `upnvme_ctrl_opts.shadow_doorbells`,
+   * which is off by default).
    */
   bool shadow_doorbells;
   /**
@@ -250,7 +252,9 @@ typedef struct upnvme_qpair_opts {
    * library's default (`SqAnnounce::DEEP`: each batch once, when the pair
    * rings, while at most 64 commands are in flight; each command as it
    * is queued from 65 on); true announces every command as it is queued
-   * (`SqAnnounce::EachCommand`). Both need `shadow_doorbells`. docs/benchmarks.md, "SQ announcement", has the
+   * (`SqAnnounce::EachCommand`). Both need shadow doorbells (the
+   * controller's and this pair's `shadow_doorbells`); with MMIO doorbells
+   * every batch is announced once, when the pair rings. docs/benchmarks.md, "SQ announcement", has the
    * measurements. Added after `command_timeout_ms`: a caller whose `size`
    * ends before it gets the default.
    */

@@ -31,7 +31,9 @@ pub struct upnvme_qpair_opts {
     /// Submission queue entries (2..=CAP.MQES+1); 0 = the default (up to 256).
     /// At most `entries - 1` commands are in flight.
     pub entries: u32,
-    /// Let the shadow doorbell EventIdx skip MMIO writes (default true).
+    /// Let the shadow doorbell EventIdx skip MMIO writes (default true; only
+    /// with a controller opened with `upnvme_ctrl_opts.shadow_doorbells`,
+    /// which is off by default).
     pub shadow_doorbells: bool,
     /// Reap right after each doorbell (default false; exists to be measured).
     pub reap_on_submit: bool,
@@ -44,7 +46,9 @@ pub struct upnvme_qpair_opts {
     /// library's default (`SqAnnounce::DEEP`: each batch once, when the pair
     /// rings, while at most 64 commands are in flight; each command as it
     /// is queued from 65 on); true announces every command as it is queued
-    /// (`SqAnnounce::EachCommand`). Both need `shadow_doorbells`. docs/benchmarks.md, "SQ announcement", has the
+    /// (`SqAnnounce::EachCommand`). Both need shadow doorbells (the
+    /// controller's and this pair's `shadow_doorbells`); with MMIO doorbells
+    /// every batch is announced once, when the pair rings. docs/benchmarks.md, "SQ announcement", has the
     /// measurements. Added after `command_timeout_ms`: a caller whose `size`
     /// ends before it gets the default.
     pub sq_announce_each_command: bool,

@@ -121,8 +121,10 @@ pub struct QueuePairOptions {
     /// the slack is what lets the CQ head doorbell be moderated.
     pub cq_entries: Option<u32>,
     /// Let the shadow doorbell EventIdx skip MMIO writes (when the controller
-    /// has Doorbell Buffer Config active). Off: every doorbell update is also
-    /// written over MMIO.
+    /// has Doorbell Buffer Config active, which is off by default:
+    /// `ControllerOptions::shadow_doorbells`). Off: every doorbell update is
+    /// also written over MMIO. Without the buffer this option changes
+    /// nothing: every doorbell is an MMIO write, one per batch at `ring`.
     pub shadow_doorbells: bool,
     /// After ringing the SQ doorbell (and the bookkeeping), reap whatever is
     /// ready. Off by default; exists to be measured.

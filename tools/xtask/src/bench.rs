@@ -460,7 +460,7 @@ fn bench_markdown(s: &summary::Summary, meta: &Value, (rounds, seconds): (u64, u
             o.push_str("\n![IOPS against I/O size](iops-size.png)\n");
         }
     }
-    o.push_str("\nTargets, judged on upnvme in its default configuration (reap_on_submit off, shadow doorbells on, adaptive CQ head):\n\n");
+    o.push_str("\nTargets, judged on upnvme in its default configuration (reap_on_submit off, MMIO doorbells only, adaptive CQ head):\n\n");
     o.push_str(&s.targets_text());
     if !s.failures.is_empty() {
         o.push_str("\nFailed runs:\n\n");

@@ -202,7 +202,13 @@ pub fn run(a: PerfArgs) -> Result<bool> {
         warmup: a.warmup,
         reap_on_submit: a.reap_on_submit,
         ring_per_io: a.ring_per_io,
-        sq_announce: qp.sq_announce,
+        // What the pairs do: the announcement mode applies with shadow
+        // doorbells and the EventIdx only; MMIO doorbells announce per batch.
+        sq_announce: if ctrl.shadow_doorbells() && !a.no_shadow_doorbell {
+            qp.sq_announce
+        } else {
+            upnvme::SqAnnounce::Batch
+        },
         sgl: plan::sgl_mode(&a),
         shadow: ctrl.shadow_doorbells() && !a.no_shadow_doorbell,
         doorbell_buffer: ctrl.shadow_doorbells(),
