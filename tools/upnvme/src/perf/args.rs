@@ -163,11 +163,12 @@ pub struct PerfArgs {
     /// EventIdx), `batch` (one shadow tail update per batch) or `deep` (per
     /// batch at shallow depths, each command from `--sq-announce-deep`
     /// commands in flight on); default: the library's (`SqAnnounce::default()`).
-    #[arg(long = "sq-announce", value_enum)]
+    /// Needs `--doorbell-buffer`: MMIO doorbells announce once per batch.
+    #[arg(long = "sq-announce", value_enum, requires = "doorbell_buffer")]
     pub sq_announce: Option<Announce>,
     /// With `--sq-announce deep` (implied when given alone): commands in flight
-    /// from which each command is announced at once.
-    #[arg(long = "sq-announce-deep", value_name = "N",
+    /// from which each command is announced at once. Needs `--doorbell-buffer`.
+    #[arg(long = "sq-announce-deep", value_name = "N", requires = "doorbell_buffer",
           value_parser = clap::value_parser!(u16).range(1..))]
     pub sq_announce_deep: Option<u16>,
     /// Data pointers as SGLs for every I/O (one Data Block descriptor, also

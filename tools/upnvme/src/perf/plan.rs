@@ -358,18 +358,23 @@ mod tests {
     fn sq_announce_flag_is_typed() {
         use super::super::args::Announce;
         assert_eq!(parse(&[]).unwrap().sq_announce, None);
-        let a = parse(&["--sq-announce", "each"]).unwrap();
+        let a = parse(&["--doorbell-buffer", "--sq-announce", "each"]).unwrap();
         assert_eq!(a.sq_announce, Some(Announce::Each));
         assert_eq!(
             upnvme::SqAnnounce::from(Announce::Each),
             upnvme::SqAnnounce::EachCommand
         );
         assert_eq!(
-            parse(&["--sq-announce", "batch"]).unwrap().sq_announce,
+            parse(&["--doorbell-buffer", "--sq-announce", "batch"])
+                .unwrap()
+                .sq_announce,
             Some(Announce::Batch)
         );
-        assert!(parse(&["--sq-announce", "sometimes"]).is_err());
-        let deep = |args: &[&str]| parse(args).unwrap().sq_announce_policy();
+        assert!(parse(&["--doorbell-buffer", "--sq-announce", "sometimes"]).is_err());
+        let deep = |args: &[&str]| {
+            let args: Vec<&str> = ["--doorbell-buffer"].iter().chain(args).copied().collect();
+            parse(&args).unwrap().sq_announce_policy()
+        };
         assert_eq!(
             deep(&["--sq-announce", "deep"]),
             Ok(Some(upnvme::SqAnnounce::DEEP))
@@ -383,8 +388,22 @@ mod tests {
             Ok(Some(upnvme::SqAnnounce::WhenDeep { in_flight: 8 }))
         );
         assert!(deep(&["--sq-announce", "each", "--sq-announce-deep", "8"]).is_err());
-        assert!(parse(&["--sq-announce-deep", "0"]).is_err());
+        assert!(parse(&["--doorbell-buffer", "--sq-announce-deep", "0"]).is_err());
         assert_eq!(deep(&[]), Ok(None));
+        // MMIO doorbells (the default) announce per batch: the flags would
+        // change nothing, so they need the doorbell buffer.
+        for args in [
+            &["--sq-announce", "each"][..],
+            &["--sq-announce-deep", "8"][..],
+        ] {
+            let e = parse(args).unwrap_err();
+            assert_eq!(
+                e.kind(),
+                clap::error::ErrorKind::MissingRequiredArgument,
+                "{e}"
+            );
+            assert!(e.to_string().contains("--doorbell-buffer"), "{e}");
+        }
     }
 
     /// The usage error `args` get against `dev`, after checking that it is
