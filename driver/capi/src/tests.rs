@@ -1367,3 +1367,23 @@ fn the_refresh_may_run_while_other_threads_use_the_controller_handle() {
     drop(h.into_controller());
     assert!(m.pending_faults().is_empty());
 }
+
+/// A pair whose queues could not be re-created after a reset cannot take
+/// commands now: `UPNVME_ENODEV`, with the library's text (why, and when it
+/// tries again) as the last error.
+#[test]
+fn queues_not_recreated_is_enodev_with_its_reason() {
+    let e = upnvme::Error::QueuesNotRecreated {
+        device: "model".into(),
+        qid: 1,
+        failures: 4,
+        cause: "Create I/O Completion Queue 1 (after reset) failed".into(),
+        retry_in: Duration::from_millis(2),
+    };
+    assert_eq!(fail_error(&e), UPNVME_ENODEV);
+    let text = last_error();
+    assert!(
+        text.contains("re-creating them failed 4 time(s)") && text.contains("after 2 ms"),
+        "{text}"
+    );
+}

@@ -36,7 +36,9 @@ pub(super) struct RecreateRetry {
     failures: u32,
     /// The last failure's message.
     cause: String,
-    /// Clock tick (`clock::now`) before which no new try is made.
+    /// Clock tick (`clock::now`) of the last failure.
+    failed_at: u64,
+    /// Clock tick before which no new try is made.
     not_before: u64,
 }
 
@@ -45,25 +47,26 @@ impl RecreateRetry {
     fn failed(&mut self, cause: &Error) {
         self.failures = self.failures.saturating_add(1);
         self.cause = cause.to_string();
+        self.failed_at = clock::now();
         self.not_before = match self.failures.checked_sub(RECREATE_TRIES_AT_ONCE) {
             None => 0,
             Some(k) => {
                 let wait = Duration::from_millis(1u64 << k.min(16)).min(RECREATE_MAX_WAIT);
-                clock::now().saturating_add(clock::ticks(wait))
+                self.failed_at.saturating_add(clock::ticks(wait))
             }
         };
     }
 
-    /// How long until the next try may be made (zero: now).
+    /// How long until the next try may be made (zero: now). A clock that
+    /// reads earlier than the failure (the thread moved to a core whose
+    /// time-stamp counter is behind) ends the wait: it never lasts longer
+    /// than its length, whatever the clock does.
     fn wait(&self) -> Duration {
         let now = clock::now();
-        if self.not_before <= now {
+        if self.not_before <= now || now < self.failed_at {
             return Duration::ZERO;
         }
-        let left = clock::ticks_to_duration(self.not_before - now);
-        // Never report more than the longest wait, even with a clock that
-        // jumped (a migrated thread's TSC).
-        left.min(RECREATE_MAX_WAIT)
+        clock::ticks_to_duration(self.not_before - now)
     }
 }
 
