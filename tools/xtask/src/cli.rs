@@ -262,6 +262,12 @@ pub struct VmArgs {
     /// Do not fail when the guest kernel logged IOMMU (DMAR) faults.
     #[arg(long)]
     pub allow_dma_faults: bool,
+    /// Pin the guest's vCPU 0 (where `upnvme perf -c 0` polls) to host CPU 0 and every other
+    /// QEMU thread (main loop and device model, I/O workers, other vCPUs) to the remaining
+    /// host CPUs, so the polling vCPU and the emulated controller never share a host core.
+    /// For benchmarks; needs 2 or more host CPUs and `taskset`.
+    #[arg(long)]
+    pub pin_vcpu0: bool,
     /// Use the guest binaries that are already built (target/guest) instead of building them.
     #[arg(long)]
     pub no_build: bool,

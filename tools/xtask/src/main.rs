@@ -24,6 +24,7 @@ mod guest_init;
 mod initramfs;
 mod kernel;
 mod paths;
+mod pin;
 mod proc;
 mod qemu;
 mod qmp;

@@ -410,6 +410,8 @@ pub struct RunOptions {
     pub dir: PathBuf,
     /// The QMP socket and the hotplug steps to run through it.
     pub qmp: Option<(PathBuf, Vec<crate::qmp::Step>)>,
+    /// `--pin-vcpu0`: the host's CPU count, for [`crate::pin`].
+    pub pin_vcpu0: Option<usize>,
 }
 
 /// Seconds the guest may take to power off after reporting COMMAND's exit status.
@@ -434,6 +436,9 @@ pub fn run(qemu: &Path, args: &[String], opts: &RunOptions) -> Result<QemuRun> {
     let booted = Arc::new(AtomicBool::new(false));
     if let Some((sock, steps)) = &opts.qmp {
         crate::qmp::spawn(sock.clone(), Arc::clone(&booted), steps.clone());
+    }
+    if let Some(host_cpus) = opts.pin_vcpu0 {
+        crate::pin::spawn(child.id(), host_cpus, Arc::clone(&exited));
     }
     let mut stdout = child.stdout.take().expect("piped");
     let console_thread = {

@@ -172,6 +172,14 @@ impl Bed {
             ]);
             (sock, steps)
         });
+        let pin_vcpu0 = if args.pin_vcpu0 {
+            let host_cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+            crate::pin::check_host(host_cpus)?;
+            qargs.extend(crate::pin::QEMU_ARGS.map(String::from));
+            Some(host_cpus)
+        } else {
+            None
+        };
         qargs.extend(args.qemu_arg.iter().cloned());
 
         let n = plan.env.controllers;
@@ -214,6 +222,7 @@ impl Bed {
             boot_timeout: Duration::from_secs(args.boot_timeout),
             dir: run_dir.path.clone(),
             qmp,
+            pin_vcpu0,
         };
         let mut attempt = 1;
         let run = loop {
