@@ -990,6 +990,10 @@ fn perf_runs_with_and_without_each_option() {
     }
     let err = fails(&perf(&["--doorbell-buffer", "--no-doorbell-buffer"]), 2);
     assert!(err.contains("cannot be used with"), "{err}");
+    // MMIO doorbells already write every update: --no-shadow-doorbell
+    // alone would change nothing.
+    let err = fails(&perf(&["--no-shadow-doorbell"]), 2);
+    assert!(err.contains("--doorbell-buffer"), "{err}");
 
     // Each transport option, on its own.
     let v = perf_json(&["--reap-on-submit"]);
@@ -1132,11 +1136,11 @@ fn perf_runs_with_and_without_each_option() {
     assert!(out.contains("shadow doorbells off"), "{out}");
     // --ring-per-io with MMIO doorbells: one SQ tail MMIO write per I/O;
     // batched resubmission writes at most that many.
-    let v = perf_json(&["--ring-per-io", "-q", "4", "--no-shadow-doorbell"]);
+    let v = perf_json(&["--ring-per-io", "-q", "4"]);
     assert_eq!(v["ring_per_io"], true, "{v}");
     let t = &v["total"]["transport"];
     assert_eq!(t["sq_doorbell_mmio"], t["submissions"], "{t}");
-    let v = perf_json(&["-q", "4", "--no-shadow-doorbell"]);
+    let v = perf_json(&["-q", "4"]);
     assert_eq!(v["ring_per_io"], false, "{v}");
     let t = &v["total"]["transport"];
     assert!(

@@ -140,8 +140,9 @@ pub struct PerfArgs {
     pub reap_on_submit: bool,
     /// With `--doorbell-buffer`: do not let shadow doorbells skip MMIO
     /// writes (the Doorbell Buffer Config stays active and its values
-    /// current; every update is MMIO too).
-    #[arg(long = "no-shadow-doorbell")]
+    /// current; every update is MMIO too). Needs `--doorbell-buffer`: MMIO
+    /// doorbells, the default, already write every update.
+    #[arg(long = "no-shadow-doorbell", requires = "doorbell_buffer")]
     pub no_shadow_doorbell: bool,
     /// Set up shadow doorbells (Doorbell Buffer Config at bring-up, where
     /// the controller offers it; `ControllerOptions::shadow_doorbells`),

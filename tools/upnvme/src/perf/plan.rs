@@ -390,11 +390,13 @@ mod tests {
         assert!(deep(&["--sq-announce", "each", "--sq-announce-deep", "8"]).is_err());
         assert!(parse(&["--doorbell-buffer", "--sq-announce-deep", "0"]).is_err());
         assert_eq!(deep(&[]), Ok(None));
-        // MMIO doorbells (the default) announce per batch: the flags would
-        // change nothing, so they need the doorbell buffer.
+        // MMIO doorbells (the default) announce per batch and write every
+        // update: the flags would change nothing, so they need the doorbell
+        // buffer.
         for args in [
             &["--sq-announce", "each"][..],
             &["--sq-announce-deep", "8"][..],
+            &["--no-shadow-doorbell"][..],
         ] {
             let e = parse(args).unwrap_err();
             assert_eq!(
@@ -477,6 +479,7 @@ mod tests {
             "--warmup",
             "0",
             "--reap-on-submit",
+            "--doorbell-buffer",
             "--no-shadow-doorbell",
             "--cq-head-every-reap",
             "--queue-entries",
