@@ -56,13 +56,33 @@ fn is_vcpu0(comm: &str) -> bool {
         .is_some_and(|accel| !accel.is_empty())
 }
 
-/// Pins the threads of process `pid` until `exited` is set or the process is gone.
-pub fn spawn(pid: u32, host_cpus: usize, exited: Arc<AtomicBool>) {
+/// Pins the threads of a process until dropped (or until the process is gone).
+pub struct Pinner {
+    stop: Arc<AtomicBool>,
+}
+
+impl Pinner {
+    /// Starts pinning the threads of process `pid`.
+    pub fn start(pid: u32, host_cpus: usize) -> Pinner {
+        let stop = Arc::new(AtomicBool::new(false));
+        spawn(pid, host_cpus, Arc::clone(&stop));
+        Pinner { stop }
+    }
+}
+
+impl Drop for Pinner {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// Pins the threads of process `pid` until `stop` is set or the process is gone.
+fn spawn(pid: u32, host_cpus: usize, stop: Arc<AtomicBool>) {
     std::thread::spawn(move || {
         let mut pinned = HashSet::new();
         let mut warned = false;
         let tasks = format!("/proc/{pid}/task");
-        while !exited.load(Ordering::Relaxed) {
+        while !stop.load(Ordering::Relaxed) {
             let Ok(dir) = std::fs::read_dir(&tasks) else {
                 return;
             };
@@ -145,8 +165,7 @@ mod tests {
             return;
         }
         let mut child = Command::new("sleep").arg("5").spawn().unwrap();
-        let exited = Arc::new(AtomicBool::new(false));
-        spawn(child.id(), cpus, Arc::clone(&exited));
+        let pinner = Pinner::start(child.id(), cpus);
         let want = cpu_list("sleep", cpus);
         let mut got = String::new();
         for _ in 0..50 {
@@ -160,7 +179,7 @@ mod tests {
                 break;
             }
         }
-        exited.store(true, Ordering::Relaxed);
+        drop(pinner);
         child.kill().unwrap();
         child.wait().unwrap();
         assert!(

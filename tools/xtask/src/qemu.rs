@@ -437,9 +437,11 @@ pub fn run(qemu: &Path, args: &[String], opts: &RunOptions) -> Result<QemuRun> {
     if let Some((sock, steps)) = &opts.qmp {
         crate::qmp::spawn(sock.clone(), Arc::clone(&booted), steps.clone());
     }
-    if let Some(host_cpus) = opts.pin_vcpu0 {
-        crate::pin::spawn(child.id(), host_cpus, Arc::clone(&exited));
-    }
+    // Stops pinning when this function returns, however it does: after QEMU is
+    // reaped its PID may belong to another process.
+    let pinner = opts
+        .pin_vcpu0
+        .map(|host_cpus| crate::pin::Pinner::start(child.id(), host_cpus));
     let mut stdout = child.stdout.take().expect("piped");
     let console_thread = {
         let (exited, booted) = (Arc::clone(&exited), Arc::clone(&booted));
@@ -506,6 +508,7 @@ pub fn run(qemu: &Path, args: &[String], opts: &RunOptions) -> Result<QemuRun> {
         }
         thread::sleep(Duration::from_millis(20));
     };
+    drop(pinner);
     let report = console_thread
         .wait(proc::PIPE_GRACE)
         .context("the guest console reader did not finish")?
