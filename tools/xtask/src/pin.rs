@@ -10,10 +10,10 @@
 //!
 //! QEMU names its vCPU threads `CPU <n>/TCG` (or `/KVM`) when started with
 //! `-name debug-threads=on`, which the caller adds. The pinner looks at the process's
-//! threads every [`PERIOD`] (workers come and go) and pins each new one once with
-//! `taskset`.
+//! threads every [`PERIOD`] (workers come and go) and pins each new one with `taskset`,
+//! again if its name changed since (a thread seen before QEMU named it).
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -79,7 +79,9 @@ impl Drop for Pinner {
 /// Pins the threads of process `pid` until `stop` is set or the process is gone.
 fn spawn(pid: u32, host_cpus: usize, stop: Arc<AtomicBool>) {
     std::thread::spawn(move || {
-        let mut pinned = HashSet::new();
+        // Thread → the name it was pinned under: a thread seen before QEMU
+        // named it (`CPU 0/TCG`) is pinned again once the name changes.
+        let mut pinned: HashMap<u32, String> = HashMap::new();
         let mut warned = false;
         let tasks = format!("/proc/{pid}/task");
         while !stop.load(Ordering::Relaxed) {
@@ -94,16 +96,16 @@ fn spawn(pid: u32, host_cpus: usize, stop: Arc<AtomicBool>) {
                 else {
                     continue;
                 };
-                if pinned.contains(&tid) {
-                    continue;
-                }
                 let Ok(comm) = std::fs::read_to_string(entry.path().join("comm")) else {
                     continue;
                 };
+                if pinned.get(&tid) == Some(&comm) {
+                    continue;
+                }
                 let cpus = cpu_list(&comm, host_cpus);
                 match set_affinity(tid, &cpus) {
                     Ok(()) => {
-                        pinned.insert(tid);
+                        pinned.insert(tid, comm);
                     }
                     Err(e) if !warned && Path::new(&tasks).join(tid.to_string()).exists() => {
                         eprintln!(
