@@ -15,7 +15,9 @@
 //! CSTS) like any other vanished device. Only a kernel-generated fault
 //! (`si_code` BUS_ADRERR, which is what a zapped mapping raises) is handled;
 //! any other SIGBUS goes to the handler that was installed before, or gets
-//! the default action. SPDK handles a removed device the same way.
+//! the default action; one that does not come back by itself when the
+//! handler returns (sent, or an asynchronous BUS_MCEERR_AO) is raised again
+//! under the default action. SPDK handles a removed device the same way.
 //!
 //! Why a fault's address is safe to act on: the kernel raises it on the
 //! faulting thread while that thread is inside a volatile access through a
@@ -207,17 +209,25 @@ fn install() {
     // SAFETY: `sigaction` structs are plain C data for which all zeroes is a
     // valid value (empty mask, no flags, SIG_DFL).
     let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+    // The previous action is read and published before this handler is
+    // installed: a SIGBUS on another thread in between must find it (with
+    // `PREVIOUS` still null the handler would fall back to SIG_DFL and the
+    // application's own handler would be lost).
+    // SAFETY: a null new action only reads the current one into `old`.
+    if unsafe { libc::sigaction(libc::SIGBUS, std::ptr::null(), &mut old) } != 0 {
+        return;
+    }
+    // Leaked on purpose: the handler may read it until the process ends.
+    PREVIOUS.store(Box::into_raw(Box::new(old)), Ordering::Release);
     // SAFETY: see above.
     let mut new: libc::sigaction = unsafe { std::mem::zeroed() };
     new.sa_sigaction = on_sigbus as SigInfoHandler as usize;
     new.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
     // SAFETY: `new.sa_mask` is a valid sigset_t owned by this frame.
     unsafe { libc::sigemptyset(&mut new.sa_mask) };
-    // SAFETY: both pointers are to valid sigaction structs of this frame; the
-    // handler is an `extern "C"` function with the SA_SIGINFO signature.
-    if unsafe { libc::sigaction(libc::SIGBUS, &new, &mut old) } == 0 {
-        // Leaked on purpose: the handler may read it until the process ends.
-        PREVIOUS.store(Box::into_raw(Box::new(old)), Ordering::Release);
+    // SAFETY: a valid sigaction struct of this frame; the handler is an
+    // `extern "C"` function with the SA_SIGINFO signature.
+    if unsafe { libc::sigaction(libc::SIGBUS, &new, std::ptr::null_mut()) } == 0 {
         // SAFETY: registers a plain `extern "C"` function with no
         // arguments, run in the child of a fork.
         unsafe { libc::pthread_atfork(None, None, Some(forget_in_child)) };
@@ -321,8 +331,9 @@ fn forward(sig: libc::c_int, code: libc::c_int, info: *mut libc::siginfo_t, ctx:
         // SAFETY: set once from a leaked Box and never freed or written again.
         let prev = unsafe { &*prev };
         let handler = prev.sa_sigaction;
-        if handler == libc::SIG_IGN && code <= 0 {
-            // A SIGBUS someone sent, to a process that ignored SIGBUS.
+        if handler == libc::SIG_IGN && !refaults(code) {
+            // A SIGBUS someone sent, or an asynchronous machine-check notice
+            // (BUS_MCEERR_AO), to a process that ignored SIGBUS.
             return;
         }
         let spent =
@@ -349,6 +360,21 @@ fn forward(sig: libc::c_int, code: libc::c_int, info: *mut libc::siginfo_t, ctx:
             }
             // SAFETY: restores the mask saved above.
             unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut()) };
+            if !refaults(code) {
+                // A handler that restores the default action and returns
+                // (Rust's own stack-overflow handler, installed in every Rust
+                // program, does so for any SIGBUS it does not own) expects
+                // the fault to come back: a signal that does not must be
+                // raised again to get that default action.
+                // SAFETY: all-zero is a valid sigaction to read into.
+                let mut now: libc::sigaction = unsafe { std::mem::zeroed() };
+                // SAFETY: a null new action only reads the current one.
+                let read = unsafe { libc::sigaction(sig, std::ptr::null(), &mut now) };
+                if read == 0 && now.sa_sigaction == libc::SIG_DFL {
+                    // SAFETY: raise is async-signal-safe.
+                    unsafe { libc::raise(sig) };
+                }
+            }
             return;
         }
     }
@@ -357,14 +383,29 @@ fn forward(sig: libc::c_int, code: libc::c_int, info: *mut libc::siginfo_t, ctx:
     dfl.sa_sigaction = libc::SIG_DFL;
     // SAFETY: restores the default action from a valid struct.
     unsafe { libc::sigaction(sig, &dfl, std::ptr::null_mut()) };
-    if code <= 0 {
-        // Sent, not a fault: deliver it again, now with the default action
-        // (blocked inside this handler, so it arrives when the handler returns).
+    if !refaults(code) {
+        // Sent, or an asynchronous notice such as BUS_MCEERR_AO (a memory
+        // error found in the background): nothing runs again to raise it
+        // anew, so deliver it again, now with the default action (blocked
+        // inside this handler, so it arrives when the handler returns).
         // SAFETY: raise is async-signal-safe.
         unsafe { libc::raise(sig) };
     }
     // A fault: returning runs the access again, and the kernel raises it
     // anew, with its own address and code, under the default action.
+}
+
+/// Whether a SIGBUS of this `si_code` comes back by itself when the handler
+/// returns: the synchronous faults (misaligned access, nonexistent physical
+/// address, object error such as a truncated file, and a machine check on the
+/// access itself) re-run the faulting instruction. A signal sent with
+/// `kill`/`sigqueue` (code ≤ 0) or an asynchronous notice (BUS_MCEERR_AO,
+/// or a code this list does not know) does not.
+fn refaults(code: libc::c_int) -> bool {
+    matches!(
+        code,
+        libc::BUS_ADRALN | libc::BUS_ADRERR | libc::BUS_OBJERR | libc::BUS_MCEERR_AR
+    )
 }
 
 #[cfg(test)]
@@ -549,5 +590,64 @@ mod tests {
              (10: its file mapping read all ones and its anonymous page next to \
              it was replaced by all ones)"
         );
+    }
+
+    /// An asynchronous SIGBUS that is not ours (BUS_MCEERR_AO: the kernel
+    /// found a memory error in the background) is not raised again by
+    /// anything re-running, so the handler must deliver it again under the
+    /// previous (here default) action: the process dies of it, rather than
+    /// running on with the handler gone (a later revoked BAR would then kill
+    /// it instead of reading all ones). In a child, as the signal is fatal.
+    #[test]
+    fn an_asynchronous_machine_check_keeps_its_default_action() {
+        INSTALL.call_once(install);
+        // SAFETY: the child does only async-signal-safe calls, then _exit.
+        let child = unsafe { libc::fork() };
+        if child == 0 {
+            // SAFETY: all-zero is a valid siginfo_t to fill in.
+            let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+            info.si_signo = libc::SIGBUS;
+            info.si_code = libc::BUS_MCEERR_AO;
+            // SAFETY: queues SIGBUS with that code to this thread; the
+            // kernel copies `info`. Only a positive si_code is refused for a
+            // signal sent to another process, not to oneself.
+            let r = unsafe {
+                libc::syscall(
+                    libc::SYS_rt_tgsigqueueinfo,
+                    libc::getpid(),
+                    libc::gettid(),
+                    libc::SIGBUS,
+                    &info as *const libc::siginfo_t,
+                )
+            };
+            // SAFETY: ends the child at once (async-signal-safe): 5 if the
+            // signal could not be sent, 10 if it was survived.
+            unsafe { libc::_exit(if r == 0 { 10 } else { 5 }) };
+        }
+        assert!(child > 0);
+        let mut status = 0;
+        // SAFETY: waits for the child made above.
+        assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+        let exited = libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status));
+        assert!(
+            libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGBUS,
+            "the child survived a BUS_MCEERR_AO SIGBUS: exit code {exited:?} \
+             (10: survived, 5: could not send it)"
+        );
+    }
+
+    #[test]
+    fn only_synchronous_faults_refault() {
+        for c in [
+            libc::BUS_ADRALN,
+            libc::BUS_ADRERR,
+            libc::BUS_OBJERR,
+            libc::BUS_MCEERR_AR,
+        ] {
+            assert!(refaults(c), "{c}");
+        }
+        for c in [libc::BUS_MCEERR_AO, 0, libc::SI_QUEUE, libc::SI_TKILL, 99] {
+            assert!(!refaults(c), "{c}");
+        }
     }
 }
