@@ -32,15 +32,17 @@ unsafe impl Send for ListPages {}
 impl ListPages {
     /// Takes `buf` as `slots` areas of `area_bytes` (a positive multiple of
     /// the memory page, so that every area starts on a page like its IOVA).
-    /// Fails when the buffer is smaller, or does not start on a page.
+    /// Fails when there are no slots, the buffer is smaller, or it does not
+    /// start on a page.
     pub fn new(buf: DmaBuffer, slots: u32, area_bytes: usize) -> Result<ListPages, DmaError> {
         let (base, len) = buf.raw();
         let need = (slots as usize).checked_mul(area_bytes);
-        if area_bytes == 0
-            || area_bytes % crate::PAGE_SIZE != 0
+        if slots == 0
+            || area_bytes == 0
+            || !area_bytes.is_multiple_of(crate::PAGE_SIZE)
             || need.is_none_or(|n| n > len)
-            || base.as_ptr() as usize % 8 != 0
-            || buf.iova() % crate::PAGE_SIZE as u64 != 0
+            || !(base.as_ptr() as usize).is_multiple_of(8)
+            || !buf.iova().is_multiple_of(crate::PAGE_SIZE as u64)
         {
             return Err(DmaError::OutOfBounds {
                 what: "list pages (slots x whole pages per slot, page-aligned)",
@@ -64,11 +66,12 @@ impl ListPages {
     }
 
     /// Offset of `slot`'s area in [`ListPages::buffer`] and its IOVA (not
-    /// checked: a slot past the end gives an address no write accepts).
+    /// checked: a slot past the end gives an address no write accepts;
+    /// wrapping, so that it never panics).
     #[inline(always)]
     pub fn area(&self, slot: u16) -> (usize, u64) {
-        let offset = usize::from(slot) * self.area_bytes;
-        (offset, self.buf.iova() + offset as u64)
+        let offset = usize::from(slot).wrapping_mul(self.area_bytes);
+        (offset, self.buf.iova().wrapping_add(offset as u64))
     }
 
     /// The buffer behind the areas (for the bounds-checked writers).
@@ -148,6 +151,14 @@ mod tests {
         assert!(ListPages::new(buffer_at(0x20_0000, 8192), 3, 4096).is_err());
         assert!(ListPages::new(buffer_at(0x20_0000, 8192), 1, 2048).is_err());
         assert!(ListPages::new(buffer_at(0x20_0000, 8192), 1, 0).is_err());
+        assert!(
+            ListPages::new(buffer_at(0x20_0000, 8192), 0, 4096).is_err(),
+            "no slots"
+        );
+        assert!(
+            ListPages::new(buffer_at(0x20_0000, 8192), 0, usize::MAX & !0xfff).is_err(),
+            "no slots, an area larger than the buffer"
+        );
         assert!(ListPages::new(buffer_at(0x20_0000, 8192), 1, 8192).is_ok());
         let region = crate::memory::DmaRegion::new(
             8192,

@@ -233,8 +233,11 @@ impl HostMemory {
         backing: PageBacking,
         inherited: bool,
     ) -> Result<Arc<HostMemory>, memmap2::MmapMut> {
-        // A raw pointer taken from the mapping without forming a slice
-        // (`MmapMut::as_mut_ptr`); moving the `MmapMut` below moves its
+        // A raw pointer taken from the mapping. memmap2 gives `MmapMut` no
+        // raw-pointer accessor, so this goes through its `DerefMut`: a
+        // `&mut [u8]` over the mapping lives for this one call, before the
+        // mapping is registered with the IOMMU (no device can write it yet),
+        // and none is formed after. Moving the `MmapMut` below moves its
         // handle, not the mapped pages, so the pointer stays valid for as
         // long as `owner` holds it.
         let Some(ptr) = NonNull::new(mapping.as_mut_ptr()) else {
@@ -350,7 +353,7 @@ impl HostMemory {
     #[inline(always)]
     fn check(&self, offset: usize, len: usize, align: usize) -> Result<*mut u8, DmaError> {
         match offset.checked_add(len) {
-            Some(end) if end <= self.len && offset % align == 0 => {
+            Some(end) if end <= self.len && offset.is_multiple_of(align) => {
                 // The pointer arithmetic itself is safe (wrapping_add); it stays
                 // inside the mapping because of the check above.
                 Ok(self.ptr.as_ptr().wrapping_add(offset))
@@ -598,7 +601,7 @@ impl fmt::Debug for DmaRegion {
 /// page-aligned (the PRP and queue arithmetic relies on it), or its end not
 /// representable (`iova + len` would overflow).
 fn unusable_iova(iova: u64, len: usize) -> Option<DmaError> {
-    let aligned = iova % crate::PAGE_SIZE as u64 == 0;
+    let aligned = iova.is_multiple_of(crate::PAGE_SIZE as u64);
     if aligned && iova.checked_add(len as u64).is_some() {
         return None;
     }

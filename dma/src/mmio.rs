@@ -86,7 +86,7 @@ impl Bar {
 
     #[inline(always)]
     fn at(&self, offset: usize, size: usize) -> Option<*mut u8> {
-        (offset % size == 0 && offset.checked_add(size).is_some_and(|e| e <= self.len))
+        (offset.is_multiple_of(size) && offset.checked_add(size).is_some_and(|e| e <= self.len))
             .then(|| self.ptr.as_ptr().wrapping_add(offset))
     }
 
@@ -119,7 +119,7 @@ impl Bar {
     /// access to 64-bit registers); all ones outside the BAR.
     #[inline]
     pub fn read64(&self, offset: usize) -> u64 {
-        if offset % 8 != 0 {
+        if !offset.is_multiple_of(8) {
             return u64::MAX;
         }
         let lo = self.read32(offset) as u64;
@@ -130,7 +130,7 @@ impl Bar {
     /// Volatile 64-bit register write as two 32-bit writes, low dword first.
     #[inline]
     pub fn write64(&self, offset: usize, value: u64) {
-        if offset % 8 != 0 {
+        if !offset.is_multiple_of(8) {
             return;
         }
         self.write32(offset, value as u32);

@@ -73,8 +73,8 @@ impl DmaPool {
         len.checked_next_multiple_of(PAGE_SIZE)
     }
 
-    /// Carves `slab` (at least `count` × [`DmaPool::stride`]`(len)` bytes)
-    /// into `count` buffers of `len` bytes.
+    /// Carves `slab` (at least `count` × [`DmaPool::stride`]`(len)` bytes,
+    /// starting on a 4 KiB page) into `count` buffers of `len` bytes.
     pub fn new(slab: DmaBuffer, len: usize, count: usize) -> Result<DmaPool, DmaError> {
         static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         let stride = Self::stride(len).filter(|_| len > 0);
@@ -84,6 +84,13 @@ impl DmaPool {
                 "a pool of {count} buffers of {len} bytes"
             )));
         };
+        if !slab.iova().is_multiple_of(PAGE_SIZE as u64) {
+            return Err(DmaError::InvalidAllocation(format!(
+                "a pool's slab must start on a 4 KiB page; this one starts at IOVA {:#x} \
+                 (allocate it with `alloc_dma`, or split it at a page multiple)",
+                slab.iova()
+            )));
+        }
         if count == 0 || need > slab.len() {
             return Err(DmaError::InvalidAllocation(format!(
                 "a pool of {count} buffers of {len} bytes needs {need} bytes; the slab has {}",
@@ -169,6 +176,19 @@ mod tests {
         assert!(p.put(slab(4096)).is_err(), "a buffer from no pool");
         assert!(DmaPool::new(slab(4096), 4096, 2).is_err(), "slab too small");
         assert!(DmaPool::new(slab(4096), 0, 1).is_err());
+    }
+
+    #[test]
+    fn a_slab_off_a_page_is_refused() {
+        // A piece split off at 4196 bytes starts inside a page: its buffers
+        // would not start on pages (one 4 KiB buffer would need PRP2).
+        let mut pieces = slab(4 * 4096).split(4196).unwrap();
+        let off = pieces.remove(1);
+        assert_eq!(off.iova() % 4096, 4196 % 4096);
+        let e = DmaPool::new(off, 4096, 1).unwrap_err();
+        assert!(e.to_string().contains("4 KiB page"), "{e}");
+        let on = slab(4 * 4096).split(8192).unwrap().remove(1);
+        assert!(DmaPool::new(on, 4096, 2).is_ok(), "a piece split at a page");
     }
 
     #[test]

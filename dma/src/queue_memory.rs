@@ -30,8 +30,8 @@ fn check(buf: &DmaBuffer, entries: u32, entry_bytes: usize) -> Result<NonNull<u8
     // the page's start by the device, over whatever lies before it.
     if entries == 0
         || need.is_none_or(|n| n > len)
-        || base.as_ptr() as usize % entry_bytes != 0
-        || buf.iova() % crate::PAGE_SIZE as u64 != 0
+        || !(base.as_ptr() as usize).is_multiple_of(entry_bytes)
+        || !buf.iova().is_multiple_of(crate::PAGE_SIZE as u64)
     {
         return Err(DmaError::OutOfBounds {
             what: "queue memory (entries x entry size, page-aligned)",

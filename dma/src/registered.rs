@@ -323,13 +323,13 @@ impl RegisteredMemory {
         if len == 0 {
             return Err(RegisterError::new(RegisterFailure::Empty, mapping));
         }
-        if vaddr % PAGE_SIZE != 0 || vaddr == 0 {
+        if !vaddr.is_multiple_of(PAGE_SIZE) || vaddr == 0 {
             return Err(RegisterError::new(
                 RegisterFailure::NotPageAligned { vaddr },
                 mapping,
             ));
         }
-        if len % PAGE_SIZE != 0 {
+        if !len.is_multiple_of(PAGE_SIZE) {
             let rounded = len.div_ceil(PAGE_SIZE).saturating_mul(PAGE_SIZE);
             return Err(RegisterError::new(
                 RegisterFailure::LengthNotPageMultiple { len, rounded },
@@ -485,7 +485,7 @@ impl RegisteredMemory {
     /// what the mapping holds there.
     pub fn buffer(&self, offset: usize, len: usize) -> Result<DmaBuffer, CarveError> {
         let pages_len = self.pages_len(len)?;
-        if offset % PAGE_SIZE != 0 {
+        if !offset.is_multiple_of(PAGE_SIZE) {
             return Err(CarveError::Unaligned {
                 offset,
                 aligned: offset - offset % PAGE_SIZE,

@@ -89,7 +89,7 @@ impl SharedWords {
         {
             // Inside the buffer (checked), so inside its live mapping.
             let p = self.buf.as_ptr().wrapping_add(offset);
-            if p as usize % 4 == 0 {
+            if (p as usize).is_multiple_of(4) {
                 return Ok(p.cast::<u32>());
             }
         }

@@ -82,7 +82,7 @@ fn pack(start: usize, len: usize) -> Option<u64> {
         len.div_ceil(1 << PAGE_SHIFT) as u64,
     );
     // 47-bit user addresses: the packed value is never CLAIMED.
-    (start % (1 << PAGE_SHIFT) == 0 && s < (1 << 35) && l > 0 && l < (1 << 28))
+    (start.is_multiple_of(1 << PAGE_SHIFT) && s < (1 << 35) && l > 0 && l < (1 << 28))
         .then_some((s << 28) | l)
 }
 
@@ -608,14 +608,18 @@ mod tests {
             let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
             info.si_signo = libc::SIGBUS;
             info.si_code = libc::BUS_MCEERR_AO;
+            // SAFETY: getpid and gettid take nothing and cannot fail.
+            let pid = unsafe { libc::getpid() };
+            // SAFETY: as above.
+            let tid = unsafe { libc::gettid() };
             // SAFETY: queues SIGBUS with that code to this thread; the
-            // kernel copies `info`. Only a positive si_code is refused for a
+            // kernel copies `info`. A positive si_code is refused only for a
             // signal sent to another process, not to oneself.
             let r = unsafe {
                 libc::syscall(
                     libc::SYS_rt_tgsigqueueinfo,
-                    libc::getpid(),
-                    libc::gettid(),
+                    pid,
+                    tid,
                     libc::SIGBUS,
                     &info as *const libc::siginfo_t,
                 )

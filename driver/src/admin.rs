@@ -215,10 +215,10 @@ impl AdminQueue {
                 }
             }
         }
-        if n > 0 {
-            if let Some(head) = self.cq_ring.commit() {
-                dev.write32(self.cq_db, head as u32);
-            }
+        if n > 0
+            && let Some(head) = self.cq_ring.commit()
+        {
+            dev.write32(self.cq_db, head as u32);
         }
         Ok(n)
     }

@@ -397,7 +397,7 @@ impl<D: Device> Controller<D> {
     /// Get Log Page: `len` bytes (a multiple of 4) of log `lid` for `nsid`
     /// (0xffff_ffff = controller-wide) from byte `offset`.
     pub fn get_log_page(&self, lid: u8, nsid: u32, len: usize, offset: u64) -> Result<Vec<u8>> {
-        if len == 0 || len % 4 != 0 {
+        if len == 0 || !len.is_multiple_of(4) {
             return Err(Error::InvalidArgument(format!(
                 "log page length {len} must be a non-zero multiple of 4"
             )));

@@ -247,7 +247,7 @@ impl PiFormat {
             return false;
         };
         let (bs, ms) = (self.lba_size, self.ms);
-        if data.len() % bs != 0 || metadata.len() != data.len() / bs * ms {
+        if !data.len().is_multiple_of(bs) || metadata.len() != data.len() / bs * ms {
             return false;
         }
         let mut tag = ref_tag;
@@ -265,7 +265,7 @@ impl PiFormat {
             return false;
         };
         let stride = self.lba_size + self.ms;
-        if buf.len() % stride != 0 {
+        if !buf.len().is_multiple_of(stride) {
             return false;
         }
         let mut tag = ref_tag;

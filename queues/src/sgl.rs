@@ -377,7 +377,7 @@ where
     };
     let mut hops = 0usize;
     loop {
-        if seg.length == 0 || seg.length as usize % DESCRIPTOR_SIZE != 0 {
+        if seg.length == 0 || !(seg.length as usize).is_multiple_of(DESCRIPTOR_SIZE) {
             return Err(SglError::BadDescriptor(seg.address));
         }
         hops += 1;

@@ -26,6 +26,9 @@ use crate::pci::{PciAddress, Sysfs};
 
 /// PCI configuration space: Command register offset.
 pub const PCI_COMMAND: u64 = 0x04;
+/// The x86 interrupt address window (first and last byte): DMA writes there
+/// are MSI messages, so no IOVA may fall in it.
+const MSI_WINDOW: (u64, u64) = (0xfee0_0000, 0xfeef_ffff);
 /// Command register: Memory Space Enable.
 pub const PCI_COMMAND_MEMORY: u16 = 1 << 1;
 /// Command register: Bus Master Enable.
@@ -176,13 +179,7 @@ fn iommu_info(container: &OwnedFd) -> Result<(Vec<IovaRange>, u64), DmaError> {
     }?;
     let pgsizes = head.iova_pgsizes;
     let full = (head.argsz as usize).max(std::mem::size_of::<abi::IommuInfo>());
-    // Without the capability (old kernels): the low 39 bits, the narrowest
-    // address width an IOMMU here offers (QEMU's intel-iommu default), so an
-    // IOVA handed out fits whatever the IOMMU is.
-    let fallback = vec![IovaRange {
-        start: 0,
-        end: (1u64 << 39) - 1,
-    }];
+    let fallback = fallback_iova_ranges();
     if head.flags & abi::VFIO_IOMMU_INFO_CAPS == 0 || full <= std::mem::size_of::<abi::IommuInfo>()
     {
         return Ok((fallback, pgsizes));
@@ -330,6 +327,8 @@ pub struct VfioDevice {
     /// What the release that closed the device file returned.
     dma_stopped: AtomicBool,
     config_offset: u64,
+    /// Size of the configuration space region (`VFIO_PCI_CONFIG_REGION_INDEX`).
+    config_size: u64,
     container: Arc<VfioContainer>,
 }
 
@@ -453,6 +452,7 @@ impl VfioDevice {
             device: RwLock::new(Some(device)),
             dma_stopped: AtomicBool::new(false),
             config_offset: config.offset,
+            config_size: config.size,
             container,
         };
         let cmd = dev.config_read16(PCI_COMMAND)?;
@@ -495,20 +495,41 @@ impl VfioDevice {
         })
     }
 
-    /// Reads `buf.len()` bytes of configuration space at `offset`.
+    /// Reads `buf.len()` bytes of configuration space at `offset`. A range
+    /// past the configuration space region is refused (`OutOfBounds`)
+    /// rather than read from another region of the device file.
     pub fn config_read(&self, offset: u64, buf: &mut [u8]) -> Result<(), DmaError> {
+        let at = self.config_at(offset, buf.len(), "config space read")?;
         self.with_file(
             || format!("config space read at 0x{offset:x} of {}", self.address),
-            |f| f.read_exact_at(buf, self.config_offset + offset),
+            |f| f.read_exact_at(buf, at),
         )
     }
 
-    /// Writes `buf` to configuration space at `offset`.
+    /// Writes `buf` to configuration space at `offset` (refused past the
+    /// configuration space region, as for [`VfioDevice::config_read`]).
     pub fn config_write(&self, offset: u64, buf: &[u8]) -> Result<(), DmaError> {
+        let at = self.config_at(offset, buf.len(), "config space write")?;
         self.with_file(
             || format!("config space write at 0x{offset:x} of {}", self.address),
-            |f| f.write_all_at(buf, self.config_offset + offset),
+            |f| f.write_all_at(buf, at),
         )
+    }
+
+    /// The file offset of `len` bytes at `offset` in configuration space.
+    fn config_at(&self, offset: u64, len: usize, what: &'static str) -> Result<u64, DmaError> {
+        if offset
+            .checked_add(len as u64)
+            .is_none_or(|end| end > self.config_size)
+        {
+            return Err(DmaError::OutOfBounds {
+                what,
+                offset: usize::try_from(offset).unwrap_or(usize::MAX),
+                len,
+                size: usize::try_from(self.config_size).unwrap_or(usize::MAX),
+            });
+        }
+        Ok(self.config_offset + offset)
     }
 
     /// Registers an eventfd for the device request (`VFIO_PCI_REQ_IRQ_INDEX`):
@@ -695,4 +716,47 @@ fn region_info(device: &File, index: u32) -> Result<abi::RegionInfo, DmaError> {
         });
     }
     Ok(info)
+}
+
+/// The usable IOVA ranges when the kernel does not report them (no
+/// `VFIO_IOMMU_TYPE1_INFO_CAP_IOVA_RANGE`).
+fn fallback_iova_ranges() -> Vec<IovaRange> {
+    // Without the capability (old kernels): the low 39 bits, the narrowest
+    // address width an IOMMU here offers (QEMU's intel-iommu default), so an
+    // IOVA handed out fits whatever the IOMMU is — less the x86 interrupt
+    // (MSI) window at FEE0_0000h–FEEF_FFFFh, which those kernels did not
+    // keep out of a mapping: a device write there is taken as an interrupt
+    // message, not DMA (newer kernels leave it out of the reported ranges).
+    vec![
+        IovaRange {
+            start: 0,
+            end: MSI_WINDOW.0 - 1,
+        },
+        IovaRange {
+            start: MSI_WINDOW.1 + 1,
+            end: (1u64 << 39) - 1,
+        },
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fallback_ranges_leave_out_the_msi_window() {
+        let r = fallback_iova_ranges();
+        assert!(!r.is_empty());
+        for x in &r {
+            assert!(x.start <= x.end);
+            assert!(
+                x.end < MSI_WINDOW.0 || x.start > MSI_WINDOW.1,
+                "{x} overlaps FEE0_0000h–FEEF_FFFFh"
+            );
+            assert!(x.end < 1 << 39, "{x} is wider than 39 bits");
+        }
+        // Everything else below 2^39 stays usable.
+        let total: u64 = r.iter().map(|x| x.end - x.start + 1).sum();
+        assert_eq!(total, (1 << 39) - (MSI_WINDOW.1 - MSI_WINDOW.0 + 1));
+    }
 }

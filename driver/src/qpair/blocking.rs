@@ -233,7 +233,10 @@ impl Periodic {
     #[inline]
     fn tick(&mut self) -> (bool, bool) {
         self.0 = self.0.wrapping_add(1);
-        (self.0 % 1024 == 0, self.0 % (16 * 1024) == 0)
+        (
+            self.0.is_multiple_of(1024),
+            self.0.is_multiple_of(16 * 1024),
+        )
     }
 }
 

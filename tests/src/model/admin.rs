@@ -134,7 +134,7 @@ impl State {
             return Outcome::err(Status::INVALID_QUEUE_SIZE.with_dnr());
         };
         let base = cmd.prp1();
-        if base == 0 || base % self.regs.page_size() != 0 {
+        if base == 0 || !base.is_multiple_of(self.regs.page_size()) {
             return Outcome::err(Status::PRP_OFFSET_INVALID.with_dnr());
         }
         if !pc {
@@ -167,7 +167,7 @@ impl State {
             return Outcome::err(Status::INVALID_QUEUE_SIZE.with_dnr());
         };
         let base = cmd.prp1();
-        if base == 0 || base % self.regs.page_size() != 0 {
+        if base == 0 || !base.is_multiple_of(self.regs.page_size()) {
             return Outcome::err(Status::PRP_OFFSET_INVALID.with_dnr());
         }
         if cdw11 & 1 == 0 {

@@ -42,7 +42,7 @@ impl State {
     pub fn doorbell(&mut self, offset: usize, value: u32) {
         let stride = self.stride();
         let rel = (offset - super::regs::DOORBELLS) as u64;
-        if rel % stride != 0 {
+        if !rel.is_multiple_of(stride) {
             self.violation(format!(
                 "write of {value:#x} at {offset:#x}: not a doorbell (stride {stride})"
             ));

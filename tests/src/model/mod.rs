@@ -509,7 +509,7 @@ impl ModelController {
         };
         let bs = ns.lba_size();
         assert!(
-            data.len() % bs == 0,
+            data.len().is_multiple_of(bs),
             "data is not a whole number of {bs}-byte blocks"
         );
         assert!(

@@ -124,7 +124,7 @@ impl State {
         if self.gone {
             return u32::MAX;
         }
-        if offset % 4 != 0 || offset.checked_add(4).is_none_or(|e| e > self.cfg.bar_len) {
+        if !offset.is_multiple_of(4) || offset.checked_add(4).is_none_or(|e| e > self.cfg.bar_len) {
             self.violation(format!(
                 "32-bit register read at invalid offset {offset:#x}"
             ));
@@ -153,7 +153,7 @@ impl State {
         if self.gone {
             return u64::MAX;
         }
-        if offset % 8 != 0 || offset.checked_add(8).is_none_or(|e| e > self.cfg.bar_len) {
+        if !offset.is_multiple_of(8) || offset.checked_add(8).is_none_or(|e| e > self.cfg.bar_len) {
             self.violation(format!(
                 "64-bit register read at invalid offset {offset:#x}"
             ));
@@ -169,7 +169,7 @@ impl State {
         if self.gone {
             return;
         }
-        if offset % 4 != 0 || offset.checked_add(4).is_none_or(|e| e > self.cfg.bar_len) {
+        if !offset.is_multiple_of(4) || offset.checked_add(4).is_none_or(|e| e > self.cfg.bar_len) {
             self.violation(format!(
                 "32-bit register write of {value:#x} at invalid offset {offset:#x}"
             ));
@@ -202,7 +202,7 @@ impl State {
         if self.gone {
             return;
         }
-        if offset % 8 != 0
+        if !offset.is_multiple_of(8)
             || offset >= DOORBELLS
             || offset.checked_add(8).is_none_or(|e| e > self.cfg.bar_len)
         {

@@ -124,7 +124,7 @@ impl std::fmt::Display for Size {
             (1 << 10, "K"),
         ];
         for (unit, suffix) in UNITS {
-            if self.0 >= unit && self.0 % unit == 0 {
+            if self.0 >= unit && self.0.is_multiple_of(unit) {
                 return write!(f, "{}{suffix}", self.0 / unit);
             }
         }

@@ -48,10 +48,10 @@ impl QemuCaps {
             .to_string();
         let key = format!("{} {version_line}", qemu.display());
         let cache_file = cache.join("qemu-caps");
-        if let Ok(text) = std::fs::read_to_string(&cache_file) {
-            if let Some(caps) = Self::from_cache(&text, &key) {
-                return Ok(caps);
-            }
+        if let Ok(text) = std::fs::read_to_string(&cache_file)
+            && let Some(caps) = Self::from_cache(&text, &key)
+        {
+            return Ok(caps);
         }
         let version = version_line
             .split_whitespace()

@@ -424,7 +424,7 @@ fn run(a: &Args) -> Result<Value> {
             .map_or_else(String::new, |l| l.to_string())
     );
     ensure!(
-        IO_SIZE % lba == 0,
+        IO_SIZE.is_multiple_of(lba),
         "namespace {} has {lba}-byte blocks; 4096 is not a multiple",
         a.nsid
     );

@@ -183,7 +183,7 @@ pub fn validate(
                  has none (`upnvme identify -H` shows DPS; `upnvme format --pi` sets it)"
             )));
         }
-        if lba == 0 || a.io_size % lba != 0 {
+        if lba == 0 || !a.io_size.is_multiple_of(lba) {
             return Err(usage(format!(
                 "I/O size {} is not a multiple of namespace {n}'s LBA size {lba}",
                 a.io_size

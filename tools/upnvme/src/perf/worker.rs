@@ -778,7 +778,7 @@ fn run_loop(
         // then only a look at each CQ. The warm-up's end and the window's
         // end are decided inside each poll by the completions' own TSC
         // stamps (there is always a command in flight until the end).
-        if idle_polls % IDLE_CLOCK_POLLS == 0 {
+        if idle_polls.is_multiple_of(IDLE_CLOCK_POLLS) {
             let now = rdtsc();
             let time_up = clock.time_up(now, stop);
             // Done when nothing is in flight and nothing more may be

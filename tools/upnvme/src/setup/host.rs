@@ -241,9 +241,9 @@ pub struct HugePool {
 
 /// A hugepage size for humans: `2 MiB`, `1 GiB`, `64 KiB`.
 pub fn size_name(kib: u64) -> String {
-    if kib >= 1 << 20 && kib % (1 << 20) == 0 {
+    if kib >= 1 << 20 && kib.is_multiple_of(1 << 20) {
         format!("{} GiB", kib >> 20)
-    } else if kib >= 1 << 10 && kib % (1 << 10) == 0 {
+    } else if kib >= 1 << 10 && kib.is_multiple_of(1 << 10) {
         format!("{} MiB", kib >> 10)
     } else {
         format!("{kib} KiB")

@@ -78,7 +78,7 @@ pub fn parse_page_size(s: &str) -> Result<u64, String> {
         .map_err(|_| format!("'{s}' is not a size such as 2M or 1G"))?;
     let kib = match unit.to_ascii_lowercase().as_str() {
         "" | "b" => {
-            if n % 1024 != 0 {
+            if !n.is_multiple_of(1024) {
                 return Err(format!("'{s}' is not a whole number of KiB"));
             }
             Some(n / 1024)

@@ -84,10 +84,10 @@ pub fn parse_port(text: &str, contenders: &[Contender]) -> Collected {
             out.info.insert(k.to_string(), v.trim().to_string());
         } else if let Some(rest) = line.strip_prefix(RESULT) {
             let f: Vec<&str> = rest.split_whitespace().collect();
-            if let [id, round, status] = f[..] {
-                if let (Ok(r), Ok(s)) = (round.parse(), status.parse()) {
-                    current = Some((id.to_string(), r, s, String::new()));
-                }
+            if let [id, round, status] = f[..]
+                && let (Ok(r), Ok(s)) = (round.parse(), status.parse())
+            {
+                current = Some((id.to_string(), r, s, String::new()));
             }
         }
     }
