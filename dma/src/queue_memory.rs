@@ -113,6 +113,26 @@ impl SqMemory {
         }
         true
     }
+
+    /// Command Dword 0 of the SQE in slot `index` as last written by
+    /// [`SqMemory::write_sqe`] (one volatile load; the controller only reads
+    /// submission queue memory), or `None` when `index` is not a slot. For
+    /// the cold checks that need to know which command a slot holds.
+    pub fn read_cdw0(&self, index: u32) -> Option<u32> {
+        if index >= self.entries {
+            return None;
+        }
+        let p = self
+            .base
+            .as_ptr()
+            .wrapping_add(index as usize * SQE_BYTES)
+            .cast::<u32>();
+        // SAFETY: `index < entries` and `entries * 64 <= len` (checked at
+        // creation): the slot's first dword lies inside the live mapping,
+        // and the base is 64-byte aligned. Volatile: device-visible memory,
+        // no reference formed.
+        Some(u32::from_le(unsafe { p.read_volatile() }))
+    }
 }
 
 /// One CQE slot of a [`CqMemory`], checked once by [`CqMemory::load_dw3`]:

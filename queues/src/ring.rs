@@ -98,7 +98,15 @@ pub struct SqRing {
     head: u32,
     tail: u32,
     committed: u32,
+    /// The committed tail while every pushed SQE is announced (tail equals
+    /// committed tail), else [`NOT_ALL_ANNOUNCED`]: what
+    /// [`SqRing::head_to_committed_if`] compares a CQE's SQ head with.
+    fast_sqhd: u64,
 }
+
+/// [`SqRing`]'s `fast_sqhd` while SQEs are pushed but not announced: no
+/// 32-bit CQE value widens to it.
+const NOT_ALL_ANNOUNCED: u64 = u64::MAX;
 
 impl SqRing {
     /// A ring of `entries` slots (2..=65536), empty, with all indices at 0.
@@ -109,6 +117,7 @@ impl SqRing {
             head: 0,
             tail: 0,
             committed: 0,
+            fast_sqhd: 0,
         })
     }
 
@@ -139,6 +148,29 @@ impl SqRing {
         distance(self.head, self.tail, self.entries)
     }
 
+    /// True when SQEs were pushed that no doorbell announced yet (the tail
+    /// is past the committed tail): one compare, for the reap's check that
+    /// a completion does not name such a command.
+    #[inline(always)]
+    pub fn has_unannounced(&self) -> bool {
+        self.tail != self.committed
+    }
+
+    /// The slots pushed but not yet announced, oldest first.
+    pub fn unannounced(&self) -> impl Iterator<Item = u16> + use<> {
+        let (entries, from) = (self.entries, self.committed);
+        (0..distance(self.committed, self.tail, self.entries))
+            .map(move |i| ((from + i) % entries) as u16)
+    }
+
+    /// Takes every announced SQE as fetched (the head moves to the committed
+    /// tail). Only for a caller that knows it: every command it announced
+    /// has completed, so the controller fetched them all, whatever the SQ
+    /// Head Pointer in their completions said.
+    pub fn assume_fetched(&mut self) {
+        self.head = self.committed;
+    }
+
     /// Number of SQEs that can still be pushed (`entries - 1 - outstanding`).
     pub fn free_slots(&self) -> u32 {
         self.entries - 1 - self.outstanding()
@@ -166,6 +198,7 @@ impl SqRing {
         }
         let slot = self.tail as u16;
         self.tail = n;
+        self.fast_sqhd = NOT_ALL_ANNOUNCED;
         Some(slot)
     }
 
@@ -178,6 +211,7 @@ impl SqRing {
             None
         } else {
             self.committed = self.tail;
+            self.fast_sqhd = u64::from(self.tail);
             Some(self.tail as u16)
         }
     }
@@ -185,11 +219,14 @@ impl SqRing {
     /// The common case of [`SqRing::update_head`] on its own: when `sqhd`
     /// (a CQE's SQ Head Pointer, widened, or any other value) is the
     /// committed tail — the controller has fetched everything announced —
-    /// it becomes the head and the answer is true. Otherwise nothing changes
-    /// and the answer is false (then [`SqRing::update_head`] decides).
+    /// and no SQE is pushed but unannounced, it becomes the head and the
+    /// answer is true. Otherwise nothing changes and the answer is false
+    /// (then [`SqRing::update_head`] decides, and the caller checks that the
+    /// completion is not for an unannounced command: see
+    /// [`SqRing::has_unannounced`]).
     #[inline(always)]
     pub fn head_to_committed_if(&mut self, sqhd: u32) -> bool {
-        if sqhd == self.committed {
+        if u64::from(sqhd) == self.fast_sqhd {
             self.head = sqhd;
             true
         } else {
@@ -401,6 +438,53 @@ mod tests {
         sq.update_head(65535).unwrap();
         assert_eq!(sq.push(), Some(65535));
         assert_eq!(sq.tail(), 0);
+    }
+
+    #[test]
+    fn the_one_compare_head_update_only_while_everything_is_announced() {
+        let mut sq = SqRing::new(4).unwrap();
+        // Fresh: nothing pushed, head 0 = committed 0.
+        assert!(sq.head_to_committed_if(0));
+        assert_eq!(sq.push(), Some(0));
+        assert!(sq.has_unannounced());
+        assert_eq!(sq.unannounced().collect::<Vec<_>>(), vec![0]);
+        assert!(!sq.head_to_committed_if(0), "slot 0 pushed, not announced");
+        assert_eq!(sq.commit(), Some(1));
+        assert!(!sq.has_unannounced());
+        assert!(sq.head_to_committed_if(1));
+        assert_eq!(sq.head(), 1);
+        // Two more pushed, wrapping past the end, one announced.
+        assert_eq!(sq.push(), Some(1));
+        assert_eq!(sq.commit(), Some(2));
+        assert_eq!(sq.push(), Some(2));
+        assert_eq!(sq.push(), Some(3));
+        assert_eq!(sq.unannounced().collect::<Vec<_>>(), vec![2, 3]);
+        assert!(!sq.head_to_committed_if(2));
+        // No 32-bit value passes while something is unannounced.
+        assert!(!sq.head_to_committed_if(u32::MAX));
+        sq.update_head(2).unwrap();
+        assert_eq!(sq.outstanding(), 2, "slots 2 and 3, unannounced");
+        // Everything announced was consumed: the head moves to the committed
+        // tail (here it already is), the unannounced stay.
+        sq.assume_fetched();
+        assert_eq!(sq.head(), 2);
+        assert_eq!(sq.commit(), Some(0));
+        assert!(sq.head_to_committed_if(0));
+        assert!(sq.is_empty());
+    }
+
+    #[test]
+    fn assume_fetched_frees_what_a_lagging_head_kept() {
+        let mut sq = SqRing::new(4).unwrap();
+        for _ in 0..3 {
+            sq.push();
+        }
+        sq.commit();
+        sq.update_head(0).unwrap(); // a head that did not move
+        assert!(sq.is_full());
+        sq.assume_fetched();
+        assert!(sq.is_empty());
+        assert_eq!(sq.free_slots(), 3);
     }
 
     #[test]

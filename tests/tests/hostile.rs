@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use common::{T, admin_op, assert_clean, open, opts, read_back, setup};
 use upnvme::{
     BLOCKING_TAG, Completion, Controller, ControllerOptions, Error, IoCommand, IoQueuePair,
-    Namespace, QueuePairOptions, Reject,
+    Namespace, QueuePairOptions, Reject, SqAnnounce,
 };
 use upnvme_tests::{Fault, Match, ModelConfig, ModelController};
 
@@ -761,4 +761,99 @@ fn dropping_a_failed_pair_quarantines_vector_and_metadata_buffers_too() {
         0,
         "the disabled controller posts nothing"
     );
+}
+
+/// A command queued from the callback but not yet announced (no SQ Tail
+/// doorbell covers it) cannot have been fetched: a completion naming its
+/// CID is a device fault, and its buffer does not go back (the device would
+/// run the command once a doorbell announced it, into memory the caller
+/// owned again).
+#[test]
+fn a_completion_for_a_command_not_yet_announced_is_a_device_fault() {
+    let (m, c) = setup(ModelConfig::default());
+    let ns = ns1(&c);
+    let mut qp = c
+        .io_queue_pair(QueuePairOptions {
+            entries: Some(4),
+            cq_entries: Some(8),
+            sq_announce: SqAnnounce::Batch,
+            ..Default::default()
+        })
+        .unwrap();
+    let qid = qp.qid();
+    let a = c.alloc_dma(4096).unwrap();
+    qp.submit(read(&ns, 0), Some(a), 1).unwrap();
+    let mut b = Some(c.alloc_dma(4096).unwrap());
+    let mut got = Vec::new();
+    let r = qp.process_completions(u32::MAX, |qp, cpl| {
+        if cpl.tag == 1 {
+            // B takes tracker slot 0 again, next generation: with 3 slots
+            // (2 slot bits) its CID is 4. It sits in SQ slot 1, past the
+            // committed tail 1, unannounced. The forged completion says SQ
+            // head 1 (everything announced was fetched) and names CID 4.
+            qp.queue(read(&ns, 1), b.take(), 2).unwrap();
+            assert!(m.post_raw_completion(qid, [0, 0, (u32::from(qid) << 16) | 1, 4]));
+        }
+        got.push(cpl.tag);
+    });
+    assert_eq!(got, vec![1], "B must not be delivered");
+    match r {
+        Err(Error::DeviceFault { what, .. }) => {
+            assert!(what.contains("not yet announced"), "{what}")
+        }
+        other => panic!("expected DeviceFault, got {other:?}"),
+    }
+    assert_failed_everywhere(&c, &mut qp);
+    drop(qp);
+    c.close().unwrap();
+    let _ = m.take_violations();
+}
+
+/// A device whose completions never move the SQ head (SQHD always 0, which
+/// is the head the host knows, so each is accepted) would leave the SQ
+/// "full" with nothing in flight, refusing every command for ever. Every
+/// command the pair announced has completed, so the controller fetched them
+/// all: the pair takes the SQ as consumed, and single commands and a split
+/// go on (the split used to fail the pair halfway and return `Ok`).
+#[test]
+fn an_sq_head_that_never_moves_does_not_fill_the_queue() {
+    let (m, c) = setup(ModelConfig {
+        mdts: 1, // 8 KiB per command: a 12 KiB read is a split of 2
+        ..ModelConfig::default()
+    });
+    let ns = ns1(&c);
+    m.write_namespace_data(1, 5, &[0x5a; 4096]);
+    let mut qp = small_pair(&c);
+    let qid = qp.qid();
+    for lba in 0..3 {
+        m.inject(Fault::BadSqHead {
+            on: Match::Queue(qid),
+            sqhd: 0,
+        });
+        let buf = c.alloc_dma(4096).unwrap();
+        qp.read_blocking(&ns, lba, 1, buf, T).unwrap();
+    }
+    // Head 0, tail 3 of 4 entries: the SQ ring is full, nothing in flight.
+    assert_eq!(qp.in_flight(), 0);
+    let buf = c.alloc_dma(4096).unwrap();
+    let buf = qp.read_blocking(&ns, 5, 1, buf, T).unwrap();
+    assert_eq!(read_back(&buf, 4096), vec![0x5a; 4096]);
+    assert!(c.failure().is_none());
+    // Again two stuck completions, then a split of 2 with one SQ slot free
+    // by the head the device reported.
+    for lba in 0..2 {
+        m.inject(Fault::BadSqHead {
+            on: Match::Queue(qid),
+            sqhd: 0,
+        });
+        let buf = c.alloc_dma(4096).unwrap();
+        qp.read_blocking(&ns, lba, 1, buf, T).unwrap();
+    }
+    let buf = c.alloc_dma(3 * 4096).unwrap();
+    let buf = qp.read_blocking(&ns, 3, 3, buf, T).unwrap();
+    assert_eq!(read_back(&buf, 3 * 4096)[2 * 4096..], [0x5a; 4096]);
+    assert!(c.failure().is_none(), "{:?}", c.failure());
+    drop(qp);
+    c.close().unwrap();
+    assert_clean(&m);
 }

@@ -136,8 +136,9 @@ pub struct QueuePairOptions {
     /// A command not completed after this long is aborted (Abort admin
     /// command); if it still has not completed after another `command_timeout`,
     /// the controller is reset. Checked by a scan every 1024 polls (no clock
-    /// read per I/O), so a command times out up to one scan interval late,
-    /// never early. It then completes exactly once with
+    /// read per I/O): a command is stamped by the first scan after its
+    /// submission, so it times out up to two scan intervals late, never
+    /// early. It then completes exactly once with
     /// [`crate::IoError::TimedOut`]. `None` disables command timeouts.
     pub command_timeout: Option<Duration>,
     /// PRPs or SGLs for data transfers.

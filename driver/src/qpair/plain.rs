@@ -128,8 +128,9 @@ impl<D: Device> IoQueuePair<D> {
                 Err(reason) => return Err(self.unqueue(slot, reason)),
             },
         };
-        let Some(pos) = self.sq_ring.push() else {
-            return Err(self.unqueue(slot, Reject::QueueFull));
+        let pos = match self.sq_ring.push() {
+            Some(pos) => pos,
+            None => self.sq_full(slot)?,
         };
         let mut q = io_qwords(p.op, cid.value, p.nsid, prp1, prp2, p.slba, p.cdw12);
         q[0] |= u64::from(sgl) * u64::from(PSDT_SGL_MPTR_ADDRESS);

@@ -29,10 +29,15 @@ impl<D: Device> IoQueuePair<D> {
     /// Pending queued commands are announced first (a due SQ tail before a due
     /// CQ head). Returns how many were delivered.
     ///
-    /// Never blocks and never spins: one look at the CQ (entries that arrive
-    /// while `f` runs are taken too, up to `max`). A protocol violation by
-    /// the device (unknown or stale CID, duplicate completion, SQ head out of
-    /// range, wrong SQ ID) is [`crate::Error::DeviceFault`]; the pair and the
+    /// Does not wait for completions: one look at the CQ (entries that arrive
+    /// while `f` runs are taken too, up to `max`). Two cold paths do send
+    /// admin commands and wait for them, each bounded by the admin timeout:
+    /// the timeout scan every 1024 polls with commands in flight (an Abort
+    /// for an overdue command, a reset when an aborted one is still not
+    /// back), and re-creating the queues after a controller reset. A
+    /// protocol violation by the device (unknown or stale CID, duplicate
+    /// completion, SQ head out of range, wrong SQ ID, a completion for a
+    /// command not yet announced) is [`crate::Error::DeviceFault`]; the pair and the
     /// controller are then failed, and commands still in flight keep their
     /// buffers until the controller is disabled.
     ///
@@ -247,12 +252,18 @@ impl<D: Device> IoQueuePair<D> {
         }
         let (dw2, dw0) = (entry.dw2(), entry.dw0());
         self.cq_ring.advance();
-        // SQ ID and SQ head: one compare when the SQ ID is ours and the
-        // controller fetched everything announced (`dw2 ^ qid_dw2` is then
-        // the SQ head alone, and equal to the committed tail, which is below
-        // 10000h); else both checked on their own.
+        // SQ ID and SQ head: one compare when the SQ ID is ours, the
+        // controller fetched everything announced and nothing is queued but
+        // unannounced (`dw2 ^ qid_dw2` is then the SQ head alone, and equal
+        // to the committed tail, which is below 10000h); else each checked
+        // on its own — and a command queued but not yet announced cannot
+        // have been fetched, so a completion naming it is bogus (its buffer
+        // must not go back: the device would run the command once a
+        // doorbell announces it).
         if !self.sq_ring.head_to_committed_if(dw2 ^ self.qid_dw2)
-            && ((dw2 >> 16) as u16 != self.qid || self.sq_ring.update_head(dw2 as u16).is_err())
+            && ((dw2 >> 16) as u16 != self.qid
+                || self.sq_ring.update_head(dw2 as u16).is_err()
+                || (self.sq_ring.has_unannounced() && self.names_unannounced(dw3 as u16)))
         {
             return Err(self.bad_completion(dw2, dw3));
         }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use super::{Completion, IoQueuePair, clock};
 use crate::controller::CreateFailure;
 use crate::device::Device;
-use crate::error::{Error, IoError, Reject, Result};
+use crate::error::{Error, IoError, Reject, Rejected, Result};
 
 /// How often a submission catches up with resets that keep coming before it
 /// gives up (see `resync_for_submit`).
@@ -156,6 +156,45 @@ impl<D: Device> IoQueuePair<D> {
         }
     }
 
+    /// Whether `cid` is the CID of a command pushed to the SQ but not yet
+    /// announced by a doorbell (read back from the SQEs themselves).
+    #[cold]
+    #[inline(never)]
+    pub(super) fn names_unannounced(&self, cid: u16) -> bool {
+        self.sq_ring.unannounced().any(|pos| {
+            self.sq
+                .read_cdw0(u32::from(pos))
+                .is_some_and(|cdw0| (cdw0 >> 16) as u16 == cid)
+        })
+    }
+
+    /// The SQ looked full when the command in tracker `slot` was about to
+    /// be pushed. When every other command in flight is queued but not yet
+    /// announced, every command this pair announced has completed, so the
+    /// controller fetched every announced SQE whatever the SQ Head Pointer
+    /// of their completions said: a device whose SQHD lags (or never moves)
+    /// would otherwise keep the SQ "full" for ever with nothing in flight.
+    /// Returns the slot the retried push got, or the command refused as
+    /// `QueueFull`.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn sq_full(&mut self, slot: u16) -> std::result::Result<u16, Rejected> {
+        self.settle_sq_head(1);
+        self.sq_ring
+            .push()
+            .ok_or_else(|| self.unqueue(slot, Reject::QueueFull))
+    }
+
+    /// The head inference of [`IoQueuePair::sq_full`] with `own` commands
+    /// allocated (counted in flight) but not yet in the SQ.
+    #[cold]
+    pub(super) fn settle_sq_head(&mut self, own: u32) {
+        let unannounced = self.sq_ring.unannounced().count() as u32;
+        if self.trackers.in_flight() == own + unannounced {
+            self.sq_ring.assume_fetched();
+        }
+    }
+
     /// The DeviceFault for a CQE that failed a check (checked again here, off
     /// the hot path, to say what was wrong); fails the pair and the controller.
     #[cold]
@@ -170,6 +209,12 @@ impl<D: Device> IoQueuePair<D> {
             )
         } else if let Err(e) = self.sq_ring.clone().update_head(sqhd) {
             format!("queue {}: {e}", self.qid)
+        } else if self.names_unannounced(cid) {
+            format!(
+                "queue {}: completion for cid 0x{cid:04x}, whose command was queued but not yet \
+                 announced (no SQ Tail doorbell covered it): the controller cannot have fetched it",
+                self.qid
+            )
         } else {
             match self.trackers.validate(cid) {
                 Err(e) => format!("queue {}: {e}", self.qid),
@@ -185,9 +230,11 @@ impl<D: Device> IoQueuePair<D> {
     ///
     /// No clock is read on the I/O path: a command is stamped by the first
     /// scan that finds it in flight, and it is overdue when a later scan finds
-    /// it older than the timeout. So a command times out between
-    /// `command_timeout` and `command_timeout` plus one scan interval (1024
-    /// polls) after its submission — late by at most that, never early.
+    /// it older than the timeout. The stamp comes up to one scan interval
+    /// (1024 polls) after the submission and the overdue scan up to one
+    /// after the deadline, so a command times out between `command_timeout`
+    /// and `command_timeout` plus two scan intervals after its submission —
+    /// never early.
     pub(super) fn check_timeouts(&mut self) -> Result<()> {
         let now = clock::now().max(1);
         let t = self.timeout_ticks;

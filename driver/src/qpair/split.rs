@@ -288,7 +288,14 @@ impl<D: Device> IoQueuePair<D> {
                 return refuse(Reject::BufferTooSmall { need: need as u64 }, io);
             }
         }
+        // Room in the SQ for every child too, so that writing them below
+        // cannot fail halfway (after the head inference of
+        // `sq_push_when_full` when the SQ looks short).
+        if self.sq_ring.free_slots() < k {
+            self.settle_sq_head(0);
+        }
         if self.trackers.free_slots() < k
+            || self.sq_ring.free_slots() < k
             || (!self.ready.is_empty()
                 && self.trackers.in_flight() + self.ready.len() as u32 + k > self.max_depth)
         {

@@ -205,7 +205,7 @@ impl<D: Device> IoQueuePair<D> {
 
     /// Writes one command into the SQ for a batch: several `queue` calls
     /// followed by one [`IoQueuePair::ring`]. Per batch
-    /// ([`crate::SqAnnounce::Batch`], and the default below 32 commands in
+    /// ([`crate::SqAnnounce::Batch`], and the default up to 64 commands in
     /// flight) nothing is announced until `ring`
     /// writes the SQ tail once for the whole batch (with shadow doorbells:
     /// one shadow tail update, over MMIO too when the EventIdx asks). With
@@ -463,8 +463,9 @@ impl<D: Device> IoQueuePair<D> {
                 Err(reason) => return Err(self.unqueue(slot, reason)),
             }
         }
-        let Some(pos) = self.sq_ring.push() else {
-            return Err(self.unqueue(slot, Reject::QueueFull));
+        let pos = match self.sq_ring.push() {
+            Some(pos) => pos,
+            None => self.sq_full(slot)?,
         };
         let psdt = u64::from(sgl) * u64::from(PSDT_SGL_MPTR_ADDRESS);
         let q = [
