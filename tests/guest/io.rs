@@ -915,7 +915,7 @@ fn completion_callbacks_resubmit_closed_loops() {
                         r: u64|
          -> (u64, Option<u64>) {
             let lba_no = base + tag * LBAS_PER_TAG + r % LBAS_PER_TAG;
-            if r % 3 == 0 || !version.contains_key(&lba_no) {
+            if r.is_multiple_of(3) || !version.contains_key(&lba_no) {
                 let v = next_version;
                 next_version += 1;
                 buf.write_bytes(0, &pattern(seed ^ v, lba_no, lba)).unwrap();

@@ -86,7 +86,7 @@ static struct fio_option options[] = {
 		.type = FIO_OPT_BOOL,
 		.off1 = offsetof(struct upnvme_fio_options, sq_announce_each),
 		.def = "0",
-		.help = "Announce every queued command to the controller at once (default: per batch below 32 in flight)",
+		.help = "Announce every queued command to the controller at once (default: per batch up to 64 in flight)",
 		.category = FIO_OPT_C_ENGINE,
 		.group = FIO_OPT_G_INVALID,
 	},
@@ -152,6 +152,27 @@ static int fail(struct thread_data *td, const char *what, int rc)
 	return 1;
 }
 
+/* Rewrites `addr` ("DDDD:BB:DD.F" or "BB:DD.F", hexadecimal in either
+ * case) as "dddd:bb:dd.f", so that two spellings of one controller find
+ * the same shared controller. Returns -1 when it is not a PCI address. */
+static int normalize_pci_addr(char *addr, size_t addr_len)
+{
+	unsigned int dom = 0, bus = 0, dev = 0, fn = 0;
+	int used = 0;
+	bool full = sscanf(addr, "%x:%x:%x.%x%n", &dom, &bus, &dev, &fn, &used) == 4 &&
+		    !addr[used];
+	if (!full) {
+		dom = 0;
+		used = 0;
+		if (sscanf(addr, "%x:%x.%x%n", &bus, &dev, &fn, &used) != 3 || addr[used])
+			return -1;
+	}
+	if (dom > 0xffff || bus > 0xff || dev > 0x1f || fn > 7 || addr_len < 13)
+		return -1;
+	snprintf(addr, addr_len, "%04x:%02x:%02x.%x", dom, bus, dev, fn);
+	return 0;
+}
+
 /* Parses "traddr=0000.00.04.0 ns=1" (either key optional; SPDK's
  * "trtype=PCIe" is accepted and ignored). Says what is wrong itself. */
 static int parse_filename(const char *name, char *addr, size_t addr_len, uint32_t *nsid)
@@ -182,6 +203,13 @@ static int parse_filename(const char *name, char *addr, size_t addr_len, uint32_
 			for (char *p = addr; *p; p++)
 				if (*p == '.' && p != last)
 					*p = ':';
+			if (normalize_pci_addr(addr, addr_len)) {
+				log_err("upnvme: filename '%s': traddr '%s' is not a PCI address "
+					"(DDDD.BB.DD.F or BB.DD.F, hexadecimal)\n",
+					name, v);
+				rc = -EINVAL;
+				break;
+			}
 		} else if (!strncmp(tok, "ns=", 3)) {
 			char *end;
 			unsigned long v = strtoul(tok + 3, &end, 10);
@@ -211,6 +239,13 @@ static int parse_filename(const char *name, char *addr, size_t addr_len, uint32_
 static bool sizes_fit_blocks(struct thread_data *td, uint32_t lba, const char **what,
 			     unsigned long long *value)
 {
+	if (td->o.bs_unaligned && lba > 1) {
+		/* fio then issues any size between min and max, not only
+		 * multiples of the smallest. */
+		*what = "bs_unaligned=1 (any size in the range)";
+		*value = td->o.min_bs[DDIR_READ];
+		return false;
+	}
 	for (int d = DDIR_READ; d < DDIR_RWDIR_CNT; d++) {
 		if (td->o.min_bs[d] % lba) {
 			*what = "a block size (bs/bsrange/bssplit)";

@@ -287,8 +287,23 @@ impl<D: Device> Qpair<D> {
         if me.outstanding() == 0 {
             return UPNVME_OK;
         }
-        // SAFETY: as above (no reference to the pair is held across it).
-        let rc = unsafe { Self::process_completions(this, 0) };
+        // Until a call delivers nothing: a call that delivers what was
+        // already reaped (parked by `reap_on_submit`, a reset or a close)
+        // returns that count and keeps the error for the next call, so one
+        // call could take a pair whose device is gone for one whose commands
+        // may still complete. Bounded: a callback may resubmit, so at most
+        // one round per command slot and one more.
+        let mut rc = 0;
+        // SAFETY: as above.
+        let rounds = unsafe { &*this }.ctxs.len() + 1;
+        for _ in 0..rounds {
+            // SAFETY: as above (no reference to the pair is held across it).
+            rc = unsafe { Self::process_completions(this, 0) };
+            // SAFETY: as above.
+            if rc <= 0 || unsafe { &*this }.outstanding() == 0 {
+                break;
+            }
+        }
         // SAFETY: as above.
         let me = unsafe { &mut *this };
         let left = me.outstanding();

@@ -1387,3 +1387,58 @@ fn queues_not_recreated_is_enodev_with_its_reason() {
         "{text}"
     );
 }
+
+/// Destroy with one completion already reaped (parked by `reap_on_submit`)
+/// and one command the device, now gone, will never complete: the parked
+/// one is delivered, and the stuck one ends with `UPNVME_ENODEV` in the same
+/// call — not `UPNVME_EBUSY`, whose advice (process completions until none
+/// is left) could never be followed.
+#[test]
+fn destroy_delivers_parked_completions_then_ends_what_cannot_complete() {
+    use upnvme_tests::{Fault, Match};
+    let (m, c) = model();
+    let qp = c
+        .io_queue_pair(QueuePairOptions {
+            entries: Some(8),
+            reap_on_submit: true,
+            ..Default::default()
+        })
+        .unwrap();
+    let mut qp = Box::new(Qpair::new(
+        qp,
+        std::sync::Arc::new(std::sync::Mutex::new(c.namespaces().to_vec())),
+    ));
+    let qpp: *mut Qpair<ModelController> = &mut *qp;
+    let mut seen: Vec<c_int> = Vec::new();
+    let arg: *mut Vec<c_int> = &mut seen;
+    m.inject(Fault::DelayCompletion {
+        on: Match::Queue(qp.qp.qid()),
+        doorbells: None,
+    });
+    let bufs = [handle(&c, 4096), handle(&c, 4096)];
+    let read = Cmd::Read { slba: 0, blocks: 8 };
+    for b in bufs {
+        // SAFETY: live pair and handle of this test; the callback and its
+        // argument outlive the pair.
+        let rc = unsafe { qp.submit(1, read, b, Some(count_cb), arg.cast()) };
+        assert_eq!(rc, UPNVME_OK, "{}", last_error());
+    }
+    assert_eq!(qp.outstanding(), 2);
+    m.unplug();
+    // The library learns the device is gone (here from an admin command).
+    assert!(c.smart_log().is_err());
+    // SAFETY: live pair, no callback running.
+    let rc = unsafe { Qpair::end_for_destroy(qpp) };
+    assert_eq!(rc, UPNVME_OK, "{}", last_error());
+    assert_eq!(
+        seen,
+        vec![UPNVME_OK, UPNVME_ENODEV],
+        "parked first, then the end"
+    );
+    drop(qp);
+    for b in bufs {
+        // SAFETY: handles of this test, no longer in flight.
+        assert_eq!(unsafe { upnvme_buf_free(b) }, UPNVME_OK);
+    }
+    drop(c);
+}
