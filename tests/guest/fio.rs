@@ -206,10 +206,26 @@ fn fio_takes_spdks_filename_form_and_the_short_address() {
     let spdk = f.replace("--filename=", "--filename=trtype=PCIe ");
     let short = f.replace("traddr=0000.", "traddr=");
     assert_ne!(short, f, "the first controller is in domain 0000: {f}");
-    for name in [spdk, short] {
+    for name in [spdk, short.clone()] {
         let o = fio(&["--name=r", &name, "--rw=read", "--size=256k", "--bs=4k"]);
         passed(&o);
     }
+    // Two jobs naming one controller in two spellings share it: it is opened
+    // once (a second open of its VFIO group would fail the second job).
+    let o = fio(&[
+        "--name=full",
+        &f,
+        "--rw=read",
+        "--size=256k",
+        "--bs=4k",
+        "--name=short",
+        &short,
+        "--rw=read",
+        "--size=256k",
+        "--bs=4k",
+    ]);
+    let out = passed(&o);
+    assert_eq!(out.matches("err= 0").count(), 2, "{out}");
 }
 
 /// Block sizes above MDTS (QEMU's: 512 KiB): the library splits each I/O
@@ -260,6 +276,12 @@ fn fio_refuses_block_sizes_the_namespace_or_the_controller_cannot_take() {
     refused(
         &["--bs=1M", "--upnvme_entries=2"],
         "block size 1048576 goes as 2 commands of at most 524288 bytes (MDTS), more than the queue pair holds (1): use upnvme_entries=3 or more",
+    );
+    refused(
+        &["--bsrange=4k-8k", "--bs_unaligned=1"],
+        &format!(
+            "bs_unaligned=1 (any size in the range) of 4096 bytes is not a multiple of namespace 1's {lba}-byte blocks"
+        ),
     );
     let odd = (lba + lba / 2).to_string();
     refused(
