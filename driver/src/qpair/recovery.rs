@@ -173,7 +173,9 @@ impl<D: Device> IoQueuePair<D> {
     /// announced, every command this pair announced has completed, so the
     /// controller fetched every announced SQE whatever the SQ Head Pointer
     /// of their completions said: a device whose SQHD lags (or never moves)
-    /// would otherwise keep the SQ "full" for ever with nothing in flight.
+    /// would otherwise keep the SQ "full" for ever with nothing in flight (a
+    /// later completion whose SQHD lies behind the inferred head is then a
+    /// head moving backwards, a `DeviceFault`).
     /// Returns the slot the retried push got, or the command refused as
     /// `QueueFull`.
     #[cold]
