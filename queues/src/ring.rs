@@ -149,18 +149,23 @@ impl SqRing {
     }
 
     /// True when SQEs were pushed that no doorbell announced yet (the tail
-    /// is past the committed tail): one compare, for the reap's check that
-    /// a completion does not name such a command.
+    /// is past the committed tail): one compare.
     #[inline(always)]
     pub fn has_unannounced(&self) -> bool {
         self.tail != self.committed
     }
 
-    /// The slots pushed but not yet announced, oldest first.
-    pub fn unannounced(&self) -> impl Iterator<Item = u16> + use<> {
-        let (entries, from) = (self.entries, self.committed);
-        (0..distance(self.committed, self.tail, self.entries))
-            .map(move |i| ((from + i) % entries) as u16)
+    /// Whether SQ slot `pos` holds an SQE pushed but not yet announced (it
+    /// lies at or past the committed tail and before the tail). False for
+    /// a `pos` outside the ring.
+    pub fn is_unannounced(&self, pos: u16) -> bool {
+        let pos = u32::from(pos);
+        pos < self.entries && distance(self.committed, pos, self.entries) < self.unannounced()
+    }
+
+    /// How many SQEs are pushed but not yet announced.
+    pub fn unannounced(&self) -> u32 {
+        distance(self.committed, self.tail, self.entries)
     }
 
     /// Takes every announced SQE as fetched (the head moves to the committed
@@ -220,10 +225,11 @@ impl SqRing {
     /// (a CQE's SQ Head Pointer, widened, or any other value) is the
     /// committed tail — the controller has fetched everything announced —
     /// and no SQE is pushed but unannounced, it becomes the head and the
-    /// answer is true. Otherwise nothing changes and the answer is false
-    /// (then [`SqRing::update_head`] decides, and the caller checks that the
-    /// completion is not for an unannounced command: see
-    /// [`SqRing::has_unannounced`]).
+    /// answer is true: the completion cannot name an unannounced command
+    /// then. Otherwise nothing changes and the answer is false (then
+    /// [`SqRing::update_head`] decides, and the caller checks that the
+    /// completion does not name an unannounced command:
+    /// [`SqRing::is_unannounced`]).
     #[inline(always)]
     pub fn head_to_committed_if(&mut self, sqhd: u32) -> bool {
         if u64::from(sqhd) == self.fast_sqhd {
@@ -441,16 +447,16 @@ mod tests {
     }
 
     #[test]
-    fn the_one_compare_head_update_only_while_everything_is_announced() {
+    fn unannounced_slots_are_those_between_the_committed_tail_and_the_tail() {
         let mut sq = SqRing::new(4).unwrap();
-        // Fresh: nothing pushed, head 0 = committed 0.
-        assert!(sq.head_to_committed_if(0));
+        assert!(!sq.is_unannounced(0), "nothing pushed");
         assert_eq!(sq.push(), Some(0));
-        assert!(sq.has_unannounced());
-        assert_eq!(sq.unannounced().collect::<Vec<_>>(), vec![0]);
+        assert_eq!(sq.unannounced(), 1);
+        assert!(sq.is_unannounced(0));
+        assert!(!sq.is_unannounced(1));
         assert!(!sq.head_to_committed_if(0), "slot 0 pushed, not announced");
         assert_eq!(sq.commit(), Some(1));
-        assert!(!sq.has_unannounced());
+        assert!(!sq.is_unannounced(0), "announced");
         assert!(sq.head_to_committed_if(1));
         assert_eq!(sq.head(), 1);
         // Two more pushed, wrapping past the end, one announced.
@@ -458,7 +464,11 @@ mod tests {
         assert_eq!(sq.commit(), Some(2));
         assert_eq!(sq.push(), Some(2));
         assert_eq!(sq.push(), Some(3));
-        assert_eq!(sq.unannounced().collect::<Vec<_>>(), vec![2, 3]);
+        assert_eq!(sq.unannounced(), 2);
+        assert!(!sq.is_unannounced(1), "announced");
+        assert!(sq.is_unannounced(2) && sq.is_unannounced(3));
+        assert!(!sq.is_unannounced(0), "free");
+        assert!(!sq.is_unannounced(4), "outside the ring");
         assert!(!sq.head_to_committed_if(2));
         // No 32-bit value passes while something is unannounced.
         assert!(!sq.head_to_committed_if(u32::MAX));
@@ -469,6 +479,8 @@ mod tests {
         sq.assume_fetched();
         assert_eq!(sq.head(), 2);
         assert_eq!(sq.commit(), Some(0));
+        assert_eq!(sq.unannounced(), 0);
+        assert!(!sq.is_unannounced(2) && !sq.is_unannounced(3));
         assert!(sq.head_to_committed_if(0));
         assert!(sq.is_empty());
     }

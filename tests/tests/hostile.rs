@@ -809,6 +809,132 @@ fn a_completion_for_a_command_not_yet_announced_is_a_device_fault() {
     let _ = m.take_violations();
 }
 
+/// The same check at depth: while the callback's resubmissions wait for
+/// their doorbell, completions of announced commands are still delivered,
+/// and a forged one naming the second of three unannounced commands is
+/// still caught (the check looks the CID's tracker up, so it costs one
+/// lookup per completion, not one per queued command).
+#[test]
+fn at_depth_a_completion_for_an_unannounced_command_is_caught_and_the_rest_delivered() {
+    let (m, c) = setup(ModelConfig::default());
+    let ns = ns1(&c);
+    let mut qp = c
+        .io_queue_pair(QueuePairOptions {
+            entries: Some(8),
+            cq_entries: Some(16),
+            sq_announce: SqAnnounce::Batch,
+            ..Default::default()
+        })
+        .unwrap();
+    let qid = qp.qid();
+    for tag in 1..=3 {
+        let a = c.alloc_dma(4096).unwrap();
+        qp.submit(read(&ns, tag), Some(a), tag).unwrap();
+    }
+    let mut bs: Vec<_> = (0..3).map(|_| Some(c.alloc_dma(4096).unwrap())).collect();
+    let mut got = Vec::new();
+    let r = qp.process_completions(u32::MAX, |qp, cpl| {
+        if cpl.tag == 1 {
+            // 7 tracker slots (3 slot bits). B1 takes slot 0 again, next
+            // generation (CID 8); B2 and B3 take the unused slots 3 and 4
+            // (CIDs 3 and 4), in SQ slots 3, 4 and 5, past the committed
+            // tail 3. The forged completion says SQ head 3 and names B2.
+            for (i, b) in bs.iter_mut().enumerate() {
+                qp.queue(read(&ns, 10 + i as u64), b.take(), 10 + i as u64)
+                    .unwrap();
+            }
+            assert!(m.post_raw_completion(qid, [0, 0, (u32::from(qid) << 16) | 3, 3]));
+        }
+        got.push(cpl.tag);
+    });
+    assert_eq!(got, vec![1, 2, 3], "the announced commands, not B2");
+    match r {
+        Err(Error::DeviceFault { what, .. }) => {
+            assert!(
+                what.contains("cid 0x0003") && what.contains("not yet announced"),
+                "{what}"
+            )
+        }
+        other => panic!("expected DeviceFault, got {other:?}"),
+    }
+    assert_failed_everywhere(&c, &mut qp);
+    drop(qp);
+    c.close().unwrap();
+    let _ = m.take_violations();
+}
+
+/// The unannounced-command check must not mistake an old command for a new
+/// one: A stays in flight (its completion held back) while the SQ wraps
+/// around and its SQ slot takes E, queued but not yet announced. A's late
+/// completion is A's, and is delivered; E goes on after its doorbell.
+#[test]
+fn a_late_completion_whose_sq_slot_now_holds_an_unannounced_command_is_delivered() {
+    let (m, c) = setup(ModelConfig::default());
+    let ns = ns1(&c);
+    m.write_namespace_data(1, 7, &[0xe7; 4096]);
+    let mut qp = c
+        .io_queue_pair(QueuePairOptions {
+            entries: Some(4),
+            cq_entries: Some(8),
+            sq_announce: SqAnnounce::Batch,
+            ..Default::default()
+        })
+        .unwrap();
+    let qid = qp.qid();
+    m.inject(Fault::DelayCompletion {
+        on: Match::Queue(qid),
+        doorbells: None,
+    });
+    // A in SQ slot 0, held back; B and C in slots 1 and 2, completed.
+    qp.submit(read(&ns, 0), Some(c.alloc_dma(4096).unwrap()), 1)
+        .unwrap();
+    for tag in 2..=3 {
+        qp.submit(read(&ns, tag), Some(c.alloc_dma(4096).unwrap()), tag)
+            .unwrap();
+        let mut got = Vec::new();
+        while got.is_empty() {
+            qp.process_completions(u32::MAX, |_, cpl| got.push(cpl.tag))
+                .unwrap();
+        }
+        assert_eq!(got, vec![tag]);
+    }
+    // D in slot 3; in its completion E is queued into slot 0 (the SQ
+    // wrapped), unannounced, and A's completion is posted.
+    qp.submit(read(&ns, 4), Some(c.alloc_dma(4096).unwrap()), 4)
+        .unwrap();
+    let mut e = Some(c.alloc_dma(4096).unwrap());
+    let mut got = Vec::new();
+    let mut bufs = Vec::new();
+    while !got.contains(&1) {
+        qp.process_completions(u32::MAX, |qp, cpl| {
+            if cpl.tag == 4 {
+                qp.queue(read(&ns, 7), e.take(), 5).unwrap();
+                assert_eq!(m.release_delayed(), 1);
+            }
+            got.push(cpl.tag);
+            bufs.push((cpl.tag, cpl.buffer));
+        })
+        .unwrap();
+    }
+    assert_eq!(got, vec![4, 1], "A's completion is A's");
+    assert!(c.failure().is_none());
+    // E is announced by the next reap and completes with its data.
+    let mut e_buf = None;
+    while e_buf.is_none() {
+        qp.process_completions(u32::MAX, |_, cpl| {
+            assert_eq!(cpl.tag, 5);
+            cpl.result.unwrap();
+            e_buf = cpl.buffer;
+        })
+        .unwrap();
+    }
+    assert_eq!(read_back(&e_buf.unwrap(), 4096), vec![0xe7; 4096]);
+    drop(bufs);
+    drop(qp);
+    c.close().unwrap();
+    assert!(m.take_violations().is_empty());
+}
+
 /// A device whose completions never move the SQ head (SQHD always 0, which
 /// is the head the host knows, so each is accepted) would leave the SQ
 /// "full" with nothing in flight, refusing every command for ever. Every

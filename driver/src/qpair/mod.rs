@@ -143,6 +143,11 @@ struct Tracker {
     /// The command is a child of a split (split.rs): `tag` is the split's
     /// index, and the tracker holds no memory.
     child: bool,
+    /// The SQ slot its SQE went into: with the committed SQ tail and the
+    /// CID in that slot it tells, in constant time, whether the command
+    /// was announced yet (a completion naming a command no doorbell covered
+    /// is bogus; see `names_unannounced`).
+    sq_pos: u16,
 }
 
 /// The memory a tracker holds for its command: buffer, vector, metadata.

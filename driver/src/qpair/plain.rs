@@ -115,6 +115,9 @@ impl<D: Device> IoQueuePair<D> {
         std::mem::forget(old);
         t.stamp = 0;
         t.aborted = false;
+        // Where `push` below puts the SQE (a retried push after `sq_full`
+        // too: a push always takes the tail slot).
+        t.sq_pos = self.sq_ring.tail();
         let slot = cid.slot;
         // CQ space for this command before anything announces it.
         self.cq_space_for_submit();

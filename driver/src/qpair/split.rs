@@ -392,6 +392,9 @@ impl<D: Device> IoQueuePair<D> {
                 let _ = self.unqueue(slot, Reject::QueueFull);
                 break;
             };
+            if let Some(t) = self.trackers.get_mut(slot) {
+                t.sq_pos = pos;
+            }
             let q = [
                 q[0] | u64::from(cid) << 16,
                 q[1],

@@ -453,6 +453,8 @@ impl<D: Device> IoQueuePair<D> {
         }
         t.stamp = 0;
         t.aborted = false;
+        // Where `push` below puts the SQE (see `queue_plain`).
+        t.sq_pos = self.sq_ring.tail();
         let slot = cid.slot;
         // CQ space for this command before anything announces it.
         self.cq_space_for_submit();
