@@ -269,6 +269,29 @@ impl<T> CidTable<T> {
         Ok((slot, &mut s.value))
     }
 
+    /// As [`CidTable::complete_mut`], but only when `accept` takes the
+    /// slot's value as well: a completion the caller refuses for a reason
+    /// of its own (the reap: a command not yet announced) leaves the slot
+    /// in flight, and the answer is `None` then as for a CID that does not
+    /// match (the caller explains which, off the hot path).
+    #[inline(always)]
+    pub fn complete_mut_if(
+        &mut self,
+        cid: u16,
+        accept: impl FnOnce(&T) -> bool,
+    ) -> Option<(u16, &mut T)> {
+        let slot = cid & self.slot_mask;
+        let freed = self.freed(cid);
+        let s = self.slots.get_mut(usize::from(slot))?;
+        if s.cid != u32::from(cid) || !accept(&s.value) {
+            return None;
+        }
+        s.cid = freed;
+        // Cannot reallocate: at most `usable` entries are ever free.
+        self.free.push(slot);
+        Some((slot, &mut s.value))
+    }
+
     #[inline]
     fn release(&mut self, slot: u16) {
         let i = usize::from(slot);

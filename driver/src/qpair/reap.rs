@@ -2,8 +2,9 @@
 //! ID, SQ head and CID) and handed to the owner exactly once, with its tag
 //! and buffer; the CQ head doorbell is written when it is due.
 
-use upnvme_queues::Status;
+use upnvme_dma::SqMemory;
 use upnvme_queues::status::sc::generic as sc;
+use upnvme_queues::{SqRing, Status};
 
 use super::split::Key;
 use super::{Completion, IoQueuePair, NEVER, PERIODIC_POLLS};
@@ -252,24 +253,29 @@ impl<D: Device> IoQueuePair<D> {
         }
         let (dw2, dw0) = (entry.dw2(), entry.dw0());
         self.cq_ring.advance();
-        // SQ ID and SQ head: one compare when the SQ ID is ours, the
-        // controller fetched everything announced and nothing is queued but
-        // unannounced (`dw2 ^ qid_dw2` is then the SQ head alone, and equal
-        // to the committed tail, which is below 10000h); else each checked
-        // on its own — and a command queued but not yet announced cannot
-        // have been fetched, so a completion naming it is bogus (its buffer
-        // must not go back: the device would run the command once a
-        // doorbell announces it).
+        // SQ ID and SQ head: one compare when the SQ ID is ours and the
+        // controller fetched everything announced (`dw2 ^ qid_dw2` is then
+        // the SQ head alone, and equal to the committed tail, which is below
+        // 10000h); else both checked on their own.
         if !self.sq_ring.head_to_committed_if(dw2 ^ self.qid_dw2)
-            && ((dw2 >> 16) as u16 != self.qid
-                || self.sq_ring.update_head(dw2 as u16).is_err()
-                || (self.sq_ring.has_unannounced() && self.names_unannounced(dw3 as u16)))
+            && ((dw2 >> 16) as u16 != self.qid || self.sq_ring.update_head(dw2 as u16).is_err())
         {
             return Err(self.bad_completion(dw2, dw3));
         }
-        let (slot, tag, buffer, extras) = match self.trackers.complete_mut(dw3 as u16) {
-            Ok((slot, t)) => (slot, t.tag, t.buffer.take(), t.extras),
-            Err(_) => return Err(self.bad_completion(dw2, dw3)),
+        // The CID, and its command announced: one queued but not yet
+        // announced (at depth, the callback's resubmissions waiting for the
+        // doorbell at the end of the reap) cannot have been fetched, so a
+        // completion naming it is bogus, and its buffer must not go back
+        // (the device would run the command once a doorbell announces it).
+        // One compare while everything is announced.
+        let (sq_ring, sq) = (&self.sq_ring, &self.sq);
+        let cid = dw3 as u16;
+        let (slot, tag, buffer, extras) = match self
+            .trackers
+            .complete_mut_if(cid, |t| !queued_unannounced(sq_ring, sq, t.sq_pos, cid))
+        {
+            Some((slot, t)) => (slot, t.tag, t.buffer.take(), t.extras),
+            None => return Err(self.bad_completion(dw2, dw3)),
         };
         self.stats.completions += 1;
         Ok(Some(Reaped {
@@ -492,4 +498,20 @@ impl<D: Device> IoQueuePair<D> {
         }
         Ok(())
     }
+}
+
+/// Whether the command with CID `cid`, whose tracker says it went into SQ
+/// slot `pos`, is still queued but not yet announced: SQEs wait for their
+/// doorbell, `pos` is one of them, and that slot's SQE carries `cid` (a
+/// command fetched long ago may still be in flight while its SQ slot was
+/// reused by a newer, unannounced one: the slot alone does not say which
+/// command it holds; the CID does, CIDs in flight being unique). One
+/// compare while every SQE is announced; constant time otherwise.
+#[inline(always)]
+pub(super) fn queued_unannounced(sq_ring: &SqRing, sq: &SqMemory, pos: u16, cid: u16) -> bool {
+    sq_ring.has_unannounced()
+        && sq_ring.is_unannounced(pos)
+        && sq
+            .read_cdw0(u32::from(pos))
+            .is_some_and(|cdw0| (cdw0 >> 16) as u16 == cid)
 }

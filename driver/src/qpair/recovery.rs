@@ -156,29 +156,18 @@ impl<D: Device> IoQueuePair<D> {
         }
     }
 
-    /// Whether `cid` is the CID of a command pushed to the SQ but not yet
-    /// announced by a doorbell: in flight, its tracker's SQ slot between
-    /// the committed tail and the tail, and that slot's SQE carrying `cid`
-    /// (a command fetched long ago may still be in flight while its SQ slot
-    /// was reused by a newer, unannounced command: the slot alone does not
-    /// say which command it holds; the CID does, CIDs in flight being
-    /// unique). Constant time: at depth the callback's resubmissions wait
-    /// for one doorbell at the end of the reap, and every completion reaped
-    /// meanwhile is checked here.
+    /// Whether `cid` is the CID of a command in flight that is pushed to
+    /// the SQ but not yet announced by a doorbell (the reap's check, asked
+    /// again to explain a refusal).
     #[cold]
     #[inline(never)]
     pub(super) fn names_unannounced(&self, cid: u16) -> bool {
         let Ok(slot) = self.trackers.validate(cid) else {
             return false;
         };
-        let Some(pos) = self.trackers.get(slot).map(|t| t.sq_pos) else {
-            return false;
-        };
-        self.sq_ring.is_unannounced(pos)
-            && self
-                .sq
-                .read_cdw0(u32::from(pos))
-                .is_some_and(|cdw0| (cdw0 >> 16) as u16 == cid)
+        self.trackers.get(slot).is_some_and(|t| {
+            super::reap::queued_unannounced(&self.sq_ring, &self.sq, t.sq_pos, cid)
+        })
     }
 
     /// The SQ looked full when the command in tracker `slot` was about to
