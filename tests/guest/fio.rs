@@ -226,6 +226,28 @@ fn fio_takes_spdks_filename_form_and_the_short_address() {
     ]);
     let out = passed(&o);
     assert_eq!(out.matches("err= 0").count(), 2, "{out}");
+    // A filename without traddr names the only vfio-bound controller: with
+    // one bound (this configuration), it shares the one named by address.
+    let devices = std::env::var("UPNVME_VM_DEVICES").expect("UPNVME_VM_DEVICES not set");
+    assert_eq!(
+        devices.split_whitespace().count(),
+        1,
+        "fio runs with one controller"
+    );
+    let o = fio(&[
+        "--name=named",
+        &f,
+        "--rw=read",
+        "--size=256k",
+        "--bs=4k",
+        "--name=unnamed",
+        "--filename=ns=1",
+        "--rw=read",
+        "--size=256k",
+        "--bs=4k",
+    ]);
+    let out = passed(&o);
+    assert_eq!(out.matches("err= 0").count(), 2, "{out}");
 }
 
 /// Block sizes above MDTS (QEMU's: 512 KiB): the library splits each I/O

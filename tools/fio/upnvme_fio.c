@@ -98,7 +98,7 @@ static struct fio_option options[] = {
 /* One opened controller, shared by every thread and file that names it. */
 struct shared_ctrl {
 	struct shared_ctrl *next;
-	char addr[32]; /* "" for the only vfio-bound controller */
+	char addr[32]; /* "dddd:bb:dd.f", also for the only vfio-bound controller */
 	struct upnvme_ctrl *ctrl;
 	unsigned int refs;
 	int shadow_doorbells; /* the option it was opened with */
@@ -266,9 +266,23 @@ static bool sizes_fit_blocks(struct thread_data *td, uint32_t lba, const char **
 	return true;
 }
 
-static struct shared_ctrl *ctrl_get(struct thread_data *td, const char *addr)
+/* The controller at `name` ("dddd:bb:dd.f", or "" for the only vfio-bound
+ * one), opened by the first file that names it and shared after that. ""
+ * is resolved to its address first, so a job that names the controller
+ * and one that does not share it (a second open of its VFIO group fails). */
+static struct shared_ctrl *ctrl_get(struct thread_data *td, const char *name)
 {
 	struct upnvme_fio_options *o = td->eo;
+	char addr[32];
+	if (name[0]) {
+		snprintf(addr, sizeof(addr), "%s", name);
+	} else {
+		int rc = upnvme_ctrl_default_addr(addr, sizeof(addr));
+		if (rc != UPNVME_OK) {
+			log_err("upnvme: no traddr in the filename, and %s\n", upnvme_last_error());
+			return NULL;
+		}
+	}
 	pthread_mutex_lock(&ctrls_lock);
 	for (struct shared_ctrl *c = ctrls; c; c = c->next)
 		if (!strcmp(c->addr, addr)) {
@@ -276,8 +290,7 @@ static struct shared_ctrl *ctrl_get(struct thread_data *td, const char *addr)
 			if ((o->shadow_doorbells != 0) != c->shadow_doorbells)
 				log_info("upnvme: %s is open already with upnvme_shadow_doorbells=%d (the "
 					 "first job's); this job's %d applies to its queue pairs only\n",
-					 addr[0] ? addr : "the controller", c->shadow_doorbells,
-					 o->shadow_doorbells != 0);
+					 addr, c->shadow_doorbells, o->shadow_doorbells != 0);
 			pthread_mutex_unlock(&ctrls_lock);
 			return c;
 		}
@@ -290,10 +303,9 @@ static struct shared_ctrl *ctrl_get(struct thread_data *td, const char *addr)
 	struct upnvme_ctrl_opts opts;
 	upnvme_ctrl_opts_default(&opts);
 	opts.shadow_doorbells = o->shadow_doorbells != 0;
-	int rc = upnvme_ctrl_open(addr[0] ? addr : NULL, &opts, &c->ctrl);
+	int rc = upnvme_ctrl_open(addr, &opts, &c->ctrl);
 	if (rc != UPNVME_OK) {
-		log_err("upnvme: opening %s: %s\n", addr[0] ? addr : "the only vfio-bound controller",
-			upnvme_last_error());
+		log_err("upnvme: opening %s: %s\n", addr, upnvme_last_error());
 		free(c);
 		pthread_mutex_unlock(&ctrls_lock);
 		return NULL;

@@ -358,6 +358,21 @@ void upnvme_ctrl_opts_default(struct upnvme_ctrl_opts *opts);
 int upnvme_ctrl_opts_init(struct upnvme_ctrl_opts *opts, size_t size);
 
 /**
+ * Writes the PCI address `upnvme_ctrl_open(NULL, ...)` would open — the
+ * only NVMe controller bound to vfio-pci — into `buf` as
+ * `"dddd:bb:dd.f"` and its NUL (13 bytes; `len` must be at least that).
+ * A program that takes either an address or "the only controller" can
+ * tell whether the two name one controller before it opens it (a
+ * controller is opened once per process: a second open of its VFIO group
+ * fails). `UPNVME_ENODEV` when none or several are bound (the message
+ * says which); `UPNVME_EINVAL` for a NULL `buf` or a `len` below 13.
+ *
+ * # Safety
+ * `buf` is null or valid for writes of `len` bytes.
+ */
+int upnvme_ctrl_default_addr(char *buf, size_t len);
+
+/**
  * Opens and brings up the controller at `pci_addr` (e.g. `"0000:00:04.0"`;
  * NULL: the only NVMe controller bound to vfio-pci) with `opts` (NULL: the
  * defaults). On success `*out` is the handle; close it with

@@ -146,6 +146,40 @@ fn only_vfio_controller() -> Result<String, String> {
     }
 }
 
+/// Writes the PCI address `upnvme_ctrl_open(NULL, ...)` would open — the
+/// only NVMe controller bound to vfio-pci — into `buf` as
+/// `"dddd:bb:dd.f"` and its NUL (13 bytes; `len` must be at least that).
+/// A program that takes either an address or "the only controller" can
+/// tell whether the two name one controller before it opens it (a
+/// controller is opened once per process: a second open of its VFIO group
+/// fails). `UPNVME_ENODEV` when none or several are bound (the message
+/// says which); `UPNVME_EINVAL` for a NULL `buf` or a `len` below 13.
+///
+/// # Safety
+/// `buf` is null or valid for writes of `len` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn upnvme_ctrl_default_addr(buf: *mut c_char, len: usize) -> c_int {
+    guard(|| {
+        // "dddd:bb:dd.f": every address fits, so a short buffer is refused
+        // before the search, whatever is bound.
+        const ADDR_LEN: usize = 12;
+        if buf.is_null() || len <= ADDR_LEN {
+            return fail(
+                UPNVME_EINVAL,
+                format!(
+                    "upnvme_ctrl_default_addr: a buffer of {len} bytes{}: pass one of at least 13",
+                    if buf.is_null() { " at NULL" } else { "" }
+                ),
+            );
+        }
+        match only_vfio_controller() {
+            // SAFETY: `buf` valid for `len` bytes (the caller's contract).
+            Ok(addr) => unsafe { status::write_c_str(buf, len, &addr) },
+            Err(e) => fail(UPNVME_ENODEV, e),
+        }
+    })
+}
+
 /// Opens and brings up the controller at `pci_addr` (e.g. `"0000:00:04.0"`;
 /// NULL: the only NVMe controller bound to vfio-pci) with `opts` (NULL: the
 /// defaults). On success `*out` is the handle; close it with

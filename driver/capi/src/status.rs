@@ -259,3 +259,29 @@ pub(crate) fn strerror(code: c_int) -> &'static std::ffi::CStr {
         _ => c"unknown error code",
     }
 }
+
+/// Writes `s` and its NUL into the caller's `buf` of `len` bytes.
+/// `UPNVME_EINVAL` (nothing written) for a NULL `buf` or a `len` that does
+/// not hold `s` and the NUL.
+///
+/// # Safety
+/// `buf` is null or valid for writes of `len` bytes.
+pub(crate) unsafe fn write_c_str(buf: *mut c_char, len: usize, s: &str) -> c_int {
+    if buf.is_null() || len <= s.len() || s.contains('\0') {
+        return fail(
+            UPNVME_EINVAL,
+            format!(
+                "a buffer of {len} bytes{}: it needs {} (the text and its NUL)",
+                if buf.is_null() { " at NULL" } else { "" },
+                s.len() + 1
+            ),
+        );
+    }
+    let dst = buf.cast::<u8>();
+    // SAFETY: `s.len() + 1 <= len` bytes are writable at `buf` (the
+    // caller's contract); `s` is ours, so the regions are distinct.
+    unsafe { std::ptr::copy_nonoverlapping(s.as_ptr(), dst, s.len()) };
+    // SAFETY: byte `s.len()` is inside the `len` writable bytes (checked).
+    unsafe { dst.wrapping_add(s.len()).write(0) };
+    UPNVME_OK
+}

@@ -1442,3 +1442,52 @@ fn destroy_delivers_parked_completions_then_ends_what_cannot_complete() {
     }
     drop(c);
 }
+
+#[test]
+fn a_c_string_is_written_with_its_nul_or_refused_whole() {
+    let mut buf = [0x55 as std::ffi::c_char; 8];
+    // SAFETY: 8 writable bytes.
+    let rc = unsafe { write_c_str(buf.as_mut_ptr(), 8, "abc") };
+    assert_eq!(rc, UPNVME_OK);
+    // SAFETY: written with its NUL just above.
+    let text = unsafe { CStr::from_ptr(buf.as_ptr()) };
+    assert_eq!(text.to_str(), Ok("abc"));
+    assert_eq!(buf[4], 0x55, "nothing past the NUL");
+    let mut short = [0x55 as std::ffi::c_char; 3];
+    // SAFETY: 3 writable bytes.
+    let rc = unsafe { write_c_str(short.as_mut_ptr(), 3, "abc") };
+    assert_eq!(rc, UPNVME_EINVAL);
+    assert!(short.iter().all(|&b| b == 0x55), "nothing written");
+    assert!(last_error().contains("needs 4"), "{}", last_error());
+    // SAFETY: NULL is refused before any write.
+    let rc = unsafe { write_c_str(std::ptr::null_mut(), 8, "abc") };
+    assert_eq!(rc, UPNVME_EINVAL);
+}
+
+#[test]
+fn the_default_address_is_the_one_open_null_would_take_or_why_there_is_none() {
+    let mut buf = [0 as std::ffi::c_char; 13];
+    // SAFETY: NULL is refused before any write.
+    let rc = unsafe { crate::upnvme_ctrl_default_addr(std::ptr::null_mut(), 13) };
+    assert_eq!(rc, UPNVME_EINVAL);
+    // SAFETY: a length below 13 is refused before any write.
+    let rc = unsafe { crate::upnvme_ctrl_default_addr(buf.as_mut_ptr(), 12) };
+    assert_eq!(rc, UPNVME_EINVAL);
+    assert!(last_error().contains("at least 13"), "{}", last_error());
+    // What is bound depends on the machine; the answer must be the one
+    // `upnvme_ctrl_open(NULL, ...)` acts on.
+    // SAFETY: 13 writable bytes.
+    let rc = unsafe { crate::upnvme_ctrl_default_addr(buf.as_mut_ptr(), 13) };
+    match crate::only_vfio_controller() {
+        Ok(addr) => {
+            assert_eq!(rc, UPNVME_OK);
+            // SAFETY: written with its NUL.
+            let text = unsafe { CStr::from_ptr(buf.as_ptr()) };
+            assert_eq!(text.to_str(), Ok(&*addr));
+        }
+        Err(why) => {
+            assert_eq!(rc, UPNVME_ENODEV);
+            assert_eq!(last_error(), why);
+        }
+    }
+}
