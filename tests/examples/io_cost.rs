@@ -3,7 +3,12 @@
 //! `io_cost N [WORKLOAD]` runs `N` round trips of one workload — `read-4k`
 //! (the default: one 4 KiB read, PRP1 only), `write-4k` (one 4 KiB write), or
 //! `read-64k` (one 64 KiB read: PRP1 and a PRP List) — each a submit, then
-//! `process_completions` until it is reaped, on a queue pair whose controller is the in-memory
+//! `process_completions` until it is reaped — or `read-4k-qd32`: 32 reads
+//! in flight, each completion's callback queueing the next read into its
+//! buffer (the closed loop of an application at depth, as `upnvme perf`
+//! runs it: the resubmissions wait for one doorbell, so completions are
+//! reaped while commands are queued but not yet announced), `N` of them
+//! measured. The queue pair's controller is the in-memory
 //! model ([`upnvme_tests::ModelController`]). The model is reached through
 //! [`Meter`], a [`Device`] whose register accessors are never inlined, so a
 //! profiler can tell the model's work (inside `Meter::*`) from the driver's:
@@ -105,20 +110,82 @@ fn one_io<const WRITE: bool, const BLOCKS: u32>(
     back.expect("the completion returns the buffer")
 }
 
+/// Commands in flight for `read-4k-qd32`.
+const DEPTH: usize = 32;
+
+/// One reap at depth: one `process_completions` call with the callback
+/// `f`. Never inlined: the profiler collects inside it (its name matches
+/// `*one_io*`). The callback is made outside (in [`at_depth`]) so that its
+/// own name does not match the toggle too, which would switch collection
+/// off inside it.
+#[inline(never)]
+fn one_io_round<F: FnMut(&mut IoQueuePair<Meter>, upnvme::Completion)>(
+    qp: &mut IoQueuePair<Meter>,
+    f: F,
+) -> u32 {
+    qp.process_completions(u32::MAX, f)
+        .expect("process_completions")
+}
+
+/// `read-4k-qd32`: `DEPTH` reads primed, then `WARMUP` + `n` resubmissions
+/// from the callbacks — each completion's callback queues the next 4 KiB
+/// read into its buffer while more are due, else keeps the buffer — then
+/// the drain (the same in every run, so the difference of two runs is `n`
+/// I/Os).
+fn at_depth(qp: &mut IoQueuePair<Meter>, ctrl: &Controller<Meter>, ns: &Namespace, n: u64) {
+    let mut idle = Vec::with_capacity(DEPTH);
+    for i in 0..DEPTH as u64 {
+        let buf = ctrl.alloc_dma(4096).expect("DMA buffer");
+        let cmd = IoCommand::Read {
+            ns,
+            slba: i,
+            blocks: 1,
+        };
+        if let Err(f) = qp.submit(cmd, Some(buf), 7) {
+            panic!("submit failed: {f}");
+        }
+    }
+    let mut left = WARMUP + n;
+    while idle.len() < DEPTH {
+        one_io_round(qp, |qp, c| {
+            if let Err(e) = c.result {
+                panic!("read failed: {e:?}");
+            }
+            let buf = c.buffer.expect("the completion returns the buffer");
+            if left == 0 {
+                idle.push(buf);
+                return;
+            }
+            left -= 1;
+            // Deterministic LBAs, cheap: the harness's share stays small.
+            let slba = left.wrapping_mul(7919) % BLOCKS;
+            let cmd = IoCommand::Read {
+                ns,
+                slba,
+                blocks: 1,
+            };
+            if let Err(f) = qp.queue(cmd, Some(buf), 7) {
+                panic!("queue failed: {f}");
+            }
+        });
+    }
+    assert_eq!(left, 0);
+}
+
 fn main() {
     let n: u64 = std::env::args()
         .nth(1)
         .map(|s| {
             s.parse()
-                .expect("usage: io_cost [N] [read-4k|write-4k|read-64k]")
+                .expect("usage: io_cost [N] [read-4k|write-4k|read-64k|read-4k-qd32]")
         })
         .unwrap_or(100_000);
     let workload = std::env::args().nth(2).unwrap_or_else(|| "read-4k".into());
     let (write, blocks) = match workload.as_str() {
-        "read-4k" => (false, 1u32),
+        "read-4k" | "read-4k-qd32" => (false, 1u32),
         "write-4k" => (true, 1),
         "read-64k" => (false, 16),
-        w => panic!("unknown workload {w}: read-4k, write-4k or read-64k"),
+        w => panic!("unknown workload {w}: read-4k, write-4k, read-64k or read-4k-qd32"),
     };
     let model = ModelController::new(ModelConfig {
         namespaces: vec![NamespaceConfig {
@@ -144,29 +211,33 @@ fn main() {
     let mut qp = ctrl
         .io_queue_pair(QueuePairOptions::default())
         .expect("queue pair");
-    let mut buf = ctrl.alloc_dma(blocks as usize * 4096).expect("DMA buffer");
     let ns = ctrl.namespace(1).expect("namespace 1").clone();
-    // Deterministic LBAs: a fixed xorshift sequence.
-    let mut x = 0x2545_f491_4f6c_dd1du64;
-    let mut next = || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        (x % (BLOCKS / u64::from(blocks))) * u64::from(blocks)
-    };
-    let io = match (write, blocks) {
-        (false, 1) => one_io::<false, 1>,
-        (true, 1) => one_io::<true, 1>,
-        _ => one_io::<false, 16>,
-    };
-    for _ in 0..WARMUP {
-        buf = io(&mut qp, &ns, buf, next());
-    }
-    for _ in 0..n {
-        buf = io(&mut qp, &ns, buf, next());
+    if workload == "read-4k-qd32" {
+        at_depth(&mut qp, &ctrl, &ns, n);
+    } else {
+        let mut buf = ctrl.alloc_dma(blocks as usize * 4096).expect("DMA buffer");
+        // Deterministic LBAs: a fixed xorshift sequence.
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % (BLOCKS / u64::from(blocks))) * u64::from(blocks)
+        };
+        let io = match (write, blocks) {
+            (false, 1) => one_io::<false, 1>,
+            (true, 1) => one_io::<true, 1>,
+            _ => one_io::<false, 16>,
+        };
+        for _ in 0..WARMUP {
+            buf = io(&mut qp, &ns, buf, next());
+        }
+        for _ in 0..n {
+            buf = io(&mut qp, &ns, buf, next());
+        }
+        drop(buf);
     }
     let stats = qp.stats();
-    drop(buf);
     drop(qp);
     ctrl.close().expect("shutdown");
     assert_eq!(model.violations(), Vec::<String>::new(), "model violations");

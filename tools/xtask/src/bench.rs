@@ -494,14 +494,17 @@ pub fn cost(cmd: &CostCmd) -> Result<i32> {
     } else {
         for c in &rows {
             println!(
-                "{}: {:.1} instructions per I/O (submit + reap, model excluded; ({} - {}) / {}); target <= {:.0}: {}",
+                "{}: {:.1} instructions per I/O (submit + reap, model excluded; ({} - {}) / {}){}",
                 c.name,
                 c.per_io,
                 c.totals.1,
                 c.totals.0,
                 c.n,
-                c.target(),
-                if c.met() { "met" } else { "not met" }
+                match (c.target(), c.met()) {
+                    (Some(t), Some(true)) => format!("; target <= {t:.0}: met"),
+                    (Some(t), _) => format!("; target <= {t:.0}: not met"),
+                    (None, _) => String::new(),
+                }
             );
             if let Some(h) = c.harness_per_io {
                 println!(
