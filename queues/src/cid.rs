@@ -490,4 +490,30 @@ mod tests {
             assert_eq!(t.complete(c.value), Ok(0));
         }
     }
+
+    #[test]
+    fn a_refused_completion_leaves_the_command_in_flight() {
+        let mut t: CidTable<u32> = CidTable::new(4);
+        let (a, v) = t.alloc_mut().unwrap();
+        *v = 7;
+        let b = t.alloc().unwrap();
+        let free = t.free_slots();
+        // The caller refuses A's completion: nothing changes.
+        assert!(t.complete_mut_if(a.value, |v| *v != 7).is_none());
+        assert_eq!(t.validate(a.value), Ok(a.slot), "still in flight");
+        assert_eq!(t.free_slots(), free, "free stack untouched");
+        assert_eq!(t.in_flight(), 2);
+        // A CID that does not match is refused before `accept` is asked.
+        assert!(
+            t.complete_mut_if(a.value ^ 0x100, |_| panic!("asked for a wrong CID"))
+                .is_none()
+        );
+        assert!(t.complete_mut_if(0xffff, |_| true).is_none());
+        // Accepted: completed once, like `complete_mut`.
+        let (slot, v) = t.complete_mut_if(a.value, |v| *v == 7).unwrap();
+        assert_eq!((slot, *v), (a.slot, 7));
+        assert_eq!(t.free_slots(), free + 1);
+        assert!(t.complete_mut_if(a.value, |_| true).is_none(), "only once");
+        assert_eq!(t.complete(b.value), Ok(b.slot));
+    }
 }

@@ -935,6 +935,112 @@ fn a_late_completion_whose_sq_slot_now_holds_an_unannounced_command_is_delivered
     assert!(m.take_violations().is_empty());
 }
 
+/// The check covers the other two places that record an SQE's slot: a
+/// split's children (each pushed after all are staged), and a command
+/// pushed by the retry after the SQ looked full (`sq_full`).
+#[test]
+fn a_completion_for_an_unannounced_split_child_is_a_device_fault() {
+    let (m, c) = setup(ModelConfig {
+        mdts: 1, // 8 KiB per command: a 12 KiB read is a split of 2
+        ..ModelConfig::default()
+    });
+    let ns = ns1(&c);
+    let mut qp = c
+        .io_queue_pair(QueuePairOptions {
+            entries: Some(8),
+            cq_entries: Some(16),
+            sq_announce: SqAnnounce::Batch,
+            ..Default::default()
+        })
+        .unwrap();
+    let qid = qp.qid();
+    qp.submit(read(&ns, 0), Some(c.alloc_dma(4096).unwrap()), 1)
+        .unwrap();
+    let mut b = Some(c.alloc_dma(3 * 4096).unwrap());
+    let mut got = Vec::new();
+    let r = qp.process_completions(u32::MAX, |qp, cpl| {
+        if cpl.tag == 1 {
+            // The children take tracker slot 0 again (CID 8) and slot 1
+            // (CID 1), in SQ slots 1 and 2, unannounced; the forged
+            // completion names the second child.
+            let cmd = IoCommand::Read {
+                ns: &ns,
+                slba: 4,
+                blocks: 3,
+            };
+            qp.queue(cmd, b.take(), 2).unwrap();
+            assert!(m.post_raw_completion(qid, [0, 0, (u32::from(qid) << 16) | 1, 1]));
+        }
+        got.push(cpl.tag);
+    });
+    assert_eq!(got, vec![1]);
+    match r {
+        Err(Error::DeviceFault { what, .. }) => assert!(
+            what.contains("cid 0x0001") && what.contains("not yet announced"),
+            "{what}"
+        ),
+        other => panic!("expected DeviceFault, got {other:?}"),
+    }
+    assert_failed_everywhere(&c, &mut qp);
+    drop(qp);
+    c.close().unwrap();
+    let _ = m.take_violations();
+}
+
+/// See above: the command the retried push put into the SQ.
+#[test]
+fn a_completion_for_a_command_pushed_after_the_sq_looked_full_is_checked_too() {
+    let (m, c) = setup(ModelConfig::default());
+    let ns = ns1(&c);
+    let mut qp = c
+        .io_queue_pair(QueuePairOptions {
+            entries: Some(4),
+            cq_entries: Some(8),
+            sq_announce: SqAnnounce::Batch,
+            ..Default::default()
+        })
+        .unwrap();
+    let qid = qp.qid();
+    // Three completions that leave the SQ head at 0: head 0, tail 3.
+    for lba in 0..2 {
+        m.inject(Fault::BadSqHead {
+            on: Match::Queue(qid),
+            sqhd: 0,
+        });
+        qp.read_blocking(&ns, lba, 1, c.alloc_dma(4096).unwrap(), T)
+            .unwrap();
+    }
+    m.inject(Fault::BadSqHead {
+        on: Match::Queue(qid),
+        sqhd: 0,
+    });
+    qp.submit(read(&ns, 2), Some(c.alloc_dma(4096).unwrap()), 1)
+        .unwrap();
+    let mut b = Some(c.alloc_dma(4096).unwrap());
+    let mut got = Vec::new();
+    let r = qp.process_completions(u32::MAX, |qp, cpl| {
+        if cpl.tag == 1 {
+            // The SQ looks full; every announced command has completed, so
+            // the retried push puts B into slot 3 (CID 0Ch), unannounced.
+            qp.queue(read(&ns, 3), b.take(), 2).unwrap();
+            assert!(m.post_raw_completion(qid, [0, 0, (u32::from(qid) << 16) | 3, 0xc]));
+        }
+        got.push(cpl.tag);
+    });
+    assert_eq!(got, vec![1]);
+    match r {
+        Err(Error::DeviceFault { what, .. }) => assert!(
+            what.contains("cid 0x000c") && what.contains("not yet announced"),
+            "{what}"
+        ),
+        other => panic!("expected DeviceFault, got {other:?}"),
+    }
+    assert_failed_everywhere(&c, &mut qp);
+    drop(qp);
+    c.close().unwrap();
+    let _ = m.take_violations();
+}
+
 /// A device whose completions never move the SQ head (SQHD always 0, which
 /// is the head the host knows, so each is accepted) would leave the SQ
 /// "full" with nothing in flight, refusing every command for ever. Every
