@@ -86,6 +86,15 @@ impl SqMemory {
         self.buf.detach_pages()
     }
 
+    /// The first byte of SQE slot `index`, or `None` when `index` is not a
+    /// slot. The slot's 64 bytes then lie inside the live mapping
+    /// (`entries * 64 <= len`, checked at creation) and start 64-byte
+    /// aligned (the base is).
+    #[inline(always)]
+    fn slot(&self, index: u32) -> Option<*mut u8> {
+        (index < self.entries).then(|| self.base.as_ptr().wrapping_add(index as usize * SQE_BYTES))
+    }
+
     /// Writes one SQE into slot `index` with eight 64-bit volatile stores:
     /// `q[i]` holds command dwords `2i` (low half) and `2i + 1` (high half),
     /// as `Sqe::to_qwords` lays them out. Returns false (and writes nothing)
@@ -96,14 +105,10 @@ impl SqMemory {
     /// fence of a shadow doorbell update).
     #[inline(always)]
     pub fn write_sqe(&self, index: u32, q: &[u64; 8]) -> bool {
-        if index >= self.entries {
+        let Some(p) = self.slot(index) else {
             return false;
-        }
-        let p = self
-            .base
-            .as_ptr()
-            .wrapping_add(index as usize * SQE_BYTES)
-            .cast::<u64>();
+        };
+        let p = p.cast::<u64>();
         for (i, v) in q.iter().enumerate() {
             let qw = p.wrapping_add(i);
             // SAFETY: `index < entries` and `entries * 64 <= len` (checked at
@@ -117,16 +122,11 @@ impl SqMemory {
     /// Command Dword 0 of the SQE in slot `index` as last written by
     /// [`SqMemory::write_sqe`] (one volatile load; the controller only reads
     /// submission queue memory), or `None` when `index` is not a slot. For
-    /// the cold checks that need to know which command a slot holds.
+    /// the reap's check that a completion does not name a command queued
+    /// but not yet announced (which command a slot holds).
+    #[inline]
     pub fn read_cdw0(&self, index: u32) -> Option<u32> {
-        if index >= self.entries {
-            return None;
-        }
-        let p = self
-            .base
-            .as_ptr()
-            .wrapping_add(index as usize * SQE_BYTES)
-            .cast::<u32>();
+        let p = self.slot(index)?.cast::<u32>();
         // SAFETY: `index < entries` and `entries * 64 <= len` (checked at
         // creation): the slot's first dword lies inside the live mapping,
         // and the base is 64-byte aligned. Volatile: device-visible memory,
