@@ -41,6 +41,44 @@ fn small_pair(c: &Controller<ModelController>) -> IoQueuePair<ModelController> {
     .unwrap()
 }
 
+/// A pair of `entries` SQ entries (and twice as many CQ entries) whose
+/// queued commands wait for `ring` or the next reap: commands can be queued
+/// but not yet announced.
+fn batch_pair(c: &Controller<ModelController>, entries: u32) -> IoQueuePair<ModelController> {
+    c.io_queue_pair(QueuePairOptions {
+        entries: Some(entries),
+        cq_entries: Some(2 * entries),
+        sq_announce: SqAnnounce::Batch,
+        ..Default::default()
+    })
+    .unwrap()
+}
+
+/// Asserts `r` is the DeviceFault of a completion for a command queued but
+/// not yet announced (naming `cid`, when given), and that it failed the pair
+/// and the controller; then closes.
+fn assert_unannounced_fault(
+    r: upnvme::Result<u32>,
+    cid: Option<u16>,
+    m: &ModelController,
+    c: Controller<ModelController>,
+    mut qp: IoQueuePair<ModelController>,
+) {
+    match r {
+        Err(Error::DeviceFault { what, .. }) => {
+            assert!(what.contains("not yet announced"), "{what}");
+            if let Some(cid) = cid {
+                assert!(what.contains(&format!("cid {cid:#06x}")), "{what}");
+            }
+        }
+        other => panic!("expected DeviceFault, got {other:?}"),
+    }
+    assert_failed_everywhere(&c, &mut qp);
+    drop(qp);
+    c.close().unwrap();
+    let _ = m.take_violations();
+}
+
 /// Collects whatever `process_completions` delivers plus its result.
 fn process(qp: &mut IoQueuePair<ModelController>) -> (Vec<Completion>, upnvme::Result<u32>) {
     let mut got = Vec::new();
@@ -772,14 +810,7 @@ fn dropping_a_failed_pair_quarantines_vector_and_metadata_buffers_too() {
 fn a_completion_for_a_command_not_yet_announced_is_a_device_fault() {
     let (m, c) = setup(ModelConfig::default());
     let ns = ns1(&c);
-    let mut qp = c
-        .io_queue_pair(QueuePairOptions {
-            entries: Some(4),
-            cq_entries: Some(8),
-            sq_announce: SqAnnounce::Batch,
-            ..Default::default()
-        })
-        .unwrap();
+    let mut qp = batch_pair(&c, 4);
     let qid = qp.qid();
     let a = c.alloc_dma(4096).unwrap();
     qp.submit(read(&ns, 0), Some(a), 1).unwrap();
@@ -797,16 +828,7 @@ fn a_completion_for_a_command_not_yet_announced_is_a_device_fault() {
         got.push(cpl.tag);
     });
     assert_eq!(got, vec![1], "B must not be delivered");
-    match r {
-        Err(Error::DeviceFault { what, .. }) => {
-            assert!(what.contains("not yet announced"), "{what}")
-        }
-        other => panic!("expected DeviceFault, got {other:?}"),
-    }
-    assert_failed_everywhere(&c, &mut qp);
-    drop(qp);
-    c.close().unwrap();
-    let _ = m.take_violations();
+    assert_unannounced_fault(r, None, &m, c, qp);
 }
 
 /// The same check at depth: while the callback's resubmissions wait for
@@ -818,14 +840,7 @@ fn a_completion_for_a_command_not_yet_announced_is_a_device_fault() {
 fn at_depth_a_completion_for_an_unannounced_command_is_caught_and_the_rest_delivered() {
     let (m, c) = setup(ModelConfig::default());
     let ns = ns1(&c);
-    let mut qp = c
-        .io_queue_pair(QueuePairOptions {
-            entries: Some(8),
-            cq_entries: Some(16),
-            sq_announce: SqAnnounce::Batch,
-            ..Default::default()
-        })
-        .unwrap();
+    let mut qp = batch_pair(&c, 8);
     let qid = qp.qid();
     for tag in 1..=3 {
         let a = c.alloc_dma(4096).unwrap();
@@ -848,19 +863,7 @@ fn at_depth_a_completion_for_an_unannounced_command_is_caught_and_the_rest_deliv
         got.push(cpl.tag);
     });
     assert_eq!(got, vec![1, 2, 3], "the announced commands, not B2");
-    match r {
-        Err(Error::DeviceFault { what, .. }) => {
-            assert!(
-                what.contains("cid 0x0003") && what.contains("not yet announced"),
-                "{what}"
-            )
-        }
-        other => panic!("expected DeviceFault, got {other:?}"),
-    }
-    assert_failed_everywhere(&c, &mut qp);
-    drop(qp);
-    c.close().unwrap();
-    let _ = m.take_violations();
+    assert_unannounced_fault(r, Some(0x0003), &m, c, qp);
 }
 
 /// The unannounced-command check must not mistake an old command for a new
@@ -872,14 +875,7 @@ fn a_late_completion_whose_sq_slot_now_holds_an_unannounced_command_is_delivered
     let (m, c) = setup(ModelConfig::default());
     let ns = ns1(&c);
     m.write_namespace_data(1, 7, &[0xe7; 4096]);
-    let mut qp = c
-        .io_queue_pair(QueuePairOptions {
-            entries: Some(4),
-            cq_entries: Some(8),
-            sq_announce: SqAnnounce::Batch,
-            ..Default::default()
-        })
-        .unwrap();
+    let mut qp = batch_pair(&c, 4);
     let qid = qp.qid();
     m.inject(Fault::DelayCompletion {
         on: Match::Queue(qid),
@@ -945,14 +941,7 @@ fn a_completion_for_an_unannounced_split_child_is_a_device_fault() {
         ..ModelConfig::default()
     });
     let ns = ns1(&c);
-    let mut qp = c
-        .io_queue_pair(QueuePairOptions {
-            entries: Some(8),
-            cq_entries: Some(16),
-            sq_announce: SqAnnounce::Batch,
-            ..Default::default()
-        })
-        .unwrap();
+    let mut qp = batch_pair(&c, 8);
     let qid = qp.qid();
     qp.submit(read(&ns, 0), Some(c.alloc_dma(4096).unwrap()), 1)
         .unwrap();
@@ -974,17 +963,7 @@ fn a_completion_for_an_unannounced_split_child_is_a_device_fault() {
         got.push(cpl.tag);
     });
     assert_eq!(got, vec![1]);
-    match r {
-        Err(Error::DeviceFault { what, .. }) => assert!(
-            what.contains("cid 0x0001") && what.contains("not yet announced"),
-            "{what}"
-        ),
-        other => panic!("expected DeviceFault, got {other:?}"),
-    }
-    assert_failed_everywhere(&c, &mut qp);
-    drop(qp);
-    c.close().unwrap();
-    let _ = m.take_violations();
+    assert_unannounced_fault(r, Some(0x0001), &m, c, qp);
 }
 
 /// See above: the command the retried push put into the SQ.
@@ -992,14 +971,7 @@ fn a_completion_for_an_unannounced_split_child_is_a_device_fault() {
 fn a_completion_for_a_command_pushed_after_the_sq_looked_full_is_checked_too() {
     let (m, c) = setup(ModelConfig::default());
     let ns = ns1(&c);
-    let mut qp = c
-        .io_queue_pair(QueuePairOptions {
-            entries: Some(4),
-            cq_entries: Some(8),
-            sq_announce: SqAnnounce::Batch,
-            ..Default::default()
-        })
-        .unwrap();
+    let mut qp = batch_pair(&c, 4);
     let qid = qp.qid();
     // Three completions that leave the SQ head at 0: head 0, tail 3.
     for lba in 0..2 {
@@ -1028,17 +1000,7 @@ fn a_completion_for_a_command_pushed_after_the_sq_looked_full_is_checked_too() {
         got.push(cpl.tag);
     });
     assert_eq!(got, vec![1]);
-    match r {
-        Err(Error::DeviceFault { what, .. }) => assert!(
-            what.contains("cid 0x000c") && what.contains("not yet announced"),
-            "{what}"
-        ),
-        other => panic!("expected DeviceFault, got {other:?}"),
-    }
-    assert_failed_everywhere(&c, &mut qp);
-    drop(qp);
-    c.close().unwrap();
-    let _ = m.take_violations();
+    assert_unannounced_fault(r, Some(0x000c), &m, c, qp);
 }
 
 /// A device whose completions never move the SQ head (SQHD always 0, which
