@@ -250,6 +250,43 @@ fn fio_takes_spdks_filename_form_and_the_short_address() {
     assert_eq!(out.matches("err= 0").count(), 2, "{out}");
 }
 
+/// A job whose setup opened the controller but whose thread never starts
+/// (here: `exitall` ends it while it waits for its `startdelay`) gets no
+/// cleanup call from fio; the engine still shuts the controller down (CC.SHN)
+/// and closes it when fio exits, and says so. When every job ran, the jobs'
+/// own cleanups close it and nothing is said.
+#[test]
+fn fio_a_job_that_never_starts_does_not_keep_the_controller_open() {
+    if !enabled() {
+        return;
+    }
+    const AT_EXIT: &str = "shut down and closed at exit (a job set up on it never started)";
+    let f = filename(1);
+    let job = |name: &'static str| [name, f.as_str(), "--rw=read", "--size=256k", "--bs=4k"];
+    let mut args: Vec<&str> = job("--name=first").to_vec();
+    args.push("--exitall");
+    args.extend(job("--name=waiting"));
+    args.push("--startdelay=600");
+    let o = fio(&args);
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    let out = passed(&o);
+    assert_eq!(
+        out.matches("err= 0").count(),
+        1,
+        "only the first job ran\n{out}"
+    );
+    assert!(err.contains(AT_EXIT), "stderr: {err}\nstdout: {out}");
+    assert_eq!(err.matches("closed at exit").count(), 1, "{err}");
+
+    let mut args: Vec<&str> = job("--name=one").to_vec();
+    args.extend(job("--name=two"));
+    let o = fio(&args);
+    let err = String::from_utf8_lossy(&o.stderr).to_string();
+    let out = passed(&o);
+    assert_eq!(out.matches("err= 0").count(), 2, "{out}");
+    assert!(!err.contains("closed at exit"), "{err}");
+}
+
 /// Block sizes above MDTS (QEMU's: 512 KiB): the library splits each I/O
 /// into commands of at most MDTS and completes it once; fio's verify checks
 /// every byte, sequential and random, at depth 1 and 4.

@@ -318,7 +318,9 @@ static struct shared_ctrl *ctrl_get(struct thread_data *td, const char *name)
 	return c;
 }
 
-static void ctrl_put(struct shared_ctrl *c)
+/* Drops one reference; the last one shuts the controller down (CC.SHN) and
+ * closes it. `at_exit`: say so on stderr (see upnvme_fio_unload). */
+static void ctrl_put_why(struct shared_ctrl *c, const char *at_exit)
 {
 	pthread_mutex_lock(&ctrls_lock);
 	if (--c->refs == 0) {
@@ -327,10 +329,20 @@ static void ctrl_put(struct shared_ctrl *c)
 				*p = c->next;
 				break;
 			}
-		upnvme_ctrl_close(c->ctrl);
+		int rc = upnvme_ctrl_close(c->ctrl);
+		if (rc != UPNVME_OK)
+			fprintf(stderr, "upnvme: closing %s: %s\n", c->addr, upnvme_last_error());
+		else if (at_exit)
+			fprintf(stderr, "upnvme: %s shut down and closed at exit (%s)\n", c->addr,
+				at_exit);
 		free(c);
 	}
 	pthread_mutex_unlock(&ctrls_lock);
+}
+
+static void ctrl_put(struct shared_ctrl *c)
+{
+	ctrl_put_why(c, NULL);
 }
 
 /* Undoes what a failed setup did: fio does not call cleanup for a job
@@ -763,6 +775,43 @@ static void upnvme_fio_cleanup(struct thread_data *td)
 		free(t->events);
 		free(t);
 		td->io_ops_data = NULL;
+	}
+}
+
+/* When fio exits (or unloads the engine). A job whose setup opened its files
+ * but whose thread never started -- ended before its turn by exitall, by an
+ * interrupt, or by another job's error -- gets no cleanup call, so its
+ * references would keep its controller open: the process would end without
+ * the controller's shutdown (CC.SHN), which tells it to make its volatile
+ * write cache and metadata durable. Those references are dropped here. A file
+ * that has a queue pair belongs to a thread that did start and did not clean
+ * up (fio ended it abnormally): its controller is left alone rather than shut
+ * down under a queue pair that may still be in use.
+ *
+ * By now glibc has run this thread's thread-local destructors; the C API's
+ * error slot is read with `try_with` on the Rust side, so the calls below
+ * stay defined. */
+__attribute__((destructor)) static void upnvme_fio_unload(void)
+{
+	struct upnvme_fio_file *unstarted = NULL;
+
+	pthread_mutex_lock(&ctrls_lock);
+	for (struct upnvme_fio_file **p = &files_all; *p;) {
+		struct upnvme_fio_file *uf = *p;
+		if (!uf->qp) {
+			*p = uf->next;
+			uf->next = unstarted;
+			unstarted = uf;
+		} else {
+			p = &uf->next;
+		}
+	}
+	pthread_mutex_unlock(&ctrls_lock);
+	while (unstarted) {
+		struct upnvme_fio_file *uf = unstarted;
+		unstarted = uf->next;
+		ctrl_put_why(uf->sc, "a job set up on it never started");
+		free(uf);
 	}
 }
 
