@@ -149,10 +149,23 @@ impl SqRing {
     /// Whether SQ slot `pos` holds an SQE pushed but not yet announced (it
     /// lies at or past the committed tail and before the tail). False for
     /// a `pos` outside the ring.
+    ///
+    /// Without a ring distance: `pos − committed < tail − committed`, both
+    /// differences taken modulo 2³². When the tail has not wrapped past the
+    /// end of the ring (committed ≤ tail), the right side is the count of
+    /// unannounced slots, and a `pos` below the committed tail wraps to a
+    /// huge left side. When it has, the right side is that count plus 2³² −
+    /// `entries`, bigger than what any `pos` at or past the committed tail
+    /// gives, and a `pos` below the committed tail compares as `pos < tail`.
+    /// A reap at depth asks this for nearly every completion (the callback's
+    /// resubmissions wait for one doorbell): two subtractions and a compare
+    /// instead of two distances cut `read-4k-qd32` from 274.7 to 264.8
+    /// instructions per I/O (`cargo xtask cost`).
     #[inline]
     pub fn is_unannounced(&self, pos: u16) -> bool {
         let pos = u32::from(pos);
-        pos < self.entries && distance(self.committed, pos, self.entries) < self.unannounced()
+        pos < self.entries
+            && pos.wrapping_sub(self.committed) < self.tail.wrapping_sub(self.committed)
     }
 
     /// How many SQEs are pushed but not yet announced.
@@ -470,6 +483,30 @@ mod tests {
         assert!(!sq.is_unannounced(2) && !sq.is_unannounced(3));
         assert!(sq.head_to_committed_if(0));
         assert!(sq.is_empty());
+    }
+
+    proptest::proptest! {
+        /// The branch-free form agrees with the definition: at or past the
+        /// committed tail and before the tail, going forward around the ring.
+        #[test]
+        fn is_unannounced_is_the_slots_from_the_committed_tail_to_the_tail(
+            entries in 2u32..=65536,
+            committed in 0u32..65536,
+            count in 0u32..65536,
+            pos in 0u16..=u16::MAX,
+        ) {
+            let committed = committed % entries;
+            let count = count % entries;
+            let sq = SqRing {
+                entries,
+                head: committed,
+                tail: (committed + count) % entries,
+                committed,
+            };
+            let p = u32::from(pos);
+            let expected = p < entries && distance(committed, p, entries) < count;
+            proptest::prop_assert_eq!(sq.is_unannounced(pos), expected);
+        }
     }
 
     #[test]
