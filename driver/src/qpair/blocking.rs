@@ -225,13 +225,13 @@ fn finish_blocking(c: Completion, cmd: &IoCommand<'_>) -> Result<Option<DmaBuffe
 /// stopped them after 2^32 polls: minutes of a spinning wait, after which a
 /// dead device was never noticed and the timeout never ended the wait).
 #[derive(Debug, Default)]
-struct Periodic(u32);
+pub(super) struct Periodic(u32);
 
 impl Periodic {
     /// Counts one empty poll: (the clock and state check is due, the CSTS
     /// check is due).
     #[inline]
-    fn tick(&mut self) -> (bool, bool) {
+    pub(super) fn tick(&mut self) -> (bool, bool) {
         self.0 = self.0.wrapping_add(1);
         (
             self.0.is_multiple_of(1024),

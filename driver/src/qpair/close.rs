@@ -2,6 +2,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::blocking::Periodic;
 use super::{Completion, IoQueuePair};
 use crate::device::Device;
 use crate::error::IoError;
@@ -25,15 +26,37 @@ impl<D: Device> IoQueuePair<D> {
     pub fn close(mut self, timeout: Duration) -> Vec<Completion> {
         let mut out = Vec::new();
         let start = Instant::now();
+        // The drain polls like a blocking wait: no PAUSE and no clock read
+        // per poll (under emulation both cost more than the I/O), the clock
+        // every 1024 empty polls and on the first, the pair's `Backoff` once
+        // `spin_polls` polls in a row found nothing.
+        let mut empty = 0u32;
+        let mut periodic = Periodic::default();
         loop {
+            let before = out.len();
             let r = self.process_completions(u32::MAX, |_, c| out.push(c));
             if self.trackers.in_flight() == 0 && self.ready.is_empty() {
                 return out;
             }
-            if r.is_err() || start.elapsed() >= timeout {
+            if r.is_err() {
                 break;
             }
-            std::hint::spin_loop();
+            empty = if out.len() == before {
+                empty.saturating_add(1)
+            } else {
+                0
+            };
+            let sleeping = empty > self.backoff.spin_polls && self.backoff.sleep.is_some();
+            let (tick, _) = periodic.tick();
+            if (tick || sleeping || empty == 1) && start.elapsed() >= timeout {
+                break;
+            }
+            if empty > self.backoff.spin_polls {
+                match self.backoff.sleep {
+                    Some(d) => std::thread::sleep(d.min(timeout.saturating_sub(start.elapsed()))),
+                    None => std::thread::yield_now(),
+                }
+            }
         }
         let mut late = Vec::new();
         self.closing = true;
