@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use crate::PAGE_SIZE;
 use crate::error::DmaError;
 pub use crate::memory::DmaMapper;
-use crate::memory::{DmaBuffer, DmaRegion, PageBacking};
+use crate::memory::{DeviceAccess, DmaBuffer, DmaRegion, PageBacking};
 
 struct Region {
     region: DmaRegion,
@@ -29,6 +29,7 @@ struct State {
 pub struct DmaAllocator {
     mapper: Arc<dyn DmaMapper>,
     backing: PageBacking,
+    access: DeviceAccess,
     state: Arc<Mutex<State>>,
 }
 
@@ -37,6 +38,7 @@ impl std::fmt::Debug for DmaAllocator {
         let regions = self.state.lock().map(|s| s.regions.len()).unwrap_or(0);
         f.debug_struct("DmaAllocator")
             .field("backing", &self.backing)
+            .field("access", &self.access)
             .field("regions", &regions)
             .finish()
     }
@@ -45,13 +47,31 @@ impl std::fmt::Debug for DmaAllocator {
 impl DmaAllocator {
     /// An allocator drawing memory of `backing` mapped through `mapper`.
     pub fn new(mapper: Arc<dyn DmaMapper>, backing: PageBacking) -> Self {
+        DmaAllocator::with_access(mapper, backing, DeviceAccess::ReadWrite)
+    }
+
+    /// An allocator whose regions the device may only access as `access`
+    /// says (e.g. [`DeviceAccess::ReadOnly`] for submission queues and PRP
+    /// and SGL lists). Its regions are its own: memory of the two kinds never
+    /// shares a mapping.
+    pub fn with_access(
+        mapper: Arc<dyn DmaMapper>,
+        backing: PageBacking,
+        access: DeviceAccess,
+    ) -> Self {
         DmaAllocator {
             mapper,
             backing,
+            access,
             state: Arc::new(Mutex::new(State {
                 regions: Vec::new(),
             })),
         }
+    }
+
+    /// The device's access to this allocator's memory.
+    pub fn access(&self) -> DeviceAccess {
+        self.access
     }
 
     /// The page backing of new regions.
@@ -91,7 +111,8 @@ impl DmaAllocator {
                 // At least one backing page, and at least 2 MiB so 4 KiB-backed
                 // allocators do not map (and IOMMU-map) page by page.
                 let size = len.max(self.backing.page_size()).max(2 << 20);
-                let region = DmaRegion::new(size, self.backing, self.mapper.clone())?;
+                let region =
+                    DmaRegion::new_with(size, self.backing, self.mapper.clone(), self.access)?;
                 let mut free = Vec::new();
                 if region.len() > len {
                     free.push((len, region.len() - len));
@@ -261,6 +282,45 @@ mod tests {
             next: AtomicU64::new(0x10_0000_0000),
             live: AtomicU64::new(0),
         })
+    }
+
+    /// Records which of the two map calls each mapping came through.
+    #[derive(Default)]
+    struct AccessMapper {
+        next: AtomicU64,
+        read_only: std::sync::Mutex<Vec<bool>>,
+    }
+    impl DmaMapper for AccessMapper {
+        fn map(&self, mem: &Arc<HostMemory>) -> Result<u64, DmaError> {
+            self.read_only.lock().unwrap().push(false);
+            Ok(0x10_0000_0000 + self.next.fetch_add(mem.len() as u64, Ordering::SeqCst))
+        }
+        fn map_device_read_only(&self, mem: &Arc<HostMemory>) -> Result<u64, DmaError> {
+            self.read_only.lock().unwrap().push(true);
+            Ok(0x10_0000_0000 + self.next.fetch_add(mem.len() as u64, Ordering::SeqCst))
+        }
+        fn unmap(&self, _m: crate::memory::Unmapping) -> bool {
+            true
+        }
+    }
+
+    #[test]
+    fn a_read_only_allocator_maps_its_own_regions_read_only() {
+        let mapper = Arc::new(AccessMapper::default());
+        let rw = DmaAllocator::new(mapper.clone(), PageBacking::Small4K);
+        let ro =
+            DmaAllocator::with_access(mapper.clone(), PageBacking::Small4K, DeviceAccess::ReadOnly);
+        assert_eq!(
+            (rw.access(), ro.access()),
+            (DeviceAccess::ReadWrite, DeviceAccess::ReadOnly)
+        );
+        let (a, b) = (rw.alloc(4096).unwrap(), ro.alloc(4096).unwrap());
+        let c = ro.alloc(3 << 20).unwrap();
+        assert_eq!(*mapper.read_only.lock().unwrap(), [false, true, true]);
+        // Never one region for both kinds: each allocator carves its own.
+        assert_eq!((rw.regions(), ro.regions()), (1, 2));
+        assert_ne!(a.iova(), b.iova());
+        drop((a, b, c));
     }
 
     #[test]

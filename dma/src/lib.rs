@@ -56,7 +56,7 @@ pub use list_pages::ListPages;
 /// The `memmap2` crate whose `MmapMut` [`RegisteredMemory`] takes, re-exported
 /// so applications use the same version.
 pub use memmap2;
-pub use memory::{DmaBuffer, DmaPages, DmaRegion, PageBacking, Unmapping};
+pub use memory::{DeviceAccess, DmaBuffer, DmaPages, DmaRegion, PageBacking, Unmapping};
 pub use mmio::Bar;
 pub use pci::{PciAddress, Sysfs};
 pub use pool::{DmaPool, NotFromThisPool};

@@ -477,6 +477,18 @@ fn hugepage_error(bytes: usize, page: usize, dir: &str) -> DmaError {
     }
 }
 
+/// What a device may do with a mapping.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum DeviceAccess {
+    /// Read and write (data buffers, completion queues, anything the
+    /// controller writes).
+    #[default]
+    ReadWrite,
+    /// Read only (submission queues, PRP Lists, SGL segments): a device write
+    /// is an IOMMU fault (VFIO_DMA_MAP_FLAG_READ without _WRITE).
+    ReadOnly,
+}
+
 /// Something that makes [`HostMemory`] reachable by a device and returns its
 /// IOVA: the VFIO container, or an emulated controller in tests.
 ///
@@ -490,7 +502,17 @@ pub trait DmaMapper: Send + Sync {
     /// byte. A live mapping's IOVA range must not overlap any other live
     /// mapping's.
     fn map(&self, mem: &Arc<HostMemory>) -> Result<u64, DmaError>;
-    /// Removes the mapping made by [`DmaMapper::map`]. When it returns, the
+    /// Maps `mem` for device reads only (a device write to it is an IOMMU
+    /// fault): for memory the controller only ever reads — submission
+    /// queues, PRP Lists, SGL segments. A device that rewrote such memory
+    /// could change a command after the driver checked it (the CID of an
+    /// SQE not yet announced, a list's addresses). The default maps it
+    /// like [`DmaMapper::map`], for a mapper that cannot restrict access.
+    fn map_device_read_only(&self, mem: &Arc<HostMemory>) -> Result<u64, DmaError> {
+        self.map(mem)
+    }
+    /// Removes the mapping made by [`DmaMapper::map`] or
+    /// [`DmaMapper::map_device_read_only`]. When it returns, the
     /// device can no longer reach the memory, and the mapper holds no
     /// handle (`Arc`) of it any more: an application's registered memory is
     /// handed back only when nothing else holds it
@@ -623,8 +645,22 @@ impl DmaRegion {
         backing: PageBacking,
         mapper: Arc<dyn DmaMapper>,
     ) -> Result<DmaRegion, DmaError> {
+        DmaRegion::new_with(len, backing, mapper, DeviceAccess::ReadWrite)
+    }
+
+    /// Like [`DmaRegion::new`], with the device's access to the region
+    /// chosen.
+    pub fn new_with(
+        len: usize,
+        backing: PageBacking,
+        mapper: Arc<dyn DmaMapper>,
+        access: DeviceAccess,
+    ) -> Result<DmaRegion, DmaError> {
         let mem = HostMemory::map(len, backing)?;
-        let iova = mapper.map(&mem)?;
+        let iova = match access {
+            DeviceAccess::ReadWrite => mapper.map(&mem)?,
+            DeviceAccess::ReadOnly => mapper.map_device_read_only(&mem)?,
+        };
         let region = DmaRegion {
             inner: Arc::new(RegionInner {
                 mem,

@@ -67,7 +67,9 @@ impl AdminQueue {
     pub(crate) fn new<D: Device>(dev: &D, entries: u32, dstrd: u8) -> Result<AdminQueue> {
         let sq_ring = SqRing::new(entries).map_err(|e| Error::InvalidArgument(e.to_string()))?;
         let cq_ring = CqRing::new(entries).map_err(|e| Error::InvalidArgument(e.to_string()))?;
-        let sq = dev.alloc_dma(entries as usize * SQE_BYTES)?;
+        // The controller only reads the SQ (mapped without its write
+        // permission where the IOMMU allows); it writes the CQ.
+        let sq = dev.alloc_dma_device_read_only(entries as usize * SQE_BYTES)?;
         let cq = dev.alloc_dma(entries as usize * CQE_BYTES)?;
         // One slot is always empty in a ring, so entries-1 commands fit.
         let slots_n = (entries - 1) as u16;

@@ -1636,7 +1636,7 @@ fn admin_data_buffer<D: Device>(
             None
         }
         _ => {
-            let list = dev.alloc_dma(PAGE)?;
+            let list = dev.alloc_dma_device_read_only(PAGE)?;
             for i in 1..pages {
                 list.write_u64((i - 1) * 8, buf.iova() + (i * PAGE) as u64)?;
             }

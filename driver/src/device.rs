@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use upnvme_dma::{
-    DeviceRequest, DmaAllocator, DmaBuffer, DmaError, DmaMapper, PageBacking, PciAddress, Sysfs,
-    VfioDevice,
+    DeviceAccess, DeviceRequest, DmaAllocator, DmaBuffer, DmaError, DmaMapper, PageBacking,
+    PciAddress, Sysfs, VfioDevice,
 };
 
 /// A channel on which the kernel (or a test's device) asks for the device
@@ -46,6 +46,16 @@ pub trait Device: Send + Sync + 'static {
     fn bar_len(&self) -> usize;
     /// Allocates zeroed, page-aligned DMA memory of at least `len` bytes.
     fn alloc_dma(&self, len: usize) -> Result<DmaBuffer, DmaError>;
+    /// Like [`Device::alloc_dma`], for memory the controller only reads:
+    /// submission queues (the admin SQ and I/O SQs) and the pages of PRP
+    /// Lists and SGL segments. Where the IOMMU allows it the memory is
+    /// mapped without write permission, so a device cannot rewrite a command
+    /// after the driver wrote and checked it. Never for memory a command
+    /// makes the device write (a Read's data): that write would fault. The
+    /// default: [`Device::alloc_dma`].
+    fn alloc_dma_device_read_only(&self, len: usize) -> Result<DmaBuffer, DmaError> {
+        self.alloc_dma(len)
+    }
     /// A name for messages: the PCI address, or "model".
     fn name(&self) -> String;
     /// What maps memory the application owns for this device's DMA
@@ -83,6 +93,9 @@ pub struct VfioNvme {
     // Field order is drop order: DMA memory first (it holds the container), then
     // the device (bus mastering off, BAR unmapped).
     alloc: DmaAllocator,
+    /// Memory the device only reads (SQs, PRP and SGL lists), mapped
+    /// without write permission.
+    alloc_read_only: DmaAllocator,
     device: VfioDevice,
     /// The device request eventfd, when the kernel offers one.
     request: Option<Arc<DeviceRequest>>,
@@ -98,13 +111,15 @@ impl VfioNvme {
     ) -> Result<Self, DmaError> {
         let device = VfioDevice::open(address, sysfs)?;
         let mapper: Arc<dyn DmaMapper> = device.container().clone();
-        let alloc = DmaAllocator::new(mapper, backing);
+        let alloc = DmaAllocator::new(mapper.clone(), backing);
+        let alloc_read_only = DmaAllocator::with_access(mapper, backing, DeviceAccess::ReadOnly);
         // Without a registered request channel the kernel blocks a removal
         // or unbind until the process closes the device; a device without
         // one (an old kernel) still works, it just cannot be asked back.
         let request = device.request_notifier().ok().map(Arc::new);
         Ok(VfioNvme {
             alloc,
+            alloc_read_only,
             device,
             request,
         })
@@ -138,6 +153,9 @@ impl Device for VfioNvme {
     }
     fn alloc_dma(&self, len: usize) -> Result<DmaBuffer, DmaError> {
         self.alloc.alloc(len)
+    }
+    fn alloc_dma_device_read_only(&self, len: usize) -> Result<DmaBuffer, DmaError> {
+        self.alloc_read_only.alloc(len)
     }
     fn name(&self) -> String {
         self.device.address().to_string()

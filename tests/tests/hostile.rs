@@ -1051,3 +1051,92 @@ fn an_sq_head_that_never_moves_does_not_fill_the_queue() {
     c.close().unwrap();
     assert_clean(&m);
 }
+
+/// The controller only reads submission queues: the driver maps them
+/// without the device's write permission. A device that writes back a
+/// command it fetched (the model, here on an I/O read's SQE and on an
+/// Identify's admin SQE) takes a DMA fault instead — what an IOMMU does —
+/// and the command runs as it was written. Were the SQ writable, a device
+/// could rewrite a queued command's CID after the driver's checks read it
+/// (the unannounced-completion check reads it back from the SQ).
+#[test]
+fn a_device_cannot_rewrite_a_submission_queue_entry() {
+    let (m, c) = setup(ModelConfig::default());
+    let ns = ns1(&c);
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    m.inject(Fault::RewriteSqe(Match::Queue(1)));
+    let buf = qp
+        .read_blocking(&ns, 0, 1, c.alloc_dma(4096).unwrap(), T)
+        .expect("the read runs as written");
+    drop(buf);
+    m.inject(Fault::RewriteSqe(Match::Queue(0)));
+    c.identify_controller()
+        .expect("the Identify runs as written");
+    let log = m.dma_fault_log();
+    assert_eq!(m.dma_faults(), 2, "{log:?}");
+    for (entry, q) in log.iter().zip([1, 0]) {
+        assert!(
+            entry.starts_with(&format!("SQ {q} entry rewrite: DMA write fault"))
+                && entry.ends_with("mapped for device reads only"),
+            "{log:?}"
+        );
+    }
+    drop(qp);
+    drop(c);
+    assert_eq!(m.violations(), Vec::<String>::new());
+}
+
+/// What the device may write, by the memory's use: the SQs and every list
+/// page (PRP Lists, Dataset Management ranges) read-only; the CQ and the data
+/// buffers read-write.
+#[test]
+fn submission_queues_and_list_pages_are_mapped_for_device_reads_only() {
+    use upnvme::dma::DeviceAccess::{ReadOnly, ReadWrite};
+    let (m, c) = setup(ModelConfig::default());
+    let ns = ns1(&c);
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    // 64 KiB: PRP1 and a PRP List (the model has no SGLs).
+    let buf = qp
+        .read_blocking(&ns, 0, 16, c.alloc_dma(16 * 4096).unwrap(), T)
+        .unwrap();
+    let ranges = [upnvme::DsmRange {
+        cattr: 0,
+        nlb: 1,
+        slba: 3,
+    }];
+    qp.execute_blocking(
+        IoCommand::Deallocate {
+            ns: &ns,
+            ranges: &ranges,
+        },
+        None,
+        T,
+    )
+    .unwrap();
+    let qword = |sqe: &[u8; 64], at: usize| u64::from_le_bytes(sqe[at..at + 8].try_into().unwrap());
+    let (prp1, prp2) = (24, 32);
+    let cmds = m.recent_commands();
+    let find = |qid: u16, opcode: u8| {
+        cmds.iter()
+            .rev()
+            .find(|(q, sqe)| *q == qid && sqe[0] == opcode)
+            .map(|(_, sqe)| *sqe)
+            .unwrap_or_else(|| panic!("no opcode {opcode:#04x} on queue {qid}"))
+    };
+    // Create I/O CQ (05h) and Create I/O SQ (01h): the queues' bases.
+    assert_eq!(
+        m.device_access(qword(&find(0, 0x05), prp1)),
+        Some(ReadWrite)
+    );
+    assert_eq!(m.device_access(qword(&find(0, 0x01), prp1)), Some(ReadOnly));
+    // The read (02h): its data read-write, its PRP List read-only.
+    let read = find(1, 0x02);
+    assert_eq!(qword(&read, prp1), buf.iova());
+    assert_eq!(m.device_access(qword(&read, prp1)), Some(ReadWrite));
+    assert_eq!(m.device_access(qword(&read, prp2)), Some(ReadOnly));
+    // Dataset Management (09h): its ranges read-only.
+    assert_eq!(m.device_access(qword(&find(1, 0x09), prp1)), Some(ReadOnly));
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}

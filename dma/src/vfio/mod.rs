@@ -250,6 +250,31 @@ fn iommu_info(container: &OwnedFd) -> Result<(Vec<IovaRange>, u64), DmaError> {
 
 impl DmaMapper for VfioContainer {
     fn map(&self, mem: &Arc<HostMemory>) -> Result<u64, DmaError> {
+        self.map_flags(
+            mem,
+            abi::VFIO_DMA_MAP_FLAG_READ | abi::VFIO_DMA_MAP_FLAG_WRITE,
+        )
+    }
+
+    fn map_device_read_only(&self, mem: &Arc<HostMemory>) -> Result<u64, DmaError> {
+        // The IOMMU page table entries get the read permission only: a
+        // device write there faults (DMAR: [DMA Write] ... in the kernel log).
+        self.map_flags(mem, abi::VFIO_DMA_MAP_FLAG_READ)
+    }
+
+    fn iova_ranges(&self) -> Vec<IovaRange> {
+        VfioContainer::iova_ranges(self)
+    }
+
+    fn unmap(&self, mapping: crate::memory::Unmapping) -> bool {
+        self.unmap_mapping(mapping)
+    }
+}
+
+impl VfioContainer {
+    /// VFIO_IOMMU_MAP_DMA of `mem` at a fresh IOVA with `flags` (the
+    /// device's read and write permissions).
+    fn map_flags(&self, mem: &Arc<HostMemory>, flags: u32) -> Result<u64, DmaError> {
         let len = mem.len();
         let align = mem.iova_align() as u64;
         let iova = self
@@ -259,7 +284,7 @@ impl DmaMapper for VfioContainer {
             .alloc(len as u64, align)?;
         let mut m = abi::DmaMap {
             argsz: std::mem::size_of::<abi::DmaMap>() as u32,
-            flags: abi::VFIO_DMA_MAP_FLAG_READ | abi::VFIO_DMA_MAP_FLAG_WRITE,
+            flags,
             vaddr: mem.vaddr() as u64,
             iova,
             size: len as u64,
@@ -283,11 +308,8 @@ impl DmaMapper for VfioContainer {
         Ok(iova)
     }
 
-    fn iova_ranges(&self) -> Vec<IovaRange> {
-        VfioContainer::iova_ranges(self)
-    }
-
-    fn unmap(&self, mapping: crate::memory::Unmapping) -> bool {
+    /// VFIO_IOMMU_UNMAP_DMA of a mapping this container made.
+    fn unmap_mapping(&self, mapping: crate::memory::Unmapping) -> bool {
         if !mapping.made_by(self) {
             // Another mapper's region handed its `Unmapping` on: removing a
             // mapping of ours at that IOVA would free it for reuse while a

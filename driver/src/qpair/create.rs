@@ -83,13 +83,18 @@ impl<D: Device> IoQueuePair<D> {
         }
 
         let dev = ctrl.dev();
-        let sq = SqMemory::new(dev.alloc_dma(sq_entries as usize * SQE_BYTES)?, sq_entries)?;
+        // The SQ and the list pages are only read by the controller: mapped
+        // without its write permission where the IOMMU allows.
+        let sq = SqMemory::new(
+            dev.alloc_dma_device_read_only(sq_entries as usize * SQE_BYTES)?,
+            sq_entries,
+        )?;
         let cq = CqMemory::new(dev.alloc_dma(cq_entries as usize * CQE_BYTES)?, cq_entries)?;
         let trackers: CidTable<super::Tracker> = CidTable::new(max_depth as u16);
         // One list area per CID slot (slots `0..slots()` are handed out).
         let slots = usize::from(trackers.slots());
         let lists = ListPages::new(
-            dev.alloc_dma(slots * list_pages_per_slot * PAGE)?,
+            dev.alloc_dma_device_read_only(slots * list_pages_per_slot * PAGE)?,
             slots as u32,
             list_pages_per_slot * PAGE,
         )?;

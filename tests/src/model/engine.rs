@@ -197,6 +197,24 @@ impl State {
         }
     }
 
+    /// [`Fault::RewriteSqe`](super::Fault::RewriteSqe): the slot just
+    /// fetched (the one before the new head `sqhd`) written back with the
+    /// CID inverted — a DMA write, which faults where the SQ is mapped for
+    /// device reads only.
+    fn rewrite_sqe(&mut self, sqid: u16, sqhd: u32, cmd: &Command) {
+        let Some(sq) = self.sqs.get(&sqid) else {
+            return;
+        };
+        let slot = (sqhd + sq.size - 1) % sq.size;
+        let at = sq.base.wrapping_add(u64::from(slot).wrapping_mul(SQE_SIZE));
+        let mut raw = *cmd.raw();
+        raw[2] ^= 0xff;
+        raw[3] ^= 0xff;
+        if let Err(f) = self.mem.write(at, &raw) {
+            self.dma_fault(f, &format!("SQ {sqid} entry rewrite"));
+        }
+    }
+
     /// Executes one fetched command and delivers its completion.
     fn execute(&mut self, sqid: u16, sqhd: u32, cmd: Command) {
         let (opcode, cid) = (cmd.opcode(), cmd.cid());
@@ -210,6 +228,9 @@ impl State {
         }
         self.stats.recent.push_back((sqid, *cmd.raw()));
         let plan = self.faults.plan_for(sqid, &cmd, index);
+        if plan.rewrite_sqe {
+            self.rewrite_sqe(sqid, sqhd, &cmd);
+        }
         if let Some((nsid, to)) = plan.change_namespace {
             self.change_namespace(nsid, to);
         }

@@ -94,6 +94,12 @@ pub enum Fault {
         /// Bits to flip in the CID.
         xor: u16,
     },
+    /// When the matched command is fetched, the device writes its SQ slot
+    /// back with the Command Identifier inverted (a device rewriting the
+    /// commands it is given), then executes the command as fetched. The
+    /// write lands only where the SQ is mapped for device writes; where it is
+    /// mapped read-only it is a DMA fault and the slot is unchanged.
+    RewriteSqe(Match),
     /// The completion of the matched command reports `sqhd` as its SQ Head
     /// Pointer (use a value ≥ the queue size for "out of range").
     BadSqHead {
@@ -153,6 +159,7 @@ impl Fault {
             | Fault::DuplicateCompletion(m)
             | Fault::WrongPhase(m)
             | Fault::FatalOn(m)
+            | Fault::RewriteSqe(m)
             | Fault::UnplugOn(m) => Some(m),
             Fault::DelayCompletion { on, .. }
             | Fault::CorruptCid { on, .. }
@@ -187,6 +194,8 @@ pub(crate) struct Plan {
     pub unplug: bool,
     /// Change this namespace (NSID, new configuration) before executing.
     pub change_namespace: Option<(u32, Option<super::NamespaceConfig>)>,
+    /// Write the fetched SQE back into its slot with its CID inverted.
+    pub rewrite_sqe: bool,
 }
 
 impl Plan {
@@ -265,6 +274,7 @@ impl FaultQueue {
                 Fault::Status { status, .. } => plan.status = Some(status),
                 Fault::FatalOn(_) => plan.fatal = true,
                 Fault::UnplugOn(_) => plan.unplug = true,
+                Fault::RewriteSqe(_) => plan.rewrite_sqe = true,
                 Fault::ChangeNamespaceOn { nsid, to, .. } => {
                     plan.change_namespace = Some((nsid, to));
                 }

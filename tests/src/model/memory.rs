@@ -25,16 +25,23 @@ pub(crate) struct DmaFault {
     pub len: usize,
     /// True for a device write (to host memory), false for a read.
     pub write: bool,
+    /// The range is mapped, for device reads only (a write was refused).
+    pub read_only: bool,
 }
 
 impl fmt::Display for DmaFault {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "DMA {} fault at IOVA {:#x} ({} bytes): not mapped",
+            "DMA {} fault at IOVA {:#x} ({} bytes): {}",
             if self.write { "write" } else { "read" },
             self.iova,
-            self.len
+            self.len,
+            if self.read_only {
+                "mapped for device reads only"
+            } else {
+                "not mapped"
+            }
         )
     }
 }
@@ -43,7 +50,9 @@ struct Table {
     next: u64,
     /// Last IOVA the table may hand out ([`IovaTable::limit_window`]).
     end: u64,
-    maps: BTreeMap<u64, Arc<HostMemory>>,
+    /// Each mapping's memory, and whether the device may only read it
+    /// ([`DmaMapper::map_device_read_only`]).
+    maps: BTreeMap<u64, (Arc<HostMemory>, bool)>,
 }
 
 /// IOVA → host memory table; the [`DmaMapper`] of the model's DMA allocator
@@ -84,12 +93,25 @@ impl IovaTable {
         write: bool,
         access: impl FnOnce(&HostMemory, usize) -> Result<R, DmaError>,
     ) -> Result<R, DmaFault> {
-        let fault = DmaFault { iova, len, write };
+        let fault = DmaFault {
+            iova,
+            len,
+            write,
+            read_only: false,
+        };
         let t = self.lock();
-        let (&base, mem) = t.maps.range(..=iova).next_back().ok_or(fault)?;
+        let (&base, (mem, read_only)) = t.maps.range(..=iova).next_back().ok_or(fault)?;
         let off = usize::try_from(iova - base).map_err(|_| fault)?;
         match off.checked_add(len) {
-            Some(end) if end <= mem.len() => access(mem, off).map_err(|_| fault),
+            Some(end) if end <= mem.len() => {
+                if write && *read_only {
+                    return Err(DmaFault {
+                        read_only: true,
+                        ..fault
+                    });
+                }
+                access(mem, off).map_err(|_| fault)
+            }
             _ => Err(fault),
         }
     }
@@ -164,6 +186,14 @@ impl IovaTable {
         self.lock().maps.len()
     }
 
+    /// Whether `iova` lies in a mapping, and if so whether the device may
+    /// only read it (`Some(true)`).
+    pub fn read_only_at(&self, iova: u64) -> Option<bool> {
+        let t = self.lock();
+        let (&base, (mem, read_only)) = t.maps.range(..=iova).next_back()?;
+        (iova - base < mem.len() as u64).then_some(*read_only)
+    }
+
     /// Lets the table hand out only `bytes` more of IOVA space (counted
     /// from the next free IOVA, guard gaps included), as an IOMMU with a
     /// small address width would; reported through
@@ -176,22 +206,11 @@ impl IovaTable {
 
 impl DmaMapper for IovaTable {
     fn map(&self, mem: &Arc<HostMemory>) -> Result<u64, DmaError> {
-        let mut t = self.lock();
-        let iova = t.next;
-        let span = (mem.len() as u64)
-            .checked_next_multiple_of(IOVA_ALIGN)
-            .and_then(|s| s.checked_add(IOVA_ALIGN))
-            .and_then(|s| iova.checked_add(s))
-            .ok_or_else(|| DmaError::InvalidAllocation("model IOVA space exhausted".into()))?;
-        if iova.saturating_add(mem.len() as u64).saturating_sub(1) > t.end {
-            return Err(DmaError::IovaExhausted {
-                size: mem.len(),
-                ranges: format!("[{IOVA_BASE:#x}..={:#x}]", t.end),
-            });
-        }
-        t.next = span;
-        t.maps.insert(iova, mem.clone());
-        Ok(iova)
+        self.insert(mem, false)
+    }
+
+    fn map_device_read_only(&self, mem: &Arc<HostMemory>) -> Result<u64, DmaError> {
+        self.insert(mem, true)
     }
 
     fn unmap(&self, mapping: upnvme_dma::Unmapping) -> bool {
@@ -210,5 +229,28 @@ impl DmaMapper for IovaTable {
             start: IOVA_BASE,
             end,
         }]
+    }
+}
+
+impl IovaTable {
+    /// Maps `mem` at the next free IOVA, for device reads only when
+    /// `read_only`.
+    fn insert(&self, mem: &Arc<HostMemory>, read_only: bool) -> Result<u64, DmaError> {
+        let mut t = self.lock();
+        let iova = t.next;
+        let span = (mem.len() as u64)
+            .checked_next_multiple_of(IOVA_ALIGN)
+            .and_then(|s| s.checked_add(IOVA_ALIGN))
+            .and_then(|s| iova.checked_add(s))
+            .ok_or_else(|| DmaError::InvalidAllocation("model IOVA space exhausted".into()))?;
+        if iova.saturating_add(mem.len() as u64).saturating_sub(1) > t.end {
+            return Err(DmaError::IovaExhausted {
+                size: mem.len(),
+                ranges: format!("[{IOVA_BASE:#x}..={:#x}]", t.end),
+            });
+        }
+        t.next = span;
+        t.maps.insert(iova, (mem.clone(), read_only));
+        Ok(iova)
     }
 }

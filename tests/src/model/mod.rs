@@ -78,7 +78,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use upnvme::Device;
-use upnvme_dma::{DmaAllocator, DmaBuffer, DmaError, PageBacking};
+use upnvme_dma::{DeviceAccess, DmaAllocator, DmaBuffer, DmaError, PageBacking};
 
 pub use config::{ModelConfig, NamespaceConfig};
 pub use faults::{Fault, Match};
@@ -120,6 +120,9 @@ pub struct CqState {
 struct Shared {
     table: Arc<IovaTable>,
     alloc: DmaAllocator,
+    /// [`Device::alloc_dma_device_read_only`]'s memory: the model refuses
+    /// its own writes there, as an IOMMU does.
+    alloc_read_only: DmaAllocator,
     state: Mutex<State>,
     release: Arc<ModelRelease>,
 }
@@ -189,11 +192,14 @@ impl ModelController {
         config.validate()?;
         let table = Arc::new(IovaTable::new());
         let alloc = DmaAllocator::new(table.clone(), PageBacking::Small4K);
+        let alloc_read_only =
+            DmaAllocator::with_access(table.clone(), PageBacking::Small4K, DeviceAccess::ReadOnly);
         let state = Mutex::new(State::new(config, table.clone()));
         Ok(ModelController {
             inner: Arc::new(Shared {
                 table,
                 alloc,
+                alloc_read_only,
                 state,
                 release: Arc::default(),
             }),
@@ -438,6 +444,20 @@ impl ModelController {
         self.state().stats.fetched
     }
 
+    /// How the device may reach `iova`: `None` where nothing is mapped,
+    /// [`DeviceAccess::ReadOnly`] in memory the driver took from
+    /// [`Device::alloc_dma_device_read_only`] (a device write there is a DMA
+    /// fault, as under an IOMMU).
+    pub fn device_access(&self, iova: u64) -> Option<DeviceAccess> {
+        self.inner.table.read_only_at(iova).map(|ro| {
+            if ro {
+                DeviceAccess::ReadOnly
+            } else {
+                DeviceAccess::ReadWrite
+            }
+        })
+    }
+
     /// The last 64 commands fetched from any SQ: (SQ id, the 64-byte SQE as the model fetched it), oldest first.
     pub fn recent_commands(&self) -> Vec<(u16, [u8; 64])> {
         self.state().stats.recent.iter().copied().collect()
@@ -635,6 +655,10 @@ impl Device for ModelController {
 
     fn alloc_dma(&self, len: usize) -> Result<DmaBuffer, DmaError> {
         self.inner.alloc.alloc(len)
+    }
+
+    fn alloc_dma_device_read_only(&self, len: usize) -> Result<DmaBuffer, DmaError> {
+        self.inner.alloc_read_only.alloc(len)
     }
 
     fn name(&self) -> String {
