@@ -74,6 +74,15 @@ impl DmaAllocator {
         self.access
     }
 
+    /// [`DmaAllocator::alloc`] from this allocator, or, when that fails (no
+    /// hugepage free for a new region, an IOMMU that refuses the mapping),
+    /// from `fallback`: for memory whose restricted access is a protection,
+    /// not a requirement (a read-only SQ falls back to a read-write one
+    /// rather than failing the queue's creation).
+    pub fn alloc_or(&self, len: usize, fallback: &DmaAllocator) -> Result<DmaBuffer, DmaError> {
+        self.alloc(len).or_else(|_| fallback.alloc(len))
+    }
+
     /// The page backing of new regions.
     pub fn backing(&self) -> PageBacking {
         self.backing
@@ -284,11 +293,13 @@ mod tests {
         })
     }
 
-    /// Records which of the two map calls each mapping came through.
+    /// Records which of the two map calls each mapping came through;
+    /// refuses read-only mappings when `refuse_read_only`.
     #[derive(Default)]
     struct AccessMapper {
         next: AtomicU64,
         read_only: std::sync::Mutex<Vec<bool>>,
+        refuse_read_only: bool,
     }
     impl DmaMapper for AccessMapper {
         fn map(&self, mem: &Arc<HostMemory>) -> Result<u64, DmaError> {
@@ -296,6 +307,9 @@ mod tests {
             Ok(0x10_0000_0000 + self.next.fetch_add(mem.len() as u64, Ordering::SeqCst))
         }
         fn map_device_read_only(&self, mem: &Arc<HostMemory>) -> Result<u64, DmaError> {
+            if self.refuse_read_only {
+                return Err(DmaError::InvalidAllocation("read-only refused".into()));
+            }
             self.read_only.lock().unwrap().push(true);
             Ok(0x10_0000_0000 + self.next.fetch_add(mem.len() as u64, Ordering::SeqCst))
         }
@@ -321,6 +335,30 @@ mod tests {
         assert_eq!((rw.regions(), ro.regions()), (1, 2));
         assert_ne!(a.iova(), b.iova());
         drop((a, b, c));
+    }
+
+    #[test]
+    fn alloc_or_takes_the_fallback_only_when_the_first_allocator_fails() {
+        for refuse_read_only in [false, true] {
+            let mapper = Arc::new(AccessMapper {
+                refuse_read_only,
+                ..Default::default()
+            });
+            let rw = DmaAllocator::new(mapper.clone(), PageBacking::Small4K);
+            let ro = DmaAllocator::with_access(
+                mapper.clone(),
+                PageBacking::Small4K,
+                DeviceAccess::ReadOnly,
+            );
+            let b = ro.alloc_or(4096, &rw).unwrap();
+            assert_eq!(*mapper.read_only.lock().unwrap(), [!refuse_read_only]);
+            let (from_ro, from_rw) = (ro.live_buffers(), rw.live_buffers());
+            assert_eq!(
+                (from_ro, from_rw),
+                if refuse_read_only { (0, 1) } else { (1, 0) }
+            );
+            drop(b);
+        }
     }
 
     #[test]

@@ -67,10 +67,13 @@ impl AdminQueue {
     pub(crate) fn new<D: Device>(dev: &D, entries: u32, dstrd: u8) -> Result<AdminQueue> {
         let sq_ring = SqRing::new(entries).map_err(|e| Error::InvalidArgument(e.to_string()))?;
         let cq_ring = CqRing::new(entries).map_err(|e| Error::InvalidArgument(e.to_string()))?;
-        // The controller only reads the SQ (mapped without its write
-        // permission where the IOMMU allows); it writes the CQ.
-        let sq = dev.alloc_dma_device_read_only(entries as usize * SQE_BYTES)?;
+        // The controller writes the CQ and only reads the SQ (mapped
+        // without its write permission where the IOMMU allows). The CQ
+        // first: with one hugepage free, it takes it, and the SQ falls back
+        // to the CQ's region (see `Device::alloc_dma_device_read_only`), so
+        // bring-up needs no more hugepages than before.
         let cq = dev.alloc_dma(entries as usize * CQE_BYTES)?;
+        let sq = dev.alloc_dma_device_read_only(entries as usize * SQE_BYTES)?;
         // One slot is always empty in a ring, so entries-1 commands fit.
         let slots_n = (entries - 1) as u16;
         Ok(AdminQueue {

@@ -94,7 +94,7 @@ pub struct VfioNvme {
     // the device (bus mastering off, BAR unmapped).
     alloc: DmaAllocator,
     /// Memory the device only reads (SQs, PRP and SGL lists), mapped
-    /// without write permission.
+    /// without write permission; 2 MiB pages (4 KiB with `Small4K`).
     alloc_read_only: DmaAllocator,
     device: VfioDevice,
     /// The device request eventfd, when the kernel offers one.
@@ -112,7 +112,14 @@ impl VfioNvme {
         let device = VfioDevice::open(address, sysfs)?;
         let mapper: Arc<dyn DmaMapper> = device.container().clone();
         let alloc = DmaAllocator::new(mapper.clone(), backing);
-        let alloc_read_only = DmaAllocator::with_access(mapper, backing, DeviceAccess::ReadOnly);
+        // Read-only memory is small (SQs, list pages): 2 MiB pages even when
+        // buffers use 1 GiB ones, so it never costs a second 1 GiB page.
+        let read_only_backing = match backing {
+            PageBacking::Small4K => PageBacking::Small4K,
+            PageBacking::Huge2M | PageBacking::Huge1G => PageBacking::Huge2M,
+        };
+        let alloc_read_only =
+            DmaAllocator::with_access(mapper, read_only_backing, DeviceAccess::ReadOnly);
         // Without a registered request channel the kernel blocks a removal
         // or unbind until the process closes the device; a device without
         // one (an old kernel) still works, it just cannot be asked back.
@@ -155,7 +162,10 @@ impl Device for VfioNvme {
         self.alloc.alloc(len)
     }
     fn alloc_dma_device_read_only(&self, len: usize) -> Result<DmaBuffer, DmaError> {
-        self.alloc_read_only.alloc(len)
+        // The protection is worth a 2 MiB page, not a failed open: without
+        // one free (or with an IOMMU that refuses read-only mappings), the
+        // memory comes from the read-write allocator, as before.
+        self.alloc_read_only.alloc_or(len, &self.alloc)
     }
     fn name(&self) -> String {
         self.device.address().to_string()

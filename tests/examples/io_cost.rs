@@ -71,6 +71,10 @@ impl Device for Meter {
     fn alloc_dma(&self, len: usize) -> Result<DmaBuffer, DmaError> {
         self.0.alloc_dma(len)
     }
+    #[inline(never)]
+    fn alloc_dma_device_read_only(&self, len: usize) -> Result<DmaBuffer, DmaError> {
+        self.0.alloc_dma_device_read_only(len)
+    }
     fn name(&self) -> String {
         "model (metered)".into()
     }

@@ -562,6 +562,12 @@ impl Device for ShortBar {
     fn alloc_dma(&self, len: usize) -> Result<upnvme::DmaBuffer, upnvme::dma::DmaError> {
         self.0.alloc_dma(len)
     }
+    fn alloc_dma_device_read_only(
+        &self,
+        len: usize,
+    ) -> Result<upnvme::DmaBuffer, upnvme::dma::DmaError> {
+        self.0.alloc_dma_device_read_only(len)
+    }
     fn name(&self) -> String {
         self.0.name()
     }

@@ -162,6 +162,12 @@ impl upnvme::Device for Unstoppable {
     fn alloc_dma(&self, len: usize) -> Result<upnvme::DmaBuffer, upnvme_dma::DmaError> {
         self.model.alloc_dma(len)
     }
+    fn alloc_dma_device_read_only(
+        &self,
+        len: usize,
+    ) -> Result<upnvme::DmaBuffer, upnvme_dma::DmaError> {
+        self.model.alloc_dma_device_read_only(len)
+    }
     fn name(&self) -> String {
         self.model.name()
     }

@@ -331,7 +331,10 @@ static void ctrl_put_why(struct shared_ctrl *c, const char *at_exit)
 			}
 		int rc = upnvme_ctrl_close(c->ctrl);
 		if (rc != UPNVME_OK)
-			fprintf(stderr, "upnvme: closing %s: %s\n", c->addr, upnvme_last_error());
+			/* At exit the C API's per-thread message may be gone: the
+			 * code's text always is there. */
+			fprintf(stderr, "upnvme: closing %s: %s (%s)\n", c->addr,
+				upnvme_strerror(rc), upnvme_last_error());
 		else if (at_exit)
 			fprintf(stderr, "upnvme: %s shut down and closed at exit (%s)\n", c->addr,
 				at_exit);

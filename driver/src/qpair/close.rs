@@ -27,9 +27,11 @@ impl<D: Device> IoQueuePair<D> {
         let mut out = Vec::new();
         let start = Instant::now();
         // The drain polls like a blocking wait: no PAUSE and no clock read
-        // per poll (under emulation both cost more than the I/O), the clock
-        // every 1024 empty polls and on the first, the pair's `Backoff` once
-        // `spin_polls` polls in a row found nothing.
+        // per poll (under emulation both cost more than the I/O). The clock
+        // is read on the first empty poll after a completion, on every
+        // 1024th poll, and on every poll once the wait sleeps; the pair's
+        // `Backoff` starts once `spin_polls` polls in a row found nothing.
+        // `Duration::ZERO` thus reaps until the CQ is empty, then deletes.
         let mut empty = 0u32;
         let mut periodic = Periodic::default();
         loop {

@@ -611,10 +611,11 @@ impl ModelController {
             .map(|(s, c)| (s.saturating_add(1), c.saturating_add(1)))
     }
 
-    /// DMA buffers allocated from this model ([`Device::alloc_dma`]) and
-    /// not yet given back (dropped, or leaked on purpose).
+    /// DMA buffers allocated from this model ([`Device::alloc_dma`] and
+    /// [`Device::alloc_dma_device_read_only`]) and not yet given back
+    /// (dropped, or leaked on purpose).
     pub fn live_dma_buffers(&self) -> usize {
-        self.inner.alloc.live_buffers()
+        self.inner.alloc.live_buffers() + self.inner.alloc_read_only.live_buffers()
     }
 
     /// Number of DMA regions currently mapped in the model's IOMMU table.

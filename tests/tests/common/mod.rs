@@ -205,6 +205,9 @@ impl upnvme::Device for Spy {
     fn alloc_dma(&self, len: usize) -> Result<DmaBuffer, DmaError> {
         in_device(|| self.model.alloc_dma(len))
     }
+    fn alloc_dma_device_read_only(&self, len: usize) -> Result<DmaBuffer, DmaError> {
+        in_device(|| self.model.alloc_dma_device_read_only(len))
+    }
     fn name(&self) -> String {
         in_device(|| self.model.name())
     }
