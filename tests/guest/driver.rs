@@ -295,6 +295,23 @@ fn missing_hugepages_are_explained() {
     );
     let msg = e.to_string();
     assert!(msg.contains("nr_hugepages"), "{msg}");
+    // One hugepage is enough to open, create a pair and read, as it was
+    // before the SQs and list pages got read-only memory of their own: the
+    // admin CQ takes the page, and the read-only allocations, finding none
+    // free, fall back to the read-write region.
+    fs::write(path, "1").unwrap();
+    let one = (|| -> Result<(), Error> {
+        let c = Controller::open(&devices()[0], ControllerOptions::default())?;
+        let ns = c.namespace(1)?.clone();
+        let mut qp = c.io_queue_pair(Default::default())?;
+        let buf = c.alloc_dma(4096)?;
+        qp.read_blocking(&ns, 0, 1, buf, Duration::from_secs(5))
+            .map_err(|f| f.error)?;
+        drop(qp);
+        c.close()
+    })();
+    fs::write(path, before.trim()).unwrap();
+    one.expect("open, a queue pair and a read with one hugepage");
     // With hugepages back, the same open works.
     open(&devices()[0]).close().unwrap();
     // And the documented 4 KiB opt-in works without hugepages.
