@@ -118,6 +118,9 @@ struct upnvme_fio_file {
 	uint32_t nsid;
 	uint32_t lba_size;
 	struct upnvme_qpair *qp;
+	/* Its job's thread has started (ran init): from then on only that
+	 * thread's cleanup releases the file (under ctrls_lock). */
+	int started;
 };
 
 /* Per io_u: its piece of the I/O memory, and the way back to the thread. */
@@ -470,6 +473,13 @@ static int upnvme_fio_init(struct thread_data *td)
 		return 1;
 	}
 	td->io_ops_data = t;
+	/* The job runs: its files are its thread's to release now (see
+	 * upnvme_fio_unload). */
+	pthread_mutex_lock(&ctrls_lock);
+	for (struct upnvme_fio_file *uf = files_all; uf; uf = uf->next)
+		if (uf->owner == td)
+			uf->started = 1;
+	pthread_mutex_unlock(&ctrls_lock);
 	return 0;
 }
 
@@ -482,6 +492,9 @@ static int upnvme_fio_open_file(struct thread_data *td, struct fio_file *f)
 		return 1;
 	if (uf->qp)
 		return 0;
+	pthread_mutex_lock(&ctrls_lock);
+	uf->started = 1;
+	pthread_mutex_unlock(&ctrls_lock);
 	struct upnvme_qpair_opts qo;
 	upnvme_qpair_opts_default(&qo);
 	qo.shadow_doorbells = o->shadow_doorbells != 0;
@@ -787,9 +800,9 @@ static void upnvme_fio_cleanup(struct thread_data *td)
  * references would keep its controller open: the process would end without
  * the controller's shutdown (CC.SHN), which tells it to make its volatile
  * write cache and metadata durable. Those references are dropped here. A file
- * that has a queue pair belongs to a thread that did start and did not clean
- * up (fio ended it abnormally): its controller is left alone rather than shut
- * down under a queue pair that may still be in use.
+ * whose job's thread did start (`started`, set by init and open_file) and did
+ * not clean up -- fio gave up on a stuck job -- is left alone: its thread may
+ * still be inside the C API, and its controller is not shut down under it.
  *
  * By now glibc has run this thread's thread-local destructors; the C API's
  * error slot is read with `try_with` on the Rust side, so the calls below
@@ -801,7 +814,7 @@ __attribute__((destructor)) static void upnvme_fio_unload(void)
 	pthread_mutex_lock(&ctrls_lock);
 	for (struct upnvme_fio_file **p = &files_all; *p;) {
 		struct upnvme_fio_file *uf = *p;
-		if (!uf->qp) {
+		if (!uf->started) {
 			*p = uf->next;
 			uf->next = unstarted;
 			unstarted = uf;
