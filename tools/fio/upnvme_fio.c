@@ -762,23 +762,45 @@ static struct io_u *upnvme_fio_event(struct thread_data *td, int event)
 	return t->events[event];
 }
 
-static void upnvme_fio_cleanup(struct thread_data *td)
+typedef int (*file_pick)(const struct upnvme_fio_file *uf, const void *arg);
+
+/* Takes the files for which `pick(uf, arg)` holds off files_all (under
+ * ctrls_lock) and returns them as a list of their own. */
+static struct upnvme_fio_file *unlink_files(file_pick pick, const void *arg)
 {
-	struct upnvme_fio_thread *t = td->io_ops_data;
-	struct upnvme_fio_file *mine = NULL;
+	struct upnvme_fio_file *taken = NULL;
 
 	pthread_mutex_lock(&ctrls_lock);
 	for (struct upnvme_fio_file **p = &files_all; *p;) {
 		struct upnvme_fio_file *uf = *p;
-		if (uf->owner == td) {
+		if (pick(uf, arg)) {
 			*p = uf->next;
-			uf->next = mine;
-			mine = uf;
+			uf->next = taken;
+			taken = uf;
 		} else {
 			p = &uf->next;
 		}
 	}
 	pthread_mutex_unlock(&ctrls_lock);
+	return taken;
+}
+
+static int owned_by(const struct upnvme_fio_file *uf, const void *td)
+{
+	return uf->owner == td;
+}
+
+static int never_started(const struct upnvme_fio_file *uf, const void *unused)
+{
+	(void)unused;
+	return !uf->started;
+}
+
+static void upnvme_fio_cleanup(struct thread_data *td)
+{
+	struct upnvme_fio_thread *t = td->io_ops_data;
+	struct upnvme_fio_file *mine = unlink_files(owned_by, td);
+
 	while (mine) {
 		struct upnvme_fio_file *uf = mine;
 		mine = uf->next;
@@ -809,20 +831,8 @@ static void upnvme_fio_cleanup(struct thread_data *td)
  * stay defined. */
 __attribute__((destructor)) static void upnvme_fio_unload(void)
 {
-	struct upnvme_fio_file *unstarted = NULL;
+	struct upnvme_fio_file *unstarted = unlink_files(never_started, NULL);
 
-	pthread_mutex_lock(&ctrls_lock);
-	for (struct upnvme_fio_file **p = &files_all; *p;) {
-		struct upnvme_fio_file *uf = *p;
-		if (!uf->started) {
-			*p = uf->next;
-			uf->next = unstarted;
-			unstarted = uf;
-		} else {
-			p = &uf->next;
-		}
-	}
-	pthread_mutex_unlock(&ctrls_lock);
 	while (unstarted) {
 		struct upnvme_fio_file *uf = unstarted;
 		unstarted = uf->next;
