@@ -132,19 +132,32 @@ impl AdminQueue {
 
     /// Writes `sqe` (with a fresh CID) into the SQ and rings the tail doorbell.
     /// Returns the CID slot.
+    ///
+    /// The SQ is never full while a CID is free: there are `entries − 1`
+    /// CIDs, so when the SQ Head Pointers reported so far leave every slot
+    /// occupied, some occupied slot holds a command that completed, and
+    /// [`SqRing::infer_head`] moves the head past it (the rule the I/O
+    /// queues follow). A device whose admin SQHD lags or never moves does
+    /// not run the admin queue out of room.
     fn submit<D: Device>(&mut self, dev: &D, mut sqe: Sqe, kind: SlotKind) -> Result<u16> {
-        if self.sq_ring.is_full() {
-            return Err(Error::InvalidArgument(
-                "admin queue full: too many admin commands outstanding".into(),
-            ));
-        }
         let cid = self.cids.alloc().ok_or_else(|| {
-            Error::InvalidArgument("admin queue full: no free command identifier".into())
+            Error::InvalidArgument(format!(
+                "admin queue full: all {} command identifiers are outstanding",
+                self.slots.len()
+            ))
         })?;
         sqe.set_cid(cid.value);
+        if self.sq_ring.is_full() {
+            // The new command is counted in flight but is not in the SQ.
+            self.sq_ring
+                .infer_head(self.cids.in_flight().saturating_sub(1));
+        }
         let Some(pos) = self.sq_ring.push() else {
+            // Unreachable with a free CID (see above); refused, not assumed.
             let _ = self.cids.cancel(cid.slot);
-            return Err(Error::InvalidArgument("admin queue full".into()));
+            return Err(Error::InvalidArgument(
+                "admin queue full: no submission queue slot is free".into(),
+            ));
         };
         self.sq
             .write_bytes(pos as usize * SQE_BYTES, &sqe.to_le_bytes())?;

@@ -173,12 +173,32 @@ impl SqRing {
         distance(self.committed, self.tail, self.entries)
     }
 
-    /// Takes every announced SQE as fetched (the head moves to the committed
-    /// tail). Only for a caller that knows it: every command it announced
-    /// has completed, so the controller fetched them all, whatever the SQ
-    /// Head Pointer in their completions said.
-    pub fn assume_fetched(&mut self) {
-        self.head = self.committed;
+    /// Moves the head forward by what the completions prove the controller
+    /// fetched, whatever the SQ Head Pointer in them said; returns how far
+    /// it moved.
+    ///
+    /// `not_completed` bounds how many of the occupied slots (head to tail)
+    /// hold a command that has not completed yet (for a queue pair: the
+    /// commands in flight, less those allocated but not yet pushed). Every
+    /// other occupied slot holds a command that completed, and a completion
+    /// is only posted for a fetched command. The controller consumes an SQ
+    /// in order (a single head pointer, NVMe 2.0 §3.3.1), so it fetched at
+    /// least that many slots from the head. Never past the committed tail:
+    /// an SQE no doorbell announced cannot have been fetched.
+    ///
+    /// A device whose SQHD lags or never moves would otherwise keep the SQ
+    /// "full" with its commands done. A later SQHD behind the head moved
+    /// here is a head moving backwards ([`SqRing::update_head`] refuses it).
+    pub fn infer_head(&mut self, not_completed: u32) -> u32 {
+        let completed = self.outstanding().saturating_sub(not_completed);
+        let step = completed.min(distance(self.head, self.committed, self.entries));
+        let h = self.head + step;
+        self.head = if h >= self.entries {
+            h - self.entries
+        } else {
+            h
+        };
+        step
     }
 
     /// Number of SQEs that can still be pushed (`entries - 1 - outstanding`).
@@ -474,9 +494,9 @@ mod tests {
         assert!(!sq.head_to_committed_if(u32::MAX));
         sq.update_head(2).unwrap();
         assert_eq!(sq.outstanding(), 2, "slots 2 and 3, unannounced");
-        // Everything announced was consumed: the head moves to the committed
-        // tail (here it already is), the unannounced stay.
-        sq.assume_fetched();
+        // Only the two unannounced may be outstanding: the head moves to the
+        // committed tail (here it already is), the unannounced stay.
+        assert_eq!(sq.infer_head(2), 0);
         assert_eq!(sq.head(), 2);
         assert_eq!(sq.commit(), Some(0));
         assert_eq!(sq.unannounced(), 0);
@@ -507,10 +527,49 @@ mod tests {
             let expected = p < entries && distance(committed, p, entries) < count;
             proptest::prop_assert_eq!(sq.is_unannounced(pos), expected);
         }
+
+        /// Sound against any controller that fetches in order: whatever it
+        /// fetched (`fetched` of the `announced` slots from the host's head)
+        /// and whichever of those commands completed (`done_mask`), with any
+        /// number of commands in flight whose SQEs lie outside the occupied
+        /// slots (`elsewhere`), the inferred head never passes what the
+        /// controller fetched; and when every occupied slot's command
+        /// completed it reaches the committed tail.
+        #[test]
+        fn infer_head_never_passes_what_the_controller_fetched(
+            entries in 2u32..=64,
+            head in 0u32..64,
+            announced in 0u32..64,
+            unannounced in 0u32..64,
+            fetched in 0u32..64,
+            done_mask in proptest::prelude::any::<u64>(),
+            elsewhere in 0u32..4,
+        ) {
+            let head = head % entries;
+            let announced = announced % entries;
+            let unannounced = unannounced % (entries - announced);
+            let fetched = fetched % (announced + 1);
+            // Completed: only fetched commands, as the mask picks them.
+            let done = (0..fetched).filter(|i| done_mask >> i & 1 == 1).count() as u32;
+            let not_completed = announced + unannounced - done + elsewhere;
+            let committed = (head + announced) % entries;
+            let mut sq = SqRing {
+                entries,
+                head,
+                tail: (committed + unannounced) % entries,
+                committed,
+            };
+            let step = sq.infer_head(not_completed);
+            proptest::prop_assert!(step <= fetched, "step {step} > fetched {fetched}");
+            proptest::prop_assert_eq!(sq.head, (head + step) % entries);
+            if elsewhere == 0 && done == announced {
+                proptest::prop_assert_eq!(sq.head, committed);
+            }
+        }
     }
 
     #[test]
-    fn assume_fetched_frees_what_a_lagging_head_kept() {
+    fn infer_head_frees_what_a_lagging_head_kept() {
         let mut sq = SqRing::new(4).unwrap();
         for _ in 0..3 {
             sq.push();
@@ -518,9 +577,47 @@ mod tests {
         sq.commit();
         sq.update_head(0).unwrap(); // a head that did not move
         assert!(sq.is_full());
-        sq.assume_fetched();
+        // All three completed: all three fetched.
+        assert_eq!(sq.infer_head(0), 3);
         assert!(sq.is_empty());
         assert_eq!(sq.free_slots(), 3);
+    }
+
+    #[test]
+    fn infer_head_moves_by_what_completed_and_stops_at_the_committed_tail() {
+        let mut sq = SqRing::new(8).unwrap();
+        // Head 6 (two pushes fetched), then 7 occupied slots: 6, 7, 0, 1, 2
+        // announced, 3 and 4 not.
+        for _ in 0..2 {
+            sq.push();
+        }
+        sq.commit();
+        sq.update_head(2).unwrap();
+        for _ in 0..4 {
+            sq.push();
+        }
+        sq.commit();
+        sq.update_head(6).unwrap();
+        for _ in 0..5 {
+            sq.push();
+        }
+        sq.commit();
+        sq.push();
+        sq.push();
+        assert!(sq.is_full());
+        assert_eq!((sq.head(), sq.committed_tail(), sq.tail()), (6, 3, 5));
+        // Four may be outstanding (the two unannounced among them): three
+        // completed, so slots 6, 7 and 0 were fetched.
+        assert_eq!(sq.infer_head(4), 3);
+        assert_eq!(sq.head(), 1);
+        // Nothing proven: no move.
+        assert_eq!(sq.infer_head(4), 0);
+        assert_eq!(sq.head(), 1);
+        // Everything done: only to the committed tail, never past it.
+        assert_eq!(sq.infer_head(0), 2);
+        assert_eq!(sq.head(), 3);
+        // A later SQHD behind the inferred head moves it backwards.
+        assert!(sq.update_head(1).is_err());
     }
 
     #[test]

@@ -1052,6 +1052,77 @@ fn an_sq_head_that_never_moves_does_not_fill_the_queue() {
     assert_clean(&m);
 }
 
+/// A device whose SQHD lags while a command is still out: one read held by
+/// the device, two more completed, and every completion reports the SQ head
+/// the queue had before any of them. The SQ looks full (head 0, tail 3 of 4
+/// entries) with one command in flight; two of the three occupied slots
+/// hold commands that completed, so the controller fetched them, and the
+/// next command goes in. (An inference that needed every announced command
+/// completed refused it as `QueueFull` until the held one came back.)
+#[test]
+fn a_lagging_sq_head_with_a_command_out_does_not_fill_the_queue() {
+    let (m, c) = setup(ModelConfig::default());
+    let ns = ns1(&c);
+    m.write_namespace_data(1, 7, &[0xa7; 4096]);
+    let mut qp = small_pair(&c);
+    let qid = qp.qid();
+    assert!(m.freeze_sq_head(qid, true));
+    m.inject(Fault::DelayCompletion {
+        on: Match::Queue(qid),
+        doorbells: None,
+    });
+    qp.submit(read(&ns, 0), Some(c.alloc_dma(4096).unwrap()), 100)
+        .unwrap();
+    for lba in 1..3 {
+        qp.read_blocking(&ns, lba, 1, c.alloc_dma(4096).unwrap(), T)
+            .unwrap();
+    }
+    assert_eq!(qp.in_flight(), 1);
+    let buf = qp
+        .read_blocking(&ns, 7, 1, c.alloc_dma(4096).unwrap(), T)
+        .expect("the SQ has room: two of its occupied slots completed");
+    assert_eq!(read_back(&buf, 4096), vec![0xa7; 4096]);
+    assert!(m.freeze_sq_head(qid, false));
+    assert_eq!(m.release_delayed(), 1);
+    let (got, r) = process(&mut qp);
+    r.unwrap();
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].tag, 100);
+    assert!(got[0].result.is_ok(), "{:?}", got[0].result);
+    assert!(c.failure().is_none(), "{:?}", c.failure());
+    drop(qp);
+    c.close().unwrap();
+    assert_clean(&m);
+}
+
+/// The admin queue follows the I/O queues' rule: a device whose admin SQHD
+/// never moves (with Asynchronous Event Requests outstanding, which stay in
+/// flight) does not run the admin queue out of room. Before, the admin
+/// queue refused every command after `entries − 1` of them as "admin queue
+/// full", an `InvalidArgument` that blamed the caller.
+#[test]
+fn an_admin_sq_head_that_never_moves_does_not_fill_the_admin_queue() {
+    let m = ModelController::new(ModelConfig::default());
+    let c = open(
+        &m,
+        ControllerOptions {
+            admin_queue_entries: 8,
+            ..opts()
+        },
+    );
+    assert!(m.freeze_sq_head(0, true));
+    // Three times round the 8-entry ring, AERs outstanding all along.
+    for i in 0..24 {
+        c.identify_controller()
+            .unwrap_or_else(|e| panic!("admin command {i}: {e}"));
+    }
+    assert!(c.failure().is_none(), "{:?}", c.failure());
+    assert!(m.freeze_sq_head(0, false));
+    c.identify_controller().unwrap();
+    c.close().unwrap();
+    assert_clean(&m);
+}
+
 /// The controller only reads submission queues: the driver maps them
 /// without the device's write permission. A device that writes back a
 /// command it fetched (the model, here on an I/O read's SQE and on an

@@ -171,13 +171,14 @@ impl<D: Device> IoQueuePair<D> {
     }
 
     /// The SQ looked full when the command in tracker `slot` was about to
-    /// be pushed. When every other command in flight is queued but not yet
-    /// announced, every command this pair announced has completed, so the
-    /// controller fetched every announced SQE whatever the SQ Head Pointer
-    /// of their completions said: a device whose SQHD lags (or never moves)
-    /// would otherwise keep the SQ "full" for ever with nothing in flight (a
-    /// later completion whose SQHD lies behind the inferred head is then a
-    /// head moving backwards, a `DeviceFault`).
+    /// be pushed. The completions prove more than their SQ Head Pointers
+    /// said: every occupied SQ slot whose command is no longer in flight
+    /// was fetched, and the controller fetches in order
+    /// ([`SqRing::infer_head`](upnvme_queues::SqRing::infer_head)). A device
+    /// whose SQHD lags (or never moves) would otherwise keep the SQ "full"
+    /// for ever with nothing in flight (a later completion whose SQHD lies
+    /// behind the inferred head is then a head moving backwards, a
+    /// `DeviceFault`). The admin queue follows the same rule.
     /// Returns the slot the retried push got, or the command refused as
     /// `QueueFull`.
     #[cold]
@@ -193,10 +194,8 @@ impl<D: Device> IoQueuePair<D> {
     /// allocated (counted in flight) but not yet in the SQ.
     #[cold]
     pub(super) fn settle_sq_head(&mut self, own: u32) {
-        let unannounced = self.sq_ring.unannounced();
-        if self.trackers.in_flight() == own + unannounced {
-            self.sq_ring.assume_fetched();
-        }
+        let not_completed = self.trackers.in_flight().saturating_sub(own);
+        self.sq_ring.infer_head(not_completed);
     }
 
     /// The DeviceFault for a CQE that failed a check (checked again here, off

@@ -180,6 +180,7 @@ impl State {
                 size,
                 head: 0,
                 tail: 0,
+                frozen_head: None,
                 cqid,
             },
         );

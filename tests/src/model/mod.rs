@@ -354,6 +354,20 @@ impl ModelController {
         self.state().event_idx_frozen = frozen;
     }
 
+    /// While `frozen`, every completion for SQ `qid` reports the SQ Head
+    /// Pointer the queue had when it was frozen, however far the model
+    /// fetches: a controller whose SQHD never moves. Deleting the queue or
+    /// resetting the controller ends it. Returns false when SQ `qid` does
+    /// not exist.
+    pub fn freeze_sq_head(&self, qid: u16, frozen: bool) -> bool {
+        let mut st = self.state();
+        let Some(sq) = st.sqs.get_mut(&qid) else {
+            return false;
+        };
+        sq.frozen_head = frozen.then_some(sq.head);
+        true
+    }
+
     /// Writes a hand-made completion queue entry into the next slot of
     /// completion queue `cqid`, as if the controller posted it: `dwords` are
     /// CQE dwords 0-3 (Completion Queue Entry layout) and the Phase Tag (dword 3 bit 16) is

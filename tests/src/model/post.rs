@@ -111,7 +111,11 @@ impl State {
     fn write_cqe(&mut self, cqid: u16, p: Pending) {
         let sqhd = match p.mods.sqhd {
             Some(h) => h,
-            None => self.sqs.get(&p.c.sqid).map_or(p.c.sqhd_hint, |s| s.head) as u16,
+            None => self
+                .sqs
+                .get(&p.c.sqid)
+                .map_or(p.c.sqhd_hint, |s| s.frozen_head.unwrap_or(s.head))
+                as u16,
         };
         let words = CqeWords {
             dw0: p.c.dw0,

@@ -315,6 +315,7 @@ impl State {
                 size: asqs,
                 head: 0,
                 tail: 0,
+                frozen_head: None,
                 cqid: 0,
             },
         );

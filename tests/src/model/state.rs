@@ -33,6 +33,9 @@ pub(crate) struct SubQueue {
     pub tail: u32,
     /// The completion queue its commands complete to.
     pub cqid: u16,
+    /// While set, completions report this SQ Head Pointer whatever the
+    /// model fetched ([`super::ModelController::freeze_sq_head`]).
+    pub frozen_head: Option<u32>,
 }
 
 /// A completion held in a completion queue's backlog because the queue was
