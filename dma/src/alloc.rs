@@ -21,6 +21,10 @@ struct Region {
 
 struct State {
     regions: Vec<Region>,
+    /// Allocations [`DmaAllocator::alloc_or`] served from its fallback.
+    fallbacks: u64,
+    /// Why the most recent of them could not come from here.
+    fallback_reason: Option<String>,
 }
 
 /// Hands out page-aligned [`DmaBuffer`]s from hugepage regions mapped through a
@@ -65,6 +69,8 @@ impl DmaAllocator {
             access,
             state: Arc::new(Mutex::new(State {
                 regions: Vec::new(),
+                fallbacks: 0,
+                fallback_reason: None,
             })),
         }
     }
@@ -79,8 +85,29 @@ impl DmaAllocator {
     /// from `fallback`: for memory whose restricted access is a protection,
     /// not a requirement (a read-only SQ falls back to a read-write one
     /// rather than failing the queue's creation).
+    ///
+    /// Each allocation served by `fallback` is counted, with the reason,
+    /// so the protection's absence can be seen
+    /// ([`DmaAllocator::fallbacks`]).
     pub fn alloc_or(&self, len: usize, fallback: &DmaAllocator) -> Result<DmaBuffer, DmaError> {
-        self.alloc(len).or_else(|_| fallback.alloc(len))
+        self.alloc(len).or_else(|e| {
+            let b = fallback.alloc(len)?;
+            if let Ok(mut state) = self.state.lock() {
+                state.fallbacks += 1;
+                state.fallback_reason = Some(e.to_string());
+            }
+            Ok(b)
+        })
+    }
+
+    /// How many allocations [`DmaAllocator::alloc_or`] served from its
+    /// fallback, and why the most recent could not come from this
+    /// allocator (`None` when none did).
+    pub fn fallbacks(&self) -> (u64, Option<String>) {
+        self.state
+            .lock()
+            .map(|s| (s.fallbacks, s.fallback_reason.clone()))
+            .unwrap_or((0, None))
     }
 
     /// The page backing of new regions.
@@ -357,6 +384,14 @@ mod tests {
                 (from_ro, from_rw),
                 if refuse_read_only { (0, 1) } else { (1, 0) }
             );
+            let (n, why) = ro.fallbacks();
+            if refuse_read_only {
+                assert_eq!(n, 1);
+                assert!(why.is_some_and(|w| !w.is_empty()));
+            } else {
+                assert_eq!((n, why), (0, None));
+            }
+            assert_eq!(rw.fallbacks(), (0, None));
             drop(b);
         }
     }

@@ -203,6 +203,17 @@ impl<D: Device> Controller<D> {
         &self.inner.name
     }
 
+    /// Whether the memory the controller only reads — the admin SQ, I/O
+    /// SQs, PRP Lists, SGL segments, Dataset Management and Copy ranges —
+    /// is mapped without the device's write permission (docs/DESIGN.md,
+    /// "DMA memory"). The driver takes read-write memory instead when
+    /// read-only memory cannot be had (no free 2 MiB hugepage for its
+    /// region, an IOMMU that refuses the mapping) rather than fail; this
+    /// says when it did, how often and why. `upnvme identify` prints it.
+    pub fn read_only_memory(&self) -> crate::ReadOnlyMemory {
+        self.inner.dev.read_only_memory()
+    }
+
     /// The device this controller runs on: its registers, and for
     /// [`VfioNvme`] its PCI configuration space.
     ///

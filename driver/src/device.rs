@@ -56,6 +56,13 @@ pub trait Device: Send + Sync + 'static {
     fn alloc_dma_device_read_only(&self, len: usize) -> Result<DmaBuffer, DmaError> {
         self.alloc_dma(len)
     }
+    /// Whether the memory of [`Device::alloc_dma_device_read_only`] is
+    /// mapped read-only for the device. The default:
+    /// [`ReadOnlyMemory::NotOffered`] (the default allocation is
+    /// [`Device::alloc_dma`]'s).
+    fn read_only_memory(&self) -> ReadOnlyMemory {
+        ReadOnlyMemory::NotOffered
+    }
     /// A name for messages: the PCI address, or "model".
     fn name(&self) -> String;
     /// What maps memory the application owns for this device's DMA
@@ -83,6 +90,63 @@ pub trait Device: Send + Sync + 'static {
     /// handed out again).
     fn release(&self) -> bool {
         false
+    }
+}
+
+/// How the memory a controller only reads — submission queues, PRP Lists,
+/// SGL segments, Dataset Management and Copy ranges — is mapped
+/// ([`crate::Controller::read_only_memory`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReadOnlyMemory {
+    /// All of it is mapped without the device's write permission: a device
+    /// cannot rewrite a command after the driver wrote and checked it.
+    Enforced,
+    /// `allocations` of it came from read-write memory, because read-only
+    /// memory could not be had (`reason`, the most recent: no free 2 MiB
+    /// hugepage for its region, or an IOMMU that refused the mapping). The
+    /// driver works as before; those SQs and list pages are not protected
+    /// from device writes. Reserving one more hugepage
+    /// (`upnvme setup --hugepages N`) restores the protection for
+    /// controllers opened afterwards.
+    FellBack {
+        /// Allocations served read-write.
+        allocations: u64,
+        /// Why the most recent could not be read-only.
+        reason: String,
+    },
+    /// The device cannot restrict its access to memory (the [`Device`]
+    /// default): all of it is read-write.
+    NotOffered,
+}
+
+impl ReadOnlyMemory {
+    /// From [`upnvme_dma::DmaAllocator::fallbacks`] of a read-only
+    /// allocator whose fallback is read-write.
+    pub fn from_fallbacks((allocations, reason): (u64, Option<String>)) -> Self {
+        if allocations == 0 {
+            ReadOnlyMemory::Enforced
+        } else {
+            ReadOnlyMemory::FellBack {
+                allocations,
+                reason: reason.unwrap_or_default(),
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for ReadOnlyMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReadOnlyMemory::Enforced => f.write_str("read-only for the device"),
+            ReadOnlyMemory::FellBack {
+                allocations,
+                reason,
+            } => write!(
+                f,
+                "read-write for the device in {allocations} allocation(s): {reason}"
+            ),
+            ReadOnlyMemory::NotOffered => f.write_str("read-write (the device cannot restrict it)"),
+        }
     }
 }
 
@@ -166,6 +230,9 @@ impl Device for VfioNvme {
         // one free (or with an IOMMU that refuses read-only mappings), the
         // memory comes from the read-write allocator, as before.
         self.alloc_read_only.alloc_or(len, &self.alloc)
+    }
+    fn read_only_memory(&self) -> ReadOnlyMemory {
+        ReadOnlyMemory::from_fallbacks(self.alloc_read_only.fallbacks())
     }
     fn name(&self) -> String {
         self.device.address().to_string()

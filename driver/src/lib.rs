@@ -39,7 +39,7 @@ pub mod options;
 pub mod qpair;
 
 pub use controller::{BringupStep, Controller, ShadowBuffers, list_controllers};
-pub use device::{Device, ReleaseRequest, VfioNvme};
+pub use device::{Device, ReadOnlyMemory, ReleaseRequest, VfioNvme};
 pub use error::{Error, IoError, IoFailure, PiCheck, Reject, Rejected, Result};
 pub use format::{FormatNvm, SecureErase};
 pub use hotplug::{HotplugEvent, Watcher, watch};

@@ -75,6 +75,9 @@ impl Device for Meter {
     fn alloc_dma_device_read_only(&self, len: usize) -> Result<DmaBuffer, DmaError> {
         self.0.alloc_dma_device_read_only(len)
     }
+    fn read_only_memory(&self) -> upnvme::ReadOnlyMemory {
+        self.0.read_only_memory()
+    }
     fn name(&self) -> String {
         "model (metered)".into()
     }

@@ -335,6 +335,10 @@ fn identify_fields_equal_the_vm_options() {
         assert_eq!(v["max_transfer_bytes"], 4096u64 << mdts);
         let granted = v["granted_io_queue_pairs"].as_u64().unwrap();
         assert!((1..=max_pairs).contains(&granted), "granted {granted}");
+        // The admin SQ is in memory mapped read-only for the device.
+        let ro = &v["read_only_memory"];
+        assert_eq!(ro["state"], "enforced", "{ro}");
+        assert_eq!(ro["fallbacks"], 0, "{ro}");
         let ns = v["namespaces"].as_array().unwrap();
         assert_eq!(ns.len() as u64, namespaces, "namespaces of {dev}");
         for (k, n) in ns.iter().enumerate() {
@@ -347,6 +351,10 @@ fn identify_fields_equal_the_vm_options() {
         let t = ok(&upnvme(&["identify", "-d", dev]));
         assert!(t.contains(&format!("  sn      : {prefix}{i}\n")), "{t}");
         assert!(t.contains("  mn      : QEMU NVMe Ctrl\n"), "{t}");
+        assert!(
+            t.contains("  SQs and list pages      : read-only for the device\n"),
+            "{t}"
+        );
         assert!(t.contains(&format!("  mdts    : {mdts} (")), "{t}");
         // QEMU's MDTS (7: 512 KiB) is below the driver's 4 MiB cap.
         if mdts != 0 && 4096u64 << mdts <= 4 << 20 {

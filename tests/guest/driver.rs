@@ -300,7 +300,7 @@ fn missing_hugepages_are_explained() {
     // admin CQ takes the page, and the read-only allocations, finding none
     // free, fall back to the read-write region.
     fs::write(path, "1").unwrap();
-    let one = (|| -> Result<(), Error> {
+    let one = (|| -> Result<upnvme::ReadOnlyMemory, Error> {
         let c = Controller::open(&devices()[0], ControllerOptions::default())?;
         let ns = c.namespace(1)?.clone();
         let mut qp = c.io_queue_pair(Default::default())?;
@@ -308,12 +308,29 @@ fn missing_hugepages_are_explained() {
         qp.read_blocking(&ns, 0, 1, buf, Duration::from_secs(5))
             .map_err(|f| f.error)?;
         drop(qp);
-        c.close()
+        let ro = c.read_only_memory();
+        c.close()?;
+        Ok(ro)
     })();
     fs::write(path, before.trim()).unwrap();
-    one.expect("open, a queue pair and a read with one hugepage");
-    // With hugepages back, the same open works.
-    open(&devices()[0]).close().unwrap();
+    // The fallback is reported, with its reason.
+    match one.expect("open, a queue pair and a read with one hugepage") {
+        upnvme::ReadOnlyMemory::FellBack {
+            allocations,
+            reason,
+        } => {
+            assert!(
+                allocations >= 2,
+                "the admin SQ and the I/O SQ: {allocations}"
+            );
+            assert!(reason.contains("hugepage"), "{reason}");
+        }
+        other => panic!("want FellBack, got {other:?}"),
+    }
+    // With hugepages back, the same open works, read-only memory and all.
+    let c = open(&devices()[0]);
+    assert_eq!(c.read_only_memory(), upnvme::ReadOnlyMemory::Enforced);
+    c.close().unwrap();
     // And the documented 4 KiB opt-in works without hugepages.
     fs::write(path, "0").unwrap();
     let r = Controller::open(

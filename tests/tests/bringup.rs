@@ -568,6 +568,9 @@ impl Device for ShortBar {
     ) -> Result<upnvme::DmaBuffer, upnvme::dma::DmaError> {
         self.0.alloc_dma_device_read_only(len)
     }
+    fn read_only_memory(&self) -> upnvme::ReadOnlyMemory {
+        self.0.read_only_memory()
+    }
     fn name(&self) -> String {
         self.0.name()
     }

@@ -1207,6 +1207,50 @@ fn submission_queues_and_list_pages_are_mapped_for_device_reads_only() {
     assert_eq!(m.device_access(qword(&read, prp2)), Some(ReadOnly));
     // Dataset Management (09h): its ranges read-only.
     assert_eq!(m.device_access(qword(&find(1, 0x09), prp1)), Some(ReadOnly));
+    assert_eq!(c.read_only_memory(), upnvme::ReadOnlyMemory::Enforced);
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
+/// Where read-only memory cannot be had (here an IOMMU that refuses the
+/// mapping) the SQs and list pages come from read-write memory and the
+/// driver works as before — and says so: `Controller::read_only_memory`
+/// counts the allocations and gives the reason.
+#[test]
+fn read_only_memory_that_falls_back_is_reported() {
+    use upnvme::dma::DeviceAccess::ReadWrite;
+    let (m, c) = setup(ModelConfig {
+        refuse_read_only_mappings: true,
+        ..ModelConfig::default()
+    });
+    let ns = ns1(&c);
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    m.write_namespace_data(1, 0, &[0x3c; 16 * 4096]);
+    let buf = qp
+        .read_blocking(&ns, 0, 16, c.alloc_dma(16 * 4096).unwrap(), T)
+        .unwrap();
+    assert_eq!(read_back(&buf, 16 * 4096), vec![0x3c; 16 * 4096]);
+    let create_sq = m
+        .recent_commands()
+        .into_iter()
+        .rev()
+        .find(|(q, sqe)| *q == 0 && sqe[0] == 0x01)
+        .map(|(_, sqe)| u64::from_le_bytes(sqe[24..32].try_into().unwrap()))
+        .expect("a Create I/O SQ");
+    assert_eq!(m.device_access(create_sq), Some(ReadWrite));
+    match c.read_only_memory() {
+        upnvme::ReadOnlyMemory::FellBack {
+            allocations,
+            reason,
+        } => {
+            // The admin SQ, the I/O SQ and its list pages at least.
+            assert!(allocations >= 3, "{allocations}");
+            assert!(reason.contains("refuses read-only mappings"), "{reason}");
+        }
+        other => panic!("want FellBack, got {other:?}"),
+    }
+    assert!(c.read_only_memory().to_string().starts_with("read-write"));
     drop(qp);
     drop(c);
     assert_clean(&m);

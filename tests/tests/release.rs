@@ -168,6 +168,9 @@ impl upnvme::Device for Unstoppable {
     ) -> Result<upnvme::DmaBuffer, upnvme_dma::DmaError> {
         self.model.alloc_dma_device_read_only(len)
     }
+    fn read_only_memory(&self) -> upnvme::ReadOnlyMemory {
+        self.model.read_only_memory()
+    }
     fn name(&self) -> String {
         self.model.name()
     }

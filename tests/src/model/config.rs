@@ -96,6 +96,11 @@ pub struct ModelConfig {
     /// which CSTS.SHST reports "shutdown processing occurring" before it
     /// reports "complete" (0: complete at once).
     pub shutdown_delay_reads: u32,
+    /// The IOMMU refuses mappings without the device's write permission
+    /// (`DmaMapper::map_device_read_only` fails), as one that cannot
+    /// restrict access would: the driver's read-only memory then comes
+    /// from its read-write allocator.
+    pub refuse_read_only_mappings: bool,
 }
 
 impl ModelConfig {
@@ -207,6 +212,7 @@ impl Default for ModelConfig {
             bar_len: 0x4000,
             ready_delay_reads: 0,
             shutdown_delay_reads: 0,
+            refuse_read_only_mappings: false,
         }
     }
 }

@@ -65,17 +65,20 @@ struct Table {
 /// mapping can then be handed back).
 pub(crate) struct IovaTable {
     inner: Mutex<Table>,
+    /// Refuse read-only mappings ([`super::ModelConfig::refuse_read_only_mappings`]).
+    refuse_read_only: bool,
 }
 
 impl IovaTable {
     /// An empty table.
-    pub fn new() -> Self {
+    pub fn new(refuse_read_only: bool) -> Self {
         IovaTable {
             inner: Mutex::new(Table {
                 next: IOVA_BASE,
                 end: u64::MAX,
                 maps: BTreeMap::new(),
             }),
+            refuse_read_only,
         }
     }
 
@@ -210,6 +213,12 @@ impl DmaMapper for IovaTable {
     }
 
     fn map_device_read_only(&self, mem: &Arc<HostMemory>) -> Result<u64, DmaError> {
+        if self.refuse_read_only {
+            return Err(DmaError::InvalidAllocation(
+                "the model's IOMMU refuses read-only mappings (ModelConfig::refuse_read_only_mappings)"
+                    .into(),
+            ));
+        }
         self.insert(mem, true)
     }
 

@@ -77,7 +77,7 @@ use std::fmt;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use upnvme::Device;
+use upnvme::{Device, ReadOnlyMemory};
 use upnvme_dma::{DeviceAccess, DmaAllocator, DmaBuffer, DmaError, PageBacking};
 
 pub use config::{ModelConfig, NamespaceConfig};
@@ -190,7 +190,7 @@ impl ModelController {
     /// As [`ModelController::new`], returning configuration errors.
     pub fn try_new(config: ModelConfig) -> Result<Self, String> {
         config.validate()?;
-        let table = Arc::new(IovaTable::new());
+        let table = Arc::new(IovaTable::new(config.refuse_read_only_mappings));
         let alloc = DmaAllocator::new(table.clone(), PageBacking::Small4K);
         let alloc_read_only =
             DmaAllocator::with_access(table.clone(), PageBacking::Small4K, DeviceAccess::ReadOnly);
@@ -673,7 +673,11 @@ impl Device for ModelController {
     }
 
     fn alloc_dma_device_read_only(&self, len: usize) -> Result<DmaBuffer, DmaError> {
-        self.inner.alloc_read_only.alloc(len)
+        self.inner.alloc_read_only.alloc_or(len, &self.inner.alloc)
+    }
+
+    fn read_only_memory(&self) -> ReadOnlyMemory {
+        ReadOnlyMemory::from_fallbacks(self.inner.alloc_read_only.fallbacks())
     }
 
     fn name(&self) -> String {

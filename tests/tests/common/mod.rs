@@ -208,6 +208,9 @@ impl upnvme::Device for Spy {
     fn alloc_dma_device_read_only(&self, len: usize) -> Result<DmaBuffer, DmaError> {
         in_device(|| self.model.alloc_dma_device_read_only(len))
     }
+    fn read_only_memory(&self) -> upnvme::ReadOnlyMemory {
+        in_device(|| self.model.read_only_memory())
+    }
     fn name(&self) -> String {
         in_device(|| self.model.name())
     }

@@ -167,6 +167,7 @@ pub fn identify(c: &Controller, nsid: Option<u32>, human: bool) -> Result<()> {
             "  shadow doorbells        : {}",
             if c.shadow_doorbells() { "on" } else { "off" }
         );
+        outln!("  SQs and list pages      : {}", c.read_only_memory());
         if human {
             outln!("  decoded:");
             print_decoded(&crate::decode::controller(id))?;
@@ -212,6 +213,23 @@ pub fn identify(c: &Controller, nsid: Option<u32>, human: bool) -> Result<()> {
         c.namespace(n)?;
     }
     Ok(())
+}
+
+/// `Controller::read_only_memory` as JSON: `{"state": "enforced" |
+/// "fell_back" | "not_offered", "fallbacks": N, "reason": "…" | null}`.
+fn read_only_memory_json(m: &upnvme::ReadOnlyMemory) -> serde_json::Value {
+    match m {
+        upnvme::ReadOnlyMemory::Enforced => {
+            serde_json::json!({"state": "enforced", "fallbacks": 0, "reason": null})
+        }
+        upnvme::ReadOnlyMemory::FellBack {
+            allocations,
+            reason,
+        } => serde_json::json!({"state": "fell_back", "fallbacks": allocations, "reason": reason}),
+        upnvme::ReadOnlyMemory::NotOffered => {
+            serde_json::json!({"state": "not_offered", "fallbacks": 0, "reason": null})
+        }
+    }
 }
 
 /// `upnvme identify --json`.
@@ -268,6 +286,7 @@ pub fn identify_json(c: &Controller, nsid: Option<u32>, human: bool) -> Result<(
         "granted_io_queue_pairs": c.granted_io_queues(),
         "max_transfer_bytes": c.max_transfer_bytes(),
         "shadow_doorbells": c.shadow_doorbells(),
+        "read_only_memory": read_only_memory_json(&c.read_only_memory()),
         "namespaces": namespaces,
     });
     if human {
