@@ -9,6 +9,7 @@ mod driver;
 mod fio;
 mod hotplug;
 mod io;
+mod iommu;
 mod media_errors;
 mod memory;
 mod metadata;

@@ -9,13 +9,21 @@
 //! <COMMAND's output>
 //! <empty line>                       (guarantees the END marker starts a line; swallowed)
 //! UPNVME-END <nonce>
+//! UPNVME-DMAR-EXPECTED: <pattern>    (each fault a test provoked on purpose, see below)
 //! UPNVME-DMESG: <kernel log line>    (every kernel log line mentioning DMAR)
-//! UPNVME-DMAR-FAULTS: <n>
+//! UPNVME-DMAR-FAULTS: <n>            (the faults not expected)
 //! UPNVME-EXIT: <status>
 //! ```
 //!
 //! The nonce is chosen by the host per run, so COMMAND cannot end its own section by
 //! accident (for example by printing the init script).
+//!
+//! Expected faults: a guest test that makes the device hit memory the IOMMU refuses it (to
+//! show the refusal is enforced) appends the `fault addr … [fault reason …]` part of each
+//! fault record it provoked, one per line, to the file `UPNVME_VM_EXPECTED_DMAR` names.
+//! Only lines of exactly that shape count ([`is_expected_dmar_pattern`]); a fault record
+//! that contains one is not counted against the run (and is reported as expected), every
+//! other one still fails it.
 
 use std::collections::VecDeque;
 use std::io::{self, Write};
@@ -28,8 +36,15 @@ pub const BEGIN: &str = "UPNVME-BEGIN";
 pub const END: &str = "UPNVME-END";
 /// Prefix of a kernel log line mentioning DMAR, printed after COMMAND.
 pub const DMESG: &str = "UPNVME-DMESG: ";
-/// The guest's own count of IOMMU faults.
+/// The guest's own count of IOMMU faults (those not expected).
 pub const DMAR_FAULTS: &str = "UPNVME-DMAR-FAULTS: ";
+/// Prefix of one expected fault's pattern, printed after COMMAND.
+pub const DMAR_EXPECTED: &str = "UPNVME-DMAR-EXPECTED: ";
+/// The extended regular expression an expected-fault pattern must match whole (the guest
+/// init drops any other line of the file): one page address and one fault reason, so a
+/// pattern can never match more than the faults of that page and reason.
+pub const EXPECTED_DMAR_PATTERN_ERE: &str =
+    "^fault addr (0x)?[0-9a-f]+ \\[fault reason (0x)?[0-9a-f]+\\]$";
 /// COMMAND's exit status.
 pub const EXIT: &str = "UPNVME-EXIT: ";
 /// What the kernel prints when it panics.
@@ -57,15 +72,53 @@ pub fn is_dmar_fault_header(line: &str) -> bool {
 /// Counts IOMMU faults in kernel log lines: the number of fault records, or, when the
 /// kernel rate-limited every record away, the number of fault-status headers.
 pub fn count_dmar_faults<'a>(lines: impl IntoIterator<Item = &'a str>) -> u32 {
-    let (mut records, mut headers) = (0u32, 0u32);
+    count_unexpected_dmar_faults(lines, &[])
+}
+
+/// True for an expected-fault pattern of the one accepted shape:
+/// `fault addr 0x<hex> [fault reason 0x<hex>]` (the `0x` optional, as older kernels print
+/// neither), nothing before or after.
+pub fn is_expected_dmar_pattern(p: &str) -> bool {
+    fn hex(s: &str) -> Option<&str> {
+        let s = s.strip_prefix("0x").unwrap_or(s);
+        let end = s
+            .find(|c: char| !c.is_ascii_hexdigit() || c.is_ascii_uppercase())
+            .unwrap_or(s.len());
+        (end > 0).then(|| &s[end..])
+    }
+    let Some(rest) = p.strip_prefix("fault addr ").and_then(hex) else {
+        return false;
+    };
+    let Some(rest) = rest.strip_prefix(" [fault reason ").and_then(hex) else {
+        return false;
+    };
+    rest == "]"
+}
+
+/// [`count_dmar_faults`] without the records that contain one of `expected` (patterns of
+/// [`is_expected_dmar_pattern`]'s shape; others are ignored): when every record was
+/// expected, the headers do not count either (they belong to those records).
+pub fn count_unexpected_dmar_faults<'a>(
+    lines: impl IntoIterator<Item = &'a str>,
+    expected: &[String],
+) -> u32 {
+    let expected: Vec<&str> = expected
+        .iter()
+        .map(String::as_str)
+        .filter(|p| is_expected_dmar_pattern(p))
+        .collect();
+    let (mut records, mut unexpected, mut headers) = (0u32, 0u32, 0u32);
     for l in lines {
         if is_dmar_fault_record(l) {
             records += 1;
+            if !expected.iter().any(|p| l.contains(p)) {
+                unexpected += 1;
+            }
         } else if is_dmar_fault_header(l) {
             headers += 1;
         }
     }
-    if records > 0 { records } else { headers }
+    if records > 0 { unexpected } else { headers }
 }
 
 /// Removes ANSI escape sequences (colours) from `s`.
@@ -97,8 +150,10 @@ pub struct ConsoleReport {
     pub ended: bool,
     /// COMMAND's exit status.
     pub exit_status: Option<i32>,
-    /// The guest's own count of DMAR faults.
+    /// The guest's own count of DMAR faults (those not expected).
     pub guest_dmar_faults: Option<u32>,
+    /// Patterns of the faults a test provoked on purpose.
+    pub expected_dmar: Vec<String>,
     /// Kernel log lines mentioning DMAR.
     pub dmesg: Vec<String>,
     /// Why the guest setup failed.
@@ -119,7 +174,17 @@ impl ConsoleReport {
     pub fn dmar_faults(&self) -> u32 {
         self.guest_dmar_faults
             .unwrap_or(0)
-            .max(count_dmar_faults(self.dmesg.iter().map(String::as_str)))
+            .max(count_unexpected_dmar_faults(
+                self.dmesg.iter().map(String::as_str),
+                &self.expected_dmar,
+            ))
+    }
+
+    /// Fault records a test provoked on purpose (they contain an expected pattern).
+    pub fn expected_dmar_faults(&self) -> u32 {
+        let lines = || self.dmesg.iter().map(String::as_str);
+        count_dmar_faults(lines())
+            .saturating_sub(count_unexpected_dmar_faults(lines(), &self.expected_dmar))
     }
 
     /// The kernel log lines that report faults.
@@ -351,7 +416,11 @@ impl<W: Write> Console<W> {
                 }
             }
             Phase::After => {
-                if let Some(i) = text.find(DMESG) {
+                if let Some(i) = text.find(DMAR_EXPECTED) {
+                    self.report
+                        .expected_dmar
+                        .push(text[i + DMAR_EXPECTED.len()..].trim().to_string());
+                } else if let Some(i) = text.find(DMESG) {
                     self.report.dmesg.push(text[i + DMESG.len()..].to_string());
                 } else if let Some(i) = text.find(DMAR_FAULTS) {
                     self.report.guest_dmar_faults =
@@ -467,6 +536,53 @@ mod tests {
         // The host count wins when the guest's count is missing or lower.
         let (_, r) = run(&guest("", 0, 0, &dmesg), 64, false);
         assert_eq!(r.dmar_faults(), 2);
+    }
+
+    #[test]
+    fn expected_dmar_faults_are_not_counted_and_nothing_else_is_excused() {
+        let write = "[    5.2] DMAR: [DMA Write NO_PASID] Request device [00:04.0] fault addr 0x1000 [fault reason 0x05] PTE Write access is not set";
+        let read = "[    5.1] DMAR: [DMA Read NO_PASID] Request device [00:04.0] fault addr 0xfff000 [fault reason 0x06] PTE Read access is not set";
+        let header = "[    5.1] DMAR: DRHD: handling fault status reg 2";
+        let with = |patterns: &[&str], dmesg: &[&str]| {
+            let mut input = String::from_utf8(guest("", 0, 0, dmesg)).unwrap();
+            let at = input
+                .find("UPNVME-DMESG")
+                .unwrap_or(input.find("UPNVME-DMAR-FAULTS").unwrap());
+            for p in patterns.iter().rev() {
+                input.insert_str(at, &format!("UPNVME-DMAR-EXPECTED: {p}\r\n"));
+            }
+            run(input.as_bytes(), 16, false).1
+        };
+        let r = with(&["fault addr 0x1000 [fault reason 0x05]"], &[header, write]);
+        assert_eq!((r.dmar_faults(), r.expected_dmar_faults()), (0, 1));
+        // Another fault beside the expected one still counts.
+        let r = with(
+            &["fault addr 0x1000 [fault reason 0x05]"],
+            &[header, write, read],
+        );
+        assert_eq!((r.dmar_faults(), r.expected_dmar_faults()), (1, 1));
+        // The same page with another reason is not excused; nor by a broad pattern.
+        for p in [
+            "fault addr 0x1000 [fault reason 0x06]",
+            "fault addr",
+            "",
+            "DMAR",
+            "fault addr 0x1000 [fault reason 0x05] PTE",
+            "fault addr 0x10 [fault reason 0x05]x",
+        ] {
+            let r = with(&[p], &[header, write]);
+            assert_eq!(r.dmar_faults(), 1, "pattern {p:?}");
+        }
+        // Older kernels print both numbers without 0x.
+        assert!(is_expected_dmar_pattern(
+            "fault addr 7f000 [fault reason 05]"
+        ));
+        assert!(!is_expected_dmar_pattern(
+            "fault addr 0x [fault reason 0x05]"
+        ));
+        assert!(!is_expected_dmar_pattern(
+            "fault addr 0xABC [fault reason 0x05]"
+        ));
     }
 
     #[test]

@@ -19,6 +19,9 @@ pub mod paths {
     pub const COMMAND: &str = "/etc/upnvme-command";
     /// This run's marker nonce.
     pub const NONCE: &str = "/etc/upnvme-nonce";
+    /// Where a test writes the patterns of IOMMU faults it provoked on purpose
+    /// (exported to COMMAND as `UPNVME_VM_EXPECTED_DMAR`; see [`crate::console`]).
+    pub const EXPECTED_DMAR: &str = "/tmp/upnvme-expected-dmar";
 }
 
 /// The PCI class of an NVMe controller (mass storage / NVM / NVMe).
@@ -40,6 +43,9 @@ pub fn init_script() -> String {
         ("@END@", console::END),
         ("@DMESG@", console::DMESG),
         ("@DMAR_FAULTS@", console::DMAR_FAULTS),
+        ("@DMAR_EXPECTED@", console::DMAR_EXPECTED),
+        ("@EXPECTED_DMAR@", paths::EXPECTED_DMAR),
+        ("@EXPECTED_DMAR_ERE@", console::EXPECTED_DMAR_PATTERN_ERE),
         ("@EXIT@", console::EXIT),
     ] {
         s = s.replace(key, value);
@@ -131,10 +137,17 @@ printf '\n@END@ %s\n' "$nonce"
 # Give a fault interrupt raised by COMMAND's last DMA time to reach the log.
 sleep 0.2
 
+# Faults a test provoked on purpose: only lines of the one accepted shape count.
+grep -E '@EXPECTED_DMAR_ERE@' @EXPECTED_DMAR@ > /tmp/upnvme-expected-dmar.ok 2>/dev/null
+sed 's/^/@DMAR_EXPECTED@/' /tmp/upnvme-expected-dmar.ok
 dmesg | grep -E 'DMAR|dmar' | sed 's/^/@DMESG@/'
 records=$(dmesg | grep 'DMAR:' | grep -cE '\[(DMA Read|DMA Write|INTR-REMAP)|fault addr')
+unexpected=$records
+if [ -s /tmp/upnvme-expected-dmar.ok ]; then
+    unexpected=$(dmesg | grep 'DMAR:' | grep -E '\[(DMA Read|DMA Write|INTR-REMAP)|fault addr' | grep -cvF -f /tmp/upnvme-expected-dmar.ok)
+fi
 headers=$(dmesg | grep 'DMAR:' | grep -c 'handling fault status')
-faults=$records
+faults=$unexpected
 [ "$records" -gt 0 ] || faults=$headers
 echo "@DMAR_FAULTS@$faults"
 echo "@EXIT@$status"
@@ -227,6 +240,7 @@ impl GuestEnv {
                 self.kernel_nvme_poll_queues.to_string(),
             ),
             ("UPNVME_VM_SMP", self.smp.to_string()),
+            ("UPNVME_VM_EXPECTED_DMAR", paths::EXPECTED_DMAR.into()),
             ("TERM", self.term.clone()),
             ("RUST_BACKTRACE", "1".into()),
         ]

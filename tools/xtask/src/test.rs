@@ -403,6 +403,12 @@ fn guest_tests(cmd: &TestCmd, rows: &mut Vec<Row>) {
                     }
                     let _ = std::fs::remove_file(p);
                 }
+                if outcome.expected_dmar_faults > 0 {
+                    note = format!(
+                        "{} DMAR fault(s) provoked on purpose; {note}",
+                        outcome.expected_dmar_faults
+                    );
+                }
                 if outcome.status != 0 {
                     note = format!("exit status {}; {note}", outcome.status);
                 } else if counts.results == 0 {

@@ -70,8 +70,10 @@ const BASE_FORMAT: u32 = 1;
 pub struct VmOutcome {
     /// COMMAND's exit status.
     pub status: i32,
-    /// IOMMU faults in the guest kernel log.
+    /// IOMMU faults in the guest kernel log, those a test provoked on purpose excepted.
     pub dmar_faults: u32,
+    /// IOMMU faults a test provoked on purpose (`UPNVME_VM_EXPECTED_DMAR`).
+    pub expected_dmar_faults: u32,
     /// The kernel log lines reporting them.
     pub dmar_lines: Vec<String>,
     /// COMMAND's output lines (when captured).
@@ -722,6 +724,7 @@ fn judge(
     Ok(VmOutcome {
         status: exit,
         dmar_faults,
+        expected_dmar_faults: report.expected_dmar_faults(),
         dmar_lines: report
             .dmar_fault_lines()
             .into_iter()
