@@ -27,6 +27,16 @@ struct State {
     fallback_reason: Option<String>,
 }
 
+/// What [`DmaAllocator::fallbacks`] reports.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Fallbacks {
+    /// Allocations served by the fallback allocator.
+    pub count: u64,
+    /// Why the most recent of them could not come from this allocator
+    /// (`None` when none did).
+    pub last_reason: Option<String>,
+}
+
 /// Hands out page-aligned [`DmaBuffer`]s from hugepage regions mapped through a
 /// [`DmaMapper`], mapping a new region when the existing ones are full.
 #[derive(Clone)]
@@ -101,13 +111,16 @@ impl DmaAllocator {
     }
 
     /// How many allocations [`DmaAllocator::alloc_or`] served from its
-    /// fallback, and why the most recent could not come from this
-    /// allocator (`None` when none did).
-    pub fn fallbacks(&self) -> (u64, Option<String>) {
+    /// fallback since this allocator was made, and why the most recent
+    /// could not come from this allocator.
+    pub fn fallbacks(&self) -> Fallbacks {
         self.state
             .lock()
-            .map(|s| (s.fallbacks, s.fallback_reason.clone()))
-            .unwrap_or((0, None))
+            .map(|s| Fallbacks {
+                count: s.fallbacks,
+                last_reason: s.fallback_reason.clone(),
+            })
+            .unwrap_or_default()
     }
 
     /// The page backing of new regions.
@@ -384,14 +397,14 @@ mod tests {
                 (from_ro, from_rw),
                 if refuse_read_only { (0, 1) } else { (1, 0) }
             );
-            let (n, why) = ro.fallbacks();
+            let f = ro.fallbacks();
             if refuse_read_only {
-                assert_eq!(n, 1);
-                assert!(why.is_some_and(|w| !w.is_empty()));
+                assert_eq!(f.count, 1);
+                assert!(f.last_reason.is_some_and(|w| !w.is_empty()));
             } else {
-                assert_eq!((n, why), (0, None));
+                assert_eq!(f, Fallbacks::default());
             }
-            assert_eq!(rw.fallbacks(), (0, None));
+            assert_eq!(rw.fallbacks(), Fallbacks::default());
             drop(b);
         }
     }

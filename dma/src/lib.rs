@@ -49,7 +49,7 @@ mod test_mapper;
 pub mod tsc;
 pub mod vfio;
 
-pub use alloc::{DmaAllocator, DmaMapper};
+pub use alloc::{DmaAllocator, DmaMapper, Fallbacks};
 pub use error::DmaError;
 pub use iova::{IovaAllocator, IovaRange};
 pub use list_pages::ListPages;

@@ -132,32 +132,27 @@ impl AdminQueue {
 
     /// Writes `sqe` (with a fresh CID) into the SQ and rings the tail doorbell.
     /// Returns the CID slot.
-    ///
-    /// The SQ is never full while a CID is free: there are `entries − 1`
-    /// CIDs, so when the SQ Head Pointers reported so far leave every slot
-    /// occupied, some occupied slot holds a command that completed, and
-    /// [`SqRing::infer_head`] moves the head past it (the rule the I/O
-    /// queues follow). A device whose admin SQHD lags or never moves does
-    /// not run the admin queue out of room.
     fn submit<D: Device>(&mut self, dev: &D, mut sqe: Sqe, kind: SlotKind) -> Result<u16> {
-        let cid = self.cids.alloc().ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "admin queue full: all {} command identifiers are outstanding",
+        let cid = self.cids.alloc().ok_or_else(|| Error::DeviceFault {
+            device: dev.name(),
+            what: format!(
+                "all {} admin command identifiers are held by commands the controller has not \
+                 completed (timed-out commands and Asynchronous Event Requests); reset the \
+                 controller (Controller::reset)",
                 self.slots.len()
-            ))
+            ),
         })?;
         sqe.set_cid(cid.value);
-        if self.sq_ring.is_full() {
-            // The new command is counted in flight but is not in the SQ.
-            self.sq_ring
-                .infer_head(self.cids.in_flight().saturating_sub(1));
-        }
         let Some(pos) = self.sq_ring.push() else {
-            // Unreachable with a free CID (see above); refused, not assumed.
+            // Unreachable after `make_room` with a free CID; refused, not
+            // assumed.
             let _ = self.cids.cancel(cid.slot);
-            return Err(Error::InvalidArgument(
-                "admin queue full: no submission queue slot is free".into(),
-            ));
+            return Err(Error::DeviceFault {
+                device: dev.name(),
+                what: "admin queue: no submission queue slot is free although a command \
+                       identifier is"
+                    .into(),
+            });
         };
         self.sq
             .write_bytes(pos as usize * SQE_BYTES, &sqe.to_le_bytes())?;
@@ -170,6 +165,23 @@ impl AdminQueue {
             dev.write32(self.sq_db, tail as u32);
         }
         Ok(cid.slot)
+    }
+
+    /// Makes sure the SQ has a free slot for one more command when a CID is
+    /// free: the SQ is never full then, whatever the SQ Head Pointers said.
+    /// There are `entries − 1` CIDs, so when the reported heads leave every
+    /// slot occupied, some occupied slot holds a command that completed;
+    /// after a reap (so that no completion with an older SQHD still waits),
+    /// [`SqRing::infer_head`] moves the head past what the completions
+    /// prove fetched, with every command in flight (timed-out ones and AERs
+    /// included) as the bound. A device whose admin SQHD lags or never
+    /// moves does not run the admin queue out of room.
+    fn make_room<D: Device>(&mut self, dev: &D, name: &str) -> Result<()> {
+        if self.sq_ring.is_full() {
+            self.reap(dev, name)?;
+            self.sq_ring.infer_head(self.cids.in_flight());
+        }
+        Ok(())
     }
 
     /// Reaps every completion that is ready; returns how many were reaped.
@@ -259,6 +271,7 @@ impl AdminQueue {
         timeout: Duration,
         what: &str,
     ) -> Result<(Cqe, Option<DmaBuffer>)> {
+        self.make_room(dev, name)?;
         let slot = self.submit(dev, sqe, SlotKind::Sync)?;
         let start = Instant::now();
         let mut polls = 0u32;
@@ -305,6 +318,11 @@ impl AdminQueue {
         // small the admin queue.
         let cap = (self.slots.len() as u32).saturating_sub(2);
         let mut want = target.min(cap).saturating_sub(outstanding);
+        if want > 0 && self.sq_ring.free_slots() <= 2 {
+            // As `make_room`: every caller has just reaped (or the queue is
+            // new), so no completion with an older SQHD waits.
+            self.sq_ring.infer_head(self.cids.in_flight());
+        }
         while want > 0
             && self.sq_ring.free_slots() > 2
             && self.cids.in_flight() + 2 < self.slots.len() as u32

@@ -59,7 +59,9 @@ pub trait Device: Send + Sync + 'static {
     /// Whether the memory of [`Device::alloc_dma_device_read_only`] is
     /// mapped read-only for the device. The default:
     /// [`ReadOnlyMemory::NotOffered`] (the default allocation is
-    /// [`Device::alloc_dma`]'s).
+    /// [`Device::alloc_dma`]'s). A `Device` that wraps another and forwards
+    /// `alloc_dma_device_read_only` must forward this too, or it reports
+    /// `NotOffered` for memory that is read-only.
     fn read_only_memory(&self) -> ReadOnlyMemory {
         ReadOnlyMemory::NotOffered
     }
@@ -97,11 +99,14 @@ pub trait Device: Send + Sync + 'static {
 /// SGL segments, Dataset Management and Copy ranges — is mapped
 /// ([`crate::Controller::read_only_memory`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ReadOnlyMemory {
     /// All of it is mapped without the device's write permission: a device
     /// cannot rewrite a command after the driver wrote and checked it.
     Enforced,
-    /// `allocations` of it came from read-write memory, because read-only
+    /// `allocations` of it (counted since the controller was opened: the
+    /// admin path's PRP List pages add one per command that needs one)
+    /// came from read-write memory, because read-only
     /// memory could not be had (`reason`, the most recent: no free 2 MiB
     /// hugepage for its region, or an IOMMU that refused the mapping). The
     /// driver works as before; those SQs and list pages are not protected
@@ -122,13 +127,13 @@ pub enum ReadOnlyMemory {
 impl ReadOnlyMemory {
     /// From [`upnvme_dma::DmaAllocator::fallbacks`] of a read-only
     /// allocator whose fallback is read-write.
-    pub fn from_fallbacks((allocations, reason): (u64, Option<String>)) -> Self {
-        if allocations == 0 {
+    pub fn from_fallbacks(f: upnvme_dma::Fallbacks) -> Self {
+        if f.count == 0 {
             ReadOnlyMemory::Enforced
         } else {
             ReadOnlyMemory::FellBack {
-                allocations,
-                reason: reason.unwrap_or_default(),
+                allocations: f.count,
+                reason: f.last_reason.unwrap_or_default(),
             }
         }
     }

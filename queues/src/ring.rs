@@ -189,6 +189,17 @@ impl SqRing {
     /// A device whose SQHD lags or never moves would otherwise keep the SQ
     /// "full" with its commands done. A later SQHD behind the head moved
     /// here is a head moving backwards ([`SqRing::update_head`] refuses it).
+    ///
+    /// Two preconditions, both the caller's:
+    /// - `not_completed` is not an underestimate: counting fewer commands
+    ///   outstanding than there are lets the head pass SQEs the controller
+    ///   has not fetched, and the next push overwrites one;
+    /// - no completion already posted is still waiting to be reaped for a
+    ///   command counted in `not_completed`: its SQHD was taken before the
+    ///   head moved, and once new SQEs reuse the slots the head moved over,
+    ///   an old SQHD there cannot be told from a new one. The I/O queue
+    ///   pairs infer only when no announced command is outstanding; the
+    ///   admin queue reaps first.
     pub fn infer_head(&mut self, not_completed: u32) -> u32 {
         let completed = self.outstanding().saturating_sub(not_completed);
         let step = completed.min(distance(self.head, self.committed, self.entries));

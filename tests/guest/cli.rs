@@ -338,7 +338,7 @@ fn identify_fields_equal_the_vm_options() {
         // The admin SQ is in memory mapped read-only for the device.
         let ro = &v["read_only_memory"];
         assert_eq!(ro["state"], "enforced", "{ro}");
-        assert_eq!(ro["fallbacks"], 0, "{ro}");
+        assert_eq!(ro["allocations"], 0, "{ro}");
         let ns = v["namespaces"].as_array().unwrap();
         assert_eq!(ns.len() as u64, namespaces, "namespaces of {dev}");
         for (k, n) in ns.iter().enumerate() {

@@ -50,41 +50,35 @@ fn new_fault_records(before: usize, within: Duration) -> Vec<String> {
     }
 }
 
-/// A record's `fault addr … [fault reason …]` part and the address in it.
-fn fault_addr_and_pattern(record: &str) -> Option<(u64, String)> {
-    let at = record.find("fault addr ")?;
-    let rest = &record[at..];
-    let end = rest.find("[fault reason ")?;
-    let close = end + rest[end..].find(']')?;
-    let pattern = rest[..=close].to_string();
-    let addr = rest["fault addr ".len()..end].trim();
-    let addr = u64::from_str_radix(addr.trim_start_matches("0x"), 16).ok()?;
-    Some((addr, pattern))
+/// A record's fault address and fault reason (`fault addr 0x600000 [fault
+/// reason 0x05]`; older kernels print both without `0x`).
+fn fault_addr_and_reason(record: &str) -> Option<(u64, u32)> {
+    let hex = |s: &str| u64::from_str_radix(s.trim().trim_start_matches("0x"), 16).ok();
+    let rest = &record[record.find("fault addr ")? + "fault addr ".len()..];
+    let (addr, rest) = rest.split_once(" [fault reason ")?;
+    let (reason, _) = rest.split_once(']')?;
+    Some((hex(addr)?, u32::try_from(hex(reason)?).ok()?))
 }
 
 /// Declares `records` (new fault records) as provoked on purpose, after
-/// checking each is a write-permission fault at `page`.
+/// checking each is a write-permission fault (reason 05h) at `page`: the
+/// bed then does not count them (each whole line excuses that one record).
 fn expect_write_faults_at(page: u64, records: &[String]) {
     let expected = env("UPNVME_VM_EXPECTED_DMAR");
-    let mut patterns = Vec::new();
     for r in records {
         assert!(r.contains("[DMA Write"), "not a write fault: {r}");
-        let (fault, pattern) =
-            fault_addr_and_pattern(r).unwrap_or_else(|| panic!("no fault address in {r}"));
-        assert!(
-            pattern.ends_with("05]") && r.contains("Write access"),
-            "not a write-permission fault: {r}"
-        );
+        let (fault, reason) =
+            fault_addr_and_reason(r).unwrap_or_else(|| panic!("no fault address in {r}"));
+        assert_eq!(reason, 5, "not a write-permission fault: {r}");
         assert_eq!(fault, page, "the fault is at the page written: {r}");
-        patterns.push(pattern);
     }
     let mut f = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(&expected)
         .unwrap_or_else(|e| panic!("{expected}: {e}"));
-    for p in &patterns {
-        writeln!(f, "{p}").unwrap();
+    for r in records {
+        writeln!(f, "{r}").unwrap();
     }
 }
 
@@ -102,9 +96,9 @@ fn changed(b: &DmaBuffer, off: usize, byte: u8) -> usize {
 /// 1. into a region the device never touched: refused, and logged as one
 ///    DMAR "DMA Write" fault, reason 05h ("PTE Write access is not set"),
 ///    at that page;
-/// 2. into the same region after an NVMe Write read from it (the IOMMU
-///    now caches the region's read-only translation): refused too.
-///    QEMU's VT-d (7.2.22 in the bed) logs no fault for this one (a write
+/// 2. into the same page after an NVMe Write read it (the IOMMU now
+///    caches its read-only translation): refused too, and the test holds
+///    that QEMU's VT-d (7.2.22 and 10.0.2 measured) logs no fault for it (a write
 ///    against a cached read-only entry is dropped, not reported): a
 ///    device write into an SQ, whose translation SQE fetches keep cached,
 ///    leaves no trace in the kernel log. Only the bytes show it.
@@ -180,17 +174,21 @@ fn the_iommu_refuses_device_writes_into_read_only_memory() {
     let ro = qp
         .write_blocking(&ns, 8, 1, ro, Duration::from_secs(10))
         .expect("an NVMe Write from read-only memory");
-    let page = ro.iova() + 8192;
     let before = fault_records().len();
-    smart_into(page);
+    smart_into(ro.iova());
     assert_eq!(
-        changed(&ro, 8192, 0x5a),
+        changed(&ro, 0, 0x5a),
         0,
         "the IOMMU let a device write into read-only memory whose translation it had cached"
     );
     let new = new_fault_records(before, Duration::from_millis(300));
-    expect_write_faults_at(page, &new);
-    eprintln!("refused; logged faults: uncached 1, cached {}", new.len());
+    // What docs/testbed.md and DESIGN.md say: QEMU drops this write without
+    // a fault record. Should a QEMU log it, this fails: update those docs
+    // and declare the record here (`expect_write_faults_at`).
+    assert!(
+        new.is_empty(),
+        "QEMU now logs a refused write against a cached read-only translation: {new:?}"
+    );
 
     // The controller goes on: its admin queue and I/O.
     assert!(c.failure().is_none(), "{:?}", c.failure());

@@ -1052,43 +1052,50 @@ fn an_sq_head_that_never_moves_does_not_fill_the_queue() {
     assert_clean(&m);
 }
 
-/// A device whose SQHD lags while a command is still out: one read held by
-/// the device, two more completed, and every completion reports the SQ head
-/// the queue had before any of them. The SQ looks full (head 0, tail 3 of 4
-/// entries) with one command in flight; two of the three occupied slots
-/// hold commands that completed, so the controller fetched them, and the
-/// next command goes in. (An inference that needed every announced command
-/// completed refused it as `QueueFull` until the held one came back.)
+/// A frozen SQHD with completions already waiting in the CQ: three reads
+/// complete, each reporting head 0; the first one's callback queues a
+/// fourth while the other two are still to be reaped. The SQ looks full
+/// (head 0, tail 3 of 4) and the pair does not infer the head: the two
+/// waiting completions carry an SQHD taken before any inference, which new
+/// SQEs in the freed slots would make ambiguous. The fourth read is refused
+/// as `QueueFull` — a refusal, not a `DeviceFault` (a review found a first
+/// version that inferred here failing the controller on the next
+/// completion) — and goes in once the others are reaped.
 #[test]
-fn a_lagging_sq_head_with_a_command_out_does_not_fill_the_queue() {
+fn a_frozen_sq_head_with_completions_waiting_refuses_and_does_not_fault() {
     let (m, c) = setup(ModelConfig::default());
     let ns = ns1(&c);
-    m.write_namespace_data(1, 7, &[0xa7; 4096]);
-    let mut qp = small_pair(&c);
+    let mut qp = batch_pair(&c, 4);
     let qid = qp.qid();
     assert!(m.freeze_sq_head(qid, true));
-    m.inject(Fault::DelayCompletion {
-        on: Match::Queue(qid),
-        doorbells: None,
-    });
-    qp.submit(read(&ns, 0), Some(c.alloc_dma(4096).unwrap()), 100)
-        .unwrap();
-    for lba in 1..3 {
-        qp.read_blocking(&ns, lba, 1, c.alloc_dma(4096).unwrap(), T)
+    for lba in 0..3 {
+        qp.submit(read(&ns, lba), Some(c.alloc_dma(4096).unwrap()), lba)
             .unwrap();
     }
-    assert_eq!(qp.in_flight(), 1);
-    let buf = qp
-        .read_blocking(&ns, 7, 1, c.alloc_dma(4096).unwrap(), T)
-        .expect("the SQ has room: two of its occupied slots completed");
-    assert_eq!(read_back(&buf, 4096), vec![0xa7; 4096]);
-    assert!(m.freeze_sq_head(qid, false));
-    assert_eq!(m.release_delayed(), 1);
-    let (got, r) = process(&mut qp);
+    let mut extra = Some(c.alloc_dma(4096).unwrap());
+    let mut got = Vec::new();
+    let mut refusals = 0;
+    let r = qp.process_completions(u32::MAX, |qp, cpl| {
+        if cpl.tag == 0 {
+            // Two announced reads are still out (their completions wait).
+            assert_eq!(qp.in_flight(), 2);
+            let b = extra.take();
+            let e = qp.queue(read(&ns, 3), b, 3).unwrap_err();
+            assert!(matches!(e.reason, Reject::QueueFull), "{e:?}");
+            refusals += 1;
+            extra = e.buffer;
+        }
+        assert!(cpl.result.is_ok(), "{:?}", cpl.result);
+        got.push(cpl.tag);
+    });
     r.unwrap();
-    assert_eq!(got.len(), 1);
-    assert_eq!(got[0].tag, 100);
-    assert!(got[0].result.is_ok(), "{:?}", got[0].result);
+    assert_eq!((refusals, got.len()), (1, 3), "{got:?}");
+    assert!(c.failure().is_none(), "{:?}", c.failure());
+    // Every announced command is reaped now: the SQ has room again.
+    let buf = qp
+        .read_blocking(&ns, 3, 1, extra.take().unwrap(), T)
+        .expect("the fourth read, once the others are reaped");
+    drop(buf);
     assert!(c.failure().is_none(), "{:?}", c.failure());
     drop(qp);
     c.close().unwrap();

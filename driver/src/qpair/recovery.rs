@@ -171,14 +171,19 @@ impl<D: Device> IoQueuePair<D> {
     }
 
     /// The SQ looked full when the command in tracker `slot` was about to
-    /// be pushed. The completions prove more than their SQ Head Pointers
-    /// said: every occupied SQ slot whose command is no longer in flight
-    /// was fetched, and the controller fetches in order
-    /// ([`SqRing::infer_head`](upnvme_queues::SqRing::infer_head)). A device
+    /// be pushed. When every other command in flight is queued but not yet
+    /// announced, every command this pair announced has completed (and been
+    /// reaped), so the controller fetched every announced SQE whatever the
+    /// SQ Head Pointer of their completions said
+    /// ([`SqRing::infer_head`](upnvme_queues::SqRing::infer_head)): a device
     /// whose SQHD lags (or never moves) would otherwise keep the SQ "full"
     /// for ever with nothing in flight (a later completion whose SQHD lies
     /// behind the inferred head is then a head moving backwards, a
-    /// `DeviceFault`). The admin queue follows the same rule.
+    /// `DeviceFault`). With an announced command still out the pair does
+    /// not infer: its completion may already wait in the CQ with an SQHD
+    /// taken before the head moved, which new SQEs in the freed slots would
+    /// make ambiguous; the command is refused as `QueueFull` until it is
+    /// reaped.
     /// Returns the slot the retried push got, or the command refused as
     /// `QueueFull`.
     #[cold]
@@ -194,8 +199,10 @@ impl<D: Device> IoQueuePair<D> {
     /// allocated (counted in flight) but not yet in the SQ.
     #[cold]
     pub(super) fn settle_sq_head(&mut self, own: u32) {
-        let not_completed = self.trackers.in_flight().saturating_sub(own);
-        self.sq_ring.infer_head(not_completed);
+        let unannounced = self.sq_ring.unannounced();
+        if self.trackers.in_flight() == own + unannounced {
+            self.sq_ring.infer_head(unannounced);
+        }
     }
 
     /// The DeviceFault for a CQE that failed a check (checked again here, off

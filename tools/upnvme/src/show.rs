@@ -216,19 +216,20 @@ pub fn identify(c: &Controller, nsid: Option<u32>, human: bool) -> Result<()> {
 }
 
 /// `Controller::read_only_memory` as JSON: `{"state": "enforced" |
-/// "fell_back" | "not_offered", "fallbacks": N, "reason": "…" | null}`.
+/// "fell_back" | "not_offered", "allocations": N, "reason": "…" | null}`
+/// (`allocations`: those served read-write since the open).
 fn read_only_memory_json(m: &upnvme::ReadOnlyMemory) -> serde_json::Value {
     match m {
         upnvme::ReadOnlyMemory::Enforced => {
-            serde_json::json!({"state": "enforced", "fallbacks": 0, "reason": null})
+            serde_json::json!({"state": "enforced", "allocations": 0, "reason": null})
         }
         upnvme::ReadOnlyMemory::FellBack {
             allocations,
             reason,
-        } => serde_json::json!({"state": "fell_back", "fallbacks": allocations, "reason": reason}),
-        upnvme::ReadOnlyMemory::NotOffered => {
-            serde_json::json!({"state": "not_offered", "fallbacks": 0, "reason": null})
+        } => {
+            serde_json::json!({"state": "fell_back", "allocations": allocations, "reason": reason})
         }
+        _ => serde_json::json!({"state": "not_offered", "allocations": 0, "reason": null}),
     }
 }
 
