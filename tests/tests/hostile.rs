@@ -1118,14 +1118,52 @@ fn an_admin_sq_head_that_never_moves_does_not_fill_the_admin_queue() {
         },
     );
     assert!(m.freeze_sq_head(0, true));
+    let aers = m.outstanding_async_requests();
+    assert!(aers >= 2, "{aers} AERs outstanding");
     // Three times round the 8-entry ring, AERs outstanding all along.
     for i in 0..24 {
         c.identify_controller()
             .unwrap_or_else(|e| panic!("admin command {i}: {e}"));
     }
     assert!(c.failure().is_none(), "{:?}", c.failure());
+    assert_eq!(m.outstanding_async_requests(), aers);
     assert!(m.freeze_sq_head(0, false));
     c.identify_controller().unwrap();
+    c.close().unwrap();
+    assert_clean(&m);
+}
+
+/// With the admin SQHD frozen, asynchronous events keep coming: each is
+/// reaped and its request re-posted, at every fill level of the admin ring,
+/// and admin commands go on between them.
+#[test]
+fn an_admin_sq_head_that_never_moves_keeps_async_events_flowing() {
+    let m = ModelController::new(ModelConfig::default());
+    let c = open(
+        &m,
+        ControllerOptions {
+            admin_queue_entries: 8,
+            ..opts()
+        },
+    );
+    assert!(m.freeze_sq_head(0, true));
+    let aers = m.outstanding_async_requests();
+    assert!(aers >= 2, "{aers} AERs outstanding");
+    for i in 0..24u8 {
+        // SMART / Health (type 1); reading log 02h unmasks the type again.
+        m.raise_async_event(1, i, 0x02);
+        let events = c
+            .poll_async_events()
+            .unwrap_or_else(|e| panic!("event {i}: {e}"));
+        assert_eq!(events.len(), 1, "event {i}: {events:?}");
+        c.smart_log()
+            .unwrap_or_else(|e| panic!("admin command after event {i}: {e}"));
+    }
+    assert!(c.failure().is_none(), "{:?}", c.failure());
+    // Every request came back (re-posted at the latest by the last poll).
+    c.poll_async_events().unwrap();
+    assert_eq!(m.outstanding_async_requests(), aers);
+    assert!(m.freeze_sq_head(0, false));
     c.close().unwrap();
     assert_clean(&m);
 }
