@@ -48,7 +48,8 @@
 #define UPNVME_EINVAL -22
 
 /**
- * No memory (DMA memory: hugepages; or the process heap).
+ * No DMA memory: no hugepages free, or no IOVA space left. (The process
+ * heap running out aborts, as Rust's allocation failure does.)
  */
 #define UPNVME_ENOMEM -12
 
@@ -59,7 +60,9 @@
 
 /**
  * The object is in use: a buffer owned by a command in flight, a queue pair
- * with commands in flight or destroyed from inside its own callback.
+ * with commands in flight or destroyed from inside its own callback, or
+ * (from `upnvme_qpair_create`) every I/O queue the controller granted is
+ * taken by another pair.
  */
 #define UPNVME_EBUSY -16
 
@@ -393,7 +396,8 @@ int upnvme_ctrl_open(const char *pci_addr,
  * afterwards; destroy them too. NULL is a no-op.
  *
  * # Safety
- * `ctrl` is null or a handle from `upnvme_ctrl_open`, not used afterwards.
+ * `ctrl` is null or a handle from `upnvme_ctrl_open`, not used afterwards,
+ * and no call on it is running on any thread.
  */
 int upnvme_ctrl_close(struct upnvme_ctrl *ctrl);
 
@@ -514,8 +518,10 @@ uint64_t upnvme_buf_iova(const struct upnvme_buf *buf);
  * `pieces[0..n]` in address order, `n` to `*count`. Each piece is a buffer
  * handle of its own (a command each, at the same time); the memory returns
  * when the last piece is freed. On success `buf` is consumed (do not use or
- * free it); `UPNVME_EINVAL` when `cap` is too small (`*count` says how many
- * are needed; `buf` is left as it was).
+ * free it); a buffer from a pool leaves its pool for good (its pieces are
+ * freed with `upnvme_buf_free`, never put back). `UPNVME_EINVAL` when `cap`
+ * is too small (`*count` says how many are needed; `buf` is left as it
+ * was).
  *
  * # Safety
  * `buf` a live handle; `pieces` valid for `cap` writes; `count` valid for a
@@ -620,7 +626,10 @@ int upnvme_qpair_create(const struct upnvme_ctrl *ctrl,
  * `UPNVME_ENODEV`), each ends here, once: its callback runs with
  * `UPNVME_ENODEV` and a buffer handle without memory (`upnvme_buf_data`
  * is NULL; free the handle with `upnvme_buf_free`), and the pair is
- * deleted. NULL is a no-op.
+ * deleted. A pair that refuses work after an internal error
+ * (`UPNVME_EINTERNAL`) is deleted at once: its commands' callbacks do not
+ * run and their buffer handles come back without memory. A destroy that
+ * succeeds leaves `upnvme_last_error()` as it was. NULL is a no-op.
  *
  * # Safety
  * `qp` is null or a live pair, not used after success.
@@ -720,8 +729,11 @@ int upnvme_deallocate(struct upnvme_qpair *qp,
  * cannot keep one call going). Returns how many ran, or a negative code (the controller
  * failed: `UPNVME_ENODEV`). A call whose callbacks ran returns their count even
  * when the controller failed after them (the commands it ended are delivered
- * first); the error is the next call's. Never blocks. Callbacks may submit on
- * this pair and call this function again.
+ * first); the error is the next call's. It does not wait for completions;
+ * after a controller reset it re-creates the pair's queues with admin
+ * commands, which can take up to the admin timeout, and so can
+ * `upnvme_qpair_destroy`. Callbacks may submit on this pair and call this
+ * function again.
  *
  * # Safety
  * `qp` a live pair used by this thread.

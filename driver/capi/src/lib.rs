@@ -12,8 +12,10 @@
 //! `*_close`/`*_destroy`/`*_free`/`*_put` partner exactly once. A buffer
 //! handle passed to `upnvme_read`/`upnvme_write` belongs to the command until
 //! its callback runs; the library refuses to submit or free it meanwhile
-//! (`UPNVME_EBUSY`). A queue pair is used by one thread at a time; a
-//! controller may be shared by threads (each with its own pairs).
+//! (`UPNVME_EBUSY`; a check made on the calling thread, not a guard against
+//! another thread freeing a handle in flight on a pair it does not own). A
+//! queue pair is used by one thread at a time; a controller may be shared by
+//! threads (each with its own pairs).
 #![allow(non_camel_case_types)]
 
 pub mod buf;
@@ -221,14 +223,18 @@ pub unsafe extern "C" fn upnvme_ctrl_open(
 /// afterwards; destroy them too. NULL is a no-op.
 ///
 /// # Safety
-/// `ctrl` is null or a handle from `upnvme_ctrl_open`, not used afterwards.
+/// `ctrl` is null or a handle from `upnvme_ctrl_open`, not used afterwards,
+/// and no call on it is running on any thread.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn upnvme_ctrl_close(ctrl: *mut upnvme_ctrl) -> c_int {
     guard(|| {
         if ctrl.is_null() {
             return UPNVME_OK;
         }
-        // SAFETY: a handle from `upnvme_ctrl_open`, given up by the caller.
+        // SAFETY: a handle from `upnvme_ctrl_open` (made by `Box::into_raw`),
+        // given up by the caller, with no call on it running on any thread
+        // (the caller's contract: the handle is shareable between threads,
+        // so giving it up covers all of them); nothing else frees it.
         let h = unsafe { Box::from_raw(ctrl) };
         match h.0.into_controller().map(Controller::close) {
             Some(Err(e)) => fail_error(&e),
@@ -500,8 +506,10 @@ pub unsafe extern "C" fn upnvme_buf_iova(buf: *const upnvme_buf) -> u64 {
 /// `pieces[0..n]` in address order, `n` to `*count`. Each piece is a buffer
 /// handle of its own (a command each, at the same time); the memory returns
 /// when the last piece is freed. On success `buf` is consumed (do not use or
-/// free it); `UPNVME_EINVAL` when `cap` is too small (`*count` says how many
-/// are needed; `buf` is left as it was).
+/// free it); a buffer from a pool leaves its pool for good (its pieces are
+/// freed with `upnvme_buf_free`, never put back). `UPNVME_EINVAL` when `cap`
+/// is too small (`*count` says how many are needed; `buf` is left as it
+/// was).
 ///
 /// # Safety
 /// `buf` a live handle; `pieces` valid for `cap` writes; `count` valid for a
@@ -650,8 +658,9 @@ pub unsafe extern "C" fn upnvme_pool_put(pool: *mut upnvme_pool, buf: *mut upnvm
                  upnvme_buf_free instead of putting it back",
             );
         }
-        // SAFETY: a handle made by `Box::into_raw` (by `upnvme_pool_get`),
-        // given up by the caller; `h` is not used any more.
+        // SAFETY: a handle made by `Box::into_raw` (by `upnvme_pool::new`,
+        // which `upnvme_pool_get` returns), given up by the caller; `h` is
+        // not used any more.
         match unsafe { p.put(buf) } {
             Ok(()) => UPNVME_OK,
             // Not taken: the handle stays the caller's.
@@ -754,7 +763,10 @@ pub unsafe extern "C" fn upnvme_qpair_create(
 /// `UPNVME_ENODEV`), each ends here, once: its callback runs with
 /// `UPNVME_ENODEV` and a buffer handle without memory (`upnvme_buf_data`
 /// is NULL; free the handle with `upnvme_buf_free`), and the pair is
-/// deleted. NULL is a no-op.
+/// deleted. A pair that refuses work after an internal error
+/// (`UPNVME_EINTERNAL`) is deleted at once: its commands' callbacks do not
+/// run and their buffer handles come back without memory. A destroy that
+/// succeeds leaves `upnvme_last_error()` as it was. NULL is a no-op.
 ///
 /// # Safety
 /// `qp` is null or a live pair, not used after success.
@@ -943,8 +955,11 @@ pub unsafe extern "C" fn upnvme_deallocate(
 /// cannot keep one call going). Returns how many ran, or a negative code (the controller
 /// failed: `UPNVME_ENODEV`). A call whose callbacks ran returns their count even
 /// when the controller failed after them (the commands it ended are delivered
-/// first); the error is the next call's. Never blocks. Callbacks may submit on
-/// this pair and call this function again.
+/// first); the error is the next call's. It does not wait for completions;
+/// after a controller reset it re-creates the pair's queues with admin
+/// commands, which can take up to the admin timeout, and so can
+/// `upnvme_qpair_destroy`. Callbacks may submit on this pair and call this
+/// function again.
 ///
 /// # Safety
 /// `qp` a live pair used by this thread.

@@ -16,8 +16,8 @@ use upnvme::{Device, DsmRange, IoCommand, IoQueuePair, Namespace, QueuePairOptio
 use crate::buf::upnvme_buf;
 use crate::ctrl::SharedNamespaces;
 use crate::status::{
-    UPNVME_EBUSY, UPNVME_EINVAL, UPNVME_ENODEV, UPNVME_OK, fail, fail_error, io_error_code,
-    reject_code,
+    UPNVME_EBUSY, UPNVME_EINVAL, UPNVME_ENODEV, UPNVME_OK, error_code, fail, fail_error,
+    io_error_code, reject_code,
 };
 
 /// Options of `upnvme_qpair_create`. Fill with `upnvme_qpair_opts_default`,
@@ -203,7 +203,10 @@ pub struct Qpair<D: Device> {
     nss: Vec<Namespace>,
     /// The controller's handles as of its last refresh.
     shared: SharedNamespaces,
-    ctxs: Vec<Ctx>,
+    /// The command of each tracking slot: `Some` from its submission until
+    /// its callback is taken (a slot is on `free` exactly when it is `None`
+    /// and no submission holds it).
+    ctxs: Vec<Option<Ctx>>,
     free: Vec<u32>,
     /// Callbacks running now (nested when a callback processes completions).
     depth: u32,
@@ -236,7 +239,7 @@ impl<D: Device> Qpair<D> {
             qp,
             nss,
             shared,
-            ctxs: vec![NO_CTX; depth],
+            ctxs: vec![None; depth],
             free: (0..depth as u32).rev().collect(),
             depth: 0,
             ending: false,
@@ -249,7 +252,13 @@ impl<D: Device> Qpair<D> {
     /// (after a reset or close, an opportunistic reap, a partial reap) —
     /// which the library's `in_flight` does not count.
     pub(crate) fn outstanding(&self) -> u32 {
-        (self.ctxs.len() - self.free.len()) as u32
+        self.ctxs.len().saturating_sub(self.free.len()) as u32
+    }
+
+    /// Marks the pair as an unwound submission does (tests).
+    #[cfg(test)]
+    pub(crate) fn poison(&mut self) {
+        self.poisoned = true;
     }
 
     /// Whether a callback of this pair is running (destroy is refused then).
@@ -281,7 +290,19 @@ impl<D: Device> Qpair<D> {
         }
         if me.poisoned {
             // Dropped as it is: the library ends its commands (keeping any
-            // memory the device may still reach); their callbacks do not run.
+            // memory the device may still reach); their callbacks do not
+            // run. Their buffer handles come back empty (not in flight, no
+            // memory), so the caller can free them.
+            for ctx in me.ctxs.iter_mut().filter_map(Option::take) {
+                if !ctx.buf.is_null() {
+                    // SAFETY: the handle was live at submission and cannot
+                    // have been freed while in flight (`upnvme_buf_free`,
+                    // `upnvme_pool_put` and `upnvme_buf_split` refuse a
+                    // handle in flight); one slot holds it (slots are taken
+                    // once); no callback runs.
+                    unsafe { (*ctx.buf).settle(None) };
+                }
+            }
             return UPNVME_OK;
         }
         if me.outstanding() == 0 {
@@ -297,8 +318,10 @@ impl<D: Device> Qpair<D> {
         // SAFETY: as above.
         let rounds = unsafe { &*this }.ctxs.len() + 1;
         for _ in 0..rounds {
+            // Without recording its error: a destroy that succeeds leaves
+            // the caller's last error message as it was.
             // SAFETY: as above (no reference to the pair is held across it).
-            rc = unsafe { Self::process_completions(this, 0) };
+            rc = unsafe { Self::deliver(this, 0, false) };
             // SAFETY: as above.
             if rc <= 0 || unsafe { &*this }.outstanding() == 0 {
                 break;
@@ -317,16 +340,13 @@ impl<D: Device> Qpair<D> {
             );
         }
         me.ending = true;
-        let mut is_free = vec![false; me.ctxs.len()];
-        for &f in &me.free {
-            if let Some(x) = is_free.get_mut(f as usize) {
-                *x = true;
+        let mut ended = Vec::new();
+        for (i, c) in me.ctxs.iter_mut().enumerate() {
+            if let Some(ctx) = c.take() {
+                ended.push(ctx);
+                me.free.push(i as u32);
             }
         }
-        let ended: Vec<Ctx> = (0..me.ctxs.len())
-            .filter(|&i| !is_free[i])
-            .map(|i| std::mem::replace(&mut me.ctxs[i], NO_CTX))
-            .collect();
         me.depth += 1;
         for ctx in ended {
             if !ctx.buf.is_null() {
@@ -447,7 +467,7 @@ impl<D: Device> Qpair<D> {
         let slot = match self.free.pop() {
             Some(s) => s,
             None => {
-                self.ctxs.push(NO_CTX);
+                self.ctxs.push(None);
                 self.ctxs.len() as u32 - 1
             }
         };
@@ -514,7 +534,7 @@ impl<D: Device> Qpair<D> {
                     // reference taken above is no longer used.
                     unsafe { (*kept).inflight = true };
                 }
-                self.ctxs[slot as usize] = Ctx { cb, arg, buf: kept };
+                self.ctxs[slot as usize] = Some(Ctx { cb, arg, buf: kept });
                 UPNVME_OK
             }
             Err(r) => {
@@ -539,6 +559,16 @@ impl<D: Device> Qpair<D> {
     /// is held while a callback runs, so callbacks may call back into the
     /// pair through their own pointer.
     pub unsafe fn process_completions(this: *mut Self, max: u32) -> c_int {
+        // SAFETY: the caller's contract.
+        unsafe { Self::deliver(this, max, true) }
+    }
+
+    /// [`Qpair::process_completions`]; `record`: whether an error it
+    /// returns is recorded as the thread's last error.
+    ///
+    /// # Safety
+    /// As [`Qpair::process_completions`].
+    unsafe fn deliver(this: *mut Self, max: u32, record: bool) -> c_int {
         // SAFETY: live, this thread's.
         if unsafe { (*this).poisoned } {
             return poisoned();
@@ -572,14 +602,20 @@ impl<D: Device> Qpair<D> {
                     // failed, closed or released controller) is the next
                     // call's.
                     Err(_) if n > 0 => break,
-                    Err(e) => return fail_error(&e),
+                    Err(e) if record => return fail_error(&e),
+                    Err(e) => return error_code(&e),
                 };
                 let slot = c.tag as usize;
-                let ctx = me.ctxs.get(slot).copied().unwrap_or(NO_CTX);
-                if slot < me.ctxs.len() {
-                    me.ctxs[slot] = NO_CTX;
-                    me.free.push(slot as u32);
-                }
+                // A tag whose slot holds no command (only a library bug
+                // could deliver one) runs no callback and frees nothing, so
+                // no slot is ever free twice.
+                let ctx = match me.ctxs.get_mut(slot).and_then(Option::take) {
+                    Some(ctx) => {
+                        me.free.push(slot as u32);
+                        ctx
+                    }
+                    None => NO_CTX,
+                };
                 if !ctx.buf.is_null() {
                     // SAFETY: the handle was live at submission and cannot be
                     // freed while in flight (`upnvme_buf_free` refuses).

@@ -13,12 +13,15 @@ pub const UPNVME_OK: c_int = 0;
 /// An argument is invalid (a null pointer, a bad NSID, an LBA range outside
 /// the namespace, a buffer too small, ...): `upnvme_last_error()` says which.
 pub const UPNVME_EINVAL: c_int = -22;
-/// No memory (DMA memory: hugepages; or the process heap).
+/// No DMA memory: no hugepages free, or no IOVA space left. (The process
+/// heap running out aborts, as Rust's allocation failure does.)
 pub const UPNVME_ENOMEM: c_int = -12;
 /// The queue pair is full: reap completions, then retry.
 pub const UPNVME_EAGAIN: c_int = -11;
 /// The object is in use: a buffer owned by a command in flight, a queue pair
-/// with commands in flight or destroyed from inside its own callback.
+/// with commands in flight or destroyed from inside its own callback, or
+/// (from `upnvme_qpair_create`) every I/O queue the controller granted is
+/// taken by another pair.
 pub const UPNVME_EBUSY: c_int = -16;
 /// No such (NVMe) device, or the controller is failed, closed or gone.
 pub const UPNVME_ENODEV: c_int = -19;
@@ -63,7 +66,13 @@ pub(crate) fn last_error() -> *const c_char {
 
 /// The code of a library error, with its text recorded as the last error.
 pub(crate) fn fail_error(e: &Error) -> c_int {
-    let code = match e {
+    fail(error_code(e), e)
+}
+
+/// The code of a library error, recording nothing (for a call that goes on
+/// and may still succeed: a succeeding call leaves the last error alone).
+pub(crate) fn error_code(e: &Error) -> c_int {
+    match e {
         Error::InvalidArgument(_) | Error::NoSuchNamespace { .. } => UPNVME_EINVAL,
         Error::UnusableNamespace { .. } => UPNVME_ENOTSUP,
         Error::Unsupported { .. } => UPNVME_ENOTSUP,
@@ -92,8 +101,7 @@ pub(crate) fn fail_error(e: &Error) -> c_int {
             | DmaError::InvalidAllocation(_),
         ) => UPNVME_EINVAL,
         _ => UPNVME_ESETUP,
-    };
-    fail(code, e)
+    }
 }
 
 /// The code of a command's failure (the completion's `status`).

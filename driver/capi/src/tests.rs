@@ -485,6 +485,81 @@ fn a_pair_whose_device_vanished_can_be_destroyed_and_each_command_ends_once() {
     assert_eq!(m.dma_faults(), 0);
 }
 
+/// A poisoned pair (a submission unwound) is destroyed without running its
+/// commands' callbacks; the buffer handles of those commands come back
+/// empty and not in flight, so the caller can free them (they stayed in
+/// flight for ever before: `upnvme_buf_free` said EBUSY).
+#[test]
+fn destroying_a_poisoned_pair_hands_its_buffer_handles_back_empty() {
+    let (m, c) = model();
+    let mut qp = pair(&c, 8);
+    let qpp: *mut Qpair<ModelController> = &mut *qp;
+    let b = handle(&c, 4096);
+    m.inject(upnvme_tests::Fault::DelayCompletion {
+        on: upnvme_tests::Match::Queue(qp.qp.qid()),
+        doorbells: None,
+    });
+    // SAFETY: live handle and pair; no callback.
+    let rc = unsafe {
+        qp.submit(
+            1,
+            Cmd::Read { slba: 0, blocks: 8 },
+            b,
+            None,
+            std::ptr::null_mut(),
+        )
+    };
+    assert_eq!(rc, UPNVME_OK, "{}", last_error());
+    // SAFETY: the test's live handle.
+    assert_eq!(unsafe { upnvme_buf_free(b) }, UPNVME_EBUSY, "in flight");
+    qp.poison();
+    // SAFETY: live pair, this thread's.
+    assert_eq!(unsafe { Qpair::end_for_destroy(qpp) }, UPNVME_OK);
+    // SAFETY: the test's live handle.
+    assert!(unsafe { upnvme_buf_data(b) }.is_null());
+    // SAFETY: as above; freed once.
+    assert_eq!(unsafe { upnvme_buf_free(b) }, UPNVME_OK);
+    drop(qp);
+    let _ = c.close();
+    assert_eq!(m.dma_faults(), 0);
+}
+
+/// A destroy that succeeds leaves the thread's last error message as it
+/// was, though it met (and handled) a controller that cannot take commands
+/// on the way: a C caller's pointer from `upnvme_last_error` stays valid
+/// until a call fails.
+#[test]
+fn a_destroy_that_succeeds_keeps_the_last_error_message() {
+    let (m, c) = model();
+    let mut qp = pair(&c, 8);
+    let qpp: *mut Qpair<ModelController> = &mut *qp;
+    let b = handle(&c, 4096);
+    m.inject(upnvme_tests::Fault::UnplugOn(upnvme_tests::Match::Queue(
+        qp.qp.qid(),
+    )));
+    // SAFETY: live handle and pair; no callback.
+    let rc = unsafe {
+        qp.submit(
+            1,
+            Cmd::Read { slba: 0, blocks: 8 },
+            b,
+            None,
+            std::ptr::null_mut(),
+        )
+    };
+    assert_eq!(rc, UPNVME_OK, "{}", last_error());
+    assert!(c.smart_log().is_err());
+    crate::status::fail(UPNVME_EINVAL, "the caller's last error");
+    // SAFETY: live pair, this thread's.
+    assert_eq!(unsafe { Qpair::end_for_destroy(qpp) }, UPNVME_OK);
+    assert_eq!(last_error(), "the caller's last error");
+    // SAFETY: the test's live handle, no longer in flight; freed once.
+    assert_eq!(unsafe { upnvme_buf_free(b) }, UPNVME_OK);
+    drop(qp);
+    let _ = c.close();
+    assert_eq!(m.dma_faults(), 0);
+}
+
 #[test]
 fn a_panic_becomes_an_error_code_with_a_message() {
     let rc = guard(|| panic!("boom"));
