@@ -240,6 +240,111 @@ fn fatal_status_mid_io_resets_automatically() {
     assert_eq!(m.dma_faults(), 0);
 }
 
+/// The timeout scan finds a command overdue on a controller that turned
+/// fatal (CSTS.CFS): it resets the controller once, sends no Abort, and the
+/// command ends as TimedOut with its buffer. (A review found the scan
+/// sending an Abort to the fatal controller, whose admin path reset it,
+/// and then resetting it a second time: other pairs' commands submitted
+/// between the two were ended for nothing.)
+#[test]
+fn a_fatal_controller_found_by_the_timeout_scan_is_reset_once() {
+    let m = ModelController::new(config_one_ns(4096, 256));
+    let c = open(&m, opts());
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(qp_opts(50)).unwrap();
+    m.inject(Fault::FatalOn(Match::Opcode {
+        qid: qp.qid(),
+        opcode: READ,
+    }));
+    qp.submit(
+        IoCommand::Read {
+            ns: &ns,
+            slba: 0,
+            blocks: 1,
+        },
+        Some(c.alloc_dma(4096).unwrap()),
+        7,
+    )
+    .unwrap();
+    let got = collect(&mut qp, 1);
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].tag, 7);
+    assert!(
+        matches!(got[0].result, Err(IoError::TimedOut)),
+        "{:?}",
+        got[0].result
+    );
+    assert!(
+        got[0].buffer.is_some(),
+        "the controller was disabled: the buffer is back"
+    );
+    assert_eq!(c.resets(), 1);
+    assert_eq!(qp.stats().aborts, 0, "no Abort to a fatal controller");
+    qp.read_blocking(&ns, 0, 1, c.alloc_dma(4096).unwrap(), T)
+        .unwrap();
+    drop(qp);
+    assert_eq!(m.dma_faults(), 0);
+}
+
+/// `close` reaps between Delete I/O SQ and Delete I/O CQ; when that reap's
+/// timeout scan resets the controller (here: a read whose completion is
+/// lost, aborted without answer, overdue twice), the reset deleted both
+/// queues. The close hands the read back once and leaves no queue behind,
+/// and the queue ID is free again. (A review found the reap re-creating
+/// the queues there: the Delete CQ was then refused, the queues stayed live
+/// on the controller, their memory quarantined and the ID held.)
+#[test]
+fn a_reset_inside_close_leaves_no_queue_behind() {
+    let m = ModelController::new(config_one_ns(4096, 256));
+    let c = open(&m, opts());
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(qp_opts(50)).unwrap();
+    let qid = qp.qid();
+    m.inject(Fault::DropCompletion(Match::Queue(qid)));
+    qp.submit(
+        IoCommand::Read {
+            ns: &ns,
+            slba: 0,
+            blocks: 1,
+        },
+        Some(c.alloc_dma(4096).unwrap()),
+        9,
+    )
+    .unwrap();
+    let poll = |qp: &mut IoQueuePair<ModelController>| {
+        qp.process_completions(u32::MAX, |_, c| panic!("unexpected completion {c:?}"))
+            .unwrap();
+    };
+    // The scan aborts it; the model answers "not aborted", so it stays out.
+    let start = Instant::now();
+    while qp.stats().aborts == 0 {
+        assert!(start.elapsed() < T, "no Abort");
+        poll(&mut qp);
+    }
+    // The scan runs on every 1024th poll: leave the next one to the reap
+    // between the deletions (the close's drain polls once before them).
+    while qp.stats().polls % 1024 != 1022 {
+        poll(&mut qp);
+    }
+    // Overdue twice over by then: that scan resets the controller.
+    std::thread::sleep(Duration::from_millis(150));
+    let resets = c.resets();
+    let out = qp.close(Duration::ZERO);
+    assert_eq!(
+        c.resets(),
+        resets + 1,
+        "the scan inside close reset the controller"
+    );
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert_eq!(out[0].tag, 9);
+    assert!(out[0].buffer.is_some(), "disabled: the buffer is back");
+    assert!(!m.queue_exists(qid), "queue {qid} left behind");
+    let again = c.io_queue_pair(qp_opts(50)).unwrap();
+    assert_eq!(again.qid(), qid, "the queue ID is free again");
+    drop(again);
+    assert_eq!(m.dma_faults(), 0);
+}
+
 /// A blocking read whose completion is lost: the timeout scan inside the
 /// blocking wait aborts it, then resets the controller. The reset ends the
 /// command, and the blocking call returns that ending (TimedOut, with the

@@ -21,7 +21,11 @@ impl<D: Device> IoQueuePair<D> {
     /// On an NVMe error status the buffer comes back in the [`IoFailure`]. On
     /// timeout the command stays in flight and keeps its buffer (the device may
     /// still write it); its completion surfaces later from
-    /// `process_completions` with tag [`BLOCKING_TAG`].
+    /// `process_completions` with tag [`BLOCKING_TAG`]. The same holds for
+    /// every other `IoFailure` without a buffer while the command was out
+    /// (the controller failed elsewhere, CSTS read all ones, a timeout reset
+    /// that failed): the command is still in flight, and should the
+    /// controller come back (a reset), its ending surfaces there too.
     pub fn execute_blocking(
         &mut self,
         cmd: IoCommand<'_>,

@@ -260,6 +260,15 @@ impl<D: Device> IoQueuePair<D> {
                 .is_ok();
         if sq {
             between(self);
+            if self.ctrl.generation() != generation {
+                // A reset came in between (seen by `between`'s reap, or
+                // from another thread): it disabled the controller, which
+                // deleted the CQ too. Asking for that deletion now would be
+                // refused (no such queue) and leave the pair believing its
+                // queues live.
+                self.deleted = true;
+                return true;
+            }
         }
         let deleted = sq
             && self

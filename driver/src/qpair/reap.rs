@@ -32,10 +32,11 @@ impl<D: Device> IoQueuePair<D> {
     ///
     /// Does not wait for completions: one look at the CQ (entries that arrive
     /// while `f` runs are taken too, up to `max`). Two cold paths do send
-    /// admin commands and wait for them, each bounded by the admin timeout:
-    /// the timeout scan every 1024 polls with commands in flight (an Abort
-    /// for an overdue command, a reset when an aborted one is still not
-    /// back), and re-creating the queues after a controller reset. A
+    /// admin commands and wait for them, each wait bounded (by the admin
+    /// timeout, a reset's by CAP.TO or `ready_timeout`): the timeout scan
+    /// every 1024 polls with commands in flight (one Abort per overdue
+    /// command, each waited for in turn; a reset when an aborted one is
+    /// still not back), and re-creating the queues after a controller reset. A
     /// protocol violation by the device (unknown or stale CID, duplicate
     /// completion, SQ head out of range, wrong SQ ID, a completion for a
     /// command not yet announced) is [`crate::Error::DeviceFault`]; the pair and the

@@ -248,10 +248,11 @@ impl<D: Device> IoQueuePair<D> {
     pub(super) fn check_timeouts(&mut self) -> Result<()> {
         let now = clock::now().max(1);
         let t = self.timeout_ticks;
+        // Allocates only when a command is overdue (off the I/O path).
         let mut to_abort = Vec::new();
         let mut reset = false;
         // By index, not through a collected list: this scan runs every 1024
-        // polls with commands in flight, and the I/O path allocates nothing.
+        // polls with commands in flight.
         for slot in 0..self.trackers.slots() {
             if !self.trackers.is_in_flight(slot) {
                 continue;
@@ -274,13 +275,31 @@ impl<D: Device> IoQueuePair<D> {
             return Ok(());
         }
         // Something is overdue: is the controller still alive?
-        match crate::admin::check_csts(self.ctrl.dev(), self.ctrl.name()) {
-            Ok(_) => {}
-            Err(Error::ControllerFatal { .. }) => reset = true,
+        let fatal = match crate::admin::check_csts(self.ctrl.dev(), self.ctrl.name()) {
+            Ok(_) => false,
+            Err(Error::ControllerFatal { .. }) => true,
             Err(e) => {
                 self.ctrl.mark_failed(&e);
                 return Err(e);
             }
+        };
+        if self.generation_changed() {
+            // A reset from elsewhere came first: it ended these commands
+            // (the pair's next call delivers them); the new controller has
+            // none of these queues to abort in.
+            return Ok(());
+        }
+        if fatal {
+            // No Abort to a fatal controller (its admin path would reset it,
+            // and this scan then again): the overdue commands end as
+            // TimedOut with the one reset below.
+            for &slot in &to_abort {
+                if let Some(tr) = self.trackers.get_mut(slot) {
+                    tr.aborted = true;
+                }
+            }
+            to_abort.clear();
+            reset = true;
         }
         for (i, &slot) in to_abort.iter().enumerate() {
             if let Some(cid) = self.trackers.cid_of(slot) {
@@ -325,7 +344,7 @@ impl<D: Device> IoQueuePair<D> {
                 }
             }
         }
-        if reset {
+        if reset && !self.generation_changed() {
             self.stats.timeout_resets += 1;
             self.ctrl.reset_after_timeout()?;
             // The commands the reset ended are parked with their buffers
@@ -474,7 +493,9 @@ impl<D: Device> IoQueuePair<D> {
             self.recreate_retry = RecreateRetry::default();
             self.refresh_expect_state();
         }
-        if self.needs_recreate {
+        // Never while closing: the close is deleting these queues, and a
+        // reset that came in between deleted them already.
+        if self.needs_recreate && !self.closing {
             self.ctrl.check_usable()?;
             if self.recreate_retry.wait() > Duration::ZERO {
                 return Err(self.recreate_error());
