@@ -1102,13 +1102,9 @@ fn a_frozen_sq_head_with_completions_waiting_refuses_and_does_not_fault() {
     assert_clean(&m);
 }
 
-/// The admin queue follows the I/O queues' rule: a device whose admin SQHD
-/// never moves (with Asynchronous Event Requests outstanding, which stay in
-/// flight) does not run the admin queue out of room. Before, the admin
-/// queue refused every command after `entries − 1` of them as "admin queue
-/// full", an `InvalidArgument` that blamed the caller.
-#[test]
-fn an_admin_sq_head_that_never_moves_does_not_fill_the_admin_queue() {
+/// A controller with an 8-entry admin queue whose SQ head the model keeps
+/// where it is from now on, and the number of AERs outstanding (at least 2).
+fn frozen_admin_sq_head() -> (ModelController, Controller<ModelController>, usize) {
     let m = ModelController::new(ModelConfig::default());
     let c = open(
         &m,
@@ -1120,6 +1116,17 @@ fn an_admin_sq_head_that_never_moves_does_not_fill_the_admin_queue() {
     assert!(m.freeze_sq_head(0, true));
     let aers = m.outstanding_async_requests();
     assert!(aers >= 2, "{aers} AERs outstanding");
+    (m, c, aers)
+}
+
+/// The admin queue follows the I/O queues' rule: a device whose admin SQHD
+/// never moves (with Asynchronous Event Requests outstanding, which stay in
+/// flight) does not run the admin queue out of room. Before, the admin
+/// queue refused every command after `entries − 1` of them as "admin queue
+/// full", an `InvalidArgument` that blamed the caller.
+#[test]
+fn an_admin_sq_head_that_never_moves_does_not_fill_the_admin_queue() {
+    let (m, c, aers) = frozen_admin_sq_head();
     // Three times round the 8-entry ring, AERs outstanding all along.
     for i in 0..24 {
         c.identify_controller()
@@ -1138,17 +1145,7 @@ fn an_admin_sq_head_that_never_moves_does_not_fill_the_admin_queue() {
 /// and admin commands go on between them.
 #[test]
 fn an_admin_sq_head_that_never_moves_keeps_async_events_flowing() {
-    let m = ModelController::new(ModelConfig::default());
-    let c = open(
-        &m,
-        ControllerOptions {
-            admin_queue_entries: 8,
-            ..opts()
-        },
-    );
-    assert!(m.freeze_sq_head(0, true));
-    let aers = m.outstanding_async_requests();
-    assert!(aers >= 2, "{aers} AERs outstanding");
+    let (m, c, aers) = frozen_admin_sq_head();
     for i in 0..24u8 {
         // SMART / Health (type 1); reading log 02h unmasks the type again.
         m.raise_async_event(1, i, 0x02);

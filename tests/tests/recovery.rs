@@ -22,6 +22,22 @@ fn qp_opts(timeout_ms: u64) -> QueuePairOptions {
     }
 }
 
+/// Submits a one-block read of LBA 0 into a new buffer, with `tag`.
+fn submit_read(
+    c: &upnvme::Controller<ModelController>,
+    qp: &mut IoQueuePair<ModelController>,
+    ns: &Namespace,
+    tag: u64,
+) {
+    let cmd = IoCommand::Read {
+        ns,
+        slba: 0,
+        blocks: 1,
+    };
+    qp.submit(cmd, Some(c.alloc_dma(4096).unwrap()), tag)
+        .unwrap();
+}
+
 /// Polls until `n` completions arrived (bounded).
 fn collect<D: upnvme::Device>(qp: &mut IoQueuePair<D>, n: usize) -> Vec<Completion> {
     let mut out = Vec::new();
@@ -256,16 +272,7 @@ fn a_fatal_controller_found_by_the_timeout_scan_is_reset_once() {
         qid: qp.qid(),
         opcode: READ,
     }));
-    qp.submit(
-        IoCommand::Read {
-            ns: &ns,
-            slba: 0,
-            blocks: 1,
-        },
-        Some(c.alloc_dma(4096).unwrap()),
-        7,
-    )
-    .unwrap();
+    submit_read(&c, &mut qp, &ns, 7);
     let got = collect(&mut qp, 1);
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].tag, 7);
@@ -301,16 +308,7 @@ fn a_reset_inside_close_leaves_no_queue_behind() {
     let mut qp = c.io_queue_pair(qp_opts(50)).unwrap();
     let qid = qp.qid();
     m.inject(Fault::DropCompletion(Match::Queue(qid)));
-    qp.submit(
-        IoCommand::Read {
-            ns: &ns,
-            slba: 0,
-            blocks: 1,
-        },
-        Some(c.alloc_dma(4096).unwrap()),
-        9,
-    )
-    .unwrap();
+    submit_read(&c, &mut qp, &ns, 9);
     let poll = |qp: &mut IoQueuePair<ModelController>| {
         qp.process_completions(u32::MAX, |_, c| panic!("unexpected completion {c:?}"))
             .unwrap();
