@@ -78,7 +78,7 @@ pub(crate) struct Inner<D: Device> {
     instance: u64,
     name: String,
     cap: Cap,
-    vs: Vs,
+    pub(crate) vs: Vs,
     pub(crate) options: ControllerOptions,
     admin: Mutex<AdminQueue>,
     pub(crate) admin_timeout: Duration,
@@ -132,6 +132,13 @@ pub(crate) struct Inner<D: Device> {
 /// The longest shutdown wait derived from RTD3E (Identify Controller) when
 /// the caller set none.
 const MAX_DEFAULT_SHUTDOWN: Duration = Duration::from_secs(60);
+
+/// The shortest default bound on the shutdown wait (RTD3E not reported, or
+/// shorter): what Linux waits by default (its `shutdown_timeout`, 5 s). A
+/// bound that gives up early clears CC.EN in the middle of shutdown
+/// processing — an unsafe shutdown for a drive still flushing a volatile
+/// write cache — while a longer bound costs a healthy device nothing.
+const MIN_DEFAULT_SHUTDOWN: Duration = Duration::from_secs(5);
 
 /// How long a release on request waits for CSTS.RDY = 0 after CC.EN = 0
 /// before it turns bus mastering off anyway (the removal waits on it).
@@ -785,6 +792,21 @@ impl<D: Device> Inner<D> {
         self.state.load(Ordering::Acquire) & STATE_CLOSED != 0
     }
 
+    /// The error for a closed controller: [`Error::ControllerRemoved`] when
+    /// the close was the kernel's release request (the application did not
+    /// close it), else [`Error::Closed`].
+    fn closed_error(&self) -> Error {
+        if self.is_removed() {
+            Error::ControllerRemoved {
+                device: self.name.clone(),
+            }
+        } else {
+            Error::Closed {
+                device: self.name.clone(),
+            }
+        }
+    }
+
     /// Cheap check for the I/O path: neither failed nor closed.
     #[inline]
     pub(crate) fn is_usable(&self) -> bool {
@@ -1189,9 +1211,7 @@ impl<D: Device> Inner<D> {
 
     fn reset_with(&self, deletion_budget: Duration) -> Result<()> {
         if self.is_closed() {
-            return Err(Error::Closed {
-                device: self.name.clone(),
-            });
+            return Err(self.closed_error());
         }
         let mut admin = self.admin.lock().map_err(|_| Error::ControllerFailed {
             device: self.name.clone(),
@@ -1200,9 +1220,7 @@ impl<D: Device> Inner<D> {
         // Again under the lock: a close that began while this caller waited
         // for it must not find the controller enabled again afterwards.
         if self.is_closed() {
-            return Err(Error::Closed {
-                device: self.name.clone(),
-            });
+            return Err(self.closed_error());
         }
         // From here to the end no queue pair writes a doorbell (its one-load
         // check fails): the deletions below remove its queues before CC.EN =
@@ -1444,17 +1462,10 @@ impl<D: Device> Inner<D> {
             }
             let cc = Cc(self.dev.read32(REG_CC));
             self.dev.write32(REG_CC, cc.with_shn(Cc::SHN_NORMAL).0);
-            let timeout =
-                self.options
-                    .shutdown_timeout
-                    .unwrap_or_else(|| match self.identify.rtd3e {
-                        0 => self.ready_timeout,
-                        // RTD3E, at least 500 ms and at most 60 s (as
-                        // Linux clamps it): a device reporting hours would
-                        // make every drop hang that long.
-                        us => Duration::from_micros(us as u64)
-                            .clamp(Duration::from_millis(500), MAX_DEFAULT_SHUTDOWN),
-                    });
+            let timeout = self
+                .options
+                .shutdown_timeout
+                .unwrap_or_else(|| default_shutdown_timeout(self.identify.rtd3e));
             result = wait_csts(
                 &self.dev,
                 &self.name,
@@ -1932,6 +1943,15 @@ fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<BroughtUp<D
     }
 
     // Configure the admin queue, enable.
+    // CAP.MQES is 0-based and at least 1h (two entries): 0h is a register
+    // value no controller may report, not the caller's queue size.
+    if cap.mqes() == 0 {
+        return Err(Error::DeviceFault {
+            device: name.clone(),
+            what: "CAP.MQES is 0h (a maximum queue size of one entry; the specification                    requires at least 1h): the controller's registers are not usable —                    check that the PCI function is an NVMe controller and that its BAR0                    is mapped, or reset the device"
+                .into(),
+        });
+    }
     let entries = options
         .admin_queue_entries
         .clamp(2, 4096)
@@ -2072,7 +2092,13 @@ fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<BroughtUp<D
                     });
                 }
                 Err(Error::Command { .. }) => {}
-                Err(e) => return Err(e),
+                Err(e) => {
+                    // No answer: the controller may have taken the command
+                    // and write EventIdx values into these buffers until it
+                    // is disabled (by `inner`'s drop, after these locals').
+                    inner.quarantine(vec![doorbells.into_pages(), event_idx.into_pages()]);
+                    return Err(e);
+                }
             }
         }
     }
@@ -2082,6 +2108,15 @@ fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<BroughtUp<D
     let target = inner.aer_target;
     inner.with_admin(|dev, _, admin| admin.post_aers(dev, target))?;
     Ok((inner, namespaces, unusable))
+}
+
+/// The bound on the shutdown wait when the caller sets none: Identify
+/// Controller RTD3E (RTD3 Entry Latency, microseconds; 0h: not reported),
+/// at least [`MIN_DEFAULT_SHUTDOWN`] and at most [`MAX_DEFAULT_SHUTDOWN`]
+/// (Linux's clamp): a device reporting hours would make every drop hang
+/// that long.
+fn default_shutdown_timeout(rtd3e_us: u32) -> Duration {
+    Duration::from_micros(u64::from(rtd3e_us)).clamp(MIN_DEFAULT_SHUTDOWN, MAX_DEFAULT_SHUTDOWN)
 }
 
 /// What `upnvme list` shows about a controller without opening it.

@@ -92,8 +92,14 @@ impl<D: Device> Controller<D> {
     /// controller whose FNA bit 0 is set, where formatting one namespace
     /// formats them all, every namespace's handles are retired and every
     /// namespace is read again ([`Controller::namespace`] returns the new
-    /// handles). No command may be in flight on the formatted namespaces
-    /// meanwhile: the controller aborts or fails them.
+    /// handles). The handles are retired and the namespaces read again
+    /// whatever the command's outcome: after a refusal (nothing formatted)
+    /// [`Controller::namespace`] hands out fresh handles too, and the
+    /// command's error is returned. When the Identify after it fails as well
+    /// (no answer), the namespace is [`Error::UnusableNamespace`] until
+    /// [`Controller::refresh_namespaces`] reads it again. No command may be
+    /// in flight on the formatted namespaces meanwhile: the controller
+    /// aborts or fails them.
     ///
     /// A namespace the driver cannot use ([`Error::UnusableNamespace`]: an
     /// LBA format it does not support) can be formatted too: its Identify
@@ -212,7 +218,11 @@ impl<D: Device> Controller<D> {
                 old.retire();
             }
         }
-        self.inner.execute_within(sqe, None, None, &what, timeout)?;
+        // Whatever the command's outcome, the namespaces are read again: a
+        // refusal (nothing formatted) must leave fresh handles behind, not
+        // the retired ones (every I/O would be refused as stale, and
+        // `Controller::namespace` would keep handing them out).
+        let outcome = self.inner.execute_within(sqe, None, None, &what, timeout);
         let mut result = None;
         let mut failed = None;
         for n in formatted {
@@ -222,7 +232,14 @@ impl<D: Device> Controller<D> {
             let fresh = match self.inner.namespace_handle(n) {
                 Ok(f) => f,
                 Err(e) => {
-                    let why = format!("its Identify after Format NVM failed: {e}");
+                    let why = match &outcome {
+                        Ok(_) => format!("its Identify after Format NVM failed: {e}"),
+                        Err(fe) => format!(
+                            "Format NVM failed ({fe}) and the Identify after it too ({e}); \
+                             Controller::refresh_namespaces reads it again once the controller \
+                             answers (after Controller::reset if it failed)"
+                        ),
+                    };
                     if n == nsid {
                         failed = Some(e);
                     }
@@ -248,6 +265,7 @@ impl<D: Device> Controller<D> {
                 result = Some(this);
             }
         }
+        outcome?;
         if let Some(e) = failed {
             return Err(e);
         }

@@ -22,7 +22,7 @@
 //! events regularly (a management thread) where other hosts share the
 //! namespaces.
 
-use upnvme_queues::{AsyncEvent, Sqe, cns, feature, log_id, parse_ns_list};
+use upnvme_queues::{AsyncEvent, IdentifyNamespace, Sqe, cns, feature, log_id, parse_ns_list};
 
 use crate::controller::{Controller, Inner};
 use crate::device::Device;
@@ -32,6 +32,11 @@ use crate::namespace::Namespace;
 /// Asynchronous Event Configuration (Feature 0Bh) bit 8: Namespace Attribute
 /// Notices.
 const AEC_NAMESPACE_ATTRIBUTE_NOTICES: u32 = 1 << 8;
+
+/// How many NSIDs a controller without the Active Namespace ID list (NVMe
+/// 1.0) is probed for, one Identify Namespace each: namespaces above it are
+/// not found. Such controllers report a handful (NN).
+const PROBED_NSIDS_MAX: u32 = 1024;
 
 /// The Changed Namespace List's size: 1024 NSIDs.
 const CHANGED_NS_LIST_LEN: usize = 4096;
@@ -94,12 +99,24 @@ impl<D: Device> Inner<D> {
     /// Identify Active Namespace ID list (CNS 02h), every page: the active
     /// NSIDs, ascending, each once (the list is untrusted, see
     /// [`Inner::scan_namespaces`]).
+    ///
+    /// NVMe 1.0 has no such list (CNS 02h came with 1.1): below VS 1.1, or
+    /// when the controller refuses CNS 02h with a status, the NSIDs are
+    /// probed one by one instead ([`Inner::probe_nsids`]), as Linux and SPDK
+    /// do.
     pub(crate) fn active_nsids(&self) -> Result<Vec<u32>> {
         let max_nsid = self.identify.nn.min(0xffff_fffe);
+        if (self.vs.major(), self.vs.minor()) < (1, 1) {
+            return self.probe_nsids(max_nsid);
+        }
         let mut nsids = Vec::new();
         let mut start = 0u32;
         for _page in 0..4096 {
-            let data = self.identify_raw(cns::ACTIVE_NSID_LIST, start)?;
+            let data = match self.identify_raw(cns::ACTIVE_NSID_LIST, start) {
+                Ok(d) => d,
+                Err(Error::Command { .. }) if start == 0 => return self.probe_nsids(max_nsid),
+                Err(e) => return Err(e),
+            };
             let ids = parse_ns_list(&data);
             let full = ids.len() == 1024;
             let last = ids.iter().copied().max();
@@ -114,6 +131,28 @@ impl<D: Device> Inner<D> {
         }
         nsids.sort_unstable();
         nsids.dedup();
+        Ok(nsids)
+    }
+
+    /// The active NSIDs without the Active Namespace ID list: Identify
+    /// Namespace (CNS 00h) of NSIDs 1..=min(`max_nsid`,
+    /// [`PROBED_NSIDS_MAX`]), each active when its NSZE is not 0. An NSID
+    /// the controller refuses with a status (Invalid Namespace or Format) is
+    /// not active.
+    fn probe_nsids(&self, max_nsid: u32) -> Result<Vec<u32>> {
+        let mut nsids = Vec::new();
+        for nsid in 1..=max_nsid.min(PROBED_NSIDS_MAX) {
+            let data = match self.identify_raw(cns::NAMESPACE, nsid) {
+                Ok(d) => d,
+                Err(Error::Command { .. }) => continue,
+                Err(e) => return Err(e),
+            };
+            let idns = IdentifyNamespace::parse(&data)
+                .map_err(|e| self.fault(format!("Identify Namespace {nsid}: {e}")))?;
+            if idns.is_active() {
+                nsids.push(nsid);
+            }
+        }
         Ok(nsids)
     }
 

@@ -43,8 +43,9 @@ pub struct ControllerOptions {
     /// Bound on the controller-ready waits; `None` uses CAP.TO as the spec says, or CRTO.CRWMT when the
     /// controller reports CAP.CRMS.CRWMS and CRWMT is longer (NVMe 2.0).
     pub ready_timeout: Option<Duration>,
-    /// Bound on the shutdown wait; `None` uses RTD3E when reported (clamped to
-    /// 500 ms..=60 s), else CAP.TO.
+    /// Bound on the shutdown wait (CC.SHN until CSTS.SHST reports shutdown
+    /// complete); `None` uses Identify Controller RTD3E clamped to 5–60 s,
+    /// as Linux does (5 s when RTD3E is not reported).
     pub shutdown_timeout: Option<Duration>,
     /// What backs DMA memory.
     pub page_backing: PageBacking,

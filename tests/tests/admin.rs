@@ -10,10 +10,10 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{T, admin_op, assert_clean, model, open, opts, setup};
+use common::{T, admin_op, assert_clean, config_one_ns, model, open, opts, setup};
 use upnvme::queues::{feature, log_id};
-use upnvme::{ControllerOptions, Error, QueuePairOptions, Sqe};
-use upnvme_tests::{Fault, Match, ModelConfig, Status};
+use upnvme::{ControllerOptions, Error, FormatNvm, QueuePairOptions, Sqe};
+use upnvme_tests::{Fault, Match, ModelConfig, ModelController, Status};
 
 fn on_admin(opcode: u8) -> Match {
     Match::Opcode { qid: 0, opcode }
@@ -1069,4 +1069,33 @@ fn error_log_names_the_failed_io_command() {
     drop(qp);
     drop(c);
     assert_clean(&m);
+}
+
+/// A Format NVM the controller refuses with a status (nothing formatted)
+/// leaves a usable handle behind: the namespace is read again whatever the
+/// command's outcome (before, `Controller::namespace` kept handing out the
+/// handle retired before the command, and every I/O was refused as stale).
+#[test]
+fn a_refused_format_leaves_a_usable_handle() {
+    let m = ModelController::new(config_one_ns(4096, 1024));
+    let mut c = open(&m, opts());
+    m.inject(Fault::Status {
+        on: Match::Opcode {
+            qid: 0,
+            opcode: 0x80,
+        },
+        // Invalid Format (command specific 0Ah), DNR: nothing changed.
+        status: Status::new(1, 0x0a).with_dnr(),
+    });
+    let e = c.format_nvm(1, &FormatNvm::lbaf(0)).unwrap_err();
+    assert!(matches!(e, Error::Command { .. }), "{e:?}");
+    // The namespace is exactly as before.
+    let id = c.identify_namespace(1).unwrap();
+    assert_eq!(id.lba_size(), Some(4096));
+    let ns = c.namespace(1).unwrap();
+    assert!(
+        !ns.is_stale(),
+        "after a refused Format NVM, Controller::namespace(1) returns a retired handle \
+         (only refresh_namespaces gives a usable one)"
+    );
 }

@@ -8,11 +8,12 @@
 
 mod common;
 
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{Access, Spy, admin_op, assert_clean, model, open, opts, reg};
+use common::{Access, Spy, admin_op, assert_clean, config_one_ns, model, open, opts, reg};
 use upnvme::{Controller, ControllerOptions, Device, Error, QueuePairOptions, Reject};
-use upnvme_tests::{Fault, Match, ModelConfig, ModelController, NamespaceConfig};
+use upnvme_tests::{Fault, Match, ModelConfig, ModelController, NamespaceConfig, Status};
 
 /// Enables the model by hand (as a previous user of the device would have
 /// left it), so that bring-up has to disable it first.
@@ -922,4 +923,175 @@ fn queued_commands_are_not_rung_after_close() {
     );
     drop(qp);
     assert_clean(&m);
+}
+
+/// The model behind a device that can rewrite what some registers read and
+/// records, for every CC write that clears CC.EN, how many DMA buffers of
+/// the model were still allocated at that moment.
+#[derive(Clone)]
+struct RegisterWrap {
+    m: ModelController,
+    /// Bits of CAP cleared on read.
+    cap_clear: u64,
+    /// VS value to report instead of the model's.
+    vs: Option<u32>,
+    /// Live DMA buffers at each CC write with EN = 0.
+    at_disable: Arc<Mutex<Vec<usize>>>,
+}
+
+impl RegisterWrap {
+    fn new(m: &ModelController) -> RegisterWrap {
+        RegisterWrap {
+            m: m.clone(),
+            cap_clear: 0,
+            vs: None,
+            at_disable: Arc::default(),
+        }
+    }
+}
+
+impl Device for RegisterWrap {
+    fn read32(&self, offset: usize) -> u32 {
+        match (offset, self.vs) {
+            (0x08, Some(vs)) => vs,
+            _ => self.m.read32(offset),
+        }
+    }
+    fn write32(&self, offset: usize, value: u32) {
+        if offset == reg::CC && value & 1 == 0 {
+            self.at_disable
+                .lock()
+                .unwrap()
+                .push(self.m.live_dma_buffers());
+        }
+        self.m.write32(offset, value)
+    }
+    fn read64(&self, offset: usize) -> u64 {
+        let v = self.m.read64(offset);
+        if offset == reg::CAP {
+            v & !self.cap_clear
+        } else {
+            v
+        }
+    }
+    fn write64(&self, offset: usize, value: u64) {
+        self.m.write64(offset, value)
+    }
+    fn bar_len(&self) -> usize {
+        self.m.bar_len()
+    }
+    fn alloc_dma(&self, len: usize) -> Result<upnvme::DmaBuffer, upnvme::dma::DmaError> {
+        self.m.alloc_dma(len)
+    }
+    fn alloc_dma_device_read_only(
+        &self,
+        len: usize,
+    ) -> Result<upnvme::DmaBuffer, upnvme::dma::DmaError> {
+        self.m.alloc_dma_device_read_only(len)
+    }
+    fn name(&self) -> String {
+        self.m.name()
+    }
+    fn release(&self) -> bool {
+        false
+    }
+}
+
+/// A Doorbell Buffer Config that gets no answer fails bring-up, and its two
+/// buffers stay allocated until the controller is disabled: the controller
+/// may have taken the command and write EventIdx values there (they were
+/// freed before `Inner`'s drop disabled it).
+#[test]
+fn unanswered_doorbell_buffer_config_keeps_its_buffers_until_disabled() {
+    let m = ModelController::new(ModelConfig::default());
+    m.inject(Fault::DropCompletion(Match::Opcode {
+        qid: 0,
+        opcode: admin_op::DBBC,
+    }));
+    let w = RegisterWrap::new(&m);
+    let r = Controller::with_device(
+        w.clone(),
+        ControllerOptions {
+            admin_timeout: Some(Duration::from_millis(200)),
+            ..opts()
+        },
+    );
+    assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
+    let at = w.at_disable.lock().unwrap().clone();
+    let last = *at
+        .last()
+        .expect("the failed bring-up disabled the controller");
+    // Admin SQ + CQ, and the two buffers the unanswered command named.
+    assert!(
+        last >= 4,
+        "only {last} DMA buffers were alive when CC.EN = 0 was written: the shadow \
+         doorbell and EventIdx buffers of the unanswered Doorbell Buffer Config were \
+         freed while the controller was still enabled (records {at:?})"
+    );
+}
+
+/// With RTD3E 0h (not reported) the shutdown wait is not CAP.TO (500 ms
+/// here) but at least 5 s, as Linux waits: giving up early clears CC.EN in
+/// the middle of shutdown processing.
+#[test]
+fn shutdown_with_rtd3e_zero_waits_at_least_a_second() {
+    let m = ModelController::new(ModelConfig {
+        cap_to: 1,
+        rtd3e_us: 0,
+        // At least 5500 CSTS reads x 100 us sleep: >= 0.55 s, well under 1 s
+        // on an idle machine.
+        shutdown_delay_reads: 5500,
+        ..ModelConfig::default()
+    });
+    let c = open(
+        &m,
+        ControllerOptions {
+            ready_timeout: None,
+            shutdown_timeout: None,
+            ..opts()
+        },
+    );
+    let start = Instant::now();
+    let r = c.close();
+    let took = start.elapsed();
+    assert!(
+        r.is_ok(),
+        "close gave up after {took:?} on a shutdown still in progress: {r:?}"
+    );
+}
+
+/// A controller reporting CAP.MQES 0h (invalid: at least 1h) fails
+/// bring-up as the device's fault, not as the caller's invalid
+/// `admin_queue_entries`.
+#[test]
+fn cap_mqes_zero_is_not_the_callers_invalid_argument() {
+    let m = ModelController::new(ModelConfig::default());
+    let mut w = RegisterWrap::new(&m);
+    w.cap_clear = 0xffff;
+    let r = Controller::with_device(w, opts());
+    match r {
+        Err(Error::InvalidArgument(what)) => {
+            panic!("the device's CAP.MQES 0 reported as the caller's invalid argument: {what}")
+        }
+        other => assert!(other.is_err(), "{:?}", other.err()),
+    }
+}
+
+/// An NVMe 1.0 controller (VS 1.0.0), which has no Identify Active
+/// Namespace ID list (CNS 02h came with 1.1) and refuses it, comes up: its
+/// NSIDs are probed with Identify Namespace (CNS 00h) instead.
+#[test]
+fn an_nvme_1_0_controller_without_the_active_namespace_list_comes_up() {
+    let m = ModelController::new(config_one_ns(4096, 1024));
+    m.inject(Fault::Status {
+        on: Match::Identify { cns: 0x02, nsid: 0 },
+        status: Status::INVALID_FIELD.with_dnr(),
+    });
+    let mut w = RegisterWrap::new(&m);
+    w.vs = Some(0x0001_0000);
+    let c = Controller::with_device(w, opts());
+    match c {
+        Ok(c) => assert!(c.namespace(1).is_ok()),
+        Err(e) => panic!("bring-up of an NVMe 1.0 controller: {e}"),
+    }
 }

@@ -254,3 +254,28 @@ fn an_unconfirmed_release_hands_back_nothing_the_device_may_still_write() {
         .count();
     assert_eq!(touched, 0, "the device wrote into memory handed out again");
 }
+
+/// `Controller::reset` on a controller the kernel asked back says
+/// `ControllerRemoved` (how to get the device back), as every other call
+/// does, not `Closed` (the application never closed it).
+#[test]
+fn reset_after_a_removal_says_removed() {
+    let m = ModelController::new(config_one_ns(4096, 1024));
+    m.offer_release_request();
+    let c = open(&m, opts());
+    m.request_release();
+    let start = Instant::now();
+    while !m.is_released() {
+        assert!(start.elapsed() < Duration::from_secs(2), "not released");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(matches!(
+        c.identify_controller(),
+        Err(Error::ControllerRemoved { .. })
+    ));
+    let r = c.reset();
+    assert!(
+        matches!(r, Err(Error::ControllerRemoved { .. })),
+        "reset after a removal: {r:?}"
+    );
+}
