@@ -64,7 +64,9 @@ pub enum Error {
     },
 
     /// CSTS.CFS is set: the controller hit a fatal error and must be reset.
-    #[error("controller {device} reports Controller Fatal Status (CSTS.CFS); it must be reset")]
+    #[error(
+        "controller {device} reports Controller Fatal Status (CSTS.CFS); it must be reset (after an admin command the driver has reset it already; otherwise Controller::reset does)"
+    )]
     ControllerFatal {
         /// The device name (PCI address).
         device: String,
@@ -72,7 +74,9 @@ pub enum Error {
 
     /// The device violated the protocol (unknown or stale CID, duplicate
     /// completion, SQ head out of range, ...). The controller is marked failed.
-    #[error("controller {device} misbehaved: {what}; the controller is marked failed")]
+    #[error(
+        "controller {device} misbehaved: {what}; the controller is marked failed (Controller::reset brings it back)"
+    )]
     DeviceFault {
         /// The device name.
         device: String,
@@ -81,7 +85,9 @@ pub enum Error {
     },
 
     /// An earlier fault or timeout left the controller failed; reset it.
-    #[error("controller {device} has failed earlier ({reason}) and accepts no more commands")]
+    #[error(
+        "controller {device} has failed earlier ({reason}) and accepts no more commands until Controller::reset"
+    )]
     ControllerFailed {
         /// The device name.
         device: String,

@@ -1172,11 +1172,13 @@ fn calls_on_a_failed_controller() {
     let fault = e.to_string();
     assert!(
         fault.starts_with("controller model misbehaved: queue 1: ")
-            && fault.ends_with("; the controller is marked failed"),
+            && fault
+                .ends_with("; the controller is marked failed (Controller::reset brings it back)"),
         "{fault}"
     );
-    let failed =
-        format!("controller model has failed earlier ({fault}) and accepts no more commands");
+    let failed = format!(
+        "controller model has failed earlier ({fault}) and accepts no more commands until Controller::reset"
+    );
     assert_eq!(c.failure().as_deref(), Some(fault.as_str()));
     let ns = ns1(&c);
     let buf = c.alloc_dma(4096).unwrap();
@@ -1237,7 +1239,9 @@ fn device_gone() {
     assert!(matches!(e, Error::ControllerFailed { .. }), "{e:?}");
     assert_eq!(
         e.to_string(),
-        format!("controller model has failed earlier ({gone}) and accepts no more commands")
+        format!(
+            "controller model has failed earlier ({gone}) and accepts no more commands until Controller::reset"
+        )
     );
     drop(qp);
     assert_eq!(c.close().unwrap_err().to_string(), gone);
@@ -1245,7 +1249,7 @@ fn device_gone() {
 
 #[test]
 fn controller_fatal_status() {
-    let fatal = "controller model reports Controller Fatal Status (CSTS.CFS); it must be reset";
+    let fatal = "controller model reports Controller Fatal Status (CSTS.CFS); it must be reset (after an admin command the driver has reset it already; otherwise Controller::reset does)";
     let m = ModelController::new(ModelConfig::default());
     m.set_fatal();
     let e = Controller::with_device(m.clone(), opts()).unwrap_err();
