@@ -541,12 +541,31 @@ impl<D: Device> Controller<D> {
     /// (C0h–FFh) are sent: their data pointer is the driver's, but what
     /// else they do is the vendor's.
     ///
-    /// An error status is returned as [`Error::Command`].
+    /// An error status is returned as [`Error::Command`]. The wait is
+    /// bounded by the controller's `admin_timeout`; a command that may take
+    /// longer (Firmware Commit with activation, up to Identify Controller
+    /// MTFA; a large vendor-specific transfer) takes
+    /// [`Controller::admin_passthrough_with_timeout`].
     pub fn admin_passthrough(
+        &self,
+        sqe: Sqe,
+        data_len: usize,
+        data_out: Option<&[u8]>,
+    ) -> Result<(Cqe, Vec<u8>)> {
+        self.admin_passthrough_with_timeout(sqe, data_len, data_out, self.inner.admin_timeout)
+    }
+
+    /// [`Controller::admin_passthrough`] with its own bound on the wait
+    /// instead of `admin_timeout`. A command that gets no answer within it
+    /// marks the controller failed, as any admin timeout does
+    /// ([`Controller::reset`] brings it back); its data buffer is kept until
+    /// the controller is disabled.
+    pub fn admin_passthrough_with_timeout(
         &self,
         mut sqe: Sqe,
         data_len: usize,
         data_out: Option<&[u8]>,
+        timeout: Duration,
     ) -> Result<(Cqe, Vec<u8>)> {
         if let Some(why) = passthrough_refusal(&sqe) {
             return Err(Error::InvalidArgument(format!(
@@ -564,7 +583,7 @@ impl<D: Device> Controller<D> {
         let len = passthrough_len(data_len, data_out)?;
         let what = format!("admin command 0x{:02x}", sqe.opcode());
         self.inner
-            .execute_with(sqe, (len > 0).then_some(len), data_out, &what)
+            .execute_within(sqe, (len > 0).then_some(len), data_out, &what, timeout)
     }
 
     /// [`Controller::admin_passthrough`] without its checks: any opcode,

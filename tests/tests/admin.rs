@@ -1099,3 +1099,56 @@ fn a_refused_format_leaves_a_usable_handle() {
          (only refresh_namespaces gives a usable one)"
     );
 }
+
+/// `admin_passthrough_with_timeout` waits as long as the caller says, past
+/// the controller's `admin_timeout`, for a command that legitimately takes
+/// longer; `admin_passthrough` gives up at `admin_timeout`.
+#[test]
+fn admin_passthrough_with_timeout_outlasts_the_admin_timeout() {
+    let m = model();
+    let c = open(
+        &m,
+        ControllerOptions {
+            admin_timeout: Some(Duration::from_millis(150)),
+            ..opts()
+        },
+    );
+    m.inject(Fault::DelayCompletion {
+        on: on_admin(admin_op::GET_FEATURES),
+        doorbells: None,
+    });
+    let releaser = {
+        let m = m.clone();
+        std::thread::spawn(move || {
+            // Well past the 150 ms admin timeout.
+            std::thread::sleep(Duration::from_millis(600));
+            m.release_delayed()
+        })
+    };
+    let start = Instant::now();
+    let (cqe, _) = c
+        .admin_passthrough_with_timeout(
+            Sqe::get_features(feature::NUMBER_OF_QUEUES, 0, 0),
+            0,
+            None,
+            Duration::from_secs(10),
+        )
+        .unwrap();
+    assert!(start.elapsed() >= Duration::from_millis(500));
+    assert!(cqe.status().is_success());
+    assert_eq!(releaser.join().unwrap(), 1);
+    assert!(c.failure().is_none());
+    // The same command through `admin_passthrough`: `admin_timeout` bounds it.
+    m.inject(Fault::DelayCompletion {
+        on: on_admin(admin_op::GET_FEATURES),
+        doorbells: None,
+    });
+    let start = Instant::now();
+    let e = c
+        .admin_passthrough(Sqe::get_features(feature::NUMBER_OF_QUEUES, 0, 0), 0, None)
+        .unwrap_err();
+    assert!(matches!(e, Error::Timeout { .. }), "{e:?}");
+    assert!(start.elapsed() < Duration::from_secs(3));
+    c.close().unwrap();
+    assert_clean(&m);
+}
