@@ -272,6 +272,15 @@ impl<D: Device> Controller<D> {
         &self.namespaces
     }
 
+    /// The active namespaces the driver cannot use, each with why (an LBA
+    /// format it has no code for, an Identify refused with a status, ...):
+    /// [`Controller::namespace`] refuses them with
+    /// [`Error::UnusableNamespace`], and [`Controller::format_nvm`] can make
+    /// them usable. As (NSID, reason), in no particular order.
+    pub fn unusable_namespaces(&self) -> &[(u32, String)] {
+        &self.unusable
+    }
+
     /// The active namespace `nsid`.
     pub fn namespace(&self, nsid: u32) -> Result<&Namespace> {
         self.namespaces

@@ -125,9 +125,10 @@ enum Command {
         /// Secure erase setting: 0 none, 1 user data erase, 2 cryptographic erase.
         #[arg(short = 's', long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..3))]
         ses: u8,
-        /// Seconds to wait for the command (default: the admin timeout).
-        #[arg(long)]
-        timeout: Option<u64>,
+        /// Seconds to wait for the command (a secure erase of a large drive
+        /// takes minutes). Default 600, as nvme-cli's.
+        #[arg(long, default_value_t = 600)]
+        timeout: u64,
     },
     /// Prepare the machine (run as root): `status` shows the IOMMU, the NVMe
     /// controllers with their drivers and IOMMU groups, and the hugepages;
@@ -331,7 +332,7 @@ fn run(cli: Cli) -> Result<()> {
                     2 => upnvme::SecureErase::Cryptographic,
                     _ => upnvme::SecureErase::None,
                 },
-                timeout: timeout.map(Duration::from_secs),
+                timeout: Some(Duration::from_secs(timeout)),
             };
             let ns = c.format_nvm(nsid, &f)?;
             let layout = ns

@@ -209,6 +209,12 @@ pub fn identify(c: &Controller, nsid: Option<u32>, human: bool) -> Result<()> {
             print_decoded(&crate::decode::namespace(id))?;
         }
     }
+    for (n, why) in c.unusable_namespaces() {
+        if nsid.is_none() {
+            outln!("Namespace {n}");
+            outln!("  not usable: {why}");
+        }
+    }
     if let Some(n) = nsid {
         c.namespace(n)?;
     }
@@ -289,6 +295,13 @@ pub fn identify_json(c: &Controller, nsid: Option<u32>, human: bool) -> Result<(
         "shadow_doorbells": c.shadow_doorbells(),
         "read_only_memory": read_only_memory_json(&c.read_only_memory()),
         "namespaces": namespaces,
+        // Active namespaces the driver cannot use (`upnvme format` can
+        // make them usable).
+        "unusable_namespaces": c
+            .unusable_namespaces()
+            .iter()
+            .map(|(n, why)| serde_json::json!({"nsid": n, "reason": why}))
+            .collect::<Vec<_>>(),
     });
     if human {
         doc["controller"]["decoded"] = crate::decode::to_json(&crate::decode::controller(id));

@@ -196,7 +196,7 @@ pub struct PerfArgs {
     #[arg(long = "queue-entries")]
     pub queue_entries: Option<u32>,
     /// PCI address of the controller (default: the only vfio-bound NVMe controller).
-    #[arg(long = "device", short = 'd')]
+    #[arg(long = "device", short = 'd', value_parser = crate::pci_address)]
     pub device: Option<String>,
     /// -L: latency percentiles; -LL: plus a histogram table.
     #[arg(short = 'L', action = clap::ArgAction::Count)]

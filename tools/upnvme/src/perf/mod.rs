@@ -37,6 +37,16 @@ pub fn run(a: PerfArgs) -> Result<bool> {
     // Checks that need no device come before opening it.
     let present = cores_present();
     check_args(&a, &present)?;
+    if let Some(path) = &a.histogram_csv {
+        // Created now (filled after the run): a path that cannot be written
+        // is a usage error before any I/O, not a failure after the run.
+        std::fs::File::create(path).map_err(|e| {
+            crate::usage::usage(format!(
+                "--histogram-csv {}: cannot create it: {e}",
+                path.display()
+            ))
+        })?;
+    }
     // From here on a first SIGINT/SIGTERM ends the run early but cleanly.
     let stop = Arc::new(AtomicBool::new(false));
     let interrupt = interrupt::Interrupt::watch(&stop)?;
@@ -72,6 +82,9 @@ pub fn run(a: PerfArgs) -> Result<bool> {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(1)
+            // 53 bits: the JSON report's integer stays exact in every JSON
+            // reader (doubles), so `--seed` can repeat the run.
+            & ((1 << 53) - 1)
     });
     if let Some(sig) = interrupt.signal() {
         // Interrupted during bring-up: no I/O at all.
@@ -177,17 +190,16 @@ pub fn run(a: PerfArgs) -> Result<bool> {
     let removed_ios: u64 = jobs.iter().map(|j| j.removed_ios).sum();
 
     // Nothing to read back from a controller that was taken away.
-    let mismatches = if a.verify && removed_after.is_none() {
-        Some(verify(
-            &ctrl,
-            &mut jobs,
-            seed,
-            &qp,
-            a.continue_on_error,
-            a.pi,
-        )?)
+    // A verification that cannot finish (a read-back that fails without
+    // --continue-on-error) still leaves the measured run's report: it is
+    // printed first, and the error is the exit status.
+    let (mismatches, verify_error) = if a.verify && removed_after.is_none() {
+        match verify(&ctrl, &mut jobs, seed, &qp, a.continue_on_error, a.pi) {
+            Ok(m) => (Some(m), None),
+            Err(e) => (None, Some(e)),
+        }
     } else {
-        None
+        (None, None)
     };
     let interrupted = interrupt.signal();
     let info = report::RunInfo {
@@ -249,6 +261,9 @@ pub fn run(a: PerfArgs) -> Result<bool> {
     }
     if let Some(path) = &a.histogram_csv {
         report::histogram_csv(path, &jobs)?;
+    }
+    if let Some(e) = verify_error {
+        return Err(e.context("the run's report is above; its verification did not finish"));
     }
     let errors: u64 = jobs.iter().map(|j| j.errors).sum::<u64>();
     let by_status = report::errors_by_status(&jobs);

@@ -103,7 +103,7 @@ pub fn text(info: &RunInfo, jobs: &[JobResult], latency: u8, transport: bool) ->
     let secs = jobs.iter().map(|j| j.seconds).fold(0.0, f64::max);
     writeln!(
         o,
-        "upnvme perf: {} {}% reads, {} B I/Os, depth {} per queue pair, reap_on_submit {}, shadow doorbells {}, CQ head {}, SQ doorbell per {}, announce {}, data pointer {}",
+        "upnvme perf: {} {}% reads, {} B I/Os, depth {} per queue pair, reap_on_submit {}, shadow doorbells {}, CQ head {}, SQ doorbell per {}, announce {}, data pointer {}, seed {}",
         info.workload,
         info.read_percent,
         info.io_size,
@@ -117,7 +117,8 @@ pub fn text(info: &RunInfo, jobs: &[JobResult], latency: u8, transport: bool) ->
         info.cq_policy,
         if info.ring_per_io { "I/O" } else { "batch" },
         announce_name(info.sq_announce),
-        sgl_name(info.sgl)
+        sgl_name(info.sgl),
+        info.seed
     )?;
     match &info.interrupted {
         Some(sig) if ios == 0 && secs == 0.0 => writeln!(

@@ -1,0 +1,75 @@
+//! `upnvme`'s argument checks that run before any device is opened, on a
+//! host without an NVMe controller: each case is refused (or passes) before
+//! the tool looks for a device.
+
+use std::process::{Command, Output};
+
+fn upnvme(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_upnvme"))
+        .args(args)
+        .output()
+        .expect("run upnvme")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// README.md's perf example with protection information and `--verify`
+/// passes perf's own checks (it names a workload that writes; `--verify`
+/// refuses read-only ones): whatever fails on this host, it is not that.
+#[test]
+fn readme_perf_pi_verify_example_passes_the_argument_checks() {
+    let o = upnvme(&[
+        "perf",
+        "-w",
+        "randwrite",
+        "-e",
+        "PRACT=1,PRCHK=GUARD",
+        "--verify",
+    ]);
+    let err = stderr(&o);
+    assert!(
+        !err.contains("--verify needs a workload that writes"),
+        "exit {:?}: {err}",
+        o.status.code()
+    );
+    // The check this example once failed is there.
+    let o = upnvme(&["perf", "-e", "PRACT=1,PRCHK=GUARD", "--verify"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--verify needs a workload that writes"));
+}
+
+/// A malformed `-d` is a usage error (exit 2, the argument parser's
+/// message) for perf as for the other subcommands.
+#[test]
+fn a_malformed_device_address_is_a_usage_error_for_every_subcommand() {
+    for sub in ["identify", "perf", "smart-log"] {
+        let o = upnvme(&[sub, "-d", "00:04"]);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{sub} -d 00:04: {err}");
+        assert!(
+            err.contains("invalid value '00:04' for '--device <DEVICE>'"),
+            "{sub}: {err}"
+        );
+    }
+}
+
+/// `--histogram-csv` in a directory that does not exist is refused before
+/// the run (and before the device is looked for), not after it.
+#[test]
+fn an_unwritable_histogram_csv_is_refused_before_the_run() {
+    let o = upnvme(&[
+        "perf",
+        "--histogram-csv",
+        "/nonexistent-dir/h.csv",
+        "-d",
+        "0000:00:00.0",
+    ]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--histogram-csv /nonexistent-dir/h.csv: cannot create it"),
+        "{err}"
+    );
+}
