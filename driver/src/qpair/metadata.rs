@@ -139,6 +139,21 @@ pub(super) fn ref_tag_after(ns: &Namespace, tag: Option<u64>, blocks: u64) -> Op
     }
 }
 
+/// The reference tag a split's pieces start from ([`ref_tag_after`] then
+/// advances it per piece): on Type 3, whose tag does not advance per block,
+/// `None` (the SLBA's lower bits) is resolved against the whole command's
+/// SLBA, so that every piece carries the tag one command would have stored
+/// in every block (each piece's own SLBA would make what lands on the medium
+/// depend on MDTS). Types 1 and 2 keep `None`: each piece's SLBA is then its
+/// own tag, as one command's would advance.
+pub(super) fn split_ref_tag(ns: &Namespace, tag: Option<u64>, slba: u64) -> Option<u64> {
+    let layout = ns.metadata_layout_always();
+    match tag {
+        None if layout.pi_type == 3 => Some(slba & layout.pif.ref_tag_max()),
+        other => other,
+    }
+}
+
 fn mptr(md: MdMem) -> Result<u64, Reject> {
     if md.iova & 3 != 0 {
         return Err(Reject::Misaligned);

@@ -40,7 +40,7 @@ use upnvme_dma::DmaBuffer;
 use super::IoQueuePair;
 use super::command::{Completion, IoCommand};
 use super::iodata::{IoData, IoVec};
-use super::metadata::{bytes_per_block, ref_tag_after};
+use super::metadata::{bytes_per_block, ref_tag_after, split_ref_tag};
 use super::submit::{MdMem, Mem};
 use crate::device::Device;
 use crate::error::{IoError, Reject, Rejected};
@@ -320,7 +320,10 @@ impl<D: Device> IoQueuePair<D> {
                 iova: m.iova(),
                 len: m.len(),
             }),
-            protection: io.protection,
+            protection: io.protection.map(|p| super::Protection {
+                ref_tag: split_ref_tag(ns, p.ref_tag, slba),
+                ..p
+            }),
         };
         let flags = io.flags;
         // 1. Every child is checked before anything is taken.
