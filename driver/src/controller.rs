@@ -15,7 +15,7 @@ use upnvme_queues::regs::{
 };
 use upnvme_queues::{
     AsyncEvent, Cap, Cc, Cqe, Csts, ErrorLogEntry, FirmwareSlotLog, IdentifyController,
-    IdentifyNamespace, SmartLog, Sqe, Vs, parse_ns_list,
+    IdentifyControllerNvm, IdentifyNamespace, SmartLog, Sqe, Vs, parse_ns_list,
 };
 use upnvme_queues::{cns, feature, log_id};
 
@@ -104,6 +104,10 @@ pub(crate) struct Inner<D: Device> {
     /// deletion failed): released only after the controller is disabled.
     quarantine: Mutex<Vec<DmaPages>>,
     pub(crate) identify: IdentifyController,
+    /// The NVM Command Set's per-command size limits (Identify CNS 06h,
+    /// CSI 00h: VSL, WZSL, WUSL, DMRL, DMRSL, DMSL); all 0h (no limits)
+    /// when the controller refuses that Identify with a status.
+    pub(crate) nvm_limits: IdentifyControllerNvm,
     granted_io_queues: u16,
     /// Host Behavior Support LBAFEE was set (the controller reports
     /// Extended LBA Formats, CTRATT.ELBAS, and took the feature): set again
@@ -264,6 +268,15 @@ impl<D: Device> Controller<D> {
     /// Identify Controller data captured at bring-up.
     pub fn identify(&self) -> &IdentifyController {
         &self.inner.identify
+    }
+
+    /// The NVM Command Set's per-command size limits read at bring-up
+    /// (Identify CNS 06h, CSI 00h; all 0h when the controller does not
+    /// report them). Queue pairs refuse a Verify, Write Zeroes, Write
+    /// Uncorrectable or Dataset Management command beyond them
+    /// ([`crate::Reject::SizeLimit`]).
+    pub fn nvm_limits(&self) -> IdentifyControllerNvm {
+        self.inner.nvm_limits
     }
 
     /// The active namespaces found at bring-up (or refreshed by Format
@@ -2029,6 +2042,7 @@ fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<BroughtUp<D
         held_qids: Mutex::new(Vec::new()),
         quarantine: Mutex::new(Vec::new()),
         identify: placeholder,
+        nvm_limits: IdentifyControllerNvm::default(),
         granted_io_queues: 0,
         lbafee: false,
         aec: None,
@@ -2050,6 +2064,14 @@ fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<BroughtUp<D
         )));
     }
     inner.identify = id;
+    // The NVM Command Set's size limits (Verify, Write Zeroes, Write
+    // Uncorrectable, Dataset Management): controllers before NVMe 2.0 may
+    // not know CNS 06h and refuse it with a status — no limits then.
+    inner.nvm_limits = match inner.identify_raw(cns::CSI_CONTROLLER, 0) {
+        Ok(data) => IdentifyControllerNvm::parse(&data),
+        Err(Error::Command { .. }) => IdentifyControllerNvm::default(),
+        Err(e) => return Err(e),
+    };
 
     // Set Features, Number of Queues (FID 07h): both counts are 0-based.
     let want = inner.options.io_queues.clamp(1, 0xfffe) - 1;

@@ -290,6 +290,25 @@ impl std::fmt::Display for IoError {
 
 impl std::error::Error for IoError {}
 
+/// Which of the NVM Command Set's per-command size limits (Identify CNS
+/// 06h, CSI 00h) a command is beyond ([`Reject::SizeLimit`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NvmLimit {
+    /// VSL: the data (and metadata) a Verify covers.
+    Verify,
+    /// WZSL: the data (and metadata) a Write Zeroes covers.
+    WriteZeroes,
+    /// WUSL: the data (and metadata) a Write Uncorrectable covers.
+    WriteUncorrectable,
+    /// DMRL: ranges per Dataset Management command.
+    DsmRanges,
+    /// DMRSL: logical blocks per Dataset Management range.
+    DsmRangeBlocks,
+    /// DMSL: logical blocks in all ranges of one Dataset Management command.
+    DsmBlocks,
+}
+
 /// Why a queue pair refused to submit a command: the hot path's error, a
 /// few bytes (no string is built, nothing is allocated). Nothing reached the
 /// device. [`crate::IoQueuePair::describe`] turns it into the descriptive
@@ -343,6 +362,16 @@ pub enum Reject {
     RangeCount {
         /// Ranges passed.
         ranges: u32,
+    },
+    /// The command is beyond one of the controller's NVM Command Set size
+    /// limits ([`crate::Controller::nvm_limits`], Identify CNS 06h): submit
+    /// it in parts of at most `max`.
+    SizeLimit {
+        /// Which limit.
+        limit: NvmLimit,
+        /// The most the limit allows: logical blocks of this namespace, or
+        /// ranges for [`NvmLimit::DsmRanges`].
+        max: u64,
     },
     /// The buffer cannot be described by PRPs (PRP1 must be dword aligned).
     Misaligned,
@@ -441,6 +470,27 @@ impl std::fmt::Display for Reject {
             ),
             Reject::RangeCount { ranges } => {
                 write!(f, "Dataset Management with {ranges} ranges: must be 1..=256")
+            }
+            Reject::SizeLimit { limit, max } => {
+                let (what, field, unit) = match limit {
+                    NvmLimit::Verify => ("a Verify", "VSL", "blocks per command"),
+                    NvmLimit::WriteZeroes => ("a Write Zeroes", "WZSL", "blocks per command"),
+                    NvmLimit::WriteUncorrectable => {
+                        ("a Write Uncorrectable", "WUSL", "blocks per command")
+                    }
+                    NvmLimit::DsmRanges => ("Dataset Management", "DMRL", "ranges per command"),
+                    NvmLimit::DsmRangeBlocks => {
+                        ("a Dataset Management range", "DMRSL", "blocks per range")
+                    }
+                    NvmLimit::DsmBlocks => {
+                        ("Dataset Management", "DMSL", "blocks in all ranges of a command")
+                    }
+                };
+                write!(
+                    f,
+                    "{what} beyond the controller's limit (Identify Controller, NVM Command Set, \
+                     {field}): at most {max} {unit}; submit it in parts"
+                )
             }
             Reject::Misaligned => f.write_str(
                 "the buffer's IOVA is not dword aligned, which PRP1 requires",

@@ -317,6 +317,59 @@ impl IdentifyController {
     }
 }
 
+/// The I/O Command Set specific Identify Controller data structure for the
+/// NVM Command Set (Identify CNS 06h, CSI 00h): the per-command size
+/// limits. Every field's 0h means "no limit" (beyond MDTS for the transfer
+/// limits, 256 ranges for DMRL).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IdentifyControllerNvm {
+    /// VSL (byte 0): Verify Size Limit, 2^VSL units of CAP.MPSMIN.
+    pub vsl: u8,
+    /// WZSL (byte 1): Write Zeroes Size Limit, 2^WZSL units of CAP.MPSMIN.
+    pub wzsl: u8,
+    /// WUSL (byte 2): Write Uncorrectable Size Limit, 2^WUSL units of
+    /// CAP.MPSMIN.
+    pub wusl: u8,
+    /// DMRL (byte 3): Dataset Management Ranges Limit, ranges per command.
+    pub dmrl: u8,
+    /// DMRSL (bytes 7:4): Dataset Management Range Size Limit, logical
+    /// blocks per range.
+    pub dmrsl: u32,
+    /// DMSL (bytes 15:8): Dataset Management Size Limit, logical blocks in
+    /// all ranges of a command.
+    pub dmsl: u64,
+}
+
+impl IdentifyControllerNvm {
+    /// Parses the first 16 bytes of the structure (a shorter buffer reads
+    /// as zeros: no limits).
+    pub fn parse(buf: &[u8]) -> IdentifyControllerNvm {
+        let mut b = [0u8; 16];
+        let n = buf.len().min(16);
+        b[..n].copy_from_slice(&buf[..n]);
+        IdentifyControllerNvm {
+            vsl: b[0],
+            wzsl: b[1],
+            wusl: b[2],
+            dmrl: b[3],
+            dmrsl: u32::from_le_bytes([b[4], b[5], b[6], b[7]]),
+            dmsl: u64::from_le_bytes([b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]]),
+        }
+    }
+
+    /// A size limit field (VSL, WZSL, WUSL) in bytes for a controller
+    /// whose minimum memory page size is `min_page`; `None` for 0h (no
+    /// limit) or a limit beyond `u64`.
+    pub fn size_limit_bytes(field: u8, min_page: usize) -> Option<u64> {
+        match field {
+            0 => None,
+            n => 1u64
+                .checked_shl(u32::from(n))
+                .and_then(|units| units.checked_mul(min_page as u64)),
+        }
+    }
+}
+
 /// One LBA Format Data Structure (NVM Command Set "LBA Format Data
 /// Structure"): a dword with MS (bits 15:0), LBADS (bits 23:16), RP (bits 25:24).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -556,6 +609,31 @@ pub fn parse_ns_list(buf: &[u8]) -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nvm_controller_limits_parse_at_their_offsets() {
+        let mut b = vec![0u8; IDENTIFY_SIZE];
+        b[0] = 7; // VSL
+        b[1] = 8; // WZSL
+        b[2] = 9; // WUSL
+        b[3] = 128; // DMRL
+        b[4..8].copy_from_slice(&0x0007_ffffu32.to_le_bytes()); // DMRSL
+        b[8..16].copy_from_slice(&0x1234_5678_9abcu64.to_le_bytes()); // DMSL
+        let n = IdentifyControllerNvm::parse(&b);
+        assert_eq!((n.vsl, n.wzsl, n.wusl, n.dmrl), (7, 8, 9, 128));
+        assert_eq!((n.dmrsl, n.dmsl), (0x7ffff, 0x1234_5678_9abc));
+        assert_eq!(
+            IdentifyControllerNvm::parse(&[]),
+            IdentifyControllerNvm::default()
+        );
+        assert_eq!(IdentifyControllerNvm::size_limit_bytes(0, 4096), None);
+        assert_eq!(
+            IdentifyControllerNvm::size_limit_bytes(7, 4096),
+            Some(512 * 1024)
+        );
+        assert_eq!(IdentifyControllerNvm::size_limit_bytes(60, 4096), None);
+        assert_eq!(IdentifyControllerNvm::size_limit_bytes(255, 4096), None);
+    }
 
     fn ctrl_buf() -> Vec<u8> {
         let mut b = vec![0u8; IDENTIFY_SIZE];

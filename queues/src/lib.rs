@@ -85,7 +85,8 @@ pub use aer::AsyncEvent;
 pub use cid::{Cid, CidError, CidTable};
 pub use cqe::{CQE_SIZE, Cqe, SQE_SIZE};
 pub use identify::{
-    IdentifyController, IdentifyError, IdentifyNamespace, LbaFormat, parse_ns_list,
+    IdentifyController, IdentifyControllerNvm, IdentifyError, IdentifyNamespace, LbaFormat,
+    parse_ns_list,
 };
 pub use log::{ErrorLogEntry, FirmwareSlotLog, LogError, SmartLog, parse_error_log};
 pub use prp::{PrpError, PrpLayout, Prps};

@@ -388,6 +388,37 @@ fn every_command_kind() {
     assert!(e.buffer.is_some());
 }
 
+/// QEMU's controller reports the NVM Command Set's size limits (Identify
+/// CNS 06h, CSI 00h: VSL 7 by default, a DMRSL from its block layer's
+/// request limit); the driver reads them at bring-up, and a Deallocate
+/// within DMRSL runs. (Beyond it QEMU skips the range and still reports
+/// success; the driver refuses such a range, `commands.rs` on the host: the
+/// bed's disk is smaller than QEMU's DMRSL.)
+#[test]
+fn the_controllers_nvm_size_limits_are_read_at_bring_up() {
+    let c = open();
+    let ns = c.namespace(1).unwrap().clone();
+    let l = c.nvm_limits();
+    assert_ne!(l.vsl, 0, "{l:?}");
+    assert_ne!(l.dmrsl, 0, "{l:?}");
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let nlb = l.dmrsl.min(8);
+    let ranges = [DsmRange {
+        cattr: 0,
+        nlb,
+        slba: 0,
+    }];
+    qp.execute_blocking(
+        IoCommand::Deallocate {
+            ns: &ns,
+            ranges: &ranges,
+        },
+        None,
+        T,
+    )
+    .unwrap_or_else(|e| panic!("Deallocate of {nlb} blocks: {e}"));
+}
+
 #[test]
 fn batch_submit_rings_once_and_full_queue_pushes_back() {
     let c = open_with_doorbell_buffer();

@@ -20,5 +20,6 @@
 pub mod model;
 
 pub use model::{
-    CqState, Fault, Match, ModelConfig, ModelController, NamespaceConfig, SqState, Status,
+    CqState, Fault, Match, ModelConfig, ModelController, NamespaceConfig, NvmLimitsConfig, SqState,
+    Status,
 };

@@ -109,12 +109,14 @@ fn bringup_admin_commands_in_order() {
         .filter(|(q, _, _)| *q == 0)
         .map(|&(_, op, _)| op)
         .collect();
-    // Identify Controller, Number of Queues, namespace list, namespace 1,
-    // Get and Set Features Asynchronous Event Configuration (Namespace
-    // Attribute Notices, OAES bit 8), Doorbell Buffer Config, then the AERs.
+    // Identify Controller, the NVM Command Set's Identify Controller (CNS
+    // 06h: size limits), Number of Queues, namespace list, namespace 1, Get
+    // and Set Features Asynchronous Event Configuration (Namespace Attribute
+    // Notices, OAES bit 8), Doorbell Buffer Config, then the AERs.
     assert_eq!(
-        &admin[..7],
+        &admin[..8],
         &[
+            admin_op::IDENTIFY,
             admin_op::IDENTIFY,
             admin_op::SET_FEATURES,
             admin_op::IDENTIFY,
@@ -124,8 +126,8 @@ fn bringup_admin_commands_in_order() {
             admin_op::DBBC
         ]
     );
-    assert!(admin[7..].iter().all(|&op| op == admin_op::AER));
-    assert_eq!(admin.len() - 7, 4);
+    assert!(admin[8..].iter().all(|&op| op == admin_op::AER));
+    assert_eq!(admin.len() - 8, 4);
     drop(c);
     assert_clean(&m);
 }

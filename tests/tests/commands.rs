@@ -8,10 +8,10 @@ mod common;
 
 use common::{T, assert_clean, buffer_with, config_one_ns, pattern, read_back, run_io, setup};
 use upnvme::{
-    Controller, CopyRange, DsmAttributes, DsmRange, IoCommand, IoData, IoError, IoFlags,
+    Controller, CopyRange, DsmAttributes, DsmRange, IoCommand, IoData, IoError, IoFlags, NvmLimit,
     QueuePairOptions, Reject, Sqe,
 };
-use upnvme_tests::{ModelConfig, ModelController};
+use upnvme_tests::{ModelConfig, ModelController, NvmLimitsConfig};
 
 fn all_commands() -> (ModelController, Controller<ModelController>) {
     setup(ModelConfig {
@@ -559,4 +559,154 @@ fn a_raw_command_describes_what_its_sqe_moves_not_its_data_len() {
         );
         assert_clean(&m);
     }
+}
+
+/// The NVM Command Set's size limits (Identify CNS 06h) are read at
+/// bring-up and checked before a command is queued. The model behaves like
+/// QEMU beyond them: a Dataset Management range above DMRSL is skipped while
+/// the command still succeeds (the deallocation silently does not happen),
+/// a Verify above VSL is refused by the controller. The driver refuses both
+/// with the limit instead, and passes everything within.
+#[test]
+fn commands_beyond_the_nvm_size_limits_are_refused_with_the_limit() {
+    let (m, c) = setup(ModelConfig {
+        oncs: ModelConfig::ONCS_DSM | ModelConfig::ONCS_VERIFY | ModelConfig::ONCS_WRITE_ZEROES,
+        nvm_limits: NvmLimitsConfig {
+            // 8 KiB: two 4 KiB blocks per Verify, four per Write Zeroes.
+            vsl: 1,
+            wzsl: 2,
+            dmrl: 2,
+            dmrsl: 8,
+            dmsl: 12,
+        },
+        ..config_one_ns(4096, 1024)
+    });
+    let limits = c.nvm_limits();
+    assert_eq!(
+        (
+            limits.vsl,
+            limits.wzsl,
+            limits.dmrl,
+            limits.dmrsl,
+            limits.dmsl
+        ),
+        (1, 2, 2, 8, 12)
+    );
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let data = pattern(5, 16 * 4096);
+    qp.write_blocking(&ns, 0, 16, buffer_with(&c, &data), T)
+        .unwrap();
+    let refused = |qp: &mut upnvme::IoQueuePair<ModelController>, cmd| {
+        qp.submit_io(cmd, IoData::none(), 1).unwrap_err().reason
+    };
+    let range = |slba, nlb| DsmRange {
+        cattr: 0,
+        nlb,
+        slba,
+    };
+    // DMRSL: a 16-block range is refused (QEMU would skip it and succeed).
+    let one = [range(0, 16)];
+    let r = refused(
+        &mut qp,
+        IoCommand::Deallocate {
+            ns: &ns,
+            ranges: &one,
+        },
+    );
+    assert_eq!(
+        r,
+        Reject::SizeLimit {
+            limit: NvmLimit::DsmRangeBlocks,
+            max: 8
+        }
+    );
+    assert!(
+        qp.describe(r).to_string().contains("DMRSL"),
+        "{}",
+        qp.describe(r)
+    );
+    // DMRL and DMSL.
+    let three = [range(0, 1), range(2, 1), range(4, 1)];
+    let r = refused(
+        &mut qp,
+        IoCommand::Deallocate {
+            ns: &ns,
+            ranges: &three,
+        },
+    );
+    assert_eq!(
+        r,
+        Reject::SizeLimit {
+            limit: NvmLimit::DsmRanges,
+            max: 2
+        }
+    );
+    let big = [range(0, 8), range(8, 8)];
+    let r = refused(
+        &mut qp,
+        IoCommand::Deallocate {
+            ns: &ns,
+            ranges: &big,
+        },
+    );
+    assert_eq!(
+        r,
+        Reject::SizeLimit {
+            limit: NvmLimit::DsmBlocks,
+            max: 12
+        }
+    );
+    // Nothing was sent: the data is all there.
+    let back = qp
+        .read_blocking(&ns, 0, 16, c.alloc_dma(16 * 4096).unwrap(), T)
+        .unwrap();
+    assert_eq!(read_back(&back, 16 * 4096), data);
+    // Within the limits: deallocated (the model reads zeros back).
+    let ok = [range(0, 8), range(8, 4)];
+    assert!(
+        run_io(
+            &mut qp,
+            IoCommand::Deallocate {
+                ns: &ns,
+                ranges: &ok
+            },
+            IoData::none()
+        )
+        .is_ok()
+    );
+    let back = qp.read_blocking(&ns, 0, 12, back, T).unwrap();
+    assert_eq!(read_back(&back, 12 * 4096), vec![0u8; 12 * 4096]);
+    // VSL: 2 blocks pass, 3 are refused before the controller sees them.
+    let verify = |blocks| IoCommand::Verify {
+        ns: &ns,
+        slba: 12,
+        blocks,
+    };
+    assert!(run_io(&mut qp, verify(2), IoData::none()).is_ok());
+    assert_eq!(
+        refused(&mut qp, verify(3)),
+        Reject::SizeLimit {
+            limit: NvmLimit::Verify,
+            max: 2
+        }
+    );
+    // WZSL: 4 blocks pass, 5 are refused.
+    let wz = |blocks| IoCommand::WriteZeroes {
+        ns: &ns,
+        slba: 0,
+        blocks,
+        deallocate: false,
+    };
+    assert!(run_io(&mut qp, wz(4), IoData::none()).is_ok());
+    assert_eq!(
+        refused(&mut qp, wz(5)),
+        Reject::SizeLimit {
+            limit: NvmLimit::WriteZeroes,
+            max: 4
+        }
+    );
+    assert_eq!(qp.in_flight(), 0);
+    drop(qp);
+    assert_clean(&m);
 }

@@ -205,6 +205,7 @@ impl<D: Device> IoQueuePair<D> {
             sgl,
             sgl_mode: opts.sgl,
             oncs: ctrl.oncs(),
+            limits: super::limits::SizeLimits::new(ctrl.nvm_limits, ctrl.cap().min_page_size()),
             inline_prp_end: if opts.sgl == SglMode::Always {
                 0
             } else {

@@ -75,6 +75,7 @@ mod command;
 mod create;
 mod doorbell;
 mod iodata;
+mod limits;
 mod metadata;
 mod options;
 mod plain;
@@ -225,6 +226,8 @@ pub struct IoQueuePair<D: Device = VfioNvme> {
     sgl_mode: SglMode,
     /// Identify Controller ONCS: optional commands are refused unless set.
     oncs: u16,
+    /// The NVM Command Set's size limits (limits.rs).
+    limits: limits::SizeLimits,
     /// A contiguous transfer ending at most this far past its first page's
     /// start goes in PRP1/PRP2 directly: two memory pages, or 0 with
     /// [`SglMode::Always`] (every transfer then takes the SGL path).

@@ -23,7 +23,7 @@ use super::iodata::{IoData, IoVec};
 use super::split::{Key, may_split};
 use super::{IoCommand, IoQueuePair, PAGE, SglMode};
 use crate::device::Device;
-use crate::error::{Reject, Rejected};
+use crate::error::{NvmLimit, Reject, Rejected};
 use crate::namespace::Namespace;
 
 /// Most ranges a Dataset Management command carries (NR is 8 bits, 0-based).
@@ -772,6 +772,7 @@ impl<D: Device> IoQueuePair<D> {
             } => {
                 self.oncs_check(ONCS_WRITE_ZEROES, "Write Zeroes")?;
                 check_range(ns, slba, blocks)?;
+                self.limits.blocks(NvmLimit::WriteZeroes, ns, blocks)?;
                 let mut sqe = Sqe::write_zeroes(ns.id(), slba, blocks, deallocate);
                 sqe.dw[12] |= flags.cdw12();
                 Ok((sqe.to_qwords(), Data::None))
@@ -789,6 +790,7 @@ impl<D: Device> IoQueuePair<D> {
             IoCommand::Verify { slba, blocks, .. } => {
                 self.oncs_check(ONCS_VERIFY, "Verify")?;
                 check_range(ns, slba, blocks)?;
+                self.limits.blocks(NvmLimit::Verify, ns, blocks)?;
                 let q = io_qwords(
                     nvm::VERIFY,
                     0,
@@ -804,6 +806,8 @@ impl<D: Device> IoQueuePair<D> {
                 self.oncs_check(ONCS_WRITE_UNCORRECTABLE, "Write Uncorrectable")?;
                 no_flags(flags)?;
                 check_range(ns, slba, blocks)?;
+                self.limits
+                    .blocks(NvmLimit::WriteUncorrectable, ns, blocks)?;
                 let q = io_qwords(nvm::WRITE_UNCORRECTABLE, 0, ns.id(), 0, 0, slba, blocks - 1);
                 Ok((q, Data::None))
             }
@@ -888,6 +892,7 @@ impl<D: Device> IoQueuePair<D> {
                 _ => return Err(Reject::LbaRange),
             }
         }
+        self.limits.dsm(ranges)?;
         let mut sqe = Sqe::dataset_management(ns.id(), ranges.len() as u32, false);
         sqe.dw[11] = attributes.cdw11();
         Ok((sqe.to_qwords(), Data::Ranges))

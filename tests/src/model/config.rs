@@ -96,6 +96,11 @@ pub struct ModelConfig {
     /// which CSTS.SHST reports "shutdown processing occurring" before it
     /// reports "complete" (0: complete at once).
     pub shutdown_delay_reads: u32,
+    /// The NVM Command Set's size limits the model reports (Identify CNS
+    /// 06h, CSI 00h) and applies as QEMU does: a Verify above VSL is
+    /// refused (Invalid Field), a Dataset Management range above DMRSL is
+    /// skipped while the command still succeeds. Zeros: no limits.
+    pub nvm_limits: NvmLimitsConfig,
     /// The IOMMU refuses mappings without the device's write permission
     /// (`DmaMapper::map_device_read_only` fails), as one that cannot
     /// restrict access would: the driver's read-only memory then comes
@@ -212,9 +217,25 @@ impl Default for ModelConfig {
             bar_len: 0x4000,
             ready_delay_reads: 0,
             shutdown_delay_reads: 0,
+            nvm_limits: NvmLimitsConfig::default(),
             refuse_read_only_mappings: false,
         }
     }
+}
+
+/// The model's NVM Command Set size limits ([`ModelConfig::nvm_limits`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NvmLimitsConfig {
+    /// VSL: 2^VSL units of 4 KiB per Verify (0: no limit).
+    pub vsl: u8,
+    /// WZSL: 2^WZSL units of 4 KiB per Write Zeroes (0: no limit).
+    pub wzsl: u8,
+    /// DMRL: ranges per Dataset Management (0: no limit).
+    pub dmrl: u8,
+    /// DMRSL: blocks per Dataset Management range (0: no limit).
+    pub dmrsl: u32,
+    /// DMSL: blocks in all ranges of a Dataset Management (0: no limit).
+    pub dmsl: u64,
 }
 
 /// One namespace of the model (what Identify Namespace reports).

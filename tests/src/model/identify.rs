@@ -146,6 +146,18 @@ impl State {
                 }
             }
             0x01 => controller(&self.cfg),
+            // The NVM Command Set's Identify Controller (CSI 00h): the size
+            // limits, as QEMU's `nvme_identify_ctrl_csi`.
+            0x06 if cmd.cdw(11) >> 24 == 0 => {
+                let l = self.cfg.nvm_limits;
+                let mut p = vec![0u8; PAGE];
+                p[0] = l.vsl;
+                p[1] = l.wzsl;
+                p[3] = l.dmrl;
+                put(&mut p, 4, &l.dmrsl.to_le_bytes());
+                put(&mut p, 8, &l.dmsl.to_le_bytes());
+                p
+            }
             // CSI (CDW11 bits 31:24) 00h, the NVM Command Set.
             0x05 if self.cfg.elbas && cmd.cdw(11) >> 24 == 0 => {
                 match self.namespace(nsid).and_then(|i| self.namespaces.get(i)) {

@@ -284,7 +284,13 @@ impl State {
         if ranges.iter().any(|&(slba, nlb)| !ns.in_range(slba, nlb)) {
             return Outcome::err(Status::LBA_OUT_OF_RANGE.with_dnr());
         }
+        let dmrsl = u64::from(self.cfg.nvm_limits.dmrsl);
         for (slba, nlb) in ranges {
+            // As QEMU's `nvme_dsm_cb`: a range above DMRSL is skipped, and
+            // the command still completes with success.
+            if dmrsl != 0 && nlb > dmrsl {
+                continue;
+            }
             ns.deallocate(slba, nlb);
         }
         Outcome::ok(0)
@@ -300,6 +306,13 @@ impl State {
         };
         if !ns.in_range(slba, nlb) {
             return Outcome::err(Status::LBA_OUT_OF_RANGE.with_dnr());
+        }
+        // As QEMU's `nvme_verify`: above VSL (data and metadata) is Invalid
+        // Field.
+        let vsl = self.cfg.nvm_limits.vsl;
+        let per_block = u64::from(ns.cfg.lba_size) + u64::from(ns.cfg.ms);
+        if vsl != 0 && nlb * per_block > 4096u64 << vsl {
+            return Outcome::err(Status::INVALID_FIELD.with_dnr());
         }
         if ns.any_uncorrectable(slba, nlb) {
             return Outcome::err(UNRECOVERED_READ_ERROR);

@@ -80,7 +80,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use upnvme::{Device, ReadOnlyMemory};
 use upnvme_dma::{DeviceAccess, DmaAllocator, DmaBuffer, DmaError, PageBacking};
 
-pub use config::{ModelConfig, NamespaceConfig};
+pub use config::{ModelConfig, NamespaceConfig, NvmLimitsConfig};
 pub use faults::{Fault, Match};
 pub use status::Status;
 
