@@ -37,9 +37,11 @@ pub enum SglMode {
     /// SGLs are not offered or cannot describe the memory.
     #[default]
     Auto,
-    /// An SGL for every data transfer (one Data Block descriptor for a
-    /// contiguous buffer). Creating the pair fails on a controller without
-    /// SGL support.
+    /// An SGL for every data transfer of the application's memory (one
+    /// Data Block descriptor for a contiguous buffer). The driver's own
+    /// range lists (Dataset Management ranges, Copy source ranges: one list
+    /// page) still go in PRP1, as the specification allows. Creating the
+    /// pair fails on a controller without SGL support.
     Always,
     /// PRPs only (PRP Lists beyond two pages): what they cannot describe is
     /// refused ([`crate::Reject::NotDescribable`]).
