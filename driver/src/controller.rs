@@ -1480,7 +1480,8 @@ impl<D: Device> Inner<D> {
     }
 
     /// Normal shutdown (NVMe 2.0 §3.6.1): CC.SHN = 01b, wait for CSTS.SHST =
-    /// 10b within RTD3E (or CAP.TO), then CC.EN = 0 and wait CSTS.RDY = 0.
+    /// 10b within `shutdown_timeout` (default RTD3E clamped to 5–60 s), then
+    /// CC.EN = 0 and wait CSTS.RDY = 0.
     pub(crate) fn shutdown(&self) -> Result<()> {
         if self.state.fetch_or(STATE_CLOSED, Ordering::AcqRel) & STATE_CLOSED != 0 {
             return Ok(());
@@ -1989,7 +1990,10 @@ fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<BroughtUp<D
     if cap.mqes() == 0 {
         return Err(Error::DeviceFault {
             device: name.clone(),
-            what: "CAP.MQES is 0h (a maximum queue size of one entry; the specification                    requires at least 1h): the controller's registers are not usable —                    check that the PCI function is an NVMe controller and that its BAR0                    is mapped, or reset the device"
+            what: "CAP.MQES is 0h (a maximum queue size of one entry; the specification \
+                   requires at least 1h): the controller's registers are not usable — \
+                   check that the PCI function is an NVMe controller and that its BAR0 \
+                   is mapped, or reset the device"
                 .into(),
         });
     }
@@ -2065,12 +2069,20 @@ fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<BroughtUp<D
     }
     inner.identify = id;
     // The NVM Command Set's size limits (Verify, Write Zeroes, Write
-    // Uncorrectable, Dataset Management): controllers before NVMe 2.0 may
-    // not know CNS 06h and refuse it with a status — no limits then.
-    inner.nvm_limits = match inner.identify_raw(cns::CSI_CONTROLLER, 0) {
-        Ok(data) => IdentifyControllerNvm::parse(&data),
-        Err(Error::Command { .. }) => IdentifyControllerNvm::default(),
-        Err(e) => return Err(e),
+    // Uncorrectable, Dataset Management). Below VS 1.2 the CNS field may be
+    // narrower than 06h (one bit in 1.0, two in 1.1) and a controller may
+    // answer another structure with success, whose bytes would read as
+    // limits: not asked then, as Linux does. Controllers before NVMe 2.0
+    // may refuse it with a status: no limits then. No answer at all fails
+    // bring-up like any other admin command.
+    inner.nvm_limits = if (inner.vs.major(), inner.vs.minor()) < (1, 2) {
+        IdentifyControllerNvm::default()
+    } else {
+        match inner.identify_raw(cns::CSI_CONTROLLER, 0) {
+            Ok(data) => IdentifyControllerNvm::parse(&data),
+            Err(Error::Command { .. }) => IdentifyControllerNvm::default(),
+            Err(e) => return Err(e),
+        }
     };
 
     // Set Features, Number of Queues (FID 07h): both counts are 0-based.

@@ -295,11 +295,12 @@ impl std::error::Error for IoError {}
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum NvmLimit {
-    /// VSL: the data (and metadata) a Verify covers.
+    /// VSL: the data (and interleaved metadata) a Verify covers.
     Verify,
-    /// WZSL: the data (and metadata) a Write Zeroes covers.
+    /// WZSL: the data (and interleaved metadata) a Write Zeroes covers.
     WriteZeroes,
-    /// WUSL: the data (and metadata) a Write Uncorrectable covers.
+    /// WUSL: the data (and interleaved metadata) a Write Uncorrectable
+    /// covers.
     WriteUncorrectable,
     /// DMRL: ranges per Dataset Management command.
     DsmRanges,

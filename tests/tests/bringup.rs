@@ -1036,7 +1036,7 @@ fn unanswered_doorbell_buffer_config_keeps_its_buffers_until_disabled() {
 /// here) but at least 5 s, as Linux waits: giving up early clears CC.EN in
 /// the middle of shutdown processing.
 #[test]
-fn shutdown_with_rtd3e_zero_waits_at_least_a_second() {
+fn shutdown_with_rtd3e_zero_outlasts_cap_to() {
     let m = ModelController::new(ModelConfig {
         cap_to: 1,
         rtd3e_us: 0,
@@ -1089,11 +1089,45 @@ fn an_nvme_1_0_controller_without_the_active_namespace_list_comes_up() {
         on: Match::Identify { cns: 0x02, nsid: 0 },
         status: Status::INVALID_FIELD.with_dnr(),
     });
+    // Were CNS 06h asked (a 1.0 controller's one-bit CNS field may answer
+    // another structure with success), these bytes would read as limits.
+    m.set_identify_data(0x06, 0, Some(vec![1, 1, 1, 1, 2, 0, 0, 0, 3]));
     let mut w = RegisterWrap::new(&m);
     w.vs = Some(0x0001_0000);
     let c = Controller::with_device(w, opts());
     match c {
-        Ok(c) => assert!(c.namespace(1).is_ok()),
+        Ok(c) => {
+            assert!(c.namespace(1).is_ok());
+            assert_eq!(
+                c.nvm_limits(),
+                upnvme::queues::IdentifyControllerNvm::default()
+            );
+        }
         Err(e) => panic!("bring-up of an NVMe 1.0 controller: {e}"),
     }
+}
+
+/// A controller at VS 1.1 or later that refuses the Active Namespace ID
+/// list (CNS 02h) with a status comes up too: its NSIDs are probed with
+/// Identify Namespace. Its NVM Command Set limits (CNS 06h, asked from VS
+/// 1.2 on) are read.
+#[test]
+fn a_controller_that_refuses_the_active_namespace_list_comes_up() {
+    let m = ModelController::new(ModelConfig {
+        nvm_limits: upnvme_tests::NvmLimitsConfig {
+            dmrsl: 64,
+            ..Default::default()
+        },
+        ..config_one_ns(4096, 1024)
+    });
+    m.inject(Fault::Status {
+        on: Match::Identify { cns: 0x02, nsid: 0 },
+        status: Status::INVALID_FIELD.with_dnr(),
+    });
+    let mut w = RegisterWrap::new(&m);
+    w.vs = Some(0x0001_0400);
+    let c = Controller::with_device(w, opts()).unwrap();
+    assert_eq!(c.namespaces().len(), 1);
+    assert!(c.namespace(1).is_ok());
+    assert_eq!(c.nvm_limits().dmrsl, 64);
 }

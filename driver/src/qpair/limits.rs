@@ -45,8 +45,9 @@ impl SizeLimits {
 
     /// Checks a Verify, Write Zeroes or Write Uncorrectable of `blocks`
     /// blocks of `ns` against its size limit. The size counts the blocks'
-    /// data and metadata (in either layout): a controller may count the
-    /// metadata, so the check does.
+    /// data, and their metadata when it is interleaved with the data
+    /// (extended LBA), as the NVM Command Set specification defines these
+    /// limits and QEMU applies them.
     pub(super) fn blocks(
         &self,
         limit: NvmLimit,
@@ -62,7 +63,11 @@ impl SizeLimits {
         let Some(max_bytes) = bytes else {
             return Ok(());
         };
-        let per_block = u64::from(ns.lba_size()) + u64::from(ns.metadata_size());
+        let md = ns
+            .metadata_layout()
+            .filter(|l| l.extended)
+            .map_or(0, |l| u64::from(l.ms));
+        let per_block = u64::from(ns.lba_size()) + md;
         let max = max_bytes / per_block.max(1);
         if u64::from(blocks) > max {
             return Err(Reject::SizeLimit { limit, max });

@@ -226,7 +226,8 @@ impl Default for ModelConfig {
 /// The model's NVM Command Set size limits ([`ModelConfig::nvm_limits`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct NvmLimitsConfig {
-    /// VSL: 2^VSL units of 4 KiB per Verify (0: no limit).
+    /// VSL: 2^VSL units of 4 KiB per Verify, the data and interleaved
+    /// metadata (0: no limit).
     pub vsl: u8,
     /// WZSL: 2^WZSL units of 4 KiB per Write Zeroes (0: no limit).
     pub wzsl: u8,

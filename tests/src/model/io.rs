@@ -307,10 +307,11 @@ impl State {
         if !ns.in_range(slba, nlb) {
             return Outcome::err(Status::LBA_OUT_OF_RANGE.with_dnr());
         }
-        // As QEMU's `nvme_verify`: above VSL (data and metadata) is Invalid
-        // Field.
+        // As QEMU's `nvme_verify`: above VSL (the data, and the metadata
+        // when interleaved) is Invalid Field.
         let vsl = self.cfg.nvm_limits.vsl;
-        let per_block = u64::from(ns.cfg.lba_size) + u64::from(ns.cfg.ms);
+        let md = if ns.cfg.extended { ns.cfg.ms } else { 0 };
+        let per_block = u64::from(ns.cfg.lba_size) + u64::from(md);
         if vsl != 0 && nlb * per_block > 4096u64 << vsl {
             return Outcome::err(Status::INVALID_FIELD.with_dnr());
         }
