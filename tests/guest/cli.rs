@@ -1585,6 +1585,20 @@ fn bad_input_texts_and_exit_codes() {
         err.trim(),
         format!("upnvme: namespace 9 is not active on {dev} (active: {active:?})")
     );
+    // Protection fields on a namespace without protection information: a
+    // usage error before the output file is created.
+    let out = "/tmp/upnvme-pi-refused.bin";
+    let _ = std::fs::remove_file(out);
+    let err = fails(
+        &upnvme(&["read", "-d", &dev, "--prinfo", "8", "--data", out]),
+        2,
+    );
+    assert_eq!(
+        err.trim(),
+        "upnvme: namespace 1 has no protection information (Identify Namespace DPS type 0): \
+         leave out --prinfo, --ref-tag, --app-tag and --app-tag-mask"
+    );
+    assert!(!std::path::Path::new(out).exists(), "{out} was created");
     // Bad addresses.
     // Malformed: a usage error (exit 2) from the argument parser, before any
     // device is touched.

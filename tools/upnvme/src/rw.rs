@@ -90,6 +90,16 @@ struct Shape {
 
 fn shape(ns: &Namespace, m: &MetadataArgs) -> Result<Shape> {
     let lba = ns.lba_size() as usize;
+    // Checked here, before any file is created or any I/O is sent (the
+    // queue pair would refuse the first command with the same reason).
+    if m.protection().is_some() && ns.metadata_layout().is_none_or(|l| l.pi_type == 0) {
+        return Err(usage(format!(
+            "namespace {} has no protection information (Identify Namespace DPS type 0): leave \
+             out --prinfo, --ref-tag, --app-tag and --app-tag-mask",
+            ns.id()
+        ))
+        .into());
+    }
     let Some(layout) = ns.metadata_layout() else {
         if m.metadata.is_some() {
             return Err(usage(format!(
