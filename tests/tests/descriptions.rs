@@ -679,9 +679,9 @@ fn chained_prp_and_sgl_lists_of_vectors_are_exact() {
         pif: 0,
     };
     let (m, c) = setup(cfg(f, 0, 0));
-    let ns = c.namespace(1).unwrap().clone();
-    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
     assert_eq!(qp.max_transfer(), 4 << 20);
+    drop(qp);
     let total = 4usize << 20;
     // First piece 8 bytes into a page, then whole pages, 3 pages per piece.
     let mut lens = vec![4096 - 8];
@@ -694,38 +694,7 @@ fn chained_prp_and_sgl_lists_of_vectors_are_exact() {
     let mut pre = vec![0; lens.len()];
     pre[0] = 8;
     let data = pattern(77, total);
-    let w = guarded_vector(&c, &lens, &pre);
-    let wm = Mem::Vector(w);
-    put(&wm, &data);
-    let before = m.transfers_by_encoding();
-    let r = run_io(
-        &mut qp,
-        IoCommand::Write {
-            ns: &ns,
-            slba: 0,
-            blocks: 1024,
-        },
-        io_of(wm),
-    );
-    assert!(r.is_ok(), "{:?}", r.result);
-    assert!(m.namespace_data(1, 0, 1024) == data, "PRP vector write");
-    let rd = guarded_vector(&c, &lens, &pre);
-    let r = run_io(
-        &mut qp,
-        IoCommand::Read {
-            ns: &ns,
-            slba: 0,
-            blocks: 1024,
-        },
-        io_of(Mem::Vector(rd)),
-    );
-    assert!(r.is_ok(), "{:?}", r.result);
-    let (got, bad) = take(&r, total);
-    assert!(bad.is_empty(), "{bad:?}");
-    assert!(got == data, "PRP vector read");
-    let after = m.transfers_by_encoding();
-    assert_eq!((after.0 - before.0, after.1 - before.1), (2, 0));
-    drop(qp);
+    vector_round_trip(&m, &c, &lens, &pre, 1024, &data, "PRP", (2, 0));
     drop(c);
     assert_clean(&m);
 
@@ -740,43 +709,63 @@ fn chained_prp_and_sgl_lists_of_vectors_are_exact() {
     let mut cf = cfg(f, 0, 1);
     cf.namespaces[0].blocks = 8192;
     let (m, c) = setup(cf);
-    let ns = c.namespace(1).unwrap().clone();
-    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
     let n = 600;
     let mut lens = vec![total / n; n];
     lens[n - 1] += total - (total / n) * n;
     let pre: Vec<usize> = (0..n).map(|i| (i * 37) % 4000 + 1).collect();
-    let wm = Mem::Vector(guarded_vector(&c, &lens, &pre));
-    put(&wm, &data);
+    vector_round_trip(&m, &c, &lens, &pre, 8192, &data, "SGL", (0, 2));
+    drop(c);
+    assert_clean(&m);
+}
+
+/// Writes `data` from a guarded vector of `lens` (each piece `pre` bytes
+/// into its buffer) to LBA 0 of namespace 1 and reads it back into another:
+/// byte exact, nothing outside the pieces touched, and the two transfers
+/// went as `encodings` (PRP, SGL) counts. Drops the queue pair it makes.
+#[allow(clippy::too_many_arguments)]
+fn vector_round_trip(
+    m: &ModelController,
+    c: &upnvme::Controller<ModelController>,
+    lens: &[usize],
+    pre: &[usize],
+    blocks: u32,
+    data: &[u8],
+    what: &str,
+    encodings: (u64, u64),
+) {
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let wm = Mem::Vector(guarded_vector(c, lens, pre));
+    put(&wm, data);
     let before = m.transfers_by_encoding();
     let r = run_io(
         &mut qp,
         IoCommand::Write {
             ns: &ns,
             slba: 0,
-            blocks: 8192,
+            blocks,
         },
         io_of(wm),
     );
     assert!(r.is_ok(), "{:?}", r.result);
-    assert!(m.namespace_data(1, 0, 8192) == data, "SGL vector write");
-    let rd = guarded_vector(&c, &lens, &pre);
+    assert!(
+        m.namespace_data(1, 0, u64::from(blocks)) == data,
+        "{what} vector write"
+    );
+    let rd = guarded_vector(c, lens, pre);
     let r = run_io(
         &mut qp,
         IoCommand::Read {
             ns: &ns,
             slba: 0,
-            blocks: 8192,
+            blocks,
         },
         io_of(Mem::Vector(rd)),
     );
     assert!(r.is_ok(), "{:?}", r.result);
-    let (got, bad) = take(&r, total);
+    let (got, bad) = take(&r, data.len());
     assert!(bad.is_empty(), "{bad:?}");
-    assert!(got == data, "SGL vector read");
+    assert!(got == data, "{what} vector read");
     let after = m.transfers_by_encoding();
-    assert_eq!((after.0 - before.0, after.1 - before.1), (0, 2));
-    drop(qp);
-    drop(c);
-    assert_clean(&m);
+    assert_eq!((after.0 - before.0, after.1 - before.1), encodings);
 }
