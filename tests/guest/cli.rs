@@ -811,18 +811,36 @@ fn setup_hugepages_reserves_and_reports() {
         .clone();
     assert_eq!(p["reserved"], before);
 
-    // A 1 GiB page cannot be carved out of this 1 GiB guest at run time: the
-    // error says how many the kernel gave and what to do.
+    // A count beyond the guest's memory (a typo) is refused before the
+    // kernel is asked, so it cannot take every free page.
+    let err = fails(&upnvme(&["setup", "hugepages", "100000000"]), 2);
+    assert!(err.contains("are more than this system can give"), "{err}");
+    assert_eq!(pool.now(), before);
+
+    // A 1 GiB page cannot be carved out of this 1 GiB guest at run time: it is
+    // refused as more than the guest has available (exit 2), or, when the
+    // kernel estimates enough, the error says how many the kernel gave and
+    // what to do (exit 1).
     let giant = RestoreHugepages::new(1 << 20);
-    let err = fails(&upnvme(&["setup", "hugepages", "1", "--size", "1G"]), 1);
-    if giant.is_some() {
+    let o = upnvme(&["setup", "hugepages", "1", "--size", "1G"]);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    if giant.is_none() {
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        assert!(err.contains("offers no 1 GiB hugepages"), "{err}");
+    } else if o.status.code() == Some(2) {
+        assert!(
+            err.starts_with(
+                "upnvme: 1 1 GiB hugepages (1024 MiB) are more than this system can give"
+            ),
+            "{err}"
+        );
+    } else {
+        assert_eq!(o.status.code(), Some(1), "{err}");
         assert!(
             err.starts_with("upnvme: only 0 of 1 1 GiB hugepages could be reserved"),
             "{err}"
         );
         assert!(err.contains("`hugepagesz=1G hugepages=1`"), "{err}");
-    } else {
-        assert!(err.contains("offers no 1 GiB hugepages"), "{err}");
     }
     drop(giant);
     // A size the kernel does not offer.
@@ -884,6 +902,8 @@ fn assert_documented_fields(v: &Value) {
         "jobs",
         "total",
         "histogram_us_count",
+        "verify",
+        "verify_error",
         "verify_mismatches",
     ] {
         assert!(v.get(k).is_some(), "{k} missing from {v}");
@@ -964,6 +984,7 @@ fn perf_json_has_the_documented_fields() {
     assert_eq!(v["data_pointer"], "auto");
     assert_eq!(v["cq_head_policy"], "adaptive");
     assert_eq!(v["verify_mismatches"], Value::Null);
+    assert_eq!(v["verify"], Value::Null);
     assert!(v["tsc_hz"].as_f64().unwrap() > 1e8);
     // One job per namespace on core 0; every I/O counted once.
     let jobs = v["jobs"].as_array().unwrap();
@@ -1342,6 +1363,8 @@ fn perf_verify_counts_no_mismatch() {
     for (w, mix) in [("write", "0"), ("rw", "30"), ("randrw", "70")] {
         let v = perf_json(&["-w", w, "-M", mix, "-q", "4", "--verify", "-c", "0,1"]);
         assert_eq!(v["verify_mismatches"], 0, "{w}");
+        assert_eq!(v["verify"], "complete", "{w}");
+        assert_eq!(v["verify_error"], Value::Null, "{w}");
     }
     // Depth 1 on one namespace runs its own loop.
     let v = perf_json(&["-w", "randrw", "-M", "50", "--verify", "-n", "1"]);

@@ -162,8 +162,57 @@ fn media_error_perf_verify_with_continue_on_error_checks_the_rest_byte_for_byte(
     );
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["verify_mismatches"].as_u64(), Some(0), "{out}");
-    // Reads of the bad blocks failed and were counted; writes to them work,
-    // so a written bad block is unreadable in the verify pass, not a mismatch.
+    // I/O to the bad blocks failed and was counted (blkdebug's rule, armed by
+    // the first read there, fails writes to those sectors too: Write Fault),
+    // so they are never stamped and the verify pass compares the rest.
     assert!(v["total"]["errors"].as_u64().unwrap() > 0, "{out}");
     assert!(v["verify_unreadable_blocks"].as_u64().is_some(), "{out}");
+}
+
+/// `upnvme read` stopped by a media error after some chunks says what its
+/// output holds, and the file holds exactly that: the blocks before the
+/// failed chunk.
+#[test]
+fn media_error_read_that_stops_says_what_the_output_holds() {
+    let mut lbas = error_lbas();
+    lbas.sort_unstable();
+    let Some(&last) = lbas.last() else { return };
+    let start = if lbas.len() > 1 {
+        lbas[lbas.len() - 2] + 1
+    } else {
+        0
+    };
+    let count = last - start + 1;
+    let path = "/tmp/media-error-read.bin";
+    let o = upnvme(&[
+        "read",
+        "-d",
+        &device(),
+        "-s",
+        &start.to_string(),
+        "-c",
+        &count.to_string(),
+        "--data",
+        path,
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("Unrecovered Read Error"), "{err}");
+    let held = std::fs::metadata(path).unwrap().len();
+    let c = Controller::open(&device(), ControllerOptions::default()).unwrap();
+    let lba = u64::from(c.namespace(1).unwrap().lba_size());
+    drop(c);
+    let done = held / lba;
+    assert_eq!(held % lba, 0, "{held} bytes");
+    assert!(done < count, "{done} of {count} blocks");
+    let said = if done == 0 {
+        format!("nothing was written to {path}")
+    } else {
+        format!(
+            "{path} holds LBAs {start}..={} ({done} blocks), nothing from LBA {} on",
+            start + done - 1,
+            start + done
+        )
+    };
+    assert!(err.contains(&said), "{err}\nexpected: {said}");
 }

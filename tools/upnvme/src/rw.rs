@@ -272,7 +272,8 @@ pub fn read(
             slba,
             blocks: n,
         };
-        (buf, md) = transfer(&mut qp, cmd, buf, md, m, ChunkAt { slba, done })?;
+        (buf, md) = transfer(&mut qp, cmd, buf, md, m, ChunkAt { slba, done })
+            .map_err(|e| anyhow!("{e:#}{}", read_so_far(out, start, done)))?;
         let nb = n as usize;
         if s.extended && s.ms > 0 {
             let mut host = vec![0u8; nb * (s.lba + s.ms)];
@@ -393,7 +394,8 @@ pub fn write(
             slba,
             blocks: n,
         };
-        (buf, md) = transfer(&mut qp, cmd, buf, md, m, ChunkAt { slba, done })?;
+        (buf, md) = transfer(&mut qp, cmd, buf, md, m, ChunkAt { slba, done })
+            .map_err(|e| anyhow!("{e:#}{}", written_so_far(start, done)))?;
         done += n as u64;
     }
     // A pipe is checked at its end: more input than the blocks take is an
@@ -408,6 +410,21 @@ pub fn write(
         );
     }
     Ok(())
+}
+
+/// What a read that stopped at `done` blocks left in its output (a file, or
+/// stdout when `None`), for its error message.
+fn read_so_far(out: Option<&Path>, start: u64, done: u64) -> String {
+    let to = out.map_or("stdout".to_string(), |p| p.display().to_string());
+    if done == 0 {
+        format!("; nothing was written to {to}")
+    } else {
+        format!(
+            "; {to} holds LBAs {start}..={} ({done} blocks), nothing from LBA {} on",
+            start + done - 1,
+            start + done
+        )
+    }
 }
 
 /// What a write that stopped at `done` blocks left on the namespace, for
@@ -460,6 +477,18 @@ mod tests {
             None
         );
         assert!(args(0, None).protection_at(128, u64::MAX).is_none());
+    }
+
+    #[test]
+    fn a_partial_read_says_what_its_output_holds() {
+        assert_eq!(
+            read_so_far(Some(Path::new("/tmp/o")), 10, 0),
+            "; nothing was written to /tmp/o"
+        );
+        assert_eq!(
+            read_so_far(None, 10, 512),
+            "; stdout holds LBAs 10..=521 (512 blocks), nothing from LBA 522 on"
+        );
     }
 
     #[test]

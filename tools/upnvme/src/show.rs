@@ -30,6 +30,9 @@ pub fn list() -> Result<()> {
         "NS",
         "Capacity"
     );
+    // Namespaces the driver found but cannot use are not counted in "NS";
+    // a line after the table names them, so the count does not hide them.
+    let mut notes = Vec::new();
     for f in all {
         let driver = f.driver.clone().unwrap_or_else(|| "none".into());
         let (model, serial, ns, cap) = if driver == "vfio-pci" {
@@ -49,6 +52,20 @@ pub fn list() -> Result<()> {
                         c.namespaces().len().to_string(),
                         human_bytes(total),
                     );
+                    let unusable = c.unusable_namespaces();
+                    if !unusable.is_empty() {
+                        notes.push(format!(
+                            "{}: {} more namespace(s) the driver cannot use (NSID {}): see `upnvme identify -d {}`",
+                            f.address,
+                            unusable.len(),
+                            unusable
+                                .iter()
+                                .map(|(n, _)| n.to_string())
+                                .collect::<Vec<_>>()
+                                .join(", "),
+                            f.address
+                        ));
+                    }
                     let _ = c.close();
                     r
                 }
@@ -67,6 +84,9 @@ pub fn list() -> Result<()> {
             ns,
             cap
         );
+    }
+    for n in notes {
+        outln!("{n}");
     }
     Ok(())
 }

@@ -73,3 +73,26 @@ fn an_unwritable_histogram_csv_is_refused_before_the_run() {
         "{err}"
     );
 }
+
+/// A run that fails before it measures anything (here: no controller at the
+/// address) leaves an existing `--histogram-csv` file as it was and removes
+/// one it created.
+#[test]
+fn a_failed_run_keeps_an_existing_histogram_csv_and_removes_a_new_one() {
+    let dir = std::env::temp_dir().join(format!("upnvme-csv-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let old = dir.join("old.csv");
+    std::fs::write(&old, "bucket_us,count\n1.000,5\n").expect("write old csv");
+    let new = dir.join("new.csv");
+    for path in [&old, &new] {
+        let p = path.to_str().expect("utf-8 temp path");
+        let o = upnvme(&["perf", "--histogram-csv", p, "-d", "0000:ff:1f.7"]);
+        assert_ne!(o.status.code(), Some(0), "{}", stderr(&o));
+    }
+    assert_eq!(
+        std::fs::read_to_string(&old).expect("old csv still there"),
+        "bucket_us,count\n1.000,5\n"
+    );
+    assert!(!new.exists(), "a failed run left {}", new.display());
+    std::fs::remove_dir_all(&dir).expect("remove temp dir");
+}

@@ -37,16 +37,14 @@ pub fn run(a: PerfArgs) -> Result<bool> {
     // Checks that need no device come before opening it.
     let present = cores_present();
     check_args(&a, &present)?;
-    if let Some(path) = &a.histogram_csv {
-        // Created now (filled after the run): a path that cannot be written
-        // is a usage error before any I/O, not a failure after the run.
-        std::fs::File::create(path).map_err(|e| {
-            crate::usage::usage(format!(
-                "--histogram-csv {}: cannot create it: {e}",
-                path.display()
-            ))
-        })?;
-    }
+    // Opened now (filled after the run): a path that cannot be written is a
+    // usage error before any I/O, not a failure after the run. A run that
+    // fails leaves an existing file as it was and removes one it created.
+    let mut csv = a
+        .histogram_csv
+        .as_deref()
+        .map(report::CsvReservation::open)
+        .transpose()?;
     // From here on a first SIGINT/SIGTERM ends the run early but cleanly.
     let stop = Arc::new(AtomicBool::new(false));
     let interrupt = interrupt::Interrupt::watch(&stop)?;
@@ -236,7 +234,15 @@ pub fn run(a: PerfArgs) -> Result<bool> {
         seed,
     };
     if a.json {
-        let doc = report::json_doc(&info, &jobs, mismatches)?;
+        // What happened to the read-back: not asked for (null), finished,
+        // cut short by an error (named), or impossible after a removal.
+        let verify = match (&verify_error, mismatches) {
+            (Some(e), _) => Some(report::VerifyState::Incomplete(format!("{e:#}"))),
+            (None, Some(m)) => Some(report::VerifyState::Complete { mismatches: m }),
+            (None, None) if a.verify => Some(report::VerifyState::NotRun),
+            (None, None) => None,
+        };
+        let doc = report::json_doc(&info, &jobs, verify.as_ref())?;
         outln!("{}", serde_json::to_string_pretty(&doc)?);
     } else {
         out!(
@@ -259,8 +265,8 @@ pub fn run(a: PerfArgs) -> Result<bool> {
             }
         }
     }
-    if let Some(path) = &a.histogram_csv {
-        report::histogram_csv(path, &jobs)?;
+    if let Some(r) = csv.take() {
+        r.fill(&jobs)?;
     }
     if let Some(e) = verify_error {
         return Err(e.context("the run's report is above; its verification did not finish"));

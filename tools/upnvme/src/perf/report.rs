@@ -2,7 +2,7 @@
 //! histogram, transport statistics, JSON and CSV.
 
 use std::fmt::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use hdrhistogram::Histogram;
@@ -355,8 +355,32 @@ fn latency_json(h: &Histogram<u64>) -> Value {
     })
 }
 
-/// The JSON document.
-pub fn json_doc(info: &RunInfo, jobs: &[JobResult], mismatches: Option<u64>) -> Result<Value> {
+/// What `--verify`'s read-back came to, for the JSON report.
+pub enum VerifyState {
+    /// Every stamped block was read back and compared.
+    Complete {
+        /// Blocks whose contents differ from their stamp.
+        mismatches: u64,
+    },
+    /// A read-back failed (without `--continue-on-error`); the error.
+    Incomplete(String),
+    /// No read-back: the controller was removed during the run.
+    NotRun,
+}
+
+/// The JSON report's `verify`, `verify_mismatches` and `verify_error`.
+fn verify_fields(verify: Option<&VerifyState>) -> (Option<&str>, Option<u64>, Option<&str>) {
+    match verify {
+        None => (None, None, None),
+        Some(VerifyState::Complete { mismatches }) => (Some("complete"), Some(*mismatches), None),
+        Some(VerifyState::Incomplete(e)) => (Some("incomplete"), None, Some(e.as_str())),
+        Some(VerifyState::NotRun) => (Some("not-run"), None, None),
+    }
+}
+
+/// The run's JSON document; `verify` is `None` without `--verify`.
+pub fn json_doc(info: &RunInfo, jobs: &[JobResult], verify: Option<&VerifyState>) -> Result<Value> {
+    let (verify_name, mismatches, verify_error) = verify_fields(verify);
     let total = total_histogram(jobs)?;
     let ios: u64 = jobs.iter().map(|j| j.ios).sum();
     let bytes: u64 = jobs.iter().map(|j| j.bytes).sum();
@@ -428,19 +452,70 @@ pub fn json_doc(info: &RunInfo, jobs: &[JobResult], mismatches: Option<u64>) -> 
             "call_timing": timing_json(timing.as_ref()),
         },
         "histogram_us_count": hist,
+        "verify": verify_name,
+        "verify_error": verify_error,
         "verify_mismatches": mismatches,
         "verify_unreadable_blocks": jobs.iter().map(|j| j.unreadable).sum::<u64>(),
     }))
 }
 
-/// Writes `bucket_us,count` rows.
-pub fn histogram_csv(path: &Path, jobs: &[JobResult]) -> Result<()> {
-    let total = total_histogram(jobs)?;
-    let mut s = String::from("bucket_us,count\n");
-    for v in total.iter_recorded() {
-        writeln!(s, "{:.3},{}", us(v.value_iterated_to()), v.count_at_value())?;
+/// The `--histogram-csv` file, opened for writing before the run and filled
+/// after it. Opening neither truncates an existing file nor leaves a new one
+/// behind when the run fails: dropped unfilled, it removes the file only if
+/// it created it.
+pub struct CsvReservation {
+    path: PathBuf,
+    file: std::fs::File,
+    created: bool,
+}
+
+impl CsvReservation {
+    /// Opens (creating if missing, not truncating) `path`; a path that cannot
+    /// be written is a usage error (exit status 2).
+    pub fn open(path: &Path) -> Result<Self> {
+        let existed = path.exists();
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(|e| {
+                crate::usage::usage(format!(
+                    "--histogram-csv {}: cannot create it: {e}",
+                    path.display()
+                ))
+            })?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            file,
+            created: !existed,
+        })
     }
-    std::fs::write(path, s).with_context(|| format!("writing {}", path.display()))
+
+    /// Replaces the file's contents with the run's `bucket_us,count` rows.
+    pub fn fill(mut self, jobs: &[JobResult]) -> Result<()> {
+        let total = total_histogram(jobs)?;
+        let mut s = String::from("bucket_us,count\n");
+        for v in total.iter_recorded() {
+            writeln!(s, "{:.3},{}", us(v.value_iterated_to()), v.count_at_value())?;
+        }
+        let written = self
+            .file
+            .set_len(0)
+            .and_then(|()| std::io::Write::write_all(&mut &self.file, s.as_bytes()));
+        // Filled (or failed while filling): from here on the file is the
+        // run's, not a leftover to remove.
+        self.created = false;
+        written.with_context(|| format!("writing {}", self.path.display()))
+    }
+}
+
+impl Drop for CsvReservation {
+    fn drop(&mut self) {
+        if self.created {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
 }
 
 /// Failed I/Os of all jobs by status, in order of first appearance.
@@ -470,5 +545,35 @@ fn sgl_name(m: upnvme::SglMode) -> &'static str {
         upnvme::SglMode::Auto => "auto",
         upnvme::SglMode::Always => "sgl",
         upnvme::SglMode::Never => "prp",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Without `--verify` the three fields are null; a read-back that could
+    /// not finish says so with its error instead of a null count that reads
+    /// like "no `--verify`".
+    #[test]
+    fn the_verify_fields_tell_every_outcome_apart() {
+        assert_eq!(verify_fields(None), (None, None, None));
+        assert_eq!(
+            verify_fields(Some(&VerifyState::Complete { mismatches: 3 })),
+            (Some("complete"), Some(3), None)
+        );
+        let e = VerifyState::Incomplete("verify read at LBA 7: Unrecovered Read Error".into());
+        assert_eq!(
+            verify_fields(Some(&e)),
+            (
+                Some("incomplete"),
+                None,
+                Some("verify read at LBA 7: Unrecovered Read Error")
+            )
+        );
+        assert_eq!(
+            verify_fields(Some(&VerifyState::NotRun)),
+            (Some("not-run"), None, None)
+        );
     }
 }

@@ -421,9 +421,20 @@ impl Host {
 
     /// `MemFree` of /proc/meminfo in KiB, if readable.
     pub fn mem_free_kib(&self) -> Option<u64> {
+        self.meminfo_kib("MemFree:")
+    }
+
+    /// `MemAvailable` of /proc/meminfo in KiB (what the kernel estimates it
+    /// can give to new allocations, reclaimable caches included), if readable.
+    pub fn mem_available_kib(&self) -> Option<u64> {
+        self.meminfo_kib("MemAvailable:")
+    }
+
+    /// One `Key: N kB` line of /proc/meminfo.
+    fn meminfo_kib(&self, key: &str) -> Option<u64> {
         let text = fs::read_to_string(self.proc_root.join("meminfo")).ok()?;
         text.lines()
-            .find_map(|l| l.strip_prefix("MemFree:"))
+            .find_map(|l| l.strip_prefix(key))
             .and_then(|r| r.split_whitespace().next())
             .and_then(|n| n.parse().ok())
     }
@@ -1054,7 +1065,10 @@ mod tests {
         let t = Tree::new();
         t.hugepages(1048576, 0, 0);
         t.hugepages(2048, 128, 120);
-        t.write("proc/meminfo", "MemTotal: 1000 kB\nMemFree:   5120 kB\n");
+        t.write(
+            "proc/meminfo",
+            "MemTotal: 1000 kB\nMemFree:   5120 kB\nMemAvailable:   8192 kB\n",
+        );
         let host = t.host();
         let p = host.hugepage_pools();
         assert_eq!(
@@ -1075,5 +1089,6 @@ mod tests {
             ]
         );
         assert_eq!(host.mem_free_kib(), Some(5120));
+        assert_eq!(host.mem_available_kib(), Some(8192));
     }
 }

@@ -668,6 +668,13 @@ fn hugepages(host: &Host, count: u64, size_kib: u64) -> Result<()> {
         .hugepage_pools()
         .into_iter()
         .find(|p| p.size_kib == size_kib);
+    hugepage_request_check(
+        count,
+        size_kib,
+        before.as_ref().map_or(0, |b| b.reserved),
+        host.mem_available_kib(),
+    )
+    .map_err(crate::usage::usage)?;
     write_attr(&dir.join("nr_hugepages"), &count.to_string())?;
     let after = host
         .hugepage_pools()
@@ -689,6 +696,41 @@ fn hugepages(host: &Host, count: u64, size_kib: u64) -> Result<()> {
         Ok(None) => Ok(()),
         Err(e) => Err(anyhow!(e)),
     }
+}
+
+/// Whether asking for `asked` pages could leave the system without memory:
+/// the kernel reserves all it can find, so a request beyond what is
+/// available (`MemAvailable` plus the pages already reserved) would take
+/// every free page and leave programs to the OOM killer — refused, with the
+/// most that can be asked. A request that lowers the reservation, or one on
+/// a host whose /proc/meminfo cannot be read, passes.
+pub fn hugepage_request_check(
+    asked: u64,
+    size_kib: u64,
+    reserved: u64,
+    mem_available_kib: Option<u64>,
+) -> Result<(), String> {
+    let Some(available) = mem_available_kib else {
+        return Ok(());
+    };
+    if asked <= reserved {
+        return Ok(());
+    }
+    let most = reserved.saturating_add(available / size_kib);
+    if asked <= most {
+        return Ok(());
+    }
+    let name = size_name(size_kib);
+    let mib = |pages: u64| pages.saturating_mul(size_kib) / 1024;
+    Err(format!(
+        "{asked} {name} hugepages ({} MiB) are more than this system can give: {} MiB are available \
+         (MemAvailable) and {reserved} pages ({} MiB) are reserved already, so the kernel would take \
+         every free page and leave programs to the OOM killer; ask for at most {most}, less to leave \
+         memory for programs (a queue pair needs one or two 2 MiB pages, see docs/setup.md)",
+        mib(asked),
+        available / 1024,
+        mib(reserved),
+    ))
 }
 
 /// A page size as `--size` and `hugepagesz=` spell it: `2M`, `1G`, `64K`.
@@ -760,6 +802,32 @@ mod tests {
                 .unwrap_err()
                 .contains("too large")
         );
+    }
+
+    #[test]
+    fn a_hugepage_request_beyond_the_available_memory_is_refused() {
+        // Lowering, or no /proc/meminfo: nothing to check.
+        assert_eq!(hugepage_request_check(10, 2048, 100, Some(0)), Ok(()));
+        assert_eq!(hugepage_request_check(1 << 40, 2048, 0, None), Ok(()));
+        // 100 reserved + 1000 MiB available = 600 pages of 2 MiB at most.
+        assert_eq!(
+            hugepage_request_check(600, 2048, 100, Some(1000 * 1024)),
+            Ok(())
+        );
+        let e = hugepage_request_check(601, 2048, 100, Some(1000 * 1024)).unwrap_err();
+        assert!(
+            e.starts_with("601 2 MiB hugepages (1202 MiB) are more than"),
+            "{e}"
+        );
+        assert!(e.contains("1000 MiB are available"), "{e}");
+        assert!(
+            e.contains("100 pages (200 MiB) are reserved already"),
+            "{e}"
+        );
+        assert!(e.contains("ask for at most 600"), "{e}");
+        // A typo'd count of 1 GiB pages.
+        let e = hugepage_request_check(4096, 1 << 20, 0, Some(8 << 20)).unwrap_err();
+        assert!(e.contains("ask for at most 8"), "{e}");
     }
 
     #[test]
