@@ -4,7 +4,7 @@
 //! ```text
 //! cargo run --release --example hello_world -- 0000:00:04.0
 //! ```
-//! (inside the test bed: `cargo xtask vm -- hello_world`)
+//! (inside the test bed, which installs the examples: `cargo xtask vm -- hello_world`)
 
 use std::time::Duration;
 

@@ -157,9 +157,11 @@ const RELEASE_WATCH_TICK: Duration = Duration::from_millis(100);
 /// several threads serialise on the admin queue's mutex (the I/O path does not
 /// touch it).
 ///
-/// Dropping the last handle (or calling [`Controller::close`]) shuts the
+/// Dropping the last handle — the `Controller` and every queue pair made from
+/// it, which share its state — or calling [`Controller::close`] shuts the
 /// controller down: CC.SHN = normal, wait for CSTS.SHST = complete, then
 /// CC.EN = 0, so no DMA happens after the process stops using the device.
+/// A pair that outlives a dropped `Controller` keeps working until it goes.
 pub struct Controller<D: Device = VfioNvme> {
     pub(crate) inner: Arc<Inner<D>>,
     /// The active namespaces, by ascending NSID; refreshed by Format NVM
@@ -677,7 +679,9 @@ impl<D: Device> Controller<D> {
 
     /// Shuts the controller down now (CC.SHN normal, wait CSTS.SHST complete,
     /// CC.EN = 0). Further calls on this controller or its queue pairs fail with
-    /// [`Error::Closed`]. Dropping the controller does the same.
+    /// [`Error::Closed`]. Dropping the controller does the same once its
+    /// queue pairs are gone too (they share its state; while one lives, a
+    /// dropped controller stays up for it).
     pub fn close(self) -> Result<()> {
         self.inner.shutdown()
     }

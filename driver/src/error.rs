@@ -310,6 +310,29 @@ pub enum NvmLimit {
     DsmBlocks,
 }
 
+/// The command whose range count is refused ([`Reject::RangeCount`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RangeCommand {
+    /// Dataset Management: CDW10.NR is 8 bits, 0-based — 1..=256 ranges of
+    /// 16 bytes, one page.
+    DatasetManagement,
+    /// Copy (Source Range Entries Descriptor Format 0h): 1..=128 ranges of
+    /// 32 bytes, the one list page the pair keeps per command (the
+    /// namespace's MSRC may allow fewer; the controller enforces it).
+    Copy,
+}
+
+impl RangeCommand {
+    /// The command's name as the NVM Command Set specification spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            RangeCommand::DatasetManagement => "Dataset Management",
+            RangeCommand::Copy => "Copy",
+        }
+    }
+}
+
 /// Why a queue pair refused to submit a command: the hot path's error, a
 /// few bytes (no string is built, nothing is allocated). Nothing reached the
 /// device. [`crate::IoQueuePair::describe`] turns it into the descriptive
@@ -359,10 +382,14 @@ pub enum Reject {
         /// Bytes of the transfer.
         bytes: u64,
     },
-    /// Dataset Management carries 1..=256 ranges.
+    /// A Dataset Management carries 1..=256 ranges, a Copy 1..=128.
     RangeCount {
+        /// Which command.
+        command: RangeCommand,
         /// Ranges passed.
         ranges: u32,
+        /// The most it takes.
+        max: u32,
     },
     /// The command is beyond one of the controller's NVM Command Set size
     /// limits ([`crate::Controller::nvm_limits`], Identify CNS 06h): submit
@@ -469,8 +496,12 @@ impl std::fmt::Display for Reject {
                 f,
                 "a transfer of {bytes} bytes exceeds the maximum per command (MDTS, at most 4 MiB) and cannot be split into at most queue-depth commands of whole blocks (raw commands are never split); submit it in parts"
             ),
-            Reject::RangeCount { ranges } => {
-                write!(f, "Dataset Management with {ranges} ranges: must be 1..=256")
+            Reject::RangeCount {
+                command,
+                ranges,
+                max,
+            } => {
+                write!(f, "{} with {ranges} ranges: must be 1..={max}", command.name())
             }
             Reject::SizeLimit { limit, max } => {
                 let (what, field, unit) = match limit {

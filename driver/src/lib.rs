@@ -40,7 +40,9 @@ pub mod qpair;
 
 pub use controller::{BringupStep, Controller, ShadowBuffers, list_controllers};
 pub use device::{Device, ReadOnlyMemory, ReleaseRequest, VfioNvme};
-pub use error::{Error, IoError, IoFailure, NvmLimit, PiCheck, Reject, Rejected, Result};
+pub use error::{
+    Error, IoError, IoFailure, NvmLimit, PiCheck, RangeCommand, Reject, Rejected, Result,
+};
 pub use format::{FormatNvm, SecureErase};
 pub use hotplug::{HotplugEvent, Watcher, watch};
 pub use namespace::{MetadataLayout, Namespace};

@@ -5,9 +5,9 @@ use std::time::Duration;
 
 use upnvme_dma::PageBacking;
 
-/// Largest transfer per command a queue pair accepts, whatever MDTS allows
-/// (larger I/Os are split by the caller; the PRP list pages for it are
-/// preallocated per tracker).
+/// Largest transfer per command a queue pair sends, whatever MDTS allows
+/// (a larger read or write is split by the pair into commands of at most
+/// this and MDTS; the PRP list pages for one are preallocated per tracker).
 pub const MAX_TRANSFER_CAP: usize = 4 << 20;
 
 /// How to open and bring up a controller.

@@ -349,6 +349,41 @@ fn fio_refuses_block_sizes_the_namespace_or_the_controller_cannot_take() {
             "a block size (bs/bsrange/bssplit) of {odd} bytes is not a multiple of namespace 1's {lba}-byte blocks"
         ),
     );
+    // A start offset off the block grid (every I/O would fail with EINVAL),
+    // and the two options that use a file descriptor the engine has not.
+    let half = (lba / 2).to_string();
+    refused(
+        &[&format!("--offset={half}")],
+        &format!(
+            "the job starts at byte {half} (offset= / offset_increment=), not a multiple of namespace 1's {lba}-byte blocks"
+        ),
+    );
+    refused(
+        &["--pre_read=1"],
+        "pre_read=1 reads the file through a file descriptor",
+    );
+    refused(
+        &["--rw=randwrite", "--fsync_on_close=1"],
+        "fsync_on_close=1 calls fsync() on a file descriptor",
+    );
+}
+
+/// `end_fsync=1`, the way the engine's refusal of `fsync_on_close=1` points
+/// to: the job ends with a Flush through the engine, without error.
+#[test]
+fn fio_end_fsync_flushes_through_the_engine() {
+    if !enabled() {
+        return;
+    }
+    let f = filename(1);
+    passed(&fio(&[
+        "--name=x",
+        f.as_str(),
+        "--rw=randwrite",
+        "--bs=4k",
+        "--size=1M",
+        "--end_fsync=1",
+    ]));
 }
 
 /// An iolog replay (here in chunks, a later chunk with larger I/Os, which

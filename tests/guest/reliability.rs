@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use upnvme::{
     Controller, ControllerOptions, CqHeadPolicy, DmaBuffer, IoCommand, IoError, IoQueuePair,
-    Namespace, QueuePairOptions, Reject,
+    Namespace, QueuePairOptions, RangeCommand, Reject,
 };
 
 fn device() -> String {
@@ -472,7 +472,11 @@ fn malformed_commands_are_refused_before_the_device() {
                 ns: &ns,
                 ranges: &[],
             },
-            Reject::RangeCount { ranges: 0 },
+            Reject::RangeCount {
+                command: RangeCommand::DatasetManagement,
+                ranges: 0,
+                max: 256,
+            },
             "ranges",
         ),
     ];

@@ -21,7 +21,7 @@ use upnvme::dma::memory::HostMemory;
 use upnvme::dma::{DmaAllocator, DmaMapper, PciAddress, Sysfs};
 use upnvme::{
     Controller, ControllerOptions, DmaBuffer, DsmRange, Error, IoCommand, IoQueuePair, Namespace,
-    PageBacking, QueuePairOptions, Reject, VfioNvme,
+    PageBacking, QueuePairOptions, RangeCommand, Reject, VfioNvme,
 };
 use upnvme_dma::DmaError;
 use upnvme_tests::{Fault, Match, ModelConfig, ModelController, NamespaceConfig};
@@ -1030,7 +1030,14 @@ fn dataset_management_range_count() {
             ranges: &ranges,
         };
         let (r, e) = refused(&m, &c, &mut qp, cmd, 0);
-        assert_eq!(r, Reject::RangeCount { ranges: n as u32 });
+        assert_eq!(
+            r,
+            Reject::RangeCount {
+                command: RangeCommand::DatasetManagement,
+                ranges: n as u32,
+                max: 256,
+            }
+        );
         assert_eq!(
             e.to_string(),
             format!("invalid argument: Dataset Management with {n} ranges: must be 1..=256")

@@ -9,7 +9,7 @@ mod common;
 use common::{T, assert_clean, buffer_with, config_one_ns, pattern, read_back, run_io, setup};
 use upnvme::{
     Controller, CopyRange, DsmAttributes, DsmRange, IoCommand, IoData, IoError, IoFlags, NvmLimit,
-    QueuePairOptions, Reject, Sqe,
+    QueuePairOptions, RangeCommand, Reject, Sqe,
 };
 use upnvme_tests::{ModelConfig, ModelController, NvmLimitsConfig};
 
@@ -216,8 +216,24 @@ fn copy_moves_the_source_ranges_in_order() {
     // fit the namespace.
     let many = vec![CopyRange { slba: 0, blocks: 1 }; 129];
     for (ranges, sdlba, want) in [
-        (&many[..], 0, Reject::RangeCount { ranges: 129 }),
-        (&[][..], 0, Reject::RangeCount { ranges: 0 }),
+        (
+            &many[..],
+            0,
+            Reject::RangeCount {
+                command: RangeCommand::Copy,
+                ranges: 129,
+                max: 128,
+            },
+        ),
+        (
+            &[][..],
+            0,
+            Reject::RangeCount {
+                command: RangeCommand::Copy,
+                ranges: 0,
+                max: 128,
+            },
+        ),
         (&many[..2], 8191, Reject::LbaRange),
     ] {
         let cmd = IoCommand::Copy {
@@ -709,4 +725,34 @@ fn commands_beyond_the_nvm_size_limits_are_refused_with_the_limit() {
     assert_eq!(qp.in_flight(), 0);
     drop(qp);
     assert_clean(&m);
+}
+
+/// Copy takes at most 128 source ranges (one list page): a Copy of 129..=256
+/// is refused with a Copy message and its limit (it said "Dataset Management
+/// with 200 ranges: must be 1..=256", found in review).
+#[test]
+fn a_copy_with_too_many_ranges_is_refused_with_a_copy_message() {
+    let (_m, c) = setup(ModelConfig {
+        oncs: ModelConfig::ONCS_COPY | ModelConfig::ONCS_DSM,
+        ..common::config_one_ns(512, 100_000)
+    });
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let ranges: Vec<CopyRange> = (0..200)
+        .map(|i| CopyRange {
+            slba: i * 2,
+            blocks: 1,
+        })
+        .collect();
+    let copy = IoCommand::Copy {
+        ns: &ns,
+        sdlba: 10_000,
+        ranges: &ranges,
+    };
+    let r = qp.submit_io(copy, IoData::none(), 1).unwrap_err();
+    let msg = qp.describe(r.reason).to_string();
+    assert!(
+        msg.contains("Copy") && msg.contains("128"),
+        "a Copy of 200 source ranges was refused with: {msg}"
+    );
 }

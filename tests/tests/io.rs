@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use common::{T, admin_op, assert_clean, buffer_with, config_one_ns, pattern, read_back, setup};
 use upnvme::{
     Completion, Controller, DsmRange, Error, IoCommand, IoData, IoError, IoQueuePair, Namespace,
-    QueuePairOptions, Reject,
+    QueuePairOptions, RangeCommand, Reject,
 };
 use upnvme_tests::{Fault, Match, ModelConfig, ModelController, NamespaceConfig, Status};
 
@@ -439,10 +439,21 @@ fn argument_errors_return_the_buffer_and_send_nothing() {
     assert!(f.buffer.is_none());
     // DSM with no range / too many ranges / a range outside.
     for (ranges, want) in [
-        (vec![], Reject::RangeCount { ranges: 0 }),
+        (
+            vec![],
+            Reject::RangeCount {
+                command: RangeCommand::DatasetManagement,
+                ranges: 0,
+                max: 256,
+            },
+        ),
         (
             vec![DsmRange::default(); 257],
-            Reject::RangeCount { ranges: 257 },
+            Reject::RangeCount {
+                command: RangeCommand::DatasetManagement,
+                ranges: 257,
+                max: 256,
+            },
         ),
         (
             vec![DsmRange {

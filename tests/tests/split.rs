@@ -242,10 +242,12 @@ fn a_split_is_queued_whole_or_not_at_all() {
             9,
         )
         .unwrap_err();
-    assert!(
-        matches!(f.reason, Reject::BufferTooSmall { .. }),
-        "{:?}",
-        f.reason
+    // The need named is the whole transfer's, not the last piece's share.
+    assert_eq!(
+        f.reason,
+        Reject::BufferTooSmall {
+            need: 2 * PER * BS as u64
+        }
     );
     assert_eq!(m.commands_fetched(), fetched);
     // More pieces than the pair is deep: never.
@@ -574,4 +576,105 @@ fn splits_waiting_for_one_piece_each_do_not_block_a_new_one() {
     drop(qp);
     drop(c);
     assert_clean(&m);
+}
+
+/// A Read or Write above 65536 blocks is refused for its block count before
+/// its buffer is measured, then split: a buffer too small for the whole is
+/// refused with the whole's need (it was refused by the first piece that did
+/// not fit, with that piece's share: "the transfer needs 524288 bytes" for a
+/// 32 MiB buffer, found in review).
+#[test]
+fn a_split_refusal_for_a_small_buffer_names_the_whole_transfers_need() {
+    let (_m, c) = setup(common::config_one_ns(512, 100_000));
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let blocks = 70_000u32;
+    let buf = c.alloc_dma(32 << 20).unwrap();
+    let read = IoCommand::Read {
+        ns: &ns,
+        slba: 0,
+        blocks,
+    };
+    let r = qp.submit(read, Some(buf), 1).unwrap_err();
+    let len = r.buffer.as_ref().unwrap().len() as u64;
+    let msg = qp.describe(r.reason).to_string();
+    assert_eq!(
+        r.reason,
+        Reject::BufferTooSmall {
+            need: u64::from(blocks) * 512
+        },
+        "buffer of {len} bytes refused with: {msg}"
+    );
+}
+
+/// The same for a separate metadata buffer: a 300000-byte metadata buffer
+/// for 70000 blocks with 8 bytes each (560000 needed) is refused with the
+/// whole's need (it was one piece's share, 8192, less than was passed).
+#[test]
+fn a_split_refusal_for_a_small_metadata_buffer_names_the_whole_need() {
+    let (_m, c) = setup(ModelConfig {
+        namespaces: vec![NamespaceConfig {
+            nsid: 1,
+            lba_size: 512,
+            blocks: 100_000,
+            ms: 8,
+            extended: false,
+            ..NamespaceConfig::default()
+        }],
+        ..ModelConfig::default()
+    });
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let blocks = 70_000u32;
+    let data = c.alloc_dma(blocks as usize * 512).unwrap();
+    let md = c.alloc_dma(300_000).unwrap();
+    let read = IoCommand::Read {
+        ns: &ns,
+        slba: 0,
+        blocks,
+    };
+    let r = qp
+        .submit_io(read, IoData::buffer(data).metadata(md), 1)
+        .unwrap_err();
+    let md_len = r.metadata.as_ref().unwrap().len() as u64;
+    let msg = qp.describe(r.reason).to_string();
+    assert_eq!(
+        r.reason,
+        Reject::MetadataBuffer {
+            need: u64::from(blocks) * 8
+        },
+        "metadata buffer of {md_len} bytes refused with: {msg}"
+    );
+}
+
+/// More than 65536 blocks in more pieces than the pair is deep: refused as
+/// too large to split, not with "block count …: must be 1..=65536", which
+/// reads as if a split never happened.
+#[test]
+fn a_block_count_beyond_what_the_pair_can_split_says_transfer_too_large() {
+    let (_m, c) = setup(common::config_one_ns(512, 1 << 20));
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c
+        .io_queue_pair(QueuePairOptions {
+            entries: Some(4),
+            ..QueuePairOptions::default()
+        })
+        .unwrap();
+    let blocks = 70_000u32;
+    let pieces = u64::from(blocks).div_ceil((qp.max_transfer() / 512) as u64);
+    assert!(pieces > u64::from(qp.max_depth()), "{pieces} pieces");
+    let r = qp
+        .submit(
+            read(&ns, 0, blocks),
+            Some(c.alloc_dma(blocks as usize * 512).unwrap()),
+            1,
+        )
+        .unwrap_err();
+    assert_eq!(
+        r.reason,
+        Reject::TransferTooLarge {
+            bytes: u64::from(blocks) * 512
+        }
+    );
+    assert!(r.buffer.is_some());
 }

@@ -148,10 +148,20 @@ struct upnvme_fio_thread {
 	unsigned int gen;
 };
 
+/* The errno fio reports for a UPNVME_E* code: the C API's codes are
+ * negative errno values, but for its own two (setup and internal errors),
+ * which have none and become EIO. */
+static int errno_of(int rc)
+{
+	if (rc == UPNVME_ESETUP || rc == UPNVME_EINTERNAL || rc >= 0)
+		return EIO;
+	return -rc;
+}
+
 static int fail(struct thread_data *td, const char *what, int rc)
 {
 	log_err("upnvme: %s: %s (%s)\n", what, upnvme_last_error(), upnvme_strerror(rc));
-	td_verror(td, EIO, what);
+	td_verror(td, errno_of(rc), what);
 	return 1;
 }
 
@@ -273,7 +283,7 @@ static bool sizes_fit_blocks(struct thread_data *td, uint32_t lba, const char **
  * one), opened by the first file that names it and shared after that. ""
  * is resolved to its address first, so a job that names the controller
  * and one that does not share it (a second open of its VFIO group fails). */
-static struct shared_ctrl *ctrl_get(struct thread_data *td, const char *name)
+static struct shared_ctrl *ctrl_get(struct thread_data *td, const char *name, int *err)
 {
 	struct upnvme_fio_options *o = td->eo;
 	char addr[32];
@@ -283,6 +293,7 @@ static struct shared_ctrl *ctrl_get(struct thread_data *td, const char *name)
 		int rc = upnvme_ctrl_default_addr(addr, sizeof(addr));
 		if (rc != UPNVME_OK) {
 			log_err("upnvme: no traddr in the filename, and %s\n", upnvme_last_error());
+			*err = errno_of(rc);
 			return NULL;
 		}
 	}
@@ -300,6 +311,7 @@ static struct shared_ctrl *ctrl_get(struct thread_data *td, const char *name)
 	struct shared_ctrl *c = calloc(1, sizeof(*c));
 	if (!c) {
 		pthread_mutex_unlock(&ctrls_lock);
+		*err = ENOMEM;
 		return NULL;
 	}
 	snprintf(c->addr, sizeof(c->addr), "%s", addr);
@@ -311,6 +323,7 @@ static struct shared_ctrl *ctrl_get(struct thread_data *td, const char *name)
 		log_err("upnvme: opening %s: %s\n", addr, upnvme_last_error());
 		free(c);
 		pthread_mutex_unlock(&ctrls_lock);
+		*err = errno_of(rc);
 		return NULL;
 	}
 	c->refs = 1;
@@ -407,10 +420,11 @@ static int open_files(struct thread_data *td)
 			free(uf);
 			return 1;
 		}
-		uf->sc = ctrl_get(td, addr);
+		int err = 0;
+		uf->sc = ctrl_get(td, addr, &err);
 		if (!uf->sc) {
 			free(uf);
-			td_verror(td, ENODEV, "upnvme_ctrl_open");
+			td_verror(td, err, "upnvme_ctrl_open");
 			return 1;
 		}
 		struct upnvme_ns_info info;
@@ -425,6 +439,10 @@ static int open_files(struct thread_data *td)
 		const char *what = NULL;
 		unsigned long long value = 0;
 		bool refuse = true;
+		/* Where this job starts (offset=, offset_increment= and their
+		 * percentages): fio's own rule, which reads the file's size. */
+		f->real_file_size = info.size_bytes;
+		unsigned long long start = get_start_offset(td, f);
 		if (first && first->sc != uf->sc) {
 			log_err("upnvme: '%s' is on another controller than '%s': the job's I/O memory "
 				"is mapped for its first file's controller only; use one job per "
@@ -439,6 +457,17 @@ static int open_files(struct thread_data *td)
 			log_err("upnvme: %s of %llu bytes is not a multiple of namespace %u's %u-byte "
 				"blocks\n",
 				what, value, uf->nsid, info.lba_size);
+		} else if (start % info.lba_size) {
+			log_err("upnvme: the job starts at byte %llu (offset= / offset_increment=), not "
+				"a multiple of namespace %u's %u-byte blocks\n",
+				start, uf->nsid, info.lba_size);
+		} else if (td->o.pre_read) {
+			log_err("upnvme: pre_read=1 reads the file through a file descriptor, and this "
+				"engine has none (the namespace is reached through VFIO): leave it out\n");
+		} else if (td->o.fsync_on_close) {
+			log_err("upnvme: fsync_on_close=1 calls fsync() on a file descriptor, and this "
+				"engine has none: use end_fsync=1 (a Flush through the engine at the "
+				"job's end) or fsync=N\n");
 		} else {
 			refuse = false;
 		}
@@ -650,7 +679,7 @@ static void upnvme_fio_done(void *arg, const struct upnvme_cpl *cpl)
 	if (cpl->status == UPNVME_OK) {
 		io_u->error = 0;
 	} else {
-		io_u->error = cpl->status == UPNVME_EIO ? EIO : -cpl->status;
+		io_u->error = errno_of(cpl->status);
 		if (cpl->status == UPNVME_EIO)
 			log_err("upnvme: %s at offset %llu failed: NVMe status sct %u sc %#x\n",
 				io_ddir_name(io_u->ddir), (unsigned long long)io_u->offset, cpl->sct,
@@ -713,7 +742,7 @@ static enum fio_q_status upnvme_fio_queue(struct thread_data *td, struct io_u *i
 		return FIO_Q_BUSY;
 	if (rc != UPNVME_OK) {
 		log_err("upnvme: %s: %s\n", io_ddir_name(io_u->ddir), upnvme_last_error());
-		io_u->error = rc == UPNVME_EINVAL ? EINVAL : EIO;
+		io_u->error = errno_of(rc);
 		return FIO_Q_COMPLETED;
 	}
 	return FIO_Q_QUEUED;

@@ -62,62 +62,84 @@ static int fail(const char *what, int rc)
 int main(int argc, char **argv)
 {
     const char *addr = argc > 1 ? argv[1] : NULL;
-    struct upnvme_ctrl *ctrl;
-    int rc = upnvme_ctrl_open(addr, NULL, &ctrl);
-    if (rc != UPNVME_OK)
-        return fail("upnvme_ctrl_open", rc);
+    struct upnvme_ctrl *ctrl = NULL;
+    struct upnvme_qpair *qp = NULL;
+    struct upnvme_buf *buf = NULL;
+    int ret = 1; /* the exit status: 0 once the string came back */
 
+    int rc = upnvme_ctrl_open(addr, NULL, &ctrl);
+    if (rc != UPNVME_OK) {
+        fail("upnvme_ctrl_open", rc);
+        goto out;
+    }
     struct upnvme_ns_info ns;
     rc = upnvme_ns_get_info(ctrl, 1, &ns);
-    if (rc != UPNVME_OK)
-        return fail("upnvme_ns_get_info", rc);
+    if (rc != UPNVME_OK) {
+        fail("upnvme_ns_get_info", rc);
+        goto out;
+    }
     printf("Attached to %s (libupnvme_c %s), namespace 1: %llu blocks of %u bytes\n",
            addr ? addr : "the only vfio-bound controller", upnvme_version(),
            (unsigned long long)ns.blocks, ns.lba_size);
 
-    struct upnvme_qpair *qp;
     rc = upnvme_qpair_create(ctrl, NULL, &qp);
-    if (rc != UPNVME_OK)
-        return fail("upnvme_qpair_create", rc);
-    struct upnvme_buf *buf;
+    if (rc != UPNVME_OK) {
+        fail("upnvme_qpair_create", rc);
+        goto out;
+    }
     rc = upnvme_buf_alloc(ctrl, ns.lba_size, &buf);
-    if (rc != UPNVME_OK)
-        return fail("upnvme_buf_alloc", rc);
+    if (rc != UPNVME_OK) {
+        fail("upnvme_buf_alloc", rc);
+        goto out;
+    }
     memcpy(upnvme_buf_data(buf), MSG, sizeof(MSG) - 1);
 
     struct state s = {.qp = qp, .done = 0, .status = UPNVME_OK};
     rc = upnvme_write(qp, 1, buf, 0, 1, write_done, &s);
-    if (rc != UPNVME_OK)
-        return fail("upnvme_write", rc);
+    if (rc != UPNVME_OK) {
+        fail("upnvme_write", rc);
+        goto out;
+    }
 
     /* Poll; give up after 10 s (nothing waits forever). */
     struct timespec start, now;
     clock_gettime(CLOCK_MONOTONIC, &start);
     while (!s.done) {
         rc = upnvme_qpair_process_completions(qp, 0);
-        if (rc < 0)
-            return fail("upnvme_qpair_process_completions", rc);
+        if (rc < 0) {
+            fail("upnvme_qpair_process_completions", rc);
+            goto out;
+        }
         clock_gettime(CLOCK_MONOTONIC, &now);
         if (now.tv_sec - start.tv_sec > 10) {
             fprintf(stderr, "no completion after 10 s\n");
-            return 1;
+            goto out;
         }
     }
     if (s.status != UPNVME_OK) {
         fprintf(stderr, "I/O failed: %s\n", upnvme_strerror(s.status));
-        return 1;
+        goto out;
     }
     const char *back = upnvme_buf_data(buf);
     fwrite(back, 1, sizeof(MSG) - 1, stdout);
     if (memcmp(back, MSG, sizeof(MSG) - 1) != 0) {
         fprintf(stderr, "read back something else than was written\n");
-        return 1;
+        goto out;
     }
-    if ((rc = upnvme_buf_free(buf)) != UPNVME_OK)
-        return fail("upnvme_buf_free", rc);
-    if ((rc = upnvme_qpair_destroy(qp)) != UPNVME_OK)
-        return fail("upnvme_qpair_destroy", rc);
-    if ((rc = upnvme_ctrl_close(ctrl)) != UPNVME_OK)
-        return fail("upnvme_ctrl_close", rc);
-    return 0;
+    ret = 0;
+
+out:
+    /* Every path ends here, so the controller is always shut down (CC.SHN).
+     * A pair with a command still in flight (the timeout above) refuses to
+     * go with UPNVME_EBUSY; once the controller is closed that command can
+     * never complete, and destroying the pair ends it with UPNVME_ENODEV. */
+    if (qp && upnvme_qpair_destroy(qp) == UPNVME_OK)
+        qp = NULL;
+    if (ctrl && (rc = upnvme_ctrl_close(ctrl)) != UPNVME_OK && ret == 0)
+        ret = fail("upnvme_ctrl_close", rc);
+    if (qp && (rc = upnvme_qpair_destroy(qp)) != UPNVME_OK && ret == 0)
+        ret = fail("upnvme_qpair_destroy", rc);
+    if (buf && (rc = upnvme_buf_free(buf)) != UPNVME_OK && ret == 0)
+        ret = fail("upnvme_buf_free", rc);
+    return ret;
 }

@@ -127,12 +127,14 @@ typedef struct upnvme_pool upnvme_pool;
 typedef struct upnvme_qpair upnvme_qpair;
 
 /**
- * Options of `upnvme_ctrl_open`. Fill with `upnvme_ctrl_opts_default`, then
+ * Options of `upnvme_ctrl_open`. Fill with `upnvme_ctrl_opts_default(&o)`
+ * (a header inline: `upnvme_ctrl_opts_init(&o, sizeof o)`), then
  * change fields.
  */
 typedef struct upnvme_ctrl_opts {
   /**
-   * `sizeof(struct upnvme_ctrl_opts)`, set by `upnvme_ctrl_opts_default`
+   * `sizeof(struct upnvme_ctrl_opts)` as the caller's header has it, set by
+   * `upnvme_ctrl_opts_init` / `upnvme_ctrl_opts_default`
    * (lets later versions add fields; a struct with `size` below 4 is
    * refused with `UPNVME_EINVAL`).
    */
@@ -219,12 +221,14 @@ typedef struct upnvme_ns_info {
 } upnvme_ns_info;
 
 /**
- * Options of `upnvme_qpair_create`. Fill with `upnvme_qpair_opts_default`,
+ * Options of `upnvme_qpair_create`. Fill with `upnvme_qpair_opts_default(&o)`
+ * (a header inline: `upnvme_qpair_opts_init(&o, sizeof o)`),
  * then change fields.
  */
 typedef struct upnvme_qpair_opts {
   /**
-   * `sizeof(struct upnvme_qpair_opts)`, set by `upnvme_qpair_opts_default`
+   * `sizeof(struct upnvme_qpair_opts)` as the caller's header has it, set
+   * by `upnvme_qpair_opts_init` / `upnvme_qpair_opts_default`
    * (a struct with `size` below 4 is refused with `UPNVME_EINVAL`).
    */
   uint32_t size;
@@ -337,16 +341,6 @@ const char *upnvme_strerror(int code);
  * none failed.
  */
 const char *upnvme_last_error(void);
-
-/**
- * Fills `opts` with the defaults: the whole struct as this library knows
- * it. A program that may run with a newer library than its header should
- * use [`upnvme_ctrl_opts_init`] instead.
- *
- * # Safety
- * `opts` is null or points to writable memory for the struct.
- */
-void upnvme_ctrl_opts_default(struct upnvme_ctrl_opts *opts);
 
 /**
  * Fills `opts` with the defaults, writing at most `size` bytes — pass
@@ -584,16 +578,6 @@ size_t upnvme_pool_available(const struct upnvme_pool *pool);
 void upnvme_pool_destroy(struct upnvme_pool *pool);
 
 /**
- * Fills `opts` with the defaults: the whole struct as this library knows
- * it. A program that may run with a newer library than its header should
- * use [`upnvme_qpair_opts_init`] instead.
- *
- * # Safety
- * `opts` is null or points to writable memory for the struct.
- */
-void upnvme_qpair_opts_default(struct upnvme_qpair_opts *opts);
-
-/**
  * Fills `opts` with the defaults, writing at most `size` bytes — pass
  * `sizeof(struct upnvme_qpair_opts)` as your header has it — and sets its
  * `size` field to what was written (see [`upnvme_ctrl_opts_init`]).
@@ -687,7 +671,9 @@ int upnvme_write(struct upnvme_qpair *qp,
                  void *cb_arg);
 
 /**
- * Flush (commit the volatile write cache) of namespace `nsid`.
+ * Flush (commit the volatile write cache) of namespace `nsid`, an active
+ * namespace of the controller (the broadcast NSID FFFFFFFFh, "every
+ * namespace", is refused with `UPNVME_EINVAL`: flush each namespace).
  *
  * # Safety
  * `qp` a live pair.
@@ -696,7 +682,9 @@ int upnvme_flush(struct upnvme_qpair *qp, uint32_t nsid, upnvme_cmd_cb cb, void 
 
 /**
  * Write Zeroes of `blocks` blocks at `slba`; `deallocate` sets DEAC (the
- * blocks may be deallocated).
+ * blocks may be deallocated). One command, never split: `blocks` is
+ * 1..=65536 (CDW12.NLB) and at most the controller's WZSL when it reports
+ * one, else `UPNVME_EINVAL` with the limit in `upnvme_last_error()`.
  *
  * # Safety
  * `qp` a live pair.
@@ -745,3 +733,22 @@ int upnvme_qpair_process_completions(struct upnvme_qpair *qp, uint32_t max);
 #endif  // __cplusplus
 
 #endif  /* UPNVME_H */
+
+#ifndef UPNVME_H_INLINES
+#define UPNVME_H_INLINES
+/*
+ * Header inlines: they compile into the caller, with the caller's sizeof, so
+ * a program built against this header writes no more than its own struct
+ * when it runs with a newer libupnvme_c whose structs grew.
+ */
+
+/** Fills *opts with the defaults: upnvme_ctrl_opts_init(opts, sizeof *opts). */
+static inline int upnvme_ctrl_opts_default(struct upnvme_ctrl_opts *opts) {
+  return upnvme_ctrl_opts_init(opts, sizeof *opts);
+}
+
+/** Fills *opts with the defaults: upnvme_qpair_opts_init(opts, sizeof *opts). */
+static inline int upnvme_qpair_opts_default(struct upnvme_qpair_opts *opts) {
+  return upnvme_qpair_opts_init(opts, sizeof *opts);
+}
+#endif  /* UPNVME_H_INLINES */

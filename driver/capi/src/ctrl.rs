@@ -10,12 +10,14 @@ use upnvme::{
     AsyncEvent, Controller, ControllerOptions, Device, Namespace, NamespaceChanges, PageBacking,
 };
 
-/// Options of `upnvme_ctrl_open`. Fill with `upnvme_ctrl_opts_default`, then
+/// Options of `upnvme_ctrl_open`. Fill with `upnvme_ctrl_opts_default(&o)`
+/// (a header inline: `upnvme_ctrl_opts_init(&o, sizeof o)`), then
 /// change fields.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct upnvme_ctrl_opts {
-    /// `sizeof(struct upnvme_ctrl_opts)`, set by `upnvme_ctrl_opts_default`
+    /// `sizeof(struct upnvme_ctrl_opts)` as the caller's header has it, set by
+    /// `upnvme_ctrl_opts_init` / `upnvme_ctrl_opts_default`
     /// (lets later versions add fields; a struct with `size` below 4 is
     /// refused with `UPNVME_EINVAL`).
     pub size: u32,

@@ -43,17 +43,6 @@ pub struct upnvme_ctrl(pub Ctrl<VfioNvme>);
 /// A queue pair handle (from `upnvme_qpair_create`). Opaque to C.
 pub struct upnvme_qpair(pub Qpair<VfioNvme>);
 
-/// Writes `v` to `out` if it is not null.
-///
-/// # Safety
-/// `out` is null or valid for a write of `T`.
-unsafe fn put<T>(out: *mut T, v: T) {
-    if !out.is_null() {
-        // SAFETY: non-null and valid for writes (the caller's contract).
-        unsafe { out.write(v) };
-    }
-}
-
 /// The constructors' common shape: `out` must not be NULL and is cleared
 /// first, so it is NULL on every failure; on success it holds the handle
 /// `make` built (the caller frees it with the partner function).
@@ -98,18 +87,6 @@ pub extern "C" fn upnvme_strerror(code: c_int) -> *const c_char {
 #[unsafe(no_mangle)]
 pub extern "C" fn upnvme_last_error() -> *const c_char {
     status::last_error()
-}
-
-/// Fills `opts` with the defaults: the whole struct as this library knows
-/// it. A program that may run with a newer library than its header should
-/// use [`upnvme_ctrl_opts_init`] instead.
-///
-/// # Safety
-/// `opts` is null or points to writable memory for the struct.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn upnvme_ctrl_opts_default(opts: *mut upnvme_ctrl_opts) {
-    // SAFETY: the caller's contract.
-    unsafe { put(opts, upnvme_ctrl_opts::default()) }
 }
 
 /// Fills `opts` with the defaults, writing at most `size` bytes — pass
@@ -695,18 +672,6 @@ pub unsafe extern "C" fn upnvme_pool_destroy(pool: *mut upnvme_pool) {
     })
 }
 
-/// Fills `opts` with the defaults: the whole struct as this library knows
-/// it. A program that may run with a newer library than its header should
-/// use [`upnvme_qpair_opts_init`] instead.
-///
-/// # Safety
-/// `opts` is null or points to writable memory for the struct.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn upnvme_qpair_opts_default(opts: *mut upnvme_qpair_opts) {
-    // SAFETY: the caller's contract.
-    unsafe { put(opts, upnvme_qpair_opts::default()) }
-}
-
 /// Fills `opts` with the defaults, writing at most `size` bytes — pass
 /// `sizeof(struct upnvme_qpair_opts)` as your header has it — and sets its
 /// `size` field to what was written (see [`upnvme_ctrl_opts_init`]).
@@ -876,7 +841,9 @@ pub unsafe extern "C" fn upnvme_write(
     unsafe { submit(qp, nsid, Cmd::Write { slba, blocks }, buf, cb, cb_arg) }
 }
 
-/// Flush (commit the volatile write cache) of namespace `nsid`.
+/// Flush (commit the volatile write cache) of namespace `nsid`, an active
+/// namespace of the controller (the broadcast NSID FFFFFFFFh, "every
+/// namespace", is refused with `UPNVME_EINVAL`: flush each namespace).
 ///
 /// # Safety
 /// `qp` a live pair.
@@ -892,7 +859,9 @@ pub unsafe extern "C" fn upnvme_flush(
 }
 
 /// Write Zeroes of `blocks` blocks at `slba`; `deallocate` sets DEAC (the
-/// blocks may be deallocated).
+/// blocks may be deallocated). One command, never split: `blocks` is
+/// 1..=65536 (CDW12.NLB) and at most the controller's WZSL when it reports
+/// one, else `UPNVME_EINVAL` with the limit in `upnvme_last_error()`.
 ///
 /// # Safety
 /// `qp` a live pair.

@@ -20,12 +20,14 @@ use crate::status::{
     io_error_code, reject_code,
 };
 
-/// Options of `upnvme_qpair_create`. Fill with `upnvme_qpair_opts_default`,
+/// Options of `upnvme_qpair_create`. Fill with `upnvme_qpair_opts_default(&o)`
+/// (a header inline: `upnvme_qpair_opts_init(&o, sizeof o)`),
 /// then change fields.
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct upnvme_qpair_opts {
-    /// `sizeof(struct upnvme_qpair_opts)`, set by `upnvme_qpair_opts_default`
+    /// `sizeof(struct upnvme_qpair_opts)` as the caller's header has it, set
+    /// by `upnvme_qpair_opts_init` / `upnvme_qpair_opts_default`
     /// (a struct with `size` below 4 is refused with `UPNVME_EINVAL`).
     pub size: u32,
     /// Submission queue entries (2..=CAP.MQES+1); 0 = the default (up to 256).
@@ -215,9 +217,11 @@ pub struct Qpair<D: Device> {
     ending: bool,
     /// A submission unwound (an internal error, turned into
     /// `UPNVME_EINTERNAL` by the entry point) between taking a tracking
-    /// slot and recording its command: whether the library queued that
-    /// command is unknown, so the pair takes no more work and destroy drops
-    /// it without waiting for its commands.
+    /// slot and recording its command — whether the library queued that
+    /// command is unknown — or the library unwound while reaping, when a
+    /// completion may have left the CQ without reaching its callback: the
+    /// pair takes no more work and destroy drops it without waiting for its
+    /// commands.
     poisoned: bool,
 }
 
@@ -594,7 +598,14 @@ impl<D: Device> Qpair<D> {
                 // SAFETY: `this` is live and no other reference to it exists
                 // now (callbacks run outside this block).
                 let me = unsafe { &mut *this };
-                let c = match me.qp.next_completion() {
+                // Poisoned while the library reaps: should it unwind (an
+                // internal error), a completion may have been taken from
+                // the CQ without its callback, so the pair takes no more
+                // work and destroy does not wait for that command forever.
+                me.poisoned = true;
+                let next = me.qp.next_completion();
+                me.poisoned = false;
+                let c = match next {
                     Ok(Some(c)) => c,
                     Ok(None) => break,
                     // Callbacks ran: their count is the answer, so the

@@ -110,7 +110,7 @@ pub enum IoCommand<'a> {
         ns: &'a Namespace,
         /// Starting Destination LBA (SDLBA).
         sdlba: u64,
-        /// The source ranges (1..=256, each 1..=65536 blocks; the namespace's
+        /// The source ranges (1..=128, each 1..=65536 blocks; the namespace's
         /// MSRC, MSSRL and MCL limits are the controller's to enforce).
         ranges: &'a [CopyRange],
     },

@@ -41,7 +41,7 @@ use super::IoQueuePair;
 use super::command::{Completion, IoCommand};
 use super::iodata::{IoData, IoVec};
 use super::metadata::{bytes_per_block, ref_tag_after, split_ref_tag};
-use super::submit::{MdMem, Mem};
+use super::submit::{MdMem, Mem, slice_room};
 use crate::device::Device;
 use crate::error::{IoError, Reject, Rejected};
 
@@ -276,16 +276,39 @@ impl<D: Device> IoQueuePair<D> {
             return refuse(reason, io);
         }
         let k = blocks.div_ceil(per);
+        let need = (blocks as usize).saturating_mul(block_bytes);
         if k > u64::from(self.max_depth) {
-            return refuse(reason, io);
+            // More pieces than the pair holds: too large to split here,
+            // whatever refused it as a whole (a block count above 65536
+            // included, which a split would otherwise carry).
+            return refuse(Reject::TransferTooLarge { bytes: need as u64 }, io);
         }
         let k = k as u32;
+        // The whole transfer is measured before the children: a refusal for
+        // the block count came before the memory was, and a child that does
+        // not fit would name its own share as the need.
         if let Some(v) = io.segments.as_ref() {
-            // Every child's part of the vector lies inside it (a refusal for
-            // the block count came before the whole was measured).
-            let need = (blocks as usize).saturating_mul(block_bytes);
             if v.total_len() < need {
                 return refuse(Reject::BufferTooSmall { need: need as u64 }, io);
+            }
+        } else if let Some(b) = io.buffer.as_ref() {
+            match slice_room(b.len(), io.offset, io.limit) {
+                Err(e) => return refuse(e, io),
+                Ok(room) if room < need => {
+                    return refuse(Reject::BufferTooSmall { need: need as u64 }, io);
+                }
+                Ok(_) => {}
+            }
+        }
+        if md_bytes > 0 {
+            let md_need = (blocks as usize).saturating_mul(md_bytes);
+            if io.metadata.as_ref().is_none_or(|m| m.len() < md_need) {
+                return refuse(
+                    Reject::MetadataBuffer {
+                        need: md_need as u64,
+                    },
+                    io,
+                );
             }
         }
         // Room in the SQ for every child too, so that writing them below

@@ -23,7 +23,7 @@ use super::iodata::{IoData, IoVec};
 use super::split::{Key, may_split};
 use super::{IoCommand, IoQueuePair, PAGE, SglMode};
 use crate::device::Device;
-use crate::error::{NvmLimit, Reject, Rejected};
+use crate::error::{NvmLimit, RangeCommand, Reject, Rejected};
 use crate::namespace::Namespace;
 
 /// Most ranges a Dataset Management command carries (NR is 8 bits, 0-based).
@@ -815,7 +815,9 @@ impl<D: Device> IoQueuePair<D> {
                 self.oncs_check(ONCS_COPY, "Copy")?;
                 if ranges.is_empty() || ranges.len() > MAX_COPY_RANGES {
                     return Err(Reject::RangeCount {
+                        command: RangeCommand::Copy,
                         ranges: ranges.len().min(u32::MAX as usize) as u32,
+                        max: MAX_COPY_RANGES as u32,
                     });
                 }
                 let mut total = 0u64;
@@ -880,7 +882,9 @@ impl<D: Device> IoQueuePair<D> {
         no_flags(flags)?;
         if ranges.is_empty() || ranges.len() > MAX_DSM_RANGES {
             return Err(Reject::RangeCount {
+                command: RangeCommand::DatasetManagement,
                 ranges: ranges.len().min(u32::MAX as usize) as u32,
+                max: MAX_DSM_RANGES as u32,
             });
         }
         for r in ranges {
@@ -976,7 +980,9 @@ impl<D: Device> IoQueuePair<D> {
                 .buffer()
                 .write_bytes(list_base + i * 16, &r.to_le_bytes())
                 .map_err(|_| Reject::RangeCount {
+                    command: RangeCommand::DatasetManagement,
                     ranges: ranges.len() as u32,
+                    max: MAX_DSM_RANGES as u32,
                 })?;
         }
         Ok(list_iova)
@@ -1026,18 +1032,19 @@ impl<D: Device> IoQueuePair<D> {
     #[inline(never)]
     fn place_copy_ranges(&mut self, ranges: &[CopyRange], slot: u16) -> Result<u64, Reject> {
         let (list_base, list_iova) = self.list_area(slot);
+        let refused = Reject::RangeCount {
+            command: RangeCommand::Copy,
+            ranges: ranges.len() as u32,
+            max: MAX_COPY_RANGES as u32,
+        };
         if ranges.len() * CopyRange::SIZE > PAGE {
-            return Err(Reject::RangeCount {
-                ranges: ranges.len() as u32,
-            });
+            return Err(refused);
         }
         for (i, r) in ranges.iter().enumerate() {
             self.lists
                 .buffer()
                 .write_bytes(list_base + i * CopyRange::SIZE, &r.to_le_bytes())
-                .map_err(|_| Reject::RangeCount {
-                    ranges: ranges.len() as u32,
-                })?;
+                .map_err(|_| refused)?;
         }
         Ok(list_iova)
     }

@@ -1,7 +1,7 @@
 //! `upnvme`: the command-line face of the upnvme driver, in nvme-cli's spirit.
 //!
 //! Subcommands: `perf` (4 KiB round-trip latency and IOPS), `list`,
-//! `identify`, `smart-log`, `read`, `write`, `setup status|bind|unbind|hugepages`.
+//! `identify`, `smart-log`, `read`, `write`, `format`, `setup status|bind|unbind|hugepages`.
 
 /// `print!` that returns an error instead of panicking when stdout is gone
 /// (`upnvme perf --json | head`): use inside functions returning `Result`.

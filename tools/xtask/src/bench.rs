@@ -35,9 +35,9 @@ use crate::vm::Bed;
 #[derive(Debug, Args)]
 pub struct BenchCmd {
     /// Which contenders run: `options` (upnvme's doorbell and reaping options at QD 1, 4
-    /// and 32 beside the raw floor and the kernel, 27 contenders, ~11 min at the defaults),
+    /// and 32 beside the raw floor and the kernel, 28 contenders, ~11 min at the defaults),
     /// `sweep` (upnvme's defaults, the raw floor and io_uring at QD 1-128 for 4 KiB reads,
-    /// and 16/64/128 KiB at QD 1 and 16; 36 contenders, ~15 min) or `all` (both, 56
+    /// and 16/64/128 KiB at QD 1 and 16; 36 contenders, ~15 min) or `all` (both, 57
     /// contenders, ~23 min).
     #[arg(long, value_enum, default_value_t = contenders::Set::All)]
     pub set: contenders::Set,
@@ -52,7 +52,8 @@ pub struct BenchCmd {
     /// Print one JSON document (rows with medians and spread, targets) instead of the table.
     #[arg(long)]
     pub json: bool,
-    /// Do not write docs/benchmarks.md and docs/latency.png.
+    /// Do not write docs/benchmarks.md and its plots (docs/latency.png, docs/iops-depth.png,
+    /// docs/iops-size.png).
     #[arg(long)]
     pub no_write_docs: bool,
     /// Use the guest binaries that are already built (target/guest) instead of building them.
@@ -82,7 +83,7 @@ pub struct CostCmd {
     /// Print one JSON document `{"rows": [{"name": "read-4k", "instructions_per_io": N, ...}, ...]}`.
     #[arg(long)]
     pub json: bool,
-    /// Measure only this row (read-4k, write-4k or read-64k); docs are then not written.
+    /// Measure only this row (read-4k, write-4k, read-64k or read-4k-qd32); docs are then not written.
     #[arg(long, value_name = "NAME")]
     pub row: Option<String>,
 }

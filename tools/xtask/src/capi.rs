@@ -2,7 +2,8 @@
 //! against it: `hello_world_c` for the guest.
 //!
 //! An install tree is a prefix with `include/upnvme.h`, `lib/libupnvme_c.a`
-//! (and `libupnvme_c.so` when built) and `lib/pkgconfig/upnvme.pc`. C code is
+//! (and, when built, `libupnvme_c.so.0` — its SONAME — with `libupnvme_c.so`
+//! linking to it) and `lib/pkgconfig/upnvme.pc`. C code is
 //! compiled against it the way a user's would be: through pkg-config.
 
 use std::path::{Path, PathBuf};
@@ -22,6 +23,10 @@ pub struct CapiCmd {
     #[arg(long, value_name = "DIR", default_value = "/usr/local")]
     pub prefix: PathBuf,
 }
+
+/// The C ABI's major version: the number in libupnvme_c's SONAME, which
+/// driver/capi/build.rs sets (a test holds the two equal).
+pub const CAPI_ABI_MAJOR: u32 = 0;
 
 /// Libraries a static link of libupnvme_c needs besides itself (Rust's std
 /// on glibc: what `rustc --print native-static-libs` lists).
@@ -74,7 +79,16 @@ pub fn install(paths: &Paths, lib_dir: &Path, prefix: &Path) -> Result<()> {
     std::fs::copy(&a, lib.join("libupnvme_c.a"))?;
     let so = lib_dir.join("libupnvme_c.so");
     if so.exists() {
-        std::fs::copy(&so, lib.join("libupnvme_c.so"))?;
+        // Installed under its SONAME (driver/capi/build.rs), with the
+        // development name `-lupnvme_c` finds as a link to it.
+        let versioned = format!("libupnvme_c.so.{CAPI_ABI_MAJOR}");
+        std::fs::copy(&so, lib.join(&versioned))?;
+        let link = lib.join("libupnvme_c.so");
+        if link.symlink_metadata().is_ok() {
+            std::fs::remove_file(&link).with_context(|| format!("replacing {}", link.display()))?;
+        }
+        std::os::unix::fs::symlink(&versioned, &link)
+            .with_context(|| format!("linking {} to {versioned}", link.display()))?;
     }
     std::fs::write(pc.join("upnvme.pc"), pkg_config(prefix))?;
     Ok(())
@@ -141,5 +155,16 @@ mod tests {
         assert!(pc.starts_with("prefix=/opt/u\n"));
         assert!(pc.contains("Libs: -L${libdir} -lupnvme_c\n"));
         assert!(pc.contains("Cflags: -I${includedir}\n"));
+    }
+
+    /// The install names the library by the SONAME driver/capi/build.rs
+    /// gives it.
+    #[test]
+    fn the_abi_major_matches_the_sonames() {
+        let build = include_str!("../../../driver/capi/build.rs");
+        assert!(
+            build.contains(&format!("const ABI_MAJOR: u32 = {CAPI_ABI_MAJOR};")),
+            "driver/capi/build.rs and CAPI_ABI_MAJOR disagree"
+        );
     }
 }

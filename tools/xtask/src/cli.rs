@@ -33,7 +33,8 @@ pub enum Command {
     /// Boot the default guest and run `upnvme perf ARGS...` inside it.
     Perf(PerfCmd),
     /// Benchmark upnvme against the raw floor and the kernel's polled path in one guest
-    /// boot; writes docs/benchmarks.md and docs/latency.png.
+    /// boot; writes docs/benchmarks.md and its plots (docs/latency.png, docs/iops-depth.png,
+    /// docs/iops-size.png).
     Bench(crate::bench::BenchCmd),
     /// Count the driver's instructions per 4 KiB I/O (submit + reap) with callgrind
     /// against the in-memory controller model.

@@ -231,6 +231,9 @@ fn build_engine(paths: &Paths, tree: &Path) -> Result<PathBuf> {
         .arg(&out)
         .arg(&src)
         .args(capi::pkg_config_flags(&prefix, &["--cflags"])?)
+        // The engine exports only what fio looks up (`ioengine`), not the
+        // thousands of Rust symbols the static library brings.
+        .arg("-Wl,--exclude-libs,ALL")
         .arg(prefix.join("lib/libupnvme_c.a"))
         .args(capi::PRIVATE_LIBS.split_whitespace())
         .arg("-lgcc_s");

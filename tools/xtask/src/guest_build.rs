@@ -79,6 +79,8 @@ fn artifact_executable(line: &str) -> Option<(String, PathBuf)> {
     let exe = json_string_field(line, "executable")?;
     let kind = if line.contains(r#""kind":["test"]"#) {
         "test"
+    } else if line.contains(r#""kind":["example"]"#) {
+        "example"
     } else {
         "bin"
     };
@@ -127,7 +129,8 @@ fn check_static(path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Builds `upnvme` and the guest integration tests statically into target/guest.
+/// Builds `upnvme`, the library's examples, the C programs and the guest
+/// integration tests statically into target/guest.
 pub fn build(paths: &Paths) -> Result<Vec<GuestBinary>> {
     eprintln!(
         "xtask: building the guest programs (static, release, {TRIPLE}) into {}",
@@ -140,6 +143,26 @@ pub fn build(paths: &Paths) -> Result<Vec<GuestBinary>> {
     let mut out = Vec::new();
     for (kind, exe) in cargo_json(&mut bins)? {
         if kind == "bin" {
+            let name = exe
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned();
+            out.push(GuestBinary {
+                guest: format!("/bin/{name}"),
+                host: exe,
+            });
+        }
+    }
+    // The library's examples (driver/examples), so that the README's
+    // `cargo xtask vm -- hello_world` works as written.
+    let mut examples = cargo(paths);
+    examples
+        .args(["build", "--release", "--target", TRIPLE, "--target-dir"])
+        .arg(&paths.guest_target)
+        .args(["-p", "upnvme", "--examples"]);
+    for (kind, exe) in cargo_json(&mut examples)? {
+        if kind == "example" {
             let name = exe
                 .file_name()
                 .unwrap_or_default()
@@ -214,6 +237,29 @@ pub fn prebuilt(paths: &Paths) -> Result<Vec<GuestBinary>> {
                 guest: format!("/bin/{name}"),
             });
         }
+    }
+    // The library's examples as cargo uplifts them (`examples/NAME`, no hash).
+    let mut examples: Vec<PathBuf> = std::fs::read_dir(release.join("examples"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            let n = p.file_name().unwrap_or_default().to_string_lossy();
+            p.is_file() && !n.contains('-') && !n.contains('.')
+        })
+        .collect();
+    examples.sort();
+    for exe in examples {
+        let name = exe
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
+        out.push(GuestBinary {
+            host: exe,
+            guest: format!("/bin/{name}"),
+        });
     }
     let hello = paths.guest_target.join(HELLO_WORLD_C);
     if hello.exists() {
