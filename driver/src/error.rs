@@ -401,7 +401,9 @@ pub enum Reject {
         /// ranges for [`NvmLimit::DsmRanges`].
         max: u64,
     },
-    /// The buffer cannot be described by PRPs (PRP1 must be dword aligned).
+    /// The data (or metadata) does not start dword aligned — a piece of
+    /// `DmaBuffer::split` or a slice offset that is not a multiple of 4 —
+    /// which PRP1 and MPTR require.
     Misaligned,
     /// The namespace's metadata format is one the driver cannot describe a
     /// transfer for (protection information with fewer metadata bytes per
@@ -525,7 +527,9 @@ impl std::fmt::Display for Reject {
                 )
             }
             Reject::Misaligned => f.write_str(
-                "the buffer's IOVA is not dword aligned, which PRP1 requires",
+                "the data does not start dword aligned (the buffer's IOVA, e.g. a piece of \
+                 DmaBuffer::split at an odd offset, plus any slice offset), which PRP1 and MPTR \
+                 require: split buffers and start slices at multiples of 4 bytes",
             ),
             Reject::SliceOutOfBounds { offset, len, size } => write!(
                 f,

@@ -419,7 +419,7 @@ fn data_buffer_not_dword_aligned() {
     assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
     assert_eq!(
         e.to_string(),
-        "invalid argument: the buffer's IOVA is not dword aligned, which PRP1 requires"
+        "invalid argument: the data does not start dword aligned (the buffer's IOVA, e.g. a piece of DmaBuffer::split at an odd offset, plus any slice offset), which PRP1 and MPTR require: split buffers and start slices at multiples of 4 bytes"
     );
     drop(qp);
     drop(c);
