@@ -146,6 +146,8 @@ struct upnvme_fio_thread {
 	 * its I/O memory again mid-run when it replays an iolog in chunks or
 	 * a blktrace, without calling post_init). */
 	unsigned int gen;
+	/* io_us queued since the last commit (fio's submit histogram). */
+	unsigned int queued;
 };
 
 /* The errno fio reports for a UPNVME_E* code: the C API's codes are
@@ -530,6 +532,9 @@ static int upnvme_fio_open_file(struct thread_data *td, struct fio_file *f)
 	qo.reap_on_submit = o->reap_on_submit != 0;
 	qo.sq_announce_each_command = o->sq_announce_each != 0;
 	qo.entries = o->entries;
+	/* Queued io_us are announced by fio's commit (one SQ doorbell write for
+	 * each iodepth_batch_submit batch), or by the next getevents. */
+	qo.delay_doorbell = 1;
 	int rc = upnvme_qpair_create(uf->sc->ctrl, &qo, &uf->qp);
 	if (rc != UPNVME_OK)
 		return fail(td, "upnvme_qpair_create", rc);
@@ -745,6 +750,7 @@ static enum fio_q_status upnvme_fio_queue(struct thread_data *td, struct io_u *i
 		io_u->error = errno_of(rc);
 		return FIO_Q_COMPLETED;
 	}
+	u->t->queued++;
 	return FIO_Q_QUEUED;
 }
 
@@ -771,7 +777,7 @@ static int upnvme_fio_getevents(struct thread_data *td, unsigned int min, unsign
 				log_err("upnvme: process_completions: %s\n", upnvme_last_error());
 				/* The io_us collected so far completed: hand them to
 				 * fio; the error comes back at the next call. */
-				return t->nr_events > 0 ? (int)t->nr_events : -EIO;
+				return t->nr_events > 0 ? (int)t->nr_events : -errno_of(rc);
 			}
 		}
 		if (t->nr_events >= min)
@@ -783,6 +789,33 @@ static int upnvme_fio_getevents(struct thread_data *td, unsigned int min, unsign
 		}
 	}
 	return (int)t->nr_events;
+}
+
+/* fio's commit, after each batch it queued (iodepth_batch_submit io_us,
+ * and before it waits for completions): one SQ doorbell write per queue
+ * pair announces them all (the pairs delay their doorbell). */
+static int upnvme_fio_commit(struct thread_data *td)
+{
+	struct fio_file *f;
+	unsigned int i;
+
+	for_each_file(td, f, i) {
+		struct upnvme_fio_file *uf = f->engine_data;
+		if (!uf || !uf->qp)
+			continue;
+		int rc = upnvme_qpair_ring(uf->qp);
+		if (rc != UPNVME_OK) {
+			log_err("upnvme: ring: %s\n", upnvme_last_error());
+			return -errno_of(rc);
+		}
+	}
+	struct upnvme_fio_thread *t = td->io_ops_data;
+	if (t->queued) {
+		/* An engine with a commit hook counts its own submissions. */
+		io_u_mark_submit(td, t->queued);
+		t->queued = 0;
+	}
+	return 0;
 }
 
 static struct io_u *upnvme_fio_event(struct thread_data *td, int event)
@@ -886,6 +919,7 @@ struct ioengine_ops ioengine = {
 	.init = upnvme_fio_init,
 	.post_init = upnvme_fio_post_init,
 	.queue = upnvme_fio_queue,
+	.commit = upnvme_fio_commit,
 	.getevents = upnvme_fio_getevents,
 	.event = upnvme_fio_event,
 	.cleanup = upnvme_fio_cleanup,

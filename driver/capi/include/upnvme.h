@@ -266,6 +266,17 @@ typedef struct upnvme_qpair_opts {
    * ends before it gets the default.
    */
   bool sq_announce_each_command;
+  /**
+   * Delay the SQ doorbell (SPDK's `delay_cmd_submit`): `upnvme_read`,
+   * `upnvme_write` and the other submissions write their command into
+   * the SQ without the doorbell; one doorbell write then announces all
+   * of them — `upnvme_qpair_ring`, or `upnvme_qpair_process_completions`,
+   * which rings what is waiting before it reaps and, at its end, what its
+   * callbacks submitted. Default false: each submission rings. Added
+   * after `sq_announce_each_command`: a caller whose `size` ends before it
+   * gets the default.
+   */
+  bool delay_doorbell;
 } upnvme_qpair_opts;
 
 /**
@@ -598,6 +609,19 @@ int upnvme_qpair_opts_init(struct upnvme_qpair_opts *opts, size_t size);
 int upnvme_qpair_create(const struct upnvme_ctrl *ctrl,
                         const struct upnvme_qpair_opts *opts,
                         struct upnvme_qpair **out);
+
+/**
+ * Announces every command submitted without its doorbell on a pair with
+ * `upnvme_qpair_opts.delay_doorbell` — one SQ tail doorbell write for all
+ * of them — and does nothing otherwise. `UPNVME_EINVAL` for NULL,
+ * `UPNVME_EINTERNAL` for a pair that refuses work after an internal
+ * error. Commands a reset or a failed controller keeps from being rung end
+ * with that outcome at the next `upnvme_qpair_process_completions`.
+ *
+ * # Safety
+ * `qp` a live pair used by this thread.
+ */
+int upnvme_qpair_ring(struct upnvme_qpair *qp);
 
 /**
  * Deletes the queue pair. With commands in flight it first delivers the

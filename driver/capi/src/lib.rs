@@ -711,10 +711,35 @@ pub unsafe extern "C" fn upnvme_qpair_create(
             let qp = c
                 .io_queue_pair(o.to_options())
                 .map_err(|e| fail_error(&e))?;
-            Ok(Box::new(upnvme_qpair(Qpair::new(qp, h.nss.clone()))))
+            let mut qp = Qpair::new(qp, h.nss.clone());
+            qp.set_delay_doorbell(o.delay_doorbell);
+            Ok(Box::new(upnvme_qpair(qp)))
         };
         // SAFETY: `out` null or valid (the caller's contract).
         unsafe { make_handle(out, "upnvme_qpair_create", make) }
+    })
+}
+
+/// Announces every command submitted without its doorbell on a pair with
+/// `upnvme_qpair_opts.delay_doorbell` — one SQ tail doorbell write for all
+/// of them — and does nothing otherwise. `UPNVME_EINVAL` for NULL,
+/// `UPNVME_EINTERNAL` for a pair that refuses work after an internal
+/// error. Commands a reset or a failed controller keeps from being rung end
+/// with that outcome at the next `upnvme_qpair_process_completions`.
+///
+/// # Safety
+/// `qp` a live pair used by this thread.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn upnvme_qpair_ring(qp: *mut upnvme_qpair) -> c_int {
+    guard(|| {
+        if qp.is_null() {
+            return fail(UPNVME_EINVAL, "qp is NULL");
+        }
+        // SAFETY: non-null and live (the caller's contract); the field
+        // pointer is taken without making a reference.
+        let inner = unsafe { &raw mut (*qp).0 };
+        // SAFETY: live, this thread's (the caller's contract).
+        unsafe { Qpair::ring(inner) }
     })
 }
 

@@ -11,7 +11,9 @@
 use std::ffi::{c_int, c_void};
 use std::time::Duration;
 
-use upnvme::{Device, DsmRange, IoCommand, IoQueuePair, Namespace, QueuePairOptions, SqAnnounce};
+use upnvme::{
+    Completion, Device, DsmRange, IoCommand, IoQueuePair, Namespace, QueuePairOptions, SqAnnounce,
+};
 
 use crate::buf::upnvme_buf;
 use crate::ctrl::SharedNamespaces;
@@ -54,6 +56,15 @@ pub struct upnvme_qpair_opts {
     /// measurements. Added after `command_timeout_ms`: a caller whose `size`
     /// ends before it gets the default.
     pub sq_announce_each_command: bool,
+    /// Delay the SQ doorbell (SPDK's `delay_cmd_submit`): `upnvme_read`,
+    /// `upnvme_write` and the other submissions write their command into
+    /// the SQ without the doorbell; one doorbell write then announces all
+    /// of them — `upnvme_qpair_ring`, or `upnvme_qpair_process_completions`,
+    /// which rings what is waiting before it reaps and, at its end, what its
+    /// callbacks submitted. Default false: each submission rings. Added
+    /// after `sq_announce_each_command`: a caller whose `size` ends before it
+    /// gets the default.
+    pub delay_doorbell: bool,
 }
 
 impl Default for upnvme_qpair_opts {
@@ -66,16 +77,18 @@ impl Default for upnvme_qpair_opts {
             reap_on_submit: d.reap_on_submit,
             command_timeout_ms: 0,
             sq_announce_each_command: d.sq_announce == SqAnnounce::EachCommand,
+            delay_doorbell: false,
         }
     }
 }
 
-// SAFETY: the three `bool` fields are listed; the others are integers.
+// SAFETY: the four `bool` fields are listed; the others are integers.
 unsafe impl crate::status::CallerOptions for upnvme_qpair_opts {
     const BOOLS: &'static [usize] = &[
         std::mem::offset_of!(upnvme_qpair_opts, shadow_doorbells),
         std::mem::offset_of!(upnvme_qpair_opts, reap_on_submit),
         std::mem::offset_of!(upnvme_qpair_opts, sq_announce_each_command),
+        std::mem::offset_of!(upnvme_qpair_opts, delay_doorbell),
     ];
 }
 
@@ -223,6 +236,10 @@ pub struct Qpair<D: Device> {
     /// pair takes no more work and destroy drops it without waiting for its
     /// commands.
     poisoned: bool,
+    /// Submissions queue without the doorbell
+    /// (`upnvme_qpair_opts.delay_doorbell`); `upnvme_qpair_ring` and the end
+    /// of `process_completions` ring.
+    delay_doorbell: bool,
 }
 
 const NO_CTX: Ctx = Ctx {
@@ -248,7 +265,32 @@ impl<D: Device> Qpair<D> {
             depth: 0,
             ending: false,
             poisoned: false,
+            delay_doorbell: false,
         }
+    }
+
+    /// Sets whether submissions delay the doorbell
+    /// (`upnvme_qpair_opts.delay_doorbell`).
+    pub(crate) fn set_delay_doorbell(&mut self, on: bool) {
+        self.delay_doorbell = on;
+    }
+
+    /// Announces every command submitted without its doorbell (one SQ tail
+    /// write); nothing to do otherwise.
+    ///
+    /// # Safety
+    /// As [`Qpair::process_completions`].
+    pub unsafe fn ring(this: *mut Self) -> c_int {
+        // SAFETY: live, this thread's; no callback runs inside this block.
+        let me = unsafe { &mut *this };
+        if me.poisoned {
+            return poisoned();
+        }
+        // Commands of a pair being destroyed end there; a refused ring
+        // (the controller reset or failed) ends its commands with that
+        // outcome, reported by the next `process_completions`.
+        me.qp.ring();
+        UPNVME_OK
     }
 
     /// Commands submitted through this API whose callback has not run yet:
@@ -477,25 +519,39 @@ impl<D: Device> Qpair<D> {
         };
         // Cleared below; stays set if the submission unwinds.
         self.poisoned = true;
+        let delay = self.delay_doorbell;
+        let send = |qp: &mut IoQueuePair<D>, cmd: IoCommand<'_>, buffer, tag| {
+            if delay {
+                qp.queue(cmd, buffer, tag)
+            } else {
+                qp.submit(cmd, buffer, tag)
+            }
+        };
         let result = match cmd {
-            Cmd::Read { slba, blocks } => self.qp.submit(
+            Cmd::Read { slba, blocks } => send(
+                &mut self.qp,
                 IoCommand::Read { ns, slba, blocks },
                 buffer,
                 u64::from(slot),
             ),
-            Cmd::Write { slba, blocks } => self.qp.submit(
+            Cmd::Write { slba, blocks } => send(
+                &mut self.qp,
                 IoCommand::Write { ns, slba, blocks },
                 buffer,
                 u64::from(slot),
             ),
-            Cmd::Flush => self
-                .qp
-                .submit(IoCommand::Flush { ns }, buffer, u64::from(slot)),
+            Cmd::Flush => send(
+                &mut self.qp,
+                IoCommand::Flush { ns },
+                buffer,
+                u64::from(slot),
+            ),
             Cmd::WriteZeroes {
                 slba,
                 blocks,
                 deallocate,
-            } => self.qp.submit(
+            } => send(
+                &mut self.qp,
                 IoCommand::WriteZeroes {
                     ns,
                     slba,
@@ -520,7 +576,7 @@ impl<D: Device> Qpair<D> {
                     ns,
                     ranges: &ranges[..r.len()],
                 };
-                self.qp.submit(cmd, buffer, u64::from(slot))
+                send(&mut self.qp, cmd, buffer, u64::from(slot))
             }
         };
         // The buffer is the command's now, or back in the refusal: no
@@ -552,6 +608,45 @@ impl<D: Device> Qpair<D> {
                 fail(reject_code(r.reason), self.qp.describe(r.reason))
             }
         }
+    }
+
+    /// Ends `c`'s command on the C side: its slot freed, its buffer handle
+    /// settled; returns what its callback gets.
+    fn settle(&mut self, c: Completion) -> (Ctx, upnvme_cpl) {
+        let slot = c.tag as usize;
+        // A tag whose slot holds no command (only a library bug could
+        // deliver one) runs no callback and frees nothing, so no slot is
+        // ever free twice.
+        let ctx = match self.ctxs.get_mut(slot).and_then(Option::take) {
+            Some(ctx) => {
+                self.free.push(slot as u32);
+                ctx
+            }
+            None => NO_CTX,
+        };
+        if !ctx.buf.is_null() {
+            // SAFETY: the handle was live at submission and cannot be freed
+            // while in flight (`upnvme_buf_free` refuses).
+            let h = unsafe { &mut *ctx.buf };
+            h.settle(c.buffer);
+        }
+        let (status, sct, sc, dnr) = match &c.result {
+            Ok(_) => (UPNVME_OK, 0, 0, false),
+            Err(e @ upnvme::IoError::Status(s))
+            | Err(e @ upnvme::IoError::Protection { status: s, .. }) => {
+                (io_error_code(e), s.sct(), s.sc(), s.dnr())
+            }
+            Err(e) => (io_error_code(e), 0, 0, false),
+        };
+        let cpl = upnvme_cpl {
+            status,
+            sct,
+            sc,
+            dnr,
+            dw0: *c.result.as_ref().unwrap_or(&0),
+            buf: ctx.buf,
+        };
+        (ctx, cpl)
     }
 
     /// Delivers up to `max` completions (0: all that are ready, at most the
@@ -592,9 +687,21 @@ impl<D: Device> Qpair<D> {
             0 => unsafe { (*this).qp.max_depth() }.max(1),
             m => m,
         };
+        // Reaped in batches on a pair that delays its doorbell, so the
+        // callbacks' submissions go out with one doorbell per batch (each
+        // reap announces what waits first); one at a time otherwise.
+        // SAFETY: live, this thread's; no callback runs yet.
+        let batch = if unsafe { (*this).delay_doorbell } {
+            REAP_BATCH
+        } else {
+            1
+        };
+        // Emptied by each round's `take`s.
+        let mut got: [Option<Completion>; REAP_BATCH] = [const { None }; REAP_BATCH];
         let mut n: u32 = 0;
         while n < max {
-            let (ctx, cpl) = {
+            let mut k = 0;
+            let reaped = {
                 // SAFETY: `this` is live and no other reference to it exists
                 // now (callbacks run outside this block).
                 let me = unsafe { &mut *this };
@@ -603,70 +710,66 @@ impl<D: Device> Qpair<D> {
                 // the CQ without its callback, so the pair takes no more
                 // work and destroy does not wait for that command forever.
                 me.poisoned = true;
-                let next = me.qp.next_completion();
+                let want = (max - n).min(batch as u32);
+                let r = me.qp.process_completions(want, |_, c| {
+                    if let Some(slot) = got.get_mut(k) {
+                        *slot = Some(c);
+                        k += 1;
+                    }
+                });
                 me.poisoned = false;
-                let c = match next {
-                    Ok(Some(c)) => c,
-                    Ok(None) => break,
-                    // Callbacks ran: their count is the answer, so the
-                    // caller knows which commands ended; the error (a
-                    // failed, closed or released controller) is the next
-                    // call's.
-                    Err(_) if n > 0 => break,
-                    Err(e) if record => return fail_error(&e),
-                    Err(e) => return error_code(&e),
-                };
-                let slot = c.tag as usize;
-                // A tag whose slot holds no command (only a library bug
-                // could deliver one) runs no callback and frees nothing, so
-                // no slot is ever free twice.
-                let ctx = match me.ctxs.get_mut(slot).and_then(Option::take) {
-                    Some(ctx) => {
-                        me.free.push(slot as u32);
-                        ctx
-                    }
-                    None => NO_CTX,
-                };
-                if !ctx.buf.is_null() {
-                    // SAFETY: the handle was live at submission and cannot be
-                    // freed while in flight (`upnvme_buf_free` refuses).
-                    let h = unsafe { &mut *ctx.buf };
-                    h.settle(c.buffer);
-                }
-                let (status, sct, sc, dnr) = match &c.result {
-                    Ok(_) => (UPNVME_OK, 0, 0, false),
-                    Err(e @ upnvme::IoError::Status(s))
-                    | Err(e @ upnvme::IoError::Protection { status: s, .. }) => {
-                        (io_error_code(e), s.sct(), s.sc(), s.dnr())
-                    }
-                    Err(e) => (io_error_code(e), 0, 0, false),
-                };
-                let cpl = upnvme_cpl {
-                    status,
-                    sct,
-                    sc,
-                    dnr,
-                    dw0: *c.result.as_ref().unwrap_or(&0),
-                    buf: ctx.buf,
-                };
-                me.depth += 1;
-                (ctx, cpl)
+                r
             };
-            if let Some(cb) = ctx.cb {
-                // SAFETY: a C function pointer given at submission, called
-                // with its own argument and a completion valid for the call.
-                unsafe { cb(ctx.arg, &cpl) };
+            match reaped {
+                Ok(_) if k == 0 => break,
+                Ok(_) => {}
+                // Callbacks ran (or are about to, for what this call
+                // reaped): their count is the answer, so the caller knows
+                // which commands ended; the error (a failed, closed or
+                // released controller) is the next call's.
+                Err(_) if n > 0 || k > 0 => {}
+                Err(e) if record => return fail_error(&e),
+                Err(e) => return error_code(&e),
             }
-            // SAFETY: as above; the callback has returned.
-            unsafe { (*this).depth -= 1 };
-            n += 1;
-            if n == c_int::MAX as u32 {
+            for c in got.iter_mut().take(k).filter_map(Option::take) {
+                let (ctx, cpl) = {
+                    // SAFETY: `this` is live and no other reference to it
+                    // exists now (callbacks run outside this block).
+                    let me = unsafe { &mut *this };
+                    let done = me.settle(c);
+                    me.depth += 1;
+                    done
+                };
+                if let Some(cb) = ctx.cb {
+                    // SAFETY: a C function pointer given at submission,
+                    // called with its own argument and a completion valid
+                    // for the call.
+                    unsafe { cb(ctx.arg, &cpl) };
+                }
+                // SAFETY: as above; the callback has returned.
+                unsafe { (*this).depth -= 1 };
+                n += 1;
+            }
+            if reaped.is_err() || n >= c_int::MAX as u32 {
                 break;
             }
+        }
+        // SAFETY: live, this thread's; the callbacks have returned.
+        let me = unsafe { &mut *this };
+        if me.delay_doorbell && !me.poisoned {
+            // What the callbacks submitted goes out now, with one doorbell
+            // write (SPDK's delay_cmd_submit rings at the same point).
+            me.qp.ring();
         }
         n as c_int
     }
 }
+
+/// Completions one reap takes on a pair that delays its doorbell (their
+/// callbacks then run, and what they submit goes out with the next reap's
+/// doorbell): SPDK's batch is the pair's depth; 32 keeps the array on the
+/// stack small.
+const REAP_BATCH: usize = 32;
 
 /// The refusal of a pair poisoned by an internal error (see `Qpair::poisoned`).
 fn poisoned() -> c_int {

@@ -585,9 +585,11 @@ fn options_are_read_only_as_far_as_the_callers_struct_goes() {
         reap_on_submit: true,
         command_timeout_ms: 5,
         sq_announce_each_command: true,
+        delay_doorbell: true,
     };
     // SAFETY: `o` is readable for its whole size.
     let r = unsafe { read_sized(&o) }.unwrap();
+    assert!(!r.delay_doorbell, "beyond the caller's size: the default");
     let d = upnvme_qpair_opts::default();
     assert_eq!(r.entries, 64);
     assert_eq!(
@@ -604,10 +606,15 @@ fn options_are_read_only_as_far_as_the_callers_struct_goes() {
             d.sq_announce_each_command
         )
     );
+    // A caller from before `delay_doorbell` (its struct ends there).
+    o.size = std::mem::offset_of!(upnvme_qpair_opts, delay_doorbell) as u32;
+    // SAFETY: as above.
+    let r = unsafe { read_sized(&o) }.unwrap();
+    assert!(r.sq_announce_each_command && !r.delay_doorbell);
     o.size = std::mem::size_of::<upnvme_qpair_opts>() as u32;
     // SAFETY: as above.
     let r = unsafe { read_sized(&o) }.unwrap();
-    assert!(r.reap_on_submit && !r.shadow_doorbells);
+    assert!(r.reap_on_submit && !r.shadow_doorbells && r.delay_doorbell);
     assert!(r.sq_announce_each_command && !d.sq_announce_each_command);
     assert_eq!(r.to_options().sq_announce, upnvme::SqAnnounce::EachCommand);
     assert_eq!(d.to_options().sq_announce, upnvme::SqAnnounce::DEEP);
@@ -1565,4 +1572,141 @@ fn the_default_address_is_the_one_open_null_would_take_or_why_there_is_none() {
             assert_eq!(last_error(), why);
         }
     }
+}
+
+/// Counts completions; each first completion resubmits one read from its
+/// callback (on a pair with the doorbell delayed, that one waits for the
+/// doorbell `process_completions` writes at its end).
+struct Batch {
+    qp: *mut Qpair<ModelController>,
+    done: u32,
+    resubmit: u32,
+}
+
+/// Completions counted so far (read between `process_completions` calls).
+fn batch_done(arg: *mut Batch) -> u32 {
+    // SAFETY: the test's live `Batch`; no callback runs during the read.
+    unsafe { (*arg).done }
+}
+
+unsafe extern "C" fn batch_cb(arg: *mut c_void, cpl: *const upnvme_cpl) {
+    // SAFETY: `arg` is the test's live `Batch`; the pair outlives it.
+    let b = unsafe { &mut *arg.cast::<Batch>() };
+    // SAFETY: valid for the call.
+    let cpl = unsafe { &*cpl };
+    assert_eq!(cpl.status, UPNVME_OK, "{}", last_error());
+    b.done += 1;
+    if b.resubmit > 0 {
+        b.resubmit -= 1;
+        // SAFETY: the pair is live; `process_completions` holds no
+        // reference to it while this callback runs.
+        let q = unsafe { &mut *b.qp };
+        let read = Cmd::Read { slba: 3, blocks: 1 };
+        // SAFETY: the handle is ours again.
+        let rc = unsafe { q.submit(1, read, cpl.buf, Some(batch_cb), arg) };
+        assert_eq!(rc, UPNVME_OK, "{}", last_error());
+    }
+}
+
+/// `upnvme_qpair_opts.delay_doorbell`: four submissions write their SQEs
+/// without a doorbell (the controller fetches nothing), one
+/// `upnvme_qpair_ring` announces all four with one SQ doorbell write, and
+/// what the callbacks submit goes out with one write at the end of
+/// `process_completions`. Without the option each submission rings.
+#[test]
+fn a_delayed_doorbell_announces_each_batch_with_one_write() {
+    let (m, c) = model();
+    let mut qp = pair(&c, 16);
+    qp.set_delay_doorbell(true);
+    let qpp: *mut Qpair<ModelController> = &mut *qp;
+    let qid = qp.qp.qid();
+    let mut b = Batch {
+        qp: qpp,
+        done: 0,
+        resubmit: 4,
+    };
+    let arg: *mut Batch = &mut b;
+    let bufs: Vec<_> = (0..4).map(|_| handle(&c, 512)).collect();
+    let (fetched, (sq_writes, _)) = (m.commands_fetched(), m.doorbell_writes(qid));
+    for (i, &h) in bufs.iter().enumerate() {
+        let read = Cmd::Read {
+            slba: i as u64,
+            blocks: 1,
+        };
+        // SAFETY: live handle and pair.
+        let rc = unsafe { qp.submit(1, read, h, Some(batch_cb), arg.cast()) };
+        assert_eq!(rc, UPNVME_OK, "{}", last_error());
+    }
+    assert_eq!(m.commands_fetched(), fetched, "nothing announced yet");
+    assert_eq!(m.doorbell_writes(qid).0, sq_writes);
+    // SAFETY: a live pair, this thread's.
+    assert_eq!(unsafe { Qpair::ring(qpp) }, UPNVME_OK);
+    assert_eq!(m.commands_fetched(), fetched + 4);
+    assert_eq!(
+        m.doorbell_writes(qid).0,
+        sq_writes + 1,
+        "one write for four"
+    );
+    // A ring with nothing waiting writes nothing.
+    // SAFETY: as above.
+    assert_eq!(unsafe { Qpair::ring(qpp) }, UPNVME_OK);
+    assert_eq!(m.doorbell_writes(qid).0, sq_writes + 1);
+    // The four callbacks each resubmit; the four go out with one write
+    // before `process_completions` returns.
+    // SAFETY: live pair, this thread's.
+    let n = unsafe { Qpair::process_completions(qpp, 4) };
+    assert_eq!(n, 4, "{}", last_error());
+    assert_eq!(m.commands_fetched(), fetched + 8);
+    assert_eq!(m.doorbell_writes(qid).0, sq_writes + 2);
+    while batch_done(arg) < 8 {
+        // SAFETY: as above.
+        assert!(unsafe { Qpair::process_completions(qpp, 0) } >= 0);
+    }
+    // Submitted and not rung, then reaped: process_completions announces
+    // what waits before it looks.
+    // SAFETY: live handle (its command ended) and pair.
+    let rc = unsafe {
+        qp.submit(
+            1,
+            Cmd::Read { slba: 9, blocks: 1 },
+            bufs[0],
+            Some(batch_cb),
+            arg.cast(),
+        )
+    };
+    assert_eq!(rc, UPNVME_OK);
+    while batch_done(arg) < 9 {
+        // SAFETY: as above.
+        assert!(unsafe { Qpair::process_completions(qpp, 0) } >= 0);
+    }
+    for h in bufs {
+        // SAFETY: live handles, their commands ended; each freed once.
+        assert_eq!(unsafe { upnvme_buf_free(h) }, UPNVME_OK);
+    }
+    // Without the option: a doorbell write per submission.
+    qp.set_delay_doorbell(false);
+    let h = handle(&c, 512);
+    let before = m.doorbell_writes(qid).0;
+    // SAFETY: as above.
+    unsafe { (*arg).resubmit = 0 };
+    // SAFETY: live handle and pair.
+    let rc = unsafe {
+        qp.submit(
+            1,
+            Cmd::Read { slba: 1, blocks: 1 },
+            h,
+            Some(batch_cb),
+            arg.cast(),
+        )
+    };
+    assert_eq!(rc, UPNVME_OK);
+    assert_eq!(m.doorbell_writes(qid).0, before + 1);
+    while batch_done(arg) < 10 {
+        // SAFETY: as above.
+        assert!(unsafe { Qpair::process_completions(qpp, 0) } >= 0);
+    }
+    // SAFETY: live handle, its command ended.
+    assert_eq!(unsafe { upnvme_buf_free(h) }, UPNVME_OK);
+    drop(qp);
+    assert_eq!(m.dma_faults(), 0);
 }
