@@ -216,6 +216,34 @@ fn pract_generates_and_strips_pi_for_eight_byte_metadata() {
             )
             .unwrap_err();
         assert_eq!(f.reason, Reject::MetadataNotApplicable);
+        // PRACT on Verify and Compare: nothing to insert or strip. QEMU
+        // answers Invalid Protection Information (SCT 1h, SC 81h), and so
+        // does the model; the driver sends what was asked.
+        let verify = IoCommand::Verify {
+            ns: &ns,
+            slba: 40,
+            blocks: 4,
+        };
+        let compare = IoCommand::Compare {
+            ns: &ns,
+            slba: 40,
+            blocks: 4,
+        };
+        for (cmd, io) in [
+            (verify, IoData::none()),
+            (compare, IoData::buffer(buffer_with(&c, &data))),
+        ] {
+            let e = run_io(&mut qp, cmd, io.protection(Protection::PRACT));
+            let text = match e.result {
+                Err(err) => err.to_string(),
+                Ok(_) => format!("{} with PRACT succeeded", cmd.name()),
+            };
+            assert!(
+                text.contains("Invalid Protection Information"),
+                "{}: {text}",
+                cmd.name()
+            );
+        }
         drop(qp);
         assert_clean(&m);
     }

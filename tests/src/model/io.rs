@@ -123,6 +123,10 @@ impl State {
         };
         let (bs, ms, in_range) = (ns.lba_size(), ns.ms(), ns.in_range(slba, nlb));
         let (ext, pi) = (ns.cfg.extended, ns.cfg.pi_type != 0);
+        if pi && f.pract() && cmd.opcode() == io_op::COMPARE {
+            // As QEMU's `nvme_compare`: nothing to insert or strip.
+            return Err(pi::INVALID_PI.with_dnr());
+        }
         // Metadata moves unless PRACT inserts/strips a PI tuple that is all
         // the metadata (QEMU's rule, NVM Command Set 1.0 §5.2.1).
         let md_moves = ms != 0 && !(pi && f.pract() && ms == ns.cfg.pi_tuple_size());
@@ -304,6 +308,10 @@ impl State {
             Ok(i) => &self.namespaces[i],
             Err(s) => return Outcome::err(s),
         };
+        if ns.cfg.pi_type != 0 && pi_fields(cmd).pract() {
+            // As QEMU's `nvme_verify`: nothing to insert or strip.
+            return Outcome::err(pi::INVALID_PI.with_dnr());
+        }
         if !ns.in_range(slba, nlb) {
             return Outcome::err(Status::LBA_OUT_OF_RANGE.with_dnr());
         }
