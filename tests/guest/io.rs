@@ -419,6 +419,39 @@ fn the_controllers_nvm_size_limits_are_read_at_bring_up() {
     .unwrap_or_else(|e| panic!("Deallocate of {nlb} blocks: {e}"));
 }
 
+/// QEMU 10.0.2 executes Verify but leaves ONCS bit 7 clear: the typed
+/// command is refused as unsupported (nothing sent), and docs/io.md's way
+/// around it — a raw SQE with opcode 0Ch — completes with success. (On a
+/// QEMU that sets the bit, the typed command completes too.)
+#[test]
+fn verify_is_refused_without_oncs_bit_7_and_goes_raw() {
+    let c = open();
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let typed = IoCommand::Verify {
+        ns: &ns,
+        slba: 0,
+        blocks: 8,
+    };
+    if c.identify().oncs & (1 << 7) == 0 {
+        let r = qp.submit(typed, None, 1).unwrap_err();
+        assert_eq!(r.reason, Reject::Unsupported { command: "Verify" });
+    } else {
+        qp.execute_blocking(typed, None, T).unwrap();
+    }
+    let mut sqe = upnvme::Sqe::default();
+    sqe.set_opcode(0x0c);
+    sqe.set_nsid(ns.id());
+    sqe.set_cdw(12, 8 - 1); // NLB, 0-based; SLBA (CDW10-11) 0
+    let raw = IoCommand::Raw {
+        ns: &ns,
+        sqe: &sqe,
+        data_len: 0,
+    };
+    qp.execute_blocking(raw, None, T)
+        .unwrap_or_else(|e| panic!("raw Verify: {e}"));
+}
+
 #[test]
 fn batch_submit_rings_once_and_full_queue_pushes_back() {
     let c = open_with_doorbell_buffer();
