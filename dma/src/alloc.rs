@@ -253,12 +253,14 @@ mod tests {
         next: AtomicU64,
         live: AtomicU64,
     }
-    impl DmaMapper for FakeMapper {
+    // SAFETY: no device is behind this test mapper: nothing can reach the
+    // memory it "maps", so every promise of the trait holds trivially.
+    unsafe impl DmaMapper for FakeMapper {
         fn map(&self, mem: &Arc<HostMemory>) -> Result<u64, DmaError> {
             self.live.fetch_add(1, Ordering::SeqCst);
             Ok(self.next.fetch_add(mem.len() as u64, Ordering::SeqCst))
         }
-        fn unmap(&self, _m: crate::memory::Unmapping) -> bool {
+        fn unmap(&self, _m: crate::memory::Unmapping<'_>) -> bool {
             self.live.fetch_sub(1, Ordering::SeqCst);
             true
         }
@@ -341,7 +343,9 @@ mod tests {
         read_only: std::sync::Mutex<Vec<bool>>,
         refuse_read_only: bool,
     }
-    impl DmaMapper for AccessMapper {
+    // SAFETY: no device is behind this test mapper: nothing can reach the
+    // memory it "maps", so every promise of the trait holds trivially.
+    unsafe impl DmaMapper for AccessMapper {
         fn map(&self, mem: &Arc<HostMemory>) -> Result<u64, DmaError> {
             self.read_only.lock().unwrap().push(false);
             Ok(0x10_0000_0000 + self.next.fetch_add(mem.len() as u64, Ordering::SeqCst))
@@ -353,7 +357,7 @@ mod tests {
             self.read_only.lock().unwrap().push(true);
             Ok(0x10_0000_0000 + self.next.fetch_add(mem.len() as u64, Ordering::SeqCst))
         }
-        fn unmap(&self, _m: crate::memory::Unmapping) -> bool {
+        fn unmap(&self, _m: crate::memory::Unmapping<'_>) -> bool {
             true
         }
     }

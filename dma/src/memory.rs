@@ -494,10 +494,43 @@ pub enum DeviceAccess {
 ///
 /// Only a [`DmaRegion`] removes a mapping, when its last handle goes: the
 /// [`Unmapping`] that [`DmaMapper::unmap`] takes cannot be made outside this
-/// crate, so no other code can unmap memory a buffer still uses (its IOVA
-/// would be handed out again, and two buffers would share one device
-/// address).
-pub trait DmaMapper: Send + Sync {
+/// crate, nor kept beyond the call, so no other code can unmap memory a
+/// buffer still uses (its IOVA would be handed out again, and two buffers
+/// would share one device address).
+///
+/// # Safety
+///
+/// The crate hands memory back to safe code on the mapper's word: an
+/// application's registered memory ([`crate::RegisteredMemory`]) returns
+/// as a plain `MmapMut` when its registration is refused or undone, and
+/// freed pages go back to the allocator. An implementation therefore
+/// promises, for memory a device can reach through it:
+/// - [`DmaMapper::map`] and [`DmaMapper::map_device_read_only`] that return
+///   `Err` leave nothing mapped and keep no handle of `mem`;
+/// - a live mapping's IOVA range overlaps no other live mapping's;
+/// - [`DmaMapper::unmap`] returns `true` only when no device can reach the
+///   memory any more and the mapper keeps no handle (`Arc`) of it, and it
+///   removes only a mapping it made ([`Unmapping::made_by`]).
+///
+/// A mapper with no device behind it (a test's) meets this trivially.
+///
+/// ```compile_fail
+/// // A mapper is an `unsafe impl`: safe code cannot promise the above (one
+/// // that said "unmapped" while the IOMMU still mapped the memory would get
+/// // registered memory handed back under a live device mapping).
+/// use std::sync::Arc;
+/// use upnvme_dma::{DmaError, DmaMapper, Unmapping, memory::HostMemory};
+/// struct Liar;
+/// impl DmaMapper for Liar {
+///     fn map(&self, _mem: &Arc<HostMemory>) -> Result<u64, DmaError> {
+///         Ok(0x1000_0000)
+///     }
+///     fn unmap(&self, _mapping: Unmapping<'_>) -> bool {
+///         true
+///     }
+/// }
+/// ```
+pub unsafe trait DmaMapper: Send + Sync {
     /// Maps `mem` for device reads and writes; returns the IOVA of its first
     /// byte. A live mapping's IOVA range must not overlap any other live
     /// mapping's.
@@ -520,7 +553,7 @@ pub trait DmaMapper: Send + Sync {
     /// mapping is gone; when the mapper cannot be sure (the IOMMU refused),
     /// it returns false and keeps the IOVA range reserved (never hands it
     /// out again), and the memory is never handed back to an application.
-    fn unmap(&self, mapping: Unmapping) -> bool;
+    fn unmap(&self, mapping: Unmapping<'_>) -> bool;
     /// The IOVA ranges this mapper allocates from (empty when it does not
     /// know them): lets a registration that can never fit be refused with
     /// a message saying so.
@@ -530,22 +563,36 @@ pub trait DmaMapper: Send + Sync {
 }
 
 /// The mapping [`DmaMapper::unmap`] removes: made only by this crate, when
-/// the last handle of a [`DmaRegion`] goes away.
+/// the last handle of a [`DmaRegion`] goes away, and valid for that call
+/// only (its lifetime): a mapper cannot keep one and hand it, later, to
+/// another mapper that happens to live at the same address.
 ///
 /// ```compile_fail
 /// // Code outside the crate cannot name a mapping to remove.
 /// let m = upnvme_dma::Unmapping { iova: 0x1000, len: 4096 };
 /// ```
+///
+/// ```compile_fail
+/// // Nor keep one beyond the call.
+/// use std::sync::Mutex;
+/// use upnvme_dma::Unmapping;
+/// static KEPT: Mutex<Option<Unmapping<'static>>> = Mutex::new(None);
+/// fn keep(m: Unmapping<'_>) {
+///     *KEPT.lock().unwrap() = Some(m);
+/// }
+/// ```
 #[derive(Debug)]
-pub struct Unmapping {
+pub struct Unmapping<'a> {
     iova: u64,
     len: usize,
     /// Address of the mapper that made the mapping (the data pointer of
-    /// the region's `Arc<dyn DmaMapper>`).
+    /// the region's `Arc<dyn DmaMapper>`), alive for the whole call.
     mapper: usize,
+    /// Ties the value to the region's drop that made it.
+    call: std::marker::PhantomData<&'a ()>,
 }
 
-impl Unmapping {
+impl Unmapping<'_> {
     /// Whether `mapper` made this mapping. A mapper must refuse (return
     /// false from [`DmaMapper::unmap`]) an `Unmapping` another mapper
     /// handed on: one mapper's region could otherwise remove a live mapping
@@ -587,6 +634,7 @@ impl RegionInner {
             iova: self.iova,
             len: self.mem.len(),
             mapper: Arc::as_ptr(&self.mapper).cast::<()>() as usize,
+            call: std::marker::PhantomData,
         })
     }
 }
@@ -731,6 +779,7 @@ impl DmaRegion {
                         iova,
                         len: mem.len(),
                         mapper: Arc::as_ptr(&mapper).cast::<()>() as usize,
+                        call: std::marker::PhantomData,
                     });
                     if !gone {
                         // Still mapped: one handle is never dropped, so the

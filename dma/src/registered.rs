@@ -655,12 +655,14 @@ pub(crate) mod tests {
         /// Report every unmap as not confirmed (an IOMMU that refused).
         refuse_unmap: std::sync::atomic::AtomicBool,
     }
-    impl DmaMapper for FakeMapper {
+    // SAFETY: no device is behind this test mapper: nothing can reach the
+    // memory it "maps", so every promise of the trait holds trivially.
+    unsafe impl DmaMapper for FakeMapper {
         fn map(&self, mem: &Arc<HostMemory>) -> Result<u64, DmaError> {
             self.live.fetch_add(1, Ordering::SeqCst);
             Ok(self.next.fetch_add(mem.len() as u64, Ordering::SeqCst))
         }
-        fn unmap(&self, _m: crate::memory::Unmapping) -> bool {
+        fn unmap(&self, _m: crate::memory::Unmapping<'_>) -> bool {
             self.live.fetch_sub(1, Ordering::SeqCst);
             !self.refuse_unmap.load(Ordering::SeqCst)
         }

@@ -235,7 +235,9 @@ fn install() {
 }
 
 /// In a fork's child: BAR mappings are MADV_DONTFORK, so the watched
-/// ranges are holes there that the child may map something else into; a
+/// ranges are holes there that the child may map something else into (a
+/// range the all-ones file already replaced after a revocation is
+/// inherited as that copy instead — not the device, so harmless); a
 /// SIGBUS in that must not be "handled" by mapping all ones over it. Only
 /// atomic stores and close (async-signal-safe, as a child of a
 /// multithreaded fork requires).

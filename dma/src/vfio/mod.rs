@@ -248,7 +248,14 @@ fn iommu_info(container: &OwnedFd) -> Result<(Vec<IovaRange>, u64), DmaError> {
     Ok((fallback, pgsizes))
 }
 
-impl DmaMapper for VfioContainer {
+// SAFETY: `map_flags` returns `Err` only when VFIO_IOMMU_MAP_DMA failed,
+// after giving the IOVA back (nothing mapped), and keeps no handle of `mem`
+// either way; IOVAs come from the container's own allocator, which never
+// hands out a live range twice; `unmap_mapping` refuses a mapping another
+// mapper made (`made_by`) and returns true only when the kernel reports the
+// whole range unmapped (the IOMMU no longer translates it), otherwise it
+// keeps the range reserved and returns false.
+unsafe impl DmaMapper for VfioContainer {
     fn map(&self, mem: &Arc<HostMemory>) -> Result<u64, DmaError> {
         self.map_flags(
             mem,
@@ -266,7 +273,7 @@ impl DmaMapper for VfioContainer {
         VfioContainer::iova_ranges(self)
     }
 
-    fn unmap(&self, mapping: crate::memory::Unmapping) -> bool {
+    fn unmap(&self, mapping: crate::memory::Unmapping<'_>) -> bool {
         self.unmap_mapping(mapping)
     }
 }
@@ -309,7 +316,7 @@ impl VfioContainer {
     }
 
     /// VFIO_IOMMU_UNMAP_DMA of a mapping this container made.
-    fn unmap_mapping(&self, mapping: crate::memory::Unmapping) -> bool {
+    fn unmap_mapping(&self, mapping: crate::memory::Unmapping<'_>) -> bool {
         if !mapping.made_by(self) {
             // Another mapper's region handed its `Unmapping` on: removing a
             // mapping of ours at that IOVA would free it for reuse while a

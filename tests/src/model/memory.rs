@@ -207,7 +207,16 @@ impl IovaTable {
     }
 }
 
-impl DmaMapper for IovaTable {
+// The model's fifth escape hatch (see its device accesses above): the
+// trait's promises are what the table does.
+// SAFETY: `insert` fails before it records anything, and keeps `mem` only
+// in the table; IOVAs only grow (`next`), with a guard gap, so no two live
+// mappings overlap; `unmap` refuses another mapper's mapping and returns
+// true after the entry (and its `Arc`) left the table — the model reaches
+// host memory only through the table, so it cannot reach that memory any
+// more.
+#[allow(unsafe_code)]
+unsafe impl DmaMapper for IovaTable {
     fn map(&self, mem: &Arc<HostMemory>) -> Result<u64, DmaError> {
         self.insert(mem, false)
     }
@@ -222,7 +231,7 @@ impl DmaMapper for IovaTable {
         self.insert(mem, true)
     }
 
-    fn unmap(&self, mapping: upnvme_dma::Unmapping) -> bool {
+    fn unmap(&self, mapping: upnvme_dma::Unmapping<'_>) -> bool {
         if !mapping.made_by(self) {
             return false;
         }

@@ -7,6 +7,7 @@ mod doorbells;
 mod faults;
 mod hostile;
 mod io;
+mod mapper;
 mod spec_strictness;
 
 use upnvme::Device;
