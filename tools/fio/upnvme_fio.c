@@ -37,6 +37,7 @@
 
 #include "fio.h"
 #include "optgroup.h"
+#include "verify.h"
 
 #include <upnvme.h>
 
@@ -146,7 +147,9 @@ struct upnvme_fio_thread {
 	 * its I/O memory again mid-run when it replays an iolog in chunks or
 	 * a blktrace, without calling post_init). */
 	unsigned int gen;
-	/* io_us queued since the last commit (fio's submit histogram). */
+	/* io_us queued since the last commit: their doorbell, submission
+	 * statistics and issue time come with the commit. */
+	struct io_u **queued_ious;
 	unsigned int queued;
 };
 
@@ -499,7 +502,10 @@ static int upnvme_fio_init(struct thread_data *td)
 		return 1;
 	t->max_events = td->o.iodepth;
 	t->events = calloc(t->max_events, sizeof(*t->events));
-	if (!t->events) {
+	t->queued_ious = calloc(t->max_events, sizeof(*t->queued_ious));
+	if (!t->events || !t->queued_ious) {
+		free(t->events);
+		free(t->queued_ious);
 		free(t);
 		return 1;
 	}
@@ -535,9 +541,6 @@ static int upnvme_fio_open_file(struct thread_data *td, struct fio_file *f)
 	/* Queued io_us are announced by fio's commit (one SQ doorbell write for
 	 * each iodepth_batch_submit batch), or by the next getevents. */
 	qo.delay_doorbell = 1;
-	int rc = upnvme_qpair_create(uf->sc->ctrl, &qo, &uf->qp);
-	if (rc != UPNVME_OK)
-		return fail(td, "upnvme_qpair_create", rc);
 	/* A block size above MDTS goes as several commands (the library
 	 * splits it): the pair must hold that many at once. */
 	unsigned long long max_transfer = upnvme_ctrl_max_transfer(uf->sc->ctrl);
@@ -545,6 +548,20 @@ static int upnvme_fio_open_file(struct thread_data *td, struct fio_file *f)
 					    ? td->o.max_bs[DDIR_READ]
 					    : td->o.max_bs[DDIR_WRITE];
 	unsigned long long pieces = max_transfer ? (max_rw + max_transfer - 1) / max_transfer : 1;
+	/* Without upnvme_entries, a pair that holds the whole iodepth when the
+	 * library's default (256 entries) would not and the controller allows
+	 * it (CAP.MQES): fio then never sees the pair full. */
+	unsigned long long want = (unsigned long long)td->o.iodepth * pieces + 1;
+	int sized = !o->entries && want > 256 && want <= 65536;
+	if (sized)
+		qo.entries = (unsigned int)want;
+	int rc = upnvme_qpair_create(uf->sc->ctrl, &qo, &uf->qp);
+	if (rc == UPNVME_EINVAL && sized) {
+		qo.entries = 0; /* above CAP.MQES + 1: the default then */
+		rc = upnvme_qpair_create(uf->sc->ctrl, &qo, &uf->qp);
+	}
+	if (rc != UPNVME_OK)
+		return fail(td, "upnvme_qpair_create", rc);
 	unsigned int depth = upnvme_qpair_max_depth(uf->qp);
 	if (pieces > depth) {
 		log_err("upnvme: block size %llu goes as %llu commands of at most %llu bytes (MDTS), "
@@ -556,10 +573,26 @@ static int upnvme_fio_open_file(struct thread_data *td, struct fio_file *f)
 		td_verror(td, EINVAL, "upnvme_open_file");
 		return 1;
 	}
-	if (depth < td->o.iodepth * pieces)
+	if (depth < td->o.iodepth * pieces) {
+		if (td_rw(td) && td->o.verify != VERIFY_NONE) {
+			/* fio draws a new verify seed for a write it requeues after
+			 * FIO_Q_BUSY, and a mixed job's verify pass replays the
+			 * seeds in order: every block after the first busy write
+			 * would fail to verify although its data is right. */
+			log_err("upnvme: queue pair holds %u commands, less than iodepth %u x %llu "
+				"command(s) per I/O: a mixed read/write job with verify would report "
+				"false mismatches when the pair is full; use a lower iodepth or "
+				"upnvme_entries=%llu (at most the controller's CAP.MQES + 1)\n",
+				depth, td->o.iodepth, pieces, want);
+			upnvme_qpair_destroy(uf->qp);
+			uf->qp = NULL;
+			td_verror(td, EINVAL, "upnvme_open_file");
+			return 1;
+		}
 		log_info("upnvme: queue pair holds %u commands, iodepth %u x %llu command(s) per I/O "
 			 "is more: fio waits when full\n",
 			 depth, td->o.iodepth, pieces);
+	}
 	return 0;
 }
 
@@ -587,6 +620,7 @@ static int upnvme_fio_iomem_alloc(struct thread_data *td, size_t total)
 		log_err("upnvme: fio allocates its I/O memory before the job's controller is open: "
 			"give the job --filename=traddr=... (iolog or blktrace replay without it, and "
 			"create_serialize=0, are not supported)\n");
+		td_verror(td, EINVAL, "upnvme_iomem_alloc");
 		return 1;
 	}
 	int rc = upnvme_buf_alloc(uf->sc->ctrl, total, &t->mem);
@@ -643,14 +677,17 @@ static int split_io_mem(struct thread_data *td)
 	size_t len = upnvme_buf_len(t->mem);
 	size_t n = (len + piece - 1) / piece;
 	t->pieces = calloc(n, sizeof(*t->pieces));
-	if (!t->pieces)
+	if (!t->pieces) {
+		td_verror(td, ENOMEM, "upnvme_split_io_mem");
 		return 1;
+	}
 	for (int i = 0; i < td->io_u_all.nr; i++) {
 		struct io_u *io_u = td->io_u_all.io_us[i];
 		size_t off = (size_t)((char *)io_u->buf - t->mem_base);
 		if (off % piece) {
 			log_err("upnvme: io_u buffer at offset %zu is not a multiple of max_bs %zu "
 				"(mem_align is not supported)\n", off, piece);
+			td_verror(td, EINVAL, "mem_align");
 			return 1;
 		}
 	}
@@ -672,8 +709,18 @@ static int split_io_mem(struct thread_data *td)
 static int upnvme_fio_post_init(struct thread_data *td)
 {
 	struct upnvme_fio_thread *t = td->io_ops_data;
-	if (!t->mem)
-		return 0; /* no data transfer (e.g. trim only) */
+	if (!t->mem) {
+		if (td_read(td) || td_write(td)) {
+			/* fio goes on when its I/O memory could not be allocated
+			 * (iomem_alloc said why), with NULL buffers it would write
+			 * through: stop the job here. */
+			log_err("upnvme: the job moves data but has no I/O memory (its allocation "
+				"failed, see above)\n");
+			td_verror(td, ENOMEM, "upnvme_post_init");
+			return 1;
+		}
+		return 0; /* no data transfer (trim only) */
+	}
 	return split_io_mem(td);
 }
 
@@ -737,9 +784,16 @@ static enum fio_q_status upnvme_fio_queue(struct thread_data *td, struct io_u *i
 	}
 	case DDIR_SYNC:
 	case DDIR_DATASYNC:
+	case DDIR_SYNC_FILE_RANGE:
+		/* A Flush covers the writes completed before it is submitted
+		 * (NVM Command Set, Flush): wait for those in flight, as fsync
+		 * after them would (fio reaps on FIO_Q_BUSY and asks again). */
+		if (upnvme_qpair_in_flight(uf->qp) > 0)
+			return FIO_Q_BUSY;
 		rc = upnvme_flush(uf->qp, uf->nsid, upnvme_fio_done, u);
 		break;
 	default:
+		log_err("upnvme: %s is not an I/O this engine does\n", io_ddir_name(io_u->ddir));
 		io_u->error = EINVAL;
 		return FIO_Q_COMPLETED;
 	}
@@ -750,8 +804,49 @@ static enum fio_q_status upnvme_fio_queue(struct thread_data *td, struct io_u *i
 		io_u->error = errno_of(rc);
 		return FIO_Q_COMPLETED;
 	}
+	if (u->t->queued < u->t->max_events)
+		u->t->queued_ious[u->t->queued] = io_u;
 	u->t->queued++;
 	return FIO_Q_QUEUED;
+}
+
+/* fio's commit, after each batch it queued (iodepth_batch_submit io_us,
+ * and before it waits for completions): one SQ doorbell write per queue
+ * pair announces them all (the pairs delay their doorbell). */
+static int upnvme_fio_commit(struct thread_data *td)
+{
+	struct fio_file *f;
+	unsigned int i;
+
+	for_each_file(td, f, i) {
+		struct upnvme_fio_file *uf = f->engine_data;
+		if (!uf || !uf->qp)
+			continue;
+		int rc = upnvme_qpair_ring(uf->qp);
+		if (rc != UPNVME_OK) {
+			log_err("upnvme: ring: %s\n", upnvme_last_error());
+			return -errno_of(rc);
+		}
+	}
+	struct upnvme_fio_thread *t = td->io_ops_data;
+	if (t->queued) {
+		/* An engine with a commit hook counts its own submissions and
+		 * reports them as queued (submission latency); they were
+		 * issued when the doorbell above announced them. */
+		if (fio_fill_issue_time(td)) {
+			struct timespec now;
+			fio_gettime(&now, NULL);
+			for (unsigned int i = 0; i < t->queued && i < t->max_events; i++) {
+				memcpy(&t->queued_ious[i]->issue_time, &now, sizeof(now));
+				io_u_queued(td, t->queued_ious[i]);
+			}
+			if (td->o.read_iolog_file)
+				memcpy(&td->last_issue, &now, sizeof(now));
+		}
+		io_u_mark_submit(td, t->queued);
+		t->queued = 0;
+	}
+	return 0;
 }
 
 static int upnvme_fio_getevents(struct thread_data *td, unsigned int min, unsigned int max,
@@ -765,6 +860,14 @@ static int upnvme_fio_getevents(struct thread_data *td, unsigned int min, unsign
 	t->nr_events = 0;
 	if (max > t->max_events)
 		max = t->max_events;
+	/* fio reaps without committing first when it does not wait (min 0):
+	 * announce what it queued, with its statistics, before anything of
+	 * it can complete. */
+	if (t->queued) {
+		int rc = upnvme_fio_commit(td);
+		if (rc < 0)
+			return rc;
+	}
 	if (timeout)
 		fio_gettime(&start, NULL);
 	for (;;) {
@@ -789,33 +892,6 @@ static int upnvme_fio_getevents(struct thread_data *td, unsigned int min, unsign
 		}
 	}
 	return (int)t->nr_events;
-}
-
-/* fio's commit, after each batch it queued (iodepth_batch_submit io_us,
- * and before it waits for completions): one SQ doorbell write per queue
- * pair announces them all (the pairs delay their doorbell). */
-static int upnvme_fio_commit(struct thread_data *td)
-{
-	struct fio_file *f;
-	unsigned int i;
-
-	for_each_file(td, f, i) {
-		struct upnvme_fio_file *uf = f->engine_data;
-		if (!uf || !uf->qp)
-			continue;
-		int rc = upnvme_qpair_ring(uf->qp);
-		if (rc != UPNVME_OK) {
-			log_err("upnvme: ring: %s\n", upnvme_last_error());
-			return -errno_of(rc);
-		}
-	}
-	struct upnvme_fio_thread *t = td->io_ops_data;
-	if (t->queued) {
-		/* An engine with a commit hook counts its own submissions. */
-		io_u_mark_submit(td, t->queued);
-		t->queued = 0;
-	}
-	return 0;
 }
 
 static struct io_u *upnvme_fio_event(struct thread_data *td, int event)
@@ -873,6 +949,7 @@ static void upnvme_fio_cleanup(struct thread_data *td)
 	}
 	if (t) {
 		free(t->events);
+		free(t->queued_ious);
 		free(t);
 		td->io_ops_data = NULL;
 	}
