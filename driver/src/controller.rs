@@ -13,6 +13,7 @@ use upnvme_queues::regs::{
     Crto, REG_ACQ, REG_AQA, REG_ASQ, REG_CAP, REG_CC, REG_CRTO, REG_CSTS, REG_VS, aqa,
     cq_head_doorbell,
 };
+use upnvme_queues::sqe::opcode::admin as admin_op;
 use upnvme_queues::{
     AsyncEvent, Cap, Cc, Cqe, Csts, ErrorLogEntry, FirmwareSlotLog, IdentifyController,
     IdentifyControllerNvm, IdentifyNamespace, SmartLog, Sqe, Vs, parse_ns_list,
@@ -437,11 +438,18 @@ impl<D: Device> Controller<D> {
     }
 
     /// Get Log Page: `len` bytes (a multiple of 4) of log `lid` for `nsid`
-    /// (0xffff_ffff = controller-wide) from byte `offset`.
+    /// (0xffff_ffff = controller-wide) from byte `offset` (a multiple of 4:
+    /// LPOL/LPOU address dwords).
     pub fn get_log_page(&self, lid: u8, nsid: u32, len: usize, offset: u64) -> Result<Vec<u8>> {
         if len == 0 || !len.is_multiple_of(4) {
             return Err(Error::InvalidArgument(format!(
                 "log page length {len} must be a non-zero multiple of 4"
+            )));
+        }
+        if !offset.is_multiple_of(4) {
+            return Err(Error::InvalidArgument(format!(
+                "log page offset {offset} must be a multiple of 4 (the Log Page Offset is dword \
+                 aligned)"
             )));
         }
         let sqe = Sqe::get_log_page(lid, nsid, (len / 4) as u32, offset, false);
@@ -605,6 +613,18 @@ impl<D: Device> Controller<D> {
         sqe.dw[4] = 0;
         sqe.dw[5] = 0;
         let len = passthrough_len(data_len, data_out)?;
+        if let Some((name, need)) = admin_transfer(&sqe)
+            && (len as u64) < need
+        {
+            // A data pointer for fewer bytes than the command moves: the
+            // controller would go past it — to IOVA 0 with no data (an
+            // IOMMU fault, while the command completes with success).
+            return Err(Error::InvalidArgument(format!(
+                "admin command 0x{:02x} ({name}) moves {need} bytes through its data pointer, \
+                 but the call describes {len}: pass data_len {need}",
+                sqe.opcode()
+            )));
+        }
         let what = format!("admin command 0x{:02x}", sqe.opcode());
         self.inner
             .execute_within(sqe, (len > 0).then_some(len), data_out, &what, timeout)
@@ -1636,27 +1656,64 @@ fn host_behavior_lbafee() -> Sqe {
 /// Figure "Feature Identifiers"), why `get_features`/`set_features` (which
 /// send no data pointer) cannot carry it.
 fn feature_data(fid: u8) -> Option<String> {
-    let (name, bytes) = match fid {
-        feature::LBA_RANGE_TYPE => ("LBA Range Type", "4096 bytes"),
-        feature::AUTONOMOUS_POWER_STATE_TRANSITION => {
-            ("Autonomous Power State Transition", "256 bytes")
-        }
-        feature::HOST_MEMORY_BUFFER => ("Host Memory Buffer", "4096 bytes"),
-        feature::TIMESTAMP => ("Timestamp", "8 bytes"),
-        feature::PREDICTABLE_LATENCY_MODE_CONFIG => {
-            ("Predictable Latency Mode Config", "512 bytes")
-        }
-        feature::HOST_BEHAVIOR_SUPPORT => ("Host Behavior Support", "512 bytes"),
-        0x7d => ("Enhanced Controller Metadata", "4096 bytes"),
-        0x7e => ("Controller Metadata", "4096 bytes"),
-        0x7f => ("Namespace Metadata", "4096 bytes"),
-        0x81 => ("Host Identifier", "8 bytes, 16 with CDW11.EXHID"),
-        _ => return None,
+    let (name, bytes) = feature_structure(fid, 0)?;
+    let bytes = if fid == 0x81 {
+        "8 bytes, 16 with CDW11.EXHID".to_string()
+    } else {
+        format!("{bytes} bytes")
     };
     Some(format!(
         "{name} is a data structure in host memory, which this call does not transfer: use \
          admin_passthrough with its length ({bytes})"
     ))
+}
+
+/// A feature whose value is a data structure in host memory (Get / Set
+/// Features data pointer): its name and length in bytes, given CDW11.
+fn feature_structure(fid: u8, cdw11: u32) -> Option<(&'static str, usize)> {
+    Some(match fid {
+        feature::LBA_RANGE_TYPE => ("LBA Range Type", 4096),
+        feature::AUTONOMOUS_POWER_STATE_TRANSITION => ("Autonomous Power State Transition", 256),
+        feature::HOST_MEMORY_BUFFER => ("Host Memory Buffer", 4096),
+        feature::TIMESTAMP => ("Timestamp", 8),
+        feature::PREDICTABLE_LATENCY_MODE_CONFIG => ("Predictable Latency Mode Config", 512),
+        feature::HOST_BEHAVIOR_SUPPORT => ("Host Behavior Support", 512),
+        0x7d => ("Enhanced Controller Metadata", 4096),
+        0x7e => ("Controller Metadata", 4096),
+        0x7f => ("Namespace Metadata", 4096),
+        0x81 => ("Host Identifier", if cdw11 & 1 != 0 { 16 } else { 8 }),
+        _ => return None,
+    })
+}
+
+/// The bytes an admin command moves through its data pointer where its
+/// SQE fixes them (NVMe 2.0 base specification), with the command's name:
+/// Identify (4096), Get Log Page ((NUMDU:NUMDL + 1) × 4), Firmware Image
+/// Download and Directive Send / Receive ((NUMD + 1) × 4), Security Send /
+/// Receive (CDW11 TL / AL), Get / Set Features of a feature that is a data
+/// structure. `None`: the length is not known here (vendor-specific
+/// commands, commands without data).
+fn admin_transfer(sqe: &Sqe) -> Option<(&'static str, u64)> {
+    let dwords = |numd: u32| (u64::from(numd) + 1) * 4;
+    let cdw10 = sqe.cdw(10);
+    let cdw11 = sqe.cdw(11);
+    Some(match sqe.opcode() {
+        admin_op::IDENTIFY => ("Identify", 4096),
+        admin_op::GET_LOG_PAGE => (
+            "Get Log Page",
+            dwords(((cdw11 & 0xffff) << 16) | (cdw10 >> 16)),
+        ),
+        0x11 => ("Firmware Image Download", dwords(cdw10)),
+        0x19 => ("Directive Send", dwords(cdw10)),
+        0x1a => ("Directive Receive", dwords(cdw10)),
+        0x81 => ("Security Send", u64::from(cdw11)),
+        0x82 => ("Security Receive", u64::from(cdw11)),
+        admin_op::GET_FEATURES | admin_op::SET_FEATURES => {
+            let (_, len) = feature_structure(cdw10 as u8, cdw11)?;
+            ("Get / Set Features", len as u64)
+        }
+        _ => return None,
+    })
 }
 
 /// The transfer of an admin passthrough: `data_len`, or with `data_len` 0

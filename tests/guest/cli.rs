@@ -1608,6 +1608,29 @@ fn bad_input_texts_and_exit_codes() {
         err.trim(),
         format!("upnvme: namespace 9 is not active on {dev} (active: {active:?})")
     );
+    // The same for identify (text and JSON) and format: exit 2 as for read.
+    for args in [
+        &["identify", "-d", &dev, "-n", "9"][..],
+        &["identify", "-d", &dev, "-n", "9", "--json"][..],
+        &["format", "-d", &dev, "-n", "9", "--lbaf", "0"][..],
+    ] {
+        let err = fails(&upnvme(args), 2);
+        assert!(err.contains("namespace 9 is not active"), "{args:?}: {err}");
+    }
+    // A short or unpadded address is spelled the one way in perf's report.
+    let short = dev.trim_start_matches("0000:").to_string();
+    let v: Value = serde_json::from_str(&ok(&upnvme(&[
+        "perf",
+        "-d",
+        &short,
+        "--io-count",
+        "16",
+        "--warmup",
+        "0",
+        "--json",
+    ])))
+    .unwrap();
+    assert_eq!(v["device"], dev.as_str(), "{v}");
     // Protection fields on a namespace without protection information: a
     // usage error before the output file is created.
     let out = "/tmp/upnvme-pi-refused.bin";

@@ -133,6 +133,17 @@ fn slice_refusals_hand_the_buffer_back() {
             },
         ),
         (0, 512, Reject::BufferTooSmall { need: 1024 }),
+        // As long as no buffer can be (`usize::MAX` once meant "to the end
+        // of the buffer", and the slice went through; found in review).
+        (
+            0,
+            usize::MAX,
+            Reject::SliceOutOfBounds {
+                offset: 0,
+                len: (usize::MAX - 1) as u64,
+                size: 8192,
+            },
+        ),
         // Not dword aligned, no SGL support: PRP1 cannot carry it.
         (2, 1024, Reject::Misaligned),
     ];

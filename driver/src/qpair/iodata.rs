@@ -242,7 +242,10 @@ impl IoData {
         IoData {
             buffer: Some(buffer),
             offset,
-            limit: len,
+            // `usize::MAX` is the whole buffer's marker (`IoData::buffer`):
+            // a slice that long cannot lie inside any buffer, and is refused
+            // as one (`Reject::SliceOutOfBounds`).
+            limit: len.min(usize::MAX - 1),
             ..IoData::default()
         }
     }

@@ -127,7 +127,8 @@ enum Command {
         ses: u8,
         /// Seconds to wait for the command (a secure erase of a large drive
         /// takes minutes). Default 600, as nvme-cli's.
-        #[arg(long, default_value_t = 600)]
+        #[arg(long, default_value_t = 600,
+              value_parser = clap::value_parser!(u64).range(1..))]
         timeout: u64,
     },
     /// Prepare the machine (run as root): `status` shows the IOMMU, the NVMe
@@ -163,10 +164,11 @@ struct DeviceArgs {
 }
 
 /// Checks the shape of a PCI address at parse time, so a malformed one is a
-/// usage error (exit status 2) like any other bad argument.
+/// usage error (exit status 2) like any other bad argument, and spells it
+/// the one way every report uses (`0000:00:04.0` for `00:04.0`).
 pub(crate) fn pci_address(s: &str) -> std::result::Result<String, String> {
     s.parse::<upnvme::PciAddress>()
-        .map(|_| s.to_string())
+        .map(|a| a.to_string())
         .map_err(|e| e.to_string())
 }
 
@@ -334,7 +336,9 @@ fn run(cli: Cli) -> Result<()> {
                 },
                 timeout: Some(Duration::from_secs(timeout)),
             };
-            let ns = c.format_nvm(nsid, &f)?;
+            let ns = c
+                .format_nvm(nsid, &f)
+                .map_err(usage::no_such_namespace_is_usage)?;
             let layout = ns
                 .metadata_layout()
                 .map_or_else(|| "no metadata".to_string(), |l| l.to_string());
@@ -368,7 +372,7 @@ impl std::error::Error for VerifyFailed {}
 fn exit_status(e: &anyhow::Error) -> u8 {
     if e.downcast_ref::<usage::UsageError>().is_some() {
         2
-    } else if let Some(perf::Interrupted(sig)) = e.downcast_ref::<perf::Interrupted>() {
+    } else if let Some(perf::Interrupted(sig, _)) = e.downcast_ref::<perf::Interrupted>() {
         (128 + sig) as u8
     } else {
         1

@@ -35,15 +35,25 @@ pub struct MetadataArgs {
     pub prinfo: u8,
     /// Initial (expected) logical block reference tag (default: the lower
     /// 32 bits of the start block, or 48 with a 64-bit guard, as Type 1
-    /// requires).
-    #[arg(long)]
+    /// requires). Decimal or 0x-prefixed hexadecimal.
+    #[arg(long, value_parser = number::<u64>)]
     pub ref_tag: Option<u64>,
-    /// (Expected) logical block application tag.
-    #[arg(long, default_value_t = 0)]
+    /// (Expected) logical block application tag (decimal or 0x…).
+    #[arg(long, default_value_t = 0, value_parser = number::<u16>)]
     pub app_tag: u16,
-    /// Application tag mask: which bits are checked.
-    #[arg(long, default_value_t = 0)]
+    /// Application tag mask: which bits are checked (decimal or 0x…).
+    #[arg(long, default_value_t = 0, value_parser = number::<u16>)]
     pub app_tag_mask: u16,
+}
+
+/// A decimal or `0x`-prefixed hexadecimal number, as nvme-cli takes tags.
+fn number<T: TryFrom<u64>>(s: &str) -> std::result::Result<T, String> {
+    let v = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(hex) => u64::from_str_radix(hex, 16),
+        None => s.parse::<u64>(),
+    }
+    .map_err(|e| format!("'{s}' is not a decimal or 0x-prefixed hexadecimal number: {e}"))?;
+    T::try_from(v).map_err(|_| format!("{s} is too large for this field"))
 }
 
 impl MetadataArgs {
@@ -96,6 +106,16 @@ fn shape(ns: &Namespace, m: &MetadataArgs) -> Result<Shape> {
         return Err(usage(format!(
             "namespace {} has no protection information (Identify Namespace DPS type 0): leave \
              out --prinfo, --ref-tag, --app-tag and --app-tag-mask",
+            ns.id()
+        ))
+        .into());
+    }
+    if m.protection().is_some_and(|p| p.check_ref_tag)
+        && ns.metadata_layout().is_some_and(|l| l.pi_type == 3)
+    {
+        return Err(usage(format!(
+            "namespace {} has Type 3 protection, which has no reference tag to check: clear bit 0 \
+             (PRCHK reference tag) of --prinfo",
             ns.id()
         ))
         .into());
@@ -173,21 +193,27 @@ fn check_range(c: &Controller, nsid: u32, start: u64, count: u64) -> Result<&Nam
 
 /// Submits one command and waits for it (bounded by [`TIMEOUT`]).
 fn run(qp: &mut IoQueuePair, cmd: IoCommand<'_>, io: IoData, slba: u64) -> Result<Completion> {
+    // The command's blocks: a media error may be at any of them.
+    let what = match cmd {
+        IoCommand::Read { blocks, .. } | IoCommand::Write { blocks, .. } if blocks > 1 => format!(
+            "{} of LBAs {slba}..={}",
+            cmd.name(),
+            slba + u64::from(blocks) - 1
+        ),
+        _ => format!("{} at LBA {slba}", cmd.name()),
+    };
     qp.submit_io(cmd, io, 0)
-        .map_err(|r| anyhow!("{} at LBA {slba}: {}", cmd.name(), qp.describe(r.reason)))?;
+        .map_err(|r| anyhow!("{what}: {}", qp.describe(r.reason)))?;
     let until = Instant::now() + TIMEOUT;
     loop {
         if let Some(c) = qp.next_completion()? {
             return match c.result {
                 Ok(_) => Ok(c),
-                Err(e) => Err(anyhow!("{} at LBA {slba}: {e}", cmd.name())),
+                Err(e) => Err(anyhow!("{what}: {e}")),
             };
         }
         if Instant::now() > until {
-            bail!(
-                "{} at LBA {slba}: no completion within {TIMEOUT:?}",
-                cmd.name()
-            );
+            bail!("{what}: no completion within {TIMEOUT:?}");
         }
     }
 }
@@ -319,6 +345,9 @@ pub fn write(
     let s = shape(ns, m)?;
     // A regular file's size is checked before anything is written.
     let exact = |p: &Path, per_block: usize, what: &str| -> Result<()> {
+        if p.is_dir() {
+            return Err(usage(format!("{what} {} is a directory", p.display())).into());
+        }
         let want = count * per_block as u64;
         if let Ok(md) = std::fs::metadata(p)
             && md.is_file()
@@ -477,6 +506,18 @@ mod tests {
             None
         );
         assert!(args(0, None).protection_at(128, u64::MAX).is_none());
+    }
+
+    #[test]
+    fn tags_take_decimal_and_hex() {
+        assert_eq!(number::<u16>("0x1234"), Ok(0x1234));
+        assert_eq!(number::<u16>("4660"), Ok(0x1234));
+        assert_eq!(
+            number::<u64>("0XfFfF_ffff".replace('_', "").as_str()),
+            Ok(0xffff_ffff)
+        );
+        assert!(number::<u16>("0x10000").unwrap_err().contains("too large"));
+        assert!(number::<u16>("0xzz").unwrap_err().contains("hexadecimal"));
     }
 
     #[test]

@@ -110,6 +110,10 @@ fn print_decoded(fields: &[crate::decode::Field]) -> Result<()> {
 }
 
 pub fn identify(c: &Controller, nsid: Option<u32>, human: bool) -> Result<()> {
+    if let Some(n) = nsid {
+        c.namespace(n)
+            .map_err(crate::usage::no_such_namespace_is_usage)?;
+    }
     if nsid.is_none() {
         let id = c.identify();
         let cap = c.cap();
@@ -235,9 +239,6 @@ pub fn identify(c: &Controller, nsid: Option<u32>, human: bool) -> Result<()> {
             outln!("  not usable: {why}");
         }
     }
-    if let Some(n) = nsid {
-        c.namespace(n)?;
-    }
     Ok(())
 }
 
@@ -262,7 +263,8 @@ fn read_only_memory_json(m: &upnvme::ReadOnlyMemory) -> serde_json::Value {
 /// `upnvme identify --json`.
 pub fn identify_json(c: &Controller, nsid: Option<u32>, human: bool) -> Result<()> {
     if let Some(n) = nsid {
-        c.namespace(n)?;
+        c.namespace(n)
+            .map_err(crate::usage::no_such_namespace_is_usage)?;
     }
     let id = c.identify();
     let cap = c.cap();

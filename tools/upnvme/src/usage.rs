@@ -19,3 +19,12 @@ impl std::error::Error for UsageError {}
 pub fn usage(msg: impl Into<String>) -> UsageError {
     UsageError(msg.into())
 }
+
+/// A namespace the controller does not have is bad input (exit status 2),
+/// like a bad block range; any other error stays what it is.
+pub fn no_such_namespace_is_usage(e: upnvme::Error) -> anyhow::Error {
+    match e {
+        e @ upnvme::Error::NoSuchNamespace { .. } => usage(e.to_string()).into(),
+        e => e.into(),
+    }
+}

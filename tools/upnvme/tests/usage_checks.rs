@@ -96,3 +96,21 @@ fn a_failed_run_keeps_an_existing_histogram_csv_and_removes_a_new_one() {
     assert!(!new.exists(), "a failed run left {}", new.display());
     std::fs::remove_dir_all(&dir).expect("remove temp dir");
 }
+
+/// Arguments refused at parse time (exit 2) that once passed: a seed a JSON
+/// reader could not hold exactly, an empty or repeated `-e` spec, and a
+/// format timeout of 0 (it failed at once, after the command was sent).
+#[test]
+fn perf_and_format_arguments_refused_at_parse_time() {
+    for args in [
+        &["perf", "--seed", "9007199254740992"][..],
+        &["perf", "-e", ""][..],
+        &["perf", "-e", "PRACT=1,PRACT=0"][..],
+        &["format", "-n", "1", "--lbaf", "0", "--timeout", "0"][..],
+    ] {
+        let o = upnvme(args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+    }
+    let o = upnvme(&["perf", "-e", "PRACT=1,pract=0"]);
+    assert!(stderr(&o).contains("PRACT given twice"), "{}", stderr(&o));
+}

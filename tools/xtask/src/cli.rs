@@ -204,8 +204,9 @@ pub struct VmArgs {
           value_parser = clap::builder::PossibleValuesParser::new(["0", "2"])
               .map(|s| s.parse::<u8>().expect("validated")))]
     pub pif: u8,
-    /// Put the vfio-bound controllers behind hot-pluggable `pcie-root-port`s (controller i is
-    /// then 0000:0{i+1}:00.0) with their images as -blockdev nodes, so they can be removed
+    /// Put the vfio-bound controllers behind hot-pluggable `pcie-root-port`s (of N
+    /// controllers, controller i is then 0000:0{N-i}:00.0: the guest numbers the ports' buses
+    /// from the last down) with their images as -blockdev nodes, so they can be removed
     /// and re-added while COMMAND runs (implied by --unplug and --replug).
     #[arg(long)]
     pub hotplug: bool,

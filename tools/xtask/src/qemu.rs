@@ -196,10 +196,23 @@ pub struct ControllerSpec {
     pub ns1_props: Vec<(String, String)>,
     /// 512-byte sectors of namespace 1 whose reads fail (blkdebug).
     pub ns1_read_error_sectors: Vec<u64>,
-    /// Behind hot-pluggable `pcie-root-port` number N (at this spec's slot;
-    /// the controller is then `0000:{N+1}:00.0`), its images `-blockdev`
-    /// nodes; `None`: an integrated endpoint on the root bus.
-    pub root_port: Option<u32>,
+    /// Behind a hot-pluggable `pcie-root-port` (at this spec's slot), its
+    /// images `-blockdev` nodes; `None`: an integrated endpoint on the root
+    /// bus.
+    pub root_port: Option<RootPort>,
+}
+
+/// A controller's hot-pluggable root port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RootPort {
+    /// Its number N (`rpN`; controller N sits behind it).
+    pub index: u32,
+    /// The secondary bus the guest gives it, where the controller is
+    /// `0000:{bus}:00.0`: the guest's firmware numbers the root ports' buses
+    /// from the last slot down (measured: with three controllers,
+    /// controller 0 at bus 3, controller 2 at bus 1), so
+    /// `controllers - index`.
+    pub bus: u32,
 }
 
 impl ControllerSpec {
@@ -208,7 +221,7 @@ impl ControllerSpec {
     /// guest numbers root port buses in slot order: rp0 gets bus 1, ...).
     pub fn pci_address(&self) -> String {
         match self.root_port {
-            Some(n) => format!("0000:{:02x}:00.0", n + 1),
+            Some(rp) => format!("0000:{:02x}:00.0", rp.bus),
             None => pci_address(self.slot),
         }
     }
@@ -217,7 +230,7 @@ impl ControllerSpec {
     fn nvme_props(&self) -> Vec<(String, String)> {
         let mut p = vec![("id".to_string(), self.id.clone())];
         match self.root_port {
-            Some(n) => {
+            Some(RootPort { index: n, .. }) => {
                 // QEMU cannot hot-add an nvme-ns to a realized controller,
                 // so a hot-pluggable controller carries its one namespace
                 // itself (the nvme device's own drive, NSID 1).
@@ -269,7 +282,7 @@ impl ControllerSpec {
     /// The QEMU arguments for the controller and its namespaces.
     pub fn args(&self, aio: &str) -> Vec<String> {
         let mut a = Vec::new();
-        if let Some(n) = self.root_port {
+        if let Some(RootPort { index: n, .. }) = self.root_port {
             a.push("-device".into());
             a.push(format!(
                 "pcie-root-port,id=rp{n},chassis={},slot={},bus=pcie.0,addr={:#x}",

@@ -389,7 +389,10 @@ impl Bed {
                 namespaces,
                 lba_size: args.lba_size,
                 ns1_props: if c == 0 { ns1_props.clone() } else { vec![] },
-                root_port: hotplug.then_some(c),
+                root_port: hotplug.then_some(crate::qemu::RootPort {
+                    index: c,
+                    bus: args.controllers - c,
+                }),
                 ns1_read_error_sectors: if c == 0 {
                     args.inject_read_error
                         .iter()

@@ -223,8 +223,9 @@ pub struct PerfArgs {
     /// Use 4 KiB pages instead of hugepages for DMA memory.
     #[arg(long = "no-hugepages")]
     pub no_hugepages: bool,
-    /// Seed of the random LBA generator (default: from the clock).
-    #[arg(long = "seed")]
+    /// Seed of the random LBA generator (default: from the clock), below
+    /// 2^53 so that the JSON report's integer is exact in every JSON reader.
+    #[arg(long = "seed", value_parser = clap::value_parser!(u64).range(..(1u64 << 53)))]
     pub seed: Option<u64>,
 }
 

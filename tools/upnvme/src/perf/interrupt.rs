@@ -53,18 +53,35 @@ pub fn name(signal: i32) -> String {
     }
 }
 
-/// `upnvme perf` ended early by a signal, after reporting: exit status 128 +
-/// the signal number, as a shell reports a program the signal killed.
+/// `upnvme perf` ended early by a signal (the signal number, and whether a
+/// report was printed): exit status 128 + the signal number, as a shell
+/// reports a program the signal killed.
 #[derive(Debug)]
-pub struct Interrupted(pub i32);
+pub struct Interrupted(pub i32, pub Reported);
+
+/// Whether an interrupted run printed its report first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reported {
+    /// The signal came during bring-up: no I/O was issued, nothing printed.
+    Nothing,
+    /// The report of the time the run ran is above.
+    Results,
+}
 
 impl std::fmt::Display for Interrupted {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "interrupted by {}: the run was cut short; the results above cover the time it ran",
-            name(self.0)
-        )
+        match self.1 {
+            Reported::Nothing => write!(
+                f,
+                "interrupted by {} during bring-up: no I/O was issued",
+                name(self.0)
+            ),
+            Reported::Results => write!(
+                f,
+                "interrupted by {}: the run was cut short; the results above cover the time it ran",
+                name(self.0)
+            ),
+        }
     }
 }
 

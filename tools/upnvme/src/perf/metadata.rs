@@ -11,11 +11,20 @@ use upnvme::{Controller, DmaBuffer, IoData, MetadataLayout, Protection};
 /// (either part may be left out; PRCHK names joined by `|`).
 pub fn parse_pi(s: &str) -> Result<Protection, String> {
     let mut p = Protection::default();
+    if s.trim().is_empty() {
+        return Err("empty: expected PRACT=0|1 and/or PRCHK=GUARD|REFTAG|APPTAG".into());
+    }
+    let mut seen: Vec<String> = Vec::new();
     for part in s.split(',').filter(|p| !p.is_empty()) {
         let (k, v) = part
             .split_once('=')
             .ok_or_else(|| format!("`{part}`: expected PRACT=0|1 or PRCHK=GUARD|REFTAG|APPTAG"))?;
-        match k.trim().to_ascii_uppercase().as_str() {
+        let key = k.trim().to_ascii_uppercase();
+        if seen.contains(&key) {
+            return Err(format!("{key} given twice: name each once"));
+        }
+        seen.push(key.clone());
+        match key.as_str() {
             "PRACT" => match v.trim() {
                 "0" => p.pract = false,
                 "1" => p.pract = true,
@@ -220,5 +229,12 @@ mod tests {
         assert!(parse_pi("PRCHK=CRC").unwrap_err().contains("GUARD"));
         assert!(parse_pi("FOO=1").unwrap_err().contains("PRACT or PRCHK"));
         assert!(parse_pi("PRACT").unwrap_err().contains("expected"));
+        assert!(parse_pi("").unwrap_err().starts_with("empty"));
+        assert!(parse_pi(" ").unwrap_err().starts_with("empty"));
+        assert!(
+            parse_pi("PRACT=1,pract=0")
+                .unwrap_err()
+                .contains("PRACT given twice")
+        );
     }
 }

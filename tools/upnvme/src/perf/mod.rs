@@ -87,7 +87,7 @@ pub fn run(a: PerfArgs) -> Result<bool> {
     if let Some(sig) = interrupt.signal() {
         // Interrupted during bring-up: no I/O at all.
         drop(ctrl);
-        return Err(anyhow!(Interrupted(sig)));
+        return Err(anyhow!(Interrupted(sig, interrupt::Reported::Nothing)));
     }
     let ctrl = Arc::new(ctrl);
     let mut handles = Vec::new();
@@ -139,6 +139,8 @@ pub fn run(a: PerfArgs) -> Result<bool> {
     let started = Instant::now();
     let (mut last, mut last_at) = (0u64, started);
     let mut next = Duration::from_secs(1);
+    // Whether a progress line is on stderr (ended with a newline after).
+    let mut progress_shown = false;
     while handles.iter().any(|h| !h.is_finished()) {
         std::thread::sleep(Duration::from_millis(100));
         let now = Instant::now();
@@ -154,13 +156,14 @@ pub fn run(a: PerfArgs) -> Result<bool> {
                 (total - last) as f64 / secs
             );
             let _ = std::io::stderr().flush();
+            progress_shown = true;
             (last, last_at) = (total, now);
             while next <= now - started {
                 next += Duration::from_secs(1);
             }
         }
     }
-    if live {
+    if progress_shown {
         eprintln!();
     }
     let mut jobs: Vec<JobResult> = Vec::new();
@@ -314,7 +317,7 @@ pub fn run(a: PerfArgs) -> Result<bool> {
     // the report or the shutdown): the run finished, the exit status says a
     // signal asked to stop.
     if let Some(sig) = interrupt.signal() {
-        return Err(anyhow!(Interrupted(sig)));
+        return Err(anyhow!(Interrupted(sig, interrupt::Reported::Results)));
     }
     Ok(true)
 }

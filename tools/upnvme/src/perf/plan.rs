@@ -178,9 +178,28 @@ pub fn validate(
     for ns in &chosen {
         let (n, lba) = (ns.nsid, ns.lba_size as usize);
         if a.pi.is_some() && ns.metadata.is_none_or(|l| l.pi_type == 0) {
+            let others = chosen
+                .iter()
+                .filter(|o| o.metadata.is_some_and(|l| l.pi_type != 0))
+                .map(|o| o.nsid.to_string())
+                .collect::<Vec<_>>();
+            let hint = if others.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "; run on the namespaces that have it with -n {}",
+                    others.join(",")
+                )
+            };
             return Err(usage(format!(
                 "-e (protection information) needs a namespace formatted with PI; namespace {n} \
-                 has none (`upnvme identify -H` shows DPS; `upnvme format --pi` sets it)"
+                 has none (`upnvme identify -H` shows DPS; `upnvme format --pi` sets it){hint}"
+            )));
+        }
+        if a.pi.is_some_and(|p| p.check_ref_tag) && ns.metadata.is_some_and(|l| l.pi_type == 3) {
+            return Err(usage(format!(
+                "namespace {n} has Type 3 protection, which has no reference tag to check: leave \
+                 REFTAG out of -e PRCHK"
             )));
         }
         if lba == 0 || !a.io_size.is_multiple_of(lba) {

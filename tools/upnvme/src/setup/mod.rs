@@ -721,15 +721,20 @@ pub fn hugepage_request_check(
         return Ok(());
     }
     let name = size_name(size_kib);
-    let mib = |pages: u64| pages.saturating_mul(size_kib) / 1024;
+    let mib = |pages: u64| u128::from(pages) * u128::from(size_kib) / 1024;
     Err(format!(
         "{asked} {name} hugepages ({} MiB) are more than this system can give: {} MiB are available \
          (MemAvailable) and {reserved} pages ({} MiB) are reserved already, so the kernel would take \
          every free page and leave programs to the OOM killer; ask for at most {most}, less to leave \
-         memory for programs (a queue pair needs one or two 2 MiB pages, see docs/setup.md)",
+         memory for programs{}",
         mib(asked),
         available / 1024,
         mib(reserved),
+        if size_kib == 2048 {
+            " (a queue pair needs one or two 2 MiB pages, see docs/setup.md)"
+        } else {
+            ""
+        },
     ))
 }
 
