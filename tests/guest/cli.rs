@@ -1271,6 +1271,15 @@ fn perf_reports_and_shuts_down_when_interrupted() {
         // Well past bring-up: the handlers are installed before the device opens.
         std::thread::sleep(Duration::from_secs(2));
         let pid = child.id().to_string();
+        if sig == "INT" && warmup == "0" {
+            // Meanwhile the controller is this run's: another upnvme says
+            // who holds it, as `setup status` would.
+            let held = format!("pid {pid} (upnvme)");
+            let err = fails(&upnvme(&["identify", "-d", &dev]), 1);
+            assert!(err.contains(&format!("; held by {held}")), "{err}");
+            let out = ok(&upnvme(&["list"]));
+            assert!(out.contains(&format!("(in use by {held})")), "{out}");
+        }
         let kill = Command::new("kill")
             .args(["-s", sig, &pid])
             .status()

@@ -379,6 +379,18 @@ fn exit_status(e: &anyhow::Error) -> u8 {
     }
 }
 
+/// The VFIO group node another process holds open (EBUSY), if that is `e`.
+pub(crate) fn busy_group(e: &upnvme::Error) -> Option<std::path::PathBuf> {
+    match e {
+        upnvme::Error::Dma(upnvme::dma::DmaError::GroupOpen { path, os_error, .. })
+            if os_error.raw_os_error() == Some(libc::EBUSY) =>
+        {
+            Some(path.clone())
+        }
+        _ => None,
+    }
+}
+
 /// True when writing to stdout failed because its reader closed the pipe.
 fn is_broken_pipe(e: &anyhow::Error) -> bool {
     e.chain().any(|c| {
@@ -404,10 +416,33 @@ fn main() -> ExitCode {
             ExitCode::from(141)
         }
         Err(e) => {
-            eprintln!("upnvme: {e:#}");
+            eprintln!("upnvme: {e:#}{}", busy_group_holders(&e));
             ExitCode::from(exit_status(&e))
         }
     }
+}
+
+/// For a controller whose VFIO group another process holds open (EBUSY),
+/// who that is, as `upnvme setup status` shows it: "; held by pid N (comm)".
+fn busy_group_holders(e: &anyhow::Error) -> String {
+    let Some(path) = e
+        .chain()
+        .find_map(|c| c.downcast_ref::<upnvme::Error>().and_then(busy_group))
+    else {
+        return String::new();
+    };
+    let holders = setup::host::Host::default().holders_of(&path);
+    if holders.is_empty() {
+        return String::new();
+    }
+    format!(
+        "; held by {}",
+        holders
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
 }
 
 #[cfg(test)]

@@ -69,7 +69,21 @@ pub fn list() -> Result<()> {
                     let _ = c.close();
                     r
                 }
-                Err(e) => (format!("({e})"), String::new(), "-".into(), "-".into()),
+                Err(e) => {
+                    // Held by another process: say who, briefly (the table
+                    // stays a table); any other failure in full.
+                    let what = match crate::busy_group(&e) {
+                        Some(path) => {
+                            let holders = crate::setup::host::Host::default().holders_of(&path);
+                            match holders.first() {
+                                Some(h) => format!("(in use by {h})"),
+                                None => "(in use by another process)".to_string(),
+                            }
+                        }
+                        None => format!("({e})"),
+                    };
+                    (what, String::new(), "-".into(), "-".into())
+                }
             }
         } else {
             let note = format!("(vendor {:04x} device {:04x})", f.vendor, f.device);

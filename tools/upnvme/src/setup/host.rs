@@ -609,6 +609,13 @@ impl Host {
             .collect()
     }
 
+    /// The processes (other than this one) with `path` open.
+    pub fn holders_of(&self, path: &Path) -> Vec<ProcUser> {
+        self.fd_users(&[path.to_path_buf()])
+            .remove(path)
+            .unwrap_or_default()
+    }
+
     /// For each of `targets`, the processes with an open file descriptor on it.
     fn fd_users(&self, targets: &[PathBuf]) -> BTreeMap<PathBuf, Vec<ProcUser>> {
         let mut out: BTreeMap<PathBuf, Vec<ProcUser>> = BTreeMap::new();
