@@ -1689,10 +1689,13 @@ fn feature_structure(fid: u8, cdw11: u32) -> Option<(&'static str, usize)> {
 /// The bytes an admin command moves through its data pointer where its
 /// SQE fixes them (NVMe 2.0 base specification), with the command's name:
 /// Identify (4096), Get Log Page ((NUMDU:NUMDL + 1) × 4), Firmware Image
-/// Download and Directive Send / Receive ((NUMD + 1) × 4), Security Send /
-/// Receive (CDW11 TL / AL), Get / Set Features of a feature that is a data
-/// structure. `None`: the length is not known here (vendor-specific
-/// commands, commands without data).
+/// Download ((NUMD + 1) × 4), Directive Send / Receive ((NUMD + 1) × 4
+/// when NUMD is not 0: several directive operations move nothing and are
+/// sent with NUMD 0, as libnvme does), Security Send / Receive (CDW11 TL /
+/// AL), Get LBA Status ((MNDW + 1) × 4), Get / Set Features of a feature
+/// that is a data structure (not Get Features SEL 011b, Supported
+/// Capabilities, answered in dword 0). `None`: the length is not known here
+/// (vendor-specific commands, commands without data).
 fn admin_transfer(sqe: &Sqe) -> Option<(&'static str, u64)> {
     let dwords = |numd: u32| (u64::from(numd) + 1) * 4;
     let cdw10 = sqe.cdw(10);
@@ -1704,10 +1707,12 @@ fn admin_transfer(sqe: &Sqe) -> Option<(&'static str, u64)> {
             dwords(((cdw11 & 0xffff) << 16) | (cdw10 >> 16)),
         ),
         0x11 => ("Firmware Image Download", dwords(cdw10)),
-        0x19 => ("Directive Send", dwords(cdw10)),
-        0x1a => ("Directive Receive", dwords(cdw10)),
+        0x19 if cdw10 != 0 => ("Directive Send", dwords(cdw10)),
+        0x1a if cdw10 != 0 => ("Directive Receive", dwords(cdw10)),
         0x81 => ("Security Send", u64::from(cdw11)),
         0x82 => ("Security Receive", u64::from(cdw11)),
+        0x86 => ("Get LBA Status", dwords(sqe.cdw(12))),
+        admin_op::GET_FEATURES if (cdw10 >> 8) & 7 == 3 => return None,
         admin_op::GET_FEATURES | admin_op::SET_FEATURES => {
             let (_, len) = feature_structure(cdw10 as u8, cdw11)?;
             ("Get / Set Features", len as u64)

@@ -990,8 +990,10 @@ struct ioengine_ops ioengine = {
 	.version = FIO_IOOPS_VERSION,
 	/* FIO_NO_OFFLOAD: io_submit_mode=offload would submit from fio's
 	 * worker threads onto this thread's queue pairs (one thread per pair). */
+	/* FIO_ASYNCIO_SETS_ISSUE_TIME: the commit stamps each io_u when its
+	 * doorbell announces it (fio would stamp it again after queue). */
 	.flags = FIO_RAWIO | FIO_NOEXTEND | FIO_NODISKUTIL | FIO_MEMALIGN | FIO_DISKLESSIO |
-		 FIO_NO_OFFLOAD,
+		 FIO_NO_OFFLOAD | FIO_ASYNCIO_SETS_ISSUE_TIME,
 	.setup = upnvme_fio_setup,
 	.init = upnvme_fio_init,
 	.post_init = upnvme_fio_post_init,

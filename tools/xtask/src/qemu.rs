@@ -217,8 +217,8 @@ pub struct RootPort {
 
 impl ControllerSpec {
     /// The guest's PCI address of this controller: on the root bus at its
-    /// slot, or the only function of its root port's secondary bus (the
-    /// guest numbers root port buses in slot order: rp0 gets bus 1, ...).
+    /// slot, or the only function of its root port's secondary bus
+    /// ([`RootPort::bus`]: the guest numbers those from the last port down).
     pub fn pci_address(&self) -> String {
         match self.root_port {
             Some(rp) => format!("0000:{:02x}:00.0", rp.bus),
