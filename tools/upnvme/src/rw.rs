@@ -173,11 +173,9 @@ fn chunk_blocks(c: &Controller, per_block: usize, total: u64) -> u32 {
 /// The namespace handle, once the range is checked; bad arguments are
 /// usage errors (exit status 2).
 fn check_range(c: &Controller, nsid: u32, start: u64, count: u64) -> Result<&Namespace> {
-    let ns = match c.namespace(nsid) {
-        Ok(ns) => ns,
-        Err(e @ upnvme::Error::NoSuchNamespace { .. }) => return Err(usage(e.to_string()).into()),
-        Err(e) => return Err(e.into()),
-    };
+    let ns = c
+        .namespace(nsid)
+        .map_err(crate::usage::no_such_namespace_is_usage)?;
     if count == 0 {
         return Err(usage("--block-count must be at least 1").into());
     }
