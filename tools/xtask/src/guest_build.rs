@@ -136,44 +136,10 @@ pub fn build(paths: &Paths) -> Result<Vec<GuestBinary>> {
         "xtask: building the guest programs (static, release, {TRIPLE}) into {}",
         paths.guest_target.display()
     );
-    let mut bins = cargo(paths);
-    bins.args(["build", "--release", "--target", TRIPLE, "--target-dir"])
-        .arg(&paths.guest_target)
-        .args(["-p", "upnvme-cli", "--bins"]);
-    let mut out = Vec::new();
-    for (kind, exe) in cargo_json(&mut bins)? {
-        if kind == "bin" {
-            let name = exe
-                .file_name()
-                .unwrap_or_default()
-                .to_string_lossy()
-                .into_owned();
-            out.push(GuestBinary {
-                guest: format!("/bin/{name}"),
-                host: exe,
-            });
-        }
-    }
+    let mut out = built(paths, &["-p", "upnvme-cli", "--bins"], "bin")?;
     // The library's examples (driver/examples), so that the README's
     // `cargo xtask vm -- hello_world` works as written.
-    let mut examples = cargo(paths);
-    examples
-        .args(["build", "--release", "--target", TRIPLE, "--target-dir"])
-        .arg(&paths.guest_target)
-        .args(["-p", "upnvme", "--examples"]);
-    for (kind, exe) in cargo_json(&mut examples)? {
-        if kind == "example" {
-            let name = exe
-                .file_name()
-                .unwrap_or_default()
-                .to_string_lossy()
-                .into_owned();
-            out.push(GuestBinary {
-                guest: format!("/bin/{name}"),
-                host: exe,
-            });
-        }
-    }
+    out.extend(built(paths, &["-p", "upnvme", "--examples"], "example")?);
     out.push(build_c_programs(paths)?);
     let mut tests = cargo(paths);
     tests
@@ -201,6 +167,33 @@ pub fn build(paths: &Paths) -> Result<Vec<GuestBinary>> {
         check_static(&b.host)?;
     }
     Ok(out)
+}
+
+/// `cargo build` of `what` for the guest: its executables of target kind
+/// `kind`, each installed as /bin/NAME.
+fn built(paths: &Paths, what: &[&str], kind: &str) -> Result<Vec<GuestBinary>> {
+    let mut c = cargo(paths);
+    c.args(["build", "--release", "--target", TRIPLE, "--target-dir"])
+        .arg(&paths.guest_target)
+        .args(what);
+    Ok(cargo_json(&mut c)?
+        .into_iter()
+        .filter(|(k, _)| k == kind)
+        .map(|(_, exe)| on_path(exe))
+        .collect())
+}
+
+/// `exe` installed in the guest as /bin/ with its own name.
+fn on_path(exe: PathBuf) -> GuestBinary {
+    let name = exe
+        .file_name()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .into_owned();
+    GuestBinary {
+        guest: format!("/bin/{name}"),
+        host: exe,
+    }
 }
 
 /// libupnvme_c for the guest, installed into target/guest/capi, and
@@ -250,17 +243,7 @@ pub fn prebuilt(paths: &Paths) -> Result<Vec<GuestBinary>> {
         })
         .collect();
     examples.sort();
-    for exe in examples {
-        let name = exe
-            .file_name()
-            .unwrap_or_default()
-            .to_string_lossy()
-            .into_owned();
-        out.push(GuestBinary {
-            host: exe,
-            guest: format!("/bin/{name}"),
-        });
-    }
+    out.extend(examples.into_iter().map(on_path));
     let hello = paths.guest_target.join(HELLO_WORLD_C);
     if hello.exists() {
         out.push(GuestBinary {
