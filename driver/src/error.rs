@@ -308,6 +308,11 @@ pub enum NvmLimit {
     DsmRangeBlocks,
     /// DMSL: logical blocks in all ranges of one Dataset Management command.
     DsmBlocks,
+    /// MSSRL (Identify Namespace): logical blocks per Copy source range.
+    CopyRangeBlocks,
+    /// MCL (Identify Namespace): logical blocks in all source ranges of one
+    /// Copy.
+    CopyBlocks,
 }
 
 /// The command whose range count is refused ([`Reject::RangeCount`]).
@@ -318,8 +323,9 @@ pub enum RangeCommand {
     /// 16 bytes, one page.
     DatasetManagement,
     /// Copy (Source Range Entries Descriptor Format 0h): 1..=128 ranges of
-    /// 32 bytes, the one list page the pair keeps per command (the
-    /// namespace's MSRC may allow fewer; the controller enforces it).
+    /// 32 bytes, the one list page the pair keeps per command, and no more
+    /// than the namespace's MSRC allows (Identify Namespace byte 80,
+    /// 0-based).
     Copy,
 }
 
@@ -392,8 +398,9 @@ pub enum Reject {
         max: u32,
     },
     /// The command is beyond one of the controller's NVM Command Set size
-    /// limits ([`crate::Controller::nvm_limits`], Identify CNS 06h): submit
-    /// it in parts of at most `max`.
+    /// limits ([`crate::Controller::nvm_limits`], Identify CNS 06h) or the
+    /// namespace's Copy limits (Identify Namespace MSSRL, MCL): submit it in
+    /// parts of at most `max`.
     SizeLimit {
         /// Which limit.
         limit: NvmLimit,
@@ -506,24 +513,45 @@ impl std::fmt::Display for Reject {
                 write!(f, "{} with {ranges} ranges: must be 1..={max}", command.name())
             }
             Reject::SizeLimit { limit, max } => {
-                let (what, field, unit) = match limit {
-                    NvmLimit::Verify => ("a Verify", "VSL", "blocks per command"),
-                    NvmLimit::WriteZeroes => ("a Write Zeroes", "WZSL", "blocks per command"),
+                const NVM_CTRL: &str = "Identify Controller, NVM Command Set";
+                const NS: &str = "Identify Namespace";
+                let (what, structure, field, unit) = match limit {
+                    NvmLimit::Verify => ("a Verify", NVM_CTRL, "VSL", "blocks per command"),
+                    NvmLimit::WriteZeroes => {
+                        ("a Write Zeroes", NVM_CTRL, "WZSL", "blocks per command")
+                    }
                     NvmLimit::WriteUncorrectable => {
-                        ("a Write Uncorrectable", "WUSL", "blocks per command")
+                        ("a Write Uncorrectable", NVM_CTRL, "WUSL", "blocks per command")
                     }
-                    NvmLimit::DsmRanges => ("Dataset Management", "DMRL", "ranges per command"),
-                    NvmLimit::DsmRangeBlocks => {
-                        ("a Dataset Management range", "DMRSL", "blocks per range")
+                    NvmLimit::DsmRanges => {
+                        ("Dataset Management", NVM_CTRL, "DMRL", "ranges per command")
                     }
-                    NvmLimit::DsmBlocks => {
-                        ("Dataset Management", "DMSL", "blocks in all ranges of a command")
+                    NvmLimit::DsmRangeBlocks => (
+                        "a Dataset Management range",
+                        NVM_CTRL,
+                        "DMRSL",
+                        "blocks per range",
+                    ),
+                    NvmLimit::DsmBlocks => (
+                        "Dataset Management",
+                        NVM_CTRL,
+                        "DMSL",
+                        "blocks in all ranges of a command",
+                    ),
+                    NvmLimit::CopyRangeBlocks => {
+                        ("a Copy source range", NS, "MSSRL", "blocks per range")
                     }
+                    NvmLimit::CopyBlocks => (
+                        "a Copy",
+                        NS,
+                        "MCL",
+                        "blocks in all source ranges of a command",
+                    ),
                 };
                 write!(
                     f,
-                    "{what} beyond the controller's limit (Identify Controller, NVM Command Set, \
-                     {field}): at most {max} {unit}; submit it in parts"
+                    "{what} beyond the controller's limit ({structure}, {field}): at most {max} \
+                     {unit}; submit it in parts"
                 )
             }
             Reject::Misaligned => f.write_str(

@@ -458,6 +458,17 @@ pub struct IdentifyNamespace {
     pub noiob: u16,
     /// NVMCAP, NVM Capacity in bytes (bytes 63:48).
     pub nvmcap: u128,
+    /// MSSRL, Maximum Single Source Range Length (bytes 75:74): logical
+    /// blocks one Copy source range may cover (non-zero when the
+    /// controller supports Copy).
+    pub mssrl: u16,
+    /// MCL, Maximum Copy Length (bytes 79:76): logical blocks one Copy may
+    /// cover in all its source ranges (non-zero when the controller
+    /// supports Copy).
+    pub mcl: u32,
+    /// MSRC, Maximum Source Range Count, 0-based (byte 80): source ranges
+    /// one Copy may carry.
+    pub msrc: u8,
     /// NGUID, Namespace Globally Unique Identifier (bytes 119:104).
     pub nguid: [u8; 16],
     /// EUI64, IEEE Extended Unique Identifier (bytes 127:120).
@@ -498,6 +509,9 @@ impl IdentifyNamespace {
             nabspf: le16(buf, 44),
             noiob: le16(buf, 46),
             nvmcap: le128(buf, 48),
+            mssrl: le16(buf, 74),
+            mcl: le32(buf, 76),
+            msrc: u8_at(buf, 80),
             nguid: bytes(buf, 104),
             eui64: bytes(buf, 120),
             lbaf,
@@ -530,6 +544,9 @@ impl IdentifyNamespace {
         put(&mut b, 44, &self.nabspf.to_le_bytes());
         put(&mut b, 46, &self.noiob.to_le_bytes());
         put(&mut b, 48, &self.nvmcap.to_le_bytes());
+        put(&mut b, 74, &self.mssrl.to_le_bytes());
+        put(&mut b, 76, &self.mcl.to_le_bytes());
+        b[80] = self.msrc;
         put(&mut b, 104, &self.nguid);
         put(&mut b, 120, &self.eui64);
         for (i, f) in self.lbaf.iter().take(MAX_LBA_FORMATS).enumerate() {
@@ -743,6 +760,9 @@ mod tests {
         b[33] = 0x09; // DLFEAT @33: reads zeroes, WZ deallocates
         b[34..36].copy_from_slice(&7u16.to_le_bytes()); // NAWUN @34
         b[46..48].copy_from_slice(&32u16.to_le_bytes()); // NOIOB @46
+        b[74..76].copy_from_slice(&100u16.to_le_bytes()); // MSSRL @74
+        b[76..80].copy_from_slice(&0x1_0000u32.to_le_bytes()); // MCL @76
+        b[80] = 15; // MSRC @80 (16 ranges)
         b[104..120].copy_from_slice(&[0xab; 16]); // NGUID @104
         b[120..128].copy_from_slice(&[1, 2, 3, 4, 5, 6, 7, 8]); // EUI64 @120
         // LBAF0 @128: 512 B, LBAF4 @144: 4096 B with 8 B metadata.
@@ -762,6 +782,7 @@ mod tests {
         assert_eq!(ns.lbaf.len(), 8);
         assert_eq!(ns.nawun, 7);
         assert_eq!(ns.noiob, 32);
+        assert_eq!((ns.mssrl, ns.mcl, ns.msrc), (100, 0x1_0000, 15));
         assert_eq!(ns.nguid, [0xab; 16]);
         assert_eq!(ns.eui64, [1, 2, 3, 4, 5, 6, 7, 8]);
         assert_eq!(ns.current_lba_format_index(), 4);

@@ -508,6 +508,148 @@ fn verify_copy_and_write_uncorrectable_or_their_refusal() {
     }
 }
 
+/// A Copy within the namespace's limits (Identify Namespace MSRC, MSSRL,
+/// MCL; QEMU's nvme-ns reports 127, 128 and 128 unless configured) moves
+/// its ranges, and one beyond each limit is refused by the pair before
+/// QEMU would answer Command Size Limit Exceeded.
+#[test]
+fn a_copy_up_to_the_namespaces_limits_goes_and_beyond_them_is_refused() {
+    let c = open();
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    if !oncs(&c, 8) {
+        let one = [upnvme::CopyRange { slba: 0, blocks: 1 }];
+        let copy = IoCommand::Copy {
+            ns: &ns,
+            sdlba: 10,
+            ranges: &one,
+        };
+        let r = qp.submit_io(copy, IoData::none(), 1).unwrap_err();
+        assert_eq!(r.reason, upnvme::Reject::Unsupported { command: "Copy" });
+        return;
+    }
+    let id = ns.identify();
+    let (ranges_max, mssrl, mcl) = (usize::from(id.msrc) + 1, u32::from(id.mssrl), id.mcl);
+    assert!(
+        mssrl > 0 && mcl > 0,
+        "QEMU supports Copy but reports MSSRL {mssrl}, MCL {mcl}"
+    );
+    let lba = ns.lba_size() as usize;
+    let src = 50_000u64;
+    // Ranges of at most MSSRL blocks, at most MSRC + 1 of them, MCL blocks
+    // in all when that fits (else as many as they can hold).
+    let total = mcl.min(mssrl * ranges_max.min(128) as u32).min(1024);
+    let mut ranges = Vec::new();
+    let mut at = 0u32;
+    while at < total {
+        let n = mssrl.min(total - at);
+        ranges.push(upnvme::CopyRange {
+            slba: src + u64::from(at),
+            blocks: n,
+        });
+        at += n;
+    }
+    ranges.reverse();
+    let data = pattern(700, total as usize * lba);
+    for (i, chunk) in data.chunks(16 * lba).enumerate() {
+        let buf = c.alloc_dma(chunk.len()).unwrap();
+        buf.write_bytes(0, chunk).unwrap();
+        let blocks = (chunk.len() / lba) as u32;
+        qp.write_blocking(&ns, src + 16 * i as u64, blocks, buf, T)
+            .unwrap();
+    }
+    let dst = src + 2048;
+    let copy = IoCommand::Copy {
+        ns: &ns,
+        sdlba: dst,
+        ranges: &ranges,
+    };
+    run(&mut qp, copy, IoData::none());
+    let mut want = Vec::with_capacity(data.len());
+    for r in &ranges {
+        let off = (r.slba - src) as usize * lba;
+        want.extend_from_slice(&data[off..off + r.blocks as usize * lba]);
+    }
+    let mut back = Vec::with_capacity(data.len());
+    for i in 0..total.div_ceil(16) {
+        let blocks = 16.min(total - 16 * i);
+        let buf = qp
+            .read_blocking(
+                &ns,
+                dst + 16 * u64::from(i),
+                blocks,
+                c.alloc_dma(blocks as usize * lba).unwrap(),
+                T,
+            )
+            .unwrap();
+        let mut part = vec![0u8; blocks as usize * lba];
+        buf.read_bytes(0, &mut part).unwrap();
+        back.extend_from_slice(&part);
+    }
+    assert!(
+        back == want,
+        "the Copy of {total} blocks in {} ranges moved other bytes",
+        ranges.len()
+    );
+    // One block more than a range may hold, than a Copy may cover, one
+    // range more than MSRC allows: refused, nothing sent.
+    let refused = |qp: &mut IoQueuePair, ranges: &[upnvme::CopyRange]| {
+        let copy = IoCommand::Copy {
+            ns: &ns,
+            sdlba: dst,
+            ranges,
+        };
+        qp.submit_io(copy, IoData::none(), 1).unwrap_err().reason
+    };
+    let long = [upnvme::CopyRange {
+        slba: src,
+        blocks: mssrl + 1,
+    }];
+    assert_eq!(
+        refused(&mut qp, &long),
+        upnvme::Reject::SizeLimit {
+            limit: upnvme::NvmLimit::CopyRangeBlocks,
+            max: u64::from(mssrl)
+        }
+    );
+    if mcl < mssrl * ranges_max.min(128) as u32 {
+        let mut over = Vec::new();
+        let mut left = mcl + 1;
+        while left > 0 {
+            let n = mssrl.min(left);
+            over.push(upnvme::CopyRange {
+                slba: src,
+                blocks: n,
+            });
+            left -= n;
+        }
+        assert_eq!(
+            refused(&mut qp, &over),
+            upnvme::Reject::SizeLimit {
+                limit: upnvme::NvmLimit::CopyBlocks,
+                max: u64::from(mcl)
+            }
+        );
+    }
+    if ranges_max < 128 {
+        let many = vec![
+            upnvme::CopyRange {
+                slba: src,
+                blocks: 1
+            };
+            ranges_max + 1
+        ];
+        assert_eq!(
+            refused(&mut qp, &many),
+            upnvme::Reject::RangeCount {
+                command: upnvme::RangeCommand::Copy,
+                ranges: ranges_max as u32 + 1,
+                max: ranges_max as u32
+            }
+        );
+    }
+}
+
 #[test]
 fn a_raw_write_and_read_through_the_driver_data_pointer() {
     let c = open();

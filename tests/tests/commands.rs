@@ -756,3 +756,112 @@ fn a_copy_with_too_many_ranges_is_refused_with_a_copy_message() {
         "a Copy of 200 source ranges was refused with: {msg}"
     );
 }
+
+/// A model with Copy and one 512-byte namespace whose Copy limits are
+/// `(msrc, mssrl, mcl)` (Identify Namespace bytes 80, 75:74, 79:76).
+fn copy_limited(msrc: u8, mssrl: u16, mcl: u32) -> (ModelController, Controller<ModelController>) {
+    let mut cfg = config_one_ns(512, 8192);
+    cfg.oncs = ModelConfig::ONCS_COPY;
+    cfg.namespaces[0].msrc = msrc;
+    cfg.namespaces[0].mssrl = mssrl;
+    cfg.namespaces[0].mcl = mcl;
+    setup(cfg)
+}
+
+#[test]
+fn a_copy_beyond_the_namespaces_copy_limits_is_refused_with_the_limit() {
+    // MSRC 3 (four ranges), MSSRL 8, MCL 20.
+    let (m, c) = copy_limited(3, 8, 20);
+    let ns = c.namespace(1).unwrap().clone();
+    let id = ns.identify();
+    assert_eq!((id.msrc, id.mssrl, id.mcl), (3, 8, 20));
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let r = |slba, blocks| CopyRange { slba, blocks };
+    let five = [r(0, 1), r(10, 1), r(20, 1), r(30, 1), r(40, 1)];
+    let long = [r(0, 9)];
+    let over = [r(0, 8), r(10, 8), r(20, 5)];
+    for (ranges, want, text) in [
+        (
+            &five[..],
+            Reject::RangeCount {
+                command: RangeCommand::Copy,
+                ranges: 5,
+                max: 4,
+            },
+            "Copy with 5 ranges: must be 1..=4",
+        ),
+        (
+            &long[..],
+            Reject::SizeLimit {
+                limit: NvmLimit::CopyRangeBlocks,
+                max: 8,
+            },
+            "MSSRL): at most 8 blocks per range",
+        ),
+        (
+            &over[..],
+            Reject::SizeLimit {
+                limit: NvmLimit::CopyBlocks,
+                max: 20,
+            },
+            "MCL): at most 20 blocks in all source ranges",
+        ),
+    ] {
+        let cmd = IoCommand::Copy {
+            ns: &ns,
+            sdlba: 1000,
+            ranges,
+        };
+        let e = qp.submit_io(cmd, IoData::none(), 1).unwrap_err().reason;
+        assert_eq!(e, want);
+        let msg = qp.describe(e).to_string();
+        assert!(msg.contains(text), "{msg}");
+    }
+    // Nothing reached the controller; at the limits the Copy goes through.
+    assert!(
+        m.recent_commands()
+            .iter()
+            .all(|(q, raw)| *q == 0 || raw[0] != 0x19)
+    );
+    let data = pattern(9, 20 * 512);
+    qp.write_blocking(&ns, 0, 20, buffer_with(&c, &data), T)
+        .unwrap();
+    let at = [r(12, 8), r(0, 8), r(8, 4)];
+    let cmd = IoCommand::Copy {
+        ns: &ns,
+        sdlba: 1000,
+        ranges: &at,
+    };
+    let done = run_io(&mut qp, cmd, IoData::none());
+    assert!(done.is_ok(), "{:?}", done.result);
+    let mut want = data[12 * 512..20 * 512].to_vec();
+    want.extend_from_slice(&data[..8 * 512]);
+    want.extend_from_slice(&data[8 * 512..12 * 512]);
+    assert_eq!(m.namespace_data(1, 1000, 20), want);
+    assert_clean(&m);
+}
+
+#[test]
+fn copy_limits_not_filled_in_leave_the_copy_to_the_controller() {
+    // MSSRL, MCL and MSRC all zero: the namespace did not report its limits,
+    // so the pair sends the Copy and the controller's status tells (this
+    // model then takes one range of no blocks: Command Size Limit Exceeded).
+    let (m, c) = copy_limited(0, 0, 0);
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let ranges = [
+        CopyRange { slba: 0, blocks: 2 },
+        CopyRange { slba: 4, blocks: 2 },
+    ];
+    let cmd = IoCommand::Copy {
+        ns: &ns,
+        sdlba: 100,
+        ranges: &ranges,
+    };
+    let done = run_io(&mut qp, cmd, IoData::none());
+    match done.result {
+        Err(IoError::Status(s)) => assert_eq!((s.sct(), s.sc()), (1, 0x83)),
+        other => panic!("{other:?}"),
+    }
+    assert_clean(&m);
+}

@@ -91,8 +91,11 @@ fn resets_from_another_thread_end_every_command_once() {
     // the new generation (without it: 5522 such doorbells in 5690 resets).
     // What is left is a pair thread preempted between its last state check
     // and its doorbell store for the whole deletion — seen once in 8495
-    // resets on a loaded machine — which the controller ignores (or reports
-    // as an invalid doorbell write). Anything else is a bug.
+    // resets on a loaded machine, 179 in 8464 (2.1%) with two compilers
+    // running beside the test on two cores — which the controller ignores
+    // (or reports as an invalid doorbell write). The bound (5%) stays far
+    // below what a missing "resetting" bit gives (97%). Anything else is a
+    // bug.
     let v = m.violations();
     let stale = |s: &String| {
         s.contains("but the queue does not exist")
@@ -104,7 +107,7 @@ fn resets_from_another_thread_end_every_command_once() {
         v.iter().find(|s| !stale(s))
     );
     assert!(
-        (v.len() as u64) * 100 <= resets,
+        (v.len() as u64) * 20 <= resets,
         "{} doorbells for deleted queues in {resets} resets, first: {:?}",
         v.len(),
         v.first()

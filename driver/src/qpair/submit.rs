@@ -30,7 +30,7 @@ use crate::namespace::Namespace;
 const MAX_DSM_RANGES: usize = 256;
 /// Most source ranges the driver sends in one Copy: 128 Format 0 entries
 /// fill the one 4 KiB page PRP1 points at (the spec allows 256; the
-/// namespace's MSRC may allow fewer, which the controller enforces).
+/// namespace's MSRC may allow fewer: [`copy_limits`]).
 const MAX_COPY_RANGES: usize = 128;
 
 /// Identify Controller ONCS bits (Optional NVM Command Support).
@@ -813,17 +813,30 @@ impl<D: Device> IoQueuePair<D> {
             }
             IoCommand::Copy { sdlba, ranges, .. } => {
                 self.oncs_check(ONCS_COPY, "Copy")?;
-                if ranges.is_empty() || ranges.len() > MAX_COPY_RANGES {
+                let limits = copy_limits(ns);
+                if ranges.is_empty() || ranges.len() > limits.ranges {
                     return Err(Reject::RangeCount {
                         command: RangeCommand::Copy,
                         ranges: ranges.len().min(u32::MAX as usize) as u32,
-                        max: MAX_COPY_RANGES as u32,
+                        max: limits.ranges as u32,
                     });
                 }
                 let mut total = 0u64;
                 for r in ranges {
                     check_range(ns, r.slba, r.blocks)?;
+                    if limits.range_blocks != 0 && r.blocks > limits.range_blocks {
+                        return Err(Reject::SizeLimit {
+                            limit: NvmLimit::CopyRangeBlocks,
+                            max: u64::from(limits.range_blocks),
+                        });
+                    }
                     total += u64::from(r.blocks);
+                }
+                if limits.blocks != 0 && total > u64::from(limits.blocks) {
+                    return Err(Reject::SizeLimit {
+                        limit: NvmLimit::CopyBlocks,
+                        max: u64::from(limits.blocks),
+                    });
                 }
                 match sdlba.checked_add(total) {
                     Some(end) if end <= ns.lba_count() => {}
@@ -1047,5 +1060,36 @@ impl<D: Device> IoQueuePair<D> {
                 .map_err(|_| refused)?;
         }
         Ok(list_iova)
+    }
+}
+
+/// A namespace's Copy limits (Identify Namespace): what the pair checks
+/// before it sends a Copy.
+struct CopyLimits {
+    /// Source ranges per command: MSRC + 1, at most [`MAX_COPY_RANGES`].
+    ranges: usize,
+    /// MSSRL: logical blocks per source range (0: not reported).
+    range_blocks: u32,
+    /// MCL: logical blocks in all source ranges (0: not reported).
+    blocks: u32,
+}
+
+/// The Copy limits of `ns`. A controller that supports Copy reports MSSRL
+/// and MCL non-zero (NVM Command Set Specification, Identify Namespace); one
+/// that reports MSSRL, MCL and MSRC all zero has not filled them in, and
+/// only the command's own format limits apply (its status says the rest).
+fn copy_limits(ns: &Namespace) -> CopyLimits {
+    let id = ns.identify();
+    if id.mssrl == 0 && id.mcl == 0 && id.msrc == 0 {
+        return CopyLimits {
+            ranges: MAX_COPY_RANGES,
+            range_blocks: 0,
+            blocks: 0,
+        };
+    }
+    CopyLimits {
+        ranges: (usize::from(id.msrc) + 1).min(MAX_COPY_RANGES),
+        range_blocks: u32::from(id.mssrl),
+        blocks: id.mcl,
     }
 }

@@ -266,6 +266,15 @@ pub struct NamespaceConfig {
     /// bit 3 PI in the first 8 metadata bytes, bit 4 in the last 8
     /// (default 0x1f, everything, as QEMU's nvme-ns).
     pub dpc: u8,
+    /// MSSRL, the Copy limit of blocks per source range (Identify Namespace
+    /// bytes 75:74; QEMU's nvme-ns `mssrl`, default 128).
+    pub mssrl: u16,
+    /// MCL, the Copy limit of blocks in all source ranges (bytes 79:76;
+    /// QEMU's `mcl`, default 128).
+    pub mcl: u32,
+    /// MSRC, the Copy limit of source ranges, 0-based (byte 80; QEMU's
+    /// `msrc`, default 127).
+    pub msrc: u8,
 }
 
 impl NamespaceConfig {
@@ -308,6 +317,9 @@ impl Default for NamespaceConfig {
             pi_first: false,
             pif: 0,
             dpc: 0x1f,
+            mssrl: 128,
+            mcl: 128,
+            msrc: 127,
         }
     }
 }

@@ -15,6 +15,9 @@ use super::status::Status;
 
 /// Unrecovered Read Error (Media and Data Integrity Errors, 81h).
 const UNRECOVERED_READ_ERROR: Status = Status::new(2, 0x81);
+/// Command Size Limit Exceeded (Command Specific Status 83h, NVM Command
+/// Set): a Copy beyond the namespace's MSRC, MSSRL or MCL.
+const COMMAND_SIZE_LIMIT: Status = Status::new(1, 0x83);
 
 /// Flush to all namespaces (Flush with NSID FFFFFFFFh).
 const BROADCAST_NSID: u32 = 0xffff_ffff;
@@ -370,6 +373,23 @@ impl State {
             Err(s) => return Outcome::err(s),
         };
         let ns = &mut self.namespaces[i];
+        // The namespace's limits, checked as QEMU's nvme_copy does: MSRC
+        // before the ranges, MSSRL per range, MCL over all of them.
+        let (msrc, mssrl, mcl) = (ns.cfg.msrc, ns.cfg.mssrl, ns.cfg.mcl);
+        if nr > usize::from(msrc) + 1 {
+            return Outcome::err(COMMAND_SIZE_LIMIT.with_dnr());
+        }
+        let mut total = 0u64;
+        for r in list.chunks_exact(32) {
+            let nlb = u64::from(u16::from_le_bytes([r[16], r[17]])) + 1;
+            if nlb > u64::from(mssrl) {
+                return Outcome::err(COMMAND_SIZE_LIMIT.with_dnr());
+            }
+            total += nlb;
+        }
+        if total > u64::from(mcl) {
+            return Outcome::err(COMMAND_SIZE_LIMIT.with_dnr());
+        }
         let mut data = Vec::new();
         let mut meta = Vec::new();
         for r in list.chunks_exact(32) {

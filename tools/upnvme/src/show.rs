@@ -227,6 +227,9 @@ pub fn identify(c: &Controller, nsid: Option<u32>, human: bool) -> Result<()> {
         outln!("  nsfeat  : 0x{:02x}", id.nsfeat);
         outln!("  nlbaf   : {}", id.nlbaf);
         outln!("  flbas   : 0x{:02x}", id.flbas);
+        outln!("  mssrl   : {}", id.mssrl);
+        outln!("  mcl     : {}", id.mcl);
+        outln!("  msrc    : {}", id.msrc);
         let in_use = id.current_lba_format_index();
         for (i, f) in id.lbaf.iter().enumerate() {
             outln!(
@@ -296,6 +299,9 @@ pub fn identify_json(c: &Controller, nsid: Option<u32>, human: bool) -> Result<(
                 "nsfeat": i.nsfeat,
                 "nlbaf": i.nlbaf,
                 "flbas": i.flbas,
+                "mssrl": i.mssrl,
+                "mcl": i.mcl,
+                "msrc": i.msrc,
                 "lba_size": ns.lba_size(),
                 "metadata_size": ns.metadata_size(),
                 "size_bytes": ns.size_bytes(),
