@@ -158,8 +158,13 @@ pub enum Error {
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
 
-    /// A queue pair refused a command (see [`Reject`]).
-    #[error("command refused: {0}")]
+    /// A queue pair refused a command (see [`Reject`]): from
+    /// [`crate::IoQueuePair::describe`] and the blocking helpers, so the
+    /// reason stays typed (a [`Reject::SizeLimit`] carries the `max` to
+    /// split at). It reads "invalid argument: …" when the caller passed
+    /// something wrong ([`Reject::is_invalid_argument`]), "command refused:
+    /// …" when the controller or the driver lacks what the command needs.
+    #[error("{} {}", rejected_prefix(*.0), .0)]
     Rejected(Reject),
 
     /// The namespace is active but the driver cannot use it (an LBA format
@@ -336,6 +341,34 @@ impl RangeCommand {
             RangeCommand::DatasetManagement => "Dataset Management",
             RangeCommand::Copy => "Copy",
         }
+    }
+}
+
+/// The first words of [`Error::Rejected`]'s text.
+fn rejected_prefix(r: Reject) -> &'static str {
+    if r.is_invalid_argument() {
+        "invalid argument:"
+    } else {
+        "command refused:"
+    }
+}
+
+impl Reject {
+    /// True when the caller passed something wrong (a range, a length, a
+    /// buffer, a flag); false for [`Reject::QueueFull`] (try again after a
+    /// reap), [`Reject::Unusable`] (the pair or controller cannot take
+    /// commands) and what this controller or the driver does not offer
+    /// ([`Reject::Unsupported`], [`Reject::MetadataFormat`],
+    /// [`Reject::NotDescribable`]).
+    pub fn is_invalid_argument(&self) -> bool {
+        !matches!(
+            self,
+            Reject::QueueFull
+                | Reject::Unusable
+                | Reject::Unsupported { .. }
+                | Reject::MetadataFormat(_)
+                | Reject::NotDescribable
+        )
     }
 }
 

@@ -409,7 +409,10 @@ fn data_buffer_not_dword_aligned() {
     assert_eq!(qp.in_flight(), 0);
     assert_eq!(f.reason, Reject::Misaligned);
     let e = qp.describe(f.reason);
-    assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
+    assert!(
+        matches!(e, Error::Rejected(r) if r.is_invalid_argument()),
+        "{e:?}"
+    );
     assert_eq!(
         e.to_string(),
         "invalid argument: the data does not start dword aligned (the buffer's IOVA, e.g. a piece of DmaBuffer::split at an odd offset, plus any slice offset), which PRP1 and MPTR require: split buffers and start slices at multiples of 4 bytes"
@@ -462,7 +465,10 @@ fn namespace_that_is_not_active() {
         let other = c2.namespace(nsid).unwrap().clone();
         let (r, e) = refused(&m, &c, &mut qp, read(&other, 0, 1), 4096);
         assert_eq!(r, Reject::ForeignNamespace, "nsid {nsid}");
-        assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
+        assert!(
+            matches!(e, Error::Rejected(r) if r.is_invalid_argument()),
+            "{e:?}"
+        );
         assert_eq!(e.to_string(), FOREIGN);
     }
     // So is a handle that belongs to no controller.
@@ -539,7 +545,10 @@ fn lba_range_past_the_end() {
     for (slba, blocks) in [(BLOCKS, 1), (BLOCKS - 1, 2)] {
         let (r, e) = refused(&m, &c, &mut qp, read(&ns, slba, blocks), 8192);
         assert_eq!(r, Reject::LbaRange, "{slba}..+{blocks}");
-        assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
+        assert!(
+            matches!(e, Error::Rejected(r) if r.is_invalid_argument()),
+            "{e:?}"
+        );
         assert_eq!(e.to_string(), OUTSIDE);
     }
     // The last block itself is inside.
@@ -629,7 +638,10 @@ fn buffer_too_small() {
     let ns = ns1(&c);
     let (r, e) = refused(&m, &c, &mut qp, read(&ns, 0, 2), 4096);
     assert_eq!(r, Reject::BufferTooSmall { need: 8192 });
-    assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
+    assert!(
+        matches!(e, Error::Rejected(r) if r.is_invalid_argument()),
+        "{e:?}"
+    );
     assert_eq!(
         e.to_string(),
         "invalid argument: the transfer needs 8192 bytes; the buffer is smaller"
@@ -744,7 +756,10 @@ fn missing_data_buffer() {
     ] {
         let (r, e) = refused(&m, &c, &mut qp, cmd, 0);
         assert_eq!(r, Reject::NoBuffer, "{cmd:?}");
-        assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
+        assert!(
+            matches!(e, Error::Rejected(r) if r.is_invalid_argument()),
+            "{e:?}"
+        );
         assert_eq!(
             e.to_string(),
             "invalid argument: the command needs a data buffer",
@@ -774,7 +789,10 @@ fn transfer_above_mdts() {
     assert_eq!(qp.max_depth(), 2);
     let (r, e) = refused(&m, &c, &mut qp, read(&ns, 0, 257), 257 * 4096);
     assert_eq!(r, Reject::TransferTooLarge { bytes: 1_052_672 });
-    assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
+    assert!(
+        matches!(e, Error::Rejected(r) if r.is_invalid_argument()),
+        "{e:?}"
+    );
     assert_eq!(
         e.to_string(),
         format!("invalid argument: {}", TOO_LARGE.replace("{}", "1052672"))

@@ -74,8 +74,8 @@ impl<D: Device> IoQueuePair<D> {
     /// The descriptive error behind a refusal: for [`Reject::Unusable`] the
     /// controller's own explanation (closed, failed and why, gone), for
     /// [`Reject::QueueFull`] [`Error::QueueFull`] with this pair's queue ID,
-    /// otherwise [`Error::InvalidArgument`] with the reason. Builds strings:
-    /// call it off the hot path.
+    /// otherwise [`Error::Rejected`] with the reason (still typed). Builds
+    /// strings: call it off the hot path.
     #[cold]
     pub fn describe(&self, reason: Reject) -> Error {
         match reason {
@@ -95,12 +95,10 @@ impl<D: Device> IoQueuePair<D> {
                 }
             }
             Reject::QueueFull => Error::QueueFull { qid: self.qid },
-            // Not a bad argument: what this controller (or the driver) does
-            // not offer.
-            Reject::MetadataFormat(_) | Reject::Unsupported { .. } | Reject::NotDescribable => {
-                Error::Rejected(reason)
-            }
-            other => Error::InvalidArgument(other.to_string()),
+            // Typed, so a caller of a blocking helper can match on it; its
+            // text says whether the argument was wrong
+            // (`Reject::is_invalid_argument`).
+            other => Error::Rejected(other),
         }
     }
 
