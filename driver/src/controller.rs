@@ -1457,16 +1457,24 @@ impl<D: Device> Inner<D> {
     /// also gets the orderly end of its commands the spec describes.
     ///
     /// Best effort, within `budget` in total (one admin timeout, or less after
-    /// a command timeout): a controller that is
-    /// gone, fatally failed, not ready, marked failed by the driver, or that
-    /// does not answer a deletion in time is simply disabled. A queue that does
-    /// not exist at the controller (its pair re-creates queues lazily after a
-    /// reset) answers Invalid Queue Identifier, which is fine.
+    /// a command timeout): a controller that is gone, fatally failed, not
+    /// ready, or that does not answer a deletion in time is simply disabled.
+    /// One the driver marked failed (a broken completion on one pair, an
+    /// admin command without an answer) usually still runs, with other
+    /// pairs' commands in its SQs — the order that crashes QEMU — so its
+    /// queues are deleted too, within at most one second. A queue that does
+    /// not exist at the controller (its pair re-creates queues lazily after
+    /// a reset) answers Invalid Queue Identifier, which is fine.
     fn delete_io_queues(&self, admin: &mut AdminQueue, budget: Duration) {
         let csts = Csts(self.dev.read32(REG_CSTS));
-        if csts.is_all_ones() || !csts.rdy() || csts.cfs() || self.state() & STATE_FAILED != 0 {
+        if csts.is_all_ones() || !csts.rdy() || csts.cfs() {
             return;
         }
+        let budget = if self.state() & STATE_FAILED != 0 {
+            budget.min(Duration::from_secs(1))
+        } else {
+            budget
+        };
         let qids: Vec<u16> = match self.qids.lock() {
             Ok(q) => (1..)
                 .zip(q.iter())

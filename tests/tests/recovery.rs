@@ -261,7 +261,9 @@ fn fatal_status_mid_io_resets_automatically() {
 /// command ends as TimedOut with its buffer. (A review found the scan
 /// sending an Abort to the fatal controller, whose admin path reset it,
 /// and then resetting it a second time: other pairs' commands submitted
-/// between the two were ended for nothing.)
+/// between the two were ended for nothing.) The polled path's own CSTS
+/// check (every 16 Ki polls) may see CFS first: then the command ends as
+/// ControllerReset, with the same one reset and no Abort.
 #[test]
 fn a_fatal_controller_found_by_the_timeout_scan_is_reset_once() {
     let m = ModelController::new(config_one_ns(4096, 256));
@@ -277,7 +279,10 @@ fn a_fatal_controller_found_by_the_timeout_scan_is_reset_once() {
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].tag, 7);
     assert!(
-        matches!(got[0].result, Err(IoError::TimedOut)),
+        matches!(
+            got[0].result,
+            Err(IoError::TimedOut | IoError::ControllerReset)
+        ),
         "{:?}",
         got[0].result
     );
@@ -1044,6 +1049,164 @@ fn a_re_creation_that_keeps_failing_waits_between_tries() {
     let buf = qp.read_blocking(&ns, 1, 1, buf, T).unwrap();
     drop(buf);
     drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
+/// Polls `process_completions` until `want` completions came back, an
+/// error, or `limit` passed.
+fn poll_for(
+    qp: &mut IoQueuePair<ModelController>,
+    want: usize,
+    limit: Duration,
+) -> (Vec<Completion>, Option<Error>) {
+    let start = Instant::now();
+    let mut out = Vec::new();
+    while start.elapsed() < limit && out.len() < want {
+        if let Err(e) = qp.process_completions(u32::MAX, |_, c| out.push(c)) {
+            return (out, Some(e));
+        }
+    }
+    (out, None)
+}
+
+/// An application that only polls (the perf, fio and C path) notices a
+/// controller that sets CSTS.CFS within 16 Ki polls, as the blocking helpers
+/// do — not at its command timeout (60 s here), or never without one: the
+/// controller is reset and the command ends once, with its buffer.
+#[test]
+fn the_polled_path_resets_a_fatal_controller_without_waiting_for_the_timeout() {
+    for timeout in [Some(Duration::from_secs(60)), None] {
+        let m = ModelController::new(config_one_ns(4096, 256));
+        let c = open(&m, opts());
+        let ns = c.namespace(1).unwrap().clone();
+        let mut qp = c
+            .io_queue_pair(QueuePairOptions {
+                entries: Some(16),
+                command_timeout: timeout,
+                ..Default::default()
+            })
+            .unwrap();
+        m.inject(Fault::DelayCompletion {
+            on: Match::Opcode {
+                qid: qp.qid(),
+                opcode: READ,
+            },
+            doorbells: None,
+        });
+        submit_read(&c, &mut qp, &ns, 7);
+        m.set_fatal();
+        let (done, err) = poll_for(&mut qp, 1, T);
+        assert!(err.is_none(), "{timeout:?}: {err:?}");
+        assert_eq!(done.len(), 1, "{timeout:?}: no completion within {T:?}");
+        assert_eq!(done[0].tag, 7);
+        assert!(
+            matches!(done[0].result, Err(IoError::ControllerReset)),
+            "{:?}",
+            done[0].result
+        );
+        assert!(done[0].buffer.is_some());
+        assert_eq!(c.resets(), 1);
+        // The pair works on the reset controller.
+        submit_read(&c, &mut qp, &ns, 8);
+        let (done, err) = poll_for(&mut qp, 1, T);
+        assert!(
+            err.is_none() && done.len() == 1 && done[0].is_ok(),
+            "{err:?}"
+        );
+        drop(qp);
+        drop(c);
+        assert_clean(&m);
+    }
+}
+
+/// The same with the device gone (CSTS reads all ones) and no command
+/// timeout: the poll fails with ControllerGone instead of returning
+/// `Ok(0)` for ever; the buffer stays with the pair (the device may still
+/// own it).
+#[test]
+fn the_polled_path_reports_a_vanished_controller_without_a_command_timeout() {
+    let m = ModelController::new(config_one_ns(4096, 256));
+    let c = open(&m, opts());
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c
+        .io_queue_pair(QueuePairOptions {
+            entries: Some(16),
+            command_timeout: None,
+            ..Default::default()
+        })
+        .unwrap();
+    m.inject(Fault::DelayCompletion {
+        on: Match::Opcode {
+            qid: qp.qid(),
+            opcode: READ,
+        },
+        doorbells: None,
+    });
+    submit_read(&c, &mut qp, &ns, 7);
+    m.unplug();
+    let (done, err) = poll_for(&mut qp, 1, T);
+    assert!(done.is_empty());
+    assert!(
+        matches!(err, Some(Error::ControllerGone { .. })),
+        "no error within {T:?}: {err:?}"
+    );
+    // Later calls keep failing; nothing is delivered.
+    let (done, err) = poll_for(&mut qp, 1, Duration::from_millis(50));
+    assert!(done.is_empty() && err.is_some(), "{err:?}");
+}
+
+/// A reset after the driver marked the controller failed (here a corrupt
+/// CID on pair A) while the controller still runs and pair B's command sits
+/// in it: the reset deletes the I/O queues before CC.EN = 0, as a healthy
+/// reset does — disabling with live SQs is the order that crashes QEMU's
+/// hw/nvme (DESIGN.md) — and both pairs end their commands once.
+#[test]
+fn a_reset_after_a_driver_detected_fault_deletes_the_queues_first() {
+    const DELETE_IO_SQ: u8 = 0x00;
+    let m = ModelController::new(config_one_ns(4096, 256));
+    let c = open(&m, opts());
+    let ns = c.namespace(1).unwrap().clone();
+    let o = QueuePairOptions {
+        entries: Some(16),
+        ..Default::default()
+    };
+    let mut a = c.io_queue_pair(o.clone()).unwrap();
+    let mut b = c.io_queue_pair(o).unwrap();
+    m.inject(Fault::DelayCompletion {
+        on: Match::Queue(b.qid()),
+        doorbells: None,
+    });
+    submit_read(&c, &mut b, &ns, 1);
+    m.inject(Fault::CorruptCid {
+        on: Match::Queue(a.qid()),
+        xor: 0x0003,
+    });
+    submit_read(&c, &mut a, &ns, 2);
+    assert!(a.process_completions(u32::MAX, |_, _| {}).is_err());
+    assert!(c.failure().is_some());
+    assert_eq!(
+        m.delayed_completions(),
+        1,
+        "B's command is at the controller"
+    );
+    let from = m.commands_seen().len();
+    c.reset().unwrap();
+    let admin: Vec<u8> = m.commands_seen()[from..]
+        .iter()
+        .filter(|(q, _, _)| *q == 0)
+        .map(|(_, op, _)| *op)
+        .collect();
+    assert_eq!(
+        admin.first(),
+        Some(&DELETE_IO_SQ),
+        "the reset's admin commands: {admin:02x?}"
+    );
+    let (done, err) = poll_for(&mut b, 1, T);
+    assert!(err.is_none(), "{err:?}");
+    assert_eq!(done.len(), 1);
+    assert!(done[0].buffer.is_some());
+    drop((a, b));
     drop(c);
     assert_clean(&m);
 }

@@ -121,6 +121,10 @@ const NEVER: u64 = u64::MAX;
 /// Polls between two runs of the periodic work (command timeout scan).
 const PERIODIC_POLLS: u32 = 1024;
 
+/// Periodic runs (with commands in flight) between two CSTS reads of the
+/// polled path: one MMIO read per 16 Ki polls, as the blocking helpers do.
+const CSTS_PERIODS: u64 = 16;
+
 /// Per-CID-slot state: who gets the completion and which buffer the device
 /// owns. Kept in the [`CidTable`] slot of the command's CID.
 #[derive(Debug, Default)]

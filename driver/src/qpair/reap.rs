@@ -7,7 +7,7 @@ use upnvme_queues::status::sc::generic as sc;
 use upnvme_queues::{SqRing, Status};
 
 use super::split::Key;
-use super::{Completion, IoQueuePair, NEVER, PERIODIC_POLLS};
+use super::{CSTS_PERIODS, Completion, IoQueuePair, NEVER, PERIODIC_POLLS};
 use crate::device::Device;
 use crate::error::{IoError, PiCheck, Result};
 
@@ -487,15 +487,23 @@ impl<D: Device> IoQueuePair<D> {
         }
     }
 
-    /// Every [`PERIODIC_POLLS`] polls: the command timeout scan.
+    /// Every [`PERIODIC_POLLS`] polls with commands in flight: CSTS every
+    /// [`CSTS_PERIODS`]th time (a fatal or vanished controller ends the
+    /// wait whether or not a command timeout is set), and the command
+    /// timeout scan.
     #[cold]
     #[inline(never)]
     fn periodic(&mut self) -> Result<()> {
         // Wrapping: `reset_stats` may have left it "below zero".
         self.stats.polls = self.stats.polls.wrapping_add(u64::from(PERIODIC_POLLS));
         self.poll_countdown = PERIODIC_POLLS;
-        if self.timeout_ticks > 0 && self.trackers.in_flight() > 0 {
-            self.check_timeouts()?;
+        if self.trackers.in_flight() > 0 {
+            if (self.stats.polls / u64::from(PERIODIC_POLLS)).is_multiple_of(CSTS_PERIODS) {
+                self.check_csts_while_polling()?;
+            }
+            if self.timeout_ticks > 0 && self.trackers.in_flight() > 0 {
+                self.check_timeouts()?;
+            }
         }
         Ok(())
     }

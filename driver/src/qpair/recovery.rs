@@ -232,6 +232,33 @@ impl<D: Device> IoQueuePair<D> {
         self.ctrl.fault(what)
     }
 
+    /// The polled path's CSTS check ([`super::CSTS_PERIODS`]): a controller
+    /// that reports a fatal status (CSTS.CFS) is reset, which ends the
+    /// commands in flight with [`crate::IoError::ControllerReset`] at the
+    /// pair's next call, buffers returned; one whose CSTS reads all ones
+    /// (removed) or is no longer ready is marked failed and the error
+    /// returned ([`Error::ControllerGone`], ...), its buffers kept, since the
+    /// device may still own them. Without it an application that only polls
+    /// would wait for its command timeout — for ever with none set.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn check_csts_while_polling(&mut self) -> Result<()> {
+        match crate::admin::check_csts(self.ctrl.dev(), self.ctrl.name()) {
+            Ok(_) => Ok(()),
+            Err(Error::ControllerFatal { .. }) => {
+                if !self.generation_changed() {
+                    self.ctrl.reset()?;
+                }
+                let _ = self.sync_generation();
+                Ok(())
+            }
+            Err(e) => {
+                self.ctrl.mark_failed(&e);
+                Err(e)
+            }
+        }
+    }
+
     /// Aborts commands older than the timeout; resets the controller when an
     /// aborted command is still not back after a second timeout, or when CSTS
     /// shows a fatal error.
