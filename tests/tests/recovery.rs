@@ -1210,3 +1210,52 @@ fn a_reset_after_a_driver_detected_fault_deletes_the_queues_first() {
     drop(c);
     assert_clean(&m);
 }
+
+/// A blocking call keeps to its own timeout when the pair's command timeout
+/// is shorter and the Abort gets no answer: the recovery (Abort, wait up to
+/// the admin timeout, reset) does not run inside a wait that has less than
+/// an admin timeout left, and the pair's next call recovers the command.
+#[test]
+fn a_blocking_call_keeps_to_its_timeout_when_the_abort_gets_no_answer() {
+    const ABORT: u8 = 0x08;
+    let m = ModelController::new(config_one_ns(4096, 256));
+    let c = open(&m, opts());
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(qp_opts(20)).unwrap();
+    m.inject(Fault::DropCompletion(Match::Opcode {
+        qid: qp.qid(),
+        opcode: READ,
+    }));
+    m.inject(Fault::DropCompletion(Match::Opcode {
+        qid: 0,
+        opcode: ABORT,
+    }));
+    let timeout = Duration::from_millis(300);
+    let start = Instant::now();
+    let cmd = IoCommand::Read {
+        ns: &ns,
+        slba: 0,
+        blocks: 1,
+    };
+    let f = qp
+        .execute_blocking(cmd, Some(c.alloc_dma(4096).unwrap()), timeout)
+        .unwrap_err();
+    let took = start.elapsed();
+    assert!(matches!(f.error, Error::Timeout { .. }), "{}", f.error);
+    // Well under the admin timeout the Abort would have waited (opts()).
+    assert!(took < Duration::from_secs(1), "took {took:?}");
+    // The pair's later polls recover it: Abort (no answer), reset, and the
+    // command comes back once, timed out, with its buffer.
+    let (done, err) = poll_for(&mut qp, 1, Duration::from_secs(20));
+    assert!(err.is_none(), "{err:?}");
+    assert_eq!(done.len(), 1);
+    assert!(
+        matches!(done[0].result, Err(IoError::TimedOut)),
+        "{:?}",
+        done[0].result
+    );
+    assert!(done[0].buffer.is_some());
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}

@@ -18,6 +18,12 @@ impl<D: Device> IoQueuePair<D> {
     /// read every 1024 empty polls), and backs off (the pair's `Backoff`)
     /// only after `spin_polls` empty polls.
     ///
+    /// The pair's command timeout recovery (an Abort, then a reset) runs
+    /// inside the wait only while more than the controller's admin timeout
+    /// of `timeout` is left, so the wait keeps to `timeout` (give or take
+    /// one scan) even when an Abort gets no answer; what is overdue then is
+    /// recovered by the pair's next call.
+    ///
     /// On an NVMe error status the buffer comes back in the [`IoFailure`]. On
     /// timeout the command stays in flight and keeps its buffer (the device may
     /// still write it); its completion surfaces later from
@@ -148,7 +154,13 @@ impl<D: Device> IoQueuePair<D> {
                         }
                     }
                 }
+                // The command timeout scan may wait for an Abort (up to the
+                // admin timeout) and then reset: only while the caller's
+                // timeout leaves room for that. Otherwise the wait ends at
+                // its own timeout and the pair's next call recovers what is
+                // overdue.
                 if self.timeout_ticks > 0
+                    && timeout.saturating_sub(start.elapsed()) > self.ctrl.admin_timeout
                     && let Err(error) = self.check_timeouts()
                 {
                     return Err(IoFailure {
