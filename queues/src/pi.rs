@@ -247,7 +247,10 @@ impl PiFormat {
             return false;
         };
         let (bs, ms) = (self.lba_size, self.ms);
-        if !data.len().is_multiple_of(bs) || metadata.len() != data.len() / bs * ms {
+        // Checked: the fields are public, so absurd sizes must not wrap.
+        if !data.len().is_multiple_of(bs)
+            || (data.len() / bs).checked_mul(ms) != Some(metadata.len())
+        {
             return false;
         }
         let mut tag = ref_tag;
@@ -264,7 +267,9 @@ impl PiFormat {
         let Some(at) = self.usable(ref_tag) else {
             return false;
         };
-        let stride = self.lba_size + self.ms;
+        let Some(stride) = self.lba_size.checked_add(self.ms) else {
+            return false;
+        };
         if !buf.len().is_multiple_of(stride) {
             return false;
         }
@@ -301,6 +306,23 @@ impl PiFormat {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The fields are public: sizes whose sum or product overflows are
+    /// refused (false), never a panic or a wrapped size that "protects"
+    /// nothing (a review found both).
+    #[test]
+    fn absurd_sizes_are_refused_not_wrapped() {
+        let f = |lba_size, ms| PiFormat {
+            lba_size,
+            ms,
+            first: false,
+            pi_type: 1,
+            pif: Pif::Guard16,
+        };
+        let mut buf = vec![0u8; 32];
+        assert!(!f(usize::MAX - 14, 16).protect_extended(&mut buf, 0, 0));
+        assert!(!f(1, 1 << (usize::BITS - 1)).protect(&[0u8; 2], &mut [], 0, 0));
+    }
 
     #[test]
     fn guard_is_the_t10_dif_crc() {
