@@ -245,10 +245,13 @@ impl<D: Device> IoQueuePair<D> {
     pub(super) fn check_csts_while_polling(&mut self) -> Result<()> {
         match crate::admin::check_csts(self.ctrl.dev(), self.ctrl.name()) {
             Ok(_) => Ok(()),
+            // A release on the kernel's request (BAR0 reads all ones after
+            // it) or a reset from another thread explains what CSTS shows:
+            // the pair's next call ends the commands as that says
+            // (ControllerRemoved, ControllerReset), not as a failure here.
+            Err(_) if self.ctrl.is_removed() || self.generation_changed() => Ok(()),
             Err(Error::ControllerFatal { .. }) => {
-                if !self.generation_changed() {
-                    self.ctrl.reset()?;
-                }
+                self.ctrl.reset()?;
                 let _ = self.sync_generation();
                 Ok(())
             }
