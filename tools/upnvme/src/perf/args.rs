@@ -239,12 +239,33 @@ pub fn parse_cores(s: &str) -> Result<Vec<usize>, String> {
     let s = s.trim();
     let mut out = Vec::new();
     if let Some(hex) = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
-        let mask = u128::from_str_radix(hex, 16)
-            .map_err(|_| format!("core mask '{s}' is not hexadecimal"))?;
-        if mask == 0 {
+        // Any length (taskset's masks are not limited to 128 bits): digit i
+        // from the right holds cores 4i..4i+3.
+        if hex.is_empty() {
+            return Err(format!("core mask '{s}' is not hexadecimal"));
+        }
+        let hex = hex.trim_start_matches('0');
+        for (i, ch) in hex.chars().rev().enumerate() {
+            let nibble = ch
+                .to_digit(16)
+                .ok_or_else(|| format!("core mask '{s}' is not hexadecimal"))?;
+            for bit in 0..4 {
+                if nibble & (1 << bit) != 0 {
+                    let core = 4 * i + bit;
+                    if core > MAX_CORE {
+                        return Err(format!(
+                            "core mask '{s}' names core {core}, beyond the highest core ID \
+                             supported ({MAX_CORE})"
+                        ));
+                    }
+                    out.push(core);
+                }
+            }
+        }
+        if out.is_empty() {
             return Err(format!("core mask '{s}' selects no core"));
         }
-        out.extend((0..128).filter(|i| mask & (1u128 << i) != 0));
+        out.sort_unstable();
     } else {
         for part in s.split(',') {
             let part = part.trim();
@@ -300,6 +321,30 @@ mod tests {
         assert!(parse_cores("0-1000000000000").is_err());
         assert!(parse_cores("9000").is_err());
         assert_eq!(parse_cores("8190-8191").unwrap(), vec![8190, 8191]);
+        // Masks of any length, as taskset takes them (a 33-digit mask said
+        // "not hexadecimal": it was parsed as a u128).
+        let wide = format!("0x1{}", "0".repeat(40));
+        assert_eq!(parse_cores(&wide).unwrap(), vec![160]);
+        assert_eq!(
+            parse_cores("0x000000000000000000000000000000000003").unwrap(),
+            vec![0, 1]
+        );
+        assert_eq!(
+            parse_cores(&format!("0x1{}", "0".repeat(2048))).unwrap_err(),
+            format!(
+                "core mask '0x1{}' names core 8192, beyond the highest core ID supported (8191)",
+                "0".repeat(2048)
+            )
+        );
+        assert_eq!(
+            parse_cores("0x").unwrap_err(),
+            "core mask '0x' is not hexadecimal"
+        );
+        assert_eq!(
+            parse_cores("0x00").unwrap_err(),
+            "core mask '0x00' selects no core"
+        );
+        assert_eq!(parse_cores("0x8001").unwrap(), vec![0, 15]);
         assert!(parse_cores("3-1").is_err());
         assert!(parse_cores("0xzz").is_err());
     }
