@@ -777,6 +777,49 @@ fn setup_rejects_what_is_not_an_nvme_controller() {
     fails(&upnvme(&["setup"]), 2);
 }
 
+/// A perf run whose buffers do not fit the reserved hugepages says what the
+/// whole run needs, so one `upnvme setup hugepages N` with the figure it
+/// gives is enough (the library's own figure covers the one buffer that
+/// failed: a retry per buffer).
+#[test]
+fn perf_short_of_hugepages_sizes_the_advice_for_the_whole_run() {
+    let pool = RestoreHugepages::new(2048).unwrap();
+    let free = |p: &RestoreHugepages| -> u64 {
+        let dir = p.path.parent().unwrap();
+        fs::read_to_string(dir.join("free_hugepages"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    // 16 MiB free: enough to bring the controller up, not for 32 MiB of
+    // buffers (-q 128 x 256 KiB).
+    let in_use = pool.now() - free(&pool);
+    fs::write(&pool.path, (in_use + 8).to_string()).unwrap();
+    let dev = device();
+    let args = [
+        "perf", "-d", &dev, "-q", "128", "-o", "262144", "-t", "1", "--warmup", "0",
+    ];
+    let err = fails(&upnvme(&args), 1);
+    assert!(
+        err.contains(
+            "this run needs about 32 MiB of buffers (1 queue pair(s) x -q 128 x 262144 bytes)"
+        ),
+        "{err}"
+    );
+    let want = err
+        .rsplit("`upnvme setup hugepages ")
+        .next()
+        .and_then(|t| t.split('`').next())
+        .and_then(|n| n.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no hugepage count in: {err}"));
+    assert!(want >= in_use + 16, "{want} cannot hold 32 MiB more: {err}");
+    ok(&upnvme(&["setup", "hugepages", &want.to_string()]));
+    let out = ok(&upnvme(&args));
+    assert!(out.contains("IOPS"), "{out}");
+    drop(pool);
+}
+
 #[test]
 fn setup_hugepages_reserves_and_reports() {
     let pool = RestoreHugepages::new(2048).unwrap();

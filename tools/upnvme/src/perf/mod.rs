@@ -112,6 +112,7 @@ pub fn run(a: PerfArgs) -> Result<bool> {
             seed,
             qp: qp.clone(),
             protection: a.pi,
+            run_pairs: cores.len() * namespaces.len(),
         };
         let p = Arc::new(AtomicU64::new(0));
         progress.push(p.clone());

@@ -55,6 +55,9 @@ pub struct WorkerPlan {
     pub qp: QueuePairOptions,
     /// `-e`: the protection fields of every command.
     pub protection: Option<upnvme::Protection>,
+    /// Queue pairs of the whole run (workers × namespaces): the hugepage
+    /// advice sizes the run, not one buffer.
+    pub run_pairs: usize,
 }
 
 /// A namespace as the worker needs it.
@@ -283,9 +286,20 @@ impl Job {
         }
         let io_blocks = (plan.io_size / ns.lba_size as usize) as u32;
         let stride = super::metadata::data_stride(ns.lba_size, ns.metadata, plan.protection);
-        let bufs = (0..plan.depth)
-            .map(|_| ctrl.alloc_dma(io_blocks as usize * stride))
-            .collect::<Result<Vec<_>, _>>()?;
+        let per_io = io_blocks as usize * stride;
+        let mut bufs = Vec::with_capacity(plan.depth as usize);
+        for i in 0..plan.depth as usize {
+            match ctrl.alloc_dma(per_io) {
+                Ok(b) => bufs.push(b),
+                Err(upnvme::Error::Dma(e)) => {
+                    return Err(match hugepage_advice(&e, plan, per_io, i) {
+                        Some(advice) => anyhow::anyhow!(advice),
+                        None => upnvme::Error::Dma(e).into(),
+                    });
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
         let md = super::metadata::MdWork::new(
             ctrl,
             ns.lba_size,
@@ -592,6 +606,48 @@ impl Work {
 /// flag). Under emulation a TSC read is a helper call; natively 64 empty
 /// polls take well under a microsecond.
 const IDLE_CLOCK_POLLS: u32 = 64;
+
+/// The advice for a run whose buffers do not fit the reserved hugepages,
+/// sized for the whole run (every queue pair's `depth` buffers of `per_io`
+/// bytes) rather than for the one allocation that failed: with the
+/// library's per-allocation figure, `perf -q 1024 -o 65536` took a retry per
+/// buffer. `done` buffers of this pair are allocated; what the run still
+/// needs is counted from there (other workers' progress is counted as still
+/// needed: the figure errs high, never low). `None` for other DMA errors.
+fn hugepage_advice(
+    e: &upnvme::dma::DmaError,
+    plan: &WorkerPlan,
+    per_io: usize,
+    done: usize,
+) -> Option<String> {
+    let upnvme::dma::DmaError::HugepagesUnavailable {
+        page_kib,
+        free,
+        total,
+        suggest,
+        sysctl,
+        ..
+    } = e
+    else {
+        return None;
+    };
+    let page = (*page_kib as u64).max(1) * 1024;
+    let run_bytes = plan.run_pairs as u64 * u64::from(plan.depth) * per_io as u64;
+    let left = run_bytes.saturating_sub(done as u64 * per_io as u64);
+    // Pages in use now, plus what the run still needs, plus one page of
+    // queue memory and rounding per queue pair.
+    let want =
+        (total.saturating_sub(*free) + left.div_ceil(page) + plan.run_pairs as u64).max(*suggest);
+    Some(format!(
+        "{e}; this run needs about {} MiB of buffers ({} queue pair(s) x -q {} x {} bytes) \
+         besides queue memory: reserve about {want} with `upnvme setup hugepages {want}` \
+         (or `echo {want} > {sysctl}`), or run with --no-hugepages",
+        run_bytes.div_ceil(1 << 20),
+        plan.run_pairs,
+        plan.depth,
+        per_io
+    ))
+}
 
 /// Runs one worker to completion.
 pub fn run(
