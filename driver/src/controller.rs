@@ -2197,10 +2197,14 @@ fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<BroughtUp<D
         }
     }
 
+    // Namespace Attribute Notices, when offered (namespace_list.rs), before
+    // the namespaces are identified (as Linux does): a namespace changed
+    // after this raises a notice the first AER delivers, and one changed
+    // before it is read as it is now. The other order left a change between
+    // the scan and the notices unnoticed, with a handle of the old geometry.
+    inner.aec = inner.enable_namespace_notices()?;
     // Identify namespaces.
     let (namespaces, unusable) = inner.scan_namespaces()?;
-    // Namespace Attribute Notices, when offered (namespace_list.rs).
-    inner.aec = inner.enable_namespace_notices()?;
 
     // Doorbell Buffer Config (admin 7Ch), when OACS bit 8 says so. Shadow
     // doorbells only save MMIO writes: when their buffers cannot be had

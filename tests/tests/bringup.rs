@@ -110,19 +110,20 @@ fn bringup_admin_commands_in_order() {
         .map(|&(_, op, _)| op)
         .collect();
     // Identify Controller, the NVM Command Set's Identify Controller (CNS
-    // 06h: size limits), Number of Queues, namespace list, namespace 1, Get
-    // and Set Features Asynchronous Event Configuration (Namespace Attribute
-    // Notices, OAES bit 8), Doorbell Buffer Config, then the AERs.
+    // 06h: size limits), Number of Queues, Get and Set Features Asynchronous
+    // Event Configuration (Namespace Attribute Notices, OAES bit 8: before
+    // the namespaces are read, so a change after that raises a notice),
+    // namespace list, namespace 1, Doorbell Buffer Config, then the AERs.
     assert_eq!(
         &admin[..8],
         &[
             admin_op::IDENTIFY,
             admin_op::IDENTIFY,
             admin_op::SET_FEATURES,
-            admin_op::IDENTIFY,
-            admin_op::IDENTIFY,
             admin_op::GET_FEATURES,
             admin_op::SET_FEATURES,
+            admin_op::IDENTIFY,
+            admin_op::IDENTIFY,
             admin_op::DBBC
         ]
     );
