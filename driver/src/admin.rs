@@ -57,6 +57,13 @@ pub(crate) struct AdminQueue {
     events: VecDeque<AsyncEvent>,
     /// AERs the controller completed that must be re-posted.
     aer_to_post: u32,
+    /// AERs in a row that ended with a retryable error (see
+    /// [`MAX_AER_RETRIES`]); a success ends the run.
+    aer_error_streak: u32,
+    /// An AER ended and was not re-posted (an error with DNR, the limit
+    /// exceeded, too many errors in a row): fewer are outstanding than
+    /// wanted, and a notice may be missed.
+    aer_lost: bool,
     /// Buffers of commands that timed out: kept until the controller is
     /// disabled, because a late DMA into freed memory is silent corruption.
     quarantine: Vec<DmaPages>,
@@ -93,6 +100,8 @@ impl AdminQueue {
             cq_db: cq_head_doorbell(0, dstrd),
             events: VecDeque::new(),
             aer_to_post: 0,
+            aer_error_streak: 0,
+            aer_lost: false,
             quarantine: Vec::new(),
         })
     }
@@ -228,13 +237,24 @@ impl AdminQueue {
             match s.kind {
                 SlotKind::Aer => {
                     s.kind = SlotKind::Free;
-                    if cqe.status().is_success() {
+                    let status = cqe.status();
+                    if status.is_success() {
                         self.events.push_back(AsyncEvent::from_dw0(cqe.dw0()));
                         self.aer_to_post += 1;
+                        self.aer_error_streak = 0;
+                    } else if aer_error_is_retryable(status)
+                        && self.aer_error_streak < MAX_AER_RETRIES
+                    {
+                        // A transient error (DNR clear, e.g. Internal
+                        // Error): without a re-post the notices this AER
+                        // carries would stop for good.
+                        self.aer_to_post += 1;
+                        self.aer_error_streak += 1;
+                    } else {
+                        // Asynchronous Event Request Limit Exceeded, DNR
+                        // set, or errors without end: not re-posted.
+                        self.aer_lost = true;
                     }
-                    // An AER completing with an error (e.g. Asynchronous Event
-                    // Request Limit Exceeded, or aborted at SQ deletion) is not
-                    // re-posted.
                 }
                 SlotKind::Sync => s.done = Some(cqe),
                 SlotKind::Free => {
@@ -339,6 +359,11 @@ impl AdminQueue {
         self.aer_to_post
     }
 
+    /// Whether an AER ended without being re-posted since the last call.
+    pub(crate) fn take_aer_lost(&mut self) -> bool {
+        std::mem::take(&mut self.aer_lost)
+    }
+
     /// Takes the asynchronous events received so far.
     pub(crate) fn take_events(&mut self) -> Vec<AsyncEvent> {
         self.events.drain(..).collect()
@@ -387,4 +412,16 @@ pub(crate) fn check_csts<D: Device>(dev: &D, name: &str) -> Result<Csts> {
         });
     }
     Ok(csts)
+}
+
+/// AERs in a row ended by a retryable error that are posted again; past
+/// it the controller is taken to refuse them for good.
+const MAX_AER_RETRIES: u32 = 8;
+
+/// Whether an Asynchronous Event Request that ended with `status` is worth
+/// posting again: not with DNR (Do Not Retry) set, and not Asynchronous
+/// Event Request Limit Exceeded (Command Specific Status 05h: the
+/// controller takes no more).
+fn aer_error_is_retryable(status: upnvme_queues::Status) -> bool {
+    !status.dnr() && !(status.sct() == 1 && status.sc() == 0x05)
 }

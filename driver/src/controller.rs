@@ -510,6 +510,13 @@ impl<D: Device> Controller<D> {
                 if admin.aers_to_repost() > 0 {
                     admin.post_aers(dev, self.inner.aer_target)?;
                 }
+                // An AER the controller ended for good may have carried a
+                // notice: check every handle once, as after a reset.
+                if admin.take_aer_lost() {
+                    self.inner
+                        .namespaces_unverified
+                        .store(true, Ordering::Release);
+                }
                 // Taken only now: a failed re-post leaves them for the next
                 // call (or, kept across a reset, for the one after it).
                 Ok(admin.take_events())

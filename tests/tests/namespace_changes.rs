@@ -345,3 +345,66 @@ fn a_namespace_changed_during_bring_up_is_not_left_with_its_old_geometry() {
         assert_eq!(c.namespace(1).unwrap().lba_size(), 4096, "{what}");
     }
 }
+
+/// An Asynchronous Event Request the controller ends with an error is posted
+/// again when the error is transient (DNR clear): otherwise the notices
+/// stopped for good and a namespace another host formatted kept a usable
+/// handle of its old geometry. One ended for good (DNR set) makes the poll
+/// that reaps it check every handle, as after a reset, so a change it may
+/// have carried is still found. (A review found neither.)
+#[test]
+fn aers_ended_by_an_error_are_posted_again_or_the_handles_checked() {
+    use upnvme_tests::Status;
+    let aer = Match::Opcode {
+        qid: 0,
+        opcode: 0x0c,
+    };
+    let one_aer = || upnvme::ControllerOptions {
+        async_events: 1,
+        ..common::opts()
+    };
+    let noticed = |c: &Controller<ModelController>| {
+        (0..3).any(|_| {
+            c.poll_async_events()
+                .unwrap()
+                .iter()
+                .any(|e| e.is_namespace_attribute_changed())
+        })
+    };
+    // Transient: the AER the reset posts ends with Internal Error; the poll
+    // that reaps it posts it again, and the change after that is noticed.
+    let m = ModelController::new(ModelConfig {
+        namespaces: vec![ns(1, 512, 4096)],
+        ..ModelConfig::default()
+    });
+    let c = common::open(&m, one_aer());
+    m.inject(Fault::Status {
+        on: aer,
+        status: Status::INTERNAL_ERROR,
+    });
+    c.reset().unwrap();
+    c.poll_async_events().unwrap();
+    assert_eq!(m.outstanding_async_requests(), 1, "re-posted");
+    let one = c.namespace(1).unwrap().clone();
+    m.change_namespace(1, Some(ns(1, 4096, 512)));
+    assert!(
+        noticed(&c) && one.is_stale(),
+        "transient: {}",
+        one.lba_size()
+    );
+    // For good: the AER bring-up posts ends with DNR set; a change made
+    // before the poll that reaps it is found by checking every handle.
+    let m = ModelController::new(ModelConfig {
+        namespaces: vec![ns(1, 512, 4096)],
+        ..ModelConfig::default()
+    });
+    m.inject(Fault::Status {
+        on: aer,
+        status: Status::INTERNAL_ERROR.with_dnr(),
+    });
+    let c = common::open(&m, one_aer());
+    let one = c.namespace(1).unwrap().clone();
+    m.change_namespace(1, Some(ns(1, 4096, 512)));
+    assert!(noticed(&c) && one.is_stale(), "DNR: {}", one.lba_size());
+    assert_eq!(m.outstanding_async_requests(), 0, "not posted again");
+}
