@@ -308,11 +308,21 @@ impl<D: Device> Controller<D> {
                     nsid,
                     reason: reason.clone(),
                 },
-                None => Error::NoSuchNamespace {
-                    device: self.inner.name.clone(),
-                    nsid,
-                    active: self.namespaces.iter().map(|n| n.id()).collect(),
-                },
+                None => {
+                    // Active ones, usable or not.
+                    let mut active: Vec<u32> = self
+                        .namespaces
+                        .iter()
+                        .map(|n| n.id())
+                        .chain(self.unusable.iter().map(|(n, _)| *n))
+                        .collect();
+                    active.sort_unstable();
+                    Error::NoSuchNamespace {
+                        device: self.inner.name.clone(),
+                        nsid,
+                        active,
+                    }
+                }
             })
     }
 
@@ -1180,8 +1190,9 @@ impl<D: Device> Inner<D> {
             .map_err(|e| self.fault(format!("Identify Namespace {nsid}: {e}")))?;
         if !idns.is_active() {
             return Ok(Err(
-                "it is no longer active (Identify Namespace NSZE 0: detached or \
-                           deleted after the active namespace list was read)"
+                "its Identify Namespace reports NSZE 0 (detached or deleted after the \
+                 Active Namespace ID list was read); Controller::refresh_namespaces reads \
+                 the list again"
                     .into(),
             ));
         }
@@ -1242,10 +1253,23 @@ impl<D: Device> Inner<D> {
         let idns = IdentifyNamespace::parse(&data)
             .map_err(|e| self.fault(format!("Identify Namespace {nsid}: {e}")))?;
         if !idns.is_active() {
+            // Which are active, for the error; one the list names although
+            // its Identify reports NSZE 0 is not "inactive".
+            let active = self.active_nsids().unwrap_or_default();
+            if active.contains(&nsid) {
+                return Err(Error::UnusableNamespace {
+                    device: self.name.clone(),
+                    nsid,
+                    reason: "the Active Namespace ID list names it, but its Identify Namespace \
+                             reports NSZE 0 (detached or deleted meanwhile, or the controller \
+                             contradicts itself); Controller::refresh_namespaces reads both again"
+                        .into(),
+                });
+            }
             return Err(Error::NoSuchNamespace {
                 device: self.name.clone(),
                 nsid,
-                active: Vec::new(),
+                active,
             });
         }
         Ok(idns)

@@ -1676,3 +1676,51 @@ fn an_identify_refused_for_one_namespace_leaves_the_others_usable() {
     drop(c);
     assert_clean(&m);
 }
+
+/// A namespace the Active Namespace ID list names while its Identify
+/// Namespace reports NSZE 0 (detached meanwhile, or a controller that
+/// contradicts itself) is explained as that: not "active but … no longer
+/// active" from `namespace`, and not "not active (active: [])" from
+/// `format_nvm`, as a review found.
+#[test]
+fn a_listed_namespace_whose_identify_reports_nsze_0_is_explained_truthfully() {
+    let m = ModelController::new(ModelConfig {
+        namespaces: vec![
+            NamespaceConfig {
+                nsid: 1,
+                ..NamespaceConfig::default()
+            },
+            NamespaceConfig {
+                nsid: 2,
+                ..NamespaceConfig::default()
+            },
+        ],
+        ..ModelConfig::default()
+    });
+    m.set_identify_data(0, 2, Some(vec![0; 4096]));
+    let mut c = Controller::with_device(m.clone(), opts()).unwrap();
+    let e = c.namespace(2).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "namespace 2 on model is active but upnvme cannot use it: its Identify Namespace reports \
+         NSZE 0 (detached or deleted after the Active Namespace ID list was read); \
+         Controller::refresh_namespaces reads the list again"
+    );
+    let e = c.format_nvm(2, &upnvme::FormatNvm::lbaf(0)).unwrap_err();
+    assert!(
+        matches!(e, Error::UnusableNamespace { nsid: 2, .. }),
+        "{e:?}"
+    );
+    assert!(
+        e.to_string().contains(
+            "the Active Namespace ID list names it, but its Identify Namespace reports NSZE 0"
+        ),
+        "{e}"
+    );
+    // A namespace that is not in the list is "not active", with the list.
+    let e = c.format_nvm(3, &upnvme::FormatNvm::lbaf(0)).unwrap_err();
+    assert!(
+        matches!(&e, Error::NoSuchNamespace { nsid: 3, active, .. } if active == &[1, 2]),
+        "{e:?}"
+    );
+}
