@@ -1116,6 +1116,18 @@ impl<D: Device> Inner<D> {
         {
             self.mark_failed(e);
         }
+        // The first caller learns what the later ones are told (failed
+        // earlier, until a reset): an admin command without an answer
+        // leaves the controller marked failed.
+        if let Err(Error::Timeout { what, after }) = r {
+            return Err(Error::Timeout {
+                what: format!(
+                    "{what}; the controller is now marked failed (Controller::reset brings it \
+                     back)"
+                ),
+                after,
+            });
+        }
         r
     }
 

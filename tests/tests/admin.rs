@@ -633,6 +633,12 @@ fn admin_timeout_fails_the_controller_and_keeps_memory_safe() {
     let took = start.elapsed();
     assert!(matches!(e, Error::Timeout { .. }), "{e:?}");
     assert!(e.to_string().contains("Get Log Page"), "{e}");
+    // It says what the later calls are told, and the way back.
+    assert!(
+        e.to_string()
+            .ends_with("; the controller is now marked failed (Controller::reset brings it back)"),
+        "{e}"
+    );
     assert!(took >= Duration::from_millis(150) && took < Duration::from_secs(3));
     // The controller is out of service from now on.
     assert!(c.failure().is_some());
