@@ -132,15 +132,17 @@ impl DmaAllocator {
     /// aligned to 4 KiB and contiguous in IOVA space.
     pub fn alloc(&self, len: usize) -> Result<DmaBuffer, DmaError> {
         if len == 0 {
-            return Err(DmaError::InvalidAllocation("zero-length buffer".into()));
+            return Err(DmaError::InvalidAllocation(
+                "zero-length buffer: ask for at least 1 byte".into(),
+            ));
         }
         let len = len
             .checked_next_multiple_of(PAGE_SIZE)
-            .ok_or_else(|| DmaError::InvalidAllocation(format!("{len} bytes")))?;
+            .ok_or_else(|| DmaError::InvalidAllocation(too_large(len, PAGE_SIZE)))?;
         let mut state = self
             .state
             .lock()
-            .map_err(|_| DmaError::InvalidAllocation("allocator poisoned".into()))?;
+            .map_err(|_| DmaError::InvalidAllocation(POISONED.into()))?;
         let found = state.regions.iter_mut().find_map(|r| {
             let i = r.free.iter().position(|&(_, l)| l >= len)?;
             let (off, l) = r.free[i];
@@ -240,6 +242,21 @@ pub(crate) fn give_back(free: &mut Vec<(usize, usize)>, off: usize, len: usize) 
         (false, false) => free.insert(i, (off, len)),
     }
 }
+
+/// The refusal of a length that cannot be rounded up to whole pages.
+pub(crate) fn too_large(len: usize, page: usize) -> String {
+    format!(
+        "{len} bytes cannot be rounded up to whole {} KiB pages (beyond the address space): \
+         ask for less",
+        page / 1024
+    )
+}
+
+/// The refusal once a panic (in a `DmaMapper`) left the allocator's lock
+/// poisoned: its state may be half updated, so it hands out nothing more.
+pub(crate) const POISONED: &str = "the allocator is unusable: a DmaMapper panicked while it held \
+     the allocator's lock, so its memory is kept and no more is handed out; open the controller \
+     again";
 
 #[cfg(test)]
 mod tests {

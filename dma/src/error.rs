@@ -111,7 +111,9 @@ pub enum DmaError {
         os_error: io::Error,
     },
     /// No IOVA space left in the ranges the IOMMU reported.
-    #[error("no free IOVA space for {size} bytes inside the IOMMU's valid ranges {ranges}")]
+    #[error(
+        "no free IOVA space for a region of {size} bytes inside the IOMMU's valid ranges {ranges}: drop DMA buffers and pools that are no longer needed, or use smaller buffers (a region is the request rounded up to the page backing: 2 MiB, or 1 GiB with PageBacking::Huge1G)"
+    )]
     IovaExhausted {
         /// Bytes requested.
         size: usize,

@@ -155,12 +155,14 @@ impl HostMemory {
     /// populated and locked.
     pub fn map(len: usize, backing: PageBacking) -> Result<Arc<HostMemory>, DmaError> {
         if len == 0 {
-            return Err(DmaError::InvalidAllocation("zero-length mapping".into()));
+            return Err(DmaError::InvalidAllocation(
+                "zero-length mapping: ask for at least 1 byte".into(),
+            ));
         }
         let page = backing.page_size();
         let len = len
             .checked_next_multiple_of(page)
-            .ok_or_else(|| DmaError::InvalidAllocation(format!("{len} bytes")))?;
+            .ok_or_else(|| DmaError::InvalidAllocation(crate::alloc::too_large(len, page)))?;
         let mut flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE;
         match backing {
             PageBacking::Huge2M => flags |= libc::MAP_HUGETLB | libc::MAP_HUGE_2MB,

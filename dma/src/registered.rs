@@ -460,7 +460,7 @@ impl RegisteredMemory {
     /// that holds it (the buffer starts on a page; its pages, `len` rounded
     /// up to 4 KiB, are reserved until it is dropped). Not zeroed.
     pub fn alloc(&self, len: usize) -> Result<DmaBuffer, CarveError> {
-        let pages_len = self.pages_len(len)?;
+        let pages_len = self.pages_len(0, len)?;
         let mut free = self.lock();
         let Some(i) = free.iter().position(|&(_, l)| l >= pages_len) else {
             return Err(CarveError::NoSpace {
@@ -484,7 +484,7 @@ impl RegisteredMemory {
     /// (`len` rounded up to 4 KiB) in no live buffer. Not zeroed: it shows
     /// what the mapping holds there.
     pub fn buffer(&self, offset: usize, len: usize) -> Result<DmaBuffer, CarveError> {
-        let pages_len = self.pages_len(len)?;
+        let pages_len = self.pages_len(offset, len)?;
         if !offset.is_multiple_of(PAGE_SIZE) {
             return Err(CarveError::Unaligned {
                 offset,
@@ -547,14 +547,15 @@ impl RegisteredMemory {
         HostMemory::into_mapping(mem).map_err(|_| UnregisterError::Retained { len })
     }
 
-    /// `len` rounded up to whole pages, refusing 0 and overflow.
-    fn pages_len(&self, len: usize) -> Result<usize, CarveError> {
+    /// `len` rounded up to whole pages, refusing 0 and overflow; `offset`
+    /// is the caller's, for the error (`alloc`'s search starts at 0).
+    fn pages_len(&self, offset: usize, len: usize) -> Result<usize, CarveError> {
         if len == 0 {
             return Err(CarveError::ZeroLength);
         }
         len.checked_next_multiple_of(PAGE_SIZE)
             .ok_or(CarveError::OutOfRange {
-                offset: 0,
+                offset,
                 len,
                 size: self.len(),
             })

@@ -423,5 +423,5 @@ const MAX_AER_RETRIES: u32 = 8;
 /// Event Request Limit Exceeded (Command Specific Status 05h: the
 /// controller takes no more).
 fn aer_error_is_retryable(status: upnvme_queues::Status) -> bool {
-    !status.dnr() && !(status.sct() == 1 && status.sc() == 0x05)
+    !(status.dnr() || status.sct() == 1 && status.sc() == 0x05)
 }

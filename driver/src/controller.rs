@@ -835,15 +835,20 @@ impl<D: Device> Inner<D> {
         // DMA has stopped if the device was released (bus mastering off or
         // the device file really closed) or the controller was disabled.
         let stopped = released || disabled;
-        if let Ok(mut q) = self.quarantine.lock() {
-            if stopped {
-                q.clear();
-            } else {
-                // The device did not say it can no longer reach memory:
-                // what it was given is never handed out again.
-                std::mem::forget(std::mem::take(&mut *q));
-            }
+        // Poisoned or not: dropping the pages unlocked would hand memory
+        // the device may still write back to the allocator.
+        let mut q = self
+            .quarantine
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if stopped {
+            q.clear();
+        } else {
+            // The device did not say it can no longer reach memory:
+            // what it was given is never handed out again.
+            std::mem::forget(std::mem::take(&mut *q));
         }
+        drop(q);
         // Closed, failed and a new generation in one step: a queue pair that
         // sees the controller unusable also sees that its commands ended (and
         // delivers them, with their buffers) — never one without the other.
@@ -1003,9 +1008,12 @@ impl<D: Device> Inner<D> {
 
     /// Keeps memory alive until the controller is disabled.
     pub(crate) fn quarantine(&self, bufs: Vec<DmaPages>) {
-        if let Ok(mut q) = self.quarantine.lock() {
-            q.extend(bufs);
-        }
+        // Also when poisoned: dropping `bufs` here would free pages the
+        // device may still write.
+        self.quarantine
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .extend(bufs);
     }
 
     /// Create I/O Completion Queue `qid`, then Create I/O Submission Queue
@@ -1654,12 +1662,16 @@ impl<D: Device> Drop for Inner<D> {
         if (!csts.is_all_ones() && !csts.rdy()) || self.dev.release() {
             return;
         }
-        if let Ok(q) = self.quarantine.get_mut() {
-            std::mem::forget(std::mem::take(q));
-        }
-        if let Ok(admin) = self.admin.get_mut() {
-            admin.leak_memory();
-        }
+        // Poisoned or not: the fields' drops would free this memory.
+        let q = self
+            .quarantine
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        std::mem::forget(std::mem::take(q));
+        self.admin
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .leak_memory();
     }
 }
 

@@ -358,9 +358,48 @@ fn zero_length_dma_allocation() {
         matches!(e, Error::Dma(DmaError::InvalidAllocation(_))),
         "{e:?}"
     );
-    assert_eq!(e.to_string(), "invalid DMA allocation: zero-length buffer");
+    assert_eq!(
+        e.to_string(),
+        "invalid DMA allocation: zero-length buffer: ask for at least 1 byte"
+    );
+    // A length that cannot be rounded up to pages says why, not only the
+    // number (a review).
+    let e = c.alloc_dma(usize::MAX).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "invalid DMA allocation: {} bytes cannot be rounded up to whole 4 KiB pages (beyond \
+             the address space): ask for less",
+            usize::MAX
+        )
+    );
     drop(c);
     assert_clean(&m);
+}
+
+/// The memory API's refusals name the caller's own figures and a remedy (a
+/// review found a carve overflow naming offset 0, and IOVA exhaustion with
+/// no way out).
+#[test]
+fn memory_refusals_name_the_callers_figures_and_a_remedy() {
+    let (_m, c) = setup(ModelConfig::default());
+    let reg = c
+        .register_memory(upnvme::memmap2::MmapMut::map_anon(64 << 10).unwrap())
+        .unwrap();
+    let e = reg.buffer(8192, usize::MAX).unwrap_err();
+    assert!(
+        matches!(e, upnvme::CarveError::OutOfRange { offset: 8192, .. }),
+        "{e}"
+    );
+    let m = ModelController::new(ModelConfig::default());
+    let c = open(&m, opts());
+    m.limit_iova_window(0);
+    let e = c.alloc_dma(4 << 20).unwrap_err().to_string();
+    assert!(
+        e.starts_with("no free IOVA space for a region of ")
+            && e.contains("drop DMA buffers and pools that are no longer needed"),
+        "{e}"
+    );
 }
 
 #[test]

@@ -287,7 +287,13 @@ impl VfioContainer {
         let iova = self
             .iova
             .lock()
-            .map_err(|_| DmaError::InvalidAllocation("IOVA allocator poisoned".into()))?
+            .map_err(|_| {
+                DmaError::InvalidAllocation(
+                    "the IOVA allocator is unusable: a thread panicked while it held its lock; \
+                     open the controller again"
+                        .into(),
+                )
+            })?
             .alloc(len as u64, align)?;
         let mut m = abi::DmaMap {
             argsz: std::mem::size_of::<abi::DmaMap>() as u32,
