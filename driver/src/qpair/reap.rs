@@ -438,8 +438,15 @@ impl<D: Device> IoQueuePair<D> {
                 IoError::ControllerFailed
             } else if aborted {
                 IoError::TimedOut
-            } else {
+            } else if self.ctrl.state() & crate::controller::STATE_RESETTING != 0
+                || self.generation_changed()
+            {
                 IoError::ControllerReset
+            } else {
+                // No deletion of the driver's: the controller's own doing
+                // (or a misbehaving one), reported as it said, not as a
+                // reset that did not happen.
+                IoError::Status(status)
             }
         } else if let Some(check) = PiCheck::from_status(status) {
             IoError::Protection { check, status }
