@@ -47,6 +47,12 @@ if [ -n "${FUZZ_TARGETS:-}" ]; then
 else
     mapfile -t targets < <(cargo +nightly fuzz list)
 fi
+# A failing `cargo fuzz list` inside the process substitution is not seen by
+# `set -e`: an empty list would pass having fuzzed nothing.
+if [ "${#targets[@]}" -eq 0 ]; then
+    echo "fuzz/run.sh: no fuzz target found (cargo +nightly fuzz list printed none)" >&2
+    exit 1
+fi
 
 cargo +nightly fuzz build --target-dir "$target_dir"
 

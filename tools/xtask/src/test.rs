@@ -364,7 +364,10 @@ fn guest_tests(cmd: &TestCmd, rows: &mut Vec<Row>) {
         );
         let start = Instant::now();
         let mut result = bed.run(&args, &command, true);
-        if let Err(e) = &result
+        // Only the hot-plug configuration meets that QEMU race; elsewhere
+        // the same text is a failure like any other.
+        if config.name == "hotplug"
+            && let Err(e) = &result
             && is_known_qemu_crash(&format!("{e:#}"))
         {
             // QEMU's own crash, not the driver's: one more boot, said in
@@ -382,10 +385,13 @@ fn guest_tests(cmd: &TestCmd, rows: &mut Vec<Row>) {
                 for l in &outcome.command_lines {
                     counts.add_line(l);
                 }
+                // At least one test passed: a filter that matches nothing
+                // prints "test result: ok. 0 passed".
                 let ok = outcome.status == 0
                     && outcome.dmar_faults == 0
                     && counts.failed == 0
-                    && counts.results > 0;
+                    && counts.results > 0
+                    && counts.passed > 0;
                 if outcome.dmar_faults > 0 {
                     eprintln!(
                         "xtask: {} IOMMU (DMAR) fault(s) in configuration `{}`:",

@@ -143,8 +143,11 @@ impl Bed {
         }
 
         let (kernel_image, bios) = self.boot_files(args);
+        // oops=panic: an oops in a kernel thread (pciehp, vfio-pci's
+        // release, the nvme driver) kills only that thread and would leave
+        // the run green; as a panic the console reader reports it.
         let mut append = format!(
-            "console=ttyS0 intel_iommu=on panic=-1 hugepages={}",
+            "console=ttyS0 intel_iommu=on panic=-1 oops=panic hugepages={}",
             args.hugepages
         );
         if !args.verbose {
@@ -229,7 +232,9 @@ impl Bed {
         let mut attempt = 1;
         let run = loop {
             let run = qemu::run(&self.tools.qemu, &qargs, &opts)?;
-            if !run.boot_stalled {
+            // A stall seen after BEGIN was read is no stall: COMMAND started
+            // and must not run twice.
+            if !run.boot_stalled || run.report.begun {
                 break run;
             }
             let log = Vec::from(run.report.boot_log).join("\n");
@@ -723,6 +728,15 @@ fn judge(
             ),
         ));
     };
+    // No count from the guest, no fault check: a bed failure, not "0".
+    if report.guest_dmar_faults.is_none() {
+        return Err(failure(
+            EXIT_BED,
+            "the guest did not report its IOMMU fault count (the UPNVME-DMAR-FAULTS line is \
+             missing or unreadable): the run's DMA cannot be vouched for"
+                .to_string(),
+        ));
+    }
     let dmar_faults = report.dmar_faults();
     Ok(VmOutcome {
         status: exit,
@@ -871,6 +885,14 @@ mod tests {
         .unwrap();
         assert_eq!((ok.status, ok.dmar_faults), (7, 0));
         assert_eq!(exit_code(&ok, false).unwrap(), 7);
+
+        // No fault count from the guest is a bed failure, not zero faults.
+        let unknown = ConsoleReport {
+            guest_dmar_faults: None,
+            ..report(Some(0), &[])
+        };
+        let e = judge(unknown, false, None, "", None, 600, Duration::ZERO).unwrap_err();
+        assert_eq!(code(e), EXIT_BED);
 
         let fault = "DMAR: [DMA Write NO_PASID] Request device [00:04.0] fault addr 0x1000 [fault reason 0x05] PTE Write access is not set";
         let bad = judge(
