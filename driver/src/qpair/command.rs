@@ -110,8 +110,10 @@ pub enum IoCommand<'a> {
         ns: &'a Namespace,
         /// Starting Destination LBA (SDLBA).
         sdlba: u64,
-        /// The source ranges (1..=128, each 1..=65536 blocks; the namespace's
-        /// MSRC, MSSRL and MCL limits are the controller's to enforce).
+        /// The source ranges (1..=128, each 1..=65536 blocks), within the
+        /// namespace's Identify Namespace MSRC, MSSRL and MCL (refused with
+        /// [`crate::Reject::RangeCount`] / [`crate::Reject::SizeLimit`]
+        /// beyond them).
         ranges: &'a [CopyRange],
     },
     /// Any I/O command, built by the caller (vendor commands, commands the
