@@ -236,8 +236,8 @@ impl<D: Device> IoQueuePair<D> {
     /// that reports a fatal status (CSTS.CFS) is reset, which ends the
     /// commands in flight with [`crate::IoError::ControllerReset`] at the
     /// pair's next call, buffers returned; one whose CSTS reads all ones
-    /// (removed) or is no longer ready is marked failed and the error
-    /// returned ([`Error::ControllerGone`], ...), its buffers kept, since the
+    /// (removed, its link down) is marked failed and
+    /// [`Error::ControllerGone`] returned, its buffers kept, since the
     /// device may still own them. Without it an application that only polls
     /// would wait for its command timeout — for ever with none set.
     #[cold]
