@@ -262,7 +262,7 @@ fn fatal_status_mid_io_resets_automatically() {
 /// sending an Abort to the fatal controller, whose admin path reset it,
 /// and then resetting it a second time: other pairs' commands submitted
 /// between the two were ended for nothing.) The polled path's own CSTS
-/// check (every 16 Ki polls) may see CFS first: then the command ends as
+/// check (once per 100 ms) may see CFS first: then the command ends as
 /// ControllerReset, with the same one reset and no Abort.
 #[test]
 fn a_fatal_controller_found_by_the_timeout_scan_is_reset_once() {
@@ -1078,7 +1078,7 @@ fn poll_for(
 }
 
 /// An application that only polls (the perf, fio and C path) notices a
-/// controller that sets CSTS.CFS within 16 Ki polls, as the blocking helpers
+/// controller that sets CSTS.CFS within about 100 ms, as the blocking helpers
 /// do — not at its command timeout (60 s here), or never without one: the
 /// controller is reset and the command ends once, with its buffer.
 #[test]

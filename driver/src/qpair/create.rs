@@ -199,6 +199,7 @@ impl<D: Device> IoQueuePair<D> {
             },
             reap_on_submit: opts.reap_on_submit,
             poll_countdown: PERIODIC_POLLS,
+            csts_due: 0,
             instance: ctrl.instance(),
             domain,
             max_transfer,

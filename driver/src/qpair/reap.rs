@@ -7,7 +7,7 @@ use upnvme_queues::status::sc::generic as sc;
 use upnvme_queues::{SqRing, Status};
 
 use super::split::Key;
-use super::{CSTS_PERIODS, Completion, IoQueuePair, NEVER, PERIODIC_POLLS};
+use super::{CSTS_INTERVAL, Completion, IoQueuePair, NEVER, PERIODIC_POLLS, clock};
 use crate::device::Device;
 use crate::error::{IoError, PiCheck, Result};
 
@@ -494,10 +494,10 @@ impl<D: Device> IoQueuePair<D> {
         }
     }
 
-    /// Every [`PERIODIC_POLLS`] polls with commands in flight: CSTS every
-    /// [`CSTS_PERIODS`]th time (a fatal or vanished controller ends the
-    /// wait whether or not a command timeout is set), and the command
-    /// timeout scan.
+    /// Every [`PERIODIC_POLLS`] polls with commands in flight: CSTS once per
+    /// [`CSTS_INTERVAL`] (a fatal or vanished controller ends the wait
+    /// whether or not a command timeout is set), and the command timeout
+    /// scan.
     #[cold]
     #[inline(never)]
     fn periodic(&mut self) -> Result<()> {
@@ -505,7 +505,9 @@ impl<D: Device> IoQueuePair<D> {
         self.stats.polls = self.stats.polls.wrapping_add(u64::from(PERIODIC_POLLS));
         self.poll_countdown = PERIODIC_POLLS;
         if self.trackers.in_flight() > 0 {
-            if (self.stats.polls / u64::from(PERIODIC_POLLS)).is_multiple_of(CSTS_PERIODS) {
+            let now = clock::now();
+            if now >= self.csts_due {
+                self.csts_due = now.saturating_add(clock::ticks(CSTS_INTERVAL));
                 self.check_csts_while_polling()?;
             }
             if self.timeout_ticks > 0 && self.trackers.in_flight() > 0 {

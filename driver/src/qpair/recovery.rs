@@ -232,7 +232,7 @@ impl<D: Device> IoQueuePair<D> {
         self.ctrl.fault(what)
     }
 
-    /// The polled path's CSTS check ([`super::CSTS_PERIODS`]): a controller
+    /// The polled path's CSTS check ([`super::CSTS_INTERVAL`]): a controller
     /// that reports a fatal status (CSTS.CFS) is reset, which ends the
     /// commands in flight with [`crate::IoError::ControllerReset`] at the
     /// pair's next call, buffers returned; one whose CSTS reads all ones
