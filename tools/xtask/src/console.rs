@@ -9,6 +9,7 @@
 //! <COMMAND's output>
 //! <empty line>                       (guarantees the END marker starts a line; swallowed)
 //! UPNVME-END <nonce>
+//! UPNVME-DMESG-LOST: <oldest line>  (only when the kernel log wrapped: see below)
 //! UPNVME-DMAR-EXPECTED: <pattern>    (each fault a test provoked on purpose, see below)
 //! UPNVME-DMESG: <kernel log line>    (every kernel log line mentioning DMAR)
 //! UPNVME-DMAR-FAULTS: <n>            (the faults not expected)
@@ -24,6 +25,11 @@
 //! names. Only fault-record lines count ([`is_expected_dmar_record`]); each excuses the one
 //! record identical to it (the timestamp makes it unique), every other record still fails
 //! the run, and so does a fault-status header beyond those of the excused records.
+//!
+//! The count is read from the kernel log after COMMAND. A log that wrapped during the run
+//! (its oldest record is no longer the boot banner, `Linux version …`) may have lost fault
+//! records, so the guest then reports `UPNVME-DMESG-LOST` and the run is a bed failure,
+//! never a pass: the kernel boots with `log_buf_len=16M` so that no run should come near.
 
 use std::collections::VecDeque;
 use std::io::{self, Write};
@@ -38,6 +44,9 @@ pub const END: &str = "UPNVME-END";
 pub const DMESG: &str = "UPNVME-DMESG: ";
 /// The guest's own count of IOMMU faults (those not expected).
 pub const DMAR_FAULTS: &str = "UPNVME-DMAR-FAULTS: ";
+/// Printed after COMMAND when the kernel log wrapped (followed by its oldest line): the
+/// fault count cannot be trusted.
+pub const DMESG_LOST: &str = "UPNVME-DMESG-LOST: ";
 /// Prefix of one expected fault record, printed after COMMAND.
 pub const DMAR_EXPECTED: &str = "UPNVME-DMAR-EXPECTED: ";
 /// The extended regular expression a declared record must match (the guest init drops any
@@ -165,6 +174,9 @@ pub struct ConsoleReport {
     pub exit_status: Option<i32>,
     /// The guest's own count of DMAR faults (those not expected).
     pub guest_dmar_faults: Option<u32>,
+    /// The kernel log's oldest line when the log wrapped during the run (the fault count
+    /// then cannot be trusted).
+    pub dmesg_lost: Option<String>,
     /// Patterns of the faults a test provoked on purpose.
     pub expected_dmar: Vec<String>,
     /// Kernel log lines mentioning DMAR.
@@ -433,6 +445,8 @@ impl<W: Write> Console<W> {
                     self.report
                         .expected_dmar
                         .push(text[i + DMAR_EXPECTED.len()..].trim().to_string());
+                } else if let Some(i) = text.find(DMESG_LOST) {
+                    self.report.dmesg_lost = Some(text[i + DMESG_LOST.len()..].trim().to_string());
                 } else if let Some(i) = text.find(DMESG) {
                     self.report.dmesg.push(text[i + DMESG.len()..].to_string());
                 } else if let Some(i) = text.find(DMAR_FAULTS) {
@@ -549,6 +563,23 @@ mod tests {
         // The host count wins when the guest's count is missing or lower.
         let (_, r) = run(&guest("", 0, 0, &dmesg), 64, false);
         assert_eq!(r.dmar_faults(), 2);
+    }
+
+    #[test]
+    fn a_wrapped_kernel_log_is_reported() {
+        let (_, r) = run(&guest("", 0, 0, &[]), 64, false);
+        assert_eq!(r.dmesg_lost, None);
+        let mut input = String::from_utf8(guest("", 0, 0, &[])).unwrap();
+        let at = input.find("UPNVME-DMAR-FAULTS").unwrap();
+        input.insert_str(
+            at,
+            "UPNVME-DMESG-LOST: [  812.5] vfio-pci 0000:00:04.0: reset\r\n",
+        );
+        let (_, r) = run(input.as_bytes(), 7, false);
+        assert_eq!(
+            r.dmesg_lost.as_deref(),
+            Some("[  812.5] vfio-pci 0000:00:04.0: reset")
+        );
     }
 
     #[test]

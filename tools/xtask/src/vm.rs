@@ -146,8 +146,11 @@ impl Bed {
         // oops=panic: an oops in a kernel thread (pciehp, vfio-pci's
         // release, the nvme driver) kills only that thread and would leave
         // the run green; as a panic the console reader reports it.
+        // log_buf_len: the IOMMU fault count is read from the kernel log
+        // after COMMAND; a log that wraps loses records (the guest init
+        // then reports it and the run is a bed failure).
         let mut append = format!(
-            "console=ttyS0 intel_iommu=on panic=-1 oops=panic hugepages={}",
+            "console=ttyS0 intel_iommu=on panic=-1 oops=panic log_buf_len=16M hugepages={}",
             args.hugepages
         );
         if !args.verbose {
@@ -737,6 +740,18 @@ fn judge(
                 .to_string(),
         ));
     }
+    if let Some(oldest) = &report.dmesg_lost {
+        return Err(failure(
+            EXIT_BED,
+            format!(
+                "the guest's kernel log lost its oldest lines during the run (it now starts with \
+                 {oldest:?}, not the boot banner): IOMMU fault records may be gone, so the run's \
+                 DMA cannot be vouched for. The log was cleared (dmesg -c) or wrapped: the guest \
+                 boots with log_buf_len=16M, so COMMAND (or the kernel on its behalf) logged more \
+                 than 16 MiB; make it log less or split the run"
+            ),
+        ));
+    }
     let dmar_faults = report.dmar_faults();
     Ok(VmOutcome {
         status: exit,
@@ -892,6 +907,15 @@ mod tests {
             ..report(Some(0), &[])
         };
         let e = judge(unknown, false, None, "", None, 600, Duration::ZERO).unwrap_err();
+        assert_eq!(code(e), EXIT_BED);
+
+        // A kernel log that wrapped may have lost fault records: a bed failure too.
+        let wrapped = ConsoleReport {
+            dmesg_lost: Some("[  901.2] vfio-pci 0000:00:04.0: enabling device".into()),
+            ..report(Some(0), &[])
+        };
+        let e = judge(wrapped, false, None, "", None, 600, Duration::ZERO).unwrap_err();
+        assert!(e.to_string().contains("lost its oldest lines"), "{e}");
         assert_eq!(code(e), EXIT_BED);
 
         let fault = "DMAR: [DMA Write NO_PASID] Request device [00:04.0] fault addr 0x1000 [fault reason 0x05] PTE Write access is not set";
