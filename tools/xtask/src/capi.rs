@@ -52,11 +52,7 @@ pub fn build_host(paths: &Paths) -> Result<PathBuf> {
     let mut c = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
     c.current_dir(&paths.root)
         .args(["build", "--release", "-p", "upnvme-capi", "--lib"]);
-    let what = proc::describe(&c);
-    let st = c.status().with_context(|| format!("cannot run `{what}`"))?;
-    if !st.success() {
-        bail!("`{what}` failed ({st})");
-    }
+    proc::run_inherited(&mut c, crate::guest_build::BUILD_TIMEOUT)?;
     Ok(paths.target.join("release"))
 }
 

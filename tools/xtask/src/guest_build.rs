@@ -15,8 +15,8 @@ pub const TRIPLE: &str = "x86_64-unknown-linux-gnu";
 pub const TEST_BINARY: &str = "upnvme-guest-tests";
 /// The C hello world's name in the guest.
 pub const HELLO_WORLD_C: &str = "hello_world_c";
-/// How long one guest build may take.
-const BUILD_TIMEOUT: Duration = Duration::from_secs(90 * 60);
+/// How long one build (of the guest programs, the C library, the cost harness) may take.
+pub const BUILD_TIMEOUT: Duration = Duration::from_secs(90 * 60);
 
 /// A program to copy into the guest.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -99,6 +99,24 @@ pub fn run_captured(cmd: &mut Command, timeout: Duration) -> Result<Output> {
     }
 }
 
+/// Runs `cmd` with stdin closed and its output on the terminal (a build whose progress the
+/// user watches); fails on timeout (killing it) and on a non-zero exit status.
+pub fn run_inherited(cmd: &mut Command, timeout: Duration) -> Result<()> {
+    let what = describe(cmd);
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .spawn()
+        .with_context(|| format!("cannot run `{what}`"))?;
+    match wait_timeout(&mut child, timeout).with_context(|| format!("waiting for `{what}`"))? {
+        None => bail!(
+            "`{what}` did not finish within {} s and was killed",
+            timeout.as_secs()
+        ),
+        Some(status) if !status.success() => bail!("`{what}` failed ({status})"),
+        Some(_) => Ok(()),
+    }
+}
+
 /// Like [`run_captured`], and also fails on a non-zero exit status, quoting the tail of
 /// the program's output.
 pub fn run_checked(cmd: &mut Command, timeout: Duration) -> Result<Output> {

@@ -102,14 +102,10 @@ pub fn measure(n: u64, workload: &str) -> Result<Cost> {
         "--example",
         "io_cost",
     ];
-    let status = Command::new(&cargo)
-        .args(build)
-        .current_dir(&paths.root)
-        .status()
-        .context("running cargo")?;
-    if !status.success() {
-        bail!("`cargo {}` failed ({status})", build.join(" "));
-    }
+    proc::run_inherited(
+        Command::new(&cargo).args(build).current_dir(&paths.root),
+        crate::guest_build::BUILD_TIMEOUT,
+    )?;
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .filter(|t| !t.is_empty())
         .map_or_else(|| paths.root.join("target"), PathBuf::from);
