@@ -143,7 +143,7 @@ impl DmaAllocator {
             .state
             .lock()
             .map_err(|_| DmaError::InvalidAllocation(POISONED.into()))?;
-        let found = state.regions.iter_mut().find_map(|r| {
+        let found = state.regions.iter_mut().enumerate().find_map(|(index, r)| {
             let i = r.free.iter().position(|&(_, l)| l >= len)?;
             let (off, l) = r.free[i];
             if l == len {
@@ -154,12 +154,12 @@ impl DmaAllocator {
             r.live += 1;
             let want = r.live + 1;
             r.free.reserve(want.saturating_sub(r.free.len()));
-            Some((r.region.clone(), off))
+            Some((r.region.clone(), off, index))
         });
-        let (region, offset, fresh) = match found {
-            Some((region, offset)) => {
+        let (region, offset, index, fresh) = match found {
+            Some((region, offset, index)) => {
                 drop(state);
-                (region, offset, false)
+                (region, offset, index, false)
             }
             None => {
                 // Mapped without the lock: a new region can take long (the
@@ -187,8 +187,9 @@ impl DmaAllocator {
                     free,
                     live: 1,
                 });
+                let index = state.regions.len() - 1;
                 drop(state);
-                (region, 0, true)
+                (region, 0, index, true)
             }
         };
         let weak = Arc::downgrade(&self.state);
@@ -197,9 +198,12 @@ impl DmaAllocator {
             offset,
             len,
             Some(Box::new(move |region: &DmaRegion, off, l| {
+                // Regions are never removed while the allocator lives, so
+                // the index found at allocation still names this region (a
+                // free is one lookup, not a scan of every region).
                 if let Some(state) = weak.upgrade()
                     && let Ok(mut s) = state.lock()
-                    && let Some(r) = s.regions.iter_mut().find(|r| r.region.same(region))
+                    && let Some(r) = s.regions.get_mut(index).filter(|r| r.region.same(region))
                 {
                     r.live = r.live.saturating_sub(1);
                     give_back(&mut r.free, off, l);
