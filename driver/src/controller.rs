@@ -964,6 +964,15 @@ impl<D: Device> Inner<D> {
         }
     }
 
+    /// Whether any I/O queue ID is taken: a queue pair exists (or its
+    /// queues may still exist at the controller). A poisoned lock answers
+    /// yes.
+    pub(crate) fn io_queues_in_use(&self) -> bool {
+        self.qids
+            .lock()
+            .map_or(true, |q| q.iter().any(|&used| used))
+    }
+
     /// Returns an I/O queue ID.
     pub(crate) fn free_qid(&self, qid: u16) {
         if let Ok(mut q) = self.qids.lock()
@@ -1343,11 +1352,16 @@ impl<D: Device> Inner<D> {
         // 0 and the new generation. A pair that wants to submit meanwhile
         // waits for the end (`wait_for_reset`).
         self.state.fetch_or(STATE_RESETTING, Ordering::AcqRel);
+        // Cleared however the reset ends: a panic inside it (a `Device`
+        // implementation's, or a bug) must not leave every other thread's
+        // submission waiting for ever in `wait_for_reset`; it leaves the
+        // controller failed instead.
+        let resetting = ResettingGuard(self);
         let r = self.reset_locked(&mut admin, deletion_budget);
         if let Err(e) = &r {
             self.mark_failed(e);
         }
-        self.state.fetch_and(!STATE_RESETTING, Ordering::AcqRel);
+        drop(resetting);
         r
     }
 
@@ -1612,6 +1626,26 @@ impl<D: Device> Inner<D> {
             self.bump_generation();
         }
         result.and(disabled)
+    }
+}
+
+/// Clears `STATE_RESETTING` when dropped; when dropped by a panic's unwind,
+/// marks the controller failed first (the reset did not finish, so the
+/// controller's state is unknown; the panic also poisoned the admin lock,
+/// so no later reset runs: the controller must be opened again).
+struct ResettingGuard<'a, D: Device>(&'a Inner<D>);
+
+impl<D: Device> Drop for ResettingGuard<'_, D> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.mark_failed(&Error::ControllerFailed {
+                device: self.0.name.clone(),
+                reason: "a reset panicked before it finished, so the controller's state is \
+                         unknown: open it again"
+                    .into(),
+            });
+        }
+        self.0.state.fetch_and(!STATE_RESETTING, Ordering::AcqRel);
     }
 }
 

@@ -97,9 +97,21 @@ impl<D: Device> Controller<D> {
     /// [`Controller::namespace`] hands out fresh handles too, and the
     /// command's error is returned. When the Identify after it fails as well
     /// (no answer), the namespace is [`Error::UnusableNamespace`] until
-    /// [`Controller::refresh_namespaces`] reads it again. No command may be
-    /// in flight on the formatted namespaces meanwhile: the controller
-    /// aborts or fails them.
+    /// [`Controller::refresh_namespaces`] reads it again.
+    ///
+    /// Queue pairs on other threads: a command already checked against the
+    /// old geometry — queued, in flight, or between its checks and its
+    /// doorbell — would move the old transfer length under the new LBA size
+    /// (past its buffer when the blocks grow). So while any I/O queue pair
+    /// exists, the controller is reset before the Format NVM (after the
+    /// handles are retired): every pair's queued and in-flight commands end
+    /// once with [`crate::IoError::ControllerReset`] and their buffers, the
+    /// pairs' commands on other namespaces included, and the pairs re-create
+    /// their queues at their next call, as after [`Controller::reset`]. A
+    /// doorbell a preempted thread writes afterwards names a queue the
+    /// reset deleted. With no pair (the `upnvme format` tool) there is
+    /// nothing to stop and no reset. A reset that fails is the call's error,
+    /// and no Format NVM is sent.
     ///
     /// A namespace the driver cannot use ([`Error::UnusableNamespace`]: an
     /// LBA format it does not support) can be formatted too: its Identify
@@ -222,7 +234,12 @@ impl<D: Device> Controller<D> {
         // refusal (nothing formatted) must leave fresh handles behind, not
         // the retired ones (every I/O would be refused as stale, and
         // `Controller::namespace` would keep handing them out).
-        let outcome = self.inner.execute_within(sqe, None, None, &what, timeout);
+        let outcome = if self.inner.io_queues_in_use() {
+            self.inner.reset()
+        } else {
+            Ok(())
+        }
+        .and_then(|()| self.inner.execute_within(sqe, None, None, &what, timeout));
         let mut result = None;
         let mut failed = None;
         for n in formatted {
