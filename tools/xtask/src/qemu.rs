@@ -327,9 +327,14 @@ impl ControllerSpec {
                 );
                 a.push(d);
             } else {
+                // discard=unmap: a Format NVM or a Deallocate frees the blocks
+                // in the image, so QEMU sees them as zeroed afterwards and
+                // returns its all-ones protection information tuple for them
+                // (checks off) as for a fresh image, instead of the zero tuple
+                // a reference tag check then fails (docs/io.md).
                 a.push("-drive".into());
                 a.push(format!(
-                    "file={},if=none,id={drive},format=raw,cache=unsafe,aio={aio}",
+                    "file={},if=none,id={drive},format=raw,cache=unsafe,discard=unmap,aio={aio}",
                     qemu_escape(&file.to_string_lossy())
                 ));
             }
@@ -599,11 +604,11 @@ mod tests {
                 "-device",
                 "nvme,id=c0,addr=0x4,serial=UPNVME0,mdts=7",
                 "-drive",
-                "file=/t/a,,b.img,if=none,id=c0n1,format=raw,cache=unsafe,aio=io_uring",
+                "file=/t/a,,b.img,if=none,id=c0n1,format=raw,cache=unsafe,discard=unmap,aio=io_uring",
                 "-device",
                 "nvme-ns,drive=c0n1,bus=c0,nsid=1,logical_block_size=512,physical_block_size=512,ms=8,mset=1",
                 "-drive",
-                "file=/t/c.img,if=none,id=c0n2,format=raw,cache=unsafe,aio=io_uring",
+                "file=/t/c.img,if=none,id=c0n2,format=raw,cache=unsafe,discard=unmap,aio=io_uring",
                 "-device",
                 "nvme-ns,drive=c0n2,bus=c0,nsid=2,logical_block_size=512,physical_block_size=512",
             ]
