@@ -157,9 +157,9 @@ fn fio_review_findings_stay_fixed() {
     assert_eq!(issued.get(1), Some(&256), "{out}");
     // One Flush per four writes is 64; the bug this pins was nearly one per
     // write. How many fio issues depends on timing (the engine answers
-    // FIO_Q_BUSY to a sync while writes are in flight, and fio can pass a
-    // multiple of four before it asks again): 60-70 on an idle host, 52 and
-    // 54 with both host cores busy (thirty-fifth session).
+    // FIO_Q_BUSY to a sync while writes are in flight; how fio's count then
+    // moves was not traced): 60-70 on an idle host, 52 and 54 with both
+    // host cores busy (thirty-fifth session).
     let syncs = issued.get(3).copied().unwrap_or(0);
     assert!(
         (40..=70).contains(&syncs),
