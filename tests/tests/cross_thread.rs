@@ -599,3 +599,33 @@ fn a_panic_inside_a_reset_leaves_the_controller_failed_not_other_threads_hanging
         ),
     }
 }
+
+/// A format with no queue pair resets nothing; with a pair it resets once,
+/// and the pair — which had nothing in flight — carries on with the new
+/// handle (its queues re-created at its next call), reading back what it
+/// wrote after the format.
+#[test]
+fn a_format_resets_the_controller_only_while_a_queue_pair_exists() {
+    let m = ModelController::new(cfg_512());
+    let mut c = open(&m, mmio_opts());
+    c.format_nvm(1, &FormatNvm::lbaf(4)).expect("format");
+    assert_eq!(c.resets(), 0, "no pair: nothing to stop, no reset");
+
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let ns = c.format_nvm(1, &FormatNvm::lbaf(0)).expect("format");
+    assert_eq!(c.resets(), 1, "a pair exists: one reset before the command");
+    assert_eq!(ns.lba_size(), 512);
+    let t = Duration::from_secs(5);
+    let buf = c.alloc_dma(512).unwrap();
+    buf.fill(0, 512, 0x5a).unwrap();
+    let buf = qp
+        .write_blocking(&ns, 7, 1, buf, t)
+        .expect("write after the format");
+    buf.fill(0, 512, 0).unwrap();
+    let buf = qp
+        .read_blocking(&ns, 7, 1, buf, t)
+        .expect("read after the format");
+    assert!(read_back(&buf, 512).iter().all(|&b| b == 0x5a));
+    drop(qp);
+    common::assert_clean(&m);
+}
