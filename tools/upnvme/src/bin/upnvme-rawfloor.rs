@@ -44,8 +44,19 @@ use upnvme::dma::tsc::{self, rdtsc};
 use upnvme::queues::regs::{cq_head_doorbell, sq_tail_doorbell};
 use upnvme::{Controller, ControllerOptions, Device, DmaBuffer, IoCommand, QueuePairOptions, Sqe};
 
-/// Percentiles reported in JSON (as `upnvme perf`).
-const PERCENTILES: [f64; 8] = [1.0, 10.0, 50.0, 90.0, 99.0, 99.9, 99.99, 99.999];
+/// Percentiles reported in JSON (as `upnvme perf`): label in percent, and
+/// the quantile as its own literal (see `upnvme perf`'s report.rs: `99.9 /
+/// 100.0` rounds to the rank above p99.9).
+const PERCENTILES: [(f64, f64); 8] = [
+    (1.0, 0.01),
+    (10.0, 0.1),
+    (50.0, 0.5),
+    (90.0, 0.9),
+    (99.0, 0.99),
+    (99.9, 0.999),
+    (99.99, 0.9999),
+    (99.999, 0.99999),
+];
 /// Bytes per I/O.
 const IO_SIZE: usize = 4096;
 /// A submission queue entry's size.
@@ -617,7 +628,7 @@ fn doc(a: &Args, device: &str, m: &Measured) -> Value {
     let empty = h.is_empty();
     let pct: serde_json::Map<String, Value> = PERCENTILES
         .iter()
-        .map(|p| (format!("p{p}"), json!(us(h.value_at_quantile(p / 100.0)))))
+        .map(|(p, q)| (format!("p{p}"), json!(us(h.value_at_quantile(*q)))))
         .collect();
     let iops = m.ios as f64 / m.seconds.max(1e-9);
     let hist: Vec<Value> = h

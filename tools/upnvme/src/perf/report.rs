@@ -11,8 +11,22 @@ use upnvme::QueueStats;
 
 use super::worker::{CallTiming, JobResult};
 
-/// Percentiles printed by -L (as spdk_nvme_perf's summary).
-pub const PERCENTILES: [f64; 8] = [1.0, 10.0, 50.0, 90.0, 99.0, 99.9, 99.99, 99.999];
+/// Percentiles printed by -L (as spdk_nvme_perf's summary): the label in
+/// percent and the quantile, written as its own literal. `99.9 / 100.0` is
+/// 0.9990000000000001, and the histogram rounds `q × count` up, so for a
+/// count that is a multiple of 1000 the division reported the rank above
+/// p99.9 (the maximum for `--io-count 1000`); the literals are exact ranks
+/// for every count up to 10⁶.
+pub const PERCENTILES: [(f64, f64); 8] = [
+    (1.0, 0.01),
+    (10.0, 0.1),
+    (50.0, 0.5),
+    (90.0, 0.9),
+    (99.0, 0.99),
+    (99.9, 0.999),
+    (99.99, 0.9999),
+    (99.999, 0.99999),
+];
 
 /// The run's parameters, for headers and JSON.
 pub struct RunInfo {
@@ -177,12 +191,12 @@ pub fn text(info: &RunInfo, jobs: &[JobResult], latency: u8, transport: bool) ->
             o,
             "================================================================================="
         )?;
-        for p in PERCENTILES {
+        for (p, q) in PERCENTILES {
             writeln!(
                 o,
                 "{:>10.5}% : {:>12.3}us",
                 p,
-                us(total.value_at_quantile(p / 100.0))
+                us(total.value_at_quantile(q))
             )?;
         }
     }
@@ -344,7 +358,7 @@ fn stats_json(s: &QueueStats) -> Value {
 fn latency_json(h: &Histogram<u64>) -> Value {
     let pct: serde_json::Map<String, Value> = PERCENTILES
         .iter()
-        .map(|p| (format!("p{p}"), json!(us(h.value_at_quantile(p / 100.0)))))
+        .map(|(p, q)| (format!("p{p}"), json!(us(h.value_at_quantile(*q)))))
         .collect();
     json!({
         "mean_us": if h.is_empty() { 0.0 } else { h.mean() / 1000.0 },
@@ -551,6 +565,26 @@ fn sgl_name(m: upnvme::SglMode) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// p99.9 of 99 900 I/Os at 1 ns and 100 at 2 ns is 1 ns (the rank is
+    /// exactly 99 900): `99.9 / 100.0` rounded up to the next rank.
+    #[test]
+    fn percentiles_are_exact_ranks_for_whole_counts() {
+        let mut h = Histogram::<u64>::new(3).unwrap();
+        h.record_n(1000, 99_900).unwrap();
+        h.record_n(2000, 100).unwrap();
+        let j = latency_json(&h);
+        assert_eq!(j["percentiles_us"]["p99.9"], 1.0);
+        assert_eq!(j["percentiles_us"]["p99.99"], 2.0);
+        let mut h = Histogram::<u64>::new(3).unwrap();
+        // 1..=1000 ns: below 2048, every value is its own bucket.
+        for v in 1..=1000u64 {
+            h.record(v).unwrap();
+        }
+        let j = latency_json(&h);
+        assert_eq!(j["percentiles_us"]["p99.9"], 0.999, "not the maximum");
+        assert_eq!(j["percentiles_us"]["p50"], 0.5);
+    }
 
     /// Without `--verify` the three fields are null; a read-back that could
     /// not finish says so with its error instead of a null count that reads

@@ -247,6 +247,18 @@ impl SlotBits {
     }
 }
 
+/// `--transport-stats` for one poll that reaped: the reap's ticks and the
+/// ring's. The poll's `process_completions` ran from `t_reap` to `t_ring`,
+/// with `inside` ticks of it spent in the callbacks' `queue`/`submit`
+/// calls; the ring ran from `t_ring` to `t_end`, after that interval, so it
+/// is not taken out of the reap (it was, and the reap read 0 at depth).
+fn poll_ticks(t_reap: u64, t_ring: u64, t_end: u64, inside: u64) -> (u64, u64) {
+    (
+        t_ring.saturating_sub(t_reap).saturating_sub(inside),
+        t_end.saturating_sub(t_ring),
+    )
+}
+
 /// xorshift64*: cheap, good enough for LBA choice.
 #[inline]
 fn next_rand(x: &mut u64) -> u64 {
@@ -258,7 +270,10 @@ fn next_rand(x: &mut u64) -> u64 {
 
 /// The verification stamp of one block: deterministic in (seed, nsid, lba).
 pub fn stamp(buf: &mut [u8], seed: u64, nsid: u32, lba: u64) {
-    let mut x = seed ^ ((nsid as u64) << 48) ^ lba.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    // Nonzero for xorshift without touching the seed's bits (`… | 1` on the
+    // whole made seeds 2k and 2k + 1 stamp the same data).
+    let x0 = seed ^ ((nsid as u64) << 48) ^ lba.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let mut x = if x0 == 0 { 0x2545_f491_4f6c_dd1d } else { x0 };
     for chunk in buf.chunks_mut(8) {
         let v = next_rand(&mut x).to_le_bytes();
         chunk.copy_from_slice(&v[..chunk.len()]);
@@ -464,10 +479,14 @@ impl Job {
             self.qp.ring();
             let t_end = rdtsc();
             let w = &mut self.w;
-            w.ticks.submit += t_end.saturating_sub(t_ring);
-            // Reap time: the call minus the submissions made inside it.
-            let inside = w.ticks.submit.saturating_sub(submit_ticks_before);
-            w.ticks.reap += t_ring.saturating_sub(t_reap).saturating_sub(inside);
+            let (reap, ring) = poll_ticks(
+                t_reap,
+                t_ring,
+                t_end,
+                w.ticks.submit.saturating_sub(submit_ticks_before),
+            );
+            w.ticks.reap += reap;
+            w.ticks.submit += ring;
             w.ticks.reaped += std::mem::take(&mut w.reaped_in_window);
         } else {
             self.qp.ring();
@@ -579,12 +598,18 @@ impl Work {
             }
             IoCommand::Write { ns, slba, blocks }
         };
+        // The latency clock starts before the metadata and a write's
+        // host-built protection information (`-e PRACT=0`: a CRC per block)
+        // are prepared, as spdk_nvme_perf stamps `submit_tsc` before its
+        // `spdk_dif_generate`.
+        let start = rdtsc();
         let io = match self.md.as_mut() {
             None => IoData::from(Some(buf)),
             Some(m) => m.io(buf, tag, slba, blocks, !read),
         };
-        let start = rdtsc();
         self.start[tag as usize] = start;
+        // `--transport-stats` times the driver's call alone.
+        let t_call = if plan.time_calls { rdtsc() } else { start };
         let queued = if ring || plan.ring_per_io {
             qp.submit_io(cmd, io, tag)
         } else {
@@ -592,7 +617,7 @@ impl Work {
             qp.queue_io(cmd, io, tag)
         };
         if plan.time_calls {
-            self.ticks.submit += rdtsc().saturating_sub(start);
+            self.ticks.submit += rdtsc().saturating_sub(t_call);
             self.ticks.submitted += 1;
         }
         queued.map_err(|r| r.reason)?;
@@ -877,7 +902,29 @@ fn run_loop(
 
 #[cfg(test)]
 mod slot_bits_tests {
-    use super::SlotBits;
+    use super::{SlotBits, poll_ticks, stamp};
+
+    /// A poll reaping for 1000 ticks, 600 of them in resubmissions, then a
+    /// ring of 400: the reap is 400 and the ring 400 (the ring used to be
+    /// taken out of the reap as well, leaving 0).
+    #[test]
+    fn a_polls_ring_is_not_taken_out_of_its_reap() {
+        assert_eq!(poll_ticks(1000, 2000, 2400, 600), (400, 400));
+        // Clock steps backwards read as 0, not a wrap.
+        assert_eq!(poll_ticks(2000, 1000, 900, 0), (0, 0));
+    }
+
+    /// Every seed bit counts: seeds 2k and 2k + 1 stamp different data.
+    #[test]
+    fn neighbouring_seeds_stamp_different_blocks() {
+        let (mut a, mut b) = (vec![0u8; 4096], vec![0u8; 4096]);
+        for seed in [0u64, 2, 1 << 40, u64::MAX - 1] {
+            stamp(&mut a, seed, 1, 7);
+            stamp(&mut b, seed + 1, 1, 7);
+            assert_ne!(a, b, "seeds {seed} and {}", seed + 1);
+            assert_eq!(a[..8], 7u64.to_le_bytes(), "the LBA leads the block");
+        }
+    }
 
     #[test]
     fn slots_set_cleared_and_listed() {
