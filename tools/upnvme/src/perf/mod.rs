@@ -92,6 +92,10 @@ pub fn run(a: PerfArgs) -> Result<bool> {
     let ctrl = Arc::new(ctrl);
     let mut handles = Vec::new();
     let mut progress = Vec::new();
+    // The workers start their I/O together, once every one is set up (as
+    // spdk_nvme_perf's barrier): each counts itself here when ready, or when
+    // its setup failed.
+    let start = worker::StartLine::new(cores.len());
     for (index, &core) in cores.iter().enumerate() {
         let plan = WorkerPlan {
             core,
@@ -116,12 +120,12 @@ pub fn run(a: PerfArgs) -> Result<bool> {
         };
         let p = Arc::new(AtomicU64::new(0));
         progress.push(p.clone());
-        let (c, s) = (ctrl.clone(), stop.clone());
+        let (c, s, line) = (ctrl.clone(), stop.clone(), start.clone());
         handles.push(
             std::thread::Builder::new()
                 .name(format!("upnvme-perf-{core}"))
                 .spawn(move || {
-                    let r = worker::run(c, plan, p, s.clone());
+                    let r = worker::run(c, plan, p, s.clone(), line);
                     if r.is_err() {
                         // A worker that failed (its setup: queue pair,
                         // buffers) ends the run: the others stop too
