@@ -145,7 +145,14 @@ impl State {
     }
 
     /// [`State::wake`] after an MMIO doorbell write of `mmio` = (queue,
-    /// is CQ head, value).
+    /// is CQ head, value). As in QEMU, an MMIO write wakes its own queue
+    /// only: an SQ tail doorbell fetches from that SQ (its shadow tail read
+    /// first), a CQ head doorbell frees that CQ's space (held completions
+    /// are posted); other SQs' shadow tails are not read, so a command
+    /// announced only in the shadow — an MMIO write wrongly skipped — stays
+    /// unfetched until its own doorbell (or `process_shadow`, the explicit
+    /// poll of every queue). The shadow CQ heads are read at every wake, as
+    /// QEMU reads a CQ's before it posts to it.
     fn wake_after(&mut self, mmio: Option<(u16, bool, u32)>) {
         if self.gone || self.fatal {
             return;
@@ -155,7 +162,11 @@ impl State {
             self.read_shadow(sh, mmio);
         }
         self.release_due();
-        self.process_all();
+        match mmio {
+            None => self.process_all(),
+            Some((qid, false, _)) => self.process_sq(qid),
+            Some((_, true, _)) => {}
+        }
         if let Some(sh) = shadow
             && !self.event_idx_frozen
         {

@@ -17,8 +17,10 @@ impl State {
         (off + 4 <= self.regs.page_size()).then(|| base.wrapping_add(off))
     }
 
-    /// Reads the shadow CQ heads, then the shadow SQ tails, of every I/O
-    /// queue (the admin queue always uses MMIO doorbells, as in QEMU). The
+    /// Reads the shadow CQ heads of every I/O queue, then the shadow SQ
+    /// tails — every I/O SQ's when polled (`mmio` None), only the written
+    /// SQ's after an MMIO SQ tail doorbell (the admin queue always uses MMIO
+    /// doorbells, as in QEMU). The
     /// shadow value wins over an MMIO value written just before (as in
     /// QEMU), but a disagreement is recorded: with Doorbell Buffer Config
     /// active the host must update the shadow doorbell first (§5.8).
@@ -38,7 +40,16 @@ impl State {
                 Err(f) => self.dma_fault(f, "shadow doorbell read"),
             }
         }
-        let sqids: Vec<u16> = self.sqs.keys().copied().filter(|&q| q != 0).collect();
+        // SQ tails: every one when polled, only the doorbell's own SQ after
+        // an MMIO write (none after a CQ head write), as QEMU reads an SQ's
+        // shadow tail only when that SQ is processed.
+        let sqids: Vec<u16> = self
+            .sqs
+            .keys()
+            .copied()
+            .filter(|&q| q != 0)
+            .filter(|&q| mmio.is_none_or(|(m, is_cq, _)| !is_cq && m == q))
+            .collect();
         for qid in sqids {
             let Some(at) = self.shadow_slot(sh.db, 2 * u64::from(qid)) else {
                 continue;
