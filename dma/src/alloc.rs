@@ -164,8 +164,8 @@ impl DmaAllocator {
             None => {
                 // Mapped without the lock: a new region can take long (the
                 // pages are populated, the IOMMU mapped — up to a gigabyte),
-                // and other threads' allocations from the regions there are
-                // need not wait for it. Two threads missing at once each map
+                // and other threads' allocations from the regions already
+                // mapped need not wait for it. Two threads missing at once each map
                 // one; both regions serve later allocations.
                 drop(state);
                 // At least one backing page, and at least 2 MiB so 4 KiB-backed
