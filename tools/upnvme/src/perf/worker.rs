@@ -435,7 +435,8 @@ impl Job {
     /// (at depth 1, or with `--ring-per-io`) or its SQE (otherwise: the batch
     /// is rung once after the reap, as spdk_nvme_perf's delayed submission
     /// does; with the EventIdx in use `queue` announces each at once) comes
-    /// first, the latency record and the counters after it. Each
+    /// first, the counters after it, and the latency records after the
+    /// batch's doorbell. Each
     /// completion's own TSC stamp decides whether the warm-up or the run is
     /// over: the completion that ends the warm-up still belongs to it, its
     /// resubmission to the window. Returns the completions reaped and
@@ -452,6 +453,15 @@ impl Job {
         let submit_ticks_before = self.w.ticks.submit;
         let w = &mut self.w;
         let mut warmup_ended = false;
+        // The batch's latencies, put into the histogram after its doorbell:
+        // the record's floating-point work would otherwise lengthen the
+        // turnaround from seeing the completions to ringing for their
+        // replacements, and at QD2 that decides QEMU's fast mode (docs/
+        // benchmarks.md, "Thirty-fifth session"). A batch larger than the
+        // array records the rest in the callback. Each latency is still
+        // measured at the callback's first instruction.
+        let mut deferred = [0u64; DEFERRED_RECORDS];
+        let mut n_deferred = 0usize;
         // At most what is in flight can complete: at depth 1 the reap then
         // stops after the one completion instead of looking at the next CQ
         // entry too.
@@ -504,8 +514,13 @@ impl Job {
             // error, a removed one a removed I/O).
             if clock.measuring && !ends_warmup {
                 if c.result.is_ok() {
-                    w.hist
-                        .saturating_record(((ticks as f64) * plan.ns_per_tick) as u64);
+                    if let Some(d) = deferred.get_mut(n_deferred) {
+                        *d = ticks;
+                        n_deferred += 1;
+                    } else {
+                        w.hist
+                            .saturating_record(((ticks as f64) * plan.ns_per_tick) as u64);
+                    }
                     w.ios += 1;
                     w.bytes += plan.io_size as u64;
                 }
@@ -515,11 +530,18 @@ impl Job {
             w.errors += u64::from(c.result.is_err() && !removed);
             w.removed_ios += u64::from(removed);
         });
+        let record = |w: &mut Work, deferred: &[u64]| {
+            for &t in deferred {
+                w.hist
+                    .saturating_record(((t as f64) * plan.ns_per_tick) as u64);
+            }
+        };
         let ios = match ios {
             Ok(n) => n,
             // Released on the kernel's request: what was in flight was just
             // delivered (counted above); this job is over, the run reports.
             Err(upnvme::Error::ControllerRemoved { .. }) => {
+                record(&mut self.w, &deferred[..n_deferred]);
                 self.w.removed = true;
                 self.w.in_flight = 0;
                 return Ok((0, false));
@@ -549,6 +571,7 @@ impl Job {
             self.qp.ring();
             self.w.reaped_in_window = 0;
         }
+        record(&mut self.w, &deferred[..n_deferred]);
         if let Some(r) = self.w.refused.take() {
             let e = self.qp.describe(r);
             if matches!(e, upnvme::Error::ControllerRemoved { .. }) {
@@ -688,6 +711,10 @@ impl Work {
 /// flag). Under emulation a TSC read is a helper call; natively 64 empty
 /// polls take well under a microsecond.
 const IDLE_CLOCK_POLLS: u32 = 64;
+
+/// Latencies of one reap batch put into the histogram after its SQ
+/// doorbell (see `Job::poll`).
+const DEFERRED_RECORDS: usize = 16;
 
 /// The advice for a run whose buffers do not fit the reserved hugepages,
 /// sized for the whole run (every queue pair's `depth` buffers of `per_io`
