@@ -316,6 +316,13 @@ fn poll_ticks(t_reap: u64, t_ring: u64, t_end: u64, inside: u64) -> (u64, u64) {
     )
 }
 
+/// `x` as an xorshift state: unchanged unless 0 (a fixed point). Every bit
+/// of the seed counts (`… | 1` on the whole, as before, made seeds 2k and
+/// 2k + 1 give the same LBAs and stamps).
+fn xorshift_state(x: u64) -> u64 {
+    if x == 0 { 0x9e37_79b9_7f4a_7c15 } else { x }
+}
+
 /// xorshift64*: cheap, good enough for LBA choice.
 #[inline]
 fn next_rand(x: &mut u64) -> u64 {
@@ -327,10 +334,8 @@ fn next_rand(x: &mut u64) -> u64 {
 
 /// The verification stamp of one block: deterministic in (seed, nsid, lba).
 pub fn stamp(buf: &mut [u8], seed: u64, nsid: u32, lba: u64) {
-    // Nonzero for xorshift without touching the seed's bits (`… | 1` on the
-    // whole made seeds 2k and 2k + 1 stamp the same data).
-    let x0 = seed ^ ((nsid as u64) << 48) ^ lba.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    let mut x = if x0 == 0 { 0x2545_f491_4f6c_dd1d } else { x0 };
+    let mut x =
+        xorshift_state(seed ^ ((nsid as u64) << 48) ^ lba.wrapping_mul(0x9e37_79b9_7f4a_7c15));
     for chunk in buf.chunks_mut(8) {
         let v = next_rand(&mut x).to_le_bytes();
         chunk.copy_from_slice(&v[..chunk.len()]);
@@ -783,14 +788,8 @@ pub fn run(
     }
     arrival.arrive();
     start.wait_for_all(&stop);
-    // Nonzero for xorshift without touching the seed's bits (`… | 1` on the
-    // whole gave seeds 2k and 2k + 1 the same LBA sequence).
-    let rng0 = plan.seed ^ (plan.index as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    let mut rng = if rng0 == 0 {
-        0x9e37_79b9_7f4a_7c15
-    } else {
-        rng0
-    };
+    let mut rng =
+        xorshift_state(plan.seed ^ (plan.index as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
     for (job, bufs) in jobs.iter_mut().zip(pools) {
         for (tag, buf) in bufs.into_iter().enumerate() {
             job.w
@@ -1000,7 +999,7 @@ fn run_loop(
 }
 
 #[cfg(test)]
-mod slot_bits_tests {
+mod tests {
     use super::{Arrival, SlotBits, StartLine, poll_ticks, stamp};
     use std::sync::atomic::AtomicBool;
 
