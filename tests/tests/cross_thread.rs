@@ -69,7 +69,7 @@ fn eight_pieces<D: Device>(c: &Controller<D>) -> Vec<DmaBuffer> {
 // A device in front of the model that can hold one doorbell write: the thread
 // that writes it has passed every check of `submit` (including the state-word
 // check right before the doorbell) and is "preempted" inside the write, as a
-// thread can be at any instruction.
+// thread can be at any instruction; or that panics once in a CC write.
 // ---------------------------------------------------------------------------
 
 #[derive(Default)]
@@ -78,6 +78,9 @@ struct GateState {
     armed: AtomicUsize,
     /// 0 idle, 1 a writer waits at the gate, 2 released.
     phase: Mutex<u8>,
+    /// Panic once on the next CC write (a `Device` implementation bug, or
+    /// any panic inside `reset_locked`). One-shot.
+    panic_on_cc: AtomicBool,
     cv: Condvar,
 }
 
@@ -118,6 +121,9 @@ impl Device for Gate {
         self.model.read32(offset)
     }
     fn write32(&self, offset: usize, value: u32) {
+        if offset == 0x14 && self.g.panic_on_cc.swap(false, Ordering::SeqCst) {
+            panic!("injected panic in a CC write");
+        }
         if self
             .g
             .armed
@@ -514,50 +520,6 @@ fn pairs_created_and_dropped_under_concurrent_resets_keep_qids_and_memory_straig
 // `wait_for_reset` for ever (a hang, where the design promises a refusal).
 // ---------------------------------------------------------------------------
 
-/// A device that panics once on the next CC write after it is armed (a
-/// `Device` implementation bug, or any panic inside `reset_locked`).
-#[derive(Clone)]
-struct Bomb {
-    model: ModelController,
-    armed: Arc<AtomicBool>,
-}
-
-impl Device for Bomb {
-    fn read32(&self, offset: usize) -> u32 {
-        self.model.read32(offset)
-    }
-    fn write32(&self, offset: usize, value: u32) {
-        if offset == 0x14 && self.armed.swap(false, Ordering::SeqCst) {
-            panic!("injected panic in a CC write");
-        }
-        self.model.write32(offset, value);
-    }
-    fn read64(&self, offset: usize) -> u64 {
-        self.model.read64(offset)
-    }
-    fn write64(&self, offset: usize, value: u64) {
-        self.model.write64(offset, value);
-    }
-    fn bar_len(&self) -> usize {
-        self.model.bar_len()
-    }
-    fn alloc_dma(&self, len: usize) -> Result<DmaBuffer, DmaError> {
-        self.model.alloc_dma(len)
-    }
-    fn alloc_dma_device_read_only(&self, len: usize) -> Result<DmaBuffer, DmaError> {
-        self.model.alloc_dma_device_read_only(len)
-    }
-    fn read_only_memory(&self) -> upnvme::ReadOnlyMemory {
-        self.model.read_only_memory()
-    }
-    fn name(&self) -> String {
-        self.model.name()
-    }
-    fn dma_mapper(&self) -> Option<Arc<dyn upnvme_dma::DmaMapper>> {
-        self.model.dma_mapper()
-    }
-}
-
 /// A reset that panics (caught by the caller, as the C API's `catch_unwind`
 /// does at every entry point) must still clear STATE_RESETTING and leave
 /// the controller failed: a submission on another thread is refused instead
@@ -565,14 +527,11 @@ impl Device for Bomb {
 #[test]
 fn a_panic_inside_a_reset_leaves_the_controller_failed_not_other_threads_hanging() {
     let m = ModelController::new(cfg_512());
-    let bomb = Bomb {
-        model: m.clone(),
-        armed: Arc::new(AtomicBool::new(false)),
-    };
+    let bomb = Gate::new(m.clone());
     let c = Arc::new(Controller::with_device(bomb.clone(), mmio_opts()).unwrap());
     let ns = c.namespace(1).unwrap().clone();
     let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
-    bomb.armed.store(true, Ordering::SeqCst);
+    bomb.g.panic_on_cc.store(true, Ordering::SeqCst);
     let c2 = c.clone();
     let caught = std::thread::spawn(move || {
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| c2.reset())).is_err()
