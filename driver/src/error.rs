@@ -400,7 +400,10 @@ pub enum Reject {
     },
     /// The command moves data but no buffer came with it.
     NoBuffer,
-    /// The block count is 0 or above 65536 (CDW12.NLB is 16 bits, 0-based).
+    /// The block count is 0 or above 65536 (CDW12.NLB is 16 bits, 0-based),
+    /// for a command the pair cannot split: a Read, Write, Compare, Verify,
+    /// Write Zeroes or Write Uncorrectable above 65536 blocks is otherwise
+    /// split into commands of at most 65536 (up to the pair's depth of them).
     BlockCount {
         /// The count asked for.
         blocks: u32,
@@ -433,7 +436,10 @@ pub enum Reject {
     /// The command is beyond one of the controller's NVM Command Set size
     /// limits ([`crate::Controller::nvm_limits`], Identify CNS 06h) or the
     /// namespace's Copy limits (Identify Namespace MSSRL, MCL): submit it in
-    /// parts of at most `max`.
+    /// parts of at most `max`. (A Verify, Write Zeroes or Write
+    /// Uncorrectable beyond VSL, WZSL or WUSL is split by the pair into
+    /// parts within it; this is its refusal only when more parts than the
+    /// pair's depth would be needed.)
     SizeLimit {
         /// Which limit.
         limit: NvmLimit,

@@ -678,3 +678,331 @@ fn a_block_count_beyond_what_the_pair_can_split_says_transfer_too_large() {
     );
     assert!(r.buffer.is_some());
 }
+
+/// A model of one namespace of `lba_size`-byte blocks with Verify, Write
+/// Zeroes and Write Uncorrectable, and the given size limits.
+fn no_data_config(lba_size: u32, blocks: u64, vsl: u8, wzsl: u8) -> ModelConfig {
+    ModelConfig {
+        namespaces: vec![NamespaceConfig {
+            lba_size,
+            blocks,
+            ..NamespaceConfig::default()
+        }],
+        oncs: ModelConfig::ONCS_VERIFY
+            | ModelConfig::ONCS_WRITE_ZEROES
+            | ModelConfig::ONCS_WRITE_UNCORRECTABLE,
+        nvm_limits: upnvme_tests::NvmLimitsConfig {
+            vsl,
+            wzsl,
+            ..Default::default()
+        },
+        ..ModelConfig::default()
+    }
+}
+
+/// VSL and WZSL (Identify CNS 06h) bound one Verify and one Write Zeroes;
+/// beyond them the pair sends pieces within the limit, in LBA order, and
+/// hands back one completion — the blocks outside the range untouched.
+#[test]
+fn verify_and_write_zeroes_beyond_their_size_limits_go_as_pieces_within_them() {
+    // 8 KiB per Verify (two 4 KiB blocks), 16 KiB per Write Zeroes (four).
+    let (m, c) = setup(no_data_config(4096, 64, 1, 2));
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let data = pattern(11, 16 * 4096);
+    qp.write_blocking(&ns, 0, 16, buffer_with(&c, &data), T)
+        .unwrap();
+    let seen = m.commands_fetched();
+    let wz = run_io(
+        &mut qp,
+        IoCommand::WriteZeroes {
+            ns: &ns,
+            slba: 2,
+            blocks: 11,
+            deallocate: false,
+        },
+        IoData::none(),
+    );
+    assert!(wz.is_ok(), "{:?}", wz.result);
+    assert_eq!(
+        pieces(&m, qp.qid(), seen),
+        vec![(2, 4), (6, 4), (10, 3)],
+        "Write Zeroes pieces of at most WZSL"
+    );
+    let mut want = data.clone();
+    want[2 * 4096..13 * 4096].fill(0);
+    assert_eq!(
+        m.namespace_data(1, 0, 16),
+        want,
+        "blocks 2..13 zeroed, no other"
+    );
+    let seen = m.commands_fetched();
+    let v = run_io(
+        &mut qp,
+        IoCommand::Verify {
+            ns: &ns,
+            slba: 0,
+            blocks: 7,
+        },
+        IoData::none(),
+    );
+    assert!(v.is_ok(), "{:?}", v.result);
+    assert_eq!(
+        pieces(&m, qp.qid(), seen),
+        vec![(0, 2), (2, 2), (4, 2), (6, 1)],
+        "Verify pieces of at most VSL"
+    );
+    // The blocking helper splits too; one completion per command.
+    qp.execute_blocking(
+        IoCommand::Verify {
+            ns: &ns,
+            slba: 20,
+            blocks: 5,
+        },
+        None,
+        T,
+    )
+    .unwrap();
+    assert_eq!(
+        qp.process_completions(u32::MAX, |_, c| panic!("extra completion {}", c.tag))
+            .unwrap(),
+        0
+    );
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
+/// A piece of a split Verify that fails fails the whole, once: the result
+/// is the first piece error (Unrecovered Read Error on a block marked with
+/// a split Write Uncorrectable of more than 65536 blocks).
+#[test]
+fn write_uncorrectable_above_65536_blocks_is_split_and_a_failing_verify_piece_fails_the_whole() {
+    let (m, c) = setup(no_data_config(512, 140_000, 1, 0));
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let seen = m.commands_fetched();
+    let wu = run_io(
+        &mut qp,
+        IoCommand::WriteUncorrectable {
+            ns: &ns,
+            slba: 1000,
+            blocks: 70_000,
+        },
+        IoData::none(),
+    );
+    assert!(wu.is_ok(), "{:?}", wu.result);
+    assert_eq!(
+        pieces(&m, qp.qid(), seen),
+        vec![(1000, 65_536), (66_536, 4464)]
+    );
+    // VSL 1: 16 blocks of 512 bytes per Verify. Blocks 0..999 are fine,
+    // 1000 on are not: the pieces from 992 fail.
+    let v = run_io(
+        &mut qp,
+        IoCommand::Verify {
+            ns: &ns,
+            slba: 960,
+            blocks: 64,
+        },
+        IoData::none(),
+    );
+    assert_eq!(
+        v.result,
+        Err(IoError::Status(Status::new(2, 0x81))),
+        "the first failing piece's status"
+    );
+    assert!(v.buffer.is_none());
+    // Before the marked range, and after it, Verify passes.
+    for slba in [0, 71_000] {
+        let v = run_io(
+            &mut qp,
+            IoCommand::Verify {
+                ns: &ns,
+                slba,
+                blocks: 40,
+            },
+            IoData::none(),
+        );
+        assert!(v.is_ok(), "Verify at {slba}: {:?}", v.result);
+    }
+    assert_eq!(qp.in_flight(), 0);
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
+/// Write Zeroes of more than 65536 blocks (no WZSL) goes as pieces of 65536;
+/// the blocks at the pieces' edges read back as zeroes, their neighbours
+/// outside the range keep their data.
+#[test]
+fn write_zeroes_above_65536_blocks_zeroes_every_piece() {
+    let (m, c) = setup(no_data_config(512, 200_000, 0, 0));
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let edges = [8u64, 65_544, 131_080, 150_008];
+    for &e in &edges {
+        let data = pattern(e, 4 * BS);
+        qp.write_blocking(&ns, e, 4, buffer_with(&c, &data), T)
+            .unwrap();
+    }
+    let seen = m.commands_fetched();
+    let (slba, blocks) = (10u64, 150_000u32);
+    let wz = run_io(
+        &mut qp,
+        IoCommand::WriteZeroes {
+            ns: &ns,
+            slba,
+            blocks,
+            deallocate: true,
+        },
+        IoData::none(),
+    );
+    assert!(wz.is_ok(), "{:?}", wz.result);
+    assert_eq!(
+        pieces(&m, qp.qid(), seen),
+        vec![(10, 65_536), (65_546, 65_536), (131_082, 18_928)]
+    );
+    let end = slba + u64::from(blocks);
+    for &e in &edges {
+        let got = m.namespace_data(1, e, 4);
+        let before = pattern(e, 4 * BS);
+        for b in 0..4u64 {
+            let lba = e + b;
+            let block = &got[b as usize * BS..(b as usize + 1) * BS];
+            if (slba..end).contains(&lba) {
+                assert!(block.iter().all(|&x| x == 0), "block {lba} zeroed");
+            } else {
+                assert_eq!(
+                    block,
+                    &before[b as usize * BS..(b as usize + 1) * BS],
+                    "block {lba} outside the range kept"
+                );
+            }
+        }
+    }
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
+/// More pieces than the pair's depth: refused whole with the command's own
+/// reason (the size limit: there is no transfer to name), nothing sent.
+#[test]
+fn a_command_without_data_needing_more_pieces_than_the_depth_keeps_its_reason() {
+    let (m, c) = setup(no_data_config(4096, 64, 1, 0));
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c
+        .io_queue_pair(QueuePairOptions {
+            entries: Some(4),
+            cq_entries: Some(4),
+            ..QueuePairOptions::default()
+        })
+        .unwrap();
+    assert_eq!(qp.max_depth(), 3);
+    let seen = m.commands_fetched();
+    let verify = |blocks| IoCommand::Verify {
+        ns: &ns,
+        slba: 0,
+        blocks,
+    };
+    let r = qp.submit_io(verify(7), IoData::none(), 1).unwrap_err();
+    assert_eq!(
+        r.reason,
+        Reject::SizeLimit {
+            limit: upnvme::NvmLimit::Verify,
+            max: 2
+        }
+    );
+    assert_eq!(m.commands_fetched(), seen, "nothing sent");
+    // Three pieces fit.
+    assert!(run_io(&mut qp, verify(6), IoData::none()).is_ok());
+    // Above 65536 blocks with more pieces than the depth: the block count.
+    let wz = IoCommand::WriteZeroes {
+        ns: &ns,
+        slba: 0,
+        blocks: 4 * 65_536,
+        deallocate: false,
+    };
+    let r = qp.submit_io(wz, IoData::none(), 1).unwrap_err();
+    assert_eq!(r.reason, Reject::BlockCount { blocks: 4 * 65_536 });
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
+/// Write Zeroes with PRACT on a Type 1 namespace, beyond WZSL: each piece
+/// carries its own reference tag (the command's plus the blocks before
+/// it), so the controller stores each block's LBA as its tag, and a read
+/// that checks the tags passes.
+#[test]
+fn write_zeroes_pieces_with_pract_carry_their_reference_tags() {
+    // 512 + 8 bytes per block, interleaved, Type 1; WZSL 1: 8 KiB, 15
+    // blocks per Write Zeroes (the limit counts interleaved metadata).
+    let (m, c) = setup(ModelConfig {
+        nvm_limits: upnvme_tests::NvmLimitsConfig {
+            wzsl: 1,
+            ..Default::default()
+        },
+        oncs: ModelConfig::ONCS_WRITE_ZEROES,
+        ..config(8, true, 1)
+    });
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let generate = Protection {
+        pract: true,
+        check_guard: false,
+        check_app_tag: false,
+        check_ref_tag: false,
+        ref_tag: None,
+        app_tag: 0,
+        app_tag_mask: 0,
+    };
+    let check = Protection {
+        pract: false,
+        check_guard: true,
+        check_app_tag: false,
+        check_ref_tag: true,
+        ref_tag: None,
+        app_tag: 0,
+        app_tag_mask: 0,
+    };
+    // The tag from the SLBA, then an explicit one (Type 1: the SLBA's).
+    for (slba, ref_tag) in [(7u64, None), (100, Some(100))] {
+        let blocks = 40u32;
+        let seen = m.commands_fetched();
+        let wz = run_io(
+            &mut qp,
+            IoCommand::WriteZeroes {
+                ns: &ns,
+                slba,
+                blocks,
+                deallocate: false,
+            },
+            IoData::none().protection(Protection {
+                ref_tag,
+                ..generate
+            }),
+        );
+        assert!(wz.is_ok(), "{:?}", wz.result);
+        assert_eq!(
+            pieces(&m, qp.qid(), seen),
+            vec![(slba, 15), (slba + 15, 15), (slba + 30, 10)]
+        );
+        let r = run_io(
+            &mut qp,
+            read(&ns, slba, blocks),
+            IoData::buffer(c.alloc_dma(blocks as usize * 520).unwrap()).protection(check),
+        );
+        assert!(r.is_ok(), "checked read after {ref_tag:?}: {:?}", r.result);
+        let back = read_back(&r.buffer.unwrap(), blocks as usize * 520);
+        for (i, block) in back.chunks(520).enumerate() {
+            assert!(block[..BS].iter().all(|&b| b == 0), "block {i} zeroed");
+            let tag = u32::from_be_bytes(block[BS + 4..BS + 8].try_into().unwrap());
+            assert_eq!(u64::from(tag), slba + i as u64, "block {i}'s reference tag");
+        }
+    }
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}

@@ -706,9 +706,11 @@ int upnvme_flush(struct upnvme_qpair *qp, uint32_t nsid, upnvme_cmd_cb cb, void 
 
 /**
  * Write Zeroes of `blocks` blocks at `slba`; `deallocate` sets DEAC (the
- * blocks may be deallocated). One command, never split: `blocks` is
- * 1..=65536 (CDW12.NLB) and at most the controller's WZSL when it reports
- * one, else `UPNVME_EINVAL` with the limit in `upnvme_last_error()`.
+ * blocks may be deallocated). Above 65536 blocks (CDW12.NLB) or the
+ * controller's WZSL the library sends it as several commands within them
+ * and calls `cb` once, when the last is done (the first failure's status,
+ * else success); one that would need more commands than the pair's depth
+ * is refused with `UPNVME_EINVAL` and the limit in `upnvme_last_error()`.
  *
  * # Safety
  * `qp` a live pair.

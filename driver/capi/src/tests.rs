@@ -1710,3 +1710,70 @@ fn a_delayed_doorbell_announces_each_batch_with_one_write() {
     drop(qp);
     assert_eq!(m.dma_faults(), 0);
 }
+
+/// `upnvme_write_zeroes` beyond the controller's WZSL: the library sends it
+/// as pieces within the limit, and the C callback runs once, with success,
+/// after every block is zeroed.
+#[test]
+fn write_zeroes_beyond_wzsl_completes_once_with_every_block_zeroed() {
+    let (m, c) = model_with(ModelConfig {
+        namespaces: vec![NamespaceConfig {
+            nsid: 1,
+            lba_size: 512,
+            blocks: BLOCKS,
+            ..NamespaceConfig::default()
+        }],
+        oncs: ModelConfig::ONCS_WRITE_ZEROES,
+        // 8 KiB per Write Zeroes: 16 blocks of 512 bytes.
+        nvm_limits: upnvme_tests::NvmLimitsConfig {
+            wzsl: 1,
+            ..Default::default()
+        },
+        ..Default::default()
+    });
+    let data = vec![0xa5u8; 64 * 512];
+    let w = c.alloc_dma(data.len()).unwrap();
+    w.write_bytes(0, &data).unwrap();
+    let mut plain = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let ns = c.namespace(1).unwrap().clone();
+    drop(
+        plain
+            .write_blocking(&ns, 0, 64, w, Duration::from_secs(2))
+            .unwrap(),
+    );
+    drop(plain);
+    let mut qp = pair(&c, 8);
+    let mut seen: Vec<c_int> = Vec::new();
+    let arg: *mut Vec<c_int> = &mut seen;
+    let seen_before = m.commands_fetched();
+    let wz = Cmd::WriteZeroes {
+        slba: 4,
+        blocks: 50,
+        deallocate: false,
+    };
+    // SAFETY: no buffer needed.
+    let rc = unsafe { qp.submit(1, wz, std::ptr::null_mut(), Some(count_cb), arg.cast()) };
+    assert_eq!(rc, UPNVME_OK, "{}", last_error());
+    let qpp: *mut Qpair<ModelController> = &mut *qp;
+    // SAFETY: live pair, this thread's.
+    while unsafe { Qpair::process_completions(qpp, 0) } == 0 {}
+    // SAFETY: as above; nothing more comes.
+    assert_eq!(unsafe { Qpair::process_completions(qpp, 0) }, 0);
+    assert_eq!(seen, vec![UPNVME_OK], "one callback");
+    assert_eq!(
+        m.commands_fetched() - seen_before,
+        4,
+        "pieces of at most 16 blocks"
+    );
+    let got = m.namespace_data(1, 0, 64);
+    for (lba, block) in got.chunks(512).enumerate() {
+        let zeroed = (4..54).contains(&lba);
+        assert!(
+            block.iter().all(|&b| b == if zeroed { 0 } else { 0xa5 }),
+            "block {lba}"
+        );
+    }
+    drop(qp);
+    drop(c);
+    assert_eq!(m.dma_faults(), 0);
+}

@@ -49,7 +49,9 @@ pub enum IoCommand<'a> {
         /// The namespace.
         ns: &'a Namespace,
     },
-    /// Write Zeroes (opcode 08h), optionally deallocating (DEAC).
+    /// Write Zeroes (opcode 08h), optionally deallocating (DEAC). Above the
+    /// controller's WZSL or 65536 blocks the pair sends it as several
+    /// commands within them and completes it once (split.rs).
     WriteZeroes {
         /// The namespace.
         ns: &'a Namespace,
@@ -82,6 +84,7 @@ pub enum IoCommand<'a> {
     },
     /// Verify (opcode 0Ch, ONCS bit 7): the controller reads and checks the
     /// blocks (and their protection information) without transferring data.
+    /// Above VSL or 65536 blocks it goes as several commands, completed once.
     Verify {
         /// The namespace.
         ns: &'a Namespace,
@@ -92,7 +95,8 @@ pub enum IoCommand<'a> {
     },
     /// Write Uncorrectable (opcode 04h, ONCS bit 1): marks the blocks
     /// invalid; reading them fails (Unrecovered Read Error) until they are
-    /// written again.
+    /// written again. Above WUSL or 65536 blocks it goes as several
+    /// commands, completed once.
     WriteUncorrectable {
         /// The namespace.
         ns: &'a Namespace,

@@ -4,7 +4,9 @@
 //! Dataset Management command is queued. A controller may refuse a command
 //! beyond them, or — QEMU's Dataset Management does — skip a range beyond
 //! DMRSL and still complete the command with success, so a deallocation
-//! the application asked for silently does not happen.
+//! the application asked for silently does not happen. A Verify, Write
+//! Zeroes or Write Uncorrectable beyond its limit is split into commands
+//! within it (split.rs); a Dataset Management beyond its limits is refused.
 
 use upnvme_queues::{DsmRange, IdentifyControllerNvm};
 
@@ -54,25 +56,29 @@ impl SizeLimits {
         ns: &Namespace,
         blocks: u32,
     ) -> Result<(), Reject> {
-        let bytes = match limit {
+        match self.max_blocks(limit, ns) {
+            Some(max) if u64::from(blocks) > max => Err(Reject::SizeLimit { limit, max }),
+            _ => Ok(()),
+        }
+    }
+
+    /// The most blocks of `ns` one Verify, Write Zeroes or Write
+    /// Uncorrectable may cover under its size limit (`None`: no limit; any
+    /// other `limit`: `None`). The size counts the blocks' data, and their
+    /// metadata when interleaved (see [`SizeLimits::blocks`]).
+    pub(super) fn max_blocks(&self, limit: NvmLimit, ns: &Namespace) -> Option<u64> {
+        let max_bytes = match limit {
             NvmLimit::Verify => self.verify,
             NvmLimit::WriteZeroes => self.write_zeroes,
             NvmLimit::WriteUncorrectable => self.write_uncorrectable,
             _ => None,
-        };
-        let Some(max_bytes) = bytes else {
-            return Ok(());
-        };
+        }?;
         let md = ns
             .metadata_layout()
             .filter(|l| l.extended)
             .map_or(0, |l| u64::from(l.ms));
         let per_block = u64::from(ns.lba_size()) + md;
-        let max = max_bytes / per_block.max(1);
-        if u64::from(blocks) > max {
-            return Err(Reject::SizeLimit { limit, max });
-        }
-        Ok(())
+        Some(max_bytes / per_block.max(1))
     }
 
     /// Checks a Dataset Management command's ranges against DMRL, DMRSL and

@@ -2,12 +2,15 @@
 //! one buffer (whole, or a slice) or of a vector above the controller's
 //! MDTS, or above the 65536 blocks of CDW12.NLB, is split into child
 //! commands, and the caller gets one completion for the whole when the last
-//! child ends.
+//! child ends. So is a Verify, Write Zeroes or Write Uncorrectable above
+//! its size limit (VSL, WZSL, WUSL) or 65536 blocks: children of at most
+//! the limit's blocks, without data.
 //!
 //! - **Where the split happens.** Only after the command was refused as it
-//!   is (`build` answered [`Reject::TransferTooLarge`], or
-//!   [`Reject::BlockCount`] above 65536 blocks): the plain path and every
-//!   command that fits pay nothing for it.
+//!   is (`build` answered [`Reject::TransferTooLarge`], a
+//!   [`Reject::SizeLimit`] of VSL, WZSL or WUSL, or [`Reject::BlockCount`]
+//!   above 65536 blocks): the plain path and every command that fits pay
+//!   nothing for it.
 //! - **The pieces.** Each child moves at most `MDTS / bytes per block`
 //!   whole blocks (and at most 65536), in LBA order; child *i* starts at
 //!   block `b` of the command: SLBA + b, the data at buffer (or vector)
@@ -43,7 +46,7 @@ use super::iodata::{IoData, IoVec};
 use super::metadata::{bytes_per_block, ref_tag_after, split_ref_tag};
 use super::submit::{MdMem, Mem, slice_room};
 use crate::device::Device;
-use crate::error::{IoError, Reject, Rejected};
+use crate::error::{IoError, NvmLimit, Reject, Rejected};
 
 /// What identifies a command until its completion is handed out: its CID
 /// slot, or `SPLIT_KEY | index` for a split command (slots are below
@@ -126,14 +129,44 @@ impl Splits {
     }
 }
 
-/// Whether a refusal of a Read, Write or Compare is one a split may cure.
-pub(super) fn may_split(reason: Reject, io: &IoData) -> bool {
-    let size = match reason {
-        Reject::TransferTooLarge { .. } => true,
-        Reject::BlockCount { blocks } => u64::from(blocks) > MAX_NLB,
+/// Whether `cmd`'s refusal for `reason` is one a split may cure: a Read,
+/// Write or Compare with memory above MDTS or 65536 blocks; a Verify,
+/// Write Zeroes or Write Uncorrectable above its size limit (VSL, WZSL,
+/// WUSL) or 65536 blocks.
+pub(super) fn may_split(reason: Reject, cmd: &IoCommand<'_>, io: &IoData) -> bool {
+    let above_nlb = matches!(reason, Reject::BlockCount { blocks } if u64::from(blocks) > MAX_NLB);
+    match cmd {
+        IoCommand::Read { .. } | IoCommand::Write { .. } | IoCommand::Compare { .. } => {
+            (above_nlb || matches!(reason, Reject::TransferTooLarge { .. }))
+                && (io.buffer.is_some() || io.segments.is_some())
+        }
+        IoCommand::Verify { .. }
+        | IoCommand::WriteZeroes { .. }
+        | IoCommand::WriteUncorrectable { .. } => {
+            above_nlb
+                || matches!(
+                    reason,
+                    Reject::SizeLimit {
+                        limit: NvmLimit::Verify
+                            | NvmLimit::WriteZeroes
+                            | NvmLimit::WriteUncorrectable,
+                        ..
+                    }
+                )
+        }
         _ => false,
-    };
-    size && (io.buffer.is_some() || io.segments.is_some())
+    }
+}
+
+/// The size limit of a Verify, Write Zeroes or Write Uncorrectable (`None`
+/// for a command that moves data).
+fn no_data_limit(cmd: &IoCommand<'_>) -> Option<NvmLimit> {
+    match cmd {
+        IoCommand::Verify { .. } => Some(NvmLimit::Verify),
+        IoCommand::WriteZeroes { .. } => Some(NvmLimit::WriteZeroes),
+        IoCommand::WriteUncorrectable { .. } => Some(NvmLimit::WriteUncorrectable),
+        _ => None,
+    }
 }
 
 /// Child `i`'s command and memory.
@@ -156,6 +189,9 @@ struct Cut<'a> {
     per: u64,
     block_bytes: usize,
     md_bytes: usize,
+    /// The command moves no data (Verify, Write Zeroes, Write
+    /// Uncorrectable): its children get no memory.
+    no_data: bool,
     /// The buffer's length (`None`: the data is a vector).
     len: Option<usize>,
     offset: usize,
@@ -171,26 +207,33 @@ impl<'a> Cut<'a> {
         let n = self.per.min(self.blocks - b) as u32;
         let slba = self.slba + b;
         let ns = self.ns;
+        let blocks = n;
         let cmd = match self.cmd {
-            IoCommand::Read { .. } => IoCommand::Read {
+            IoCommand::Read { .. } => IoCommand::Read { ns, slba, blocks },
+            IoCommand::Write { .. } => IoCommand::Write { ns, slba, blocks },
+            IoCommand::Compare { .. } => IoCommand::Compare { ns, slba, blocks },
+            IoCommand::Verify { .. } => IoCommand::Verify { ns, slba, blocks },
+            IoCommand::WriteZeroes { deallocate, .. } => IoCommand::WriteZeroes {
                 ns,
                 slba,
-                blocks: n,
+                blocks,
+                deallocate,
             },
-            IoCommand::Write { .. } => IoCommand::Write {
-                ns,
-                slba,
-                blocks: n,
-            },
-            _ => IoCommand::Compare {
-                ns,
-                slba,
-                blocks: n,
-            },
+            // `queue_split` takes no other command.
+            _ => IoCommand::WriteUncorrectable { ns, slba, blocks },
         };
         // Saturating: out of range means `build` refuses the child.
         let skip = (b as usize).saturating_mul(self.block_bytes);
         let (mem, offset) = match self.len {
+            _ if self.no_data => {
+                let mem = Mem {
+                    buffer: None,
+                    offset: 0,
+                    limit: usize::MAX,
+                    segments: None,
+                };
+                (mem, 0)
+            }
             Some(len) => {
                 let offset = self.offset.saturating_add(skip);
                 let limit = if self.limit == usize::MAX {
@@ -264,15 +307,41 @@ impl<D: Device> IoQueuePair<D> {
         let (ns, slba, blocks) = match cmd {
             IoCommand::Read { ns, slba, blocks }
             | IoCommand::Write { ns, slba, blocks }
-            | IoCommand::Compare { ns, slba, blocks } => (ns, slba, u64::from(blocks)),
+            | IoCommand::Compare { ns, slba, blocks }
+            | IoCommand::Verify { ns, slba, blocks }
+            | IoCommand::WriteZeroes {
+                ns, slba, blocks, ..
+            }
+            | IoCommand::WriteUncorrectable { ns, slba, blocks } => (ns, slba, u64::from(blocks)),
             _ => return refuse(reason, io),
         };
-        let (block_bytes, md_bytes) = bytes_per_block(ns, io.protection);
-        let per = (self.max_transfer / block_bytes).min(MAX_NLB as usize) as u64;
-        // `per` = 0: one block is above MDTS. A block size that is not a
-        // multiple of 4 would start children off the dword alignment PRPs
-        // and MPTR need.
-        if per == 0 || block_bytes % 4 != 0 || md_bytes % 4 != 0 {
+        let no_data = no_data_limit(&cmd);
+        let (block_bytes, md_bytes, per) = match no_data {
+            // No memory to cut: each child covers at most what the size
+            // limit allows (and 65536 blocks). Whatever memory came with the
+            // command (a metadata buffer, which `build` refuses for these,
+            // or a buffer they do not use) stays with the parent.
+            Some(limit) => {
+                let per = self
+                    .limits
+                    .max_blocks(limit, ns)
+                    .unwrap_or(MAX_NLB)
+                    .min(MAX_NLB);
+                (0, 0, per)
+            }
+            None => {
+                let (block_bytes, md_bytes) = bytes_per_block(ns, io.protection);
+                // `per` = 0: one block is above MDTS. A block size that is
+                // not a multiple of 4 would start children off the dword
+                // alignment PRPs and MPTR need.
+                if block_bytes % 4 != 0 || md_bytes % 4 != 0 {
+                    return refuse(reason, io);
+                }
+                let per = (self.max_transfer / block_bytes).min(MAX_NLB as usize) as u64;
+                (block_bytes, md_bytes, per)
+            }
+        };
+        if per == 0 {
             return refuse(reason, io);
         }
         let k = blocks.div_ceil(per);
@@ -280,25 +349,30 @@ impl<D: Device> IoQueuePair<D> {
         if k > u64::from(self.max_depth) {
             // More pieces than the pair holds: too large to split here,
             // whatever refused it as a whole (a block count above 65536
-            // included, which a split would otherwise carry).
-            return refuse(Reject::TransferTooLarge { bytes: need as u64 }, io);
+            // included, which a split would otherwise carry). A command
+            // without data keeps its reason (the size limit, or the block
+            // count): it has no transfer to name.
+            return match no_data {
+                Some(_) => refuse(reason, io),
+                None => refuse(Reject::TransferTooLarge { bytes: need as u64 }, io),
+            };
         }
         let k = k as u32;
         // The whole transfer is measured before the children: a refusal for
         // the block count came before the memory was, and a child that does
         // not fit would name its own share as the need.
-        if let Some(v) = io.segments.as_ref() {
-            if v.total_len() < need {
+        // A command without data has nothing to measure.
+        let room = match (no_data, io.segments.as_ref(), io.buffer.as_ref()) {
+            (None, Some(v), _) => Ok(v.total_len()),
+            (None, None, Some(b)) => slice_room(b.len(), io.offset, io.limit),
+            _ => Ok(need),
+        };
+        match room {
+            Err(e) => return refuse(e, io),
+            Ok(room) if room < need => {
                 return refuse(Reject::BufferTooSmall { need: need as u64 }, io);
             }
-        } else if let Some(b) = io.buffer.as_ref() {
-            match slice_room(b.len(), io.offset, io.limit) {
-                Err(e) => return refuse(e, io),
-                Ok(room) if room < need => {
-                    return refuse(Reject::BufferTooSmall { need: need as u64 }, io);
-                }
-                Ok(_) => {}
-            }
+            Ok(_) => {}
         }
         if md_bytes > 0 {
             let md_need = (blocks as usize).saturating_mul(md_bytes);
@@ -332,6 +406,7 @@ impl<D: Device> IoQueuePair<D> {
             per,
             block_bytes,
             md_bytes,
+            no_data: no_data.is_some(),
             len: if io.segments.is_some() {
                 None
             } else {
@@ -503,6 +578,7 @@ impl<D: Device> IoQueuePair<D> {
             (super::submit::Data::Vector(bytes), Some(v)) => {
                 self.place_vector(v, c.offset, bytes, slot)
             }
+            (super::submit::Data::None, _) => Ok((0, 0, false)),
             _ => Err(Reject::NotDescribable),
         };
         let (prp1, prp2, sgl) = match placed {

@@ -390,7 +390,7 @@ impl<D: Device> IoQueuePair<D> {
                     protection,
                 };
                 // Too large for one command: as several (split.rs).
-                if may_split(reason, &io) {
+                if may_split(reason, &cmd, &io) {
                     return self.queue_split(cmd, io, tag, reason);
                 }
                 return Err(Rejected::with_memory(
