@@ -329,11 +329,7 @@ impl AdminQueue {
     /// Posts Asynchronous Event Requests until `target` are outstanding (plus
     /// re-posting those that completed).
     pub(crate) fn post_aers<D: Device>(&mut self, dev: &D, target: u32) -> Result<()> {
-        let outstanding = self
-            .slots
-            .iter()
-            .filter(|s| s.kind == SlotKind::Aer)
-            .count() as u32;
+        let outstanding = self.aers_outstanding();
         // Keep at least two command identifiers for real admin commands, however
         // small the admin queue.
         let cap = (self.slots.len() as u32).saturating_sub(2);
@@ -352,6 +348,14 @@ impl AdminQueue {
         }
         self.aer_to_post = 0;
         Ok(())
+    }
+
+    /// Asynchronous Event Requests outstanding at the controller.
+    pub(crate) fn aers_outstanding(&self) -> u32 {
+        self.slots
+            .iter()
+            .filter(|s| s.kind == SlotKind::Aer)
+            .count() as u32
     }
 
     /// Number of AERs that completed since the last [`AdminQueue::post_aers`].

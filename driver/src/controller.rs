@@ -132,6 +132,9 @@ pub(crate) struct Inner<D: Device> {
     /// asks for: a `Controller::reset` that finds the flag taken by a
     /// concurrent `poll_async_events` returns only once that check ended.
     pub(crate) namespace_check: Mutex<()>,
+    /// Why a namespace notice may not come (notices off, an unread log):
+    /// while any holds, every `poll_async_events` checks every handle.
+    pub(crate) notice_gaps: crate::namespace_list::NoticeGaps,
 }
 
 /// The longest shutdown wait derived from RTD3E (Identify Controller) when
@@ -462,6 +465,26 @@ impl<D: Device> Controller<D> {
                  aligned)"
             )));
         }
+        let data = self.read_log_page(lid, nsid, len, offset)?;
+        if self.inner.notice_gaps.log_read(lid) {
+            // The Changed Namespace List the driver owed itself went to the
+            // caller: what it named is checked at the next poll.
+            self.inner
+                .namespaces_unverified
+                .store(true, Ordering::Release);
+        }
+        Ok(data)
+    }
+
+    /// Get Log Page with Retain Asynchronous Event clear (a Notice masked
+    /// for this log is re-armed), arguments checked by the caller.
+    pub(crate) fn read_log_page(
+        &self,
+        lid: u8,
+        nsid: u32,
+        len: usize,
+        offset: u64,
+    ) -> Result<Vec<u8>> {
         let sqe = Sqe::get_log_page(lid, nsid, (len / 4) as u32, offset, false);
         let (_, data) =
             self.inner
@@ -513,6 +536,19 @@ impl<D: Device> Controller<D> {
     /// Attribute Changed event of the driver's own. Events
     /// the controller had posted when a reset began are kept and returned by
     /// the next call.
+    ///
+    /// Where no notice can come, every call checks every handle (Identify
+    /// Namespace each, and the Active Namespace ID list) instead: the
+    /// controller does not offer Namespace Attribute Notices or refused to
+    /// turn them on (at bring-up or after the last reset); no Asynchronous
+    /// Event Request is outstanding (the controller ended them for good);
+    /// the Changed Namespace List could not be read (every call reads it
+    /// again until it can: until then the controller masks Notices); or a
+    /// Notice this call handed out — Firmware Activation Starting, say —
+    /// names a log page nobody has read since with RAE clear (the controller
+    /// masks every Notice, the namespace one included, until that read:
+    /// [`Controller::get_log_page`] of [`AsyncEvent::log_page`], or an admin
+    /// passthrough Get Log Page with RAE clear, ends it).
     pub fn poll_async_events(&self) -> Result<Vec<AsyncEvent>> {
         self.inner
             .with_admin(|dev, name, admin| {
@@ -529,18 +565,22 @@ impl<D: Device> Controller<D> {
                 }
                 // Taken only now: a failed re-post leaves them for the next
                 // call (or, kept across a reset, for the one after it).
-                Ok(admin.take_events())
+                Ok((admin.take_events(), admin.aers_outstanding() == 0))
             })
-            .map(|mut events| {
+            .map(|(mut events, no_aer)| {
                 let _check = self
                     .inner
                     .namespace_check
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
+                // No request outstanding, or a gap: no notice can come, so
+                // every handle is checked at every call.
+                let blind = no_aer || self.inner.notice_gaps.any();
                 let unverified = self
                     .inner
                     .namespaces_unverified
-                    .swap(false, Ordering::AcqRel);
+                    .swap(false, Ordering::AcqRel)
+                    || blind;
                 let announce = self.follow_namespace_changes(&events, unverified);
                 // A change inside a reset (a namespace changed, gone or
                 // attached) raised no notice: say so as the controller would
@@ -552,6 +592,7 @@ impl<D: Device> Controller<D> {
                 {
                     events.push(namespace_attribute_changed());
                 }
+                self.inner.notice_gaps.handed_out(&events);
                 events
             })
     }
@@ -643,8 +684,21 @@ impl<D: Device> Controller<D> {
             )));
         }
         let what = format!("admin command 0x{:02x}", sqe.opcode());
-        self.inner
-            .execute_within(sqe, (len > 0).then_some(len), data_out, &what, timeout)
+        let done =
+            self.inner
+                .execute_within(sqe, (len > 0).then_some(len), data_out, &what, timeout)?;
+        // Get Log Page with Retain Asynchronous Event (CDW10 bit 15) clear:
+        // a Notice masked for this log is re-armed.
+        if sqe.opcode() == admin_op::GET_LOG_PAGE
+            && sqe.dw[10] & (1 << 15) == 0
+            && done.0.status().is_success()
+            && self.inner.notice_gaps.log_read(sqe.dw[10] as u8)
+        {
+            self.inner
+                .namespaces_unverified
+                .store(true, Ordering::Release);
+        }
+        Ok(done)
     }
 
     /// [`Controller::admin_passthrough`] without its checks: any opcode,
@@ -1367,8 +1421,10 @@ impl<D: Device> Inner<D> {
 
     /// Returns once no reset is under way (at once when none runs). Yields
     /// rather than taking the admin lock: once the reset ends, the lock may
-    /// pass to a long admin command (a Format NVM) this caller need not wait
-    /// for. Bounded by the reset, whose every step has a timeout.
+    /// pass to a long admin command (a Format NVM), and a caller with
+    /// nothing to re-create need not wait for it (a pair that must re-create
+    /// its queues does wait: that takes the admin lock). Bounded by the
+    /// reset, whose every step has a timeout.
     pub(crate) fn wait_for_reset(&self) {
         while self.state() & STATE_RESETTING != 0 {
             std::thread::yield_now();
@@ -1471,7 +1527,7 @@ impl<D: Device> Inner<D> {
             // sets features back). Refused now: no notices, as for a
             // controller that never offered them.
             let what = "Set Features (Asynchronous Event Configuration, after reset)";
-            admin.execute(
+            let (cqe, _) = admin.execute(
                 dev,
                 name,
                 Sqe::set_features(feature::ASYNC_EVENT_CONFIG, aec, false),
@@ -1480,7 +1536,12 @@ impl<D: Device> Inner<D> {
                 t,
                 what,
             )?;
+            // A refusal leaves the notices off until a later reset sets
+            // them: every poll then checks every handle.
+            self.notice_gaps.set_off(!cqe.status().is_success());
         }
+        // CC.EN = 0 cleared every event mask.
+        self.notice_gaps.reset();
         if let Some(s) = &self.shadow {
             // Atomic word stores: queue pairs on other threads may store
             // their own shadow doorbells at the same time.
@@ -2217,6 +2278,7 @@ fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<BroughtUp<D
         aer_target: 0,
         removed: AtomicBool::new(false),
         namespaces_unverified: AtomicBool::new(false),
+        notice_gaps: Default::default(),
         namespace_check: Mutex::new(()),
     };
 
@@ -2292,6 +2354,7 @@ fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<BroughtUp<D
     // before it is read as it is now. The other order left a change between
     // the scan and the notices unnoticed, with a handle of the old geometry.
     inner.aec = inner.enable_namespace_notices()?;
+    inner.notice_gaps.set_off(inner.aec.is_none());
     // Identify namespaces.
     let (namespaces, unusable) = inner.scan_namespaces()?;
 

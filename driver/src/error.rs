@@ -533,9 +533,13 @@ impl std::fmt::Display for Reject {
                  change made elsewhere"
             ),
             Reject::NoBuffer => f.write_str("the command needs a data buffer"),
-            Reject::BlockCount { blocks } => {
-                write!(f, "block count {blocks}: must be 1..=65536")
-            }
+            Reject::BlockCount { blocks: 0 } => f.write_str("block count 0: must be 1..=65536"),
+            Reject::BlockCount { blocks } => write!(
+                f,
+                "block count {blocks}: one command carries 1..=65536 (a Read, Write, Compare, \
+                 Verify, Write Zeroes or Write Uncorrectable above that is split, into at most \
+                 the queue pair's depth of commands)"
+            ),
             Reject::LbaRange => f.write_str("the LBA range is outside the namespace (NSZE)"),
             Reject::BufferTooSmall { need } => {
                 write!(f, "the transfer needs {need} bytes; the buffer is smaller")

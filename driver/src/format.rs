@@ -111,7 +111,11 @@ impl<D: Device> Controller<D> {
     /// doorbell a preempted thread writes afterwards names a queue the
     /// reset deleted. With no pair (the `upnvme format` tool) there is
     /// nothing to stop and no reset. A reset that fails is the call's error,
-    /// and no Format NVM is sent.
+    /// and no Format NVM is sent. The queue re-creation goes through the
+    /// admin queue, which the Format NVM holds until it completes: a pair's
+    /// next call (a `submit`, a `process_completions`) on another thread
+    /// waits that long — up to [`FormatNvm::timeout`] — whichever namespace
+    /// it works on.
     ///
     /// A namespace the driver cannot use ([`Error::UnusableNamespace`]: an
     /// LBA format it does not support) can be formatted too: its Identify

@@ -21,13 +21,90 @@
 //! poll that retires the handle still carries the old geometry. Poll the
 //! events regularly (a management thread) where other hosts share the
 //! namespaces.
+//!
+//! When the notices cannot be relied on ([`NoticeGaps`]: the controller has
+//! them off, the Changed Namespace List could not be read, another Notice's
+//! log page is unread, or no Asynchronous Event Request is outstanding),
+//! every poll checks every handle instead of waiting for a notice that
+//! cannot come.
 
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+
+use upnvme_queues::aer::event_type;
 use upnvme_queues::{AsyncEvent, IdentifyNamespace, Sqe, cns, feature, log_id, parse_ns_list};
 
 use crate::controller::{Controller, Inner};
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::namespace::Namespace;
+
+/// Why a Namespace Attribute Changed notice may not come although a
+/// namespace changed, beyond a reset (`Inner::namespaces_unverified`).
+/// While any holds, [`Controller::poll_async_events`] checks every handle
+/// at every call.
+#[derive(Debug, Default)]
+pub(crate) struct NoticeGaps {
+    /// The notices are off: the controller does not offer them (Identify
+    /// Controller OAES bit 8), or refused the Asynchronous Event
+    /// Configuration at bring-up or after the last reset.
+    off: AtomicBool,
+    /// A read of the Changed Namespace List (log 04h) failed: the
+    /// controller keeps Notices masked until that log is read with Retain
+    /// Asynchronous Event clear, which every poll tries again.
+    list_owed: AtomicBool,
+    /// Log Page Identifier + 1 of a Notice handed to the application whose
+    /// log page nobody has read with RAE clear since (0: none). The
+    /// controller masks the whole Notice type until that read (NVMe 2.0
+    /// §5.2, Asynchronous Event Request command), the namespace notice
+    /// included.
+    unread_notice_log: AtomicU32,
+}
+
+impl NoticeGaps {
+    /// The notices are on (`false`) or off (`true`).
+    pub(crate) fn set_off(&self, off: bool) {
+        self.off.store(off, Ordering::Release);
+    }
+
+    /// A controller reset cleared every event mask.
+    pub(crate) fn reset(&self) {
+        self.list_owed.store(false, Ordering::Release);
+        self.unread_notice_log.store(0, Ordering::Release);
+    }
+
+    /// Whether any gap holds now.
+    pub(crate) fn any(&self) -> bool {
+        self.off.load(Ordering::Acquire)
+            || self.list_owed.load(Ordering::Acquire)
+            || self.unread_notice_log.load(Ordering::Acquire) != 0
+    }
+
+    /// `events` go to the application: a Notice other than Namespace
+    /// Attribute Changed masks the Notice type until its log page is read.
+    pub(crate) fn handed_out(&self, events: &[AsyncEvent]) {
+        for e in events {
+            if e.event_type == event_type::NOTICE && !e.is_namespace_attribute_changed() {
+                self.unread_notice_log
+                    .store(u32::from(e.log_page) + 1, Ordering::Release);
+            }
+        }
+    }
+
+    /// Log `lid` was read with RAE clear (by the driver or the
+    /// application): a Notice masked for it is re-armed. Returns whether
+    /// the Changed Namespace List was owed and the read was not the
+    /// driver's own follow-up: its content went elsewhere, so every handle
+    /// must be checked once.
+    pub(crate) fn log_read(&self, lid: u8) -> bool {
+        let _ = self.unread_notice_log.compare_exchange(
+            u32::from(lid) + 1,
+            0,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+        lid == log_id::CHANGED_NS_LIST && self.list_owed.swap(false, Ordering::AcqRel)
+    }
+}
 
 /// Asynchronous Event Configuration (Feature 0Bh) bit 8: Namespace Attribute
 /// Notices.
@@ -214,10 +291,18 @@ impl<D: Device> Controller<D> {
         if !noticed && !unverified {
             return false;
         }
-        let listed = if noticed {
-            self.get_log_page(log_id::CHANGED_NS_LIST, 0xffff_ffff, CHANGED_NS_LIST_LEN, 0)
-                .map(|page| parse_ns_list(&page))
-                .ok()
+        // Read after a notice, and after a failed read until one succeeds:
+        // the controller sends no further Notice until this log is read
+        // with RAE clear.
+        let owed = self.inner.notice_gaps.list_owed.load(Ordering::Acquire);
+        let listed = if noticed || owed {
+            let page =
+                self.read_log_page(log_id::CHANGED_NS_LIST, 0xffff_ffff, CHANGED_NS_LIST_LEN, 0);
+            self.inner
+                .notice_gaps
+                .list_owed
+                .store(page.is_err(), Ordering::Release);
+            page.map(|page| parse_ns_list(&page)).ok()
         } else {
             None
         };

@@ -647,22 +647,29 @@ fn zero_blocks() {
     assert_clean(&m);
 }
 
+/// NLB is a 16-bit, 0-based field: a Write Zeroes above 65536 blocks is
+/// split (tests/tests/split.rs), but not into more commands than the pair's
+/// depth.
 #[test]
 fn more_than_65536_blocks() {
-    // NLB is a 16-bit, 0-based field.
     let (m, c, mut qp) = pair();
     let ns = ns1(&c);
+    let blocks = (qp.max_depth() + 1) * 65_536;
     let wz = IoCommand::WriteZeroes {
         ns: &ns,
         slba: 0,
-        blocks: 65_537,
+        blocks,
         deallocate: false,
     };
     let (r, e) = refused(&m, &c, &mut qp, wz, 0);
-    assert_eq!(r, Reject::BlockCount { blocks: 65_537 });
+    assert_eq!(r, Reject::BlockCount { blocks });
     assert_eq!(
         e.to_string(),
-        "invalid argument: block count 65537: must be 1..=65536"
+        format!(
+            "invalid argument: block count {blocks}: one command carries 1..=65536 (a Read, \
+             Write, Compare, Verify, Write Zeroes or Write Uncorrectable above that is split, \
+             into at most the queue pair's depth of commands)"
+        )
     );
     drop(qp);
     drop(c);

@@ -408,3 +408,156 @@ fn aers_ended_by_an_error_are_posted_again_or_the_handles_checked() {
     assert!(noticed(&c) && one.is_stale(), "DNR: {}", one.lba_size());
     assert_eq!(m.outstanding_async_requests(), 0, "not posted again");
 }
+
+/// Polls three times; how many Namespace Attribute Changed events came out.
+fn notices_over_three_polls(c: &Controller<ModelController>) -> usize {
+    (0..3).map(|_| notices(c)).sum()
+}
+
+/// A read of the Changed Namespace List that fails leaves Notices masked at
+/// the controller (the log was not read with RAE clear): the driver reads
+/// it again at the next poll, so a later change by another host still
+/// raises a notice and retires the handle. (Before, one failed read
+/// silenced every later notice and the old handle sized a read of
+/// 4 KiB blocks as 512 bytes.)
+#[test]
+fn a_failed_changed_namespace_list_read_is_retried_and_later_notices_still_come() {
+    let (m, c) = two_namespaces();
+    let one = c.namespace(1).unwrap().clone();
+    let two = c.namespace(2).unwrap().clone();
+    // The driver's Get Log Page of log 04h fails once.
+    m.inject(Fault::Status {
+        on: Match::Opcode {
+            qid: 0,
+            opcode: 0x02,
+        },
+        status: upnvme_tests::Status::INTERNAL_ERROR,
+    });
+    m.change_namespace(2, Some(ns(2, 4096, 512)));
+    assert_eq!(notices_over_three_polls(&c), 1);
+    assert!(m.pending_faults().is_empty(), "the log read failed");
+    assert!(two.is_stale(), "every handle checked after the failed read");
+    assert!(!one.is_stale());
+    // Another host formats namespace 1: the notice comes and is followed.
+    m.change_namespace(1, Some(ns(1, 4096, 512)));
+    assert_eq!(notices_over_three_polls(&c), 1);
+    assert!(one.is_stale());
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let r = qp
+        .submit_io(
+            IoCommand::Read {
+                ns: &one,
+                slba: 0,
+                blocks: 1,
+            },
+            IoData::buffer(c.alloc_dma(512).unwrap()),
+            1,
+        )
+        .unwrap_err();
+    assert_eq!(r.reason, Reject::StaleNamespace { nsid: 1 });
+}
+
+/// Events are masked per type (NVMe 2.0 §5.2): a Firmware Activation
+/// Starting notice the application does not follow with a read of its log
+/// (03h) masks the Namespace Attribute Changed notice too. Meanwhile every
+/// poll checks every handle, so another host's format is still found; once
+/// the application reads log 03h, notices come again and the polls stop
+/// checking.
+#[test]
+fn an_unread_notice_makes_polls_check_every_handle_until_its_log_is_read() {
+    let (m, c) = two_namespaces();
+    let one = c.namespace(1).unwrap().clone();
+    let two = c.namespace(2).unwrap().clone();
+    // Notice (2h) / Firmware Activation Starting (01h), log 03h.
+    m.raise_async_event(2, 0x01, 0x03);
+    let events = c.poll_async_events().unwrap();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert!(!events[0].is_namespace_attribute_changed());
+    m.change_namespace(1, Some(ns(1, 4096, 512)));
+    assert_eq!(
+        notices_over_three_polls(&c),
+        1,
+        "the driver's own event for the handle it retired"
+    );
+    assert!(one.is_stale());
+    // The application reads log 03h: the Notice type is armed again, the
+    // notice it held back comes out, and then a poll sends no Identify
+    // while nothing is noticed.
+    c.get_log_page(0x03, 0xffff_ffff, 512, 0).unwrap();
+    assert_eq!(notices_over_three_polls(&c), 1, "the notice held back");
+    let before = m.commands_fetched();
+    assert_eq!(notices(&c), 0);
+    assert_eq!(
+        m.commands_fetched(),
+        before,
+        "nothing checked without a gap"
+    );
+    m.change_namespace(2, Some(ns(2, 4096, 512)));
+    assert_eq!(notices_over_three_polls(&c), 1, "the controller's notice");
+    assert!(two.is_stale());
+}
+
+/// Once every Asynchronous Event Request has ended for good (DNR), no
+/// notice can come: every poll checks every handle, so another host's
+/// format is still found.
+#[test]
+fn with_no_async_event_request_left_every_poll_checks_every_handle() {
+    let m = ModelController::new(ModelConfig {
+        namespaces: vec![ns(1, 512, 4096)],
+        ..ModelConfig::default()
+    });
+    m.inject(Fault::Status {
+        on: Match::Opcode {
+            qid: 0,
+            opcode: 0x0c,
+        },
+        status: upnvme_tests::Status::INTERNAL_ERROR.with_dnr(),
+    });
+    let c = common::open(
+        &m,
+        upnvme::ControllerOptions {
+            async_events: 1,
+            ..common::opts()
+        },
+    );
+    let one = c.namespace(1).unwrap().clone();
+    c.poll_async_events().unwrap();
+    assert_eq!(m.outstanding_async_requests(), 0);
+    m.change_namespace(1, Some(ns(1, 4096, 512)));
+    assert_eq!(notices_over_three_polls(&c), 1);
+    assert!(one.is_stale());
+}
+
+/// A reset sets Asynchronous Event Configuration again; when the controller
+/// refuses it now, the notices are off, and every poll checks every handle
+/// (the status was ignored before: `reset` said Ok, notices never came, and
+/// the handle kept its old geometry).
+#[test]
+fn a_notice_setting_refused_after_a_reset_makes_polls_check_every_handle() {
+    let (m, c) = two_namespaces();
+    let one = c.namespace(1).unwrap().clone();
+    // The reset's admin commands: Identify Controller, Set Features Number
+    // of Queues, Set Features Asynchronous Event Configuration, ...
+    let n = m.commands_fetched();
+    m.inject(Fault::Status {
+        on: Match::Nth(n + 2),
+        status: upnvme_tests::Status::INVALID_FIELD.with_dnr(),
+    });
+    c.reset().unwrap();
+    assert!(m.pending_faults().is_empty(), "the fault applied");
+    let seen = m.commands_seen();
+    assert_eq!(seen[n as usize + 2].1, 0x09, "a Set Features was refused");
+    m.change_namespace(1, Some(ns(1, 4096, 512)));
+    assert_eq!(notices_over_three_polls(&c), 1);
+    assert!(one.is_stale());
+    // A later reset that sets the notices again ends the per-poll checks.
+    c.reset().unwrap();
+    c.poll_async_events().unwrap();
+    let before = m.commands_fetched();
+    assert_eq!(notices(&c), 0);
+    assert_eq!(
+        m.commands_fetched(),
+        before,
+        "no checks with the notices on"
+    );
+}

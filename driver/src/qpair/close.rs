@@ -21,7 +21,10 @@ impl<D: Device> IoQueuePair<D> {
     /// completion: its buffer is quarantined until the controller is
     /// disabled, never freed while the queues may exist. A reset from
     /// another thread during the close ends the commands it ended here, as
-    /// the pair's next call would have. A pair that is simply dropped
+    /// the pair's next call would have — except when it lands right before
+    /// the queue deletion, which then finds the queues gone and ends what is
+    /// left with [`IoError::QueueDeleted`] (a command the pair had aborted
+    /// included, which would otherwise end as `TimedOut`). A pair that is simply dropped
     /// delivers nothing (see `Drop`).
     pub fn close(mut self, timeout: Duration) -> Vec<Completion> {
         let mut out = Vec::new();

@@ -35,7 +35,8 @@
 //!   back when the last child's slot is released — by a reap, a reset, a
 //!   close — so the buffer goes back only when the device can reach none of
 //!   it. The result is the first child error seen (a media error in one
-//!   piece fails the whole), else `Ok` with the last child's dword 0.
+//!   piece fails the whole), else `Ok` with the dword 0 of the child that
+//!   completed last (not necessarily the last in LBA order).
 //!   Children are counted as commands in [`crate::QueueStats`].
 
 use upnvme_dma::DmaBuffer;
@@ -70,7 +71,7 @@ struct Parent {
     remaining: u32,
     /// The first child error.
     error: Option<IoError>,
-    /// Dword 0 of the last child that succeeded.
+    /// Dword 0 of the child that succeeded last (in completion order).
     dw0: u32,
 }
 

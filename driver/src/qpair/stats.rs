@@ -16,7 +16,10 @@ pub struct QueueStats {
     pub completions: u64,
     /// Calls that looked at the CQ (process_completions and internal reaps).
     pub polls: u64,
-    /// Polls that found nothing.
+    /// Polls that delivered no completion: nothing was found, or only
+    /// entries of split commands' children whose command is not complete
+    /// yet (counted in `completions`; telling them apart would cost the
+    /// reap of every I/O an instruction).
     pub idle_polls: u64,
     /// SQ tail doorbell writes over MMIO.
     pub sq_doorbell_mmio: u64,

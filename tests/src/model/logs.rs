@@ -217,10 +217,12 @@ impl State {
             Ok(()) => {
                 // RAE clear: the event type this log reports is unmasked.
                 if cdw10 & (1 << 15) == 0 {
+                    // Notice (2h): Namespace Attribute Changed names log
+                    // 04h, Firmware Activation Starting log 03h.
                     let unmask = match lid {
                         LID_ERROR_INFO => 1 << 0,
                         LID_SMART => 1 << 1,
-                        LID_CHANGED_NS_LIST => 1 << 2,
+                        LID_FIRMWARE_SLOT | LID_CHANGED_NS_LIST => 1 << 2,
                         _ => 0,
                     };
                     if self.aer_masked & unmask != 0 {
