@@ -1169,6 +1169,17 @@ impl<D: Device> Inner<D> {
         self.check_usable()?;
         let r = f(&self.dev, &self.name, &mut admin);
         drop(admin);
+        let r = match r {
+            // The all-ones registers an admin wait met are the release's
+            // (the kernel asked for the device back): say that, as every
+            // later call does, not "gone".
+            Err(Error::ControllerGone { .. }) if self.is_removed() => {
+                Err(Error::ControllerRemoved {
+                    device: self.name.clone(),
+                })
+            }
+            r => r,
+        };
         if let Err(Error::ControllerFatal { .. }) = &r {
             // Automatic recovery: CSTS.CFS means the controller must be reset.
             // The command that saw it still fails; the next one may succeed.

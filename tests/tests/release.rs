@@ -279,3 +279,44 @@ fn reset_after_a_removal_says_removed() {
         "reset after a removal: {r:?}"
     );
 }
+
+/// An admin command waiting for its completion when the kernel asks for the
+/// device back meets the released device's all-ones registers: it ends with
+/// `ControllerRemoved`, as every later call does (it said `ControllerGone`,
+/// "hot-removed, reset by someone else, or its PCI link is down").
+#[test]
+fn an_admin_command_in_flight_at_a_release_ends_with_controller_removed() {
+    let m = ModelController::new(config_one_ns(4096, 1024));
+    m.offer_release_request();
+    let c = open(&m, opts());
+    // The next Get Log Page is held by the controller.
+    m.inject(Fault::DelayCompletion {
+        on: Match::Opcode {
+            qid: 0,
+            opcode: 0x02,
+        },
+        doorbells: None,
+    });
+    let r = std::thread::scope(|s| {
+        let waiter = s.spawn(|| c.smart_log());
+        let start = Instant::now();
+        while !m
+            .commands_seen()
+            .iter()
+            .any(|&(q, op, _)| q == 0 && op == 0x02)
+        {
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "no Get Log Page seen"
+            );
+            std::thread::yield_now();
+        }
+        m.request_release();
+        wait_released(&m);
+        waiter.join().unwrap()
+    });
+    assert!(
+        matches!(r, Err(Error::ControllerRemoved { .. })),
+        "an admin command cut by the release: {r:?}"
+    );
+}
