@@ -332,6 +332,15 @@ fn next_rand(x: &mut u64) -> u64 {
     x.wrapping_mul(0x2545_f491_4f6c_dd1d)
 }
 
+/// `x` mapped onto `0..n` by a multiply (the high 64 bits of `x × n`), not a
+/// division: under TCG a 64-bit `div` is a helper call, and this runs in
+/// the completion callback, between seeing a completion and ringing for its
+/// replacement.
+#[inline]
+fn below(x: u64, n: u64) -> u64 {
+    ((u128::from(x) * u128::from(n)) >> 64) as u64
+}
+
 /// The verification stamp of one block: deterministic in (seed, nsid, lba).
 pub fn stamp(buf: &mut [u8], seed: u64, nsid: u32, lba: u64) {
     let mut x =
@@ -644,7 +653,7 @@ impl Work {
         ring: bool,
     ) -> std::result::Result<(), Reject> {
         let slot = if plan.random {
-            next_rand(rng) % self.slots
+            below(next_rand(rng), self.slots)
         } else {
             let s = self.next_seq;
             self.next_seq = if s + 1 >= self.slots { 0 } else { s + 1 };
@@ -1000,7 +1009,9 @@ fn run_loop(
 
 #[cfg(test)]
 mod tests {
-    use super::{Arrival, SlotBits, StartLine, poll_ticks, stamp};
+    use super::{
+        Arrival, SlotBits, StartLine, below, next_rand, poll_ticks, stamp, xorshift_state,
+    };
     use std::sync::atomic::AtomicBool;
 
     /// The start line opens when every worker arrived — a worker whose
@@ -1052,6 +1063,24 @@ mod tests {
         assert_eq!(poll_ticks(1000, 2000, 2400, 600), (400, 400));
         // Clock steps backwards read as 0, not a wrap.
         assert_eq!(poll_ticks(2000, 1000, 900, 0), (0, 0));
+    }
+
+    /// The LBA slot from a random word: always below the slot count, and
+    /// every slot of a small range reached.
+    #[test]
+    fn below_stays_in_range_and_covers_it() {
+        for n in [1u64, 2, 3, 1000, 1 << 40, u64::MAX] {
+            for x in [0u64, 1, 12345, u64::MAX / 2, u64::MAX - 1, u64::MAX] {
+                assert!(below(x, n) < n, "below({x}, {n})");
+            }
+        }
+        // Every slot of a small range is hit by the generator.
+        let mut seen = [false; 7];
+        let mut x = xorshift_state(42);
+        for _ in 0..1000 {
+            seen[below(next_rand(&mut x), 7) as usize] = true;
+        }
+        assert!(seen.iter().all(|&s| s), "{seen:?}");
     }
 
     /// Every seed bit counts: seeds 2k and 2k + 1 stamp different data.
