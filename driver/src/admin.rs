@@ -64,6 +64,14 @@ pub(crate) struct AdminQueue {
     /// exceeded, too many errors in a row): fewer are outstanding than
     /// wanted, and a notice may be missed.
     aer_lost: bool,
+    /// The Log Page Identifier of a Notice the controller reported (other
+    /// than Namespace Attribute Changed, which the driver follows itself)
+    /// whose log page no Get Log Page with Retain Asynchronous Event clear
+    /// has read since: the controller masks every Notice until that read
+    /// (NVMe 2.0 §5.2, Asynchronous Event Request command), the namespace
+    /// notice included. Set when the event is reaped, cleared when such a
+    /// read completes or the controller is reset.
+    notice_masked: Option<u8>,
     /// Buffers of commands that timed out: kept until the controller is
     /// disabled, because a late DMA into freed memory is silent corruption.
     quarantine: Vec<DmaPages>,
@@ -102,6 +110,7 @@ impl AdminQueue {
             aer_to_post: 0,
             aer_error_streak: 0,
             aer_lost: false,
+            notice_masked: None,
             quarantine: Vec::new(),
         })
     }
@@ -239,7 +248,13 @@ impl AdminQueue {
                     s.kind = SlotKind::Free;
                     let status = cqe.status();
                     if status.is_success() {
-                        self.events.push_back(AsyncEvent::from_dw0(cqe.dw0()));
+                        let e = AsyncEvent::from_dw0(cqe.dw0());
+                        if e.event_type == upnvme_queues::aer::event_type::NOTICE
+                            && !e.is_namespace_attribute_changed()
+                        {
+                            self.notice_masked = Some(e.log_page);
+                        }
+                        self.events.push_back(e);
                         self.aer_to_post += 1;
                         self.aer_error_streak = 0;
                     } else if aer_error_is_retryable(status)
@@ -292,6 +307,11 @@ impl AdminQueue {
         what: &str,
     ) -> Result<(Cqe, Option<DmaBuffer>)> {
         self.make_room(dev, name)?;
+        // Get Log Page with Retain Asynchronous Event (CDW10 bit 15) clear:
+        // its log, whose Notice it re-arms.
+        let rae_clear_lid = (sqe.opcode() == upnvme_queues::sqe::opcode::admin::GET_LOG_PAGE
+            && sqe.dw[10] & (1 << 15) == 0)
+            .then_some(sqe.dw[10] as u8);
         let slot = self.submit(dev, sqe, SlotKind::Sync)?;
         let start = Instant::now();
         let mut polls = 0u32;
@@ -301,6 +321,12 @@ impl AdminQueue {
             }
             if let Some(cqe) = self.slots[slot as usize].done.take() {
                 self.slots[slot as usize].kind = SlotKind::Free;
+                if rae_clear_lid.is_some()
+                    && rae_clear_lid == self.notice_masked
+                    && cqe.status().is_success()
+                {
+                    self.notice_masked = None;
+                }
                 // Completed: the device is done with the list too.
                 drop(prp_list);
                 return Ok((cqe, data));
@@ -348,6 +374,17 @@ impl AdminQueue {
         }
         self.aer_to_post = 0;
         Ok(())
+    }
+
+    /// Whether a Notice's log page is unread, so that the controller masks
+    /// the namespace notice too (see `notice_masked`).
+    pub(crate) fn notice_masked(&self) -> bool {
+        self.notice_masked.is_some()
+    }
+
+    /// The controller was disabled: every event mask is clear.
+    pub(crate) fn event_masks_cleared(&mut self) {
+        self.notice_masked = None;
     }
 
     /// Asynchronous Event Requests outstanding at the controller.

@@ -114,10 +114,12 @@ pub(crate) struct Inner<D: Device> {
     /// Extended LBA Formats, CTRATT.ELBAS, and took the feature): set again
     /// after every reset.
     lbafee: bool,
-    /// The Asynchronous Event Configuration value set at bring-up to enable
-    /// Namespace Attribute Notices (set again after every reset); `None`
-    /// when the controller does not offer them or refused.
-    aec: Option<u32>,
+    /// The Asynchronous Event Configuration value every reset sets again:
+    /// the one set at bring-up to enable Namespace Attribute Notices, or the
+    /// last one the application set (`set_features`, `admin_passthrough`);
+    /// `1 << 32 | value`, 0 for none (the controller does not offer the
+    /// notices, or refused them, and nobody set one).
+    pub(crate) aec: AtomicU64,
     shadow: Option<ShadowBuffers>,
     aer_target: u32,
     /// Released on the kernel's request (see `release_on_request`).
@@ -447,6 +449,9 @@ impl<D: Device> Controller<D> {
         let (cqe, _) = self
             .inner
             .execute(sqe, None, &format!("Set Features (FID 0x{fid:02x})"))?;
+        if fid == feature::ASYNC_EVENT_CONFIG {
+            self.inner.aec_set_by_application(cdw11);
+        }
         Ok(cqe.dw0())
     }
 
@@ -543,12 +548,14 @@ impl<D: Device> Controller<D> {
     /// turn them on (at bring-up or after the last reset); no Asynchronous
     /// Event Request is outstanding (the controller ended them for good);
     /// the Changed Namespace List could not be read (every call reads it
-    /// again until it can: until then the controller masks Notices); or a
-    /// Notice this call handed out — Firmware Activation Starting, say —
-    /// names a log page nobody has read since with RAE clear (the controller
-    /// masks every Notice, the namespace one included, until that read:
-    /// [`Controller::get_log_page`] of [`AsyncEvent::log_page`], or an admin
-    /// passthrough Get Log Page with RAE clear, ends it).
+    /// again until it can: until then the controller masks Notices); the
+    /// application turned the notices off (a Set Features Asynchronous Event
+    /// Configuration without bit 8); or a Notice the controller reported —
+    /// Firmware Activation Starting, say — names a log page no Get Log Page
+    /// with RAE clear has read since (the controller masks every Notice, the
+    /// namespace one included, until that read: [`Controller::get_log_page`]
+    /// of [`AsyncEvent::log_page`], or an admin passthrough Get Log Page with
+    /// RAE clear, ends it).
     pub fn poll_async_events(&self) -> Result<Vec<AsyncEvent>> {
         self.inner
             .with_admin(|dev, name, admin| {
@@ -565,17 +572,21 @@ impl<D: Device> Controller<D> {
                 }
                 // Taken only now: a failed re-post leaves them for the next
                 // call (or, kept across a reset, for the one after it).
-                Ok((admin.take_events(), admin.aers_outstanding() == 0))
+                Ok((
+                    admin.take_events(),
+                    admin.aers_outstanding() == 0 || admin.notice_masked(),
+                ))
             })
-            .map(|(mut events, no_aer)| {
+            .map(|(mut events, unheard)| {
                 let _check = self
                     .inner
                     .namespace_check
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
-                // No request outstanding, or a gap: no notice can come, so
-                // every handle is checked at every call.
-                let blind = no_aer || self.inner.notice_gaps.any();
+                // No request outstanding, a Notice's log unread, or a gap:
+                // no namespace notice can come, so every handle is checked
+                // at every call.
+                let blind = unheard || self.inner.notice_gaps.any();
                 let unverified = self
                     .inner
                     .namespaces_unverified
@@ -592,7 +603,6 @@ impl<D: Device> Controller<D> {
                 {
                     events.push(namespace_attribute_changed());
                 }
-                self.inner.notice_gaps.handed_out(&events);
                 events
             })
     }
@@ -687,8 +697,14 @@ impl<D: Device> Controller<D> {
         let done =
             self.inner
                 .execute_within(sqe, (len > 0).then_some(len), data_out, &what, timeout)?;
-        // Get Log Page with Retain Asynchronous Event (CDW10 bit 15) clear:
-        // a Notice masked for this log is re-armed.
+        if sqe.opcode() == admin_op::SET_FEATURES
+            && sqe.dw[10] as u8 == feature::ASYNC_EVENT_CONFIG
+            && done.0.status().is_success()
+        {
+            self.inner.aec_set_by_application(sqe.dw[11]);
+        }
+        // Get Log Page with Retain Asynchronous Event (CDW10 bit 15) clear of
+        // the Changed Namespace List the driver failed to read.
         if sqe.opcode() == admin_op::GET_LOG_PAGE
             && sqe.dw[10] & (1 << 15) == 0
             && done.0.status().is_success()
@@ -1533,7 +1549,7 @@ impl<D: Device> Inner<D> {
             let (cqe, _) = admin.execute(dev, name, sqe, Some(buf), list, t, what)?;
             succeeded(cqe, what)?;
         }
-        if let Some(aec) = self.aec {
+        if let Some(aec) = self.aec_to_restore() {
             // Namespace Attribute Notices again (a Controller Level Reset
             // sets features back). Refused now: no notices, as for a
             // controller that never offered them.
@@ -1549,10 +1565,12 @@ impl<D: Device> Inner<D> {
             )?;
             // A refusal leaves the notices off until a later reset sets
             // them: every poll then checks every handle.
-            self.notice_gaps.set_off(!cqe.status().is_success());
+            self.notice_gaps
+                .set_off(!(cqe.status().is_success() && self.notices_on_with(aec)));
         }
         // CC.EN = 0 cleared every event mask.
         self.notice_gaps.reset();
+        admin.event_masks_cleared();
         if let Some(s) = &self.shadow {
             // Atomic word stores: queue pairs on other threads may store
             // their own shadow doorbells at the same time.
@@ -2284,7 +2302,7 @@ fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<BroughtUp<D
         nvm_limits: IdentifyControllerNvm::default(),
         granted_io_queues: 0,
         lbafee: false,
-        aec: None,
+        aec: AtomicU64::new(0),
         shadow: None,
         aer_target: 0,
         removed: AtomicBool::new(false),
@@ -2364,8 +2382,11 @@ fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<BroughtUp<D
     // after this raises a notice the first AER delivers, and one changed
     // before it is read as it is now. The other order left a change between
     // the scan and the notices unnoticed, with a handle of the old geometry.
-    inner.aec = inner.enable_namespace_notices()?;
-    inner.notice_gaps.set_off(inner.aec.is_none());
+    let aec = inner.enable_namespace_notices()?;
+    if let Some(v) = aec {
+        inner.aec.store(1 << 32 | u64::from(v), Ordering::Release);
+    }
+    inner.notice_gaps.set_off(aec.is_none());
     // Identify namespaces.
     let (namespaces, unusable) = inner.scan_namespaces()?;
 

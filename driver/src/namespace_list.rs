@@ -28,9 +28,8 @@
 //! every poll checks every handle instead of waiting for a notice that
 //! cannot come.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use upnvme_queues::aer::event_type;
 use upnvme_queues::{AsyncEvent, IdentifyNamespace, Sqe, cns, feature, log_id, parse_ns_list};
 
 use crate::controller::{Controller, Inner};
@@ -52,12 +51,9 @@ pub(crate) struct NoticeGaps {
     /// controller keeps Notices masked until that log is read with Retain
     /// Asynchronous Event clear, which every poll tries again.
     list_owed: AtomicBool,
-    /// Log Page Identifier + 1 of a Notice handed to the application whose
-    /// log page nobody has read with RAE clear since (0: none). The
-    /// controller masks the whole Notice type until that read (NVMe 2.0
-    /// §5.2, Asynchronous Event Request command), the namespace notice
-    /// included.
-    unread_notice_log: AtomicU32,
+    // (A Notice whose log page is unread is the admin queue's to know:
+    // `AdminQueue::notice_masked`, set when it reaps the event and cleared
+    // when a Get Log Page of that log with RAE clear completes.)
 }
 
 impl NoticeGaps {
@@ -69,39 +65,17 @@ impl NoticeGaps {
     /// A controller reset cleared every event mask.
     pub(crate) fn reset(&self) {
         self.list_owed.store(false, Ordering::Release);
-        self.unread_notice_log.store(0, Ordering::Release);
     }
 
     /// Whether any gap holds now.
     pub(crate) fn any(&self) -> bool {
-        self.off.load(Ordering::Acquire)
-            || self.list_owed.load(Ordering::Acquire)
-            || self.unread_notice_log.load(Ordering::Acquire) != 0
+        self.off.load(Ordering::Acquire) || self.list_owed.load(Ordering::Acquire)
     }
 
-    /// `events` go to the application: a Notice other than Namespace
-    /// Attribute Changed masks the Notice type until its log page is read.
-    pub(crate) fn handed_out(&self, events: &[AsyncEvent]) {
-        for e in events {
-            if e.event_type == event_type::NOTICE && !e.is_namespace_attribute_changed() {
-                self.unread_notice_log
-                    .store(u32::from(e.log_page) + 1, Ordering::Release);
-            }
-        }
-    }
-
-    /// Log `lid` was read with RAE clear (by the driver or the
-    /// application): a Notice masked for it is re-armed. Returns whether
-    /// the Changed Namespace List was owed and the read was not the
-    /// driver's own follow-up: its content went elsewhere, so every handle
-    /// must be checked once.
+    /// Log `lid` was read with RAE clear by the application. Returns whether
+    /// the Changed Namespace List was owed: its content went to the
+    /// application, so every handle must be checked once.
     pub(crate) fn log_read(&self, lid: u8) -> bool {
-        let _ = self.unread_notice_log.compare_exchange(
-            u32::from(lid) + 1,
-            0,
-            Ordering::AcqRel,
-            Ordering::Acquire,
-        );
         lid == log_id::CHANGED_NS_LIST && self.list_owed.swap(false, Ordering::AcqRel)
     }
 }
@@ -148,6 +122,31 @@ impl NamespaceChanges {
 }
 
 impl<D: Device> Inner<D> {
+    /// The Asynchronous Event Configuration a reset sets again, if any.
+    pub(crate) fn aec_to_restore(&self) -> Option<u32> {
+        let v = self.aec.load(Ordering::Acquire);
+        (v >> 32 != 0).then_some(v as u32)
+    }
+
+    /// The application set Asynchronous Event Configuration to `cdw11`
+    /// (a Set Features the controller accepted): resets set that value
+    /// again, and without Namespace Attribute Notices in it (or on a
+    /// controller that does not offer them) no namespace notice comes —
+    /// every poll then checks every handle.
+    pub(crate) fn aec_set_by_application(&self, cdw11: u32) {
+        self.aec
+            .store(1 << 32 | u64::from(cdw11), Ordering::Release);
+        self.notice_gaps.set_off(!self.notices_on_with(cdw11));
+    }
+
+    /// Whether Asynchronous Event Configuration `aec`, once accepted,
+    /// turns Namespace Attribute Notices on (the controller offers them and
+    /// bit 8 is set).
+    pub(crate) fn notices_on_with(&self, aec: u32) -> bool {
+        self.identify.oaes_namespace_attribute_notices()
+            && aec & AEC_NAMESPACE_ATTRIBUTE_NOTICES != 0
+    }
+
     /// Identify Active Namespace ID list (CNS 02h), then Identify Namespace of
     /// each: the handles, and the namespaces that cannot be used with why.
     ///
@@ -240,6 +239,7 @@ impl<D: Device> Inner<D> {
     /// refused with a status (no notices then: a namespace changed by
     /// someone else goes unnoticed, as on a controller without them).
     pub(crate) fn enable_namespace_notices(&self) -> Result<Option<u32>> {
+        // (See `aec_set_by_application` for a value set later.)
         if !self.identify.oaes_namespace_attribute_notices() {
             return Ok(None);
         }
@@ -275,8 +275,13 @@ impl<D: Device> Controller<D> {
     /// list cannot be read, is empty (someone else read it first: the
     /// notice still says something changed), or says more than 1024
     /// namespaces changed, every handle is checked; a handle whose
-    /// Identify fails is retired (the safe side;
-    /// [`Controller::refresh_namespaces`] then says what is left).
+    /// Identify is refused with a status, or answers data that does not
+    /// parse or says the namespace is inactive, is retired (the safe side;
+    /// [`Controller::refresh_namespaces`] then says what is left). A
+    /// controller-level failure (a timeout, a fatal or failed controller,
+    /// gone, removed, closed) says nothing about the namespace: the check
+    /// stops, keeps the handles left, and runs again at the next poll (a
+    /// failed controller runs no I/O until a reset, which checks them).
     /// `unverified` (a reset happened: a change in its window raised no
     /// notice) checks every handle, notice or not, and reads the Active
     /// Namespace ID list for namespaces attached meanwhile.
@@ -325,6 +330,26 @@ impl<D: Device> Controller<D> {
         for old in changed {
             let keep = match self.inner.namespace_handle(old.id()) {
                 Ok(Ok(fresh)) => fresh.same_geometry(old),
+                // The controller failed, timed out, went away or was
+                // closed: that says nothing about this namespace. The
+                // handles left are kept (no I/O runs on a failed controller
+                // until a reset, which checks them itself) and checked again
+                // at the next poll.
+                Err(
+                    Error::Timeout { .. }
+                    | Error::ControllerFailed { .. }
+                    | Error::ControllerFatal { .. }
+                    | Error::ControllerGone { .. }
+                    | Error::ControllerRemoved { .. }
+                    | Error::Closed { .. },
+                ) => {
+                    self.inner
+                        .namespaces_unverified
+                        .store(true, Ordering::Release);
+                    break;
+                }
+                // Inactive, unusable, refused with a status, or Identify
+                // data that does not parse: retired (the safe side).
                 _ => false,
             };
             if !keep {

@@ -36,7 +36,10 @@ pub struct ControllerOptions {
     /// accesses do not (a KVM guest with a paravirtual controller); measure
     /// both there.
     pub shadow_doorbells: bool,
-    /// Asynchronous Event Requests to keep outstanding (capped by AERL+1; 0 = none).
+    /// Asynchronous Event Requests to keep outstanding (capped by AERL+1; 0 =
+    /// none: no namespace notice can come then, and every
+    /// `Controller::poll_async_events` checks every namespace handle with
+    /// Identify Namespace instead).
     pub async_events: u8,
     /// Bound on each admin command; `None` derives it from CAP.TO (at least 5 s).
     pub admin_timeout: Option<Duration>,

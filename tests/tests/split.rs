@@ -1006,3 +1006,224 @@ fn write_zeroes_pieces_with_pract_carry_their_reference_tags() {
     drop(c);
     assert_clean(&m);
 }
+
+/// A Write Zeroes above 65536 blocks whose pieces are bounded by WZSL (16
+/// blocks) needs more pieces than the depth: it is refused with the limit
+/// that bounds the pieces (`SizeLimit`, WZSL, `max` 16), not with the
+/// block count (a review found that refusal).
+#[test]
+fn a_write_zeroes_needing_more_pieces_than_the_depth_names_the_limit_that_bounds_them() {
+    let (_m, c) = setup(no_data_config(512, 200_000, 0, 1));
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let depth = qp.max_depth();
+    assert!(depth >= 2);
+    let r = qp
+        .submit_io(
+            IoCommand::WriteZeroes {
+                ns: &ns,
+                slba: 0,
+                blocks: 70_000,
+                deallocate: false,
+            },
+            IoData::none(),
+            1,
+        )
+        .unwrap_err();
+    eprintln!("depth {depth}: {:?}: {}", r.reason, r.reason);
+    assert_eq!(
+        r.reason,
+        Reject::SizeLimit {
+            limit: upnvme::NvmLimit::WriteZeroes,
+            max: 16
+        }
+    );
+}
+
+/// A split Verify with a buffer passed hands the buffer back once;
+/// with a metadata buffer it is refused whole and both come back.
+#[test]
+fn a_split_verify_hands_its_buffer_back_and_a_metadata_buffer_is_refused_whole() {
+    let (m, c) = setup(no_data_config(4096, 64, 1, 1));
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let seen = m.commands_fetched();
+    let done = run_io(
+        &mut qp,
+        IoCommand::Verify {
+            ns: &ns,
+            slba: 0,
+            blocks: 7,
+        },
+        IoData::buffer(c.alloc_dma(4096).unwrap()),
+    );
+    assert!(done.is_ok(), "{:?}", done.result);
+    assert!(done.buffer.is_some(), "buffer back");
+    assert_eq!(m.commands_fetched() - seen, 4);
+    let r = qp
+        .submit_io(
+            IoCommand::Verify {
+                ns: &ns,
+                slba: 0,
+                blocks: 7,
+            },
+            IoData::buffer(c.alloc_dma(4096).unwrap()).metadata(c.alloc_dma(4096).unwrap()),
+            1,
+        )
+        .unwrap_err();
+    assert_eq!(r.reason, Reject::MetadataNotApplicable);
+    assert!(r.buffer.is_some() && r.metadata.is_some());
+    assert_eq!(qp.in_flight(), 0);
+}
+
+/// Probe: Write Zeroes with PRACT on Type 3 and on Type 2 (64-bit guard,
+/// explicit tag) beyond WZSL; then the stored tags are read back raw.
+#[test]
+fn split_pract_write_zeroes_stores_what_one_command_would_for_types_1_to_3_and_both_guards() {
+    for (pi_type, pif, ms, ref_tag) in [
+        (3u8, 0u8, 8u16, None),
+        (3, 0, 8, Some(0x1234)),
+        (2, 0, 8, Some(0xffff_fff0)),
+        (2, 2, 16, Some(0xffff_ffff_fff0)),
+        (1, 2, 16, None),
+    ] {
+        let (m, c) = setup(ModelConfig {
+            elbas: pif != 0,
+            namespaces: vec![NamespaceConfig {
+                lba_size: 512,
+                blocks: 4096,
+                ms,
+                extended: true,
+                pi_type,
+                pif,
+                ..NamespaceConfig::default()
+            }],
+            oncs: ModelConfig::ONCS_WRITE_ZEROES | ModelConfig::ONCS_VERIFY,
+            nvm_limits: upnvme_tests::NvmLimitsConfig {
+                wzsl: 1,
+                vsl: 1,
+                ..Default::default()
+            },
+            ..ModelConfig::default()
+        });
+        let ns = c.namespace(1).unwrap().clone();
+        let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+        let slba = 100u64;
+        let blocks = 40u32;
+        // The same Write Zeroes as one command (no limit): what it stores.
+        let one = {
+            let (m1, c1) = setup(ModelConfig {
+                nvm_limits: Default::default(),
+                ..m.config()
+            });
+            let ns1 = c1.namespace(1).unwrap().clone();
+            let mut q1 = c1.io_queue_pair(QueuePairOptions::default()).unwrap();
+            let wz = run_io(
+                &mut q1,
+                IoCommand::WriteZeroes {
+                    ns: &ns1,
+                    slba,
+                    blocks,
+                    deallocate: false,
+                },
+                IoData::none().protection(Protection {
+                    pract: true,
+                    check_guard: false,
+                    check_app_tag: false,
+                    check_ref_tag: false,
+                    ref_tag,
+                    app_tag: 0x55,
+                    app_tag_mask: 0,
+                }),
+            );
+            assert!(wz.is_ok(), "{:?}", wz.result);
+            m1.namespace_metadata(1, slba, u64::from(blocks))
+        };
+        let wz = run_io(
+            &mut qp,
+            IoCommand::WriteZeroes {
+                ns: &ns,
+                slba,
+                blocks,
+                deallocate: false,
+            },
+            IoData::none().protection(Protection {
+                pract: true,
+                check_guard: false,
+                check_app_tag: false,
+                check_ref_tag: false,
+                ref_tag,
+                app_tag: 0x55,
+                app_tag_mask: 0,
+            }),
+        );
+        assert!(wz.is_ok(), "type {pi_type} pif {pif}: {:?}", wz.result);
+        let split = m.namespace_metadata(1, slba, u64::from(blocks));
+        assert_eq!(
+            split, one,
+            "type {pi_type} pif {pif} {ref_tag:?}: metadata differs from one command's"
+        );
+        // A checked Verify, split too.
+        let v = run_io(
+            &mut qp,
+            IoCommand::Verify {
+                ns: &ns,
+                slba,
+                blocks,
+            },
+            IoData::none().protection(Protection {
+                pract: false,
+                check_guard: true,
+                check_app_tag: true,
+                check_ref_tag: pi_type != 3,
+                ref_tag,
+                app_tag: 0x55,
+                app_tag_mask: 0xffff,
+            }),
+        );
+        assert!(v.is_ok(), "verify type {pi_type} pif {pif}: {:?}", v.result);
+    }
+}
+
+/// Probe: a split Write Zeroes in flight when the controller is reset ends
+/// once (ControllerReset), and the pair carries on.
+#[test]
+fn a_split_write_zeroes_cut_by_a_reset_ends_once() {
+    let (m, c) = setup(no_data_config(4096, 64, 0, 1));
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    m.inject(Fault::DelayCompletion {
+        on: Match::Opcode {
+            qid: qp.qid(),
+            opcode: 0x08,
+        },
+        doorbells: None,
+    });
+    qp.submit_io(
+        IoCommand::WriteZeroes {
+            ns: &ns,
+            slba: 0,
+            blocks: 9,
+            deallocate: false,
+        },
+        IoData::buffer(c.alloc_dma(4096).unwrap()),
+        42,
+    )
+    .unwrap();
+    let mut got = Vec::new();
+    for _ in 0..1000 {
+        qp.process_completions(u32::MAX, |_, cpl| got.push(cpl))
+            .unwrap();
+    }
+    assert!(got.is_empty(), "one piece is held");
+    c.reset().unwrap();
+    for _ in 0..1000 {
+        let _ = qp.process_completions(u32::MAX, |_, cpl| got.push(cpl));
+    }
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].tag, 42);
+    assert_eq!(got[0].result, Err(IoError::ControllerReset));
+    assert!(got[0].buffer.is_some());
+    let w = buffer_with(&c, &pattern(1, 4096));
+    qp.write_blocking(&ns, 0, 1, w, T).unwrap();
+}

@@ -426,6 +426,27 @@ int upnvme_ctrl_poll_async_events(const struct upnvme_ctrl *ctrl,
                                   uint32_t cap);
 
 /**
+ * Get Log Page: `len` bytes (a non-zero multiple of 4) of log `lid` for
+ * namespace `nsid` (`0xFFFFFFFF`: controller-wide) from byte `offset` (a
+ * multiple of 4) into `buf`, with Retain Asynchronous Event clear: an event
+ * type the controller masked until this log is read is re-armed. After a
+ * Notice other than Namespace Attribute Changed (Firmware Activation
+ * Starting names log 03h, `upnvme_async_event.log_page`), the controller
+ * masks the namespace notice too, and every `upnvme_ctrl_poll_async_events`
+ * checks every namespace (Identify Namespace each) until that log is read
+ * here. Returns 0 or a negative code.
+ *
+ * # Safety
+ * `ctrl` a live handle; `buf` valid for `len` writes.
+ */
+int upnvme_ctrl_get_log_page(const struct upnvme_ctrl *ctrl,
+                             uint8_t lid,
+                             uint32_t nsid,
+                             uint64_t offset,
+                             void *buf,
+                             size_t len);
+
+/**
  * Reads the namespace list again (after a Namespace Attribute Changed
  * event, or whenever namespaces may have been attached, detached, formatted
  * or resized by someone else) and returns how many namespaces were added,

@@ -175,6 +175,21 @@ impl<D: Device> Ctrl<D> {
         Ok(n)
     }
 
+    /// Get Log Page with Retain Asynchronous Event clear
+    /// (`Controller::get_log_page`).
+    pub(crate) fn get_log_page(
+        &self,
+        lid: u8,
+        nsid: u32,
+        len: usize,
+        offset: u64,
+    ) -> upnvme::Result<Vec<u8>> {
+        let Some(c) = self.get() else {
+            return Err(closed());
+        };
+        c.get_log_page(lid, nsid, len, offset)
+    }
+
     /// Reads the namespace list again (`Controller::refresh_namespaces`)
     /// and shares the new handles with the queue pairs.
     /// Waits for the calls in progress on this handle (a write lock).

@@ -292,6 +292,49 @@ pub unsafe extern "C" fn upnvme_ctrl_poll_async_events(
     })
 }
 
+/// Get Log Page: `len` bytes (a non-zero multiple of 4) of log `lid` for
+/// namespace `nsid` (`0xFFFFFFFF`: controller-wide) from byte `offset` (a
+/// multiple of 4) into `buf`, with Retain Asynchronous Event clear: an event
+/// type the controller masked until this log is read is re-armed. After a
+/// Notice other than Namespace Attribute Changed (Firmware Activation
+/// Starting names log 03h, `upnvme_async_event.log_page`), the controller
+/// masks the namespace notice too, and every `upnvme_ctrl_poll_async_events`
+/// checks every namespace (Identify Namespace each) until that log is read
+/// here. Returns 0 or a negative code.
+///
+/// # Safety
+/// `ctrl` a live handle; `buf` valid for `len` writes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn upnvme_ctrl_get_log_page(
+    ctrl: *const upnvme_ctrl,
+    lid: u8,
+    nsid: u32,
+    offset: u64,
+    buf: *mut c_void,
+    len: usize,
+) -> c_int {
+    guard(|| {
+        // SAFETY: the caller's contract.
+        let h = match unsafe { ctrl_wrap(ctrl) } {
+            Ok(h) => h,
+            Err(code) => return code,
+        };
+        if buf.is_null() {
+            return fail(UPNVME_EINVAL, "buf is NULL");
+        }
+        match h.get_log_page(lid, nsid, len, offset) {
+            Ok(data) => {
+                let n = data.len().min(len);
+                // SAFETY: `buf` is valid for `len` writes and `n <= len`;
+                // `data` is our own vector, so the two do not overlap.
+                unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), buf.cast::<u8>(), n) };
+                UPNVME_OK
+            }
+            Err(e) => fail_error(&e),
+        }
+    })
+}
+
 /// Reads the namespace list again (after a Namespace Attribute Changed
 /// event, or whenever namespaces may have been attached, detached, formatted
 /// or resized by someone else) and returns how many namespaces were added,

@@ -1777,3 +1777,32 @@ fn write_zeroes_beyond_wzsl_completes_once_with_every_block_zeroed() {
     drop(c);
     assert_eq!(m.dma_faults(), 0);
 }
+
+/// A Firmware Activation Starting notice masks the namespace notice until
+/// its log (03h) is read: meanwhile each poll checks every namespace; the
+/// C API's Get Log Page (RAE clear) ends that, after which a poll sends no
+/// admin command.
+#[test]
+fn reading_a_notices_log_ends_the_per_poll_namespace_checks() {
+    let (m, c) = model();
+    let h = crate::Ctrl::new(c);
+    m.raise_async_event(2, 0x01, 0x03);
+    let mut ev = [crate::upnvme_async_event::default(); 4];
+    assert_eq!(h.poll_events(&mut ev).unwrap(), 1);
+    assert_eq!(
+        (ev[0].event_type, ev[0].event_info, ev[0].log_page),
+        (2, 1, 3)
+    );
+    let before = m.commands_fetched();
+    assert_eq!(h.poll_events(&mut ev).unwrap(), 0);
+    assert!(m.commands_fetched() > before, "the namespaces are checked");
+    let data = h.get_log_page(ev[0].log_page, 0xffff_ffff, 512, 0).unwrap();
+    assert_eq!(data.len(), 512);
+    let before = m.commands_fetched();
+    assert_eq!(h.poll_events(&mut ev).unwrap(), 0);
+    assert_eq!(
+        m.commands_fetched(),
+        before,
+        "no checks once the log is read"
+    );
+}

@@ -351,10 +351,16 @@ impl<D: Device> IoQueuePair<D> {
             // More pieces than the pair holds: too large to split here,
             // whatever refused it as a whole (a block count above 65536
             // included, which a split would otherwise carry). A command
-            // without data keeps its reason (the size limit, or the block
-            // count): it has no transfer to name.
+            // without data has no transfer to name: the size limit when it
+            // bounds the pieces, else the block count.
             return match no_data {
-                Some(_) => refuse(reason, io),
+                Some(limit) if per < MAX_NLB => refuse(Reject::SizeLimit { limit, max: per }, io),
+                Some(_) => refuse(
+                    Reject::BlockCount {
+                        blocks: blocks as u32,
+                    },
+                    io,
+                ),
                 None => refuse(Reject::TransferTooLarge { bytes: need as u64 }, io),
             };
         }

@@ -1,0 +1,173 @@
+//! Notice gaps (driver/src/namespace_list.rs, `AdminQueue::notice_masked`):
+//! where no namespace notice can come every `poll_async_events` checks every
+//! handle, and only there — a Notice whose log was read before it was handed
+//! out, or that a reset unmasked, leaves no gap; a check cut by a controller
+//! failure retires nothing it could not check; notices the application turns
+//! off itself are a gap. (From the thirty-sixth session's review of the
+//! notice-gap change: each test failed against its first version.)
+
+mod common;
+
+use std::time::Duration;
+
+use common::setup;
+use upnvme::{Controller, NamespaceChanges};
+use upnvme_tests::{Fault, Match, ModelConfig, ModelController, NamespaceConfig};
+
+fn ns(nsid: u32, lba_size: u32, blocks: u64) -> NamespaceConfig {
+    NamespaceConfig {
+        nsid,
+        lba_size,
+        blocks,
+        ..NamespaceConfig::default()
+    }
+}
+
+fn two_namespaces_cfg() -> ModelConfig {
+    ModelConfig {
+        namespaces: vec![ns(1, 512, 4096), ns(2, 512, 4096)],
+        ..ModelConfig::default()
+    }
+}
+
+/// Admin commands one poll sends when nothing happens.
+fn poll_cost(m: &ModelController, c: &Controller<ModelController>) -> u64 {
+    let before = m.commands_fetched();
+    let ev = c.poll_async_events().unwrap();
+    assert!(ev.is_empty(), "{ev:?}");
+    m.commands_fetched() - before
+}
+
+// ---------------------------------------------------------------- notices
+
+/// The application reads the Firmware Slot log (RAE clear) after the
+/// controller posted Firmware Activation Starting but before
+/// `poll_async_events` hands the event out: the controller's Notice mask is
+/// cleared, so no poll afterwards checks the handles (the first version
+/// marked the log unread at hand-out and checked every handle for good).
+#[test]
+fn a_notice_whose_log_was_read_before_it_was_handed_out_leaves_no_gap() {
+    let (m, c) = setup(two_namespaces_cfg());
+    assert_eq!(poll_cost(&m, &c), 0, "no gap at start");
+    m.raise_async_event(2, 0x01, 0x03);
+    // E.g. a firmware tool on another thread confirms the activation.
+    c.get_log_page(0x03, 0xffff_ffff, 512, 0).unwrap();
+    let ev = c.poll_async_events().unwrap();
+    assert_eq!(ev.len(), 1, "{ev:?}");
+    // The controller's mask is clear: a namespace change would be noticed.
+    let cost = poll_cost(&m, &c);
+    assert_eq!(
+        cost, 0,
+        "every poll now checks every handle ({cost} admin commands) though the log was read"
+    );
+}
+
+/// A Notice the controller posted before a reset is kept and handed out
+/// after it; the reset cleared the controller's masks (CC.EN = 0), so it
+/// leaves no gap.
+#[test]
+fn a_notice_kept_across_a_reset_leaves_no_gap() {
+    let (m, c) = setup(two_namespaces_cfg());
+    m.raise_async_event(2, 0x01, 0x03);
+    c.reset().unwrap();
+    let ev = c.poll_async_events().unwrap();
+    assert_eq!(ev.len(), 1, "kept across the reset: {ev:?}");
+    // The model's masks were cleared by the reset: a notice can come.
+    let cost = poll_cost(&m, &c);
+    assert_eq!(
+        cost, 0,
+        "every poll checks every handle ({cost} admin commands) after the reset cleared the mask"
+    );
+}
+
+/// In a gap (here: no AER configured, `async_events: 0`) every poll sends
+/// Identify Namespace for every handle. An Identify that gets no answer
+/// marks the controller failed: the check stops there, retires nothing it
+/// could not check, and the reset checks again — nothing changed, nothing
+/// is stale (the first version retired every handle after the failure).
+#[test]
+fn a_check_cut_by_an_admin_timeout_retires_no_unchanged_handle() {
+    let m = ModelController::new(two_namespaces_cfg());
+    let c = common::open(
+        &m,
+        upnvme::ControllerOptions {
+            async_events: 0,
+            admin_timeout: Some(Duration::from_millis(300)),
+            ..common::opts()
+        },
+    );
+    let one = c.namespace(1).unwrap().clone();
+    let two = c.namespace(2).unwrap().clone();
+    let cost = poll_cost(&m, &c);
+    assert!(cost >= 3, "blind poll: {cost}");
+    m.inject(Fault::DropCompletion(Match::Identify { cns: 0, nsid: 1 }));
+    let r = c.poll_async_events();
+    eprintln!("poll during the failure: {r:?}");
+    c.reset().unwrap();
+    eprintln!("one stale {}, two stale {}", one.is_stale(), two.is_stale());
+    assert!(
+        !two.is_stale(),
+        "namespace 2 unchanged, retired because the controller was marked failed"
+    );
+}
+
+/// Same with a fatal controller status on one Identify (CSTS.CFS;
+/// `with_admin` resets automatically): the namespace did not change, its
+/// handle stays current and a refresh finds nothing.
+#[test]
+fn a_check_cut_by_a_fatal_controller_retires_no_unchanged_handle() {
+    let m = ModelController::new(two_namespaces_cfg());
+    let mut c = common::open(
+        &m,
+        upnvme::ControllerOptions {
+            async_events: 0,
+            ..common::opts()
+        },
+    );
+    let one = c.namespace(1).unwrap().clone();
+    m.inject(Fault::FatalOn(Match::Identify { cns: 0, nsid: 1 }));
+    let r = c.poll_async_events();
+    eprintln!("poll: {r:?}");
+    let r2 = c.poll_async_events();
+    eprintln!("poll 2: {r2:?}");
+    let changes = c.refresh_namespaces().unwrap();
+    eprintln!("refresh: {changes:?}");
+    assert!(!one.is_stale(), "namespace 1 unchanged but retired");
+    assert_eq!(changes, NamespaceChanges::default());
+}
+
+/// The application turns Namespace Attribute Notices off itself (Set
+/// Features Asynchronous Event Configuration without bit 8, through
+/// `set_features` or `admin_passthrough`): that is a gap, so polls check
+/// every handle and another host's format retires the old one (the first
+/// version recorded no gap: the handle stayed live).
+#[test]
+fn notices_turned_off_by_the_application_make_polls_check_every_handle() {
+    let (m, c) = setup(two_namespaces_cfg());
+    let one = c.namespace(1).unwrap().clone();
+    let aec = c.get_features(0x0b, 0, 0).unwrap();
+    assert_ne!(aec & (1 << 8), 0, "the driver turned the notices on");
+    c.set_features(0x0b, aec & !(1 << 8), false).unwrap();
+    m.change_namespace(1, Some(ns(1, 4096, 512)));
+    let mut n = 0;
+    for _ in 0..3 {
+        n += c
+            .poll_async_events()
+            .unwrap()
+            .iter()
+            .filter(|e| e.is_namespace_attribute_changed())
+            .count();
+    }
+    assert!(
+        one.is_stale(),
+        "notices off by Set Features: {n} notices, handle still says 512-byte blocks"
+    );
+    // A reset sets the application's value again: still no notices, still
+    // checked.
+    c.reset().unwrap();
+    assert_eq!(c.get_features(0x0b, 0, 0).unwrap() & (1 << 8), 0);
+    assert!(poll_cost(&m, &c) >= 3, "every poll checks every handle");
+    // Notices on again: no more checks.
+    c.set_features(0x0b, aec, false).unwrap();
+    assert_eq!(poll_cost(&m, &c), 0);
+}
