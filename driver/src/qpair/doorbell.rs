@@ -176,8 +176,11 @@ impl Doorbells {
 /// value after we read an old EventIdx, and both sides would wait.
 ///
 /// The offsets were checked against the buffers when the queue pair was
-/// created; should an access fail anyway, the answer is "write the MMIO
-/// doorbell", which is always correct.
+/// created (create.rs writes both slots there), so neither access can fail.
+/// Should one fail anyway, the answer is "write the MMIO doorbell" — the
+/// best left, not a guarantee: with Doorbell Buffer Config active QEMU
+/// takes the tail from the shadow buffer when it processes the queue, so an
+/// MMIO write cannot stand in for a shadow store that did not happen.
 #[inline]
 fn update_shadow(db: &SharedWords, ei: &SharedWords, off: usize, new: u16, old: u16) -> bool {
     if db.store_release_u32(off, new as u32).is_err() {
