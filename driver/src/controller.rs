@@ -673,6 +673,22 @@ impl<D: Device> Controller<D> {
                 sqe.opcode()
             )));
         }
+        if sqe.opcode() == admin_op::SET_FEATURES
+            && sqe.dw[10] as u8 == feature::HOST_BEHAVIOR_SUPPORT
+            && self.inner.lbafee
+            && !data_out.is_some_and(|d| d.get(2).is_some_and(|b| b & 1 != 0))
+        {
+            // The handles' formats (the 64-bit guard's protection
+            // information among them) were read with LBAFEE set: cleared
+            // behind them, the controller would interpret them otherwise.
+            return Err(Error::InvalidArgument(
+                "Set Features Host Behavior Support through admin_passthrough with LBAFEE \
+                 (byte 2, bit 0) clear: the driver enabled Extended LBA Formats (the controller \
+                 reports CTRATT.ELBAS) and reads the namespaces' formats with it; keep byte 2 bit \
+                 0 set (a reset sets Host Behavior Support to LBAFEE alone again)"
+                    .into(),
+            ));
+        }
         // Without data no pointer is the caller's either (with data,
         // `admin_data_buffer` fills them in).
         sqe.set_psdt(0);

@@ -485,14 +485,19 @@ fn features_with_a_data_structure_are_refused_without_a_data_pointer() {
         assert!(e.to_string().contains("data structure"), "{fid:#x}: {e}");
     }
     assert_eq!(m.commands_fetched(), fetched, "nothing reached the device");
-    // Through admin_passthrough, with its data: fine.
-    let (cqe, _) = c
-        .admin_passthrough(
-            Sqe::set_features(feature::HOST_BEHAVIOR_SUPPORT, 0, false),
-            512,
-            Some(&[0u8; 512]),
-        )
-        .unwrap();
+    // Through admin_passthrough, with its data: fine — as long as LBAFEE
+    // (byte 2, bit 0), which the driver set on this ELBAS controller and
+    // reads the namespaces' formats with, stays set.
+    let hbs = Sqe::set_features(feature::HOST_BEHAVIOR_SUPPORT, 0, false);
+    let e = c
+        .admin_passthrough(hbs.clone(), 512, Some(&[0u8; 512]))
+        .unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
+    assert!(e.to_string().contains("LBAFEE"), "{e}");
+    assert_eq!(m.commands_fetched(), fetched, "refused before sending");
+    let mut data = [0u8; 512];
+    data[2] = 1;
+    let (cqe, _) = c.admin_passthrough(hbs, 512, Some(&data)).unwrap();
     assert!(cqe.status().is_success());
     assert_eq!(m.commands_fetched(), fetched + 1);
     drop(c);
