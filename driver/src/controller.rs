@@ -676,7 +676,7 @@ impl<D: Device> Controller<D> {
         if sqe.opcode() == admin_op::SET_FEATURES
             && sqe.dw[10] as u8 == feature::HOST_BEHAVIOR_SUPPORT
             && self.inner.lbafee
-            && !data_out.is_some_and(|d| d.get(2).is_some_and(|b| b & 1 != 0))
+            && data_out.is_none_or(|d| d.get(2).is_none_or(|b| b & 1 == 0))
         {
             // The handles' formats (the 64-bit guard's protection
             // information among them) were read with LBAFEE set: cleared
