@@ -490,7 +490,7 @@ fn features_with_a_data_structure_are_refused_without_a_data_pointer() {
     // reads the namespaces' formats with, stays set.
     let hbs = Sqe::set_features(feature::HOST_BEHAVIOR_SUPPORT, 0, false);
     let e = c
-        .admin_passthrough(hbs.clone(), 512, Some(&[0u8; 512]))
+        .admin_passthrough(hbs, 512, Some(&[0u8; 512]))
         .unwrap_err();
     assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
     assert!(e.to_string().contains("LBAFEE"), "{e}");
