@@ -71,7 +71,16 @@ pub(crate) struct AdminQueue {
     /// (NVMe 2.0 §5.2, Asynchronous Event Request command), the namespace
     /// notice included. Set when the event is reaped, cleared when such a
     /// read completes or the controller is reset.
-    notice_masked: Option<u8>,
+    notice_masked: Option<(u8, u64)>,
+    /// Notices (other than Namespace Attribute Changed) reaped so far: the
+    /// second half of `notice_masked`, so that a read clears only a Notice
+    /// reaped before it was sent — one the controller posts when that read
+    /// unmasks the type (a Notice it kept meanwhile) masks it again.
+    notices_reaped: u64,
+    /// `notice_masked` was cleared by a read: a controller may have dropped
+    /// a namespace notice while the type was masked, so the next poll
+    /// checks every handle once.
+    notice_mask_ended: bool,
     /// Buffers of commands that timed out: kept until the controller is
     /// disabled, because a late DMA into freed memory is silent corruption.
     quarantine: Vec<DmaPages>,
@@ -111,6 +120,8 @@ impl AdminQueue {
             aer_error_streak: 0,
             aer_lost: false,
             notice_masked: None,
+            notices_reaped: 0,
+            notice_mask_ended: false,
             quarantine: Vec::new(),
         })
     }
@@ -252,7 +263,8 @@ impl AdminQueue {
                         if e.event_type == upnvme_queues::aer::event_type::NOTICE
                             && !e.is_namespace_attribute_changed()
                         {
-                            self.notice_masked = Some(e.log_page);
+                            self.notices_reaped += 1;
+                            self.notice_masked = Some((e.log_page, self.notices_reaped));
                         }
                         self.events.push_back(e);
                         self.aer_to_post += 1;
@@ -312,6 +324,12 @@ impl AdminQueue {
         let rae_clear_lid = (sqe.opcode() == upnvme_queues::sqe::opcode::admin::GET_LOG_PAGE
             && sqe.dw[10] & (1 << 15) == 0)
             .then_some(sqe.dw[10] as u8);
+        // What the CQ already holds is reaped first: a Notice posted before
+        // this read counts as one it re-arms.
+        if rae_clear_lid.is_some() {
+            self.reap(dev, name)?;
+        }
+        let reaped_before = self.notices_reaped;
         let slot = self.submit(dev, sqe, SlotKind::Sync)?;
         let start = Instant::now();
         let mut polls = 0u32;
@@ -321,11 +339,13 @@ impl AdminQueue {
             }
             if let Some(cqe) = self.slots[slot as usize].done.take() {
                 self.slots[slot as usize].kind = SlotKind::Free;
-                if rae_clear_lid.is_some()
-                    && rae_clear_lid == self.notice_masked
+                if let (Some(lid), Some((masked, n))) = (rae_clear_lid, self.notice_masked)
+                    && lid == masked
+                    && n <= reaped_before
                     && cqe.status().is_success()
                 {
                     self.notice_masked = None;
+                    self.notice_mask_ended = true;
                 }
                 // Completed: the device is done with the list too.
                 drop(prp_list);
@@ -380,6 +400,12 @@ impl AdminQueue {
     /// the namespace notice too (see `notice_masked`).
     pub(crate) fn notice_masked(&self) -> bool {
         self.notice_masked.is_some()
+    }
+
+    /// Whether a Notice mask ended since the last call (see
+    /// `notice_mask_ended`).
+    pub(crate) fn take_notice_mask_ended(&mut self) -> bool {
+        std::mem::take(&mut self.notice_mask_ended)
     }
 
     /// The controller was disabled: every event mask is clear.

@@ -446,12 +446,11 @@ impl<D: Device> Controller<D> {
                 "Set Features (FID 0x{fid:02x}): {what}"
             )));
         }
+        let what = format!("Set Features (FID 0x{fid:02x})");
+        let t = self.inner.admin_timeout;
         let (cqe, _) = self
             .inner
-            .execute(sqe, None, &format!("Set Features (FID 0x{fid:02x})"))?;
-        if fid == feature::ASYNC_EVENT_CONFIG {
-            self.inner.aec_set_by_application(cdw11);
-        }
+            .execute_for_application(sqe, None, None, &what, t, true)?;
         Ok(cqe.dw0())
     }
 
@@ -565,7 +564,9 @@ impl<D: Device> Controller<D> {
                 }
                 // An AER the controller ended for good may have carried a
                 // notice: check every handle once, as after a reset.
-                if admin.take_aer_lost() {
+                // So may a Notice mask that just ended (a controller may drop
+                // what it held meanwhile).
+                if admin.take_aer_lost() | admin.take_notice_mask_ended() {
                     self.inner
                         .namespaces_unverified
                         .store(true, Ordering::Release);
@@ -710,15 +711,14 @@ impl<D: Device> Controller<D> {
             )));
         }
         let what = format!("admin command 0x{:02x}", sqe.opcode());
-        let done =
-            self.inner
-                .execute_within(sqe, (len > 0).then_some(len), data_out, &what, timeout)?;
-        if sqe.opcode() == admin_op::SET_FEATURES
-            && sqe.dw[10] as u8 == feature::ASYNC_EVENT_CONFIG
-            && done.0.status().is_success()
-        {
-            self.inner.aec_set_by_application(sqe.dw[11]);
-        }
+        let done = self.inner.execute_for_application(
+            sqe,
+            (len > 0).then_some(len),
+            data_out,
+            &what,
+            timeout,
+            true,
+        )?;
         // Get Log Page with Retain Asynchronous Event (CDW10 bit 15) clear of
         // the Changed Namespace List the driver failed to read.
         if sqe.opcode() == admin_op::GET_LOG_PAGE
@@ -1201,17 +1201,9 @@ impl<D: Device> Inner<D> {
         self.check_usable()?;
         let r = f(&self.dev, &self.name, &mut admin);
         drop(admin);
-        let r = match r {
-            // The all-ones registers an admin wait met are the release's
-            // (the kernel asked for the device back): say that, as every
-            // later call does, not "gone".
-            Err(Error::ControllerGone { .. }) if self.is_removed() => {
-                Err(Error::ControllerRemoved {
-                    device: self.name.clone(),
-                })
-            }
-            r => r,
-        };
+        // All-ones registers from a release (the kernel asked for the
+        // device back) are named as such.
+        let r = r.map_err(|e| self.removal_named(e));
         if let Err(Error::ControllerFatal { .. }) = &r {
             // Automatic recovery: CSTS.CFS means the controller must be reset.
             // The command that saw it still fails; the next one may succeed.
@@ -1270,12 +1262,33 @@ impl<D: Device> Inner<D> {
     /// far longer than other admin commands).
     pub(crate) fn execute_within(
         &self,
-        mut sqe: Sqe,
+        sqe: Sqe,
         data_len: Option<usize>,
         data_out: Option<&[u8]>,
         what: &str,
         timeout: Duration,
     ) -> Result<(Cqe, Vec<u8>)> {
+        self.execute_for_application(sqe, data_len, data_out, what, timeout, false)
+    }
+
+    /// [`Inner::execute_within`]; with `application`, a command the
+    /// application sent (`set_features`, `admin_passthrough`): a Set
+    /// Features Asynchronous Event Configuration it completes is recorded
+    /// under the admin lock, so that a reset on another thread restores
+    /// either the value before it or this one, never the older value after
+    /// this one took effect.
+    pub(crate) fn execute_for_application(
+        &self,
+        mut sqe: Sqe,
+        data_len: Option<usize>,
+        data_out: Option<&[u8]>,
+        what: &str,
+        timeout: Duration,
+        application: bool,
+    ) -> Result<(Cqe, Vec<u8>)> {
+        let sets_aec = application
+            && sqe.opcode() == admin_op::SET_FEATURES
+            && sqe.dw[10] as u8 == feature::ASYNC_EVENT_CONFIG;
         let (buf, list) = match data_len {
             Some(len) => {
                 let (buf, list) = admin_data_buffer(&self.dev, len, &mut sqe, self.mdts_bytes())?;
@@ -1287,7 +1300,11 @@ impl<D: Device> Inner<D> {
             None => (None, None),
         };
         let (cqe, buf) = self.with_admin(|dev, name, admin| {
-            admin.execute(dev, name, sqe, buf, list, timeout, what)
+            let done = admin.execute(dev, name, sqe, buf, list, timeout, what)?;
+            if sets_aec && done.0.status().is_success() {
+                self.aec_set_by_application(sqe.dw[11]);
+            }
+            Ok(done)
         })?;
         let cqe = succeeded(cqe, what)?;
         let data = match (buf, data_len) {
@@ -1454,12 +1471,26 @@ impl<D: Device> Inner<D> {
         // submission waiting for ever in `wait_for_reset`; it leaves the
         // controller failed instead.
         let resetting = ResettingGuard(self);
-        let r = self.reset_locked(&mut admin, deletion_budget);
+        let r = self
+            .reset_locked(&mut admin, deletion_budget)
+            .map_err(|e| self.removal_named(e));
         if let Err(e) = &r {
             self.mark_failed(e);
         }
         drop(resetting);
         r
+    }
+
+    /// `e`, or `ControllerRemoved` for the all-ones registers of a device
+    /// the driver released on the kernel's request: say that, as every
+    /// later call does, not "gone".
+    fn removal_named(&self, e: Error) -> Error {
+        match e {
+            Error::ControllerGone { .. } if self.is_removed() => Error::ControllerRemoved {
+                device: self.name.clone(),
+            },
+            e => e,
+        }
     }
 
     /// Returns once no reset is under way (at once when none runs). Yields

@@ -8,7 +8,9 @@
 //! buffer moving 4096 bytes after a format to 4 KiB blocks. So, when the
 //! controller offers Namespace Attribute Notices (Identify Controller OAES
 //! bit 8), the driver enables them (Set Features, Asynchronous Event
-//! Configuration bit 8) at bring-up and after every reset. When
+//! Configuration bit 8) at bring-up, and every reset sets the configuration
+//! again (the driver's, or the one the application set last, which may
+//! leave them off: a notice gap, below). When
 //! [`Controller::poll_async_events`] meets a Notice / Namespace Attribute
 //! Changed event, it reads the Changed Namespace List (log 04h, which also
 //! re-arms the event) and Identify Namespace of each namespace listed, and
@@ -137,6 +139,9 @@ impl<D: Device> Inner<D> {
         self.aec
             .store(1 << 32 | u64::from(cdw11), Ordering::Release);
         self.notice_gaps.set_off(!self.notices_on_with(cdw11));
+        // A namespace changed while they were off raised no notice, and
+        // none comes for it now: the next poll checks every handle.
+        self.namespaces_unverified.store(true, Ordering::Release);
     }
 
     /// Whether Asynchronous Event Configuration `aec`, once accepted,

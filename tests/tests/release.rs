@@ -320,3 +320,96 @@ fn an_admin_command_in_flight_at_a_release_ends_with_controller_removed() {
         "an admin command cut by the release: {r:?}"
     );
 }
+
+/// A Controller::reset in progress (its Identify Controller held by the
+/// controller) when the kernel asks for the device back ends with
+/// `ControllerRemoved` too (the reset runs its admin commands outside
+/// `with_admin`; a review found it said `ControllerGone`).
+#[test]
+fn a_reset_cut_by_a_release_ends_with_controller_removed() {
+    let m = ModelController::new(common::config_one_ns(4096, 1024));
+    m.offer_release_request();
+    let c = common::open(&m, common::opts());
+    let seen_before = m
+        .commands_seen()
+        .iter()
+        .filter(|&&(q, op, _)| q == 0 && op == 0x06)
+        .count();
+    m.inject(Fault::DelayCompletion {
+        on: Match::Opcode {
+            qid: 0,
+            opcode: 0x06,
+        },
+        doorbells: None,
+    });
+    let r = std::thread::scope(|s| {
+        let waiter = s.spawn(|| c.reset());
+        let start = Instant::now();
+        while m
+            .commands_seen()
+            .iter()
+            .filter(|&&(q, op, _)| q == 0 && op == 0x06)
+            .count()
+            == seen_before
+        {
+            assert!(start.elapsed() < Duration::from_secs(5), "no Identify seen");
+            std::thread::yield_now();
+        }
+        m.request_release();
+        let start = Instant::now();
+        while !m.is_released() {
+            assert!(start.elapsed() < Duration::from_secs(3));
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        waiter.join().unwrap()
+    });
+    assert!(
+        matches!(r, Err(Error::ControllerRemoved { .. })),
+        "a reset cut by the release: {r:?}"
+    );
+}
+
+/// A poll whose namespace check (every poll checks with `async_events: 0`)
+/// is cut by a release: the next call says `ControllerRemoved`.
+#[test]
+fn a_blind_check_cut_by_a_release_ends_with_controller_removed() {
+    let m = ModelController::new(common::config_one_ns(4096, 1024));
+    m.offer_release_request();
+    let c = common::open(
+        &m,
+        upnvme::ControllerOptions {
+            async_events: 0,
+            ..common::opts()
+        },
+    );
+    m.inject(Fault::DelayCompletion {
+        on: Match::Identify { cns: 0, nsid: 1 },
+        doorbells: None,
+    });
+    let r = std::thread::scope(|s| {
+        let waiter = s.spawn(|| c.poll_async_events());
+        let start = Instant::now();
+        while m.delayed_completions() == 0 {
+            assert!(start.elapsed() < Duration::from_secs(5), "no Identify held");
+            std::thread::yield_now();
+        }
+        m.request_release();
+        let start = Instant::now();
+        while !m.is_released() {
+            assert!(start.elapsed() < Duration::from_secs(3));
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        waiter.join().unwrap()
+    });
+    // The cut check keeps its events (`Ok`) or names the release; either
+    // way the next call says what happened.
+    assert!(
+        matches!(r, Ok(_) | Err(Error::ControllerRemoved { .. })),
+        "a poll cut by the release: {r:?}"
+    );
+    let next = c.poll_async_events();
+    assert!(
+        matches!(next, Err(Error::ControllerRemoved { .. })),
+        "the call after the release: {next:?}"
+    );
+}
