@@ -6,18 +6,9 @@
 
 mod common;
 
-use common::{assert_clean, pattern, read_back, run_io, setup};
+use common::{assert_clean, ns, pattern, read_back, run_io, setup};
 use upnvme::{Controller, Error, IoCommand, IoData, NamespaceChanges, QueuePairOptions, Reject};
-use upnvme_tests::{Fault, Match, ModelConfig, ModelController, NamespaceConfig};
-
-fn ns(nsid: u32, lba_size: u32, blocks: u64) -> NamespaceConfig {
-    NamespaceConfig {
-        nsid,
-        lba_size,
-        blocks,
-        ..NamespaceConfig::default()
-    }
-}
+use upnvme_tests::{Fault, Match, ModelConfig, ModelController};
 
 fn two_namespaces() -> (ModelController, Controller<ModelController>) {
     setup(ModelConfig {

@@ -10,18 +10,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::setup;
+use common::{ns, setup};
 use upnvme::{Controller, NamespaceChanges};
-use upnvme_tests::{Fault, Match, ModelConfig, ModelController, NamespaceConfig};
-
-fn ns(nsid: u32, lba_size: u32, blocks: u64) -> NamespaceConfig {
-    NamespaceConfig {
-        nsid,
-        lba_size,
-        blocks,
-        ..NamespaceConfig::default()
-    }
-}
+use upnvme_tests::{Fault, Match, ModelConfig, ModelController};
 
 fn two_namespaces_cfg() -> ModelConfig {
     ModelConfig {

@@ -356,11 +356,7 @@ fn a_reset_cut_by_a_release_ends_with_controller_removed() {
             std::thread::yield_now();
         }
         m.request_release();
-        let start = Instant::now();
-        while !m.is_released() {
-            assert!(start.elapsed() < Duration::from_secs(3));
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        wait_released(&m);
         waiter.join().unwrap()
     });
     assert!(
@@ -394,11 +390,7 @@ fn a_blind_check_cut_by_a_release_ends_with_controller_removed() {
             std::thread::yield_now();
         }
         m.request_release();
-        let start = Instant::now();
-        while !m.is_released() {
-            assert!(start.elapsed() < Duration::from_secs(3));
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        wait_released(&m);
         waiter.join().unwrap()
     });
     // The cut check keeps its events (`Ok`) or names the release; either

@@ -33,6 +33,16 @@ pub fn opts() -> ControllerOptions {
     }
 }
 
+/// Namespace `nsid` of `blocks` blocks of `lba_size` bytes, no metadata.
+pub fn ns(nsid: u32, lba_size: u32, blocks: u64) -> NamespaceConfig {
+    NamespaceConfig {
+        nsid,
+        lba_size,
+        blocks,
+        ..NamespaceConfig::default()
+    }
+}
+
 /// A model with one namespace of `lba_size`-byte blocks (`blocks` of them).
 pub fn config_one_ns(lba_size: u32, blocks: u64) -> ModelConfig {
     ModelConfig {
