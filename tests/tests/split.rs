@@ -949,24 +949,13 @@ fn write_zeroes_pieces_with_pract_carry_their_reference_tags() {
     });
     let ns = c.namespace(1).unwrap().clone();
     let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    // PRACT without checks (Write Zeroes has no data to check).
     let generate = Protection {
-        pract: true,
         check_guard: false,
-        check_app_tag: false,
         check_ref_tag: false,
-        ref_tag: None,
-        app_tag: 0,
-        app_tag_mask: 0,
+        ..Protection::PRACT
     };
-    let check = Protection {
-        pract: false,
-        check_guard: true,
-        check_app_tag: false,
-        check_ref_tag: true,
-        ref_tag: None,
-        app_tag: 0,
-        app_tag_mask: 0,
-    };
+    let check = Protection::CHECK;
     // The tag from the SLBA, then an explicit one (Type 1: the SLBA's).
     for (slba, ref_tag) in [(7u64, None), (100, Some(100))] {
         let blocks = 40u32;
