@@ -114,6 +114,12 @@ pub(crate) struct Inner<D: Device> {
     /// Extended LBA Formats, CTRATT.ELBAS, and took the feature): set again
     /// after every reset.
     lbafee: bool,
+    /// The Host Behavior Support data structure (512 bytes) the application
+    /// set last through `admin_passthrough` and the controller accepted:
+    /// every reset sets it again (LBAFEE in it stays set where the driver
+    /// set it: the passthrough refuses it clear). `None`: the driver's own
+    /// (LBAFEE alone, where it set it), or none.
+    hbs_by_application: Mutex<Option<Box<[u8; HBS_LEN]>>>,
     /// The Asynchronous Event Configuration value every reset sets again:
     /// the one set at bring-up to enable Namespace Attribute Notices, or the
     /// last one the application set (`set_features`, `admin_passthrough`);
@@ -640,7 +646,14 @@ impl<D: Device> Controller<D> {
     /// Timer with a non-zero KATO (the driver sends no Keep Alive; the timer
     /// would expire and fail the controller). Vendor-specific opcodes
     /// (C0h–FFh) are sent: their data pointer is the driver's, but what
-    /// else they do is the vendor's.
+    /// else they do is the vendor's. Set Features Host Behavior Support
+    /// with LBAFEE (byte 2, bit 0) clear is refused where the driver set it
+    /// (the namespaces' Extended LBA Formats are read with it).
+    ///
+    /// Features the driver sets again after a controller reset keep the
+    /// application's value once the controller accepted it: Asynchronous
+    /// Event Configuration and Host Behavior Support (the 512-byte
+    /// structure as sent).
     ///
     /// An error status is returned as [`Error::Command`]. The wait is
     /// bounded by the controller's `admin_timeout`; a command that may take
@@ -686,7 +699,7 @@ impl<D: Device> Controller<D> {
                 "Set Features Host Behavior Support through admin_passthrough with LBAFEE \
                  (byte 2, bit 0) clear: the driver enabled Extended LBA Formats (the controller \
                  reports CTRATT.ELBAS) and reads the namespaces' formats with it; keep byte 2 bit \
-                 0 set (a reset sets Host Behavior Support to LBAFEE alone again)"
+                 0 set"
                     .into(),
             ));
         }
@@ -1286,9 +1299,9 @@ impl<D: Device> Inner<D> {
         timeout: Duration,
         application: bool,
     ) -> Result<(Cqe, Vec<u8>)> {
-        let sets_aec = application
-            && sqe.opcode() == admin_op::SET_FEATURES
-            && sqe.dw[10] as u8 == feature::ASYNC_EVENT_CONFIG;
+        let set_features = application && sqe.opcode() == admin_op::SET_FEATURES;
+        let sets_aec = set_features && sqe.dw[10] as u8 == feature::ASYNC_EVENT_CONFIG;
+        let sets_hbs = set_features && sqe.dw[10] as u8 == feature::HOST_BEHAVIOR_SUPPORT;
         let (buf, list) = match data_len {
             Some(len) => {
                 let (buf, list) = admin_data_buffer(&self.dev, len, &mut sqe, self.mdts_bytes())?;
@@ -1304,6 +1317,11 @@ impl<D: Device> Inner<D> {
             if sets_aec && done.0.status().is_success() {
                 self.aec_set_by_application(sqe.dw[11]);
             }
+            if sets_hbs && done.0.status().is_success() {
+                // Under the admin lock, as the AEC: a reset running after
+                // this restores this value, not an older one.
+                self.hbs_set_by_application(data_out.unwrap_or(&[]));
+            }
             Ok(done)
         })?;
         let cqe = succeeded(cqe, what)?;
@@ -1316,6 +1334,35 @@ impl<D: Device> Inner<D> {
             _ => Vec::new(),
         };
         Ok((cqe, data))
+    }
+
+    /// The application set Host Behavior Support to `data` (its first 512
+    /// bytes, zero-padded as the transfer was): resets set it again.
+    fn hbs_set_by_application(&self, data: &[u8]) {
+        let mut hbs = Box::new([0u8; HBS_LEN]);
+        let n = data.len().min(HBS_LEN);
+        hbs[..n].copy_from_slice(&data[..n]);
+        *self
+            .hbs_by_application
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(hbs);
+    }
+
+    /// The Host Behavior Support structure the application set, if any.
+    fn hbs_by_application(&self) -> Option<Box<[u8; HBS_LEN]>> {
+        self.hbs_by_application
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Forgets the application's Host Behavior Support (refused after a
+    /// reset: the controller's defaults hold).
+    fn forget_hbs_by_application(&self) {
+        *self
+            .hbs_by_application
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
     }
 
     fn mdts_bytes(&self) -> usize {
@@ -1588,7 +1635,25 @@ impl<D: Device> Inner<D> {
                 ),
             });
         }
-        if self.lbafee {
+        // Host Behavior Support again (a Controller Level Reset sets it
+        // back): the application's structure if it set one, else LBAFEE
+        // alone where the driver set it.
+        let by_application = self.hbs_by_application().map(|d| *d);
+        if let Some(data) = by_application {
+            let what = "Set Features (Host Behavior Support, the application's, after reset)";
+            let mut sqe = host_behavior_lbafee();
+            let (buf, list) = admin_data_buffer(dev, HBS_LEN, &mut sqe, PAGE)?;
+            buf.write_bytes(0, &data)?;
+            let (cqe, _) = admin.execute(dev, name, sqe, Some(buf), list, t, what)?;
+            if !cqe.status().is_success() {
+                // Accepted before the reset, refused after it: the
+                // controller's defaults hold now (the application's value
+                // is forgotten, so `hbs_by_application` says what holds);
+                // LBAFEE alone below where the driver needs it.
+                self.forget_hbs_by_application();
+            }
+        }
+        if self.lbafee && self.hbs_by_application().is_none() {
             let what = "Set Features (Host Behavior Support, LBAFEE)";
             let mut sqe = host_behavior_lbafee();
             let (buf, list) = admin_data_buffer(dev, HBS_LEN, &mut sqe, PAGE)?;
@@ -2349,6 +2414,7 @@ fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<BroughtUp<D
         nvm_limits: IdentifyControllerNvm::default(),
         granted_io_queues: 0,
         lbafee: false,
+        hbs_by_application: Mutex::new(None),
         aec: AtomicU64::new(0),
         shadow: None,
         aer_target: 0,

@@ -504,6 +504,60 @@ fn features_with_a_data_structure_are_refused_without_a_data_pointer() {
     assert_clean(&m);
 }
 
+/// A Host Behavior Support structure the application set (here Advanced
+/// Command Retry Enable, byte 0 bit 0, beside the LBAFEE the driver needs)
+/// survives a reset: the reset sets the application's structure again, not
+/// LBAFEE alone. Refused after the reset, the controller's defaults hold
+/// and the driver sets LBAFEE alone, as before the application's.
+#[test]
+fn a_reset_sets_the_applications_host_behavior_support_again() {
+    let (m, c) = setup(ModelConfig {
+        elbas: true,
+        ..ModelConfig::default()
+    });
+    let only_lbafee = {
+        let mut d = vec![0u8; 512];
+        d[2] = 1;
+        d
+    };
+    assert_eq!(m.host_behavior(), Some(only_lbafee.clone()), "bring-up");
+    let mut data = [0u8; 512];
+    data[0] = 1; // ACRE
+    data[2] = 1; // LBAFEE
+    data[4] = 1; // a field the driver knows nothing of
+    let hbs = Sqe::set_features(feature::HOST_BEHAVIOR_SUPPORT, 0, false);
+    c.admin_passthrough(hbs, 512, Some(&data)).unwrap();
+    assert_eq!(m.host_behavior().as_deref(), Some(&data[..]));
+    c.reset().unwrap();
+    assert_eq!(
+        m.host_behavior().as_deref(),
+        Some(&data[..]),
+        "the application's structure after the reset"
+    );
+    c.reset().unwrap();
+    assert_eq!(m.host_behavior().as_deref(), Some(&data[..]), "and again");
+    // Refused after a reset: LBAFEE alone (the namespaces' formats need
+    // it), and the next reset does not try the application's again.
+    m.inject(Fault::Status {
+        on: Match::SetFeatures {
+            fid: feature::HOST_BEHAVIOR_SUPPORT,
+        },
+        status: Status::INVALID_FIELD.with_dnr(),
+    });
+    c.reset().unwrap();
+    assert_eq!(m.host_behavior(), Some(only_lbafee.clone()));
+    let sets = m.host_behavior_sets();
+    c.reset().unwrap();
+    assert_eq!(m.host_behavior(), Some(only_lbafee));
+    assert_eq!(
+        m.host_behavior_sets(),
+        sets + 1,
+        "one Set Features per reset"
+    );
+    drop(c);
+    assert_clean(&m);
+}
+
 /// The data pointer describes `data_len` bytes: a `data_out` longer than
 /// that is refused (describing it made PRP2 a list pointer under a
 /// two-page transfer, so the controller took the list page as data), and

@@ -43,6 +43,12 @@ pub enum Match {
         /// The command's NSID.
         nsid: u32,
     },
+    /// The next Set Features (admin opcode 09h) of feature `fid` (CDW10
+    /// bits 07:00): singles out one feature among those a reset sets.
+    SetFeatures {
+        /// Feature Identifier.
+        fid: u8,
+    },
 }
 
 impl Match {
@@ -58,6 +64,9 @@ impl Match {
                     && opcode == 0x06
                     && cmd.cdw(10) & 0xff == u32::from(cns)
                     && cmd.nsid() == nsid
+            }
+            Match::SetFeatures { fid } => {
+                qid == 0 && opcode == 0x09 && cmd.cdw(10) & 0xff == u32::from(fid)
             }
         }
     }

@@ -79,6 +79,7 @@ impl State {
             FID_HOST_BEHAVIOR_SUPPORT if self.cfg.elbas => match self.read_host_data(cmd, 512) {
                 Ok(d) => {
                     self.features.lbafee = d[2] & 1 != 0;
+                    self.features.hbs = Some(d);
                     self.stats.hbs_sets += 1;
                     Outcome::ok(0)
                 }

@@ -424,6 +424,13 @@ impl ModelController {
         self.state().stats.hbs_sets
     }
 
+    /// The Host Behavior Support data structure (FID 16h, 512 bytes) the
+    /// host set last, `None` when none was set since the last Controller
+    /// Level Reset (which sets features back to their defaults).
+    pub fn host_behavior(&self) -> Option<Vec<u8>> {
+        self.state().features.hbs.clone()
+    }
+
     /// Descriptions of the DMA faults (what was accessed, where).
     pub fn dma_fault_log(&self) -> Vec<String> {
         self.state().stats.dma_fault_log.clone()

@@ -155,6 +155,8 @@ pub(crate) struct Features {
     pub granted: Option<(u16, u16)>,
     /// Host Behavior Support (FID 16h) LBAFEE, byte 2 bit 0.
     pub lbafee: bool,
+    /// Host Behavior Support (FID 16h): the data structure set last.
+    pub hbs: Option<Vec<u8>>,
 }
 
 /// Everything tests can inspect.
