@@ -140,6 +140,10 @@ pub(crate) struct Inner<D: Device> {
     /// asks for: a `Controller::reset` that finds the flag taken by a
     /// concurrent `poll_async_events` returns only once that check ended.
     pub(crate) namespace_check: Mutex<()>,
+    /// Namespaces found attached by a check (not announced by the
+    /// controller) and announced to the application since its last
+    /// `refresh_namespaces`: announced once, not at every poll.
+    pub(crate) attached_announced: Mutex<Vec<u32>>,
     /// Why a namespace notice may not come (notices off, an unread log):
     /// while any holds, every `poll_async_events` checks every handle.
     pub(crate) notice_gaps: crate::namespace_list::NoticeGaps,
@@ -2422,6 +2426,7 @@ fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<BroughtUp<D
         namespaces_unverified: AtomicBool::new(false),
         notice_gaps: Default::default(),
         namespace_check: Mutex::new(()),
+        attached_announced: Mutex::new(Vec::new()),
     };
 
     // Identify Controller.

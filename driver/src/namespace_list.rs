@@ -29,6 +29,12 @@
 //! log page is unread, or no Asynchronous Event Request is outstanding),
 //! every poll checks every handle instead of waiting for a notice that
 //! cannot come.
+//!
+//! A check that meets a transient status (`Status::is_transient`: the
+//! namespace is not ready while another host formats it) keeps that handle
+//! and checks it again at the next poll. A namespace found attached without
+//! a notice is announced (an event of the driver's own) once per
+//! [`Controller::refresh_namespaces`].
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -353,6 +359,16 @@ impl<D: Device> Controller<D> {
                         .store(true, Ordering::Release);
                     break;
                 }
+                // The namespace is passing through a state (another host
+                // formats or sanitizes it, an ANA transition): its geometry
+                // is not known now. Kept and checked again at the next poll
+                // (I/O meanwhile gets the same status from the controller).
+                Err(Error::Command { status, .. }) if status.is_transient() => {
+                    self.inner
+                        .namespaces_unverified
+                        .store(true, Ordering::Release);
+                    true
+                }
                 // Inactive, unusable, refused with a status, or Identify
                 // data that does not parse: retired (the safe side).
                 _ => false,
@@ -367,16 +383,30 @@ impl<D: Device> Controller<D> {
 
     /// True when the Active Namespace ID list names a namespace that is
     /// neither a handle of this controller nor one of its unusable
-    /// namespaces: attached while nothing announced it (inside a reset).
-    /// An unreadable list says nothing (the handles' check above already
-    /// covered what can be known).
+    /// namespaces, and that no earlier check announced since the last
+    /// [`Controller::refresh_namespaces`]: attached while nothing announced
+    /// it (inside a reset, or while notices cannot come). An unreadable list
+    /// says nothing (the handles' check above already covered what can be
+    /// known).
     fn a_namespace_was_attached(&self) -> bool {
         let known = |n: u32| {
             self.namespaces.iter().any(|h| h.id() == n) || self.unusable.iter().any(|u| u.0 == n)
         };
-        self.inner
-            .active_nsids()
-            .is_ok_and(|ids| ids.into_iter().any(|n| !known(n)))
+        let Ok(ids) = self.inner.active_nsids() else {
+            return false;
+        };
+        let mut announced = self
+            .inner
+            .attached_announced
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let before = announced.len();
+        for n in ids {
+            if !known(n) && !announced.contains(&n) {
+                announced.push(n);
+            }
+        }
+        announced.len() > before
     }
 
     /// Reads the namespace list again (Identify Active Namespace ID list,
@@ -461,6 +491,13 @@ impl<D: Device> Controller<D> {
         }
         self.namespaces = namespaces;
         self.unusable = unusable;
+        // Every listed namespace is known now: one attached later is
+        // announced again.
+        self.inner
+            .attached_announced
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clear();
         Ok(changes)
     }
 }

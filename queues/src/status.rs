@@ -46,8 +46,17 @@ pub mod sc {
         pub const LBA_OUT_OF_RANGE: u8 = 0x80;
         /// Capacity Exceeded.
         pub const CAPACITY_EXCEEDED: u8 = 0x81;
+        /// Command Interrupted.
+        pub const COMMAND_INTERRUPTED: u8 = 0x21;
         /// Namespace Not Ready.
         pub const NAMESPACE_NOT_READY: u8 = 0x82;
+    }
+    /// Path Related Status codes (SCT 3h).
+    pub mod path {
+        /// Asymmetric Access Inaccessible.
+        pub const ANA_INACCESSIBLE: u8 = 0x02;
+        /// Asymmetric Access Transition.
+        pub const ANA_TRANSITION: u8 = 0x03;
     }
     /// Command Specific Status codes (SCT 1h).
     pub mod command_specific {
@@ -141,6 +150,21 @@ impl Status {
         // SCT (10:8) = 0 and SC (7:0) = 0: one mask.
         const _: () = assert!(sct::GENERIC == 0 && sc::generic::SUCCESS == 0);
         self.0 & 0x7ff == 0
+    }
+
+    /// True for a status that says the namespace is passing through a
+    /// state, not what it is, with DNR clear (a retry may succeed):
+    /// Namespace Not Ready (another host's Format NVM or Sanitize, a
+    /// namespace still coming up), Command Interrupted, and the Path Related
+    /// Asymmetric Access Transition.
+    pub fn is_transient(&self) -> bool {
+        !self.dnr()
+            && matches!(
+                (self.sct(), self.sc()),
+                (sct::GENERIC, sc::generic::NAMESPACE_NOT_READY)
+                    | (sct::GENERIC, sc::generic::COMMAND_INTERRUPTED)
+                    | (sct::PATH, sc::path::ANA_TRANSITION)
+            )
     }
 
     /// True for the Generic Command Status "LBA Out of Range".
@@ -391,6 +415,22 @@ mod tests {
             Status::new(2, 0).sct_name(),
             "Media and Data Integrity Errors"
         );
+    }
+
+    #[test]
+    fn transient() {
+        assert!(Status::new(0, 0x82).is_transient());
+        assert!(Status::new(0, 0x21).is_transient());
+        assert!(Status::new(3, 0x03).is_transient());
+        assert!(!Status::new(0, 0x82).with_dnr(true).is_transient());
+        assert!(
+            !Status::new(3, 0x02).is_transient(),
+            "inaccessible is a state"
+        );
+        assert!(!Status::new(0, 0x0b).is_transient());
+        assert!(!Status::new(0, 0x06).is_transient());
+        assert!(!Status::SUCCESS.is_transient());
+        assert_eq!(Status::new(3, 0x03).name(), "Asymmetric Access Transition");
     }
 
     #[test]

@@ -3,8 +3,11 @@
 //! handle, and only there — a Notice whose log was read before it was handed
 //! out, or that a reset unmasked, leaves no gap; a check cut by a controller
 //! failure retires nothing it could not check; notices the application turns
-//! off itself are a gap. (From the thirty-sixth session's review of the
-//! notice-gap change: each test failed against its first version.)
+//! off itself are a gap; a transient Identify status keeps a handle for the
+//! next poll, and a namespace attached in a gap is announced once. (From
+//! the thirty-sixth session's review of the notice-gap change and the
+//! thirty-seventh session's follow-up: each test failed against the version
+//! before its fix.)
 
 mod common;
 
@@ -12,7 +15,7 @@ use std::time::Duration;
 
 use common::{ns, setup};
 use upnvme::{Controller, NamespaceChanges};
-use upnvme_tests::{Fault, Match, ModelConfig, ModelController};
+use upnvme_tests::{Fault, Match, ModelConfig, ModelController, Status};
 
 fn two_namespaces_cfg() -> ModelConfig {
     ModelConfig {
@@ -247,4 +250,129 @@ fn notices_turned_back_on_by_passthrough_check_what_changed_while_off() {
         let _ = c.poll_async_events().unwrap();
     }
     assert!(one.is_stale(), "handle still live after the gap ended");
+}
+
+// ------------------------------------------- transient statuses, attaches
+
+fn blind_setup() -> (ModelController, Controller<ModelController>) {
+    let m = ModelController::new(two_namespaces_cfg());
+    let c = common::open(
+        &m,
+        upnvme::ControllerOptions {
+            async_events: 0,
+            ..common::opts()
+        },
+    );
+    (m, c)
+}
+
+fn not_ready(dnr: bool) -> Fault {
+    Fault::Status {
+        on: Match::Identify { cns: 0, nsid: 1 },
+        status: if dnr {
+            Status::new(0, 0x82).with_dnr()
+        } else {
+            Status::new(0, 0x82)
+        },
+    }
+}
+
+/// A check whose Identify Namespace gets Namespace Not Ready with DNR clear
+/// (another host formats the namespace) keeps the handle and checks again
+/// at the next poll, which retires it when the geometry changed. Before, a
+/// transient status retired the handle as any refusal does. With DNR set
+/// the status says what the namespace is: retired.
+#[test]
+fn a_transient_identify_status_keeps_the_handle_and_checks_again() {
+    let (m, c) = blind_setup();
+    let one = c.namespace(1).unwrap().clone();
+    m.inject(not_ready(false));
+    let ev = c.poll_async_events().unwrap();
+    assert!(
+        ev.is_empty(),
+        "nothing retired, nothing to announce: {ev:?}"
+    );
+    assert!(
+        !one.is_stale(),
+        "retired on Namespace Not Ready (DNR clear)"
+    );
+    let _ = c.poll_async_events().unwrap();
+    assert!(!one.is_stale(), "unchanged");
+    // The format ends with another geometry: the next check retires it.
+    m.inject(not_ready(false));
+    m.change_namespace(1, Some(ns(1, 4096, 512)));
+    let _ = c.poll_async_events().unwrap();
+    assert!(!one.is_stale(), "kept while not ready");
+    let ev = c.poll_async_events().unwrap();
+    assert!(one.is_stale(), "changed and ready again, still live");
+    assert!(
+        ev.iter().any(|e| e.is_namespace_attribute_changed()),
+        "{ev:?}"
+    );
+    // DNR set: retired at once.
+    let two = c.namespace(2).unwrap().clone();
+    m.inject(Fault::Status {
+        on: Match::Identify { cns: 0, nsid: 2 },
+        status: Status::new(0, 0x82).with_dnr(),
+    });
+    let _ = c.poll_async_events().unwrap();
+    assert!(two.is_stale(), "Namespace Not Ready with DNR set");
+}
+
+/// With notices on: a Namespace Attribute Changed notice whose Identify
+/// meets a transient status keeps the handle, and the next poll (no new
+/// notice) checks it again.
+#[test]
+fn a_notice_checked_during_a_transient_status_is_checked_again_at_the_next_poll() {
+    let (m, c) = setup(two_namespaces_cfg());
+    let one = c.namespace(1).unwrap().clone();
+    m.inject(not_ready(false));
+    m.change_namespace(1, Some(ns(1, 4096, 512)));
+    let _ = c.poll_async_events().unwrap();
+    assert!(!one.is_stale(), "kept while not ready");
+    let ev = c.poll_async_events().unwrap();
+    assert!(one.is_stale(), "the poll after did not check it again");
+    assert!(
+        ev.iter().any(|e| e.is_namespace_attribute_changed()),
+        "{ev:?}"
+    );
+    assert_eq!(poll_cost(&m, &c), 0, "and then no more checks");
+}
+
+/// In a gap every poll reads the Active Namespace ID list; a namespace
+/// attached there is announced (a synthesized Namespace Attribute Changed)
+/// once, not at every poll until the application refreshes; after the
+/// refresh, the next one attached is announced again.
+#[test]
+fn a_namespace_attached_in_a_gap_is_announced_once() {
+    // NN 4 (the largest configured NSID): 2 and 3 can be attached.
+    let m = ModelController::new(ModelConfig {
+        namespaces: vec![ns(1, 512, 4096), ns(4, 512, 4096)],
+        ..ModelConfig::default()
+    });
+    let mut c = common::open(
+        &m,
+        upnvme::ControllerOptions {
+            async_events: 0,
+            ..common::opts()
+        },
+    );
+    let announced = |c: &Controller<ModelController>| {
+        c.poll_async_events()
+            .unwrap()
+            .iter()
+            .filter(|e| e.is_namespace_attribute_changed())
+            .count()
+    };
+    assert_eq!(announced(&c), 0);
+    m.change_namespace(2, Some(ns(2, 512, 4096)));
+    assert_eq!(announced(&c), 1, "attached");
+    assert_eq!(announced(&c), 0, "announced again");
+    assert_eq!(announced(&c), 0, "announced again");
+    let changes: NamespaceChanges = c.refresh_namespaces().unwrap();
+    assert_eq!(changes.added, vec![2]);
+    assert_eq!(announced(&c), 0, "after the refresh");
+    m.change_namespace(3, Some(ns(3, 512, 4096)));
+    assert_eq!(announced(&c), 1, "the next attach");
+    assert_eq!(announced(&c), 0);
 }
