@@ -424,7 +424,11 @@ pub enum Reject {
         /// Bytes of the transfer.
         bytes: u64,
     },
-    /// A Dataset Management carries 1..=256 ranges, a Copy 1..=128.
+    /// A Dataset Management carries 1..=256 ranges, a Copy 1..=128. (A
+    /// Deallocate, or a Dataset Management without Integral Dataset
+    /// attributes, of more than 256 ranges is split by the pair into
+    /// several commands; this is its refusal only when more than the
+    /// pair's depth of them would be needed.)
     RangeCount {
         /// Which command.
         command: RangeCommand,
@@ -437,9 +441,11 @@ pub enum Reject {
     /// limits ([`crate::Controller::nvm_limits`], Identify CNS 06h) or the
     /// namespace's Copy limits (Identify Namespace MSSRL, MCL): submit it in
     /// parts of at most `max`. (A Verify, Write Zeroes or Write
-    /// Uncorrectable beyond VSL, WZSL or WUSL is split by the pair into
-    /// parts within it; this is its refusal only when more parts than the
-    /// pair's depth would be needed.)
+    /// Uncorrectable beyond VSL, WZSL or WUSL, and a Deallocate or a
+    /// Dataset Management without Integral Dataset attributes beyond DMRL,
+    /// DMRSL or DMSL, is split by the pair into parts within it; this is
+    /// its refusal only when more parts than the pair's depth would be
+    /// needed.)
     SizeLimit {
         /// Which limit.
         limit: NvmLimit,
@@ -553,7 +559,14 @@ impl std::fmt::Display for Reject {
                 ranges,
                 max,
             } => {
-                write!(f, "{} with {ranges} ranges: must be 1..={max}", command.name())
+                write!(f, "{} with {ranges} ranges: must be 1..={max}", command.name())?;
+                if command == RangeCommand::DatasetManagement && ranges > max {
+                    f.write_str(
+                        " per command; more go as several commands (at most the queue pair's \
+                         depth of them) unless Integral Dataset attributes (IDR, IDW) are set",
+                    )?;
+                }
+                Ok(())
             }
             Reject::SizeLimit { limit, max } => {
                 const NVM_CTRL: &str = "Identify Controller, NVM Command Set";

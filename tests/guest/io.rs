@@ -392,8 +392,8 @@ fn every_command_kind() {
 /// CNS 06h, CSI 00h: VSL 7 by default, a DMRSL from its block layer's
 /// request limit); the driver reads them at bring-up, and a Deallocate
 /// within DMRSL runs. (Beyond it QEMU skips the range and still reports
-/// success; the driver refuses such a range, `commands.rs` on the host: the
-/// bed's disk is smaller than QEMU's DMRSL.)
+/// success; the driver cuts such a range into ranges within DMRSL,
+/// `split.rs` on the host: the bed's disk is smaller than QEMU's DMRSL.)
 #[test]
 fn the_controllers_nvm_size_limits_are_read_at_bring_up() {
     let c = open();
@@ -804,6 +804,70 @@ fn write_zeroes_and_deallocate_read_back_as_dlfeat_says() {
             kept || deallocated,
             "block {i} after Deallocate is neither the old data nor the DLFEAT value"
         );
+    }
+}
+
+/// A Deallocate of 600 ranges (CDW10.NR holds 256) goes to QEMU as three
+/// Dataset Management commands (driver/src/qpair/split.rs) and completes
+/// once; every listed block reads back as before or as DLFEAT says (the
+/// deallocation is advisory), and every block between them keeps its data.
+#[test]
+fn a_deallocate_of_600_ranges_goes_as_three_commands_and_completes_once() {
+    let c = open();
+    let ns = c.namespace(1).unwrap().clone();
+    let lba = ns.lba_size() as usize;
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let (start, blocks) = (4000u64, 1200usize);
+    let data: Vec<u8> = (0..blocks * lba).map(|i| (i / lba) as u8 | 1).collect();
+    // In pieces of 100 blocks: one command each on every configuration
+    // (the small-queue one splits less deep).
+    let chunk = 100usize;
+    let mut b = c.alloc_dma(chunk * lba).unwrap();
+    for (i, d) in data.chunks(chunk * lba).enumerate() {
+        b.write_bytes(0, d).unwrap();
+        let slba = start + (i * chunk) as u64;
+        b = qp.write_blocking(&ns, slba, chunk as u32, b, T).unwrap();
+    }
+    let ranges: Vec<DsmRange> = (0..600)
+        .map(|i| DsmRange {
+            cattr: 0,
+            nlb: 1,
+            slba: start + 2 * i,
+        })
+        .collect();
+    let before = qp.stats().submissions;
+    qp.execute_blocking(
+        IoCommand::Deallocate {
+            ns: &ns,
+            ranges: &ranges,
+        },
+        None,
+        T,
+    )
+    .unwrap();
+    assert_eq!(qp.stats().submissions - before, 3, "three commands");
+    let mut got = Vec::with_capacity(blocks * lba);
+    for i in 0..blocks / chunk {
+        let slba = start + (i * chunk) as u64;
+        b = qp.read_blocking(&ns, slba, chunk as u32, b, T).unwrap();
+        got.extend_from_slice(&b.to_vec()[..chunk * lba]);
+    }
+    let dealloc_value = match ns.identify().dlfeat_read_value() {
+        1 => Some(0u8),
+        2 => Some(0xff),
+        _ => None,
+    };
+    for (i, block) in got[..blocks * lba].chunks(lba).enumerate() {
+        let kept = block == &data[i * lba..(i + 1) * lba];
+        if i % 2 == 1 {
+            assert!(kept, "block {i} between the ranges changed");
+        } else {
+            let deallocated = dealloc_value.is_some_and(|v| block.iter().all(|&x| x == v));
+            assert!(
+                kept || deallocated,
+                "block {i} after Deallocate is neither the old data nor the DLFEAT value"
+            );
+        }
     }
 }
 

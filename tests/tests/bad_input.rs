@@ -19,8 +19,8 @@ use std::time::Duration;
 use common::{T, assert_clean, config_one_ns, open, opts, setup};
 use upnvme::dma::{DmaAllocator, DmaMapper, PciAddress, Sysfs};
 use upnvme::{
-    Controller, ControllerOptions, DmaBuffer, DsmRange, Error, IoCommand, IoQueuePair, Namespace,
-    PageBacking, QueuePairOptions, RangeCommand, Reject, VfioNvme,
+    Controller, ControllerOptions, DmaBuffer, DsmAttributes, DsmRange, Error, IoCommand,
+    IoQueuePair, Namespace, PageBacking, QueuePairOptions, RangeCommand, Reject, VfioNvme,
 };
 use upnvme_dma::DmaError;
 use upnvme_tests::{Fault, Match, ModelConfig, ModelController, NamespaceConfig};
@@ -1073,6 +1073,9 @@ fn out_of_range_controller_options_are_clamped() {
 fn dataset_management_range_count() {
     let (m, c, mut qp) = pair();
     let ns = ns1(&c);
+    // No range; more than 256 ranges that are one integral dataset (IDR),
+    // which several commands would not be (a Deallocate of 257 goes as
+    // two: split.rs).
     for n in [0usize, 257] {
         let ranges = vec![
             DsmRange {
@@ -1082,9 +1085,13 @@ fn dataset_management_range_count() {
             };
             n
         ];
-        let cmd = IoCommand::Deallocate {
+        let cmd = IoCommand::DatasetManagement {
             ns: &ns,
             ranges: &ranges,
+            attributes: DsmAttributes {
+                integral_read: true,
+                ..DsmAttributes::default()
+            },
         };
         let (r, e) = refused(&m, &c, &mut qp, cmd, 0);
         assert_eq!(
@@ -1095,9 +1102,15 @@ fn dataset_management_range_count() {
                 max: 256,
             }
         );
+        let more = if n > 256 {
+            " per command; more go as several commands (at most the queue pair's depth of them) \
+             unless Integral Dataset attributes (IDR, IDW) are set"
+        } else {
+            ""
+        };
         assert_eq!(
             e.to_string(),
-            format!("invalid argument: Dataset Management with {n} ranges: must be 1..=256")
+            format!("invalid argument: Dataset Management with {n} ranges: must be 1..=256{more}")
         );
     }
     // 256 ranges are fine.

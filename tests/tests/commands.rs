@@ -581,9 +581,12 @@ fn a_raw_command_describes_what_its_sqe_moves_not_its_data_len() {
 /// bring-up and checked before a command is queued. The model behaves like
 /// QEMU beyond them: a Dataset Management range above DMRSL is skipped while
 /// the command still succeeds (the deallocation silently does not happen),
-/// a Verify above VSL is refused by the controller. The driver refuses a
-/// Dataset Management beyond its limits with the limit, and sends a Verify
-/// or Write Zeroes beyond VSL or WZSL as pieces within them.
+/// a Verify above VSL is refused by the controller (and the model records
+/// a Dataset Management beyond DMRL, DMRSL or DMSL as a host violation). The
+/// driver refuses a Dataset Management of one integral dataset (IDR, IDW)
+/// beyond its limits with the limit, sends any other beyond them as
+/// commands within them (tests/tests/split.rs), and sends a Verify or
+/// Write Zeroes beyond VSL or WZSL as pieces within them.
 #[test]
 fn dataset_management_beyond_the_nvm_size_limits_is_refused_with_the_limit() {
     let (m, c) = setup(ModelConfig {
@@ -622,15 +625,18 @@ fn dataset_management_beyond_the_nvm_size_limits_is_refused_with_the_limit() {
         nlb,
         slba,
     };
+    let integral = |ranges| IoCommand::DatasetManagement {
+        ns: &ns,
+        ranges,
+        attributes: upnvme::DsmAttributes {
+            integral_write: true,
+            deallocate: true,
+            ..Default::default()
+        },
+    };
     // DMRSL: a 16-block range is refused (QEMU would skip it and succeed).
     let one = [range(0, 16)];
-    let r = refused(
-        &mut qp,
-        IoCommand::Deallocate {
-            ns: &ns,
-            ranges: &one,
-        },
-    );
+    let r = refused(&mut qp, integral(&one));
     assert_eq!(
         r,
         Reject::SizeLimit {
@@ -645,13 +651,7 @@ fn dataset_management_beyond_the_nvm_size_limits_is_refused_with_the_limit() {
     );
     // DMRL and DMSL.
     let three = [range(0, 1), range(2, 1), range(4, 1)];
-    let r = refused(
-        &mut qp,
-        IoCommand::Deallocate {
-            ns: &ns,
-            ranges: &three,
-        },
-    );
+    let r = refused(&mut qp, integral(&three));
     assert_eq!(
         r,
         Reject::SizeLimit {
@@ -660,13 +660,7 @@ fn dataset_management_beyond_the_nvm_size_limits_is_refused_with_the_limit() {
         }
     );
     let big = [range(0, 8), range(8, 8)];
-    let r = refused(
-        &mut qp,
-        IoCommand::Deallocate {
-            ns: &ns,
-            ranges: &big,
-        },
-    );
+    let r = refused(&mut qp, integral(&big));
     assert_eq!(
         r,
         Reject::SizeLimit {

@@ -440,7 +440,8 @@ fn argument_errors_return_the_buffer_and_send_nothing() {
     );
     assert!(e.to_string().contains("needs a data buffer"), "{e}");
     assert!(f.buffer.is_none());
-    // DSM with no range / too many ranges / a range outside.
+    // DSM with no range / 257 ranges of 0 blocks (more than 256 go as
+    // several commands, each checked: refused whole) / a range outside.
     for (ranges, want) in [
         (
             vec![],
@@ -452,11 +453,7 @@ fn argument_errors_return_the_buffer_and_send_nothing() {
         ),
         (
             vec![DsmRange::default(); 257],
-            Reject::RangeCount {
-                command: RangeCommand::DatasetManagement,
-                ranges: 257,
-                max: 256,
-            },
+            Reject::BlockCount { blocks: 0 },
         ),
         (
             vec![DsmRange {

@@ -1216,3 +1216,235 @@ fn a_split_write_zeroes_cut_by_a_reset_ends_once() {
     let w = buffer_with(&c, &pattern(1, 4096));
     qp.write_blocking(&ns, 0, 1, w, T).unwrap();
 }
+
+// ------------------------------------------------------- Dataset Management
+
+fn dsm_config(blocks: u64, dmrl: u8, dmrsl: u32, dmsl: u64) -> ModelConfig {
+    ModelConfig {
+        namespaces: vec![NamespaceConfig {
+            lba_size: BS as u32,
+            blocks,
+            ..NamespaceConfig::default()
+        }],
+        oncs: ModelConfig::ONCS_DSM,
+        nvm_limits: upnvme_tests::NvmLimitsConfig {
+            dmrl,
+            dmrsl,
+            dmsl,
+            ..Default::default()
+        },
+        ..ModelConfig::default()
+    }
+}
+
+fn range(slba: u64, nlb: u32) -> upnvme::DsmRange {
+    upnvme::DsmRange {
+        cattr: 0,
+        nlb,
+        slba,
+    }
+}
+
+/// The Dataset Management commands queue `qid` fetched since `from`: NR + 1
+/// of each (the ranges themselves are checked by the model, which records a
+/// command beyond DMRL, DMRSL or DMSL as a violation, and by what is
+/// deallocated).
+fn dsm_sent(m: &upnvme_tests::ModelController, qid: u16, from: u64) -> Vec<u32> {
+    let n = (m.commands_fetched() - from) as usize;
+    let recent = m.recent_commands();
+    recent[recent.len() - n..]
+        .iter()
+        .filter(|(q, sqe)| *q == qid && sqe[0] == 0x09)
+        .map(|(_, sqe)| u32::from(sqe[40]) + 1)
+        .collect()
+}
+
+/// Blocks `[slba, slba + n)` read back as zeros (deallocated) or as `data`'s.
+fn expect_blocks(m: &upnvme_tests::ModelController, data: &[u8], zeroed: &[(u64, u32)]) {
+    let blocks = data.len() / BS;
+    let now = m.namespace_data(1, 0, blocks as u64);
+    for b in 0..blocks {
+        let z = zeroed
+            .iter()
+            .any(|&(s, n)| (s..s + u64::from(n)).contains(&(b as u64)));
+        let want = if z {
+            vec![0u8; BS]
+        } else {
+            data[b * BS..(b + 1) * BS].to_vec()
+        };
+        assert!(
+            now[b * BS..(b + 1) * BS] == want[..],
+            "block {b}: {}",
+            if z { "not deallocated" } else { "deallocated" }
+        );
+    }
+}
+
+/// A Deallocate beyond DMRL, DMRSL and DMSL goes as Dataset Management
+/// commands within all three (a range above DMRSL, or above what is left of
+/// DMSL in its command, goes on as further ranges), in order, with one
+/// completion; every listed block is deallocated and no other. Before, it
+/// was refused with the limit.
+#[test]
+fn a_deallocate_beyond_dmrl_dmrsl_and_dmsl_goes_as_commands_within_them() {
+    let (m, c) = setup(dsm_config(128, 2, 8, 12));
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let data = pattern(3, 64 * BS);
+    qp.write_blocking(&ns, 0, 64, buffer_with(&c, &data), T)
+        .unwrap();
+    let ranges = [range(0, 20), range(30, 3), range(40, 1), range(50, 5)];
+    let seen = m.commands_fetched();
+    let done = run_io(
+        &mut qp,
+        IoCommand::Deallocate {
+            ns: &ns,
+            ranges: &ranges,
+        },
+        IoData::none(),
+    );
+    assert!(done.is_ok(), "{:?}", done.result);
+    // (0,8) (8,4) | (12,8) (30,3) | (40,1) (50,5)
+    assert_eq!(dsm_sent(&m, qp.qid(), seen), vec![2, 2, 2]);
+    expect_blocks(&m, &data, &ranges.map(|r| (r.slba, r.nlb)));
+    assert_eq!(qp.in_flight(), 0);
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
+/// More than 256 ranges (CDW10.NR is 8 bits): as several commands of at
+/// most 256 ranges. A Dataset Management with attributes but no Integral
+/// Dataset ones goes the same way.
+#[test]
+fn a_deallocate_of_more_than_256_ranges_goes_as_several_commands() {
+    let (m, c) = setup(dsm_config(2048, 0, 0, 0));
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let data = pattern(4, 1300 * BS);
+    qp.write_blocking(&ns, 0, 1300, buffer_with(&c, &data), T)
+        .unwrap();
+    let ranges: Vec<upnvme::DsmRange> = (0..600).map(|i| range(2 * i, 1)).collect();
+    let seen = m.commands_fetched();
+    let done = run_io(
+        &mut qp,
+        IoCommand::DatasetManagement {
+            ns: &ns,
+            ranges: &ranges,
+            attributes: upnvme::DsmAttributes {
+                deallocate: true,
+                ..Default::default()
+            },
+        },
+        IoData::none(),
+    );
+    assert!(done.is_ok(), "{:?}", done.result);
+    assert_eq!(dsm_sent(&m, qp.qid(), seen), vec![256, 256, 88]);
+    let zeroed: Vec<(u64, u32)> = ranges.iter().map(|r| (r.slba, r.nlb)).collect();
+    expect_blocks(&m, &data, &zeroed);
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
+/// All or nothing: a range of 0 blocks, or outside the namespace, anywhere
+/// in the list refuses the whole with its reason; more commands than the
+/// pair's depth keep the original reason (a range of 100,000 blocks under a
+/// DMRSL of 1 is not cut into 100,000 ranges first); Integral Dataset
+/// attributes keep the refusal. Nothing is sent in any of these.
+#[test]
+fn a_dataset_management_split_is_refused_whole() {
+    let (m, c) = setup(dsm_config(200_000, 0, 1, 0));
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c
+        .io_queue_pair(QueuePairOptions {
+            entries: Some(4),
+            cq_entries: Some(4),
+            ..QueuePairOptions::default()
+        })
+        .unwrap();
+    assert_eq!(qp.max_depth(), 3);
+    let seen = m.commands_fetched();
+    let dealloc = |ranges| IoCommand::Deallocate { ns: &ns, ranges };
+    let refused = |qp: &mut upnvme::IoQueuePair<upnvme_tests::ModelController>, cmd| {
+        qp.submit_io(cmd, IoData::none(), 1).unwrap_err().reason
+    };
+    let zero = [range(0, 1), range(5, 1), range(9, 0)];
+    assert_eq!(
+        refused(&mut qp, dealloc(&zero)),
+        Reject::BlockCount { blocks: 0 }
+    );
+    let outside = [range(0, 1), range(5, 1), range(199_999, 2)];
+    assert_eq!(refused(&mut qp, dealloc(&outside)), Reject::LbaRange);
+    let huge = [range(0, 100_000)];
+    assert_eq!(
+        refused(&mut qp, dealloc(&huge)),
+        Reject::SizeLimit {
+            limit: upnvme::NvmLimit::DsmRangeBlocks,
+            max: 1
+        }
+    );
+    let many: Vec<upnvme::DsmRange> = (0..769).map(|i| range(i, 1)).collect();
+    assert_eq!(
+        refused(&mut qp, dealloc(&many)),
+        Reject::RangeCount {
+            command: upnvme::RangeCommand::DatasetManagement,
+            ranges: 769,
+            max: 256
+        },
+        "the reason the whole was refused for"
+    );
+    let integral = IoCommand::DatasetManagement {
+        ns: &ns,
+        ranges: &huge,
+        attributes: upnvme::DsmAttributes {
+            integral_read: true,
+            ..Default::default()
+        },
+    };
+    assert!(matches!(
+        refused(&mut qp, integral),
+        Reject::SizeLimit { .. }
+    ));
+    assert_eq!(m.commands_fetched(), seen, "nothing sent");
+    // Three commands fit the depth: 768 ranges of one block.
+    let fits: Vec<upnvme::DsmRange> = (0..768).map(|i| range(i, 1)).collect();
+    assert!(run_io(&mut qp, dealloc(&fits), IoData::none()).is_ok());
+    assert_eq!(dsm_sent(&m, qp.qid(), seen), vec![256, 256, 256]);
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
+/// A failing command of a split Dataset Management fails the whole, once.
+#[test]
+fn a_failing_dataset_management_piece_fails_the_whole_once() {
+    let (m, c) = setup(dsm_config(2048, 0, 0, 0));
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let ranges: Vec<upnvme::DsmRange> = (0..300).map(|i| range(i, 1)).collect();
+    let second = m.commands_fetched() + 1;
+    m.inject(Fault::Status {
+        on: Match::Nth(second),
+        status: upnvme_tests::Status::INTERNAL_ERROR,
+    });
+    let cmd = IoCommand::Deallocate {
+        ns: &ns,
+        ranges: &ranges,
+    };
+    qp.submit_io(cmd, IoData::none(), 42).unwrap();
+    let done: Completion = wait_one(&mut qp);
+    assert_eq!(done.tag, 42);
+    match done.result {
+        Err(IoError::Status(s)) => assert_eq!(s, Status::new(0, 0x06)),
+        other => panic!("{other:?}"),
+    }
+    let mut more = 0;
+    for _ in 0..10 {
+        more += qp.process_completions(u32::MAX, |_, _| {}).unwrap();
+    }
+    assert_eq!(more, 0, "delivered twice");
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}

@@ -746,7 +746,10 @@ int upnvme_write_zeroes(struct upnvme_qpair *qp,
 
 /**
  * Dataset Management with Attribute – Deallocate (trim) for `count`
- * (1..=256) ranges, copied before the call returns.
+ * ranges (at least 1), copied before the call returns. More than 256, or
+ * beyond the controller's DMRL, DMRSL or DMSL, go as several commands
+ * within them with one callback (at most the pair's depth of commands,
+ * else `UPNVME_EINVAL` and nothing sent).
  *
  * # Safety
  * `qp` a live pair; `ranges` valid for `count` reads.

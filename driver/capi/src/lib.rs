@@ -955,7 +955,10 @@ pub unsafe extern "C" fn upnvme_write_zeroes(
 }
 
 /// Dataset Management with Attribute – Deallocate (trim) for `count`
-/// (1..=256) ranges, copied before the call returns.
+/// ranges (at least 1), copied before the call returns. More than 256, or
+/// beyond the controller's DMRL, DMRSL or DMSL, go as several commands
+/// within them with one callback (at most the pair's depth of commands,
+/// else `UPNVME_EINVAL` and nothing sent).
 ///
 /// # Safety
 /// `qp` a live pair; `ranges` valid for `count` reads.
@@ -968,10 +971,12 @@ pub unsafe extern "C" fn upnvme_deallocate(
     cb: upnvme_cmd_cb,
     cb_arg: *mut c_void,
 ) -> c_int {
-    if ranges.is_null() || count > 256 {
+    if ranges.is_null() || count == 0 {
         return fail(
             UPNVME_EINVAL,
-            format!("upnvme_deallocate: ranges must be non-NULL and count 1..=256 (got {count})"),
+            format!(
+                "upnvme_deallocate: ranges must be non-NULL and count at least 1 (got {count})"
+            ),
         );
     }
     // SAFETY: non-null and valid for `count` reads (the caller's contract).

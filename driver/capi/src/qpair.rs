@@ -463,14 +463,11 @@ impl<D: Device> Qpair<D> {
             );
         };
         if let Cmd::Deallocate { ranges } = cmd
-            && !(1..=256).contains(&ranges.len())
+            && ranges.is_empty()
         {
             return fail(
                 UPNVME_EINVAL,
-                format!(
-                    "Dataset Management with {} ranges: must be 1..=256",
-                    ranges.len()
-                ),
+                "Dataset Management with 0 ranges: must be at least 1".to_string(),
             );
         }
         let data = matches!(cmd, Cmd::Read { .. } | Cmd::Write { .. });
@@ -563,19 +560,26 @@ impl<D: Device> Qpair<D> {
             ),
             Cmd::Deallocate { ranges: r } => {
                 // Only Dataset Management pays for the range list (copied
-                // into the slot's page by the library before this returns).
-                let mut ranges = [DsmRange::default(); 256];
-                for (d, s) in ranges.iter_mut().zip(r) {
-                    *d = DsmRange {
-                        cattr: 0,
-                        nlb: s.blocks,
-                        slba: s.slba,
-                    };
-                }
-                let cmd = IoCommand::Deallocate {
-                    ns,
-                    ranges: &ranges[..r.len()],
+                // into the slots' pages by the library before this returns):
+                // on the stack up to the 256 one command carries, else on
+                // the heap (the library sends more as several commands).
+                let range = |s: &upnvme_range| DsmRange {
+                    cattr: 0,
+                    nlb: s.blocks,
+                    slba: s.slba,
                 };
+                let mut one = [DsmRange::default(); 256];
+                let many: Vec<DsmRange>;
+                let ranges: &[DsmRange] = if r.len() <= one.len() {
+                    for (d, s) in one.iter_mut().zip(r) {
+                        *d = range(s);
+                    }
+                    &one[..r.len()]
+                } else {
+                    many = r.iter().map(range).collect();
+                    &many
+                };
+                let cmd = IoCommand::Deallocate { ns, ranges };
                 send(&mut self.qp, cmd, buffer, u64::from(slot))
             }
         };

@@ -1814,3 +1814,65 @@ fn reading_a_notices_log_ends_the_per_poll_namespace_checks() {
         "no checks once the log is read"
     );
 }
+
+/// `upnvme_deallocate` of more than 256 ranges (one command's NR holds
+/// 256): the library sends several Dataset Management commands and the C
+/// callback runs once, with success, after every listed block is
+/// deallocated and no other (before, the C layer refused more than 256).
+#[test]
+fn deallocate_of_more_than_256_ranges_completes_once() {
+    let (m, c) = model_with(ModelConfig {
+        namespaces: vec![NamespaceConfig {
+            nsid: 1,
+            lba_size: 512,
+            blocks: 1024,
+            ..NamespaceConfig::default()
+        }],
+        oncs: ModelConfig::ONCS_DSM,
+        ..Default::default()
+    });
+    let data = vec![0xa5u8; 1024 * 512];
+    let w = c.alloc_dma(data.len()).unwrap();
+    w.write_bytes(0, &data).unwrap();
+    let mut plain = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let ns = c.namespace(1).unwrap().clone();
+    drop(
+        plain
+            .write_blocking(&ns, 0, 1024, w, Duration::from_secs(2))
+            .unwrap(),
+    );
+    drop(plain);
+    let mut qp = pair(&c, 8);
+    let ranges: Vec<crate::qpair::upnvme_range> = (0..300)
+        .map(|i| crate::qpair::upnvme_range {
+            slba: 3 * i,
+            blocks: 2,
+        })
+        .collect();
+    let mut seen: Vec<c_int> = Vec::new();
+    let arg: *mut Vec<c_int> = &mut seen;
+    let seen_before = m.commands_fetched();
+    let dsm = Cmd::Deallocate { ranges: &ranges };
+    // SAFETY: no buffer needed.
+    let rc = unsafe { qp.submit(1, dsm, std::ptr::null_mut(), Some(count_cb), arg.cast()) };
+    assert_eq!(rc, UPNVME_OK, "{}", last_error());
+    let qpp: *mut Qpair<ModelController> = &mut *qp;
+    // SAFETY: live pair, this thread's.
+    while unsafe { Qpair::process_completions(qpp, 0) } == 0 {}
+    // SAFETY: as above; nothing more comes.
+    assert_eq!(unsafe { Qpair::process_completions(qpp, 0) }, 0);
+    assert_eq!(seen, vec![UPNVME_OK], "one callback");
+    assert_eq!(m.commands_fetched() - seen_before, 2, "256 + 44 ranges");
+    let got = m.namespace_data(1, 0, 1024);
+    for (lba, block) in got.chunks(512).enumerate() {
+        let gone = lba < 900 && lba % 3 != 2;
+        assert!(
+            block.iter().all(|&b| b == if gone { 0 } else { 0xa5 }),
+            "block {lba}"
+        );
+    }
+    drop(qp);
+    drop(c);
+    assert_eq!(m.dma_faults(), 0);
+    assert!(m.violations().is_empty(), "{:?}", m.violations());
+}

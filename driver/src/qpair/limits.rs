@@ -81,6 +81,18 @@ impl SizeLimits {
         Some(max_bytes / per_block.max(1))
     }
 
+    /// Dataset Management's limits as (ranges per command, blocks per
+    /// range, blocks per command): DMRL, DMRSL and DMSL, each at its type's
+    /// maximum where the controller reports none (0h).
+    pub(super) fn dsm_caps(&self) -> (usize, u32, u64) {
+        let or_max = |v: u64, max: u64| if v == 0 { max } else { v };
+        (
+            or_max(u64::from(self.dmrl), usize::MAX as u64) as usize,
+            or_max(u64::from(self.dmrsl), u64::from(u32::MAX)) as u32,
+            or_max(self.dmsl, u64::MAX),
+        )
+    }
+
     /// Checks a Dataset Management command's ranges against DMRL, DMRSL and
     /// DMSL.
     pub(super) fn dsm(&self, ranges: &[DsmRange]) -> Result<(), Reject> {

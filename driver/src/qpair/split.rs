@@ -4,7 +4,10 @@
 //! commands, and the caller gets one completion for the whole when the last
 //! child ends. So is a Verify, Write Zeroes or Write Uncorrectable above
 //! its size limit (VSL, WZSL, WUSL) or 65536 blocks: children of at most
-//! the limit's blocks, without data.
+//! the limit's blocks, without data. And a Deallocate, or a Dataset
+//! Management without Integral Dataset attributes, of more than 256 ranges
+//! or beyond DMRL, DMRSL or DMSL: children carrying the ranges in order,
+//! each within the three limits ([`cut_ranges`]).
 //!
 //! - **Where the split happens.** Only after the command was refused as it
 //!   is (`build` answered [`Reject::TransferTooLarge`], a
@@ -47,7 +50,8 @@ use super::iodata::{IoData, IoVec};
 use super::metadata::{bytes_per_block, ref_tag_after, split_ref_tag};
 use super::submit::{MdMem, Mem, slice_room};
 use crate::device::Device;
-use crate::error::{IoError, NvmLimit, Reject, Rejected};
+use crate::error::{IoError, NvmLimit, RangeCommand, Reject, Rejected};
+use upnvme_queues::DsmRange;
 
 /// What identifies a command until its completion is handed out: its CID
 /// slot, or `SPLIT_KEY | index` for a split command (slots are below
@@ -130,6 +134,11 @@ impl Splits {
     }
 }
 
+/// `io` handed back with `reason`.
+fn refused(reason: Reject, io: IoData) -> Rejected {
+    Rejected::with_memory(reason, io.buffer, io.segments, io.metadata)
+}
+
 /// Whether `cmd`'s refusal for `reason` is one a split may cure: a Read,
 /// Write or Compare with memory above MDTS or 65536 blocks; a Verify,
 /// Write Zeroes or Write Uncorrectable above its size limit (VSL, WZSL,
@@ -155,8 +164,30 @@ pub(super) fn may_split(reason: Reject, cmd: &IoCommand<'_>, io: &IoData) -> boo
                     }
                 )
         }
+        // Dataset Management: more than 256 ranges, or beyond DMRL, DMRSL
+        // or DMSL — unless its ranges are one integral dataset (IDR, IDW),
+        // which commands of their own would no longer be.
+        IoCommand::Deallocate { .. } => dsm_split_reason(reason),
+        IoCommand::DatasetManagement { attributes, .. } => {
+            !attributes.integral_read && !attributes.integral_write && dsm_split_reason(reason)
+        }
         _ => false,
     }
+}
+
+/// Whether a Dataset Management refusal is one a split may cure.
+fn dsm_split_reason(reason: Reject) -> bool {
+    matches!(
+        reason,
+        Reject::RangeCount {
+            command: RangeCommand::DatasetManagement,
+            ranges: 1..,
+            ..
+        } | Reject::SizeLimit {
+            limit: NvmLimit::DsmRanges | NvmLimit::DsmRangeBlocks | NvmLimit::DsmBlocks,
+            ..
+        }
+    )
 }
 
 /// The size limit of a Verify, Write Zeroes or Write Uncorrectable (`None`
@@ -279,7 +310,151 @@ impl<'a> Cut<'a> {
     }
 }
 
+/// A Dataset Management's ranges cut into commands: `ranges` in order, the
+/// commands' ends in it (command *i* carries `ranges[ends[i-1]..ends[i]]`).
+struct RangeCut<'a> {
+    ns: &'a crate::namespace::Namespace,
+    /// `None`: a Deallocate.
+    attributes: Option<super::command::DsmAttributes>,
+    ranges: Vec<DsmRange>,
+    ends: Vec<usize>,
+}
+
+/// How a split command is cut.
+enum Pieces<'a> {
+    /// Into block counts (data, Verify, Write Zeroes, Write Uncorrectable).
+    Blocks(Cut<'a>),
+    /// Into range lists (Dataset Management).
+    Ranges(RangeCut<'a>),
+}
+
+impl<'a> Pieces<'a> {
+    /// Child `i`; `segments` is the vector when the data is one.
+    fn child<'s>(&'s self, i: u32, segments: Option<&'s IoVec>) -> Child<'s> {
+        match self {
+            Pieces::Blocks(cut) => cut.child(i, segments),
+            Pieces::Ranges(cut) => {
+                let i = i as usize;
+                let start = if i == 0 { 0 } else { cut.ends[i - 1] };
+                let ranges = &cut.ranges[start..cut.ends[i]];
+                let ns = cut.ns;
+                let cmd = match cut.attributes {
+                    None => IoCommand::Deallocate { ns, ranges },
+                    Some(attributes) => IoCommand::DatasetManagement {
+                        ns,
+                        ranges,
+                        attributes,
+                    },
+                };
+                Child {
+                    cmd,
+                    mem: Mem {
+                        buffer: None,
+                        offset: 0,
+                        limit: usize::MAX,
+                        segments: None,
+                    },
+                    md: None,
+                    protection: None,
+                    offset: 0,
+                }
+            }
+        }
+    }
+}
+
+/// `ranges` cut into Dataset Management commands of at most `max_ranges`
+/// ranges (DMRL, and 256) of at most `max_range` blocks each (DMRSL) and
+/// `max_total` blocks in all (DMSL), in order: a range beyond DMRSL, or
+/// beyond what is left of DMSL in its command, goes on as further ranges
+/// of the same Context Attributes. `None` when more than `max_commands`
+/// commands would be needed (the cut stops there: a range of 2^32 - 1
+/// blocks under a DMRSL of 1 is not cut into billions). A range of 0 blocks
+/// is kept as it is (`build` refuses it).
+fn cut_ranges(
+    ranges: &[DsmRange],
+    max_ranges: usize,
+    max_range: u32,
+    max_total: u64,
+    max_commands: usize,
+) -> Option<(Vec<DsmRange>, Vec<usize>)> {
+    let mut out = Vec::new();
+    let mut ends = Vec::new();
+    let (mut count, mut total) = (0usize, 0u64);
+    for r in ranges {
+        let (mut slba, mut left) = (r.slba, r.nlb);
+        loop {
+            if count == max_ranges || (count > 0 && total >= max_total) {
+                ends.push(out.len());
+                if ends.len() >= max_commands {
+                    return None;
+                }
+                (count, total) = (0, 0);
+            }
+            let room = u32::try_from(max_total - total).unwrap_or(u32::MAX);
+            let nlb = left.min(max_range).min(room);
+            out.push(DsmRange {
+                cattr: r.cattr,
+                nlb,
+                slba,
+            });
+            count += 1;
+            total += u64::from(nlb);
+            slba = slba.saturating_add(u64::from(nlb));
+            left -= nlb;
+            if left == 0 {
+                break;
+            }
+        }
+    }
+    if count > 0 {
+        ends.push(out.len());
+    }
+    (ends.len() <= max_commands).then_some((out, ends))
+}
+
 impl<D: Device> IoQueuePair<D> {
+    /// A Dataset Management refused as a whole for `reason` (see
+    /// [`may_split`]) as several, all or none: its ranges cut by
+    /// [`cut_ranges`] under the controller's DMRL, DMRSL and DMSL, at most
+    /// the pair's depth of commands (beyond: `reason`, nothing sent).
+    fn queue_dsm_split(
+        &mut self,
+        cmd: IoCommand<'_>,
+        io: IoData,
+        tag: u64,
+        reason: Reject,
+    ) -> Result<Key, Rejected> {
+        let (ns, ranges, attributes) = match cmd {
+            IoCommand::Deallocate { ns, ranges } => (ns, ranges, None),
+            IoCommand::DatasetManagement {
+                ns,
+                ranges,
+                attributes,
+            } => (ns, ranges, Some(attributes)),
+            _ => return Err(refused(reason, io)),
+        };
+        let (max_ranges, max_range, max_total) = self.limits.dsm_caps();
+        let max_ranges = max_ranges.min(super::submit::MAX_DSM_RANGES);
+        let Some((ranges, ends)) = cut_ranges(
+            ranges,
+            max_ranges,
+            max_range,
+            max_total,
+            self.max_depth as usize,
+        ) else {
+            return Err(refused(reason, io));
+        };
+        let k = ends.len() as u32;
+        let pieces = Pieces::Ranges(RangeCut {
+            ns,
+            attributes,
+            ranges,
+            ends,
+        });
+        self.queue_pieces(&pieces, k, io, tag)
+    }
+
     /// Splits `cmd` (refused as a whole for `reason`, see [`may_split`])
     /// into child commands and queues them, all or none. Returns the key.
     ///
@@ -297,14 +472,13 @@ impl<D: Device> IoQueuePair<D> {
         tag: u64,
         reason: Reject,
     ) -> Result<Key, Rejected> {
-        let refuse = |reason: Reject, io: IoData| {
-            Err(Rejected::with_memory(
-                reason,
-                io.buffer,
-                io.segments,
-                io.metadata,
-            ))
-        };
+        let refuse = |reason: Reject, io: IoData| Err(refused(reason, io));
+        if matches!(
+            cmd,
+            IoCommand::Deallocate { .. } | IoCommand::DatasetManagement { .. }
+        ) {
+            return self.queue_dsm_split(cmd, io, tag, reason);
+        }
         let (ns, slba, blocks) = match cmd {
             IoCommand::Read { ns, slba, blocks }
             | IoCommand::Write { ns, slba, blocks }
@@ -392,19 +566,6 @@ impl<D: Device> IoQueuePair<D> {
                 );
             }
         }
-        // Room in the SQ for every child too, so that writing them below
-        // cannot fail halfway (after the head inference of
-        // `sq_push_when_full` when the SQ looks short).
-        if self.sq_ring.free_slots() < k {
-            self.settle_sq_head(0);
-        }
-        if self.trackers.free_slots() < k
-            || self.sq_ring.free_slots() < k
-            || (!self.ready.is_empty()
-                && self.trackers.in_flight() + self.ready.len() as u32 + k > self.max_depth)
-        {
-            return refuse(Reject::QueueFull, io);
-        }
         let cut = Cut {
             cmd,
             ns,
@@ -430,12 +591,37 @@ impl<D: Device> IoQueuePair<D> {
                 ..p
             }),
         };
+        self.queue_pieces(&Pieces::Blocks(cut), k, io, tag)
+    }
+
+    /// Queues the `k` children of `pieces`, all or none (the steps of
+    /// [`IoQueuePair::queue_split`]); the parent holds `io`'s memory.
+    fn queue_pieces(
+        &mut self,
+        pieces: &Pieces<'_>,
+        k: u32,
+        io: IoData,
+        tag: u64,
+    ) -> Result<Key, Rejected> {
+        // Room in the SQ for every child too, so that writing them below
+        // cannot fail halfway (after the head inference of
+        // `sq_push_when_full` when the SQ looks short).
+        if self.sq_ring.free_slots() < k {
+            self.settle_sq_head(0);
+        }
+        if self.trackers.free_slots() < k
+            || self.sq_ring.free_slots() < k
+            || (!self.ready.is_empty()
+                && self.trackers.in_flight() + self.ready.len() as u32 + k > self.max_depth)
+        {
+            return Err(refused(Reject::QueueFull, io));
+        }
         let flags = io.flags;
         // 1. Every child is checked before anything is taken.
         for i in 0..k {
-            let c = cut.child(i, io.segments.as_ref());
+            let c = pieces.child(i, io.segments.as_ref());
             if let Err(r) = self.build(&c.cmd, c.mem, flags, c.md, c.protection) {
-                return refuse(r, io);
+                return Err(refused(r, io));
             }
         }
         let base = io.buffer.as_ref().map_or(0, DmaBuffer::iova);
@@ -469,7 +655,7 @@ impl<D: Device> IoQueuePair<D> {
         staged.reserve(k as usize);
         let mut failure = None;
         for i in 0..k {
-            let c = cut.child(i, segments.as_ref());
+            let c = pieces.child(i, segments.as_ref());
             match self.stage_child(&c, flags, base, segments.as_ref(), index) {
                 Ok(s) => staged.push(s),
                 Err(r) => {
@@ -586,6 +772,13 @@ impl<D: Device> IoQueuePair<D> {
                 self.place_vector(v, c.offset, bytes, slot)
             }
             (super::submit::Data::None, _) => Ok((0, 0, false)),
+            (super::submit::Data::Ranges, _) => match c.cmd {
+                IoCommand::Deallocate { ranges, .. }
+                | IoCommand::DatasetManagement { ranges, .. } => {
+                    self.place_ranges(ranges, slot).map(|prp1| (prp1, 0, false))
+                }
+                _ => Err(Reject::NotDescribable),
+            },
             _ => Err(Reject::NotDescribable),
         };
         let (prp1, prp2, sgl) = match placed {
@@ -650,6 +843,69 @@ impl<D: Device> IoQueuePair<D> {
             self.splits.is_live((key & !SPLIT_KEY) as u16)
         } else {
             self.trackers.is_in_flight(key as u16)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `cut_ranges` against its definition, over pseudo-random lists and
+    /// limits: the pieces of each range, in order, cover it exactly;
+    /// every command is within the three limits; `None` exactly when more
+    /// than `max_commands` commands are needed.
+    #[test]
+    fn cut_ranges_covers_every_range_within_every_limit() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = |n: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % n
+        };
+        for _ in 0..20_000 {
+            let ranges: Vec<DsmRange> = (0..1 + next(12))
+                .map(|i| DsmRange {
+                    cattr: i as u32,
+                    nlb: next(40) as u32,
+                    slba: next(1000),
+                })
+                .collect();
+            let max_ranges = 1 + next(4) as usize;
+            let max_range = 1 + next(16) as u32;
+            let max_total = 1 + next(30);
+            let max_commands = 1 + next(20) as usize;
+            let got = cut_ranges(&ranges, max_ranges, max_range, max_total, max_commands);
+            let unbounded = cut_ranges(&ranges, max_ranges, max_range, max_total, usize::MAX)
+                .expect("no command bound");
+            assert_eq!(got.is_none(), unbounded.1.len() > max_commands);
+            let (out, ends) = unbounded;
+            assert_eq!(*ends.last().unwrap(), out.len());
+            let mut start = 0;
+            for &end in &ends {
+                let cmd = &out[start..end];
+                assert!(!cmd.is_empty() && cmd.len() <= max_ranges);
+                assert!(cmd.iter().all(|r| r.nlb <= max_range));
+                assert!(cmd.iter().map(|r| u64::from(r.nlb)).sum::<u64>() <= max_total);
+                start = end;
+            }
+            // Each range's pieces: consecutive, same attributes, its blocks.
+            let mut at = out.iter();
+            for r in &ranges {
+                let (mut slba, mut left) = (r.slba, r.nlb);
+                loop {
+                    let p = at.next().expect("a piece per range");
+                    assert_eq!((p.slba, p.cattr), (slba, r.cattr));
+                    slba += u64::from(p.nlb);
+                    left -= p.nlb;
+                    if left == 0 {
+                        break;
+                    }
+                    assert!(p.nlb > 0);
+                }
+            }
+            assert!(at.next().is_none());
         }
     }
 }

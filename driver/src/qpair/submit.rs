@@ -27,7 +27,7 @@ use crate::error::{NvmLimit, RangeCommand, Reject, Rejected};
 use crate::namespace::Namespace;
 
 /// Most ranges a Dataset Management command carries (NR is 8 bits, 0-based).
-const MAX_DSM_RANGES: usize = 256;
+pub(super) const MAX_DSM_RANGES: usize = 256;
 /// Most source ranges the driver sends in one Copy: 128 Format 0 entries
 /// fill the one 4 KiB page PRP1 points at (the spec allows 256; the
 /// namespace's MSRC may allow fewer: [`copy_limits`]).
@@ -986,7 +986,7 @@ impl<D: Device> IoQueuePair<D> {
     /// Dataset Management ranges in the slot's list page; returns PRP1,
     /// which points there.
     #[inline(never)]
-    fn place_ranges(&mut self, ranges: &[DsmRange], slot: u16) -> Result<u64, Reject> {
+    pub(super) fn place_ranges(&mut self, ranges: &[DsmRange], slot: u16) -> Result<u64, Reject> {
         let (list_base, list_iova) = self.list_area(slot);
         for (i, r) in ranges.iter().enumerate() {
             self.lists

@@ -270,6 +270,31 @@ impl State {
             Ok(l) => l,
             Err(s) => return Outcome::err(s),
         };
+        // The host must stay within the NVM Command Set's limits (Identify
+        // CNS 06h): the driver splits or refuses beyond them.
+        let l = self.cfg.nvm_limits;
+        let lengths = list
+            .chunks_exact(16)
+            .map(|r| u64::from(u32::from_le_bytes([r[4], r[5], r[6], r[7]])));
+        let total: u64 = lengths.clone().sum();
+        if l.dmrl != 0 && nr > usize::from(l.dmrl) {
+            self.violation(format!(
+                "Dataset Management with {nr} ranges, above DMRL {}",
+                l.dmrl
+            ));
+        }
+        if l.dmrsl != 0 && lengths.clone().any(|n| n > u64::from(l.dmrsl)) {
+            self.violation(format!(
+                "Dataset Management with a range above DMRSL {} blocks",
+                l.dmrsl
+            ));
+        }
+        if l.dmsl != 0 && total > l.dmsl {
+            self.violation(format!(
+                "Dataset Management of {total} blocks, above DMSL {}",
+                l.dmsl
+            ));
+        }
         if !deallocate {
             // Integral dataset hints only: nothing to do.
             return Outcome::ok(0);
