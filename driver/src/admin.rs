@@ -33,6 +33,31 @@ enum SlotKind {
     Sync,
     /// An Asynchronous Event Request.
     Aer,
+    /// A command whose waiter does not hold the admin lock while it waits
+    /// (`start_detached`): the completion goes to `AdminQueue::detached`,
+    /// keyed by its CID, since the slot is free for another command once
+    /// reaped.
+    Detached,
+}
+
+/// A command started with [`AdminQueue::start_detached`]: its CID and the
+/// reset epoch it was sent in.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Ticket {
+    cid: u16,
+    epoch: u64,
+}
+
+/// What became of a detached command ([`AdminQueue::detached_outcome`]).
+#[derive(Debug)]
+pub(crate) enum Detached {
+    /// It completed.
+    Done(Cqe),
+    /// Still in flight.
+    Pending,
+    /// A controller reset ended it without a completion (it may or may not
+    /// have taken effect).
+    Ended,
 }
 
 /// What is waiting on a CID slot.
@@ -84,6 +109,12 @@ pub(crate) struct AdminQueue {
     /// Buffers of commands that timed out: kept until the controller is
     /// disabled, because a late DMA into freed memory is silent corruption.
     quarantine: Vec<DmaPages>,
+    /// Completions of detached commands, tagged with the epoch they were
+    /// reaped in, until their waiters take them.
+    detached: Vec<(u64, Cqe)>,
+    /// Controller resets seen (`forget_in_flight`): a detached command of
+    /// an earlier epoch without a completion was ended by one.
+    epoch: u64,
 }
 
 impl AdminQueue {
@@ -123,6 +154,8 @@ impl AdminQueue {
             notices_reaped: 0,
             notice_mask_ended: false,
             quarantine: Vec::new(),
+            detached: Vec::new(),
+            epoch: 0,
         })
     }
 
@@ -284,6 +317,10 @@ impl AdminQueue {
                     }
                 }
                 SlotKind::Sync => s.done = Some(cqe),
+                SlotKind::Detached => {
+                    s.kind = SlotKind::Free;
+                    self.detached.push((self.epoch, cqe));
+                }
                 SlotKind::Free => {
                     return Err(fault(format!(
                         "completion for cid 0x{:04x} that has no waiter",
@@ -370,6 +407,62 @@ impl AdminQueue {
         self.quarantine
             .extend(data.into_iter().chain(prp_list).map(DmaBuffer::into_pages));
         Err(ended)
+    }
+
+    /// Submits `sqe` (a command without data) for a waiter that polls with
+    /// [`AdminQueue::detached_outcome`] and does not hold the admin lock in
+    /// between: other admin commands (a queue pair re-creating its queues,
+    /// an event poll) run meanwhile. Any reap stores its completion.
+    pub(crate) fn start_detached<D: Device>(
+        &mut self,
+        dev: &D,
+        name: &str,
+        mut sqe: Sqe,
+    ) -> Result<Ticket> {
+        self.make_room(dev, name)?;
+        // No data: no pointer of anyone's.
+        sqe.set_prp1(0);
+        sqe.set_prp2(0);
+        let slot = self.submit(dev, sqe, SlotKind::Detached)?;
+        let cid = self.cids.cid_of(slot).ok_or_else(|| Error::DeviceFault {
+            device: name.to_string(),
+            what: "admin queue: a command just submitted has no command identifier".into(),
+        })?;
+        Ok(Ticket {
+            cid,
+            epoch: self.epoch,
+        })
+    }
+
+    /// What became of the detached command `ticket` (reap first). Its
+    /// completion is reaped in the epoch it was sent in (a reset forgets
+    /// the command), so a CID of a later epoch's command, which a fresh
+    /// admin queue may hand out again, is never taken for it.
+    pub(crate) fn detached_outcome(&mut self, ticket: Ticket) -> Detached {
+        if let Some(i) = self
+            .detached
+            .iter()
+            .position(|&(e, c)| e == ticket.epoch && c.cid() == ticket.cid)
+        {
+            return Detached::Done(self.detached.swap_remove(i).1);
+        }
+        if self.epoch != ticket.epoch {
+            return Detached::Ended;
+        }
+        Detached::Pending
+    }
+
+    /// The reset epoch and the detached completions not taken yet, for the
+    /// admin queue a reset builds ([`AdminQueue::keep_detached`]).
+    pub(crate) fn take_detached(&mut self) -> (u64, Vec<(u64, Cqe)>) {
+        (self.epoch, std::mem::take(&mut self.detached))
+    }
+
+    /// Carries over what [`AdminQueue::take_detached`] took from the queue
+    /// this one replaces.
+    pub(crate) fn keep_detached(&mut self, (epoch, detached): (u64, Vec<(u64, Cqe)>)) {
+        self.epoch = epoch;
+        self.detached = detached;
     }
 
     /// Posts Asynchronous Event Requests until `target` are outstanding (plus
@@ -462,6 +555,11 @@ impl AdminQueue {
             self.slots[s as usize].done = None;
         }
         self.quarantine.clear();
+        // A detached command still in flight is ended (its waiter sees the
+        // new epoch); a completion reaped in this epoch stays for its
+        // waiter, one from before it was abandoned (its waiter gave up).
+        self.detached.retain(|(e, _)| *e == self.epoch);
+        self.epoch += 1;
     }
 }
 

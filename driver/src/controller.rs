@@ -20,7 +20,7 @@ use upnvme_queues::{
 };
 use upnvme_queues::{cns, feature, log_id};
 
-use crate::admin::{AdminQueue, check_csts};
+use crate::admin::{AdminQueue, Detached, check_csts};
 use crate::device::{Device, VfioNvme};
 use crate::error::{Error, Result};
 use crate::namespace::Namespace;
@@ -1288,6 +1288,53 @@ impl<D: Device> Inner<D> {
         self.execute_for_application(sqe, data_len, data_out, what, timeout, false)
     }
 
+    /// A command without data, sent and waited for without holding the
+    /// admin lock in between (up to `timeout`): while a long command runs
+    /// (Format NVM, a secure erase taking minutes), other threads' admin
+    /// commands — a queue pair re-creating its queues after a reset, an
+    /// event poll — run. The lock is taken for the submission and for each
+    /// look at the admin CQ, every [`DETACHED_POLL`]; CSTS is read every
+    /// 16th look. A controller reset meanwhile (another thread's, or an
+    /// automatic one after a fatal status) ends the wait with
+    /// [`crate::IoError::ControllerReset`]: the command may or may not have
+    /// taken effect. No answer within `timeout` marks the controller
+    /// failed, as any admin timeout.
+    pub(crate) fn execute_detached(&self, sqe: Sqe, what: &str, timeout: Duration) -> Result<Cqe> {
+        let ticket = self.with_admin(|dev, name, admin| admin.start_detached(dev, name, sqe))?;
+        let start = Instant::now();
+        let mut looks = 0u32;
+        loop {
+            std::thread::sleep(DETACHED_POLL);
+            looks = looks.wrapping_add(1);
+            let outcome = self.with_admin(|dev, name, admin| {
+                if looks.is_multiple_of(16) {
+                    check_csts(dev, name)?;
+                }
+                admin.reap(dev, name)?;
+                match admin.detached_outcome(ticket) {
+                    Detached::Done(cqe) => Ok(Some(cqe)),
+                    Detached::Ended => Err(Error::Io {
+                        command: what.to_string(),
+                        error: crate::IoError::ControllerReset,
+                    }),
+                    Detached::Pending => {
+                        let waited = start.elapsed();
+                        if waited >= timeout {
+                            return Err(Error::Timeout {
+                                what: format!("{what} to complete on the admin queue"),
+                                after: waited,
+                            });
+                        }
+                        Ok(None)
+                    }
+                }
+            })?;
+            if let Some(cqe) = outcome {
+                return succeeded(cqe, what);
+            }
+        }
+    }
+
     /// [`Inner::execute_within`]; with `application`, a command the
     /// application sent (`set_features`, `admin_passthrough`): a Set
     /// Features Asynchronous Event Configuration it completes is recorded
@@ -1590,8 +1637,12 @@ impl<D: Device> Inner<D> {
         // Events reaped before the reset and not yet handed out
         // (`poll_async_events`) survive it.
         let events = admin.take_events();
+        let detached = admin.take_detached();
         *admin = fresh;
         admin.keep_events(events);
+        // So do the reset epoch (a detached command's waiter learns of the
+        // reset from it) and completions its waiters have not taken yet.
+        admin.keep_detached(detached);
         let t = self.admin_timeout;
         // Same device? (A different serial number means something else now
         // sits at this address: refuse to carry on with the old state.)
@@ -1923,6 +1974,9 @@ fn namespace_attribute_changed() -> AsyncEvent {
 
 /// The completion of `what`, or [`Error::Command`] with its status when that
 /// is not Successful Completion.
+/// How often [`Inner::execute_detached`] looks at the admin CQ.
+const DETACHED_POLL: Duration = Duration::from_micros(200);
+
 fn succeeded(cqe: Cqe, what: &str) -> Result<Cqe> {
     if cqe.status().is_success() {
         Ok(cqe)

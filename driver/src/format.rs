@@ -111,11 +111,14 @@ impl<D: Device> Controller<D> {
     /// doorbell a preempted thread writes afterwards names a queue the
     /// reset deleted. With no pair (the `upnvme format` tool) there is
     /// nothing to stop and no reset. A reset that fails is the call's error,
-    /// and no Format NVM is sent. The queue re-creation goes through the
-    /// admin queue, which the Format NVM holds until it completes: a pair's
-    /// next call (a `submit`, a `process_completions`) on another thread
-    /// waits that long — up to [`FormatNvm::timeout`] — whichever namespace
-    /// it works on.
+    /// and no Format NVM is sent. The Format NVM is waited for without
+    /// holding the admin queue: pairs on other threads re-create their
+    /// queues at their next call and run I/O on other namespaces while it
+    /// runs (up to [`FormatNvm::timeout`]). A controller reset meanwhile (a
+    /// pair's timeout recovery, an automatic reset after a fatal status)
+    /// ends the call with [`Error::Io`] of
+    /// [`crate::IoError::ControllerReset`]: the format may or may not have
+    /// taken effect; the namespaces are read again either way.
     ///
     /// A namespace the driver cannot use ([`Error::UnusableNamespace`]: an
     /// LBA format it does not support) can be formatted too: its Identify
@@ -243,7 +246,7 @@ impl<D: Device> Controller<D> {
         } else {
             Ok(())
         }
-        .and_then(|()| self.inner.execute_within(sqe, None, None, &what, timeout));
+        .and_then(|()| self.inner.execute_detached(sqe, &what, timeout));
         let mut result = None;
         let mut failed = None;
         for n in formatted {

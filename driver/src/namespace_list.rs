@@ -24,7 +24,7 @@
 //! events regularly (a management thread) where other hosts share the
 //! namespaces.
 //!
-//! When the notices cannot be relied on ([`NoticeGaps`]: the controller has
+//! When the notices cannot be relied on (`NoticeGaps`: the controller has
 //! them off, the Changed Namespace List could not be read, another Notice's
 //! log page is unread, or no Asynchronous Event Request is outstanding),
 //! every poll checks every handle instead of waiting for a notice that

@@ -588,3 +588,170 @@ fn a_format_resets_the_controller_only_while_a_queue_pair_exists() {
     drop(qp);
     common::assert_clean(&m);
 }
+
+// ---------------------------------------------------------------------------
+// A long Format NVM does not hold the admin queue: a pair on another thread
+// re-creates its queues after the format's reset and runs I/O on another
+// namespace while the format is still in the controller's hands. Before, the
+// Format NVM held the admin lock for its whole run, and the pair's next
+// call waited for it (up to the format's timeout).
+// ---------------------------------------------------------------------------
+
+#[test]
+fn a_pair_runs_io_on_another_namespace_while_a_format_nvm_is_outstanding() {
+    let m = ModelController::new(ModelConfig {
+        namespaces: vec![
+            NamespaceConfig {
+                nsid: 1,
+                lba_size: 512,
+                blocks: 4096,
+                ..NamespaceConfig::default()
+            },
+            NamespaceConfig {
+                nsid: 2,
+                lba_size: 512,
+                blocks: 4096,
+                ..NamespaceConfig::default()
+            },
+        ],
+        ..ModelConfig::default()
+    });
+    let mut c = open(&m, mmio_opts());
+    let two = c.namespace(2).unwrap().clone();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let buf = c.alloc_dma(4096).unwrap();
+    // The controller holds the Format NVM's completion until released.
+    m.inject(upnvme_tests::Fault::DelayCompletion {
+        on: upnvme_tests::Match::Opcode {
+            qid: 0,
+            opcode: 0x80,
+        },
+        doorbells: None,
+    });
+    let fmt = std::thread::spawn(move || {
+        let r = c.format_nvm(
+            1,
+            &FormatNvm {
+                timeout: Some(Duration::from_secs(3)),
+                ..FormatNvm::lbaf(4)
+            },
+        );
+        (c, r)
+    });
+    let start = Instant::now();
+    while m.delayed_completions() == 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "no Format NVM reached the controller"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    // The format's reset deleted the pair's queues: this call re-creates
+    // them (admin commands) and then writes and reads namespace 2.
+    let t = Instant::now();
+    let data: Vec<u8> = (0..4096).map(|i| (i * 7) as u8).collect();
+    buf.write_bytes(0, &data).unwrap();
+    let buf = qp
+        .write_blocking(&two, 8, 8, buf, Duration::from_secs(2))
+        .expect("write on namespace 2 during the format");
+    buf.fill(0, 4096, 0).unwrap();
+    let buf = qp
+        .read_blocking(&two, 8, 8, buf, Duration::from_secs(2))
+        .expect("read on namespace 2 during the format");
+    let took = t.elapsed();
+    assert_eq!(read_back(&buf, 4096), data);
+    assert_eq!(
+        m.delayed_completions(),
+        1,
+        "the Format NVM ended before the pair's I/O did ({took:?}): the pair waited for it"
+    );
+    m.release_delayed();
+    let (c, r) = fmt.join().unwrap();
+    let new = r.expect("format");
+    assert_eq!(new.lba_size(), 4096);
+    drop(qp);
+    drop(c);
+    assert!(m.violations().is_empty(), "{:?}", m.violations());
+    assert_eq!(m.dma_faults(), 0);
+}
+
+/// A controller reset on another thread while the Format NVM is outstanding
+/// (here: a pair's timeout recovery — a read whose completion is lost,
+/// aborted without answer, then a reset) ends the format's wait with
+/// `IoError::ControllerReset` instead of leaving it to its timeout; the
+/// namespace is read again all the same (the model ran the format before it
+/// held the completion: 4096-byte blocks now).
+#[test]
+fn a_reset_while_a_format_nvm_is_outstanding_ends_its_wait() {
+    let m = ModelController::new(ModelConfig {
+        namespaces: vec![
+            NamespaceConfig {
+                nsid: 1,
+                lba_size: 512,
+                blocks: 4096,
+                ..NamespaceConfig::default()
+            },
+            NamespaceConfig {
+                nsid: 2,
+                lba_size: 512,
+                blocks: 4096,
+                ..NamespaceConfig::default()
+            },
+        ],
+        ..ModelConfig::default()
+    });
+    let mut c = open(&m, mmio_opts());
+    let two = c.namespace(2).unwrap().clone();
+    let mut qp = c
+        .io_queue_pair(QueuePairOptions {
+            command_timeout: Some(Duration::from_millis(50)),
+            ..QueuePairOptions::default()
+        })
+        .unwrap();
+    let buf = c.alloc_dma(4096).unwrap();
+    m.inject(upnvme_tests::Fault::DelayCompletion {
+        on: upnvme_tests::Match::Opcode {
+            qid: 0,
+            opcode: 0x80,
+        },
+        doorbells: None,
+    });
+    let fmt = std::thread::spawn(move || {
+        let r = c.format_nvm(
+            1,
+            &FormatNvm {
+                timeout: Some(Duration::from_secs(20)),
+                ..FormatNvm::lbaf(4)
+            },
+        );
+        (c, r)
+    });
+    let start = Instant::now();
+    while m.delayed_completions() == 0 {
+        assert!(start.elapsed() < Duration::from_secs(5), "no Format NVM");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    m.inject(upnvme_tests::Fault::DropCompletion(
+        upnvme_tests::Match::Queue(qp.qid()),
+    ));
+    let t = Instant::now();
+    let r = qp.read_blocking(&two, 0, 8, buf, Duration::from_secs(5));
+    assert!(r.is_err(), "the lost read completed");
+    let (c, r) = fmt.join().unwrap();
+    let waited = t.elapsed();
+    match r {
+        Err(upnvme::Error::Io {
+            error: IoError::ControllerReset,
+            ..
+        }) => {}
+        other => panic!("format after {waited:?}: {other:?}"),
+    }
+    assert!(
+        waited < Duration::from_secs(10),
+        "the format waited for its timeout ({waited:?})"
+    );
+    assert_eq!(c.namespace(1).unwrap().lba_size(), 4096, "read again");
+    drop(qp);
+    drop(c);
+    assert_eq!(m.dma_faults(), 0);
+}
