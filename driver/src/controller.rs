@@ -144,6 +144,10 @@ pub(crate) struct Inner<D: Device> {
     /// controller) and announced to the application since its last
     /// `refresh_namespaces`: announced once, not at every poll.
     pub(crate) attached_announced: Mutex<Vec<u32>>,
+    /// Namespaces the last scan (bring-up, `refresh_namespaces`) found not
+    /// ready (a transient Identify status) and has no handle for: every
+    /// poll checks them until each is ready, then announces it.
+    pub(crate) unready: Mutex<Vec<u32>>,
     /// Why a namespace notice may not come (notices off, an unread log):
     /// while any holds, every `poll_async_events` checks every handle.
     pub(crate) notice_gaps: crate::namespace_list::NoticeGaps,
@@ -1473,11 +1477,13 @@ impl<D: Device> Inner<D> {
         Ok(self.elbaf_reported(nsid, index)?.unwrap_or(0))
     }
 
-    /// [`Inner::elbaf`], `None` when the controller refused CNS 05h.
+    /// [`Inner::elbaf`], `None` when the controller refused CNS 05h. A
+    /// transient status (`Status::is_transient`: the namespace not ready)
+    /// is an error, not a refusal: the format is not known now.
     fn elbaf_reported(&self, nsid: u32, index: usize) -> Result<Option<u32>> {
         let data = match self.identify_raw(cns::CSI_NAMESPACE, nsid) {
             Ok(d) => d,
-            Err(Error::Command { .. }) => return Ok(None),
+            Err(Error::Command { status, .. }) if !status.is_transient() => return Ok(None),
             Err(e) => return Err(e),
         };
         let at = 12 + 4 * index;
@@ -1694,21 +1700,24 @@ impl<D: Device> Inner<D> {
         // back): the application's structure if it set one, else LBAFEE
         // alone where the driver set it.
         let by_application = self.hbs_by_application().map(|d| *d);
+        let mut restored = false;
         if let Some(data) = by_application {
             let what = "Set Features (Host Behavior Support, the application's, after reset)";
             let mut sqe = host_behavior_lbafee();
             let (buf, list) = admin_data_buffer(dev, HBS_LEN, &mut sqe, PAGE)?;
             buf.write_bytes(0, &data)?;
             let (cqe, _) = admin.execute(dev, name, sqe, Some(buf), list, t, what)?;
-            if !cqe.status().is_success() {
-                // Accepted before the reset, refused after it: the
+            restored = cqe.status().is_success();
+            if !restored && cqe.status().dnr() {
+                // Accepted before the reset, refused for good after it: the
                 // controller's defaults hold now (the application's value
-                // is forgotten, so `hbs_by_application` says what holds);
-                // LBAFEE alone below where the driver needs it.
+                // is forgotten; a refusal that may succeed when retried,
+                // DNR clear, is tried again at the next reset). LBAFEE
+                // alone below where the driver needs it.
                 self.forget_hbs_by_application();
             }
         }
-        if self.lbafee && self.hbs_by_application().is_none() {
+        if self.lbafee && !restored {
             let what = "Set Features (Host Behavior Support, LBAFEE)";
             let mut sqe = host_behavior_lbafee();
             let (buf, list) = admin_data_buffer(dev, HBS_LEN, &mut sqe, PAGE)?;
@@ -2481,6 +2490,7 @@ fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<BroughtUp<D
         notice_gaps: Default::default(),
         namespace_check: Mutex::new(()),
         attached_announced: Mutex::new(Vec::new()),
+        unready: Mutex::new(Vec::new()),
     };
 
     // Identify Controller.
@@ -2560,7 +2570,12 @@ fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<BroughtUp<D
     }
     inner.notice_gaps.set_off(aec.is_none());
     // Identify namespaces.
-    let (namespaces, unusable) = inner.scan_namespaces()?;
+    let crate::namespace_list::Scanned {
+        namespaces,
+        unusable,
+        unready,
+    } = inner.scan_namespaces()?;
+    inner.note_unready(unready);
 
     // Doorbell Buffer Config (admin 7Ch), when OACS bit 8 says so. Shadow
     // doorbells only save MMIO writes: when their buffers cannot be had

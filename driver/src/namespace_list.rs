@@ -104,8 +104,16 @@ const CHANGED_NS_LIST_LEN: usize = 4096;
 /// changed.
 const CHANGED_NS_LIST_OVERFLOW: u32 = 0xffff_ffff;
 
-/// The active namespaces the driver can use, and those it cannot (with why).
-pub(crate) type Scanned = (Vec<Namespace>, Vec<(u32, String)>);
+/// What a scan of the namespace list found.
+pub(crate) struct Scanned {
+    /// The active namespaces the driver can use.
+    pub(crate) namespaces: Vec<Namespace>,
+    /// Those it cannot, with why.
+    pub(crate) unusable: Vec<(u32, String)>,
+    /// Those of `unusable` whose Identify met a transient status (not
+    /// ready now): checked again at every poll ([`Inner::note_unready`]).
+    pub(crate) unready: Vec<u32>,
+}
 
 /// What [`Controller::refresh_namespaces`] found, by NSID (ascending).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -150,6 +158,53 @@ impl<D: Device> Inner<D> {
         self.namespaces_unverified.store(true, Ordering::Release);
     }
 
+    /// Records `nsids` (attached namespaces no handle or unusable entry
+    /// names) as announced to the application; true when one was not
+    /// before (an event is due). Emptied by `refresh_namespaces`.
+    pub(crate) fn announced_attached(&self, nsids: impl Iterator<Item = u32>) -> bool {
+        let mut announced = self
+            .attached_announced
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let before = announced.len();
+        for n in nsids {
+            if !announced.contains(&n) {
+                announced.push(n);
+            }
+        }
+        announced.len() > before
+    }
+
+    /// The namespaces a scan found not ready (`Scanned::unready`) replace
+    /// those noted before; while any is noted, every poll checks them.
+    pub(crate) fn note_unready(&self, nsids: Vec<u32>) {
+        let any = !nsids.is_empty();
+        *self
+            .unready
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = nsids;
+        if any {
+            self.namespaces_unverified.store(true, Ordering::Release);
+        }
+    }
+
+    /// The namespaces noted not ready.
+    pub(crate) fn unready(&self) -> Vec<u32> {
+        self.unready
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Namespace `nsid` is no longer to be checked as not ready (it is
+    /// ready, or unusable for good: the application's refresh says which).
+    pub(crate) fn ready_again(&self, nsid: u32) {
+        self.unready
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .retain(|&n| n != nsid);
+    }
+
     /// Whether Asynchronous Event Configuration `aec`, once accepted,
     /// turns Namespace Attribute Notices on (the controller offers them and
     /// bit 8 is set).
@@ -168,19 +223,35 @@ impl<D: Device> Inner<D> {
         let nsids = self.active_nsids()?;
         let mut namespaces = Vec::new();
         let mut unusable = Vec::new();
+        let mut unready = Vec::new();
         for nsid in nsids {
             // One namespace the driver cannot use (an Identify refused with a
             // status, a format it has no code for) does not fail the others.
             match self.namespace_handle(nsid) {
                 Ok(Ok(ns)) => namespaces.push(ns),
                 Ok(Err(why)) => unusable.push((nsid, why)),
+                Err(e @ Error::Command { status, .. }) if status.is_transient() => {
+                    unusable.push((
+                        nsid,
+                        format!(
+                            "not ready now ({e}): every Controller::poll_async_events checks it \
+                             again and returns a Namespace Attribute Changed event once it is; \
+                             Controller::refresh_namespaces then hands out its handle"
+                        ),
+                    ));
+                    unready.push(nsid);
+                }
                 Err(e @ Error::Command { .. }) => {
                     unusable.push((nsid, format!("Identify Namespace failed: {e}")));
                 }
                 Err(e) => return Err(e),
             }
         }
-        Ok((namespaces, unusable))
+        Ok(Scanned {
+            namespaces,
+            unusable,
+            unready,
+        })
     }
 
     /// Identify Active Namespace ID list (CNS 02h), every page: the active
@@ -322,6 +393,13 @@ impl<D: Device> Controller<D> {
         } else {
             None
         };
+        // A namespace the list names that this controller does not know
+        // (attached) is announced by the controller's own notice: not again
+        // by a later check.
+        if let Some(ids) = &listed {
+            self.inner
+                .announced_attached(ids.iter().copied().filter(|&n| !self.knows(n)));
+        }
         let changed: Vec<&Namespace> = match &listed {
             Some(ids)
                 if !unverified
@@ -378,7 +456,54 @@ impl<D: Device> Controller<D> {
                 old.retire();
             }
         }
-        retired || (unverified && self.a_namespace_was_attached())
+        // Both run: an attach found beside a retirement is recorded as
+        // announced (the one event covers both).
+        let attached = unverified && self.a_namespace_was_attached();
+        let ready = unverified && self.an_unready_namespace_changed();
+        retired || attached || ready
+    }
+
+    /// Whether this controller has a handle for `nsid` or knows it as
+    /// unusable.
+    fn knows(&self, nsid: u32) -> bool {
+        self.namespaces.iter().any(|h| h.id() == nsid) || self.unusable.iter().any(|u| u.0 == nsid)
+    }
+
+    /// Identify Namespace of every namespace a scan found not ready: true
+    /// when one is ready now (or is unusable for good), so that the
+    /// application refreshes; one still not ready keeps the next poll
+    /// checking. A controller-level failure stops the check (the next
+    /// poll checks again).
+    fn an_unready_namespace_changed(&self) -> bool {
+        let unready = self.inner.unready();
+        let mut changed = false;
+        for n in unready {
+            match self.inner.namespace_handle(n) {
+                Err(Error::Command { status, .. }) if status.is_transient() => {
+                    self.inner
+                        .namespaces_unverified
+                        .store(true, Ordering::Release);
+                }
+                Err(
+                    Error::Timeout { .. }
+                    | Error::ControllerFailed { .. }
+                    | Error::ControllerFatal { .. }
+                    | Error::ControllerGone { .. }
+                    | Error::ControllerRemoved { .. }
+                    | Error::Closed { .. },
+                ) => {
+                    self.inner
+                        .namespaces_unverified
+                        .store(true, Ordering::Release);
+                    break;
+                }
+                _ => {
+                    self.inner.ready_again(n);
+                    changed = true;
+                }
+            }
+        }
+        changed
     }
 
     /// True when the Active Namespace ID list names a namespace that is
@@ -389,24 +514,11 @@ impl<D: Device> Controller<D> {
     /// says nothing (the handles' check above already covered what can be
     /// known).
     fn a_namespace_was_attached(&self) -> bool {
-        let known = |n: u32| {
-            self.namespaces.iter().any(|h| h.id() == n) || self.unusable.iter().any(|u| u.0 == n)
-        };
         let Ok(ids) = self.inner.active_nsids() else {
             return false;
         };
-        let mut announced = self
-            .inner
-            .attached_announced
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let before = announced.len();
-        for n in ids {
-            if !known(n) && !announced.contains(&n) {
-                announced.push(n);
-            }
-        }
-        announced.len() > before
+        self.inner
+            .announced_attached(ids.into_iter().filter(|&n| !self.knows(n)))
     }
 
     /// Reads the namespace list again (Identify Active Namespace ID list,
@@ -425,7 +537,37 @@ impl<D: Device> Controller<D> {
     /// On an error (the controller does not answer), nothing is replaced.
     pub fn refresh_namespaces(&mut self) -> Result<NamespaceChanges> {
         self.inner.check_usable()?;
-        let (namespaces, unusable) = self.inner.scan_namespaces()?;
+        // Whatever was announced is the application's to see in this
+        // refresh; should it fail, a later check announces it again.
+        self.inner
+            .attached_announced
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clear();
+        let Scanned {
+            mut namespaces,
+            mut unusable,
+            mut unready,
+        } = self.inner.scan_namespaces()?;
+        // A namespace not ready now (another host formats it) whose handle
+        // is current keeps it: the handle is checked again at every poll
+        // until it is ready, and retired then if its geometry changed.
+        unready.retain(|&n| {
+            let Some(old) = self
+                .namespaces
+                .iter()
+                .find(|h| h.id() == n && !h.is_stale())
+            else {
+                return true;
+            };
+            unusable.retain(|u| u.0 != n);
+            let at = namespaces.partition_point(|h| h.id() < n);
+            namespaces.insert(at, old.clone());
+            self.inner
+                .namespaces_unverified
+                .store(true, Ordering::Release);
+            false
+        });
         let mut changes = NamespaceChanges::default();
         let listed_before = |n: u32| {
             self.namespaces.iter().any(|h| h.id() == n) || self.unusable.iter().any(|u| u.0 == n)
@@ -491,13 +633,7 @@ impl<D: Device> Controller<D> {
         }
         self.namespaces = namespaces;
         self.unusable = unusable;
-        // Every listed namespace is known now: one attached later is
-        // announced again.
-        self.inner
-            .attached_announced
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clear();
+        self.inner.note_unready(unready);
         Ok(changes)
     }
 }

@@ -1261,3 +1261,92 @@ fn a_passthrough_shorter_than_its_command_moves_is_refused() {
     drop(c);
     assert_clean(&m);
 }
+
+fn elbas_cfg() -> ModelConfig {
+    ModelConfig {
+        elbas: true,
+        ..ModelConfig::default()
+    }
+}
+
+fn hbs_sqe() -> Sqe {
+    Sqe::set_features(feature::HOST_BEHAVIOR_SUPPORT, 0, false)
+}
+
+/// A Host Behavior Support `data_out` shorter than 512 bytes: with
+/// `data_len` 512 it is padded with zeros (the DMA buffer is zeroed), and
+/// what a reset sends again is the same zero-padded structure. With `data_len` 0 it is refused
+/// (Set Features FID 16h moves 512 bytes); with fewer than 3 bytes it is
+/// refused for LBAFEE.
+#[test]
+fn a_short_data_out_is_restored_as_it_was_transferred() {
+    let (m, c) = setup(elbas_cfg());
+    let short = [1u8, 0, 1]; // ACRE, LBAFEE
+    assert!(c.admin_passthrough(hbs_sqe(), 0, Some(&short)).is_err());
+    assert!(
+        c.admin_passthrough(hbs_sqe(), 512, Some(&[1u8, 0]))
+            .is_err()
+    );
+    c.admin_passthrough(hbs_sqe(), 512, Some(&short)).unwrap();
+    let mut want = vec![0u8; 512];
+    want[..3].copy_from_slice(&short);
+    assert_eq!(m.host_behavior(), Some(want.clone()));
+    c.reset().unwrap();
+    assert_eq!(m.host_behavior(), Some(want));
+    drop(c);
+    assert_clean(&m);
+}
+
+/// The reset's Set Features of the application's Host Behavior Support gets
+/// no answer: that reset fails (Timeout, controller failed) as any reset
+/// step's timeout does; the structure is kept and the next reset sets it.
+#[test]
+fn a_restore_without_an_answer_fails_that_reset_only() {
+    let m = ModelController::new(elbas_cfg());
+    let c = common::open(
+        &m,
+        ControllerOptions {
+            admin_timeout: Some(Duration::from_millis(300)),
+            ..common::opts()
+        },
+    );
+    let mut data = [0u8; 512];
+    data[0] = 1;
+    data[2] = 1;
+    c.admin_passthrough(hbs_sqe(), 512, Some(&data)).unwrap();
+    m.inject(Fault::DropCompletion(Match::SetFeatures {
+        fid: feature::HOST_BEHAVIOR_SUPPORT,
+    }));
+    let r = c.reset();
+    assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
+    c.reset().unwrap();
+    assert_eq!(m.host_behavior().as_deref(), Some(&data[..]));
+    drop(c);
+    assert_clean(&m);
+}
+
+/// A refusal with DNR clear (Command Interrupted, "retry may succeed") of
+/// the reset's restore of the application's Host Behavior Support sets
+/// LBAFEE alone for that reset and tries the application's structure again
+/// at the next (the first version forgot it for good: a review's finding).
+#[test]
+fn a_restore_refused_with_dnr_clear_is_tried_again_at_the_next_reset() {
+    let (m, c) = setup(elbas_cfg());
+    let mut data = [0u8; 512];
+    data[0] = 1;
+    data[2] = 1;
+    c.admin_passthrough(hbs_sqe(), 512, Some(&data)).unwrap();
+    m.inject(Fault::Status {
+        on: Match::SetFeatures {
+            fid: feature::HOST_BEHAVIOR_SUPPORT,
+        },
+        status: Status::new(0, 0x21),
+    });
+    c.reset().unwrap();
+    c.reset().unwrap();
+    assert_eq!(
+        m.host_behavior().map(|d| d[..3].to_vec()),
+        Some(data[..3].to_vec()),
+        "ACRE dropped for good after one DNR-clear refusal"
+    );
+}
