@@ -104,6 +104,19 @@ const CHANGED_NS_LIST_LEN: usize = 4096;
 /// changed.
 const CHANGED_NS_LIST_OVERFLOW: u32 = 0xffff_ffff;
 
+/// What one namespace's Identify told a check ([`Controller::follow_namespace_changes`]).
+enum Checked {
+    /// Its current geometry, as a handle.
+    Handle(Namespace),
+    /// Inactive, unusable or refused: a handle of it is retired (the safe
+    /// side).
+    Unusable,
+    /// Not known now (a transient status): kept, checked again.
+    Transient,
+    /// The controller failed or went away: the check stops there.
+    ControllerDown,
+}
+
 /// What a scan of the namespace list found.
 pub(crate) struct Scanned {
     /// The active namespaces the driver can use.
@@ -417,39 +430,11 @@ impl<D: Device> Controller<D> {
         };
         let mut retired = false;
         for old in changed {
-            let keep = match self.inner.namespace_handle(old.id()) {
-                Ok(Ok(fresh)) => fresh.same_geometry(old),
-                // The controller failed, timed out, went away or was
-                // closed: that says nothing about this namespace. The
-                // handles left are kept (no I/O runs on a failed controller
-                // until a reset, which checks them itself) and checked again
-                // at the next poll.
-                Err(
-                    Error::Timeout { .. }
-                    | Error::ControllerFailed { .. }
-                    | Error::ControllerFatal { .. }
-                    | Error::ControllerGone { .. }
-                    | Error::ControllerRemoved { .. }
-                    | Error::Closed { .. },
-                ) => {
-                    self.inner
-                        .namespaces_unverified
-                        .store(true, Ordering::Release);
-                    break;
-                }
-                // The namespace is passing through a state (another host
-                // formats or sanitizes it, an ANA transition): its geometry
-                // is not known now. Kept and checked again at the next poll
-                // (I/O meanwhile gets the same status from the controller).
-                Err(Error::Command { status, .. }) if status.is_transient() => {
-                    self.inner
-                        .namespaces_unverified
-                        .store(true, Ordering::Release);
-                    true
-                }
-                // Inactive, unusable, refused with a status, or Identify
-                // data that does not parse: retired (the safe side).
-                _ => false,
+            let keep = match self.check_namespace(old.id()) {
+                Checked::Handle(fresh) => fresh.same_geometry(old),
+                Checked::ControllerDown => break,
+                Checked::Transient => true,
+                Checked::Unusable => false,
             };
             if !keep {
                 retired |= !old.is_stale();
@@ -461,6 +446,46 @@ impl<D: Device> Controller<D> {
         let attached = unverified && self.a_namespace_was_attached();
         let ready = unverified && self.an_unready_namespace_changed();
         retired || attached || ready
+    }
+
+    /// Identify Namespace `nsid` for a check. Where the outcome says
+    /// nothing final (a transient status, the controller down), the next
+    /// poll checks again (`namespaces_unverified`).
+    fn check_namespace(&self, nsid: u32) -> Checked {
+        let again = || {
+            self.inner
+                .namespaces_unverified
+                .store(true, Ordering::Release);
+        };
+        match self.inner.namespace_handle(nsid) {
+            Ok(Ok(fresh)) => Checked::Handle(fresh),
+            // The controller failed, timed out, went away or was closed:
+            // that says nothing about this namespace. The check stops; the
+            // handles left are kept (no I/O runs on a failed controller
+            // until a reset, which checks them itself).
+            Err(
+                Error::Timeout { .. }
+                | Error::ControllerFailed { .. }
+                | Error::ControllerFatal { .. }
+                | Error::ControllerGone { .. }
+                | Error::ControllerRemoved { .. }
+                | Error::Closed { .. },
+            ) => {
+                again();
+                Checked::ControllerDown
+            }
+            // The namespace is passing through a state (another host
+            // formats or sanitizes it, an ANA transition): its geometry is
+            // not known now (I/O meanwhile gets the same status from the
+            // controller).
+            Err(Error::Command { status, .. }) if status.is_transient() => {
+                again();
+                Checked::Transient
+            }
+            // Inactive, unusable, refused with a status, or Identify data
+            // that does not parse.
+            _ => Checked::Unusable,
+        }
     }
 
     /// Whether this controller has a handle for `nsid` or knows it as
@@ -478,26 +503,10 @@ impl<D: Device> Controller<D> {
         let unready = self.inner.unready();
         let mut changed = false;
         for n in unready {
-            match self.inner.namespace_handle(n) {
-                Err(Error::Command { status, .. }) if status.is_transient() => {
-                    self.inner
-                        .namespaces_unverified
-                        .store(true, Ordering::Release);
-                }
-                Err(
-                    Error::Timeout { .. }
-                    | Error::ControllerFailed { .. }
-                    | Error::ControllerFatal { .. }
-                    | Error::ControllerGone { .. }
-                    | Error::ControllerRemoved { .. }
-                    | Error::Closed { .. },
-                ) => {
-                    self.inner
-                        .namespaces_unverified
-                        .store(true, Ordering::Release);
-                    break;
-                }
-                _ => {
+            match self.check_namespace(n) {
+                Checked::Transient => {}
+                Checked::ControllerDown => break,
+                Checked::Handle(_) | Checked::Unusable => {
                     self.inner.ready_again(n);
                     changed = true;
                 }

@@ -34,6 +34,16 @@ fn cfg_512() -> ModelConfig {
     }
 }
 
+/// Two namespaces of 512-byte blocks (4096 each).
+fn cfg_two_512() -> ModelConfig {
+    let mut cfg = cfg_512();
+    cfg.namespaces.push(NamespaceConfig {
+        nsid: 2,
+        ..cfg.namespaces[0]
+    });
+    cfg
+}
+
 /// MMIO doorbells only, so every SQ tail update is one `write32`.
 fn mmio_opts() -> ControllerOptions {
     ControllerOptions {
@@ -597,30 +607,17 @@ fn a_format_resets_the_controller_only_while_a_queue_pair_exists() {
 // call waited for it (up to the format's timeout).
 // ---------------------------------------------------------------------------
 
-#[test]
-fn a_pair_runs_io_on_another_namespace_while_a_format_nvm_is_outstanding() {
-    let m = ModelController::new(ModelConfig {
-        namespaces: vec![
-            NamespaceConfig {
-                nsid: 1,
-                lba_size: 512,
-                blocks: 4096,
-                ..NamespaceConfig::default()
-            },
-            NamespaceConfig {
-                nsid: 2,
-                lba_size: 512,
-                blocks: 4096,
-                ..NamespaceConfig::default()
-            },
-        ],
-        ..ModelConfig::default()
-    });
-    let mut c = open(&m, mmio_opts());
-    let two = c.namespace(2).unwrap().clone();
-    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
-    let buf = c.alloc_dma(4096).unwrap();
-    // The controller holds the Format NVM's completion until released.
+/// A Format NVM of namespace 1 (to 4096-byte blocks, waiting up to
+/// `timeout`) on a thread of its own, whose completion the model holds until
+/// `release_delayed`; returns once the model holds it.
+fn format_held(
+    m: &ModelController,
+    mut c: Controller<ModelController>,
+    timeout: Duration,
+) -> std::thread::JoinHandle<(
+    Controller<ModelController>,
+    upnvme::Result<upnvme::Namespace>,
+)> {
     m.inject(upnvme_tests::Fault::DelayCompletion {
         on: upnvme_tests::Match::Opcode {
             qid: 0,
@@ -632,7 +629,7 @@ fn a_pair_runs_io_on_another_namespace_while_a_format_nvm_is_outstanding() {
         let r = c.format_nvm(
             1,
             &FormatNvm {
-                timeout: Some(Duration::from_secs(3)),
+                timeout: Some(timeout),
                 ..FormatNvm::lbaf(4)
             },
         );
@@ -646,6 +643,18 @@ fn a_pair_runs_io_on_another_namespace_while_a_format_nvm_is_outstanding() {
         );
         std::thread::sleep(Duration::from_millis(1));
     }
+    fmt
+}
+
+#[test]
+fn a_pair_runs_io_on_another_namespace_while_a_format_nvm_is_outstanding() {
+    let m = ModelController::new(cfg_two_512());
+    let c = open(&m, mmio_opts());
+    let two = c.namespace(2).unwrap().clone();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let buf = c.alloc_dma(4096).unwrap();
+    // The controller holds the Format NVM's completion until released.
+    let fmt = format_held(&m, c, Duration::from_secs(3));
     // The format's reset deleted the pair's queues: this call re-creates
     // them (admin commands) and then writes and reads namespace 2.
     let t = Instant::now();
@@ -683,24 +692,8 @@ fn a_pair_runs_io_on_another_namespace_while_a_format_nvm_is_outstanding() {
 /// held the completion: 4096-byte blocks now).
 #[test]
 fn a_reset_while_a_format_nvm_is_outstanding_ends_its_wait() {
-    let m = ModelController::new(ModelConfig {
-        namespaces: vec![
-            NamespaceConfig {
-                nsid: 1,
-                lba_size: 512,
-                blocks: 4096,
-                ..NamespaceConfig::default()
-            },
-            NamespaceConfig {
-                nsid: 2,
-                lba_size: 512,
-                blocks: 4096,
-                ..NamespaceConfig::default()
-            },
-        ],
-        ..ModelConfig::default()
-    });
-    let mut c = open(&m, mmio_opts());
+    let m = ModelController::new(cfg_two_512());
+    let c = open(&m, mmio_opts());
     let two = c.namespace(2).unwrap().clone();
     let mut qp = c
         .io_queue_pair(QueuePairOptions {
@@ -709,28 +702,7 @@ fn a_reset_while_a_format_nvm_is_outstanding_ends_its_wait() {
         })
         .unwrap();
     let buf = c.alloc_dma(4096).unwrap();
-    m.inject(upnvme_tests::Fault::DelayCompletion {
-        on: upnvme_tests::Match::Opcode {
-            qid: 0,
-            opcode: 0x80,
-        },
-        doorbells: None,
-    });
-    let fmt = std::thread::spawn(move || {
-        let r = c.format_nvm(
-            1,
-            &FormatNvm {
-                timeout: Some(Duration::from_secs(20)),
-                ..FormatNvm::lbaf(4)
-            },
-        );
-        (c, r)
-    });
-    let start = Instant::now();
-    while m.delayed_completions() == 0 {
-        assert!(start.elapsed() < Duration::from_secs(5), "no Format NVM");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    let fmt = format_held(&m, c, Duration::from_secs(20));
     m.inject(upnvme_tests::Fault::DropCompletion(
         upnvme_tests::Match::Queue(qp.qid()),
     ));

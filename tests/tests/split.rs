@@ -34,6 +34,21 @@ fn config(ms: u16, extended: bool, pi_type: u8) -> ModelConfig {
     }
 }
 
+/// A pair of 4 SQ and CQ entries: a depth of 3.
+fn depth_3_pair(
+    c: &upnvme::Controller<upnvme_tests::ModelController>,
+) -> upnvme::IoQueuePair<upnvme_tests::ModelController> {
+    let qp = c
+        .io_queue_pair(QueuePairOptions {
+            entries: Some(4),
+            cq_entries: Some(4),
+            ..QueuePairOptions::default()
+        })
+        .unwrap();
+    assert_eq!(qp.max_depth(), 3);
+    qp
+}
+
 fn write(ns: &upnvme::Namespace, slba: u64, blocks: u32) -> IoCommand<'_> {
     IoCommand::Write { ns, slba, blocks }
 }
@@ -892,14 +907,7 @@ fn write_zeroes_above_65536_blocks_zeroes_every_piece() {
 fn a_command_without_data_needing_more_pieces_than_the_depth_keeps_its_reason() {
     let (m, c) = setup(no_data_config(4096, 64, 1, 0));
     let ns = c.namespace(1).unwrap().clone();
-    let mut qp = c
-        .io_queue_pair(QueuePairOptions {
-            entries: Some(4),
-            cq_entries: Some(4),
-            ..QueuePairOptions::default()
-        })
-        .unwrap();
-    assert_eq!(qp.max_depth(), 3);
+    let mut qp = depth_3_pair(&c);
     let seen = m.commands_fetched();
     let verify = |blocks| IoCommand::Verify {
         ns: &ns,
@@ -1356,14 +1364,7 @@ fn a_deallocate_of_more_than_256_ranges_goes_as_several_commands() {
 fn a_dataset_management_split_is_refused_whole() {
     let (m, c) = setup(dsm_config(200_000, 0, 1, 0));
     let ns = c.namespace(1).unwrap().clone();
-    let mut qp = c
-        .io_queue_pair(QueuePairOptions {
-            entries: Some(4),
-            cq_entries: Some(4),
-            ..QueuePairOptions::default()
-        })
-        .unwrap();
-    assert_eq!(qp.max_depth(), 3);
+    let mut qp = depth_3_pair(&c);
     let seen = m.commands_fetched();
     let dealloc = |ranges| IoCommand::Deallocate { ns: &ns, ranges };
     let refused = |qp: &mut upnvme::IoQueuePair<upnvme_tests::ModelController>, cmd| {

@@ -1731,17 +1731,7 @@ fn write_zeroes_beyond_wzsl_completes_once_with_every_block_zeroed() {
         },
         ..Default::default()
     });
-    let data = vec![0xa5u8; 64 * 512];
-    let w = c.alloc_dma(data.len()).unwrap();
-    w.write_bytes(0, &data).unwrap();
-    let mut plain = c.io_queue_pair(QueuePairOptions::default()).unwrap();
-    let ns = c.namespace(1).unwrap().clone();
-    drop(
-        plain
-            .write_blocking(&ns, 0, 64, w, Duration::from_secs(2))
-            .unwrap(),
-    );
-    drop(plain);
+    m.write_namespace_data(1, 0, &[0xa5u8; 64 * 512]);
     let mut qp = pair(&c, 8);
     let mut seen: Vec<c_int> = Vec::new();
     let arg: *mut Vec<c_int> = &mut seen;
@@ -1831,17 +1821,7 @@ fn deallocate_of_more_than_256_ranges_completes_once() {
         oncs: ModelConfig::ONCS_DSM,
         ..Default::default()
     });
-    let data = vec![0xa5u8; 1024 * 512];
-    let w = c.alloc_dma(data.len()).unwrap();
-    w.write_bytes(0, &data).unwrap();
-    let mut plain = c.io_queue_pair(QueuePairOptions::default()).unwrap();
-    let ns = c.namespace(1).unwrap().clone();
-    drop(
-        plain
-            .write_blocking(&ns, 0, 1024, w, Duration::from_secs(2))
-            .unwrap(),
-    );
-    drop(plain);
+    m.write_namespace_data(1, 0, &[0xa5u8; 1024 * 512]);
     let mut qp = pair(&c, 8);
     let ranges: Vec<crate::qpair::upnvme_range> = (0..300)
         .map(|i| crate::qpair::upnvme_range {
