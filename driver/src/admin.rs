@@ -42,10 +42,19 @@ enum SlotKind {
 
 /// A command started with [`AdminQueue::start_detached`]: its CID and the
 /// reset epoch it was sent in.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Ticket {
     cid: u16,
     epoch: u64,
+}
+
+/// What a reset carries over from the admin queue it replaces for detached
+/// commands ([`AdminQueue::take_detached`]).
+#[derive(Debug)]
+pub(crate) struct DetachedState {
+    epoch: u64,
+    done: Vec<(u64, Cqe)>,
+    waiting: Vec<Ticket>,
 }
 
 /// What became of a detached command ([`AdminQueue::detached_outcome`]).
@@ -112,6 +121,10 @@ pub(crate) struct AdminQueue {
     /// Completions of detached commands, tagged with the epoch they were
     /// reaped in, until their waiters take them.
     detached: Vec<(u64, Cqe)>,
+    /// Detached commands whose waiters still wait (`start_detached` to
+    /// `detached_outcome`'s answer or `abandon`): their completions are
+    /// kept across resets, any other is dropped at the next reset.
+    waiting: Vec<Ticket>,
     /// Controller resets seen (`forget_in_flight`): a detached command of
     /// an earlier epoch without a completion was ended by one.
     epoch: u64,
@@ -155,6 +168,7 @@ impl AdminQueue {
             notice_mask_ended: false,
             quarantine: Vec::new(),
             detached: Vec::new(),
+            waiting: Vec::new(),
             epoch: 0,
         })
     }
@@ -428,10 +442,18 @@ impl AdminQueue {
             device: name.to_string(),
             what: "admin queue: a command just submitted has no command identifier".into(),
         })?;
-        Ok(Ticket {
+        let ticket = Ticket {
             cid,
             epoch: self.epoch,
-        })
+        };
+        self.waiting.push(ticket);
+        Ok(ticket)
+    }
+
+    /// The waiter of `ticket` gives up (an error ended its wait): its
+    /// completion, should one come, is dropped at the next reset.
+    pub(crate) fn abandon(&mut self, ticket: Ticket) {
+        self.waiting.retain(|&t| t != ticket);
     }
 
     /// What became of the detached command `ticket` (reap first). Its
@@ -444,9 +466,11 @@ impl AdminQueue {
             .iter()
             .position(|&(e, c)| e == ticket.epoch && c.cid() == ticket.cid)
         {
+            self.abandon(ticket);
             return Detached::Done(self.detached.swap_remove(i).1);
         }
         if self.epoch != ticket.epoch {
+            self.abandon(ticket);
             return Detached::Ended;
         }
         Detached::Pending
@@ -454,15 +478,20 @@ impl AdminQueue {
 
     /// The reset epoch and the detached completions not taken yet, for the
     /// admin queue a reset builds ([`AdminQueue::keep_detached`]).
-    pub(crate) fn take_detached(&mut self) -> (u64, Vec<(u64, Cqe)>) {
-        (self.epoch, std::mem::take(&mut self.detached))
+    pub(crate) fn take_detached(&mut self) -> DetachedState {
+        DetachedState {
+            epoch: self.epoch,
+            done: std::mem::take(&mut self.detached),
+            waiting: std::mem::take(&mut self.waiting),
+        }
     }
 
     /// Carries over what [`AdminQueue::take_detached`] took from the queue
     /// this one replaces.
-    pub(crate) fn keep_detached(&mut self, (epoch, detached): (u64, Vec<(u64, Cqe)>)) {
-        self.epoch = epoch;
-        self.detached = detached;
+    pub(crate) fn keep_detached(&mut self, state: DetachedState) {
+        self.epoch = state.epoch;
+        self.detached = state.done;
+        self.waiting = state.waiting;
     }
 
     /// Posts Asynchronous Event Requests until `target` are outstanding (plus
@@ -556,9 +585,16 @@ impl AdminQueue {
         }
         self.quarantine.clear();
         // A detached command still in flight is ended (its waiter sees the
-        // new epoch); a completion reaped in this epoch stays for its
-        // waiter, one from before it was abandoned (its waiter gave up).
-        self.detached.retain(|(e, _)| *e == self.epoch);
+        // new epoch); a completion reaped before stays while its waiter
+        // waits (it may not have looked since, however many resets came
+        // meanwhile), and is dropped once the waiter gave up.
+        let waiting = &self.waiting;
+        self.detached.retain(|&(epoch, c)| {
+            waiting.contains(&Ticket {
+                cid: c.cid(),
+                epoch,
+            })
+        });
         self.epoch += 1;
     }
 }

@@ -1305,36 +1305,57 @@ impl<D: Device> Inner<D> {
     /// failed, as any admin timeout.
     pub(crate) fn execute_detached(&self, sqe: Sqe, what: &str, timeout: Duration) -> Result<Cqe> {
         let ticket = self.with_admin(|dev, name, admin| admin.start_detached(dev, name, sqe))?;
+        let ended = || Error::Io {
+            command: what.to_string(),
+            error: crate::IoError::ControllerReset,
+        };
         let start = Instant::now();
         let mut looks = 0u32;
         loop {
             std::thread::sleep(DETACHED_POLL);
             looks = looks.wrapping_add(1);
             let outcome = self.with_admin(|dev, name, admin| {
+                // The CQ first: a completion there is the answer, whatever
+                // CSTS says now.
+                admin.reap(dev, name)?;
+                match admin.detached_outcome(ticket) {
+                    Detached::Done(cqe) => return Ok(Some(cqe)),
+                    Detached::Ended => return Err(ended()),
+                    Detached::Pending => {}
+                }
                 if looks.is_multiple_of(16) {
                     check_csts(dev, name)?;
                 }
-                admin.reap(dev, name)?;
-                match admin.detached_outcome(ticket) {
-                    Detached::Done(cqe) => Ok(Some(cqe)),
-                    Detached::Ended => Err(Error::Io {
-                        command: what.to_string(),
-                        error: crate::IoError::ControllerReset,
-                    }),
-                    Detached::Pending => {
-                        let waited = start.elapsed();
-                        if waited >= timeout {
-                            return Err(Error::Timeout {
-                                what: format!("{what} to complete on the admin queue"),
-                                after: waited,
-                            });
-                        }
-                        Ok(None)
-                    }
+                let waited = start.elapsed();
+                if waited >= timeout {
+                    return Err(Error::Timeout {
+                        what: format!("{what} to complete on the admin queue"),
+                        after: waited,
+                    });
                 }
-            })?;
-            if let Some(cqe) = outcome {
-                return succeeded(cqe, what);
+                Ok(None)
+            });
+            match outcome {
+                Ok(Some(cqe)) => return succeeded(cqe, what),
+                Ok(None) => {}
+                Err(e) => {
+                    let Ok(mut admin) = self.admin() else {
+                        return Err(e);
+                    };
+                    // After a fatal status `with_admin` reset the controller;
+                    // that reset's reap may have taken the completion. So
+                    // what became of the command decides: its completion, or
+                    // the reset that ended it.
+                    if matches!(e, Error::ControllerFatal { .. }) {
+                        match admin.detached_outcome(ticket) {
+                            Detached::Done(cqe) => return succeeded(cqe, what),
+                            Detached::Ended => return Err(ended()),
+                            Detached::Pending => {}
+                        }
+                    }
+                    admin.abandon(ticket);
+                    return Err(e);
+                }
             }
         }
     }

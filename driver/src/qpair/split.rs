@@ -318,6 +318,12 @@ struct RangeCut<'a> {
     attributes: Option<super::command::DsmAttributes>,
     ranges: Vec<DsmRange>,
     ends: Vec<usize>,
+    /// The command's metadata buffer and protection fields, given to every
+    /// child: a Dataset Management refuses them, and a split must refuse
+    /// what one command would (the whole was refused for its range count
+    /// before they were looked at).
+    md: Option<MdMem>,
+    protection: Option<super::Protection>,
 }
 
 /// How a split command is cut.
@@ -354,8 +360,8 @@ impl<'a> Pieces<'a> {
                         limit: usize::MAX,
                         segments: None,
                     },
-                    md: None,
-                    protection: None,
+                    md: cut.md,
+                    protection: cut.protection,
                     offset: 0,
                 }
             }
@@ -363,41 +369,55 @@ impl<'a> Pieces<'a> {
     }
 }
 
-/// `ranges` cut into Dataset Management commands of at most `max_ranges`
-/// ranges (DMRL, and 256) of at most `max_range` blocks each (DMRSL) and
-/// `max_total` blocks in all (DMSL), in order: a range beyond DMRSL, or
-/// beyond what is left of DMSL in its command, goes on as further ranges
-/// of the same Context Attributes. `None` when more than `max_commands`
-/// commands would be needed (the cut stops there: a range of 2^32 - 1
-/// blocks under a DMRSL of 1 is not cut into billions). A range of 0 blocks
-/// is kept as it is (`build` refuses it).
+/// Dataset Management's limits for one command: ranges (DMRL, and 256),
+/// blocks per range (DMRSL), blocks in all ranges (DMSL).
+#[derive(Clone, Copy)]
+struct DsmCaps {
+    ranges: usize,
+    range_blocks: u32,
+    blocks: u64,
+}
+
+/// `ranges` cut into Dataset Management commands within `caps`, in order:
+/// a range beyond DMRSL, or beyond what is left of DMSL in its command,
+/// goes on as further ranges of the same Context Attributes. Returns how
+/// many commands, `None` when more than `max_commands` would be needed
+/// (the count stops there: a range of 2^32 − 1 blocks under a DMRSL of 1
+/// is not walked to its end). With `out`, the pieces and each command's
+/// end in them are written too (only after a count that fits, so nothing
+/// is allocated for a refusal). A range of 0 blocks is kept as it is
+/// (`build` refuses it).
 fn cut_ranges(
     ranges: &[DsmRange],
-    max_ranges: usize,
-    max_range: u32,
-    max_total: u64,
+    caps: DsmCaps,
     max_commands: usize,
-) -> Option<(Vec<DsmRange>, Vec<usize>)> {
-    let mut out = Vec::new();
-    let mut ends = Vec::new();
+    mut out: Option<(&mut Vec<DsmRange>, &mut Vec<usize>)>,
+) -> Option<usize> {
+    let (mut commands, mut pieces) = (0usize, 0usize);
     let (mut count, mut total) = (0usize, 0u64);
     for r in ranges {
         let (mut slba, mut left) = (r.slba, r.nlb);
         loop {
-            if count == max_ranges || (count > 0 && total >= max_total) {
-                ends.push(out.len());
-                if ends.len() >= max_commands {
+            if count == caps.ranges || (count > 0 && total >= caps.blocks) {
+                commands += 1;
+                if commands >= max_commands {
                     return None;
+                }
+                if let Some((_, ends)) = out.as_mut() {
+                    ends.push(pieces);
                 }
                 (count, total) = (0, 0);
             }
-            let room = u32::try_from(max_total - total).unwrap_or(u32::MAX);
-            let nlb = left.min(max_range).min(room);
-            out.push(DsmRange {
-                cattr: r.cattr,
-                nlb,
-                slba,
-            });
+            let room = u32::try_from(caps.blocks - total).unwrap_or(u32::MAX);
+            let nlb = left.min(caps.range_blocks).min(room);
+            if let Some((cut, _)) = out.as_mut() {
+                cut.push(DsmRange {
+                    cattr: r.cattr,
+                    nlb,
+                    slba,
+                });
+            }
+            pieces += 1;
             count += 1;
             total += u64::from(nlb);
             slba = slba.saturating_add(u64::from(nlb));
@@ -408,9 +428,12 @@ fn cut_ranges(
         }
     }
     if count > 0 {
-        ends.push(out.len());
+        commands += 1;
+        if let Some((_, ends)) = out.as_mut() {
+            ends.push(pieces);
+        }
     }
-    (ends.len() <= max_commands).then_some((out, ends))
+    (commands <= max_commands).then_some(commands)
 }
 
 impl<D: Device> IoQueuePair<D> {
@@ -434,23 +457,61 @@ impl<D: Device> IoQueuePair<D> {
             } => (ns, ranges, Some(attributes)),
             _ => return Err(refused(reason, io)),
         };
-        let (max_ranges, max_range, max_total) = self.limits.dsm_caps();
-        let max_ranges = max_ranges.min(super::submit::MAX_DSM_RANGES);
-        let Some((ranges, ends)) = cut_ranges(
-            ranges,
-            max_ranges,
-            max_range,
-            max_total,
-            self.max_depth as usize,
-        ) else {
-            return Err(refused(reason, io));
+        let (max_ranges, range_blocks, blocks) = self.limits.dsm_caps();
+        let caps = DsmCaps {
+            ranges: max_ranges.min(super::submit::MAX_DSM_RANGES),
+            range_blocks,
+            blocks,
         };
+        let depth = self.max_depth as usize;
+        if cut_ranges(ranges, caps, depth, None).is_none() {
+            // More commands than the pair holds: the limit that made them
+            // so many is the reason — the range count alone, else DMRSL,
+            // else DMSL (the whole's first refusal may name another).
+            let unbounded = DsmCaps {
+                range_blocks: u32::MAX,
+                blocks: u64::MAX,
+                ..caps
+            };
+            let reason = if cut_ranges(ranges, unbounded, depth, None).is_none() {
+                reason
+            } else if cut_ranges(
+                ranges,
+                DsmCaps {
+                    blocks: u64::MAX,
+                    ..caps
+                },
+                depth,
+                None,
+            )
+            .is_none()
+            {
+                Reject::SizeLimit {
+                    limit: NvmLimit::DsmRangeBlocks,
+                    max: u64::from(caps.range_blocks),
+                }
+            } else {
+                Reject::SizeLimit {
+                    limit: NvmLimit::DsmBlocks,
+                    max: caps.blocks,
+                }
+            };
+            return Err(refused(reason, io));
+        }
+        let (mut ranges_cut, mut ends) = (Vec::new(), Vec::new());
+        cut_ranges(ranges, caps, depth, Some((&mut ranges_cut, &mut ends)));
+        let ranges = ranges_cut;
         let k = ends.len() as u32;
         let pieces = Pieces::Ranges(RangeCut {
             ns,
             attributes,
             ranges,
             ends,
+            md: io.metadata.as_ref().map(|m| MdMem {
+                iova: m.iova(),
+                len: m.len(),
+            }),
+            protection: io.protection,
         });
         self.queue_pieces(&pieces, k, io, tag)
     }
@@ -876,11 +937,20 @@ mod tests {
             let max_range = 1 + next(16) as u32;
             let max_total = 1 + next(30);
             let max_commands = 1 + next(20) as usize;
-            let got = cut_ranges(&ranges, max_ranges, max_range, max_total, max_commands);
-            let unbounded = cut_ranges(&ranges, max_ranges, max_range, max_total, usize::MAX)
+            let caps = DsmCaps {
+                ranges: max_ranges,
+                range_blocks: max_range,
+                blocks: max_total,
+            };
+            let got = cut_ranges(&ranges, caps, max_commands, None);
+            let (mut out, mut ends) = (Vec::new(), Vec::new());
+            let all = cut_ranges(&ranges, caps, usize::MAX, Some((&mut out, &mut ends)))
                 .expect("no command bound");
-            assert_eq!(got.is_none(), unbounded.1.len() > max_commands);
-            let (out, ends) = unbounded;
+            assert_eq!(all, ends.len());
+            assert_eq!(got.is_none(), all > max_commands);
+            if let Some(k) = got {
+                assert_eq!(k, all);
+            }
             assert_eq!(*ends.last().unwrap(), out.len());
             let mut start = 0;
             for &end in &ends {
