@@ -188,7 +188,20 @@ pub fn run(a: PerfArgs) -> Result<bool> {
     if let Some(e) = first_err {
         return Err(e);
     }
+    if jobs.is_empty()
+        && let Some(sig) = interrupt.signal()
+    {
+        // Stopped before the first I/O (the workers send none then).
+        drop(jobs);
+        drop(ctrl);
+        return Err(anyhow!(Interrupted(sig, interrupt::Reported::Nothing)));
+    }
     jobs.sort_by_key(|j| (j.nsid, j.core));
+    if a.verify {
+        // Several cores on one namespace stamp the same pattern into the
+        // same blocks: each block is read back (and counted) once.
+        merge_written(&mut jobs);
+    }
     let removed_after = jobs
         .iter()
         .filter_map(|j| j.removed_after)
@@ -199,6 +212,9 @@ pub fn run(a: PerfArgs) -> Result<bool> {
     // A verification that cannot finish (a read-back that fails without
     // --continue-on-error) still leaves the measured run's report: it is
     // printed first, and the error is the exit status.
+    // Taken before the read-back: a signal during it leaves the measured
+    // run complete (the exit status still says a signal came, below).
+    let interrupted = interrupt.signal();
     let (mismatches, verify_error) = if a.verify && removed_after.is_none() {
         match verify(&ctrl, &mut jobs, seed, &qp, a.continue_on_error, a.pi) {
             Ok(m) => (Some(m), None),
@@ -207,7 +223,6 @@ pub fn run(a: PerfArgs) -> Result<bool> {
     } else {
         (None, None)
     };
-    let interrupted = interrupt.signal();
     let info = report::RunInfo {
         interrupted: interrupted.map(interrupt::name),
         device: addr.clone(),
@@ -325,6 +340,25 @@ pub fn run(a: PerfArgs) -> Result<bool> {
         return Err(anyhow!(Interrupted(sig, interrupt::Reported::Results)));
     }
     Ok(true)
+}
+
+/// Puts every namespace's written extents into its first job (`jobs`
+/// sorted by NSID), each once: jobs on several cores may have written the
+/// same blocks.
+fn merge_written(jobs: &mut [JobResult]) {
+    let mut i = 0;
+    while i < jobs.len() {
+        let nsid = jobs[i].nsid;
+        let end = i + jobs[i..].iter().take_while(|j| j.nsid == nsid).count();
+        let mut all: Vec<(u64, u32)> = jobs[i..end]
+            .iter_mut()
+            .flat_map(|j| std::mem::take(&mut j.written))
+            .collect();
+        all.sort_unstable();
+        all.dedup();
+        jobs[i].written = all;
+        i = end;
+    }
 }
 
 /// Reads back every stamped extent and counts blocks that differ.

@@ -343,8 +343,12 @@ fn below(x: u64, n: u64) -> u64 {
 
 /// The verification stamp of one block: deterministic in (seed, nsid, lba).
 pub fn stamp(buf: &mut [u8], seed: u64, nsid: u32, lba: u64) {
-    let mut x =
-        xorshift_state(seed ^ ((nsid as u64) << 48) ^ lba.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    // Every bit of the NSID counts (a shift would drop the high ones:
+    // namespaces 1 and 65537 would stamp alike).
+    let mut x = xorshift_state(
+        seed ^ u64::from(nsid).wrapping_mul(0xd6e8_feb8_6659_fd93)
+            ^ lba.wrapping_mul(0x9e37_79b9_7f4a_7c15),
+    );
     for chunk in buf.chunks_mut(8) {
         let v = next_rand(&mut x).to_le_bytes();
         chunk.copy_from_slice(&v[..chunk.len()]);
@@ -485,7 +489,7 @@ impl Job {
             w.in_flight -= 1;
             // Before the resubmission below reuses the tag.
             w.settle_write(c.tag, c.result.is_ok());
-            let ends_warmup = clock.warmup_ends(seen);
+            let ends_warmup = clock.warmup_ends(seen, stop);
             if ends_warmup {
                 // This completion is the warm-up's last: what was
                 // counted so far is dropped, the resubmission below is
@@ -797,12 +801,28 @@ pub fn run(
     }
     arrival.arrive();
     start.wait_for_all(&stop);
-    let mut rng =
-        xorshift_state(plan.seed ^ (plan.index as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
-    for (job, bufs) in jobs.iter_mut().zip(pools) {
+    if stop.load(Ordering::Relaxed) {
+        // A signal, or another worker's failed setup, before the first I/O:
+        // none is sent (a write workload would otherwise write).
+        return Ok(Vec::new());
+    }
+    // One generator per job, from the seed, the worker and the namespace:
+    // a job's LBA sequence does not depend on the order in which the
+    // worker's other jobs complete (`--seed` reproduces every namespace's).
+    let mut rngs: Vec<u64> = jobs
+        .iter()
+        .map(|j| {
+            xorshift_state(
+                plan.seed
+                    ^ (plan.index as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+                    ^ u64::from(j.w.ns.nsid).wrapping_mul(0xd6e8_feb8_6659_fd93),
+            )
+        })
+        .collect();
+    for ((job, bufs), rng) in jobs.iter_mut().zip(pools).zip(rngs.iter_mut()) {
         for (tag, buf) in bufs.into_iter().enumerate() {
             job.w
-                .submit(&mut job.qp, &plan, &mut rng, buf, tag as u64, false)
+                .submit(&mut job.qp, &plan, rng, buf, tag as u64, false)
                 .map_err(|r| anyhow::anyhow!("{}", job.qp.describe(r)))?;
         }
         let t_ring = rdtsc();
@@ -819,7 +839,7 @@ pub fn run(
         total: 0,
         published: 0,
     };
-    run_loop(&mut jobs, &plan, &mut rng, &mut clock, &stop, &mut done)?;
+    run_loop(&mut jobs, &plan, &mut rngs, &mut clock, &stop, &mut done)?;
     progress.store(done.total, Ordering::Relaxed);
     let removed_after = jobs
         .iter()
@@ -912,9 +932,10 @@ impl RunClock {
     }
 
     /// True when the reading `now` ends the warm-up (the measured window
-    /// starts at `now`).
-    fn warmup_ends(&mut self, now: u64) -> bool {
-        if self.measuring || now < self.warm_end {
+    /// starts at `now`). Not once a signal asked to stop: a window made of
+    /// the drain alone would be no measurement.
+    fn warmup_ends(&mut self, now: u64, stop: &AtomicBool) -> bool {
+        if self.measuring || now < self.warm_end || stop.load(Ordering::Relaxed) {
             return false;
         }
         self.measuring = true;
@@ -954,7 +975,7 @@ impl Progress<'_> {
 fn run_loop(
     jobs: &mut [Job],
     plan: &WorkerPlan,
-    rng: &mut u64,
+    rngs: &mut [u64],
     clock: &mut RunClock,
     stop: &AtomicBool,
     done: &mut Progress<'_>,
@@ -987,7 +1008,7 @@ fn run_loop(
         }
         let mut reaped = 0u64;
         for i in 0..jobs.len() {
-            let (n, ended) = jobs[i].poll(plan, rng, clock, stop)?;
+            let (n, ended) = jobs[i].poll(plan, &mut rngs[i], clock, stop)?;
             reaped += n;
             if ended {
                 // The other jobs' windows start now too.
@@ -1092,6 +1113,18 @@ mod tests {
             stamp(&mut b, seed + 1, 1, 7);
             assert_ne!(a, b, "seeds {seed} and {}", seed + 1);
             assert_eq!(a[..8], 7u64.to_le_bytes(), "the LBA leads the block");
+        }
+    }
+
+    /// Every NSID bit counts: namespaces 1 and 65537 stamp different data
+    /// (the NSID once entered shifted by 48, which dropped its high bits).
+    #[test]
+    fn the_verify_stamp_tells_every_namespace_apart() {
+        let (mut a, mut b) = (vec![0u8; 4096], vec![0u8; 4096]);
+        for high in [1u32 << 16, 1 << 31] {
+            stamp(&mut a, 1234, 1, 77);
+            stamp(&mut b, 1234, 1 | high, 77);
+            assert_ne!(a, b, "namespaces 1 and {} stamp LBA 77 alike", 1 | high);
         }
     }
 
