@@ -825,7 +825,9 @@ pub unsafe extern "C" fn upnvme_qpair_destroy(qp: *mut upnvme_qpair) -> c_int {
 
 /// Commands submitted on the pair whose callback has not run yet: in flight
 /// at the controller, or completed and waiting for
-/// `upnvme_qpair_process_completions` (0 for NULL).
+/// `upnvme_qpair_process_completions` (0 for NULL). While a reap's callbacks
+/// resubmit, this can exceed `upnvme_qpair_max_depth` by the completions of
+/// that reap whose callbacks have not run yet (at most 32).
 ///
 /// # Safety
 /// `qp` is null or a live pair.

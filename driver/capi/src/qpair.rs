@@ -251,7 +251,12 @@ const NO_CTX: Ctx = Ctx {
 impl<D: Device> Qpair<D> {
     /// Wraps `qp`; `shared` are its controller's namespaces (`Ctrl::nss`).
     pub(crate) fn new(qp: IoQueuePair<D>, shared: SharedNamespaces) -> Qpair<D> {
-        let depth = qp.max_depth() as usize;
+        // The pair's depth, plus the completions one reap hands over before
+        // their callbacks run: their slots are still held then, while the
+        // library already takes new commands in their place (a callback's
+        // resubmission). A callback that reaps again (nested) may need more:
+        // the table grows then, once.
+        let depth = qp.max_depth() as usize + REAP_BATCH;
         let nss = shared
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -301,6 +306,23 @@ impl<D: Device> Qpair<D> {
         self.ctxs.len().saturating_sub(self.free.len()) as u32
     }
 
+    /// A poisoned pair's end at destroy: dropped as it is — the library
+    /// ends its commands (keeping any memory the device may still reach);
+    /// their callbacks do not run. Their buffer handles come back empty
+    /// (not in flight, no memory), so the caller can free them.
+    fn drop_poisoned(&mut self) {
+        for ctx in self.ctxs.iter_mut().filter_map(Option::take) {
+            if !ctx.buf.is_null() {
+                // SAFETY: the handle was live at submission and cannot have
+                // been freed while in flight (`upnvme_buf_free`,
+                // `upnvme_pool_put` and `upnvme_buf_split` refuse a handle
+                // in flight); one slot holds it (slots are taken once); no
+                // callback runs.
+                unsafe { (*ctx.buf).settle(None) };
+            }
+        }
+    }
+
     /// Marks the pair as an unwound submission does (tests).
     #[cfg(test)]
     pub(crate) fn poison(&mut self) {
@@ -335,20 +357,7 @@ impl<D: Device> Qpair<D> {
             );
         }
         if me.poisoned {
-            // Dropped as it is: the library ends its commands (keeping any
-            // memory the device may still reach); their callbacks do not
-            // run. Their buffer handles come back empty (not in flight, no
-            // memory), so the caller can free them.
-            for ctx in me.ctxs.iter_mut().filter_map(Option::take) {
-                if !ctx.buf.is_null() {
-                    // SAFETY: the handle was live at submission and cannot
-                    // have been freed while in flight (`upnvme_buf_free`,
-                    // `upnvme_pool_put` and `upnvme_buf_split` refuse a
-                    // handle in flight); one slot holds it (slots are taken
-                    // once); no callback runs.
-                    unsafe { (*ctx.buf).settle(None) };
-                }
-            }
+            me.drop_poisoned();
             return UPNVME_OK;
         }
         if me.outstanding() == 0 {
@@ -375,6 +384,11 @@ impl<D: Device> Qpair<D> {
         }
         // SAFETY: as above.
         let me = unsafe { &mut *this };
+        if me.poisoned {
+            // A callback's call unwound during the rounds.
+            me.drop_poisoned();
+            return UPNVME_OK;
+        }
         let left = me.outstanding();
         if left == 0 {
             return UPNVME_OK;
@@ -389,12 +403,16 @@ impl<D: Device> Qpair<D> {
         let mut ended = Vec::new();
         for (i, c) in me.ctxs.iter_mut().enumerate() {
             if let Some(ctx) = c.take() {
-                ended.push(ctx);
-                me.free.push(i as u32);
+                ended.push((i as u32, ctx));
             }
         }
         me.depth += 1;
-        for ctx in ended {
+        for (slot, ctx) in ended {
+            // Released right before its own callback: until then the command
+            // counts in `upnvme_qpair_in_flight` ("whose callback has not run
+            // yet"); `ending` refuses submissions meanwhile.
+            // SAFETY: as above; no callback runs now.
+            unsafe { (*this).free.push(slot) };
             if !ctx.buf.is_null() {
                 // Settled right before its own callback, not before the
                 // first: until then the handle is in flight, so an earlier
@@ -703,7 +721,10 @@ impl<D: Device> Qpair<D> {
         // Emptied by each round's `take`s.
         let mut got: [Option<Completion>; REAP_BATCH] = [const { None }; REAP_BATCH];
         let mut n: u32 = 0;
-        while n < max {
+        // A call a callback made may have poisoned the pair (it unwound):
+        // no more reaps then, and no doorbell (below).
+        // SAFETY: live, this thread's; no callback runs now.
+        while n < max && !unsafe { (*this).poisoned } {
             let mut k = 0;
             let reaped = {
                 // SAFETY: `this` is live and no other reference to it exists
@@ -713,6 +734,8 @@ impl<D: Device> Qpair<D> {
                 // internal error), a completion may have been taken from
                 // the CQ without its callback, so the pair takes no more
                 // work and destroy does not wait for that command forever.
+                // Only this reap's own mark is taken back afterwards.
+                let before = me.poisoned;
                 me.poisoned = true;
                 let want = (max - n).min(batch as u32);
                 let r = me.qp.process_completions(want, |_, c| {
@@ -721,7 +744,7 @@ impl<D: Device> Qpair<D> {
                         k += 1;
                     }
                 });
-                me.poisoned = false;
+                me.poisoned = before;
                 r
             };
             match reaped {
