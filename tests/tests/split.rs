@@ -1671,19 +1671,25 @@ fn queued_dsm_splits_keep_their_range_lists_apart() {
     assert_clean(&m);
 }
 
+/// A pair of 16 entries whose commands time out after 30 ms.
+fn timeout_30ms_pair(
+    c: &upnvme::Controller<upnvme_tests::ModelController>,
+) -> upnvme::IoQueuePair<upnvme_tests::ModelController> {
+    c.io_queue_pair(QueuePairOptions {
+        entries: Some(16),
+        command_timeout: Some(Duration::from_millis(30)),
+        ..Default::default()
+    })
+    .unwrap()
+}
+
 /// A held DSM child: after the command timeout it is aborted and the whole
 /// completes once as TimedOut.
 #[test]
 fn a_held_dsm_child_times_out_once() {
     let (m, c) = setup(dsm_config(2048, 0, 0, 0));
     let ns = c.namespace(1).unwrap().clone();
-    let mut qp = c
-        .io_queue_pair(QueuePairOptions {
-            entries: Some(16),
-            command_timeout: Some(Duration::from_millis(30)),
-            ..Default::default()
-        })
-        .unwrap();
+    let mut qp = timeout_30ms_pair(&c);
     m.inject(Fault::DelayCompletion {
         on: Match::Nth(m.commands_fetched() + 1),
         doorbells: None,
@@ -1717,13 +1723,7 @@ fn a_held_dsm_child_times_out_once() {
 fn a_lost_dsm_child_resets_and_completes_once() {
     let (m, c) = setup(dsm_config(2048, 0, 0, 0));
     let ns = c.namespace(1).unwrap().clone();
-    let mut qp = c
-        .io_queue_pair(QueuePairOptions {
-            entries: Some(16),
-            command_timeout: Some(Duration::from_millis(30)),
-            ..Default::default()
-        })
-        .unwrap();
+    let mut qp = timeout_30ms_pair(&c);
     m.inject(Fault::DropCompletion(Match::Nth(m.commands_fetched() + 2)));
     let many = ones(600);
     let cmd = IoCommand::Deallocate {
