@@ -11,8 +11,9 @@
 //!
 //! - **Where the split happens.** Only after the command was refused as it
 //!   is (`build` answered [`Reject::TransferTooLarge`], a
-//!   [`Reject::SizeLimit`] of VSL, WZSL or WUSL, or [`Reject::BlockCount`]
-//!   above 65536 blocks): the plain path and every command that fits pay
+//!   [`Reject::SizeLimit`] of VSL, WZSL, WUSL, DMRL, DMRSL or DMSL,
+//!   [`Reject::BlockCount`] above 65536 blocks, or [`Reject::RangeCount`]
+//!   above 256 ranges): the plain path and every command that fits pay
 //!   nothing for it.
 //! - **The pieces.** Each child moves at most `MDTS / bytes per block`
 //!   whole blocks (and at most 65536), in LBA order; child *i* starts at
