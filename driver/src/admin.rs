@@ -53,15 +53,26 @@ pub(crate) struct Ticket {
 #[derive(Debug)]
 pub(crate) struct DetachedState {
     epoch: u64,
-    done: Vec<(u64, Cqe)>,
+    done: Vec<DetachedDone>,
     waiting: Vec<Ticket>,
+}
+
+/// A detached command's completion, reaped and not yet taken by its waiter.
+#[derive(Debug)]
+struct DetachedDone {
+    /// The reset epoch it was reaped in.
+    epoch: u64,
+    cqe: Cqe,
+    /// Its data buffer, which the device is done with.
+    data: Option<DmaBuffer>,
 }
 
 /// What became of a detached command ([`AdminQueue::detached_outcome`]).
 #[derive(Debug)]
 pub(crate) enum Detached {
-    /// It completed.
-    Done(Cqe),
+    /// It completed; its data buffer (the device is done with it) comes
+    /// back with it.
+    Done(Cqe, Option<DmaBuffer>),
     /// Still in flight.
     Pending,
     /// A controller reset ended it without a completion (it may or may not
@@ -75,6 +86,11 @@ struct Slot {
     kind: SlotKind,
     opcode: u8,
     done: Option<Cqe>,
+    /// A detached command's data buffer and PRP List page: the slot owns
+    /// them while the device may use them — until the completion is reaped,
+    /// or the controller is disabled ([`AdminQueue::forget_in_flight`]).
+    data: Option<DmaBuffer>,
+    list: Option<DmaBuffer>,
 }
 
 /// The admin submission/completion queue pair (qid 0).
@@ -120,7 +136,7 @@ pub(crate) struct AdminQueue {
     quarantine: Vec<DmaPages>,
     /// Completions of detached commands, tagged with the epoch they were
     /// reaped in, until their waiters take them.
-    detached: Vec<(u64, Cqe)>,
+    detached: Vec<DetachedDone>,
     /// Detached commands whose waiters still wait (`start_detached` to
     /// `detached_outcome`'s answer or `abandon`): their completions are
     /// kept across resets, any other is dropped at the next reset.
@@ -155,6 +171,8 @@ impl AdminQueue {
                     kind: SlotKind::Free,
                     opcode: 0,
                     done: None,
+                    data: None,
+                    list: None,
                 })
                 .collect(),
             sq_db: sq_tail_doorbell(0, dstrd),
@@ -177,6 +195,9 @@ impl AdminQueue {
     /// what is quarantined when the controller may still use them.
     pub(crate) fn into_pages(self) -> Vec<DmaPages> {
         let mut keep = self.quarantine;
+        for s in self.slots {
+            keep.extend(s.data.into_iter().chain(s.list).map(DmaBuffer::into_pages));
+        }
         keep.push(self.sq.into_pages());
         keep.push(self.cq.into_pages());
         keep
@@ -187,6 +208,11 @@ impl AdminQueue {
     /// not be disabled and whose device cannot say its DMA stopped.
     pub(crate) fn leak_memory(&mut self) {
         std::mem::forget(std::mem::take(&mut self.quarantine));
+        for s in &mut self.slots {
+            for b in s.data.take().into_iter().chain(s.list.take()) {
+                std::mem::forget(b.into_pages());
+            }
+        }
         std::mem::forget(self.sq.detach_pages());
         std::mem::forget(self.cq.detach_pages());
     }
@@ -333,7 +359,13 @@ impl AdminQueue {
                 SlotKind::Sync => s.done = Some(cqe),
                 SlotKind::Detached => {
                     s.kind = SlotKind::Free;
-                    self.detached.push((self.epoch, cqe));
+                    // Completed: the device is done with the list.
+                    s.list = None;
+                    self.detached.push(DetachedDone {
+                        epoch: self.epoch,
+                        cqe,
+                        data: s.data.take(),
+                    });
                 }
                 SlotKind::Free => {
                     return Err(fault(format!(
@@ -423,21 +455,34 @@ impl AdminQueue {
         Err(ended)
     }
 
-    /// Submits `sqe` (a command without data) for a waiter that polls with
+    /// Submits `sqe` for a waiter that polls with
     /// [`AdminQueue::detached_outcome`] and does not hold the admin lock in
     /// between: other admin commands (a queue pair re-creating its queues,
-    /// an event poll) run meanwhile. Any reap stores its completion.
+    /// an event poll) run meanwhile. Any reap stores its completion. `data`
+    /// is the command's data buffer and `prp_list` the page its PRP2 points
+    /// to, if any (the SQE's data pointer names them): the queue keeps both
+    /// while the device may use them — until the completion is reaped, when
+    /// the buffer goes to the completion and the list is freed, or until the
+    /// controller is disabled, whatever became of the waiter.
     pub(crate) fn start_detached<D: Device>(
         &mut self,
         dev: &D,
         name: &str,
         mut sqe: Sqe,
+        data: Option<DmaBuffer>,
+        prp_list: Option<DmaBuffer>,
     ) -> Result<Ticket> {
         self.make_room(dev, name)?;
-        // No data: no pointer of anyone's.
-        sqe.set_prp1(0);
-        sqe.set_prp2(0);
+        if data.is_none() {
+            // No data: no pointer of anyone's.
+            sqe.set_prp1(0);
+            sqe.set_prp2(0);
+        }
         let slot = self.submit(dev, sqe, SlotKind::Detached)?;
+        // Stored before anything can reap the completion: reaps take the
+        // admin lock, which the caller holds.
+        self.slots[slot as usize].data = data;
+        self.slots[slot as usize].list = prp_list;
         let cid = self.cids.cid_of(slot).ok_or_else(|| Error::DeviceFault {
             device: name.to_string(),
             what: "admin queue: a command just submitted has no command identifier".into(),
@@ -464,10 +509,11 @@ impl AdminQueue {
         if let Some(i) = self
             .detached
             .iter()
-            .position(|&(e, c)| e == ticket.epoch && c.cid() == ticket.cid)
+            .position(|d| d.epoch == ticket.epoch && d.cqe.cid() == ticket.cid)
         {
             self.abandon(ticket);
-            return Detached::Done(self.detached.swap_remove(i).1);
+            let done = self.detached.swap_remove(i);
+            return Detached::Done(done.cqe, done.data);
         }
         if self.epoch != ticket.epoch {
             self.abandon(ticket);
@@ -580,8 +626,13 @@ impl AdminQueue {
         let slots: Vec<u16> = self.cids.in_flight_slots().collect();
         for s in slots {
             let _ = self.cids.cancel(s);
-            self.slots[s as usize].kind = SlotKind::Free;
-            self.slots[s as usize].done = None;
+            let slot = &mut self.slots[s as usize];
+            slot.kind = SlotKind::Free;
+            slot.done = None;
+            // Disabled: the device no longer uses a detached command's
+            // buffers.
+            slot.data = None;
+            slot.list = None;
         }
         self.quarantine.clear();
         // A detached command still in flight is ended (its waiter sees the
@@ -589,10 +640,10 @@ impl AdminQueue {
         // waits (it may not have looked since, however many resets came
         // meanwhile), and is dropped once the waiter gave up.
         let waiting = &self.waiting;
-        self.detached.retain(|&(epoch, c)| {
+        self.detached.retain(|d| {
             waiting.contains(&Ticket {
-                cid: c.cid(),
-                epoch,
+                cid: d.cqe.cid(),
+                epoch: d.epoch,
             })
         });
         self.epoch += 1;

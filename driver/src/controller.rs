@@ -447,7 +447,9 @@ impl<D: Device> Controller<D> {
     /// [`Error::InvalidArgument`]: Host Memory Buffer (FID 0Dh) and a
     /// non-zero Keep Alive Timeout (FID 0Fh), as in
     /// [`Controller::admin_passthrough`], and the features whose value is a
-    /// data structure in memory (see [`Controller::get_features`]).
+    /// data structure in memory (see [`Controller::get_features`]). Waited
+    /// for as [`Controller::admin_passthrough`]'s commands are: without
+    /// holding the admin queue, except Asynchronous Event Configuration.
     pub fn set_features(&self, fid: u8, cdw11: u32, save: bool) -> Result<u32> {
         let sqe = Sqe::set_features(fid, cdw11, save);
         if let Some(why) = passthrough_refusal(&sqe) {
@@ -668,6 +670,17 @@ impl<D: Device> Controller<D> {
     /// longer (Firmware Commit with activation, up to Identify Controller
     /// MTFA; a large vendor-specific transfer) takes
     /// [`Controller::admin_passthrough_with_timeout`].
+    ///
+    /// The wait does not hold the controller's admin queue: other threads'
+    /// admin commands, a queue pair re-creating its queues and
+    /// [`Controller::reset`] run meanwhile. A reset before the completion
+    /// (another thread's, a pair's timeout recovery, the automatic one after
+    /// a fatal status) ends the wait with [`Error::Io`] carrying
+    /// [`crate::IoError::ControllerReset`]: the command may or may not have
+    /// taken effect. Three commands are waited for under the admin queue's
+    /// lock, because the driver records their completion: Set Features
+    /// Asynchronous Event Configuration and Host Behavior Support, and Get
+    /// Log Page with Retain Asynchronous Event (CDW10 bit 15) clear.
     pub fn admin_passthrough(
         &self,
         sqe: Sqe,
@@ -681,7 +694,7 @@ impl<D: Device> Controller<D> {
     /// instead of `admin_timeout`. A command that gets no answer within it
     /// marks the controller failed, as any admin timeout does
     /// ([`Controller::reset`] brings it back); its data buffer is kept until
-    /// the controller is disabled.
+    /// the command completes or the controller is disabled.
     pub fn admin_passthrough_with_timeout(
         &self,
         mut sqe: Sqe,
@@ -1292,19 +1305,32 @@ impl<D: Device> Inner<D> {
         self.execute_for_application(sqe, data_len, data_out, what, timeout, false)
     }
 
-    /// A command without data, sent and waited for without holding the
-    /// admin lock in between (up to `timeout`): while a long command runs
-    /// (Format NVM, a secure erase taking minutes), other threads' admin
-    /// commands — a queue pair re-creating its queues after a reset, an
-    /// event poll — run. The lock is taken for the submission and for each
-    /// look at the admin CQ, every [`DETACHED_POLL`]; CSTS is read every
-    /// 16th look. A controller reset meanwhile (another thread's, or an
-    /// automatic one after a fatal status) ends the wait with
-    /// [`crate::IoError::ControllerReset`]: the command may or may not have
-    /// taken effect. No answer within `timeout` marks the controller
-    /// failed, as any admin timeout.
-    pub(crate) fn execute_detached(&self, sqe: Sqe, what: &str, timeout: Duration) -> Result<Cqe> {
-        let ticket = self.with_admin(|dev, name, admin| admin.start_detached(dev, name, sqe))?;
+    /// A command sent and waited for without holding the admin lock in
+    /// between (up to `timeout`): while a long command runs (Format NVM, a
+    /// secure erase taking minutes, a Firmware Commit), other threads'
+    /// admin commands — a queue pair re-creating its queues after a reset,
+    /// an event poll — run. `data` is the command's data buffer and the PRP
+    /// List page its PRP2 points to, if any (the SQE names them already):
+    /// the admin queue keeps them while the device may use them, and the
+    /// buffer comes back with the completion. The lock is taken for the
+    /// submission and for each look at the admin CQ: looks follow each
+    /// other (yielding in between) for the first [`DETACHED_SPIN`], so a
+    /// quick command is not slowed down, then come every
+    /// [`DETACHED_POLL`]; CSTS is read every 16th look. A controller reset
+    /// meanwhile (another thread's, or an automatic one after a fatal
+    /// status) ends the wait with [`crate::IoError::ControllerReset`]: the
+    /// command may or may not have taken effect. No answer within
+    /// `timeout` marks the controller failed, as any admin timeout.
+    pub(crate) fn execute_detached(
+        &self,
+        sqe: Sqe,
+        data: Option<(DmaBuffer, Option<DmaBuffer>)>,
+        what: &str,
+        timeout: Duration,
+    ) -> Result<(Cqe, Option<DmaBuffer>)> {
+        let (data, list) = data.map_or((None, None), |(d, l)| (Some(d), l));
+        let ticket =
+            self.with_admin(|dev, name, admin| admin.start_detached(dev, name, sqe, data, list))?;
         let ended = || Error::Io {
             command: what.to_string(),
             error: crate::IoError::ControllerReset,
@@ -1312,14 +1338,18 @@ impl<D: Device> Inner<D> {
         let start = Instant::now();
         let mut looks = 0u32;
         loop {
-            std::thread::sleep(DETACHED_POLL);
+            if start.elapsed() < DETACHED_SPIN {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(DETACHED_POLL);
+            }
             looks = looks.wrapping_add(1);
             let outcome = self.with_admin(|dev, name, admin| {
                 // The CQ first: a completion there is the answer, whatever
                 // CSTS says now.
                 admin.reap(dev, name)?;
                 match admin.detached_outcome(ticket) {
-                    Detached::Done(cqe) => return Ok(Some(cqe)),
+                    Detached::Done(cqe, buf) => return Ok(Some((cqe, buf))),
                     Detached::Ended => return Err(ended()),
                     Detached::Pending => {}
                 }
@@ -1336,7 +1366,7 @@ impl<D: Device> Inner<D> {
                 Ok(None)
             });
             match outcome {
-                Ok(Some(cqe)) => return succeeded(cqe, what),
+                Ok(Some((cqe, buf))) => return Ok((succeeded(cqe, what)?, buf)),
                 Ok(None) => {}
                 Err(e) => {
                     let Ok(mut admin) = self.admin() else {
@@ -1348,7 +1378,7 @@ impl<D: Device> Inner<D> {
                     // the reset that ended it.
                     if matches!(e, Error::ControllerFatal { .. }) {
                         match admin.detached_outcome(ticket) {
-                            Detached::Done(cqe) => return succeeded(cqe, what),
+                            Detached::Done(cqe, buf) => return Ok((succeeded(cqe, what)?, buf)),
                             Detached::Ended => return Err(ended()),
                             Detached::Pending => {}
                         }
@@ -1362,10 +1392,16 @@ impl<D: Device> Inner<D> {
 
     /// [`Inner::execute_within`]; with `application`, a command the
     /// application sent (`set_features`, `admin_passthrough`): a Set
-    /// Features Asynchronous Event Configuration it completes is recorded
-    /// under the admin lock, so that a reset on another thread restores
-    /// either the value before it or this one, never the older value after
-    /// this one took effect.
+    /// Features Asynchronous Event Configuration or Host Behavior Support
+    /// it completes is recorded under the admin lock, so that a reset on
+    /// another thread restores either the value before it or this one,
+    /// never the older value after this one took effect. Any other
+    /// application command is waited for without holding the lock
+    /// ([`Inner::execute_detached`]): it may run for long (a Firmware
+    /// Commit, a Sanitize or Device Self-test start, a vendor's command),
+    /// and the driver records nothing of its completion. A Get Log Page
+    /// with Retain Asynchronous Event clear holds the lock too: the admin
+    /// queue follows which Notice it re-arms (`AdminQueue::execute`).
     pub(crate) fn execute_for_application(
         &self,
         mut sqe: Sqe,
@@ -1378,6 +1414,8 @@ impl<D: Device> Inner<D> {
         let set_features = application && sqe.opcode() == admin_op::SET_FEATURES;
         let sets_aec = set_features && sqe.dw[10] as u8 == feature::ASYNC_EVENT_CONFIG;
         let sets_hbs = set_features && sqe.dw[10] as u8 == feature::HOST_BEHAVIOR_SUPPORT;
+        let rearms_notice = sqe.opcode() == admin_op::GET_LOG_PAGE && sqe.dw[10] & (1 << 15) == 0;
+        let detached = application && !sets_aec && !sets_hbs && !rearms_notice;
         let (buf, list) = match data_len {
             Some(len) => {
                 let (buf, list) = admin_data_buffer(&self.dev, len, &mut sqe, self.mdts_bytes())?;
@@ -1388,19 +1426,24 @@ impl<D: Device> Inner<D> {
             }
             None => (None, None),
         };
-        let (cqe, buf) = self.with_admin(|dev, name, admin| {
-            let done = admin.execute(dev, name, sqe, buf, list, timeout, what)?;
-            if sets_aec && done.0.status().is_success() {
-                self.aec_set_by_application(sqe.dw[11]);
-            }
-            if sets_hbs && done.0.status().is_success() {
-                // Under the admin lock, as the AEC: a reset running after
-                // this restores this value, not an older one.
-                self.hbs_set_by_application(data_out.unwrap_or(&[]));
-            }
-            Ok(done)
-        })?;
-        let cqe = succeeded(cqe, what)?;
+        let (cqe, buf) = if detached {
+            // Checked for its status inside.
+            self.execute_detached(sqe, buf.map(|b| (b, list)), what, timeout)?
+        } else {
+            let (cqe, buf) = self.with_admin(|dev, name, admin| {
+                let done = admin.execute(dev, name, sqe, buf, list, timeout, what)?;
+                if sets_aec && done.0.status().is_success() {
+                    self.aec_set_by_application(sqe.dw[11]);
+                }
+                if sets_hbs && done.0.status().is_success() {
+                    // Under the admin lock, as the AEC: a reset running
+                    // after this restores this value, not an older one.
+                    self.hbs_set_by_application(data_out.unwrap_or(&[]));
+                }
+                Ok(done)
+            })?;
+            (succeeded(cqe, what)?, buf)
+        };
         let data = match (buf, data_len) {
             (Some(b), Some(len)) => {
                 let mut v = vec![0; len];
@@ -2002,11 +2045,16 @@ fn namespace_attribute_changed() -> AsyncEvent {
     AsyncEvent::from_dw0(2 | 0x04 << 16)
 }
 
-/// The completion of `what`, or [`Error::Command`] with its status when that
-/// is not Successful Completion.
-/// How often [`Inner::execute_detached`] looks at the admin CQ.
+/// How often [`Inner::execute_detached`] looks at the admin CQ once
+/// [`DETACHED_SPIN`] has passed.
 const DETACHED_POLL: Duration = Duration::from_micros(200);
 
+/// How long [`Inner::execute_detached`] looks at the admin CQ without
+/// sleeping in between: most admin commands complete within it.
+const DETACHED_SPIN: Duration = Duration::from_millis(1);
+
+/// The completion of `what`, or [`Error::Command`] with its status when that
+/// is not Successful Completion.
 fn succeeded(cqe: Cqe, what: &str) -> Result<Cqe> {
     if cqe.status().is_success() {
         Ok(cqe)

@@ -108,6 +108,70 @@ fn smart_and_logs_are_readable() {
     c.close().unwrap();
 }
 
+/// Admin passthrough commands are waited for without holding the admin
+/// queue (`Inner::execute_detached`): data comes back whole through the
+/// IOMMU while another thread's pair runs I/O and its own admin commands.
+#[test]
+fn admin_passthrough_data_is_whole_while_other_threads_run_io_and_admin_commands() {
+    use upnvme::{QueuePairOptions, Sqe};
+    let c = open(&devices()[0]);
+    let identify = || {
+        c.admin_passthrough(Sqe::identify(0x01, 0, 0), 4096, None)
+            .unwrap_or_else(|e| panic!("Identify Controller through the passthrough: {e}"))
+            .1
+    };
+    let reference = identify();
+    // Serial Number (bytes 4..24) and Model Number (24..64), space padded.
+    let text =
+        |r: std::ops::Range<usize>| String::from_utf8_lossy(&reference[r]).trim().to_string();
+    assert_eq!(text(4..24), c.identify().sn);
+    assert_eq!(text(24..64), c.identify().mn);
+    let ns = c.namespace(1).unwrap().clone();
+    let lba = ns.lba_size() as usize;
+    std::thread::scope(|s| {
+        let io = s.spawn(|| {
+            let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+            let mut buf = c.alloc_dma(lba).unwrap();
+            for i in 0..200u64 {
+                let data: Vec<u8> = (0..lba).map(|b| (b as u64 ^ (i * 31)) as u8).collect();
+                buf.write_bytes(0, &data).unwrap();
+                buf = qp
+                    .write_blocking(&ns, i, 1, buf, Duration::from_secs(10))
+                    .unwrap();
+                buf.fill(0, lba, 0).unwrap();
+                buf = qp
+                    .read_blocking(&ns, i, 1, buf, Duration::from_secs(10))
+                    .unwrap();
+                let mut back = vec![0u8; lba];
+                buf.read_bytes(0, &mut back).unwrap();
+                assert_eq!(back, data, "block {i}");
+            }
+        });
+        let admin = s.spawn(|| {
+            for _ in 0..50 {
+                c.get_features(0x07, 0, 0).unwrap();
+                c.smart_log().unwrap();
+            }
+        });
+        for i in 0..100 {
+            assert!(identify() == reference, "Identify Controller {i} differs");
+            // SMART / Health Information with RAE set (a detached wait too).
+            let (_, smart) = c
+                .admin_passthrough(
+                    Sqe::get_log_page(0x02, 0xffff_ffff, 128, 0, true),
+                    512,
+                    None,
+                )
+                .unwrap();
+            let kelvin = u16::from_le_bytes([smart[1], smart[2]]);
+            assert!((200..400).contains(&kelvin), "temperature {kelvin} K");
+        }
+        io.join().unwrap();
+        admin.join().unwrap();
+    });
+    c.close().unwrap();
+}
+
 #[test]
 fn shutdown_completes_and_reopen_works() {
     let addr = &devices()[0];
