@@ -1,7 +1,8 @@
 //! The C API in the guest: `hello_world_c` (driver/capi/examples/hello_world.c,
 //! compiled by `cargo xtask` against the installed header and static library
-//! through pkg-config) writes a string from a buffer, reads it back from
-//! inside the write's completion callback, and prints it.
+//! through pkg-config) reads Identify Controller through the admin
+//! passthrough, writes a string from a buffer, reads it back from inside the
+//! write's completion callback, and prints it.
 
 use std::process::Command;
 
@@ -22,6 +23,8 @@ fn c_hello_world_prints_what_it_wrote_and_read_back() {
         String::from_utf8_lossy(&o.stderr)
     );
     assert!(out.contains(&format!("Attached to {dev}")), "{out}");
+    // Identify Controller through upnvme_ctrl_admin_passthru.
+    assert!(out.contains("Controller: QEMU NVMe Ctrl"), "{out}");
     assert!(out.ends_with("Hello world!\n"), "{out}");
 }
 

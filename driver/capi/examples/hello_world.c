@@ -82,6 +82,19 @@ int main(int argc, char **argv)
            addr ? addr : "the only vfio-bound controller", upnvme_version(),
            (unsigned long long)ns.blocks, ns.lba_size);
 
+    /* Identify Controller (opcode 06h, CNS 01h) through the admin
+     * passthrough: the opcode's bits 1:0 (10b) say the data comes back. */
+    unsigned char id[4096];
+    struct upnvme_admin_cmd identify = {.opcode = 0x06, .cdw10 = 0x01};
+    struct upnvme_admin_cpl cpl;
+    rc = upnvme_ctrl_admin_passthru(ctrl, &identify, id, sizeof id, &cpl);
+    if (rc != UPNVME_OK) {
+        fail("upnvme_ctrl_admin_passthru (Identify Controller)", rc);
+        goto out;
+    }
+    /* Model Number: bytes 63:24, Serial Number: 23:4, ASCII, space padded. */
+    printf("Controller: %.40s / serial %.20s\n", (const char *)id + 24, (const char *)id + 4);
+
     rc = upnvme_qpair_create(ctrl, NULL, &qp);
     if (rc != UPNVME_OK) {
         fail("upnvme_qpair_create", rc);

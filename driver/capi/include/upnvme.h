@@ -186,6 +186,92 @@ typedef struct upnvme_async_event {
 } upnvme_async_event;
 
 /**
+ * An admin command for `upnvme_ctrl_admin_passthru`: the Submission Queue
+ * Entry's fields the caller chooses (NVMe 2.0 §4.2, "Submission Queue
+ * Entry"). The library fills in the Command Identifier, PSDT and the data
+ * pointer (PRP1/PRP2, from its own DMA memory) and sends MPTR as 0.
+ */
+typedef struct upnvme_admin_cmd {
+  /**
+   * Opcode (CDW0 bits 7:0); its bits 1:0 give the data direction.
+   */
+  uint8_t opcode;
+  /**
+   * Reserved: 0.
+   */
+  uint8_t rsvd[3];
+  /**
+   * Namespace Identifier (NSID).
+   */
+  uint32_t nsid;
+  /**
+   * Command dword 2.
+   */
+  uint32_t cdw2;
+  /**
+   * Command dword 3.
+   */
+  uint32_t cdw3;
+  /**
+   * Command dword 10.
+   */
+  uint32_t cdw10;
+  /**
+   * Command dword 11.
+   */
+  uint32_t cdw11;
+  /**
+   * Command dword 12.
+   */
+  uint32_t cdw12;
+  /**
+   * Command dword 13.
+   */
+  uint32_t cdw13;
+  /**
+   * Command dword 14.
+   */
+  uint32_t cdw14;
+  /**
+   * Command dword 15.
+   */
+  uint32_t cdw15;
+  /**
+   * Bound on the wait in milliseconds; 0 = the controller's admin
+   * timeout (`upnvme_ctrl_opts.admin_timeout_ms`).
+   */
+  uint32_t timeout_ms;
+} upnvme_admin_cmd;
+
+/**
+ * How an admin command of `upnvme_ctrl_admin_passthru` completed.
+ */
+typedef struct upnvme_admin_cpl {
+  /**
+   * Completion dword 0 (command specific: a Get Features value, Set
+   * Features' result); 0 when the command failed.
+   */
+  uint32_t dw0;
+  /**
+   * Completion dword 1.
+   */
+  uint32_t dw1;
+  /**
+   * Status Code Type (0 and `sc` 0 on success; set when the call returns
+   * `UPNVME_EIO`).
+   */
+  uint8_t sct;
+  /**
+   * Status Code.
+   */
+  uint8_t sc;
+  /**
+   * Do Not Retry.
+   */
+  bool dnr;
+} upnvme_admin_cpl;
+
+/**
  * What a namespace is (Identify Namespace, current LBA format).
  */
 typedef struct upnvme_ns_info {
@@ -445,6 +531,41 @@ int upnvme_ctrl_get_log_page(const struct upnvme_ctrl *ctrl,
                              uint64_t offset,
                              void *buf,
                              size_t len);
+
+/**
+ * Sends an admin command and waits for it: Identify, Get / Set Features,
+ * Get Log Page, Device Self-test, Firmware Image Download / Commit,
+ * Security Send / Receive, Sanitize, vendor-specific commands
+ * (`Controller::admin_passthrough`). `data` (`data_len` bytes, NULL when
+ * 0) moves in the direction the opcode's bits 1:0 give: 01b it is sent,
+ * 10b the controller's data is written into it, 11b both; 00b takes no
+ * data. The library copies it through its own DMA memory. The wait is
+ * bounded by `cmd->timeout_ms` (0: the controller's admin timeout) and
+ * does not hold the controller's admin queue (other threads' admin
+ * commands and queue pairs go on), except for Set Features Asynchronous
+ * Event Configuration / Host Behavior Support and Get Log Page with Retain
+ * Asynchronous Event clear.
+ *
+ * Returns 0 (`cpl` holds dwords 0 and 1), `UPNVME_EIO` for an NVMe error
+ * status (`cpl->sct`, `sc`, `dnr`), `UPNVME_EINVAL` for a command the
+ * library owns (I/O queue creation and deletion, Asynchronous Event
+ * Request, Doorbell Buffer Config, Format NVM, Namespace Management and
+ * Attachment, Host Memory Buffer, a Keep Alive timer) or a `data_len`
+ * shorter than the command moves, `UPNVME_ECANCELED` when a controller
+ * reset ended the wait (the command may or may not have taken effect),
+ * `UPNVME_ETIMEDOUT` (the controller is then failed until a reset), or
+ * another negative code. `cpl` may be NULL.
+ *
+ * # Safety
+ * `ctrl` a live handle; `cmd` valid for a read; `data` valid for
+ * `data_len` reads and writes (it may be NULL when `data_len` is 0); `cpl`
+ * null or valid for a write.
+ */
+int upnvme_ctrl_admin_passthru(const struct upnvme_ctrl *ctrl,
+                               const struct upnvme_admin_cmd *cmd,
+                               void *data,
+                               size_t data_len,
+                               struct upnvme_admin_cpl *cpl);
 
 /**
  * Reads the namespace list again (after a Namespace Attribute Changed

@@ -1,13 +1,18 @@
 //! Controllers (`upnvme_ctrl`): options, open and close, namespace geometry,
-//! asynchronous events and the namespace list's refresh.
+//! asynchronous events, the namespace list's refresh and admin commands
+//! (`upnvme_ctrl_admin_passthru`).
 
 use std::collections::VecDeque;
+use std::ffi::c_int;
 use std::ops::Deref;
 use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
 use std::time::Duration;
 
+use crate::status::{UPNVME_OK, fail_error};
+
 use upnvme::{
-    AsyncEvent, Controller, ControllerOptions, Device, Namespace, NamespaceChanges, PageBacking,
+    AsyncEvent, Controller, ControllerOptions, Cqe, Device, Namespace, NamespaceChanges,
+    PageBacking, Sqe,
 };
 
 /// Options of `upnvme_ctrl_open`. Fill with `upnvme_ctrl_opts_default(&o)`
@@ -71,6 +76,76 @@ impl upnvme_ctrl_opts {
         }
         o
     }
+}
+
+/// An admin command for `upnvme_ctrl_admin_passthru`: the Submission Queue
+/// Entry's fields the caller chooses (NVMe 2.0 §4.2, "Submission Queue
+/// Entry"). The library fills in the Command Identifier, PSDT and the data
+/// pointer (PRP1/PRP2, from its own DMA memory) and sends MPTR as 0.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct upnvme_admin_cmd {
+    /// Opcode (CDW0 bits 7:0); its bits 1:0 give the data direction.
+    pub opcode: u8,
+    /// Reserved: 0.
+    pub rsvd: [u8; 3],
+    /// Namespace Identifier (NSID).
+    pub nsid: u32,
+    /// Command dword 2.
+    pub cdw2: u32,
+    /// Command dword 3.
+    pub cdw3: u32,
+    /// Command dword 10.
+    pub cdw10: u32,
+    /// Command dword 11.
+    pub cdw11: u32,
+    /// Command dword 12.
+    pub cdw12: u32,
+    /// Command dword 13.
+    pub cdw13: u32,
+    /// Command dword 14.
+    pub cdw14: u32,
+    /// Command dword 15.
+    pub cdw15: u32,
+    /// Bound on the wait in milliseconds; 0 = the controller's admin
+    /// timeout (`upnvme_ctrl_opts.admin_timeout_ms`).
+    pub timeout_ms: u32,
+}
+
+impl upnvme_admin_cmd {
+    /// The Submission Queue Entry these fields make.
+    fn sqe(&self) -> Sqe {
+        let mut sqe = Sqe::default();
+        sqe.dw[0] = u32::from(self.opcode);
+        sqe.dw[1] = self.nsid;
+        sqe.dw[2] = self.cdw2;
+        sqe.dw[3] = self.cdw3;
+        sqe.dw[10] = self.cdw10;
+        sqe.dw[11] = self.cdw11;
+        sqe.dw[12] = self.cdw12;
+        sqe.dw[13] = self.cdw13;
+        sqe.dw[14] = self.cdw14;
+        sqe.dw[15] = self.cdw15;
+        sqe
+    }
+}
+
+/// How an admin command of `upnvme_ctrl_admin_passthru` completed.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct upnvme_admin_cpl {
+    /// Completion dword 0 (command specific: a Get Features value, Set
+    /// Features' result); 0 when the command failed.
+    pub dw0: u32,
+    /// Completion dword 1.
+    pub dw1: u32,
+    /// Status Code Type (0 and `sc` 0 on success; set when the call returns
+    /// `UPNVME_EIO`).
+    pub sct: u8,
+    /// Status Code.
+    pub sc: u8,
+    /// Do Not Retry.
+    pub dnr: bool,
 }
 
 /// What a namespace is (Identify Namespace, current LBA format).
@@ -188,6 +263,71 @@ impl<D: Device> Ctrl<D> {
             return Err(closed());
         };
         c.get_log_page(lid, nsid, len, offset)
+    }
+
+    /// An admin command through `Controller::admin_passthrough_with_timeout`
+    /// (bounded by `timeout`, else the controller's admin timeout), moving
+    /// `data` in the direction the opcode's bits 1:0 give (NVMe 2.0 §5,
+    /// "Opcodes for Admin Commands": 01b host to controller, 10b
+    /// controller to host, 11b both); `data` must be empty for 00b.
+    pub(crate) fn admin_passthru(
+        &self,
+        cmd: &upnvme_admin_cmd,
+        data: &mut [u8],
+        timeout: Option<Duration>,
+    ) -> upnvme::Result<Cqe> {
+        let Some(c) = self.get() else {
+            return Err(closed());
+        };
+        let direction = cmd.opcode & 0b11;
+        if direction == 0 && !data.is_empty() {
+            return Err(upnvme::Error::InvalidArgument(format!(
+                "admin command 0x{:02x}: its opcode's bits 1:0 are 00b (no data transfer), but                  data_len is {}: pass NULL and 0, or the opcode of a command that moves data",
+                cmd.opcode,
+                data.len()
+            )));
+        }
+        let sqe = cmd.sqe();
+        let out = (direction & 1 != 0).then_some(&*data);
+        let (cqe, back) = match timeout {
+            Some(t) => c.admin_passthrough_with_timeout(sqe, data.len(), out, t)?,
+            None => c.admin_passthrough(sqe, data.len(), out)?,
+        };
+        if direction & 2 != 0 {
+            let n = back.len().min(data.len());
+            data[..n].copy_from_slice(&back[..n]);
+        }
+        Ok(cqe)
+    }
+
+    /// `upnvme_ctrl_admin_passthru` past its pointer checks: the command
+    /// bounded by `cmd.timeout_ms` (0: the admin timeout), `cpl` filled
+    /// (dwords 0 and 1 on success, the status on `UPNVME_EIO`), the return
+    /// code with the last error recorded.
+    pub(crate) fn admin_passthru_c(
+        &self,
+        cmd: &upnvme_admin_cmd,
+        data: &mut [u8],
+        cpl: &mut upnvme_admin_cpl,
+    ) -> c_int {
+        let timeout =
+            (cmd.timeout_ms != 0).then(|| Duration::from_millis(u64::from(cmd.timeout_ms)));
+        *cpl = upnvme_admin_cpl::default();
+        match self.admin_passthru(cmd, data, timeout) {
+            Ok(cqe) => {
+                cpl.dw0 = cqe.dw0();
+                cpl.dw1 = cqe.dw[1];
+                UPNVME_OK
+            }
+            Err(e) => {
+                if let upnvme::Error::Command { status, .. } = &e {
+                    cpl.sct = status.sct();
+                    cpl.sc = status.sc();
+                    cpl.dnr = status.dnr();
+                }
+                fail_error(&e)
+            }
+        }
     }
 
     /// Reads the namespace list again (`Controller::refresh_namespaces`)

@@ -31,7 +31,9 @@ use upnvme::{Controller, VfioNvme};
 
 pub use buf::{upnvme_buf, upnvme_pool};
 use ctrl::CtrlRef;
-pub use ctrl::{Ctrl, upnvme_async_event, upnvme_ctrl_opts, upnvme_ns_info};
+pub use ctrl::{
+    Ctrl, upnvme_admin_cmd, upnvme_admin_cpl, upnvme_async_event, upnvme_ctrl_opts, upnvme_ns_info,
+};
 pub use qpair::{Cmd, Qpair, upnvme_cmd_cb, upnvme_cpl, upnvme_qpair_opts, upnvme_range};
 pub use status::*;
 
@@ -332,6 +334,81 @@ pub unsafe extern "C" fn upnvme_ctrl_get_log_page(
             }
             Err(e) => fail_error(&e),
         }
+    })
+}
+
+/// Sends an admin command and waits for it: Identify, Get / Set Features,
+/// Get Log Page, Device Self-test, Firmware Image Download / Commit,
+/// Security Send / Receive, Sanitize, vendor-specific commands
+/// (`Controller::admin_passthrough`). `data` (`data_len` bytes, NULL when
+/// 0) moves in the direction the opcode's bits 1:0 give: 01b it is sent,
+/// 10b the controller's data is written into it, 11b both; 00b takes no
+/// data. The library copies it through its own DMA memory. The wait is
+/// bounded by `cmd->timeout_ms` (0: the controller's admin timeout) and
+/// does not hold the controller's admin queue (other threads' admin
+/// commands and queue pairs go on), except for Set Features Asynchronous
+/// Event Configuration / Host Behavior Support and Get Log Page with Retain
+/// Asynchronous Event clear.
+///
+/// Returns 0 (`cpl` holds dwords 0 and 1), `UPNVME_EIO` for an NVMe error
+/// status (`cpl->sct`, `sc`, `dnr`), `UPNVME_EINVAL` for a command the
+/// library owns (I/O queue creation and deletion, Asynchronous Event
+/// Request, Doorbell Buffer Config, Format NVM, Namespace Management and
+/// Attachment, Host Memory Buffer, a Keep Alive timer) or a `data_len`
+/// shorter than the command moves, `UPNVME_ECANCELED` when a controller
+/// reset ended the wait (the command may or may not have taken effect),
+/// `UPNVME_ETIMEDOUT` (the controller is then failed until a reset), or
+/// another negative code. `cpl` may be NULL.
+///
+/// # Safety
+/// `ctrl` a live handle; `cmd` valid for a read; `data` valid for
+/// `data_len` reads and writes (it may be NULL when `data_len` is 0); `cpl`
+/// null or valid for a write.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn upnvme_ctrl_admin_passthru(
+    ctrl: *const upnvme_ctrl,
+    cmd: *const upnvme_admin_cmd,
+    data: *mut c_void,
+    data_len: usize,
+    cpl: *mut upnvme_admin_cpl,
+) -> c_int {
+    guard(|| {
+        if !cpl.is_null() {
+            // SAFETY: non-null and valid for a write (the caller's contract).
+            unsafe { cpl.write(upnvme_admin_cpl::default()) };
+        }
+        // SAFETY: the caller's contract.
+        let h = match unsafe { ctrl_wrap(ctrl) } {
+            Ok(h) => h,
+            Err(code) => return code,
+        };
+        // SAFETY: null or valid for a read (the caller's contract); the
+        // struct is integers only, valid for any bit pattern.
+        let Some(cmd) = (unsafe { cmd.as_ref() }).copied() else {
+            return fail(UPNVME_EINVAL, "upnvme_ctrl_admin_passthru: cmd is NULL");
+        };
+        if data.is_null() && data_len != 0 {
+            return fail(
+                UPNVME_EINVAL,
+                format!("upnvme_ctrl_admin_passthru: data is NULL but data_len is {data_len}"),
+            );
+        }
+        let data: &mut [u8] = if data_len == 0 {
+            &mut []
+        } else {
+            // SAFETY: non-null and valid for `data_len` reads and writes
+            // (the caller's contract); the library holds no other reference
+            // to the caller's memory, which is not device memory (the
+            // command moves data through the library's own DMA buffer).
+            unsafe { std::slice::from_raw_parts_mut(data.cast::<u8>(), data_len) }
+        };
+        let mut done = upnvme_admin_cpl::default();
+        let code = h.admin_passthru_c(&cmd, data, &mut done);
+        if !cpl.is_null() {
+            // SAFETY: as above.
+            unsafe { cpl.write(done) };
+        }
+        code
     })
 }
 

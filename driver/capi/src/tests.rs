@@ -1856,3 +1856,142 @@ fn deallocate_of_more_than_256_ranges_completes_once() {
     assert_eq!(m.dma_faults(), 0);
     assert!(m.violations().is_empty(), "{:?}", m.violations());
 }
+
+/// `upnvme_ctrl_admin_passthru`: data moves in the direction the opcode's
+/// bits 1:0 give — Identify (10b) comes back whole, Set Features Host
+/// Behavior Support (01b) reaches the controller — and a command without
+/// data returns completion dword 0.
+#[test]
+fn admin_passthru_moves_data_in_the_opcodes_direction() {
+    let (m, c) = model_with(ModelConfig {
+        elbas: true,
+        ..ModelConfig::default()
+    });
+    let reference = c
+        .admin_passthrough(upnvme::Sqe::identify(0x01, 0, 0), 4096, None)
+        .unwrap()
+        .1;
+    let queues = c.get_features(0x07, 0, 0).unwrap();
+    let h = crate::Ctrl::new(c);
+    let mut cpl = crate::upnvme_admin_cpl::default();
+
+    // Identify Controller (06h: controller to host).
+    let mut page = vec![0xa5u8; 4096];
+    let identify = crate::upnvme_admin_cmd {
+        opcode: 0x06,
+        cdw10: 0x01,
+        ..Default::default()
+    };
+    assert_eq!(
+        h.admin_passthru_c(&identify, &mut page, &mut cpl),
+        UPNVME_OK
+    );
+    assert_eq!(page, reference);
+
+    // Get Features Number of Queues (0Ah, no data): dword 0.
+    let get = crate::upnvme_admin_cmd {
+        opcode: 0x0a,
+        cdw10: 0x07,
+        ..Default::default()
+    };
+    assert_eq!(h.admin_passthru_c(&get, &mut [], &mut cpl), UPNVME_OK);
+    assert_eq!(cpl.dw0, queues);
+
+    // Set Features Host Behavior Support (09h: host to controller), LBAFEE
+    // kept set (the driver enabled it) and ACRE set.
+    let mut hbs = vec![0u8; 512];
+    hbs[0] = 1;
+    hbs[2] = 1;
+    let set = crate::upnvme_admin_cmd {
+        opcode: 0x09,
+        cdw10: 0x16,
+        ..Default::default()
+    };
+    let sent = hbs.clone();
+    assert_eq!(h.admin_passthru_c(&set, &mut hbs, &mut cpl), UPNVME_OK);
+    assert_eq!(m.host_behavior(), Some(sent.clone()));
+    // Sent only: the caller's memory is left as it was.
+    assert_eq!(hbs, sent);
+    drop(h);
+    assert_eq!(m.dma_faults(), 0);
+    assert!(m.violations().is_empty(), "{:?}", m.violations());
+}
+
+/// An NVMe error status is `UPNVME_EIO` with the status in `cpl`; data on a
+/// no-data opcode, and the commands the library owns, are `UPNVME_EINVAL`
+/// with nothing sent; a held command's bound (`timeout_ms`) is kept.
+#[test]
+fn admin_passthru_reports_statuses_and_refusals() {
+    let (m, c) = model();
+    let h = crate::Ctrl::new(c);
+    let mut cpl = crate::upnvme_admin_cpl::default();
+    // Get Features of a reserved FID: Invalid Field in Command (0/02h).
+    let bad = crate::upnvme_admin_cmd {
+        opcode: 0x0a,
+        cdw10: 0xee,
+        ..Default::default()
+    };
+    assert_eq!(h.admin_passthru_c(&bad, &mut [], &mut cpl), UPNVME_EIO);
+    assert_eq!((cpl.sct, cpl.sc), (0, 0x02), "{cpl:?}");
+    assert!(last_error().contains("Invalid Field"), "{}", last_error());
+
+    let fetched = m.commands_fetched();
+    // Keep Alive (18h: 00b) with data.
+    let keep_alive = crate::upnvme_admin_cmd {
+        opcode: 0x18,
+        ..Default::default()
+    };
+    let mut page = vec![0u8; 4096];
+    assert_eq!(
+        h.admin_passthru_c(&keep_alive, &mut page, &mut cpl),
+        UPNVME_EINVAL
+    );
+    assert!(
+        last_error().contains("bits 1:0 are 00b"),
+        "{}",
+        last_error()
+    );
+    // Create I/O Completion Queue (05h) is the library's.
+    let create = crate::upnvme_admin_cmd {
+        opcode: 0x05,
+        ..Default::default()
+    };
+    assert_eq!(
+        h.admin_passthru_c(&create, &mut [], &mut cpl),
+        UPNVME_EINVAL
+    );
+    // Identify with too little room for its 4096 bytes.
+    let identify = crate::upnvme_admin_cmd {
+        opcode: 0x06,
+        cdw10: 0x01,
+        ..Default::default()
+    };
+    assert_eq!(
+        h.admin_passthru_c(&identify, &mut page[..512], &mut cpl),
+        UPNVME_EINVAL
+    );
+    assert_eq!(m.commands_fetched(), fetched, "a refused command was sent");
+
+    // A command the controller holds ends at its own bound.
+    m.inject(upnvme_tests::Fault::DelayCompletion {
+        on: upnvme_tests::Match::Opcode {
+            qid: 0,
+            opcode: 0x06,
+        },
+        doorbells: None,
+    });
+    let held = crate::upnvme_admin_cmd {
+        timeout_ms: 30,
+        ..identify
+    };
+    let t = std::time::Instant::now();
+    assert_eq!(
+        h.admin_passthru_c(&held, &mut page, &mut cpl),
+        UPNVME_ETIMEDOUT
+    );
+    assert!(
+        t.elapsed() < Duration::from_millis(1500),
+        "waited {:?}: the command's 30 ms bound was not used",
+        t.elapsed()
+    );
+}
