@@ -80,6 +80,18 @@ pub(crate) enum Detached {
     Ended,
 }
 
+/// Whether a detached command may take a command identifier now
+/// ([`AdminQueue::detached_room`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Room {
+    /// Yes: what the driver keeps for itself stays free after it.
+    Yes,
+    /// Not while so many other detached commands are outstanding.
+    NotNow,
+    /// Never on a queue this small: the command waits under the lock.
+    Never,
+}
+
 /// What is waiting on a CID slot.
 #[derive(Debug)]
 struct Slot {
@@ -144,6 +156,10 @@ pub(crate) struct AdminQueue {
     /// Controller resets seen (`forget_in_flight`): a detached command of
     /// an earlier epoch without a completion was ended by one.
     epoch: u64,
+    /// Asynchronous Event Requests the driver keeps posted (the last
+    /// [`AdminQueue::post_aers`] target, capped as it caps it): their
+    /// command identifiers are never given to detached commands.
+    aer_target: u32,
 }
 
 impl AdminQueue {
@@ -188,6 +204,7 @@ impl AdminQueue {
             detached: Vec::new(),
             waiting: Vec::new(),
             epoch: 0,
+            aer_target: 0,
         })
     }
 
@@ -455,6 +472,37 @@ impl AdminQueue {
         Err(ended)
     }
 
+    /// Whether a detached command may take a command identifier now. The
+    /// driver keeps the Asynchronous Event Requests it wants posted
+    /// (outstanding or to re-post) and two identifiers for its own commands
+    /// (a queue pair's Create I/O CQ/SQ, an Abort, a reset's Identify; as
+    /// `post_aers` keeps them): application commands waited for without the
+    /// lock, as many as threads send, must not take those — a host that ran
+    /// out of identifiers would have to fail the controller, and lost
+    /// event requests are not posted again.
+    pub(crate) fn detached_room(&self) -> Room {
+        let slots = self.slots.len() as u32;
+        let aers = self.aers_outstanding();
+        let kept = self.aer_target.max(aers) + DRIVER_CIDS;
+        if kept + 1 > slots {
+            return Room::Never;
+        }
+        let others = self.cids.in_flight().saturating_sub(aers);
+        if others + 1 + kept <= slots {
+            Room::Yes
+        } else {
+            Room::NotNow
+        }
+    }
+
+    /// Detached commands in flight.
+    pub(crate) fn detached_in_flight(&self) -> u32 {
+        self.slots
+            .iter()
+            .filter(|s| s.kind == SlotKind::Detached)
+            .count() as u32
+    }
+
     /// Submits `sqe` for a waiter that polls with
     /// [`AdminQueue::detached_outcome`] and does not hold the admin lock in
     /// between: other admin commands (a queue pair re-creating its queues,
@@ -546,8 +594,9 @@ impl AdminQueue {
         let outstanding = self.aers_outstanding();
         // Keep at least two command identifiers for real admin commands, however
         // small the admin queue.
-        let cap = (self.slots.len() as u32).saturating_sub(2);
-        let mut want = target.min(cap).saturating_sub(outstanding);
+        let cap = (self.slots.len() as u32).saturating_sub(DRIVER_CIDS);
+        self.aer_target = target.min(cap);
+        let mut want = self.aer_target.saturating_sub(outstanding);
         if want > 0 && self.sq_ring.free_slots() <= 2 {
             // As `make_room`: every caller has just reaped (or the queue is
             // new), so no completion with an older SQHD waits.
@@ -555,12 +604,14 @@ impl AdminQueue {
         }
         while want > 0
             && self.sq_ring.free_slots() > 2
-            && self.cids.in_flight() + 2 < self.slots.len() as u32
+            && self.cids.in_flight() + DRIVER_CIDS < self.slots.len() as u32
         {
             self.submit(dev, Sqe::async_event_request(), SlotKind::Aer)?;
             want -= 1;
         }
-        self.aer_to_post = 0;
+        // What could not be posted now (identifiers held by other commands)
+        // is posted at the next poll, not forgotten.
+        self.aer_to_post = want;
         Ok(())
     }
 
@@ -665,6 +716,10 @@ pub(crate) fn check_csts<D: Device>(dev: &D, name: &str) -> Result<Csts> {
     }
     Ok(csts)
 }
+
+/// Command identifiers kept free for the driver's own admin commands:
+/// neither Asynchronous Event Requests nor detached commands take them.
+const DRIVER_CIDS: u32 = 2;
 
 /// AERs in a row ended by a retryable error that are posted again; past
 /// it the controller is taken to refuse them for good.

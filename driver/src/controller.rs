@@ -20,7 +20,7 @@ use upnvme_queues::{
 };
 use upnvme_queues::{cns, feature, log_id};
 
-use crate::admin::{AdminQueue, Detached, check_csts};
+use crate::admin::{AdminQueue, Detached, Room, check_csts};
 use crate::device::{Device, VfioNvme};
 use crate::error::{Error, Result};
 use crate::namespace::Namespace;
@@ -681,6 +681,10 @@ impl<D: Device> Controller<D> {
     /// lock, because the driver records their completion: Set Features
     /// Asynchronous Event Configuration and Host Behavior Support, and Get
     /// Log Page with Retain Asynchronous Event (CDW10 bit 15) clear.
+    /// Commands from many threads share the admin queue's command
+    /// identifiers, less those the driver keeps (its event requests and
+    /// two for its own commands): one that finds none free waits for one,
+    /// within the same bound, with nothing sent.
     pub fn admin_passthrough(
         &self,
         sqe: Sqe,
@@ -1235,6 +1239,27 @@ impl<D: Device> Inner<D> {
         self.check_usable()?;
         let r = f(&self.dev, &self.name, &mut admin);
         drop(admin);
+        self.settle(r)
+    }
+
+    /// [`Inner::with_admin`] for a command already in flight: runs `f`
+    /// whatever state the controller is marked in (failed by a queue
+    /// pair's fault, by another thread's timeout), because the command's
+    /// completion, if it came, is its answer — as a waiter under the lock
+    /// gets it. Its errors are settled as `with_admin`'s.
+    fn with_admin_in_flight<T>(
+        &self,
+        f: impl FnOnce(&D, &str, &mut AdminQueue) -> Result<T>,
+    ) -> Result<T> {
+        let mut admin = self.admin()?;
+        let r = f(&self.dev, &self.name, &mut admin);
+        drop(admin);
+        self.settle(r)
+    }
+
+    /// What an admin step's error means for the controller: a removal is
+    /// named, a fatal status resets it, a fault or timeout marks it failed.
+    fn settle<T>(&self, r: Result<T>) -> Result<T> {
         // All-ones registers from a release (the kernel asked for the
         // device back) are named as such.
         let r = r.map_err(|e| self.removal_named(e));
@@ -1328,14 +1353,51 @@ impl<D: Device> Inner<D> {
         what: &str,
         timeout: Duration,
     ) -> Result<(Cqe, Option<DmaBuffer>)> {
-        let (data, list) = data.map_or((None, None), |(d, l)| (Some(d), l));
-        let ticket =
-            self.with_admin(|dev, name, admin| admin.start_detached(dev, name, sqe, data, list))?;
+        let start = Instant::now();
+        let mut data = data.map_or((None, None), |(d, l)| (Some(d), l));
+        let ticket = loop {
+            let started = self.with_admin(|dev, name, admin| {
+                let room = admin.detached_room();
+                if room == Room::NotNow {
+                    return Ok(Start::Wait(admin.detached_in_flight(), data));
+                }
+                let (data, list) = data;
+                if room == Room::Never {
+                    // An admin queue too small to leave the driver its
+                    // identifiers: waited for under the lock, as before.
+                    return admin
+                        .execute(dev, name, sqe, data, list, timeout, what)
+                        .map(Start::Done);
+                }
+                admin
+                    .start_detached(dev, name, sqe, data, list)
+                    .map(Start::Ticket)
+            })?;
+            match started {
+                Start::Ticket(t) => break t,
+                Start::Done((cqe, buf)) => return Ok((succeeded(cqe, what)?, buf)),
+                Start::Wait(outstanding, back) => {
+                    data = back;
+                    // Nothing was sent: the controller is not to blame.
+                    let waited = start.elapsed();
+                    if waited >= timeout {
+                        return Err(Error::Timeout {
+                            what: format!(
+                                "{what} to get an admin command identifier ({outstanding} other \
+                                 admin commands of the application are outstanding; nothing was \
+                                 sent)"
+                            ),
+                            after: waited,
+                        });
+                    }
+                    std::thread::sleep(DETACHED_POLL);
+                }
+            }
+        };
         let ended = || Error::Io {
             command: what.to_string(),
             error: crate::IoError::ControllerReset,
         };
-        let start = Instant::now();
         let mut looks = 0u32;
         loop {
             if start.elapsed() < DETACHED_SPIN {
@@ -1344,7 +1406,10 @@ impl<D: Device> Inner<D> {
                 std::thread::sleep(DETACHED_POLL);
             }
             looks = looks.wrapping_add(1);
-            let outcome = self.with_admin(|dev, name, admin| {
+            // Not refused when something marked the controller failed
+            // meanwhile: the command is in flight, and its completion is the
+            // answer.
+            let outcome = self.with_admin_in_flight(|dev, name, admin| {
                 // The CQ first: a completion there is the answer, whatever
                 // CSTS says now.
                 admin.reap(dev, name)?;
@@ -1372,16 +1437,17 @@ impl<D: Device> Inner<D> {
                     let Ok(mut admin) = self.admin() else {
                         return Err(e);
                     };
-                    // After a fatal status `with_admin` reset the controller;
-                    // that reset's reap may have taken the completion. So
-                    // what became of the command decides: its completion, or
-                    // the reset that ended it.
-                    if matches!(e, Error::ControllerFatal { .. }) {
-                        match admin.detached_outcome(ticket) {
-                            Detached::Done(cqe, buf) => return Ok((succeeded(cqe, what)?, buf)),
-                            Detached::Ended => return Err(ended()),
-                            Detached::Pending => {}
+                    // After a fatal status `settle` reset the controller;
+                    // that reset's reap may have taken the completion, as
+                    // may a reap before a fault. So what became of the
+                    // command decides: its completion, or the reset that
+                    // ended it.
+                    match admin.detached_outcome(ticket) {
+                        Detached::Done(cqe, buf) => return Ok((succeeded(cqe, what)?, buf)),
+                        Detached::Ended if matches!(e, Error::ControllerFatal { .. }) => {
+                            return Err(ended());
                         }
+                        Detached::Ended | Detached::Pending => {}
                     }
                     admin.abandon(ticket);
                     return Err(e);
@@ -2043,6 +2109,18 @@ impl<D: Device> Drop for Inner<D> {
 /// the driver found without one.
 fn namespace_attribute_changed() -> AsyncEvent {
     AsyncEvent::from_dw0(2 | 0x04 << 16)
+}
+
+/// How [`Inner::execute_detached`]'s start went (under the admin lock).
+enum Start {
+    /// Sent; its completion is looked for without the lock.
+    Ticket(crate::admin::Ticket),
+    /// Sent and waited for under the lock (an admin queue too small to
+    /// share).
+    Done((Cqe, Option<DmaBuffer>)),
+    /// Not sent: this many other detached commands hold the identifiers it
+    /// could take. Its data buffer and PRP List page come back.
+    Wait(u32, (Option<DmaBuffer>, Option<DmaBuffer>)),
 }
 
 /// How often [`Inner::execute_detached`] looks at the admin CQ once

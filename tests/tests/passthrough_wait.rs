@@ -2,12 +2,22 @@
 //! waited for without holding the admin lock (`Inner::execute_detached`):
 //! a long one (a Firmware Commit, a vendor's command) no longer stops other
 //! threads' admin commands, a queue pair's queue re-creation or a reset.
-//! The command's data buffer stays with the admin queue while the device
-//! may use it, and comes back with the completion. Before, the caller held
-//! the lock for the whole command: `other_admin_commands_run_while_a_passthrough_is_outstanding`,
+//! The command's data buffer (and PRP List page) stays with the admin queue
+//! while the device may use them, and comes back with the completion.
+//! Before, the caller held the lock for the whole command:
+//! `other_admin_commands_run_while_a_passthrough_is_outstanding`,
 //! `a_pair_recreates_its_queues_while_a_passthrough_is_outstanding` and
 //! `a_reset_ends_an_outstanding_passthrough_with_controller_reset` failed
 //! then (each waited for the passthrough's timeout).
+//!
+//! From the thirty-eighth session's review of the first version (which
+//! failed each of these): as many application commands as threads hold
+//! command identifiers now, so they may not take the driver's own (the
+//! event requests it keeps posted, two for its commands) — the first
+//! version ran the queue out of identifiers and failed the controller;
+//! a controller marked failed by something else while a command is out
+//! does not end its wait (the first version dropped a completion that had
+//! come and answered `ControllerFailed`).
 
 mod common;
 
@@ -16,6 +26,8 @@ use std::time::{Duration, Instant};
 use common::{T, assert_clean, open, opts, read_back};
 use upnvme::{Controller, ControllerOptions, Error, IoError, QueuePairOptions};
 use upnvme_queues::{Sqe, cns};
+
+const GET_LOG_PAGE: u8 = 0x02;
 use upnvme_tests::{Fault, Match, ModelController};
 
 const IDENTIFY: u8 = 0x06;
@@ -38,11 +50,17 @@ fn hold(m: &ModelController, opcode: u8) {
 }
 
 fn wait_held(m: &ModelController) {
+    wait_held_n(m, 1);
+}
+
+/// Waits until the model holds `n` completions.
+fn wait_held_n(m: &ModelController, n: usize) {
     let start = Instant::now();
-    while m.delayed_completions() < 1 {
+    while m.delayed_completions() < n {
         assert!(
             start.elapsed() < Duration::from_secs(5),
-            "the passthrough command did not reach the controller"
+            "the passthrough command did not reach the controller ({} of {n} held)",
+            m.delayed_completions()
         );
         std::thread::sleep(Duration::from_millis(1));
     }
@@ -189,4 +207,291 @@ fn a_timed_out_passthrough_keeps_its_buffer_until_the_controller_is_disabled() {
     assert_eq!(identify_controller(&c, T).unwrap().len(), PAGE);
     drop(c);
     assert_clean(&m);
+}
+
+/// Error Information log (LID 01h), three pages with RAE set: detached,
+/// with a PRP List.
+fn error_log_rae(c: &Controller<ModelController>, timeout: Duration) -> upnvme::Result<Vec<u8>> {
+    let sqe = Sqe::get_log_page(0x01, 0xffff_ffff, (3 * PAGE / 4) as u32, 0, true);
+    c.admin_passthrough_with_timeout(sqe, 3 * PAGE, None, timeout)
+        .map(|(_, d)| d)
+}
+
+#[test]
+fn a_timed_out_three_page_passthrough_keeps_buffer_and_prp_list_until_the_reset() {
+    let m = ModelController::new(Default::default());
+    let c = open(&m, mmio_opts());
+    let before = m.live_dma_buffers();
+    hold(&m, GET_LOG_PAGE);
+    let r = error_log_rae(&c, Duration::from_millis(50));
+    assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
+    // The data buffer and the PRP List page.
+    assert_eq!(m.live_dma_buffers(), before + 2);
+    // Its completion arriving now changes nothing the device may use.
+    m.release_delayed();
+    c.reset().expect("reset");
+    assert_eq!(m.live_dma_buffers(), before);
+    assert_eq!(error_log_rae(&c, T).unwrap().len(), 3 * PAGE);
+    assert_eq!(m.live_dma_buffers(), before);
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn a_reset_ending_a_three_page_passthrough_frees_buffer_and_list() {
+    let m = ModelController::new(Default::default());
+    let c = open(&m, mmio_opts());
+    let before = m.live_dma_buffers();
+    hold(&m, GET_LOG_PAGE);
+    std::thread::scope(|s| {
+        let held = s.spawn(|| error_log_rae(&c, Duration::from_secs(3)));
+        wait_held(&m);
+        assert_eq!(m.live_dma_buffers(), before + 2);
+        c.reset().expect("reset");
+        let r = held.join().unwrap();
+        assert!(
+            matches!(
+                r,
+                Err(Error::Io {
+                    error: IoError::ControllerReset,
+                    ..
+                })
+            ),
+            "{r:?}"
+        );
+    });
+    assert_eq!(m.live_dma_buffers(), before);
+    drop(c);
+    assert_clean(&m);
+}
+
+#[test]
+fn a_three_page_completion_reaped_by_another_thread_comes_back_whole() {
+    let m = ModelController::new(Default::default());
+    let c = open(&m, mmio_opts());
+    let expected = error_log_rae(&c, T).unwrap();
+    let before = m.live_dma_buffers();
+    hold(&m, GET_LOG_PAGE);
+    std::thread::scope(|s| {
+        let held = s.spawn(|| error_log_rae(&c, Duration::from_secs(3)));
+        wait_held(&m);
+        m.release_delayed();
+        // This thread's commands reap it (the waiter may, too).
+        for _ in 0..20 {
+            c.get_features(0x07, 0, 0).unwrap();
+        }
+        assert_eq!(held.join().unwrap().unwrap(), expected);
+    });
+    assert_eq!(m.live_dma_buffers(), before);
+    drop(c);
+    assert_clean(&m);
+}
+
+// ---------------------------------------------------------------------------
+// Command identifiers: application commands do not take the driver's own.
+// ---------------------------------------------------------------------------
+
+/// An 8-entry admin queue: 7 command identifiers, 4 Asynchronous Event
+/// Requests and 2 for the driver's commands leave one for an application
+/// command at a time; the others wait for it (nothing sent), and the
+/// driver's commands — a Get Features, a queue pair's Create I/O CQ/SQ —
+/// and the event requests go on.
+#[test]
+fn application_commands_beyond_the_drivers_reserve_wait_for_an_identifier() {
+    let m = ModelController::new(Default::default());
+    let c = open(
+        &m,
+        ControllerOptions {
+            admin_queue_entries: 8,
+            ..mmio_opts()
+        },
+    );
+    let aers = m.outstanding_async_requests();
+    assert_eq!(aers, 4);
+    hold(&m, IDENTIFY);
+    std::thread::scope(|s| {
+        let threads: Vec<_> = (0..3)
+            .map(|_| s.spawn(|| identify_controller(&c, Duration::from_secs(5))))
+            .collect();
+        wait_held(&m);
+        let fetched = m.commands_fetched();
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(
+            m.commands_fetched(),
+            fetched,
+            "a second application command took an identifier the driver keeps"
+        );
+        c.get_features(0x07, 0, 0)
+            .expect("Get Features with an application command outstanding");
+        let mut qp = c
+            .io_queue_pair(QueuePairOptions::default())
+            .expect("a pair");
+        let ns = c.namespace(1).unwrap().clone();
+        let buf = qp
+            .read_blocking(&ns, 0, 1, c.alloc_dma(PAGE).unwrap(), T)
+            .expect("I/O");
+        drop(buf);
+        // An event completes one request; the poll posts it again.
+        m.raise_async_event(1, 0, 0x02);
+        assert_eq!(c.poll_async_events().expect("poll").len(), 1);
+        assert_eq!(m.outstanding_async_requests(), aers);
+        assert!(c.failure().is_none(), "{:?}", c.failure());
+        m.release_delayed();
+        for t in threads {
+            assert_eq!(t.join().unwrap().expect("passthrough").len(), PAGE);
+        }
+        drop(qp);
+    });
+    assert!(c.failure().is_none(), "{:?}", c.failure());
+    drop(c);
+    assert_clean(&m);
+}
+
+/// The default admin queue (32 entries): 25 application commands at once,
+/// and two more wait without failing anything.
+#[test]
+fn many_threads_of_application_commands_do_not_fail_the_controller() {
+    let m = ModelController::new(Default::default());
+    let c = open(&m, mmio_opts());
+    let aers = m.outstanding_async_requests();
+    let room = 31 - aers - 2;
+    std::thread::scope(|s| {
+        let mut threads = Vec::new();
+        for i in 0..room {
+            // A fault matches one command: held one at a time.
+            hold(&m, IDENTIFY);
+            threads.push(s.spawn(|| identify_controller(&c, Duration::from_secs(5))));
+            wait_held_n(&m, i + 1);
+        }
+        // Two more find every shareable identifier taken and wait.
+        for _ in 0..2 {
+            threads.push(s.spawn(|| identify_controller(&c, Duration::from_secs(5))));
+        }
+        let fetched = m.commands_fetched();
+        std::thread::sleep(Duration::from_millis(50));
+        assert_eq!(m.commands_fetched(), fetched, "beyond the reserve");
+        c.get_features(0x07, 0, 0)
+            .expect("Get Features with every shareable identifier taken");
+        assert!(c.failure().is_none(), "{:?}", c.failure());
+        m.release_delayed();
+        for (i, t) in threads.into_iter().enumerate() {
+            assert!(t.join().unwrap().is_ok(), "passthrough {i}");
+        }
+    });
+    assert!(c.failure().is_none(), "{:?}", c.failure());
+    c.get_features(0x07, 0, 0).expect("Get Features afterwards");
+    drop(c);
+    assert_clean(&m);
+}
+
+/// An application command that finds no identifier within its bound is a
+/// timeout of its own: nothing was sent, the controller stays usable.
+#[test]
+fn an_application_command_that_gets_no_identifier_in_time_leaves_the_controller_usable() {
+    let m = ModelController::new(Default::default());
+    let c = open(
+        &m,
+        ControllerOptions {
+            admin_queue_entries: 8,
+            ..mmio_opts()
+        },
+    );
+    hold(&m, IDENTIFY);
+    std::thread::scope(|s| {
+        let held = s.spawn(|| identify_controller(&c, Duration::from_secs(5)));
+        wait_held(&m);
+        let r = identify_controller(&c, Duration::from_millis(30));
+        match &r {
+            Err(Error::Timeout { what, .. }) => {
+                assert!(what.contains("nothing was sent"), "{what}")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(c.failure().is_none(), "{:?}", c.failure());
+        m.release_delayed();
+        held.join().unwrap().expect("the held passthrough");
+    });
+    c.get_features(0x07, 0, 0).expect("usable");
+    drop(c);
+    assert_clean(&m);
+}
+
+/// The smallest admin queue (2 entries: one identifier, no event
+/// requests): nothing to share, so an application command is waited for
+/// under the lock, and another admin command waits for it instead of
+/// finding no identifier (the first version failed the controller).
+#[test]
+fn on_a_two_entry_admin_queue_application_commands_wait_under_the_lock() {
+    let m = ModelController::new(Default::default());
+    let c = open(
+        &m,
+        ControllerOptions {
+            admin_queue_entries: 2,
+            ..mmio_opts()
+        },
+    );
+    hold(&m, IDENTIFY);
+    std::thread::scope(|s| {
+        let held = s.spawn(|| identify_controller(&c, Duration::from_secs(5)));
+        wait_held(&m);
+        let releaser = s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(100));
+            m.release_delayed()
+        });
+        c.get_features(0x07, 0, 0)
+            .expect("Get Features after the held command");
+        assert_eq!(releaser.join().unwrap(), 1);
+        held.join().unwrap().expect("the held passthrough");
+    });
+    assert!(c.failure().is_none(), "{:?}", c.failure());
+    drop(c);
+    assert_clean(&m);
+}
+
+// ---------------------------------------------------------------------------
+// A controller marked failed by a queue pair (which does so without the
+// admin lock) while an application command is out: the command's
+// completion, posted after, is still its answer (the looks do not consult
+// the failure mark; under the lock, before, the waiter got it too).
+// ---------------------------------------------------------------------------
+
+#[test]
+fn a_passthrough_that_completed_is_answered_even_if_a_pair_failed_the_controller_meanwhile() {
+    let m = ModelController::new(Default::default());
+    let c = open(&m, mmio_opts());
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    // Queues created now, before the passthrough.
+    let buf = c.alloc_dma(PAGE).unwrap();
+    let buf = qp.read_blocking(&ns, 0, 1, buf, T).unwrap();
+    let expected = identify_controller(&c, T).unwrap();
+    hold(&m, IDENTIFY);
+    std::thread::scope(|s| {
+        let held = s.spawn(|| identify_controller(&c, Duration::from_secs(3)));
+        wait_held(&m);
+        // The pair sees a broken completion (a stale CID): the controller
+        // is marked failed.
+        m.inject(Fault::CorruptCid {
+            on: Match::Queue(qp.qid()),
+            xor: 0x8000,
+        });
+        let r = qp.read_blocking(&ns, 0, 1, buf, Duration::from_secs(1));
+        assert!(
+            matches!(&r, Err(f) if matches!(f.error, Error::DeviceFault { .. })),
+            "{:?}",
+            r.as_ref().err().map(|f| f.to_string())
+        );
+        assert!(c.failure().is_some());
+        // The passthrough's command completes.
+        assert_eq!(m.release_delayed(), 1);
+        let r = held.join().unwrap();
+        match r {
+            Ok(data) => assert_eq!(data, expected),
+            Err(e) => panic!(
+                "the passthrough's command completed successfully, yet the caller was told: {e}"
+            ),
+        }
+    });
+    drop(qp);
+    drop(c);
 }
