@@ -308,6 +308,126 @@ fn write_then_read_is_byte_exact() {
 
 // ---------------------------------------------------------------- identify, list, smart-log
 
+/// `upnvme admin-passthru`: Identify Controller back raw, a log page as a
+/// hex dump, Get Features' dword 0, a data structure sent to the controller
+/// and read back, an NVMe error status (exit 1) and a refused command
+/// (exit 2, nothing sent).
+#[test]
+fn admin_passthru_moves_data_both_ways_and_reports_statuses() {
+    let dev = device();
+    // Identify Controller (06h, CNS 01h), raw: 4096 bytes on stdout.
+    let o = upnvme(&[
+        "admin-passthru",
+        "-d",
+        &dev,
+        "-O",
+        "0x06",
+        "--cdw10",
+        "1",
+        "-l",
+        "4096",
+        "-b",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(o.stdout.len(), 4096);
+    let text = |r: std::ops::Range<usize>| String::from_utf8_lossy(&o.stdout[r]).trim().to_string();
+    assert_eq!(text(24..64), "QEMU NVMe Ctrl");
+    assert_eq!(text(4..24), format!("{}0", env("UPNVME_VM_SERIAL_PREFIX")));
+    assert!(
+        stderr(&o).contains("Successful Completion"),
+        "{}",
+        stderr(&o)
+    );
+
+    // SMART / Health Information (Get Log Page 02h, 128 dwords, RAE set):
+    // the report line and a hex dump of 512 bytes.
+    let out = ok(&upnvme(&[
+        "admin-passthru",
+        "-d",
+        &dev,
+        "-O",
+        "0x02",
+        "-n",
+        "0xffffffff",
+        "--cdw10",
+        "0x007f8002",
+        "-l",
+        "512",
+    ]));
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(
+        lines[0].starts_with("admin command 0x02: Successful Completion"),
+        "{out}"
+    );
+    assert_eq!(lines.len(), 2 + 32, "{out}");
+    assert!(lines[2].starts_with("0000: "), "{out}");
+    assert!(lines[33].starts_with("01f0: "), "{out}");
+
+    // Get Features Number of Queues (0Ah, FID 07h): dword 0, no data.
+    let out = ok(&upnvme(&[
+        "admin-passthru",
+        "-d",
+        &dev,
+        "-O",
+        "0x0a",
+        "--cdw10",
+        "7",
+    ]));
+    assert_eq!(out.lines().count(), 1, "{out}");
+    assert!(!out.contains("dword 0 0x00000000"), "{out}");
+
+    // Host Behavior Support (FID 16h, 512 bytes): read it, send it back
+    // unchanged (Set Features, 09h: host to controller), read it again.
+    let get_hbs = |file: &str| {
+        let o = upnvme(&[
+            "admin-passthru",
+            "-d",
+            &dev,
+            "-O",
+            "0x0a",
+            "--cdw10",
+            "0x16",
+            "-l",
+            "512",
+            "-b",
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        fs::write(file, &o.stdout).unwrap();
+        o.stdout
+    };
+    let hbs = get_hbs("/tmp/hbs.bin");
+    assert_eq!(hbs.len(), 512);
+    ok(&upnvme(&[
+        "admin-passthru",
+        "-d",
+        &dev,
+        "-O",
+        "0x09",
+        "--cdw10",
+        "0x16",
+        "-i",
+        "/tmp/hbs.bin",
+    ]));
+    assert_eq!(get_hbs("/tmp/hbs2.bin"), hbs);
+
+    // An NVMe error status: Get Features of a reserved FID.
+    let o = upnvme(&[
+        "admin-passthru",
+        "-d",
+        &dev,
+        "-O",
+        "0x0a",
+        "--cdw10",
+        "0xee",
+    ]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("Invalid Field"), "{}", stderr(&o));
+    // A command the driver owns: Create I/O Completion Queue.
+    let o = upnvme(&["admin-passthru", "-d", &dev, "-O", "0x05"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("io_queue_pair"), "{}", stderr(&o));
+}
+
 #[test]
 fn identify_fields_equal_the_vm_options() {
     let prefix = env("UPNVME_VM_SERIAL_PREFIX");

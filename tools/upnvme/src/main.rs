@@ -1,7 +1,8 @@
 //! `upnvme`: the command-line face of the upnvme driver, in nvme-cli's spirit.
 //!
 //! Subcommands: `perf` (4 KiB round-trip latency and IOPS), `list`,
-//! `identify`, `smart-log`, `read`, `write`, `format`, `setup status|bind|unbind|hugepages`.
+//! `identify`, `smart-log`, `read`, `write`, `format`, `admin-passthru`,
+//! `setup status|bind|unbind|hugepages`.
 
 /// `print!` that returns an error instead of panicking when stdout is gone
 /// (`upnvme perf --json | head`): use inside functions returning `Result`.
@@ -21,6 +22,7 @@ macro_rules! outln {
 }
 
 mod decode;
+mod passthru;
 mod perf;
 mod rw;
 mod setup;
@@ -131,6 +133,13 @@ enum Command {
               value_parser = clap::value_parser!(u64).range(1..))]
         timeout: u64,
     },
+    /// Send an admin command, as nvme-cli's admin-passthru: Identify, Get /
+    /// Set Features, Get Log Page, Device Self-test, Firmware Image Download
+    /// / Commit, Security Send / Receive, Sanitize, vendor-specific. The
+    /// commands the driver owns (queue creation and deletion, Asynchronous
+    /// Event Request, Doorbell Buffer Config, Format NVM (`upnvme format`
+    /// sends it), Namespace Management / Attachment) are refused.
+    AdminPassthru(passthru::AdminPassthruArgs),
     /// Prepare the machine (run as root): `status` shows the IOMMU, the NVMe
     /// controllers with their drivers and IOMMU groups, and the hugepages;
     /// `bind` / `unbind` move controllers between vfio-pci and the kernel's
@@ -256,6 +265,7 @@ fn run(cli: Cli) -> Result<()> {
             }
         }
         Command::List => show::list(),
+        Command::AdminPassthru(a) => passthru::run(&a),
         Command::Identify {
             dev,
             nsid,

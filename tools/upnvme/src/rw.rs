@@ -47,7 +47,7 @@ pub struct MetadataArgs {
 }
 
 /// A decimal or `0x`-prefixed hexadecimal number, as nvme-cli takes tags.
-fn number<T: TryFrom<u64>>(s: &str) -> std::result::Result<T, String> {
+pub(crate) fn number<T: TryFrom<u64>>(s: &str) -> std::result::Result<T, String> {
     let v = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
         Some(hex) => u64::from_str_radix(hex, 16),
         None => s.parse::<u64>(),

@@ -1,0 +1,272 @@
+//! `upnvme admin-passthru`: any admin command the driver does not own, as
+//! nvme-cli's `admin-passthru` sends it — the opcode, NSID and command
+//! dwords from flags, data from a file or back to stdout (a hex dump, or raw
+//! with `-b`), completion dword 0 in the report.
+
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use upnvme::{Controller, Sqe};
+
+use crate::DeviceArgs;
+use crate::usage::usage;
+
+/// The flags of `upnvme admin-passthru`.
+#[derive(clap::Args, Debug)]
+pub struct AdminPassthruArgs {
+    #[command(flatten)]
+    dev: DeviceArgs,
+    /// Opcode (decimal or 0x-prefixed hex); its bits 1:0 give the data
+    /// direction unless --read / --write say otherwise (01b host to
+    /// controller, 10b controller to host).
+    #[arg(short = 'O', long, value_parser = crate::rw::number::<u8>)]
+    opcode: u8,
+    /// Namespace ID (NSID).
+    #[arg(short = 'n', long = "namespace-id", default_value_t = 0, value_parser = crate::rw::number::<u32>)]
+    nsid: u32,
+    /// Command dword 2.
+    #[arg(long, default_value_t = 0, value_parser = crate::rw::number::<u32>)]
+    cdw2: u32,
+    /// Command dword 3.
+    #[arg(long, default_value_t = 0, value_parser = crate::rw::number::<u32>)]
+    cdw3: u32,
+    /// Command dword 10.
+    #[arg(long, default_value_t = 0, value_parser = crate::rw::number::<u32>)]
+    cdw10: u32,
+    /// Command dword 11.
+    #[arg(long, default_value_t = 0, value_parser = crate::rw::number::<u32>)]
+    cdw11: u32,
+    /// Command dword 12.
+    #[arg(long, default_value_t = 0, value_parser = crate::rw::number::<u32>)]
+    cdw12: u32,
+    /// Command dword 13.
+    #[arg(long, default_value_t = 0, value_parser = crate::rw::number::<u32>)]
+    cdw13: u32,
+    /// Command dword 14.
+    #[arg(long, default_value_t = 0, value_parser = crate::rw::number::<u32>)]
+    cdw14: u32,
+    /// Command dword 15.
+    #[arg(long, default_value_t = 0, value_parser = crate::rw::number::<u32>)]
+    cdw15: u32,
+    /// Bytes the command moves through its data pointer. With --input-file
+    /// it defaults to the file's length; a larger value pads the file's
+    /// data with zeros.
+    #[arg(short = 'l', long, value_parser = crate::rw::number::<usize>)]
+    data_len: Option<usize>,
+    /// The data comes from the controller (printed as a hex dump, or raw
+    /// with --raw-binary).
+    #[arg(short = 'r', long, conflicts_with = "write")]
+    read: bool,
+    /// The data goes to the controller (from --input-file, else --data-len
+    /// bytes from stdin).
+    #[arg(short = 'w', long)]
+    write: bool,
+    /// File holding the data to send ("-": stdin).
+    #[arg(short = 'i', long)]
+    input_file: Option<PathBuf>,
+    /// Write the data read to stdout as it is, instead of a hex dump (the
+    /// report goes to stderr then).
+    #[arg(short = 'b', long)]
+    raw_binary: bool,
+    /// Bound on the command in milliseconds (default: the admin timeout;
+    /// a Firmware Commit that activates may need up to the controller's
+    /// MTFA).
+    #[arg(short = 't', long, value_parser = clap::value_parser!(u64).range(1..))]
+    timeout: Option<u64>,
+}
+
+/// Which way the data goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Direction {
+    None,
+    ToController,
+    FromController,
+    Both,
+}
+
+impl AdminPassthruArgs {
+    fn direction(&self) -> Direction {
+        match (self.read, self.write, self.opcode & 0b11) {
+            (true, _, _) => Direction::FromController,
+            (_, true, _) => Direction::ToController,
+            (_, _, 0b01) => Direction::ToController,
+            (_, _, 0b10) => Direction::FromController,
+            (_, _, 0b11) => Direction::Both,
+            _ => Direction::None,
+        }
+    }
+
+    fn sqe(&self) -> Sqe {
+        let mut sqe = Sqe::default();
+        sqe.dw[0] = u32::from(self.opcode);
+        sqe.dw[1] = self.nsid;
+        sqe.dw[2] = self.cdw2;
+        sqe.dw[3] = self.cdw3;
+        sqe.dw[10] = self.cdw10;
+        sqe.dw[11] = self.cdw11;
+        sqe.dw[12] = self.cdw12;
+        sqe.dw[13] = self.cdw13;
+        sqe.dw[14] = self.cdw14;
+        sqe.dw[15] = self.cdw15;
+        sqe
+    }
+
+    /// The data to send (zero-padded to --data-len), checked before the
+    /// controller is opened.
+    fn data_out(&self, direction: Direction) -> Result<Option<Vec<u8>>> {
+        let sends = matches!(direction, Direction::ToController | Direction::Both);
+        if !sends {
+            if self.input_file.is_some() {
+                return Err(usage(format!(
+                    "--input-file: opcode 0x{:02x} sends no data (its bits 1:0 are {:02b}b); \
+                     pass --write to send it anyway",
+                    self.opcode,
+                    self.opcode & 0b11
+                ))
+                .into());
+            }
+            return Ok(None);
+        }
+        if self.input_file.is_none() && self.data_len.unwrap_or(0) == 0 {
+            // Set Features (09h) and its kind: no data pointer at all.
+            return Ok(None);
+        }
+        let mut data = Vec::new();
+        match self.input_file.as_deref() {
+            Some(p) if p.as_os_str() != "-" => {
+                data = std::fs::read(p)
+                    .map_err(|e| usage(format!("--input-file {}: {e}", p.display())))?;
+            }
+            _ => {
+                std::io::stdin()
+                    .read_to_end(&mut data)
+                    .context("reading the data to send from stdin")?;
+            }
+        }
+        if let Some(len) = self.data_len {
+            if data.len() > len {
+                return Err(usage(format!(
+                    "the input holds {} bytes, more than --data-len {len}",
+                    data.len()
+                ))
+                .into());
+            }
+            data.resize(len, 0);
+        }
+        Ok(Some(data))
+    }
+}
+
+/// Runs `upnvme admin-passthru`.
+pub fn run(a: &AdminPassthruArgs) -> Result<()> {
+    let direction = a.direction();
+    if direction == Direction::None && a.data_len.is_some_and(|l| l > 0) {
+        return Err(usage(format!(
+            "--data-len {}: opcode 0x{:02x} moves no data (its bits 1:0 are 00b); pass --read or \
+             --write to give it a data pointer anyway",
+            a.data_len.unwrap_or(0),
+            a.opcode
+        ))
+        .into());
+    }
+    let out = a.data_out(direction)?;
+    let data_len = match &out {
+        Some(d) => d.len(),
+        None => a.data_len.unwrap_or(0),
+    };
+    let c = a.dev.open()?;
+    let result = send(&c, a, data_len, out.as_deref());
+    let closed = c.close();
+    let (cqe, data) = result?;
+    closed?;
+    let report = format!(
+        "admin command 0x{:02x}: Successful Completion, dword 0 0x{:08x}, dword 1 0x{:08x}",
+        a.opcode,
+        cqe.dw0(),
+        cqe.dw[1]
+    );
+    let receives = matches!(direction, Direction::FromController | Direction::Both);
+    if a.raw_binary {
+        eprintln!("{report}");
+        if receives {
+            let mut stdout = std::io::stdout().lock();
+            stdout.write_all(&data)?;
+            stdout.flush()?;
+        }
+        return Ok(());
+    }
+    outln!("{report}");
+    if receives && !data.is_empty() {
+        out!("{}", hex_dump(&data));
+    }
+    Ok(())
+}
+
+/// The command on `c`; the library's refusals (nothing was sent) are usage
+/// errors.
+fn send(
+    c: &Controller,
+    a: &AdminPassthruArgs,
+    data_len: usize,
+    out: Option<&[u8]>,
+) -> Result<(upnvme::Cqe, Vec<u8>)> {
+    let sqe = a.sqe();
+    let r = match a.timeout {
+        Some(ms) => c.admin_passthrough_with_timeout(sqe, data_len, out, Duration::from_millis(ms)),
+        None => c.admin_passthrough(sqe, data_len, out),
+    };
+    match r {
+        Ok(done) => Ok(done),
+        Err(upnvme::Error::InvalidArgument(why)) => Err(usage(why).into()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// `data` as nvme-cli's hex dump: a header of column numbers, then 16 bytes
+/// a line with their offset and their printable ASCII.
+pub fn hex_dump(data: &[u8]) -> String {
+    let mut s = String::from("       0  1  2  3  4  5  6  7  8  9  a  b  c  d  e  f\n");
+    for (i, line) in data.chunks(16).enumerate() {
+        s.push_str(&format!("{:04x}:", i * 16));
+        for b in line {
+            s.push_str(&format!(" {b:02x}"));
+        }
+        for _ in line.len()..16 {
+            s.push_str("   ");
+        }
+        s.push_str(" \"");
+        s.extend(line.iter().map(|&b| {
+            if b.is_ascii_graphic() || b == b' ' {
+                b as char
+            } else {
+                '.'
+            }
+        }));
+        s.push_str("\"\n");
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::hex_dump;
+
+    #[test]
+    fn hex_dump_lines_carry_offsets_bytes_and_ascii() {
+        let data: Vec<u8> = (0x41..0x41 + 20).collect();
+        let d = hex_dump(&data);
+        let lines: Vec<&str> = d.lines().collect();
+        assert_eq!(lines.len(), 3);
+        assert_eq!(
+            lines[1],
+            "0000: 41 42 43 44 45 46 47 48 49 4a 4b 4c 4d 4e 4f 50 \"ABCDEFGHIJKLMNOP\""
+        );
+        assert_eq!(
+            lines[2],
+            format!("0010: 51 52 53 54{} \"QRST\"", "   ".repeat(12))
+        );
+        assert!(hex_dump(&[0, 0x7f]).contains("\"..\""));
+    }
+}
