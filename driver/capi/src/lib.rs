@@ -393,17 +393,24 @@ pub unsafe extern "C" fn upnvme_ctrl_admin_passthru(
                 format!("upnvme_ctrl_admin_passthru: data is NULL but data_len is {data_len}"),
             );
         }
-        let data: &mut [u8] = if data_len == 0 {
-            &mut []
-        } else {
-            // SAFETY: non-null and valid for `data_len` reads and writes
-            // (the caller's contract); the library holds no other reference
-            // to the caller's memory, which is not device memory (the
-            // command moves data through the library's own DMA buffer).
-            unsafe { std::slice::from_raw_parts_mut(data.cast::<u8>(), data_len) }
-        };
+        // The caller's memory is copied, never referenced: it may be a
+        // `upnvme_buf`'s DMA memory, which no Rust reference may cover.
+        let mut copy = vec![0u8; data_len];
+        if data_len > 0 && cmd.opcode & 0b01 != 0 {
+            // SAFETY: `data` is non-null and valid for `data_len` reads (the
+            // caller's contract); `copy` is our own allocation of that
+            // length, so the two do not overlap.
+            unsafe {
+                std::ptr::copy_nonoverlapping(data.cast::<u8>(), copy.as_mut_ptr(), data_len)
+            };
+        }
         let mut done = upnvme_admin_cpl::default();
-        let code = h.admin_passthru_c(&cmd, data, &mut done);
+        let code = h.admin_passthru_c(&cmd, &mut copy, &mut done);
+        if code == UPNVME_OK && data_len > 0 && cmd.opcode & 0b10 != 0 {
+            // SAFETY: `data` is valid for `data_len` writes (the caller's
+            // contract); `copy` holds `data_len` bytes of our own.
+            unsafe { std::ptr::copy_nonoverlapping(copy.as_ptr(), data.cast::<u8>(), data_len) };
+        }
         if !cpl.is_null() {
             // SAFETY: as above.
             unsafe { cpl.write(done) };
