@@ -4,6 +4,7 @@
 
 pub mod args;
 mod interrupt;
+mod latency;
 mod metadata;
 pub mod plan;
 mod report;

@@ -5,10 +5,10 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
-use hdrhistogram::Histogram;
 use serde_json::{Value, json};
 use upnvme::QueueStats;
 
+use super::latency::Latencies;
 use super::worker::{CallTiming, JobResult};
 
 /// Percentiles printed by -L (as spdk_nvme_perf's summary): the label in
@@ -87,23 +87,22 @@ struct Row {
     max: f64,
 }
 
-fn row(ios: u64, bytes: u64, seconds: f64, h: &Histogram<u64>) -> Row {
+fn row(ios: u64, bytes: u64, seconds: f64, l: &Latencies) -> Row {
     let s = seconds.max(1e-9);
-    let empty = h.is_empty();
     Row {
         iops: ios as f64 / s,
         mibs: bytes as f64 / s / (1024.0 * 1024.0),
-        avg: if empty { 0.0 } else { h.mean() / 1000.0 },
-        min: if empty { 0.0 } else { us(h.min()) },
-        max: if empty { 0.0 } else { us(h.max()) },
+        avg: l.mean_us(),
+        min: l.min_us(),
+        max: l.max_us(),
     }
 }
 
-/// Merges the jobs' histograms.
-pub fn total_histogram(jobs: &[JobResult]) -> Result<Histogram<u64>> {
-    let mut t = Histogram::new_with_bounds(1, 60_000_000_000, 3)?;
+/// Merges the jobs' latencies.
+pub fn total_latencies(jobs: &[JobResult]) -> Result<Latencies> {
+    let mut t = Latencies::new()?;
     for j in jobs {
-        t.add(&j.hist).context("merging histograms")?;
+        t.add(&j.lat)?;
     }
     Ok(t)
 }
@@ -111,7 +110,7 @@ pub fn total_histogram(jobs: &[JobResult]) -> Result<Histogram<u64>> {
 /// The human-readable report.
 pub fn text(info: &RunInfo, jobs: &[JobResult], latency: u8, transport: bool) -> Result<String> {
     let mut o = String::new();
-    let total = total_histogram(jobs)?;
+    let total = total_latencies(jobs)?;
     let ios: u64 = jobs.iter().map(|j| j.ios).sum();
     let bytes: u64 = jobs.iter().map(|j| j.bytes).sum();
     let secs = jobs.iter().map(|j| j.seconds).fold(0.0, f64::max);
@@ -156,7 +155,7 @@ pub fn text(info: &RunInfo, jobs: &[JobResult], latency: u8, transport: bool) ->
         "Device Information", "IOPS", "MiB/s", "Average", "min", "max"
     )?;
     for j in jobs {
-        let r = row(j.ios, j.bytes, j.seconds, &j.hist);
+        let r = row(j.ios, j.bytes, j.seconds, &j.lat);
         let name = format!(
             "PCIE ({}) NSID {} from core {:>2}",
             info.device, j.nsid, j.core
@@ -196,7 +195,7 @@ pub fn text(info: &RunInfo, jobs: &[JobResult], latency: u8, transport: bool) ->
                 o,
                 "{:>10.5}% : {:>12.3}us",
                 p,
-                us(total.value_at_quantile(q))
+                us(total.hist.value_at_quantile(q))
             )?;
         }
     }
@@ -208,10 +207,10 @@ pub fn text(info: &RunInfo, jobs: &[JobResult], latency: u8, transport: bool) ->
             "=============================================================================="
         )?;
         writeln!(o, "       Range in us     Cumulative    IO count")?;
-        let n = total.len().max(1) as f64;
+        let n = total.hist.len().max(1) as f64;
         let mut cum = 0u64;
         let mut lo = 0u64;
-        for v in total.iter_log(1000, 1.25) {
+        for v in total.hist.iter_log(1000, 1.25) {
             let c = v.count_since_last_iteration();
             if c == 0 {
                 lo = v.value_iterated_to();
@@ -355,15 +354,16 @@ fn stats_json(s: &QueueStats) -> Value {
     })
 }
 
-fn latency_json(h: &Histogram<u64>) -> Value {
+fn latency_json(l: &Latencies) -> Value {
+    let h = &l.hist;
     let pct: serde_json::Map<String, Value> = PERCENTILES
         .iter()
         .map(|(p, q)| (format!("p{p}"), json!(us(h.value_at_quantile(*q)))))
         .collect();
     json!({
-        "mean_us": if h.is_empty() { 0.0 } else { h.mean() / 1000.0 },
-        "min_us": if h.is_empty() { 0.0 } else { us(h.min()) },
-        "max_us": if h.is_empty() { 0.0 } else { us(h.max()) },
+        "mean_us": l.mean_us(),
+        "min_us": l.min_us(),
+        "max_us": l.max_us(),
         "stdev_us": h.stdev() / 1000.0,
         "percentiles_us": pct,
     })
@@ -395,7 +395,7 @@ fn verify_fields(verify: Option<&VerifyState>) -> (Option<&str>, Option<u64>, Op
 /// The run's JSON document; `verify` is `None` without `--verify`.
 pub fn json_doc(info: &RunInfo, jobs: &[JobResult], verify: Option<&VerifyState>) -> Result<Value> {
     let (verify_name, mismatches, verify_error) = verify_fields(verify);
-    let total = total_histogram(jobs)?;
+    let total = total_latencies(jobs)?;
     let ios: u64 = jobs.iter().map(|j| j.ios).sum();
     let bytes: u64 = jobs.iter().map(|j| j.bytes).sum();
     let secs = jobs.iter().map(|j| j.seconds).fold(0.0, f64::max);
@@ -409,7 +409,7 @@ pub fn json_doc(info: &RunInfo, jobs: &[JobResult], verify: Option<&VerifyState>
             if let Some(t) = &j.timing {
                 timing.get_or_insert_with(CallTiming::default).add(t);
             }
-            let r = row(j.ios, j.bytes, j.seconds, &j.hist);
+            let r = row(j.ios, j.bytes, j.seconds, &j.lat);
             json!({
                 "core": j.core,
                 "nsid": j.nsid,
@@ -418,13 +418,14 @@ pub fn json_doc(info: &RunInfo, jobs: &[JobResult], verify: Option<&VerifyState>
                 "seconds": j.seconds,
                 "iops": r.iops,
                 "mib_per_s": r.mibs,
-                "latency": latency_json(&j.hist),
+                "latency": latency_json(&j.lat),
                 "transport": stats_json(&j.stats),
                 "call_timing": timing_json(j.timing.as_ref()),
             })
         })
         .collect();
     let hist: Vec<Value> = total
+        .hist
         .iter_recorded()
         .map(|v| json!([us(v.value_iterated_to()), v.count_at_value()]))
         .collect();
@@ -508,9 +509,9 @@ impl CsvReservation {
 
     /// Replaces the file's contents with the run's `bucket_us,count` rows.
     pub fn fill(mut self, jobs: &[JobResult]) -> Result<()> {
-        let total = total_histogram(jobs)?;
+        let total = total_latencies(jobs)?;
         let mut s = String::from("bucket_us,count\n");
-        for v in total.iter_recorded() {
+        for v in total.hist.iter_recorded() {
             writeln!(s, "{:.3},{}", us(v.value_iterated_to()), v.count_at_value())?;
         }
         let written = self
@@ -570,16 +571,20 @@ mod tests {
     /// exactly 99 900): `99.9 / 100.0` rounded up to the next rank.
     #[test]
     fn percentiles_are_exact_ranks_for_whole_counts() {
-        let mut h = Histogram::<u64>::new(3).unwrap();
-        h.record_n(1000, 99_900).unwrap();
-        h.record_n(2000, 100).unwrap();
+        let mut h = Latencies::new().unwrap();
+        for _ in 0..99_900 {
+            h.record(1000);
+        }
+        for _ in 0..100 {
+            h.record(2000);
+        }
         let j = latency_json(&h);
         assert_eq!(j["percentiles_us"]["p99.9"], 1.0);
         assert_eq!(j["percentiles_us"]["p99.99"], 2.0);
-        let mut h = Histogram::<u64>::new(3).unwrap();
+        let mut h = Latencies::new().unwrap();
         // 1..=1000 ns: below 2048, every value is its own bucket.
         for v in 1..=1000u64 {
-            h.record(v).unwrap();
+            h.record(v);
         }
         let j = latency_json(&h);
         assert_eq!(j["percentiles_us"]["p99.9"], 0.999, "not the maximum");

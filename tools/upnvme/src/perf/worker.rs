@@ -7,12 +7,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use anyhow::{Context, Result, bail};
-use hdrhistogram::Histogram;
 use upnvme::dma::tsc::rdtsc;
 use upnvme::{
     Controller, DmaBuffer, IoCommand, IoData, IoError, IoQueuePair, Namespace, QueuePairOptions,
     QueueStats, Reject,
 };
+
+use super::latency::Latencies;
 
 /// What one worker does.
 #[derive(Clone, Debug)]
@@ -143,8 +144,8 @@ pub struct JobResult {
     pub bytes: u64,
     /// Measured seconds.
     pub seconds: f64,
-    /// Latency histogram in nanoseconds.
-    pub hist: Histogram<u64>,
+    /// Latencies of the successful I/Os.
+    pub lat: Latencies,
     /// Completions with an error (not counting those the controller's
     /// removal ended: `removed_ios`).
     pub errors: u64,
@@ -181,7 +182,7 @@ struct Work {
     /// The handle the commands name the namespace by.
     handle: Namespace,
     start: Vec<u64>,
-    hist: Histogram<u64>,
+    lat: Latencies,
     ios: u64,
     bytes: u64,
     errors: u64,
@@ -399,7 +400,7 @@ impl Job {
             io_blocks,
         )?;
         let slots = ns.blocks / io_blocks as u64;
-        let hist = Histogram::new_with_bounds(1, 60_000_000_000, 3)?;
+        let lat = Latencies::new()?;
         Ok((
             Job {
                 qp,
@@ -407,7 +408,7 @@ impl Job {
                     ns,
                     handle,
                     start: vec![0; plan.depth as usize],
-                    hist,
+                    lat,
                     ios: 0,
                     bytes: 0,
                     errors: 0,
@@ -536,8 +537,7 @@ impl Job {
                         *d = ticks;
                         n_deferred += 1;
                     } else {
-                        w.hist
-                            .saturating_record(((ticks as f64) * plan.ns_per_tick) as u64);
+                        w.lat.record(((ticks as f64) * plan.ns_per_tick) as u64);
                     }
                     w.ios += 1;
                     w.bytes += plan.io_size as u64;
@@ -550,8 +550,7 @@ impl Job {
         });
         let record = |w: &mut Work, deferred: &[u64]| {
             for &t in deferred {
-                w.hist
-                    .saturating_record(((t as f64) * plan.ns_per_tick) as u64);
+                w.lat.record(((t as f64) * plan.ns_per_tick) as u64);
             }
         };
         let ios = match ios {
@@ -635,7 +634,7 @@ impl Work {
     /// The warm-up is over (see [`Job::start_window`]; the caller resets the
     /// queue pair's counters).
     fn start_window(&mut self) {
-        self.hist.reset();
+        self.lat.reset();
         self.ios = 0;
         self.bytes = 0;
         self.submitted = self.in_flight as u64;
@@ -860,7 +859,7 @@ pub fn run(
         .into_iter()
         .map(|Job { mut qp, w: mut j }| {
             if !measuring {
-                j.hist.reset();
+                j.lat.reset();
                 j.ios = 0;
                 j.bytes = 0;
                 qp.reset_stats();
@@ -886,7 +885,7 @@ pub fn run(
                 ios: j.ios,
                 bytes: j.bytes,
                 seconds,
-                hist: j.hist,
+                lat: j.lat,
                 errors: j.errors,
                 removed_ios: j.removed_ios,
                 removed_after,
