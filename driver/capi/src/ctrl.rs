@@ -300,6 +300,15 @@ impl<D: Device> Ctrl<D> {
         Ok(cqe)
     }
 
+    /// Resets the controller (`Controller::reset`): a failed controller is
+    /// usable again; queue pairs re-create their queues at their next call.
+    pub(crate) fn reset(&self) -> upnvme::Result<()> {
+        let Some(c) = self.get() else {
+            return Err(closed());
+        };
+        c.reset()
+    }
+
     /// `upnvme_ctrl_admin_passthru` past its pointer checks: the command
     /// bounded by `cmd.timeout_ms` (0: the admin timeout), `cpl` filled
     /// (dwords 0 and 1 on success, the status on `UPNVME_EIO`), the return

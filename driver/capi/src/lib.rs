@@ -337,6 +337,36 @@ pub unsafe extern "C" fn upnvme_ctrl_get_log_page(
     })
 }
 
+/// Resets the controller (CC.EN = 0, then 1, the admin queue and its
+/// features set again) and clears a failure: after a call that answered
+/// `UPNVME_ENODEV` because the controller failed (an admin command without
+/// an answer, a device fault, a fatal status the library could not recover
+/// from), this brings it back — as SPDK's `spdk_nvme_ctrlr_reset`. Queue
+/// pairs survive: each ends its commands in flight once with
+/// `UPNVME_ECANCELED` at its next `upnvme_qpair_process_completions` and
+/// re-creates its queues; namespaces that changed during the reset are
+/// announced as a Namespace Attribute Changed event (refresh then). Other
+/// threads may use the controller meanwhile (their admin calls wait for
+/// the reset). Returns 0, or a negative code when the controller does not
+/// come back (`UPNVME_ENODEV`: removed, or failing again; close it).
+///
+/// # Safety
+/// `ctrl` a live handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn upnvme_ctrl_reset(ctrl: *const upnvme_ctrl) -> c_int {
+    guard(|| {
+        // SAFETY: the caller's contract.
+        let h = match unsafe { ctrl_wrap(ctrl) } {
+            Ok(h) => h,
+            Err(code) => return code,
+        };
+        match h.reset() {
+            Ok(()) => UPNVME_OK,
+            Err(e) => fail_error(&e),
+        }
+    })
+}
+
 /// Sends an admin command and waits for it: Identify, Get / Set Features,
 /// Get Log Page, Device Self-test, Firmware Image Download / Commit,
 /// Security Send / Receive, Sanitize, vendor-specific commands

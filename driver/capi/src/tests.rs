@@ -1995,3 +1995,72 @@ fn admin_passthru_reports_statuses_and_refusals() {
         t.elapsed()
     );
 }
+
+/// `upnvme_ctrl_reset` brings a failed controller back: an admin command
+/// without an answer failed it (every call then `UPNVME_ENODEV`); after the
+/// reset admin commands work and a pair created before it runs I/O again.
+#[test]
+fn a_reset_brings_a_failed_controller_back_and_pairs_keep_working() {
+    let (m, c) = model();
+    let mut qp = pair(&c, 8);
+    let h = crate::Ctrl::new(c);
+    let mut cpl = crate::upnvme_admin_cpl::default();
+    let mut page = vec![0u8; 4096];
+    m.inject(upnvme_tests::Fault::DropCompletion(
+        upnvme_tests::Match::Opcode {
+            qid: 0,
+            opcode: 0x06,
+        },
+    ));
+    let identify = crate::upnvme_admin_cmd {
+        opcode: 0x06,
+        cdw10: 0x01,
+        timeout_ms: 30,
+        ..Default::default()
+    };
+    assert_eq!(
+        h.admin_passthru_c(&identify, &mut page, &mut cpl),
+        UPNVME_ETIMEDOUT
+    );
+    let again = crate::upnvme_admin_cmd {
+        timeout_ms: 0,
+        ..identify
+    };
+    assert_eq!(
+        h.admin_passthru_c(&again, &mut page, &mut cpl),
+        UPNVME_ENODEV
+    );
+    assert!(last_error().contains("reset"), "{}", last_error());
+
+    assert_eq!(h.reset().map_err(|e| e.to_string()), Ok(()));
+    assert_eq!(h.admin_passthru_c(&again, &mut page, &mut cpl), UPNVME_OK);
+    // The pair re-creates its queues and runs a read.
+    let b = handle(h.get().as_deref().unwrap(), 512);
+    let mut seen: Vec<c_int> = Vec::new();
+    let arg: *mut Vec<c_int> = &mut seen;
+    // SAFETY: live pair and handle.
+    let rc = unsafe {
+        qp.submit(
+            1,
+            Cmd::Read { slba: 0, blocks: 1 },
+            b,
+            Some(count_cb),
+            arg.cast(),
+        )
+    };
+    assert_eq!(rc, UPNVME_OK, "{}", last_error());
+    let qpp: *mut Qpair<ModelController> = &mut *qp;
+    let start = std::time::Instant::now();
+    while seen.is_empty() && start.elapsed() < Duration::from_secs(5) {
+        // SAFETY: live pair, this thread's.
+        let n = unsafe { Qpair::process_completions(qpp, 0) };
+        assert!(n >= 0, "{}", last_error());
+    }
+    assert_eq!(seen, vec![UPNVME_OK]);
+    // SAFETY: the handle is ours again.
+    assert_eq!(unsafe { upnvme_buf_free(b) }, UPNVME_OK);
+    drop(qp);
+    drop(h);
+    assert_eq!(m.dma_faults(), 0);
+    assert!(m.violations().is_empty(), "{:?}", m.violations());
+}
