@@ -76,3 +76,40 @@ fn rust_hello_world_example_runs_as_the_readme_says() {
     assert!(out.contains(&format!("Attached to {}", device())), "{out}");
     assert!(out.ends_with("Hello world!\n"), "{out}");
 }
+
+/// `admin_c` (driver/capi/examples/admin.c): Identify through the admin
+/// passthrough, Get Features' dword 0, an error status in `cpl`, the SMART
+/// log, a reset with a queue pair carrying on across it, and a Format NVM of
+/// namespace 1 to the format it has (`upnvme_ctrl_format_nvm`).
+#[test]
+fn c_admin_example_identifies_resets_and_formats() {
+    let dev = device();
+    let o = Command::new("admin_c")
+        .args([dev.as_str(), "--format-same", "1"])
+        .output()
+        .expect("admin_c is on the guest's PATH (cargo xtask builds it)");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "exit {:?}\nstdout: {out}\nstderr: {}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(out.contains("model: QEMU NVMe Ctrl"), "{out}");
+    assert!(out.contains("reserved feature: "), "{out}");
+    assert!(
+        out.contains("sct 0 sc 0x02"),
+        "Invalid Field in Command: {out}"
+    );
+    assert!(out.contains("reset: the pair carried on"), "{out}");
+    let lba = std::env::var("UPNVME_VM_LBA_SIZE").expect("UPNVME_VM_LBA_SIZE");
+    assert!(
+        out.contains("format: namespace 1: LBA format")
+            && out.contains(&format!("{lba}-byte blocks")),
+        "{out}"
+    );
+    assert!(
+        out.contains("format: the pair read namespace 1 after it"),
+        "{out}"
+    );
+}

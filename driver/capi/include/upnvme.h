@@ -186,6 +186,46 @@ typedef struct upnvme_async_event {
 } upnvme_async_event;
 
 /**
+ * What `upnvme_ctrl_format_nvm` is to do: Format NVM's CDW10 fields
+ * (NVM Command Set Specification, "Format NVM command"), as nvme-cli's
+ * `format` takes them. All zero: LBA format 0, metadata in a separate
+ * buffer, no protection information, no secure erase, the admin timeout.
+ */
+typedef struct upnvme_format {
+  /**
+   * LBA format index (Identify Namespace LBAF; `upnvme identify -H`
+   * lists them).
+   */
+  uint8_t lbaf;
+  /**
+   * MSET: 1 = metadata at the end of each block (extended LBA), 0 = a
+   * separate metadata buffer.
+   */
+  uint8_t mset;
+  /**
+   * PI: protection information type 0 (none) to 3.
+   */
+  uint8_t pi;
+  /**
+   * PIL: 1 = the PI tuple in the first 8 metadata bytes, 0 = the last 8.
+   */
+  uint8_t pil;
+  /**
+   * SES: 0 no secure erase, 1 user data erase, 2 cryptographic erase.
+   */
+  uint8_t ses;
+  /**
+   * Reserved: 0.
+   */
+  uint8_t rsvd[3];
+  /**
+   * Bound on the wait in milliseconds (a secure erase of a large device
+   * takes minutes); 0 = the controller's admin timeout.
+   */
+  uint32_t timeout_ms;
+} upnvme_format;
+
+/**
  * An admin command for `upnvme_ctrl_admin_passthru`: the Submission Queue
  * Entry's fields the caller chooses (NVMe 2.0 §4.2, "Submission Queue
  * Entry"). The library fills in the Command Identifier, PSDT and the data
@@ -531,6 +571,29 @@ int upnvme_ctrl_get_log_page(const struct upnvme_ctrl *ctrl,
                              uint64_t offset,
                              void *buf,
                              size_t len);
+
+/**
+ * Formats namespace `nsid` (Format NVM) as `fmt` says: its LBA format,
+ * metadata layout, protection information, and optionally a secure erase.
+ * Erases the namespace's data. The fields are checked against Identify
+ * first (`UPNVME_EINVAL` naming what the controller does not offer,
+ * `UPNVME_ENOTSUP` without Format NVM); the controller's refusal is
+ * `UPNVME_EIO`. Whatever the outcome, the namespaces are read again:
+ * `upnvme_ns_get_info` gives the new geometry, and queue pairs use it from
+ * their next submission. While queue pairs exist the controller is reset
+ * first, so their commands in flight end once with `UPNVME_ECANCELED`
+ * (the old geometry must not reach the new format); they re-create their
+ * queues at their next `process_completions` and run I/O on other
+ * namespaces while the format runs. Other calls on this controller handle
+ * wait for it. A reset during the format (a pair's recovery) ends it with
+ * `UPNVME_ECANCELED`: it may or may not have happened.
+ *
+ * # Safety
+ * `ctrl` a live handle; `fmt` valid for a read.
+ */
+int upnvme_ctrl_format_nvm(const struct upnvme_ctrl *ctrl,
+                           uint32_t nsid,
+                           const struct upnvme_format *fmt);
 
 /**
  * Resets the controller (CC.EN = 0, then 1, the admin queue and its

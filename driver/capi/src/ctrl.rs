@@ -11,8 +11,8 @@ use std::time::Duration;
 use crate::status::{UPNVME_OK, fail_error};
 
 use upnvme::{
-    AsyncEvent, Controller, ControllerOptions, Cqe, Device, Namespace, NamespaceChanges,
-    PageBacking, Sqe,
+    AsyncEvent, Controller, ControllerOptions, Cqe, Device, FormatNvm, Namespace, NamespaceChanges,
+    PageBacking, SecureErase, Sqe,
 };
 
 /// Options of `upnvme_ctrl_open`. Fill with `upnvme_ctrl_opts_default(&o)`
@@ -127,6 +127,71 @@ impl upnvme_admin_cmd {
         sqe.dw[14] = self.cdw14;
         sqe.dw[15] = self.cdw15;
         sqe
+    }
+}
+
+/// What `upnvme_ctrl_format_nvm` is to do: Format NVM's CDW10 fields
+/// (NVM Command Set Specification, "Format NVM command"), as nvme-cli's
+/// `format` takes them. All zero: LBA format 0, metadata in a separate
+/// buffer, no protection information, no secure erase, the admin timeout.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct upnvme_format {
+    /// LBA format index (Identify Namespace LBAF; `upnvme identify -H`
+    /// lists them).
+    pub lbaf: u8,
+    /// MSET: 1 = metadata at the end of each block (extended LBA), 0 = a
+    /// separate metadata buffer.
+    pub mset: u8,
+    /// PI: protection information type 0 (none) to 3.
+    pub pi: u8,
+    /// PIL: 1 = the PI tuple in the first 8 metadata bytes, 0 = the last 8.
+    pub pil: u8,
+    /// SES: 0 no secure erase, 1 user data erase, 2 cryptographic erase.
+    pub ses: u8,
+    /// Reserved: 0.
+    pub rsvd: [u8; 3],
+    /// Bound on the wait in milliseconds (a secure erase of a large device
+    /// takes minutes); 0 = the controller's admin timeout.
+    pub timeout_ms: u32,
+}
+
+impl upnvme_format {
+    /// The library's request, or why these fields are out of range.
+    fn to_format(self) -> upnvme::Result<FormatNvm> {
+        let bad = |what: String| Err(upnvme::Error::InvalidArgument(what));
+        if self.mset > 1 || self.pil > 1 {
+            return bad(format!(
+                "upnvme_format: mset {} and pil {} must each be 0 or 1",
+                self.mset, self.pil
+            ));
+        }
+        if self.pi > 3 {
+            return bad(format!(
+                "upnvme_format: pi {} is not a protection information type (0 to 3)",
+                self.pi
+            ));
+        }
+        let secure_erase = match self.ses {
+            0 => SecureErase::None,
+            1 => SecureErase::UserData,
+            2 => SecureErase::Cryptographic,
+            n => {
+                return bad(format!(
+                    "upnvme_format: ses {n} is not a Secure Erase Setting (0 none, 1 user data, \
+                     2 cryptographic)"
+                ));
+            }
+        };
+        Ok(FormatNvm {
+            lbaf: self.lbaf,
+            extended: self.mset == 1,
+            pi_type: self.pi,
+            pi_first: self.pil == 1,
+            secure_erase,
+            timeout: (self.timeout_ms != 0)
+                .then(|| Duration::from_millis(u64::from(self.timeout_ms))),
+        })
     }
 }
 
@@ -298,6 +363,21 @@ impl<D: Device> Ctrl<D> {
             data[..n].copy_from_slice(&back[..n]);
         }
         Ok(cqe)
+    }
+
+    /// Format NVM of namespace `nsid` (`Controller::format_nvm`); the
+    /// namespaces were read again whatever the outcome, and the queue pairs
+    /// use the new handles from their next submission. Waits for the calls
+    /// in progress on this handle, and they for it (a write lock).
+    pub(crate) fn format_nvm(&self, nsid: u32, f: &upnvme_format) -> upnvme::Result<()> {
+        let format = f.to_format()?;
+        let mut guard = self.ctrl.write().unwrap_or_else(PoisonError::into_inner);
+        let Some(c) = guard.as_mut() else {
+            return Err(closed());
+        };
+        let r = c.format_nvm(nsid, &format);
+        *self.nss.lock().unwrap_or_else(PoisonError::into_inner) = c.namespaces().to_vec();
+        r.map(drop)
     }
 
     /// Resets the controller (`Controller::reset`): a failed controller is

@@ -32,7 +32,8 @@ use upnvme::{Controller, VfioNvme};
 pub use buf::{upnvme_buf, upnvme_pool};
 use ctrl::CtrlRef;
 pub use ctrl::{
-    Ctrl, upnvme_admin_cmd, upnvme_admin_cpl, upnvme_async_event, upnvme_ctrl_opts, upnvme_ns_info,
+    Ctrl, upnvme_admin_cmd, upnvme_admin_cpl, upnvme_async_event, upnvme_ctrl_opts, upnvme_format,
+    upnvme_ns_info,
 };
 pub use qpair::{Cmd, Qpair, upnvme_cmd_cb, upnvme_cpl, upnvme_qpair_opts, upnvme_range};
 pub use status::*;
@@ -332,6 +333,47 @@ pub unsafe extern "C" fn upnvme_ctrl_get_log_page(
                 unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), buf.cast::<u8>(), n) };
                 UPNVME_OK
             }
+            Err(e) => fail_error(&e),
+        }
+    })
+}
+
+/// Formats namespace `nsid` (Format NVM) as `fmt` says: its LBA format,
+/// metadata layout, protection information, and optionally a secure erase.
+/// Erases the namespace's data. The fields are checked against Identify
+/// first (`UPNVME_EINVAL` naming what the controller does not offer,
+/// `UPNVME_ENOTSUP` without Format NVM); the controller's refusal is
+/// `UPNVME_EIO`. Whatever the outcome, the namespaces are read again:
+/// `upnvme_ns_get_info` gives the new geometry, and queue pairs use it from
+/// their next submission. While queue pairs exist the controller is reset
+/// first, so their commands in flight end once with `UPNVME_ECANCELED`
+/// (the old geometry must not reach the new format); they re-create their
+/// queues at their next `process_completions` and run I/O on other
+/// namespaces while the format runs. Other calls on this controller handle
+/// wait for it. A reset during the format (a pair's recovery) ends it with
+/// `UPNVME_ECANCELED`: it may or may not have happened.
+///
+/// # Safety
+/// `ctrl` a live handle; `fmt` valid for a read.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn upnvme_ctrl_format_nvm(
+    ctrl: *const upnvme_ctrl,
+    nsid: u32,
+    fmt: *const upnvme_format,
+) -> c_int {
+    guard(|| {
+        // SAFETY: the caller's contract.
+        let h = match unsafe { ctrl_wrap(ctrl) } {
+            Ok(h) => h,
+            Err(code) => return code,
+        };
+        // SAFETY: null or valid for a read (the caller's contract); the
+        // struct is integers only, valid for any bit pattern.
+        let Some(fmt) = (unsafe { fmt.as_ref() }).copied() else {
+            return fail(UPNVME_EINVAL, "upnvme_ctrl_format_nvm: fmt is NULL");
+        };
+        match h.format_nvm(nsid, &fmt) {
+            Ok(()) => UPNVME_OK,
             Err(e) => fail_error(&e),
         }
     })

@@ -2064,3 +2064,103 @@ fn a_reset_brings_a_failed_controller_back_and_pairs_keep_working() {
     assert_eq!(m.dma_faults(), 0);
     assert!(m.violations().is_empty(), "{:?}", m.violations());
 }
+
+/// `upnvme_ctrl_format_nvm`: namespace 1 (512-byte blocks) goes to LBA
+/// format 4 (4096 bytes); `ns_get_info` and a pair created before see the
+/// new geometry; out-of-range fields and a format the namespace lacks are
+/// refused with nothing sent.
+#[test]
+fn format_nvm_changes_the_geometry_the_pairs_use() {
+    let (m, c) = model();
+    let h = crate::Ctrl::new(c);
+    // As `upnvme_qpair_create` makes it: sharing the handle's namespaces.
+    let qp = h
+        .get()
+        .unwrap()
+        .io_queue_pair(QueuePairOptions {
+            entries: Some(8),
+            ..Default::default()
+        })
+        .unwrap();
+    let mut qp = Box::new(Qpair::new(qp, h.nss.clone()));
+    assert_eq!(h.ns_info(1).unwrap().lba_size, 512);
+    let fetched = m.commands_fetched();
+    for bad in [
+        crate::upnvme_format {
+            pi: 4,
+            ..Default::default()
+        },
+        crate::upnvme_format {
+            mset: 2,
+            ..Default::default()
+        },
+        crate::upnvme_format {
+            ses: 3,
+            ..Default::default()
+        },
+        crate::upnvme_format {
+            lbaf: 9,
+            ..Default::default()
+        },
+    ] {
+        let e = h.format_nvm(1, &bad).unwrap_err();
+        assert!(
+            matches!(e, upnvme::Error::InvalidArgument(_)),
+            "{bad:?}: {e}"
+        );
+    }
+    assert_eq!(
+        m.commands_fetched(),
+        fetched,
+        "a refused format sent something"
+    );
+
+    h.format_nvm(
+        1,
+        &crate::upnvme_format {
+            lbaf: 4,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let info = h.ns_info(1).unwrap();
+    assert_eq!((info.lba_size, info.blocks), (4096, BLOCKS * 512 / 4096));
+    // The pair created before writes one 4096-byte block and reads it back.
+    let b = handle(h.get().as_deref().unwrap(), 4096);
+    // SAFETY: a live handle.
+    let data = unsafe { upnvme_buf_data(b) }.cast::<u8>();
+    // SAFETY: the handle's 4096 bytes, ours (nothing in flight).
+    unsafe { std::ptr::write_bytes(data, 0x5c, 4096) };
+    let mut seen: Vec<c_int> = Vec::new();
+    let arg: *mut Vec<c_int> = &mut seen;
+    let qpp: *mut Qpair<ModelController> = &mut *qp;
+    for cmd in [
+        Cmd::Write { slba: 3, blocks: 1 },
+        Cmd::Read { slba: 3, blocks: 1 },
+    ] {
+        let before = seen.len();
+        if let Cmd::Read { .. } = cmd {
+            // SAFETY: as above.
+            unsafe { std::ptr::write_bytes(data, 0, 4096) };
+        }
+        // SAFETY: live pair and handle.
+        let rc = unsafe { qp.submit(1, cmd, b, Some(count_cb), arg.cast()) };
+        assert_eq!(rc, UPNVME_OK, "{}", last_error());
+        let start = std::time::Instant::now();
+        while seen.len() == before && start.elapsed() < Duration::from_secs(5) {
+            // SAFETY: live pair, this thread's.
+            let n = unsafe { Qpair::process_completions(qpp, 0) };
+            assert!(n >= 0, "{}", last_error());
+        }
+    }
+    assert_eq!(seen, vec![UPNVME_OK, UPNVME_OK]);
+    // SAFETY: the handle's 4096 bytes, ours again.
+    let back = unsafe { std::slice::from_raw_parts(data, 4096) };
+    assert!(back.iter().all(|&x| x == 0x5c));
+    // SAFETY: ours.
+    assert_eq!(unsafe { upnvme_buf_free(b) }, UPNVME_OK);
+    drop(qp);
+    drop(h);
+    assert_eq!(m.dma_faults(), 0);
+    assert!(m.violations().is_empty(), "{:?}", m.violations());
+}

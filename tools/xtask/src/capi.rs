@@ -1,5 +1,5 @@
 //! The C API's install tree (`cargo xtask capi`), and the C programs built
-//! against it: `hello_world_c` for the guest.
+//! against it: the C examples (`hello_world_c`, `admin_c`) for the guest.
 //!
 //! An install tree is a prefix with `include/upnvme.h`, `lib/libupnvme_c.a`
 //! (and, when built, `libupnvme_c.so.0` — its SONAME — with `libupnvme_c.so`
@@ -122,10 +122,10 @@ pub fn pkg_config_flags(prefix: &Path, args: &[&str]) -> Result<Vec<String>> {
         .collect())
 }
 
-/// Compiles driver/capi/examples/hello_world.c statically against the install
+/// Compiles driver/capi/examples/`source`.c statically against the install
 /// tree at `prefix` into `out`, the way the header's users do.
-pub fn build_hello_world(paths: &Paths, prefix: &Path, out: &Path) -> Result<()> {
-    let src = paths.root.join("driver/capi/examples/hello_world.c");
+pub fn build_example(paths: &Paths, source: &str, prefix: &Path, out: &Path) -> Result<()> {
+    let src = paths.root.join(format!("driver/capi/examples/{source}.c"));
     let mut c = Command::new("cc");
     c.args([
         "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-static", "-o",
@@ -137,7 +137,7 @@ pub fn build_hello_world(paths: &Paths, prefix: &Path, out: &Path) -> Result<()>
         &["--static", "--cflags", "--libs"],
     )?);
     proc::run_checked(&mut c, Duration::from_secs(300))
-        .context("compiling hello_world.c against the C API")?;
+        .with_context(|| format!("compiling {source}.c against the C API"))?;
     Ok(())
 }
 

@@ -13,8 +13,9 @@ use crate::{capi, elf, proc};
 pub const TRIPLE: &str = "x86_64-unknown-linux-gnu";
 /// The guest integration test binary's name in the guest.
 pub const TEST_BINARY: &str = "upnvme-guest-tests";
-/// The C hello world's name in the guest.
-pub const HELLO_WORLD_C: &str = "hello_world_c";
+/// The C examples (driver/capi/examples/NAME.c) and their names in the
+/// guest (`NAME_c`).
+pub const C_EXAMPLES: [(&str, &str); 2] = [("hello_world", "hello_world_c"), ("admin", "admin_c")];
 /// How long one build (of the guest programs, the C library, the cost harness) may take.
 pub const BUILD_TIMEOUT: Duration = Duration::from_secs(90 * 60);
 
@@ -140,7 +141,7 @@ pub fn build(paths: &Paths) -> Result<Vec<GuestBinary>> {
     // The library's examples (driver/examples), so that the README's
     // `cargo xtask vm -- hello_world` works as written.
     out.extend(built(paths, &["-p", "upnvme", "--examples"], "example")?);
-    out.push(build_c_programs(paths)?);
+    out.extend(build_c_programs(paths)?);
     let mut tests = cargo(paths);
     tests
         .args(["test", "--release", "--target", TRIPLE, "--target-dir"])
@@ -196,9 +197,9 @@ fn on_path(exe: PathBuf) -> GuestBinary {
     }
 }
 
-/// libupnvme_c for the guest, installed into target/guest/capi, and
-/// `hello_world_c` compiled statically against that install tree.
-fn build_c_programs(paths: &Paths) -> Result<GuestBinary> {
+/// libupnvme_c for the guest, installed into target/guest/capi, and the C
+/// examples ([`C_EXAMPLES`]) compiled statically against that install tree.
+fn build_c_programs(paths: &Paths) -> Result<Vec<GuestBinary>> {
     let mut lib = cargo(paths);
     lib.args(["build", "--release", "--target", TRIPLE, "--target-dir"])
         .arg(&paths.guest_target)
@@ -210,12 +211,16 @@ fn build_c_programs(paths: &Paths) -> Result<GuestBinary> {
         &paths.guest_target.join(TRIPLE).join("release"),
         &prefix,
     )?;
-    let hello = paths.guest_target.join(HELLO_WORLD_C);
-    capi::build_hello_world(paths, &prefix, &hello)?;
-    Ok(GuestBinary {
-        host: hello,
-        guest: format!("/bin/{HELLO_WORLD_C}"),
-    })
+    let mut out = Vec::new();
+    for (source, name) in C_EXAMPLES {
+        let exe = paths.guest_target.join(name);
+        capi::build_example(paths, source, &prefix, &exe)?;
+        out.push(GuestBinary {
+            host: exe,
+            guest: format!("/bin/{name}"),
+        });
+    }
+    Ok(out)
 }
 
 /// The guest programs from an earlier build (`--no-build`).
@@ -244,12 +249,14 @@ pub fn prebuilt(paths: &Paths) -> Result<Vec<GuestBinary>> {
         .collect();
     examples.sort();
     out.extend(examples.into_iter().map(on_path));
-    let hello = paths.guest_target.join(HELLO_WORLD_C);
-    if hello.exists() {
-        out.push(GuestBinary {
-            host: hello,
-            guest: format!("/bin/{HELLO_WORLD_C}"),
-        });
+    for (_, name) in C_EXAMPLES {
+        let exe = paths.guest_target.join(name);
+        if exe.exists() {
+            out.push(GuestBinary {
+                host: exe,
+                guest: format!("/bin/{name}"),
+            });
+        }
     }
     let newest_test = std::fs::read_dir(release.join("deps"))
         .into_iter()
