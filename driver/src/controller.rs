@@ -635,12 +635,16 @@ impl<D: Device> Controller<D> {
     /// SQE said, so the device never touches memory the driver did not
     /// describe. Returns the completion entry and the data.
     ///
-    /// `data_len` must be exactly what the command moves (Get Log Page:
-    /// (NUMD + 1) × 4 bytes; Identify: 4096): the data pointer describes
-    /// `data_len` bytes, and a controller moving two memory pages under a
-    /// description of more takes PRP2, then a PRP List pointer, as its
-    /// second data page (NVMe 2.0 §4.3.1) — the data lands in the driver's
-    /// list page and the caller's second page reads back as zeros.
+    /// The data pointer describes exactly what the command moves. For the
+    /// commands whose length the SQE gives (Identify: 4096 bytes; Get Log
+    /// Page: (NUMD + 1) × 4; Firmware Image Download, Directive, Security
+    /// Send / Receive, Get LBA Status, data-structure features) a shorter
+    /// `data_len` is refused (below) and a longer one is cut to it: the data
+    /// returned (and the part of `data_out` sent) is what the command moves.
+    /// A controller moving two memory pages under a description of more
+    /// would take PRP2, then a PRP List pointer, as its second data page
+    /// (NVMe 2.0 §4.3.1). For other commands (vendor-specific) `data_len`
+    /// must be exactly what the command moves.
     ///
     /// Refused with [`Error::InvalidArgument`] before anything is sent:
     /// the commands whose effect outlives the command itself on memory or
@@ -684,7 +688,8 @@ impl<D: Device> Controller<D> {
     /// Commands from many threads share the admin queue's command
     /// identifiers, less those the driver keeps (its event requests and
     /// two for its own commands): one that finds none free waits for one,
-    /// within the same bound, with nothing sent.
+    /// within the same bound, and is [`Error::AdminBusy`] (nothing sent,
+    /// the controller fine) when none comes.
     pub fn admin_passthrough(
         &self,
         sqe: Sqe,
@@ -748,6 +753,17 @@ impl<D: Device> Controller<D> {
                 sqe.opcode()
             )));
         }
+        // More than the command moves: the data pointer describes what it
+        // moves, no more. A PRP List for pages the command does not use
+        // would be taken as a data page by a controller moving two pages
+        // (the data landing in the list, the caller's second page zeros).
+        let (len, data_out) = match admin_transfer(&sqe) {
+            Some((_, need)) if len as u64 > need => {
+                let need = need as usize;
+                (need, data_out.map(|d| &d[..d.len().min(need)]))
+            }
+            _ => (len, data_out),
+        };
         let what = format!("admin command 0x{:02x}", sqe.opcode());
         let done = self.inner.execute_for_application(
             sqe,
@@ -1381,12 +1397,10 @@ impl<D: Device> Inner<D> {
                     // Nothing was sent: the controller is not to blame.
                     let waited = start.elapsed();
                     if waited >= timeout {
-                        return Err(Error::Timeout {
-                            what: format!(
-                                "{what} to get an admin command identifier ({outstanding} other \
-                                 admin commands of the application are outstanding; nothing was \
-                                 sent)"
-                            ),
+                        return Err(Error::AdminBusy {
+                            device: self.name.clone(),
+                            what: what.to_string(),
+                            outstanding,
                             after: waited,
                         });
                     }
@@ -2169,7 +2183,7 @@ fn host_behavior_lbafee() -> Sqe {
 /// Figure "Feature Identifiers"), why `get_features`/`set_features` (which
 /// send no data pointer) cannot carry it.
 fn feature_data(fid: u8) -> Option<String> {
-    let (name, bytes) = feature_structure(fid, 0)?;
+    let (name, bytes) = feature::structure(fid, 0)?;
     let bytes = if fid == 0x81 {
         "8 bytes, 16 with CDW11.EXHID".to_string()
     } else {
@@ -2179,24 +2193,6 @@ fn feature_data(fid: u8) -> Option<String> {
         "{name} is a data structure in host memory, which this call does not transfer: use \
          admin_passthrough with its length ({bytes})"
     ))
-}
-
-/// A feature whose value is a data structure in host memory (Get / Set
-/// Features data pointer): its name and length in bytes, given CDW11.
-fn feature_structure(fid: u8, cdw11: u32) -> Option<(&'static str, usize)> {
-    Some(match fid {
-        feature::LBA_RANGE_TYPE => ("LBA Range Type", 4096),
-        feature::AUTONOMOUS_POWER_STATE_TRANSITION => ("Autonomous Power State Transition", 256),
-        feature::HOST_MEMORY_BUFFER => ("Host Memory Buffer", 4096),
-        feature::TIMESTAMP => ("Timestamp", 8),
-        feature::PREDICTABLE_LATENCY_MODE_CONFIG => ("Predictable Latency Mode Config", 512),
-        feature::HOST_BEHAVIOR_SUPPORT => ("Host Behavior Support", 512),
-        0x7d => ("Enhanced Controller Metadata", 4096),
-        0x7e => ("Controller Metadata", 4096),
-        0x7f => ("Namespace Metadata", 4096),
-        0x81 => ("Host Identifier", if cdw11 & 1 != 0 { 16 } else { 8 }),
-        _ => return None,
-    })
 }
 
 /// The bytes an admin command moves through its data pointer where its
@@ -2227,7 +2223,7 @@ fn admin_transfer(sqe: &Sqe) -> Option<(&'static str, u64)> {
         0x86 => ("Get LBA Status", dwords(sqe.cdw(12))),
         admin_op::GET_FEATURES if (cdw10 >> 8) & 7 == 3 => return None,
         admin_op::GET_FEATURES | admin_op::SET_FEATURES => {
-            let (_, len) = feature_structure(cdw10 as u8, cdw11)?;
+            let (_, len) = feature::structure(cdw10 as u8, cdw11)?;
             ("Get / Set Features", len as u64)
         }
         _ => return None,

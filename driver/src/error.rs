@@ -42,6 +42,27 @@ pub enum Error {
         after: Duration,
     },
 
+    /// The application's own admin commands, sent from many threads at
+    /// once, held every admin command identifier it may take (the driver
+    /// keeps some for itself) for as long as this one's bound: nothing was
+    /// sent, and the controller is fine.
+    #[error(
+        "admin command {what} on controller {device} was not sent: no admin command identifier \
+         became free within {} ms ({outstanding} other admin commands of the application are \
+         outstanding); the controller is fine: retry, or send fewer at once",
+        .after.as_millis()
+    )]
+    AdminBusy {
+        /// The device name.
+        device: String,
+        /// The command.
+        what: String,
+        /// The application's admin commands outstanding.
+        outstanding: u32,
+        /// How long it waited.
+        after: Duration,
+    },
+
     /// Register reads return all ones: the device was removed or fell off the bus.
     #[error(
         "controller {device} is gone (register reads return all ones): hot-removed, reset by someone else, or its PCI link is down"

@@ -329,6 +329,65 @@ pub mod feature {
     /// Namespace Write Protection Config.
     pub const NAMESPACE_WRITE_PROTECTION_CONFIG: u8 = 0x84;
 
+    /// The feature's name as the specification spells it (Set Features,
+    /// "Feature Identifiers"), `None` for an identifier not listed here
+    /// (reserved or vendor specific).
+    pub fn name(fid: u8) -> Option<&'static str> {
+        Some(match fid {
+            ARBITRATION => "Arbitration",
+            POWER_MANAGEMENT => "Power Management",
+            LBA_RANGE_TYPE => "LBA Range Type",
+            TEMPERATURE_THRESHOLD => "Temperature Threshold",
+            ERROR_RECOVERY => "Error Recovery",
+            VOLATILE_WRITE_CACHE => "Volatile Write Cache",
+            NUMBER_OF_QUEUES => "Number of Queues",
+            INTERRUPT_COALESCING => "Interrupt Coalescing",
+            INTERRUPT_VECTOR_CONFIG => "Interrupt Vector Configuration",
+            WRITE_ATOMICITY_NORMAL => "Write Atomicity Normal",
+            ASYNC_EVENT_CONFIG => "Asynchronous Event Configuration",
+            AUTONOMOUS_POWER_STATE_TRANSITION => "Autonomous Power State Transition",
+            HOST_MEMORY_BUFFER => "Host Memory Buffer",
+            TIMESTAMP => "Timestamp",
+            KEEP_ALIVE_TIMER => "Keep Alive Timer",
+            HOST_CONTROLLED_THERMAL_MANAGEMENT => "Host Controlled Thermal Management",
+            NON_OPERATIONAL_POWER_STATE_CONFIG => "Non-Operational Power State Config",
+            READ_RECOVERY_LEVEL_CONFIG => "Read Recovery Level Config",
+            PREDICTABLE_LATENCY_MODE_CONFIG => "Predictable Latency Mode Config",
+            PREDICTABLE_LATENCY_MODE_WINDOW => "Predictable Latency Mode Window",
+            HOST_BEHAVIOR_SUPPORT => "Host Behavior Support",
+            SANITIZE_CONFIG => "Sanitize Config",
+            ENDURANCE_GROUP_EVENT_CONFIG => "Endurance Group Event Configuration",
+            IO_COMMAND_SET_PROFILE => "I/O Command Set Profile",
+            SPINUP_CONTROL => "Spinup Control",
+            0x7d => "Enhanced Controller Metadata",
+            0x7e => "Controller Metadata",
+            0x7f => "Namespace Metadata",
+            SOFTWARE_PROGRESS_MARKER => "Software Progress Marker",
+            HOST_IDENTIFIER => "Host Identifier",
+            RESERVATION_NOTIFICATION_MASK => "Reservation Notification Mask",
+            RESERVATION_PERSISTENCE => "Reservation Persistence",
+            NAMESPACE_WRITE_PROTECTION_CONFIG => "Namespace Write Protection Config",
+            _ => return None,
+        })
+    }
+
+    /// A feature whose value is a data structure in host memory (moved
+    /// through the Get / Set Features data pointer): its name and length
+    /// in bytes, given CDW11 (Host Identifier is 16 bytes with CDW11.EXHID
+    /// set, else 8). `None` for a feature whose value is dword 11 / dword 0.
+    pub fn structure(fid: u8, cdw11: u32) -> Option<(&'static str, usize)> {
+        let len = match fid {
+            LBA_RANGE_TYPE | HOST_MEMORY_BUFFER | 0x7d..=0x7f => 4096,
+            AUTONOMOUS_POWER_STATE_TRANSITION => 256,
+            TIMESTAMP => 8,
+            PREDICTABLE_LATENCY_MODE_CONFIG | HOST_BEHAVIOR_SUPPORT => 512,
+            HOST_IDENTIFIER if cdw11 & 1 != 0 => 16,
+            HOST_IDENTIFIER => 8,
+            _ => return None,
+        };
+        Some((name(fid)?, len))
+    }
+
     /// Get Features SEL value 000b: current value.
     pub const SEL_CURRENT: u8 = 0;
     /// Get Features SEL value 001b: default value.

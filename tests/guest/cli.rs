@@ -428,6 +428,99 @@ fn admin_passthru_moves_data_both_ways_and_reports_statuses() {
     assert!(stderr(&o).contains("io_queue_pair"), "{}", stderr(&o));
 }
 
+/// `upnvme get-feature` / `set-feature` / `get-log`: a feature's value
+/// (Temperature Threshold changed and put back), a data-structure feature
+/// as a hex dump and sent back with --data, a log page, and the refusals
+/// (exit 2, nothing sent).
+#[test]
+fn get_feature_set_feature_and_get_log_as_nvme_cli() {
+    let dev = device();
+    let value = |out: &str| -> u32 {
+        let hex = out.trim().rsplit("value:0x").next().unwrap();
+        u32::from_str_radix(&hex[..8], 16).unwrap_or_else(|e| panic!("{out}: {e}"))
+    };
+    let out = ok(&upnvme(&["get-feature", "-d", &dev, "-f", "7"]));
+    assert!(
+        out.starts_with("get-feature:0x07 (Number of Queues), Current value:0x"),
+        "{out}"
+    );
+    // Temperature Threshold (04h): set, read back, put back.
+    let before = value(&ok(&upnvme(&["get-feature", "-d", &dev, "-f", "4"])));
+    let new = if before & 0xffff == 0x160 {
+        0x161
+    } else {
+        0x160
+    };
+    let out = ok(&upnvme(&[
+        "set-feature",
+        "-d",
+        &dev,
+        "-f",
+        "4",
+        "-V",
+        &format!("{new:#x}"),
+    ]));
+    assert!(
+        out.starts_with("set-feature:0x04 (Temperature Threshold)"),
+        "{out}"
+    );
+    let out = ok(&upnvme(&["get-feature", "-d", &dev, "-f", "4"]));
+    assert_eq!(value(&out) & 0xffff, new, "{out}");
+    ok(&upnvme(&[
+        "set-feature",
+        "-d",
+        &dev,
+        "-f",
+        "4",
+        "-V",
+        &format!("{before:#x}"),
+    ]));
+    assert_eq!(
+        value(&ok(&upnvme(&["get-feature", "-d", &dev, "-f", "4"]))),
+        before
+    );
+    // Host Behavior Support (16h): 512 bytes, as a hex dump; raw, sent back.
+    let out = ok(&upnvme(&["get-feature", "-d", &dev, "-f", "0x16"]));
+    assert_eq!(out.lines().count(), 2 + 32, "{out}");
+    let o = upnvme(&["get-feature", "-d", &dev, "-f", "0x16", "-b"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(o.stdout.len(), 512);
+    fs::write("/tmp/hbs-feature.bin", &o.stdout).unwrap();
+    let out = ok(&upnvme(&[
+        "set-feature",
+        "-d",
+        &dev,
+        "-f",
+        "0x16",
+        "--data",
+        "/tmp/hbs-feature.bin",
+    ]));
+    assert!(
+        out.starts_with("set-feature:0x16 (Host Behavior Support)"),
+        "{out}"
+    );
+    // SMART / Health Information: 512 bytes.
+    let out = ok(&upnvme(&["get-log", "-d", &dev, "-i", "2", "-l", "512"]));
+    assert!(out.starts_with("Device log page 0x02, 512 bytes"), "{out}");
+    assert_eq!(out.lines().count(), 2 + 32, "{out}");
+    // Refusals: a length not in dwords, a non-zero Keep Alive Timeout, a
+    // data structure without its data.
+    for (args, says) in [
+        (vec!["get-log", "-i", "2", "-l", "510"], "multiple of 4"),
+        (vec!["set-feature", "-f", "0x0f", "-V", "5"], "Keep Alive"),
+        (
+            vec!["set-feature", "-f", "0x16"],
+            "pass it with --data FILE",
+        ),
+    ] {
+        let mut all = args.clone();
+        all.extend(["-d", dev.as_str()]);
+        let o = upnvme(&all);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(stderr(&o).contains(says), "{args:?}: {}", stderr(&o));
+    }
+}
+
 #[test]
 fn identify_fields_equal_the_vm_options() {
     let prefix = env("UPNVME_VM_SERIAL_PREFIX");

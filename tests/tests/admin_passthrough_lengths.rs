@@ -62,3 +62,28 @@ fn get_features_supported_capabilities_without_data_is_not_refused() {
     let r = c.admin_passthrough(sqe, 0, None);
     assert_eq!(refused_for_length(&r), None, "{r:?}");
 }
+
+/// A data length longer than the command moves is cut to what it moves: a
+/// two-page Get Log Page described as three pages would get PRP2 pointing
+/// at a PRP List, which the controller (moving two pages) takes as its
+/// second data page — the log's second half landed in the driver's list
+/// page and the caller read zeros (a review of the session's C API and CLI
+/// passthrough, which hand the caller's length through).
+#[test]
+fn a_passthrough_longer_than_its_command_moves_returns_exactly_what_it_moves() {
+    let (m, c) = setup(ModelConfig::default());
+    // Error Information log (LID 01h), 8 KiB: 2048 dwords, RAE set.
+    let sqe = Sqe::get_log_page(0x01, 0xffff_ffff, 2048, 0, true);
+    let (_, exact) = c.admin_passthrough(sqe, 8192, None).unwrap();
+    assert_eq!(exact.len(), 8192);
+    let (_, longer) = c.admin_passthrough(sqe, 12288, None).unwrap();
+    assert_eq!(longer.len(), 8192, "what the command moves");
+    assert_eq!(longer, exact);
+    // Identify with a page and a half described: one page back.
+    let (_, id) = c
+        .admin_passthrough(Sqe::identify(0x01, 0, 0), 6144, None)
+        .unwrap();
+    assert_eq!(id.len(), 4096);
+    drop(c);
+    common::assert_clean(&m);
+}

@@ -349,8 +349,10 @@ pub unsafe extern "C" fn upnvme_ctrl_get_log_page(
 /// first, so their commands in flight end once with `UPNVME_ECANCELED`
 /// (the old geometry must not reach the new format); they re-create their
 /// queues at their next `process_completions` and run I/O on other
-/// namespaces while the format runs. Other calls on this controller handle
-/// wait for it. A reset during the format (a pair's recovery) ends it with
+/// namespaces while the format runs. It starts once no other call on this
+/// controller handle is running (calls made meanwhile are not held up), and
+/// calls made while it runs wait for it. A reset during the format (a pair's
+/// recovery) ends it with
 /// `UPNVME_ECANCELED`: it may or may not have happened.
 ///
 /// # Safety
@@ -367,11 +369,13 @@ pub unsafe extern "C" fn upnvme_ctrl_format_nvm(
             Ok(h) => h,
             Err(code) => return code,
         };
-        // SAFETY: null or valid for a read (the caller's contract); the
-        // struct is integers only, valid for any bit pattern.
-        let Some(fmt) = (unsafe { fmt.as_ref() }).copied() else {
+        if fmt.is_null() {
             return fail(UPNVME_EINVAL, "upnvme_ctrl_format_nvm: fmt is NULL");
-        };
+        }
+        // SAFETY: non-null and valid for a read (the caller's contract); the
+        // struct is integers only, valid for any bit pattern; copied, never
+        // referenced, and at any alignment.
+        let fmt = unsafe { fmt.read_unaligned() };
         match h.format_nvm(nsid, &fmt) {
             Ok(()) => UPNVME_OK,
             Err(e) => fail_error(&e),
@@ -429,8 +433,11 @@ pub unsafe extern "C" fn upnvme_ctrl_reset(ctrl: *const upnvme_ctrl) -> c_int {
 /// Attachment, Host Memory Buffer, a Keep Alive timer) or a `data_len`
 /// shorter than the command moves, `UPNVME_ECANCELED` when a controller
 /// reset ended the wait (the command may or may not have taken effect),
-/// `UPNVME_ETIMEDOUT` (the controller is then failed until a reset), or
-/// another negative code. `cpl` may be NULL.
+/// `UPNVME_ETIMEDOUT` (no answer: the controller is then failed until
+/// `upnvme_ctrl_reset`), `UPNVME_EAGAIN` when other threads' admin commands
+/// held every command identifier it may take until its bound (nothing was
+/// sent; the controller is fine), or another negative code. `cpl` may be
+/// NULL.
 ///
 /// # Safety
 /// `ctrl` a live handle; `cmd` valid for a read; `data` valid for
@@ -454,11 +461,13 @@ pub unsafe extern "C" fn upnvme_ctrl_admin_passthru(
             Ok(h) => h,
             Err(code) => return code,
         };
-        // SAFETY: null or valid for a read (the caller's contract); the
-        // struct is integers only, valid for any bit pattern.
-        let Some(cmd) = (unsafe { cmd.as_ref() }).copied() else {
+        if cmd.is_null() {
             return fail(UPNVME_EINVAL, "upnvme_ctrl_admin_passthru: cmd is NULL");
-        };
+        }
+        // SAFETY: non-null and valid for a read (the caller's contract); the
+        // struct is integers only, valid for any bit pattern; copied, never
+        // referenced, and at any alignment.
+        let cmd = unsafe { cmd.read_unaligned() };
         if data.is_null() && data_len != 0 {
             return fail(
                 UPNVME_EINVAL,
@@ -498,9 +507,11 @@ pub unsafe extern "C" fn upnvme_ctrl_admin_passthru(
 /// changed get new geometry (`upnvme_ns_get_info`), and every queue pair of
 /// the controller uses the new handles from its next submission.
 ///
-/// Other threads may use the controller handle meanwhile: the refresh waits
-/// for the calls in progress on it, and they wait for the refresh (its
-/// queue pairs keep running).
+/// Other threads may use the controller handle meanwhile: the refresh
+/// starts once no call on it is running (a long admin passthrough on
+/// another thread delays it, but calls made meanwhile are not held up
+/// behind it), and calls made while it runs wait for it (its queue pairs
+/// keep running).
 ///
 /// # Safety
 /// `ctrl` a live handle.

@@ -90,6 +90,8 @@ pub(crate) fn error_code(e: &Error) -> c_int {
         | Error::ControllerRemoved { .. }
         | Error::Closed { .. } => UPNVME_ENODEV,
         Error::NoQueuesLeft { .. } => UPNVME_EBUSY,
+        // Nothing was sent; a retry may succeed.
+        Error::AdminBusy { .. } => UPNVME_EAGAIN,
         Error::Dma(DmaError::HugepagesUnavailable { .. } | DmaError::IovaExhausted { .. }) => {
             UPNVME_ENOMEM
         }

@@ -1,7 +1,8 @@
 //! `upnvme`: the command-line face of the upnvme driver, in nvme-cli's spirit.
 //!
 //! Subcommands: `perf` (4 KiB round-trip latency and IOPS), `list`,
-//! `identify`, `smart-log`, `read`, `write`, `format`, `admin-passthru`,
+//! `identify`, `smart-log`, `get-log`, `get-feature`, `set-feature`, `read`,
+//! `write`, `format`, `admin-passthru`,
 //! `setup status|bind|unbind|hugepages`.
 
 /// `print!` that returns an error instead of panicking when stdout is gone
@@ -22,6 +23,7 @@ macro_rules! outln {
 }
 
 mod decode;
+mod feature;
 mod passthru;
 mod perf;
 mod rw;
@@ -133,6 +135,15 @@ enum Command {
               value_parser = clap::value_parser!(u64).range(1..))]
         timeout: u64,
     },
+    /// Show a feature's value (Get Features), as nvme-cli's get-feature:
+    /// dword 0 and, for the features that have one, the data structure.
+    GetFeature(feature::GetFeatureArgs),
+    /// Set a feature (Set Features), as nvme-cli's set-feature: the value
+    /// (dword 11), or the data structure with --data.
+    SetFeature(feature::SetFeatureArgs),
+    /// Read a log page (Get Log Page), as nvme-cli's get-log: a hex dump,
+    /// or raw with -b.
+    GetLog(feature::GetLogArgs),
     /// Send an admin command, as nvme-cli's admin-passthru: Identify, Get /
     /// Set Features, Get Log Page, Device Self-test, Firmware Image Download
     /// / Commit, Security Send / Receive, Sanitize, vendor-specific. The
@@ -266,6 +277,9 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::List => show::list(),
         Command::AdminPassthru(a) => passthru::run(&a),
+        Command::GetFeature(a) => feature::get(&a),
+        Command::SetFeature(a) => feature::set(&a),
+        Command::GetLog(a) => feature::get_log(&a),
         Command::Identify {
             dev,
             nsid,

@@ -19,8 +19,8 @@ pub struct AdminPassthruArgs {
     #[command(flatten)]
     dev: DeviceArgs,
     /// Opcode (decimal or 0x-prefixed hex); its bits 1:0 give the data
-    /// direction unless --read / --write say otherwise (01b host to
-    /// controller, 10b controller to host).
+    /// direction (01b host to controller, 10b controller to host, 11b both),
+    /// to which --read / --write add.
     #[arg(short = 'O', long, value_parser = crate::rw::number::<u8>)]
     opcode: u8,
     /// Namespace ID (NSID).
@@ -55,12 +55,13 @@ pub struct AdminPassthruArgs {
     /// data with zeros.
     #[arg(short = 'l', long, value_parser = crate::rw::number::<usize>)]
     data_len: Option<usize>,
-    /// The data comes from the controller (printed as a hex dump, or raw
-    /// with --raw-binary).
-    #[arg(short = 'r', long, conflicts_with = "write")]
+    /// Data also comes from the controller (printed as a hex dump, or raw
+    /// with --raw-binary), whatever the opcode's bit 1 says (for vendor
+    /// opcodes that do not follow the convention).
+    #[arg(short = 'r', long)]
     read: bool,
-    /// The data goes to the controller (from --input-file, else --data-len
-    /// bytes from stdin).
+    /// Data also goes to the controller (from --input-file, else
+    /// --data-len bytes from stdin), whatever the opcode's bit 0 says.
     #[arg(short = 'w', long)]
     write: bool,
     /// File holding the data to send ("-": stdin).
@@ -87,14 +88,16 @@ enum Direction {
 }
 
 impl AdminPassthruArgs {
+    /// The opcode's direction, with what --read / --write add (as
+    /// nvme-cli: the flags add to the opcode's bits, never take away).
     fn direction(&self) -> Direction {
-        match (self.read, self.write, self.opcode & 0b11) {
-            (true, _, _) => Direction::FromController,
-            (_, true, _) => Direction::ToController,
-            (_, _, 0b01) => Direction::ToController,
-            (_, _, 0b10) => Direction::FromController,
-            (_, _, 0b11) => Direction::Both,
-            _ => Direction::None,
+        let sends = self.write || self.opcode & 0b01 != 0;
+        let receives = self.read || self.opcode & 0b10 != 0;
+        match (sends, receives) {
+            (true, true) => Direction::Both,
+            (true, false) => Direction::ToController,
+            (false, true) => Direction::FromController,
+            (false, false) => Direction::None,
         }
     }
 
@@ -120,8 +123,9 @@ impl AdminPassthruArgs {
         if !sends {
             if self.input_file.is_some() {
                 return Err(usage(format!(
-                    "--input-file: opcode 0x{:02x} sends no data (its bits 1:0 are {:02b}b); \
-                     pass --write to send it anyway",
+                    "--input-file: opcode 0x{:02x} sends no data to the controller (its bits 1:0 \
+                     are {:02b}b) and --write is not given; the data the controller returns goes \
+                     to stdout",
                     self.opcode,
                     self.opcode & 0b11
                 ))
@@ -136,23 +140,48 @@ impl AdminPassthruArgs {
         let mut data = Vec::new();
         match self.input_file.as_deref() {
             Some(p) if p.as_os_str() != "-" => {
-                data = std::fs::read(p)
-                    .map_err(|e| usage(format!("--input-file {}: {e}", p.display())))?;
+                let open = |e: std::io::Error| usage(format!("--input-file {}: {e}", p.display()));
+                let file = std::fs::File::open(p).map_err(open)?;
+                let meta = file.metadata().map_err(open)?;
+                match self.data_len {
+                    // A regular file longer than the data is a mistake.
+                    Some(len) if meta.is_file() && meta.len() > len as u64 => {
+                        return Err(usage(format!(
+                            "--input-file {} holds {} bytes, more than --data-len {len}",
+                            p.display(),
+                            meta.len()
+                        ))
+                        .into());
+                    }
+                    // Never more than the command sends: /dev/zero, a pipe.
+                    Some(len) => {
+                        file.take(len as u64).read_to_end(&mut data).map_err(open)?;
+                    }
+                    None if meta.is_file() => {
+                        (&file).read_to_end(&mut data).map_err(open)?;
+                    }
+                    None => {
+                        return Err(usage(format!(
+                            "--input-file {} is not a regular file: pass --data-len, the bytes \
+                             to take from it",
+                            p.display()
+                        ))
+                        .into());
+                    }
+                }
             }
             _ => {
+                // From stdin only with --data-len (above): that many bytes,
+                // not to the end of a pipe whose writer may stay open.
+                let len = self.data_len.unwrap_or(0) as u64;
                 std::io::stdin()
+                    .lock()
+                    .take(len)
                     .read_to_end(&mut data)
                     .context("reading the data to send from stdin")?;
             }
         }
         if let Some(len) = self.data_len {
-            if data.len() > len {
-                return Err(usage(format!(
-                    "the input holds {} bytes, more than --data-len {len}",
-                    data.len()
-                ))
-                .into());
-            }
             data.resize(len, 0);
         }
         Ok(Some(data))
@@ -180,7 +209,20 @@ pub fn run(a: &AdminPassthruArgs) -> Result<()> {
     let result = send(&c, a, data_len, out.as_deref());
     let closed = c.close();
     let (cqe, data) = result?;
+    // What the command did is shown even when the shutdown after it fails
+    // (then reported, exit 1).
+    shown(a, direction, &cqe, &data)?;
     closed?;
+    Ok(())
+}
+
+/// Prints the completion and the data received.
+fn shown(
+    a: &AdminPassthruArgs,
+    direction: Direction,
+    cqe: &upnvme::Cqe,
+    data: &[u8],
+) -> Result<()> {
     let report = format!(
         "admin command 0x{:02x}: Successful Completion, dword 0 0x{:08x}, dword 1 0x{:08x}",
         a.opcode,
@@ -192,14 +234,14 @@ pub fn run(a: &AdminPassthruArgs) -> Result<()> {
         eprintln!("{report}");
         if receives {
             let mut stdout = std::io::stdout().lock();
-            stdout.write_all(&data)?;
+            stdout.write_all(data)?;
             stdout.flush()?;
         }
         return Ok(());
     }
     outln!("{report}");
     if receives && !data.is_empty() {
-        out!("{}", hex_dump(&data));
+        out!("{}", hex_dump(data));
     }
     Ok(())
 }

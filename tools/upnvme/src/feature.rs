@@ -1,0 +1,245 @@
+//! `upnvme get-feature` / `set-feature` / `get-log`, as nvme-cli's: a
+//! feature's value (completion dword 0, and the data structure of the
+//! features that have one) and any log page, printed as nvme-cli prints
+//! them (`get-feature:0x07 (Number of Queues), Current value:0x003f003f`, a
+//! hex dump) or raw with `-b`.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use upnvme::Sqe;
+use upnvme::queues::sqe::feature;
+
+use crate::DeviceArgs;
+use crate::passthru::hex_dump;
+use crate::rw::number;
+use crate::usage::usage;
+
+/// Get Features' Select field (CDW10 bits 10:8) in words.
+const SELECT: [&str; 4] = ["Current", "Default", "Saved", "Supported capabilities"];
+
+/// The flags of `upnvme get-feature`.
+#[derive(clap::Args, Debug)]
+pub struct GetFeatureArgs {
+    #[command(flatten)]
+    dev: DeviceArgs,
+    /// Feature Identifier (FID), decimal or 0x-prefixed hex.
+    #[arg(short = 'f', long = "feature-id", value_parser = number::<u8>)]
+    fid: u8,
+    /// Select: 0 current, 1 default, 2 saved, 3 supported capabilities.
+    #[arg(short = 's', long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..4))]
+    sel: u8,
+    /// Command dword 11 (feature specific: e.g. the temperature sensor of
+    /// Temperature Threshold).
+    #[arg(long, default_value_t = 0, value_parser = number::<u32>)]
+    cdw11: u32,
+    /// Namespace ID, for namespace-specific features.
+    #[arg(short = 'n', long = "namespace-id", default_value_t = 0, value_parser = number::<u32>)]
+    nsid: u32,
+    /// Write the feature's data structure to stdout as it is, instead of a
+    /// hex dump (the value line goes to stderr then).
+    #[arg(short = 'b', long)]
+    raw_binary: bool,
+}
+
+/// The flags of `upnvme set-feature`.
+#[derive(clap::Args, Debug)]
+pub struct SetFeatureArgs {
+    #[command(flatten)]
+    dev: DeviceArgs,
+    /// Feature Identifier (FID), decimal or 0x-prefixed hex.
+    #[arg(short = 'f', long = "feature-id", value_parser = number::<u8>)]
+    fid: u8,
+    /// The value: command dword 11.
+    #[arg(short = 'V', long, default_value_t = 0, value_parser = number::<u32>)]
+    value: u32,
+    /// Make the value persist across power cycles (Save, CDW10 bit 31).
+    #[arg(long)]
+    save: bool,
+    /// Namespace ID, for namespace-specific features.
+    #[arg(short = 'n', long = "namespace-id", default_value_t = 0, value_parser = number::<u32>)]
+    nsid: u32,
+    /// The data structure of a feature that has one (Host Behavior
+    /// Support, Timestamp, ...), from this file ("-": stdin), zero-padded
+    /// to the structure's length (nvme-cli's -d; -d is the device here).
+    #[arg(long = "data")]
+    data: Option<PathBuf>,
+}
+
+/// The flags of `upnvme get-log`.
+#[derive(clap::Args, Debug)]
+pub struct GetLogArgs {
+    #[command(flatten)]
+    dev: DeviceArgs,
+    /// Log Page Identifier (LID), decimal or 0x-prefixed hex.
+    #[arg(short = 'i', long = "log-id", value_parser = number::<u8>)]
+    lid: u8,
+    /// Bytes to read (a multiple of 4).
+    #[arg(short = 'l', long = "log-len", value_parser = number::<usize>)]
+    len: usize,
+    /// Namespace ID (default: controller-wide, 0xffffffff).
+    #[arg(short = 'n', long = "namespace-id", default_value_t = 0xffff_ffff, value_parser = number::<u32>)]
+    nsid: u32,
+    /// Log Page Offset in bytes (a multiple of 4).
+    #[arg(long, default_value_t = 0, value_parser = number::<u64>)]
+    lpo: u64,
+    /// Retain Asynchronous Event: leave the event type masked (default: the
+    /// read re-arms it).
+    #[arg(long)]
+    rae: bool,
+    /// Write the log to stdout as it is, instead of a hex dump.
+    #[arg(short = 'b', long)]
+    raw_binary: bool,
+}
+
+/// The feature's name, or what it is when the specification names none.
+fn feature_name(fid: u8) -> &'static str {
+    feature::name(fid).unwrap_or("unknown or vendor specific")
+}
+
+/// Runs `upnvme get-feature`.
+pub fn get(a: &GetFeatureArgs) -> Result<()> {
+    // Select 011b (supported capabilities) returns dword 0 only.
+    let structure = feature::structure(a.fid, a.cdw11).filter(|_| a.sel != 3);
+    let mut sqe = Sqe::get_features(a.fid, a.sel, a.cdw11);
+    sqe.dw[1] = a.nsid;
+    let c = a.dev.open()?;
+    let len = structure.map_or(0, |(_, l)| l);
+    let r = c.admin_passthrough(sqe, len, None);
+    let closed = c.close();
+    let (cqe, data) = r.map_err(refusal)?;
+    let line = format!(
+        "get-feature:0x{:02x} ({}), {} value:0x{:08x}",
+        a.fid,
+        feature_name(a.fid),
+        SELECT[usize::from(a.sel)],
+        cqe.dw0()
+    );
+    // Shown even when the shutdown after it fails (then reported).
+    print_data(&line, &data, a.raw_binary)?;
+    Ok(closed?)
+}
+
+/// Runs `upnvme set-feature`.
+pub fn set(a: &SetFeatureArgs) -> Result<()> {
+    let mut sqe = Sqe::set_features(a.fid, a.value, a.save);
+    sqe.dw[1] = a.nsid;
+    let data = match (feature::structure(a.fid, a.value), &a.data) {
+        (Some((_, len)), Some(path)) => {
+            let mut d = read_input(path)?;
+            if d.len() > len {
+                return Err(usage(format!(
+                    "--data {}: {} bytes, more than the {len} bytes of {}",
+                    path.display(),
+                    d.len(),
+                    feature_name(a.fid)
+                ))
+                .into());
+            }
+            d.resize(len, 0);
+            Some(d)
+        }
+        (Some((name, len)), None) => {
+            return Err(usage(format!(
+                "{name} (FID 0x{:02x}) is a data structure of {len} bytes: pass it with --data \
+                 FILE",
+                a.fid
+            ))
+            .into());
+        }
+        (None, Some(_)) => {
+            return Err(usage(format!(
+                "--data: {} (FID 0x{:02x}) has no data structure; its value is --value",
+                feature_name(a.fid),
+                a.fid
+            ))
+            .into());
+        }
+        (None, None) => None,
+    };
+    let c = a.dev.open()?;
+    let r = c.admin_passthrough(sqe, 0, data.as_deref());
+    let closed = c.close();
+    let (cqe, _) = r.map_err(refusal)?;
+    outln!(
+        "set-feature:0x{:02x} ({}), value:0x{:08x}, cdw12:0x00000000, save:{}, result: 0x{:08x}",
+        a.fid,
+        feature_name(a.fid),
+        a.value,
+        u8::from(a.save),
+        cqe.dw0()
+    );
+    Ok(closed?)
+}
+
+/// Runs `upnvme get-log`.
+pub fn get_log(a: &GetLogArgs) -> Result<()> {
+    if a.len == 0 || !a.len.is_multiple_of(4) {
+        return Err(usage(format!(
+            "--log-len {}: a log is read in dwords: pass a non-zero multiple of 4",
+            a.len
+        ))
+        .into());
+    }
+    if !a.lpo.is_multiple_of(4) {
+        return Err(usage(format!(
+            "--lpo {}: the Log Page Offset is dword aligned: pass a multiple of 4",
+            a.lpo
+        ))
+        .into());
+    }
+    let c = a.dev.open()?;
+    let r = if a.rae {
+        // Retain Asynchronous Event set: through the passthrough (the
+        // library's get_log_page re-arms the event type).
+        let sqe = Sqe::get_log_page(a.lid, a.nsid, (a.len / 4) as u32, a.lpo, true);
+        c.admin_passthrough(sqe, a.len, None).map(|(_, d)| d)
+    } else {
+        c.get_log_page(a.lid, a.nsid, a.len, a.lpo)
+    };
+    let closed = c.close();
+    let data = r.map_err(refusal)?;
+    let line = format!(
+        "Device log page 0x{:02x}, {} bytes from offset {}, namespace 0x{:x}",
+        a.lid, a.len, a.lpo, a.nsid
+    );
+    print_data(&line, &data, a.raw_binary)?;
+    Ok(closed?)
+}
+
+/// `line`, then `data` as a hex dump; with `raw`, `line` to stderr and the
+/// bytes to stdout.
+fn print_data(line: &str, data: &[u8], raw: bool) -> Result<()> {
+    if raw {
+        eprintln!("{line}");
+        let mut stdout = std::io::stdout().lock();
+        stdout.write_all(data)?;
+        stdout.flush()?;
+        return Ok(());
+    }
+    outln!("{line}");
+    if !data.is_empty() {
+        out!("{}", hex_dump(data));
+    }
+    Ok(())
+}
+
+/// The library's refusals (nothing was sent) are usage errors.
+fn refusal(e: upnvme::Error) -> anyhow::Error {
+    match e {
+        upnvme::Error::InvalidArgument(why) => usage(why).into(),
+        e => e.into(),
+    }
+}
+
+/// A file's bytes, or stdin's for "-".
+fn read_input(path: &std::path::Path) -> Result<Vec<u8>> {
+    if path.as_os_str() == "-" {
+        let mut d = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::stdin(), &mut d)
+            .context("reading the data from stdin")?;
+        return Ok(d);
+    }
+    std::fs::read(path).map_err(|e| usage(format!("--data {}: {e}", path.display())).into())
+}
