@@ -11,7 +11,9 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{Access, Spy, admin_op, assert_clean, config_one_ns, model, open, opts, reg};
+use common::{
+    Access, Front, Hooks, Spy, admin_op, assert_clean, config_one_ns, model, open, opts, reg,
+};
 use upnvme::{Controller, ControllerOptions, Device, Error, QueuePairOptions, Reject};
 use upnvme_tests::{Fault, Match, ModelConfig, ModelController, NamespaceConfig, Status};
 
@@ -477,8 +479,8 @@ fn a_controller_that_cannot_be_disabled_at_bring_up_is_released_and_its_memory_f
 
 #[test]
 fn memory_a_wedged_controller_may_use_is_kept_when_the_device_cannot_be_released() {
-    // The same through a device that cannot say its DMA stopped (the
-    // default `Device::release`): the admin queue stays allocated.
+    // The same through a device that cannot say its DMA stopped (a `Spy`,
+    // whose `release` returns false): the admin queue stays allocated.
     let m = model();
     m.inject(Fault::Wedged);
     let r = Controller::with_device(Spy::new(m.clone()), quick());
@@ -535,7 +537,7 @@ fn a_controller_that_cannot_be_shut_down_is_released_before_its_memory_goes() {
 }
 
 /// A controller on the model itself (releasable) or behind a [`Spy`]
-/// (whose `release` is the trait's default).
+/// (whose `release` returns false).
 enum ControllerOrSpy {
     Model(Controller<ModelController>),
     Spy(Controller<Spy>),
@@ -547,43 +549,19 @@ enum ControllerOrSpy {
 #[derive(Clone)]
 struct ShortBar(ModelController);
 
-impl Device for ShortBar {
-    fn read32(&self, offset: usize) -> u32 {
-        self.0.read32(offset)
-    }
-    fn write32(&self, offset: usize, value: u32) {
-        self.0.write32(offset, value)
-    }
-    fn read64(&self, offset: usize) -> u64 {
-        self.0.read64(offset)
-    }
-    fn write64(&self, offset: usize, value: u64) {
-        self.0.write64(offset, value)
+impl Hooks for ShortBar {
+    fn model(&self) -> &ModelController {
+        &self.0
     }
     fn bar_len(&self) -> usize {
         0x1004
-    }
-    fn alloc_dma(&self, len: usize) -> Result<upnvme::DmaBuffer, upnvme::dma::DmaError> {
-        self.0.alloc_dma(len)
-    }
-    fn alloc_dma_device_read_only(
-        &self,
-        len: usize,
-    ) -> Result<upnvme::DmaBuffer, upnvme::dma::DmaError> {
-        self.0.alloc_dma_device_read_only(len)
-    }
-    fn read_only_memory(&self) -> upnvme::ReadOnlyMemory {
-        self.0.read_only_memory()
-    }
-    fn name(&self) -> String {
-        self.0.name()
     }
 }
 
 #[test]
 fn admin_doorbells_beyond_bar0_are_refused_at_bring_up() {
     let m = model();
-    match Controller::with_device(ShortBar(m.clone()), opts()) {
+    match Controller::with_device(Front(ShortBar(m.clone())), opts()) {
         Err(Error::Unsupported { what, .. }) => {
             assert!(
                 what.contains("CAP.DSTRD 0") && what.contains("BAR0"),
@@ -953,7 +931,10 @@ impl RegisterWrap {
     }
 }
 
-impl Device for RegisterWrap {
+impl Hooks for RegisterWrap {
+    fn model(&self) -> &ModelController {
+        &self.m
+    }
     fn read32(&self, offset: usize) -> u32 {
         match (offset, self.vs) {
             (0x08, Some(vs)) => vs,
@@ -977,24 +958,6 @@ impl Device for RegisterWrap {
             v
         }
     }
-    fn write64(&self, offset: usize, value: u64) {
-        self.m.write64(offset, value)
-    }
-    fn bar_len(&self) -> usize {
-        self.m.bar_len()
-    }
-    fn alloc_dma(&self, len: usize) -> Result<upnvme::DmaBuffer, upnvme::dma::DmaError> {
-        self.m.alloc_dma(len)
-    }
-    fn alloc_dma_device_read_only(
-        &self,
-        len: usize,
-    ) -> Result<upnvme::DmaBuffer, upnvme::dma::DmaError> {
-        self.m.alloc_dma_device_read_only(len)
-    }
-    fn name(&self) -> String {
-        self.m.name()
-    }
     fn release(&self) -> bool {
         false
     }
@@ -1013,7 +976,7 @@ fn unanswered_doorbell_buffer_config_keeps_its_buffers_until_disabled() {
     }));
     let w = RegisterWrap::new(&m);
     let r = Controller::with_device(
-        w.clone(),
+        Front(w.clone()),
         ControllerOptions {
             admin_timeout: Some(Duration::from_millis(200)),
             ..opts()
@@ -1071,7 +1034,7 @@ fn cap_mqes_zero_is_not_the_callers_invalid_argument() {
     let m = ModelController::new(ModelConfig::default());
     let mut w = RegisterWrap::new(&m);
     w.cap_clear = 0xffff;
-    let r = Controller::with_device(w, opts());
+    let r = Controller::with_device(Front(w), opts());
     match r {
         Err(Error::InvalidArgument(what)) => {
             panic!("the device's CAP.MQES 0 reported as the caller's invalid argument: {what}")
@@ -1095,7 +1058,7 @@ fn an_nvme_1_0_controller_without_the_active_namespace_list_comes_up() {
     m.set_identify_data(0x06, 0, Some(vec![1, 1, 1, 1, 2, 0, 0, 0, 3]));
     let mut w = RegisterWrap::new(&m);
     w.vs = Some(0x0001_0000);
-    let c = Controller::with_device(w, opts());
+    let c = Controller::with_device(Front(w), opts());
     match c {
         Ok(c) => {
             assert!(c.namespace(1).is_ok());
@@ -1127,7 +1090,7 @@ fn a_controller_that_refuses_the_active_namespace_list_comes_up() {
     });
     let mut w = RegisterWrap::new(&m);
     w.vs = Some(0x0001_0400);
-    let c = Controller::with_device(w, opts()).unwrap();
+    let c = Controller::with_device(Front(w), opts()).unwrap();
     assert_eq!(c.namespaces().len(), 1);
     assert!(c.namespace(1).is_ok());
     assert_eq!(c.nvm_limits().dmrsl, 64);

@@ -13,12 +13,11 @@ use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{open, opts, read_back};
+use common::{Front, Hooks, open, opts, read_back};
 use upnvme::{
     Completion, Controller, ControllerOptions, Device, DmaBuffer, FormatNvm, IoCommand, IoError,
     QueuePairOptions, Reject,
 };
-use upnvme_dma::DmaError;
 use upnvme_tests::{ModelConfig, ModelController, NamespaceConfig};
 
 /// One namespace of 512-byte blocks; the model's LBA format 4 is 4096 bytes.
@@ -116,9 +115,9 @@ impl Gate {
     }
 }
 
-impl Device for Gate {
-    fn read32(&self, offset: usize) -> u32 {
-        self.model.read32(offset)
+impl Hooks for Gate {
+    fn model(&self) -> &ModelController {
+        &self.model
     }
     fn write32(&self, offset: usize, value: u32) {
         if offset == 0x14 && self.g.panic_on_cc.swap(false, Ordering::SeqCst) {
@@ -141,36 +140,6 @@ impl Device for Gate {
             drop(p);
         }
         self.model.write32(offset, value);
-    }
-    fn read64(&self, offset: usize) -> u64 {
-        self.model.read64(offset)
-    }
-    fn write64(&self, offset: usize, value: u64) {
-        self.model.write64(offset, value);
-    }
-    fn bar_len(&self) -> usize {
-        self.model.bar_len()
-    }
-    fn alloc_dma(&self, len: usize) -> Result<DmaBuffer, DmaError> {
-        self.model.alloc_dma(len)
-    }
-    fn alloc_dma_device_read_only(&self, len: usize) -> Result<DmaBuffer, DmaError> {
-        self.model.alloc_dma_device_read_only(len)
-    }
-    fn read_only_memory(&self) -> upnvme::ReadOnlyMemory {
-        self.model.read_only_memory()
-    }
-    fn name(&self) -> String {
-        self.model.name()
-    }
-    fn dma_mapper(&self) -> Option<Arc<dyn upnvme_dma::DmaMapper>> {
-        self.model.dma_mapper()
-    }
-    fn release_request(&self) -> Option<Arc<dyn upnvme::ReleaseRequest>> {
-        self.model.release_request()
-    }
-    fn release(&self) -> bool {
-        self.model.release()
     }
 }
 
@@ -260,7 +229,7 @@ fn a_format_on_another_thread_ends_a_queued_read_before_it_can_overrun_its_buffe
 fn a_format_between_a_submissions_checks_and_its_doorbell_does_not_run_the_old_command() {
     let m = ModelController::new(cfg_512());
     let gate = Gate::new(m.clone());
-    let mut c = Controller::with_device(gate.clone(), mmio_opts()).unwrap();
+    let mut c = Controller::with_device(Front(gate.clone()), mmio_opts()).unwrap();
     let old = c.namespace(1).unwrap().clone();
     let mut pieces = eight_pieces(&c);
     let mine = pieces.remove(1);
@@ -412,7 +381,7 @@ fn a_release_during_a_doorbell_write_ends_the_command_once_with_its_buffer() {
     let m = ModelController::new(cfg_512());
     m.offer_release_request();
     let gate = Gate::new(m.clone());
-    let c = Controller::with_device(gate.clone(), mmio_opts()).unwrap();
+    let c = Controller::with_device(Front(gate.clone()), mmio_opts()).unwrap();
     let ns = c.namespace(1).unwrap().clone();
     let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
     let buf = c.alloc_dma(512).unwrap();
@@ -528,7 +497,7 @@ fn pairs_created_and_dropped_under_concurrent_resets_keep_qids_and_memory_straig
 fn a_panic_inside_a_reset_leaves_the_controller_failed_not_other_threads_hanging() {
     let m = ModelController::new(cfg_512());
     let bomb = Gate::new(m.clone());
-    let c = Arc::new(Controller::with_device(bomb.clone(), mmio_opts()).unwrap());
+    let c = Arc::new(Controller::with_device(Front(bomb.clone()), mmio_opts()).unwrap());
     let ns = c.namespace(1).unwrap().clone();
     let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
     bomb.g.panic_on_cc.store(true, Ordering::SeqCst);

@@ -13,11 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
-use common::{open, opts, read_back};
-use upnvme::{
-    Controller, ControllerOptions, Device, DmaBuffer, FormatNvm, IoError, QueuePairOptions,
-};
-use upnvme_dma::DmaError;
+use common::{Front, Hooks, open, opts, read_back};
+use upnvme::{Controller, ControllerOptions, Device, FormatNvm, IoError, QueuePairOptions};
 use upnvme_tests::{Fault, Match, ModelConfig, ModelController, NamespaceConfig};
 
 const CSTS: usize = 0x1c;
@@ -135,36 +132,15 @@ impl Script {
     }
 }
 
-impl Device for Script {
+impl Hooks for Script {
+    fn model(&self) -> &ModelController {
+        &self.model
+    }
     fn read32(&self, offset: usize) -> u32 {
         if offset == CSTS {
             return self.csts();
         }
         self.model.read32(offset)
-    }
-    fn write32(&self, offset: usize, value: u32) {
-        self.model.write32(offset, value)
-    }
-    fn read64(&self, offset: usize) -> u64 {
-        self.model.read64(offset)
-    }
-    fn write64(&self, offset: usize, value: u64) {
-        self.model.write64(offset, value)
-    }
-    fn bar_len(&self) -> usize {
-        self.model.bar_len()
-    }
-    fn alloc_dma(&self, len: usize) -> Result<DmaBuffer, DmaError> {
-        self.model.alloc_dma(len)
-    }
-    fn alloc_dma_device_read_only(&self, len: usize) -> Result<DmaBuffer, DmaError> {
-        self.model.alloc_dma_device_read_only(len)
-    }
-    fn read_only_memory(&self) -> upnvme::ReadOnlyMemory {
-        self.model.read_only_memory()
-    }
-    fn name(&self) -> String {
-        self.model.name()
     }
 }
 
@@ -180,7 +156,7 @@ fn run_script(two_resets: bool) -> (upnvme::Result<upnvme::Namespace>, u64) {
         step: Arc::new(AtomicU8::new(0)),
         two_resets,
     };
-    let c = Controller::with_device(dev.clone(), mmio_opts()).unwrap();
+    let c = Controller::with_device(Front(dev.clone()), mmio_opts()).unwrap();
     let two = c.namespace(2).unwrap().clone();
     let mut qp = c
         .io_queue_pair(QueuePairOptions {

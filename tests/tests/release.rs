@@ -9,8 +9,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{config_one_ns, open, opts, submit_reads};
-use upnvme::{Error, IoCommand, IoError, QueuePairOptions, Reject};
+use common::{Front, Hooks, config_one_ns, open, opts, submit_reads};
+use upnvme::{Device, Error, IoCommand, IoError, QueuePairOptions, Reject};
 use upnvme_tests::{Fault, Match, ModelController};
 
 fn wait_released(m: &ModelController) -> Duration {
@@ -140,42 +140,15 @@ struct Unstoppable {
     stubborn: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
-impl upnvme::Device for Unstoppable {
-    fn read32(&self, o: usize) -> u32 {
-        self.model.read32(o)
+impl Hooks for Unstoppable {
+    fn model(&self) -> &ModelController {
+        &self.model
     }
     fn write32(&self, o: usize, v: u32) {
         if o == 0x14 && v & 1 == 0 && self.stubborn.load(std::sync::atomic::Ordering::SeqCst) {
             return;
         }
         self.model.write32(o, v)
-    }
-    fn read64(&self, o: usize) -> u64 {
-        self.model.read64(o)
-    }
-    fn write64(&self, o: usize, v: u64) {
-        self.model.write64(o, v)
-    }
-    fn bar_len(&self) -> usize {
-        self.model.bar_len()
-    }
-    fn alloc_dma(&self, len: usize) -> Result<upnvme::DmaBuffer, upnvme_dma::DmaError> {
-        self.model.alloc_dma(len)
-    }
-    fn alloc_dma_device_read_only(
-        &self,
-        len: usize,
-    ) -> Result<upnvme::DmaBuffer, upnvme_dma::DmaError> {
-        self.model.alloc_dma_device_read_only(len)
-    }
-    fn read_only_memory(&self) -> upnvme::ReadOnlyMemory {
-        self.model.read_only_memory()
-    }
-    fn name(&self) -> String {
-        self.model.name()
-    }
-    fn release_request(&self) -> Option<std::sync::Arc<dyn upnvme::ReleaseRequest>> {
-        self.model.release_request()
     }
     fn release(&self) -> bool {
         false
@@ -196,7 +169,7 @@ fn an_unconfirmed_release_hands_back_nothing_the_device_may_still_write() {
         stubborn: Default::default(),
     };
     let stubborn = dev.stubborn.clone();
-    let c = upnvme::Controller::with_device(dev, opts()).unwrap();
+    let c = upnvme::Controller::with_device(Front(dev), opts()).unwrap();
     let ns = c.namespace(1).unwrap().clone();
     let mut qp = c
         .io_queue_pair(QueuePairOptions {

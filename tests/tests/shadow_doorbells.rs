@@ -20,12 +20,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{T, assert_clean, config_one_ns, opts};
+use common::{Front, Hooks, T, assert_clean, config_one_ns, opts};
 use upnvme::{
     Controller, ControllerOptions, CqHeadPolicy, Device, DmaBuffer, IoCommand, IoQueuePair,
     QueuePairOptions, SqAnnounce,
 };
-use upnvme_dma::DmaError;
 use upnvme_queues::need_mmio;
 use upnvme_tests::{Fault, Match, ModelConfig, ModelController, Status};
 
@@ -438,9 +437,9 @@ struct Threaded {
     lose: u64,
 }
 
-impl Device for Threaded {
-    fn read32(&self, offset: usize) -> u32 {
-        self.model.read32(offset)
+impl Hooks for Threaded {
+    fn model(&self) -> &ModelController {
+        &self.model
     }
     fn write32(&self, offset: usize, value: u32) {
         if self.intercept.load(Ordering::SeqCst) && offset >= 0x1000 && (offset - 0x1000) / 8 != 0 {
@@ -454,27 +453,6 @@ impl Device for Threaded {
             return;
         }
         self.model.write32(offset, value);
-    }
-    fn read64(&self, offset: usize) -> u64 {
-        self.model.read64(offset)
-    }
-    fn write64(&self, offset: usize, value: u64) {
-        self.model.write64(offset, value)
-    }
-    fn bar_len(&self) -> usize {
-        self.model.bar_len()
-    }
-    fn alloc_dma(&self, len: usize) -> Result<DmaBuffer, DmaError> {
-        self.model.alloc_dma(len)
-    }
-    fn alloc_dma_device_read_only(&self, len: usize) -> Result<DmaBuffer, DmaError> {
-        self.model.alloc_dma_device_read_only(len)
-    }
-    fn read_only_memory(&self) -> upnvme::ReadOnlyMemory {
-        self.model.read_only_memory()
-    }
-    fn name(&self) -> String {
-        "threaded model".into()
     }
 }
 
@@ -583,7 +561,7 @@ fn threaded_run(r: Run) -> Outcome {
         io_mmio: Arc::default(),
         lose: r.lose,
     };
-    let c = Controller::with_device(dev.clone(), opts()).unwrap();
+    let c = Controller::with_device(Front(dev.clone()), opts()).unwrap();
     assert!(c.shadow_doorbells());
     let ns = c.namespace(1).unwrap().clone();
     let mut qp = c

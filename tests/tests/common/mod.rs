@@ -7,8 +7,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use upnvme::{Controller, ControllerOptions, DmaBuffer, PageBacking};
-use upnvme_dma::DmaError;
+use upnvme::{Controller, ControllerOptions, Device, DmaBuffer, PageBacking};
+use upnvme_dma::{DmaError, DmaMapper};
 use upnvme_tests::{ModelConfig, ModelController, NamespaceConfig};
 
 /// Generous bound for blocking calls that are expected to succeed.
@@ -149,80 +149,163 @@ fn in_device<R>(f: impl FnOnce() -> R) -> R {
     upnvme_dma::alloc_count::excluded(f)
 }
 
-/// A [`upnvme::Device`] that forwards to the model and records every
-/// register access in order.
+/// What a test device in front of the model intercepts. Every method
+/// defaults to the model's; [`Front`] makes the device of it.
+pub trait Hooks: Send + Sync + 'static {
+    /// The model behind the device.
+    fn model(&self) -> &ModelController;
+    /// Runs `call`, each [`upnvme::Device`] call of [`Front`], hooked or
+    /// not. The default runs it as is.
+    fn around<R>(&self, call: impl FnOnce() -> R) -> R {
+        call()
+    }
+    /// [`upnvme::Device::read32`].
+    fn read32(&self, offset: usize) -> u32 {
+        self.model().read32(offset)
+    }
+    /// [`upnvme::Device::write32`].
+    fn write32(&self, offset: usize, value: u32) {
+        self.model().write32(offset, value)
+    }
+    /// [`upnvme::Device::read64`].
+    fn read64(&self, offset: usize) -> u64 {
+        self.model().read64(offset)
+    }
+    /// [`upnvme::Device::write64`].
+    fn write64(&self, offset: usize, value: u64) {
+        self.model().write64(offset, value)
+    }
+    /// [`upnvme::Device::bar_len`].
+    fn bar_len(&self) -> usize {
+        self.model().bar_len()
+    }
+    /// [`upnvme::Device::dma_mapper`].
+    fn dma_mapper(&self) -> Option<Arc<dyn DmaMapper>> {
+        self.model().dma_mapper()
+    }
+    /// [`upnvme::Device::release`].
+    fn release(&self) -> bool {
+        self.model().release()
+    }
+}
+
+/// The [`upnvme::Device`] of hooks `H`: the calls [`Hooks`] has go to `H`,
+/// the others (`alloc_dma`, `alloc_dma_device_read_only`,
+/// `read_only_memory`, `name`, `release_request`) to its model; every one
+/// through [`Hooks::around`].
 #[derive(Clone)]
-pub struct Spy {
-    /// The model behind it.
-    pub model: ModelController,
+pub struct Front<H>(pub H);
+
+impl<H: Hooks> upnvme::Device for Front<H> {
+    fn read32(&self, offset: usize) -> u32 {
+        self.0.around(|| self.0.read32(offset))
+    }
+    fn write32(&self, offset: usize, value: u32) {
+        self.0.around(|| self.0.write32(offset, value))
+    }
+    fn read64(&self, offset: usize) -> u64 {
+        self.0.around(|| self.0.read64(offset))
+    }
+    fn write64(&self, offset: usize, value: u64) {
+        self.0.around(|| self.0.write64(offset, value))
+    }
+    fn bar_len(&self) -> usize {
+        self.0.around(|| self.0.bar_len())
+    }
+    fn alloc_dma(&self, len: usize) -> Result<DmaBuffer, DmaError> {
+        self.0.around(|| self.0.model().alloc_dma(len))
+    }
+    fn alloc_dma_device_read_only(&self, len: usize) -> Result<DmaBuffer, DmaError> {
+        self.0
+            .around(|| self.0.model().alloc_dma_device_read_only(len))
+    }
+    fn read_only_memory(&self) -> upnvme::ReadOnlyMemory {
+        self.0.around(|| self.0.model().read_only_memory())
+    }
+    fn name(&self) -> String {
+        self.0.around(|| self.0.model().name())
+    }
+    fn dma_mapper(&self) -> Option<Arc<dyn DmaMapper>> {
+        self.0.around(|| self.0.dma_mapper())
+    }
+    fn release_request(&self) -> Option<Arc<dyn upnvme::ReleaseRequest>> {
+        self.0.around(|| self.0.model().release_request())
+    }
+    fn release(&self) -> bool {
+        self.0.around(|| self.0.release())
+    }
+}
+
+/// A [`upnvme::Device`] that forwards to the model and records every
+/// register access in order. Its device calls run outside allocation
+/// counting. It has no DMA mapper and its `release` is refused (returns
+/// false): tests use it as a device that cannot take application memory or
+/// be released.
+pub type Spy = Front<Recorder>;
+
+/// The [`Hooks`] of a [`Spy`].
+#[derive(Clone)]
+pub struct Recorder {
+    model: ModelController,
     log: Arc<Mutex<Vec<Access>>>,
 }
 
 impl Spy {
     /// A recorder in front of `model`.
     pub fn new(model: ModelController) -> Spy {
-        Spy {
+        Front(Recorder {
             model,
             log: Arc::new(Mutex::new(Vec::new())),
-        }
+        })
     }
 
     /// The accesses recorded so far.
     pub fn log(&self) -> Vec<Access> {
-        self.log.lock().unwrap().clone()
+        self.0.log.lock().unwrap().clone()
     }
 
     /// Forgets the accesses recorded so far.
     pub fn clear(&self) {
-        self.log.lock().unwrap().clear();
+        self.0.log.lock().unwrap().clear();
     }
+}
 
+impl Recorder {
     fn push(&self, a: Access) {
         self.log.lock().unwrap().push(a);
     }
 }
 
-impl upnvme::Device for Spy {
+impl Hooks for Recorder {
+    fn model(&self) -> &ModelController {
+        &self.model
+    }
+    fn around<R>(&self, call: impl FnOnce() -> R) -> R {
+        in_device(call)
+    }
     fn read32(&self, offset: usize) -> u32 {
-        in_device(|| {
-            let v = self.model.read32(offset);
-            self.push(Access::R32(offset, v));
-            v
-        })
+        let v = self.model.read32(offset);
+        self.push(Access::R32(offset, v));
+        v
     }
     fn write32(&self, offset: usize, value: u32) {
-        in_device(|| {
-            self.push(Access::W32(offset, value));
-            self.model.write32(offset, value);
-        })
+        self.push(Access::W32(offset, value));
+        self.model.write32(offset, value);
     }
     fn read64(&self, offset: usize) -> u64 {
-        in_device(|| {
-            let v = self.model.read64(offset);
-            self.push(Access::R64(offset, v));
-            v
-        })
+        let v = self.model.read64(offset);
+        self.push(Access::R64(offset, v));
+        v
     }
     fn write64(&self, offset: usize, value: u64) {
-        in_device(|| {
-            self.push(Access::W64(offset, value));
-            self.model.write64(offset, value);
-        })
+        self.push(Access::W64(offset, value));
+        self.model.write64(offset, value);
     }
-    fn bar_len(&self) -> usize {
-        in_device(|| self.model.bar_len())
+    fn dma_mapper(&self) -> Option<Arc<dyn DmaMapper>> {
+        None
     }
-    fn alloc_dma(&self, len: usize) -> Result<DmaBuffer, DmaError> {
-        in_device(|| self.model.alloc_dma(len))
-    }
-    fn alloc_dma_device_read_only(&self, len: usize) -> Result<DmaBuffer, DmaError> {
-        in_device(|| self.model.alloc_dma_device_read_only(len))
-    }
-    fn read_only_memory(&self) -> upnvme::ReadOnlyMemory {
-        in_device(|| self.model.read_only_memory())
-    }
-    fn name(&self) -> String {
-        in_device(|| self.model.name())
+    fn release(&self) -> bool {
+        false
     }
 }
 
