@@ -25,6 +25,9 @@ use crate::device::{Device, VfioNvme};
 use crate::error::{Error, Result};
 use crate::namespace::Namespace;
 use crate::options::ControllerOptions;
+use crate::passthrough::{
+    AdminHandle, admin_transfer, feature_data, passthrough_len, passthrough_refusal,
+};
 
 /// Memory page size the driver configures (CC.MPS = 0).
 const PAGE: usize = 4096;
@@ -706,85 +709,19 @@ impl<D: Device> Controller<D> {
     /// the command completes or the controller is disabled.
     pub fn admin_passthrough_with_timeout(
         &self,
-        mut sqe: Sqe,
+        sqe: Sqe,
         data_len: usize,
         data_out: Option<&[u8]>,
         timeout: Duration,
     ) -> Result<(Cqe, Vec<u8>)> {
-        if let Some(why) = passthrough_refusal(&sqe) {
-            return Err(Error::InvalidArgument(format!(
-                "admin command 0x{:02x} through admin_passthrough: {why}",
-                sqe.opcode()
-            )));
-        }
-        if sqe.opcode() == admin_op::SET_FEATURES
-            && sqe.dw[10] as u8 == feature::HOST_BEHAVIOR_SUPPORT
-            && self.inner.lbafee
-            && data_out.is_none_or(|d| d.get(2).is_none_or(|b| b & 1 == 0))
-        {
-            // The handles' formats (the 64-bit guard's protection
-            // information among them) were read with LBAFEE set: cleared
-            // behind them, the controller would interpret them otherwise.
-            return Err(Error::InvalidArgument(
-                "Set Features Host Behavior Support through admin_passthrough with LBAFEE \
-                 (byte 2, bit 0) clear: the driver enabled Extended LBA Formats (the controller \
-                 reports CTRATT.ELBAS) and reads the namespaces' formats with it; keep byte 2 bit \
-                 0 set"
-                    .into(),
-            ));
-        }
-        // Without data no pointer is the caller's either (with data,
-        // `admin_data_buffer` fills them in).
-        sqe.set_psdt(0);
-        sqe.set_prp1(0);
-        sqe.set_prp2(0);
-        sqe.dw[4] = 0;
-        sqe.dw[5] = 0;
-        let len = passthrough_len(data_len, data_out)?;
-        if let Some((name, need)) = admin_transfer(&sqe)
-            && (len as u64) < need
-        {
-            // A data pointer for fewer bytes than the command moves: the
-            // controller would go past it — to IOVA 0 with no data (an
-            // IOMMU fault, while the command completes with success).
-            return Err(Error::InvalidArgument(format!(
-                "admin command 0x{:02x} ({name}) moves {need} bytes through its data pointer, \
-                 but the call describes {len}: pass data_len {need}",
-                sqe.opcode()
-            )));
-        }
-        // More than the command moves: the data pointer describes what it
-        // moves, no more. A PRP List for pages the command does not use
-        // would be taken as a data page by a controller moving two pages
-        // (the data landing in the list, the caller's second page zeros).
-        let (len, data_out) = match admin_transfer(&sqe) {
-            Some((_, need)) if len as u64 > need => {
-                let need = need as usize;
-                (need, data_out.map(|d| &d[..d.len().min(need)]))
-            }
-            _ => (len, data_out),
-        };
-        let what = format!("admin command 0x{:02x}", sqe.opcode());
-        let done = self.inner.execute_for_application(
-            sqe,
-            (len > 0).then_some(len),
-            data_out,
-            &what,
-            timeout,
-            true,
-        )?;
-        // Get Log Page with Retain Asynchronous Event (CDW10 bit 15) clear of
-        // the Changed Namespace List the driver failed to read.
-        if sqe.opcode() == admin_op::GET_LOG_PAGE
-            && sqe.dw[10] & (1 << 15) == 0
-            && done.0.status().is_success()
-            && self.inner.notice_gaps.log_read(sqe.dw[10] as u8)
-        {
-            self.inner
-                .namespaces_unverified
-                .store(true, Ordering::Release);
-        }
-        Ok(done)
+        self.inner
+            .application_passthrough(sqe, data_len, data_out, timeout)
+    }
+
+    /// A handle for admin commands that does not borrow this controller
+    /// (see [`AdminHandle`]).
+    pub fn admin_handle(&self) -> AdminHandle<D> {
+        AdminHandle::new(Arc::clone(&self.inner))
     }
 
     /// [`Controller::admin_passthrough`] without its checks: any opcode,
@@ -1468,6 +1405,89 @@ impl<D: Device> Inner<D> {
                 }
             }
         }
+    }
+
+    /// [`Controller::admin_passthrough_with_timeout`]'s work (also
+    /// [`AdminHandle`]'s).
+    pub(crate) fn application_passthrough(
+        &self,
+        mut sqe: Sqe,
+        data_len: usize,
+        data_out: Option<&[u8]>,
+        timeout: Duration,
+    ) -> Result<(Cqe, Vec<u8>)> {
+        if let Some(why) = passthrough_refusal(&sqe) {
+            return Err(Error::InvalidArgument(format!(
+                "admin command 0x{:02x} through admin_passthrough: {why}",
+                sqe.opcode()
+            )));
+        }
+        if sqe.opcode() == admin_op::SET_FEATURES
+            && sqe.dw[10] as u8 == feature::HOST_BEHAVIOR_SUPPORT
+            && self.lbafee
+            && data_out.is_none_or(|d| d.get(2).is_none_or(|b| b & 1 == 0))
+        {
+            // The handles' formats (the 64-bit guard's protection
+            // information among them) were read with LBAFEE set: cleared
+            // behind them, the controller would interpret them otherwise.
+            return Err(Error::InvalidArgument(
+                "Set Features Host Behavior Support through admin_passthrough with LBAFEE \
+                 (byte 2, bit 0) clear: the driver enabled Extended LBA Formats (the controller \
+                 reports CTRATT.ELBAS) and reads the namespaces' formats with it; keep byte 2 bit \
+                 0 set"
+                    .into(),
+            ));
+        }
+        // Without data no pointer is the caller's either (with data,
+        // `admin_data_buffer` fills them in).
+        sqe.set_psdt(0);
+        sqe.set_prp1(0);
+        sqe.set_prp2(0);
+        sqe.dw[4] = 0;
+        sqe.dw[5] = 0;
+        let len = passthrough_len(data_len, data_out)?;
+        if let Some((name, need)) = admin_transfer(&sqe)
+            && (len as u64) < need
+        {
+            // A data pointer for fewer bytes than the command moves: the
+            // controller would go past it — to IOVA 0 with no data (an
+            // IOMMU fault, while the command completes with success).
+            return Err(Error::InvalidArgument(format!(
+                "admin command 0x{:02x} ({name}) moves {need} bytes through its data pointer, \
+                 but the call describes {len}: pass data_len {need}",
+                sqe.opcode()
+            )));
+        }
+        // More than the command moves: the data pointer describes what it
+        // moves, no more. A PRP List for pages the command does not use
+        // would be taken as a data page by a controller moving two pages
+        // (the data landing in the list, the caller's second page zeros).
+        let (len, data_out) = match admin_transfer(&sqe) {
+            Some((_, need)) if len as u64 > need => {
+                let need = need as usize;
+                (need, data_out.map(|d| &d[..d.len().min(need)]))
+            }
+            _ => (len, data_out),
+        };
+        let what = format!("admin command 0x{:02x}", sqe.opcode());
+        let done = self.execute_for_application(
+            sqe,
+            (len > 0).then_some(len),
+            data_out,
+            &what,
+            timeout,
+            true,
+        )?;
+        // Get Log Page with Retain Asynchronous Event (CDW10 bit 15) clear of
+        // the Changed Namespace List the driver failed to read.
+        if sqe.opcode() == admin_op::GET_LOG_PAGE
+            && sqe.dw[10] & (1 << 15) == 0
+            && done.0.status().is_success()
+            && self.notice_gaps.log_read(sqe.dw[10] as u8)
+        {
+            self.namespaces_unverified.store(true, Ordering::Release);
+        }
+        Ok(done)
     }
 
     /// [`Inner::execute_within`]; with `application`, a command the
@@ -2179,73 +2199,6 @@ fn host_behavior_lbafee() -> Sqe {
     Sqe::set_features(feature::HOST_BEHAVIOR_SUPPORT, 0, false)
 }
 
-/// For a feature whose value is a data structure in host memory (NVMe 2.0,
-/// Figure "Feature Identifiers"), why `get_features`/`set_features` (which
-/// send no data pointer) cannot carry it.
-fn feature_data(fid: u8) -> Option<String> {
-    let (name, bytes) = feature::structure(fid, 0)?;
-    let bytes = if fid == 0x81 {
-        "8 bytes, 16 with CDW11.EXHID".to_string()
-    } else {
-        format!("{bytes} bytes")
-    };
-    Some(format!(
-        "{name} is a data structure in host memory, which this call does not transfer: use \
-         admin_passthrough with its length ({bytes})"
-    ))
-}
-
-/// The bytes an admin command moves through its data pointer where its
-/// SQE fixes them (NVMe 2.0 base specification), with the command's name:
-/// Identify (4096), Get Log Page ((NUMDU:NUMDL + 1) × 4), Firmware Image
-/// Download ((NUMD + 1) × 4), Directive Send / Receive ((NUMD + 1) × 4
-/// when NUMD is not 0: several directive operations move nothing and are
-/// sent with NUMD 0, as libnvme does), Security Send / Receive (CDW11 TL /
-/// AL), Get LBA Status ((MNDW + 1) × 4), Get / Set Features of a feature
-/// that is a data structure (not Get Features SEL 011b, Supported
-/// Capabilities, answered in dword 0). `None`: the length is not known here
-/// (vendor-specific commands, commands without data).
-fn admin_transfer(sqe: &Sqe) -> Option<(&'static str, u64)> {
-    let dwords = |numd: u32| (u64::from(numd) + 1) * 4;
-    let cdw10 = sqe.cdw(10);
-    let cdw11 = sqe.cdw(11);
-    Some(match sqe.opcode() {
-        admin_op::IDENTIFY => ("Identify", 4096),
-        admin_op::GET_LOG_PAGE => (
-            "Get Log Page",
-            dwords(((cdw11 & 0xffff) << 16) | (cdw10 >> 16)),
-        ),
-        0x11 => ("Firmware Image Download", dwords(cdw10)),
-        0x19 if cdw10 != 0 => ("Directive Send", dwords(cdw10)),
-        0x1a if cdw10 != 0 => ("Directive Receive", dwords(cdw10)),
-        0x81 => ("Security Send", u64::from(cdw11)),
-        0x82 => ("Security Receive", u64::from(cdw11)),
-        0x86 => ("Get LBA Status", dwords(sqe.cdw(12))),
-        admin_op::GET_FEATURES if (cdw10 >> 8) & 7 == 3 => return None,
-        admin_op::GET_FEATURES | admin_op::SET_FEATURES => {
-            let (_, len) = feature::structure(cdw10 as u8, cdw11)?;
-            ("Get / Set Features", len as u64)
-        }
-        _ => return None,
-    })
-}
-
-/// The transfer of an admin passthrough: `data_len`, or with `data_len` 0
-/// the length of `data_out`; a `data_out` longer than a non-zero
-/// `data_len` is refused (describing it would describe more than the
-/// command moves: see [`Controller::admin_passthrough`]).
-fn passthrough_len(data_len: usize, data_out: Option<&[u8]>) -> Result<usize> {
-    match data_out {
-        Some(d) if data_len == 0 => Ok(d.len()),
-        Some(d) if d.len() > data_len => Err(Error::InvalidArgument(format!(
-            "admin passthrough: data_out holds {} bytes, more than the {data_len} bytes data_len says \
-             the command moves (pass data_len 0 to take data_out's length)",
-            d.len()
-        ))),
-        _ => Ok(data_len),
-    }
-}
-
 fn admin_data_buffer<D: Device>(
     dev: &D,
     len: usize,
@@ -2459,49 +2412,6 @@ pub(crate) struct CreateFailure {
 struct EnableFailure {
     error: Error,
     keep: Option<Vec<DmaPages>>,
-}
-
-/// Why [`Controller::admin_passthrough`] (and [`Controller::set_features`])
-/// refuses `sqe`, if it does (NVMe 2.0 Base Specification, Figure 28 admin
-/// opcodes; Set Features FID 0Dh Host Memory Buffer, FID 0Fh Keep Alive
-/// Timer).
-fn passthrough_refusal(sqe: &Sqe) -> Option<&'static str> {
-    use upnvme_queues::sqe::opcode::admin::{
-        ASYNC_EVENT_REQUEST, CREATE_IO_CQ, CREATE_IO_SQ, DELETE_IO_CQ, DELETE_IO_SQ,
-        DOORBELL_BUFFER_CONFIG, FORMAT_NVM, NAMESPACE_ATTACHMENT, NAMESPACE_MANAGEMENT,
-        SET_FEATURES,
-    };
-    Some(match sqe.opcode() {
-        DELETE_IO_SQ | CREATE_IO_SQ | DELETE_IO_CQ | CREATE_IO_CQ => {
-            "I/O queues are the driver's: create them with Controller::io_queue_pair"
-        }
-        ASYNC_EVENT_REQUEST => {
-            "the driver keeps Asynchronous Event Requests posted: read events with \
-             Controller::poll_async_events"
-        }
-        DOORBELL_BUFFER_CONFIG => {
-            "the shadow doorbell buffers are the driver's (ControllerOptions::shadow_doorbells)"
-        }
-        FORMAT_NVM => {
-            "use Controller::format_nvm, which retires the namespace's handles and returns a \
-             fresh one"
-        }
-        NAMESPACE_MANAGEMENT | NAMESPACE_ATTACHMENT => {
-            "a namespace created, deleted, attached or detached under live namespace handles \
-             would be read and written with its old geometry; not supported"
-        }
-        SET_FEATURES if sqe.dw[10] & 0xff == u32::from(feature::HOST_MEMORY_BUFFER) => {
-            "a Host Memory Buffer would let the device use host memory after the command; \
-             not supported"
-        }
-        SET_FEATURES
-            if sqe.dw[10] & 0xff == u32::from(feature::KEEP_ALIVE_TIMER) && sqe.dw[11] != 0 =>
-        {
-            "the driver sends no Keep Alive commands: a Keep Alive Timeout would expire and \
-             leave the controller fatally failed (CSTS.CFS); only KATO 0 is accepted"
-        }
-        _ => return None,
-    })
 }
 
 /// Runs the bring-up sequence.

@@ -36,6 +36,7 @@ pub mod memory;
 pub mod namespace;
 pub mod namespace_list;
 pub mod options;
+pub mod passthrough;
 pub mod qpair;
 
 pub use controller::{BringupStep, Controller, ShadowBuffers, list_controllers};
@@ -49,6 +50,7 @@ pub use namespace::{MetadataLayout, Namespace};
 pub use namespace_list::NamespaceChanges;
 pub use options::ControllerOptions;
 pub use options::MAX_TRANSFER_CAP;
+pub use passthrough::AdminHandle;
 pub use qpair::{
     BLOCKING_TAG, Backoff, Completion, CopyRange, CqHeadPolicy, DsmAttributes, IoCommand, IoData,
     IoFlags, IoQueuePair, IoSegment, IoVec, Protection, QueuePairOptions, QueueStats,

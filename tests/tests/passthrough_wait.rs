@@ -495,3 +495,31 @@ fn a_passthrough_that_completed_is_answered_even_if_a_pair_failed_the_controller
     drop(qp);
     drop(c);
 }
+
+/// An `AdminHandle` sends admin commands without borrowing the controller:
+/// a held one is outstanding while the controller is borrowed mutably for
+/// a namespace refresh; after `close` the handle's calls say so.
+#[test]
+fn an_admin_handle_waits_without_borrowing_the_controller() {
+    let m = ModelController::new(Default::default());
+    let mut c = open(&m, mmio_opts());
+    let admin = c.admin_handle();
+    let expected = identify_controller(&c, T).unwrap();
+    hold(&m, IDENTIFY);
+    let held = std::thread::spawn({
+        let admin = admin.clone();
+        move || {
+            admin
+                .admin_passthrough(Sqe::identify(cns::CONTROLLER, 0, 0), PAGE, None)
+                .map(|(_, d)| d)
+        }
+    });
+    wait_held(&m);
+    c.refresh_namespaces()
+        .expect("a refresh with a passthrough outstanding");
+    m.release_delayed();
+    assert_eq!(held.join().unwrap().unwrap(), expected);
+    c.close().unwrap();
+    let r = admin.admin_passthrough(Sqe::get_features(0x07, 0, 0), 0, None);
+    assert!(matches!(r, Err(Error::Closed { .. })), "{r:?}");
+}

@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 use std::ffi::c_int;
 use std::ops::Deref;
-use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
 use std::time::Duration;
 
 use crate::status::{UPNVME_OK, fail_error};
@@ -341,9 +341,14 @@ impl<D: Device> Ctrl<D> {
         data: &mut [u8],
         timeout: Option<Duration>,
     ) -> upnvme::Result<Cqe> {
-        let Some(c) = self.get() else {
+        // The handle's lock only for taking an admin handle: the wait (a
+        // Firmware Commit may take minutes) holds nothing, so a refresh or
+        // format queued for the write lock does not hold other calls up
+        // behind this one.
+        let Some(admin) = self.get().map(|c| c.admin_handle()) else {
             return Err(closed());
         };
+        let c = &admin;
         let direction = cmd.opcode & 0b11;
         if direction == 0 && !data.is_empty() {
             return Err(upnvme::Error::InvalidArgument(format!(
@@ -368,12 +373,12 @@ impl<D: Device> Ctrl<D> {
 
     /// Format NVM of namespace `nsid` (`Controller::format_nvm`); the
     /// namespaces were read again whatever the outcome, and the queue pairs
-    /// use the new handles from their next submission. Runs once no call on
-    /// this handle does, and calls made while it runs wait for it (a write
-    /// lock, [`Ctrl::write_when_free`]).
+    /// use the new handles from their next submission. Waits for the calls
+    /// in progress on this handle, and they for it (a write lock; an admin
+    /// passthrough does not hold the handle while it waits).
     pub(crate) fn format_nvm(&self, nsid: u32, f: &upnvme_format) -> upnvme::Result<()> {
         let format = f.to_format()?;
-        let mut guard = self.write_when_free();
+        let mut guard = self.ctrl.write().unwrap_or_else(PoisonError::into_inner);
         let Some(c) = guard.as_mut() else {
             return Err(closed());
         };
@@ -422,40 +427,17 @@ impl<D: Device> Ctrl<D> {
     }
 
     /// Reads the namespace list again (`Controller::refresh_namespaces`)
-    /// and shares the new handles with the queue pairs. Runs once no call
-    /// on this handle does (a write lock, [`Ctrl::write_when_free`]).
+    /// and shares the new handles with the queue pairs. Waits for the calls
+    /// in progress on this handle (a write lock; an admin passthrough does
+    /// not hold the handle while it waits).
     pub(crate) fn refresh(&self) -> upnvme::Result<NamespaceChanges> {
-        let mut guard = self.write_when_free();
+        let mut guard = self.ctrl.write().unwrap_or_else(PoisonError::into_inner);
         let Some(c) = guard.as_mut() else {
             return Err(closed());
         };
         let changes = c.refresh_namespaces()?;
         *self.nss.lock().unwrap_or_else(PoisonError::into_inner) = c.namespaces().to_vec();
         Ok(changes)
-    }
-
-    /// The controller, write-locked, once no call holds it. The lock is
-    /// tried, not queued for: std's `RwLock` lets no new reader in while a
-    /// writer waits, so a refresh queued behind a long call (an admin
-    /// passthrough waiting for a Firmware Commit) would stop every other
-    /// call on the handle until that one ended. Trying leaves them running;
-    /// the writer takes the lock in a gap between calls.
-    fn write_when_free(&self) -> RwLockWriteGuard<'_, Option<Controller<D>>> {
-        let mut tries = 0u32;
-        loop {
-            match self.ctrl.try_write() {
-                Ok(g) => return g,
-                Err(TryLockError::Poisoned(p)) => return p.into_inner(),
-                Err(TryLockError::WouldBlock) => {
-                    tries = tries.saturating_add(1);
-                    if tries < 64 {
-                        std::thread::yield_now();
-                    } else {
-                        std::thread::sleep(Duration::from_micros(50));
-                    }
-                }
-            }
-        }
     }
 
     /// The controller, read-locked for as long as the returned value

@@ -349,10 +349,10 @@ pub unsafe extern "C" fn upnvme_ctrl_get_log_page(
 /// first, so their commands in flight end once with `UPNVME_ECANCELED`
 /// (the old geometry must not reach the new format); they re-create their
 /// queues at their next `process_completions` and run I/O on other
-/// namespaces while the format runs. It starts once no other call on this
-/// controller handle is running (calls made meanwhile are not held up), and
-/// calls made while it runs wait for it. A reset during the format (a pair's
-/// recovery) ends it with
+/// namespaces while the format runs. Other calls on this controller handle
+/// wait for it, and it for the calls in progress (an admin passthrough
+/// waiting for its command does not count). A reset during the format (a
+/// pair's recovery) ends it with
 /// `UPNVME_ECANCELED`: it may or may not have happened.
 ///
 /// # Safety
@@ -507,10 +507,9 @@ pub unsafe extern "C" fn upnvme_ctrl_admin_passthru(
 /// changed get new geometry (`upnvme_ns_get_info`), and every queue pair of
 /// the controller uses the new handles from its next submission.
 ///
-/// Other threads may use the controller handle meanwhile: the refresh
-/// starts once no call on it is running (a long admin passthrough on
-/// another thread delays it, but calls made meanwhile are not held up
-/// behind it), and calls made while it runs wait for it (its queue pairs
+/// Other threads may use the controller handle meanwhile: the refresh waits
+/// for the calls in progress on it (an admin passthrough waiting for its
+/// command does not count), and they wait for the refresh (its queue pairs
 /// keep running).
 ///
 /// # Safety
