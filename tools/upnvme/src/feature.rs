@@ -7,12 +7,12 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use upnvme::Sqe;
 use upnvme::queues::sqe::feature;
 
 use crate::DeviceArgs;
-use crate::passthru::hex_dump;
+use crate::passthru::{hex_dump, read_input};
 use crate::rw::number;
 use crate::usage::usage;
 
@@ -127,16 +127,7 @@ pub fn set(a: &SetFeatureArgs) -> Result<()> {
     sqe.dw[1] = a.nsid;
     let data = match (feature::structure(a.fid, a.value), &a.data) {
         (Some((_, len)), Some(path)) => {
-            let mut d = read_input(path)?;
-            if d.len() > len {
-                return Err(usage(format!(
-                    "--data {}: {} bytes, more than the {len} bytes of {}",
-                    path.display(),
-                    d.len(),
-                    feature_name(a.fid)
-                ))
-                .into());
-            }
+            let mut d = read_input(path, Some(len), "--data")?;
             d.resize(len, 0);
             Some(d)
         }
@@ -231,15 +222,4 @@ fn refusal(e: upnvme::Error) -> anyhow::Error {
         upnvme::Error::InvalidArgument(why) => usage(why).into(),
         e => e.into(),
     }
-}
-
-/// A file's bytes, or stdin's for "-".
-fn read_input(path: &std::path::Path) -> Result<Vec<u8>> {
-    if path.as_os_str() == "-" {
-        let mut d = Vec::new();
-        std::io::Read::read_to_end(&mut std::io::stdin(), &mut d)
-            .context("reading the data from stdin")?;
-        return Ok(d);
-    }
-    std::fs::read(path).map_err(|e| usage(format!("--data {}: {e}", path.display())).into())
 }

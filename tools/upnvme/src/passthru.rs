@@ -4,7 +4,7 @@
 //! with `-b`), completion dword 0 in the report.
 
 use std::io::{Read, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
@@ -137,54 +137,65 @@ impl AdminPassthruArgs {
             // Set Features (09h) and its kind: no data pointer at all.
             return Ok(None);
         }
-        let mut data = Vec::new();
-        match self.input_file.as_deref() {
-            Some(p) if p.as_os_str() != "-" => {
-                let open = |e: std::io::Error| usage(format!("--input-file {}: {e}", p.display()));
-                let file = std::fs::File::open(p).map_err(open)?;
-                let meta = file.metadata().map_err(open)?;
-                match self.data_len {
-                    // A regular file longer than the data is a mistake.
-                    Some(len) if meta.is_file() && meta.len() > len as u64 => {
-                        return Err(usage(format!(
-                            "--input-file {} holds {} bytes, more than --data-len {len}",
-                            p.display(),
-                            meta.len()
-                        ))
-                        .into());
-                    }
-                    // Never more than the command sends: /dev/zero, a pipe.
-                    Some(len) => {
-                        file.take(len as u64).read_to_end(&mut data).map_err(open)?;
-                    }
-                    None if meta.is_file() => {
-                        (&file).read_to_end(&mut data).map_err(open)?;
-                    }
-                    None => {
-                        return Err(usage(format!(
-                            "--input-file {} is not a regular file: pass --data-len, the bytes \
-                             to take from it",
-                            p.display()
-                        ))
-                        .into());
-                    }
-                }
-            }
-            _ => {
-                // From stdin only with --data-len (above): that many bytes,
-                // not to the end of a pipe whose writer may stay open.
-                let len = self.data_len.unwrap_or(0) as u64;
-                std::io::stdin()
-                    .lock()
-                    .take(len)
-                    .read_to_end(&mut data)
-                    .context("reading the data to send from stdin")?;
-            }
-        }
+        // Without --input-file: --data-len bytes of stdin (above).
+        let path = self.input_file.as_deref().unwrap_or(Path::new("-"));
+        let mut data = read_input(path, self.data_len, "--input-file")?;
         if let Some(len) = self.data_len {
             data.resize(len, 0);
         }
         Ok(Some(data))
+    }
+}
+
+/// The data to send from `path` ("-": stdin), read before the controller
+/// is opened: never more than `max` bytes (so a pipe whose writer stays
+/// open, a FIFO or /dev/zero cannot hang the tool). A regular file longer
+/// than `max` is refused; without `max` a regular file is read whole and
+/// anything else (stdin, a pipe, a device) is refused, since its length is
+/// not the data's. `flag` names the option in the messages.
+pub fn read_input(path: &Path, max: Option<usize>, flag: &str) -> Result<Vec<u8>> {
+    let stdin = path.as_os_str() == "-";
+    let what = if stdin {
+        "stdin".to_string()
+    } else {
+        path.display().to_string()
+    };
+    let fail = |e: std::io::Error| usage(format!("{flag} {what}: {e}"));
+    let mut data = Vec::new();
+    if stdin {
+        let Some(max) = max else {
+            return Err(usage(format!(
+                "{flag} -: stdin has no length of its own: pass --data-len, the bytes to take"
+            ))
+            .into());
+        };
+        std::io::stdin()
+            .lock()
+            .take(max as u64)
+            .read_to_end(&mut data)
+            .context("reading the data to send from stdin")?;
+        return Ok(data);
+    }
+    let file = std::fs::File::open(path).map_err(fail)?;
+    let meta = file.metadata().map_err(fail)?;
+    match max {
+        Some(max) if meta.is_file() && meta.len() > max as u64 => Err(usage(format!(
+            "{flag} {what} holds {} bytes, more than the {max} the command sends",
+            meta.len()
+        ))
+        .into()),
+        Some(max) => {
+            file.take(max as u64).read_to_end(&mut data).map_err(fail)?;
+            Ok(data)
+        }
+        None if meta.is_file() => {
+            (&file).read_to_end(&mut data).map_err(fail)?;
+            Ok(data)
+        }
+        None => Err(usage(format!(
+            "{flag} {what} is not a regular file: pass --data-len, the bytes to take from it"
+        ))
+        .into()),
     }
 }
 

@@ -1,0 +1,250 @@
+//! The data `upnvme admin-passthru` and `set-feature` send, read before
+//! the device is looked for (on a host without an NVMe controller a run
+//! that gets past its input ends with exit 1 at the open). From the
+//! thirty-eighth session's reviews: the tools read stdin (and `-i`,
+//! `--data`) to the end before comparing with the length, so a producer
+//! that kept its end open (`yes |`, a FIFO, `/dev/zero`) made them wait for
+//! ever, their buffer growing; `-i -` without a length sent no data at all.
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+/// `-l 4096`: 4096 bytes are taken from a pipe that holds 8 KiB and stays
+/// open (nvme-cli reads `data_len` bytes too); the tool goes on to the
+/// device.
+#[test]
+fn admin_passthru_reads_data_len_bytes_of_stdin_not_to_end_of_file() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_upnvme"))
+        .args([
+            "admin-passthru",
+            "-d",
+            "0000:ff:1f.7",
+            // Firmware Image Download (11h: host to controller), 1024 dwords.
+            "-O",
+            "0x11",
+            "--cdw10",
+            "1023",
+            "-l",
+            "4096",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run upnvme");
+    let mut stdin = child.stdin.take().expect("stdin piped");
+    stdin.write_all(&[0x5a; 8192]).expect("write the data");
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait") {
+            break Some(s);
+        }
+        if start.elapsed() > Duration::from_secs(10) {
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    if status.is_none() {
+        child.kill().expect("kill");
+    }
+    drop(stdin);
+    let out = child.wait_with_output().expect("collect");
+    assert!(
+        status.is_some(),
+        "upnvme admin-passthru -l 4096 was still reading stdin after 10 s with 8192 bytes \
+         there (stderr: {})",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `-i /dev/zero -l 4096` takes 4096 bytes of a file without an end;
+/// without `-l` such a file is refused (exit 2), since its length is not
+/// the data's.
+#[test]
+fn a_file_without_an_end_needs_a_data_length_and_gives_only_that() {
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "admin-passthru",
+            "-d",
+            "0000:ff:1f.7",
+            "-O",
+            "0x11",
+            "--cdw10",
+            "1023",
+            "-i",
+            "/dev/zero",
+        ];
+        args.extend_from_slice(extra);
+        let mut child = Command::new(env!("CARGO_BIN_EXE_upnvme"))
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run upnvme");
+        let start = Instant::now();
+        while child.try_wait().expect("wait").is_none() {
+            if start.elapsed() > Duration::from_secs(10) {
+                child.kill().expect("kill");
+                panic!("upnvme {args:?} still running after 10 s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        child.wait_with_output().expect("collect")
+    };
+    let o = run(&[]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("is not a regular file: pass --data-len"),
+        "{err}"
+    );
+    // With the length: past the input to the (absent) device.
+    let o = run(&["-l", "4096"]);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// Runs `upnvme args`, feeding `stdin_bytes` through a pipe kept open;
+/// `None` when it was still running after 10 s (then killed).
+fn run_bounded(args: &[&str], stdin_bytes: Option<&[u8]>) -> Option<Output> {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_upnvme"))
+        .args(args)
+        .stdin(if stdin_bytes.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run upnvme");
+    let mut stdin = child.stdin.take();
+    if let (Some(s), Some(b)) = (stdin.as_mut(), stdin_bytes) {
+        s.write_all(b).expect("write the data");
+    }
+    let start = Instant::now();
+    let done = loop {
+        if child.try_wait().expect("wait").is_some() {
+            break true;
+        }
+        if start.elapsed() > Duration::from_secs(10) {
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    if !done {
+        child.kill().expect("kill");
+    }
+    drop(stdin);
+    let out = child.wait_with_output().expect("collect");
+    done.then_some(out)
+}
+
+/// `set-feature -f 0x0e --data -`: Timestamp's 8 bytes from a pipe that
+/// stays open; the tool goes on to the device.
+#[test]
+fn set_feature_data_from_stdin_takes_the_structure_not_to_end_of_file() {
+    let out = run_bounded(
+        &[
+            "set-feature",
+            "-d",
+            "0000:ff:1f.7",
+            "-f",
+            "0x0e",
+            "--data",
+            "-",
+        ],
+        Some(&[0u8; 8]),
+    );
+    let out = out.expect("set-feature --data - still reading stdin after 10 s");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `set-feature --data FIFO`: a named pipe whose writer put the 8 bytes
+/// there and keeps it open.
+#[test]
+fn set_feature_data_from_a_file_without_an_end_ends() {
+    let dir = std::env::temp_dir().join(format!("upnvme-data-input-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let fifo = dir.join("timestamp");
+    let _ = std::fs::remove_file(&fifo);
+    assert!(
+        Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .expect("mkfifo")
+            .success()
+    );
+    let path = fifo.to_str().unwrap().to_string();
+    let done = std::sync::Arc::new(AtomicBool::new(false));
+    // The writer opens the FIFO (waiting for the reader), writes 8 bytes
+    // and keeps it open until the tool is done (at most 15 s).
+    let writer = std::thread::spawn({
+        let (fifo, done) = (fifo.clone(), done.clone());
+        move || {
+            let mut w = std::fs::OpenOptions::new().write(true).open(&fifo).unwrap();
+            w.write_all(&[0u8; 8]).unwrap();
+            let start = Instant::now();
+            while !done.load(Ordering::SeqCst) && start.elapsed() < Duration::from_secs(15) {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    });
+    let out = run_bounded(
+        &[
+            "set-feature",
+            "-d",
+            "0000:ff:1f.7",
+            "-f",
+            "0x0e",
+            "--data",
+            &path,
+        ],
+        None,
+    );
+    done.store(true, Ordering::SeqCst);
+    writer.join().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let out = out.expect("set-feature --data FIFO still reading after 10 s");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `admin-passthru -i -` without `--data-len` (a vendor write opcode, C1h):
+/// refused (exit 2), since stdin has no length of its own — it went on to
+/// the device without reading any of it, the command sent with no data.
+#[test]
+fn input_from_stdin_without_a_length_is_refused() {
+    let out = run_bounded(
+        &[
+            "admin-passthru",
+            "-d",
+            "0000:ff:1f.7",
+            "-O",
+            "0xc1",
+            "-i",
+            "-",
+        ],
+        Some(&[0x5a; 4096]),
+    )
+    .expect("admin-passthru -i - still running after 10 s");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("stdin has no length of its own"), "{err}");
+}
