@@ -433,7 +433,7 @@ impl<D: Device> Controller<D> {
     pub fn get_features(&self, fid: u8, sel: u8, cdw11: u32) -> Result<u32> {
         // Select 3 (supported capabilities) returns dword 0 only.
         if sel != 3
-            && let Some(what) = feature_data(fid)
+            && let Some(what) = feature_data(fid, cdw11, false)
         {
             return Err(Error::InvalidArgument(format!(
                 "Get Features (FID 0x{fid:02x}): {what}"
@@ -460,7 +460,7 @@ impl<D: Device> Controller<D> {
                 "Set Features (FID 0x{fid:02x}): {why}"
             )));
         }
-        if let Some(what) = feature_data(fid) {
+        if let Some(what) = feature_data(fid, cdw11, true) {
             return Err(Error::InvalidArgument(format!(
                 "Set Features (FID 0x{fid:02x}): {what}"
             )));

@@ -47,7 +47,7 @@ pub enum Error {
     /// keeps some for itself) for as long as this one's bound: nothing was
     /// sent, and the controller is fine.
     #[error(
-        "admin command {what} on controller {device} was not sent: no admin command identifier \
+        "{what} on controller {device} was not sent: no admin command identifier \
          became free within {} ms ({outstanding} other admin commands of the application are \
          outstanding); the controller is fine: retry, or send fewer at once",
         .after.as_millis()
@@ -55,7 +55,7 @@ pub enum Error {
     AdminBusy {
         /// The device name.
         device: String,
-        /// The command.
+        /// The command ("admin command 0x06").
         what: String,
         /// The application's admin commands outstanding.
         outstanding: u32,

@@ -66,13 +66,15 @@ impl<D: Device> AdminHandle<D> {
 
 /// For a feature whose value is a data structure in host memory (NVMe 2.0,
 /// Figure "Feature Identifiers"), why `get_features`/`set_features` (which
-/// send no data pointer) cannot carry it.
-pub(crate) fn feature_data(fid: u8) -> Option<String> {
-    let (name, bytes) = feature::structure(fid, 0)?;
-    let bytes = if fid == 0x81 {
-        "8 bytes, 16 with CDW11.EXHID".to_string()
-    } else {
-        format!("{bytes} bytes")
+/// send no data pointer) cannot carry it, given CDW11 and whether it is
+/// Set Features.
+pub(crate) fn feature_data(fid: u8, cdw11: u32, set: bool) -> Option<String> {
+    let (name, bytes) = feature::structure(fid, cdw11, set)?;
+    let bytes = match fid {
+        feature::HOST_IDENTIFIER => "8 bytes, 16 with CDW11.EXHID".to_string(),
+        feature::FDP_EVENTS if set => "NOET bytes, CDW11 bits 23:16".to_string(),
+        feature::FDP_EVENTS => "2 × NOET bytes, CDW11 bits 23:16".to_string(),
+        _ => format!("{bytes} bytes"),
     };
     Some(format!(
         "{name} is a data structure in host memory, which this call does not transfer: use \
@@ -108,7 +110,8 @@ pub(crate) fn admin_transfer(sqe: &Sqe) -> Option<(&'static str, u64)> {
         0x86 => ("Get LBA Status", dwords(sqe.cdw(12))),
         admin_op::GET_FEATURES if (cdw10 >> 8) & 7 == 3 => return None,
         admin_op::GET_FEATURES | admin_op::SET_FEATURES => {
-            let (_, len) = feature::structure(cdw10 as u8, cdw11)?;
+            let set = sqe.opcode() == admin_op::SET_FEATURES;
+            let (_, len) = feature::structure(cdw10 as u8, cdw11, set)?;
             ("Get / Set Features", len as u64)
         }
         _ => return None,

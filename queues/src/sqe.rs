@@ -318,6 +318,28 @@ pub mod feature {
     pub const IO_COMMAND_SET_PROFILE: u8 = 0x19;
     /// Spinup Control.
     pub const SPINUP_CONTROL: u8 = 0x1a;
+    /// LBA Status Information Attributes (NVMe 1.4: Report Interval).
+    pub const LBA_STATUS_INFORMATION: u8 = 0x15;
+    /// Power Loss Signaling Config.
+    pub const POWER_LOSS_SIGNALING_CONFIG: u8 = 0x1b;
+    /// Performance Characteristics.
+    pub const PERFORMANCE_CHARACTERISTICS: u8 = 0x1c;
+    /// Flexible Data Placement.
+    pub const FLEXIBLE_DATA_PLACEMENT: u8 = 0x1d;
+    /// FDP Events.
+    pub const FDP_EVENTS: u8 = 0x1e;
+    /// Namespace Admin Label.
+    pub const NAMESPACE_ADMIN_LABEL: u8 = 0x1f;
+    /// Key Value Configuration.
+    pub const KEY_VALUE_CONFIG: u8 = 0x20;
+    /// Controller Data Queue.
+    pub const CONTROLLER_DATA_QUEUE: u8 = 0x21;
+    /// Embedded Management Controller Address.
+    pub const EMBEDDED_MANAGEMENT_CONTROLLER_ADDRESS: u8 = 0x78;
+    /// Host Management Agent Address.
+    pub const HOST_MANAGEMENT_AGENT_ADDRESS: u8 = 0x79;
+    /// Boot Partition Write Protection Config.
+    pub const BOOT_PARTITION_WRITE_PROTECTION_CONFIG: u8 = 0x85;
     /// Software Progress Marker.
     pub const SOFTWARE_PROGRESS_MARKER: u8 = 0x80;
     /// Host Identifier.
@@ -354,11 +376,21 @@ pub mod feature {
             READ_RECOVERY_LEVEL_CONFIG => "Read Recovery Level Config",
             PREDICTABLE_LATENCY_MODE_CONFIG => "Predictable Latency Mode Config",
             PREDICTABLE_LATENCY_MODE_WINDOW => "Predictable Latency Mode Window",
+            LBA_STATUS_INFORMATION => "LBA Status Information Attributes",
             HOST_BEHAVIOR_SUPPORT => "Host Behavior Support",
             SANITIZE_CONFIG => "Sanitize Config",
             ENDURANCE_GROUP_EVENT_CONFIG => "Endurance Group Event Configuration",
             IO_COMMAND_SET_PROFILE => "I/O Command Set Profile",
             SPINUP_CONTROL => "Spinup Control",
+            POWER_LOSS_SIGNALING_CONFIG => "Power Loss Signaling Config",
+            PERFORMANCE_CHARACTERISTICS => "Performance Characteristics",
+            FLEXIBLE_DATA_PLACEMENT => "Flexible Data Placement",
+            FDP_EVENTS => "FDP Events",
+            NAMESPACE_ADMIN_LABEL => "Namespace Admin Label",
+            KEY_VALUE_CONFIG => "Key Value Configuration",
+            CONTROLLER_DATA_QUEUE => "Controller Data Queue",
+            EMBEDDED_MANAGEMENT_CONTROLLER_ADDRESS => "Embedded Management Controller Address",
+            HOST_MANAGEMENT_AGENT_ADDRESS => "Host Management Agent Address",
             0x7d => "Enhanced Controller Metadata",
             0x7e => "Controller Metadata",
             0x7f => "Namespace Metadata",
@@ -367,22 +399,33 @@ pub mod feature {
             RESERVATION_NOTIFICATION_MASK => "Reservation Notification Mask",
             RESERVATION_PERSISTENCE => "Reservation Persistence",
             NAMESPACE_WRITE_PROTECTION_CONFIG => "Namespace Write Protection Config",
+            BOOT_PARTITION_WRITE_PROTECTION_CONFIG => "Boot Partition Write Protection Config",
             _ => return None,
         })
     }
 
     /// A feature whose value is a data structure in host memory (moved
     /// through the Get / Set Features data pointer): its name and length
-    /// in bytes, given CDW11 (Host Identifier is 16 bytes with CDW11.EXHID
-    /// set, else 8). `None` for a feature whose value is dword 11 / dword 0.
-    pub fn structure(fid: u8, cdw11: u32) -> Option<(&'static str, usize)> {
+    /// in bytes for Get Features, or with `set` for Set Features, given
+    /// CDW11 (libnvme's `nvme_get_feature_length2` agrees): Host Identifier
+    /// is 16 bytes with CDW11.EXHID set, else 8; FDP Events are NOET (CDW11
+    /// bits 23:16) descriptors of 2 bytes to get and event types of 1 byte
+    /// to set; Set Features Host Memory Buffer carries no data (its
+    /// descriptor list is named in CDW12–15). `None` for a feature whose
+    /// value is dword 11 / dword 0, or one not listed in [`name`].
+    pub fn structure(fid: u8, cdw11: u32, set: bool) -> Option<(&'static str, usize)> {
+        let noet = (cdw11 >> 16 & 0xff) as usize;
         let len = match fid {
+            HOST_MEMORY_BUFFER if set => return None,
             LBA_RANGE_TYPE | HOST_MEMORY_BUFFER | 0x7d..=0x7f => 4096,
+            PERFORMANCE_CHARACTERISTICS => 4096,
             AUTONOMOUS_POWER_STATE_TRANSITION => 256,
             TIMESTAMP => 8,
             PREDICTABLE_LATENCY_MODE_CONFIG | HOST_BEHAVIOR_SUPPORT => 512,
             HOST_IDENTIFIER if cdw11 & 1 != 0 => 16,
             HOST_IDENTIFIER => 8,
+            FDP_EVENTS if set => noet,
+            FDP_EVENTS => 2 * noet,
             _ => return None,
         };
         Some((name(fid)?, len))
@@ -857,6 +900,38 @@ impl DsmRange {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The data-structure features of NVMe 2.1 that libnvme sizes, in both
+    /// directions, and names for every Feature Identifier it knows (a
+    /// review found FDP Events sent without a data pointer: the controller
+    /// wrote its descriptors to IOVA 0).
+    #[test]
+    fn feature_structures_and_names_follow_the_specification() {
+        // FDP Events: NOET (CDW11 bits 23:16) descriptors of 2 bytes to get,
+        // event types of 1 byte to set.
+        assert_eq!(
+            feature::structure(0x1e, 5 << 16, false).map(|s| s.1),
+            Some(10)
+        );
+        assert_eq!(
+            feature::structure(0x1e, 5 << 16, true).map(|s| s.1),
+            Some(5)
+        );
+        assert_eq!(feature::structure(0x1c, 0, false).map(|s| s.1), Some(4096));
+        // Host Memory Buffer: attributes to get, no data to set.
+        assert_eq!(feature::structure(0x0d, 0, false).map(|s| s.1), Some(4096));
+        assert_eq!(feature::structure(0x0d, 0, true), None);
+        assert_eq!(feature::structure(0x81, 1, true).map(|s| s.1), Some(16));
+        assert_eq!(feature::structure(0x07, 0, false), None);
+        for fid in (0x01..=0x21).chain([0x78, 0x79]).chain(0x7d..=0x85) {
+            assert!(feature::name(fid).is_some(), "FID 0x{fid:02x} has no name");
+        }
+        assert_eq!(
+            feature::name(0x15),
+            Some("LBA Status Information Attributes")
+        );
+        assert_eq!(feature::name(0xc0), None);
+    }
 
     #[test]
     fn io_qwords_match_the_builders() {

@@ -54,7 +54,9 @@
 #define UPNVME_ENOMEM -12
 
 /**
- * The queue pair is full: reap completions, then retry.
+ * Busy for now, retry: the queue pair is full (reap completions first), or
+ * other threads' admin commands hold every admin command identifier
+ * (`upnvme_ctrl_admin_passthru`: nothing was sent).
  */
 #define UPNVME_EAGAIN -11
 
@@ -219,8 +221,10 @@ typedef struct upnvme_format {
    */
   uint8_t rsvd[3];
   /**
-   * Bound on the wait in milliseconds (a secure erase of a large device
-   * takes minutes); 0 = the controller's admin timeout.
+   * Bound on the wait in milliseconds; 0 = 600 s, as `upnvme format`
+   * and nvme-cli (a secure erase of a large device takes minutes). No
+   * answer within it leaves the controller failed until
+   * `upnvme_ctrl_reset`.
    */
   uint32_t timeout_ms;
 } upnvme_format;
@@ -584,10 +588,10 @@ int upnvme_ctrl_get_log_page(const struct upnvme_ctrl *ctrl,
  * first, so their commands in flight end once with `UPNVME_ECANCELED`
  * (the old geometry must not reach the new format); they re-create their
  * queues at their next `process_completions` and run I/O on other
- * namespaces while the format runs. It starts once no other call on this
- * controller handle is running (calls made meanwhile are not held up), and
- * calls made while it runs wait for it. A reset during the format (a pair's
- * recovery) ends it with
+ * namespaces while the format runs. Other calls on this controller handle
+ * wait for it, and it for the calls in progress (an admin passthrough
+ * waiting for its command does not count). A reset during the format (a
+ * pair's recovery) ends it with
  * `UPNVME_ECANCELED`: it may or may not have happened.
  *
  * # Safety
@@ -628,7 +632,11 @@ int upnvme_ctrl_reset(const struct upnvme_ctrl *ctrl);
  * does not hold the controller's admin queue (other threads' admin
  * commands and queue pairs go on), except for Set Features Asynchronous
  * Event Configuration / Host Behavior Support and Get Log Page with Retain
- * Asynchronous Event clear.
+ * Asynchronous Event clear. Where the SQE fixes the length (Identify, Get
+ * Log Page, Firmware Image Download, Directive, Security Send / Receive,
+ * Get LBA Status, data-structure features) a longer `data_len` is cut to
+ * it; for a vendor-specific command `data_len` must be exactly what it
+ * moves. `cmd->rsvd` must be 0.
  *
  * Returns 0 (`cpl` holds dwords 0 and 1), `UPNVME_EIO` for an NVMe error
  * status (`cpl->sct`, `sc`, `dnr`), `UPNVME_EINVAL` for a command the
@@ -662,10 +670,9 @@ int upnvme_ctrl_admin_passthru(const struct upnvme_ctrl *ctrl,
  * changed get new geometry (`upnvme_ns_get_info`), and every queue pair of
  * the controller uses the new handles from its next submission.
  *
- * Other threads may use the controller handle meanwhile: the refresh
- * starts once no call on it is running (a long admin passthrough on
- * another thread delays it, but calls made meanwhile are not held up
- * behind it), and calls made while it runs wait for it (its queue pairs
+ * Other threads may use the controller handle meanwhile: the refresh waits
+ * for the calls in progress on it (an admin passthrough waiting for its
+ * command does not count), and they wait for the refresh (its queue pairs
  * keep running).
  *
  * # Safety

@@ -151,15 +151,23 @@ pub struct upnvme_format {
     pub ses: u8,
     /// Reserved: 0.
     pub rsvd: [u8; 3],
-    /// Bound on the wait in milliseconds (a secure erase of a large device
-    /// takes minutes); 0 = the controller's admin timeout.
+    /// Bound on the wait in milliseconds; 0 = 600 s, as `upnvme format`
+    /// and nvme-cli (a secure erase of a large device takes minutes). No
+    /// answer within it leaves the controller failed until
+    /// `upnvme_ctrl_reset`.
     pub timeout_ms: u32,
 }
+
+/// The wait of a Format NVM whose `timeout_ms` is 0.
+const FORMAT_DEFAULT_TIMEOUT: Duration = Duration::from_secs(600);
 
 impl upnvme_format {
     /// The library's request, or why these fields are out of range.
     fn to_format(self) -> upnvme::Result<FormatNvm> {
         let bad = |what: String| Err(upnvme::Error::InvalidArgument(what));
+        if self.rsvd != [0; 3] {
+            return bad("upnvme_format: rsvd must be 0 (initialise the struct with {0})".into());
+        }
         if self.mset > 1 || self.pil > 1 {
             return bad(format!(
                 "upnvme_format: mset {} and pil {} must each be 0 or 1",
@@ -189,8 +197,10 @@ impl upnvme_format {
             pi_type: self.pi,
             pi_first: self.pil == 1,
             secure_erase,
-            timeout: (self.timeout_ms != 0)
-                .then(|| Duration::from_millis(u64::from(self.timeout_ms))),
+            timeout: Some(match self.timeout_ms {
+                0 => FORMAT_DEFAULT_TIMEOUT,
+                ms => Duration::from_millis(u64::from(ms)),
+            }),
         })
     }
 }
@@ -349,6 +359,11 @@ impl<D: Device> Ctrl<D> {
             return Err(closed());
         };
         let c = &admin;
+        if cmd.rsvd != [0; 3] {
+            return Err(upnvme::Error::InvalidArgument(
+                "upnvme_admin_cmd: rsvd must be 0 (initialise the struct with {0})".into(),
+            ));
+        }
         let direction = cmd.opcode & 0b11;
         if direction == 0 && !data.is_empty() {
             return Err(upnvme::Error::InvalidArgument(format!(

@@ -235,6 +235,9 @@ unsafe fn ctrl_ref<'a>(ctrl: *const upnvme_ctrl) -> Result<CtrlRef<'a, VfioNvme>
     }
 }
 
+/// The most admin data one command moves through the library (513 pages).
+const MAX_ADMIN_DATA: usize = 513 * 4096;
+
 /// The most events one `upnvme_ctrl_poll_async_events` call hands out.
 const MAX_EVENTS_PER_POLL: usize = 256;
 
@@ -424,7 +427,11 @@ pub unsafe extern "C" fn upnvme_ctrl_reset(ctrl: *const upnvme_ctrl) -> c_int {
 /// does not hold the controller's admin queue (other threads' admin
 /// commands and queue pairs go on), except for Set Features Asynchronous
 /// Event Configuration / Host Behavior Support and Get Log Page with Retain
-/// Asynchronous Event clear.
+/// Asynchronous Event clear. Where the SQE fixes the length (Identify, Get
+/// Log Page, Firmware Image Download, Directive, Security Send / Receive,
+/// Get LBA Status, data-structure features) a longer `data_len` is cut to
+/// it; for a vendor-specific command `data_len` must be exactly what it
+/// moves. `cmd->rsvd` must be 0.
 ///
 /// Returns 0 (`cpl` holds dwords 0 and 1), `UPNVME_EIO` for an NVMe error
 /// status (`cpl->sct`, `sc`, `dnr`), `UPNVME_EINVAL` for a command the
@@ -472,6 +479,17 @@ pub unsafe extern "C" fn upnvme_ctrl_admin_passthru(
             return fail(
                 UPNVME_EINVAL,
                 format!("upnvme_ctrl_admin_passthru: data is NULL but data_len is {data_len}"),
+            );
+        }
+        // Refused before the copy is allocated: the library moves at most
+        // 513 pages of admin data (and no more than MDTS).
+        if data_len > MAX_ADMIN_DATA {
+            return fail(
+                UPNVME_EINVAL,
+                format!(
+                    "upnvme_ctrl_admin_passthru: data_len {data_len} exceeds the admin transfer \
+                     limit ({MAX_ADMIN_DATA} bytes, and the controller's MDTS)"
+                ),
             );
         }
         // The caller's memory is copied, never referenced: it may be a

@@ -16,7 +16,9 @@ pub const UPNVME_EINVAL: c_int = -22;
 /// No DMA memory: no hugepages free, or no IOVA space left. (The process
 /// heap running out aborts, as Rust's allocation failure does.)
 pub const UPNVME_ENOMEM: c_int = -12;
-/// The queue pair is full: reap completions, then retry.
+/// Busy for now, retry: the queue pair is full (reap completions first), or
+/// other threads' admin commands hold every admin command identifier
+/// (`upnvme_ctrl_admin_passthru`: nothing was sent).
 pub const UPNVME_EAGAIN: c_int = -11;
 /// The object is in use: a buffer owned by a command in flight, a queue pair
 /// with commands in flight or destroyed from inside its own callback, or
@@ -257,7 +259,7 @@ pub(crate) fn strerror(code: c_int) -> &'static std::ffi::CStr {
         UPNVME_OK => c"success",
         UPNVME_EINVAL => c"invalid argument",
         UPNVME_ENOMEM => c"out of (DMA) memory",
-        UPNVME_EAGAIN => c"queue full: reap completions and retry",
+        UPNVME_EAGAIN => c"busy: a full queue pair (reap completions) or every admin command identifier taken; retry",
         UPNVME_EBUSY => c"in use",
         UPNVME_ENODEV => c"no such device, or the controller failed, closed or gone",
         UPNVME_EIO => c"command failed with an NVMe status",

@@ -569,7 +569,7 @@ fn a_panic_becomes_an_error_code_with_a_message() {
     let s = unsafe { CStr::from_ptr(crate::upnvme_strerror(UPNVME_EAGAIN)) };
     assert_eq!(
         s.to_str().unwrap(),
-        "queue full: reap completions and retry"
+        "busy: a full queue pair (reap completions) or every admin command identifier taken; retry"
     );
 }
 
@@ -2163,4 +2163,30 @@ fn format_nvm_changes_the_geometry_the_pairs_use() {
     drop(h);
     assert_eq!(m.dma_faults(), 0);
     assert!(m.violations().is_empty(), "{:?}", m.violations());
+}
+
+/// Reserved bytes must be 0: refused with nothing sent (a later version
+/// may give them a meaning).
+#[test]
+fn admin_structs_with_reserved_bytes_or_oversized_data_are_refused() {
+    let (m, c) = model();
+    let h = crate::Ctrl::new(c);
+    let fetched = m.commands_fetched();
+    let mut cpl = crate::upnvme_admin_cpl::default();
+    let cmd = crate::upnvme_admin_cmd {
+        opcode: 0x0a,
+        cdw10: 0x07,
+        rsvd: [0, 1, 0],
+        ..Default::default()
+    };
+    assert_eq!(h.admin_passthru_c(&cmd, &mut [], &mut cpl), UPNVME_EINVAL);
+    assert!(last_error().contains("rsvd must be 0"), "{}", last_error());
+    let fmt = crate::upnvme_format {
+        rsvd: [1, 0, 0],
+        ..Default::default()
+    };
+    let e = h.format_nvm(1, &fmt).unwrap_err();
+    assert!(e.to_string().contains("rsvd must be 0"), "{e}");
+    assert_eq!(m.commands_fetched(), fetched, "a refused command was sent");
+    drop(h);
 }

@@ -37,6 +37,14 @@ pub struct GetFeatureArgs {
     /// Namespace ID, for namespace-specific features.
     #[arg(short = 'n', long = "namespace-id", default_value_t = 0, value_parser = number::<u32>)]
     nsid: u32,
+    /// Bytes of the feature's data structure (default: the length the
+    /// specification gives the feature, none for a feature it does not
+    /// list, such as a vendor's).
+    #[arg(short = 'l', long, value_parser = number::<usize>)]
+    data_len: Option<usize>,
+    /// UUID Index (CDW14 bits 6:0) of a vendor feature.
+    #[arg(short = 'U', long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..128))]
+    uuid_index: u8,
     /// Write the feature's data structure to stdout as it is, instead of a
     /// hex dump (the value line goes to stderr then).
     #[arg(short = 'b', long)]
@@ -54,12 +62,23 @@ pub struct SetFeatureArgs {
     /// The value: command dword 11.
     #[arg(short = 'V', long, default_value_t = 0, value_parser = number::<u32>)]
     value: u32,
+    /// Command dword 12 (feature specific: FDP Events' enable bit, ...).
+    #[arg(long, default_value_t = 0, value_parser = number::<u32>)]
+    cdw12: u32,
     /// Make the value persist across power cycles (Save, CDW10 bit 31).
     #[arg(long)]
     save: bool,
     /// Namespace ID, for namespace-specific features.
     #[arg(short = 'n', long = "namespace-id", default_value_t = 0, value_parser = number::<u32>)]
     nsid: u32,
+    /// Bytes of the data structure (default: the length the specification
+    /// gives the feature; needed with --data for a feature it does not
+    /// list, such as a vendor's).
+    #[arg(short = 'l', long, value_parser = number::<usize>)]
+    data_len: Option<usize>,
+    /// UUID Index (CDW14 bits 6:0) of a vendor feature.
+    #[arg(short = 'U', long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..128))]
+    uuid_index: u8,
     /// The data structure of a feature that has one (Host Behavior
     /// Support, Timestamp, ...), from this file ("-": stdin), zero-padded
     /// to the structure's length (nvme-cli's -d; -d is the device here).
@@ -88,6 +107,27 @@ pub struct GetLogArgs {
     /// read re-arms it).
     #[arg(long)]
     rae: bool,
+    /// Log Specific Parameter (CDW10 bits 14:8).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..128))]
+    lsp: u8,
+    /// Log Specific Identifier (CDW11 bits 31:16).
+    #[arg(long, default_value_t = 0, value_parser = number::<u16>)]
+    lsi: u16,
+    /// Offset Type (CDW14 bit 23): --lpo is an index into the log's
+    /// entries, not bytes (the log is then read in one command).
+    #[arg(long)]
+    ot: bool,
+    /// Command Set Identifier (CDW14 bits 31:24).
+    #[arg(long, default_value_t = 0, value_parser = number::<u8>)]
+    csi: u8,
+    /// UUID Index (CDW14 bits 6:0) of a vendor log.
+    #[arg(short = 'U', long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..128))]
+    uuid_index: u8,
+    /// Bytes per Get Log Page command (a multiple of 4): a longer log is read
+    /// in pieces of this size at increasing offsets, the event retained
+    /// until the last (default: the controller's transfer limit).
+    #[arg(long, value_parser = number::<usize>)]
+    xfer_len: Option<usize>,
     /// Write the log to stdout as it is, instead of a hex dump.
     #[arg(short = 'b', long)]
     raw_binary: bool,
@@ -101,11 +141,12 @@ fn feature_name(fid: u8) -> &'static str {
 /// Runs `upnvme get-feature`.
 pub fn get(a: &GetFeatureArgs) -> Result<()> {
     // Select 011b (supported capabilities) returns dword 0 only.
-    let structure = feature::structure(a.fid, a.cdw11).filter(|_| a.sel != 3);
+    let structure = feature::structure(a.fid, a.cdw11, false).filter(|_| a.sel != 3);
     let mut sqe = Sqe::get_features(a.fid, a.sel, a.cdw11);
     sqe.dw[1] = a.nsid;
+    sqe.dw[14] = u32::from(a.uuid_index);
+    let len = a.data_len.unwrap_or(structure.map_or(0, |(_, l)| l));
     let c = a.dev.open()?;
-    let len = structure.map_or(0, |(_, l)| l);
     let r = c.admin_passthrough(sqe, len, None);
     let closed = c.close();
     let (cqe, data) = r.map_err(refusal)?;
@@ -125,13 +166,17 @@ pub fn get(a: &GetFeatureArgs) -> Result<()> {
 pub fn set(a: &SetFeatureArgs) -> Result<()> {
     let mut sqe = Sqe::set_features(a.fid, a.value, a.save);
     sqe.dw[1] = a.nsid;
-    let data = match (feature::structure(a.fid, a.value), &a.data) {
-        (Some((_, len)), Some(path)) => {
+    sqe.dw[12] = a.cdw12;
+    sqe.dw[14] = u32::from(a.uuid_index);
+    let structure = feature::structure(a.fid, a.value, true);
+    let len = a.data_len.or(structure.map(|(_, l)| l));
+    let data = match (len, structure, &a.data) {
+        (Some(len), _, Some(path)) => {
             let mut d = read_input(path, Some(len), "--data")?;
             d.resize(len, 0);
             Some(d)
         }
-        (Some((name, len)), None) => {
+        (_, Some((name, len)), None) => {
             return Err(usage(format!(
                 "{name} (FID 0x{:02x}) is a data structure of {len} bytes: pass it with --data \
                  FILE",
@@ -139,25 +184,27 @@ pub fn set(a: &SetFeatureArgs) -> Result<()> {
             ))
             .into());
         }
-        (None, Some(_)) => {
+        (None, _, Some(_)) => {
             return Err(usage(format!(
-                "--data: {} (FID 0x{:02x}) has no data structure; its value is --value",
+                "--data: the specification gives {} (FID 0x{:02x}) no data structure; pass \
+                 --data-len for a feature that has one (a vendor's)",
                 feature_name(a.fid),
                 a.fid
             ))
             .into());
         }
-        (None, None) => None,
+        (_, None, None) => None,
     };
     let c = a.dev.open()?;
     let r = c.admin_passthrough(sqe, 0, data.as_deref());
     let closed = c.close();
     let (cqe, _) = r.map_err(refusal)?;
     outln!(
-        "set-feature:0x{:02x} ({}), value:0x{:08x}, cdw12:0x00000000, save:{}, result: 0x{:08x}",
+        "set-feature:0x{:02x} ({}), value:0x{:08x}, cdw12:0x{:08x}, save:{}, result: 0x{:08x}",
         a.fid,
         feature_name(a.fid),
         a.value,
+        a.cdw12,
         u8::from(a.save),
         cqe.dw0()
     );
@@ -180,23 +227,51 @@ pub fn get_log(a: &GetLogArgs) -> Result<()> {
         ))
         .into());
     }
+    if a.xfer_len.is_some_and(|x| x == 0 || !x.is_multiple_of(4)) {
+        return Err(usage("--xfer-len: a non-zero multiple of 4").into());
+    }
     let c = a.dev.open()?;
-    let r = if a.rae {
-        // Retain Asynchronous Event set: through the passthrough (the
-        // library's get_log_page re-arms the event type).
-        let sqe = Sqe::get_log_page(a.lid, a.nsid, (a.len / 4) as u32, a.lpo, true);
-        c.admin_passthrough(sqe, a.len, None).map(|(_, d)| d)
+    // Pieces of at most the transfer limit (the passthrough's own limit:
+    // MDTS, and 513 pages of data).
+    let limit = c.max_transfer_bytes().unwrap_or(usize::MAX).min(2 << 20) & !3;
+    let piece = a.xfer_len.unwrap_or(limit).min(limit).max(4);
+    let r = if a.ot && a.len > piece {
+        Err(usage(format!(
+            "--ot: --lpo is an entry index, so a log read in pieces cannot be addressed; pass \
+             --xfer-len {} or more, or a --log-len within the transfer limit ({piece})",
+            a.len
+        ))
+        .into())
     } else {
-        c.get_log_page(a.lid, a.nsid, a.len, a.lpo)
+        read_log(&c, a, piece)
     };
     let closed = c.close();
-    let data = r.map_err(refusal)?;
+    let data = r?;
     let line = format!(
         "Device log page 0x{:02x}, {} bytes from offset {}, namespace 0x{:x}",
         a.lid, a.len, a.lpo, a.nsid
     );
     print_data(&line, &data, a.raw_binary)?;
     Ok(closed?)
+}
+
+/// The log in pieces of `piece` bytes: Retain Asynchronous Event set on
+/// every one but the last, which has --rae's (so the event type is re-armed
+/// only once the whole log was read).
+fn read_log(c: &upnvme::Controller, a: &GetLogArgs, piece: usize) -> Result<Vec<u8>> {
+    let mut data = Vec::with_capacity(a.len);
+    while data.len() < a.len {
+        let n = piece.min(a.len - data.len());
+        let last = data.len() + n == a.len;
+        let offset = a.lpo + data.len() as u64;
+        let mut sqe = Sqe::get_log_page(a.lid, a.nsid, (n / 4) as u32, offset, a.rae || !last);
+        sqe.dw[10] |= u32::from(a.lsp & 0x7f) << 8;
+        sqe.dw[11] |= u32::from(a.lsi) << 16;
+        sqe.dw[14] = u32::from(a.uuid_index) | u32::from(a.ot) << 23 | u32::from(a.csi) << 24;
+        let (_, d) = c.admin_passthrough(sqe, n, None).map_err(refusal)?;
+        data.extend_from_slice(&d);
+    }
+    Ok(data)
 }
 
 /// `line`, then `data` as a hex dump; with `raw`, `line` to stderr and the
