@@ -721,7 +721,7 @@ impl<D: Device> Controller<D> {
     /// A handle for admin commands that does not borrow this controller
     /// (see [`AdminHandle`]).
     pub fn admin_handle(&self) -> AdminHandle<D> {
-        AdminHandle::new(Arc::clone(&self.inner))
+        AdminHandle::new(&self.inner)
     }
 
     /// [`Controller::admin_passthrough`] without its checks: any opcode,
@@ -1345,9 +1345,17 @@ impl<D: Device> Inner<D> {
                 }
             }
         };
-        let ended = || Error::Io {
-            command: what.to_string(),
-            error: crate::IoError::ControllerReset,
+        // A reset ended it, or a close (whose disabling ends it the same
+        // way): the close is named, since nothing will follow it.
+        let ended = || {
+            if self.is_closed() {
+                self.closed_error()
+            } else {
+                Error::Io {
+                    command: what.to_string(),
+                    error: crate::IoError::ControllerReset,
+                }
+            }
         };
         let mut looks = 0u32;
         loop {

@@ -4,7 +4,7 @@
 //! borrowing the [`crate::Controller`]. The wait itself is `Inner`'s
 //! (`application_passthrough`, `execute_detached`: docs/DESIGN.md).
 
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use upnvme_queues::sqe::opcode::admin as admin_op;
@@ -20,24 +20,37 @@ use crate::error::{Error, Result};
 /// the controller mutably ([`crate::Controller::refresh_namespaces`],
 /// [`crate::Controller::format_nvm`]) — what a binding that guards the controller
 /// with a lock needs, so that the lock is not held for the command's
-/// length (the C API does this). Cheap to clone; after
-/// [`crate::Controller::close`] its calls fail with [`Error::Closed`].
+/// length (the C API does this). Cheap to clone. It does not keep the
+/// controller alive: once the controller is closed or dropped (with its
+/// queue pairs) its calls fail with [`Error::Closed`], and a command it
+/// has outstanding when the controller is closed ends with it too.
 #[derive(Clone)]
 pub struct AdminHandle<D: Device = VfioNvme> {
-    inner: Arc<Inner<D>>,
+    inner: Weak<Inner<D>>,
+    device: String,
 }
 
 impl<D: Device> std::fmt::Debug for AdminHandle<D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AdminHandle")
-            .field("device", &self.inner.name())
+            .field("device", &self.device)
             .finish()
     }
 }
 
 impl<D: Device> AdminHandle<D> {
-    pub(crate) fn new(inner: Arc<Inner<D>>) -> AdminHandle<D> {
-        AdminHandle { inner }
+    pub(crate) fn new(inner: &Arc<Inner<D>>) -> AdminHandle<D> {
+        AdminHandle {
+            inner: Arc::downgrade(inner),
+            device: inner.name().to_string(),
+        }
+    }
+
+    /// The controller's state for one call: held for the call's length only.
+    fn inner(&self) -> Result<Arc<Inner<D>>> {
+        self.inner.upgrade().ok_or_else(|| Error::Closed {
+            device: self.device.clone(),
+        })
     }
 
     /// [`crate::Controller::admin_passthrough`].
@@ -47,8 +60,8 @@ impl<D: Device> AdminHandle<D> {
         data_len: usize,
         data_out: Option<&[u8]>,
     ) -> Result<(Cqe, Vec<u8>)> {
-        self.inner
-            .application_passthrough(sqe, data_len, data_out, self.inner.admin_timeout)
+        let inner = self.inner()?;
+        inner.application_passthrough(sqe, data_len, data_out, inner.admin_timeout)
     }
 
     /// [`crate::Controller::admin_passthrough_with_timeout`].
@@ -59,7 +72,7 @@ impl<D: Device> AdminHandle<D> {
         data_out: Option<&[u8]>,
         timeout: Duration,
     ) -> Result<(Cqe, Vec<u8>)> {
-        self.inner
+        self.inner()?
             .application_passthrough(sqe, data_len, data_out, timeout)
     }
 }

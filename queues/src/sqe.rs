@@ -407,11 +407,12 @@ pub mod feature {
     /// A feature whose value is a data structure in host memory (moved
     /// through the Get / Set Features data pointer): its name and length
     /// in bytes for Get Features, or with `set` for Set Features, given
-    /// CDW11 (libnvme's `nvme_get_feature_length2` agrees): Host Identifier
-    /// is 16 bytes with CDW11.EXHID set, else 8; FDP Events are NOET (CDW11
-    /// bits 23:16) descriptors of 2 bytes to get and event types of 1 byte
-    /// to set; Set Features Host Memory Buffer carries no data (its
-    /// descriptor list is named in CDW12–15). `None` for a feature whose
+    /// CDW11: Host Identifier is 16 bytes with CDW11.EXHID set, else 8; FDP
+    /// Events are NOET (CDW11 bits 23:16) descriptors of 2 bytes to get and
+    /// event types of 1 byte to set (libnvme sizes the largest NOET, 510
+    /// bytes; QEMU moves NOET's); Namespace Admin Label is 256 bytes; Set
+    /// Features Host Memory Buffer carries no data (its descriptor list is
+    /// named in CDW12–15). `None` for a feature whose
     /// value is dword 11 / dword 0, or one not listed in [`name`].
     pub fn structure(fid: u8, cdw11: u32, set: bool) -> Option<(&'static str, usize)> {
         let noet = (cdw11 >> 16 & 0xff) as usize;
@@ -419,6 +420,7 @@ pub mod feature {
             HOST_MEMORY_BUFFER if set => return None,
             LBA_RANGE_TYPE | HOST_MEMORY_BUFFER | 0x7d..=0x7f => 4096,
             PERFORMANCE_CHARACTERISTICS => 4096,
+            NAMESPACE_ADMIN_LABEL => 256,
             AUTONOMOUS_POWER_STATE_TRANSITION => 256,
             TIMESTAMP => 8,
             PREDICTABLE_LATENCY_MODE_CONFIG | HOST_BEHAVIOR_SUPPORT => 512,
@@ -918,6 +920,7 @@ mod tests {
             Some(5)
         );
         assert_eq!(feature::structure(0x1c, 0, false).map(|s| s.1), Some(4096));
+        assert_eq!(feature::structure(0x1f, 0, true).map(|s| s.1), Some(256));
         // Host Memory Buffer: attributes to get, no data to set.
         assert_eq!(feature::structure(0x0d, 0, false).map(|s| s.1), Some(4096));
         assert_eq!(feature::structure(0x0d, 0, true), None);

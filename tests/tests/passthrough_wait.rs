@@ -529,3 +529,74 @@ fn an_admin_handle_waits_without_borrowing_the_controller() {
     let r = admin.admin_passthrough(Sqe::get_features(0x07, 0, 0), 0, None);
     assert!(matches!(r, Err(Error::Closed { .. })), "{r:?}");
 }
+
+/// A handle's command outstanding when the controller is closed ends with
+/// `Closed` (not `ControllerReset`, which invites a retry: a review).
+#[test]
+fn a_handle_command_in_flight_at_close_is_told_closed() {
+    let m = ModelController::new(Default::default());
+    let c = open(&m, mmio_opts());
+    let admin = c.admin_handle();
+    hold(&m, IDENTIFY);
+    let held = std::thread::spawn({
+        let admin = admin.clone();
+        move || {
+            admin.admin_passthrough_with_timeout(
+                Sqe::identify(cns::CONTROLLER, 0, 0),
+                PAGE,
+                None,
+                Duration::from_secs(3),
+            )
+        }
+    });
+    wait_held(&m);
+    c.close().expect("close");
+    let r = held.join().unwrap();
+    assert!(
+        matches!(r, Err(Error::Closed { .. })),
+        "a command in flight when the controller was closed was told: {:?}",
+        r.map(|_| ()).map_err(|e| e.to_string())
+    );
+}
+
+/// An `AdminHandle` does not keep the controller alive: dropping the
+/// `Controller` (no queue pair left) shuts it down (a review found the
+/// first version, holding the shared state, kept it enabled and the device
+/// open), and the handle's calls say it is closed.
+#[test]
+fn dropping_the_controller_shuts_it_down_with_no_pair_left() {
+    let m = ModelController::new(Default::default());
+    let c = open(&m, mmio_opts());
+    let admin = c.admin_handle();
+    drop(c);
+    let cc = m.cc();
+    let up = cc & 1 == 1 && (cc >> 14) & 3 == 0;
+    // The handle still sends commands to it.
+    let still = admin.admin_passthrough(Sqe::identify(cns::CONTROLLER, 0, 0), PAGE, None);
+    assert!(
+        !up,
+        "the Controller was dropped (no queue pair) but the controller is still enabled \
+         (CC = {cc:#x})"
+    );
+    assert!(matches!(still, Err(Error::Closed { .. })), "{still:?}");
+}
+
+/// `get_features` / `set_features` refuse the features whose value is a
+/// data structure (they have no data pointer): Namespace Admin Label (1Fh,
+/// 256 bytes) too (a review found it sent, the controller moving its label
+/// through IOVA 0).
+#[test]
+fn get_features_refuses_namespace_admin_label() {
+    let m = ModelController::new(Default::default());
+    let c = open(&m, opts());
+    let r = c.get_features(0x1f, 0, 0);
+    assert!(
+        matches!(r, Err(Error::InvalidArgument(_))),
+        "Get Features FID 1Fh (a 256-byte structure) was sent without a data pointer: {r:?}"
+    );
+    let r = c.set_features(0x1f, 0, false);
+    assert!(
+        matches!(r, Err(Error::InvalidArgument(_))),
+        "Set Features FID 1Fh (a 256-byte structure) was sent without a data pointer: {r:?}"
+    );
+}

@@ -20,7 +20,8 @@
  *   or process completions again; destroying the pair from its callback is refused.
  * - A controller may be shared by threads, each with its own queue pairs: every
  *   call on it but upnvme_ctrl_close may come from any thread at any time
- *   (upnvme_ctrl_refresh_namespaces waits for the calls in progress). Destroy
+ *   (upnvme_ctrl_refresh_namespaces and upnvme_ctrl_format_nvm wait for the calls
+ *   in progress, not for an admin passthrough's wait). Destroy
  *   the pairs, then close the controller.
  * - Every pointer argument may be checked for NULL only: passing a freed handle is
  *   undefined behaviour, as in any C API.

@@ -72,8 +72,8 @@ pub struct SetFeatureArgs {
     #[arg(short = 'n', long = "namespace-id", default_value_t = 0, value_parser = number::<u32>)]
     nsid: u32,
     /// Bytes of the data structure (default: the length the specification
-    /// gives the feature; needed with --data for a feature it does not
-    /// list, such as a vendor's).
+    /// gives the feature; needed for a feature it does not list, such as a
+    /// vendor's); the data itself comes with --data.
     #[arg(short = 'l', long, value_parser = number::<usize>)]
     data_len: Option<usize>,
     /// UUID Index (CDW14 bits 6:0) of a vendor feature.
@@ -184,6 +184,15 @@ pub fn set(a: &SetFeatureArgs) -> Result<()> {
             ))
             .into());
         }
+        // A length without data: said, not dropped (the controller would
+        // read its structure from IOVA 0).
+        (Some(len), None, None) => {
+            return Err(usage(format!(
+                "--data-len {len} without --data: pass the structure with --data FILE (--data - \
+                 for stdin)"
+            ))
+            .into());
+        }
         (None, _, Some(_)) => {
             return Err(usage(format!(
                 "--data: the specification gives {} (FID 0x{:02x}) no data structure; pass \
@@ -193,7 +202,7 @@ pub fn set(a: &SetFeatureArgs) -> Result<()> {
             ))
             .into());
         }
-        (_, None, None) => None,
+        (None, None, None) => None,
     };
     let c = a.dev.open()?;
     let r = c.admin_passthrough(sqe, 0, data.as_deref());
@@ -220,7 +229,8 @@ pub fn get_log(a: &GetLogArgs) -> Result<()> {
         ))
         .into());
     }
-    if !a.lpo.is_multiple_of(4) {
+    // With Offset Type set, LPO is an index into the log's entries.
+    if !a.ot && !a.lpo.is_multiple_of(4) {
         return Err(usage(format!(
             "--lpo {}: the Log Page Offset is dword aligned: pass a multiple of 4",
             a.lpo
@@ -234,15 +244,22 @@ pub fn get_log(a: &GetLogArgs) -> Result<()> {
     // Pieces of at most the transfer limit (the passthrough's own limit:
     // MDTS, and 513 pages of data).
     let limit = c.max_transfer_bytes().unwrap_or(usize::MAX).min(2 << 20) & !3;
-    let piece = a.xfer_len.unwrap_or(limit).min(limit).max(4);
-    let r = if a.ot && a.len > piece {
+    let r = if a.xfer_len.is_some_and(|x| x > limit) {
         Err(usage(format!(
-            "--ot: --lpo is an entry index, so a log read in pieces cannot be addressed; pass \
-             --xfer-len {} or more, or a --log-len within the transfer limit ({piece})",
-            a.len
+            "--xfer-len {}: above the controller's transfer limit ({limit} bytes)",
+            a.xfer_len.unwrap_or(0)
+        ))
+        .into())
+    } else if a.ot && a.len > a.xfer_len.unwrap_or(limit) {
+        Err(usage(format!(
+            "--ot: --lpo is an entry index, so a log cannot be read in pieces at byte offsets: \
+             --log-len {} is above {} (the transfer limit, or --xfer-len)",
+            a.len,
+            a.xfer_len.unwrap_or(limit)
         ))
         .into())
     } else {
+        let piece = a.xfer_len.unwrap_or(limit).max(4);
         read_log(&c, a, piece)
     };
     let closed = c.close();

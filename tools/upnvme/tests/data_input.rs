@@ -248,3 +248,58 @@ fn input_from_stdin_without_a_length_is_refused() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("stdin has no length of its own"), "{err}");
 }
+
+/// `get-log --ot --lpo 1`: with Offset Type set the offset is an entry
+/// index, which need not be a multiple of 4 (it was refused as unaligned).
+#[test]
+fn an_entry_index_need_not_be_a_multiple_of_four() {
+    let out = Command::new(env!("CARGO_BIN_EXE_upnvme"))
+        .args([
+            "get-log",
+            "-d",
+            "0000:ff:1f.7",
+            "-i",
+            "0x0d",
+            "-l",
+            "512",
+            "--ot",
+            "--lpo",
+            "1",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run upnvme");
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "get-log --ot --lpo 1 (entry index 1) was refused: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// `set-feature -l 512` without `--data` (a vendor feature): refused; it
+/// went on with no data pointer, the controller reading from IOVA 0.
+#[test]
+fn a_data_length_without_data_is_not_dropped() {
+    let out = Command::new(env!("CARGO_BIN_EXE_upnvme"))
+        .args([
+            "set-feature",
+            "-d",
+            "0000:ff:1f.7",
+            // A vendor-specific feature with a 512-byte structure.
+            "-f",
+            "0xc0",
+            "-l",
+            "512",
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run upnvme");
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "set-feature -f 0xc0 -l 512 without --data went on to the device (it would send Set \
+         Features with no data pointer): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
