@@ -700,6 +700,17 @@ impl Sqe {
         sqe
     }
 
+    /// A command of the caller's choosing, as an admin passthrough takes
+    /// it (nvme-cli's `admin-passthru` fields): the opcode, NSID, Command
+    /// Dwords 2–3 and 10–15; everything else (CID, PSDT, MPTR, the data
+    /// pointer) zero, for the driver to fill in.
+    pub fn passthrough(opcode: u8, nsid: u32, cdw2_3: [u32; 2], cdw10_15: [u32; 6]) -> Sqe {
+        let mut sqe = Sqe::with_opcode(opcode, nsid);
+        sqe.dw[2..4].copy_from_slice(&cdw2_3);
+        sqe.dw[10..16].copy_from_slice(&cdw10_15);
+        sqe
+    }
+
     /// Get Features: CDW10.FID (bits 7:0), CDW10.SEL (bits 10:8,
     /// `feature::SEL_*`) and the feature-specific CDW11.
     pub fn get_features(fid: u8, sel: u8, cdw11: u32) -> Sqe {

@@ -64,6 +64,19 @@ fn handle(c: &Controller<ModelController>, len: usize) -> *mut upnvme_buf {
     )))
 }
 
+/// Reaps `qp` until `count_cb` recorded `want` statuses in `seen` (at most
+/// 5 s). `seen` is read through its pointer between reaps, never borrowed
+/// while callbacks write through it.
+fn reap_until(qp: *mut Qpair<ModelController>, seen: *const Vec<c_int>, want: usize) {
+    let start = std::time::Instant::now();
+    // SAFETY: the test's vector, alive; no callback runs while it is read.
+    while unsafe { (*seen).len() } < want && start.elapsed() < Duration::from_secs(5) {
+        // SAFETY: a live pair of this thread.
+        let n = unsafe { Qpair::process_completions(qp, 0) };
+        assert!(n >= 0, "{}", last_error());
+    }
+}
+
 fn last_error() -> String {
     // SAFETY: a NUL-terminated string owned by this thread's slot.
     unsafe { CStr::from_ptr(upnvme_last_error()) }
@@ -2049,13 +2062,7 @@ fn a_reset_brings_a_failed_controller_back_and_pairs_keep_working() {
         )
     };
     assert_eq!(rc, UPNVME_OK, "{}", last_error());
-    let qpp: *mut Qpair<ModelController> = &mut *qp;
-    let start = std::time::Instant::now();
-    while seen.is_empty() && start.elapsed() < Duration::from_secs(5) {
-        // SAFETY: live pair, this thread's.
-        let n = unsafe { Qpair::process_completions(qpp, 0) };
-        assert!(n >= 0, "{}", last_error());
-    }
+    reap_until(&mut *qp, arg, 1);
     assert_eq!(seen, vec![UPNVME_OK]);
     // SAFETY: the handle is ours again.
     assert_eq!(unsafe { upnvme_buf_free(b) }, UPNVME_OK);
@@ -2146,12 +2153,7 @@ fn format_nvm_changes_the_geometry_the_pairs_use() {
         // SAFETY: live pair and handle.
         let rc = unsafe { qp.submit(1, cmd, b, Some(count_cb), arg.cast()) };
         assert_eq!(rc, UPNVME_OK, "{}", last_error());
-        let start = std::time::Instant::now();
-        while seen.len() == before && start.elapsed() < Duration::from_secs(5) {
-            // SAFETY: live pair, this thread's.
-            let n = unsafe { Qpair::process_completions(qpp, 0) };
-            assert!(n >= 0, "{}", last_error());
-        }
+        reap_until(qpp, arg, before + 1);
     }
     assert_eq!(seen, vec![UPNVME_OK, UPNVME_OK]);
     // SAFETY: the handle's 4096 bytes, ours again.

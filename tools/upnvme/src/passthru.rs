@@ -102,18 +102,14 @@ impl AdminPassthruArgs {
     }
 
     fn sqe(&self) -> Sqe {
-        let mut sqe = Sqe::default();
-        sqe.dw[0] = u32::from(self.opcode);
-        sqe.dw[1] = self.nsid;
-        sqe.dw[2] = self.cdw2;
-        sqe.dw[3] = self.cdw3;
-        sqe.dw[10] = self.cdw10;
-        sqe.dw[11] = self.cdw11;
-        sqe.dw[12] = self.cdw12;
-        sqe.dw[13] = self.cdw13;
-        sqe.dw[14] = self.cdw14;
-        sqe.dw[15] = self.cdw15;
-        sqe
+        Sqe::passthrough(
+            self.opcode,
+            self.nsid,
+            [self.cdw2, self.cdw3],
+            [
+                self.cdw10, self.cdw11, self.cdw12, self.cdw13, self.cdw14, self.cdw15,
+            ],
+        )
     }
 
     /// The data to send (zero-padded to --data-len), checked before the
