@@ -424,9 +424,11 @@ impl<D: Device> Controller<D> {
 
     /// Get Features: returns completion dword 0. `sel` is the Select field
     /// (0 current, 1 default, 2 saved, 3 supported capabilities). A feature
-    /// whose value is a data structure in memory (LBA Range Type,
+    /// whose value is a data structure in memory (those
+    /// [`upnvme_queues::sqe::feature::structure`] sizes: LBA Range Type,
     /// Autonomous Power State Transition, Host Memory Buffer, Timestamp,
-    /// Predictable Latency Mode Config, Host Behavior Support, the metadata
+    /// Predictable Latency Mode Config, Host Behavior Support, Performance
+    /// Characteristics, FDP Events, Namespace Admin Label, the metadata
     /// features, Host Identifier) is refused with [`Error::InvalidArgument`]:
     /// this call has no data pointer, so the controller would write to IOVA
     /// 0; use [`Controller::admin_passthrough`] with the structure's length.
@@ -691,8 +693,9 @@ impl<D: Device> Controller<D> {
     /// Commands from many threads share the admin queue's command
     /// identifiers, less those the driver keeps (its event requests and
     /// two for its own commands): one that finds none free waits for one,
-    /// within the same bound, and is [`Error::AdminBusy`] (nothing sent,
-    /// the controller fine) when none comes.
+    /// up to the same bound, and is [`Error::AdminBusy`] (nothing sent, the
+    /// controller fine) when none comes; once sent it has the whole bound
+    /// for its completion.
     pub fn admin_passthrough(
         &self,
         sqe: Sqe,
@@ -1298,19 +1301,31 @@ impl<D: Device> Inner<D> {
     /// meanwhile (another thread's, or an automatic one after a fatal
     /// status) ends the wait with [`crate::IoError::ControllerReset`]: the
     /// command may or may not have taken effect. No answer within
-    /// `timeout` marks the controller failed, as any admin timeout.
+    /// `timeout` of its submission marks the controller failed, as any
+    /// admin timeout. An application command (`own` false) takes an
+    /// identifier only where [`AdminQueue::detached_room`] leaves the
+    /// driver its own, waiting up to `timeout` for one ([`Error::AdminBusy`]);
+    /// the driver's own command (`own`: Format NVM) takes one of those.
     pub(crate) fn execute_detached(
         &self,
         sqe: Sqe,
         data: Option<(DmaBuffer, Option<DmaBuffer>)>,
         what: &str,
         timeout: Duration,
+        own: bool,
     ) -> Result<(Cqe, Option<DmaBuffer>)> {
         let start = Instant::now();
         let mut data = data.map_or((None, None), |(d, l)| (Some(d), l));
-        let ticket = loop {
+        let (ticket, sent) = loop {
             let started = self.with_admin(|dev, name, admin| {
-                let room = admin.detached_room();
+                // The driver's own command (Format NVM: one at a time, the
+                // controller borrowed mutably) takes one of the identifiers
+                // kept for the driver, whatever the queue's size.
+                let room = if own {
+                    Room::Yes
+                } else {
+                    admin.detached_room()
+                };
                 if room == Room::NotNow {
                     return Ok(Start::Wait(admin.detached_in_flight(), data));
                 }
@@ -1327,7 +1342,10 @@ impl<D: Device> Inner<D> {
                     .map(Start::Ticket)
             })?;
             match started {
-                Start::Ticket(t) => break t,
+                // The bound of the completion runs from here: waiting for
+                // an identifier did not count, as waiting for the lock
+                // did not.
+                Start::Ticket(t) => break (t, Instant::now()),
                 Start::Done((cqe, buf)) => return Ok((succeeded(cqe, what)?, buf)),
                 Start::Wait(outstanding, back) => {
                     data = back;
@@ -1359,7 +1377,7 @@ impl<D: Device> Inner<D> {
         };
         let mut looks = 0u32;
         loop {
-            if start.elapsed() < DETACHED_SPIN {
+            if sent.elapsed() < DETACHED_SPIN {
                 std::thread::yield_now();
             } else {
                 std::thread::sleep(DETACHED_POLL);
@@ -1380,7 +1398,7 @@ impl<D: Device> Inner<D> {
                 if looks.is_multiple_of(16) {
                     check_csts(dev, name)?;
                 }
-                let waited = start.elapsed();
+                let waited = sent.elapsed();
                 if waited >= timeout {
                     return Err(Error::Timeout {
                         what: format!("{what} to complete on the admin queue"),
@@ -1454,28 +1472,28 @@ impl<D: Device> Inner<D> {
         sqe.dw[4] = 0;
         sqe.dw[5] = 0;
         let len = passthrough_len(data_len, data_out)?;
-        if let Some((name, need)) = admin_transfer(&sqe)
-            && (len as u64) < need
-        {
-            // A data pointer for fewer bytes than the command moves: the
-            // controller would go past it — to IOVA 0 with no data (an
-            // IOMMU fault, while the command completes with success).
-            return Err(Error::InvalidArgument(format!(
-                "admin command 0x{:02x} ({name}) moves {need} bytes through its data pointer, \
-                 but the call describes {len}: pass data_len {need}",
-                sqe.opcode()
-            )));
-        }
-        // More than the command moves: the data pointer describes what it
-        // moves, no more. A PRP List for pages the command does not use
-        // would be taken as a data page by a controller moving two pages
-        // (the data landing in the list, the caller's second page zeros).
         let (len, data_out) = match admin_transfer(&sqe) {
-            Some((_, need)) if len as u64 > need => {
+            Some((name, need)) if (len as u64) < need => {
+                // A data pointer for fewer bytes than the command moves:
+                // the controller would go past it — to IOVA 0 with no data
+                // (an IOMMU fault, while the command completes with
+                // success).
+                return Err(Error::InvalidArgument(format!(
+                    "admin command 0x{:02x} ({name}) moves {need} bytes through its data \
+                     pointer, but the call describes {len}: pass data_len {need}",
+                    sqe.opcode()
+                )));
+            }
+            // More than the command moves: the data pointer describes what
+            // it moves, no more. A PRP List for pages the command does not
+            // use would be taken as a data page by a controller moving two
+            // pages (the data landing in the list, the caller's second
+            // page zeros).
+            Some((_, need)) => {
                 let need = need as usize;
                 (need, data_out.map(|d| &d[..d.len().min(need)]))
             }
-            _ => (len, data_out),
+            None => (len, data_out),
         };
         let what = format!("admin command 0x{:02x}", sqe.opcode());
         let done = self.execute_for_application(
@@ -1536,7 +1554,7 @@ impl<D: Device> Inner<D> {
         };
         let (cqe, buf) = if detached {
             // Checked for its status inside.
-            self.execute_detached(sqe, buf.map(|b| (b, list)), what, timeout)?
+            self.execute_detached(sqe, buf.map(|b| (b, list)), what, timeout, false)?
         } else {
             let (cqe, buf) = self.with_admin(|dev, name, admin| {
                 let done = admin.execute(dev, name, sqe, buf, list, timeout, what)?;

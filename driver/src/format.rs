@@ -246,7 +246,7 @@ impl<D: Device> Controller<D> {
         } else {
             Ok(())
         }
-        .and_then(|()| self.inner.execute_detached(sqe, None, &what, timeout));
+        .and_then(|()| self.inner.execute_detached(sqe, None, &what, timeout, true));
         let mut result = None;
         let mut failed = None;
         for n in formatted {

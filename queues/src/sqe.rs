@@ -426,6 +426,8 @@ pub mod feature {
             PREDICTABLE_LATENCY_MODE_CONFIG | HOST_BEHAVIOR_SUPPORT => 512,
             HOST_IDENTIFIER if cdw11 & 1 != 0 => 16,
             HOST_IDENTIFIER => 8,
+            // NOET 0 moves nothing (and the controller refuses it).
+            FDP_EVENTS if noet == 0 => return None,
             FDP_EVENTS if set => noet,
             FDP_EVENTS => 2 * noet,
             _ => return None,

@@ -491,3 +491,38 @@ fn a_reset_while_a_format_nvm_is_outstanding_ends_its_wait() {
     drop(c);
     assert_eq!(m.dma_faults(), 0);
 }
+
+/// On a small admin queue (6 entries: 3 event requests and the driver's two
+/// identifiers leave none for the application) the Format NVM, the driver's
+/// own command, still waits without the admin lock: a pair re-creates its
+/// queues and writes namespace 2 meanwhile (a review found the format
+/// waiting under the lock there, the pair's write timing out behind it).
+#[test]
+fn a_pair_runs_io_on_another_namespace_during_a_format_on_a_six_entry_admin_queue() {
+    let m = ModelController::new(cfg_two_512());
+    let c = open(
+        &m,
+        ControllerOptions {
+            admin_queue_entries: 6,
+            ..mmio_opts()
+        },
+    );
+    let two = c.namespace(2).unwrap().clone();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let buf = c.alloc_dma(4096).unwrap();
+    hold_format(&m);
+    let fmt = start_format(c, Duration::from_secs(3));
+    wait_held(&m, 1);
+    let data: Vec<u8> = (0..4096).map(|i| (i * 7) as u8).collect();
+    buf.write_bytes(0, &data).unwrap();
+    let buf = qp
+        .write_blocking(&two, 8, 8, buf, Duration::from_secs(2))
+        .expect("a write on namespace 2 during the format");
+    assert_eq!(m.delayed_completions(), 1, "the format ended first");
+    m.release_delayed();
+    let (c, f) = fmt.join().unwrap();
+    f.expect("the format");
+    drop(buf);
+    drop(qp);
+    drop(c);
+}

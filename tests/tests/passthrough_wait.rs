@@ -600,3 +600,41 @@ fn get_features_refuses_namespace_admin_label() {
         "Set Features FID 1Fh (a 256-byte structure) was sent without a data pointer: {r:?}"
     );
 }
+
+/// The bound of an application command's completion runs from its
+/// submission: time spent waiting for a free identifier (nothing sent)
+/// does not count (a review found it did: a command sent late in its bound
+/// timed out and failed the controller that had had it for a fraction of
+/// it).
+#[test]
+fn a_command_sent_after_waiting_for_an_identifier_gets_its_whole_bound() {
+    let m = ModelController::new(Default::default());
+    // 8 entries: one application command at a time.
+    let c = open(
+        &m,
+        ControllerOptions {
+            admin_queue_entries: 8,
+            ..mmio_opts()
+        },
+    );
+    hold(&m, IDENTIFY);
+    std::thread::scope(|s| {
+        let first = s.spawn(|| identify_controller(&c, Duration::from_secs(5)));
+        wait_held(&m);
+        // The second command's own completion is held too, for 150 ms of
+        // its 600 ms bound, after 500 ms waiting for an identifier.
+        hold(&m, IDENTIFY);
+        let second = s.spawn(|| identify_controller(&c, Duration::from_millis(600)));
+        std::thread::sleep(Duration::from_millis(500));
+        assert_eq!(m.release_delayed(), 1);
+        wait_held(&m);
+        std::thread::sleep(Duration::from_millis(150));
+        m.release_delayed();
+        first.join().unwrap().expect("the first command");
+        let r = second.join().unwrap();
+        assert!(r.is_ok(), "{r:?}");
+        assert!(c.failure().is_none(), "{:?}", c.failure());
+    });
+    drop(c);
+    assert_clean(&m);
+}

@@ -344,7 +344,7 @@ impl<D: Device> Ctrl<D> {
     pub(crate) fn admin_passthru(
         &self,
         cmd: &upnvme_admin_cmd,
-        data: &mut [u8],
+        data: &mut Vec<u8>,
         timeout: Option<Duration>,
     ) -> upnvme::Result<Cqe> {
         // The handle's lock only for taking an admin handle: the wait (a
@@ -354,7 +354,6 @@ impl<D: Device> Ctrl<D> {
         let Some(admin) = self.get().map(|c| c.admin_handle()) else {
             return Err(closed());
         };
-        let c = &admin;
         if cmd.rsvd != [0; 3] {
             return Err(upnvme::Error::InvalidArgument(
                 "upnvme_admin_cmd: rsvd must be 0 (initialise the struct with {0})".into(),
@@ -370,14 +369,17 @@ impl<D: Device> Ctrl<D> {
             )));
         }
         let sqe = cmd.sqe();
-        let out = (direction & 1 != 0).then_some(&*data);
+        let out = (direction & 1 != 0).then_some(data.as_slice());
         let (cqe, back) = match timeout {
-            Some(t) => c.admin_passthrough_with_timeout(sqe, data.len(), out, t)?,
-            None => c.admin_passthrough(sqe, data.len(), out)?,
+            Some(t) => admin.admin_passthrough_with_timeout(sqe, data.len(), out, t)?,
+            None => admin.admin_passthrough(sqe, data.len(), out)?,
         };
         if direction & 2 != 0 {
+            // What the command moved, no more: the caller's bytes past it
+            // are left as they were.
             let n = back.len().min(data.len());
             data[..n].copy_from_slice(&back[..n]);
+            data.truncate(n);
         }
         Ok(cqe)
     }
@@ -414,7 +416,7 @@ impl<D: Device> Ctrl<D> {
     pub(crate) fn admin_passthru_c(
         &self,
         cmd: &upnvme_admin_cmd,
-        data: &mut [u8],
+        data: &mut Vec<u8>,
         cpl: &mut upnvme_admin_cpl,
     ) -> c_int {
         let timeout =

@@ -505,10 +505,11 @@ pub unsafe extern "C" fn upnvme_ctrl_admin_passthru(
         }
         let mut done = upnvme_admin_cpl::default();
         let code = h.admin_passthru_c(&cmd, &mut copy, &mut done);
-        if code == UPNVME_OK && data_len > 0 && cmd.opcode & 0b10 != 0 {
+        if code == UPNVME_OK && !copy.is_empty() && cmd.opcode & 0b10 != 0 {
             // SAFETY: `data` is valid for `data_len` writes (the caller's
-            // contract); `copy` holds `data_len` bytes of our own.
-            unsafe { std::ptr::copy_nonoverlapping(copy.as_ptr(), data.cast::<u8>(), data_len) };
+            // contract) and `copy` holds at most `data_len` bytes of our own
+            // (what the command moved).
+            unsafe { std::ptr::copy_nonoverlapping(copy.as_ptr(), data.cast::<u8>(), copy.len()) };
         }
         if !cpl.is_null() {
             // SAFETY: as above.

@@ -1900,6 +1900,13 @@ fn admin_passthru_moves_data_in_the_opcodes_direction() {
         UPNVME_OK
     );
     assert_eq!(page, reference);
+    // More room than the command moves: what it moved comes back, no more.
+    let mut roomy = vec![0xa5u8; 6144];
+    assert_eq!(
+        h.admin_passthru_c(&identify, &mut roomy, &mut cpl),
+        UPNVME_OK
+    );
+    assert_eq!(roomy, reference);
 
     // Get Features Number of Queues (0Ah, no data): dword 0.
     let get = crate::upnvme_admin_cmd {
@@ -1907,7 +1914,10 @@ fn admin_passthru_moves_data_in_the_opcodes_direction() {
         cdw10: 0x07,
         ..Default::default()
     };
-    assert_eq!(h.admin_passthru_c(&get, &mut [], &mut cpl), UPNVME_OK);
+    assert_eq!(
+        h.admin_passthru_c(&get, &mut Vec::new(), &mut cpl),
+        UPNVME_OK
+    );
     assert_eq!(cpl.dw0, queues);
 
     // Set Features Host Behavior Support (09h: host to controller), LBAFEE
@@ -1944,7 +1954,10 @@ fn admin_passthru_reports_statuses_and_refusals() {
         cdw10: 0xee,
         ..Default::default()
     };
-    assert_eq!(h.admin_passthru_c(&bad, &mut [], &mut cpl), UPNVME_EIO);
+    assert_eq!(
+        h.admin_passthru_c(&bad, &mut Vec::new(), &mut cpl),
+        UPNVME_EIO
+    );
     assert_eq!((cpl.sct, cpl.sc), (0, 0x02), "{cpl:?}");
     assert!(last_error().contains("Invalid Field"), "{}", last_error());
 
@@ -1970,7 +1983,7 @@ fn admin_passthru_reports_statuses_and_refusals() {
         ..Default::default()
     };
     assert_eq!(
-        h.admin_passthru_c(&create, &mut [], &mut cpl),
+        h.admin_passthru_c(&create, &mut Vec::new(), &mut cpl),
         UPNVME_EINVAL
     );
     // Identify with too little room for its 4096 bytes.
@@ -1980,7 +1993,7 @@ fn admin_passthru_reports_statuses_and_refusals() {
         ..Default::default()
     };
     assert_eq!(
-        h.admin_passthru_c(&identify, &mut page[..512], &mut cpl),
+        h.admin_passthru_c(&identify, &mut vec![0; 512], &mut cpl),
         UPNVME_EINVAL
     );
     assert_eq!(m.commands_fetched(), fetched, "a refused command was sent");
@@ -2181,7 +2194,10 @@ fn admin_structs_with_reserved_bytes_or_oversized_data_are_refused() {
         rsvd: [0, 1, 0],
         ..Default::default()
     };
-    assert_eq!(h.admin_passthru_c(&cmd, &mut [], &mut cpl), UPNVME_EINVAL);
+    assert_eq!(
+        h.admin_passthru_c(&cmd, &mut Vec::new(), &mut cpl),
+        UPNVME_EINVAL
+    );
     assert!(last_error().contains("rsvd must be 0"), "{}", last_error());
     let fmt = crate::upnvme_format {
         rsvd: [1, 0, 0],

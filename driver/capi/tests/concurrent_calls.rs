@@ -102,7 +102,7 @@ fn a_pending_refresh_does_not_make_other_admin_calls_wait_for_a_long_passthru() 
         });
         let t = Instant::now();
         let mut cpl = upnvme_admin_cpl::default();
-        let rc = h.admin_passthru_c(&quick, &mut [], &mut cpl);
+        let rc = h.admin_passthru_c(&quick, &mut Vec::new(), &mut cpl);
         let waited = t.elapsed();
         assert_eq!(rc, UPNVME_OK);
         releaser.join().unwrap();
@@ -138,7 +138,10 @@ fn a_refresh_runs_while_three_threads_keep_calling() {
                 let t = Instant::now();
                 while !stop.load(Ordering::Relaxed) && t.elapsed() < Duration::from_secs(4) {
                     let mut cpl = upnvme_admin_cpl::default();
-                    assert_eq!(h.admin_passthru_c(&quick, &mut [], &mut cpl), UPNVME_OK);
+                    assert_eq!(
+                        h.admin_passthru_c(&quick, &mut Vec::new(), &mut cpl),
+                        UPNVME_OK
+                    );
                     calls.fetch_add(1, Ordering::Relaxed);
                 }
             });
