@@ -57,6 +57,21 @@ fn pair(c: &Controller<ModelController>, entries: u32) -> Box<Qpair<ModelControl
     ))
 }
 
+/// A pair of `entries` made as `upnvme_qpair_create` makes it: sharing the
+/// handle's namespace list (a refresh or Format NVM on the handle reaches
+/// it).
+fn shared_pair(h: &crate::Ctrl<ModelController>, entries: u32) -> Box<Qpair<ModelController>> {
+    let qp = h
+        .get()
+        .unwrap()
+        .io_queue_pair(QueuePairOptions {
+            entries: Some(entries),
+            ..Default::default()
+        })
+        .unwrap();
+    Box::new(Qpair::new(qp, h.nss.clone()))
+}
+
 fn handle(c: &Controller<ModelController>, len: usize) -> *mut upnvme_buf {
     Box::into_raw(Box::new(upnvme_buf::new(
         c.alloc_dma(len).unwrap(),
@@ -1037,15 +1052,7 @@ unsafe extern "C" fn status_cb(arg: *mut c_void, cpl: *const upnvme_cpl) {
 fn a_namespace_changed_elsewhere_is_refused_until_the_refresh_then_used_with_its_new_geometry() {
     let (m, c) = model();
     let h = crate::Ctrl::new(c);
-    let qp = h
-        .get()
-        .unwrap()
-        .io_queue_pair(QueuePairOptions {
-            entries: Some(8),
-            ..Default::default()
-        })
-        .unwrap();
-    let mut q = Box::new(Qpair::new(qp, h.nss.clone()));
+    let mut q = shared_pair(&h, 8);
     // Another host formats namespace 1 to 4 KiB blocks.
     m.change_namespace(
         1,
@@ -2093,16 +2100,7 @@ fn a_reset_brings_a_failed_controller_back_and_pairs_keep_working() {
 fn format_nvm_changes_the_geometry_the_pairs_use() {
     let (m, c) = model();
     let h = crate::Ctrl::new(c);
-    // As `upnvme_qpair_create` makes it: sharing the handle's namespaces.
-    let qp = h
-        .get()
-        .unwrap()
-        .io_queue_pair(QueuePairOptions {
-            entries: Some(8),
-            ..Default::default()
-        })
-        .unwrap();
-    let mut qp = Box::new(Qpair::new(qp, h.nss.clone()));
+    let mut qp = shared_pair(&h, 8);
     assert_eq!(h.ns_info(1).unwrap().lba_size, 512);
     let fetched = m.commands_fetched();
     for bad in [

@@ -17,39 +17,16 @@ pub mod qpair;
 #[path = "../src/status.rs"]
 pub mod status;
 
+mod common;
+
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use upnvme::{Controller, ControllerOptions, PageBacking};
-use upnvme_tests::{Fault, Match, ModelConfig, ModelController, NamespaceConfig};
+use upnvme_tests::{Fault, Match};
 
+use common::model;
 use ctrl::{Ctrl, upnvme_admin_cmd, upnvme_admin_cpl};
 use status::*;
-
-fn model() -> (ModelController, Controller<ModelController>) {
-    let m = ModelController::new(ModelConfig {
-        namespaces: vec![NamespaceConfig {
-            nsid: 1,
-            lba_size: 512,
-            blocks: 256,
-            ..NamespaceConfig::default()
-        }],
-        ..Default::default()
-    });
-    let c = Controller::with_device(
-        m.clone(),
-        ControllerOptions {
-            page_backing: PageBacking::Small4K,
-            shadow_doorbells: false,
-            admin_timeout: Some(Duration::from_secs(5)),
-            ready_timeout: Some(Duration::from_secs(2)),
-            shutdown_timeout: Some(Duration::from_secs(2)),
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    (m, c)
-}
 
 /// A long passthrough (its completion held) is in flight; a refresh waits
 /// to run; a Get Features the controller answers at once is not held up

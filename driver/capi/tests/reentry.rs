@@ -23,14 +23,16 @@ pub mod qpair;
 #[path = "../src/status.rs"]
 pub mod status;
 
+mod common;
+
 use std::ffi::{CStr, c_int, c_void};
-use std::time::Duration;
 
 use upnvme::dma::alloc_count::{CountingAllocator, count};
-use upnvme::{Controller, ControllerOptions, PageBacking, QueuePairOptions};
-use upnvme_tests::{Fault, Match, ModelConfig, ModelController, NamespaceConfig};
+use upnvme::{Controller, QueuePairOptions};
+use upnvme_tests::{Fault, Match, ModelController};
 
 use buf::upnvme_buf;
+use common::model;
 use qpair::{Cmd, Qpair, upnvme_cpl};
 use status::*;
 
@@ -38,31 +40,6 @@ use status::*;
 /// "the hot path allocates nothing").
 #[global_allocator]
 static GLOBAL: CountingAllocator = CountingAllocator;
-
-fn model() -> (ModelController, Controller<ModelController>) {
-    let m = ModelController::new(ModelConfig {
-        namespaces: vec![NamespaceConfig {
-            nsid: 1,
-            lba_size: 512,
-            blocks: 256,
-            ..NamespaceConfig::default()
-        }],
-        ..Default::default()
-    });
-    let c = Controller::with_device(
-        m.clone(),
-        ControllerOptions {
-            page_backing: PageBacking::Small4K,
-            shadow_doorbells: false,
-            admin_timeout: Some(Duration::from_secs(2)),
-            ready_timeout: Some(Duration::from_secs(2)),
-            shutdown_timeout: Some(Duration::from_secs(2)),
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    (m, c)
-}
 
 fn pair(
     c: &Controller<ModelController>,
