@@ -130,6 +130,13 @@ pub(crate) struct Inner<D: Device> {
     /// notices, or refused them, and nobody set one).
     pub(crate) aec: AtomicU64,
     shadow: Option<ShadowBuffers>,
+    /// Whether the controller took Doorbell Buffer Config at its last
+    /// enable (bring-up or reset): a reset whose Doorbell Buffer Config is
+    /// refused with a status leaves the buffers allocated and this clear,
+    /// and the queue pairs created or re-created after it ring MMIO
+    /// doorbells only. Written and read under the admin lock (a reset holds
+    /// it throughout, `create_io_queues` reads it there).
+    shadow_on: AtomicBool,
     aer_target: u32,
     /// Released on the kernel's request (see `release_on_request`).
     removed: AtomicBool,
@@ -372,9 +379,14 @@ impl<D: Device> Controller<D> {
         self.inner.sgl_support()
     }
 
-    /// Whether shadow doorbells were configured (Doorbell Buffer Config).
+    /// Whether shadow doorbells are configured (Doorbell Buffer Config): the
+    /// controller took the command at its last enable. A reset whose
+    /// Doorbell Buffer Config the controller refuses turns them off, and
+    /// the queue pairs then ring MMIO doorbells only (from their next
+    /// command on; a later reset that the controller accepts it in turns
+    /// them on again).
     pub fn shadow_doorbells(&self) -> bool {
-        self.inner.shadow.is_some()
+        self.inner.shadow.is_some() && self.inner.shadow_on.load(Ordering::Relaxed)
     }
 
     /// The admin queue's entry count.
@@ -1109,14 +1121,15 @@ impl<D: Device> Inner<D> {
     /// `qid` on it (deleting the CQ again if the SQ fails), under one hold of
     /// the admin lock; returns the reset generation read under that lock —
     /// the one the new queues belong to, since a reset (which holds the lock
-    /// throughout) cannot come between.
+    /// throughout) cannot come between — and whether that generation has
+    /// shadow doorbells.
     pub(crate) fn create_io_queues(
         &self,
         cq: Sqe,
         sq: Sqe,
         qid: u16,
         when: &str,
-    ) -> std::result::Result<u64, CreateFailure> {
+    ) -> std::result::Result<Created, CreateFailure> {
         let t = self.admin_timeout;
         let mut cq_left = None;
         let mut during = None;
@@ -1148,7 +1161,10 @@ impl<D: Device> Inner<D> {
                 }
                 return Err(e);
             }
-            Ok(self.generation())
+            Ok(Created {
+                generation: self.generation(),
+                shadow_on: self.shadow.is_some() && self.shadow_on.load(Ordering::Relaxed),
+            })
         })
         .map_err(|error| CreateFailure {
             error,
@@ -1942,7 +1958,7 @@ impl<D: Device> Inner<D> {
             // their own shadow doorbells at the same time.
             s.doorbells.zero()?;
             s.event_idx.zero()?;
-            let what = "Doorbell Buffer Config";
+            let what = "Doorbell Buffer Config (after reset)";
             let (cqe, _) = admin.execute(
                 dev,
                 name,
@@ -1952,7 +1968,14 @@ impl<D: Device> Inner<D> {
                 t,
                 what,
             )?;
-            succeeded(cqe, what)?;
+            // Refused with a status (no answer is an error above): MMIO
+            // doorbells only, as at a bring-up that is refused. Every queue
+            // pair re-creates its queues after this reset and takes the
+            // mode then (`create_io_queues` reads it under this lock), so
+            // none keeps trusting an EventIdx the controller no longer
+            // writes.
+            self.shadow_on
+                .store(cqe.status().is_success(), Ordering::Relaxed);
         }
         admin.post_aers(dev, self.aer_target)?;
         // Usable again.
@@ -2418,6 +2441,16 @@ fn enable_with_admin_queue<D: Device>(
     Ok(admin)
 }
 
+/// I/O queues created by `Inner::create_io_queues`.
+pub(crate) struct Created {
+    /// The reset generation they exist in.
+    pub(crate) generation: u64,
+    /// Whether Doorbell Buffer Config is active in that generation: the
+    /// queues' doorbells go through the shadow buffers (read under the
+    /// admin lock with the generation, so the two belong together).
+    pub(crate) shadow_on: bool,
+}
+
 /// Why Create I/O CQ + SQ failed, and whether the CQ may still exist (the
 /// SQ was refused and deleting the CQ again failed too): its memory must
 /// then stay out of use, and its queue ID too (`Inner::hold_qid`).
@@ -2563,6 +2596,7 @@ fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<BroughtUp<D
         hbs_by_application: Mutex::new(None),
         aec: AtomicU64::new(0),
         shadow: None,
+        shadow_on: AtomicBool::new(false),
         aer_target: 0,
         removed: AtomicBool::new(false),
         namespaces_unverified: AtomicBool::new(false),
@@ -2676,6 +2710,7 @@ fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<BroughtUp<D
                 "Doorbell Buffer Config",
             ) {
                 Ok(_) => {
+                    inner.shadow_on.store(true, Ordering::Relaxed);
                     inner.shadow = Some(ShadowBuffers {
                         doorbells: SharedWords::new(doorbells),
                         event_idx: SharedWords::new(event_idx),

@@ -135,7 +135,7 @@ impl<D: Device> IoQueuePair<D> {
             None => None,
         };
 
-        let generation = match ctrl.create_io_queues(
+        let created = match ctrl.create_io_queues(
             Sqe::create_io_cq(qid, cq_entries, cq.buffer().iova(), false, 0),
             Sqe::create_io_sq(qid, sq_entries, sq.buffer().iova(), qid, 0),
             qid,
@@ -166,11 +166,13 @@ impl<D: Device> IoQueuePair<D> {
             }
         };
         let timeout_ticks = opts.command_timeout.map_or(0, |d| clock::ticks(d).max(1));
-        let announce_free_below = if opts.shadow_doorbells && shadow.is_some() {
+        let announce_shadow = if opts.shadow_doorbells {
             opts.sq_announce.free_below(trackers.usable())
         } else {
             0
         };
+        let generation = created.generation;
+        let (slots, shadow) = (shadow, shadow.filter(|_| created.shadow_on));
         let domain = sq.buffer().domain();
         let mut qp = IoQueuePair {
             expect_state: 0,
@@ -183,6 +185,7 @@ impl<D: Device> IoQueuePair<D> {
                 sq_db,
                 cq_db,
                 shadow,
+                slots,
                 use_event_idx: opts.shadow_doorbells,
                 last_sq: 0,
                 last_cq: 0,
@@ -190,7 +193,8 @@ impl<D: Device> IoQueuePair<D> {
             cq_threshold,
             qid,
             qid_dw2: u32::from(qid) << 16,
-            announce_free_below,
+            announce_free_below: if shadow.is_some() { announce_shadow } else { 0 },
+            announce_shadow,
             // `cq_threshold` is at most the CQ size: no overflow.
             reap_due_at: if opts.cq_head_policy == CqHeadPolicy::EveryReap {
                 0

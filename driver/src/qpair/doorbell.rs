@@ -83,6 +83,11 @@ pub(crate) struct Doorbells {
     /// Offsets into the shadow doorbell / EventIdx buffers when Doorbell Buffer
     /// Config is active on the controller.
     pub shadow: Option<ShadowSlots>,
+    /// This queue's offsets into the shadow buffers when the controller has
+    /// them, active or not: `shadow` is this while the controller's current
+    /// generation took Doorbell Buffer Config, `None` after a reset that it
+    /// refused (set at every creation of the queues).
+    pub slots: Option<ShadowSlots>,
     /// Skip MMIO writes the EventIdx says are unnecessary. When false (the queue
     /// pair's `shadow_doorbells` option is off) the shadow value is still kept
     /// current — a controller with Doorbell Buffer Config active reads it — but

@@ -211,6 +211,9 @@ pub struct IoQueuePair<D: Device = VfioNvme> {
     /// fewer tracker slots than this are free ([`SqAnnounce::free_below`];
     /// 0 without shadow doorbells and the EventIdx).
     announce_free_below: u32,
+    /// `announce_free_below` while the controller has shadow doorbells on
+    /// (they can go off and on again at a reset: `recreate`).
+    announce_shadow: u32,
     /// After a reap, the CQ head is due when at least this many entries are
     /// unannounced: `cq_threshold + 1`, or 0 with `CqHeadPolicy::EveryReap`
     /// (always, as the policy says; the write itself is skipped when a

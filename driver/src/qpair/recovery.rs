@@ -567,7 +567,7 @@ impl<D: Device> IoQueuePair<D> {
         if self.recreated_maybe {
             self.delete_leftover_queues()?;
         }
-        if let (Some(slots), Some(s)) = (self.doorbells.shadow, self.ctrl.shadow()) {
+        if let (Some(slots), Some(s)) = (self.doorbells.slots, self.ctrl.shadow()) {
             for b in [&s.doorbells, &s.event_idx] {
                 b.store_release_u32(slots.sq, 0)?;
                 b.store_release_u32(slots.cq, 0)?;
@@ -595,7 +595,13 @@ impl<D: Device> IoQueuePair<D> {
             " (after reset)",
         );
         self.generation = match created {
-            Ok(g) => g,
+            Ok(c) => {
+                // The reset may have turned shadow doorbells off (its
+                // Doorbell Buffer Config refused) or on again.
+                self.doorbells.shadow = self.doorbells.slots.filter(|_| c.shadow_on);
+                self.announce_free_below = if c.shadow_on { self.announce_shadow } else { 0 };
+                c.generation
+            }
             Err(CreateFailure {
                 error,
                 cq_left,
