@@ -91,7 +91,7 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 use upnvme_dma::{CqMemory, DmaBuffer, ListPages, SqMemory};
-use upnvme_queues::{CidTable, CqRing, SqRing};
+use upnvme_queues::{CidTable, SqRing};
 
 pub use command::{Completion, CopyRange, DsmAttributes, IoCommand, IoFlags, Protection};
 pub use doorbell::CqHeadPolicy;
@@ -196,7 +196,9 @@ pub struct IoQueuePair<D: Device = VfioNvme> {
     sq: SqMemory,
     sq_ring: SqRing,
     cq: CqMemory,
-    cq_ring: CqRing,
+    /// CQ entries consumed since the CQ head doorbell was last written (the
+    /// head itself, and the Phase Tag, are the cursor of `cq`).
+    cq_uncommitted: u32,
     trackers: CidTable<Tracker>,
     doorbells: Doorbells,
     /// Write the CQ head when more than this many entries were consumed
@@ -290,7 +292,7 @@ impl<D: Device> std::fmt::Debug for IoQueuePair<D> {
         f.debug_struct("IoQueuePair")
             .field("qid", &self.qid)
             .field("sq_entries", &self.sq_ring.entries())
-            .field("cq_entries", &self.cq_ring.entries())
+            .field("cq_entries", &self.cq.entries())
             .field("in_flight", &self.trackers.in_flight())
             .field("stats", &self.stats())
             .finish()
@@ -340,7 +342,7 @@ impl<D: Device> IoQueuePair<D> {
 
     /// Completion queue entries.
     pub fn cq_entries(&self) -> u32 {
-        self.cq_ring.entries()
+        self.cq.entries()
     }
 
     /// Most commands that can be in flight at once.
