@@ -1224,7 +1224,7 @@ impl DmaBuffer {
         }
         Ok(())
     }
-    /// Atomic acquire load of a 32-bit word (see [`HostMemory::load_acquire_u32`]).
+    /// Atomic acquire load of a 32-bit word (see `HostMemory::load_acquire_u32`).
     #[inline]
     pub fn load_acquire_u32(&self, offset: usize) -> Result<u32, DmaError> {
         let p = self.ptr(offset, 4, 4)?;

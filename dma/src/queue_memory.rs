@@ -4,11 +4,13 @@
 //! A queue is a [`DmaBuffer`] of `entries` fixed-size slots (64-byte SQEs,
 //! 16-byte CQEs; NVMe 2.0 §4.1, CC.IOSQES = 6 and CC.IOCQES = 4). The bounds
 //! are established once, when the accessor is made: the entry count and the
-//! base pointer never change, so an access is one compare of the slot index
-//! with the entry count (no length arithmetic, no `Result` with an error to
-//! build), and the SQE is written straight into its slot with eight 64-bit
-//! volatile stores. No plain reference into the ring is ever formed (the
-//! CQE's dword 3 is read through a one-access `&AtomicU32`).
+//! base pointer never change, so an SQ access is one compare of the slot
+//! index with the entry count (no length arithmetic, no `Result` with an
+//! error to build), and the SQE is written straight into its slot with eight
+//! 64-bit volatile stores. The CQ keeps its head as a cursor that is always
+//! one of its slots, so a look at the head needs no check at all. No plain
+//! reference into the ring is ever formed (the CQE's dword 3 is read through
+//! a one-access `&AtomicU32`).
 
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -135,7 +137,7 @@ impl SqMemory {
     }
 }
 
-/// One CQE slot of a [`CqMemory`], checked once by [`CqMemory::load_dw3`]:
+/// One CQE slot of a [`CqMemory`], the head's as [`CqMemory::look`] found it:
 /// reading its dwords needs no further bounds check. Borrows the queue, so
 /// it cannot outlive the mapping.
 #[derive(Debug)]

@@ -132,10 +132,13 @@ pub(crate) struct Inner<D: Device> {
     shadow: Option<ShadowBuffers>,
     /// Whether the controller took Doorbell Buffer Config at its last
     /// enable (bring-up or reset): a reset whose Doorbell Buffer Config is
-    /// refused with a status leaves the buffers allocated and this clear,
-    /// and the queue pairs created or re-created after it ring MMIO
-    /// doorbells only. Written and read under the admin lock (a reset holds
-    /// it throughout, `create_io_queues` reads it there).
+    /// refused with a status (or that fails before it is answered) leaves
+    /// the buffers allocated and this clear, and the queue pairs created or
+    /// re-created after it ring MMIO doorbells only. A reset writes it under
+    /// the admin lock (which it holds throughout) and `create_io_queues`
+    /// reads it there, with the generation; bring-up sets it before anything
+    /// else can see the controller, and `Controller::shadow_doorbells`
+    /// reads it without the lock (a report, not a decision).
     shadow_on: AtomicBool,
     aer_target: u32,
     /// Released on the kernel's request (see `release_on_request`).
@@ -837,8 +840,10 @@ impl<D: Device> Inner<D> {
         self.cap
     }
 
-    /// The shadow doorbell and EventIdx buffers, when Doorbell Buffer
-    /// Config is active.
+    /// The shadow doorbell and EventIdx buffers, when they were allocated
+    /// and the controller took Doorbell Buffer Config at bring-up (a later
+    /// reset may have turned them off: `shadow_on`; each pair's `Doorbells`
+    /// says whether it uses them).
     #[inline(always)]
     pub(crate) fn shadow(&self) -> Option<&ShadowBuffers> {
         self.shadow.as_ref()
@@ -1828,6 +1833,9 @@ impl<D: Device> Inner<D> {
         }
         self.delete_io_queues(admin, deletion_budget);
         disable(dev, name, self.ready_timeout)?;
+        // CC.EN = 0 cleared Doorbell Buffer Config: off until this reset's
+        // is taken (a reset that fails before then leaves it off).
+        self.shadow_on.store(false, Ordering::Relaxed);
         // The controller is disabled: nothing it was doing can touch memory any
         // more. Release what was kept for it and tell the queue pairs.
         admin.forget_in_flight();

@@ -365,7 +365,11 @@ impl<D: Device> IoQueuePair<D> {
         self.sgl_mode
     }
 
-    /// Whether the shadow doorbell buffer is in use for this pair.
+    /// Whether the shadow doorbell buffer is in use for this pair. Taken
+    /// when the pair creates its queues: after a controller reset it says
+    /// the mode of the queues before it until the pair's next call
+    /// re-creates them with the reset's mode
+    /// ([`crate::Controller::shadow_doorbells`]).
     pub fn shadow_doorbells(&self) -> bool {
         self.doorbells.shadow.is_some()
     }
