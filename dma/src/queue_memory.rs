@@ -4,13 +4,11 @@
 //! A queue is a [`DmaBuffer`] of `entries` fixed-size slots (64-byte SQEs,
 //! 16-byte CQEs; NVMe 2.0 §4.1, CC.IOSQES = 6 and CC.IOCQES = 4). The bounds
 //! are established once, when the accessor is made: the entry count and the
-//! base pointer never change, so an SQ access is one compare of the slot
-//! index with the entry count (no length arithmetic, no `Result` with an
-//! error to build), and the SQE is written straight into its slot with eight
-//! 64-bit volatile stores. The CQ keeps its head as a cursor that is always
-//! one of its slots, so a look at the head needs no check at all. No plain
-//! reference into the ring is ever formed (the CQE's dword 3 is read through
-//! a one-access `&AtomicU32`).
+//! base pointer never change, so an access is one compare of the slot index
+//! with the entry count (no length arithmetic, no `Result` with an error to
+//! build), and the SQE is written straight into its slot with eight 64-bit
+//! volatile stores. No plain reference into the ring is ever formed (the
+//! CQE's dword 3 is read through a one-access `&AtomicU32`).
 
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -137,7 +135,7 @@ impl SqMemory {
     }
 }
 
-/// One CQE slot of a [`CqMemory`], the head's as [`CqMemory::look`] found it:
+/// One CQE slot of a [`CqMemory`], checked once by [`CqMemory::load_dw3`]:
 /// reading its dwords needs no further bounds check. Borrows the queue, so
 /// it cannot outlive the mapping.
 #[derive(Debug)]
@@ -164,129 +162,24 @@ impl CqSlot<'_> {
     }
 }
 
-/// The Phase Tag (CQE dword 3 bit 16) where it sits in dword 3.
-const PHASE_DW3: u32 = 1 << 16;
-
-/// The memory of one completion queue: `entries` 16-byte slots, and the
-/// host's cursor over them — the CQ head and the Phase Tag expected there
-/// (NVMe 2.0 §4.2.4: the controller inverts the tag each time it wraps).
-///
-/// The cursor is a pointer to the head slot that is always one of the
-/// queue's slots (it moves only by [`CqMemory::advance`], which wraps at
-/// the last slot), so a look at the head is one acquire load and one test,
-/// with no index check and no address arithmetic.
+/// The memory of one completion queue: `entries` 16-byte slots.
 #[derive(Debug)]
 pub struct CqMemory {
     base: NonNull<u8>,
     entries: u32,
     buf: DmaBuffer,
-    /// Dword 0 of the head slot: one of the `entries` slots, always.
-    head: NonNull<u32>,
-    /// Dword 0 of the last slot.
-    last: NonNull<u32>,
-    /// The Phase Tag a new entry at the head carries, where dword 3 holds
-    /// it: `PHASE_DW3` after creation and [`CqMemory::restart`], inverted
-    /// at each wrap.
-    phase_dw3: u32,
 }
 
-// SAFETY: as for `SqMemory`: `base`, `head` and `last` point into `buf`'s
-// live mapping and are only used for atomic or volatile accesses inside its
-// slots.
+// SAFETY: as for `SqMemory`: `base` points into `buf`'s live mapping and is
+// only used for atomic or volatile loads inside checked slots.
 unsafe impl Send for CqMemory {}
 
 impl CqMemory {
-    /// Takes `buf` as the memory of a queue of `entries` CQEs, the head at
-    /// slot 0 expecting Phase Tag 1. Fails if the buffer is too small or
-    /// does not start on a page (its IOVA).
+    /// Takes `buf` as the memory of a queue of `entries` CQEs. Fails if the
+    /// buffer is too small or does not start on a page (its IOVA).
     pub fn new(buf: DmaBuffer, entries: u32) -> Result<CqMemory, DmaError> {
         let base = check(&buf, entries, CQE_BYTES)?;
-        let head = base.cast::<u32>();
-        // `entries >= 1` and `entries * 16 <= len` (checked): the last slot
-        // lies inside the buffer. `wrapping_add` stays inside it, so the
-        // pointer is not null.
-        let last = NonNull::new(
-            head.as_ptr()
-                .wrapping_add((entries as usize - 1) * (CQE_BYTES / 4)),
-        )
-        .ok_or(DmaError::OutOfBounds {
-            what: "completion queue's last slot",
-            offset: 0,
-            len: entries as usize * CQE_BYTES,
-            size: buf.len(),
-        })?;
-        Ok(CqMemory {
-            base,
-            entries,
-            buf,
-            head,
-            last,
-            phase_dw3: PHASE_DW3,
-        })
-    }
-
-    /// The head slot's dword 3 (status, Phase Tag, CID) when the entry there
-    /// is new (its Phase Tag is the one expected), loaded with acquire
-    /// ordering, and the slot, through which its other dwords are read: they
-    /// are at least as new as dword 3. `None` when the head holds no new
-    /// entry.
-    #[inline(always)]
-    pub fn look(&self) -> Option<(u32, CqSlot<'_>)> {
-        let p = self.head.as_ptr();
-        // SAFETY: `head` is dword 0 of one of the slots (established at
-        // creation, kept by `advance` and `restart`), inside the live mapping
-        // and 16-byte aligned, so its dword 3 is in bounds and 4-byte
-        // aligned; the `&AtomicU32` exists only for this one load, an atomic
-        // view of memory the device writes.
-        let v =
-            u32::from_le(unsafe { AtomicU32::from_ptr(p.wrapping_add(3)) }.load(Ordering::Acquire));
-        if (v ^ self.phase_dw3) & PHASE_DW3 != 0 {
-            return None;
-        }
-        crate::barrier::dma_rmb();
-        Some((
-            v,
-            CqSlot {
-                p,
-                _queue: std::marker::PhantomData,
-            },
-        ))
-    }
-
-    /// Moves the head to the next slot, inverting the expected Phase Tag
-    /// when it wraps.
-    #[inline(always)]
-    pub fn advance(&mut self) {
-        if self.head == self.last {
-            self.head = self.base.cast();
-            self.phase_dw3 ^= PHASE_DW3;
-        } else {
-            // SAFETY: `head` is a slot of the queue and not the last, so the
-            // next slot (16 bytes on) lies inside the same live mapping.
-            self.head = unsafe { self.head.add(CQE_BYTES / 4) };
-        }
-    }
-
-    /// The head's slot index (the value a CQ head doorbell write carries).
-    #[inline]
-    pub fn head(&self) -> u32 {
-        ((self.head.as_ptr() as usize - self.base.as_ptr() as usize) / CQE_BYTES) as u32
-    }
-
-    /// The Phase Tag a new entry at the head carries.
-    #[inline]
-    pub fn phase(&self) -> bool {
-        self.phase_dw3 != 0
-    }
-
-    /// Zeroes every entry and moves the head back to slot 0 expecting Phase
-    /// Tag 1: the queue as created (after a reset, before the controller
-    /// creates it again; stale entries would look new to the restarted
-    /// phase).
-    pub fn restart(&mut self) {
-        self.zero();
-        self.head = self.base.cast();
-        self.phase_dw3 = PHASE_DW3;
+        Ok(CqMemory { base, entries, buf })
     }
 
     /// Number of slots.
@@ -324,6 +217,28 @@ impl CqMemory {
         )
     }
 
+    /// Dword 3 of the CQE in slot `index` (status, phase tag, CID), loaded
+    /// with acquire ordering, and the slot, through which the other dwords
+    /// are read without a second check: they are at least as new as dword 3.
+    /// `None` when `index` is not a slot of this queue.
+    #[inline(always)]
+    pub fn load_dw3(&self, index: u32) -> Option<(u32, CqSlot<'_>)> {
+        let p = self.dword(index, 0)?;
+        // SAFETY: the slot is inside the mapping (checked against `entries`,
+        // which fits it) and 16-byte aligned, so its dword 3 is in bounds and
+        // 4-byte aligned; the `&AtomicU32` exists only for this one load, an
+        // atomic view of memory the device writes.
+        let v = unsafe { AtomicU32::from_ptr(p.wrapping_add(3)) }.load(Ordering::Acquire);
+        crate::barrier::dma_rmb();
+        Some((
+            u32::from_le(v),
+            CqSlot {
+                p,
+                _queue: std::marker::PhantomData,
+            },
+        ))
+    }
+
     /// Dword `dw` (0..=3) of the CQE in slot `index`, a volatile load.
     /// `None` when `index` is not a slot of this queue.
     #[inline]
@@ -333,9 +248,10 @@ impl CqMemory {
         Some(u32::from_le(unsafe { p.read_volatile() }))
     }
 
-    /// Zeroes every entry. Atomic stores, so a device that still wrote would
+    /// Zeroes every entry (after a reset: stale entries would look new to
+    /// a restarted phase). Atomic stores, so a device that still wrote would
     /// race on values, not on Rust's memory model.
-    fn zero(&self) {
+    pub fn zero(&self) {
         for i in 0..self.entries {
             for dw in 0..4 {
                 if let Some(p) = self.dword(i, dw) {
@@ -396,58 +312,13 @@ mod tests {
         cq.buffer().write_u32(5 * 16 + 12, 0xdead_0001).unwrap();
         cq.buffer().write_u32(5 * 16, 7).unwrap();
         cq.buffer().write_u32(5 * 16 + 8, 0x0001_0002).unwrap();
-        assert_eq!(cq.read_dw(5, 3), Some(0xdead_0001));
+        let (dw3, slot) = cq.load_dw3(5).unwrap();
+        assert_eq!(dw3, 0xdead_0001);
+        assert_eq!((slot.dw0(), slot.dw2()), (7, 0x0001_0002));
         assert_eq!(cq.read_dw(5, 0), Some(7));
-        assert_eq!(cq.read_dw(8, 0), None);
+        assert!(cq.load_dw3(8).is_none());
+        cq.zero();
+        assert_eq!(cq.load_dw3(5).map(|(d, _)| d), Some(0));
         assert!(CqMemory::new(buffer(4096), 257).is_err());
-    }
-
-    /// The cursor: a look finds an entry only when its Phase Tag is the one
-    /// expected, the head wraps at the last slot and inverts the tag there,
-    /// and a restart zeroes the entries and goes back to slot 0, tag 1.
-    #[test]
-    fn the_head_looks_advances_wraps_and_restarts() {
-        let mut cq = CqMemory::new(buffer(4096), 3).unwrap();
-        let post = |cq: &CqMemory, slot: usize, phase: u32, cid: u32| {
-            cq.buffer().write_u32(slot * 16, 0x100 + cid).unwrap();
-            cq.buffer()
-                .write_u32(slot * 16 + 8, 0x0001_0000 | slot as u32)
-                .unwrap();
-            cq.buffer()
-                .write_u32(slot * 16 + 12, phase << 16 | cid)
-                .unwrap();
-        };
-        assert!(cq.look().is_none(), "zeroed memory holds Phase Tag 0");
-        for lap in 0..4u32 {
-            let phase = 1 - lap % 2;
-            for slot in 0..3usize {
-                assert_eq!(cq.head(), slot as u32);
-                assert_eq!(cq.phase(), phase == 1);
-                let cid = lap * 3 + slot as u32;
-                post(&cq, slot, phase, cid);
-                let (dw3, e) = cq.look().unwrap();
-                assert_eq!(dw3, phase << 16 | cid);
-                assert_eq!((e.dw0(), e.dw2()), (0x100 + cid, 0x0001_0000 | slot as u32));
-                cq.advance();
-                // The next slot still holds the previous lap's tag (or 0).
-                assert!(cq.look().is_none(), "lap {lap} slot {slot}");
-            }
-        }
-        cq.restart();
-        assert_eq!((cq.head(), cq.phase()), (0, true));
-        for slot in 0..3 {
-            assert_eq!(cq.read_dw(slot, 3), Some(0));
-        }
-        assert!(cq.look().is_none());
-        // One slot: the head is always slot 0 and the tag flips each time.
-        let mut one = CqMemory::new(buffer(4096), 1).unwrap();
-        for round in 0..4u32 {
-            let phase = 1 - round % 2;
-            post(&one, 0, phase, round);
-            assert_eq!(one.look().map(|(d, _)| d), Some(phase << 16 | round));
-            one.advance();
-            assert_eq!(one.head(), 0);
-            assert!(one.look().is_none());
-        }
     }
 }

@@ -10,7 +10,7 @@ use upnvme_dma::{CqMemory, DmaBuffer, DmaPages, ListPages, SqMemory};
 use upnvme_queues::prp::list_pages;
 use upnvme_queues::regs::{cq_head_doorbell, sq_tail_doorbell};
 use upnvme_queues::shadow::{cq_head_offset, sq_tail_offset};
-use upnvme_queues::{CidTable, SqRing, Sqe};
+use upnvme_queues::{CidTable, CqRing, SqRing, Sqe};
 
 use super::SglMode;
 use super::doorbell::{CqHeadPolicy, Doorbells, ShadowSlots};
@@ -179,7 +179,7 @@ impl<D: Device> IoQueuePair<D> {
             sq,
             sq_ring: SqRing::new(sq_entries).map_err(|e| Error::InvalidArgument(e.to_string()))?,
             cq,
-            cq_uncommitted: 0,
+            cq_ring: CqRing::new(cq_entries).map_err(|e| Error::InvalidArgument(e.to_string()))?,
             trackers,
             doorbells: Doorbells {
                 sq_db,

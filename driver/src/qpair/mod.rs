@@ -91,7 +91,7 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 use upnvme_dma::{CqMemory, DmaBuffer, ListPages, SqMemory};
-use upnvme_queues::{CidTable, SqRing};
+use upnvme_queues::{CidTable, CqRing, SqRing};
 
 pub use command::{Completion, CopyRange, DsmAttributes, IoCommand, IoFlags, Protection};
 pub use doorbell::CqHeadPolicy;
@@ -196,9 +196,7 @@ pub struct IoQueuePair<D: Device = VfioNvme> {
     sq: SqMemory,
     sq_ring: SqRing,
     cq: CqMemory,
-    /// CQ entries consumed since the CQ head doorbell was last written (the
-    /// head itself, and the Phase Tag, are the cursor of `cq`).
-    cq_uncommitted: u32,
+    cq_ring: CqRing,
     trackers: CidTable<Tracker>,
     doorbells: Doorbells,
     /// Write the CQ head when more than this many entries were consumed
@@ -292,7 +290,7 @@ impl<D: Device> std::fmt::Debug for IoQueuePair<D> {
         f.debug_struct("IoQueuePair")
             .field("qid", &self.qid)
             .field("sq_entries", &self.sq_ring.entries())
-            .field("cq_entries", &self.cq.entries())
+            .field("cq_entries", &self.cq_ring.entries())
             .field("in_flight", &self.trackers.in_flight())
             .field("stats", &self.stats())
             .finish()
@@ -342,7 +340,7 @@ impl<D: Device> IoQueuePair<D> {
 
     /// Completion queue entries.
     pub fn cq_entries(&self) -> u32 {
-        self.cq.entries()
+        self.cq_ring.entries()
     }
 
     /// Most commands that can be in flight at once.

@@ -244,13 +244,16 @@ impl<D: Device> IoQueuePair<D> {
     /// nothing more from its tracker.
     #[inline(always)]
     fn reap_next(&mut self) -> Result<Option<Reaped>> {
+        let head = u32::from(self.cq_ring.head());
         // Acquire: the rest of the entry is read only after its phase is seen.
-        let Some((dw3, entry)) = self.cq.look() else {
+        let Some((dw3, entry)) = self.cq.load_dw3(head) else {
             return Ok(None);
         };
+        if !self.cq_ring.is_new_dw3(dw3) {
+            return Ok(None);
+        }
         let (dw2, dw0) = (entry.dw2(), entry.dw0());
-        self.cq.advance();
-        self.cq_uncommitted = self.cq_uncommitted.wrapping_add(1);
+        self.cq_ring.advance();
         // SQ ID and SQ head: one compare when the SQ ID is ours and the
         // controller fetched everything announced (`dw2 ^ qid_dw2` is then
         // the SQ head alone, and equal to the committed tail, which is below
@@ -461,7 +464,7 @@ impl<D: Device> IoQueuePair<D> {
     /// callback, in the middle of a reap), and at the end of every reap.
     #[inline(always)]
     pub(super) fn cq_space_for_submit(&mut self) {
-        if self.cq_uncommitted > self.cq_threshold {
+        if self.cq_ring.uncommitted() > self.cq_threshold {
             self.commit_cq_head();
         }
     }
@@ -473,7 +476,7 @@ impl<D: Device> IoQueuePair<D> {
     /// helpers: one compare against `reap_due_at` (0, or `cq_threshold` + 1).
     #[inline(always)]
     pub(super) fn cq_head_due_after_reap(&self) -> bool {
-        self.cq_uncommitted >= self.reap_due_at
+        self.cq_ring.uncommitted() >= self.reap_due_at
     }
 
     /// Writes the CQ head doorbell (shadow and/or MMIO, see doorbell.rs).
@@ -484,9 +487,7 @@ impl<D: Device> IoQueuePair<D> {
         if !self.current() {
             return;
         }
-        if self.cq_uncommitted != 0 {
-            self.cq_uncommitted = 0;
-            let head = self.cq.head() as u16;
+        if let Some(head) = self.cq_ring.commit() {
             let shadow = self.ctrl.shadow().map(|s| (&s.doorbells, &s.event_idx));
             self.doorbells
                 .ring_cq(self.ctrl.dev(), shadow, head, &mut self.stats);

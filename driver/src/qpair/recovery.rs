@@ -1,7 +1,7 @@
 //! Off the hot path: catching up with controller resets, command timeouts,
 //! device faults, and turning a refusal into a descriptive error.
 
-use upnvme_queues::{SqRing, Sqe};
+use upnvme_queues::{CqRing, SqRing, Sqe};
 
 use super::split::Key;
 use std::time::Duration;
@@ -506,9 +506,10 @@ impl<D: Device> IoQueuePair<D> {
             self.pending = 0;
             self.sq_ring = SqRing::new(self.sq_ring.entries())
                 .map_err(|e| Error::InvalidArgument(e.to_string()))?;
+            self.cq_ring = CqRing::new(self.cq_ring.entries())
+                .map_err(|e| Error::InvalidArgument(e.to_string()))?;
             // Stale entries would look new to the restarted phase.
-            self.cq.restart();
-            self.cq_uncommitted = 0;
+            self.cq.zero();
             self.doorbells.last_sq = 0;
             self.doorbells.last_cq = 0;
             self.generation = g;
@@ -578,7 +579,7 @@ impl<D: Device> IoQueuePair<D> {
         let created = self.ctrl.create_io_queues(
             Sqe::create_io_cq(
                 self.qid,
-                self.cq.entries(),
+                self.cq_ring.entries(),
                 self.cq.buffer().iova(),
                 false,
                 0,
