@@ -93,12 +93,9 @@ fn cq_head_writes(log: &[Access], qid: u16) -> Vec<u32> {
         .collect()
 }
 
-/// a 2-entry CQ at QD1 (slack 0: the head is written after every
-/// completion) writes 1, 0, 1, 0, ... for a thousand wraps; the model sees
-/// no CQ violation.
-#[test]
-fn two_entry_cq_head_doorbell_alternates_over_many_wraps() {
-    let m = model_with(2047);
+/// A controller on MMIO doorbells behind a recording [`Spy`] and a pair of
+/// `sq` / `cq` entries; the log starts empty after the pair's creation.
+fn spied_pair(m: &ModelController, sq: u32, cq: u32) -> (Spy, Controller<Spy>, IoQueuePair<Spy>) {
     let spy = Spy::new(m.clone());
     let c = Controller::with_device(
         spy.clone(),
@@ -108,15 +105,25 @@ fn two_entry_cq_head_doorbell_alternates_over_many_wraps() {
         },
     )
     .unwrap();
-    let mut qp = c
+    let qp = c
         .io_queue_pair(QueuePairOptions {
-            entries: Some(2),
-            cq_entries: Some(2),
+            entries: Some(sq),
+            cq_entries: Some(cq),
             command_timeout: None,
             ..Default::default()
         })
         .unwrap();
     spy.clear();
+    (spy, c, qp)
+}
+
+/// A 2-entry CQ at QD1 (slack 0: the head is written after every
+/// completion) writes 1, 0, 1, 0, ... for a thousand wraps; the model sees
+/// no CQ violation.
+#[test]
+fn two_entry_cq_head_doorbell_alternates_over_many_wraps() {
+    let m = model_with(2047);
+    let (spy, c, mut qp) = spied_pair(&m, 2, 2);
     qd1_strict(&c, &mut qp, 2001).unwrap();
     let w = cq_head_writes(&spy.log(), qp.qid());
     assert_eq!(w.len(), 2001);
@@ -128,30 +135,13 @@ fn two_entry_cq_head_doorbell_alternates_over_many_wraps() {
     assert_clean(&m);
 }
 
-/// a 65536-entry CQ with a 2-entry SQ (slack 65534): the adaptive
+/// A 65536-entry CQ with a 2-entry SQ (slack 65534): the adaptive
 /// rule writes the head once per 65535 completions, with 65535 (the
 /// largest 16-bit value) first and 65534 after the wrap.
 #[test]
 fn a_65536_entry_cq_writes_head_65535_then_65534() {
     let m = model_with(65535);
-    let spy = Spy::new(m.clone());
-    let c = Controller::with_device(
-        spy.clone(),
-        ControllerOptions {
-            shadow_doorbells: false,
-            ..opts()
-        },
-    )
-    .unwrap();
-    let mut qp = c
-        .io_queue_pair(QueuePairOptions {
-            entries: Some(2),
-            cq_entries: Some(65536),
-            command_timeout: None,
-            ..Default::default()
-        })
-        .unwrap();
-    spy.clear();
+    let (spy, c, mut qp) = spied_pair(&m, 2, 65536);
     qd1_strict(&c, &mut qp, 2 * 65535 + 3).unwrap();
     let w = cq_head_writes(&spy.log(), qp.qid());
     assert_eq!(w, vec![65535, 65534]);
@@ -167,7 +157,7 @@ fn a_65536_entry_cq_writes_head_65535_then_65534() {
 // 2. Reset while CQ entries are unconsumed, in an odd lap (phase 0).
 // ---------------------------------------------------------------------
 
-/// the CQ is in its second lap (expected phase 0) with completions
+/// The CQ is in its second lap (expected phase 0) with completions
 /// posted but not reaped when the controller is reset: each ends once as
 /// ControllerReset (none delivered from the stale CQ), and the re-created
 /// CQ starts at slot 0 expecting phase 1 (else the next read would hang or
@@ -240,7 +230,7 @@ fn reset_with_unconsumed_entries_in_an_odd_lap_restarts_the_cursor() {
 // 3. Doorbell Buffer Config refused after a reset: the mode of each pair.
 // ---------------------------------------------------------------------
 
-/// a pair announcing each command through the shadow doorbell
+/// A pair announcing each command through the shadow doorbell
 /// (`SqAnnounce::EachCommand`) before the refusal stops doing so after it
 /// (`queue` then `ring` still completes with no shadow update and no shadow
 /// poll), and announces each command again once a later reset takes DBBC.
@@ -340,7 +330,7 @@ impl Hooks for GateOnAdminDoorbell {
     }
 }
 
-/// a pair whose creation starts while a reset (whose DBBC is
+/// A pair whose creation starts while a reset (whose DBBC is
 /// refused) runs waits for the reset and comes up with MMIO doorbells; it
 /// never trusts the (zeroed, no longer written) EventIdx.
 #[test]
@@ -386,7 +376,7 @@ fn a_pair_created_during_a_reset_that_refuses_dbbc_rings_mmio() {
     assert_clean(&m);
 }
 
-/// resets on another thread that alternately refuse and take
+/// Resets on another thread that alternately refuse and take
 /// Doorbell Buffer Config while pairs are created, used at QD1 (no shadow
 /// polling: a skipped doorbell is a hang) and dropped on this thread.
 #[test]
@@ -533,7 +523,7 @@ fn shadow_doorbells_is_false_after_a_reset_that_failed_before_dbbc() {
     );
 }
 
-/// after a reset that refuses Doorbell Buffer Config, the pair's
+/// After a reset that refuses Doorbell Buffer Config, the pair's
 /// first re-creation is refused too (Create I/O CQ fails with a status), so
 /// its doorbell mode is not updated then; the retry that succeeds takes
 /// MMIO doorbells, and CQ heads go over MMIO through many wraps of a small
