@@ -73,8 +73,15 @@ const STATE_FAILED: u64 = 2;
 /// while it is set, since its queues may already be deleted or the controller
 /// disabled.
 pub(crate) const STATE_RESETTING: u64 = 4;
+/// `Inner::state` bit: a release on the kernel's request is under way (set
+/// before its CC.EN = 0, cleared when it ends, with the closed and failed
+/// bits and the new generation): no queue pair writes a doorbell while it
+/// is set, since the controller may already be disabled. Not
+/// `STATE_RESETTING`: a reset running at the same time clears that bit when
+/// it ends.
+pub(crate) const STATE_RELEASING: u64 = 8;
 /// `Inner::state`: the reset generation starts at this bit.
-pub(crate) const STATE_GENERATION_SHIFT: u32 = 3;
+pub(crate) const STATE_GENERATION_SHIFT: u32 = 4;
 
 pub(crate) struct Inner<D: Device> {
     dev: D,
@@ -90,7 +97,9 @@ pub(crate) struct Inner<D: Device> {
     failure: Mutex<Option<String>>,
     /// What the I/O path checks, in one word (one load per check): bit 0
     /// closed, bit 1 failed (set with `failure`), bit 2 resetting (a reset
-    /// holds the admin lock and may have deleted the I/O queues), and above
+    /// holds the admin lock and may have deleted the I/O queues), bit 3
+    /// releasing (a release on the kernel's request may have disabled the
+    /// controller), and above
     /// [`STATE_GENERATION_SHIFT`] the reset generation, incremented by every
     /// controller reset once the controller is disabled (no DMA possible):
     /// queue pairs compare it with their own copy to learn that their
@@ -815,7 +824,12 @@ impl<D: Device> Controller<D> {
     /// queue pairs are gone too (they share its state; while one lives, a
     /// dropped controller stays up for it).
     pub fn close(self) -> Result<()> {
-        self.inner.shutdown()
+        // A release on the kernel's request that cut the shutdown short
+        // (BAR0 reads all ones after it) is named as such, as every other
+        // call names it.
+        self.inner
+            .shutdown()
+            .map_err(|e| self.inner.removal_named(e))
     }
 }
 
@@ -897,6 +911,12 @@ impl<D: Device> Inner<D> {
     /// sees the all-ones registers and gives up).
     pub(crate) fn release_on_request(&self) {
         self.removed.store(true, Ordering::Release);
+        // From here to the new generation no queue pair writes a doorbell
+        // (its one-load check fails): the CC.EN = 0 below deletes every
+        // queue, and the device's release may take a while (closing a VFIO
+        // device resets the function). A pair that wants to submit
+        // meanwhile waits for the end (`wait_for_reset`).
+        self.state.fetch_or(STATE_RELEASING, Ordering::AcqRel);
         if let Ok(mut f) = self.failure.lock()
             && f.is_none()
         {
@@ -957,7 +977,7 @@ impl<D: Device> Inner<D> {
         let _ = self
             .state
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |s| {
-                let s = s | STATE_CLOSED | STATE_FAILED;
+                let s = (s & !STATE_RELEASING) | STATE_CLOSED | STATE_FAILED;
                 Some(if stopped {
                     s.wrapping_add(1 << STATE_GENERATION_SHIFT)
                 } else {
@@ -1808,14 +1828,15 @@ impl<D: Device> Inner<D> {
         }
     }
 
-    /// Returns once no reset is under way (at once when none runs). Yields
+    /// Returns once no reset and no release on the kernel's request is under
+    /// way (at once when none runs). Yields
     /// rather than taking the admin lock: once the reset ends, the lock may
     /// pass to a long admin command (a Format NVM), and a caller with
     /// nothing to re-create need not wait for it (a pair that must re-create
     /// its queues does wait: that takes the admin lock). Bounded by the
-    /// reset, whose every step has a timeout.
+    /// reset or the release, whose every step has a timeout.
     pub(crate) fn wait_for_reset(&self) {
-        while self.state() & STATE_RESETTING != 0 {
+        while self.state() & (STATE_RESETTING | STATE_RELEASING) != 0 {
             std::thread::yield_now();
         }
     }

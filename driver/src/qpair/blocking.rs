@@ -132,6 +132,12 @@ impl<D: Device> IoQueuePair<D> {
                     });
                 }
                 if let Err(error) = self.check_usable() {
+                    if self.generation_changed() {
+                        // A reset or a release made the controller unusable
+                        // after the check above: it ended the command, which
+                        // the loop's top hands back with its buffer.
+                        continue;
+                    }
                     return Err(IoFailure {
                         error,
                         buffer: None,
@@ -141,6 +147,13 @@ impl<D: Device> IoQueuePair<D> {
                     // A dead or fatally failed controller ends the wait early.
                     match crate::admin::check_csts(self.ctrl.dev(), self.ctrl.name()) {
                         Ok(_) => {}
+                        // A release on the kernel's request (BAR0 reads all
+                        // ones once the device is released) ends the command
+                        // itself: with its buffer at the new generation (the
+                        // loop's top), or, when DMA is not known to have
+                        // stopped, as `check_usable` says once the release
+                        // is over — both within the release's bounded steps.
+                        Err(_) if self.ctrl.is_removed() => {}
                         Err(Error::ControllerFatal { .. }) => {
                             let _ = self.ctrl.reset();
                             continue;

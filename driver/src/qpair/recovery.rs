@@ -302,9 +302,20 @@ impl<D: Device> IoQueuePair<D> {
         if to_abort.is_empty() && !reset {
             return Ok(());
         }
+        if self.ctrl.is_removed() {
+            // Released on the kernel's request: the release ends these
+            // commands (ControllerRemoved, at the pair's next call); no
+            // Abort for a controller it disabled, no reset of a device it
+            // gave back.
+            return Ok(());
+        }
         // Something is overdue: is the controller still alive?
         let fatal = match crate::admin::check_csts(self.ctrl.dev(), self.ctrl.name()) {
             Ok(_) => false,
+            // A release (all ones once the device is given back) or a reset
+            // from another thread that began after the check above explains
+            // it: the pair's next call ends the commands as that says.
+            Err(_) if self.ctrl.is_removed() || self.generation_changed() => return Ok(()),
             Err(Error::ControllerFatal { .. }) => true,
             Err(e) => {
                 self.ctrl.mark_failed(&e);
