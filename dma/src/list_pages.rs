@@ -7,8 +7,11 @@
 //! never change, so the hot path's PRP List (a run of page addresses, NVMe
 //! 2.0 §4.3.1 "Physical Region Page Entry and List") is written with one
 //! compare of the slot and one of the entry count, then plain volatile
-//! stores. The other writers (vectors, SGL segments, ranges) use the
-//! buffer's own bounds-checked accessors through [`ListPages::buffer`].
+//! stores. The other writers (vectors, SGL segments, ranges) go through
+//! [`ListPages::write_u64_run`] and [`ListPages::write_bytes`], which check
+//! the write against the slot's own area (a list never spills into the
+//! neighbouring slot's, whatever its caller computed) and then use the
+//! buffer's bounds-checked accessors.
 
 use std::ptr::NonNull;
 
@@ -117,6 +120,48 @@ impl ListPages {
         }
         true
     }
+
+    /// `Ok(offset in the buffer)` when `len` bytes at `offset` lie inside
+    /// `slot`'s area, else why not.
+    fn in_area(&self, slot: u16, offset: usize, len: usize) -> Result<usize, DmaError> {
+        match offset.checked_add(len) {
+            Some(end) if u32::from(slot) < self.slots && end <= self.area_bytes => {
+                Ok(usize::from(slot) * self.area_bytes + offset)
+            }
+            _ => Err(DmaError::OutOfBounds {
+                what: "list area (one tracker slot's list pages)",
+                offset,
+                len,
+                size: if u32::from(slot) < self.slots {
+                    self.area_bytes
+                } else {
+                    0
+                },
+            }),
+        }
+    }
+
+    /// Writes `count` little-endian 64-bit values at the start of `slot`'s
+    /// area, the `i`-th being `value(i)` (a PRP List or SGL segments built
+    /// elsewhere). Fails, and writes nothing, when `slot` is not a slot or
+    /// the run does not fit inside its area.
+    pub fn write_u64_run(
+        &self,
+        slot: u16,
+        count: usize,
+        value: impl FnMut(usize) -> u64,
+    ) -> Result<(), DmaError> {
+        let at = self.in_area(slot, 0, count.saturating_mul(8))?;
+        self.buf.write_u64_run(at, count, value)
+    }
+
+    /// Copies `src` to byte `offset` of `slot`'s area (Dataset Management
+    /// and Copy ranges). Fails, and writes nothing, when `slot` is not a
+    /// slot or the bytes do not fit inside its area.
+    pub fn write_bytes(&self, slot: u16, offset: usize, src: &[u8]) -> Result<(), DmaError> {
+        let at = self.in_area(slot, offset, src.len())?;
+        self.buf.write_bytes(at, src)
+    }
 }
 
 #[cfg(test)]
@@ -144,6 +189,30 @@ mod tests {
         assert!(!lists.write_steps(0, 513, 1, 1));
         assert!(!lists.write_steps(3, 1, 1, 1));
         assert_eq!(b.read_u64(0).unwrap(), 0, "a refused run writes nothing");
+    }
+
+    #[test]
+    fn the_checked_writers_stay_inside_their_slots_area() {
+        let lists = ListPages::new(buffer_at(0x20_0000, 3 * 4096), 3, 4096).unwrap();
+        let b = lists.buffer();
+        // A whole area, and its last bytes.
+        lists.write_u64_run(1, 512, |i| i as u64 + 1).unwrap();
+        assert_eq!(b.read_u64(4096).unwrap(), 1);
+        assert_eq!(b.read_u64(2 * 4096 - 8).unwrap(), 512);
+        lists.write_bytes(0, 4096 - 16, &[0xab; 16]).unwrap();
+        assert_eq!(b.read_u64(4096 - 8).unwrap(), 0xabab_abab_abab_abab);
+        // Runs that fit the buffer but not the slot's area: refused, nothing
+        // written into the neighbour (slot 1 still holds its values).
+        assert!(lists.write_u64_run(0, 513, |_| 0xdead).is_err());
+        assert!(lists.write_bytes(0, 4096 - 8, &[0xcd; 16]).is_err());
+        assert!(lists.write_bytes(0, usize::MAX, &[1]).is_err());
+        assert!(lists.write_u64_run(0, usize::MAX, |_| 0xdead).is_err());
+        assert_eq!(b.read_u64(0).unwrap(), 0, "a refused run writes nothing");
+        assert_eq!(b.read_u64(4096).unwrap(), 1, "the next slot untouched");
+        assert_eq!(b.read_u64(4096 - 8).unwrap(), 0xabab_abab_abab_abab);
+        // No slot 3.
+        assert!(lists.write_u64_run(3, 1, |_| 1).is_err());
+        assert!(lists.write_bytes(3, 0, &[1]).is_err());
     }
 
     #[test]

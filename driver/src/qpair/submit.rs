@@ -644,7 +644,7 @@ impl<D: Device> IoQueuePair<D> {
         count: usize,
         slot: u16,
     ) -> Result<Dptr, Reject> {
-        let (list_base, list_iova) = self.list_area(slot);
+        let list_iova = self.list_iova(slot);
         let mut pieces = v.pieces_at(offset, bytes);
         let Some((first, first_len)) = pieces.next() else {
             return Err(Reject::NoBuffer);
@@ -670,8 +670,7 @@ impl<D: Device> IoQueuePair<D> {
                 })?;
                 let scratch = &self.prp_scratch[..n];
                 self.lists
-                    .buffer()
-                    .write_u64_run(list_base, n, |i| scratch[i])
+                    .write_u64_run(slot, n, |i| scratch[i])
                     .map_err(|_| Reject::TooManySegments {
                         segments: count as u32,
                     })?;
@@ -689,7 +688,7 @@ impl<D: Device> IoQueuePair<D> {
         count: usize,
         slot: u16,
     ) -> Result<Dptr, Reject> {
-        let (list_base, list_iova) = self.list_area(slot);
+        let list_iova = self.list_iova(slot);
         let (sgl1, slots) = sgl::build(
             v.pieces_at(offset, bytes),
             count,
@@ -706,8 +705,7 @@ impl<D: Device> IoQueuePair<D> {
         })?;
         let scratch = &self.prp_scratch[..2 * slots];
         self.lists
-            .buffer()
-            .write_u64_run(list_base, 2 * slots, |i| scratch[i])
+            .write_u64_run(slot, 2 * slots, |i| scratch[i])
             .map_err(|_| Reject::TooManySegments {
                 segments: count as u32,
             })?;
@@ -915,11 +913,12 @@ impl<D: Device> IoQueuePair<D> {
         Ok((sqe.to_qwords(), Data::Ranges))
     }
 
-    /// Where slot `slot`'s list pages start: the offset in the pair's list
-    /// memory and the IOVA (PRP Lists, SGL segments, DSM and Copy ranges).
+    /// The IOVA where slot `slot`'s list pages start (PRP Lists, SGL
+    /// segments, DSM and Copy ranges); they are written through the list
+    /// pages' own writers, which keep to the slot's area.
     #[inline(always)]
-    fn list_area(&self, slot: u16) -> (usize, u64) {
-        self.lists.area(slot)
+    fn list_iova(&self, slot: u16) -> u64 {
+        self.lists.area(slot).1
     }
 
     /// Refuses a command the controller does not advertise in ONCS.
@@ -968,15 +967,14 @@ impl<D: Device> IoQueuePair<D> {
         bytes: usize,
         slot: u16,
     ) -> Result<(u64, u64), Reject> {
-        let (list_base, list_iova) = self.list_area(slot);
+        let list_iova = self.list_iova(slot);
         let prps = build_contiguous(iova, bytes, PAGE, &mut self.prp_scratch, |i| {
             list_iova + (i * PAGE) as u64
         })
         .map_err(|_| Reject::Misaligned)?;
         let scratch = &self.prp_scratch[..prps.list_len];
         self.lists
-            .buffer()
-            .write_u64_run(list_base, scratch.len(), |i| scratch[i])
+            .write_u64_run(slot, scratch.len(), |i| scratch[i])
             .map_err(|_| Reject::TransferTooLarge {
                 bytes: bytes as u64,
             })?;
@@ -987,11 +985,10 @@ impl<D: Device> IoQueuePair<D> {
     /// which points there.
     #[inline(never)]
     pub(super) fn place_ranges(&mut self, ranges: &[DsmRange], slot: u16) -> Result<u64, Reject> {
-        let (list_base, list_iova) = self.list_area(slot);
+        let list_iova = self.list_iova(slot);
         for (i, r) in ranges.iter().enumerate() {
             self.lists
-                .buffer()
-                .write_bytes(list_base + i * 16, &r.to_le_bytes())
+                .write_bytes(slot, i * 16, &r.to_le_bytes())
                 .map_err(|_| Reject::RangeCount {
                     command: RangeCommand::DatasetManagement,
                     ranges: ranges.len() as u32,
@@ -1044,7 +1041,7 @@ impl<D: Device> IoQueuePair<D> {
     /// returns PRP1, which points there.
     #[inline(never)]
     fn place_copy_ranges(&mut self, ranges: &[CopyRange], slot: u16) -> Result<u64, Reject> {
-        let (list_base, list_iova) = self.list_area(slot);
+        let list_iova = self.list_iova(slot);
         let refused = Reject::RangeCount {
             command: RangeCommand::Copy,
             ranges: ranges.len() as u32,
@@ -1055,8 +1052,7 @@ impl<D: Device> IoQueuePair<D> {
         }
         for (i, r) in ranges.iter().enumerate() {
             self.lists
-                .buffer()
-                .write_bytes(list_base + i * CopyRange::SIZE, &r.to_le_bytes())
+                .write_bytes(slot, i * CopyRange::SIZE, &r.to_le_bytes())
                 .map_err(|_| refused)?;
         }
         Ok(list_iova)
