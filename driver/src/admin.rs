@@ -9,6 +9,8 @@
 //! queues only, as in Linux and QEMU).
 
 use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use upnvme_dma::{DmaBuffer, DmaPages};
@@ -160,6 +162,11 @@ pub(crate) struct AdminQueue {
     /// [`AdminQueue::post_aers`] target, capped as it caps it): their
     /// command identifiers are never given to detached commands.
     aer_target: u32,
+    /// The controller's "released on the kernel's request" flag
+    /// (`Inner::removed`, shared by [`AdminQueue::share_removal`]): once
+    /// set, no doorbell is written — the release may already have disabled
+    /// the controller — and no command is sent.
+    removed: Arc<AtomicBool>,
 }
 
 impl AdminQueue {
@@ -205,7 +212,20 @@ impl AdminQueue {
             waiting: Vec::new(),
             epoch: 0,
             aer_target: 0,
+            removed: Arc::new(AtomicBool::new(false)),
         })
+    }
+
+    /// Follows the controller's release flag: from the moment a release on
+    /// the kernel's request begins, this queue sends nothing and writes no
+    /// doorbell (a command already in flight may still be reaped).
+    pub(crate) fn share_removal(&mut self, removed: Arc<AtomicBool>) {
+        self.removed = removed;
+    }
+
+    /// Whether a release on the kernel's request has begun.
+    fn released(&self) -> bool {
+        self.removed.load(Ordering::Acquire)
     }
 
     /// The queues' pages (and those of timed-out commands), without access:
@@ -252,6 +272,9 @@ impl AdminQueue {
     /// Writes `sqe` (with a fresh CID) into the SQ and rings the tail doorbell.
     /// Returns the CID slot.
     fn submit<D: Device>(&mut self, dev: &D, mut sqe: Sqe, kind: SlotKind) -> Result<u16> {
+        if self.released() {
+            return Err(Error::ControllerRemoved { device: dev.name() });
+        }
         let cid = self.cids.alloc().ok_or_else(|| Error::DeviceFault {
             device: dev.name(),
             what: format!(
@@ -392,8 +415,11 @@ impl AdminQueue {
                 }
             }
         }
+        // No CQ head doorbell once a release began: the controller may be
+        // disabled already (the entries count as consumed all the same).
         if n > 0
             && let Some(head) = self.cq_ring.commit()
+            && !self.released()
         {
             dev.write32(self.cq_db, head as u32);
         }

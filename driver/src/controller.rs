@@ -151,7 +151,7 @@ pub(crate) struct Inner<D: Device> {
     shadow_on: AtomicBool,
     aer_target: u32,
     /// Released on the kernel's request (see `release_on_request`).
-    removed: AtomicBool,
+    removed: Arc<AtomicBool>,
     /// Set by every controller reset: the namespace handles are verified
     /// against Identify Namespace at the next
     /// [`Controller::poll_async_events`]. A reset leaves Namespace Attribute
@@ -1784,16 +1784,19 @@ impl<D: Device> Inner<D> {
     }
 
     fn reset_with(&self, deletion_budget: Duration) -> Result<()> {
-        if self.is_closed() {
+        // A release on the kernel's request under way counts as closed: the
+        // reset must not enable the controller the release is giving back.
+        if self.is_closed() || self.is_removed() {
             return Err(self.closed_error());
         }
         let mut admin = self.admin.lock().map_err(|_| Error::ControllerFailed {
             device: self.name.clone(),
             reason: "admin queue lock poisoned".into(),
         })?;
-        // Again under the lock: a close that began while this caller waited
-        // for it must not find the controller enabled again afterwards.
-        if self.is_closed() {
+        // Again under the lock: a close or a release that began while this
+        // caller waited for it must not find the controller enabled again
+        // afterwards.
+        if self.is_closed() || self.is_removed() {
             return Err(self.closed_error());
         }
         // From here to the end no queue pair writes a doorbell (its one-load
@@ -1866,6 +1869,12 @@ impl<D: Device> Inner<D> {
         self.bump_generation_after_disable();
         self.resets.fetch_add(1, Ordering::Relaxed);
         self.namespaces_unverified.store(true, Ordering::Release);
+        // A release on the kernel's request that began during the deletions
+        // or the disable: leave the controller disabled (the release does
+        // not take the admin lock, so only this check keeps CC.EN = 1 away).
+        if self.is_removed() {
+            return Err(self.closed_error());
+        }
 
         let fresh =
             enable_with_admin_queue(dev, name, self.cap, admin.entries(), self.ready_timeout)
@@ -1880,6 +1889,7 @@ impl<D: Device> Inner<D> {
         let events = admin.take_events();
         let detached = admin.take_detached();
         *admin = fresh;
+        admin.share_removal(self.removed.clone());
         admin.keep_events(events);
         // So do the reset epoch (a detached command's waiter learns of the
         // reset from it) and completions its waiters have not taken yet.
@@ -2602,6 +2612,8 @@ fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<BroughtUp<D
     let placeholder = IdentifyController::parse(&[0u8; PAGE])
         .map_err(|e| Error::InvalidArgument(format!("identify layout: {e}")))?;
     admin.post_aers(&dev, 0)?;
+    let removed = Arc::new(AtomicBool::new(false));
+    admin.share_removal(removed.clone());
     let mut inner = Inner {
         instance: crate::namespace::next_controller_instance(),
         dev,
@@ -2627,7 +2639,7 @@ fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<BroughtUp<D
         shadow: None,
         shadow_on: AtomicBool::new(false),
         aer_target: 0,
-        removed: AtomicBool::new(false),
+        removed,
         namespaces_unverified: AtomicBool::new(false),
         notice_gaps: Default::default(),
         namespace_check: Mutex::new(()),

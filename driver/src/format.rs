@@ -255,6 +255,17 @@ impl<D: Device> Controller<D> {
             // namespace's own failure is the call's error.
             let fresh = match self.inner.namespace_handle(n) {
                 Ok(f) => f,
+                // The controller is gone for good (released on the kernel's
+                // request, or closed): the retired handle stays listed, so a
+                // later call with it fails as every call on this controller
+                // does (ControllerRemoved, Closed), not as a namespace that
+                // does not exist.
+                Err(e @ (Error::ControllerRemoved { .. } | Error::Closed { .. })) => {
+                    if n == nsid {
+                        failed = Some(e);
+                    }
+                    continue;
+                }
                 Err(e) => {
                     let why = match &outcome {
                         Ok(_) => format!("its Identify after Format NVM failed: {e}"),
