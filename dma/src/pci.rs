@@ -17,8 +17,10 @@ pub const NVME_CLASS: u32 = 0x01_08_02;
 /// A PCI function address, `DOMAIN:BUS:DEVICE.FUNCTION` (e.g. `0000:00:04.0`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PciAddress {
-    /// PCI segment (domain), 16 bits.
-    pub domain: u16,
+    /// PCI segment (domain): 16 bits from the firmware's tables, but Linux
+    /// numbers the domains it creates above them — those of Intel VMD
+    /// start at 10000h — so up to 32.
+    pub domain: u32,
     /// Bus number.
     pub bus: u8,
     /// Device number, 0..=31.
@@ -57,7 +59,7 @@ impl FromStr for PciAddress {
             _ => return Err(bad("expected two or three ':'-separated fields before '.'")),
         };
         let hex = |v: &str, max: u32, what| {
-            if v.is_empty() || v.len() > 4 {
+            if v.is_empty() || v.len() > 8 {
                 return Err(bad(what));
             }
             u32::from_str_radix(v, 16)
@@ -66,7 +68,7 @@ impl FromStr for PciAddress {
                 .ok_or_else(|| bad(what))
         };
         Ok(PciAddress {
-            domain: hex(domain, 0xffff, "domain is not a 16-bit hex number")? as u16,
+            domain: hex(domain, u32::MAX, "domain is not a 32-bit hex number")?,
             bus: hex(bus, 0xff, "bus is not an 8-bit hex number")? as u8,
             device: hex(device, 0x1f, "device is not a hex number 0..1f")? as u8,
             function: hex(function, 7, "function is not a number 0..7")? as u8,
@@ -211,7 +213,13 @@ impl Sysfs {
     }
 
     /// Devices of `group` other than `addr` that are bound to a driver other
-    /// than vfio-pci (or pci-stub), formatted as "address (driver)".
+    /// than vfio-pci (or pci-stub), formatted as "address (driver)". Bridges
+    /// (PCI class 0604h, 0607h, 0609h: a type 1 or 2 configuration header)
+    /// never block, whatever drives them: the kernel lets a group with a
+    /// root port bound to `pcieport` be used through VFIO (before Linux 5.19
+    /// VFIO allowed any device without a type 0 header; since, `pcieport`
+    /// declares that it manages no DMA), and a root port without ACS shares
+    /// its group with the controller below it.
     pub fn group_blockers(&self, group: u32, addr: &PciAddress) -> Vec<String> {
         let dir = self
             .root
@@ -225,6 +233,9 @@ impl Sysfs {
                 if name == addr.to_string() {
                     continue;
                 }
+                if is_bridge(&e.path()) {
+                    continue;
+                }
                 let driver = link_basename(&e.path().join("driver"));
                 match driver.as_deref() {
                     None | Some("vfio-pci") | Some("pci-stub") => {}
@@ -235,6 +246,16 @@ impl Sysfs {
         out.sort();
         out
     }
+}
+
+/// Whether the PCI function at sysfs directory `dir` is a bridge, by its
+/// class code (`class`: base class 06h, sub-class 04h PCI-to-PCI, 07h
+/// CardBus, 09h semi-transparent PCI-to-PCI).
+fn is_bridge(dir: &Path) -> bool {
+    fs::read_to_string(dir.join("class"))
+        .ok()
+        .and_then(|c| u32::from_str_radix(c.trim().trim_start_matches("0x"), 16).ok())
+        .is_some_and(|c| matches!(c >> 8, 0x0604 | 0x0607 | 0x0609))
 }
 
 fn link_basename(p: &Path) -> Option<String> {
@@ -257,6 +278,13 @@ mod tests {
     }
 
     #[test]
+    fn a_domain_above_ffff_as_intel_vmd_numbers_them() {
+        let a: PciAddress = "10000:e1:00.0".parse().unwrap();
+        assert_eq!(a.domain, 0x10000);
+        assert_eq!(a.to_string(), "10000:e1:00.0");
+    }
+
+    #[test]
     fn rejects_malformed_addresses() {
         for bad in [
             "",
@@ -265,7 +293,7 @@ mod tests {
             "0000:00:04.8",
             "zz:00.0",
             "1:2:3:4.0",
-            "00000:00:04.0",
+            "123456789:00:04.0",
         ] {
             let e = bad.parse::<PciAddress>().unwrap_err();
             let msg = e.to_string();

@@ -143,7 +143,7 @@ fn malformed_pci_address() {
             "1:2:3:4.0",
             "expected two or three ':'-separated fields before '.'",
         ),
-        ("00000:00:04.0", "domain is not a 16-bit hex number"),
+        ("123456789:00:04.0", "domain is not a 32-bit hex number"),
         ("0000:zz:04.0", "bus is not an 8-bit hex number"),
         ("0000:00:20.0", "device is not a hex number 0..1f"),
         ("0000:00:04.8", "function is not a number 0..7"),

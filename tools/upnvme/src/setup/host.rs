@@ -197,6 +197,12 @@ pub struct ControllerInfo {
     pub block_devices: Vec<BlockDevice>,
     /// Processes holding the VFIO group (`/dev/vfio/GROUP`) open.
     pub group_users: Vec<ProcUser>,
+    /// The kernel driver's character devices that some process has open —
+    /// the controller's `/dev/nvmeX` (admin passthrough: nvme-cli, smartd)
+    /// and the namespaces' generic `/dev/ngXnY` (passthrough I/O: fio's
+    /// io_uring_cmd engine, xNVMe) — each with those processes (only while
+    /// a kernel driver drives the controller).
+    pub char_users: Vec<(String, Vec<ProcUser>)>,
 }
 
 impl ControllerInfo {
@@ -215,9 +221,23 @@ impl ControllerInfo {
         self.function.iommu_group.is_some() && self.blockers.is_empty()
     }
 
-    /// Why the controller's namespaces are in use (empty when they are not).
+    /// Why the controller or its namespaces are in use (empty when they are
+    /// not).
     pub fn in_use(&self) -> Vec<String> {
-        self.block_devices.iter().flat_map(|b| b.uses()).collect()
+        let mut out: Vec<String> = self.block_devices.iter().flat_map(|b| b.uses()).collect();
+        for (name, users) in &self.char_users {
+            let who: Vec<String> = users.iter().map(|p| p.to_string()).collect();
+            out.push(format!(
+                "/dev/{name} is open by {} (passthrough through the kernel's driver): stop {} first",
+                who.join(", "),
+                if who.len() == 1 {
+                    "that process"
+                } else {
+                    "those processes"
+                }
+            ));
+        }
+        out
     }
 
     /// Whether `upnvme` can open it now.
@@ -304,6 +324,18 @@ fn multipath_head(name: &str) -> Option<String> {
     let (y, z) = rest.split_once('n')?;
     let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
     (digits(x) && digits(y) && digits(z)).then(|| format!("nvme{x}n{z}"))
+}
+
+/// Whether `name` is a namespace's generic character device `ng<X>n<Z>`.
+fn is_generic_namespace(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix("ng") else {
+        return false;
+    };
+    let Some((x, z)) = rest.split_once('n') else {
+        return false;
+    };
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    digits(x) && digits(z)
 }
 
 /// Whether `name` is a namespace block device `nvme<X>n<Z>`.
@@ -466,11 +498,17 @@ impl Host {
         let swaps = self.swaps();
         let mut targets: Vec<PathBuf> = Vec::new();
         let mut blocks = BTreeMap::new();
+        let mut chars = BTreeMap::new();
         for f in functions {
             let b = self.block_dirs(&f.address);
             for (name, _, _) in &b {
                 targets.push(PathBuf::from("/dev").join(name));
             }
+            let c = self.char_names(&f.address);
+            for name in &c {
+                targets.push(PathBuf::from("/dev").join(name));
+            }
+            chars.insert(f.address, c);
             if let Some(g) = f.iommu_group {
                 targets.push(PathBuf::from(format!("/dev/vfio/{g}")));
             }
@@ -486,6 +524,7 @@ impl Host {
             swaps,
             users,
             blocks,
+            chars,
             claim_probe: self.claim_probe,
         }
     }
@@ -528,6 +567,16 @@ impl Host {
             .and_then(|g| ctx.users.get(&PathBuf::from(format!("/dev/vfio/{g}"))))
             .cloned()
             .unwrap_or_default();
+        let char_users = ctx
+            .chars
+            .get(&f.address)
+            .into_iter()
+            .flatten()
+            .filter_map(|name| {
+                let users = ctx.users.get(&PathBuf::from("/dev").join(name))?;
+                (!users.is_empty()).then(|| (name.clone(), users.clone()))
+            })
+            .collect();
         ControllerInfo {
             function: f,
             driver_override,
@@ -535,6 +584,7 @@ impl Host {
             blockers,
             block_devices,
             group_users,
+            char_users,
         }
     }
 
@@ -567,6 +617,29 @@ impl Host {
             }
         }
         out.sort();
+        out
+    }
+
+    /// The kernel driver's character devices of a controller: its own
+    /// `nvmeX` and its namespaces' generic `ngXnY` (sysfs `nvme/nvmeX/`).
+    fn char_names(&self, addr: &PciAddress) -> Vec<String> {
+        let nvme = self.device_dir(addr).join("nvme");
+        let mut out = Vec::new();
+        for ctrl in dir_names(&nvme) {
+            if ctrl
+                .strip_prefix("nvme")
+                .is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
+            {
+                out.extend(
+                    dir_names(&nvme.join(&ctrl))
+                        .into_iter()
+                        .filter(|e| is_generic_namespace(e)),
+                );
+                out.push(ctrl);
+            }
+        }
+        out.sort();
+        out.dedup();
         out
     }
 
@@ -656,6 +729,7 @@ struct UsageContext {
     swaps: Vec<String>,
     users: BTreeMap<PathBuf, Vec<ProcUser>>,
     blocks: BTreeMap<PciAddress, Vec<(String, String, PathBuf)>>,
+    chars: BTreeMap<PciAddress, Vec<String>>,
     claim_probe: fn(&Path) -> bool,
 }
 

@@ -215,15 +215,18 @@ impl Status {
                     p.surplus
                 );
             }
-            if self
+            if let Some(p) = self
                 .hugepages
                 .iter()
-                .find(|p| p.size_kib == 2048)
-                .is_some_and(|p| p.free == 0)
+                .find(|p| p.size_kib == 2048 && p.free == 0)
             {
+                // A count is the new total, not an addition: never below
+                // what is reserved (that would give pages back), and 512
+                // (1 GiB) more than now, at least 512.
                 let _ = writeln!(
                     o,
-                    "  no free 2 MiB hugepage: reserve some with `upnvme setup hugepages 512`"
+                    "  no free 2 MiB hugepage: reserve more with `upnvme setup hugepages {}`",
+                    p.reserved.saturating_add(512).max(512)
                 );
             }
         }
@@ -341,6 +344,10 @@ impl Status {
                         "swap": b.swap,
                         "holders": b.holders,
                         "open_by": b.open_by.iter().map(|u| json!({"pid": u.pid, "comm": u.comm})).collect::<Vec<_>>(),
+                    })).collect::<Vec<_>>(),
+                    "char_devices_open_by": c.char_users.iter().map(|(name, users)| json!({
+                        "name": name,
+                        "open_by": users.iter().map(|u| json!({"pid": u.pid, "comm": u.comm})).collect::<Vec<_>>(),
                     })).collect::<Vec<_>>(),
                     "in_use": c.in_use(),
                     "ready": c.ready(),
@@ -561,22 +568,45 @@ fn bind_one(host: &Host, c: &ControllerInfo) -> Result<()> {
 
 /// Puts a controller whose binding to vfio-pci failed back as it was:
 /// its previous `driver_override` (none: cleared), and, when it was left
-/// without a driver, a re-probe that hands it back to its previous driver.
-/// Returns what the controller is now, for the error text.
+/// without a driver, a re-probe that hands it back to its previous driver —
+/// with the override naming that driver during the probe, since the old
+/// override may itself be what keeps the kernel from giving it back (a
+/// stale `vfio-pci`, when vfio-pci is what refused it), then the old
+/// override again. Returns what the controller is now, for the error text.
 fn undo_bind(host: &Host, c: &ControllerInfo) -> String {
     let a = c.address();
     let dir = host.device_dir(&a);
-    // An empty line clears driver_override.
-    let old = c.driver_override.as_deref().unwrap_or("\n");
-    if let Err(e) = write_attr(&dir.join("driver_override"), old) {
+    if !dir.exists() {
         return format!(
-            "; its driver_override could not be set back ({e}): `upnvme setup unbind {a}` clears it"
+            "; {a} is gone from the PCI bus (removed during the bind): there is nothing left to undo (`upnvme setup status` lists it again once it is back)"
         );
     }
+    // An empty line clears driver_override.
+    let old = c.driver_override.as_deref().unwrap_or("\n");
+    let set_back = |what: &str| {
+        write_attr(&dir.join("driver_override"), what).map_err(|e| {
+            if dir.exists() {
+                format!(
+                    "; its driver_override could not be set back ({e}): `upnvme setup unbind {a}` clears it"
+                )
+            } else {
+                format!("; {a} is gone from the PCI bus (removed during the bind)")
+            }
+        })
+    };
     let mut now = driver_after(host, c, c.driver(), Duration::ZERO);
-    if now.is_none() && c.driver().is_some() {
+    if now.is_none()
+        && let Some(was) = c.driver()
+    {
+        // The probe goes to the old driver whatever the old override says.
+        if let Err(why) = set_back(was) {
+            return why;
+        }
         let _ = write_attr(&host.sys_path("bus/pci/drivers_probe"), &a.to_string());
-        now = driver_after(host, c, c.driver(), Duration::from_secs(5));
+        now = driver_after(host, c, Some(was), Duration::from_secs(5));
+    }
+    if let Err(why) = set_back(old) {
+        return why;
     }
     match (now.as_deref(), c.driver()) {
         (d, was) if d == was => format!(
@@ -1029,3 +1059,6 @@ mod tests {
         assert_eq!(fs::read_to_string(&over).unwrap(), "nvme");
     }
 }
+
+#[cfg(test)]
+mod bind_tests;
