@@ -1822,11 +1822,22 @@ impl<D: Device> Inner<D> {
     /// `e`, or `ControllerRemoved` for the all-ones registers of a device
     /// the driver released on the kernel's request: say that, as every
     /// later call does, not "gone".
+    ///
+    /// Also a timeout, a fault or a fatal status seen once a release began:
+    /// the release disabled the controller under the command (no answer
+    /// comes), so "marked failed, reset it" would be the wrong advice.
     fn removal_named(&self, e: Error) -> Error {
         match e {
-            Error::ControllerGone { .. } if self.is_removed() => Error::ControllerRemoved {
-                device: self.name.clone(),
-            },
+            Error::ControllerGone { .. }
+            | Error::Timeout { .. }
+            | Error::DeviceFault { .. }
+            | Error::ControllerFatal { .. }
+                if self.is_removed() =>
+            {
+                Error::ControllerRemoved {
+                    device: self.name.clone(),
+                }
+            }
             e => e,
         }
     }

@@ -1198,3 +1198,66 @@ fn an_unconfirmed_release_then_drop_keeps_the_admin_queue_out_of_use() {
         .count();
     assert_eq!(touched, 0, "the device wrote into memory handed out again");
 }
+
+/// An admin command whose bound runs out while a release holds the
+/// controller disabled (its completion never comes) says `ControllerRemoved`
+/// — what every later call says — not a timeout that marks the controller
+/// failed and advises `Controller::reset` (the C review's finding: the
+/// passthrough answered `UPNVME_ETIMEDOUT` with that advice).
+#[test]
+fn an_admin_command_timing_out_during_a_release_names_the_removal() {
+    let m = ModelController::new(config_one_ns(4096, 1024));
+    m.offer_release_request();
+    let trap = Trap::new(&m);
+    let c = Controller::with_device(Front(trap.clone()), mmio_opts()).unwrap();
+    let disabled = Arc::new(AtomicBool::new(false));
+    let go_on = Arc::new(AtomicBool::new(false));
+    {
+        let (disabled, go_on) = (disabled.clone(), go_on.clone());
+        trap.arm(
+            true,
+            |a| matches!(a, Acc::W32(o, v) if o == reg::CC && v & 1 == 0) && on_release_thread(),
+            move || {
+                // CC.EN = 0 has reached the controller; hold the release.
+                disabled.store(true, Ordering::SeqCst);
+                let start = Instant::now();
+                while !go_on.load(Ordering::SeqCst) && start.elapsed() < Duration::from_secs(3) {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            },
+        );
+    }
+    m.inject(Fault::DelayCompletion {
+        on: Match::Opcode {
+            qid: 0,
+            opcode: admin_op::GET_FEATURES,
+        },
+        doorbells: None,
+    });
+    let before = fetched_io(&m, 0, admin_op::GET_FEATURES);
+    let r = std::thread::scope(|s| {
+        let waiter = s.spawn(|| {
+            c.admin_passthrough_with_timeout(
+                upnvme::Sqe::get_features(upnvme::queues::feature::NUMBER_OF_QUEUES, 0, 0),
+                0,
+                None,
+                Duration::from_millis(300),
+            )
+        });
+        wait_until("the Get Features", Duration::from_secs(3), || {
+            fetched_io(&m, 0, admin_op::GET_FEATURES) > before
+        });
+        m.request_release();
+        wait_until("CC.EN = 0 from the release", Duration::from_secs(3), || {
+            disabled.load(Ordering::SeqCst)
+        });
+        let r = waiter.join().unwrap();
+        go_on.store(true, Ordering::SeqCst);
+        r
+    });
+    assert!(
+        matches!(r, Err(Error::ControllerRemoved { .. })),
+        "an admin command cut by a release: {r:?}"
+    );
+    wait_until("the release", Duration::from_secs(3), || m.is_released());
+}

@@ -1722,15 +1722,16 @@ fn queued_commands_are_not_announced_into_the_release() {
     });
 }
 
-/// Inside the release's window something marks the controller failed (an
-/// admin passthrough that started before the request times out while the
-/// release waits for the controller): the pair's poll says ENODEV, and a
-/// destroy then ends its commands once (ENODEV; the handles come back
-/// without memory, as documented for a failed controller). The release
-/// ending afterwards runs no callback a second time, the handles free once,
-/// and no memory is left once everything is closed.
+/// An admin passthrough that started before the request and whose bound
+/// runs out while the release holds the controller disabled is named as the
+/// removal (ENODEV), not a timeout that marks the controller failed and
+/// advises a reset (it said ETIMEDOUT with that advice before). Nothing is
+/// marked failed inside the window: the pair's poll stays quiet, and the
+/// release's end delivers each command once, ENODEV, with its memory (DMA
+/// stopped); the handles free once and no memory is left once everything
+/// is closed.
 #[test]
-fn a_failure_marked_inside_the_release_window_ends_each_command_once() {
+fn an_admin_timeout_inside_the_release_window_is_named_as_the_removal() {
     bounded(Duration::from_secs(10), || {
         let m = model();
         let trap = Trap::new(&m);
@@ -1757,29 +1758,28 @@ fn a_failure_marked_inside_the_release_window_ends_each_command_once() {
             trap.request_and_wait_for_disable();
             t.join().unwrap()
         });
-        // ETIMEDOUT (its bound passed while the release held the
-        // controller) or ENODEV.
-        assert!(
-            rc == UPNVME_ETIMEDOUT || rc == UPNVME_ENODEV,
-            "passthru: {rc} ({msg})"
-        );
-        // The failure mark is there before the release ends: the poll says
-        // ENODEV, and destroy ends the commands (handles without memory).
-        assert_eq!(c_process(qp, 0), UPNVME_ENODEV, "{}", last_error());
+        assert_eq!(rc, UPNVME_ENODEV, "passthru: {rc} ({msg})");
+        // Nothing marked failed: the window's poll delivers nothing.
+        assert_eq!(c_process(qp, 0), 0, "{}", last_error());
         assert!(sink.done().is_empty());
-        assert_eq!(c_qpair_destroy(qp), UPNVME_OK, "{}", last_error());
         trap.go();
         wait_until("the release", Duration::from_secs(3), || m.is_released());
+        let start = Instant::now();
+        while sink.done().len() < 2 && start.elapsed() < Duration::from_secs(3) {
+            let _ = c_process(qp, 0);
+        }
         std::thread::sleep(Duration::from_millis(50));
+        let _ = c_process(qp, 0);
         let done = sink.done();
         let mut ids: Vec<u64> = done.iter().map(|d| d.id).collect();
         ids.sort_unstable();
         assert_eq!(ids, vec![0, 1], "each callback once: {done:?}");
-        for (d, b) in done.iter().zip(&bufs) {
+        for d in &done {
             assert_eq!(d.status, UPNVME_ENODEV);
-            assert!(!d.busy && !d.data, "{d:?}");
-            assert_eq!(d.buf, *b as usize);
+            assert!(d.data && !d.busy, "{d:?}");
+            assert_eq!(d.buf, bufs[d.id as usize] as usize);
         }
+        assert_eq!(c_qpair_destroy(qp), UPNVME_OK, "{}", last_error());
         for b in bufs {
             assert_eq!(c_buf_free(b), UPNVME_OK);
         }
