@@ -81,6 +81,10 @@ pub fn ensure_host_tools() -> Result<HostTools> {
     if busybox.is_none() {
         missing.push("busybox-static");
     }
+    if qemu.is_none() && install_backported_qemu() {
+        missing.retain(|p| *p != "qemu-system-x86");
+        qemu = find_program("qemu-system-x86_64");
+    }
     if !missing.is_empty() {
         apt_install(&missing)?;
         (qemu, busybox) = find();
@@ -94,6 +98,59 @@ pub fn ensure_host_tools() -> Result<HostTools> {
          /bin/busybox and /usr/bin/busybox)",
     )?;
     Ok(HostTools { qemu, busybox })
+}
+
+/// On Debian 12 as root: QEMU from bookworm-backports (10.x), as `.ci/run`
+/// installs it — Debian 12's own is 7.2, which lacks `-device nvme,mqes=`
+/// (the small-queues configuration) and whose figures differ from the
+/// benchmarks' (docs/benchmarks.md, QEMU 10.0.2). Adds the backports source
+/// when it is missing. False when this is not such a machine or the install
+/// fails (the caller then installs the distribution's QEMU).
+fn install_backported_qemu() -> bool {
+    let bookworm = std::fs::read_to_string("/etc/os-release")
+        .is_ok_and(|t| t.lines().any(|l| l == "VERSION_CODENAME=bookworm"));
+    if !bookworm || !is_root() || find_program("apt-get").is_none() {
+        return false;
+    }
+    let listed = ["/etc/apt/sources.list"]
+        .into_iter()
+        .map(PathBuf::from)
+        .chain(
+            std::fs::read_dir("/etc/apt/sources.list.d")
+                .into_iter()
+                .flatten()
+                .filter_map(|e| e.ok().map(|e| e.path())),
+        )
+        .any(|p| std::fs::read_to_string(p).is_ok_and(|t| t.contains("bookworm-backports")));
+    if !listed
+        && std::fs::write(
+            "/etc/apt/sources.list.d/bookworm-backports.sources",
+            "Types: deb\nURIs: http://deb.debian.org/debian\nSuites: bookworm-backports\n\
+             Components: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n",
+        )
+        .is_err()
+    {
+        return false;
+    }
+    eprintln!("xtask: installing qemu-system-x86 from bookworm-backports with apt-get");
+    let ok = apt_update().is_ok() && {
+        let mut c = apt_get();
+        c.args([
+            "install",
+            "-y",
+            "--no-install-recommends",
+            "-t",
+            "bookworm-backports",
+            "qemu-system-x86",
+        ]);
+        proc::run_checked(&mut c, APT_TIMEOUT).is_ok()
+    };
+    if !ok {
+        eprintln!(
+            "xtask: notice: QEMU from bookworm-backports could not be installed; installing Debian's own"
+        );
+    }
+    ok && find_program("qemu-system-x86_64").is_some()
 }
 
 /// How long apt-get may take for one install or download.
