@@ -192,6 +192,29 @@ fn held_reads<D: upnvme::Device>(
     }
     assert_eq!(m.delayed_completions(), before + n as usize, "all held");
 }
+/// Holds the release on the kernel's request right after its CC.EN = 0 has
+/// reached the controller (as a controller slow to report CSTS.RDY = 0
+/// would) until the second flag is set, or 3 s; the first flag says the
+/// hold began.
+fn hold_release_after_disable(trap: &Trap) -> (Arc<AtomicBool>, Arc<AtomicBool>) {
+    let disabled = Arc::new(AtomicBool::new(false));
+    let go_on = Arc::new(AtomicBool::new(false));
+    {
+        let (disabled, go_on) = (disabled.clone(), go_on.clone());
+        trap.arm(
+            true,
+            |a| matches!(a, Acc::W32(o, v) if o == reg::CC && v & 1 == 0) && on_release_thread(),
+            move || {
+                disabled.store(true, Ordering::SeqCst);
+                let start = Instant::now();
+                while !go_on.load(Ordering::SeqCst) && start.elapsed() < Duration::from_secs(3) {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            },
+        );
+    }
+    (disabled, go_on)
+}
 
 fn mmio_opts() -> ControllerOptions {
     ControllerOptions {
@@ -366,24 +389,7 @@ fn no_doorbell_reaches_the_controller_the_release_disabled() {
     let c = Controller::with_device(Front(trap.clone()), mmio_opts()).unwrap();
     let ns = c.namespace(1).unwrap().clone();
     let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
-    let disabled = Arc::new(AtomicBool::new(false));
-    let go_on = Arc::new(AtomicBool::new(false));
-    {
-        let (disabled, go_on) = (disabled.clone(), go_on.clone());
-        trap.arm(
-            true,
-            |a| matches!(a, Acc::W32(o, v) if o == reg::CC && v & 1 == 0) && on_release_thread(),
-            move || {
-                // CC.EN = 0 has reached the controller; hold the release here
-                // (as a controller slow to report CSTS.RDY = 0 would).
-                disabled.store(true, Ordering::SeqCst);
-                let start = Instant::now();
-                while !go_on.load(Ordering::SeqCst) && start.elapsed() < Duration::from_secs(3) {
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-            },
-        );
-    }
+    let (disabled, go_on) = hold_release_after_disable(&trap);
     m.request_release();
     wait_until("CC.EN = 0 from the release", Duration::from_secs(3), || {
         disabled.load(Ordering::SeqCst)
@@ -1210,23 +1216,7 @@ fn an_admin_command_timing_out_during_a_release_names_the_removal() {
     m.offer_release_request();
     let trap = Trap::new(&m);
     let c = Controller::with_device(Front(trap.clone()), mmio_opts()).unwrap();
-    let disabled = Arc::new(AtomicBool::new(false));
-    let go_on = Arc::new(AtomicBool::new(false));
-    {
-        let (disabled, go_on) = (disabled.clone(), go_on.clone());
-        trap.arm(
-            true,
-            |a| matches!(a, Acc::W32(o, v) if o == reg::CC && v & 1 == 0) && on_release_thread(),
-            move || {
-                // CC.EN = 0 has reached the controller; hold the release.
-                disabled.store(true, Ordering::SeqCst);
-                let start = Instant::now();
-                while !go_on.load(Ordering::SeqCst) && start.elapsed() < Duration::from_secs(3) {
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-            },
-        );
-    }
+    let (disabled, go_on) = hold_release_after_disable(&trap);
     m.inject(Fault::DelayCompletion {
         on: Match::Opcode {
             qid: 0,

@@ -155,20 +155,25 @@ impl BlockDevice {
             ));
         }
         if !self.open_by.is_empty() {
-            let who: Vec<String> = self.open_by.iter().map(|p| p.to_string()).collect();
-            out.push(format!(
-                "/dev/{} is open by {}: stop {} first",
-                self.name,
-                who.join(", "),
-                if who.len() == 1 {
-                    "that process"
-                } else {
-                    "those processes"
-                }
-            ));
+            out.push(open_by_advice(&self.name, "", &self.open_by));
         }
         out
     }
+}
+
+/// "/dev/NAME is open by pid … (comm)…: stop that process first", with
+/// `why` after the processes.
+fn open_by_advice(name: &str, why: &str, users: &[ProcUser]) -> String {
+    let who: Vec<String> = users.iter().map(|p| p.to_string()).collect();
+    format!(
+        "/dev/{name} is open by {}{why}: stop {} first",
+        who.join(", "),
+        if who.len() == 1 {
+            "that process"
+        } else {
+            "those processes"
+        }
+    )
 }
 
 /// Another PCI function of a controller's IOMMU group.
@@ -226,15 +231,10 @@ impl ControllerInfo {
     pub fn in_use(&self) -> Vec<String> {
         let mut out: Vec<String> = self.block_devices.iter().flat_map(|b| b.uses()).collect();
         for (name, users) in &self.char_users {
-            let who: Vec<String> = users.iter().map(|p| p.to_string()).collect();
-            out.push(format!(
-                "/dev/{name} is open by {} (passthrough through the kernel's driver): stop {} first",
-                who.join(", "),
-                if who.len() == 1 {
-                    "that process"
-                } else {
-                    "those processes"
-                }
+            out.push(open_by_advice(
+                name,
+                " (passthrough through the kernel's driver)",
+                users,
             ));
         }
         out
@@ -326,9 +326,9 @@ fn multipath_head(name: &str) -> Option<String> {
     (digits(x) && digits(y) && digits(z)).then(|| format!("nvme{x}n{z}"))
 }
 
-/// Whether `name` is a namespace's generic character device `ng<X>n<Z>`.
-fn is_generic_namespace(name: &str) -> bool {
-    let Some(rest) = name.strip_prefix("ng") else {
+/// Whether `name` is `<prefix><X>n<Z>` with decimal X and Z.
+fn is_namespace_node(name: &str, prefix: &str) -> bool {
+    let Some(rest) = name.strip_prefix(prefix) else {
         return false;
     };
     let Some((x, z)) = rest.split_once('n') else {
@@ -338,16 +338,14 @@ fn is_generic_namespace(name: &str) -> bool {
     digits(x) && digits(z)
 }
 
+/// Whether `name` is a namespace's generic character device `ng<X>n<Z>`.
+fn is_generic_namespace(name: &str) -> bool {
+    is_namespace_node(name, "ng")
+}
+
 /// Whether `name` is a namespace block device `nvme<X>n<Z>`.
 fn is_namespace(name: &str) -> bool {
-    let Some(rest) = name.strip_prefix("nvme") else {
-        return false;
-    };
-    let Some((x, z)) = rest.split_once('n') else {
-        return false;
-    };
-    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
-    digits(x) && digits(z)
+    is_namespace_node(name, "nvme")
 }
 
 /// One mounted file system: `major:minor`, source and mount point.
