@@ -592,8 +592,16 @@ impl Job {
         if let Some(r) = self.w.refused.take() {
             let e = self.qp.describe(r);
             if matches!(e, upnvme::Error::ControllerRemoved { .. }) {
-                // Released on the kernel's request while resubmitting: the
-                // remaining commands end at the next poll; the job is over.
+                // Released on the kernel's request while resubmitting (the
+                // submission waited for the release to end): the commands
+                // the release ended are parked in the pair. Deliver them —
+                // counted as removed I/Os — and the job is over.
+                let w = &mut self.w;
+                let _ = self.qp.process_completions(u32::MAX, |_, c| {
+                    let removed = c.result == Err(IoError::ControllerRemoved);
+                    w.errors += u64::from(c.result.is_err() && !removed);
+                    w.removed_ios += u64::from(removed);
+                });
                 self.w.removed = true;
                 self.w.in_flight = 0;
                 return Ok((u64::from(ios), warmup_ended));
