@@ -23,3 +23,20 @@ pub use model::{
     CqState, Fault, Match, ModelConfig, ModelController, NamespaceConfig, NvmLimitsConfig, SqState,
     Status,
 };
+
+/// The controller options host tests bring a driver up on the model with:
+/// 4 KiB pages (the model's DMA memory is ordinary memory), MMIO doorbells
+/// (the library's default; every doorbell is a register write the model,
+/// or a device wrapped around it, sees at once), and 2 s bounds on CSTS.RDY,
+/// admin commands and the shutdown, so that a test meeting a hang fails
+/// instead of waiting for the defaults.
+pub fn host_options() -> upnvme::ControllerOptions {
+    upnvme::ControllerOptions {
+        page_backing: upnvme::PageBacking::Small4K,
+        shadow_doorbells: false,
+        ready_timeout: Some(std::time::Duration::from_secs(2)),
+        admin_timeout: Some(std::time::Duration::from_secs(2)),
+        shutdown_timeout: Some(std::time::Duration::from_secs(2)),
+        ..Default::default()
+    }
+}

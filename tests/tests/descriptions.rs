@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{assert_clean, buffer_with, pattern, read_back, run_io, setup};
+use common::{Rng, assert_clean, buffer_with, pattern, read_back, run_io, setup};
 use upnvme::{
     Controller, DmaBuffer, IoCommand, IoData, IoVec, Protection, QueuePairOptions, SglMode,
 };
@@ -15,22 +15,6 @@ use upnvme_tests::{ModelConfig, ModelController, NamespaceConfig};
 
 const SENTINEL: u8 = 0xee;
 const NS_BLOCKS: u64 = 1024;
-
-/// xorshift64*, deterministic.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    /// 0..n
-    fn below(&mut self, n: u64) -> u64 {
-        if n == 0 { 0 } else { self.next() % n }
-    }
-}
 
 #[derive(Clone, Copy, Debug)]
 struct Fmt {

@@ -9,8 +9,8 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Front, Hooks, config_one_ns, open, opts, submit_reads};
-use upnvme::{Device, Error, IoCommand, IoError, QueuePairOptions, Reject};
+use common::{Front, Unstoppable, config_one_ns, open, opts, submit_reads};
+use upnvme::{Error, IoCommand, IoError, QueuePairOptions, Reject};
 use upnvme_tests::{Fault, Match, ModelController};
 
 fn wait_released(m: &ModelController) -> Duration {
@@ -132,29 +132,6 @@ fn a_closed_controller_whose_pairs_live_on_is_still_released() {
     drop(qp);
 }
 
-/// A device that cannot be stopped: CC writes that clear EN are dropped
-/// (CSTS.RDY stays 1) and `release` reports that DMA may go on.
-#[derive(Clone)]
-struct Unstoppable {
-    model: ModelController,
-    stubborn: std::sync::Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl Hooks for Unstoppable {
-    fn model(&self) -> &ModelController {
-        &self.model
-    }
-    fn write32(&self, o: usize, v: u32) {
-        if o == 0x14 && v & 1 == 0 && self.stubborn.load(std::sync::atomic::Ordering::SeqCst) {
-            return;
-        }
-        self.model.write32(o, v)
-    }
-    fn release(&self) -> bool {
-        false
-    }
-}
-
 /// A release request for a controller that neither disables (CSTS.RDY
 /// stays 1) nor can be released: nothing the device may still write is
 /// handed back — the command stays in flight with its buffer, and the
@@ -164,10 +141,7 @@ impl Hooks for Unstoppable {
 fn an_unconfirmed_release_hands_back_nothing_the_device_may_still_write() {
     let m = ModelController::new(config_one_ns(4096, 1024));
     m.offer_release_request();
-    let dev = Unstoppable {
-        model: m.clone(),
-        stubborn: Default::default(),
-    };
+    let dev = Unstoppable::new(&m);
     let stubborn = dev.stubborn.clone();
     let c = upnvme::Controller::with_device(Front(dev), opts()).unwrap();
     let ns = c.namespace(1).unwrap().clone();

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{Front, Hooks, admin_op, config_one_ns, io_op, open, opts, reg};
+use common::{Front, Hooks, Unstoppable, admin_op, config_one_ns, io_op, open, opts, reg};
 use upnvme::{Controller, ControllerOptions, Error, IoError, QueuePairOptions, Reject};
 use upnvme_tests::{Fault, Match, ModelController};
 
@@ -1124,29 +1124,6 @@ fn a_release_during_a_pairs_re_creation_after_a_reset_loses_nothing() {
     assert_eq!(m.violations(), Vec::<String>::new());
 }
 
-/// A device that ignores CC.EN = 0 once `stubborn` is set and cannot be
-/// released: DMA may go on whatever the driver does.
-#[derive(Clone)]
-struct Stubborn {
-    model: ModelController,
-    stubborn: Arc<AtomicBool>,
-}
-
-impl Hooks for Stubborn {
-    fn model(&self) -> &ModelController {
-        &self.model
-    }
-    fn write32(&self, o: usize, v: u32) {
-        if o == reg::CC && v & 1 == 0 && self.stubborn.load(Ordering::SeqCst) {
-            return;
-        }
-        self.model.write32(o, v)
-    }
-    fn release(&self) -> bool {
-        false
-    }
-}
-
 /// An admin command held by a device that neither disables nor can be
 /// released when the kernel's request comes, then the controller dropped:
 /// the admin queue's memory (where the late completion lands) is never
@@ -1155,10 +1132,7 @@ impl Hooks for Stubborn {
 fn an_unconfirmed_release_then_drop_keeps_the_admin_queue_out_of_use() {
     let m = ModelController::new(config_one_ns(4096, 1024));
     m.offer_release_request();
-    let dev = Stubborn {
-        model: m.clone(),
-        stubborn: Arc::default(),
-    };
+    let dev = Unstoppable::new(&m);
     let stubborn = dev.stubborn.clone();
     let c = Controller::with_device(Front(dev), opts()).unwrap();
     let h = c.admin_handle();

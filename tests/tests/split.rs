@@ -9,7 +9,9 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{T, assert_clean, buffer_with, pattern, read_back, run_io, setup, wait_one};
+use common::{
+    T, assert_clean, buffer_with, fetched_since, pattern, read_back, run_io, setup, wait_one,
+};
 use upnvme::{
     Completion, DsmAttributes, DsmRange, IoCommand, IoData, IoError, Protection, QueuePairOptions,
     RangeCommand, Reject, Status,
@@ -60,23 +62,6 @@ fn read(ns: &upnvme::Namespace, slba: u64, blocks: u32) -> IoCommand<'_> {
     IoCommand::Read { ns, slba, blocks }
 }
 
-/// The (SLBA, blocks) of every command queue `qid` fetched since the
-/// model's fetch count was `from` (at most the last 64 commands).
-fn pieces(m: &upnvme_tests::ModelController, qid: u16, from: u64) -> Vec<(u64, u32)> {
-    let n = (m.commands_fetched() - from) as usize;
-    let recent = m.recent_commands();
-    assert!(n <= recent.len(), "more commands than the model keeps");
-    recent[recent.len() - n..]
-        .iter()
-        .filter(|(q, _)| *q == qid)
-        .map(|(_, sqe)| {
-            let slba = u64::from_le_bytes(sqe[40..48].try_into().unwrap());
-            let nlb = u16::from_le_bytes(sqe[48..50].try_into().unwrap());
-            (slba, u32::from(nlb) + 1)
-        })
-        .collect()
-}
-
 #[test]
 fn a_write_and_a_read_above_mdts_go_as_pieces_and_come_back_once_byte_exact() {
     let (m, c) = setup(config(0, false, 0));
@@ -96,7 +81,11 @@ fn a_write_and_a_read_above_mdts_go_as_pieces_and_come_back_once_byte_exact() {
     let want: Vec<(u64, u32)> = (0..8)
         .map(|i| (100 + i * PER, if i < 7 { PER as u32 } else { 5 }))
         .collect();
-    assert_eq!(pieces(&m, qp.qid(), seen), want, "pieces in LBA order");
+    assert_eq!(
+        fetched_since(&m, qp.qid(), seen),
+        want,
+        "pieces in LBA order"
+    );
     // Read it back into a slice of a larger buffer (offset 1 KiB).
     let big = c.alloc_dma(blocks as usize * BS + 4096).unwrap();
     let r = run_io(
@@ -325,7 +314,7 @@ fn more_than_65536_blocks_are_split_too() {
         buffer_with(&c, &data).into(),
     );
     assert!(w.is_ok(), "{:?}", w.result);
-    let p = pieces(&m, qp.qid(), seen);
+    let p = fetched_since(&m, qp.qid(), seen);
     assert_eq!(p.len(), 9);
     assert_eq!(p[8], (1 + 8 * 8192, 1));
     assert_eq!(m.namespace_data(1, 1, u64::from(blocks)), data);
@@ -352,7 +341,7 @@ fn extended_lba_pieces_carry_their_metadata_and_type_1_tags() {
     );
     assert!(w.is_ok(), "{:?}", w.result);
     assert_eq!(
-        pieces(&m, qp.qid(), seen),
+        fetched_since(&m, qp.qid(), seen),
         vec![(7, 16), (23, 16), (39, 8)],
         "PRACT with 8-byte metadata moves no metadata: 16 blocks per piece"
     );
@@ -376,7 +365,7 @@ fn extended_lba_pieces_carry_their_metadata_and_type_1_tags() {
     );
     assert!(r.is_ok(), "{:?}", r.result);
     assert_eq!(
-        pieces(&m, qp.qid(), seen),
+        fetched_since(&m, qp.qid(), seen),
         vec![(7, 15), (22, 15), (37, 10)]
     );
     let back = read_back(&r.buffer.unwrap(), blocks as usize * 520);
@@ -484,7 +473,7 @@ fn a_vector_above_mdts_is_cut_across_its_segments() {
     assert!(w.segments.is_some(), "the vector comes back");
     assert_eq!(m.namespace_data(1, 50, u64::from(blocks)), data);
     assert_eq!(
-        pieces(&m, qp.qid(), seen),
+        fetched_since(&m, qp.qid(), seen),
         vec![(50, 16), (66, 16), (82, 16), (98, 7)]
     );
     // Read back through another vector cut differently.
@@ -743,7 +732,7 @@ fn verify_and_write_zeroes_beyond_their_size_limits_go_as_pieces_within_them() {
     );
     assert!(wz.is_ok(), "{:?}", wz.result);
     assert_eq!(
-        pieces(&m, qp.qid(), seen),
+        fetched_since(&m, qp.qid(), seen),
         vec![(2, 4), (6, 4), (10, 3)],
         "Write Zeroes pieces of at most WZSL"
     );
@@ -766,7 +755,7 @@ fn verify_and_write_zeroes_beyond_their_size_limits_go_as_pieces_within_them() {
     );
     assert!(v.is_ok(), "{:?}", v.result);
     assert_eq!(
-        pieces(&m, qp.qid(), seen),
+        fetched_since(&m, qp.qid(), seen),
         vec![(0, 2), (2, 2), (4, 2), (6, 1)],
         "Verify pieces of at most VSL"
     );
@@ -811,7 +800,7 @@ fn write_uncorrectable_above_65536_blocks_is_split_and_a_failing_verify_piece_fa
     );
     assert!(wu.is_ok(), "{:?}", wu.result);
     assert_eq!(
-        pieces(&m, qp.qid(), seen),
+        fetched_since(&m, qp.qid(), seen),
         vec![(1000, 65_536), (66_536, 4464)]
     );
     // VSL 1: 16 blocks of 512 bytes per Verify. Blocks 0..999 are fine,
@@ -878,7 +867,7 @@ fn write_zeroes_above_65536_blocks_zeroes_every_piece() {
     );
     assert!(wz.is_ok(), "{:?}", wz.result);
     assert_eq!(
-        pieces(&m, qp.qid(), seen),
+        fetched_since(&m, qp.qid(), seen),
         vec![(10, 65_536), (65_546, 65_536), (131_082, 18_928)]
     );
     let end = slba + u64::from(blocks);
@@ -986,7 +975,7 @@ fn write_zeroes_pieces_with_pract_carry_their_reference_tags() {
         );
         assert!(wz.is_ok(), "{:?}", wz.result);
         assert_eq!(
-            pieces(&m, qp.qid(), seen),
+            fetched_since(&m, qp.qid(), seen),
             vec![(slba, 15), (slba + 15, 15), (slba + 30, 10)]
         );
         let r = run_io(

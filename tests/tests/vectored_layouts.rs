@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{assert_clean, pattern, read_back, setup, wait_one};
+use common::{Rng, assert_clean, fetched_since, pattern, read_back, setup, wait_one};
 use upnvme::{Controller, DmaBuffer, IoCommand, IoData, IoVec, QueuePairOptions, Reject, SglMode};
 use upnvme_tests::{ModelConfig, ModelController, NamespaceConfig};
 
@@ -15,24 +15,6 @@ const SENT: u8 = 0xee;
 const PAGE: usize = 4096;
 const LBA: usize = 512;
 const NS_BLOCKS: u64 = 16384;
-
-/// xorshift64*, deterministic.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        if n == 0 { 0 } else { self.next() % n }
-    }
-    fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
-        xs[self.below(xs.len() as u64) as usize]
-    }
-}
 
 fn cfg(sgls: u32, mdts: u8) -> ModelConfig {
     ModelConfig {
@@ -635,7 +617,8 @@ fn random_layouts(mdts: u8, seed: u64, ms: usize) {
 // Targeted cases.
 // ---------------------------------------------------------------------------
 
-/// Submits `cmd` with `io`; the completion (panics when refused).
+/// Submits `cmd` with `io`; the completion (panics when refused, when it
+/// failed, or when a second completion follows it).
 fn run(
     qp: &mut upnvme::IoQueuePair<ModelController>,
     cmd: IoCommand<'_>,
@@ -648,6 +631,10 @@ fn run(
     let done = wait_one(qp);
     assert_eq!(done.tag, 9, "{ctx}");
     assert!(done.is_ok(), "{ctx}: {:?}", done.result);
+    assert!(
+        qp.next_completion().unwrap().is_none(),
+        "{ctx}: a second completion"
+    );
     done
 }
 
@@ -776,10 +763,6 @@ fn sgl_chains_fill_the_list_area_exactly_and_refuse_one_more() {
             &ctx,
         );
         assert_eq!(read_back(done.buffer.as_ref().unwrap(), LBA), data[..LBA]);
-        assert!(
-            qp.next_completion().unwrap().is_none(),
-            "{ctx}: a second completion"
-        );
         drop(qp);
         drop(c);
         assert_clean(&m);
@@ -912,21 +895,6 @@ fn prp_vectors_keep_vector_order_across_chained_list_pages() {
 /// Builds a fresh layout.
 type MakeLayout<'a> = Box<dyn Fn() -> Layout + 'a>;
 
-/// The (SLBA, blocks) of the commands fetched since `from`.
-fn fetched_since(m: &ModelController, from: u64) -> Vec<(u64, u32)> {
-    let n = (m.commands_fetched() - from) as usize;
-    let recent = m.recent_commands();
-    assert!(n <= recent.len());
-    recent[recent.len() - n..]
-        .iter()
-        .map(|(_, sqe)| {
-            let slba = u64::from_le_bytes(sqe[40..48].try_into().unwrap());
-            let nlb = u16::from_le_bytes(sqe[48..50].try_into().unwrap());
-            (slba, u32::from(nlb) + 1)
-        })
-        .collect()
-}
-
 /// A transfer of exactly MDTS goes as one command, MDTS + one block as
 /// two (the second of one block) — for a whole buffer, a slice, a vector
 /// whose segment boundary is exactly the children's boundary, and one
@@ -1013,7 +981,7 @@ fn exactly_mdts_is_one_command_and_mdts_plus_a_block_is_two() {
                     } else {
                         vec![(30, per), (30 + u64::from(per), 1)]
                     };
-                    assert_eq!(fetched_since(&m, f0), want, "{ctx}");
+                    assert_eq!(fetched_since(&m, qp.qid(), f0), want, "{ctx}");
                     assert!(m.namespace_data(1, 30, u64::from(blocks)) == data, "{ctx}");
                     let l = back(w.buffer, w.segments, (1024, bytes), &ctx);
                     l.wipe();
@@ -1028,15 +996,11 @@ fn exactly_mdts_is_one_command_and_mdts_plus_a_block_is_two() {
                         l.io(),
                         &ctx,
                     );
-                    assert_eq!(fetched_since(&m, f0), want, "{ctx}");
+                    assert_eq!(fetched_since(&m, qp.qid(), f0), want, "{ctx}");
                     let l = back(r.buffer, r.segments, (1024, bytes), &ctx);
                     let (got, bad) = l.take(bytes);
                     assert!(bad.is_empty(), "{ctx}: read touched {bad:?}");
                     assert!(got == data, "{ctx}: read returned other bytes");
-                    assert!(
-                        qp.next_completion().unwrap().is_none(),
-                        "{ctx}: a second completion"
-                    );
                 }
             }
             drop(qp);
@@ -1110,7 +1074,7 @@ fn a_split_child_beyond_its_list_page_refuses_the_whole_and_releases_everything(
         l.io(),
         "256 pieces",
     );
-    assert_eq!(fetched_since(&m, f0), vec![(0, 16), (16, 16)]);
+    assert_eq!(fetched_since(&m, qp.qid(), f0), vec![(0, 16), (16, 16)]);
     assert!(m.namespace_data(1, 0, 32) == data);
     assert_eq!(w.segments.map(|v| v.len()), Some(257));
     let rl = Layout::Vector(r);

@@ -5,7 +5,7 @@
 use std::ffi::{CStr, c_int, c_void};
 use std::time::Duration;
 
-use upnvme::{Controller, ControllerOptions, PageBacking, QueuePairOptions};
+use upnvme::{Controller, QueuePairOptions};
 use upnvme_tests::{ModelConfig, ModelController, NamespaceConfig};
 
 use crate::buf::{upnvme_buf, upnvme_pool};
@@ -29,18 +29,7 @@ fn model() -> (ModelController, Controller<ModelController>) {
 
 fn model_with(cfg: ModelConfig) -> (ModelController, Controller<ModelController>) {
     let m = ModelController::new(cfg);
-    let c = Controller::with_device(
-        m.clone(),
-        ControllerOptions {
-            page_backing: PageBacking::Small4K,
-            shadow_doorbells: false,
-            admin_timeout: Some(Duration::from_secs(2)),
-            ready_timeout: Some(Duration::from_secs(2)),
-            shutdown_timeout: Some(Duration::from_secs(2)),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let c = Controller::with_device(m.clone(), upnvme_tests::host_options()).unwrap();
     (m, c)
 }
 

@@ -38,7 +38,7 @@ use std::sync::{Arc, Mutex, Once};
 use std::time::{Duration, Instant};
 
 use upnvme::dma::{DmaError, DmaMapper};
-use upnvme::{Controller, ControllerOptions, Device, DmaBuffer, PageBacking};
+use upnvme::{Controller, Device, DmaBuffer};
 use upnvme_tests::{Fault, Match, ModelConfig, ModelController, NamespaceConfig};
 
 use buf::{upnvme_buf, upnvme_pool};
@@ -340,18 +340,8 @@ fn model() -> ModelController {
 /// `upnvme_ctrl_open` on the trap: MMIO doorbells (every doorbell is a
 /// register write the trap sees), 2 s bounds.
 fn c_open(trap: &Trap) -> *mut H {
-    let c = Controller::with_device(
-        trap.clone(),
-        ControllerOptions {
-            page_backing: PageBacking::Small4K,
-            shadow_doorbells: false,
-            admin_timeout: Some(Duration::from_secs(2)),
-            ready_timeout: Some(Duration::from_secs(2)),
-            shutdown_timeout: Some(Duration::from_secs(2)),
-            ..Default::default()
-        },
-    )
-    .expect("bring-up on the model");
+    let c = Controller::with_device(trap.clone(), upnvme_tests::host_options())
+        .expect("bring-up on the model");
     Box::into_raw(Box::new(Ctrl::new(c)))
 }
 
@@ -617,7 +607,7 @@ fn qid(qp: *mut Q) -> u16 {
 }
 
 /// Submits one-block reads with fresh 4 KiB handles, ids `ids`, each held by
-/// the controller; returns the handles.
+/// the controller; returns each id with its handle.
 fn held_reads(
     m: &ModelController,
     h: *mut H,
@@ -625,7 +615,7 @@ fn held_reads(
     sink: &Arc<Sink>,
     keep: &mut Vec<Box<Arg>>,
     ids: std::ops::Range<u64>,
-) -> Vec<*mut upnvme_buf> {
+) -> Vec<(u64, *mut upnvme_buf)> {
     let before = m.delayed_completions();
     let n = ids.end - ids.start;
     let mut bufs = Vec::new();
@@ -635,7 +625,7 @@ fn held_reads(
         let rc = c_read(qp, b, id, arg(sink, id, keep));
         assert_eq!(rc, UPNVME_OK, "{}", last_error());
         c_ring(qp);
-        bufs.push(b);
+        bufs.push((id, b));
     }
     assert_eq!(m.delayed_completions(), before + n as usize, "all held");
     bufs
@@ -697,6 +687,113 @@ fn assert_clean(m: &ModelController, trap: &Trap) {
     assert_eq!(m.dma_faults(), 0);
 }
 
+/// Every DMA buffer the test allocated is freed (bounded wait: a release
+/// frees memory from its own thread).
+#[track_caller]
+fn assert_memory_freed(m: &ModelController) {
+    wait_until("the memory to be freed", Duration::from_secs(2), || {
+        m.live_dma_buffers() == 0
+    });
+}
+
+/// `upnvme_ctrl_close` once the release has begun: `UPNVME_OK` or
+/// `UPNVME_ENODEV`, nothing else.
+#[track_caller]
+fn assert_closes(h: *mut H) {
+    let rc = c_close(h);
+    assert!(
+        rc == UPNVME_OK || rc == UPNVME_ENODEV,
+        "close: {rc} ({})",
+        last_error()
+    );
+}
+
+/// Runs `call` (a C entry point that waits for an admin command with
+/// `opcode`) on a thread of its own, holds that command's completion and
+/// requests the release once the controller fetched it. Returns the call's
+/// code and message, after asserting that it returned promptly (within 3 s,
+/// not at its own bound).
+#[track_caller]
+fn admin_cut_by_release(
+    m: &ModelController,
+    opcode: u8,
+    call: impl FnOnce() -> c_int + Send,
+) -> (c_int, String) {
+    m.inject(Fault::DelayCompletion {
+        on: Match::Opcode { qid: 0, opcode },
+        doorbells: None,
+    });
+    let fetched = || {
+        m.commands_seen()
+            .iter()
+            .filter(|c| c.0 == 0 && c.1 == opcode)
+            .count()
+    };
+    let start = Instant::now();
+    let out = std::thread::scope(|s| {
+        let t = s.spawn(move || (call(), last_error()));
+        wait_until("the held admin command", Duration::from_secs(3), || {
+            fetched() == 1
+        });
+        m.request_release();
+        t.join().unwrap()
+    });
+    let took = start.elapsed();
+    assert!(took < Duration::from_secs(3), "returned after {took:?}");
+    out
+}
+
+/// A controller on the trap with one pair (doorbells at once) and `reads`
+/// one-block reads the controller holds, ids `0..reads`.
+struct Bed {
+    m: ModelController,
+    trap: Trap,
+    h: *mut H,
+    qp: *mut Q,
+    sink: Arc<Sink>,
+    keep: Vec<Box<Arg>>,
+    bufs: Vec<(u64, *mut upnvme_buf)>,
+}
+
+fn bed(reads: u64) -> Bed {
+    let m = model();
+    let trap = Trap::new(&m);
+    let h = c_open(&trap);
+    let qp = c_qpair_create(h, opts(false)).unwrap();
+    let sink = Arc::new(Sink::default());
+    let mut keep = Vec::new();
+    let bufs = held_reads(&m, h, qp, &sink, &mut keep, 0..reads);
+    Bed {
+        m,
+        trap,
+        h,
+        qp,
+        sink,
+        keep,
+        bufs,
+    }
+}
+
+impl Bed {
+    /// After the release: the pair says ENODEV; each held read ended once
+    /// (ENODEV, or one of `also`) with its handle and memory; the pair is
+    /// destroyed and the handles freed.
+    #[track_caller]
+    fn end_reads(&self, also: &[c_int]) {
+        poll_until_enodev(self.qp);
+        assert_each_once(&self.sink.done(), &self.bufs, also);
+        assert_eq!(c_qpair_destroy(self.qp), UPNVME_OK, "{}", last_error());
+        self.free_handles();
+    }
+
+    #[track_caller]
+    fn free_handles(&self) {
+        for &(id, b) in &self.bufs {
+            assert_eq!(c_buf_free(b), UPNVME_OK, "id {id}: {}", last_error());
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------
 // process_completions across a release.
 // ---------------------------------------------------------------------------
@@ -710,17 +807,15 @@ fn assert_clean(m: &ModelController, trap: &Trap) {
 #[test]
 fn polling_across_a_release_ends_every_command_once_with_its_handle() {
     bounded(Duration::from_secs(10), || {
-        let m = model();
-        let trap = Trap::new(&m);
-        let h = c_open(&trap);
-        let qp = c_qpair_create(h, opts(false)).unwrap();
-        let sink = Arc::new(Sink::default());
-        let mut keep = Vec::new();
-        let mut bufs: Vec<(u64, *mut upnvme_buf)> = held_reads(&m, h, qp, &sink, &mut keep, 0..3)
-            .into_iter()
-            .enumerate()
-            .map(|(i, b)| (i as u64, b))
-            .collect();
+        let Bed {
+            m,
+            trap,
+            h,
+            qp,
+            sink,
+            mut keep,
+            mut bufs,
+        } = bed(3);
         // Two pool handles, one held and one completed but not yet reaped.
         let pool = {
             // SAFETY: live handle.
@@ -772,15 +867,12 @@ fn polling_across_a_release_ends_every_command_once_with_its_handle() {
             };
             assert_eq!(rc, UPNVME_OK, "id {id}: {}", last_error());
         }
-        let rc = c_close(h);
-        assert!(rc == UPNVME_OK || rc == UPNVME_ENODEV, "close: {rc}");
+        assert_closes(h);
         // SAFETY: made by `Box::into_raw`.
         drop(unsafe { Box::from_raw(pool) });
         assert_eq!(sink.done().len(), 5);
         assert_clean(&m, &trap);
-        wait_until("the memory to be freed", Duration::from_secs(2), || {
-            m.live_dma_buffers() == 0
-        });
+        assert_memory_freed(&m);
     });
 }
 
@@ -877,12 +969,9 @@ fn submissions_during_the_release_are_refused_with_enodev_and_keep_their_handles
         );
         assert_eq!(c_buf_free(ba.0), UPNVME_OK);
         assert_eq!(c_buf_free(bb.0), UPNVME_OK);
-        let rc = c_close(h);
-        assert!(rc == UPNVME_OK || rc == UPNVME_ENODEV, "close: {rc}");
+        assert_closes(h);
         assert_clean(&m, &trap);
-        wait_until("the memory to be freed", Duration::from_secs(2), || {
-            m.live_dma_buffers() == 0
-        });
+        assert_memory_freed(&m);
     });
 }
 
@@ -1051,15 +1140,12 @@ fn callback_loop(delay_doorbell: bool) {
     assert_eq!(c_in_flight(qp), 0);
     assert_eq!(c_qpair_destroy(qp), UPNVME_OK, "{}", last_error());
     assert_eq!(c_buf_free(b0), UPNVME_OK, "{}", last_error());
-    let rc = c_close(h);
-    assert!(rc == UPNVME_OK || rc == UPNVME_ENODEV, "close: {rc}");
+    assert_closes(h);
     assert_eq!(sink.done().len(), 3, "a callback after the end");
     drop(args);
     drop(l);
     assert_clean(&m, &trap);
-    wait_until("the memory to be freed", Duration::from_secs(2), || {
-        m.live_dma_buffers() == 0
-    });
+    assert_memory_freed(&m);
 }
 
 /// docs/capi.md: callbacks may submit on the pair. A callback that runs
@@ -1129,8 +1215,7 @@ fn an_admin_passthru_waiting_at_a_release_returns_enodev_promptly() {
         let (rc, _) = c_admin_passthru(h.0, &identify_cmd(0), &mut vec![0; 4096]);
         assert_eq!(rc, UPNVME_ENODEV, "{}", last_error());
         assert_eq!(c_qpair_create(h.0, opts(false)).err(), Some(UPNVME_ENODEV));
-        let rc = c_close(h.0);
-        assert!(rc == UPNVME_OK || rc == UPNVME_ENODEV, "close: {rc}");
+        assert_closes(h.0);
         assert_clean(&m, &trap);
     });
 }
@@ -1178,8 +1263,7 @@ fn an_admin_completion_reaped_after_the_releases_disable_rings_no_doorbell() {
             "passthru: {rc} ({msg})"
         );
         let late = trap.late();
-        let rc = c_close(h.0);
-        assert!(rc == UPNVME_OK || rc == UPNVME_ENODEV, "close: {rc}");
+        assert_closes(h.0);
         assert_eq!(
             late,
             Vec::<String>::new(),
@@ -1203,65 +1287,27 @@ fn an_admin_completion_reaped_after_the_releases_disable_rings_no_doorbell() {
 #[test]
 fn a_format_cut_by_a_release_returns_enodev_and_later_calls_say_enodev() {
     bounded(Duration::from_secs(10), || {
-        let m = model();
-        let trap = Trap::new(&m);
-        let h = SendPtr(c_open(&trap));
-        let qp = c_qpair_create(h.0, opts(false)).unwrap();
-        let sink = Arc::new(Sink::default());
-        let mut keep = Vec::new();
-        let bufs: Vec<(u64, *mut upnvme_buf)> = held_reads(&m, h.0, qp, &sink, &mut keep, 0..2)
-            .into_iter()
-            .enumerate()
-            .map(|(i, b)| (i as u64, b))
-            .collect();
-        m.inject(Fault::DelayCompletion {
-            on: Match::Opcode {
-                qid: 0,
-                opcode: OP_FORMAT_NVM,
-            },
-            doorbells: None,
+        let mut b = bed(2);
+        let h = SendPtr(b.h);
+        let (rc, msg) = admin_cut_by_release(&b.m, OP_FORMAT_NVM, move || {
+            let h = h;
+            let f = upnvme_format {
+                timeout_ms: 4000,
+                ..Default::default()
+            };
+            c_format(h.0, 1, &f)
         });
-        let fetched = |m: &ModelController| {
-            m.commands_seen()
-                .iter()
-                .filter(|c| c.0 == 0 && c.1 == OP_FORMAT_NVM)
-                .count()
-        };
-        let start = Instant::now();
-        let (rc, msg) = std::thread::scope(|s| {
-            let t = s.spawn(move || {
-                let h = h;
-                let f = upnvme_format {
-                    timeout_ms: 4000,
-                    ..Default::default()
-                };
-                let rc = c_format(h.0, 1, &f);
-                (rc, last_error())
-            });
-            wait_until("the Format NVM", Duration::from_secs(3), || {
-                fetched(&m) == 1
-            });
-            m.request_release();
-            t.join().unwrap()
-        });
-        assert!(
-            start.elapsed() < Duration::from_secs(3),
-            "{:?}",
-            start.elapsed()
-        );
         assert_eq!(rc, UPNVME_ENODEV, "format cut by the release: {msg}");
-        poll_until_enodev(qp);
-        assert_each_once(&sink.done(), &bufs, &[UPNVME_ECANCELED]);
-        let (_, b0) = bufs[0];
-        let rc = c_read(qp, b0, 0, arg(&sink, 50, &mut keep));
+        poll_until_enodev(b.qp);
+        assert_each_once(&b.sink.done(), &b.bufs, &[UPNVME_ECANCELED]);
+        let (_, b0) = b.bufs[0];
+        let rc = c_read(b.qp, b0, 0, arg(&b.sink, 50, &mut b.keep));
         let msg = last_error();
         assert!(!c_buf_busy(b0) && !c_buf_data(b0).is_null());
-        assert_eq!(c_qpair_destroy(qp), UPNVME_OK);
-        for (_, b) in &bufs {
-            assert_eq!(c_buf_free(*b), UPNVME_OK);
-        }
-        let _ = c_close(h.0);
-        assert_clean(&m, &trap);
+        assert_eq!(c_qpair_destroy(b.qp), UPNVME_OK);
+        b.free_handles();
+        let _ = c_close(b.h);
+        assert_clean(&b.m, &b.trap);
         assert_eq!(
             rc, UPNVME_ENODEV,
             "a submission after a format cut by the release: {msg}"
@@ -1281,47 +1327,32 @@ fn a_format_cut_by_a_release_returns_enodev_and_later_calls_say_enodev() {
 #[test]
 fn a_reset_during_the_release_does_not_bring_the_controller_back() {
     bounded(Duration::from_secs(10), || {
-        let m = model();
-        let trap = Trap::new(&m);
-        let h = c_open(&trap);
-        let qp = c_qpair_create(h, opts(false)).unwrap();
-        let sink = Arc::new(Sink::default());
-        let mut keep = Vec::new();
-        let bufs: Vec<(u64, *mut upnvme_buf)> = held_reads(&m, h, qp, &sink, &mut keep, 0..2)
-            .into_iter()
-            .enumerate()
-            .map(|(i, b)| (i as u64, b))
-            .collect();
-        trap.hold_release();
-        trap.request_and_wait_for_disable();
+        let b = bed(2);
+        b.trap.hold_release();
+        b.trap.request_and_wait_for_disable();
         // Let go at the latest after 2 s, should the reset wait for the
         // release; normally right after the reset returns.
-        let g = trap.go_after(Duration::from_secs(2));
+        let g = b.trap.go_after(Duration::from_secs(2));
         let start = Instant::now();
-        let rc = c_reset(h);
+        let rc = c_reset(b.h);
         let msg = last_error();
         let took = start.elapsed();
-        trap.go();
+        b.trap.go();
         let t = Instant::now();
-        wait_until("the release", Duration::from_secs(3), || m.is_released());
+        wait_until("the release", Duration::from_secs(3), || b.m.is_released());
         let release_took = t.elapsed();
         g.join().unwrap();
-        poll_until_enodev(qp);
-        assert_each_once(&sink.done(), &bufs, &[UPNVME_ECANCELED]);
-        assert_eq!(c_qpair_destroy(qp), UPNVME_OK);
-        for (_, b) in &bufs {
-            assert_eq!(c_buf_free(*b), UPNVME_OK);
-        }
-        let _ = c_close(h);
+        b.end_reads(&[UPNVME_ECANCELED]);
+        let _ = c_close(b.h);
         assert_eq!(rc, UPNVME_ENODEV, "reset during the release: {msg}");
         assert!(took < Duration::from_secs(3), "{took:?}");
-        let late = trap.late();
+        let late = b.trap.late();
         assert!(
             late.is_empty(),
             "the reset (returned {rc} after {took:?}) wrote to the controller the release \
              had disabled; the release, let go then, took {release_took:?} more: {late:?}"
         );
-        assert_clean(&m, &trap);
+        assert_clean(&b.m, &b.trap);
     });
 }
 
@@ -1331,52 +1362,16 @@ fn a_reset_during_the_release_does_not_bring_the_controller_back() {
 #[test]
 fn a_release_during_a_resets_queue_deletion_returns_enodev() {
     bounded(Duration::from_secs(10), || {
-        let m = model();
-        let trap = Trap::new(&m);
-        let h = SendPtr(c_open(&trap));
-        let qp = c_qpair_create(h.0, opts(false)).unwrap();
-        let sink = Arc::new(Sink::default());
-        let mut keep = Vec::new();
-        let bufs: Vec<(u64, *mut upnvme_buf)> = held_reads(&m, h.0, qp, &sink, &mut keep, 0..2)
-            .into_iter()
-            .enumerate()
-            .map(|(i, b)| (i as u64, b))
-            .collect();
-        m.inject(Fault::DelayCompletion {
-            on: Match::Opcode {
-                qid: 0,
-                opcode: OP_DELETE_IO_SQ,
-            },
-            doorbells: None,
+        let b = bed(2);
+        let h = SendPtr(b.h);
+        let (rc, msg) = admin_cut_by_release(&b.m, OP_DELETE_IO_SQ, move || {
+            let h = h;
+            c_reset(h.0)
         });
-        let deletes = |m: &ModelController| {
-            m.commands_seen()
-                .iter()
-                .filter(|c| c.0 == 0 && c.1 == OP_DELETE_IO_SQ)
-                .count()
-        };
-        let start = Instant::now();
-        let (rc, msg) = std::thread::scope(|s| {
-            let t = s.spawn(move || {
-                let h = h;
-                (c_reset(h.0), last_error())
-            });
-            wait_until("the Delete I/O SQ", Duration::from_secs(3), || {
-                deletes(&m) == 1
-            });
-            m.request_release();
-            t.join().unwrap()
-        });
-        assert!(start.elapsed() < Duration::from_secs(3));
         assert_eq!(rc, UPNVME_ENODEV, "{msg}");
-        poll_until_enodev(qp);
-        assert_each_once(&sink.done(), &bufs, &[UPNVME_ECANCELED]);
-        assert_eq!(c_qpair_destroy(qp), UPNVME_OK);
-        for (_, b) in &bufs {
-            assert_eq!(c_buf_free(*b), UPNVME_OK);
-        }
-        let _ = c_close(h.0);
-        assert_clean(&m, &trap);
+        b.end_reads(&[UPNVME_ECANCELED]);
+        let _ = c_close(b.h);
+        assert_clean(&b.m, &b.trap);
     });
 }
 
@@ -1391,28 +1386,18 @@ fn a_release_during_a_resets_queue_deletion_returns_enodev() {
 #[test]
 fn destroy_during_the_release_is_busy_then_ends_each_command_once() {
     bounded(Duration::from_secs(10), || {
-        let m = model();
-        let trap = Trap::new(&m);
-        let h = c_open(&trap);
-        let qp = c_qpair_create(h, opts(false)).unwrap();
-        let sink = Arc::new(Sink::default());
-        let mut keep = Vec::new();
-        let bufs: Vec<(u64, *mut upnvme_buf)> = held_reads(&m, h, qp, &sink, &mut keep, 0..3)
-            .into_iter()
-            .enumerate()
-            .map(|(i, b)| (i as u64, b))
-            .collect();
-        trap.hold_release();
-        trap.request_and_wait_for_disable();
+        let b = bed(3);
+        b.trap.hold_release();
+        b.trap.request_and_wait_for_disable();
         for _ in 0..20 {
-            assert_eq!(c_qpair_destroy(qp), UPNVME_EBUSY, "{}", last_error());
+            assert_eq!(c_qpair_destroy(b.qp), UPNVME_EBUSY, "{}", last_error());
         }
-        assert!(sink.done().is_empty());
-        assert_eq!(c_in_flight(qp), 3);
-        trap.go();
+        assert!(b.sink.done().is_empty());
+        assert_eq!(c_in_flight(b.qp), 3);
+        b.trap.go();
         let start = Instant::now();
         loop {
-            let rc = c_qpair_destroy(qp);
+            let rc = c_qpair_destroy(b.qp);
             if rc == UPNVME_OK {
                 break;
             }
@@ -1423,16 +1408,11 @@ fn destroy_during_the_release_is_busy_then_ends_each_command_once() {
             );
             std::thread::sleep(Duration::from_millis(1));
         }
-        assert_each_once(&sink.done(), &bufs, &[]);
-        for (_, b) in &bufs {
-            assert_eq!(c_buf_free(*b), UPNVME_OK);
-        }
-        let rc = c_close(h);
-        assert!(rc == UPNVME_OK || rc == UPNVME_ENODEV, "close: {rc}");
-        assert_clean(&m, &trap);
-        wait_until("the memory to be freed", Duration::from_secs(2), || {
-            m.live_dma_buffers() == 0
-        });
+        assert_each_once(&b.sink.done(), &b.bufs, &[]);
+        b.free_handles();
+        assert_closes(b.h);
+        assert_clean(&b.m, &b.trap);
+        assert_memory_freed(&b.m);
     });
 }
 
@@ -1443,39 +1423,17 @@ fn destroy_during_the_release_is_busy_then_ends_each_command_once() {
 #[test]
 fn close_during_the_release_ends_the_pairs_commands_once() {
     bounded(Duration::from_secs(10), || {
-        let m = model();
-        let trap = Trap::new(&m);
-        let h = c_open(&trap);
-        let qp = c_qpair_create(h, opts(false)).unwrap();
-        let sink = Arc::new(Sink::default());
-        let mut keep = Vec::new();
-        let bufs: Vec<(u64, *mut upnvme_buf)> = held_reads(&m, h, qp, &sink, &mut keep, 0..3)
-            .into_iter()
-            .enumerate()
-            .map(|(i, b)| (i as u64, b))
-            .collect();
-        trap.hold_release();
-        trap.request_and_wait_for_disable();
-        let g = trap.go_after(Duration::from_millis(150));
+        let b = bed(3);
+        b.trap.hold_release();
+        b.trap.request_and_wait_for_disable();
+        let g = b.trap.go_after(Duration::from_millis(150));
         let start = Instant::now();
-        let rc = c_close(h);
-        let msg = last_error();
+        assert_closes(b.h);
         assert!(start.elapsed() < Duration::from_secs(3));
-        assert!(
-            rc == UPNVME_OK || rc == UPNVME_ENODEV,
-            "close: {rc} ({msg})"
-        );
         g.join().unwrap();
-        poll_until_enodev(qp);
-        assert_each_once(&sink.done(), &bufs, &[]);
-        assert_eq!(c_qpair_destroy(qp), UPNVME_OK);
-        for (_, b) in &bufs {
-            assert_eq!(c_buf_free(*b), UPNVME_OK);
-        }
-        assert_clean(&m, &trap);
-        wait_until("the memory to be freed", Duration::from_secs(2), || {
-            m.live_dma_buffers() == 0
-        });
+        b.end_reads(&[]);
+        assert_clean(&b.m, &b.trap);
+        assert_memory_freed(&b.m);
     });
 }
 
@@ -1485,20 +1443,10 @@ fn close_during_the_release_ends_the_pairs_commands_once() {
 #[test]
 fn close_cut_by_a_release_at_its_shutdown_notification() {
     bounded(Duration::from_secs(10), || {
-        let m = model();
-        let trap = Trap::new(&m);
-        let h = c_open(&trap);
-        let qp = c_qpair_create(h, opts(false)).unwrap();
-        let sink = Arc::new(Sink::default());
-        let mut keep = Vec::new();
-        let bufs: Vec<(u64, *mut upnvme_buf)> = held_reads(&m, h, qp, &sink, &mut keep, 0..2)
-            .into_iter()
-            .enumerate()
-            .map(|(i, b)| (i as u64, b))
-            .collect();
+        let b = bed(2);
         {
-            let m2 = m.clone();
-            trap.arm_after_write(
+            let m2 = b.m.clone();
+            b.trap.arm_after_write(
                 |o, v| o == CC && (v >> 14) & 3 != 0 && !on_release_thread(),
                 move || {
                     m2.request_release();
@@ -1508,26 +1456,14 @@ fn close_cut_by_a_release_at_its_shutdown_notification() {
             );
         }
         let start = Instant::now();
-        let rc = c_close(h);
-        let msg = last_error();
+        assert_closes(b.h);
         assert!(start.elapsed() < Duration::from_secs(4));
-        assert!(m.is_released(), "the trap never fired");
-        assert!(
-            rc == UPNVME_OK || rc == UPNVME_ENODEV,
-            "close: {rc} ({msg})"
-        );
-        poll_until_enodev(qp);
+        assert!(b.m.is_released(), "the trap never fired");
         // The shutdown deleted the pair's SQ first (its held reads may end
         // as "aborted due to SQ deletion", UPNVME_ECANCELED).
-        assert_each_once(&sink.done(), &bufs, &[UPNVME_ECANCELED]);
-        assert_eq!(c_qpair_destroy(qp), UPNVME_OK);
-        for (_, b) in &bufs {
-            assert_eq!(c_buf_free(*b), UPNVME_OK);
-        }
-        assert_clean(&m, &trap);
-        wait_until("the memory to be freed", Duration::from_secs(2), || {
-            m.live_dma_buffers() == 0
-        });
+        b.end_reads(&[UPNVME_ECANCELED]);
+        assert_clean(&b.m, &b.trap);
+        assert_memory_freed(&b.m);
     });
 }
 
@@ -1539,13 +1475,10 @@ fn close_cut_by_a_release_at_its_shutdown_notification() {
 #[test]
 fn an_unconfirmed_release_hands_back_handles_without_memory_once() {
     bounded(Duration::from_secs(10), || {
-        let m = model();
-        let trap = Trap::new(&m);
-        let h = c_open(&trap);
-        let qp = c_qpair_create(h, opts(false)).unwrap();
-        let sink = Arc::new(Sink::default());
-        let mut keep = Vec::new();
-        let bufs = held_reads(&m, h, qp, &sink, &mut keep, 0..2);
+        // The bed (and with it the callbacks' arguments) lives to the end.
+        let b = bed(2);
+        let (m, trap, sink) = (b.m.clone(), b.trap.clone(), b.sink.clone());
+        let (h, qp, bufs) = (b.h, b.qp, b.bufs.clone());
         trap.st.stubborn.store(true, Ordering::SeqCst);
         m.request_release();
         let start = Instant::now();
@@ -1568,7 +1501,7 @@ fn an_unconfirmed_release_hands_back_handles_without_memory_once() {
             assert_eq!(d.status, UPNVME_ENODEV);
             assert!(!d.data && !d.busy, "{d:?}");
         }
-        for b in bufs {
+        for (_, b) in bufs {
             assert!(c_buf_data(b).is_null());
             assert_eq!(c_buf_free(b), UPNVME_OK);
         }
@@ -1716,9 +1649,7 @@ fn queued_commands_are_not_announced_into_the_release() {
         }
         drop(batch);
         assert_clean(&m, &trap);
-        wait_until("the memory to be freed", Duration::from_secs(2), || {
-            m.live_dma_buffers() == 0
-        });
+        assert_memory_freed(&m);
     });
 }
 
@@ -1733,13 +1664,11 @@ fn queued_commands_are_not_announced_into_the_release() {
 #[test]
 fn an_admin_timeout_inside_the_release_window_is_named_as_the_removal() {
     bounded(Duration::from_secs(10), || {
-        let m = model();
-        let trap = Trap::new(&m);
-        let h = SendPtr(c_open(&trap));
-        let qp = c_qpair_create(h.0, opts(false)).unwrap();
-        let sink = Arc::new(Sink::default());
-        let mut keep = Vec::new();
-        let bufs = held_reads(&m, h.0, qp, &sink, &mut keep, 0..2);
+        // The bed (and with it the callbacks' arguments) lives to the end.
+        let b = bed(2);
+        let (m, trap, sink) = (b.m.clone(), b.trap.clone(), b.sink.clone());
+        let (h, qp, bufs) = (b.h, b.qp, b.bufs.clone());
+        let h = SendPtr(h);
         m.inject(Fault::DelayCompletion {
             on: Match::Identify { cns: 1, nsid: 0 },
             doorbells: None,
@@ -1777,17 +1706,15 @@ fn an_admin_timeout_inside_the_release_window_is_named_as_the_removal() {
         for d in &done {
             assert_eq!(d.status, UPNVME_ENODEV);
             assert!(d.data && !d.busy, "{d:?}");
-            assert_eq!(d.buf, bufs[d.id as usize] as usize);
+            assert_eq!(d.buf, bufs[d.id as usize].1 as usize);
         }
         assert_eq!(c_qpair_destroy(qp), UPNVME_OK, "{}", last_error());
-        for b in bufs {
+        for (_, b) in bufs {
             assert_eq!(c_buf_free(b), UPNVME_OK);
         }
         let _ = c_close(h.0);
         assert_clean(&m, &trap);
-        wait_until("the memory to be freed", Duration::from_secs(2), || {
-            m.live_dma_buffers() == 0
-        });
+        assert_memory_freed(&m);
     });
 }
 

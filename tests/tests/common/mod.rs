@@ -7,7 +7,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use upnvme::{Controller, ControllerOptions, Device, DmaBuffer, PageBacking};
+use upnvme::{Controller, ControllerOptions, Device, DmaBuffer};
 use upnvme_dma::{DmaError, DmaMapper};
 use upnvme_tests::{ModelConfig, ModelController, NamespaceConfig};
 
@@ -25,11 +25,7 @@ pub const T: Duration = Duration::from_secs(5);
 pub fn opts() -> ControllerOptions {
     ControllerOptions {
         shadow_doorbells: true,
-        page_backing: PageBacking::Small4K,
-        ready_timeout: Some(Duration::from_secs(2)),
-        admin_timeout: Some(Duration::from_secs(2)),
-        shutdown_timeout: Some(Duration::from_secs(2)),
-        ..Default::default()
+        ..upnvme_tests::host_options()
     }
 }
 
@@ -390,4 +386,83 @@ pub fn run_io(
     let c = wait_one(qp);
     assert_eq!(c.tag, 7);
     c
+}
+
+/// xorshift64*: deterministic, dependency-free randomness for layout and
+/// workload draws.
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// The next 64 random bits.
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// 0..n (0 when n is 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        if n == 0 { 0 } else { self.next() % n }
+    }
+
+    /// One of `xs` (not empty).
+    pub fn pick<T: Copy>(&mut self, xs: &[T]) -> T {
+        xs[self.below(xs.len() as u64) as usize]
+    }
+}
+
+/// The (SLBA, blocks) of every command queue `qid` fetched since the
+/// model's fetch count was `from` (at most the last 64 commands), in
+/// fetch order.
+pub fn fetched_since(m: &ModelController, qid: u16, from: u64) -> Vec<(u64, u32)> {
+    let n = (m.commands_fetched() - from) as usize;
+    let recent = m.recent_commands();
+    assert!(n <= recent.len(), "more commands than the model keeps");
+    recent[recent.len() - n..]
+        .iter()
+        .filter(|(q, _)| *q == qid)
+        .map(|(_, sqe)| {
+            let slba = u64::from_le_bytes(sqe[40..48].try_into().unwrap());
+            let nlb = u16::from_le_bytes(sqe[48..50].try_into().unwrap());
+            (slba, u32::from(nlb) + 1)
+        })
+        .collect()
+}
+
+/// A device that cannot be stopped once `stubborn` is set: CC writes that
+/// clear EN are dropped (CSTS.RDY stays 1), and `release` always reports
+/// that DMA may go on — what the driver must survive when the kernel asks
+/// for a controller it cannot quiesce.
+#[derive(Clone)]
+pub struct Unstoppable {
+    /// The model behind it.
+    pub model: ModelController,
+    /// Set: CC.EN = 0 is ignored.
+    pub stubborn: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Unstoppable {
+    /// In front of `model`, not stubborn yet.
+    pub fn new(model: &ModelController) -> Unstoppable {
+        Unstoppable {
+            model: model.clone(),
+            stubborn: Arc::default(),
+        }
+    }
+}
+
+impl Hooks for Unstoppable {
+    fn model(&self) -> &ModelController {
+        &self.model
+    }
+    fn write32(&self, o: usize, v: u32) {
+        if o == reg::CC && v & 1 == 0 && self.stubborn.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
+        self.model.write32(o, v)
+    }
+    fn release(&self) -> bool {
+        false
+    }
 }

@@ -1,8 +1,6 @@
 //! The model both C API integration test crates bring a controller up on.
 
-use std::time::Duration;
-
-use upnvme::{Controller, ControllerOptions, PageBacking};
+use upnvme::Controller;
 use upnvme_tests::{ModelConfig, ModelController, NamespaceConfig};
 
 /// A model with one namespace of 256 512-byte blocks and a driver on it:
@@ -17,17 +15,6 @@ pub fn model() -> (ModelController, Controller<ModelController>) {
         }],
         ..Default::default()
     });
-    let c = Controller::with_device(
-        m.clone(),
-        ControllerOptions {
-            page_backing: PageBacking::Small4K,
-            shadow_doorbells: false,
-            admin_timeout: Some(Duration::from_secs(2)),
-            ready_timeout: Some(Duration::from_secs(2)),
-            shutdown_timeout: Some(Duration::from_secs(2)),
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let c = Controller::with_device(m.clone(), upnvme_tests::host_options()).unwrap();
     (m, c)
 }
