@@ -474,7 +474,8 @@ fn bind_and_unbind_are_idempotent_and_unbind_reverses_bind() {
 
 /// vfio-pci does not take the controller: bind puts it back on nvme with
 /// its driver_override as before and says so; with two addresses, the one
-/// bound before the failure is named with the command that hands it back.
+/// on vfio-pci before the failure is named (as already there: this bind
+/// did not move it, so no command to hand it back).
 #[test]
 fn a_bind_vfio_pci_refuses_puts_the_controller_back_and_names_what_stays_bound() {
     let t = Tree::new();
@@ -500,8 +501,9 @@ fn a_bind_vfio_pci_refuses_puts_the_controller_back_and_names_what_stays_bound()
     let e = bind(&host, &["0000:00:04.0".into(), "0000:00:05.0".into()]).unwrap_err();
     let msg = format!("{e:#}");
     assert!(
-        msg.contains("0000:00:04.0 stay on vfio-pci")
-            && msg.contains("`upnvme setup unbind 0000:00:04.0`"),
+        msg.contains(
+            "\ndone before this failure: 0000:00:04.0 (already on vfio-pci)\nfailed: 0000:00:05.0"
+        ),
         "{msg}"
     );
     assert_eq!(driver_of(&t, "0000:00:05.0").as_deref(), Some("nvme"));
@@ -709,7 +711,7 @@ fn hugepage_arithmetic_at_the_edges() {
         free: 0,
         surplus: 0,
     };
-    let note = hugepage_verdict(1, gib, &big, Some(u64::MAX))
+    let note = hugepage_verdict(1, gib, u64::MAX, &big, Ok(u64::MAX), Some(u64::MAX))
         .unwrap()
         .unwrap();
     assert!(
@@ -750,4 +752,375 @@ fn sysfs_contents_with_newlines_nulls_and_missing_files() {
     let e = host.controller(&addr("0000:00:05.0")).unwrap_err();
     assert!(format!("{e:#}").contains("0000:00:05.0/class"), "{e:#}");
     assert!(host.controllers().unwrap().is_empty());
+}
+
+// ---------------------------------------------------------------------------
+// Userspace drivers: uio, the VFIO device cdev (iommufd)
+
+/// SPDK or DPDK drives a controller through uio_pci_generic (or igb_uio)
+/// and holds its `/dev/uioN` (sysfs `uio/uioN` of the function). Taking
+/// the controller away pulls it from under that process: `bind` (and
+/// `unbind` with its address) must refuse and name the process, and status
+/// say so. One that nobody holds is bound, also without addresses; status
+/// shows its driver.
+#[test]
+fn a_controller_held_through_uio_is_in_use_and_a_free_one_is_bound() {
+    let t = Tree::new();
+    t.device("0000:00:05.0", NVME, Some("uio_pci_generic"), Some(4));
+    t.device("0000:00:06.0", NVME, Some("igb_uio"), Some(5));
+    t.write("sys/bus/pci/devices/0000:00:05.0/uio/uio0/dev", "243:0\n");
+    t.write("sys/bus/pci/devices/0000:00:06.0/uio/uio1/dev", "243:1\n");
+    t.process(555, "spdk_tgt", &["/dev/hugepages/x", "/dev/uio0"]);
+    let k = Kernel::start(&t, &["nvme", "vfio-pci", "uio_pci_generic", "igb_uio"]);
+    let host = t.host();
+    let c = host.controller(&addr("0000:00:05.0")).unwrap();
+    let r = bind_refusal(&c, &host.iommu()).unwrap_or_default();
+    assert_eq!(
+        r,
+        "refusing to bind 0000:00:05.0 to vfio-pci: a userspace driver uses it through uio_pci_generic, and binding would pull the device from under it: /dev/uio0 is open by pid 555 (spdk_tgt) (a userspace driver such as SPDK or DPDK, through uio_pci_generic): stop that process first; then run `upnvme setup bind 0000:00:05.0` again"
+    );
+    let r = unbind_refusal(&c).unwrap_or_default();
+    assert!(
+        r.contains("/dev/uio0 is open by pid 555 (spdk_tgt)"),
+        "unbind would pull it from under spdk_tgt too: {r:?}"
+    );
+    let text = Status::read(&host).unwrap().text();
+    assert!(
+        text.contains("0000:00:05.0: in use by a userspace driver through uio_pci_generic, leave it there or free it first: /dev/uio0 is open by pid 555 (spdk_tgt)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("0000:00:06.0: on igb_uio, which no process holds: bind it with `upnvme setup bind 0000:00:06.0`"),
+        "{text}"
+    );
+    assert!(
+        text.contains("  0000:00:05.0  1b36:0010  uio_pci_generic -             4 yes"),
+        "the Driver column fits the driver: {text}"
+    );
+    let e = bind(&host, &["0000:00:05.0".into()]).unwrap_err();
+    assert!(format!("{e:#}").ends_with("; nothing was changed"), "{e:#}");
+    assert_eq!(k.log(), Vec::<String>::new());
+    // Without addresses the held one is skipped, the free one bound.
+    bind(&host, &[]).unwrap();
+    assert_eq!(
+        driver_of(&t, "0000:00:05.0").as_deref(),
+        Some("uio_pci_generic")
+    );
+    assert_eq!(driver_of(&t, "0000:00:06.0").as_deref(), Some("vfio-pci"));
+    assert_eq!(
+        k.log(),
+        [
+            "unbind igb_uio 0000:00:06.0",
+            "probe 0000:00:06.0 -> vfio-pci"
+        ]
+    );
+}
+
+/// A VMM or userspace driver on the iommufd interface opens the function's
+/// VFIO device cdev (`/dev/vfio/devices/vfioX`, sysfs `vfio-dev/vfioX`),
+/// not the group: `unbind` must refuse it as it refuses an open group, and
+/// status name the process.
+#[test]
+fn a_process_on_the_vfio_device_cdev_holds_the_controller_like_the_group() {
+    let t = Tree::new();
+    t.device("0000:00:04.0", NVME, Some("vfio-pci"), Some(3));
+    t.device("0000:00:05.0", NVME, Some("vfio-pci"), Some(4));
+    t.write(
+        "sys/bus/pci/devices/0000:00:04.0/vfio-dev/vfio0/dev",
+        "511:0\n",
+    );
+    t.write(
+        "sys/bus/pci/devices/0000:00:05.0/vfio-dev/vfio1/dev",
+        "511:1\n",
+    );
+    t.process(
+        88,
+        "qemu-system-x86",
+        &["/dev/iommu", "/dev/vfio/devices/vfio0"],
+    );
+    let k = Kernel::start(&t, &["nvme", "vfio-pci"]);
+    let host = t.host();
+    let c = host.controller(&addr("0000:00:04.0")).unwrap();
+    assert_eq!(
+        unbind_refusal(&c).as_deref(),
+        Some(
+            "refusing to unbind 0000:00:04.0: its VFIO device /dev/vfio/devices/vfio0 is open by pid 88 (qemu-system-x86) (unbinding would wait until it is closed); stop that process first, then run `upnvme setup unbind 0000:00:04.0` again"
+        )
+    );
+    let e = unbind(&host, &[]).unwrap_err();
+    let msg = format!("{e:#}");
+    assert!(msg.ends_with("nothing was changed"), "{msg}");
+    assert_eq!(k.log(), Vec::<String>::new());
+    assert_eq!(driver_of(&t, "0000:00:05.0").as_deref(), Some("vfio-pci"));
+    let s = Status::read(&host).unwrap();
+    let text = s.text();
+    assert!(
+        text.contains("0000:00:04.0: open by pid 88 (qemu-system-x86)"),
+        "{text}"
+    );
+    assert!(!text.contains("0000:00:05.0: open by"), "{text}");
+}
+
+// ---------------------------------------------------------------------------
+// Several addresses: what moved when one fails
+
+/// `unbind A B C` where B fails (its driver_override cannot be written):
+/// A has moved, C was not tried. The error must say so, with the commands
+/// that undo A and finish the rest.
+#[test]
+fn a_multi_address_unbind_that_fails_half_way_names_what_moved_and_what_did_not() {
+    let t = Tree::new();
+    for (a, g) in [
+        ("0000:00:04.0", 3),
+        ("0000:00:05.0", 4),
+        ("0000:00:06.0", 5),
+    ] {
+        t.device(a, NVME, Some("vfio-pci"), Some(g));
+    }
+    let over = t
+        .root
+        .join("sys/bus/pci/devices/0000:00:05.0/driver_override");
+    fs::remove_file(&over).unwrap();
+    fs::create_dir(&over).unwrap();
+    let _k = Kernel::start(&t, &["nvme", "vfio-pci"]);
+    let all: Vec<String> = ["0000:00:04.0", "0000:00:05.0", "0000:00:06.0"]
+        .map(String::from)
+        .to_vec();
+    let e = unbind(&t.host(), &all).unwrap_err();
+    let msg = format!("{e:#}");
+    assert!(
+        msg.contains(
+            "\ndone before this failure: 0000:00:04.0 (vfio-pci -> nvme); `upnvme setup bind 0000:00:04.0` undoes it"
+        ),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("\nfailed: 0000:00:05.0 (the error above)"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains(
+            "\nnot tried, left as they were: 0000:00:06.0 (on vfio-pci); `upnvme setup unbind 0000:00:05.0 0000:00:06.0` finishes once the failure is fixed"
+        ),
+        "{msg}"
+    );
+    assert_eq!(driver_of(&t, "0000:00:04.0").as_deref(), Some("nvme"));
+    assert_eq!(driver_of(&t, "0000:00:06.0").as_deref(), Some("vfio-pci"));
+}
+
+/// The same for `bind A B C D`: A was already on vfio-pci (not moved, not
+/// undone), B moved, C failed, D untouched.
+#[test]
+fn a_multi_address_bind_that_fails_half_way_names_what_moved_and_what_did_not() {
+    let t = Tree::new();
+    t.device("0000:00:03.0", NVME, Some("vfio-pci"), Some(2));
+    for (a, g) in [
+        ("0000:00:04.0", 3),
+        ("0000:00:05.0", 4),
+        ("0000:00:06.0", 5),
+    ] {
+        t.device(a, NVME, Some("nvme"), Some(g));
+    }
+    let over = t
+        .root
+        .join("sys/bus/pci/devices/0000:00:05.0/driver_override");
+    fs::remove_file(&over).unwrap();
+    fs::create_dir(&over).unwrap();
+    let _k = Kernel::start(&t, &["nvme", "vfio-pci"]);
+    let all: Vec<String> = [
+        "0000:00:03.0",
+        "0000:00:04.0",
+        "0000:00:05.0",
+        "0000:00:06.0",
+    ]
+    .map(String::from)
+    .to_vec();
+    let e = bind(&t.host(), &all).unwrap_err();
+    let msg = format!("{e:#}");
+    assert!(
+        msg.contains(
+            "\ndone before this failure: 0000:00:03.0 (already on vfio-pci), 0000:00:04.0 (nvme -> vfio-pci); `upnvme setup unbind 0000:00:04.0` undoes it"
+        ),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("\nfailed: 0000:00:05.0 (the error above)"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains(
+            "\nnot tried, left as they were: 0000:00:06.0 (on nvme); `upnvme setup bind 0000:00:05.0 0000:00:06.0` finishes once the failure is fixed"
+        ),
+        "{msg}"
+    );
+    assert_eq!(driver_of(&t, "0000:00:04.0").as_deref(), Some("vfio-pci"));
+    assert_eq!(driver_of(&t, "0000:00:06.0").as_deref(), Some("nvme"));
+}
+
+// ---------------------------------------------------------------------------
+// IOMMU group blockers the machine depends on; Intel VMD
+
+/// The controller's IOMMU group also holds the NIC carrying the network and
+/// the SATA controller of the root file system (and an NVMe controller with
+/// /home). The advice must not say to unbind those: it says what they
+/// carry. A NIC whose interface is down, and a USB controller, are plain
+/// blockers.
+#[test]
+fn group_blockers_carrying_the_network_or_a_mounted_disk_are_named_as_such() {
+    let t = Tree::new();
+    let dev = |a: &str| format!("sys/bus/pci/devices/{a}");
+    t.device("0000:00:03.0", NVME, Some("nvme"), Some(1));
+    t.device("0000:00:03.1", "0x020000", Some("e1000e"), Some(1));
+    t.write(
+        &format!("{}/net/eth0/operstate", dev("0000:00:03.1")),
+        "up\n",
+    );
+    t.device("0000:00:03.2", "0x010601", Some("ahci"), Some(1));
+    let sda = format!(
+        "{}/ata1/host0/target0:0:0/0:0:0:0/block/sda",
+        dev("0000:00:03.2")
+    );
+    t.write(&format!("{sda}/dev"), "8:0\n");
+    t.write(&format!("{sda}/sda2/partition"), "2\n");
+    t.write(&format!("{sda}/sda2/dev"), "8:2\n");
+    t.device("0000:00:03.3", "0x020000", Some("virtio-pci"), Some(1));
+    t.write(
+        &format!("{}/virtio0/net/eth1/operstate", dev("0000:00:03.3")),
+        "down\n",
+    );
+    t.device("0000:00:03.4", "0x0c0330", Some("xhci_hcd"), Some(1));
+    t.write(
+        "proc/self/mountinfo",
+        "22 1 8:2 / / rw - ext4 /dev/sda2 rw\n",
+    );
+    let s = Status::read(&t.host()).unwrap();
+    let text = s.text();
+    assert!(
+        text.contains("0000:00:03.1 carries the network interface eth0 which is up: moving it to vfio-pci cuts this machine off"),
+        "{text}"
+    );
+    assert!(
+        text.contains("0000:00:03.2 carries sda2 mounted at / (the root file system): moving it to vfio-pci pulls that file system from under the running system"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("0000:00:03.1 (bound to e1000e), 0000:00:03.2 (bound to ahci)")
+            && !text.contains("must be bound to vfio-pci or unbound too"),
+        "no unbind advice for the NIC and the root disk: {text}"
+    );
+    assert!(
+        text.contains("0000:00:03.3 (bound to virtio-pci), 0000:00:03.4 (bound to xhci_hcd)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("leave those devices where they are: use 0000:00:03.0 through the kernel's nvme driver, or move it to a slot with an IOMMU group of its own"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("bind it with `upnvme setup bind 0000:00:03.0`"),
+        "binding cannot make the group viable: {text}"
+    );
+    let v = s.json();
+    let vital = v["controllers"][0]["group_blockers_vital"]
+        .as_array()
+        .unwrap();
+    assert_eq!(vital.len(), 2, "{vital:?}");
+    // An NVMe blocker with a mounted namespace is named likewise.
+    let t = Tree::new();
+    t.device("0000:00:04.0", NVME, Some("nvme"), Some(2));
+    t.device("0000:00:04.1", NVME, Some("nvme"), Some(2));
+    t.namespace("0000:00:04.1", 1, 1, 0);
+    t.write(
+        "proc/self/mountinfo",
+        "23 22 259:10 / /home rw - xfs /dev/nvme1n1 rw\n",
+    );
+    let c = t.host().controller(&addr("0000:00:04.0")).unwrap();
+    let a = Status::read(&t.host())
+        .unwrap()
+        .advice(&c)
+        .unwrap_or_default();
+    assert!(
+        a.contains("0000:00:04.1 carries nvme1n1 mounted at /home: moving it to vfio-pci pulls that file system from under the running system"),
+        "{a}"
+    );
+    // Interfaces down, nothing mounted: the plain advice.
+    t.write("proc/self/mountinfo", "");
+    let c = t.host().controller(&addr("0000:00:04.0")).unwrap();
+    let a = Status::read(&t.host())
+        .unwrap()
+        .advice(&c)
+        .unwrap_or_default();
+    assert!(
+        a.contains("IOMMU group 2 is not viable: 0000:00:04.1 (bound to nvme) must be bound to vfio-pci or unbound too"),
+        "{a}"
+    );
+}
+
+/// Intel VMD: a controller in PCI domain 10000h or above sits behind the
+/// VMD endpoint, which owns its DMA; it cannot go to vfio-pci on its own.
+/// status marks it, `bind` refuses it (with its address) or skips it
+/// (without), and nothing is written.
+#[test]
+fn a_controller_behind_intel_vmd_is_marked_and_not_bound() {
+    let t = Tree::new();
+    t.device("10000:e1:00.0", NVME, Some("nvme"), Some(7));
+    t.device("0000:00:05.0", NVME, Some("vfio-pci"), Some(4));
+    let k = Kernel::start(&t, &["nvme", "vfio-pci"]);
+    let host = t.host();
+    let c = host.controller(&addr("10000:e1:00.0")).unwrap();
+    let r = bind_refusal(&c, &host.iommu()).unwrap_or_default();
+    assert!(
+        r.starts_with("refusing to bind 10000:e1:00.0 to vfio-pci: it is behind Intel VMD: not assignable to vfio-pci on its own"),
+        "{r}"
+    );
+    let e = bind(&host, &["10000:e1:00.0".into()]).unwrap_err();
+    assert!(format!("{e:#}").contains("behind Intel VMD"), "{e:#}");
+    bind(&host, &[]).unwrap();
+    assert_eq!(k.log(), Vec::<String>::new());
+    assert_eq!(driver_of(&t, "10000:e1:00.0").as_deref(), Some("nvme"));
+    assert_eq!(override_of(&t, "10000:e1:00.0"), "(null)\n");
+    let s = Status::read(&host).unwrap();
+    let text = s.text();
+    assert!(
+        text.contains("10000:e1:00.0: behind Intel VMD: not assignable to vfio-pci on its own"),
+        "{text}"
+    );
+    assert_eq!(s.json()["controllers"][1]["behind_vmd"], true, "{text}");
+}
+
+/// A kernel that reserves at most 300 pages, whatever is written.
+fn kernel_gives_at_most_300(path: &Path, value: &str) -> anyhow::Result<()> {
+    let asked: u64 = value.trim().parse()?;
+    fs::write(path, format!("{}\n", asked.min(300)))?;
+    Ok(())
+}
+
+/// `hugepages 1000` with 100 reserved, and the kernel finds 300 pages in
+/// all: a failed command changes nothing, so the reservation goes back to
+/// 100 (not 300 left behind), and the error says how many the kernel could
+/// give, the free memory, and how to keep those. A shortfall below what
+/// was reserved writes nothing back.
+#[test]
+fn a_partly_granted_hugepage_request_is_given_back() {
+    let t = Tree::new();
+    t.hugepages(2048, 100, 100);
+    t.write(
+        "proc/meminfo",
+        "MemTotal: 8000000 kB\nMemFree: 614400 kB\nMemAvailable: 4000000 kB\n",
+    );
+    let host = t.host();
+    let e = reserve_hugepages(&host, 1000, 2048, kernel_gives_at_most_300).unwrap_err();
+    let msg = format!("{e:#}");
+    assert!(
+        msg.starts_with("only 300 of 1000 2 MiB hugepages could be reserved: the kernel found no more free, contiguous, aligned 2 MiB blocks (600 MiB of memory are free in all); nothing was changed (100 reserved, as before);"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("keep the 300 the kernel could give with `upnvme setup hugepages 300`"),
+        "{msg}"
+    );
+    assert_eq!(hugepage_file(&t, 2048, "nr_hugepages").trim(), "100");
+    // Asking for what the kernel can give keeps it.
+    reserve_hugepages(&host, 300, 2048, kernel_gives_at_most_300).unwrap();
+    assert_eq!(hugepage_file(&t, 2048, "nr_hugepages").trim(), "300");
 }

@@ -53,16 +53,24 @@ impl IommuState {
         self.groups > 0
     }
 
+    /// Whether the kernel command line turns an IOMMU driver on:
+    /// `intel_iommu=` or `amd_iommu=` with `on` among its comma-separated
+    /// values (`intel_iommu=on,sm_on`).
+    pub fn asked(&self) -> bool {
+        self.cmdline.iter().any(|w| {
+            ["intel_iommu=", "amd_iommu="].iter().any(|p| {
+                w.strip_prefix(p)
+                    .is_some_and(|v| v.split(',').any(|o| o == "on"))
+            })
+        })
+    }
+
     /// What to do when it is off (empty when it is on).
     pub fn advice(&self) -> Option<String> {
         if self.enabled() {
             return None;
         }
-        let asked = self
-            .cmdline
-            .iter()
-            .any(|w| w == "intel_iommu=on" || w == "amd_iommu=on");
-        Some(if asked {
+        Some(if self.asked() {
             format!(
                 "the kernel command line asks for the IOMMU ({}) but there are no IOMMU groups: enable VT-d (Intel) or AMD-Vi/IOMMU (AMD) in the firmware setup and reboot",
                 self.cmdline.join(" ")
@@ -161,18 +169,28 @@ impl BlockDevice {
     }
 }
 
+/// "pid 1 (a), pid 2 (b)".
+pub fn pids(users: &[ProcUser]) -> String {
+    let who: Vec<String> = users.iter().map(|p| p.to_string()).collect();
+    who.join(", ")
+}
+
+/// "that process" or "those processes", for `n` of them.
+pub fn those_processes(n: usize) -> &'static str {
+    if n == 1 {
+        "that process"
+    } else {
+        "those processes"
+    }
+}
+
 /// "/dev/NAME is open by pid … (comm)…: stop that process first", with
 /// `why` after the processes.
 fn open_by_advice(name: &str, why: &str, users: &[ProcUser]) -> String {
-    let who: Vec<String> = users.iter().map(|p| p.to_string()).collect();
     format!(
         "/dev/{name} is open by {}{why}: stop {} first",
-        who.join(", "),
-        if who.len() == 1 {
-            "that process"
-        } else {
-            "those processes"
-        }
+        pids(users),
+        those_processes(users.len())
     )
 }
 
@@ -183,6 +201,44 @@ pub struct GroupMember {
     pub address: String,
     /// Its driver, if any.
     pub driver: Option<String>,
+    /// Its network interfaces that are up (`net/IFNAME/operstate`, also
+    /// below a virtio device).
+    pub interfaces_up: Vec<String>,
+    /// Its mounted block devices (a storage controller's disks and
+    /// partitions, an NVMe controller's namespaces), as "sda2 mounted at /".
+    pub mounted: Vec<String>,
+}
+
+impl GroupMember {
+    /// What taking it from its driver would cut this machine off from, with
+    /// the consequence, as "ADDRESS carries …: moving it to vfio-pci …"
+    /// (empty when nothing the machine depends on runs through it).
+    pub fn vital(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if !self.interfaces_up.is_empty() {
+            let n = self.interfaces_up.len();
+            out.push(format!(
+                "{} carries the network interface{} {} which {} up: moving it to vfio-pci cuts this machine off",
+                self.address,
+                if n == 1 { "" } else { "s" },
+                self.interfaces_up.join(", "),
+                if n == 1 { "is" } else { "are" }
+            ));
+        }
+        if !self.mounted.is_empty() {
+            out.push(format!(
+                "{} carries {}: moving it to vfio-pci pulls {} from under the running system",
+                self.address,
+                self.mounted.join(", "),
+                if self.mounted.len() == 1 {
+                    "that file system"
+                } else {
+                    "those file systems"
+                }
+            ));
+        }
+        out
+    }
 }
 
 /// One NVMe controller and everything `setup` decides on.
@@ -208,6 +264,14 @@ pub struct ControllerInfo {
     /// io_uring_cmd engine, xNVMe) — each with those processes (only while
     /// a kernel driver drives the controller).
     pub char_users: Vec<(String, Vec<ProcUser>)>,
+    /// The function's VFIO device cdevs (`vfio/devices/vfioX` below /dev,
+    /// sysfs `vfio-dev/vfioX`: the iommufd interface) that some process has
+    /// open, each with those processes.
+    pub cdev_users: Vec<(String, Vec<ProcUser>)>,
+    /// The function's uio nodes (`uioN` below /dev, sysfs `uio/uioN`: bound
+    /// to uio_pci_generic or igb_uio, as SPDK and DPDK use them) that some
+    /// process has open, each with those processes.
+    pub uio_users: Vec<(String, Vec<ProcUser>)>,
 }
 
 impl ControllerInfo {
@@ -226,8 +290,95 @@ impl ControllerInfo {
         self.function.iommu_group.is_some() && self.blockers.is_empty()
     }
 
+    /// Whether it sits behind an Intel VMD endpoint: Linux numbers the PCI
+    /// domains of VMD's buses from 10000h. The VMD endpoint does the DMA of
+    /// every device behind it, so such a controller cannot be assigned to
+    /// vfio-pci on its own.
+    pub fn behind_vmd(&self) -> bool {
+        self.address().domain >= 0x1_0000
+    }
+
+    /// Why its IOMMU group keeps it from VFIO, and what to do (`None`: the
+    /// group is viable or it has none). A blocker that carries a network
+    /// interface that is up or a mounted file system is named with what
+    /// moving it would cut off, and not offered for unbinding.
+    pub fn group_advice(&self) -> Option<String> {
+        if self.blockers.is_empty() {
+            return None;
+        }
+        let g = self.function.iommu_group.unwrap_or_default();
+        let (vital, plain): (Vec<&String>, Vec<&String>) = self
+            .blockers
+            .iter()
+            .partition(|b| !self.blocker_vital(b).is_empty());
+        if vital.is_empty() {
+            return Some(format!(
+                "IOMMU group {g} is not viable: {} must be bound to vfio-pci or unbound too",
+                self.blockers.join(", ")
+            ));
+        }
+        let why = self.vital_blockers();
+        let also = if plain.is_empty() {
+            String::new()
+        } else {
+            let p: Vec<&str> = plain.iter().map(|b| b.as_str()).collect();
+            format!(
+                " (the group also holds {}, which would have to leave their drivers too)",
+                p.join(", ")
+            )
+        };
+        Some(format!(
+            "IOMMU group {g} is not viable: {}; leave {} where {}: use {} through the kernel's nvme driver, or move it to a slot with an IOMMU group of its own{also}",
+            why.join("; "),
+            if vital.len() == 1 {
+                "that device"
+            } else {
+                "those devices"
+            },
+            if vital.len() == 1 {
+                "it is"
+            } else {
+                "they are"
+            },
+            self.address()
+        ))
+    }
+
+    /// What the machine depends on that runs through the blockers of its
+    /// IOMMU group ([`GroupMember::vital`]).
+    pub fn vital_blockers(&self) -> Vec<String> {
+        self.blockers
+            .iter()
+            .flat_map(|b| self.blocker_vital(b))
+            .collect()
+    }
+
+    /// [`GroupMember::vital`] of the member a blocker ("ADDRESS (bound to
+    /// DRIVER)") names.
+    fn blocker_vital(&self, blocker: &str) -> Vec<String> {
+        self.group_members
+            .iter()
+            .find(|m| blocker.split(' ').next() == Some(m.address.as_str()))
+            .map(GroupMember::vital)
+            .unwrap_or_default()
+    }
+
+    /// Who uses it when [`ControllerInfo::in_use`] is not empty: "the
+    /// kernel", or "a userspace driver through uio_pci_generic".
+    pub fn used_by(&self) -> String {
+        if self.uio_users.is_empty() {
+            "the kernel".to_string()
+        } else {
+            format!(
+                "a userspace driver through {}",
+                self.driver().unwrap_or("uio")
+            )
+        }
+    }
+
     /// Why the controller or its namespaces are in use (empty when they are
-    /// not).
+    /// not): the kernel's block and character devices, or a uio node open
+    /// by a userspace driver.
     pub fn in_use(&self) -> Vec<String> {
         let mut out: Vec<String> = self.block_devices.iter().flat_map(|b| b.uses()).collect();
         for (name, users) in &self.char_users {
@@ -237,6 +388,26 @@ impl ControllerInfo {
                 users,
             ));
         }
+        for (name, users) in &self.uio_users {
+            out.push(open_by_advice(
+                name,
+                &format!(
+                    " (a userspace driver such as SPDK or DPDK, through {})",
+                    self.driver().unwrap_or("uio")
+                ),
+                users,
+            ));
+        }
+        out
+    }
+
+    /// Every process holding it through VFIO: its group `/dev/vfio/GROUP`
+    /// or its device cdev `/dev/vfio/devices/vfioX`.
+    pub fn vfio_users(&self) -> Vec<ProcUser> {
+        let mut out = self.group_users.clone();
+        out.extend(self.cdev_users.iter().flat_map(|(_, u)| u.iter().cloned()));
+        out.sort();
+        out.dedup();
         out
     }
 
@@ -336,6 +507,57 @@ fn is_namespace_node(name: &str, prefix: &str) -> bool {
     };
     let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
     digits(x) && digits(z)
+}
+
+/// Whether `name` is `<prefix><N>` with decimal N (`nvme0`, `uio1`, `vfio2`).
+fn is_numbered(name: &str, prefix: &str) -> bool {
+    name.strip_prefix(prefix)
+        .is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// The entries of the directories named `class` (`net`, `block`) at most
+/// `depth` levels below `dir`, as (name, path): the class devices of a PCI
+/// function, which sit right below it (`net/eth0`) or below its children
+/// (`virtio0/net/eth0`, `ata1/host0/target0:0:0/0:0:0:0/block/sda`).
+/// Symbolic links (`driver`, `subsystem`, `iommu_group` …) are not followed.
+fn class_devices(dir: &Path, class: &str, depth: u32) -> Vec<(String, PathBuf)> {
+    let mut out = Vec::new();
+    let Ok(entries) = fs::read_dir(dir) else {
+        return out;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        // A bridge's directory holds the functions below it: theirs are not
+        // its own.
+        if !e.file_type().is_ok_and(|t| t.is_dir()) || name.parse::<PciAddress>().is_ok() {
+            continue;
+        }
+        if name == class {
+            out.extend(dir_names(&e.path()).into_iter().map(|n| {
+                let p = e.path().join(&n);
+                (n, p)
+            }));
+        } else if depth > 1 {
+            out.extend(class_devices(&e.path(), class, depth - 1));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// A disk (or namespace) `disk` at sysfs directory `dir` and its
+/// partitions: (name, disk name, sysfs directory), partitions first.
+fn with_partitions(disk: &str, dir: &Path) -> Vec<(String, String, PathBuf)> {
+    let mut out: Vec<(String, String, PathBuf)> = dir_names(dir)
+        .into_iter()
+        .filter(|part| part.starts_with(disk) && dir.join(part).join("partition").exists())
+        .map(|part| {
+            let p = dir.join(&part);
+            (part, disk.to_string(), p)
+        })
+        .collect();
+    out.push((disk.to_string(), disk.to_string(), dir.to_path_buf()));
+    out
 }
 
 /// Whether `name` is a namespace's generic character device `ng<X>n<Z>`.
@@ -496,17 +718,21 @@ impl Host {
         let swaps = self.swaps();
         let mut targets: Vec<PathBuf> = Vec::new();
         let mut blocks = BTreeMap::new();
-        let mut chars = BTreeMap::new();
+        let mut nodes = BTreeMap::new();
         for f in functions {
             let b = self.block_dirs(&f.address);
             for (name, _, _) in &b {
                 targets.push(PathBuf::from("/dev").join(name));
             }
-            let c = self.char_names(&f.address);
-            for name in &c {
+            let n = DevNodes {
+                chars: self.char_names(&f.address),
+                cdevs: self.numbered_nodes(&f.address, "vfio-dev", "vfio", "vfio/devices/"),
+                uio: self.numbered_nodes(&f.address, "uio", "uio", ""),
+            };
+            for name in n.chars.iter().chain(&n.cdevs).chain(&n.uio) {
                 targets.push(PathBuf::from("/dev").join(name));
             }
-            chars.insert(f.address, c);
+            nodes.insert(f.address, n);
             if let Some(g) = f.iommu_group {
                 targets.push(PathBuf::from(format!("/dev/vfio/{g}")));
             }
@@ -522,8 +748,59 @@ impl Host {
             swaps,
             users,
             blocks,
-            chars,
+            nodes,
             claim_probe: self.claim_probe,
+        }
+    }
+
+    /// The device nodes (below /dev) of the entries `<prefix><N>` of the
+    /// function's sysfs directory `sub`, spelled `<dev_dir><prefix><N>`:
+    /// `uio/uio0` gives `uio0`, `vfio-dev/vfio0` with `vfio/devices/` gives
+    /// `vfio/devices/vfio0`.
+    fn numbered_nodes(
+        &self,
+        addr: &PciAddress,
+        sub: &str,
+        prefix: &str,
+        dev_dir: &str,
+    ) -> Vec<String> {
+        dir_names(&self.device_dir(addr).join(sub))
+            .into_iter()
+            .filter(|n| is_numbered(n, prefix))
+            .map(|n| format!("{dev_dir}{n}"))
+            .collect()
+    }
+
+    /// A member of an IOMMU group, with what the machine runs through it.
+    fn group_member(&self, address: String, ctx: &UsageContext) -> GroupMember {
+        let dir = self.sys.join("bus/pci/devices").join(&address);
+        let interfaces_up = class_devices(&dir, "net", 3)
+            .into_iter()
+            .filter(|(_, p)| read_trim(&p.join("operstate")).as_deref() == Some("up"))
+            .map(|(n, _)| n)
+            .collect();
+        let disks = class_devices(&dir, "block", 7)
+            .into_iter()
+            .flat_map(|(disk, p)| with_partitions(&disk, &p));
+        let namespaces = address
+            .parse()
+            .map(|a| self.block_dirs(&a))
+            .unwrap_or_default();
+        let mut mounted = Vec::new();
+        for (name, _, p) in disks.chain(namespaces) {
+            for point in ctx.mounts_of(&name, &p) {
+                mounted.push(if point == "/" {
+                    format!("{name} mounted at / (the root file system)")
+                } else {
+                    format!("{name} mounted at {point}")
+                });
+            }
+        }
+        GroupMember {
+            driver: link_name(&dir.join("driver")),
+            address,
+            interfaces_up,
+            mounted,
         }
     }
 
@@ -542,10 +819,7 @@ impl Host {
                 let members = dir_names(&gdir)
                     .into_iter()
                     .filter(|n| *n != me)
-                    .map(|n| GroupMember {
-                        driver: link_name(&gdir.join(&n).join("driver")),
-                        address: n,
-                    })
+                    .map(|n| self.group_member(n, ctx))
                     .collect();
                 (members, self.sysfs().group_blockers(g, &f.address))
             }
@@ -565,16 +839,14 @@ impl Host {
             .and_then(|g| ctx.users.get(&PathBuf::from(format!("/dev/vfio/{g}"))))
             .cloned()
             .unwrap_or_default();
-        let char_users = ctx
-            .chars
-            .get(&f.address)
-            .into_iter()
-            .flatten()
-            .filter_map(|name| {
-                let users = ctx.users.get(&PathBuf::from("/dev").join(name))?;
-                (!users.is_empty()).then(|| (name.clone(), users.clone()))
-            })
-            .collect();
+        let opened = |which: fn(&DevNodes) -> &Vec<String>| {
+            ctx.nodes
+                .get(&f.address)
+                .map_or_else(Vec::new, |n| ctx.opened(which(n)))
+        };
+        let char_users = opened(|n| &n.chars);
+        let cdev_users = opened(|n| &n.cdevs);
+        let uio_users = opened(|n| &n.uio);
         ControllerInfo {
             function: f,
             driver_override,
@@ -583,6 +855,8 @@ impl Host {
             block_devices,
             group_users,
             char_users,
+            cdev_users,
+            uio_users,
         }
     }
 
@@ -605,13 +879,7 @@ impl Host {
                 if out.iter().any(|(n, _, _)| *n == ns) {
                     continue;
                 }
-                for part in dir_names(&dir) {
-                    let p = dir.join(&part);
-                    if part.starts_with(&ns) && p.join("partition").exists() {
-                        out.push((part, ns.clone(), p));
-                    }
-                }
-                out.push((ns.clone(), ns, dir));
+                out.extend(with_partitions(&ns, &dir));
             }
         }
         out.sort();
@@ -624,10 +892,7 @@ impl Host {
         let nvme = self.device_dir(addr).join("nvme");
         let mut out = Vec::new();
         for ctrl in dir_names(&nvme) {
-            if ctrl
-                .strip_prefix("nvme")
-                .is_some_and(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
-            {
+            if is_numbered(&ctrl, "nvme") {
                 out.extend(
                     dir_names(&nvme.join(&ctrl))
                         .into_iter()
@@ -721,38 +986,69 @@ impl Host {
     }
 }
 
+/// A controller's device nodes other than block devices (names below /dev).
+struct DevNodes {
+    /// The kernel driver's character devices (`nvme0`, `ng0n1`).
+    chars: Vec<String>,
+    /// VFIO device cdevs (`vfio/devices/vfio0`).
+    cdevs: Vec<String>,
+    /// uio nodes (`uio0`).
+    uio: Vec<String>,
+}
+
 /// What is mounted, swapped on and open on the machine.
 struct UsageContext {
     mounts: Vec<Mount>,
     swaps: Vec<String>,
     users: BTreeMap<PathBuf, Vec<ProcUser>>,
     blocks: BTreeMap<PciAddress, Vec<(String, String, PathBuf)>>,
-    chars: BTreeMap<PciAddress, Vec<String>>,
+    nodes: BTreeMap<PciAddress, DevNodes>,
     claim_probe: fn(&Path) -> bool,
 }
 
+/// Whether a mount source or swap file names the device node `node`; a
+/// source such as /dev/disk/by-uuid/… is a symlink to the node.
+fn names_node(s: &str, node: &Path) -> bool {
+    Path::new(s) == node || (s.starts_with("/dev/") && fs::canonicalize(s).is_ok_and(|c| c == node))
+}
+
 impl UsageContext {
-    fn block_device(&self, name: &str, namespace: &str, dir: &Path) -> BlockDevice {
+    /// Those of `names` (below /dev) that some process has open, each with
+    /// those processes.
+    fn opened(&self, names: &[String]) -> Vec<(String, Vec<ProcUser>)> {
+        names
+            .iter()
+            .filter_map(|name| {
+                let users = self.users.get(&PathBuf::from("/dev").join(name))?;
+                (!users.is_empty()).then(|| (name.clone(), users.clone()))
+            })
+            .collect()
+    }
+
+    /// Where the block device `name` (sysfs directory `dir`) is mounted, by
+    /// `major:minor` and by source.
+    fn mounts_of(&self, name: &str, dir: &Path) -> Vec<String> {
         let dev = read_trim(&dir.join("dev"));
         let node = PathBuf::from("/dev").join(name);
-        // A source such as /dev/disk/by-uuid/… is a symlink to the node.
-        let is_node = |s: &str| {
-            Path::new(s) == node
-                || (s.starts_with("/dev/") && fs::canonicalize(s).is_ok_and(|c| c == node))
-        };
         let mut mounts: Vec<String> = self
             .mounts
             .iter()
-            .filter(|m| dev.as_deref() == Some(m.dev.as_str()) || is_node(&m.source))
+            .filter(|m| dev.as_deref() == Some(m.dev.as_str()) || names_node(&m.source, &node))
             .map(|m| m.point.clone())
             .collect();
         mounts.sort();
         mounts.dedup();
+        mounts
+    }
+
+    fn block_device(&self, name: &str, namespace: &str, dir: &Path) -> BlockDevice {
+        let dev = read_trim(&dir.join("dev"));
+        let node = PathBuf::from("/dev").join(name);
         BlockDevice {
             name: name.to_string(),
             namespace: namespace.to_string(),
-            mounts,
-            swap: self.swaps.iter().any(|s| is_node(s)),
+            mounts: self.mounts_of(name, dir),
+            swap: self.swaps.iter().any(|s| names_node(s, &node)),
             holders: dir_names(&dir.join("holders")),
             open_by: self.users.get(&node).cloned().unwrap_or_default(),
             claimed: (self.claim_probe)(&node),
@@ -941,6 +1237,35 @@ mod tests {
         assert_eq!(s.advice(), None);
     }
 
+    /// Options take comma-separated values (`intel_iommu=on,sm_on`): `on`
+    /// among them asks for the IOMMU, and the advice with no groups is the
+    /// firmware, not the command line.
+    #[test]
+    fn iommu_options_with_comma_separated_values_ask_for_the_iommu() {
+        let t = Tree::new();
+        for (words, asked) in [
+            ("intel_iommu=on", true),
+            ("intel_iommu=on,sm_on iommu=pt", true),
+            ("intel_iommu=sm_on,on", true),
+            ("amd_iommu=on,fullflush", true),
+            ("intel_iommu=sm_on", false),
+            ("intel_iommu=off", false),
+            ("intel_iommu=onx", false),
+        ] {
+            t.write(
+                "proc/cmdline",
+                &format!("BOOT_IMAGE=/vmlinuz {words} quiet\n"),
+            );
+            let s = t.host().iommu();
+            let a = s.advice().unwrap();
+            assert_eq!(
+                a.starts_with("the kernel command line asks for the IOMMU"),
+                asked,
+                "{words}: {a}"
+            );
+        }
+    }
+
     #[test]
     fn controllers_groups_and_viability() {
         let t = Tree::new();
@@ -977,11 +1302,15 @@ mod tests {
             [
                 GroupMember {
                     address: "0000:00:08.1".into(),
-                    driver: Some("xhci_hcd".into())
+                    driver: Some("xhci_hcd".into()),
+                    interfaces_up: vec![],
+                    mounted: vec![],
                 },
                 GroupMember {
                     address: "0000:00:08.2".into(),
-                    driver: None
+                    driver: None,
+                    interfaces_up: vec![],
+                    mounted: vec![],
                 }
             ]
         );

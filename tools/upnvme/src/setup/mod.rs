@@ -17,7 +17,9 @@ use anyhow::{Context, Result, anyhow, bail};
 use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 
-use host::{ControllerInfo, Host, HugePool, resolve_targets, size_name};
+use host::{
+    ControllerInfo, Host, HugePool, ProcUser, pids, resolve_targets, size_name, those_processes,
+};
 
 /// `upnvme setup`.
 #[derive(Args, Debug)]
@@ -58,7 +60,11 @@ pub enum SetupCommand {
         devices: Vec<String>,
     },
     /// Reserve COUNT hugepages of a size in total (writes nr_hugepages) and
-    /// report what the kernel gave; fails when it gave fewer.
+    /// report what the kernel gave. All or nothing: when the kernel reserves
+    /// fewer than COUNT (memory too fragmented or too small), the previous
+    /// count is written back and the command fails, saying how many the
+    /// kernel could give, how much memory is free, and what to do (asking
+    /// for that many keeps them).
     Hugepages {
         /// Pages to have reserved (0 releases the reservation).
         count: u64,
@@ -93,6 +99,17 @@ pub fn parse_page_size(s: &str) -> Result<u64, String> {
         return Err(format!("'{s}' is not a page size"));
     }
     Ok(kib)
+}
+
+/// What a controller behind Intel VMD is, for status and `bind`.
+const VMD: &str = "behind Intel VMD: not assignable to vfio-pci on its own";
+
+/// What to do about a controller behind Intel VMD.
+const VMD_FIX: &str = "the VMD endpoint (its buses are the PCI domains from 10000 up) does the DMA of every device behind it; to use the controller with upnvme, turn VMD off for its ports in the firmware setup (Intel VMD / RST), which puts it in PCI domain 0000 as an ordinary PCIe function, or leave it to the kernel's nvme driver";
+
+/// Whether `driver` is a uio driver SPDK and DPDK use (`/dev/uioN`).
+fn is_uio(driver: &str) -> bool {
+    matches!(driver, "uio_pci_generic" | "igb_uio")
 }
 
 /// Runs `upnvme setup …` on this machine.
@@ -143,30 +160,36 @@ impl Status {
     /// What to do about one controller (`None` when upnvme can use it).
     fn advice(&self, c: &ControllerInfo) -> Option<String> {
         let a = c.address();
+        if c.behind_vmd() {
+            return Some(format!("{a}: {VMD}; {VMD_FIX}"));
+        }
         if c.function.iommu_group.is_none() {
             return Some(format!("{a}: no IOMMU group; see the IOMMU line above"));
         }
         let uses = c.in_use();
         if !uses.is_empty() {
             return Some(format!(
-                "{a}: in use by the kernel, leave it there or free it first: {}",
+                "{a}: in use by {}, leave it there or free it first: {}",
+                c.used_by(),
                 uses.join("; ")
             ));
         }
         let mut notes = Vec::new();
-        if c.driver() != Some("vfio-pci") {
-            notes.push(format!("bind it with `upnvme setup bind {a}`"));
+        match c.driver() {
+            Some("vfio-pci") => {}
+            // Its group cannot become viable: binding would not help.
+            _ if !c.vital_blockers().is_empty() => {}
+            Some(d) if is_uio(d) => {
+                notes.push(format!(
+                    "on {d}, which no process holds: bind it with `upnvme setup bind {a}`"
+                ));
+            }
+            _ => notes.push(format!("bind it with `upnvme setup bind {a}`")),
         }
-        if !c.blockers.is_empty() {
-            notes.push(format!(
-                "IOMMU group {} is not viable: {} must be bound to vfio-pci or unbound too",
-                c.function.iommu_group.unwrap_or_default(),
-                c.blockers.join(", ")
-            ));
-        }
-        if !c.group_users.is_empty() {
-            let who: Vec<String> = c.group_users.iter().map(|u| u.to_string()).collect();
-            notes.push(format!("open by {}", who.join(", ")));
+        notes.extend(c.group_advice());
+        let users = c.vfio_users();
+        if !users.is_empty() {
+            notes.push(format!("open by {}", pids(&users)));
         }
         (!notes.is_empty()).then(|| format!("{a}: {}", notes.join("; ")))
     }
@@ -236,9 +259,19 @@ impl Status {
             let _ = writeln!(o, "  (none on the PCI bus)");
             return o;
         }
+        // Wide enough for the longest driver (uio_pci_generic) or override.
+        let width = |name: fn(&ControllerInfo) -> Option<&str>| {
+            self.controllers
+                .iter()
+                .filter_map(name)
+                .map(str::len)
+                .fold(9, usize::max)
+        };
+        let dw = width(|c| c.driver());
+        let ow = width(|c| c.driver_override.as_deref());
         let _ = writeln!(
             o,
-            "  {:<13} {:<10} {:<9} {:<9} {:>5} {:<6} {:<6} Block devices",
+            "  {:<13} {:<10} {:<dw$} {:<ow$} {:>5} {:<6} {:<6} Block devices",
             "Address", "Vendor:ID", "Driver", "Override", "Group", "Viable", "Ready"
         );
         for c in &self.controllers {
@@ -256,7 +289,7 @@ impl Status {
                 .collect();
             let _ = writeln!(
                 o,
-                "  {:<13} {:<10} {:<9} {:<9} {:>5} {:<6} {:<6} {}",
+                "  {:<13} {:<10} {:<dw$} {:<ow$} {:>5} {:<6} {:<6} {}",
                 f.address.to_string(),
                 format!("{:04x}:{:04x}", f.vendor, f.device),
                 f.driver.as_deref().unwrap_or("none"),
@@ -336,19 +369,20 @@ impl Status {
                     })).collect::<Vec<_>>(),
                     "group_viable": c.group_viable(),
                     "group_blockers": c.blockers,
-                    "group_open_by": c.group_users.iter().map(|u| json!({"pid": u.pid, "comm": u.comm})).collect::<Vec<_>>(),
+                    "group_open_by": users_json(&c.group_users),
+                    "group_blockers_vital": c.vital_blockers(),
+                    "behind_vmd": c.behind_vmd(),
                     "block_devices": c.block_devices.iter().map(|b| json!({
                         "name": b.name,
                         "namespace": b.namespace,
                         "mounts": b.mounts,
                         "swap": b.swap,
                         "holders": b.holders,
-                        "open_by": b.open_by.iter().map(|u| json!({"pid": u.pid, "comm": u.comm})).collect::<Vec<_>>(),
+                        "open_by": users_json(&b.open_by),
                     })).collect::<Vec<_>>(),
-                    "char_devices_open_by": c.char_users.iter().map(|(name, users)| json!({
-                        "name": name,
-                        "open_by": users.iter().map(|u| json!({"pid": u.pid, "comm": u.comm})).collect::<Vec<_>>(),
-                    })).collect::<Vec<_>>(),
+                    "char_devices_open_by": nodes_json(&c.char_users),
+                    "vfio_devices_open_by": nodes_json(&c.cdev_users),
+                    "uio_open_by": nodes_json(&c.uio_users),
                     "in_use": c.in_use(),
                     "ready": c.ready(),
                     "advice": self.advice(c),
@@ -377,13 +411,44 @@ impl Status {
     }
 }
 
+/// Processes as JSON: `[{"pid", "comm"}]`.
+fn users_json(users: &[ProcUser]) -> Value {
+    users
+        .iter()
+        .map(|u| json!({"pid": u.pid, "comm": u.comm}))
+        .collect()
+}
+
+/// Device nodes with the processes that have them open, as JSON:
+/// `[{"name", "open_by"}]`.
+fn nodes_json(nodes: &[(String, Vec<ProcUser>)]) -> Value {
+    nodes
+        .iter()
+        .map(|(name, users)| json!({"name": name, "open_by": users_json(users)}))
+        .collect()
+}
+
 /// Why `bind` must not touch `c`, with what to do (`None`: go ahead).
 pub fn bind_refusal(c: &ControllerInfo, iommu: &host::IommuState) -> Option<String> {
     let a = c.address();
+    if c.behind_vmd() {
+        return Some(format!(
+            "refusing to bind {a} to vfio-pci: it is {VMD}; {VMD_FIX}"
+        ));
+    }
     let uses = c.in_use();
     if !uses.is_empty() {
+        let what = if c.uio_users.is_empty() {
+            "its namespaces are in use, and binding would pull them from under their users"
+                .to_string()
+        } else {
+            format!(
+                "a userspace driver uses it through {}, and binding would pull the device from under it",
+                c.driver().unwrap_or("uio")
+            )
+        };
         return Some(format!(
-            "refusing to bind {a} to vfio-pci: its namespaces are in use, and binding would pull them from under their users: {}; then run `upnvme setup bind {a}` again",
+            "refusing to bind {a} to vfio-pci: {what}: {}; then run `upnvme setup bind {a}` again",
             uses.join("; ")
         ));
     }
@@ -398,22 +463,48 @@ pub fn bind_refusal(c: &ControllerInfo, iommu: &host::IommuState) -> Option<Stri
     None
 }
 
-/// Why `unbind` must not touch `c` (`None`: go ahead).
+/// Why `unbind` must not touch `c` (`None`: go ahead): a process holding
+/// its VFIO group or device cdev (the kernel would wait for it), or its uio
+/// node (it would lose the device).
 pub fn unbind_refusal(c: &ControllerInfo) -> Option<String> {
-    if c.group_users.is_empty() {
+    const WAIT: &str = "unbinding would wait until it is closed";
+    let mut held: Vec<(String, &[ProcUser], String)> = Vec::new();
+    if !c.group_users.is_empty() {
+        let g = c.function.iommu_group.unwrap_or_default();
+        held.push((
+            format!("its VFIO group /dev/vfio/{g}"),
+            &c.group_users,
+            WAIT.into(),
+        ));
+    }
+    for (name, users) in &c.cdev_users {
+        held.push((format!("its VFIO device /dev/{name}"), users, WAIT.into()));
+    }
+    for (name, users) in &c.uio_users {
+        held.push((
+            format!("/dev/{name}"),
+            users,
+            format!(
+                "a userspace driver through {}: unbinding would pull the device from under it",
+                c.driver().unwrap_or("uio")
+            ),
+        ));
+    }
+    if held.is_empty() {
         return None;
     }
     let a = c.address();
-    let who: Vec<String> = c.group_users.iter().map(|u| u.to_string()).collect();
+    let mut all: Vec<&ProcUser> = held.iter().flat_map(|(_, u, _)| u.iter()).collect();
+    all.sort();
+    all.dedup();
+    let what: Vec<String> = held
+        .iter()
+        .map(|(node, users, why)| format!("{node} is open by {} ({why})", pids(users)))
+        .collect();
     Some(format!(
-        "refusing to unbind {a}: its VFIO group /dev/vfio/{} is open by {} (unbinding would wait until it is closed); stop {} first, then run `upnvme setup unbind {a}` again",
-        c.function.iommu_group.unwrap_or_default(),
-        who.join(", "),
-        if who.len() == 1 {
-            "that process"
-        } else {
-            "those processes"
-        }
+        "refusing to unbind {a}: {}; stop {} first, then run `upnvme setup unbind {a}` again",
+        what.join("; "),
+        those_processes(all.len())
     ))
 }
 
@@ -483,9 +574,14 @@ fn bind(host: &Host, wanted: &[String]) -> Result<()> {
     let mut go = Vec::new();
     let mut refusals = Vec::new();
     for c in targets {
-        // Without addresses, controllers in use by the kernel are skipped.
+        // Without addresses, controllers in use (by the kernel or a
+        // userspace driver) and those behind VMD are skipped.
+        let a = c.address();
+        if wanted.is_empty() && c.behind_vmd() {
+            outln!("{a}: skipped, {VMD}");
+            continue;
+        }
         if wanted.is_empty() && !c.in_use().is_empty() {
-            let a = c.address();
             outln!("{a}: skipped, in use: {}", c.in_use().join("; "));
             continue;
         }
@@ -500,35 +596,93 @@ fn bind(host: &Host, wanted: &[String]) -> Result<()> {
     if go.iter().any(|c| c.driver() != Some("vfio-pci")) {
         ensure_vfio_pci(host)?;
     }
-    for (i, c) in go.iter().enumerate() {
-        if let Err(e) = bind_one(host, c) {
-            // What this failure undid concerns `c` only: say what stays bound.
-            let bound: Vec<String> = go[..i].iter().map(|b| b.address().to_string()).collect();
-            if bound.is_empty() {
-                return Err(e);
+    // What a failure undoes concerns its controller only: the error says
+    // what was done before it and what was not tried.
+    each_in_turn(&go, ["bind", "unbind"], "vfio-pci", |c| bind_one(host, c))
+}
+
+/// Where a controller is: "on nvme", "no driver".
+fn place(c: &ControllerInfo) -> String {
+    c.driver()
+        .map_or("no driver".to_string(), |d| format!("on {d}"))
+}
+
+/// Runs `one` on each of `targets` in turn (`verbs`: the command and the
+/// one that undoes it, e.g. `["bind", "unbind"]`), stopping at the first
+/// failure. `one` says what it did ("nvme -> vfio-pci"), or `None` when the
+/// controller was on `goal` already. A failure with other targets named
+/// lists, below its error, those done before it (with the command that
+/// moves back the ones that moved), the one that failed, and those not
+/// tried (with the command that finishes the job).
+fn each_in_turn(
+    targets: &[ControllerInfo],
+    verbs: [&str; 2],
+    goal: &str,
+    mut one: impl FnMut(&ControllerInfo) -> Result<Option<String>>,
+) -> Result<()> {
+    let [verb, undo] = verbs;
+    let mut done: Vec<String> = Vec::new();
+    let mut moved: Vec<String> = Vec::new();
+    for (i, c) in targets.iter().enumerate() {
+        let a = c.address().to_string();
+        let e = match one(c) {
+            Ok(Some(what)) => {
+                done.push(format!("{a} ({what})"));
+                moved.push(a);
+                continue;
             }
-            bail!(
-                "{e:#}\n{} stay on vfio-pci, bound before this failure (`upnvme setup unbind {}` hands them back to the kernel)",
-                bound.join(", "),
-                bound.join(" ")
+            Ok(None) => {
+                done.push(format!("{a} (already on {goal})"));
+                continue;
+            }
+            Err(e) => e,
+        };
+        let rest = &targets[i + 1..];
+        if done.is_empty() && rest.is_empty() {
+            return Err(e);
+        }
+        let mut msg = format!("{e:#}");
+        if !done.is_empty() {
+            let _ = write!(msg, "\ndone before this failure: {}", done.join(", "));
+            if !moved.is_empty() {
+                let _ = write!(
+                    msg,
+                    "; `upnvme setup {undo} {}` undoes {}",
+                    moved.join(" "),
+                    if moved.len() == 1 { "it" } else { "them" }
+                );
+            }
+        }
+        let _ = write!(msg, "\nfailed: {a} (the error above)");
+        if !rest.is_empty() {
+            let left: Vec<String> = rest
+                .iter()
+                .map(|r| format!("{} ({})", r.address(), place(r)))
+                .collect();
+            let again: Vec<String> = std::iter::once(a)
+                .chain(rest.iter().map(|r| r.address().to_string()))
+                .collect();
+            let _ = write!(
+                msg,
+                "\nnot tried, left as they were: {}; `upnvme setup {verb} {}` finishes once the failure is fixed",
+                left.join(", "),
+                again.join(" ")
             );
         }
+        bail!("{msg}");
     }
     Ok(())
 }
 
-fn bind_one(host: &Host, c: &ControllerInfo) -> Result<()> {
+/// Binds one controller to vfio-pci: `Some("nvme -> vfio-pci")`, or `None`
+/// when it was bound already.
+fn bind_one(host: &Host, c: &ControllerInfo) -> Result<Option<String>> {
     let a = c.address();
     let dir = host.device_dir(&a);
     let group = c.function.iommu_group.unwrap_or_default();
-    let viability = if c.blockers.is_empty() {
-        String::new()
-    } else {
-        format!(
-            "\n  warning: IOMMU group {group} is not viable: {} must be bound to vfio-pci or unbound before upnvme can open {a}",
-            c.blockers.join(", ")
-        )
-    };
+    let viability = c.group_advice().map_or(String::new(), |g| {
+        format!("\n  warning: {g}; until then upnvme cannot open {a}")
+    });
     if c.driver_override.as_deref() != Some("vfio-pci") {
         // Also for a bound controller: the override keeps it on vfio-pci
         // across a re-probe.
@@ -536,7 +690,7 @@ fn bind_one(host: &Host, c: &ControllerInfo) -> Result<()> {
     }
     if c.driver() == Some("vfio-pci") {
         outln!("{a}: already bound to vfio-pci (IOMMU group {group}){viability}");
-        return Ok(());
+        return Ok(None);
     }
     if let Some(d) = c.driver()
         && d != "vfio-pci"
@@ -558,12 +712,12 @@ fn bind_one(host: &Host, c: &ControllerInfo) -> Result<()> {
     while !node.exists() && start.elapsed() < Duration::from_secs(2) {
         std::thread::sleep(Duration::from_millis(20));
     }
+    let moved = format!("{} -> vfio-pci", c.driver().unwrap_or("no driver"));
     outln!(
-        "{a}: {} -> vfio-pci (IOMMU group {group}, {}){viability}",
-        c.driver().unwrap_or("no driver"),
+        "{a}: {moved} (IOMMU group {group}, {}){viability}",
         node.display()
     );
-    Ok(())
+    Ok(Some(moved))
 }
 
 /// Puts a controller whose binding to vfio-pci failed back as it was:
@@ -638,40 +792,60 @@ fn unbind(host: &Host, wanted: &[String]) -> Result<()> {
         bail!("{}; nothing was changed", refusals.join("\n"));
     }
     let nvme_loaded = host.driver_loaded("nvme");
-    for c in &targets {
-        let a = c.address();
-        let dir = host.device_dir(&a);
-        if c.driver() == Some("nvme") && c.driver_override.is_none() {
-            outln!("{a}: already bound to nvme");
-            continue;
-        }
-        // An empty line clears driver_override.
-        write_attr(&dir.join("driver_override"), "\n")?;
-        if let Some(d) = c.driver()
-            && d != "nvme"
-        {
-            write_attr(&dir.join("driver/unbind"), &a.to_string())
-                .with_context(|| format!("unbinding {a} from {d}"))?;
-        }
-        write_attr(&host.sys_path("bus/pci/drivers_probe"), &a.to_string())?;
-        let want = nvme_loaded.then_some("nvme");
-        let now = driver_after(host, c, want, Duration::from_secs(5));
-        let from = c.driver().unwrap_or("no driver");
-        match now.as_deref() {
-            Some(d) => outln!("{a}: {from} -> {d}"),
-            None if !nvme_loaded => outln!(
-                "{a}: {from} -> no driver: the kernel's nvme driver is not loaded; load it (`modprobe nvme`) and run `upnvme setup unbind {a}` again to hand the controller to it"
-            ),
-            None => bail!(
-                "{a}: {from} -> no driver: the nvme driver did not take it; the kernel log (`dmesg | tail`) says why"
-            ),
-        }
+    each_in_turn(&targets, ["unbind", "bind"], "nvme", |c| {
+        unbind_one(host, c, nvme_loaded)
+    })
+}
+
+/// Gives one controller to the kernel's nvme driver (none when it is not
+/// loaded): `Some("vfio-pci -> nvme")`, or `None` when it was there already.
+fn unbind_one(host: &Host, c: &ControllerInfo, nvme_loaded: bool) -> Result<Option<String>> {
+    let a = c.address();
+    let dir = host.device_dir(&a);
+    if c.driver() == Some("nvme") && c.driver_override.is_none() {
+        outln!("{a}: already bound to nvme");
+        return Ok(None);
     }
-    Ok(())
+    // An empty line clears driver_override.
+    write_attr(&dir.join("driver_override"), "\n")?;
+    if let Some(d) = c.driver()
+        && d != "nvme"
+    {
+        write_attr(&dir.join("driver/unbind"), &a.to_string())
+            .with_context(|| format!("unbinding {a} from {d}"))?;
+    }
+    write_attr(&host.sys_path("bus/pci/drivers_probe"), &a.to_string())?;
+    let want = nvme_loaded.then_some("nvme");
+    let now = driver_after(host, c, want, Duration::from_secs(5));
+    let from = c.driver().unwrap_or("no driver");
+    match now.as_deref() {
+        Some(d) => outln!("{a}: {from} -> {d}"),
+        None if !nvme_loaded => outln!(
+            "{a}: {from} -> no driver: the kernel's nvme driver is not loaded; load it (`modprobe nvme`) and run `upnvme setup unbind {a}` again to hand the controller to it"
+        ),
+        None => bail!(
+            "{a}: {from} -> no driver: the nvme driver did not take it; the kernel log (`dmesg | tail`) says why"
+        ),
+    }
+    Ok(Some(format!(
+        "{from} -> {}",
+        now.as_deref().unwrap_or("no driver")
+    )))
 }
 
 /// `upnvme setup hugepages COUNT [--size S]`.
 fn hugepages(host: &Host, count: u64, size_kib: u64) -> Result<()> {
+    reserve_hugepages(host, count, size_kib, write_attr)
+}
+
+/// [`hugepages`] writing `nr_hugepages` with `write` (host tests stand in
+/// for a kernel that reserves fewer pages than asked).
+fn reserve_hugepages(
+    host: &Host,
+    count: u64,
+    size_kib: u64,
+    write: fn(&Path, &str) -> Result<()>,
+) -> Result<()> {
     let name = size_name(size_kib);
     let dir = host.hugepage_dir(size_kib);
     if !dir.is_dir() {
@@ -698,27 +872,36 @@ fn hugepages(host: &Host, count: u64, size_kib: u64) -> Result<()> {
         .hugepage_pools()
         .into_iter()
         .find(|p| p.size_kib == size_kib);
-    hugepage_request_check(
-        count,
-        size_kib,
-        before.as_ref().map_or(0, |b| b.reserved),
-        host.mem_available_kib(),
-    )
-    .map_err(crate::usage::usage)?;
-    write_attr(&dir.join("nr_hugepages"), &count.to_string())?;
-    let after = host
-        .hugepage_pools()
-        .into_iter()
-        .find(|p| p.size_kib == size_kib)
-        .ok_or_else(|| anyhow!("{} disappeared", dir.display()))?;
-    outln!(
-        "{name} hugepages: {} reserved ({} free), asked for {count}{}",
-        after.reserved,
-        after.free,
-        before.map_or(String::new(), |b| format!(", was {}", b.reserved))
-    );
-    let verdict = hugepage_verdict(count, size_kib, &after, host.mem_free_kib());
-    match verdict {
+    let was = before.as_ref().map_or(0, |b| b.reserved);
+    hugepage_request_check(count, size_kib, was, host.mem_available_kib())
+        .map_err(crate::usage::usage)?;
+    let nr = dir.join("nr_hugepages");
+    let pool = || {
+        host.hugepage_pools()
+            .into_iter()
+            .find(|p| p.size_kib == size_kib)
+            .ok_or_else(|| anyhow!("{} disappeared", dir.display()))
+    };
+    write(&nr, &count.to_string())?;
+    let after = pool()?;
+    let mut now = Ok(after.reserved);
+    if after.reserved < count {
+        if after.reserved != was {
+            // All or nothing: give back what a short grant took.
+            now = write(&nr, &was.to_string())
+                .and_then(|()| pool())
+                .map(|p| p.reserved)
+                .map_err(|e| format!("{e:#}"));
+        }
+    } else {
+        outln!(
+            "{name} hugepages: {} reserved ({} free), asked for {count}{}",
+            after.reserved,
+            after.free,
+            before.map_or(String::new(), |b| format!(", was {}", b.reserved))
+        );
+    }
+    match hugepage_verdict(count, size_kib, was, &after, now, host.mem_free_kib()) {
         Ok(Some(note)) => {
             outln!("{note}");
             Ok(())
@@ -773,12 +956,17 @@ fn size_flag(kib: u64) -> String {
     size_name(kib).replace(' ', "").replace("iB", "")
 }
 
-/// Whether the kernel gave the `asked` pages: an error with the reason and
-/// what to do when it gave fewer, a note when it kept more.
+/// Whether the kernel gave the `asked` pages (`was` reserved before, `got`
+/// the pool after the request): a note when it kept more; when it gave
+/// fewer, an error with how many, the free memory, what became of the
+/// reservation (`now`: the count after `was` was written back, or why that
+/// failed) and what to do.
 pub fn hugepage_verdict(
     asked: u64,
     size_kib: u64,
+    was: u64,
     got: &HugePool,
+    now: Result<u64, String>,
     mem_free_kib: Option<u64>,
 ) -> Result<Option<String>, String> {
     let name = size_name(size_kib);
@@ -791,14 +979,32 @@ pub fn hugepage_verdict(
         } else {
             format!("`hugepagesz={} hugepages={asked}`", size_flag(size_kib))
         };
+        let flag = if size_kib == 2048 {
+            String::new()
+        } else {
+            format!(" --size {}", size_flag(size_kib))
+        };
+        let outcome = match now {
+            Ok(n) if n == was => format!("nothing was changed ({was} reserved, as before)"),
+            Ok(n) => format!(
+                "setting the reservation back to {was} left {n} reserved (`upnvme setup hugepages {was}{flag}` tries again)"
+            ),
+            Err(e) => format!(
+                "{} stay reserved: setting the reservation back to {was} failed ({e}); `upnvme setup hugepages {was}{flag}` tries again",
+                got.reserved
+            ),
+        };
+        let take = if got.reserved > was {
+            format!(
+                ", keep the {} the kernel could give with `upnvme setup hugepages {}{flag}`",
+                got.reserved, got.reserved
+            )
+        } else {
+            String::new()
+        };
         return Err(format!(
-            "only {} of {asked} {name} hugepages could be reserved: the kernel found no more free, contiguous, aligned {name} blocks{free}; free memory (stop programs, `echo 3 > /proc/sys/vm/drop_caches`, `echo 1 > /proc/sys/vm/compact_memory`) and run `upnvme setup hugepages {asked}{}` again, or reserve them at boot with {boot} on the kernel command line",
+            "only {} of {asked} {name} hugepages could be reserved: the kernel found no more free, contiguous, aligned {name} blocks{free}; {outcome}; free memory (stop programs, `echo 3 > /proc/sys/vm/drop_caches`, `echo 1 > /proc/sys/vm/compact_memory`) and run `upnvme setup hugepages {asked}{flag}` again{take}, or reserve them at boot with {boot} on the kernel command line",
             got.reserved,
-            if size_kib == 2048 {
-                String::new()
-            } else {
-                format!(" --size {}", size_flag(size_kib))
-            },
         ));
     }
     if got.reserved > asked {
@@ -873,11 +1079,25 @@ mod tests {
             free: reserved,
             surplus: 0,
         };
-        assert_eq!(hugepage_verdict(128, 2048, &pool(128), None), Ok(None));
-        let e = hugepage_verdict(1000, 2048, &pool(300), Some(10240)).unwrap_err();
+        assert_eq!(
+            hugepage_verdict(128, 2048, 0, &pool(128), Ok(128), None),
+            Ok(None)
+        );
+        let e = hugepage_verdict(1000, 2048, 100, &pool(300), Ok(100), Some(10240)).unwrap_err();
         assert_eq!(
             e,
-            "only 300 of 1000 2 MiB hugepages could be reserved: the kernel found no more free, contiguous, aligned 2 MiB blocks (10 MiB of memory are free in all); free memory (stop programs, `echo 3 > /proc/sys/vm/drop_caches`, `echo 1 > /proc/sys/vm/compact_memory`) and run `upnvme setup hugepages 1000` again, or reserve them at boot with `hugepages=1000` on the kernel command line"
+            "only 300 of 1000 2 MiB hugepages could be reserved: the kernel found no more free, contiguous, aligned 2 MiB blocks (10 MiB of memory are free in all); nothing was changed (100 reserved, as before); free memory (stop programs, `echo 3 > /proc/sys/vm/drop_caches`, `echo 1 > /proc/sys/vm/compact_memory`) and run `upnvme setup hugepages 1000` again, keep the 300 the kernel could give with `upnvme setup hugepages 300`, or reserve them at boot with `hugepages=1000` on the kernel command line"
+        );
+        // Writing the old count back failed, or left another count.
+        let e = hugepage_verdict(1000, 2048, 100, &pool(300), Err("EIO".into()), None).unwrap_err();
+        assert!(
+            e.contains("; 300 stay reserved: setting the reservation back to 100 failed (EIO); `upnvme setup hugepages 100` tries again;"),
+            "{e}"
+        );
+        let e = hugepage_verdict(1000, 2048, 100, &pool(300), Ok(120), None).unwrap_err();
+        assert!(
+            e.contains("; setting the reservation back to 100 left 120 reserved"),
+            "{e}"
         );
         let g = HugePool {
             size_kib: 1 << 20,
@@ -885,11 +1105,18 @@ mod tests {
             free: 0,
             surplus: 0,
         };
-        let e = hugepage_verdict(2, 1 << 20, &g, None).unwrap_err();
+        let e = hugepage_verdict(2, 1 << 20, 0, &g, Ok(0), None).unwrap_err();
         assert!(e.starts_with("only 0 of 2 1 GiB hugepages"), "{e}");
+        assert!(
+            e.contains("nothing was changed (0 reserved, as before)"),
+            "{e}"
+        );
+        assert!(!e.contains("keep the"), "{e}");
         assert!(e.contains("`upnvme setup hugepages 2 --size 1G`"), "{e}");
         assert!(e.contains("`hugepagesz=1G hugepages=2`"), "{e}");
-        let note = hugepage_verdict(0, 2048, &pool(4), None).unwrap().unwrap();
+        let note = hugepage_verdict(0, 2048, 10, &pool(4), Ok(4), None)
+            .unwrap()
+            .unwrap();
         assert!(
             note.contains("4 2 MiB hugepages are still mapped"),
             "{note}"
