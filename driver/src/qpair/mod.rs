@@ -15,7 +15,9 @@
 //! vectors), `plain.rs` (the plain Read/Write of one buffer, compiled on its
 //! own), `metadata.rs` (data commands on formats with metadata and
 //! protection information), `split.rs` (transfers above MDTS as several
-//! commands with one completion).
+//! commands with one completion), `limits.rs` (the NVM Command Set's
+//! per-command size limits), `close.rs` (`close`: every command ends once),
+//! `clock.rs` (the timeout scan's clock).
 //!
 //! ## Ordering contract (the reason this type is `!Sync`)
 //!
@@ -50,8 +52,9 @@
 //! ## Submitting from the completion
 //!
 //! [`IoQueuePair::process_completions`] hands its callback the pair itself:
-//! `|qp, c| { qp.submit(next, c.buffer, c.tag) }` resubmits with the
-//! shortest turnaround, at any depth, and [`IoQueuePair::next_completion`]
+//! `|qp, c| { if let Err(r) = qp.submit(next, c.buffer, c.tag) { .. } }`
+//! resubmits with the shortest turnaround, at any depth (a refusal hands
+//! the buffer back in `r.buffer`), and [`IoQueuePair::next_completion`]
 //! is the same as a lending iterator. The CQ-space argument (doorbell.rs)
 //! stays true: a submission first writes the CQ head if more entries were
 //! consumed unannounced than the slack allows (`cq_space_for_submit`), so

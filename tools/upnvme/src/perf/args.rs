@@ -5,7 +5,6 @@ use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 
-/// The I/O pattern (`-w`).
 /// `--sq-announce`: when queued resubmissions are announced (shadow
 /// doorbells).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -54,6 +53,7 @@ impl From<Announce> for upnvme::SqAnnounce {
     }
 }
 
+/// The I/O pattern (`-w`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Workload {
     /// Sequential reads.
@@ -104,10 +104,12 @@ impl Workload {
 /// Flags of `upnvme perf`.
 #[derive(Args, Debug, Clone)]
 pub struct PerfArgs {
-    /// Queue depth per core (outstanding I/Os).
+    /// Queue depth per queue pair (outstanding I/Os; one pair per namespace
+    /// and core).
     #[arg(short = 'q', long = "queue-depth", default_value_t = 1)]
     pub depth: u32,
-    /// I/O size in bytes (a multiple of the LBA size, at most MDTS).
+    /// I/O size in bytes (a multiple of the LBA size; above MDTS the
+    /// library splits each I/O into several commands).
     #[arg(short = 'o', long = "io-size", default_value_t = 4096)]
     pub io_size: usize,
     /// I/O pattern.
@@ -192,7 +194,8 @@ pub struct PerfArgs {
     /// adaptive moderation.
     #[arg(long = "cq-head-every-reap")]
     pub cq_head_every_reap: bool,
-    /// Submission queue entries per queue pair (default: the driver's choice).
+    /// Submission queue entries per queue pair (default: the commands in
+    /// flight plus one, at least 256, at most CAP.MQES + 1).
     #[arg(long = "queue-entries")]
     pub queue_entries: Option<u32>,
     /// PCI address of the controller (default: the only vfio-bound NVMe controller).

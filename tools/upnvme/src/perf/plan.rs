@@ -144,9 +144,10 @@ pub fn check_args(a: &PerfArgs, cores_present: &[usize]) -> Result<ArgPlan, Usag
 }
 
 /// Every check of the flags: [`check_args`], then against the controller —
-/// namespace present, I/O size a multiple of the LBA size, within the
-/// namespace and within MDTS, `--queue-entries` within CAP.MQES + 1, the depth
-/// fitting the queue, enough granted queue pairs.
+/// namespace present, I/O size a multiple of the LBA size and within the
+/// namespace, a block within MDTS (a larger I/O is split into commands of at
+/// most MDTS), `--queue-entries` within CAP.MQES + 1, the depth (times the
+/// commands per I/O) fitting the queue, enough granted queue pairs.
 pub fn validate(
     a: &PerfArgs,
     dev: &DeviceFacts,
