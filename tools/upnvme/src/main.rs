@@ -41,7 +41,7 @@ use upnvme::{Controller, ControllerOptions, PageBacking};
 
 /// A userspace, polled NVMe driver: inspect and set up controllers bound to vfio-pci.
 #[derive(Parser, Debug)]
-#[command(name = "upnvme", version, about)]
+#[command(name = "upnvme", version)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -204,7 +204,8 @@ impl Status {
             format!("kernel command line: {}", i.cmdline.join(" "))
         };
         if i.enabled() {
-            let _ = writeln!(o, "IOMMU: on, {} groups ({cmdline})", i.groups);
+            let groups = if i.groups == 1 { "group" } else { "groups" };
+            let _ = writeln!(o, "IOMMU: on, {} {groups} ({cmdline})", i.groups);
         } else {
             let _ = writeln!(o, "IOMMU: off ({cmdline})");
             if let Some(a) = i.advice() {
@@ -1160,6 +1161,15 @@ mod tests {
             r.starts_with("refusing to bind 0000:00:09.0 to vfio-pci: it has no IOMMU group"),
             "{r}"
         );
+    }
+
+    #[test]
+    fn one_iommu_group_is_one_group() {
+        let t = Tree::new();
+        t.write("proc/cmdline", "intel_iommu=on\n");
+        t.device("0000:00:04.0", "0x010802", Some("vfio-pci"), Some(3));
+        let text = Status::read(&t.host()).unwrap().text();
+        assert!(text.contains("IOMMU: on, 1 group (kernel"), "{text}");
     }
 
     #[test]
