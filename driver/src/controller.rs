@@ -1905,6 +1905,19 @@ impl<D: Device> Inner<D> {
         // So do the reset epoch (a detached command's waiter learns of the
         // reset from it) and completions its waiters have not taken yet.
         admin.keep_detached(detached);
+        // A release that began after the check above (it takes no lock)
+        // found the controller disabled and is letting the device go, and
+        // this CC.EN = 1 enabled it again under the release (had the release
+        // seen it enabled, its CC.EN = 0 would have come after ours). Disable
+        // again at once and send nothing (the admin queue, which shares the
+        // release flag, would refuse anyway).
+        if self.is_removed() {
+            let cc = Cc(dev.read32(REG_CC));
+            if cc.en() && !Csts(dev.read32(REG_CSTS)).is_all_ones() {
+                dev.write32(REG_CC, cc.with_en(false).with_shn(Cc::SHN_NONE).0);
+            }
+            return Err(self.closed_error());
+        }
         let t = self.admin_timeout;
         // Same device? (A different serial number means something else now
         // sits at this address: refuse to carry on with the old state.)

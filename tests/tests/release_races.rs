@@ -49,6 +49,19 @@ struct Trap {
     /// MMIO writes to the doorbell area (from 1000h), whatever the model
     /// does with them (a released model ignores, and does not count, them).
     doorbells: Arc<AtomicU32>,
+    /// Holds `Device::release` before it reaches the model (see
+    /// [`Gate`]).
+    gate: Arc<Gate>,
+}
+
+/// With `hold` set, `Device::release` sets `entered` and waits (at most
+/// 3 s) for `go` before the model is released: the window in which the
+/// driver has decided to let the device go and the device still runs.
+#[derive(Default)]
+struct Gate {
+    hold: AtomicBool,
+    entered: AtomicBool,
+    go: AtomicBool,
 }
 
 impl Trap {
@@ -58,6 +71,7 @@ impl Trap {
             armed: Arc::default(),
             release_delay: Arc::default(),
             doorbells: Arc::default(),
+            gate: Arc::default(),
         }
     }
 
@@ -119,6 +133,13 @@ impl Hooks for Trap {
         self.around(Acc::W64(o, v), || self.model.write64(o, v));
     }
     fn release(&self) -> bool {
+        if self.gate.hold.load(Ordering::SeqCst) {
+            self.gate.entered.store(true, Ordering::SeqCst);
+            let start = Instant::now();
+            while !self.gate.go.load(Ordering::SeqCst) && start.elapsed() < Duration::from_secs(3) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
         let r = self.model.release();
         let d = *self.release_delay.lock().unwrap();
         std::thread::sleep(d);
@@ -552,6 +573,67 @@ fn a_release_inside_a_resets_re_enable_ends_everything_once() {
         c.identify_controller(),
         Err(Error::ControllerRemoved { .. })
     ));
+    drop(qp);
+    drop(c);
+    assert_eq!(m.violations(), Vec::<String>::new());
+}
+
+/// A release that starts inside `Controller::reset` after the reset's last
+/// look at the release flag and before its CC.EN = 1 (here: at the new
+/// admin queue's address; the release takes no lock). The release finds the
+/// controller disabled by the reset, writes nothing and goes on to
+/// `Device::release` (held here before the device is let go); the reset's
+/// CC.EN = 1 then enables the controller again under the release. The reset
+/// must disable it again before it returns `ControllerRemoved` — else the
+/// controller runs on a fresh admin queue until `Device::release` (and on a
+/// device that cannot be released, for good) — and send it no command.
+#[test]
+fn a_release_between_a_resets_last_check_and_its_enable_leaves_the_controller_disabled() {
+    let m = ModelController::new(config_one_ns(4096, 1024));
+    m.offer_release_request();
+    let trap = Trap::new(&m);
+    let c = Controller::with_device(Front(trap.clone()), mmio_opts()).unwrap();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    held_reads(&m, &c, &mut qp, 0..2);
+    trap.gate.hold.store(true, Ordering::SeqCst);
+    // Commands the controller fetched before the reset's new admin queue.
+    let before_enable = Arc::new(AtomicU32::new(0));
+    {
+        let (m, gate, before) = (m.clone(), trap.gate.clone(), before_enable.clone());
+        trap.arm(
+            false,
+            |a| matches!(a, Acc::W64(o, _) if o == reg::ASQ) && not_on_release_thread(),
+            move || {
+                before.store(m.commands_seen().len() as u32, Ordering::SeqCst);
+                m.request_release();
+                wait_until(
+                    "the release's Device::release",
+                    Duration::from_secs(3),
+                    || gate.entered.load(Ordering::SeqCst),
+                );
+            },
+        );
+    }
+    let r = c.reset();
+    assert!(trap.fired(), "the reset never re-enabled");
+    let en = m.read32(reg::CC) & 1;
+    let sent: Vec<_> = m.commands_seen()[before_enable.load(Ordering::SeqCst) as usize..].to_vec();
+    trap.gate.go.store(true, Ordering::SeqCst);
+    wait_until("the release", Duration::from_secs(3), || m.is_released());
+    assert!(
+        matches!(r, Err(Error::ControllerRemoved { .. })),
+        "reset cut by a release: {r:?}"
+    );
+    assert_eq!(
+        en, 0,
+        "the reset left the controller enabled under the release"
+    );
+    assert!(
+        sent.iter().all(|&(q, _, _)| q != 0),
+        "admin commands sent into the release: {sent:?}"
+    );
+    let out = collect(&mut qp, 2);
+    assert_each_once_with_buffer(&out, &[0, 1]);
     drop(qp);
     drop(c);
     assert_eq!(m.violations(), Vec::<String>::new());
