@@ -864,34 +864,30 @@ fn a_process_on_the_vfio_device_cdev_holds_the_controller_like_the_group() {
 // ---------------------------------------------------------------------------
 // Several addresses: what moved when one fails
 
-/// `unbind A B C` where B fails (its driver_override cannot be written):
-/// A has moved, C was not tried. The error must say so, with the commands
-/// that undo A and finish the rest.
-#[test]
-fn a_multi_address_unbind_that_fails_half_way_names_what_moved_and_what_did_not() {
-    let t = Tree::new();
+/// Controllers 04.0, 05.0 and 06.0 (IOMMU groups 3 to 5) on `driver`;
+/// 05.0's driver_override cannot be written (a directory stands where the
+/// attribute was), so moving it fails.
+fn three_with_a_stuck_middle(t: &Tree, driver: &str) {
     for (a, g) in [
         ("0000:00:04.0", 3),
         ("0000:00:05.0", 4),
         ("0000:00:06.0", 5),
     ] {
-        t.device(a, NVME, Some("vfio-pci"), Some(g));
+        t.device(a, NVME, Some(driver), Some(g));
     }
     let over = t
         .root
         .join("sys/bus/pci/devices/0000:00:05.0/driver_override");
     fs::remove_file(&over).unwrap();
     fs::create_dir(&over).unwrap();
-    let _k = Kernel::start(&t, &["nvme", "vfio-pci"]);
-    let all: Vec<String> = ["0000:00:04.0", "0000:00:05.0", "0000:00:06.0"]
-        .map(String::from)
-        .to_vec();
-    let e = unbind(&t.host(), &all).unwrap_err();
-    let msg = format!("{e:#}");
+}
+
+/// The progress lines of a multi-address bind or unbind that failed at
+/// 05.0: what was done before, the failure, what was not tried.
+#[track_caller]
+fn assert_progress(msg: &str, done: &str, not_tried: &str) {
     assert!(
-        msg.contains(
-            "\ndone before this failure: 0000:00:04.0 (vfio-pci -> nvme); `upnvme setup bind 0000:00:04.0` undoes it"
-        ),
+        msg.contains(&format!("\ndone before this failure: {done}")),
         "{msg}"
     );
     assert!(
@@ -899,10 +895,27 @@ fn a_multi_address_unbind_that_fails_half_way_names_what_moved_and_what_did_not(
         "{msg}"
     );
     assert!(
-        msg.contains(
-            "\nnot tried, left as they were: 0000:00:06.0 (on vfio-pci); `upnvme setup unbind 0000:00:05.0 0000:00:06.0` finishes once the failure is fixed"
-        ),
+        msg.contains(&format!("\nnot tried, left as they were: {not_tried}")),
         "{msg}"
+    );
+}
+
+/// `unbind A B C` where B fails (its driver_override cannot be written):
+/// A has moved, C was not tried. The error must say so, with the commands
+/// that undo A and finish the rest.
+#[test]
+fn a_multi_address_unbind_that_fails_half_way_names_what_moved_and_what_did_not() {
+    let t = Tree::new();
+    three_with_a_stuck_middle(&t, "vfio-pci");
+    let _k = Kernel::start(&t, &["nvme", "vfio-pci"]);
+    let all: Vec<String> = ["0000:00:04.0", "0000:00:05.0", "0000:00:06.0"]
+        .map(String::from)
+        .to_vec();
+    let e = unbind(&t.host(), &all).unwrap_err();
+    assert_progress(
+        &format!("{e:#}"),
+        "0000:00:04.0 (vfio-pci -> nvme); `upnvme setup bind 0000:00:04.0` undoes it",
+        "0000:00:06.0 (on vfio-pci); `upnvme setup unbind 0000:00:05.0 0000:00:06.0` finishes once the failure is fixed",
     );
     assert_eq!(driver_of(&t, "0000:00:04.0").as_deref(), Some("nvme"));
     assert_eq!(driver_of(&t, "0000:00:06.0").as_deref(), Some("vfio-pci"));
@@ -914,18 +927,7 @@ fn a_multi_address_unbind_that_fails_half_way_names_what_moved_and_what_did_not(
 fn a_multi_address_bind_that_fails_half_way_names_what_moved_and_what_did_not() {
     let t = Tree::new();
     t.device("0000:00:03.0", NVME, Some("vfio-pci"), Some(2));
-    for (a, g) in [
-        ("0000:00:04.0", 3),
-        ("0000:00:05.0", 4),
-        ("0000:00:06.0", 5),
-    ] {
-        t.device(a, NVME, Some("nvme"), Some(g));
-    }
-    let over = t
-        .root
-        .join("sys/bus/pci/devices/0000:00:05.0/driver_override");
-    fs::remove_file(&over).unwrap();
-    fs::create_dir(&over).unwrap();
+    three_with_a_stuck_middle(&t, "nvme");
     let _k = Kernel::start(&t, &["nvme", "vfio-pci"]);
     let all: Vec<String> = [
         "0000:00:03.0",
@@ -936,22 +938,10 @@ fn a_multi_address_bind_that_fails_half_way_names_what_moved_and_what_did_not() 
     .map(String::from)
     .to_vec();
     let e = bind(&t.host(), &all).unwrap_err();
-    let msg = format!("{e:#}");
-    assert!(
-        msg.contains(
-            "\ndone before this failure: 0000:00:03.0 (already on vfio-pci), 0000:00:04.0 (nvme -> vfio-pci); `upnvme setup unbind 0000:00:04.0` undoes it"
-        ),
-        "{msg}"
-    );
-    assert!(
-        msg.contains("\nfailed: 0000:00:05.0 (the error above)"),
-        "{msg}"
-    );
-    assert!(
-        msg.contains(
-            "\nnot tried, left as they were: 0000:00:06.0 (on nvme); `upnvme setup bind 0000:00:05.0 0000:00:06.0` finishes once the failure is fixed"
-        ),
-        "{msg}"
+    assert_progress(
+        &format!("{e:#}"),
+        "0000:00:03.0 (already on vfio-pci), 0000:00:04.0 (nvme -> vfio-pci); `upnvme setup unbind 0000:00:04.0` undoes it",
+        "0000:00:06.0 (on nvme); `upnvme setup bind 0000:00:05.0 0000:00:06.0` finishes once the failure is fixed",
     );
     assert_eq!(driver_of(&t, "0000:00:04.0").as_deref(), Some("vfio-pci"));
     assert_eq!(driver_of(&t, "0000:00:06.0").as_deref(), Some("nvme"));
