@@ -555,12 +555,13 @@ impl Job {
         };
         let ios = match ios {
             Ok(n) => n,
-            // Released on the kernel's request: what was in flight was just
-            // delivered (counted above); this job is over, the run reports.
+            // Released on the kernel's request: this job is over, the run
+            // reports. The call may have delivered completions and then
+            // failed (the periodic CSTS check, a later CQ look), with the
+            // commands the release ended still parked in the pair.
             Err(upnvme::Error::ControllerRemoved { .. }) => {
                 record(&mut self.w, &deferred[..n_deferred]);
-                self.w.removed = true;
-                self.w.in_flight = 0;
+                self.end_removed();
                 return Ok((0, false));
             }
             Err(e) => return Err(anyhow::Error::new(e).context("reaping completions")),
@@ -593,22 +594,31 @@ impl Job {
             let e = self.qp.describe(r);
             if matches!(e, upnvme::Error::ControllerRemoved { .. }) {
                 // Released on the kernel's request while resubmitting (the
-                // submission waited for the release to end): the commands
-                // the release ended are parked in the pair. Deliver them —
-                // counted as removed I/Os — and the job is over.
-                let w = &mut self.w;
-                let _ = self.qp.process_completions(u32::MAX, |_, c| {
-                    let removed = c.result == Err(IoError::ControllerRemoved);
-                    w.errors += u64::from(c.result.is_err() && !removed);
-                    w.removed_ios += u64::from(removed);
-                });
-                self.w.removed = true;
-                self.w.in_flight = 0;
+                // submission waited for the release to end).
+                self.end_removed();
                 return Ok((u64::from(ios), warmup_ended));
             }
             bail!("a resubmission was refused: {e}");
         }
         Ok((u64::from(ios), warmup_ended))
+    }
+}
+
+impl Job {
+    /// The controller was released on the kernel's request: delivers the
+    /// commands the release ended, parked in the pair (the library hands
+    /// them out with the next `process_completions`, also once it reports
+    /// the removal) — counted as removed I/Os — and ends the job.
+    #[cold]
+    fn end_removed(&mut self) {
+        let w = &mut self.w;
+        let _ = self.qp.process_completions(u32::MAX, |_, c| {
+            let removed = c.result == Err(IoError::ControllerRemoved);
+            w.errors += u64::from(c.result.is_err() && !removed);
+            w.removed_ios += u64::from(removed);
+        });
+        self.w.removed = true;
+        self.w.in_flight = 0;
     }
 }
 
