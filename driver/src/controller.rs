@@ -941,6 +941,7 @@ impl<D: Device> Inner<D> {
                     &self.name,
                     RELEASE_DISABLE_WAIT,
                     "CSTS.RDY = 0 after CC.EN = 0 (release)",
+                    None,
                     |c| !c.rdy(),
                 )
                 .is_ok();
@@ -1887,14 +1888,20 @@ impl<D: Device> Inner<D> {
             return Err(self.closed_error());
         }
 
-        let fresh =
-            enable_with_admin_queue(dev, name, self.cap, admin.entries(), self.ready_timeout)
-                .map_err(|f| {
-                    if let Some(keep) = f.keep {
-                        self.quarantine(keep);
-                    }
-                    f.error
-                })?;
+        let fresh = enable_with_admin_queue(
+            dev,
+            name,
+            self.cap,
+            admin.entries(),
+            self.ready_timeout,
+            Some(&self.removed),
+        )
+        .map_err(|f| {
+            if let Some(keep) = f.keep {
+                self.quarantine(keep);
+            }
+            f.error
+        })?;
         // Events reaped before the reset and not yet handed out
         // (`poll_async_events`) survive it.
         let events = admin.take_events();
@@ -2152,6 +2159,7 @@ impl<D: Device> Inner<D> {
                 &self.name,
                 timeout,
                 "CSTS.SHST = shutdown complete",
+                Some(&self.removed),
                 |c| c.shst() == Csts::SHST_COMPLETE,
             );
         }
@@ -2352,16 +2360,24 @@ fn admin_data_buffer<D: Device>(
 }
 
 /// Waits until `done(CSTS)` holds, at most `timeout`; all ones → gone, CFS →
-/// fatal. Polls without sleeping for the first few reads (fast controllers),
-/// then sleeps 100 us between reads.
+/// fatal, `removed` set → `ControllerRemoved`. Polls without sleeping for
+/// the first few reads (fast controllers), then sleeps 100 us between reads.
+///
+/// `removed` is the controller's release flag for a wait that a release on
+/// the kernel's request must end (a reset's or a close's): the release
+/// writes CC.EN = 0 and, on a device that cannot be released
+/// (`Device::release` false), leaves the registers live — CSTS.RDY = 1 or
+/// CSTS.SHST would then never come and the wait would last its whole bound.
+/// `None` for bring-up (no release is watched yet) and the release itself.
 pub(crate) fn wait_csts<D: Device>(
     dev: &D,
     name: &str,
     timeout: Duration,
     what: &str,
+    removed: Option<&AtomicBool>,
     done: impl Fn(Csts) -> bool,
 ) -> Result<()> {
-    poll_csts(dev, name, timeout, what, true, done)
+    poll_csts(dev, name, timeout, what, true, removed, done)
 }
 
 /// [`wait_csts`], with CSTS.CFS ending the wait as `ControllerFatal` only
@@ -2372,6 +2388,7 @@ fn poll_csts<D: Device>(
     timeout: Duration,
     what: &str,
     cfs_is_fatal: bool,
+    removed: Option<&AtomicBool>,
     done: impl Fn(Csts) -> bool,
 ) -> Result<()> {
     let start = Instant::now();
@@ -2391,6 +2408,11 @@ fn poll_csts<D: Device>(
                 device: name.to_string(),
             });
         }
+        if removed.is_some_and(|r| r.load(Ordering::Acquire)) {
+            return Err(Error::ControllerRemoved {
+                device: name.to_string(),
+            });
+        }
         let waited = start.elapsed();
         if waited >= timeout {
             return Err(Error::Timeout {
@@ -2406,7 +2428,10 @@ fn poll_csts<D: Device>(
 }
 
 /// CC.EN = 0 and wait for CSTS.RDY = 0 (CFS does not stop a disable: disabling
-/// is how a fatally failed controller is reset).
+/// is how a fatally failed controller is reset). A release does not end
+/// this wait: the release disables the controller too, so CSTS.RDY = 0
+/// comes regardless, and what was given to the controller is freed only
+/// once it is seen.
 pub(crate) fn disable<D: Device>(dev: &D, name: &str, timeout: Duration) -> Result<()> {
     let cc = Cc(dev.read32(REG_CC));
     let csts = Csts(dev.read32(REG_CSTS));
@@ -2418,9 +2443,14 @@ pub(crate) fn disable<D: Device>(dev: &D, name: &str, timeout: Duration) -> Resu
     if cc.en() && !csts.rdy() && !csts.cfs() {
         // §3.5.1: wait for RDY to match EN before changing EN; if it never does,
         // disable anyway.
-        let _ = wait_csts(dev, name, timeout, "CSTS.RDY = 1 before disabling", |c| {
-            c.rdy()
-        });
+        let _ = wait_csts(
+            dev,
+            name,
+            timeout,
+            "CSTS.RDY = 1 before disabling",
+            None,
+            |c| c.rdy(),
+        );
     }
     if cc.en() {
         dev.write32(REG_CC, cc.with_en(false).with_shn(Cc::SHN_NONE).0);
@@ -2432,6 +2462,7 @@ pub(crate) fn disable<D: Device>(dev: &D, name: &str, timeout: Duration) -> Resu
         timeout,
         "CSTS.RDY = 0 after CC.EN = 0",
         false,
+        None,
         |c| !c.rdy(),
     )
 }
@@ -2464,13 +2495,16 @@ pub(crate) fn mdts_limit(min_page: usize, mdts: u8) -> Option<usize> {
 
 /// Allocates a fresh admin queue, programs AQA/ASQ/ACQ, writes CC (CSS = NVM,
 /// MPS = 4 KiB, AMS = round robin, IOSQES = 6, IOCQES = 4, EN = 1) and waits for
-/// CSTS.RDY = 1. The controller must be disabled.
+/// CSTS.RDY = 1. The controller must be disabled. `removed`: as for
+/// [`wait_csts`] (a reset's enable: a release's CC.EN = 0 means CSTS.RDY = 1
+/// never comes).
 fn enable_with_admin_queue<D: Device>(
     dev: &D,
     name: &str,
     cap: Cap,
     entries: u32,
     ready_timeout: Duration,
+    removed: Option<&AtomicBool>,
 ) -> std::result::Result<AdminQueue, EnableFailure> {
     let admin = AdminQueue::new(dev, entries, cap.dstrd())
         .map_err(|error| EnableFailure { error, keep: None })?;
@@ -2490,11 +2524,15 @@ fn enable_with_admin_queue<D: Device>(
         name,
         ready_timeout,
         "CSTS.RDY = 1 after CC.EN = 1",
+        removed,
         |c| c.rdy(),
     ) {
         // CC.EN = 1 with ASQ/ACQ on this queue's memory: the controller may
         // yet become ready and use it. Disabled, it cannot, and the memory
-        // goes; if it cannot be disabled either, the memory is kept.
+        // goes; if it cannot be disabled either, the memory is kept. (After
+        // a release the disable is quick: the release wrote CC.EN = 0, or
+        // it wrote nothing because the controller was disabled before this
+        // CC.EN = 1 — then this write is the one that counts.)
         let keep = match disable(dev, name, ready_timeout) {
             Ok(()) => None,
             Err(_) => Some(admin.into_pages()),
@@ -2608,7 +2646,7 @@ fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<BroughtUp<D
         .admin_queue_entries
         .clamp(2, 4096)
         .min(cap.max_queue_entries());
-    let mut admin = match enable_with_admin_queue(&dev, &name, cap, entries, ready_timeout) {
+    let mut admin = match enable_with_admin_queue(&dev, &name, cap, entries, ready_timeout, None) {
         Ok(a) => a,
         Err(f) => {
             // The controller was disabled again (ASQ/ACQ point at memory

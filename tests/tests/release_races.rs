@@ -52,6 +52,9 @@ struct Trap {
     /// Holds `Device::release` before it reaches the model (see
     /// [`Gate`]).
     gate: Arc<Gate>,
+    /// Set: `Device::release` refuses (returns false, the model keeps
+    /// running): a device that cannot be released.
+    refuse_release: Arc<AtomicBool>,
 }
 
 /// With `hold` set, `Device::release` sets `entered` and waits (at most
@@ -72,6 +75,7 @@ impl Trap {
             release_delay: Arc::default(),
             doorbells: Arc::default(),
             gate: Arc::default(),
+            refuse_release: Arc::default(),
         }
     }
 
@@ -139,6 +143,9 @@ impl Hooks for Trap {
             while !self.gate.go.load(Ordering::SeqCst) && start.elapsed() < Duration::from_secs(3) {
                 std::thread::sleep(Duration::from_millis(1));
             }
+        }
+        if self.refuse_release.load(Ordering::SeqCst) {
+            return false;
         }
         let r = self.model.release();
         let d = *self.release_delay.lock().unwrap();
@@ -639,6 +646,67 @@ fn a_release_between_a_resets_last_check_and_its_enable_leaves_the_controller_di
     assert_eq!(m.violations(), Vec::<String>::new());
 }
 
+/// A release that lands while a reset waits for CSTS.RDY = 1 after its
+/// CC.EN = 1, on a device that cannot be released (`Device::release`
+/// returns false: the registers stay live). The release's CC.EN = 0 means
+/// CSTS.RDY = 1 never comes: the reset must see the release and end with
+/// `ControllerRemoved` at once — before, it waited out the ready timeout
+/// (2 s here) and reported a timeout. The controller stays disabled and the
+/// pair's commands end once each.
+#[test]
+fn a_release_while_a_reset_waits_for_ready_ends_the_wait() {
+    let m = ModelController::new(config_one_ns(4096, 1024));
+    m.offer_release_request();
+    let trap = Trap::new(&m);
+    trap.refuse_release.store(true, Ordering::SeqCst);
+    let options = mmio_opts();
+    let ready_timeout = options.ready_timeout.unwrap();
+    let c = Controller::with_device(Front(trap.clone()), options).unwrap();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    held_reads(&m, &c, &mut qp, 0..2);
+    {
+        let m = m.clone();
+        trap.arm(
+            true,
+            |a| {
+                matches!(a, Acc::W32(o, v) if o == reg::CC && v & 1 == 1) && not_on_release_thread()
+            },
+            move || {
+                m.request_release();
+                wait_until("the release's CC.EN = 0", Duration::from_secs(3), || {
+                    m.read32(reg::CC) & 1 == 0
+                });
+            },
+        );
+    }
+    let start = Instant::now();
+    let r = c.reset();
+    let took = start.elapsed();
+    assert!(trap.fired(), "the reset never re-enabled");
+    assert!(
+        matches!(r, Err(Error::ControllerRemoved { .. })),
+        "reset cut by a release: {r:?}"
+    );
+    assert!(
+        took < ready_timeout,
+        "the reset waited out its ready timeout ({took:?})"
+    );
+    assert_eq!(m.read32(reg::CC) & 1, 0, "the controller was left enabled");
+    // The release ends when its state update is done: then the pair ends
+    // its commands.
+    wait_until("the release", Duration::from_secs(3), || {
+        matches!(
+            c.identify_controller(),
+            Err(Error::ControllerRemoved { .. })
+        )
+    });
+    let out = collect(&mut qp, 2);
+    assert_each_once_with_buffer(&out, &[0, 1]);
+    drop(qp);
+    drop(c);
+    assert_eq!(m.violations(), Vec::<String>::new());
+}
+
 /// A release while a reset waits for its Delete I/O Submission Queue: the
 /// reset gives up promptly with `ControllerRemoved` and the pair's commands
 /// end once each.
@@ -704,6 +772,54 @@ fn a_close_cut_by_a_release_names_the_removal() {
         matches!(r, Ok(()) | Err(Error::ControllerRemoved { .. })),
         "close cut by a release: {r:?}"
     );
+}
+
+/// A release while `close()` waits for CSTS.SHST = "shutdown processing
+/// complete" (held back here), on a device that cannot be released: the
+/// release's CC.EN = 0 ends the shutdown, so SHST never reports it
+/// complete. The close must see the release and say `ControllerRemoved`
+/// at once — before, it waited out the shutdown timeout (2 s here) and
+/// reported a timeout.
+#[test]
+fn a_release_while_close_waits_for_the_shutdown_ends_the_wait() {
+    let m = ModelController::new(config_one_ns(4096, 1024));
+    m.offer_release_request();
+    let trap = Trap::new(&m);
+    trap.refuse_release.store(true, Ordering::SeqCst);
+    let options = opts();
+    let shutdown_timeout = options.shutdown_timeout.unwrap();
+    let c = Controller::with_device(Front(trap.clone()), options).unwrap();
+    m.inject(Fault::NeverShutdownComplete);
+    {
+        let m = m.clone();
+        trap.arm(
+            true,
+            |a| {
+                matches!(a, Acc::W32(o, v) if o == reg::CC && (v >> 14) & 3 != 0)
+                    && not_on_release_thread()
+            },
+            move || {
+                m.request_release();
+                wait_until("the release's CC.EN = 0", Duration::from_secs(3), || {
+                    m.read32(reg::CC) & 1 == 0
+                });
+            },
+        );
+    }
+    let start = Instant::now();
+    let r = c.close();
+    let took = start.elapsed();
+    assert!(trap.fired(), "no shutdown notification was written");
+    assert!(
+        matches!(r, Err(Error::ControllerRemoved { .. })),
+        "close cut by a release: {r:?}"
+    );
+    assert!(
+        took < shutdown_timeout,
+        "the close waited out its shutdown timeout ({took:?})"
+    );
+    assert_eq!(m.read32(reg::CC) & 1, 0, "the controller was left enabled");
+    assert_eq!(m.violations(), Vec::<String>::new());
 }
 
 /// A pair closed while its Delete I/O SQ waits and the kernel's request
