@@ -514,7 +514,9 @@ pub enum Reject {
     /// on a controller without SGL support (Identify Controller SGLS bits
     /// 1:0 = 00b), with [`crate::SglMode::Never`], or against an SGL
     /// alignment requirement (SGLS = 10b: dword-aligned addresses and
-    /// lengths).
+    /// lengths). A pair with no free slot says this rather than
+    /// [`Reject::QueueFull`] for a vector it knows no slot would help (no
+    /// SGL usable and PRPs cannot describe it).
     NotDescribable,
     /// The vector has more segments than the command's preallocated list
     /// pages hold.

@@ -408,6 +408,64 @@ fn without_sgl_support_an_odd_vector_is_refused_with_its_buffers() {
     assert_clean(&m);
 }
 
+/// A vector no slot could help (PRPs cannot describe it, no SGLs) is
+/// `NotDescribable` on a full pair too, not `QueueFull` — which would send
+/// the caller to reap and retry for the same refusal. With SGLs usable the
+/// full pair says `QueueFull` (whether an SGL fits is known only in a slot).
+#[test]
+fn a_full_pair_refuses_an_undescribable_vector_as_such() {
+    for (sgls, want) in [(0, Reject::NotDescribable), (1, Reject::QueueFull)] {
+        let (m, c) = model_with_sgls(sgls);
+        let ns = c.namespace(1).unwrap().clone();
+        let mut qp = c
+            .io_queue_pair(QueuePairOptions {
+                entries: Some(4),
+                ..Default::default()
+            })
+            .unwrap();
+        let read = IoCommand::Read {
+            ns: &ns,
+            slba: 0,
+            blocks: 8,
+        };
+        let mut tag = 0;
+        loop {
+            let b = c.alloc_dma(4096).unwrap();
+            match qp.submit_io(read, IoData::buffer(b), tag) {
+                Ok(_) => tag += 1,
+                Err(r) => {
+                    assert_eq!(r.reason, Reject::QueueFull);
+                    break;
+                }
+            }
+            assert!(tag < 64, "the pair never filled");
+        }
+        let v = vector(&c, &[(4096, 0, 1000), (4096, 0, 24)]);
+        let r = qp
+            .submit_io(
+                IoCommand::Read {
+                    ns: &ns,
+                    slba: 0,
+                    blocks: 2,
+                },
+                IoData::vectored(v),
+                99,
+            )
+            .unwrap_err();
+        assert_eq!(r.reason, want, "SGLS {sgls}");
+        assert_eq!(r.segments.map(|v| v.len()), Some(2));
+        let mut done = 0;
+        while done < tag {
+            qp.process_completions(u32::MAX, |_, c| {
+                assert!(c.result.is_ok(), "{c:?}");
+                done += 1;
+            })
+            .unwrap();
+        }
+        assert_clean(&m);
+    }
+}
+
 #[test]
 fn sgl_never_refuses_what_prps_cannot_describe() {
     let (m, c) = model_with_sgls(1);

@@ -407,7 +407,7 @@ impl<D: Device> IoQueuePair<D> {
             && self.trackers.in_flight() + self.ready.len() as u32 >= self.max_depth
         {
             return Err(Rejected::with_memory(
-                Reject::QueueFull,
+                self.full_refusal(&data, segments.as_ref()),
                 buffer,
                 segments,
                 metadata,
@@ -435,12 +435,8 @@ impl<D: Device> IoQueuePair<D> {
         }
         // The tracker before the SQE and the doorbell (see the module docs).
         let Some((cid, t)) = self.trackers.alloc_mut() else {
-            return Err(Rejected::with_memory(
-                Reject::QueueFull,
-                buffer,
-                segments,
-                metadata,
-            ));
+            let reason = self.full_refusal(&data, segments.as_ref());
+            return Err(Rejected::with_memory(reason, buffer, segments, metadata));
         };
         t.tag = tag;
         t.buffer = buffer;
@@ -507,6 +503,28 @@ impl<D: Device> IoQueuePair<D> {
             self.ring_sq_now();
         }
         Ok(slot)
+    }
+
+    /// Why a command that finds the pair full is refused: `QueueFull`
+    /// (retry after a reap), unless no free slot would help — a vector that
+    /// PRPs cannot describe where no SGL may carry it (the controller has
+    /// none, or [`SglMode::Never`]) is `NotDescribable` whether a slot is
+    /// free or not, and retrying it on `QueueFull` would only earn that
+    /// refusal later. (Whether an SGL could carry a vector is known only
+    /// once its list is built in a slot: with SGLs usable, `QueueFull`.)
+    #[cold]
+    #[inline(never)]
+    fn full_refusal(&self, data: &Data, segments: Option<&IoVec>) -> Reject {
+        if let (Data::Vector(bytes), Some(v)) = (data, segments) {
+            let sgl_usable = self.sgl_mode != SglMode::Never && self.sgl.supported();
+            let count = v.pieces_at(0, *bytes).count();
+            let prp_ok =
+                self.sgl_mode != SglMode::Always && prp_describable(v.pieces_at(0, *bytes), count);
+            if !sgl_usable && !prp_ok {
+                return Reject::NotDescribable;
+            }
+        }
+        Reject::QueueFull
     }
 
     /// Takes back a command that was given a CID but not written to the SQ.
