@@ -162,6 +162,10 @@ pub(crate) struct Inner<D: Device> {
     /// asks for: a `Controller::reset` that finds the flag taken by a
     /// concurrent `poll_async_events` returns only once that check ended.
     pub(crate) namespace_check: Mutex<()>,
+    /// Held while a Format NVM is sent and waited for
+    /// (`Controller::format_nvm_run`): formats from several threads go one
+    /// after the other.
+    pub(crate) format_lock: Mutex<()>,
     /// Namespaces found attached by a check (not announced by the
     /// controller) and announced to the application since its last
     /// `refresh_namespaces`: announced once, not at every poll.
@@ -2705,6 +2709,7 @@ fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<BroughtUp<D
         namespaces_unverified: AtomicBool::new(false),
         notice_gaps: Default::default(),
         namespace_check: Mutex::new(()),
+        format_lock: Mutex::new(()),
         attached_announced: Mutex::new(Vec::new()),
         unready: Mutex::new(Vec::new()),
     };

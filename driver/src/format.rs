@@ -124,7 +124,55 @@ impl<D: Device> Controller<D> {
     /// LBA format it does not support) can be formatted too: its Identify
     /// Namespace data is read again for the checks. A target LBA format
     /// whose data size the driver cannot use is refused.
+    ///
+    /// The same in two halves, for an application that shares the
+    /// controller between threads: [`Controller::format_nvm_run`] (`&self`)
+    /// and [`Controller::format_nvm_finish`] (`&mut self`).
     pub fn format_nvm(&mut self, nsid: u32, format: &FormatNvm) -> Result<Namespace> {
+        let run = self.format_nvm_run(nsid, format);
+        self.format_nvm_finish(run)
+    }
+
+    /// The first half of [`Controller::format_nvm`], which needs only
+    /// `&self`: the checks, the handles retired, the reset when queue pairs
+    /// exist, the Format NVM sent and waited for (up to
+    /// [`FormatNvm::timeout`]). What it does not do is read the namespaces
+    /// again (that changes the controller's list, so it needs `&mut self`):
+    /// hand what it returns to [`Controller::format_nvm_finish`], which does
+    /// and returns the outcome. An application that shares the controller
+    /// behind a lock holds it shared for this half — other threads' calls go
+    /// on while a format (a secure erase may take minutes) runs, and can
+    /// watch its progress (Identify Namespace FPI) — and exclusively for the
+    /// second. Until `format_nvm_finish`, the formatted namespaces' handles
+    /// are retired and [`Controller::namespace`] hands out those retired
+    /// handles (every command with them is refused as stale); a
+    /// [`Controller::refresh_namespaces`] reads them again too. Formats
+    /// started on several threads at once are sent one after the other.
+    #[must_use = "hand it to Controller::format_nvm_finish: until then the namespace's handles are retired"]
+    pub fn format_nvm_run(&self, nsid: u32, format: &FormatNvm) -> FormatNvmRun {
+        match self.format_nvm_send(nsid, format) {
+            Ok((formatted, outcome)) => FormatNvmRun {
+                device: self.device_name().to_string(),
+                instance: self.inner.instance(),
+                nsid,
+                formatted,
+                outcome,
+            },
+            // Refused before anything was retired or sent.
+            Err(e) => FormatNvmRun {
+                device: self.device_name().to_string(),
+                instance: self.inner.instance(),
+                nsid,
+                formatted: Vec::new(),
+                outcome: Err(e),
+            },
+        }
+    }
+
+    /// The checks and the command of [`Controller::format_nvm_run`]: the
+    /// namespaces whose handles were retired and the command's outcome, or
+    /// a refusal before anything was retired.
+    fn format_nvm_send(&self, nsid: u32, format: &FormatNvm) -> Result<(Vec<u32>, Result<()>)> {
         let id = match self.namespace(nsid) {
             Ok(ns) => ns.identify().clone(),
             // A namespace the driver cannot use (its LBA format, or its
@@ -241,12 +289,46 @@ impl<D: Device> Controller<D> {
         // refusal (nothing formatted) must leave fresh handles behind, not
         // the retired ones (every I/O would be refused as stale, and
         // `Controller::namespace` would keep handing them out).
+        // One Format NVM at a time (it takes one of the identifiers the
+        // admin queue keeps for the driver's own commands).
+        let _one = self
+            .inner
+            .format_lock
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let outcome = if self.inner.io_queues_in_use() {
             self.inner.reset()
         } else {
             Ok(())
         }
-        .and_then(|()| self.inner.execute_detached(sqe, None, &what, timeout, true));
+        .and_then(|()| self.inner.execute_detached(sqe, None, &what, timeout, true))
+        .map(drop);
+        Ok((formatted, outcome))
+    }
+
+    /// The second half of [`Controller::format_nvm`]: reads again the
+    /// namespaces `run` formatted (every namespace when Identify Controller
+    /// FNA bit 0 is set), whatever the command's outcome, and returns the
+    /// new handle of the namespace formatted, or the error of the command
+    /// (or of the checks before it, when nothing was sent). A `run` of
+    /// another controller is refused ([`Error::InvalidArgument`]) and
+    /// changes nothing.
+    pub fn format_nvm_finish(&mut self, run: FormatNvmRun) -> Result<Namespace> {
+        if run.instance != self.inner.instance() {
+            return Err(Error::InvalidArgument(format!(
+                "Controller::format_nvm_finish: the Format NVM of namespace {} ran on {}, not on \
+                 {} (hand it to the controller whose format_nvm_run returned it)",
+                run.nsid,
+                run.device,
+                self.device_name()
+            )));
+        }
+        let FormatNvmRun {
+            nsid,
+            formatted,
+            outcome,
+            ..
+        } = run;
         let mut result = None;
         let mut failed = None;
         for n in formatted {
@@ -305,5 +387,37 @@ impl<D: Device> Controller<D> {
             return Err(e);
         }
         result.unwrap_or_else(|| self.namespace(nsid).cloned())
+    }
+}
+
+/// A Format NVM that [`Controller::format_nvm_run`] sent and waited for
+/// (or refused): its outcome, and which namespaces
+/// [`Controller::format_nvm_finish`] is to read again.
+#[derive(Debug)]
+#[must_use = "hand it to Controller::format_nvm_finish: until then the namespace's handles are retired"]
+pub struct FormatNvmRun {
+    /// The controller's name, for the refusal of a run of another.
+    device: String,
+    /// The controller's instance (`Inner::instance`): which controller ran it.
+    instance: u64,
+    /// The namespace asked for.
+    nsid: u32,
+    /// The namespaces whose handles were retired (none when the checks
+    /// refused the format).
+    formatted: Vec<u32>,
+    /// The command's outcome, or the checks' refusal.
+    outcome: Result<()>,
+}
+
+impl FormatNvmRun {
+    /// The namespace formatted.
+    pub fn nsid(&self) -> u32 {
+        self.nsid
+    }
+
+    /// Whether the controller reported the format done (the namespaces
+    /// are still to be read again by [`Controller::format_nvm_finish`]).
+    pub fn succeeded(&self) -> bool {
+        self.outcome.is_ok()
     }
 }

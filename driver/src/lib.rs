@@ -44,7 +44,7 @@ pub use device::{Device, ReadOnlyMemory, ReleaseRequest, VfioNvme};
 pub use error::{
     Error, IoError, IoFailure, NvmLimit, PiCheck, RangeCommand, Reject, Rejected, Result,
 };
-pub use format::{FormatNvm, SecureErase};
+pub use format::{FormatNvm, FormatNvmRun, SecureErase};
 pub use hotplug::{HotplugEvent, Watcher, watch};
 pub use namespace::{MetadataLayout, Namespace};
 pub use namespace_list::NamespaceChanges;

@@ -526,3 +526,93 @@ fn a_pair_runs_io_on_another_namespace_during_a_format_on_a_six_entry_admin_queu
     drop(qp);
     drop(c);
 }
+
+// ---------------------------------------------------------------------------
+// The two halves (`format_nvm_run` with `&self`, `format_nvm_finish` with
+// `&mut self`): while one thread's format waits, other threads use the same
+// controller — admin commands, Identify Namespace of the namespace being
+// formatted — and the finish reads the namespace again.
+// ---------------------------------------------------------------------------
+
+#[test]
+fn other_threads_use_the_controller_while_format_nvm_run_waits() {
+    let m = ModelController::new(cfg_two_512());
+    let mut c = open(&m, mmio_opts());
+    let old = c.namespace(1).unwrap().clone();
+    hold_format(&m);
+    let run = std::thread::scope(|s| {
+        let waiter = s.spawn(|| {
+            c.format_nvm_run(
+                1,
+                &FormatNvm {
+                    timeout: Some(Duration::from_secs(20)),
+                    ..FormatNvm::lbaf(4)
+                },
+            )
+        });
+        wait_held(&m, 1);
+        // The same controller, shared, while the format is outstanding.
+        for _ in 0..5 {
+            assert_eq!(c.identify_controller().unwrap().sn, c.identify().sn);
+            // The model formats at fetch and holds only the completion:
+            // Identify already shows 512 blocks of 4096 bytes.
+            let ns = c.identify_namespace(1).unwrap();
+            assert_eq!(ns.nsze, 512);
+        }
+        assert!(
+            old.is_stale(),
+            "the handle was not retired before the command"
+        );
+        assert_eq!(m.delayed_completions(), 1);
+        m.release_delayed();
+        waiter.join().unwrap()
+    });
+    assert_eq!(run.nsid(), 1);
+    assert!(run.succeeded());
+    // Until the finish, the retired handle is what the controller lists.
+    assert!(c.namespace(1).unwrap().is_stale());
+    let fresh = c.format_nvm_finish(run).unwrap();
+    assert_eq!(fresh.lba_size(), 4096);
+    assert!(!fresh.is_stale());
+    assert_eq!(c.namespace(1).unwrap().lba_size(), 4096);
+    assert_eq!(c.namespace(2).unwrap().lba_size(), 512);
+    assert!(m.violations().is_empty(), "{:?}", m.violations());
+}
+
+/// A run handed to another controller's finish is refused and changes
+/// nothing there; its own controller then finishes it.
+#[test]
+fn format_nvm_finish_refuses_a_run_of_another_controller() {
+    let (m1, m2) = (
+        ModelController::new(cfg_two_512()),
+        ModelController::new(cfg_two_512()),
+    );
+    let (mut c1, mut c2) = (open(&m1, mmio_opts()), open(&m2, mmio_opts()));
+    let run = c1.format_nvm_run(1, &FormatNvm::lbaf(4));
+    let e = c2.format_nvm_finish(run).unwrap_err();
+    assert!(
+        matches!(&e, upnvme::Error::InvalidArgument(s) if s.contains("format_nvm_run")),
+        "{e}"
+    );
+    assert_eq!(c2.namespace(1).unwrap().lba_size(), 512);
+    assert!(!c2.namespace(1).unwrap().is_stale());
+    // The run was consumed: c1's handle stays retired until a refresh.
+    assert!(c1.namespace(1).unwrap().is_stale());
+    c1.refresh_namespaces().unwrap();
+    assert_eq!(c1.namespace(1).unwrap().lba_size(), 4096);
+}
+
+/// Checks that refuse the format retire nothing: the finish returns the
+/// refusal and the handle stays current.
+#[test]
+fn a_refused_format_nvm_run_retires_nothing() {
+    let m = ModelController::new(cfg_two_512());
+    let mut c = open(&m, mmio_opts());
+    let run = c.format_nvm_run(1, &FormatNvm::lbaf(15));
+    assert!(!run.succeeded());
+    assert!(!c.namespace(1).unwrap().is_stale());
+    let e = c.format_nvm_finish(run).unwrap_err();
+    assert!(matches!(e, upnvme::Error::InvalidArgument(_)), "{e}");
+    assert!(!c.namespace(1).unwrap().is_stale());
+    assert_eq!(c.namespace(1).unwrap().lba_size(), 512);
+}

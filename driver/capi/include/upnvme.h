@@ -590,9 +590,12 @@ int upnvme_ctrl_get_log_page(const struct upnvme_ctrl *ctrl,
  * (the old geometry must not reach the new format); they re-create their
  * queues at their next `process_completions` and run I/O on other
  * namespaces while the format runs. Other calls on this controller handle
- * wait for it, and it for the calls in progress (an admin passthrough
- * waiting for its command does not count). A reset during the format (a
- * pair's recovery) ends it with
+ * go on while the command runs (a secure erase may take minutes: an admin
+ * passthrough of Identify Namespace can watch its progress, FPI); only
+ * its last step, reading the namespaces again, waits for the calls in
+ * progress and they for it, as `upnvme_ctrl_refresh_namespaces` does.
+ * Formats from several threads run one after the other. A reset during
+ * the format (a pair's recovery) ends it with
  * `UPNVME_ECANCELED`: it may or may not have happened.
  *
  * # Safety

@@ -278,13 +278,16 @@ pub(crate) type SharedNamespaces = Arc<Mutex<Vec<Namespace>>>;
 pub struct Ctrl<D: Device> {
     /// The controller (`None` only once taken by close). Read-locked by
     /// every call on the handle, write-locked by the namespace refresh
-    /// (`Controller::refresh_namespaces` replaces the controller's list):
+    /// (`Controller::refresh_namespaces` replaces the controller's list)
+    /// and the end of a Format NVM (`Controller::format_nvm_finish`):
     /// the handle may be shared by threads for every call but close.
     ctrl: RwLock<Option<Controller<D>>>,
     pub(crate) nss: SharedNamespaces,
     /// Events polled but not yet handed out (more than the caller's array
     /// took).
     events: Mutex<VecDeque<AsyncEvent>>,
+    /// Held through a whole Format NVM (see `Ctrl::format_nvm`).
+    format: Mutex<()>,
 }
 
 impl<D: Device> Ctrl<D> {
@@ -294,6 +297,7 @@ impl<D: Device> Ctrl<D> {
             nss: Arc::new(Mutex::new(c.namespaces().to_vec())),
             ctrl: RwLock::new(Some(c)),
             events: Mutex::new(VecDeque::new()),
+            format: Mutex::new(()),
         }
     }
 
@@ -386,16 +390,28 @@ impl<D: Device> Ctrl<D> {
 
     /// Format NVM of namespace `nsid` (`Controller::format_nvm`); the
     /// namespaces were read again whatever the outcome, and the queue pairs
-    /// use the new handles from their next submission. Waits for the calls
-    /// in progress on this handle, and they for it (a write lock; an admin
-    /// passthrough does not hold the handle while it waits).
+    /// use the new handles from their next submission. The command is sent
+    /// and waited for under the handle's read lock
+    /// (`Controller::format_nvm_run`), so other calls on the handle go on
+    /// while it runs; only reading the namespaces again
+    /// (`Controller::format_nvm_finish`) takes the write lock, which waits
+    /// for the calls in progress. Formats from several threads run one
+    /// after the other, each to its end (`format`), so that none holds the
+    /// read lock through another's wait.
     pub(crate) fn format_nvm(&self, nsid: u32, f: &upnvme_format) -> upnvme::Result<()> {
         let format = f.to_format()?;
+        let _one = self.format.lock().unwrap_or_else(PoisonError::into_inner);
+        let run = {
+            let Some(c) = self.get() else {
+                return Err(closed());
+            };
+            c.format_nvm_run(nsid, &format)
+        };
         let mut guard = self.ctrl.write().unwrap_or_else(PoisonError::into_inner);
         let Some(c) = guard.as_mut() else {
             return Err(closed());
         };
-        let r = c.format_nvm(nsid, &format);
+        let r = c.format_nvm_finish(run);
         *self.nss.lock().unwrap_or_else(PoisonError::into_inner) = c.namespaces().to_vec();
         r.map(drop)
     }

@@ -2167,6 +2167,77 @@ fn format_nvm_changes_the_geometry_the_pairs_use() {
     assert!(m.violations().is_empty(), "{:?}", m.violations());
 }
 
+/// `upnvme_ctrl_format_nvm` holds the handle's write lock only to read the
+/// namespaces again: while the Format NVM is outstanding (held by the
+/// model), other threads' calls on the handle — `ns_get_info`, an admin
+/// passthrough of Identify Namespace (its FPI), the namespace list — run.
+/// Before, each waited for the whole format (up to its timeout).
+#[test]
+fn calls_on_the_handle_go_on_while_a_format_nvm_is_outstanding() {
+    use upnvme_tests::{Fault, Match};
+    let (m, c) = model();
+    let h = crate::Ctrl::new(c);
+    m.inject(Fault::DelayCompletion {
+        on: Match::Opcode {
+            qid: 0,
+            opcode: 0x80,
+        },
+        doorbells: None,
+    });
+    std::thread::scope(|s| {
+        let format = s.spawn(|| {
+            h.format_nvm(
+                1,
+                &crate::upnvme_format {
+                    lbaf: 4,
+                    timeout_ms: 20_000,
+                    ..Default::default()
+                },
+            )
+        });
+        let start = std::time::Instant::now();
+        while m.delayed_completions() == 0 {
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "no Format NVM reached the controller"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // Each of these waited for the format before (a write lock held
+        // throughout): here the format is still held by the model.
+        // The handle retired, its geometry as it was until the format ends.
+        assert_eq!(h.ns_info(1).unwrap().lba_size, 512);
+        let cmd = crate::upnvme_admin_cmd {
+            opcode: 0x06,
+            nsid: 1,
+            cdw10: 0x00,
+            ..Default::default()
+        };
+        let mut data = vec![0u8; 4096];
+        let mut cpl = crate::upnvme_admin_cpl::default();
+        assert_eq!(
+            h.admin_passthru_c(&cmd, &mut data, &mut cpl),
+            UPNVME_OK,
+            "{}",
+            last_error()
+        );
+        let ids: Vec<u32> = h
+            .get()
+            .unwrap()
+            .namespaces()
+            .iter()
+            .map(|n| n.id())
+            .collect();
+        assert_eq!(ids, vec![1]);
+        assert_eq!(m.delayed_completions(), 1, "the format ended early");
+        m.release_delayed();
+        format.join().unwrap().unwrap();
+    });
+    assert_eq!(h.ns_info(1).unwrap().lba_size, 4096);
+    drop(h);
+    assert!(m.violations().is_empty(), "{:?}", m.violations());
+}
+
 /// Reserved bytes must be 0: refused with nothing sent (a later version
 /// may give them a meaning).
 #[test]
