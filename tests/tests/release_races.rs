@@ -646,6 +646,53 @@ fn a_release_between_a_resets_last_check_and_its_enable_leaves_the_controller_di
     assert_eq!(m.violations(), Vec::<String>::new());
 }
 
+/// Runs `call` with a release on request raised right after the first CC
+/// write (from another thread than the release's) whose value `cc_matches`,
+/// waiting there until the release's CC.EN = 0 reached the model; returns
+/// what `call` returned and how long it took.
+fn release_after_cc_write<T>(
+    trap: &Trap,
+    cc_matches: impl Fn(u32) -> bool + Send + Sync + 'static,
+    call: impl FnOnce() -> T,
+) -> (T, Duration) {
+    let m = trap.model.clone();
+    trap.arm(
+        true,
+        move |a| {
+            matches!(a, Acc::W32(o, v) if o == reg::CC && cc_matches(v)) && not_on_release_thread()
+        },
+        move || {
+            m.request_release();
+            wait_until("the release's CC.EN = 0", Duration::from_secs(3), || {
+                m.read32(reg::CC) & 1 == 0
+            });
+        },
+    );
+    let start = Instant::now();
+    let r = call();
+    let took = start.elapsed();
+    assert!(trap.fired(), "the CC write never came");
+    (r, took)
+}
+
+/// `what`, cut by a release whose CC.EN = 0 made its register wait
+/// hopeless, ended with `ControllerRemoved` before its `bound`, and the
+/// controller is disabled.
+fn assert_cut_short(
+    what: &str,
+    r: upnvme::Result<()>,
+    took: Duration,
+    bound: Duration,
+    m: &ModelController,
+) {
+    assert!(
+        matches!(r, Err(Error::ControllerRemoved { .. })),
+        "{what} cut by a release: {r:?}"
+    );
+    assert!(took < bound, "{what} waited out its bound ({took:?})");
+    assert_eq!(m.read32(reg::CC) & 1, 0, "the controller was left enabled");
+}
+
 /// A release that lands while a reset waits for CSTS.RDY = 1 after its
 /// CC.EN = 1, on a device that cannot be released (`Device::release`
 /// returns false: the registers stay live). The release's CC.EN = 0 means
@@ -664,34 +711,8 @@ fn a_release_while_a_reset_waits_for_ready_ends_the_wait() {
     let c = Controller::with_device(Front(trap.clone()), options).unwrap();
     let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
     held_reads(&m, &c, &mut qp, 0..2);
-    {
-        let m = m.clone();
-        trap.arm(
-            true,
-            |a| {
-                matches!(a, Acc::W32(o, v) if o == reg::CC && v & 1 == 1) && not_on_release_thread()
-            },
-            move || {
-                m.request_release();
-                wait_until("the release's CC.EN = 0", Duration::from_secs(3), || {
-                    m.read32(reg::CC) & 1 == 0
-                });
-            },
-        );
-    }
-    let start = Instant::now();
-    let r = c.reset();
-    let took = start.elapsed();
-    assert!(trap.fired(), "the reset never re-enabled");
-    assert!(
-        matches!(r, Err(Error::ControllerRemoved { .. })),
-        "reset cut by a release: {r:?}"
-    );
-    assert!(
-        took < ready_timeout,
-        "the reset waited out its ready timeout ({took:?})"
-    );
-    assert_eq!(m.read32(reg::CC) & 1, 0, "the controller was left enabled");
+    let (r, took) = release_after_cc_write(&trap, |v| v & 1 == 1, || c.reset());
+    assert_cut_short("the reset", r, took, ready_timeout, &m);
     // The release ends when its state update is done: then the pair ends
     // its commands.
     wait_until("the release", Duration::from_secs(3), || {
@@ -790,35 +811,8 @@ fn a_release_while_close_waits_for_the_shutdown_ends_the_wait() {
     let shutdown_timeout = options.shutdown_timeout.unwrap();
     let c = Controller::with_device(Front(trap.clone()), options).unwrap();
     m.inject(Fault::NeverShutdownComplete);
-    {
-        let m = m.clone();
-        trap.arm(
-            true,
-            |a| {
-                matches!(a, Acc::W32(o, v) if o == reg::CC && (v >> 14) & 3 != 0)
-                    && not_on_release_thread()
-            },
-            move || {
-                m.request_release();
-                wait_until("the release's CC.EN = 0", Duration::from_secs(3), || {
-                    m.read32(reg::CC) & 1 == 0
-                });
-            },
-        );
-    }
-    let start = Instant::now();
-    let r = c.close();
-    let took = start.elapsed();
-    assert!(trap.fired(), "no shutdown notification was written");
-    assert!(
-        matches!(r, Err(Error::ControllerRemoved { .. })),
-        "close cut by a release: {r:?}"
-    );
-    assert!(
-        took < shutdown_timeout,
-        "the close waited out its shutdown timeout ({took:?})"
-    );
-    assert_eq!(m.read32(reg::CC) & 1, 0, "the controller was left enabled");
+    let (r, took) = release_after_cc_write(&trap, |v| (v >> 14) & 3 != 0, || c.close());
+    assert_cut_short("the close", r, took, shutdown_timeout, &m);
     assert_eq!(m.violations(), Vec::<String>::new());
 }
 
