@@ -1364,9 +1364,9 @@ impl<D: Device> Inner<D> {
         let mut data = data.map_or((None, None), |(d, l)| (Some(d), l));
         let (ticket, sent) = loop {
             let started = self.with_admin(|dev, name, admin| {
-                // The driver's own command (Format NVM: one at a time, the
-                // controller borrowed mutably) takes one of the identifiers
-                // kept for the driver, whatever the queue's size.
+                // The driver's own command (Format NVM: one at a time,
+                // `Inner::format_lock`) takes one of the identifiers kept
+                // for the driver, whatever the queue's size.
                 let room = if own {
                     Room::Yes
                 } else {
@@ -2446,16 +2446,19 @@ pub(crate) fn disable<D: Device>(dev: &D, name: &str, timeout: Duration) -> Resu
     }
     if cc.en() && !csts.rdy() && !csts.cfs() {
         // §3.5.1: wait for RDY to match EN before changing EN; if it never does,
-        // disable anyway.
+        // disable anyway. CC.EN read back as 0 ends the wait too: someone
+        // else (a release on the kernel's request) disabled the controller
+        // meanwhile, and RDY = 1 will not come.
         let _ = wait_csts(
             dev,
             name,
             timeout,
             "CSTS.RDY = 1 before disabling",
             None,
-            |c| c.rdy(),
+            |c| c.rdy() || !Cc(dev.read32(REG_CC)).en(),
         );
     }
+    let cc = Cc(dev.read32(REG_CC));
     if cc.en() {
         dev.write32(REG_CC, cc.with_en(false).with_shn(Cc::SHN_NONE).0);
     }
@@ -2534,9 +2537,11 @@ fn enable_with_admin_queue<D: Device>(
         // CC.EN = 1 with ASQ/ACQ on this queue's memory: the controller may
         // yet become ready and use it. Disabled, it cannot, and the memory
         // goes; if it cannot be disabled either, the memory is kept. (After
-        // a release the disable is quick: the release wrote CC.EN = 0, or
-        // it wrote nothing because the controller was disabled before this
-        // CC.EN = 1 — then this write is the one that counts.)
+        // a release: if the release writes CC.EN = 0, the disable's wait
+        // for CSTS.RDY = 1 ends when it reads that back; if the release
+        // wrote nothing — the controller was disabled when it looked,
+        // before this CC.EN = 1 — this disable is the one that counts, and
+        // waits for RDY = 1 first as §3.5.1 asks, up to `ready_timeout`.)
         let keep = match disable(dev, name, ready_timeout) {
             Ok(()) => None,
             Err(_) => Some(admin.into_pages()),

@@ -312,7 +312,9 @@ impl<D: Device> Controller<D> {
     /// new handle of the namespace formatted, or the error of the command
     /// (or of the checks before it, when nothing was sent). A `run` of
     /// another controller is refused ([`Error::InvalidArgument`]) and
-    /// changes nothing.
+    /// changes nothing here; it is consumed, so its own controller's
+    /// handles stay retired until that controller's
+    /// [`Controller::refresh_namespaces`].
     pub fn format_nvm_finish(&mut self, run: FormatNvmRun) -> Result<Namespace> {
         if run.instance != self.inner.instance() {
             return Err(Error::InvalidArgument(format!(

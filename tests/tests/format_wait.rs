@@ -580,7 +580,8 @@ fn other_threads_use_the_controller_while_format_nvm_run_waits() {
 }
 
 /// A run handed to another controller's finish is refused and changes
-/// nothing there; its own controller then finishes it.
+/// nothing there; it is consumed, so its own controller's handle stays
+/// retired until a namespace refresh reads it again.
 #[test]
 fn format_nvm_finish_refuses_a_run_of_another_controller() {
     let (m1, m2) = (

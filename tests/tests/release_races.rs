@@ -795,6 +795,60 @@ fn a_close_cut_by_a_release_names_the_removal() {
     );
 }
 
+/// The same release, seen by the reset's ready wait before its CC.EN = 0
+/// reaches a controller that is not ready yet (the release sets its flag
+/// first, then reads CSTS and CC; held here for 200 ms at its CC write,
+/// standing in for a window of microseconds): the reset's disable, which
+/// waits for CSTS.RDY = 1 before clearing CC.EN, must stop waiting when it
+/// reads CC.EN = 0 back — before, it waited out the ready timeout (2 s).
+#[test]
+fn a_release_seen_before_its_cc_write_does_not_hold_the_resets_disable() {
+    let m = ModelController::new(config_one_ns(4096, 1024));
+    m.offer_release_request();
+    let trap = Trap::new(&m);
+    trap.refuse_release.store(true, Ordering::SeqCst);
+    let options = mmio_opts();
+    let ready_timeout = options.ready_timeout.unwrap();
+    let c = Controller::with_device(Front(trap.clone()), options).unwrap();
+    let _qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    // Not ready after the reset's CC.EN = 1.
+    m.inject(Fault::NeverReady);
+    let held = Arc::new(AtomicBool::new(false));
+    {
+        let (m, inner, held) = (m.clone(), trap.clone(), held.clone());
+        trap.arm(
+            true,
+            |a| {
+                matches!(a, Acc::W32(o, v) if o == reg::CC && v & 1 == 1) && not_on_release_thread()
+            },
+            move || {
+                let h = held.clone();
+                // The release's CC.EN = 0, held before it reaches the model.
+                inner.arm(
+                    false,
+                    |a| {
+                        matches!(a, Acc::W32(o, v) if o == reg::CC && v & 1 == 0)
+                            && on_release_thread()
+                    },
+                    move || {
+                        h.store(true, Ordering::SeqCst);
+                        std::thread::sleep(Duration::from_millis(200));
+                    },
+                );
+                m.request_release();
+                wait_until("the release's CC write", Duration::from_secs(3), || {
+                    held.load(Ordering::SeqCst)
+                });
+            },
+        );
+    }
+    let start = Instant::now();
+    let r = c.reset();
+    let took = start.elapsed();
+    assert!(trap.fired(), "the CC write never came");
+    assert_cut_short("the reset", r, took, ready_timeout, &m);
+}
+
 /// A release while `close()` waits for CSTS.SHST = "shutdown processing
 /// complete" (held back here), on a device that cannot be released: the
 /// release's CC.EN = 0 ends the shutdown, so SHST never reports it

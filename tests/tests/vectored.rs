@@ -423,23 +423,7 @@ fn a_full_pair_refuses_an_undescribable_vector_as_such() {
                 ..Default::default()
             })
             .unwrap();
-        let read = IoCommand::Read {
-            ns: &ns,
-            slba: 0,
-            blocks: 8,
-        };
-        let mut tag = 0;
-        loop {
-            let b = c.alloc_dma(4096).unwrap();
-            match qp.submit_io(read, IoData::buffer(b), tag) {
-                Ok(_) => tag += 1,
-                Err(r) => {
-                    assert_eq!(r.reason, Reject::QueueFull);
-                    break;
-                }
-            }
-            assert!(tag < 64, "the pair never filled");
-        }
+        let held = fill(&c, &ns, &mut qp);
         let v = vector(&c, &[(4096, 0, 1000), (4096, 0, 24)]);
         let r = qp
             .submit_io(
@@ -454,15 +438,79 @@ fn a_full_pair_refuses_an_undescribable_vector_as_such() {
             .unwrap_err();
         assert_eq!(r.reason, want, "SGLS {sgls}");
         assert_eq!(r.segments.map(|v| v.len()), Some(2));
-        let mut done = 0;
-        while done < tag {
-            qp.process_completions(u32::MAX, |_, c| {
-                assert!(c.result.is_ok(), "{c:?}");
-                done += 1;
-            })
-            .unwrap();
-        }
+        drain(&mut qp, held);
         assert_clean(&m);
+    }
+}
+
+/// The same for a vector above MDTS (split into several commands): with a
+/// free slot or none, `NotDescribable` when a child cannot be described
+/// (the split path refused for room before it looked at the children).
+#[test]
+fn a_full_pair_refuses_an_undescribable_split_vector_as_such() {
+    let (m, c) = model_with_sgls(0);
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c
+        .io_queue_pair(QueuePairOptions {
+            entries: Some(4),
+            ..Default::default()
+        })
+        .unwrap();
+    // 1000 + 24 + 1 MiB: above the model's MDTS (512 KiB), and the
+    // 1000-byte piece's end is no page boundary.
+    let layout: &[(usize, usize, usize)] = &[(4096, 0, 1000), (4096, 0, 24), (1 << 20, 0, 1 << 20)];
+    let cmd = IoCommand::Read {
+        ns: &ns,
+        slba: 0,
+        blocks: ((1000 + 24 + (1 << 20)) / 512) as u32,
+    };
+    let r = qp
+        .submit_io(cmd, IoData::vectored(vector(&c, layout)), 98)
+        .unwrap_err();
+    assert_eq!(r.reason, Reject::NotDescribable, "with room");
+    let held = fill(&c, &ns, &mut qp);
+    let r = qp
+        .submit_io(cmd, IoData::vectored(vector(&c, layout)), 99)
+        .unwrap_err();
+    assert_eq!(r.reason, Reject::NotDescribable, "on a full pair");
+    assert_eq!(r.segments.map(|v| v.len()), Some(3));
+    drain(&mut qp, held);
+    assert_clean(&m);
+}
+
+/// Fills the pair with one-page reads (until `QueueFull`); returns how many.
+fn fill(
+    c: &Controller<ModelController>,
+    ns: &upnvme::Namespace,
+    qp: &mut upnvme::IoQueuePair<ModelController>,
+) -> u64 {
+    let read = IoCommand::Read {
+        ns,
+        slba: 0,
+        blocks: 8,
+    };
+    let mut tag = 0;
+    loop {
+        match qp.submit_io(read, IoData::buffer(c.alloc_dma(4096).unwrap()), tag) {
+            Ok(_) => tag += 1,
+            Err(r) => {
+                assert_eq!(r.reason, Reject::QueueFull);
+                return tag;
+            }
+        }
+        assert!(tag < 64, "the pair never filled");
+    }
+}
+
+/// Reaps `n` successful completions.
+fn drain(qp: &mut upnvme::IoQueuePair<ModelController>, n: u64) {
+    let mut done = 0;
+    while done < n {
+        qp.process_completions(u32::MAX, |_, c| {
+            assert!(c.result.is_ok(), "{c:?}");
+            done += 1;
+        })
+        .unwrap();
     }
 }
 

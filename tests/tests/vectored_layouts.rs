@@ -1629,9 +1629,10 @@ fn a_batch_of_vectors_completes_each_accepted_command_once_with_its_own_memory()
                     accepted.insert(tag, (slba, blocks, nseg));
                 }
                 Err(r) => {
-                    // (With no slot free, a vector PRPs cannot describe is
-                    // refused `QueueFull` first: its placement needs a slot.)
-                    let want = if tag % 3 == 2 && in_flight < depth {
+                    // A vector PRPs cannot describe (no SGLs here) is
+                    // `NotDescribable` with or without a free slot (before
+                    // the forty-second session: `QueueFull` with none).
+                    let want = if tag % 3 == 2 {
                         Reject::NotDescribable
                     } else {
                         assert!(in_flight + children > depth, "tag {tag}: refused with room");

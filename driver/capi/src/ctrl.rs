@@ -286,7 +286,8 @@ pub struct Ctrl<D: Device> {
     /// Events polled but not yet handed out (more than the caller's array
     /// took).
     events: Mutex<VecDeque<AsyncEvent>>,
-    /// Held through a whole Format NVM (see `Ctrl::format_nvm`).
+    /// Held through a whole Format NVM (see `Ctrl::format_nvm`), and by a
+    /// namespace refresh before it asks for the write lock (`Ctrl::refresh`).
     format: Mutex<()>,
 }
 
@@ -460,6 +461,10 @@ impl<D: Device> Ctrl<D> {
     /// in progress on this handle (a write lock; an admin passthrough does
     /// not hold the handle while it waits).
     pub(crate) fn refresh(&self) -> upnvme::Result<NamespaceChanges> {
+        // After a format in progress, not queued as a writer behind its read
+        // lock: std's `RwLock` admits no reader while a writer waits, so
+        // every other call on the handle would wait for the whole format.
+        let _format = self.format.lock().unwrap_or_else(PoisonError::into_inner);
         let mut guard = self.ctrl.write().unwrap_or_else(PoisonError::into_inner);
         let Some(c) = guard.as_mut() else {
             return Err(closed());

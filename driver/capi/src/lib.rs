@@ -356,8 +356,12 @@ pub unsafe extern "C" fn upnvme_ctrl_get_log_page(
 /// go on while the command runs (a secure erase may take minutes: an admin
 /// passthrough of Identify Namespace can watch its progress, FPI); only
 /// its last step, reading the namespaces again, waits for the calls in
-/// progress and they for it, as `upnvme_ctrl_refresh_namespaces` does.
-/// Formats from several threads run one after the other. A reset during
+/// progress and they for it, as `upnvme_ctrl_refresh_namespaces` does
+/// (which, asked for during a format, runs after it). Until that step,
+/// `upnvme_ns_get_info` of a formatted namespace gives its geometry from
+/// before the format, and the pairs refuse commands to it
+/// (`UPNVME_EINVAL`, "formatted or changed"). Formats from several threads
+/// run one after the other. A reset during
 /// the format (a pair's recovery) ends it with
 /// `UPNVME_ECANCELED`: it may or may not have happened.
 ///

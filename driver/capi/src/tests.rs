@@ -2238,6 +2238,66 @@ fn calls_on_the_handle_go_on_while_a_format_nvm_is_outstanding() {
     assert!(m.violations().is_empty(), "{:?}", m.violations());
 }
 
+/// A namespace refresh asked for while a Format NVM is outstanding waits
+/// for the format without queuing for the write lock: `ns_get_info` on a
+/// third thread still runs (std's `RwLock` admits no reader while a writer
+/// waits, so a refresh queued behind the format's read lock held every call
+/// on the handle for the whole format — from a review).
+#[test]
+fn a_refresh_during_a_format_nvm_does_not_hold_the_other_calls() {
+    use upnvme_tests::{Fault, Match};
+    let (m, c) = model();
+    let h = crate::Ctrl::new(c);
+    m.inject(Fault::DelayCompletion {
+        on: Match::Opcode {
+            qid: 0,
+            opcode: 0x80,
+        },
+        doorbells: None,
+    });
+    std::thread::scope(|s| {
+        let format = s.spawn(|| {
+            h.format_nvm(
+                1,
+                &crate::upnvme_format {
+                    lbaf: 4,
+                    timeout_ms: 20_000,
+                    ..Default::default()
+                },
+            )
+        });
+        let start = std::time::Instant::now();
+        while m.delayed_completions() == 0 {
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "no Format NVM reached the controller"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let refresh = s.spawn(|| h.refresh());
+        std::thread::sleep(Duration::from_millis(100));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let h = &h;
+        let info = s.spawn(move || {
+            let r = h.ns_info(1).map(|i| i.lba_size);
+            tx.send(()).unwrap();
+            r
+        });
+        let answered = rx.recv_timeout(Duration::from_secs(2)).is_ok();
+        m.release_delayed();
+        format.join().unwrap().unwrap();
+        refresh.join().unwrap().unwrap();
+        info.join().unwrap().unwrap();
+        assert!(
+            answered,
+            "upnvme_ns_get_info waited for the whole Format NVM behind a queued refresh"
+        );
+    });
+    assert_eq!(h.ns_info(1).unwrap().lba_size, 4096);
+    drop(h);
+    assert!(m.violations().is_empty(), "{:?}", m.violations());
+}
+
 /// Reserved bytes must be 0: refused with nothing sent (a later version
 /// may give them a meaning).
 #[test]

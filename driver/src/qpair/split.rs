@@ -665,6 +665,15 @@ impl<D: Device> IoQueuePair<D> {
         io: IoData,
         tag: u64,
     ) -> Result<Key, Rejected> {
+        let flags = io.flags;
+        // 1. Every child is checked before anything is taken (and before
+        // the room: a command no room would help is refused as what it is).
+        for i in 0..k {
+            let c = pieces.child(i, io.segments.as_ref());
+            if let Err(r) = self.build(&c.cmd, c.mem, flags, c.md, c.protection) {
+                return Err(refused(r, io));
+            }
+        }
         // Room in the SQ for every child too, so that writing them below
         // cannot fail halfway (after the head inference of
         // `sq_push_when_full` when the SQ looks short).
@@ -676,15 +685,17 @@ impl<D: Device> IoQueuePair<D> {
             || (!self.ready.is_empty()
                 && self.trackers.in_flight() + self.ready.len() as u32 + k > self.max_depth)
         {
-            return Err(refused(Reject::QueueFull, io));
-        }
-        let flags = io.flags;
-        // 1. Every child is checked before anything is taken.
-        for i in 0..k {
-            let c = pieces.child(i, io.segments.as_ref());
-            if let Err(r) = self.build(&c.cmd, c.mem, flags, c.md, c.protection) {
-                return Err(refused(r, io));
-            }
+            let reason = (0..k)
+                .map(|i| {
+                    let c = pieces.child(i, io.segments.as_ref());
+                    match self.build(&c.cmd, c.mem, flags, c.md, c.protection) {
+                        Ok((_, data)) => self.full_refusal(&data, io.segments.as_ref(), c.offset),
+                        Err(r) => r,
+                    }
+                })
+                .find(|r| *r != Reject::QueueFull)
+                .unwrap_or(Reject::QueueFull);
+            return Err(refused(reason, io));
         }
         let base = io.buffer.as_ref().map_or(0, DmaBuffer::iova);
         let segments = io.segments;

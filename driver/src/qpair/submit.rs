@@ -407,7 +407,7 @@ impl<D: Device> IoQueuePair<D> {
             && self.trackers.in_flight() + self.ready.len() as u32 >= self.max_depth
         {
             return Err(Rejected::with_memory(
-                self.full_refusal(&data, segments.as_ref()),
+                self.full_refusal(&data, segments.as_ref(), 0),
                 buffer,
                 segments,
                 metadata,
@@ -435,7 +435,7 @@ impl<D: Device> IoQueuePair<D> {
         }
         // The tracker before the SQE and the doorbell (see the module docs).
         let Some((cid, t)) = self.trackers.alloc_mut() else {
-            let reason = self.full_refusal(&data, segments.as_ref());
+            let reason = self.full_refusal(&data, segments.as_ref(), 0);
             return Err(Rejected::with_memory(reason, buffer, segments, metadata));
         };
         t.tag = tag;
@@ -512,14 +512,21 @@ impl<D: Device> IoQueuePair<D> {
     /// free or not, and retrying it on `QueueFull` would only earn that
     /// refusal later. (Whether an SGL could carry a vector is known only
     /// once its list is built in a slot: with SGLs usable, `QueueFull`.)
+    /// `offset`: where the command's data starts in the vector (a split's
+    /// child, split.rs; 0 otherwise).
     #[cold]
     #[inline(never)]
-    fn full_refusal(&self, data: &Data, segments: Option<&IoVec>) -> Reject {
+    pub(super) fn full_refusal(
+        &self,
+        data: &Data,
+        segments: Option<&IoVec>,
+        offset: usize,
+    ) -> Reject {
         if let (Data::Vector(bytes), Some(v)) = (data, segments) {
             let sgl_usable = self.sgl_mode != SglMode::Never && self.sgl.supported();
-            let count = v.pieces_at(0, *bytes).count();
-            let prp_ok =
-                self.sgl_mode != SglMode::Always && prp_describable(v.pieces_at(0, *bytes), count);
+            let count = v.pieces_at(offset, *bytes).count();
+            let prp_ok = self.sgl_mode != SglMode::Always
+                && prp_describable(v.pieces_at(offset, *bytes), count);
             if !sgl_usable && !prp_ok {
                 return Reject::NotDescribable;
             }
