@@ -10,8 +10,9 @@
 //! device's `driver` link as the kernel would (probe honours
 //! `driver_override`; without one, the nvme driver takes an NVMe class
 //! device; vfio-pci has no ID table), and log what they did. Nothing here
-//! touches the machine's /sys, /dev or /proc (the one real path read is
-//! `/dev/vfio/N`, which `bind_one` waits up to 2 s for after a binding).
+//! touches the machine's /sys, /dev or /proc: the fake kernel also creates
+//! the group's node under the tree's `dev/vfio/` when it binds vfio-pci,
+//! which `bind_one` waits (up to 2 s) to see.
 
 use std::fs;
 use std::os::unix::fs::{OpenOptionsExt, symlink};
@@ -144,6 +145,15 @@ fn do_probe(sys: &Path, addr: &str, beh: &Mutex<Behaviour>) -> String {
                 && !beh.lock().unwrap().refuse.contains(&c) =>
         {
             symlink(sys.join("bus/pci/drivers").join(&c), dev.join("driver")).unwrap();
+            // vfio-pci's group node appears with the binding.
+            if c == "vfio-pci"
+                && let (Some(root), Some(g)) =
+                    (sys.parent(), link_basename(&dev.join("iommu_group")))
+            {
+                let node = root.join("dev/vfio").join(g);
+                fs::create_dir_all(node.parent().unwrap()).unwrap();
+                fs::write(node, "").unwrap();
+            }
             format!("probe {addr} -> {c}")
         }
         c => format!("probe {addr}: no driver took it ({c:?})"),

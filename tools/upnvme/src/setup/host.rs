@@ -17,6 +17,8 @@ use upnvme::dma::pci::{NVME_CLASS, PciAddress, PciFunction, Sysfs};
 pub struct Host {
     sys: PathBuf,
     proc_root: PathBuf,
+    /// Where device nodes are (`/dev`; a fake tree's in tests).
+    dev: PathBuf,
     /// Whether the kernel holds a block device node exclusively
     /// ([`claimed_by_kernel`]; replaced in tests).
     claim_probe: fn(&Path) -> bool,
@@ -589,8 +591,21 @@ impl Host {
         Host {
             sys: sys.into(),
             proc_root: proc_root.into(),
+            dev: PathBuf::from("/dev"),
             claim_probe: claimed_by_kernel,
         }
+    }
+
+    /// The same host with its device nodes under `dev` (tests).
+    #[cfg(test)]
+    pub fn with_dev(mut self, dev: impl Into<PathBuf>) -> Host {
+        self.dev = dev.into();
+        self
+    }
+
+    /// A path below the device node directory (`vfio/3` gives `/dev/vfio/3`).
+    pub fn dev_path(&self, rel: &str) -> PathBuf {
+        self.dev.join(rel)
     }
 
     /// The same host with `probe` instead of [`claimed_by_kernel`].
@@ -1120,7 +1135,9 @@ pub mod fake {
         /// The tree as a host; no block device claimed (the real probe
         /// would look at this machine's /dev).
         pub fn host(&self) -> Host {
-            Host::at(self.root.join("sys"), self.root.join("proc")).with_claim_probe(|_| false)
+            Host::at(self.root.join("sys"), self.root.join("proc"))
+                .with_dev(self.root.join("dev"))
+                .with_claim_probe(|_| false)
         }
 
         /// Writes `text` to `rel` (below the tree), creating directories.

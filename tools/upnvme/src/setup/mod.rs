@@ -708,7 +708,7 @@ fn bind_one(host: &Host, c: &ControllerInfo) -> Result<Option<String>> {
         bail!("{a} did not bind to vfio-pci{why}; the kernel log (`dmesg | tail`) says why{undo}",);
     }
     // The group's device node appears with the binding.
-    let node = Path::new("/dev/vfio").join(group.to_string());
+    let node = host.dev_path(&format!("vfio/{group}"));
     let start = Instant::now();
     while !node.exists() && start.elapsed() < Duration::from_secs(2) {
         std::thread::sleep(Duration::from_millis(20));
