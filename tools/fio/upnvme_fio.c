@@ -151,6 +151,10 @@ struct upnvme_fio_thread {
 	 * statistics and issue time come with the commit. */
 	struct io_u **queued_ious;
 	unsigned int queued;
+	/* The file getevents polls first: the one after the file it started
+	 * with last time, so that with several files and a small `max` no
+	 * file's completions wait behind the others'. */
+	unsigned int poll_from;
 };
 
 /* The errno fio reports for a UPNVME_E* code: the C API's codes are
@@ -469,6 +473,11 @@ static int open_files(struct thread_data *td)
 		} else if (td->o.pre_read) {
 			log_err("upnvme: pre_read=1 reads the file through a file descriptor, and this "
 				"engine has none (the namespace is reached through VFIO): leave it out\n");
+		} else if (td->o.sync_io) {
+			log_err("upnvme: sync= asks for synchronous writes (%s), and this engine's "
+				"writes carry no Force Unit Access: leave sync= out, and use fsync=N "
+				"or end_fsync=1 for Flush commands through the engine\n",
+				td->o.sync_io == O_DSYNC ? "O_DSYNC" : "O_SYNC");
 		} else if (td->o.fsync_on_close) {
 			log_err("upnvme: fsync_on_close=1 calls fsync() on a file descriptor, and this "
 				"engine has none: use end_fsync=1 (a Flush through the engine at the "
@@ -549,17 +558,16 @@ static int upnvme_fio_open_file(struct thread_data *td, struct fio_file *f)
 					    : td->o.max_bs[DDIR_WRITE];
 	unsigned long long pieces = max_transfer ? (max_rw + max_transfer - 1) / max_transfer : 1;
 	/* Without upnvme_entries, a pair that holds the whole iodepth when the
-	 * library's default (256 entries) would not and the controller allows
-	 * it (CAP.MQES): fio then never sees the pair full. */
+	 * library's default (min(256, CAP.MQES + 1 over 2) entries) would
+	 * not: as many entries as that takes, at most the controller's
+	 * CAP.MQES + 1 — fio then never sees the pair full, or as late as the
+	 * controller allows. */
 	unsigned long long want = (unsigned long long)td->o.iodepth * pieces + 1;
-	int sized = !o->entries && want > 256 && want <= 65536;
-	if (sized)
-		qo.entries = (unsigned int)want;
+	unsigned int limit = upnvme_ctrl_max_queue_entries(uf->sc->ctrl);
+	unsigned int dflt = limit / 2 < 256 ? limit / 2 : 256;
+	if (!o->entries && want > dflt)
+		qo.entries = want < limit ? (unsigned int)want : limit;
 	int rc = upnvme_qpair_create(uf->sc->ctrl, &qo, &uf->qp);
-	if (rc == UPNVME_EINVAL && sized) {
-		qo.entries = 0; /* above CAP.MQES + 1: the default then */
-		rc = upnvme_qpair_create(uf->sc->ctrl, &qo, &uf->qp);
-	}
 	if (rc != UPNVME_OK)
 		return fail(td, "upnvme_qpair_create", rc);
 	unsigned int depth = upnvme_qpair_max_depth(uf->qp);
@@ -579,11 +587,19 @@ static int upnvme_fio_open_file(struct thread_data *td, struct fio_file *f)
 			 * FIO_Q_BUSY, and a mixed job's verify pass replays the
 			 * seeds in order: every block after the first busy write
 			 * would fail to verify although its data is right. */
-			log_err("upnvme: queue pair holds %u commands, less than iodepth %u x %llu "
-				"command(s) per I/O: a mixed read/write job with verify would report "
-				"false mismatches when the pair is full; use a lower iodepth or "
-				"upnvme_entries=%llu (at most the controller's CAP.MQES + 1)\n",
-				depth, td->o.iodepth, pieces, want);
+			if (want <= limit)
+				log_err("upnvme: queue pair holds %u commands, less than iodepth %u x "
+					"%llu command(s) per I/O: a mixed read/write job with verify "
+					"would report false mismatches when the pair is full; use a "
+					"lower iodepth or upnvme_entries=%llu\n",
+					depth, td->o.iodepth, pieces, want);
+			else
+				log_err("upnvme: queue pair holds %u commands, less than iodepth %u x "
+					"%llu command(s) per I/O: a mixed read/write job with verify "
+					"would report false mismatches when the pair is full, and the "
+					"controller's queues take at most %u entries (CAP.MQES + 1): "
+					"use iodepth=%llu or less\n",
+					depth, td->o.iodepth, pieces, limit, (limit - 1) / pieces);
 			upnvme_qpair_destroy(uf->qp);
 			uf->qp = NULL;
 			td_verror(td, EINVAL, "upnvme_open_file");
@@ -855,7 +871,6 @@ static int upnvme_fio_getevents(struct thread_data *td, unsigned int min, unsign
 	struct upnvme_fio_thread *t = td->io_ops_data;
 	struct timespec start;
 	struct fio_file *f;
-	unsigned int i;
 
 	t->nr_events = 0;
 	if (max > t->max_events)
@@ -870,9 +885,13 @@ static int upnvme_fio_getevents(struct thread_data *td, unsigned int min, unsign
 	}
 	if (timeout)
 		fio_gettime(&start, NULL);
+	unsigned int nr_files = td->o.nr_files;
+	unsigned int from = nr_files ? t->poll_from % nr_files : 0;
+	t->poll_from = from + 1;
 	for (;;) {
-		for_each_file(td, f, i) {
-			struct upnvme_fio_file *uf = f->engine_data;
+		for (unsigned int k = 0; k < nr_files; k++) {
+			f = td->files[(from + k) % nr_files];
+			struct upnvme_fio_file *uf = f ? f->engine_data : NULL;
 			if (!uf || !uf->qp || t->nr_events >= max)
 				continue;
 			int rc = upnvme_qpair_process_completions(uf->qp, max - t->nr_events);

@@ -717,6 +717,18 @@ int upnvme_ns_get_info(const struct upnvme_ctrl *ctrl, uint32_t nsid, struct upn
 uint64_t upnvme_ctrl_max_transfer(const struct upnvme_ctrl *ctrl);
 
 /**
+ * The most entries an I/O queue of this controller may have (CAP.MQES + 1):
+ * the largest `entries` (and `cq_entries`) `upnvme_qpair_create` takes. A
+ * pair of `n` submission queue entries holds `n - 1` commands
+ * (`upnvme_qpair_max_depth`); the default (`entries` 0) is
+ * min(256, this / 2).
+ *
+ * # Safety
+ * `ctrl` is null (returns 0) or a live handle.
+ */
+uint32_t upnvme_ctrl_max_queue_entries(const struct upnvme_ctrl *ctrl);
+
+/**
  * Allocates a DMA buffer of `len` bytes (4 KiB aligned, zeroed, mapped for
  * the controller). Free it with `upnvme_buf_free`.
  *

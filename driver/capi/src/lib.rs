@@ -634,6 +634,25 @@ pub unsafe extern "C" fn upnvme_ctrl_max_transfer(ctrl: *const upnvme_ctrl) -> u
     })
 }
 
+/// The most entries an I/O queue of this controller may have (CAP.MQES + 1):
+/// the largest `entries` (and `cq_entries`) `upnvme_qpair_create` takes. A
+/// pair of `n` submission queue entries holds `n - 1` commands
+/// (`upnvme_qpair_max_depth`); the default (`entries` 0) is
+/// min(256, this / 2).
+///
+/// # Safety
+/// `ctrl` is null (returns 0) or a live handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn upnvme_ctrl_max_queue_entries(ctrl: *const upnvme_ctrl) -> u32 {
+    guard_or(0, || {
+        // SAFETY: the caller's contract.
+        let Ok(c) = (unsafe { ctrl_ref(ctrl) }) else {
+            return 0;
+        };
+        c.cap().max_queue_entries().min(65536)
+    })
+}
+
 /// Allocates a DMA buffer of `len` bytes (4 KiB aligned, zeroed, mapped for
 /// the controller). Free it with `upnvme_buf_free`.
 ///

@@ -234,6 +234,12 @@ fn build_engine(paths: &Paths, tree: &Path) -> Result<PathBuf> {
         // The engine exports only what fio looks up (`ioengine`), not the
         // thousands of Rust symbols the static library brings.
         .arg("-Wl,--exclude-libs,ALL")
+        // Never unloaded: fio drops its last reference to the engine when
+        // the last job ends, right after the job's cleanup closed its
+        // controllers, while each controller's release watcher thread (in
+        // the library linked in here) may still be asleep in its 100 ms
+        // poll — unmapped, it would wake into freed code.
+        .arg("-Wl,-z,nodelete")
         .arg(prefix.join("lib/libupnvme_c.a"))
         .args(capi::PRIVATE_LIBS.split_whitespace())
         .arg("-lgcc_s");
