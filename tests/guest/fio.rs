@@ -599,9 +599,10 @@ fn fio_a_job_file_naming_the_engine_runs_to_a_clean_exit() {
 /// gets a pair as deep as the controller allows (CAP.MQES + 1 = 2048 entries
 /// on QEMU's default: 2047 commands), not the default's 255 (a review: the
 /// engine fell back to the default when the depth exceeded CAP.MQES + 1).
-/// `sync=1` is refused with the reason (the engine's writes carry no FUA).
+/// `sync=1` writes (Force Unit Access through `upnvme_write_flags`: the
+/// host tests check CDW12) verify.
 #[test]
-fn fio_deep_jobs_get_the_deepest_pair_and_sync_is_refused() {
+fn fio_deep_jobs_get_the_deepest_pair_and_sync_writes_verify() {
     if !enabled() {
         return;
     }
@@ -621,19 +622,17 @@ fn fio_deep_jobs_get_the_deepest_pair_and_sync_is_refused() {
             || err.contains("queue pair holds 2047 commands"),
         "{out}\n{err}"
     );
-    let o = fio(&[
-        "--name=sync",
-        &f,
-        "--rw=randwrite",
-        "--bs=4k",
-        "--iodepth=1",
-        "--size=1M",
-        "--sync=1",
-    ]);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(o.status.code(), Some(1), "{err}");
-    assert!(
-        err.contains("sync= asks for synchronous writes (O_SYNC)"),
-        "{err}"
-    );
+    for sync in ["--sync=1", "--sync=dsync"] {
+        passed(&fio(&[
+            "--name=sync",
+            &f,
+            "--rw=randwrite",
+            "--bs=4k",
+            "--iodepth=4",
+            "--size=1M",
+            sync,
+            "--verify=crc32c",
+            "--do_verify=1",
+        ]));
+    }
 }

@@ -473,11 +473,6 @@ static int open_files(struct thread_data *td)
 		} else if (td->o.pre_read) {
 			log_err("upnvme: pre_read=1 reads the file through a file descriptor, and this "
 				"engine has none (the namespace is reached through VFIO): leave it out\n");
-		} else if (td->o.sync_io) {
-			log_err("upnvme: sync= asks for synchronous writes (%s), and this engine's "
-				"writes carry no Force Unit Access: leave sync= out, and use fsync=N "
-				"or end_fsync=1 for Flush commands through the engine\n",
-				td->o.sync_io == O_DSYNC ? "O_DSYNC" : "O_SYNC");
 		} else if (td->o.fsync_on_close) {
 			log_err("upnvme: fsync_on_close=1 calls fsync() on a file descriptor, and this "
 				"engine has none: use end_fsync=1 (a Flush through the engine at the "
@@ -787,11 +782,14 @@ static enum fio_q_status upnvme_fio_queue(struct thread_data *td, struct io_u *i
 			io_u->error = EINVAL;
 			return FIO_Q_COMPLETED;
 		}
+		/* sync=1 / sync=dsync (O_SYNC / O_DSYNC): each write is durable
+		 * when it completes — Force Unit Access, as the kernel does for
+		 * such writes to a block device. */
 		rc = io_u->ddir == DDIR_READ
 			     ? upnvme_read(uf->qp, uf->nsid, u->piece, slba, (uint32_t)blocks,
 					   upnvme_fio_done, u)
-			     : upnvme_write(uf->qp, uf->nsid, u->piece, slba, (uint32_t)blocks,
-					    upnvme_fio_done, u);
+			     : upnvme_write_flags(uf->qp, uf->nsid, u->piece, slba, (uint32_t)blocks,
+						  td->o.sync_io ? UPNVME_IO_FUA : 0, upnvme_fio_done, u);
 		break;
 	case DDIR_TRIM: {
 		struct upnvme_range r = {.slba = slba, .blocks = (uint32_t)blocks};

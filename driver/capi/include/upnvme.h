@@ -38,6 +38,21 @@
 #include <stdint.h>
 
 /**
+ * `flags` bit of `upnvme_read_flags` / `upnvme_write_flags`: FUA (CDW12
+ * bit 30), Force Unit Access — a write reaches non-volatile media before it
+ * completes (what `O_SYNC`/`O_DSYNC` ask of a write); a read comes from
+ * non-volatile media.
+ */
+#define UPNVME_IO_FUA (1 << 0)
+
+/**
+ * `flags` bit of `upnvme_read_flags` / `upnvme_write_flags`: LR (CDW12 bit
+ * 31), Limited Retry — the controller applies limited retry efforts before
+ * it fails the command.
+ */
+#define UPNVME_IO_LIMITED_RETRY (1 << 1)
+
+/**
  * Success.
  */
 #define UPNVME_OK 0
@@ -953,6 +968,39 @@ int upnvme_write(struct upnvme_qpair *qp,
                  uint32_t blocks,
                  upnvme_cmd_cb cb,
                  void *cb_arg);
+
+/**
+ * `upnvme_read` with per-command `flags`: `UPNVME_IO_FUA`,
+ * `UPNVME_IO_LIMITED_RETRY`, or 0. Another bit is refused with
+ * `UPNVME_EINVAL` and nothing is sent.
+ *
+ * # Safety
+ * `qp` a live pair; `buf` a live handle.
+ */
+int upnvme_read_flags(struct upnvme_qpair *qp,
+                      uint32_t nsid,
+                      struct upnvme_buf *buf,
+                      uint64_t slba,
+                      uint32_t blocks,
+                      uint32_t flags,
+                      upnvme_cmd_cb cb,
+                      void *cb_arg);
+
+/**
+ * `upnvme_write` with per-command `flags`, as `upnvme_read_flags`:
+ * `UPNVME_IO_FUA` makes the write durable when it completes.
+ *
+ * # Safety
+ * `qp` a live pair; `buf` a live handle.
+ */
+int upnvme_write_flags(struct upnvme_qpair *qp,
+                       uint32_t nsid,
+                       struct upnvme_buf *buf,
+                       uint64_t slba,
+                       uint32_t blocks,
+                       uint32_t flags,
+                       upnvme_cmd_cb cb,
+                       void *cb_arg);
 
 /**
  * Flush (commit the volatile write cache) of namespace `nsid`, an active

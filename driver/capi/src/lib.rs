@@ -1082,6 +1082,39 @@ unsafe fn submit(
     })
 }
 
+/// [`submit`] with a C `flags` word (`UPNVME_IO_*`), refused with
+/// `UPNVME_EINVAL` when it has an unknown bit.
+///
+/// # Safety
+/// As [`submit`].
+unsafe fn submit_flags(
+    qp: *mut upnvme_qpair,
+    nsid: u32,
+    cmd: Cmd<'_>,
+    flags: u32,
+    buf: *mut upnvme_buf,
+    cb: upnvme_cmd_cb,
+    arg: *mut c_void,
+) -> c_int {
+    guard(|| {
+        let Some(f) = io_flags(flags) else {
+            return fail(
+                UPNVME_EINVAL,
+                format!(
+                    "flags 0x{flags:x}: bits other than UPNVME_IO_FUA (0x1) and \
+                     UPNVME_IO_LIMITED_RETRY (0x2) are not defined; nothing was sent"
+                ),
+            );
+        };
+        // SAFETY: as in `submit`.
+        let Some(q) = (unsafe { qp.as_mut() }) else {
+            return fail(UPNVME_EINVAL, "the queue pair handle is NULL");
+        };
+        // SAFETY: `buf` null or live (the caller's contract).
+        unsafe { q.0.submit_with(nsid, cmd, f, buf, cb, arg) }
+    })
+}
+
 /// Reads `blocks` logical blocks at `slba` of namespace `nsid` into `buf`
 /// (at least `blocks × LBA size` bytes), then rings the SQ doorbell. `cb`
 /// (may be NULL) runs from `upnvme_qpair_process_completions` with `cb_arg`;
@@ -1120,6 +1153,79 @@ pub unsafe extern "C" fn upnvme_write(
 ) -> c_int {
     // SAFETY: the caller's contract.
     unsafe { submit(qp, nsid, Cmd::Write { slba, blocks }, buf, cb, cb_arg) }
+}
+
+/// `flags` bit of `upnvme_read_flags` / `upnvme_write_flags`: FUA (CDW12
+/// bit 30), Force Unit Access — a write reaches non-volatile media before it
+/// completes (what `O_SYNC`/`O_DSYNC` ask of a write); a read comes from
+/// non-volatile media.
+pub const UPNVME_IO_FUA: u32 = 1 << 0;
+/// `flags` bit of `upnvme_read_flags` / `upnvme_write_flags`: LR (CDW12 bit
+/// 31), Limited Retry — the controller applies limited retry efforts before
+/// it fails the command.
+pub const UPNVME_IO_LIMITED_RETRY: u32 = 1 << 1;
+
+/// The `IoFlags` of a C `flags` word; `None` when it has a bit this version
+/// does not know (refused, so that a later meaning never runs silently as
+/// nothing).
+fn io_flags(flags: u32) -> Option<upnvme::IoFlags> {
+    (flags & !(UPNVME_IO_FUA | UPNVME_IO_LIMITED_RETRY) == 0).then_some(upnvme::IoFlags {
+        fua: flags & UPNVME_IO_FUA != 0,
+        limited_retry: flags & UPNVME_IO_LIMITED_RETRY != 0,
+    })
+}
+
+/// `upnvme_read` with per-command `flags`: `UPNVME_IO_FUA`,
+/// `UPNVME_IO_LIMITED_RETRY`, or 0. Another bit is refused with
+/// `UPNVME_EINVAL` and nothing is sent.
+///
+/// # Safety
+/// `qp` a live pair; `buf` a live handle.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn upnvme_read_flags(
+    qp: *mut upnvme_qpair,
+    nsid: u32,
+    buf: *mut upnvme_buf,
+    slba: u64,
+    blocks: u32,
+    flags: u32,
+    cb: upnvme_cmd_cb,
+    cb_arg: *mut c_void,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    unsafe { submit_flags(qp, nsid, Cmd::Read { slba, blocks }, flags, buf, cb, cb_arg) }
+}
+
+/// `upnvme_write` with per-command `flags`, as `upnvme_read_flags`:
+/// `UPNVME_IO_FUA` makes the write durable when it completes.
+///
+/// # Safety
+/// `qp` a live pair; `buf` a live handle.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn upnvme_write_flags(
+    qp: *mut upnvme_qpair,
+    nsid: u32,
+    buf: *mut upnvme_buf,
+    slba: u64,
+    blocks: u32,
+    flags: u32,
+    cb: upnvme_cmd_cb,
+    cb_arg: *mut c_void,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    unsafe {
+        submit_flags(
+            qp,
+            nsid,
+            Cmd::Write { slba, blocks },
+            flags,
+            buf,
+            cb,
+            cb_arg,
+        )
+    }
 }
 
 /// Flush (commit the volatile write cache) of namespace `nsid`, an active

@@ -12,7 +12,8 @@ use std::ffi::{c_int, c_void};
 use std::time::Duration;
 
 use upnvme::{
-    Completion, Device, DsmRange, IoCommand, IoQueuePair, Namespace, QueuePairOptions, SqAnnounce,
+    Completion, Device, DsmRange, IoCommand, IoData, IoFlags, IoQueuePair, Namespace,
+    QueuePairOptions, SqAnnounce,
 };
 
 use crate::buf::upnvme_buf;
@@ -455,6 +456,25 @@ impl<D: Device> Qpair<D> {
         cb: upnvme_cmd_cb,
         arg: *mut c_void,
     ) -> c_int {
+        // SAFETY: the caller's contract.
+        unsafe { self.submit_with(nsid, cmd, IoFlags::NONE, buf, cb, arg) }
+    }
+
+    /// [`Qpair::submit`] with per-command flags (CDW12 FUA, LR) for a Read
+    /// or Write (ignored by the other commands, whose C functions take
+    /// none).
+    ///
+    /// # Safety
+    /// `buf` is null or a live handle from this library.
+    pub unsafe fn submit_with(
+        &mut self,
+        nsid: u32,
+        cmd: Cmd<'_>,
+        flags: IoFlags,
+        buf: *mut upnvme_buf,
+        cb: upnvme_cmd_cb,
+        arg: *mut c_void,
+    ) -> c_int {
         if self.ending {
             return fail(
                 UPNVME_ENODEV,
@@ -542,14 +562,22 @@ impl<D: Device> Qpair<D> {
                 qp.submit(cmd, buffer, tag)
             }
         };
+        let send_flags = |qp: &mut IoQueuePair<D>, cmd: IoCommand<'_>, buffer, tag| {
+            let io = IoData::from(buffer).flags(flags);
+            if delay {
+                qp.queue_io(cmd, io, tag)
+            } else {
+                qp.submit_io(cmd, io, tag)
+            }
+        };
         let result = match cmd {
-            Cmd::Read { slba, blocks } => send(
+            Cmd::Read { slba, blocks } => send_flags(
                 &mut self.qp,
                 IoCommand::Read { ns, slba, blocks },
                 buffer,
                 u64::from(slot),
             ),
-            Cmd::Write { slba, blocks } => send(
+            Cmd::Write { slba, blocks } => send_flags(
                 &mut self.qp,
                 IoCommand::Write { ns, slba, blocks },
                 buffer,

@@ -254,6 +254,88 @@ unsafe extern "C" fn count_cb(arg: *mut c_void, cpl: *const upnvme_cpl) {
     n.push(cpl.status);
 }
 
+/// `upnvme_read_flags` / `upnvme_write_flags`: the C flags word becomes
+/// CDW12 FUA (bit 30) and LR (bit 31) of the command the controller
+/// fetches; an undefined bit is refused before anything is sent; the other
+/// commands' CDW12 carries no flag.
+#[test]
+fn per_command_flags_reach_cdw12_and_unknown_bits_are_refused() {
+    use crate::{UPNVME_IO_FUA, UPNVME_IO_LIMITED_RETRY};
+    assert_eq!(crate::io_flags(0), Some(upnvme::IoFlags::NONE));
+    assert_eq!(crate::io_flags(UPNVME_IO_FUA), Some(upnvme::IoFlags::FUA));
+    assert_eq!(
+        crate::io_flags(UPNVME_IO_FUA | UPNVME_IO_LIMITED_RETRY).map(|f| f.cdw12()),
+        Some(3 << 30)
+    );
+    for bad in [4, 1 << 31, UPNVME_IO_FUA | 8] {
+        assert_eq!(crate::io_flags(bad), None, "{bad:#x}");
+        // Refused before the pair is looked at (a NULL one here).
+        // SAFETY: null handles; nothing is dereferenced for a refused word.
+        let rc = unsafe {
+            crate::upnvme_write_flags(
+                std::ptr::null_mut(),
+                1,
+                std::ptr::null_mut(),
+                0,
+                1,
+                bad,
+                None,
+                std::ptr::null_mut(),
+            )
+        };
+        assert_eq!(rc, UPNVME_EINVAL);
+        assert!(last_error().contains("are not defined"), "{}", last_error());
+    }
+    let (m, c) = model();
+    let mut qp = pair(&c, 8);
+    let b = handle(&c, 4096);
+    let mut seen: Vec<c_int> = Vec::new();
+    let arg: *mut Vec<c_int> = &mut seen;
+    let qpp: *mut Qpair<ModelController> = &mut *qp;
+    let last = |m: &ModelController| {
+        let (_, raw) = *m
+            .recent_commands()
+            .iter()
+            .rev()
+            .find(|(q, _)| *q != 0)
+            .expect("an I/O command");
+        (
+            raw[0],
+            u32::from_le_bytes([raw[48], raw[49], raw[50], raw[51]]),
+        )
+    };
+    let cases = [
+        (
+            Cmd::Write { slba: 2, blocks: 1 },
+            upnvme::IoFlags::FUA,
+            (0x01, 1 << 30),
+        ),
+        (
+            Cmd::Read { slba: 2, blocks: 1 },
+            crate::io_flags(UPNVME_IO_FUA | UPNVME_IO_LIMITED_RETRY).unwrap(),
+            (0x02, 3 << 30),
+        ),
+        (
+            Cmd::Read { slba: 2, blocks: 1 },
+            upnvme::IoFlags::NONE,
+            (0x02, 0),
+        ),
+    ];
+    for (cmd, flags, want) in cases {
+        let before = seen.len();
+        // SAFETY: live pair and handle.
+        let rc = unsafe { qp.submit_with(1, cmd, flags, b, Some(count_cb), arg.cast()) };
+        assert_eq!(rc, UPNVME_OK, "{}", last_error());
+        reap_until(qpp, arg, before + 1);
+        assert_eq!(last(&m), want, "{cmd:?} {flags:?}");
+    }
+    assert_eq!(seen, vec![UPNVME_OK; 3]);
+    // SAFETY: ours.
+    assert_eq!(unsafe { upnvme_buf_free(b) }, UPNVME_OK);
+    drop(qp);
+    assert!(m.violations().is_empty(), "{:?}", m.violations());
+}
+
 #[test]
 fn a_buffer_in_flight_cannot_be_submitted_or_freed_and_refusals_hand_it_back() {
     let (m, c) = model();
