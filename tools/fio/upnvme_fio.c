@@ -684,7 +684,16 @@ static void upnvme_fio_io_u_free(struct thread_data *td, struct io_u *io_u)
 static int split_io_mem(struct thread_data *td)
 {
 	struct upnvme_fio_thread *t = td->io_ops_data;
+	/* The spacing fio gave the io_u buffers: max_bs up to fio 3.41; later
+	 * fio spaces them by the largest read/write size unless the job's
+	 * trims need the room (td_max_rw_bs), so it is read off the buffers
+	 * themselves, which fio lays out one after the other. */
 	size_t piece = td_max_bs(td);
+	if (td->io_u_all.nr >= 2) {
+		char *a = td->io_u_all.io_us[0]->buf, *b = td->io_u_all.io_us[1]->buf;
+		if (b > a)
+			piece = (size_t)(b - a);
+	}
 	size_t len = upnvme_buf_len(t->mem);
 	size_t n = (len + piece - 1) / piece;
 	t->pieces = calloc(n, sizeof(*t->pieces));
@@ -696,8 +705,8 @@ static int split_io_mem(struct thread_data *td)
 		struct io_u *io_u = td->io_u_all.io_us[i];
 		size_t off = (size_t)((char *)io_u->buf - t->mem_base);
 		if (off % piece) {
-			log_err("upnvme: io_u buffer at offset %zu is not a multiple of max_bs %zu "
-				"(mem_align is not supported)\n", off, piece);
+			log_err("upnvme: io_u buffer at offset %zu is not a multiple of the buffers' "
+				"spacing %zu (mem_align is not supported)\n", off, piece);
 			td_verror(td, EINVAL, "mem_align");
 			return 1;
 		}
