@@ -192,10 +192,11 @@ impl<D: Device> Controller<D> {
         }
         let Some(lbaf) = id.lbaf.get(usize::from(format.lbaf)) else {
             return Err(bad(format!(
-                "LBA format {} does not exist: the namespace has {} (0..={}; `upnvme identify -H` lists them)",
+                "LBA format {} does not exist: the namespace has {} (0..={}, {}; `upnvme identify -H` lists them)",
                 format.lbaf,
-                usize::from(id.nlbaf) + 1,
-                id.nlbaf
+                id.lba_format_count(),
+                id.lba_format_count() - 1,
+                id.lba_format_fields()
             )));
         };
         if lbaf.lba_size().is_none() {

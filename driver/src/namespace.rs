@@ -136,9 +136,9 @@ impl Namespace {
         let i = identify.current_lba_format_index();
         let Some(fmt) = identify.current_lba_format() else {
             return Some(format!(
-                "FLBAS names LBA format {i}, beyond the {} it has (NLBAF {})",
-                usize::from(identify.nlbaf) + 1,
-                identify.nlbaf
+                "FLBAS names LBA format {i}, beyond the {} it has ({})",
+                identify.lba_format_count(),
+                identify.lba_format_fields()
             ));
         };
         if fmt.lba_size().is_none() {

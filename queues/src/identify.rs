@@ -469,12 +469,17 @@ pub struct IdentifyNamespace {
     /// MSRC, Maximum Source Range Count, 0-based (byte 80): source ranges
     /// one Copy may carry.
     pub msrc: u8,
+    /// NULBAF, Number of Unique Capability LBA Formats (byte 82; NVM
+    /// Command Set, from TP 4095 Namespace Capability Reporting): LBA
+    /// formats beyond the NLBAF + 1 general ones, listed right after them —
+    /// the valid indices are 0..=NLBAF + NULBAF.
+    pub nulbaf: u8,
     /// NGUID, Namespace Globally Unique Identifier (bytes 119:104).
     pub nguid: [u8; 16],
     /// EUI64, IEEE Extended Unique Identifier (bytes 127:120).
     pub eui64: [u8; 8],
     /// LBAF0..LBAFn, LBA Format support (4 bytes each from byte 128):
-    /// `nlbaf + 1` entries, at most 64.
+    /// `nlbaf + 1 + nulbaf` entries, at most 64.
     pub lbaf: Vec<LbaFormat>,
 }
 
@@ -483,7 +488,8 @@ impl IdentifyNamespace {
     pub fn parse(buf: &[u8]) -> Result<Self, IdentifyError> {
         need(buf, IDENTIFY_SIZE)?;
         let nlbaf = u8_at(buf, 25);
-        let count = (usize::from(nlbaf) + 1).min(MAX_LBA_FORMATS);
+        let nulbaf = u8_at(buf, 82);
+        let count = (usize::from(nlbaf) + 1 + usize::from(nulbaf)).min(MAX_LBA_FORMATS);
         let lbaf = (0..count)
             .map(|i| LbaFormat::from_dword(le32(buf, 128 + 4 * i)))
             .collect();
@@ -512,6 +518,7 @@ impl IdentifyNamespace {
             mssrl: le16(buf, 74),
             mcl: le32(buf, 76),
             msrc: u8_at(buf, 80),
+            nulbaf,
             nguid: bytes(buf, 104),
             eui64: bytes(buf, 120),
             lbaf,
@@ -547,6 +554,7 @@ impl IdentifyNamespace {
         put(&mut b, 74, &self.mssrl.to_le_bytes());
         put(&mut b, 76, &self.mcl.to_le_bytes());
         b[80] = self.msrc;
+        b[82] = self.nulbaf;
         put(&mut b, 104, &self.nguid);
         put(&mut b, 120, &self.eui64);
         for (i, f) in self.lbaf.iter().take(MAX_LBA_FORMATS).enumerate() {
@@ -561,13 +569,24 @@ impl IdentifyNamespace {
         usize::from(self.flbas & 0xf) | (usize::from((self.flbas >> 5) & 0x3) << 4)
     }
 
-    /// The LBA format in use, or `None` if FLBAS selects a format beyond NLBAF.
+    /// The LBA format in use, or `None` if FLBAS selects a format beyond
+    /// NLBAF + NULBAF.
     pub fn current_lba_format(&self) -> Option<LbaFormat> {
-        let i = self.current_lba_format_index();
-        if i > usize::from(self.nlbaf) {
-            return None;
+        self.lbaf.get(self.current_lba_format_index()).copied()
+    }
+
+    /// How many LBA formats the namespace lists: NLBAF + 1 + NULBAF, at most 64.
+    pub fn lba_format_count(&self) -> usize {
+        (usize::from(self.nlbaf) + 1 + usize::from(self.nulbaf)).min(MAX_LBA_FORMATS)
+    }
+
+    /// The fields that count the LBA formats, for messages: `NLBAF n`, and
+    /// `, NULBAF m` when there are unique capability formats.
+    pub fn lba_format_fields(&self) -> String {
+        match self.nulbaf {
+            0 => format!("NLBAF {}", self.nlbaf),
+            u => format!("NLBAF {}, NULBAF {u}", self.nlbaf),
         }
-        self.lbaf.get(i).copied()
     }
 
     /// The logical block size in bytes, or `None` if the current format is
@@ -803,6 +822,36 @@ mod tests {
         assert_eq!(ns.size_bytes(), Some(0x20_0000 * 4096));
         assert_eq!(ns.lbaf[0].lba_size(), Some(512));
         assert_eq!(IdentifyNamespace::parse(&ns.to_bytes()).unwrap(), ns);
+    }
+
+    /// NULBAF (byte 82): LBA formats beyond NLBAF + 1 are listed after the
+    /// general ones and valid (a review: a namespace formatted with one
+    /// was reported unusable, and Format NVM refused its index).
+    #[test]
+    fn nulbaf_formats_are_valid_formats() {
+        let mut b = vec![0u8; IDENTIFY_SIZE];
+        b[0..8].copy_from_slice(&0x1000u64.to_le_bytes()); // NSZE
+        b[25] = 3; // NLBAF: formats 0..=3
+        b[82] = 2; // NULBAF: formats 4 and 5 too
+        b[26] = 4; // FLBAS: formatted with format 4
+        b[128..132].copy_from_slice(&(9u32 << 16).to_le_bytes()); // LBAF0: 512 B
+        b[144..148].copy_from_slice(&(12u32 << 16).to_le_bytes()); // LBAF4: 4096 B
+        let ns = IdentifyNamespace::parse(&b).unwrap();
+        assert_eq!(ns.nulbaf, 2);
+        assert_eq!(ns.lbaf.len(), 6);
+        assert_eq!(ns.lba_format_count(), 6);
+        assert_eq!(ns.lba_size(), Some(4096));
+        assert_eq!(ns.lba_format_fields(), "NLBAF 3, NULBAF 2");
+        assert_eq!(IdentifyNamespace::parse(&ns.to_bytes()).unwrap(), ns);
+        // Index 6 is beyond both counts.
+        b[26] = 6;
+        assert_eq!(IdentifyNamespace::parse(&b).unwrap().lba_size(), None);
+        // Without NULBAF, format 4 is beyond NLBAF, as before.
+        b[26] = 4;
+        b[82] = 0;
+        let ns = IdentifyNamespace::parse(&b).unwrap();
+        assert_eq!((ns.lbaf.len(), ns.lba_size()), (4, None));
+        assert_eq!(ns.lba_format_fields(), "NLBAF 3");
     }
 
     #[test]

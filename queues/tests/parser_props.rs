@@ -23,7 +23,10 @@ proptest! {
         if let Ok(ns) = IdentifyNamespace::parse(&buf) {
             let _ = (ns.lba_size(), ns.metadata_size(), ns.size_bytes(), ns.current_lba_format());
             prop_assert!(ns.lbaf.len() <= 64);
-            prop_assert_eq!(ns.lbaf.len(), usize::from(ns.nlbaf).min(63) + 1);
+            prop_assert_eq!(
+                ns.lbaf.len(),
+                (usize::from(ns.nlbaf) + 1 + usize::from(ns.nulbaf)).min(64)
+            );
             if let Some(s) = ns.lba_size() {
                 prop_assert!((512..=1 << 31).contains(&s));
             }

@@ -236,7 +236,7 @@ pub fn namespace(id: &IdentifyNamespace) -> Vec<Field> {
         value: flbas,
         lines: vec![
             format!(
-                "[3:0] LBA format in use: {}",
+                "[6:5,3:0] LBA format in use: {}",
                 (flbas & 0xf) | (flbas >> 5 & 0x3) << 4
             ),
             format!(
@@ -387,7 +387,7 @@ mod tests {
         ];
         let f = namespace(&id);
         let get = |n: &str| f.iter().find(|x| x.name == n).unwrap();
-        assert_eq!(get("flbas").lines[0], "[3:0] LBA format in use: 1");
+        assert_eq!(get("flbas").lines[0], "[6:5,3:0] LBA format in use: 1");
         assert_eq!(
             get("flbas").lines[1],
             "[4] metadata: at the end of each block's data (extended LBA)"

@@ -258,6 +258,8 @@ pub fn get_log(a: &GetLogArgs) -> Result<()> {
             a.xfer_len.unwrap_or(limit)
         ))
         .into())
+    } else if let Some(why) = log_range_refusal(c.identify().lpa, a, limit) {
+        Err(usage(why).into())
     } else {
         let piece = a.xfer_len.unwrap_or(limit).max(4);
         read_log(&c, a, piece)
@@ -270,6 +272,34 @@ pub fn get_log(a: &GetLogArgs) -> Result<()> {
     );
     print_data(&line, &data, a.raw_binary)?;
     Ok(closed?)
+}
+
+/// The most one Get Log Page moves without NUMDU (CDW10 NUMDL, 16 bits of
+/// dwords, 0-based): 256 KiB.
+const NUMDL_BYTES: usize = 4 << 16;
+
+/// Why the log range `a` asks for cannot be read (pieces of at most
+/// `limit` bytes, or --xfer-len) from a controller with Identify Controller
+/// LPA `lpa`: an end beyond the 64-bit offset, or — without LPA bit 2
+/// (extended data for Get Log Page), where the controller takes neither
+/// LPOL/LPOU nor NUMDU — an offset, or more than one piece or NUMDL's
+/// 256 KiB (a second piece would read the first again; a long read stops
+/// at NUMDL).
+fn log_range_refusal(lpa: u8, a: &GetLogArgs, limit: usize) -> Option<String> {
+    if a.lpo.checked_add(a.len as u64).is_none() {
+        return Some(format!(
+            "--lpo {} with --log-len {}: the log's end is beyond the 64-bit offset LPOL/LPOU carry",
+            a.lpo, a.len
+        ));
+    }
+    let one = a.xfer_len.unwrap_or(limit).min(NUMDL_BYTES);
+    (lpa & (1 << 2) == 0 && (a.lpo != 0 || a.len > one)).then(|| {
+        format!(
+            "the controller does not support Get Log Page offsets or reads above {one} bytes \
+             (Identify Controller LPA bit 2, extended data, is clear): read from --lpo 0 with \
+             --log-len {one} or less"
+        )
+    })
 }
 
 /// The log in pieces of `piece` bytes: Retain Asynchronous Event set on
@@ -313,5 +343,58 @@ fn refusal(e: upnvme::Error) -> anyhow::Error {
     match e {
         upnvme::Error::InvalidArgument(why) => usage(why).into(),
         e => e.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        a: GetLogArgs,
+    }
+
+    /// `get-log -i 2` with `extra` (`-l 512` unless it has a `-l`).
+    fn args(extra: &[&str]) -> GetLogArgs {
+        let mut v = vec!["get-log", "-i", "2"];
+        if !extra.contains(&"-l") {
+            v.extend(["-l", "512"]);
+        }
+        v.extend(extra);
+        Cli::try_parse_from(v).unwrap().a
+    }
+
+    /// Without LPA bit 2 (extended data) an offset, several pieces or a
+    /// read above NUMDL's 256 KiB are refused (a spec review: the second
+    /// piece read the first again); with it they go; an end beyond 64 bits
+    /// is refused either way (it wrapped, or panicked in a debug build).
+    #[test]
+    fn log_ranges_a_controller_cannot_take_are_refused() {
+        let limit = 128 << 10;
+        assert_eq!(log_range_refusal(0, &args(&[]), limit), None);
+        for extra in [
+            &["--lpo", "512"][..],
+            &["-l", "262144"][..],
+            &["-l", "4096", "--xfer-len", "1024"][..],
+        ] {
+            let a = args(extra);
+            let why = log_range_refusal(0, &a, limit).expect("refused without LPA bit 2");
+            assert!(why.contains("LPA bit 2"), "{why}");
+            assert_eq!(log_range_refusal(1 << 2, &a, limit), None, "{extra:?}");
+        }
+        // One read of up to 256 KiB is fine without offsets.
+        assert_eq!(
+            log_range_refusal(0, &args(&["-l", "262144"]), 1 << 20),
+            None
+        );
+        assert!(log_range_refusal(0, &args(&["-l", "262148"]), 1 << 20).is_some());
+        let a = args(&["--lpo", "0xfffffffffffffffc", "-l", "8"]);
+        for lpa in [0, 1 << 2] {
+            let why = log_range_refusal(lpa, &a, limit).expect("refused");
+            assert!(why.contains("64-bit offset"), "{why}");
+        }
     }
 }

@@ -196,7 +196,9 @@ pub fn identify(c: &Controller, nsid: Option<u32>, human: bool) -> Result<()> {
             "  CAP     : 0x{:016x} (mqes {}, to {} ms, dstrd {}, mpsmin {} B)",
             cap.0,
             cap.max_queue_entries(),
-            cap.timeout_ms(),
+            // The register's value (500 ms units), not the wait bound
+            // derived from it (`Cap::timeout_ms`, at least 500 ms).
+            u64::from(cap.to()) * 500,
             cap.dstrd(),
             cap.min_page_size()
         );
@@ -226,6 +228,9 @@ pub fn identify(c: &Controller, nsid: Option<u32>, human: bool) -> Result<()> {
         outln!("  nuse    : {}", id.nuse);
         outln!("  nsfeat  : 0x{:02x}", id.nsfeat);
         outln!("  nlbaf   : {}", id.nlbaf);
+        if id.nulbaf != 0 {
+            outln!("  nulbaf  : {}", id.nulbaf);
+        }
         outln!("  flbas   : 0x{:02x}", id.flbas);
         outln!("  mssrl   : {}", id.mssrl);
         outln!("  mcl     : {}", id.mcl);
@@ -298,6 +303,7 @@ pub fn identify_json(c: &Controller, nsid: Option<u32>, human: bool) -> Result<(
                 "nuse": i.nuse,
                 "nsfeat": i.nsfeat,
                 "nlbaf": i.nlbaf,
+                "nulbaf": i.nulbaf,
                 "flbas": i.flbas,
                 "mssrl": i.mssrl,
                 "mcl": i.mcl,
@@ -329,7 +335,7 @@ pub fn identify_json(c: &Controller, nsid: Option<u32>, human: bool) -> Result<(
         "registers": {
             // Also as a hex string: CAP can exceed 2^53, which JSON
             // readers that use doubles (JavaScript, jq) round.
-            "cap": cap.0, "cap_hex": format!("0x{:016x}", cap.0), "mqes": cap.mqes(), "to_ms": cap.timeout_ms(), "dstrd": cap.dstrd(),
+            "cap": cap.0, "cap_hex": format!("0x{:016x}", cap.0), "mqes": cap.mqes(), "to_ms": u64::from(cap.to()) * 500, "dstrd": cap.dstrd(),
             "version": c.version().to_string(),
         },
         "granted_io_queue_pairs": c.granted_io_queues(),
