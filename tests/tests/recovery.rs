@@ -1266,3 +1266,58 @@ fn a_blocking_call_keeps_to_its_timeout_when_the_abort_gets_no_answer() {
     drop(c);
     assert_clean(&m);
 }
+
+/// A loop of `next_completion` with `reap_on_submit`: every resubmission
+/// parks the next completion, so each call is served from the parked ones
+/// alone. It must still count as a poll: a command the controller lost
+/// times out (Abort, then `TimedOut`) while the others keep completing
+/// (from a review: the periodic work was counted only where the CQ was
+/// looked at, and 18 360 completions went by in 1 s — 50 command timeouts —
+/// with no scan and no Abort).
+#[test]
+fn a_lost_command_times_out_while_parked_completions_keep_flowing() {
+    let m = ModelController::new(config_one_ns(4096, 256));
+    let c = open(&m, opts());
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c
+        .io_queue_pair(QueuePairOptions {
+            reap_on_submit: true,
+            ..qp_opts(20)
+        })
+        .unwrap();
+    m.inject(Fault::DropCompletion(Match::Opcode {
+        qid: qp.qid(),
+        opcode: READ,
+    }));
+    // Tag 0 is the lost one; 1..4 cycle.
+    for tag in 0..4u64 {
+        submit_read(&c, &mut qp, &ns, tag);
+    }
+    let start = Instant::now();
+    let mut lost_back = None;
+    let mut cycled = 0u64;
+    while start.elapsed() < Duration::from_secs(5) {
+        match qp.next_completion().expect("next_completion") {
+            Some(done) if done.tag == 0 => {
+                lost_back = Some(done.result);
+                break;
+            }
+            Some(done) => {
+                cycled += 1;
+                let cmd = IoCommand::Read {
+                    ns: &ns,
+                    slba: 0,
+                    blocks: 1,
+                };
+                qp.submit(cmd, done.buffer, done.tag).unwrap();
+            }
+            None => {}
+        }
+    }
+    assert_eq!(
+        lost_back,
+        Some(Err(IoError::TimedOut)),
+        "the lost command never timed out ({cycled} others completed meanwhile)"
+    );
+    assert!(cycled > 0, "the others did not keep completing");
+}

@@ -140,6 +140,17 @@ impl<D: Device> IoQueuePair<D> {
         }
         if n < max && self.current() {
             n += self.poll_cq(max - n, f)?;
+        } else if self.current() {
+            // Parked completions alone filled `max` (a loop of
+            // `next_completion` with `reap_on_submit` parks the next one at
+            // every resubmission): the call still counts as a poll, or the
+            // periodic work — the command timeout scan, the CSTS check —
+            // would never run while they keep coming, and a command the
+            // controller lost would never time out.
+            self.poll_countdown -= 1;
+            if self.poll_countdown == 0 {
+                self.periodic()?;
+            }
         }
         Ok(n)
     }
