@@ -921,6 +921,9 @@ impl<D: Device> Inner<D> {
         // device resets the function). A pair that wants to submit
         // meanwhile waits for the end (`wait_for_reset`).
         self.state.fetch_or(STATE_RELEASING, Ordering::AcqRel);
+        // A panic from here on (a device access, `Device::release`) would
+        // leave "releasing" set and every submission waiting for its end.
+        let _unwinding = ReleasingGuard(self);
         if let Ok(mut f) = self.failure.lock()
             && f.is_none()
         {
@@ -2200,6 +2203,26 @@ impl<D: Device> Drop for ResettingGuard<'_, D> {
             });
         }
         self.0.state.fetch_and(!STATE_RESETTING, Ordering::AcqRel);
+    }
+}
+
+/// Armed through `Inner::release_on_request`: when dropped by a panic's
+/// unwind, marks the controller closed and failed and clears
+/// `STATE_RELEASING` — without a new generation, since whether DMA stopped
+/// is unknown (the pairs hand back no buffer the device may still write) —
+/// so that submissions waiting for the release's end (`wait_for_reset`) are
+/// refused instead of waiting for ever. On the normal path the release's
+/// last state update has cleared the bit already, and this does nothing.
+struct ReleasingGuard<'a, D: Device>(&'a Inner<D>);
+
+impl<D: Device> Drop for ReleasingGuard<'_, D> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0
+                .state
+                .fetch_or(STATE_CLOSED | STATE_FAILED, Ordering::AcqRel);
+            self.0.state.fetch_and(!STATE_RELEASING, Ordering::AcqRel);
+        }
     }
 }
 

@@ -1471,3 +1471,55 @@ fn an_admin_command_timing_out_during_a_release_names_the_removal() {
     );
     wait_until("the release", Duration::from_secs(3), || m.is_released());
 }
+
+/// A `Device::release` that panics (on the release thread): the
+/// controller ends closed and failed, and a submission that comes after is
+/// refused at once — before (a review), "releasing" stayed set and it
+/// waited for the release's end for ever.
+#[test]
+fn a_panicking_release_does_not_leave_submissions_waiting_for_ever() {
+    #[derive(Clone)]
+    struct PanickingRelease {
+        model: ModelController,
+        entered: Arc<AtomicBool>,
+    }
+    impl common::Hooks for PanickingRelease {
+        fn model(&self) -> &ModelController {
+            &self.model
+        }
+        fn release(&self) -> bool {
+            self.entered.store(true, Ordering::SeqCst);
+            panic!("Device::release panicked (test)");
+        }
+    }
+    let m = ModelController::new(config_one_ns(4096, 1024));
+    m.offer_release_request();
+    let entered = Arc::new(AtomicBool::new(false));
+    let dev = Front(PanickingRelease {
+        model: m.clone(),
+        entered: entered.clone(),
+    });
+    let c = Controller::with_device(dev, opts()).unwrap();
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let buf = c.alloc_dma(4096).unwrap();
+    m.request_release();
+    wait_until("the release", Duration::from_secs(3), || {
+        entered.load(Ordering::SeqCst)
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let read = upnvme::IoCommand::Read {
+            ns: &ns,
+            slba: 0,
+            blocks: 1,
+        };
+        let r = qp.submit(read, Some(buf), 1);
+        let _ = tx.send(r.map_err(|r| r.reason));
+    });
+    let r = rx
+        .recv_timeout(Duration::from_secs(3))
+        .expect("a submission after a panicked release has not returned within 3 s");
+    assert_eq!(r, Err(Reject::Unusable));
+}
