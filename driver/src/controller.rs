@@ -1781,17 +1781,28 @@ impl<D: Device> Inner<D> {
     /// [`crate::IoError::ControllerReset`] (buffers returned), re-creates its
     /// I/O queues under the same queue ID and carries on.
     pub(crate) fn reset(&self) -> Result<()> {
-        self.reset_with(self.admin_timeout)
+        self.reset_with(self.admin_timeout, None)
     }
 
-    /// [`Inner::reset`] for a controller that let a command time out even
-    /// after an Abort: it may not complete the queue deletions either, so
-    /// they get at most one second (the reset itself does not need them).
-    pub(crate) fn reset_after_timeout(&self) -> Result<()> {
-        self.reset_with(self.admin_timeout.min(Duration::from_secs(1)))
+    /// [`Inner::reset`] for a fatal status or an overdue command seen in
+    /// reset generation `seen` (a queue pair's): nothing when a reset
+    /// happened since — it already answered what was seen (a CSTS.CFS read
+    /// while another thread's reset was disabling the controller must not
+    /// reset the healthy controller it brought back). Decided under the
+    /// admin lock, which a reset holds throughout.
+    pub(crate) fn reset_unless_since(&self, seen: u64) -> Result<()> {
+        self.reset_with(self.admin_timeout, Some(seen))
     }
 
-    fn reset_with(&self, deletion_budget: Duration) -> Result<()> {
+    /// [`Inner::reset_unless_since`] for a controller that let a command
+    /// time out even after an Abort: it may not complete the queue
+    /// deletions either, so they get at most one second (the reset itself
+    /// does not need them).
+    pub(crate) fn reset_after_timeout(&self, seen: u64) -> Result<()> {
+        self.reset_with(self.admin_timeout.min(Duration::from_secs(1)), Some(seen))
+    }
+
+    fn reset_with(&self, deletion_budget: Duration, seen: Option<u64>) -> Result<()> {
         // A release on the kernel's request under way counts as closed: the
         // reset must not enable the controller the release is giving back.
         if self.is_closed() || self.is_removed() {
@@ -1806,6 +1817,9 @@ impl<D: Device> Inner<D> {
         // afterwards.
         if self.is_closed() || self.is_removed() {
             return Err(self.closed_error());
+        }
+        if seen.is_some_and(|g| g != self.generation()) {
+            return Ok(());
         }
         // From here to the end no queue pair writes a doorbell (its one-load
         // check fails): the deletions below remove its queues before CC.EN =

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use common::{config_one_ns, open, opts};
 use upnvme::{IoCommand, QueuePairOptions};
+use upnvme::Device as _;
 use upnvme_tests::ModelController;
 
 #[test]
@@ -114,4 +115,79 @@ fn resets_from_another_thread_end_every_command_once() {
     );
     drop(qp);
     c.close().unwrap();
+}
+
+/// Another thread resets a fatally failed controller while a blocking read
+/// waits on a pair: the read's CSTS look can still see CSTS.CFS while that
+/// reset disables the controller (held here 300 ms at its CC.EN = 0). One
+/// fatal status, one reset: the blocking wait must not reset the controller
+/// the first reset brought back (from a review: it did, and commands
+/// submitted in between ended as `ControllerReset` for nothing).
+#[test]
+fn a_fatal_status_read_during_a_reset_does_not_reset_the_controller_again() {
+    use std::sync::Arc;
+    #[derive(Clone)]
+    struct SlowDisable {
+        model: ModelController,
+        armed: Arc<AtomicBool>,
+    }
+    impl common::Hooks for SlowDisable {
+        fn model(&self) -> &ModelController {
+            &self.model
+        }
+        fn write32(&self, offset: usize, value: u32) {
+            if offset == common::reg::CC
+                && value & 1 == 0
+                && self.armed.swap(false, Ordering::SeqCst)
+            {
+                std::thread::sleep(Duration::from_millis(300));
+            }
+            self.model.write32(offset, value)
+        }
+    }
+    let m = ModelController::new(config_one_ns(4096, 256));
+    let armed = Arc::new(AtomicBool::new(false));
+    let dev = common::Front(SlowDisable {
+        model: m.clone(),
+        armed: armed.clone(),
+    });
+    let c = Arc::new(upnvme::Controller::with_device(dev, opts()).unwrap());
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c
+        .io_queue_pair(QueuePairOptions {
+            entries: Some(16),
+            command_timeout: None,
+            // Looks at CSTS every 20 ms while it waits.
+            backoff: upnvme::Backoff {
+                spin_polls: 0,
+                sleep: Some(Duration::from_millis(20)),
+            },
+            ..Default::default()
+        })
+        .unwrap();
+    m.inject(upnvme_tests::Fault::DelayCompletion {
+        on: upnvme_tests::Match::Opcode {
+            qid: qp.qid(),
+            opcode: 0x02,
+        },
+        doorbells: None,
+    });
+    let buf = c.alloc_dma(4096).unwrap();
+    let waiter = std::thread::spawn(move || {
+        let r = qp.read_blocking(&ns, 0, 1, buf, Duration::from_secs(10));
+        (r.map(drop).map_err(|f| f.error.to_string()), qp)
+    });
+    // The read is waiting for its held completion.
+    std::thread::sleep(Duration::from_millis(100));
+    let before = c.resets();
+    armed.store(true, Ordering::SeqCst);
+    m.set_fatal();
+    c.reset().expect("the application's reset");
+    let (r, qp) = waiter.join().unwrap();
+    drop(qp);
+    assert_eq!(
+        c.resets() - before,
+        1,
+        "one fatal status, one reset: the blocking wait reset the controller again ({r:?})"
+    );
 }

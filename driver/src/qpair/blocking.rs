@@ -155,7 +155,10 @@ impl<D: Device> IoQueuePair<D> {
                         // is over — both within the release's bounded steps.
                         Err(_) if self.ctrl.is_removed() => {}
                         Err(Error::ControllerFatal { .. }) => {
-                            let _ = self.ctrl.reset();
+                            // Not again if a reset since this pair's
+                            // generation answered the fatal status already
+                            // (read while it was disabling the controller).
+                            let _ = self.ctrl.reset_unless_since(self.generation);
                             continue;
                         }
                         Err(error) => {

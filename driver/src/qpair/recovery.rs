@@ -251,7 +251,7 @@ impl<D: Device> IoQueuePair<D> {
             // (ControllerRemoved, ControllerReset), not as a failure here.
             Err(_) if self.ctrl.is_removed() || self.generation_changed() => Ok(()),
             Err(Error::ControllerFatal { .. }) => {
-                self.ctrl.reset()?;
+                self.ctrl.reset_unless_since(self.generation)?;
                 let _ = self.sync_generation();
                 Ok(())
             }
@@ -385,7 +385,7 @@ impl<D: Device> IoQueuePair<D> {
         }
         if reset && !self.generation_changed() {
             self.stats.timeout_resets += 1;
-            self.ctrl.reset_after_timeout()?;
+            self.ctrl.reset_after_timeout(self.generation)?;
             // The commands the reset ended are parked with their buffers
             // whatever the re-creation does; a re-creation that fails now is
             // retried (and reported) by the next reap, so a blocking caller
