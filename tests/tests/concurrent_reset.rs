@@ -11,8 +11,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{config_one_ns, open, opts};
-use upnvme::{IoCommand, QueuePairOptions};
 use upnvme::Device as _;
+use upnvme::{IoCommand, QueuePairOptions};
 use upnvme_tests::ModelController;
 
 #[test]

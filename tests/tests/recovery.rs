@@ -1321,3 +1321,155 @@ fn a_lost_command_times_out_while_parked_completions_keep_flowing() {
     );
     assert!(cycled > 0, "the others did not keep completing");
 }
+
+const ABORT: u8 = 0x08;
+
+fn aborts_sent(m: &ModelController) -> usize {
+    m.commands_seen()
+        .iter()
+        .filter(|&&(q, op, _)| q == 0 && op == ABORT)
+        .count()
+}
+
+fn read_lba(ns: &Namespace, slba: u64) -> IoCommand<'_> {
+    IoCommand::Read {
+        ns,
+        slba,
+        blocks: 1,
+    }
+}
+
+/// Two commands completed well within their 50 ms timeout, but the host
+/// looked 60 ms later, one completion per call: the scan that follows the
+/// first reap must not abort the second, whose completion is already in
+/// the CQ (from a review: an Abort went out for it).
+#[test]
+fn no_abort_is_sent_for_a_command_whose_completion_is_already_in_the_cq() {
+    let m = ModelController::new(config_one_ns(4096, 256));
+    let c = open(&m, opts());
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c
+        .io_queue_pair(QueuePairOptions {
+            entries: Some(16),
+            command_timeout: Some(Duration::from_millis(50)),
+            ..Default::default()
+        })
+        .unwrap();
+    let n0 = m.commands_fetched();
+    for n in n0..n0 + 2 {
+        m.inject(Fault::DelayCompletion {
+            on: Match::Nth(n),
+            doorbells: None,
+        });
+    }
+    qp.submit(read_lba(&ns, 0), Some(c.alloc_dma(4096).unwrap()), 1)
+        .unwrap();
+    qp.submit(read_lba(&ns, 1), Some(c.alloc_dma(4096).unwrap()), 2)
+        .unwrap();
+    // The first periodic run (poll 1024) stamps both.
+    let poll = |qp: &mut upnvme::IoQueuePair<ModelController>| {
+        let n = qp
+            .process_completions(u32::MAX, |qp, c| {
+                panic!(
+                    "held: {c:?} polls {} aborts {}",
+                    qp.stats().polls,
+                    qp.stats().aborts
+                )
+            })
+            .unwrap();
+        assert_eq!(n, 0);
+    };
+    for _ in 0..1024 {
+        poll(&mut qp);
+    }
+    assert_eq!(qp.stats().polls % 1024, 0);
+    for _ in 0..1023 {
+        poll(&mut qp);
+    }
+    // The device completes both now, well within the 50 ms timeout...
+    assert_eq!(m.release_delayed(), 2, "both completions posted");
+    // ...and the host looks 60 ms later (preempted, busy elsewhere).
+    std::thread::sleep(Duration::from_millis(60));
+    let before = aborts_sent(&m);
+    // Poll 2048: reaps one completion, then the periodic scan runs.
+    let first = qp.next_completion().unwrap().expect("a completion");
+    let second = qp.next_completion().unwrap().expect("a completion");
+    assert!(first.result.is_ok() && second.result.is_ok());
+    assert_eq!(
+        aborts_sent(&m) - before,
+        0,
+        "an Abort went out for a command whose completion was already posted \
+         (stats.aborts = {})",
+        qp.stats().aborts
+    );
+}
+
+/// A reset for a lost command must not turn the successes already posted
+/// in the CQ for other commands into `ControllerReset` (from a review: tag
+/// 12 had succeeded and was reported as reset).
+#[test]
+fn a_timeout_reset_does_not_discard_a_success_already_in_the_cq() {
+    let m = ModelController::new(config_one_ns(4096, 256));
+    let c = open(&m, opts());
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c
+        .io_queue_pair(QueuePairOptions {
+            entries: Some(16),
+            command_timeout: Some(Duration::from_millis(50)),
+            ..Default::default()
+        })
+        .unwrap();
+    let poll = |qp: &mut upnvme::IoQueuePair<ModelController>, k: u32| {
+        for _ in 0..k {
+            let n = qp
+                .process_completions(u32::MAX, |_, c| panic!("unexpected {c:?}"))
+                .unwrap();
+            assert_eq!(n, 0);
+        }
+    };
+    // X: lost by the controller.
+    m.inject(Fault::DropCompletion(Match::Nth(m.commands_fetched())));
+    qp.submit(read_lba(&ns, 0), Some(c.alloc_dma(4096).unwrap()), 10)
+        .unwrap();
+    poll(&mut qp, 1024); // scan 1 stamps X
+    std::thread::sleep(Duration::from_millis(60));
+    poll(&mut qp, 1024); // scan 2 aborts X (not found)
+    assert_eq!(qp.stats().aborts, 1);
+    // A and B: held, then completed successfully by the device.
+    let n0 = m.commands_fetched();
+    for n in n0..n0 + 2 {
+        m.inject(Fault::DelayCompletion {
+            on: Match::Nth(n),
+            doorbells: None,
+        });
+    }
+    qp.submit(read_lba(&ns, 1), Some(c.alloc_dma(4096).unwrap()), 11)
+        .unwrap();
+    qp.submit(read_lba(&ns, 2), Some(c.alloc_dma(4096).unwrap()), 12)
+        .unwrap();
+    poll(&mut qp, 1023);
+    std::thread::sleep(Duration::from_millis(60)); // X is now past 2 x timeout
+    assert_eq!(m.release_delayed(), 2);
+    // Poll 3072: reaps A, then scan 3 resets for X.
+    let mut got = vec![qp.next_completion().unwrap().expect("A")];
+    while got.len() < 3 {
+        if let Some(c) = qp.next_completion().unwrap() {
+            got.push(c);
+        }
+    }
+    let results: Vec<_> = got.iter().map(|c| (c.tag, c.result)).collect();
+    eprintln!("{results:?}, resets {}", c.resets());
+    assert_eq!(c.resets(), 1);
+    for c in &got {
+        if c.tag != 10 {
+            assert_eq!(
+                c.result,
+                Ok(0),
+                "tag {} completed successfully (its completion was in the CQ before the \
+                 reset) but is reported {:?}",
+                c.tag,
+                c.result
+            );
+        }
+    }
+}

@@ -273,32 +273,25 @@ impl<D: Device> IoQueuePair<D> {
     /// after the deadline, so a command times out between `command_timeout`
     /// and `command_timeout` plus two scan intervals after its submission —
     /// never early.
+    ///
+    /// Before anything is aborted or reset, what the controller has posted
+    /// already is reaped (parked for delivery, as `reap_on_submit` does): a
+    /// command whose completion sits in the CQ is not overdue — the scan
+    /// runs after a reap bounded by the caller's `max`, and the host may
+    /// have looked late — so it gets no Abort, and a reset for another
+    /// command does not turn its success into `ControllerReset`.
     pub(super) fn check_timeouts(&mut self) -> Result<()> {
         let now = clock::now().max(1);
-        let t = self.timeout_ticks;
-        // Allocates only when a command is overdue (off the I/O path).
-        let mut to_abort = Vec::new();
-        let mut reset = false;
-        // By index, not through a collected list: this scan runs every 1024
-        // polls with commands in flight.
-        for slot in 0..self.trackers.slots() {
-            if !self.trackers.is_in_flight(slot) {
-                continue;
-            }
-            let Some(tr) = self.trackers.get_mut(slot) else {
-                continue;
-            };
-            if tr.stamp == 0 {
-                tr.stamp = now;
-                continue;
-            }
-            let age = now.saturating_sub(tr.stamp);
-            if !tr.aborted && age > t {
-                to_abort.push(slot);
-            } else if tr.aborted && age > t.saturating_mul(2) {
-                reset = true;
-            }
+        let (mut to_abort, mut reset) = self.overdue(now);
+        if to_abort.is_empty() && !reset {
+            return Ok(());
         }
+        self.park_posted();
+        if self.failed {
+            // The reap met a device fault: nothing more to do here.
+            return Err(self.ctrl.unusable_error());
+        }
+        (to_abort, reset) = self.overdue(now);
         if to_abort.is_empty() && !reset {
             return Ok(());
         }
@@ -393,6 +386,37 @@ impl<D: Device> IoQueuePair<D> {
             let _ = self.sync_generation();
         }
         Ok(())
+    }
+
+    /// The scan of [`IoQueuePair::check_timeouts`]: stamps the commands in
+    /// flight that have no stamp yet, and returns those overdue for an
+    /// Abort and whether an aborted one is overdue for a reset. Allocates
+    /// only when a command is overdue (off the I/O path).
+    fn overdue(&mut self, now: u64) -> (Vec<u16>, bool) {
+        let t = self.timeout_ticks;
+        let mut to_abort = Vec::new();
+        let mut reset = false;
+        // By index, not through a collected list: this scan runs every 1024
+        // polls with commands in flight.
+        for slot in 0..self.trackers.slots() {
+            if !self.trackers.is_in_flight(slot) {
+                continue;
+            }
+            let Some(tr) = self.trackers.get_mut(slot) else {
+                continue;
+            };
+            if tr.stamp == 0 {
+                tr.stamp = now;
+                continue;
+            }
+            let age = now.saturating_sub(tr.stamp);
+            if !tr.aborted && age > t {
+                to_abort.push(slot);
+            } else if tr.aborted && age > t.saturating_mul(2) {
+                reset = true;
+            }
+        }
+        (to_abort, reset)
     }
 
     /// Before re-creating after a creation that may have left this pair's

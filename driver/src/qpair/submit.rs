@@ -170,7 +170,7 @@ impl<D: Device> IoQueuePair<D> {
         }
         self.stats.submissions += 1;
         if self.reap_on_submit {
-            self.reap_after_ring();
+            self.park_posted();
         }
         Ok(())
     }
@@ -248,7 +248,7 @@ impl<D: Device> IoQueuePair<D> {
         // Bookkeeping after the doorbell.
         self.stats.submissions += u64::from(std::mem::take(&mut self.pending));
         if self.reap_on_submit {
-            self.reap_after_ring();
+            self.park_posted();
         }
     }
 
@@ -265,9 +265,10 @@ impl<D: Device> IoQueuePair<D> {
     }
 
     /// `reap_on_submit`: reaps what is ready right after the doorbell, for
-    /// the next `process_completions` to deliver.
+    /// the next `process_completions` to deliver. Also the timeout scan's
+    /// first step (recovery.rs): what is posted is not overdue.
     #[inline(never)]
-    fn reap_after_ring(&mut self) {
+    pub(super) fn park_posted(&mut self) {
         let mut n = 0;
         while let Ok(Some(sc)) = self.reap_one() {
             self.ready.push_back(sc);
