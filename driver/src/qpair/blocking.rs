@@ -22,7 +22,9 @@ impl<D: Device> IoQueuePair<D> {
     /// inside the wait only while more than the controller's admin timeout
     /// of `timeout` is left, so the wait keeps to `timeout` (give or take
     /// one scan) even when an Abort gets no answer; what is overdue then is
-    /// recovered by the pair's next call.
+    /// recovered by the pair's next `process_completions` (or a blocking
+    /// call with a longer `timeout`): a pair used only through blocking
+    /// calls of at most the admin timeout never aborts a stuck command.
     ///
     /// On an NVMe error status the buffer comes back in the [`IoFailure`]. On
     /// timeout the command stays in flight and keeps its buffer (the device may
