@@ -27,16 +27,7 @@ fn all_commands() -> (ModelController, Controller<ModelController>) {
 
 /// CDW12 of the newest I/O command the model fetched.
 fn last_cdw12(m: &ModelController) -> (u8, u32) {
-    let (_, raw) = *m
-        .recent_commands()
-        .iter()
-        .rev()
-        .find(|(q, _)| *q != 0)
-        .expect("an I/O command");
-    (
-        raw[0],
-        u32::from_le_bytes([raw[48], raw[49], raw[50], raw[51]]),
-    )
+    m.last_io_cdw12().expect("an I/O command")
 }
 
 #[test]

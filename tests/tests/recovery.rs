@@ -1304,12 +1304,7 @@ fn a_lost_command_times_out_while_parked_completions_keep_flowing() {
             }
             Some(done) => {
                 cycled += 1;
-                let cmd = IoCommand::Read {
-                    ns: &ns,
-                    slba: 0,
-                    blocks: 1,
-                };
-                qp.submit(cmd, done.buffer, done.tag).unwrap();
+                qp.submit(read_cmd(&ns, 0), done.buffer, done.tag).unwrap();
             }
             None => {}
         }
@@ -1322,21 +1317,12 @@ fn a_lost_command_times_out_while_parked_completions_keep_flowing() {
     assert!(cycled > 0, "the others did not keep completing");
 }
 
-const ABORT: u8 = 0x08;
-
+/// Abort commands the model fetched so far.
 fn aborts_sent(m: &ModelController) -> usize {
-    m.commands_seen()
+    admin_opcodes_since(m, 0)
         .iter()
-        .filter(|&&(q, op, _)| q == 0 && op == ABORT)
+        .filter(|&&op| op == 0x08)
         .count()
-}
-
-fn read_lba(ns: &Namespace, slba: u64) -> IoCommand<'_> {
-    IoCommand::Read {
-        ns,
-        slba,
-        blocks: 1,
-    }
 }
 
 /// Two commands completed well within their 50 ms timeout, but the host
@@ -1362,9 +1348,9 @@ fn no_abort_is_sent_for_a_command_whose_completion_is_already_in_the_cq() {
             doorbells: None,
         });
     }
-    qp.submit(read_lba(&ns, 0), Some(c.alloc_dma(4096).unwrap()), 1)
+    qp.submit(read_cmd(&ns, 0), Some(c.alloc_dma(4096).unwrap()), 1)
         .unwrap();
-    qp.submit(read_lba(&ns, 1), Some(c.alloc_dma(4096).unwrap()), 2)
+    qp.submit(read_cmd(&ns, 1), Some(c.alloc_dma(4096).unwrap()), 2)
         .unwrap();
     // The first periodic run (poll 1024) stamps both.
     let poll = |qp: &mut upnvme::IoQueuePair<ModelController>| {
@@ -1429,7 +1415,7 @@ fn a_timeout_reset_does_not_discard_a_success_already_in_the_cq() {
     };
     // X: lost by the controller.
     m.inject(Fault::DropCompletion(Match::Nth(m.commands_fetched())));
-    qp.submit(read_lba(&ns, 0), Some(c.alloc_dma(4096).unwrap()), 10)
+    qp.submit(read_cmd(&ns, 0), Some(c.alloc_dma(4096).unwrap()), 10)
         .unwrap();
     poll(&mut qp, 1024); // scan 1 stamps X
     std::thread::sleep(Duration::from_millis(60));
@@ -1443,9 +1429,9 @@ fn a_timeout_reset_does_not_discard_a_success_already_in_the_cq() {
             doorbells: None,
         });
     }
-    qp.submit(read_lba(&ns, 1), Some(c.alloc_dma(4096).unwrap()), 11)
+    qp.submit(read_cmd(&ns, 1), Some(c.alloc_dma(4096).unwrap()), 11)
         .unwrap();
-    qp.submit(read_lba(&ns, 2), Some(c.alloc_dma(4096).unwrap()), 12)
+    qp.submit(read_cmd(&ns, 2), Some(c.alloc_dma(4096).unwrap()), 12)
         .unwrap();
     poll(&mut qp, 1023);
     std::thread::sleep(Duration::from_millis(60)); // X is now past 2 x timeout

@@ -292,18 +292,7 @@ fn per_command_flags_reach_cdw12_and_unknown_bits_are_refused() {
     let mut seen: Vec<c_int> = Vec::new();
     let arg: *mut Vec<c_int> = &mut seen;
     let qpp: *mut Qpair<ModelController> = &mut *qp;
-    let last = |m: &ModelController| {
-        let (_, raw) = *m
-            .recent_commands()
-            .iter()
-            .rev()
-            .find(|(q, _)| *q != 0)
-            .expect("an I/O command");
-        (
-            raw[0],
-            u32::from_le_bytes([raw[48], raw[49], raw[50], raw[51]]),
-        )
-    };
+    let last = |m: &ModelController| m.last_io_cdw12().expect("an I/O command");
     let cases = [
         (
             Cmd::Write { slba: 2, blocks: 1 },
@@ -2256,35 +2245,7 @@ fn format_nvm_changes_the_geometry_the_pairs_use() {
 /// Before, each waited for the whole format (up to its timeout).
 #[test]
 fn calls_on_the_handle_go_on_while_a_format_nvm_is_outstanding() {
-    use upnvme_tests::{Fault, Match};
-    let (m, c) = model();
-    let h = crate::Ctrl::new(c);
-    m.inject(Fault::DelayCompletion {
-        on: Match::Opcode {
-            qid: 0,
-            opcode: 0x80,
-        },
-        doorbells: None,
-    });
-    std::thread::scope(|s| {
-        let format = s.spawn(|| {
-            h.format_nvm(
-                1,
-                &crate::upnvme_format {
-                    lbaf: 4,
-                    timeout_ms: 20_000,
-                    ..Default::default()
-                },
-            )
-        });
-        let start = std::time::Instant::now();
-        while m.delayed_completions() == 0 {
-            assert!(
-                start.elapsed() < Duration::from_secs(5),
-                "no Format NVM reached the controller"
-            );
-            std::thread::sleep(Duration::from_millis(1));
-        }
+    let (m, h) = during_a_held_format(|_, m, h| {
         // Each of these waited for the format before (a write lock held
         // throughout): here the format is still held by the model.
         // The handle retired, its geometry as it was until the format ends.
@@ -2311,22 +2272,24 @@ fn calls_on_the_handle_go_on_while_a_format_nvm_is_outstanding() {
             .map(|n| n.id())
             .collect();
         assert_eq!(ids, vec![1]);
-        assert_eq!(m.delayed_completions(), 1, "the format ended early");
-        m.release_delayed();
-        format.join().unwrap().unwrap();
     });
     assert_eq!(h.ns_info(1).unwrap().lba_size, 4096);
     drop(h);
     assert!(m.violations().is_empty(), "{:?}", m.violations());
 }
 
-/// A namespace refresh asked for while a Format NVM is outstanding waits
-/// for the format without queuing for the write lock: `ns_get_info` on a
-/// third thread still runs (std's `RwLock` admits no reader while a writer
-/// waits, so a refresh queued behind the format's read lock held every call
-/// on the handle for the whole format — from a review).
-#[test]
-fn a_refresh_during_a_format_nvm_does_not_hold_the_other_calls() {
+/// Runs `during` on this thread while another formats namespace 1 of a
+/// fresh model's handle to LBA format 4 through `Ctrl::format_nvm`, with
+/// the Format NVM held by the model until `during` returns (asserting it is
+/// still held then); the format must then succeed. Returns the model and
+/// the handle.
+fn during_a_held_format(
+    during: impl for<'s, 'e> FnOnce(
+        &'s std::thread::Scope<'s, 'e>,
+        &ModelController,
+        &'e crate::Ctrl<ModelController>,
+    ),
+) -> (ModelController, crate::Ctrl<ModelController>) {
     use upnvme_tests::{Fault, Match};
     let (m, c) = model();
     let h = crate::Ctrl::new(c);
@@ -2338,8 +2301,9 @@ fn a_refresh_during_a_format_nvm_does_not_hold_the_other_calls() {
         doorbells: None,
     });
     std::thread::scope(|s| {
-        let format = s.spawn(|| {
-            h.format_nvm(
+        let hr = &h;
+        let format = s.spawn(move || {
+            hr.format_nvm(
                 1,
                 &crate::upnvme_format {
                     lbaf: 4,
@@ -2356,24 +2320,37 @@ fn a_refresh_during_a_format_nvm_does_not_hold_the_other_calls() {
             );
             std::thread::sleep(Duration::from_millis(1));
         }
-        let refresh = s.spawn(|| h.refresh());
+        during(s, &m, hr);
+        assert_eq!(m.delayed_completions(), 1, "the format ended early");
+        m.release_delayed();
+        format.join().unwrap().unwrap();
+    });
+    (m, h)
+}
+
+/// A namespace refresh asked for while a Format NVM is outstanding waits
+/// for the format without queuing for the write lock: `ns_get_info` on a
+/// third thread still runs (std's `RwLock` admits no reader while a writer
+/// waits, so a refresh queued behind the format's read lock held every call
+/// on the handle for the whole format — from a review).
+#[test]
+fn a_refresh_during_a_format_nvm_does_not_hold_the_other_calls() {
+    let (m, h) = during_a_held_format(|s, _, h| {
+        let refresh = s.spawn(move || h.refresh());
         std::thread::sleep(Duration::from_millis(100));
         let (tx, rx) = std::sync::mpsc::channel();
-        let h = &h;
         let info = s.spawn(move || {
             let r = h.ns_info(1).map(|i| i.lba_size);
             tx.send(()).unwrap();
             r
         });
         let answered = rx.recv_timeout(Duration::from_secs(2)).is_ok();
-        m.release_delayed();
-        format.join().unwrap().unwrap();
-        refresh.join().unwrap().unwrap();
-        info.join().unwrap().unwrap();
         assert!(
             answered,
             "upnvme_ns_get_info waited for the whole Format NVM behind a queued refresh"
         );
+        // Both end once the format is let go; the scope joins them.
+        std::mem::drop((refresh, info));
     });
     assert_eq!(h.ns_info(1).unwrap().lba_size, 4096);
     drop(h);

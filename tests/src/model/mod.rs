@@ -484,6 +484,23 @@ impl ModelController {
         self.state().stats.recent.iter().copied().collect()
     }
 
+    /// The opcode and CDW12 (bytes 51:48 of the SQE) of the newest I/O
+    /// command fetched (any SQ but the admin SQ), if any.
+    pub fn last_io_cdw12(&self) -> Option<(u8, u32)> {
+        self.state()
+            .stats
+            .recent
+            .iter()
+            .rev()
+            .find(|(q, _)| *q != 0)
+            .map(|(_, raw)| {
+                (
+                    raw[0],
+                    u32::from_le_bytes([raw[48], raw[49], raw[50], raw[51]]),
+                )
+            })
+    }
+
     /// Data transfers the model walked, by encoding: (PRP, SGL).
     pub fn transfers_by_encoding(&self) -> (u64, u64) {
         let s = self.state();
