@@ -2245,7 +2245,7 @@ fn format_nvm_changes_the_geometry_the_pairs_use() {
 /// Before, each waited for the whole format (up to its timeout).
 #[test]
 fn calls_on_the_handle_go_on_while_a_format_nvm_is_outstanding() {
-    let (m, h) = during_a_held_format(|_, m, h| {
+    let (m, h) = during_a_held_format(|_, h| {
         // Each of these waited for the format before (a write lock held
         // throughout): here the format is still held by the model.
         // The handle retired, its geometry as it was until the format ends.
@@ -2284,11 +2284,7 @@ fn calls_on_the_handle_go_on_while_a_format_nvm_is_outstanding() {
 /// still held then); the format must then succeed. Returns the model and
 /// the handle.
 fn during_a_held_format(
-    during: impl for<'s, 'e> FnOnce(
-        &'s std::thread::Scope<'s, 'e>,
-        &ModelController,
-        &'e crate::Ctrl<ModelController>,
-    ),
+    during: impl for<'s, 'e> FnOnce(&'s std::thread::Scope<'s, 'e>, &'e crate::Ctrl<ModelController>),
 ) -> (ModelController, crate::Ctrl<ModelController>) {
     use upnvme_tests::{Fault, Match};
     let (m, c) = model();
@@ -2320,7 +2316,7 @@ fn during_a_held_format(
             );
             std::thread::sleep(Duration::from_millis(1));
         }
-        during(s, &m, hr);
+        during(s, hr);
         assert_eq!(m.delayed_completions(), 1, "the format ended early");
         m.release_delayed();
         format.join().unwrap().unwrap();
@@ -2335,7 +2331,7 @@ fn during_a_held_format(
 /// on the handle for the whole format — from a review).
 #[test]
 fn a_refresh_during_a_format_nvm_does_not_hold_the_other_calls() {
-    let (m, h) = during_a_held_format(|s, _, h| {
+    let (m, h) = during_a_held_format(|s, h| {
         let refresh = s.spawn(move || h.refresh());
         std::thread::sleep(Duration::from_millis(100));
         let (tx, rx) = std::sync::mpsc::channel();
