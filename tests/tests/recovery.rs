@@ -1317,6 +1317,17 @@ fn a_lost_command_times_out_while_parked_completions_keep_flowing() {
     assert!(cycled > 0, "the others did not keep completing");
 }
 
+/// `k` calls of `process_completions` that find nothing (a completion is
+/// a failure): each counts as a poll, every 1024th runs the timeout scan.
+fn empty_polls(qp: &mut IoQueuePair<ModelController>, k: u32) {
+    for _ in 0..k {
+        let n = qp
+            .process_completions(u32::MAX, |_, c| panic!("unexpected {c:?}"))
+            .unwrap();
+        assert_eq!(n, 0);
+    }
+}
+
 /// Abort commands the model fetched so far.
 fn aborts_sent(m: &ModelController) -> usize {
     admin_opcodes_since(m, 0)
@@ -1334,13 +1345,7 @@ fn no_abort_is_sent_for_a_command_whose_completion_is_already_in_the_cq() {
     let m = ModelController::new(config_one_ns(4096, 256));
     let c = open(&m, opts());
     let ns = c.namespace(1).unwrap().clone();
-    let mut qp = c
-        .io_queue_pair(QueuePairOptions {
-            entries: Some(16),
-            command_timeout: Some(Duration::from_millis(50)),
-            ..Default::default()
-        })
-        .unwrap();
+    let mut qp = c.io_queue_pair(qp_opts(50)).unwrap();
     let n0 = m.commands_fetched();
     for n in n0..n0 + 2 {
         m.inject(Fault::DelayCompletion {
@@ -1353,25 +1358,9 @@ fn no_abort_is_sent_for_a_command_whose_completion_is_already_in_the_cq() {
     qp.submit(read_cmd(&ns, 1), Some(c.alloc_dma(4096).unwrap()), 2)
         .unwrap();
     // The first periodic run (poll 1024) stamps both.
-    let poll = |qp: &mut upnvme::IoQueuePair<ModelController>| {
-        let n = qp
-            .process_completions(u32::MAX, |qp, c| {
-                panic!(
-                    "held: {c:?} polls {} aborts {}",
-                    qp.stats().polls,
-                    qp.stats().aborts
-                )
-            })
-            .unwrap();
-        assert_eq!(n, 0);
-    };
-    for _ in 0..1024 {
-        poll(&mut qp);
-    }
+    empty_polls(&mut qp, 1024);
     assert_eq!(qp.stats().polls % 1024, 0);
-    for _ in 0..1023 {
-        poll(&mut qp);
-    }
+    empty_polls(&mut qp, 1023);
     // The device completes both now, well within the 50 ms timeout...
     assert_eq!(m.release_delayed(), 2, "both completions posted");
     // ...and the host looks 60 ms later (preempted, busy elsewhere).
@@ -1398,28 +1387,14 @@ fn a_timeout_reset_does_not_discard_a_success_already_in_the_cq() {
     let m = ModelController::new(config_one_ns(4096, 256));
     let c = open(&m, opts());
     let ns = c.namespace(1).unwrap().clone();
-    let mut qp = c
-        .io_queue_pair(QueuePairOptions {
-            entries: Some(16),
-            command_timeout: Some(Duration::from_millis(50)),
-            ..Default::default()
-        })
-        .unwrap();
-    let poll = |qp: &mut upnvme::IoQueuePair<ModelController>, k: u32| {
-        for _ in 0..k {
-            let n = qp
-                .process_completions(u32::MAX, |_, c| panic!("unexpected {c:?}"))
-                .unwrap();
-            assert_eq!(n, 0);
-        }
-    };
+    let mut qp = c.io_queue_pair(qp_opts(50)).unwrap();
     // X: lost by the controller.
     m.inject(Fault::DropCompletion(Match::Nth(m.commands_fetched())));
     qp.submit(read_cmd(&ns, 0), Some(c.alloc_dma(4096).unwrap()), 10)
         .unwrap();
-    poll(&mut qp, 1024); // scan 1 stamps X
+    empty_polls(&mut qp, 1024); // scan 1 stamps X
     std::thread::sleep(Duration::from_millis(60));
-    poll(&mut qp, 1024); // scan 2 aborts X (not found)
+    empty_polls(&mut qp, 1024); // scan 2 aborts X (not found)
     assert_eq!(qp.stats().aborts, 1);
     // A and B: held, then completed successfully by the device.
     let n0 = m.commands_fetched();
@@ -1433,7 +1408,7 @@ fn a_timeout_reset_does_not_discard_a_success_already_in_the_cq() {
         .unwrap();
     qp.submit(read_cmd(&ns, 2), Some(c.alloc_dma(4096).unwrap()), 12)
         .unwrap();
-    poll(&mut qp, 1023);
+    empty_polls(&mut qp, 1023);
     std::thread::sleep(Duration::from_millis(60)); // X is now past 2 x timeout
     assert_eq!(m.release_delayed(), 2);
     // Poll 3072: reaps A, then scan 3 resets for X.
