@@ -553,6 +553,11 @@ fn identify_fields_equal_the_vm_options() {
         assert_eq!(c["mdts"], mdts, "MDTS of {dev}");
         assert!(c["nn"].as_u64().unwrap() >= namespaces, "{c}");
         assert_eq!(v["registers"]["mqes"], mqes, "CAP.MQES of {dev}");
+        assert_eq!(
+            v["registers"]["max_queue_entries"],
+            mqes + 1,
+            "CAP.MQES + 1 of {dev}"
+        );
         let cap_hex = v["registers"]["cap_hex"].as_str().unwrap();
         assert_eq!(
             u64::from_str_radix(cap_hex.trim_start_matches("0x"), 16).unwrap(),
@@ -596,7 +601,10 @@ fn identify_fields_equal_the_vm_options() {
                 "{t}"
             );
         }
-        assert!(t.contains(&format!("mqes {}", mqes + 1)), "{t}");
+        assert!(
+            t.contains(&format!("mqes {mqes}: {} entries", mqes + 1)),
+            "{t}"
+        );
         assert_eq!(t.matches("\nNamespace ").count() as u64, namespaces, "{t}");
         assert!(t.contains(&format!("  lba size: {lba} bytes")), "{t}");
         // One namespace only.

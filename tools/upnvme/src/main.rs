@@ -455,7 +455,7 @@ fn busy_group_holders(e: &anyhow::Error) -> String {
     else {
         return String::new();
     };
-    let holders = setup::host::Host::default().holders_of(&path);
+    let holders = setup::host::Host::default().group_holders(&path);
     if holders.is_empty() {
         return String::new();
     }

@@ -74,7 +74,7 @@ pub fn list() -> Result<()> {
                     // stays a table); any other failure in full.
                     let what = match crate::busy_group(&e) {
                         Some(path) => {
-                            let holders = crate::setup::host::Host::default().holders_of(&path);
+                            let holders = crate::setup::host::Host::default().group_holders(&path);
                             match holders.first() {
                                 Some(h) => format!("(in use by {h})"),
                                 None => "(in use by another process)".to_string(),
@@ -193,8 +193,10 @@ pub fn identify(c: &Controller, nsid: Option<u32>, human: bool) -> Result<()> {
         outln!("  rtd3e   : {} us", id.rtd3e);
         outln!("  subnqn  : {}", id.subnqn);
         outln!(
-            "  CAP     : 0x{:016x} (mqes {}, to {} ms, dstrd {}, mpsmin {} B)",
+            "  CAP     : 0x{:016x} (mqes {}: {} entries, to {} ms, dstrd {}, mpsmin {} B)",
             cap.0,
+            // The field as JSON gives it (0's based) and what it means.
+            cap.mqes(),
             cap.max_queue_entries(),
             // The register's value (500 ms units), not the wait bound
             // derived from it (`Cap::timeout_ms`, at least 500 ms).
@@ -335,7 +337,7 @@ pub fn identify_json(c: &Controller, nsid: Option<u32>, human: bool) -> Result<(
         "registers": {
             // Also as a hex string: CAP can exceed 2^53, which JSON
             // readers that use doubles (JavaScript, jq) round.
-            "cap": cap.0, "cap_hex": format!("0x{:016x}", cap.0), "mqes": cap.mqes(), "to_ms": u64::from(cap.to()) * 500, "dstrd": cap.dstrd(),
+            "cap": cap.0, "cap_hex": format!("0x{:016x}", cap.0), "mqes": cap.mqes(), "max_queue_entries": cap.max_queue_entries(), "to_ms": u64::from(cap.to()) * 500, "dstrd": cap.dstrd(),
             "version": c.version().to_string(),
         },
         "granted_io_queue_pairs": c.granted_io_queues(),

@@ -960,11 +960,35 @@ impl Host {
             .collect()
     }
 
-    /// The processes (other than this one) with `path` open.
-    pub fn holders_of(&self, path: &Path) -> Vec<ProcUser> {
-        self.fd_users(&[path.to_path_buf()])
-            .remove(path)
-            .unwrap_or_default()
+    /// The processes (other than this one) that hold the VFIO group file
+    /// `group` (`/dev/vfio/<N>`) busy: those with it open, and those with
+    /// the VFIO device cdev (`/dev/vfio/devices/vfioX`, the iommufd
+    /// interface) of one of the group's devices open — the kernel refuses
+    /// the group's open with EBUSY then too.
+    pub fn group_holders(&self, group: &Path) -> Vec<ProcUser> {
+        let mut targets = vec![group.to_path_buf()];
+        let number = group.file_name().and_then(|n| n.to_str());
+        if let Some(g) = number.filter(|n| n.parse::<u32>().is_ok()) {
+            let devices = self.sys.join("kernel/iommu_groups").join(g).join("devices");
+            for d in dir_names(&devices) {
+                if let Ok(a) = d.parse::<PciAddress>() {
+                    targets.extend(
+                        self.numbered_nodes(&a, "vfio-dev", "vfio", "vfio/devices/")
+                            .into_iter()
+                            .map(|n| PathBuf::from("/dev").join(n)),
+                    );
+                }
+            }
+        }
+        let mut out: Vec<ProcUser> = Vec::new();
+        for users in self.fd_users(&targets).into_values() {
+            for u in users {
+                if !out.contains(&u) {
+                    out.push(u);
+                }
+            }
+        }
+        out
     }
 
     /// For each of `targets`, the processes with an open file descriptor on it.
@@ -1483,6 +1507,43 @@ mod tests {
             }]
         );
         assert_eq!(c.group_users[0].to_string(), "pid 77 (upnvme)");
+    }
+
+    /// A group the kernel refuses as busy names who holds it: through
+    /// the group file, or through a member's VFIO device cdev (iommufd;
+    /// before, only the group file's users were looked for, and a process
+    /// on the cdev was "another process").
+    #[test]
+    fn group_holders_include_the_members_vfio_device_cdevs() {
+        let t = Tree::new();
+        t.device("0000:00:04.0", "0x010802", Some("vfio-pci"), Some(3));
+        t.device("0000:00:05.0", "0x010802", Some("vfio-pci"), Some(3));
+        t.device("0000:00:06.0", "0x010802", Some("vfio-pci"), Some(4));
+        t.write(
+            "sys/bus/pci/devices/0000:00:05.0/vfio-dev/vfio1/dev",
+            "511:1\n",
+        );
+        t.write(
+            "sys/bus/pci/devices/0000:00:06.0/vfio-dev/vfio2/dev",
+            "511:2\n",
+        );
+        t.process(41, "spdk_nvme_perf", &["/dev/vfio/devices/vfio1"]);
+        t.process(42, "other", &["/dev/vfio/devices/vfio2"]);
+        t.process(43, "upnvme", &["/dev/vfio/3"]);
+        let names: Vec<String> = t
+            .host()
+            .group_holders(Path::new("/dev/vfio/3"))
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(names, ["pid 43 (upnvme)", "pid 41 (spdk_nvme_perf)"]);
+        let names: Vec<String> = t
+            .host()
+            .group_holders(Path::new("/dev/vfio/4"))
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(names, ["pid 42 (other)"]);
     }
 
     #[test]
