@@ -11,7 +11,8 @@
 //!   `blocks × LBA size` bytes and MPTR a contiguous `blocks × MS`-byte
 //!   metadata buffer, which the command must bring;
 //! - with protection information and PRACT set on a format whose metadata
-//!   is exactly the 8-byte PI tuple, the controller inserts (writes) or
+//!   is exactly the PI tuple (8 bytes with the 16-bit guard, 16 with the
+//!   32- or 64-bit guard of ELBAF.PIF), the controller inserts (writes) or
 //!   strips (reads) the tuple: no metadata moves, in either layout.
 //!
 //! Every other combination is refused before submission with a typed
@@ -94,9 +95,6 @@ fn pi_applies(ns: &Namespace, protection: Option<Protection>) -> Result<(), Reje
     }
 }
 
-/// A metadata buffer usable as MPTR: dword aligned (NVMe Base 2.0,
-/// "Metadata Pointer": with PSDT 00b or 01b MPTR is a dword-aligned
-/// address of one contiguous buffer).
 /// Whether a Read, Write or Compare moves metadata between host and
 /// controller: unless the format has none, or PRACT lets the controller
 /// insert and strip a PI tuple that is all the metadata there is.
@@ -154,6 +152,9 @@ pub(super) fn split_ref_tag(ns: &Namespace, tag: Option<u64>, slba: u64) -> Opti
     }
 }
 
+/// A metadata buffer usable as MPTR: dword aligned (NVMe Base 2.0,
+/// "Metadata Pointer": with PSDT 00b or 01b MPTR is a dword-aligned
+/// address of one contiguous buffer).
 fn mptr(md: MdMem) -> Result<u64, Reject> {
     if md.iova & 3 != 0 {
         return Err(Reject::Misaligned);
