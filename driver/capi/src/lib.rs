@@ -1315,8 +1315,11 @@ pub unsafe extern "C" fn upnvme_deallocate(
 
 /// Reaps completions and runs their callbacks: at most `max` (0: every
 /// ready one, up to the pair's depth per call, so callbacks that resubmit
-/// cannot keep one call going). Returns how many ran, or a negative code (the controller
-/// failed: `UPNVME_ENODEV`). A call whose callbacks ran returns their count even
+/// cannot keep one call going). Returns how many ran, or a negative code:
+/// `UPNVME_ENODEV` when the controller failed, was closed or is gone, or
+/// when the controller refused to re-create the pair's queues after a
+/// reset (`upnvme_last_error()` says why and when the pair tries again:
+/// keep polling). A call whose callbacks ran returns their count even
 /// when the controller failed after them (the commands it ended are delivered
 /// first); the error is the next call's. It does not wait for completions;
 /// after a controller reset it re-creates the pair's queues with admin

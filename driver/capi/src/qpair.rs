@@ -19,8 +19,8 @@ use upnvme::{
 use crate::buf::upnvme_buf;
 use crate::ctrl::SharedNamespaces;
 use crate::status::{
-    UPNVME_EBUSY, UPNVME_EINVAL, UPNVME_ENODEV, UPNVME_OK, error_code, fail, fail_error,
-    io_error_code, reject_code,
+    UPNVME_EBUSY, UPNVME_EINVAL, UPNVME_ENODEV, UPNVME_OK, error_code, fail, io_error_code,
+    reject_code,
 };
 
 /// Options of `upnvme_qpair_create`. Fill with `upnvme_qpair_opts_default(&o)`
@@ -783,8 +783,8 @@ impl<D: Device> Qpair<D> {
                 // which commands ended; the error (a failed, closed or
                 // released controller) is the next call's.
                 Err(_) if n > 0 || k > 0 => {}
-                Err(e) if record => return fail_error(&e),
-                Err(e) => return error_code(&e),
+                Err(e) if record => return fail(poll_error_code(&e), &e),
+                Err(e) => return poll_error_code(&e),
             }
             for c in got.iter_mut().take(k).filter_map(Option::take) {
                 let (ctx, cpl) = {
@@ -825,6 +825,20 @@ impl<D: Device> Qpair<D> {
 /// doorbell): SPDK's batch is the pair's depth; 32 keeps the array on the
 /// stack small.
 const REAP_BATCH: usize = 32;
+
+/// The code of a failed reap: [`error_code`], but for an NVMe status of an
+/// admin command the pair sent for itself — a Create I/O CQ or SQ refused
+/// after a controller reset, before the rate limit's wait turns the same
+/// refusal into `Error::QueuesNotRecreated` — which is `UPNVME_ENODEV` as
+/// that is: the pair cannot take commands now (the message says why and
+/// when it tries again). `UPNVME_EIO` is a completion's NVMe status, and no
+/// completion comes with this code.
+pub(crate) fn poll_error_code(e: &upnvme::Error) -> c_int {
+    match e {
+        upnvme::Error::Command { .. } => UPNVME_ENODEV,
+        e => error_code(e),
+    }
+}
 
 /// The refusal of a pair poisoned by an internal error (see `Qpair::poisoned`).
 fn poisoned() -> c_int {

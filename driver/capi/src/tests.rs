@@ -2381,3 +2381,70 @@ fn admin_structs_with_reserved_bytes_or_oversized_data_are_refused() {
     assert_eq!(m.commands_fetched(), fetched, "a refused command was sent");
     drop(h);
 }
+
+/// A controller refusing a pair's re-creation after a reset (Create I/O CQ
+/// failing with a status): `upnvme_qpair_process_completions` says
+/// `UPNVME_ENODEV` with the reason in the message, as docs/capi.md
+/// promises, from the first refusal on — not `UPNVME_EIO`, which names a
+/// completion's NVMe status and comes with no completion here; then, once
+/// the controller accepts, the pair works again.
+#[test]
+fn a_refused_re_creation_is_enodev_from_the_first_try() {
+    const CREATE_IO_CQ: u8 = 0x05;
+    let (m, c) = model();
+    let mut qp = pair(&c, 8);
+    let qpp: *mut Qpair<ModelController> = &mut *qp;
+    c.reset().unwrap();
+    let mut codes = vec![];
+    for _ in 0..3 {
+        m.inject(upnvme_tests::Fault::Status {
+            on: upnvme_tests::Match::Opcode {
+                qid: 0,
+                opcode: CREATE_IO_CQ,
+            },
+            status: upnvme_tests::Status::INTERNAL_ERROR,
+        });
+        // SAFETY: a live pair of this thread.
+        codes.push(unsafe { Qpair::process_completions(qpp, 0) });
+        assert!(
+            last_error().contains("Create I/O Completion Queue"),
+            "{}",
+            last_error()
+        );
+    }
+    assert_eq!(codes, vec![UPNVME_ENODEV; 3]);
+    assert!(m.pending_faults().is_empty());
+    // The controller accepts again: the pair re-creates its queues (after
+    // the rate limit's wait) and reads.
+    let b = handle(&c, 512);
+    let mut seen: Vec<c_int> = Vec::new();
+    let arg: *mut Vec<c_int> = &mut seen;
+    let start = std::time::Instant::now();
+    loop {
+        // SAFETY: live pair and handle.
+        let rc = unsafe {
+            qp.submit(
+                1,
+                Cmd::Read { slba: 0, blocks: 1 },
+                b,
+                Some(count_cb),
+                arg.cast(),
+            )
+        };
+        if rc == UPNVME_OK {
+            break;
+        }
+        assert_eq!(rc, UPNVME_ENODEV, "{}", last_error());
+        assert!(start.elapsed() < Duration::from_secs(5));
+        // SAFETY: a live pair of this thread.
+        let n = unsafe { Qpair::process_completions(qpp, 0) };
+        assert!(n == 0 || n == UPNVME_ENODEV, "{n}: {}", last_error());
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    reap_until(qpp, arg, 1);
+    assert_eq!(seen, vec![UPNVME_OK]);
+    // SAFETY: the handle is ours again.
+    assert_eq!(unsafe { upnvme_buf_free(b) }, UPNVME_OK);
+    drop(qp);
+    assert_eq!(m.dma_faults(), 0);
+}
