@@ -38,6 +38,14 @@
 #include <stdint.h>
 
 /**
+ * Bytes `upnvme_ctrl_default_addr` may need: the longest PCI address and
+ * its NUL (`"ffffffff:ff:1f.7"`: Linux numbers the PCI domains it creates
+ * itself, those of Intel VMD, from 10000h, so a domain can take more than
+ * the usual four digits).
+ */
+#define UPNVME_PCI_ADDR_SIZE 17
+
+/**
  * `flags` bit of `upnvme_read_flags` / `upnvme_write_flags`: FUA (CDW12
  * bit 30), Force Unit Access — a write reaches non-volatile media before it
  * completes (what `O_SYNC`/`O_DSYNC` ask of a write); a read comes from
@@ -514,12 +522,16 @@ int upnvme_ctrl_opts_init(struct upnvme_ctrl_opts *opts, size_t size);
 /**
  * Writes the PCI address `upnvme_ctrl_open(NULL, ...)` would open — the
  * only NVMe controller bound to vfio-pci — into `buf` as
- * `"dddd:bb:dd.f"` and its NUL (13 bytes; `len` must be at least that).
- * A program that takes either an address or "the only controller" can
- * tell whether the two name one controller before it opens it (a
- * controller is opened once per process: a second open of its VFIO group
- * fails). `UPNVME_ENODEV` when none or several are bound (the message
- * says which); `UPNVME_EINVAL` for a NULL `buf` or a `len` below 13.
+ * `"dddd:bb:dd.f"` and its NUL: 13 bytes, or up to
+ * `UPNVME_PCI_ADDR_SIZE` (17) for a controller behind Intel VMD, whose
+ * domain has five or more digits (`"10000:e1:00.0"`); pass a buffer of
+ * `UPNVME_PCI_ADDR_SIZE`. A program that takes either an address or "the
+ * only controller" can tell whether the two name one controller before it
+ * opens it (a controller is opened once per process: a second open of its
+ * VFIO group fails). `UPNVME_ENODEV` when none or several are bound (the
+ * message says which); `UPNVME_EINVAL` for a NULL `buf`, a `len` below
+ * 13, or one that does not hold the address found and its NUL (the
+ * message says how many bytes it needs; nothing is written).
  *
  * # Safety
  * `buf` is null or valid for writes of `len` bytes.

@@ -128,28 +128,40 @@ fn only_vfio_controller() -> Result<String, String> {
     }
 }
 
+/// Bytes `upnvme_ctrl_default_addr` may need: the longest PCI address and
+/// its NUL (`"ffffffff:ff:1f.7"`: Linux numbers the PCI domains it creates
+/// itself, those of Intel VMD, from 10000h, so a domain can take more than
+/// the usual four digits).
+pub const UPNVME_PCI_ADDR_SIZE: usize = 17;
+
 /// Writes the PCI address `upnvme_ctrl_open(NULL, ...)` would open — the
 /// only NVMe controller bound to vfio-pci — into `buf` as
-/// `"dddd:bb:dd.f"` and its NUL (13 bytes; `len` must be at least that).
-/// A program that takes either an address or "the only controller" can
-/// tell whether the two name one controller before it opens it (a
-/// controller is opened once per process: a second open of its VFIO group
-/// fails). `UPNVME_ENODEV` when none or several are bound (the message
-/// says which); `UPNVME_EINVAL` for a NULL `buf` or a `len` below 13.
+/// `"dddd:bb:dd.f"` and its NUL: 13 bytes, or up to
+/// `UPNVME_PCI_ADDR_SIZE` (17) for a controller behind Intel VMD, whose
+/// domain has five or more digits (`"10000:e1:00.0"`); pass a buffer of
+/// `UPNVME_PCI_ADDR_SIZE`. A program that takes either an address or "the
+/// only controller" can tell whether the two name one controller before it
+/// opens it (a controller is opened once per process: a second open of its
+/// VFIO group fails). `UPNVME_ENODEV` when none or several are bound (the
+/// message says which); `UPNVME_EINVAL` for a NULL `buf`, a `len` below
+/// 13, or one that does not hold the address found and its NUL (the
+/// message says how many bytes it needs; nothing is written).
 ///
 /// # Safety
 /// `buf` is null or valid for writes of `len` bytes.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn upnvme_ctrl_default_addr(buf: *mut c_char, len: usize) -> c_int {
     guard(|| {
-        // "dddd:bb:dd.f": every address fits, so a short buffer is refused
-        // before the search, whatever is bound.
+        // "dddd:bb:dd.f": no address is shorter, so a buffer below that is
+        // refused before the search, whatever is bound (a VMD domain's
+        // longer address is checked against `len` when it is written).
         const ADDR_LEN: usize = 12;
         if buf.is_null() || len <= ADDR_LEN {
             return fail(
                 UPNVME_EINVAL,
                 format!(
-                    "upnvme_ctrl_default_addr: a buffer of {len} bytes{}: pass one of at least 13",
+                    "upnvme_ctrl_default_addr: a buffer of {len} bytes{}: pass one of \
+                     UPNVME_PCI_ADDR_SIZE ({UPNVME_PCI_ADDR_SIZE}) bytes",
                     if buf.is_null() { " at NULL" } else { "" }
                 ),
             );

@@ -1635,7 +1635,11 @@ fn the_default_address_is_the_one_open_null_would_take_or_why_there_is_none() {
     // SAFETY: a length below 13 is refused before any write.
     let rc = unsafe { crate::upnvme_ctrl_default_addr(buf.as_mut_ptr(), 12) };
     assert_eq!(rc, UPNVME_EINVAL);
-    assert!(last_error().contains("at least 13"), "{}", last_error());
+    assert!(
+        last_error().contains("UPNVME_PCI_ADDR_SIZE (17)"),
+        "{}",
+        last_error()
+    );
     // What is bound depends on the machine; the answer must be the one
     // `upnvme_ctrl_open(NULL, ...)` acts on.
     // SAFETY: 13 writable bytes.
@@ -2447,4 +2451,43 @@ fn a_refused_re_creation_is_enodev_from_the_first_try() {
     assert_eq!(unsafe { upnvme_buf_free(b) }, UPNVME_OK);
     drop(qp);
     assert_eq!(m.dma_faults(), 0);
+}
+
+/// `upnvme_ctrl_default_addr` said 13 bytes held every address, but a
+/// controller behind Intel VMD has a PCI domain of 10000h and above (five
+/// digits or more, up to eight): a C program that sized its buffer as the
+/// header said got `UPNVME_EINVAL` there. `UPNVME_PCI_ADDR_SIZE` holds the
+/// longest one, and a 13-byte buffer is refused whole for a longer address,
+/// with the size it needs.
+#[test]
+fn the_default_address_buffer_size_holds_a_vmd_domain() {
+    let vmd = upnvme::PciAddress {
+        domain: 0x1_0000,
+        bus: 0xe1,
+        device: 0,
+        function: 0,
+    }
+    .to_string();
+    let longest = upnvme::PciAddress {
+        domain: u32::MAX,
+        bus: 0xff,
+        device: 0x1f,
+        function: 7,
+    }
+    .to_string();
+    assert_eq!(vmd, "10000:e1:00.0");
+    assert!(
+        vmd.len() + 1 > 13,
+        "13 bytes do not hold {vmd:?} and its NUL"
+    );
+    assert_eq!(longest.len() + 1, crate::UPNVME_PCI_ADDR_SIZE);
+    let mut buf = [0x55 as std::ffi::c_char; crate::UPNVME_PCI_ADDR_SIZE];
+    // SAFETY: 13 of the array's writable bytes.
+    let rc = unsafe { write_c_str(buf.as_mut_ptr(), 13, &vmd) };
+    assert_eq!(rc, UPNVME_EINVAL);
+    assert!(last_error().contains("needs 14"), "{}", last_error());
+    assert!(buf.iter().all(|&b| b == 0x55), "nothing written");
+    // SAFETY: the array's writable bytes.
+    let rc = unsafe { write_c_str(buf.as_mut_ptr(), buf.len(), &longest) };
+    assert_eq!(rc, UPNVME_OK);
 }
