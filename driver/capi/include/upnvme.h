@@ -1045,7 +1045,8 @@ int upnvme_write_zeroes(struct upnvme_qpair *qp,
 
 /**
  * Dataset Management with Attribute – Deallocate (trim) for `count`
- * ranges (at least 1), copied before the call returns. More than 256, or
+ * ranges (at least 1), copied before the call returns (at any alignment;
+ * they may be in a `upnvme_buf`'s memory). More than 256, or
  * beyond the controller's DMRL, DMRSL or DMSL, go as several commands
  * within them with one callback (at most the pair's depth of commands,
  * else `UPNVME_EINVAL` and nothing sent).

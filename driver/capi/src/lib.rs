@@ -1286,7 +1286,8 @@ pub unsafe extern "C" fn upnvme_write_zeroes(
 }
 
 /// Dataset Management with Attribute – Deallocate (trim) for `count`
-/// ranges (at least 1), copied before the call returns. More than 256, or
+/// ranges (at least 1), copied before the call returns (at any alignment;
+/// they may be in a `upnvme_buf`'s memory). More than 256, or
 /// beyond the controller's DMRL, DMRSL or DMSL, go as several commands
 /// within them with one callback (at most the pair's depth of commands,
 /// else `UPNVME_EINVAL` and nothing sent).
@@ -1302,27 +1303,50 @@ pub unsafe extern "C" fn upnvme_deallocate(
     cb: upnvme_cmd_cb,
     cb_arg: *mut c_void,
 ) -> c_int {
-    if ranges.is_null() || count == 0 {
-        return fail(
-            UPNVME_EINVAL,
-            format!(
-                "upnvme_deallocate: ranges must be non-NULL and count at least 1 (got {count})"
-            ),
-        );
-    }
-    // SAFETY: non-null and valid for `count` reads (the caller's contract).
-    let r = unsafe { std::slice::from_raw_parts(ranges, count as usize) };
-    // SAFETY: the caller's contract.
-    unsafe {
-        submit(
-            qp,
-            nsid,
-            Cmd::Deallocate { ranges: r },
-            std::ptr::null_mut(),
-            cb,
-            cb_arg,
-        )
-    }
+    guard(|| {
+        if ranges.is_null() || count == 0 {
+            return fail(
+                UPNVME_EINVAL,
+                format!(
+                    "upnvme_deallocate: ranges must be non-NULL and count at least 1 (got {count})"
+                ),
+            );
+        }
+        // Copied, never referenced: the caller's array may sit in a
+        // `upnvme_buf`'s DMA memory, which no Rust reference may cover, and
+        // may be at any alignment. On the stack up to the 256 ranges one
+        // command carries, else on the heap.
+        let read = |i: usize| {
+            // SAFETY: `i < count`, and `ranges` is non-null and valid for
+            // `count` reads (the caller's contract); an unaligned read of a
+            // struct of integers, valid for any bit pattern, into our own
+            // value.
+            unsafe { ranges.wrapping_add(i).read_unaligned() }
+        };
+        let count = count as usize;
+        let mut one = [upnvme_range { slba: 0, blocks: 0 }; 256];
+        let many: Vec<upnvme_range>;
+        let r: &[upnvme_range] = if count <= one.len() {
+            for (i, d) in one.iter_mut().take(count).enumerate() {
+                *d = read(i);
+            }
+            &one[..count]
+        } else {
+            many = (0..count).map(read).collect();
+            &many
+        };
+        // SAFETY: the caller's contract.
+        unsafe {
+            submit(
+                qp,
+                nsid,
+                Cmd::Deallocate { ranges: r },
+                std::ptr::null_mut(),
+                cb,
+                cb_arg,
+            )
+        }
+    })
 }
 
 /// Reaps completions and runs their callbacks: at most `max` (0: every
