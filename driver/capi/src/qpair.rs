@@ -63,8 +63,15 @@ pub struct upnvme_qpair_opts {
     /// of them — `upnvme_qpair_ring`, or `upnvme_qpair_process_completions`,
     /// which rings what is waiting before it reaps and, at its end, what its
     /// callbacks submitted. Default false: each submission rings. Added
-    /// after `sq_announce_each_command`: a caller whose `size` ends before it
-    /// gets the default.
+    /// after `sq_announce_each_command`, in what was the struct's tail
+    /// padding: a program built against the header of that time has a
+    /// `size` of 20 too, so this byte is read from its padding — zero
+    /// (the default) when `upnvme_qpair_opts_init` or
+    /// `upnvme_qpair_opts_default` filled the struct, as documented, and its
+    /// fields were then set one by one; such a program that filled the
+    /// struct any other way must be rebuilt. (Fields added from now on
+    /// start at or past offset 20, the struct's `sizeof`, so `size` tells
+    /// them apart.)
     pub delay_doorbell: bool,
 }
 

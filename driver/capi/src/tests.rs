@@ -2491,3 +2491,17 @@ fn the_default_address_buffer_size_holds_a_vmd_domain() {
     let rc = unsafe { write_c_str(buf.as_mut_ptr(), buf.len(), &longest) };
     assert_eq!(rc, UPNVME_OK);
 }
+
+/// The options structs' sizes, pinned: a field added later must start at
+/// or past these (an old program's `size` is its `sizeof`, tail padding
+/// included, so a field placed in that padding would be read from the old
+/// program's padding bytes; `upnvme_qpair_opts.delay_doorbell` was added
+/// that way, at offset 17 of a 20-byte struct). Grow the struct past them
+/// and update the numbers here.
+#[test]
+fn options_struct_sizes_are_pinned() {
+    use std::mem::{offset_of, size_of};
+    assert_eq!(size_of::<crate::upnvme_ctrl_opts>(), 12);
+    assert_eq!(size_of::<crate::upnvme_qpair_opts>(), 20);
+    assert_eq!(offset_of!(crate::upnvme_qpair_opts, delay_doorbell), 17);
+}
