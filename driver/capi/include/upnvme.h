@@ -930,9 +930,14 @@ int upnvme_qpair_ring(struct upnvme_qpair *qp);
  * (`UPNVME_EINTERNAL`) is deleted at once: its commands' callbacks do not
  * run and their buffer handles come back without memory. A destroy that
  * succeeds leaves `upnvme_last_error()` as it was. NULL is a no-op.
+ * Any result but `UPNVME_EBUSY` gives the handle up: `UPNVME_EINTERNAL`
+ * here (a library bug, caught) may come after the pair was freed, so the
+ * handle is not to be used, nor destroyed, again (at worst the pair
+ * leaks).
  *
  * # Safety
- * `qp` is null or a live pair, not used after success.
+ * `qp` is null or a live pair, not used after any result but
+ * `UPNVME_EBUSY`.
  */
 int upnvme_qpair_destroy(struct upnvme_qpair *qp);
 

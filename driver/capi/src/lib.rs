@@ -1023,9 +1023,14 @@ pub unsafe extern "C" fn upnvme_qpair_ring(qp: *mut upnvme_qpair) -> c_int {
 /// (`UPNVME_EINTERNAL`) is deleted at once: its commands' callbacks do not
 /// run and their buffer handles come back without memory. A destroy that
 /// succeeds leaves `upnvme_last_error()` as it was. NULL is a no-op.
+/// Any result but `UPNVME_EBUSY` gives the handle up: `UPNVME_EINTERNAL`
+/// here (a library bug, caught) may come after the pair was freed, so the
+/// handle is not to be used, nor destroyed, again (at worst the pair
+/// leaks).
 ///
 /// # Safety
-/// `qp` is null or a live pair, not used after success.
+/// `qp` is null or a live pair, not used after any result but
+/// `UPNVME_EBUSY`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn upnvme_qpair_destroy(qp: *mut upnvme_qpair) -> c_int {
     guard(|| {
