@@ -98,9 +98,12 @@ pub enum DmaError {
         /// Where to write it.
         sysctl: String,
     },
-    /// The IOMMU refused a mapping (often the locked-memory limit).
+    /// The IOMMU refused a mapping; the message names the fix for its
+    /// errno (ENOMEM: the locked-memory limit; ENOSPC: the container's
+    /// mapping count; EINVAL: alignment or range; EEXIST: an IOVA in use).
     #[error(
-        "VFIO_IOMMU_MAP_DMA of {size} bytes at IOVA 0x{iova:x} failed: {os_error}; if this is ENOMEM/EPERM raise the locked-memory limit (`ulimit -l unlimited`) or run as root"
+        "VFIO_IOMMU_MAP_DMA of {size} bytes at IOVA 0x{iova:x} failed: {os_error}; {}",
+        map_dma_hint(os_error)
     )]
     MapDma {
         /// IOVA asked for.
@@ -174,6 +177,35 @@ pub enum DmaError {
     InvalidAllocation(String),
 }
 
+/// How to fix a VFIO_IOMMU_MAP_DMA refusal, by errno (the causes are
+/// vfio_iommu_type1's `vfio_dma_do_map` and `vfio_pin_pages_remote`).
+fn map_dma_hint(e: &io::Error) -> &'static str {
+    match e.raw_os_error() {
+        Some(libc::ENOMEM) | Some(libc::EPERM) => {
+            "pinning the memory exceeded the locked-memory limit (RLIMIT_MEMLOCK): raise it \
+             (`ulimit -l unlimited`, LimitMEMLOCK=infinity for a systemd service) or run as root"
+        }
+        Some(libc::ENOSPC) => {
+            "the VFIO container holds as many DMA mappings as vfio_iommu_type1 allows \
+             (module parameter dma_entry_limit, 65535 by default): register fewer, larger \
+             mappings, or raise it (`echo N > /sys/module/vfio_iommu_type1/parameters/\
+             dma_entry_limit`, effective for containers opened afterwards)"
+        }
+        Some(libc::EINVAL) => {
+            "the address, IOVA or size is not a multiple of the IOMMU's smallest page \
+             (VFIO_IOMMU_GET_INFO iova_pgsizes, VfioContainer::iova_pgsizes), or the IOVA lies \
+             outside its valid ranges: map memory in whole IOMMU pages"
+        }
+        Some(libc::EEXIST) => {
+            "that IOVA range is already mapped in this container (an IOVA handed out twice: \
+             a bug in the DMA mapper, please report it)"
+        }
+        _ => {
+            "the kernel log (`dmesg`, vfio_iommu_type1) may say why the memory could not be pinned"
+        }
+    }
+}
+
 impl DmaError {
     /// Builds [`DmaError::Sys`] from the last OS error.
     pub(crate) fn last_os(what: impl Into<String>) -> Self {
@@ -181,5 +213,37 @@ impl DmaError {
             what: what.into(),
             os_error: io::Error::last_os_error(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map_dma(errno: i32) -> String {
+        DmaError::MapDma {
+            iova: 0x20_0000,
+            size: 4096,
+            os_error: io::Error::from_raw_os_error(errno),
+        }
+        .to_string()
+    }
+
+    /// Each errno VFIO_IOMMU_MAP_DMA returns has its own cause, and the
+    /// message names that one's fix (the locked-memory limit cures ENOMEM
+    /// only).
+    #[test]
+    fn a_refused_dma_mapping_says_the_fix_for_its_errno() {
+        let m = map_dma(libc::ENOMEM);
+        assert!(m.contains("ulimit -l"), "{m}");
+        let m = map_dma(libc::ENOSPC);
+        assert!(m.contains("dma_entry_limit"), "{m}");
+        assert!(!m.contains("ulimit"), "{m}");
+        let m = map_dma(libc::EINVAL);
+        assert!(m.contains("iova_pgsizes"), "{m}");
+        assert!(!m.contains("ulimit"), "{m}");
+        let m = map_dma(libc::EEXIST);
+        assert!(m.contains("already mapped"), "{m}");
+        assert!(!m.contains("ulimit"), "{m}");
     }
 }
