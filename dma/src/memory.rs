@@ -860,9 +860,11 @@ struct BufferInner {
 }
 
 // SAFETY: `base` points into `mem`, which the buffer keeps alive (`Arc`);
-// it is never turned into a Rust reference, and every access through it is a
-// bounds-checked volatile, atomic or copy operation, as `HostMemory`'s own
-// (which is `Send`). The other fields are `Send` themselves.
+// it is never turned into a Rust reference, and every access through it is
+// one of `DmaBuffer`'s bounds-checked volatile, atomic or copy operations (or
+// of the ring and list accessors that own a buffer), made by the one thread
+// that holds the buffer (`DmaBuffer` is not `Sync`), so moving it to another
+// thread moves that access. The other fields are `Send` themselves.
 unsafe impl Send for BufferInner {}
 const _: () = {
     const fn send<T: Send>() {}
@@ -1161,7 +1163,8 @@ impl DmaBuffer {
     #[inline]
     pub fn write_u16(&self, offset: usize, v: u16) -> Result<(), DmaError> {
         let p = self.ptr(offset, 2, 2)?;
-        // SAFETY: as in `load_acquire_u32`.
+        // SAFETY: as in `read_u16`: inside the live mapping and 2-byte
+        // aligned, both checked by `ptr`.
         unsafe { p.cast::<u16>().write_volatile(v.to_le()) };
         Ok(())
     }

@@ -19,11 +19,20 @@ pub struct Bar {
     watched: bool,
 }
 
-// SAFETY: the mapping is owned by this value; all accesses are volatile MMIO
-// through raw pointers, which is safe from any thread (the device serialises
-// register accesses; the driver's own protocol decides who writes which doorbell).
+// SAFETY: the mapping is owned by this value and lives until it is dropped;
+// no reference into it is formed: every access is a bounds-checked, aligned
+// 32-bit volatile access through a raw pointer, valid from any thread.
 unsafe impl Send for Bar {}
-// SAFETY: see `Send`; every method takes `&self` and does a single volatile access.
+// SAFETY: every method takes `&self`. While the mapping is the device's
+// registers, concurrent accesses are MMIO that the device orders, outside
+// Rust's memory model. Once `retire` or the SIGBUS handler replaced it with
+// private all-ones memory (sigbus.rs), it is ordinary memory: two threads
+// accessing the same word there, one of them writing, would be a data race
+// in Rust's model. Accepted, not excluded: stable Rust has no volatile
+// atomic access for MMIO; aligned 32-bit volatile accesses do not tear on the
+// supported targets, and that memory holds nothing but all ones and what the
+// driver wrote after the device was gone. (`read64`/`write64` are two
+// accesses each, not one 64-bit access.)
 unsafe impl Sync for Bar {}
 
 impl Bar {

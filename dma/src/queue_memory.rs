@@ -52,8 +52,8 @@ pub struct SqMemory {
 }
 
 // SAFETY: `base` points into `buf`'s mapping, which `buf` keeps alive; it is
-// only used for volatile stores inside the slots checked against `entries`.
-// The type is not `Sync` (no `&self` access from two threads).
+// only used for volatile stores and loads inside the slots checked against
+// `entries`. The type is not `Sync` (no `&self` access from two threads).
 unsafe impl Send for SqMemory {}
 
 impl SqMemory {
@@ -171,7 +171,8 @@ pub struct CqMemory {
 }
 
 // SAFETY: as for `SqMemory`: `base` points into `buf`'s live mapping and is
-// only used for atomic or volatile loads inside checked slots.
+// only used for atomic or volatile loads, and (`zero`) atomic stores, inside
+// checked slots. Not `Sync`.
 unsafe impl Send for CqMemory {}
 
 impl CqMemory {

@@ -248,9 +248,10 @@ fn iommu_info(container: &OwnedFd) -> Result<(Vec<IovaRange>, u64), DmaError> {
     Ok((fallback, pgsizes))
 }
 
-// SAFETY: `map_flags` returns `Err` only when VFIO_IOMMU_MAP_DMA failed,
-// after giving the IOVA back (nothing mapped), and keeps no handle of `mem`
-// either way; IOVAs come from the container's own allocator, which never
+// SAFETY: `map_flags` returns `Err` either before VFIO_IOMMU_MAP_DMA (no
+// IOVA space, or a poisoned IOVA lock: nothing mapped) or when it failed,
+// after giving the IOVA back (the kernel undoes a failed map: nothing
+// mapped), and keeps no handle of `mem` either way; IOVAs come from the container's own allocator, which never
 // hands out a live range twice; `unmap_mapping` refuses a mapping another
 // mapper made (`made_by`) and returns true only when the kernel reports the
 // whole range unmapped (the IOMMU no longer translates it), otherwise it
