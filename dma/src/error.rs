@@ -131,6 +131,15 @@ pub enum DmaError {
         /// The OS error.
         os_error: io::Error,
     },
+    /// VFIO_SET_IOMMU refused the Type1v2 IOMMU for the container.
+    #[error(
+        "VFIO_SET_IOMMU (Type1v2) failed: {os_error}; {}",
+        set_iommu_hint(os_error)
+    )]
+    SetIommu {
+        /// The OS error.
+        os_error: io::Error,
+    },
     /// The kernel's VFIO lacks something upnvme needs.
     #[error(
         "VFIO does not support {what}; upnvme needs Linux >= 4.x with vfio_iommu_type1 loaded (`modprobe vfio-pci`)"
@@ -206,6 +215,22 @@ fn map_dma_hint(e: &io::Error) -> &'static str {
     }
 }
 
+/// How to fix a VFIO_SET_IOMMU refusal: EPERM is vfio_iommu_type1's
+/// refusal of a group whose MSIs are not isolated (no interrupt
+/// remapping) while `allow_unsafe_interrupts` is off.
+fn set_iommu_hint(e: &io::Error) -> &'static str {
+    match e.raw_os_error() {
+        Some(libc::EPERM) => {
+            "the platform has no interrupt remapping, which VFIO requires (the kernel log \
+             says \"No interrupt remapping support\"): enable it in the firmware (VT-d / \
+             AMD-Vi with interrupt remapping; `intremap=on` for QEMU's intel-iommu), or, \
+             accepting that the device can then raise arbitrary interrupts, load \
+             vfio_iommu_type1 with allow_unsafe_interrupts=1"
+        }
+        _ => "the kernel log (`dmesg`, vfio_iommu_type1) says why the IOMMU was refused",
+    }
+}
+
 impl DmaError {
     /// Builds [`DmaError::Sys`] from the last OS error.
     pub(crate) fn last_os(what: impl Into<String>) -> Self {
@@ -219,6 +244,27 @@ impl DmaError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// EPERM from VFIO_SET_IOMMU is the missing interrupt remapping: the
+    /// message gives the firmware fix and the module parameter, not only
+    /// the QEMU option (before, "VFIO_SET_IOMMU (Type1v2); on QEMU the
+    /// intel-iommu needs intremap=on failed: …").
+    #[test]
+    fn a_refused_set_iommu_says_how_to_get_interrupt_remapping() {
+        let m = DmaError::SetIommu {
+            os_error: io::Error::from_raw_os_error(libc::EPERM),
+        }
+        .to_string();
+        assert!(m.starts_with("VFIO_SET_IOMMU (Type1v2) failed: "), "{m}");
+        for fix in ["firmware", "intremap=on", "allow_unsafe_interrupts=1"] {
+            assert!(m.contains(fix), "{fix} missing: {m}");
+        }
+        let m = DmaError::SetIommu {
+            os_error: io::Error::from_raw_os_error(libc::ENODEV),
+        }
+        .to_string();
+        assert!(m.contains("dmesg") && !m.contains("firmware"), "{m}");
+    }
 
     fn map_dma(errno: i32) -> String {
         DmaError::MapDma {

@@ -130,8 +130,12 @@ impl VfioContainer {
             &container,
             abi::VFIO_SET_IOMMU,
             abi::VFIO_TYPE1V2_IOMMU as _,
-            "VFIO_SET_IOMMU (Type1v2); on QEMU the intel-iommu needs intremap=on",
-        )?;
+            "VFIO_SET_IOMMU",
+        )
+        .map_err(|e| match e {
+            DmaError::Sys { os_error, .. } => DmaError::SetIommu { os_error },
+            other => other,
+        })?;
         let (ranges, pgsizes) = iommu_info(&container)?;
         Ok(Arc::new(VfioContainer {
             container,
