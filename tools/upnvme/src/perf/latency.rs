@@ -63,6 +63,18 @@ impl Latencies {
         self.hist.is_empty()
     }
 
+    /// The latency at quantile `q` in nanoseconds (nearest rank): the upper
+    /// edge of its histogram bucket, at most 1/1024 high, but never above
+    /// the exact maximum (the top percentiles of a short run are often the
+    /// maximum's bucket, whose edge lies above it). 0 when empty.
+    pub fn quantile_ns(&self, q: f64) -> u64 {
+        if self.is_empty() {
+            0
+        } else {
+            self.hist.value_at_quantile(q).min(self.max_ns)
+        }
+    }
+
     /// The exact mean in microseconds (0 when empty).
     pub fn mean_us(&self) -> f64 {
         match self.hist.len() {
