@@ -141,18 +141,25 @@ impl<D: Device> IoQueuePair<D> {
         if n < max && self.current() {
             n += self.poll_cq(max - n, f)?;
         } else if self.current() {
-            // Parked completions alone filled `max` (a loop of
-            // `next_completion` with `reap_on_submit` parks the next one at
-            // every resubmission): the call still counts as a poll, or the
-            // periodic work — the command timeout scan, the CSTS check —
-            // would never run while they keep coming, and a command the
-            // controller lost would never time out.
-            self.poll_countdown -= 1;
-            if self.poll_countdown == 0 {
-                self.periodic()?;
-            }
+            self.count_parked_poll()?;
         }
         Ok(n)
+    }
+
+    /// Parked completions alone filled `max` (a loop of `next_completion`
+    /// with `reap_on_submit` parks the next one at every resubmission): the
+    /// call still counts as a poll, or the periodic work — the command
+    /// timeout scan, the CSTS check — would never run while they keep
+    /// coming, and a command the controller lost would never time out.
+    /// Not generic over the callback: one copy, out of the reap's way.
+    #[cold]
+    #[inline(never)]
+    fn count_parked_poll(&mut self) -> Result<()> {
+        self.poll_countdown -= 1;
+        if self.poll_countdown == 0 {
+            self.periodic()?;
+        }
+        Ok(())
     }
 
     /// Looks at the CQ and delivers up to `max` new entries to `f`.
