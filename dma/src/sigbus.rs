@@ -65,6 +65,10 @@ static PREVIOUS: AtomicPtr<libc::sigaction> = AtomicPtr::new(std::ptr::null_mut(
 /// without this handler.
 static PREVIOUS_SPENT: AtomicBool = AtomicBool::new(false);
 static INSTALL: Once = Once::new();
+/// Set once this module's handler is the SIGBUS action (`install`'s second
+/// `sigaction` succeeded): only then is a mapping watched. `PREVIOUS` is
+/// published before that call and so says nothing about its outcome.
+static INSTALLED: AtomicBool = AtomicBool::new(false);
 
 /// An SA_SIGINFO signal handler.
 type SigInfoHandler = extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut c_void);
@@ -124,7 +128,7 @@ fn all_ones_memfd(len: usize) -> Option<i32> {
 /// false, and leaves the mapping unwatched, when that is not possible.
 pub(crate) fn watch(start: *mut u8, len: usize) -> bool {
     INSTALL.call_once(install);
-    if PREVIOUS.load(Ordering::Acquire).is_null() {
+    if !INSTALLED.load(Ordering::Acquire) {
         return false;
     }
     let Some(v) = pack(start as usize, len) else {
@@ -231,6 +235,7 @@ fn install() {
         // SAFETY: registers a plain `extern "C"` function with no
         // arguments, run in the child of a fork.
         unsafe { libc::pthread_atfork(None, None, Some(forget_in_child)) };
+        INSTALLED.store(true, Ordering::Release);
     }
 }
 
