@@ -301,8 +301,14 @@ impl<D: Device> Qpair<D> {
         }
         // Commands of a pair being destroyed end there; a refused ring
         // (the controller reset or failed) ends its commands with that
-        // outcome, reported by the next `process_completions`.
+        // outcome, reported by the next `process_completions`. Poisoned
+        // while the library rings, as for a submission: should it unwind
+        // (an internal error), the doorbell may not have reached the
+        // device and the queued commands may never complete, so the pair
+        // takes no more work and destroy does not wait for them.
+        me.poisoned = true;
         me.qp.ring();
+        me.poisoned = false;
         UPNVME_OK
     }
 

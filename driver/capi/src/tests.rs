@@ -2505,3 +2505,121 @@ fn options_struct_sizes_are_pinned() {
     assert_eq!(size_of::<crate::upnvme_qpair_opts>(), 20);
     assert_eq!(offset_of!(crate::upnvme_qpair_opts, delay_doorbell), 17);
 }
+
+/// A ring that unwinds (a panic inside the library's doorbell write, here
+/// the device's) poisons the pair, as a submission or a reap that unwinds
+/// does: the doorbell may not have reached the device, so the queued
+/// commands may never complete, and a destroy waiting for them would say
+/// `UPNVME_EBUSY` for ever. Before, the pair took more work and destroy
+/// kept the command in flight.
+#[test]
+fn a_ring_that_unwinds_poisons_the_pair() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    /// The model, with a panic on any doorbell write while armed.
+    struct PanicOnDoorbell {
+        m: ModelController,
+        armed: Arc<AtomicBool>,
+    }
+    impl upnvme::Device for PanicOnDoorbell {
+        fn read32(&self, offset: usize) -> u32 {
+            self.m.read32(offset)
+        }
+        fn write32(&self, offset: usize, value: u32) {
+            if offset >= 0x1000 && self.armed.load(Ordering::SeqCst) {
+                panic!("a doorbell write unwinds");
+            }
+            self.m.write32(offset, value)
+        }
+        fn read64(&self, offset: usize) -> u64 {
+            self.m.read64(offset)
+        }
+        fn write64(&self, offset: usize, value: u64) {
+            self.m.write64(offset, value)
+        }
+        fn bar_len(&self) -> usize {
+            self.m.bar_len()
+        }
+        fn alloc_dma(&self, len: usize) -> Result<upnvme::DmaBuffer, upnvme::dma::DmaError> {
+            self.m.alloc_dma(len)
+        }
+        fn name(&self) -> String {
+            self.m.name()
+        }
+    }
+    let m = ModelController::new(ModelConfig {
+        namespaces: vec![NamespaceConfig {
+            nsid: 1,
+            lba_size: 512,
+            blocks: BLOCKS,
+            ..NamespaceConfig::default()
+        }],
+        ..Default::default()
+    });
+    let armed = Arc::new(AtomicBool::new(false));
+    let dev = PanicOnDoorbell {
+        m: m.clone(),
+        armed: armed.clone(),
+    };
+    let c = Controller::with_device(dev, upnvme_tests::host_options()).unwrap();
+    let qp = c
+        .io_queue_pair(QueuePairOptions {
+            entries: Some(8),
+            ..Default::default()
+        })
+        .unwrap();
+    let mut qp = Box::new(Qpair::new(
+        qp,
+        std::sync::Arc::new(std::sync::Mutex::new(c.namespaces().to_vec())),
+    ));
+    qp.set_delay_doorbell(true);
+    let qpp: *mut Qpair<PanicOnDoorbell> = &mut *qp;
+    let b = Box::into_raw(Box::new(upnvme_buf::new(
+        c.alloc_dma(4096).unwrap(),
+        std::ptr::null(),
+    )));
+    // SAFETY: live handle and pair; no callback.
+    let rc = unsafe {
+        (*qpp).submit(
+            1,
+            Cmd::Read { slba: 0, blocks: 8 },
+            b,
+            None,
+            std::ptr::null_mut(),
+        )
+    };
+    assert_eq!(rc, UPNVME_OK, "{}", last_error());
+    armed.store(true, Ordering::SeqCst);
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        // SAFETY: live pair, this thread's.
+        unsafe { Qpair::ring(qpp) }
+    }));
+    assert!(r.is_err(), "the doorbell write unwound");
+    armed.store(false, Ordering::SeqCst);
+    let b2 = Box::into_raw(Box::new(upnvme_buf::new(
+        c.alloc_dma(4096).unwrap(),
+        std::ptr::null(),
+    )));
+    // SAFETY: as above.
+    let rc = unsafe {
+        (*qpp).submit(
+            1,
+            Cmd::Read { slba: 8, blocks: 8 },
+            b2,
+            None,
+            std::ptr::null_mut(),
+        )
+    };
+    assert_eq!(
+        rc, UPNVME_EINTERNAL,
+        "a pair whose ring unwound takes no more work"
+    );
+    // SAFETY: live pair, this thread's.
+    assert_eq!(unsafe { Qpair::end_for_destroy(qpp) }, UPNVME_OK);
+    for h in [b, b2] {
+        // SAFETY: the test's live handles, not in flight; freed once.
+        assert_eq!(unsafe { upnvme_buf_free(h) }, UPNVME_OK);
+    }
+    drop(qp);
+    let _ = c.close();
+}
