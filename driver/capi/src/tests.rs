@@ -2580,7 +2580,7 @@ fn a_ring_that_unwinds_poisons_the_pair() {
     )));
     // SAFETY: live handle and pair; no callback.
     let rc = unsafe {
-        (*qpp).submit(
+        qp.submit(
             1,
             Cmd::Read { slba: 0, blocks: 8 },
             b,
@@ -2602,7 +2602,7 @@ fn a_ring_that_unwinds_poisons_the_pair() {
     )));
     // SAFETY: as above.
     let rc = unsafe {
-        (*qpp).submit(
+        qp.submit(
             1,
             Cmd::Read { slba: 8, blocks: 8 },
             b2,
