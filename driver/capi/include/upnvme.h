@@ -655,7 +655,10 @@ int upnvme_ctrl_format_nvm(const struct upnvme_ctrl *ctrl,
  * announced as a Namespace Attribute Changed event (refresh then). Other
  * threads may use the controller meanwhile (their admin calls wait for
  * the reset). Returns 0, or a negative code when the controller does not
- * come back (`UPNVME_ENODEV`: removed, or failing again; close it).
+ * come back — `UPNVME_ENODEV` (removed, gone, or failing again),
+ * `UPNVME_ETIMEDOUT` (CSTS.RDY did not follow CC.EN within CAP.TO, or an
+ * admin command of the bring-up went unanswered), or the code of what
+ * else failed (`upnvme_last_error()` says what); close it then.
  *
  * # Safety
  * `ctrl` a live handle.
