@@ -777,7 +777,10 @@ int upnvme_buf_alloc(const struct upnvme_ctrl *ctrl, size_t len, struct upnvme_b
 /**
  * Frees a buffer handle and its memory (a pool buffer's memory is gone from
  * its pool; give it back with `upnvme_pool_put` instead). `UPNVME_EBUSY`
- * (nothing freed) while a command owns it. NULL is a no-op.
+ * (nothing freed) while a command owns it; `UPNVME_EINVAL` (nothing
+ * freed) for a pool buffer's handle already given back with
+ * `upnvme_pool_put` (the pool owns it; while the pool lives the stale
+ * handle is recognised). NULL is a no-op.
  *
  * # Safety
  * `buf` is null or a live handle, not used after success.
