@@ -1124,3 +1124,72 @@ fn a_partly_granted_hugepage_request_is_given_back() {
     reserve_hugepages(&host, 300, 2048, kernel_gives_at_most_300).unwrap();
     assert_eq!(hugepage_file(&t, 2048, "nr_hugepages").trim(), "300");
 }
+
+// ---------------------------------------------------------------------------
+// Kernel users that neither a process, a mount, a holder nor an exclusive
+// claim shows
+
+/// The kernel's NVMe-oF target (nvmet) exporting a namespace over the
+/// network, and a loop device over a partition, hold the block device
+/// without a file descriptor, a `holders/` link or an exclusive claim (both
+/// open it non-exclusively). Binding the controller away pulls the storage
+/// from under the remote hosts and under what is on the loop device:
+/// `bind` must refuse and say how to stop them. nvmet's passthru target on
+/// the controller's `/dev/nvmeX` likewise. A disabled nvmet namespace and a
+/// loop device over something else do not count.
+#[test]
+fn an_nvmet_export_or_a_loop_device_keeps_the_controller_in_use() {
+    let t = Tree::new();
+    t.device("0000:00:05.0", NVME, Some("nvme"), Some(4));
+    t.device("0000:00:06.0", NVME, Some("nvme"), Some(5));
+    t.device("0000:00:07.0", NVME, Some("nvme"), Some(6));
+    t.namespace("0000:00:05.0", 0, 1, 0);
+    t.namespace("0000:00:06.0", 1, 1, 2);
+    t.namespace("0000:00:07.0", 2, 1, 0);
+    let ns = "sys/kernel/config/nvmet/subsystems/nqn.2024-01.io.test:a/namespaces";
+    t.write(&format!("{ns}/1/device_path"), "/dev/nvme0n1\n");
+    t.write(&format!("{ns}/1/enable"), "1\n");
+    t.write(&format!("{ns}/2/device_path"), "/dev/nvme2n1\n");
+    t.write(&format!("{ns}/2/enable"), "0\n");
+    t.write("sys/block/loop0/loop/backing_file", "/dev/nvme1n1p2\n");
+    t.write("sys/block/loop1/loop/backing_file", "/srv/disk.img\n");
+    let k = Kernel::start(&t, &["nvme", "vfio-pci"]);
+    let host = t.host();
+    let iommu = host.iommu();
+    let c = host.controller(&addr("0000:00:05.0")).unwrap();
+    let r = bind_refusal(&c, &iommu).unwrap_or_default();
+    assert!(
+        r.contains("nvme0n1 is exported by the kernel's NVMe-oF target (nvmet subsystem nqn.2024-01.io.test:a, namespace 1)"),
+        "{r:?}"
+    );
+    let c = host.controller(&addr("0000:00:06.0")).unwrap();
+    let r = bind_refusal(&c, &iommu).unwrap_or_default();
+    assert!(
+        r.contains(
+            "nvme1n1p2 backs the loop device /dev/loop0: detach it first (`losetup -d /dev/loop0`)"
+        ),
+        "{r:?}"
+    );
+    let c = host.controller(&addr("0000:00:07.0")).unwrap();
+    assert_eq!(bind_refusal(&c, &iommu), None, "a disabled nvmet namespace");
+    // nvmet passthru of the controller itself.
+    let pt = "sys/kernel/config/nvmet/subsystems/nqn.2024-01.io.test:pt/passthru";
+    t.write(&format!("{pt}/device_path"), "/dev/nvme2\n");
+    t.write(&format!("{pt}/enable"), "1\n");
+    t.write("sys/bus/pci/devices/0000:00:07.0/nvme/nvme2/dev", "240:2\n");
+    let c = host.controller(&addr("0000:00:07.0")).unwrap();
+    let r = bind_refusal(&c, &iommu).unwrap_or_default();
+    assert!(
+        r.contains("/dev/nvme2 is exported by the kernel's NVMe-oF target (nvmet passthru subsystem nqn.2024-01.io.test:pt)"),
+        "{r:?}"
+    );
+    // Without addresses all three are skipped; nothing is written.
+    bind(&host, &[]).unwrap();
+    assert_eq!(k.log(), Vec::<String>::new());
+    let s = Status::read(&host).unwrap();
+    let v = s.json();
+    assert_eq!(
+        v["controllers"][1]["block_devices"][2]["kernel_users"][0],
+        "loop0"
+    );
+}

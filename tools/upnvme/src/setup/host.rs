@@ -119,6 +119,72 @@ pub struct BlockDevice {
     /// The kernel refuses an exclusive open of `/dev/NAME`
     /// ([`claimed_by_kernel`]).
     pub claimed: bool,
+    /// Kernel users that hold it without a file descriptor, a `holders/`
+    /// link or an exclusive claim: loop devices over it, nvmet exports.
+    pub kernel_users: Vec<KernelUser>,
+}
+
+/// Something in the kernel that uses a block device or a controller's
+/// character device and that neither a process's file descriptor, a
+/// mount, a `holders/` link nor an exclusive claim shows: the device is
+/// opened without an exclusive claim, by the kernel itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KernelUser {
+    /// A loop device (`loopN`) whose backing file it is
+    /// (`/sys/block/loopN/loop/backing_file`).
+    Loop(String),
+    /// An enabled namespace of the kernel's NVMe-oF target exporting it
+    /// (`/sys/kernel/config/nvmet/subsystems/SUBSYS/namespaces/N`).
+    NvmetNamespace {
+        /// The subsystem's NQN.
+        subsystem: String,
+        /// The namespace's directory name (its NSID).
+        namespace: String,
+    },
+    /// An enabled passthru subsystem of the kernel's NVMe-oF target on a
+    /// controller's `/dev/nvmeX` (`…/subsystems/SUBSYS/passthru`).
+    NvmetPassthru {
+        /// The subsystem's NQN.
+        subsystem: String,
+    },
+}
+
+/// Where the kernel's NVMe-oF target is configured (below the sysfs root).
+const NVMET_SUBSYSTEMS: &str = "kernel/config/nvmet/subsystems";
+
+impl KernelUser {
+    /// A short name for JSON: `loop0`, `nvmet:NQN/namespaces/1`,
+    /// `nvmet:NQN/passthru`.
+    pub fn id(&self) -> String {
+        match self {
+            KernelUser::Loop(l) => l.clone(),
+            KernelUser::NvmetNamespace {
+                subsystem,
+                namespace,
+            } => format!("nvmet:{subsystem}/namespaces/{namespace}"),
+            KernelUser::NvmetPassthru { subsystem } => format!("nvmet:{subsystem}/passthru"),
+        }
+    }
+
+    /// Why the device `node` (`nvme0n1`, `/dev/nvme0`) must not be taken
+    /// from the kernel, and what to do.
+    pub fn advice(&self, node: &str) -> String {
+        const LOSE: &str = "the hosts connected to it would lose it";
+        match self {
+            KernelUser::Loop(l) => format!(
+                "{node} backs the loop device /dev/{l}: detach it first (`losetup -d /dev/{l}`)"
+            ),
+            KernelUser::NvmetNamespace {
+                subsystem,
+                namespace,
+            } => format!(
+                "{node} is exported by the kernel's NVMe-oF target (nvmet subsystem {subsystem}, namespace {namespace}): {LOSE}; disable the export first (`echo 0 > /sys/{NVMET_SUBSYSTEMS}/{subsystem}/namespaces/{namespace}/enable`)"
+            ),
+            KernelUser::NvmetPassthru { subsystem } => format!(
+                "{node} is exported by the kernel's NVMe-oF target (nvmet passthru subsystem {subsystem}): {LOSE}; disable the export first (`echo 0 > /sys/{NVMET_SUBSYSTEMS}/{subsystem}/passthru/enable`)"
+            ),
+        }
+    }
 }
 
 impl BlockDevice {
@@ -152,11 +218,15 @@ impl BlockDevice {
                 self.holders.join(", ")
             ));
         }
+        for k in &self.kernel_users {
+            out.push(k.advice(&self.name));
+        }
         if self.claimed
             && self.mounts.is_empty()
             && !self.swap
             && self.holders.is_empty()
             && self.open_by.is_empty()
+            && self.kernel_users.is_empty()
         {
             // Claimed, and nothing this mount namespace shows says by what.
             out.push(format!(
@@ -274,6 +344,9 @@ pub struct ControllerInfo {
     /// to uio_pci_generic or igb_uio, as SPDK and DPDK use them) that some
     /// process has open, each with those processes.
     pub uio_users: Vec<(String, Vec<ProcUser>)>,
+    /// The kernel driver's character devices (`nvmeX`) that the kernel
+    /// itself uses ([`KernelUser::NvmetPassthru`]), each with that user.
+    pub char_kernel_users: Vec<(String, KernelUser)>,
 }
 
 impl ControllerInfo {
@@ -383,6 +456,9 @@ impl ControllerInfo {
     /// by a userspace driver.
     pub fn in_use(&self) -> Vec<String> {
         let mut out: Vec<String> = self.block_devices.iter().flat_map(|b| b.uses()).collect();
+        for (name, k) in &self.char_kernel_users {
+            out.push(k.advice(&format!("/dev/{name}")));
+        }
         for (name, users) in &self.char_users {
             out.push(open_by_advice(
                 name,
@@ -761,11 +837,51 @@ impl Host {
         UsageContext {
             mounts,
             swaps,
+            kernel_refs: self.kernel_refs(),
             users,
             blocks,
             nodes,
             claim_probe: self.claim_probe,
         }
+    }
+
+    /// The devices the kernel itself holds open without an exclusive claim,
+    /// each with its user: the backing files of loop devices, and the
+    /// devices of enabled nvmet namespaces and passthru subsystems.
+    fn kernel_refs(&self) -> Vec<(KernelUser, String)> {
+        let mut out = Vec::new();
+        let block = self.sys.join("block");
+        for l in dir_names(&block) {
+            if is_numbered(&l, "loop")
+                && let Some(f) = read_trim(&block.join(&l).join("loop/backing_file"))
+                && !f.is_empty()
+            {
+                out.push((KernelUser::Loop(l), f));
+            }
+        }
+        let enabled = |d: &Path| {
+            (read_trim(&d.join("enable")).as_deref() == Some("1"))
+                .then(|| read_trim(&d.join("device_path")))
+                .flatten()
+                .filter(|p| !p.is_empty())
+        };
+        let subsystems = self.sys.join(NVMET_SUBSYSTEMS);
+        for s in dir_names(&subsystems) {
+            let sdir = subsystems.join(&s);
+            for n in dir_names(&sdir.join("namespaces")) {
+                if let Some(p) = enabled(&sdir.join("namespaces").join(&n)) {
+                    let k = KernelUser::NvmetNamespace {
+                        subsystem: s.clone(),
+                        namespace: n,
+                    };
+                    out.push((k, p));
+                }
+            }
+            if let Some(p) = enabled(&sdir.join("passthru")) {
+                out.push((KernelUser::NvmetPassthru { subsystem: s }, p));
+            }
+        }
+        out
     }
 
     /// The device nodes (below /dev) of the entries `<prefix><N>` of the
@@ -862,6 +978,20 @@ impl Host {
         let char_users = opened(|n| &n.chars);
         let cdev_users = opened(|n| &n.cdevs);
         let uio_users = opened(|n| &n.uio);
+        let char_kernel_users = ctx
+            .nodes
+            .get(&f.address)
+            .map(|n| {
+                n.chars
+                    .iter()
+                    .flat_map(|name| {
+                        ctx.kernel_users_of(&PathBuf::from("/dev").join(name))
+                            .into_iter()
+                            .map(|k| (name.clone(), k))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
         ControllerInfo {
             function: f,
             driver_override,
@@ -872,6 +1002,7 @@ impl Host {
             char_users,
             cdev_users,
             uio_users,
+            char_kernel_users,
         }
     }
 
@@ -1039,6 +1170,8 @@ struct DevNodes {
 struct UsageContext {
     mounts: Vec<Mount>,
     swaps: Vec<String>,
+    /// [`Host::kernel_refs`].
+    kernel_refs: Vec<(KernelUser, String)>,
     users: BTreeMap<PathBuf, Vec<ProcUser>>,
     blocks: BTreeMap<PciAddress, Vec<(String, String, PathBuf)>>,
     nodes: BTreeMap<PciAddress, DevNodes>,
@@ -1061,6 +1194,15 @@ impl UsageContext {
                 let users = self.users.get(&PathBuf::from("/dev").join(name))?;
                 (!users.is_empty()).then(|| (name.clone(), users.clone()))
             })
+            .collect()
+    }
+
+    /// The kernel users of the device node `node` ([`Host::kernel_refs`]).
+    fn kernel_users_of(&self, node: &Path) -> Vec<KernelUser> {
+        self.kernel_refs
+            .iter()
+            .filter(|(_, p)| names_node(p, node))
+            .map(|(k, _)| k.clone())
             .collect()
     }
 
@@ -1091,6 +1233,7 @@ impl UsageContext {
             holders: dir_names(&dir.join("holders")),
             open_by: self.users.get(&node).cloned().unwrap_or_default(),
             claimed: (self.claim_probe)(&node),
+            kernel_users: self.kernel_users_of(&node),
             dev,
         }
     }
