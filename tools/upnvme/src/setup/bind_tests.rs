@@ -1193,3 +1193,53 @@ fn an_nvmet_export_or_a_loop_device_keeps_the_controller_in_use() {
         "loop0"
     );
 }
+
+/// A physical function with SR-IOV virtual functions enabled
+/// (`sriov_numvfs` > 0): vfio-pci refuses to bind it ("Cannot bind to PF
+/// with SR-IOV enabled", EBUSY), so `bind` used to take it from nvme (a
+/// controller shutdown under the VFs that depend on it), watch vfio-pci
+/// refuse, and probe nvme again. It must refuse before touching anything,
+/// say to disable the VFs, and skip the function without addresses. One
+/// on vfio-pci already (VFs enabled through vfio-pci) is left alone.
+#[test]
+fn a_physical_function_with_vfs_enabled_is_refused_before_anything_is_written() {
+    let t = Tree::new();
+    t.device("0000:00:05.0", NVME, Some("nvme"), Some(4));
+    t.write("sys/bus/pci/devices/0000:00:05.0/sriov_numvfs", "2\n");
+    t.device("0000:00:06.0", NVME, Some("vfio-pci"), Some(5));
+    t.write("sys/bus/pci/devices/0000:00:06.0/sriov_numvfs", "1\n");
+    t.device("0000:00:07.0", NVME, Some("nvme"), Some(6));
+    t.write("sys/bus/pci/devices/0000:00:07.0/sriov_numvfs", "0\n");
+    let k = Kernel::start(&t, &["nvme", "vfio-pci"]);
+    let host = t.host();
+    let c = host.controller(&addr("0000:00:05.0")).unwrap();
+    let r = bind_refusal(&c, &host.iommu()).unwrap_or_default();
+    assert!(
+        r.starts_with(
+            "refusing to bind 0000:00:05.0 to vfio-pci: SR-IOV is enabled with 2 virtual functions"
+        ) && r.contains("echo 0 > /sys/bus/pci/devices/0000:00:05.0/sriov_numvfs"),
+        "{r:?}"
+    );
+    let e = bind(&host, &["0000:00:05.0".into()]).unwrap_err();
+    assert!(format!("{e:#}").ends_with("nothing was changed"), "{e:#}");
+    assert_eq!(k.log(), Vec::<String>::new());
+    assert_eq!(override_of(&t, "0000:00:05.0"), "(null)\n");
+    // Without addresses: skipped; the others bound (or left as they are).
+    bind(&host, &[]).unwrap();
+    assert_eq!(driver_of(&t, "0000:00:05.0").as_deref(), Some("nvme"));
+    assert_eq!(
+        k.log(),
+        ["unbind nvme 0000:00:07.0", "probe 0000:00:07.0 -> vfio-pci"]
+    );
+    let s = Status::read(&host).unwrap();
+    let text = s.text();
+    assert!(
+        text.contains("0000:00:05.0: SR-IOV is enabled with 2 virtual functions"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("bind it with `upnvme setup bind 0000:00:05.0`"),
+        "{text}"
+    );
+    assert_eq!(s.json()["controllers"][0]["sriov_numvfs"], 2);
+}

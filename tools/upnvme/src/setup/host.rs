@@ -320,6 +320,9 @@ pub struct ControllerInfo {
     pub function: PciFunction,
     /// `driver_override`, if set.
     pub driver_override: Option<String>,
+    /// `sriov_numvfs`: the SR-IOV virtual functions enabled on it (0 for
+    /// none, or a function without SR-IOV).
+    pub sriov_numvfs: u32,
     /// The other functions of its IOMMU group.
     pub group_members: Vec<GroupMember>,
     /// Those of them that keep the group from being usable through VFIO
@@ -371,6 +374,22 @@ impl ControllerInfo {
     /// vfio-pci on its own.
     pub fn behind_vmd(&self) -> bool {
         self.address().domain >= 0x1_0000
+    }
+
+    /// Why vfio-pci will not take it while SR-IOV is on (`None`: SR-IOV is
+    /// off, or it is on vfio-pci already): vfio-pci refuses a physical
+    /// function with virtual functions enabled (EBUSY), and taking it from
+    /// its driver first would only shut the controller down under them.
+    pub fn sriov_blocker(&self) -> Option<String> {
+        if self.sriov_numvfs == 0 || self.driver() == Some("vfio-pci") {
+            return None;
+        }
+        let a = self.address();
+        Some(format!(
+            "SR-IOV is enabled with {} virtual function{}, and vfio-pci refuses a physical function with virtual functions enabled: stop what uses them and disable them first (`echo 0 > /sys/bus/pci/devices/{a}/sriov_numvfs`)",
+            self.sriov_numvfs,
+            if self.sriov_numvfs == 1 { "" } else { "s" }
+        ))
     }
 
     /// Why its IOMMU group keeps it from VFIO, and what to do (`None`: the
@@ -939,6 +958,9 @@ impl Host {
         let dir = self.device_dir(&f.address);
         let driver_override =
             read_trim(&dir.join("driver_override")).filter(|s| !s.is_empty() && s != "(null)");
+        let sriov_numvfs = read_trim(&dir.join("sriov_numvfs"))
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
         let (group_members, blockers) = match f.iommu_group {
             Some(g) => {
                 let gdir = self
@@ -995,6 +1017,7 @@ impl Host {
         ControllerInfo {
             function: f,
             driver_override,
+            sriov_numvfs,
             group_members,
             blockers,
             block_devices,

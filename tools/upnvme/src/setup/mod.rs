@@ -177,6 +177,7 @@ impl Status {
         let mut notes = Vec::new();
         match c.driver() {
             Some("vfio-pci") => {}
+            _ if c.sriov_blocker().is_some() => notes.extend(c.sriov_blocker()),
             // Its group cannot become viable: binding would not help.
             _ if !c.vital_blockers().is_empty() => {}
             Some(d) if is_uio(d) => {
@@ -363,6 +364,7 @@ impl Status {
                     "device": format!("{:04x}", f.device),
                     "driver": f.driver,
                     "driver_override": c.driver_override,
+                    "sriov_numvfs": c.sriov_numvfs,
                     "iommu_group": f.iommu_group,
                     "group_members": c.group_members.iter().map(|m| json!({
                         "address": m.address,
@@ -456,6 +458,11 @@ pub fn bind_refusal(c: &ControllerInfo, iommu: &host::IommuState) -> Option<Stri
         return Some(format!(
             "refusing to bind {a} to vfio-pci: {what}: {}; then run `upnvme setup bind {a}` again",
             uses.join("; ")
+        ));
+    }
+    if let Some(why) = c.sriov_blocker() {
+        return Some(format!(
+            "refusing to bind {a} to vfio-pci: {why}; then run `upnvme setup bind {a}` again"
         ));
     }
     if c.function.iommu_group.is_none() {
@@ -589,6 +596,12 @@ fn bind(host: &Host, wanted: &[String]) -> Result<()> {
         }
         if wanted.is_empty() && !c.in_use().is_empty() {
             outln!("{a}: skipped, in use: {}", c.in_use().join("; "));
+            continue;
+        }
+        if wanted.is_empty()
+            && let Some(why) = c.sriov_blocker()
+        {
+            outln!("{a}: skipped, {why}");
             continue;
         }
         match bind_refusal(&c, &iommu) {
