@@ -37,6 +37,9 @@ struct Behaviour {
     refuse: Vec<String>,
     /// The device is hot-removed when a driver lets go of it.
     vanish_on_unbind: bool,
+    /// When the device at the address is probed, the file (below the
+    /// tree) gets the text: something else on the machine acting meanwhile.
+    after_probe: Option<(String, std::path::PathBuf, String)>,
 }
 
 /// A fake kernel behind the fake sysfs attributes `setup` writes.
@@ -194,6 +197,11 @@ impl Kernel {
                     for a in probes {
                         let e = do_probe(&sys, &a, &b);
                         l.lock().unwrap().push(e);
+                        if let Some((at, file, text)) = &b.lock().unwrap().after_probe
+                            && *at == a
+                        {
+                            fs::write(file, text).unwrap();
+                        }
                     }
                 }
                 std::thread::sleep(Duration::from_millis(1));
@@ -1242,4 +1250,38 @@ fn a_physical_function_with_vfs_enabled_is_refused_before_anything_is_written() 
         "{text}"
     );
     assert_eq!(s.json()["controllers"][0]["sriov_numvfs"], 2);
+}
+
+/// `bind A B`: both free when bind checks them, but B's partition is
+/// mounted while A is being moved (an administrator in another shell, a
+/// mount unit). The check must be made again right before B is moved,
+/// not only once for all at the start: B stays on nvme, and the error says
+/// why, that A moved and how to undo it.
+#[test]
+fn a_controller_that_comes_into_use_while_an_earlier_one_moves_is_not_bound() {
+    let t = Tree::new();
+    t.device("0000:00:04.0", NVME, Some("nvme"), Some(3));
+    t.device("0000:00:05.0", NVME, Some("nvme"), Some(4));
+    t.namespace("0000:00:05.0", 1, 1, 1);
+    t.write("proc/self/mountinfo", "");
+    let k = Kernel::start(&t, &["nvme", "vfio-pci"]);
+    k.behaviour.lock().unwrap().after_probe = Some((
+        "0000:00:04.0".into(),
+        t.root.join("proc/self/mountinfo"),
+        "23 22 259:11 / /data rw - ext4 /dev/nvme1n1p1 rw\n".into(),
+    ));
+    let e = bind(&t.host(), &["0000:00:04.0".into(), "0000:00:05.0".into()]).unwrap_err();
+    let msg = format!("{e:#}");
+    assert_eq!(
+        driver_of(&t, "0000:00:05.0").as_deref(),
+        Some("nvme"),
+        "bound away while mounted at /data: {msg}; {:?}",
+        k.log()
+    );
+    assert_eq!(override_of(&t, "0000:00:05.0"), "(null)\n");
+    assert!(
+        msg.contains("nvme1n1p1 is mounted at /data")
+            && msg.contains("\ndone before this failure: 0000:00:04.0 (nvme -> vfio-pci)"),
+        "{msg}"
+    );
 }

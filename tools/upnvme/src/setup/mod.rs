@@ -616,8 +616,16 @@ fn bind(host: &Host, wanted: &[String]) -> Result<()> {
         ensure_vfio_pci(host)?;
     }
     // What a failure undoes concerns its controller only: the error says
-    // what was done before it and what was not tried.
-    each_in_turn(&go, ["bind", "unbind"], "vfio-pci", |c| bind_one(host, c))
+    // what was done before it and what was not tried. Each controller is
+    // read and checked again right before it moves: moving those before it
+    // takes seconds, in which its namespaces may have come into use.
+    each_in_turn(&go, ["bind", "unbind"], "vfio-pci", |c| {
+        let now = host.controller(&c.address())?;
+        if let Some(r) = bind_refusal(&now, &iommu) {
+            bail!("{r} (it came into use after `bind` started; it was left as it was)");
+        }
+        bind_one(host, &now)
+    })
 }
 
 /// Where a controller is: "on nvme", "no driver".
@@ -811,8 +819,13 @@ fn unbind(host: &Host, wanted: &[String]) -> Result<()> {
         bail!("{}; nothing was changed", refusals.join("\n"));
     }
     let nvme_loaded = host.driver_loaded("nvme");
+    // Checked again right before each moves (see `bind`).
     each_in_turn(&targets, ["unbind", "bind"], "nvme", |c| {
-        unbind_one(host, c, nvme_loaded)
+        let now = host.controller(&c.address())?;
+        if let Some(r) = unbind_refusal(&now) {
+            bail!("{r} (it came into use after `unbind` started; it was left as it was)");
+        }
+        unbind_one(host, &now, nvme_loaded)
     })
 }
 
