@@ -1285,3 +1285,27 @@ fn a_controller_that_comes_into_use_while_an_earlier_one_moves_is_not_bound() {
         "{msg}"
     );
 }
+
+/// A namespace the kernel claims for no visible reason is "(in use)" in
+/// the text; the JSON must say so for that block device too, not only in
+/// the controller's `in_use` sentences.
+#[test]
+fn status_json_says_which_block_device_is_claimed() {
+    let t = Tree::new();
+    t.device("0000:00:05.0", NVME, Some("nvme"), Some(4));
+    t.namespace("0000:00:05.0", 0, 1, 0);
+    t.namespace("0000:00:05.0", 0, 2, 0);
+    let host = t
+        .host()
+        .with_claim_probe(|n| n == Path::new("/dev/nvme0n2"));
+    let s = Status::read(&host).unwrap();
+    assert!(
+        s.text().contains("nvme0n1 nvme0n2 (in use)"),
+        "{}",
+        s.text()
+    );
+    let v = s.json();
+    let b = &v["controllers"][0]["block_devices"];
+    assert_eq!(b[0]["claimed"], false, "{b}");
+    assert_eq!(b[1]["claimed"], true, "{b}");
+}

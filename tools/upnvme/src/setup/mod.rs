@@ -382,6 +382,7 @@ impl Status {
                         "swap": b.swap,
                         "holders": b.holders,
                         "open_by": users_json(&b.open_by),
+                        "claimed": b.claimed,
                         "kernel_users": b.kernel_users.iter().map(|k| k.id()).collect::<Vec<_>>(),
                     })).collect::<Vec<_>>(),
                     "char_devices_open_by": nodes_json(&c.char_users),
