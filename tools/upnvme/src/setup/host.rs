@@ -1062,11 +1062,18 @@ impl Host {
         let mut out = Vec::new();
         for ctrl in dir_names(&nvme) {
             if is_numbered(&ctrl, "nvme") {
-                out.extend(
-                    dir_names(&nvme.join(&ctrl))
-                        .into_iter()
-                        .filter(|e| is_generic_namespace(e)),
-                );
+                for e in dir_names(&nvme.join(&ctrl)) {
+                    if is_generic_namespace(&e) {
+                        out.push(e);
+                    } else if let Some(head) = multipath_head(&e) {
+                        // A multipath head's generic device hangs off the
+                        // subsystem, not the controller.
+                        let ng = head.replacen("nvme", "ng", 1);
+                        if self.sys.join("class/nvme-generic").join(&ng).exists() {
+                            out.push(ng);
+                        }
+                    }
+                }
                 out.push(ctrl);
             }
         }
@@ -1655,6 +1662,31 @@ mod tests {
         assert_eq!(c.block_devices.len(), 1);
         assert_eq!(c.block_devices[0].name, "nvme0n1");
         assert!(c.block_devices[0].swap);
+    }
+
+    /// With native NVMe multipath the controller's directory holds the
+    /// hidden path `nvme0c0n1`; the head's generic device `ng0n1` sits
+    /// below the subsystem. A process doing passthrough I/O on it keeps
+    /// the controller in use like one on a path's `ngXnY`.
+    #[test]
+    fn a_process_on_a_multipath_heads_generic_device_is_found() {
+        let t = Tree::new();
+        t.device("0000:00:05.0", "0x010802", Some("nvme"), Some(4));
+        let cdir = t.root.join("sys/bus/pci/devices/0000:00:05.0/nvme/nvme0");
+        fs::create_dir_all(cdir.join("nvme0c0n1")).unwrap();
+        t.write("sys/block/nvme0n1/dev", "259:0\n");
+        t.write("sys/class/nvme-generic/ng0n1/dev", "242:0\n");
+        t.process(600, "fio", &["/dev/ng0n1"]);
+        let c = t
+            .host()
+            .controller(&"0000:00:05.0".parse().unwrap())
+            .unwrap();
+        assert_eq!(
+            c.in_use(),
+            [
+                "/dev/ng0n1 is open by pid 600 (fio) (passthrough through the kernel's driver): stop that process first"
+            ]
+        );
     }
 
     #[test]
