@@ -477,8 +477,8 @@ impl<D: Device> Controller<D> {
     }
 
     /// Set Features: returns completion dword 0. Refused with
-    /// [`Error::InvalidArgument`]: Host Memory Buffer (FID 0Dh) and a
-    /// non-zero Keep Alive Timeout (FID 0Fh), as in
+    /// [`Error::InvalidArgument`]: Number of Queues (FID 07h), Host Memory
+    /// Buffer (FID 0Dh) and a non-zero Keep Alive Timeout (FID 0Fh), as in
     /// [`Controller::admin_passthrough`], and the features whose value is a
     /// data structure in memory (see [`Controller::get_features`]). Waited
     /// for as [`Controller::admin_passthrough`]'s commands are: without
@@ -688,7 +688,9 @@ impl<D: Device> Controller<D> {
     /// ([`Controller::format_nvm`], which retires the namespace's handles),
     /// Namespace Management and Namespace Attachment (a namespace changed
     /// under its handles would be read and written with its old geometry),
-    /// and Set Features Host Memory Buffer (the device would use host memory
+    /// Set Features Number of Queues (the driver sets it at bring-up and
+    /// after every reset, and its queue pairs take queue IDs by what was
+    /// granted), and Set Features Host Memory Buffer (the device would use host memory
     /// named in the data for as long as it likes), and Set Features Keep Alive
     /// Timer with a non-zero KATO (the driver sends no Keep Alive; the timer
     /// would expire and fail the controller). Vendor-specific opcodes

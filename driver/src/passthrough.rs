@@ -149,8 +149,8 @@ pub(crate) fn passthrough_len(data_len: usize, data_out: Option<&[u8]>) -> Resul
 
 /// Why [`Controller::admin_passthrough`] (and [`Controller::set_features`])
 /// refuses `sqe`, if it does (NVMe 2.0 Base Specification, Figure 28 admin
-/// opcodes; Set Features FID 0Dh Host Memory Buffer, FID 0Fh Keep Alive
-/// Timer).
+/// opcodes; Set Features FID 07h Number of Queues, FID 0Dh Host Memory
+/// Buffer, FID 0Fh Keep Alive Timer).
 pub(crate) fn passthrough_refusal(sqe: &Sqe) -> Option<&'static str> {
     use upnvme_queues::sqe::opcode::admin::{
         ASYNC_EVENT_REQUEST, CREATE_IO_CQ, CREATE_IO_SQ, DELETE_IO_CQ, DELETE_IO_SQ,
@@ -175,6 +175,11 @@ pub(crate) fn passthrough_refusal(sqe: &Sqe) -> Option<&'static str> {
         NAMESPACE_MANAGEMENT | NAMESPACE_ATTACHMENT => {
             "a namespace created, deleted, attached or detached under live namespace handles \
              would be read and written with its old geometry; not supported"
+        }
+        SET_FEATURES if sqe.dw[10] & 0xff == u32::from(feature::NUMBER_OF_QUEUES) => {
+            "the driver sets Number of Queues at bring-up and after every reset and gives its \
+             pairs queue IDs by what was granted (ControllerOptions::io_queues; create pairs \
+             with Controller::io_queue_pair)"
         }
         SET_FEATURES if sqe.dw[10] & 0xff == u32::from(feature::HOST_MEMORY_BUFFER) => {
             "a Host Memory Buffer would let the device use host memory after the command; \
