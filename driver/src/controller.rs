@@ -690,8 +690,9 @@ impl<D: Device> Controller<D> {
     /// under its handles would be read and written with its old geometry),
     /// Set Features Number of Queues (the driver sets it at bring-up and
     /// after every reset, and its queue pairs take queue IDs by what was
-    /// granted), and Set Features Host Memory Buffer (the device would use host memory
-    /// named in the data for as long as it likes), and Set Features Keep Alive
+    /// granted), Set Features Host Memory Buffer and Controller Data Queue
+    /// (NVMe 2.1, opcode 45h) (the device would use host memory named in the
+    /// data for as long as it likes), and Set Features Keep Alive
     /// Timer with a non-zero KATO (the driver sends no Keep Alive; the timer
     /// would expire and fail the controller). Vendor-specific opcodes
     /// (C0h–FFh) are sent: their data pointer is the driver's, but what

@@ -149,13 +149,13 @@ pub(crate) fn passthrough_len(data_len: usize, data_out: Option<&[u8]>) -> Resul
 
 /// Why [`Controller::admin_passthrough`] (and [`Controller::set_features`])
 /// refuses `sqe`, if it does (NVMe 2.0 Base Specification, Figure 28 admin
-/// opcodes; Set Features FID 07h Number of Queues, FID 0Dh Host Memory
+/// opcodes, and NVMe 2.1's Controller Data Queue; Set Features FID 07h Number of Queues, FID 0Dh Host Memory
 /// Buffer, FID 0Fh Keep Alive Timer).
 pub(crate) fn passthrough_refusal(sqe: &Sqe) -> Option<&'static str> {
     use upnvme_queues::sqe::opcode::admin::{
-        ASYNC_EVENT_REQUEST, CREATE_IO_CQ, CREATE_IO_SQ, DELETE_IO_CQ, DELETE_IO_SQ,
-        DOORBELL_BUFFER_CONFIG, FORMAT_NVM, NAMESPACE_ATTACHMENT, NAMESPACE_MANAGEMENT,
-        SET_FEATURES,
+        ASYNC_EVENT_REQUEST, CONTROLLER_DATA_QUEUE, CREATE_IO_CQ, CREATE_IO_SQ, DELETE_IO_CQ,
+        DELETE_IO_SQ, DOORBELL_BUFFER_CONFIG, FORMAT_NVM, NAMESPACE_ATTACHMENT,
+        NAMESPACE_MANAGEMENT, SET_FEATURES,
     };
     Some(match sqe.opcode() {
         DELETE_IO_SQ | CREATE_IO_SQ | DELETE_IO_CQ | CREATE_IO_CQ => {
@@ -167,6 +167,10 @@ pub(crate) fn passthrough_refusal(sqe: &Sqe) -> Option<&'static str> {
         }
         DOORBELL_BUFFER_CONFIG => {
             "the shadow doorbell buffers are the driver's (ControllerOptions::shadow_doorbells)"
+        }
+        CONTROLLER_DATA_QUEUE => {
+            "a Controller Data Queue is host memory the controller writes to after the command \
+             (the driver's data buffer, freed once it completes); not supported"
         }
         FORMAT_NVM => {
             "use Controller::format_nvm, which retires the namespace's handles and returns a \

@@ -59,6 +59,9 @@ pub mod opcode {
         pub const CAPACITY_MANAGEMENT: u8 = 0x20;
         /// Lockdown.
         pub const LOCKDOWN: u8 = 0x24;
+        /// Controller Data Queue (NVMe 2.1): creates or deletes a queue in
+        /// host memory that the controller writes to after the command.
+        pub const CONTROLLER_DATA_QUEUE: u8 = 0x45;
         /// Doorbell Buffer Config.
         pub const DOORBELL_BUFFER_CONFIG: u8 = 0x7c;
         /// Fabrics Commands.

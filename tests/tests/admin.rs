@@ -1396,3 +1396,26 @@ fn set_features_number_of_queues_is_refused() {
     drop(c);
     assert_clean(&m);
 }
+
+/// Controller Data Queue (admin opcode 45h, NVMe 2.1), Create: its data
+/// pointer names the queue, which the controller writes into after the
+/// command completes, until a Delete or a reset. Through the passthrough
+/// that memory is the driver's data buffer, freed (and handed out again)
+/// once the command completes: refused, as a Host Memory Buffer is (from a
+/// review: it was sent).
+#[test]
+fn admin_passthrough_refuses_a_controller_data_queue() {
+    let (m, c) = setup(ModelConfig::default());
+    let fetched = m.commands_fetched();
+    // SEL 0h (Create), CDW11 PC (bit 16) set, CDQSIZE 1024 dwords.
+    let sqe = Sqe::passthrough(0x45, 0, [0, 0], [0, 1 << 16, 1024, 0, 0, 0]);
+    let e = c.admin_passthrough(sqe, 4096, None).unwrap_err();
+    assert!(
+        matches!(&e, Error::InvalidArgument(msg) if msg.contains("0x45")),
+        "{e:?}"
+    );
+    assert_eq!(m.commands_fetched(), fetched, "nothing reached the device");
+    assert!(c.failure().is_none());
+    drop(c);
+    assert_clean(&m);
+}

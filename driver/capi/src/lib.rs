@@ -459,7 +459,8 @@ pub unsafe extern "C" fn upnvme_ctrl_reset(ctrl: *const upnvme_ctrl) -> c_int {
 /// status (`cpl->sct`, `sc`, `dnr`), `UPNVME_EINVAL` for a command the
 /// library owns (I/O queue creation and deletion, Asynchronous Event
 /// Request, Doorbell Buffer Config, Format NVM, Namespace Management and
-/// Attachment, Host Memory Buffer, a Keep Alive timer) or a `data_len`
+/// Attachment, Number of Queues, Host Memory Buffer, Controller Data Queue,
+/// a Keep Alive timer) or a `data_len`
 /// shorter than the command moves, `UPNVME_ECANCELED` when a controller
 /// reset ended the wait (the command may or may not have taken effect),
 /// `UPNVME_ETIMEDOUT` (no answer: the controller is then failed until
