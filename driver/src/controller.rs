@@ -505,7 +505,11 @@ impl<D: Device> Controller<D> {
 
     /// Get Log Page: `len` bytes (a multiple of 4) of log `lid` for `nsid`
     /// (0xffff_ffff = controller-wide) from byte `offset` (a multiple of 4:
-    /// LPOL/LPOU address dwords).
+    /// LPOL/LPOU address dwords). On a controller without Extended Data for
+    /// Get Log Page (Identify Controller LPA bit 2 clear), which has no Log
+    /// Page Offset and a 12-bit Number of Dwords, a non-zero `offset` or a
+    /// `len` above 16 KiB is refused ([`Error::InvalidArgument`]): such a
+    /// controller would ignore the one and cut the other.
     pub fn get_log_page(&self, lid: u8, nsid: u32, len: usize, offset: u64) -> Result<Vec<u8>> {
         if len == 0 || !len.is_multiple_of(4) {
             return Err(Error::InvalidArgument(format!(
@@ -516,6 +520,16 @@ impl<D: Device> Controller<D> {
             return Err(Error::InvalidArgument(format!(
                 "log page offset {offset} must be a multiple of 4 (the Log Page Offset is dword \
                  aligned)"
+            )));
+        }
+        if !self.inner.identify.lpa_extended_data()
+            && (offset != 0 || len > LOG_PAGE_BYTES_WITHOUT_EXTENDED_DATA)
+        {
+            return Err(Error::InvalidArgument(format!(
+                "Get Log Page of {len} bytes from offset {offset}: the controller has no Extended \
+                 Data for Get Log Page (Identify Controller LPA bit 2 clear), so no Log Page \
+                 Offset and at most {LOG_PAGE_BYTES_WITHOUT_EXTENDED_DATA} bytes (a 12-bit \
+                 Number of Dwords)"
             )));
         }
         let data = self.read_log_page(lid, nsid, len, offset)?;
@@ -2320,6 +2334,10 @@ enum Start {
     /// could take. Its data buffer and PRP List page come back.
     Wait(u32, (Option<DmaBuffer>, Option<DmaBuffer>)),
 }
+
+/// The longest Get Log Page of a controller without Extended Data for Get
+/// Log Page (LPA bit 2 clear): NUMD is CDW10 bits 27:16, 4096 dwords.
+const LOG_PAGE_BYTES_WITHOUT_EXTENDED_DATA: usize = 4096 * 4;
 
 /// How often [`Inner::execute_detached`] looks at the admin CQ once
 /// [`DETACHED_SPIN`] has passed.

@@ -245,6 +245,14 @@ impl IdentifyController {
         b
     }
 
+    /// LPA bit 2, Extended Data for Get Log Page: the controller takes the
+    /// Log Page Offset (LPOL/LPOU) and the upper Number of Dwords bits
+    /// (NUMDL bits 31:28, NUMDU). Without it, NUMD is CDW10 bits 27:16
+    /// (at most 4096 dwords) and the offset does not exist.
+    pub fn lpa_extended_data(&self) -> bool {
+        self.lpa & (1 << 2) != 0
+    }
+
     /// CTRATT bit 15, Extended LBA Formats Supported (ELBAS): the
     /// controller has LBA formats with 32- or 64-bit guards or storage tags
     /// (reported by CNS 05h) once the host sets Host Behavior Support LBAFEE.

@@ -1419,3 +1419,39 @@ fn admin_passthrough_refuses_a_controller_data_queue() {
     drop(c);
     assert_clean(&m);
 }
+
+/// A controller without Extended Data for Get Log Page (Identify Controller
+/// LPA bit 2 clear: NVMe 1.2 and earlier, and later ones that do not offer
+/// it) has no Log Page Offset and a 12-bit Number of Dwords (CDW10 bits
+/// 27:16): an offset would be ignored (the log's first bytes returned as
+/// those asked for) and a length above 4096 dwords cut. `get_log_page`
+/// refuses both (from a review: it sent them and returned what came back).
+#[test]
+fn log_page_offsets_and_long_reads_need_extended_data() {
+    let m = model();
+    let c = open(&m, opts());
+    let mut id = c.identify_raw(0x01, 0).unwrap();
+    drop(c);
+    id[261] &= !0x04;
+    m.set_identify_data(0x01, 0, Some(id));
+    let c = open(&m, opts());
+    assert_eq!(c.identify().lpa & 0x04, 0);
+    let fetched = m.commands_fetched();
+    let refused = [(512, 4), (5 * 4096, 0), (4 * 4096, 512)];
+    for (len, offset) in refused {
+        let r = c.get_log_page(log_id::FIRMWARE_SLOT, 0xffff_ffff, len, offset);
+        assert!(
+            matches!(&r, Err(Error::InvalidArgument(msg)) if msg.contains("LPA")),
+            "len {len}, offset {offset}: {r:?}"
+        );
+    }
+    assert_eq!(m.commands_fetched(), fetched, "nothing reached the device");
+    // From offset 0 and up to 4096 dwords it reads as before.
+    let data = c
+        .get_log_page(log_id::FIRMWARE_SLOT, 0xffff_ffff, 4 * 4096, 0)
+        .unwrap();
+    assert_eq!(data[0], 1);
+    assert!(c.failure().is_none());
+    drop(c);
+    assert_clean(&m);
+}
