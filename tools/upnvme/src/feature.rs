@@ -274,17 +274,19 @@ pub fn get_log(a: &GetLogArgs) -> Result<()> {
     Ok(closed?)
 }
 
-/// The most one Get Log Page moves without NUMDU (CDW10 NUMDL, 16 bits of
-/// dwords, 0-based): 256 KiB.
-const NUMDL_BYTES: usize = 4 << 16;
+/// The most one Get Log Page moves on a controller without Extended Data
+/// for Get Log Page (LPA bit 2): before NVMe 1.3 the Number of Dwords was
+/// CDW10 bits 27:16 (0-based, 12 bits), 16 KiB — the library's
+/// `Controller::get_log_page` refuses more.
+const NUMDL_BYTES: usize = 4 << 12;
 
 /// Why the log range `a` asks for cannot be read (pieces of at most
 /// `limit` bytes, or --xfer-len) from a controller with Identify Controller
 /// LPA `lpa`: an end beyond the 64-bit offset, or — without LPA bit 2
 /// (extended data for Get Log Page), where the controller takes neither
-/// LPOL/LPOU nor NUMDU — an offset, or more than one piece or NUMDL's
-/// 256 KiB (a second piece would read the first again; a long read stops
-/// at NUMDL).
+/// LPOL/LPOU nor NUMDU — an offset, or more than one piece or the 12-bit
+/// NUMD's 16 KiB (a second piece would read the first again; a long read
+/// stops at NUMD).
 fn log_range_refusal(lpa: u8, a: &GetLogArgs, limit: usize) -> Option<String> {
     if a.lpo.checked_add(a.len as u64).is_none() {
         return Some(format!(
@@ -368,7 +370,7 @@ mod tests {
     }
 
     /// Without LPA bit 2 (extended data) an offset, several pieces or a
-    /// read above NUMDL's 256 KiB are refused (a spec review: the second
+    /// read above the 12-bit NUMD's 16 KiB are refused (a spec review: the second
     /// piece read the first again); with it they go; an end beyond 64 bits
     /// is refused either way (it wrapped, or panicked in a debug build).
     #[test]
@@ -377,7 +379,7 @@ mod tests {
         assert_eq!(log_range_refusal(0, &args(&[]), limit), None);
         for extra in [
             &["--lpo", "512"][..],
-            &["-l", "262144"][..],
+            &["-l", "16388"][..],
             &["-l", "4096", "--xfer-len", "1024"][..],
         ] {
             let a = args(extra);
@@ -385,12 +387,9 @@ mod tests {
             assert!(why.contains("LPA bit 2"), "{why}");
             assert_eq!(log_range_refusal(1 << 2, &a, limit), None, "{extra:?}");
         }
-        // One read of up to 256 KiB is fine without offsets.
-        assert_eq!(
-            log_range_refusal(0, &args(&["-l", "262144"]), 1 << 20),
-            None
-        );
-        assert!(log_range_refusal(0, &args(&["-l", "262148"]), 1 << 20).is_some());
+        // One read of up to 16 KiB is fine without offsets.
+        assert_eq!(log_range_refusal(0, &args(&["-l", "16384"]), 1 << 20), None);
+        assert!(log_range_refusal(0, &args(&["-l", "16388"]), 1 << 20).is_some());
         let a = args(&["--lpo", "0xfffffffffffffffc", "-l", "8"]);
         for lpa in [0, 1 << 2] {
             let why = log_range_refusal(lpa, &a, limit).expect("refused");
