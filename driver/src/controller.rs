@@ -1514,6 +1514,23 @@ impl<D: Device> Inner<D> {
                 sqe.opcode()
             )));
         }
+        if sqe.opcode() == admin_op::GET_LOG_PAGE
+            && !self.identify.lpa_extended_data()
+            && (sqe.dw[10] >> 28 != 0
+                || sqe.dw[11] & 0xffff != 0
+                || sqe.dw[12] != 0
+                || sqe.dw[13] != 0)
+        {
+            // Such a controller reads a 12-bit Number of Dwords (CDW10
+            // bits 27:16) and no Log Page Offset: it would move fewer
+            // bytes than the data pointer describes — two pages where a
+            // PRP List was built would put the log into the list page —
+            // or the log's start as the bytes asked for.
+            return Err(Error::InvalidArgument(format!(
+                "Get Log Page through admin_passthrough with NUMDL bits 15:12, NUMDU or                  LPOL/LPOU set (CDW10 0x{:08x}, CDW11 0x{:08x}, CDW12 0x{:08x}, CDW13 0x{:08x}):                  the controller has no Extended Data for Get Log Page (Identify Controller LPA                  bit 2 clear), so no Log Page Offset and at most 4096 dwords (a 12-bit Number                  of Dwords)",
+                sqe.dw[10], sqe.dw[11], sqe.dw[12], sqe.dw[13]
+            )));
+        }
         if sqe.opcode() == admin_op::SET_FEATURES
             && sqe.dw[10] as u8 == feature::HOST_BEHAVIOR_SUPPORT
             && self.lbafee

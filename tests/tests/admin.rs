@@ -1451,6 +1451,48 @@ fn log_page_offsets_and_long_reads_need_extended_data() {
         .get_log_page(log_id::FIRMWARE_SLOT, 0xffff_ffff, 4 * 4096, 0)
         .unwrap();
     assert_eq!(data[0], 1);
+    // The passthrough alike: what such a controller would not read as sent
+    // (NUMDL bits 15:12, NUMDU, LPOL, LPOU) is refused before anything is
+    // sent — it would move fewer bytes than the data pointer describes
+    // (before, a 6144-dword read went with a PRP List the controller,
+    // moving 2048 dwords, would take for its second data page).
+    let fetched = m.commands_fetched();
+    for (numd, cdw11, lpol) in [
+        (6143u32, 0u32, 0u32),
+        (0x1_0000 - 1, 0, 0),
+        (127, 1, 0),
+        (127, 0, 512),
+    ] {
+        let sqe = Sqe::passthrough(
+            0x02,
+            0xffff_ffff,
+            [0, 0],
+            [
+                log_id::FIRMWARE_SLOT as u32 | (numd & 0xffff) << 16,
+                cdw11,
+                lpol,
+                0,
+                0,
+                0,
+            ],
+        );
+        let len = (((cdw11 & 0xffff) << 16 | numd) as usize + 1) * 4;
+        let r = c.admin_passthrough(sqe, len, None).map(|(cqe, _)| cqe);
+        assert!(
+            matches!(&r, Err(Error::InvalidArgument(msg)) if msg.contains("LPA")),
+            "NUMD {numd}, CDW11 {cdw11}, LPOL {lpol}: {r:?}"
+        );
+    }
+    assert_eq!(m.commands_fetched(), fetched, "nothing reached the device");
+    let sqe = Sqe::passthrough(
+        0x02,
+        0xffff_ffff,
+        [0, 0],
+        [log_id::FIRMWARE_SLOT as u32 | 4095 << 16, 0, 0, 0, 0, 0],
+    );
+    let (cqe, data) = c.admin_passthrough(sqe, 4 * 4096, None).unwrap();
+    assert!(cqe.status().is_success());
+    assert_eq!(data[0], 1);
     assert!(c.failure().is_none());
     drop(c);
     assert_clean(&m);
