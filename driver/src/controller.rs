@@ -2377,9 +2377,6 @@ fn succeeded(cqe: Cqe, what: &str) -> Result<Cqe> {
     }
 }
 
-/// Allocates a data buffer for an admin command and fills in its PRPs
-/// (NVMe 2.0 §4.3.1): one page → PRP1; two → PRP2 is the second page; more →
-/// PRP2 points to a PRP list (one list page, up to 513 pages of data).
 /// Bytes of the Host Behavior Support data structure (NVMe 2.0, Set
 /// Features FID 16h).
 const HBS_LEN: usize = 512;
@@ -2398,6 +2395,9 @@ fn host_behavior_lbafee() -> Sqe {
     Sqe::set_features(feature::HOST_BEHAVIOR_SUPPORT, 0, false)
 }
 
+/// Allocates a data buffer for an admin command and fills in its PRPs
+/// (NVMe 2.0 §4.3.1): one page → PRP1; two → PRP2 is the second page; more →
+/// PRP2 points to a PRP list (one list page, up to 513 pages of data).
 fn admin_data_buffer<D: Device>(
     dev: &D,
     len: usize,
