@@ -83,10 +83,13 @@ impl Watcher {
         let start = Instant::now();
         loop {
             let e = self.poll()?;
-            if !e.is_empty() || start.elapsed() >= timeout {
+            let waited = start.elapsed();
+            if !e.is_empty() || waited >= timeout {
                 return Ok(e);
             }
-            std::thread::sleep(Duration::from_millis(50).min(timeout));
+            // At most what is left: the last look comes at the timeout,
+            // not up to one interval after it.
+            std::thread::sleep(Duration::from_millis(50).min(timeout - waited));
         }
     }
 }
