@@ -498,7 +498,11 @@ fn spin(iters: u64) {
 
 /// The controller thread: see the section comment. `lag` bounds the spin
 /// after each wake-up and between passes (the window in which the host
-/// finds an EventIdx that lags).
+/// finds an EventIdx that lags). `one_pass`: a single pass per wake-up,
+/// no re-reads (for the lost-doorbell run: while the host keeps the
+/// shadow tail moving during each pass — a loaded machine — the re-reads
+/// can carry every later command without a wake-up, and the lost
+/// doorbells went unnoticed in one CI run).
 fn controller_thread(
     m: ModelController,
     wake: Arc<Wake>,
@@ -506,6 +510,7 @@ fn controller_thread(
     qid: u16,
     lag: u64,
     seed: u64,
+    one_pass: bool,
 ) -> u64 {
     let mut x = seed | 1;
     let mut passes = 0;
@@ -538,7 +543,7 @@ fn controller_thread(
             m.process_shadow();
             passes += 1;
             let now = tails(&m);
-            if now == last {
+            if now == last || one_pass {
                 break;
             }
             last = now;
@@ -607,7 +612,8 @@ fn threaded_run(r: Run) -> Outcome {
     let th = {
         let (m, wake, stop) = (m.clone(), dev.wake.clone(), stop.clone());
         let (lag, seed) = (r.lag, u64::from(r.sq) * 31 + u64::from(r.depth));
-        std::thread::spawn(move || controller_thread(m, wake, stop, qid, lag, seed))
+        let one_pass = r.lose != 0;
+        std::thread::spawn(move || controller_thread(m, wake, stop, qid, lag, seed, one_pass))
     };
     let mut issued = 0u64;
     let mut done = 0u64;
