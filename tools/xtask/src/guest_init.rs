@@ -47,6 +47,7 @@ pub fn init_script() -> String {
         ("@DMAR_EXPECTED@", console::DMAR_EXPECTED),
         ("@EXPECTED_DMAR@", paths::EXPECTED_DMAR),
         ("@EXPECTED_DMAR_ERE@", console::EXPECTED_DMAR_RECORD_ERE),
+        ("@DMAR_SUPPRESSED_BRE@", console::DMAR_SUPPRESSED_BRE),
         ("@EXIT@", console::EXIT),
     ] {
         s = s.replace(key, value);
@@ -166,6 +167,9 @@ if [ "$records" -gt 0 ]; then
     faults=$((records - excused))
     [ $((headers - excused)) -gt "$faults" ] && faults=$((headers - excused))
 fi
+# Fault messages the kernel rate-limited away: faults nobody saw, never excused.
+suppressed=$(dmesg | grep -c '@DMAR_SUPPRESSED_BRE@')
+faults=$((faults + suppressed))
 echo "@DMAR_FAULTS@$faults"
 echo "@EXIT@$status"
 poweroff -f
@@ -300,6 +304,70 @@ mod tests {
             .unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
         assert!(st.success());
+    }
+
+    /// Runs the init script's fault count (everything after COMMAND) on the host with
+    /// `kernel_log` as `dmesg` and `declared` as the expected-fault file; returns what it
+    /// printed.
+    fn count_section(kernel_log: &[&str], declared: &[&str]) -> String {
+        let script = init_script();
+        let from = script.find("printf '\\n").expect("END marker");
+        let to = script.rfind("poweroff -f").expect("poweroff");
+        let dir = std::env::temp_dir().join(format!(
+            "xtask-count-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join("log");
+        std::fs::write(&log, kernel_log.join("\n") + "\n").unwrap();
+        std::fs::write(dir.join("expected"), declared.join("\n") + "\n").unwrap();
+        let body = script[from..to]
+            .replace(
+                paths::EXPECTED_DMAR,
+                &dir.join("expected").display().to_string(),
+            )
+            .replace("/tmp/upnvme-", &format!("{}/", dir.display()));
+        let test = format!(
+            "dmesg() {{ cat '{}'; }}\nsleep() {{ :; }}\nnonce=x\nstatus=0\n{body}",
+            log.display()
+        );
+        let out = std::process::Command::new("sh")
+            .args(["-c", &test])
+            .output()
+            .unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    #[test]
+    fn the_guest_counts_faults() {
+        let banner = "[    0.000000] Linux version 6.1.0-48-amd64";
+        let header = "[    5.100000] DMAR: DRHD: handling fault status reg 2";
+        let write = "[    5.100100] DMAR: [DMA Write NO_PASID] Request device [00:04.0] fault addr 0x600000 [fault reason 0x05] PTE Write access is not set";
+        let read = "[    6.100100] DMAR: [DMA Read NO_PASID] Request device [00:04.0] fault addr 0x700000 [fault reason 0x06] PTE Read access is not set";
+        let suppressed = "[   12.000000] dmar_fault: 4 callbacks suppressed";
+        let count = |log: &[&str], declared: &[&str]| {
+            let out = count_section(log, declared);
+            let n = out
+                .lines()
+                .find_map(|l| l.strip_prefix(console::DMAR_FAULTS))
+                .unwrap_or_else(|| panic!("no count in {out:?}"));
+            n.trim().parse::<u32>().unwrap()
+        };
+        assert_eq!(count(&[banner], &[]), 0);
+        assert_eq!(count(&[banner, header, write], &[]), 1);
+        assert_eq!(count(&[banner, header, write], &[write]), 0);
+        assert_eq!(count(&[banner, header, write, header, read], &[write]), 1);
+        assert_eq!(count(&[banner, header, write, header], &[write]), 1);
+        // Rate-limited fault messages: faults nobody saw.
+        assert_eq!(count(&[banner, suppressed], &[]), 1);
+        assert_eq!(count(&[banner, header, write, suppressed], &[write]), 1);
+        // A wrapped log is reported.
+        assert!(count_section(&["[ 3.0] x"], &[]).contains(console::DMESG_LOST));
     }
 
     #[test]
