@@ -262,7 +262,46 @@ fn host_tests() -> Result<Row> {
     })
 }
 
+/// The guest configurations `cmd` selects. An error when `--config` matches none: a
+/// typo must not end in "all passed" with no guest test run.
+fn selected_configs(cmd: &TestCmd) -> std::result::Result<Vec<&'static GuestConfig>, String> {
+    let chosen: Vec<_> = CONFIGS
+        .iter()
+        .filter(|c| match cmd.config.as_deref() {
+            Some(f) => c.name.contains(f),
+            None => c.filter.is_none() || cmd.test_args.is_empty(),
+        })
+        .collect();
+    if chosen.is_empty() {
+        return Err(format!(
+            "--config {}: no guest configuration matches (there are: {})",
+            cmd.config.as_deref().unwrap_or(""),
+            CONFIGS
+                .iter()
+                .map(|c| c.name)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    Ok(chosen)
+}
+
 fn guest_tests(cmd: &TestCmd, rows: &mut Vec<Row>) {
+    let configs = match selected_configs(cmd) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("xtask: error: {e}");
+            rows.push(Row {
+                name: "guest".into(),
+                ok: false,
+                counts: None,
+                dmar: None,
+                time: Duration::ZERO,
+                note: e,
+            });
+            return;
+        }
+    };
     let start = Instant::now();
     let bed = match Bed::prepare(cmd.no_build) {
         Ok(b) => b,
@@ -291,10 +330,7 @@ fn guest_tests(cmd: &TestCmd, rows: &mut Vec<Row>) {
     }
     let mut fio_files: Option<std::result::Result<Vec<crate::bench::fio::GuestFile>, String>> =
         None;
-    for config in CONFIGS.iter().filter(|c| match cmd.config.as_deref() {
-        Some(f) => c.name.contains(f),
-        None => c.filter.is_none() || cmd.test_args.is_empty(),
-    }) {
+    for config in configs {
         let mut command = String::new();
         let mut args = VmArgs::parse_from_args(config.args).expect("built-in configurations parse");
         let backing = config.check_metadata_backing.then(|| {
@@ -505,6 +541,37 @@ mod tests {
                 results: 2
             }
         );
+    }
+
+    fn cmd(config: Option<&str>, test_args: &[&str]) -> TestCmd {
+        TestCmd {
+            host_only: false,
+            guest_only: true,
+            no_build: true,
+            verbose: false,
+            timeout: 900,
+            config: config.map(String::from),
+            test_args: test_args.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn a_config_that_matches_nothing_fails() {
+        let names =
+            |c: &TestCmd| selected_configs(c).map(|v| v.iter().map(|c| c.name).collect::<Vec<_>>());
+        assert_eq!(names(&cmd(None, &[])).unwrap().len(), CONFIGS.len());
+        assert!(
+            !names(&cmd(None, &["bed::"]))
+                .unwrap()
+                .contains(&"metadata-pi")
+        );
+        assert_eq!(
+            names(&cmd(Some("lba512"), &[])).unwrap(),
+            ["lba512-every-reap"]
+        );
+        // A typo must not end in "all passed" with no guest test run.
+        let e = names(&cmd(Some("lba521"), &[])).unwrap_err();
+        assert!(e.contains("lba521"), "{e}");
     }
 
     #[test]
