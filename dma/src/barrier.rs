@@ -19,7 +19,9 @@
 //! `dma_wmb()`, `dma_rmb()` and `__iowmb()` use for DMA-coherent devices. On
 //! x86-64 (stores are not reordered with earlier stores, write-back or
 //! uncached; loads not with earlier loads) the first two only restrain the
-//! compiler and the third is `mfence`. Elsewhere each is a sequentially
+//! compiler and the third is `fence(SeqCst)`, emitted as a locked `or` of a
+//! stack word: a full StoreLoad barrier for write-back memory shared with
+//! a coherent device (Linux's `smp_mb` is the same). Elsewhere each is a sequentially
 //! consistent fence: correct wherever the device is cache-coherent with the
 //! CPU's inner domain, and the strongest the language offers.
 
