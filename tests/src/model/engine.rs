@@ -267,6 +267,10 @@ impl State {
         } else if sqid == 0 && cmd.psdt() != 0 {
             // SGLs shall not be used for Admin commands over PCIe (as
             // QEMU's nvme_admin_cmd: Invalid Field).
+            self.violation(format!(
+                "admin opcode {opcode:#04x} CID {cid:#06x} with PSDT {:#04b}: SGLs shall not be used for Admin commands",
+                cmd.psdt()
+            ));
             Outcome::err(Status::INVALID_FIELD.with_dnr())
         } else if sqid == 0 {
             self.admin(&cmd)

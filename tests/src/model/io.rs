@@ -136,7 +136,14 @@ impl State {
         let n = nlb as usize;
         let len = bs * n;
         let host_len = len + if ext && md_moves { ms * n } else { 0 };
-        if self.mdts_bytes().is_some_and(|max| host_len > max) {
+        if let Some(max) = self.mdts_bytes().filter(|&max| host_len > max) {
+            // The host shall not exceed MDTS: QEMU refuses the command,
+            // other controllers may not.
+            self.violation(format!(
+                "opcode {:#04x} CID {:#06x}: {nlb} blocks ({host_len} bytes) above MDTS ({max} bytes)",
+                cmd.opcode(),
+                cmd.cid()
+            ));
             return Err(Status::INVALID_FIELD.with_dnr());
         }
         if !in_range {

@@ -179,7 +179,11 @@ impl State {
         let numd = u64::from(cdw10 >> 16) | u64::from(cdw11 & 0xffff) << 16;
         let len = ((numd + 1) * 4) as usize;
         // As QEMU (`nvme_check_mdts`): a transfer above MDTS is refused.
-        if self.mdts_bytes().is_some_and(|max| len > max) {
+        if let Some(max) = self.mdts_bytes().filter(|&max| len > max) {
+            self.violation(format!(
+                "Get Log Page {lid:#04x} CID {:#06x}: {len} bytes above MDTS ({max} bytes)",
+                cmd.cid()
+            ));
             return Outcome::err(Status::INVALID_FIELD.with_dnr());
         }
         let offset = u64::from(cmd.cdw(12)) | u64::from(cmd.cdw(13)) << 32;

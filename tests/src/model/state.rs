@@ -363,7 +363,21 @@ impl State {
                         self.stats.sgl_transfers += 1;
                         Ok(s)
                     }
-                    Err(SglError::Status(s)) => Err(s),
+                    Err(SglError::Status(s)) => {
+                        // The host built an SGL the specification does not
+                        // allow (or one that does not describe the transfer
+                        // exactly): QEMU refuses it, other controllers may
+                        // move data wrongly.
+                        self.violation(format!(
+                            "opcode {:#04x} CID {:#06x}: its SGL (SGL1 {:#x} {:#x}) for a {len}-byte transfer is invalid (status {:#x})",
+                            cmd.opcode(),
+                            cmd.cid(),
+                            cmd.prp1(),
+                            cmd.prp2(),
+                            s.code_only().0
+                        ));
+                        Err(s)
+                    }
                     Err(SglError::Dma(f)) => {
                         self.dma_fault(f, "SGL segment read");
                         Err(Status::DATA_TRANSFER_ERROR)
@@ -372,7 +386,15 @@ impl State {
             }
             // SGLs not supported (SGLS bits 1:0 = 00b), or a metadata SGL
             // (PSDT 10b), which the model does not offer (SGLS bit 19 clear).
-            _ => return Err(Status::INVALID_FIELD.with_dnr()),
+            psdt => {
+                self.violation(format!(
+                    "opcode {:#04x} CID {:#06x}: PSDT {psdt:#04b} on a controller with SGLS {:#x}",
+                    cmd.opcode(),
+                    cmd.cid(),
+                    self.cfg.sgls
+                ));
+                return Err(Status::INVALID_FIELD.with_dnr());
+            }
         }
         let page = self.regs.page_size();
         match prp::segments(&self.mem, cmd.prp1(), cmd.prp2(), len, need, page) {
@@ -380,7 +402,16 @@ impl State {
                 self.stats.prp_transfers += 1;
                 Ok(s)
             }
-            Err(PrpError::Offset { .. }) => Err(Status::PRP_OFFSET_INVALID.with_dnr()),
+            Err(PrpError::Offset { entry }) => {
+                self.violation(format!(
+                    "opcode {:#04x} CID {:#06x}: PRP entry {entry:#x} breaks an offset rule (PRP1 {:#x}, PRP2 {:#x}, {len}-byte transfer, {page}-byte pages)",
+                    cmd.opcode(),
+                    cmd.cid(),
+                    cmd.prp1(),
+                    cmd.prp2()
+                ));
+                Err(Status::PRP_OFFSET_INVALID.with_dnr())
+            }
             Err(PrpError::Dma(f)) => {
                 self.dma_fault(f, "PRP list read");
                 Err(Status::DATA_TRANSFER_ERROR)

@@ -234,6 +234,7 @@ fn identify_into_buffer_with_offset_uses_prp2() {
     // An unaligned PRP1 is PRP Offset Invalid.
     let c = h.admin(Sqe::new(0x06).prp1(buf.iova() + 2).cdw(10, 1));
     assert_eq!(c.status, Status::PRP_OFFSET_INVALID.with_dnr());
+    assert_eq!(h.m.take_violations().len(), 1, "recorded as a violation");
     h.assert_clean();
 }
 

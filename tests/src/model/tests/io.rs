@@ -113,6 +113,8 @@ fn prp_offset_rules() {
     // A list page with room only for the chain pointer is refused.
     let c = io.call(&h.m, rw(0x02, 0, 3, buf.iova(), list.iova() + 4088));
     assert_eq!(c.status, Status::PRP_OFFSET_INVALID.with_dnr());
+    // Each is recorded as a host violation too.
+    assert_eq!(h.m.take_violations().len(), 5);
     h.assert_clean();
 }
 
@@ -152,11 +154,13 @@ fn command_validation() {
     // MDTS 7: 128 pages of 4 KiB; 129 blocks of 4 KiB is too much.
     let c = io.call(&h.m, rw(0x02, 0, 129, buf.iova(), 0));
     assert_eq!(c.status, Status::INVALID_FIELD.with_dnr());
+    assert_eq!(h.m.take_violations().len(), 1, "above MDTS");
     let c = io.call(&h.m, Sqe::new(0x7e).nsid(1));
     assert_eq!(c.status, Status::INVALID_OPCODE.with_dnr());
     // SGLs and fused operations are not supported.
     let c = io.call(&h.m, rw(0x02, 0, 1, buf.iova(), 0).flags(0x40));
     assert_eq!(c.status, Status::INVALID_FIELD.with_dnr(), "SGL");
+    assert_eq!(h.m.take_violations().len(), 1, "SGL");
     let c = io.call(&h.m, rw(0x02, 0, 1, buf.iova(), 0).flags(0x01));
     assert_eq!(c.status, Status::INVALID_FIELD.with_dnr(), "fused");
     let c = io.call(&h.m, Sqe::new(0x00).nsid(1));

@@ -176,3 +176,74 @@ fn io_to_a_detached_nsid_is_invalid_field() {
     let c = q.call(&h.m, rw(0x02, 0, 1, buf.iova(), 0).nsid(2));
     assert_eq!(c.status.code_only(), Status::INVALID_FIELD);
 }
+
+/// A data pointer the host may not build, or a transfer above MDTS, is a
+/// host violation as well as an error status: QEMU answers with an error,
+/// but a controller need not check ("the host shall"), and a driver test
+/// that tolerates an error status (or a driver that retries or falls back)
+/// would otherwise not notice that the driver built it.
+#[test]
+fn a_refused_data_pointer_or_mdts_is_a_host_violation() {
+    let mut h = Host::new();
+    let mut q = h.create_pair(1, 16);
+    let data = h.buffer(2 * PAGE as usize);
+    // Two blocks from offset 0: PRP2 must name the next page at offset 0.
+    let c = q.call(&h.m, rw(0x02, 0, 2, data.iova(), data.iova() + PAGE + 8));
+    assert_eq!(c.status.code_only(), Status::PRP_OFFSET_INVALID);
+    assert_eq!(h.m.take_violations().len(), 1, "PRP2 offset");
+    // PRP1 not dword aligned.
+    let c = q.call(&h.m, rw(0x02, 0, 1, data.iova() + 2, 0));
+    assert_eq!(c.status.code_only(), Status::PRP_OFFSET_INVALID);
+    assert_eq!(h.m.take_violations().len(), 1, "PRP1 offset");
+    // MDTS 7 (512 KiB): 129 blocks of 4 KiB.
+    let c = q.call(&h.m, rw(0x02, 0, 129, data.iova(), 0));
+    assert_eq!(c.status.code_only(), Status::INVALID_FIELD);
+    assert_eq!(h.m.take_violations().len(), 1, "above MDTS");
+    // A Get Log Page above MDTS.
+    let numd = (1u32 << 20) / 4 - 1;
+    let c = h.admin(
+        Sqe::new(0x02)
+            .nsid(0xffff_ffff)
+            .prp1(data.iova())
+            .cdw(10, 0x02 | (numd & 0xffff) << 16)
+            .cdw(11, numd >> 16),
+    );
+    assert_eq!(c.status.code_only(), Status::INVALID_FIELD);
+    assert_eq!(h.m.take_violations().len(), 1, "Get Log Page above MDTS");
+    // PSDT 01b on a controller without SGLs.
+    let c = q.call(&h.m, rw(0x02, 0, 1, data.iova(), 0).flags(0x40));
+    assert_eq!(c.status.code_only(), Status::INVALID_FIELD);
+    assert_eq!(h.m.take_violations().len(), 1, "SGL without SGLS");
+    h.assert_clean();
+}
+
+/// The same for SGLs: Data Blocks that describe less or more than the
+/// transfer, and an SGL on an admin command.
+#[test]
+fn a_refused_sgl_is_a_host_violation() {
+    let mut h = Host::with(ModelConfig {
+        sgls: 1,
+        ..ModelConfig::default()
+    });
+    let mut q = h.create_pair(1, 16);
+    let data = h.buffer(3 * PAGE as usize);
+    let data_block = |len: u64| rw(0x02, 0, 2, data.iova(), len).flags(0x40);
+    let c = q.call(&h.m, data_block(PAGE));
+    assert_eq!(c.status.code_only(), Status::new(0, 0x0f));
+    assert_eq!(h.m.take_violations().len(), 1, "under-described");
+    let c = q.call(&h.m, data_block(3 * PAGE));
+    assert_eq!(c.status.code_only(), Status::new(0, 0x0f));
+    assert_eq!(h.m.take_violations().len(), 1, "over-described");
+    let c = q.call(&h.m, data_block(2 * PAGE));
+    assert_eq!(c.status, Status::SUCCESS);
+    let c = h.admin(
+        Sqe::new(0x06)
+            .flags(0x40)
+            .put64(24, data.iova())
+            .put64(32, 4096)
+            .cdw(10, 1),
+    );
+    assert_eq!(c.status.code_only(), Status::INVALID_FIELD);
+    assert_eq!(h.m.take_violations().len(), 1, "admin SGL");
+    h.assert_clean();
+}
