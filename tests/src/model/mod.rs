@@ -27,7 +27,8 @@
 //! controller may not post; the completion is held until the host moves the
 //! head), doorbells while the controller is not ready, a command identifier
 //! reused while its command is outstanding, CC fields changed while enabled,
-//! CC.EN set again before CSTS.RDY returned to 0, invalid register accesses,
+//! CC.EN set again before CSTS.RDY returned to 0, CC.EN cleared while
+//! CSTS.RDY is still on its way to 1, invalid register accesses,
 //! a data pointer the host may not build (a PRP offset rule broken, an SGL
 //! that is malformed or does not describe the transfer exactly, PSDT the
 //! controller does not offer, an SGL on an admin command) and a transfer

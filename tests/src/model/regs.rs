@@ -336,6 +336,14 @@ impl State {
     /// flight is forgotten, features return to their defaults, CSTS.CFS
     /// clears, and CSTS.RDY follows.
     fn disable(&mut self) {
+        // CC.EN: clearing it from 1 to 0 while CSTS.RDY is 0 has undefined
+        // results. A controller still on its way to ready (not one that
+        // never gets there, which the host gives up on after CAP.TO).
+        if !self.regs.rdy && matches!(self.regs.pending_rdy, Some((true, _))) {
+            self.violation(
+                "CC.EN cleared to 0 before CSTS.RDY became 1 after the last CC.EN = 1".into(),
+            );
+        }
         if !self.shut_down {
             self.health.unsafe_shutdowns += 1;
         }
@@ -348,7 +356,13 @@ impl State {
         self.features = Default::default();
         self.fatal = false;
         self.shut_down = false;
-        self.set_rdy_later(false);
+        if self.regs.rdy {
+            self.set_rdy_later(false);
+        } else {
+            // Never ready (or not yet): CSTS.RDY already reads 0, and the
+            // host may set CC.EN again.
+            self.regs.pending_rdy = None;
+        }
     }
 
     /// CC.SHN 00b→01b/10b ("Shutdown Processing"): the controller stops, forgets its queues

@@ -247,3 +247,25 @@ fn a_refused_sgl_is_a_host_violation() {
     assert_eq!(h.m.take_violations().len(), 1, "admin SGL");
     h.assert_clean();
 }
+
+/// The mirror rule (CC.EN: clearing it from 1 to 0 while CSTS.RDY is 0 has
+/// undefined results): after setting CC.EN the host waits for CSTS.RDY = 1
+/// before clearing it. A controller that never becomes ready
+/// (`Fault::NeverReady`) is not this: the host gives up after CAP.TO.
+#[test]
+fn cc_en_cleared_before_csts_rdy_set_is_a_violation() {
+    let h = Host::with(ModelConfig {
+        ready_delay_reads: 3,
+        ..ModelConfig::default()
+    });
+    h.m.write32(0x14, 0x0046_0000);
+    while h.m.read32(0x1c) & 1 != 0 {}
+    h.m.write32(0x14, 0x0046_0001);
+    h.m.write32(0x14, 0x0046_0000); // no CSTS read in between
+    assert!(!h.m.take_violations().is_empty(), "EN 0 while RDY still 0");
+    while h.m.read32(0x1c) & 1 != 0 {}
+    h.m.write32(0x14, 0x0046_0001);
+    while h.m.read32(0x1c) & 1 == 0 {}
+    h.m.write32(0x14, 0x0046_0000);
+    assert_eq!(h.m.violations(), Vec::<String>::new());
+}
