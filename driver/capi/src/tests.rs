@@ -15,8 +15,9 @@ use crate::{upnvme_buf_data, upnvme_buf_free, upnvme_last_error};
 
 const BLOCKS: u64 = 256;
 
-fn model() -> (ModelController, Controller<ModelController>) {
-    model_with(ModelConfig {
+/// One namespace of `BLOCKS` 512-byte blocks.
+fn one_ns() -> ModelConfig {
+    ModelConfig {
         namespaces: vec![NamespaceConfig {
             nsid: 1,
             lba_size: 512,
@@ -24,7 +25,11 @@ fn model() -> (ModelController, Controller<ModelController>) {
             ..NamespaceConfig::default()
         }],
         ..Default::default()
-    })
+    }
+}
+
+fn model() -> (ModelController, Controller<ModelController>) {
+    model_with(one_ns())
 }
 
 fn model_with(cfg: ModelConfig) -> (ModelController, Controller<ModelController>) {
@@ -61,7 +66,7 @@ fn shared_pair(h: &crate::Ctrl<ModelController>, entries: u32) -> Box<Qpair<Mode
     Box::new(Qpair::new(qp, h.nss.clone()))
 }
 
-fn handle(c: &Controller<ModelController>, len: usize) -> *mut upnvme_buf {
+fn handle<D: upnvme::Device>(c: &Controller<D>, len: usize) -> *mut upnvme_buf {
     Box::into_raw(Box::new(upnvme_buf::new(
         c.alloc_dma(len).unwrap(),
         std::ptr::null(),
@@ -2547,15 +2552,7 @@ fn a_ring_that_unwinds_poisons_the_pair() {
             self.m.name()
         }
     }
-    let m = ModelController::new(ModelConfig {
-        namespaces: vec![NamespaceConfig {
-            nsid: 1,
-            lba_size: 512,
-            blocks: BLOCKS,
-            ..NamespaceConfig::default()
-        }],
-        ..Default::default()
-    });
+    let m = ModelController::new(one_ns());
     let armed = Arc::new(AtomicBool::new(false));
     let dev = PanicOnDoorbell {
         m: m.clone(),
@@ -2574,10 +2571,7 @@ fn a_ring_that_unwinds_poisons_the_pair() {
     ));
     qp.set_delay_doorbell(true);
     let qpp: *mut Qpair<PanicOnDoorbell> = &mut *qp;
-    let b = Box::into_raw(Box::new(upnvme_buf::new(
-        c.alloc_dma(4096).unwrap(),
-        std::ptr::null(),
-    )));
+    let b = handle(&c, 4096);
     // SAFETY: live handle and pair; no callback.
     let rc = unsafe {
         qp.submit(
@@ -2596,10 +2590,7 @@ fn a_ring_that_unwinds_poisons_the_pair() {
     }));
     assert!(r.is_err(), "the doorbell write unwound");
     armed.store(false, Ordering::SeqCst);
-    let b2 = Box::into_raw(Box::new(upnvme_buf::new(
-        c.alloc_dma(4096).unwrap(),
-        std::ptr::null(),
-    )));
+    let b2 = handle(&c, 4096);
     // SAFETY: as above.
     let rc = unsafe {
         qp.submit(
