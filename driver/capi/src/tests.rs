@@ -1806,19 +1806,13 @@ fn a_delayed_doorbell_announces_each_batch_with_one_write() {
 #[test]
 fn write_zeroes_beyond_wzsl_completes_once_with_every_block_zeroed() {
     let (m, c) = model_with(ModelConfig {
-        namespaces: vec![NamespaceConfig {
-            nsid: 1,
-            lba_size: 512,
-            blocks: BLOCKS,
-            ..NamespaceConfig::default()
-        }],
         oncs: ModelConfig::ONCS_WRITE_ZEROES,
         // 8 KiB per Write Zeroes: 16 blocks of 512 bytes.
         nvm_limits: upnvme_tests::NvmLimitsConfig {
             wzsl: 1,
             ..Default::default()
         },
-        ..Default::default()
+        ..one_ns()
     });
     m.write_namespace_data(1, 0, &[0xa5u8; 64 * 512]);
     let mut qp = pair(&c, 8);
