@@ -1152,10 +1152,30 @@ impl Host {
         out
     }
 
-    /// For each of `targets`, the processes with an open file descriptor on it.
+    /// For each of `targets`, the processes with an open file descriptor on it:
+    /// by the path the descriptor names, or — for a descriptor on a device
+    /// node under another name (a container's `--device` node, a raw-block
+    /// volume) — by the device it opened (kind and number, `st_rdev`).
+    /// Only descriptors naming a path below `/dev` are looked at that way
+    /// (devtmpfs or a container's tmpfs: a `stat` of them cannot block, as
+    /// one of a hung network file system's could).
     fn fd_users(&self, targets: &[PathBuf]) -> BTreeMap<PathBuf, Vec<ProcUser>> {
         let mut out: BTreeMap<PathBuf, Vec<ProcUser>> = BTreeMap::new();
         let me = std::process::id();
+        let by_device: Vec<(DeviceId, &PathBuf)> = targets
+            .iter()
+            .filter_map(|t| {
+                let rel = t.strip_prefix("/dev").ok()?;
+                Some((device_id(&fs::metadata(self.dev.join(rel)).ok()?)?, t))
+            })
+            .collect();
+        let same_device = |fd: &Path, named: &Path| {
+            if by_device.is_empty() || !named.starts_with("/dev") {
+                return None;
+            }
+            let id = device_id(&fs::metadata(fd).ok()?)?;
+            by_device.iter().find(|(d, _)| *d == id).map(|(_, t)| *t)
+        };
         for pid in dir_names(&self.proc_root) {
             let Ok(pid_n) = pid.parse::<u32>() else {
                 continue;
@@ -1171,7 +1191,11 @@ impl Host {
                 let Ok(t) = fs::read_link(fd.path()) else {
                     continue;
                 };
-                if let Some(target) = targets.iter().find(|x| **x == t) {
+                if let Some(target) = targets
+                    .iter()
+                    .find(|x| **x == t)
+                    .or_else(|| same_device(&fd.path(), &t))
+                {
                     let comm = read_trim(&self.proc_root.join(&pid).join("comm"))
                         .unwrap_or_else(|| "?".into());
                     let users = out.entry(target.clone()).or_default();
@@ -1184,6 +1208,16 @@ impl Host {
         }
         out
     }
+}
+
+/// A device node's identity: block or character, and its number.
+type DeviceId = (bool, u64);
+
+/// The identity of the device node `m` describes (`None`: not a device node).
+fn device_id(m: &fs::Metadata) -> Option<DeviceId> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let t = m.file_type();
+    (t.is_block_device() || t.is_char_device()).then(|| (t.is_block_device(), m.rdev()))
 }
 
 /// A controller's device nodes other than block devices (names below /dev).
@@ -1742,6 +1776,32 @@ mod tests {
             .map(ToString::to_string)
             .collect();
         assert_eq!(names, ["pid 42 (other)"]);
+    }
+
+    /// A process holding a controller's device open under another name
+    /// (a container's `--device` node) is found by the device it opened.
+    /// The fake `/dev/nvme0` is a link to the real `/dev/null` (a device
+    /// node every machine has, so the test needs no mknod), and the
+    /// process's descriptor names `/dev/null`: before, only the path was
+    /// compared and the controller looked unused.
+    #[test]
+    fn a_device_open_under_another_name_is_found_by_its_number() {
+        let t = Tree::new();
+        t.device("0000:00:04.0", "0x010802", Some("nvme"), Some(3));
+        t.write("sys/bus/pci/devices/0000:00:04.0/nvme/nvme0/dev", "240:0\n");
+        fs::create_dir_all(t.root.join("dev")).unwrap();
+        std::os::unix::fs::symlink("/dev/null", t.root.join("dev/nvme0")).unwrap();
+        t.process(61, "containerd-shim", &["/dev/null"]);
+        t.process(62, "other", &["/dev/zero"]);
+        let host = t.host();
+        let users = host.fd_users(&[PathBuf::from("/dev/nvme0")]);
+        let names: Vec<String> = users
+            .get(Path::new("/dev/nvme0"))
+            .map(|u| u.iter().map(ToString::to_string).collect())
+            .unwrap_or_default();
+        assert_eq!(names, ["pid 61 (containerd-shim)"]);
+        // A target that is not a device node here is matched by path only.
+        assert!(host.fd_users(&[PathBuf::from("/dev/nvme9")]).is_empty());
     }
 
     #[test]
