@@ -731,6 +731,20 @@ fn judge(
             ),
         ));
     };
+    // QEMU dying of a signal or failing after the guest reported: the emulator
+    // crashed (perhaps on a state COMMAND left the device in, as QEMU 10.0.2's
+    // use-after-free on CC.EN = 0 did) or shut down uncleanly. Either way the run
+    // did not end as a healthy one does. `None` (QEMU killed because the guest did
+    // not power off within the grace period) is not a failure of COMMAND.
+    if let Some(s) = status.filter(|s| !s.success()) {
+        return Err(failure(
+            EXIT_BED,
+            format!(
+                "QEMU stopped ({s}) after the guest reported COMMAND's exit status {exit}: the \
+                 emulator crashed or failed while shutting down, so the run cannot be trusted{qemu_said}"
+            ),
+        ));
+    }
     // No count from the guest, no fault check: a bed failure, not "0".
     if report.guest_dmar_faults.is_none() {
         return Err(failure(
@@ -963,6 +977,61 @@ mod tests {
             code(judge(report(None, &[]), false, None, "", None, 5, Duration::ZERO).unwrap_err()),
             EXIT_BED
         );
+    }
+
+    #[test]
+    fn qemu_failing_after_the_report_fails_the_run() {
+        use std::os::unix::process::ExitStatusExt;
+        // SIGABRT (an assertion in the emulator) after the guest reported 0.
+        let aborted = std::process::ExitStatus::from_raw(6);
+        let e = judge(
+            report(Some(0), &[]),
+            false,
+            Some(aborted),
+            "qemu-system-x86_64: ../hw/nvme/ctrl.c:1234: assertion failed",
+            Some("QEMU's backtrace (core dump removed):\n#0 abort"),
+            600,
+            Duration::ZERO,
+        )
+        .unwrap_err();
+        let msg = e.to_string();
+        assert_eq!(code(e), EXIT_BED);
+        assert!(
+            msg.contains("after the guest reported COMMAND's exit status 0"),
+            "{msg}"
+        );
+        assert!(
+            msg.contains("assertion failed") && msg.contains("backtrace"),
+            "{msg}"
+        );
+        // A non-zero exit of QEMU itself (exit code 1) fails the run too.
+        let failed = std::process::ExitStatus::from_raw(1 << 8);
+        let e = judge(
+            report(Some(0), &[]),
+            false,
+            Some(failed),
+            "",
+            None,
+            600,
+            Duration::ZERO,
+        )
+        .unwrap_err();
+        assert_eq!(code(e), EXIT_BED);
+        // A clean power-off, or QEMU killed after the grace period, is fine.
+        let clean = std::process::ExitStatus::from_raw(0);
+        for status in [Some(clean), None] {
+            let ok = judge(
+                report(Some(3), &[]),
+                false,
+                status,
+                "",
+                None,
+                600,
+                Duration::ZERO,
+            )
+            .unwrap();
+            assert_eq!(ok.status, 3);
+        }
     }
 
     #[test]
