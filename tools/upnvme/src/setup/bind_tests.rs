@@ -1309,3 +1309,31 @@ fn status_json_says_which_block_device_is_claimed() {
     assert_eq!(b[0]["claimed"], false, "{b}");
     assert_eq!(b[1]["claimed"], true, "{b}");
 }
+
+/// A bind whose group node never appears says so, and names the iommufd-only
+/// kernel when the function has a VFIO device cdev instead (before, `bind`
+/// printed `/dev/vfio/N` as if it existed and `Controller::open` failed later
+/// without a word about why).
+#[test]
+fn a_group_node_that_never_appears_is_explained() {
+    let t = Tree::new();
+    t.device("0000:00:04.0", NVME, Some("vfio-pci"), Some(3));
+    let host = t.host();
+    let a = addr("0000:00:04.0");
+    let e = group_node_after_bind(&host, &a, 3, Duration::ZERO).unwrap_err();
+    assert!(e.contains("vfio/3 did not appear within 0 s"), "{e}");
+    assert!(e.contains("cannot open it until it exists"), "{e}");
+    t.write(
+        "sys/bus/pci/devices/0000:00:04.0/vfio-dev/vfio0/dev",
+        "511:0\n",
+    );
+    let e = group_node_after_bind(&host, &a, 3, Duration::ZERO).unwrap_err();
+    assert!(
+        e.contains("has the VFIO device cdev") && e.contains("vfio/devices/vfio0"),
+        "{e}"
+    );
+    assert!(e.contains("CONFIG_VFIO_GROUP"), "{e}");
+    t.write("dev/vfio/3", "");
+    let node = group_node_after_bind(&host, &a, 3, Duration::ZERO).unwrap();
+    assert!(node.ends_with("dev/vfio/3"), "{}", node.display());
+}

@@ -9,7 +9,7 @@ pub mod host;
 use std::fmt::Write as _;
 use std::fs;
 use std::io::ErrorKind;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -734,18 +734,66 @@ fn bind_one(host: &Host, c: &ControllerInfo) -> Result<Option<String>> {
         let why = probe.err().map_or(String::new(), |e| format!(" ({e})"));
         bail!("{a} did not bind to vfio-pci{why}; the kernel log (`dmesg | tail`) says why{undo}",);
     }
-    // The group's device node appears with the binding.
+    let node = match group_node_after_bind(host, &a, group, Duration::from_secs(2)) {
+        Ok(node) => node.display().to_string(),
+        Err(warning) => format!("no group node\n  warning: {warning}"),
+    };
+    let moved = format!("{} -> vfio-pci", c.driver().unwrap_or("no driver"));
+    outln!("{a}: {moved} (IOMMU group {group}, {node}){viability}");
+    Ok(Some(moved))
+}
+
+/// Waits up to `wait` for the VFIO group's device node (`/dev/vfio/GROUP`),
+/// which appears with a controller's binding to vfio-pci. Its absence is
+/// explained: upnvme opens a controller through its group (the VFIO
+/// container interface), so without the node it cannot open it. A kernel
+/// built with iommufd but without `CONFIG_VFIO_GROUP` gives the device only
+/// its cdev (`/dev/vfio/devices/vfioX`, sysfs `vfio-dev/vfioX`).
+fn group_node_after_bind(
+    host: &Host,
+    a: &upnvme::PciAddress,
+    group: u32,
+    wait: Duration,
+) -> std::result::Result<PathBuf, String> {
     let node = host.dev_path(&format!("vfio/{group}"));
     let start = Instant::now();
-    while !node.exists() && start.elapsed() < Duration::from_secs(2) {
+    while !node.exists() && start.elapsed() < wait {
         std::thread::sleep(Duration::from_millis(20));
     }
-    let moved = format!("{} -> vfio-pci", c.driver().unwrap_or("no driver"));
-    outln!(
-        "{a}: {moved} (IOMMU group {group}, {}){viability}",
-        node.display()
-    );
-    Ok(Some(moved))
+    if node.exists() {
+        return Ok(node);
+    }
+    let cdevs: Vec<String> = fs::read_dir(host.device_dir(a).join("vfio-dev"))
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with("vfio"))
+                .map(|n| {
+                    host.dev_path(&format!("vfio/devices/{n}"))
+                        .display()
+                        .to_string()
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let waited = wait.as_secs_f64();
+    Err(if cdevs.is_empty() {
+        format!(
+            "{} did not appear within {waited:.0} s; upnvme opens {a} through that node, so it \
+             cannot open it until it exists (check `ls -l /dev/vfio` and the kernel log, \
+             `dmesg | grep -i vfio`; a system without devtmpfs needs udev to create it)",
+            node.display()
+        )
+    } else {
+        format!(
+            "{} did not appear within {waited:.0} s, but {a} has the VFIO device cdev {}: this \
+             kernel offers only the iommufd interface (built without CONFIG_VFIO_GROUP), and \
+             upnvme opens controllers through the VFIO group; use a kernel with \
+             CONFIG_VFIO_GROUP=y (and CONFIG_VFIO_CONTAINER=y or IOMMUFD_VFIO_CONTAINER=y)",
+            node.display(),
+            cdevs.join(", ")
+        )
+    })
 }
 
 /// Puts a controller whose binding to vfio-pci failed back as it was:
