@@ -155,6 +155,11 @@ pub struct JobResult {
     pub timing: Option<CallTiming>,
     /// Blocks that were stamped, as (slba, blocks) extents, for --verify.
     pub written: Vec<(u64, u32)>,
+    /// Extents a write of this job failed on, whatever came after it
+    /// (--verify --continue-on-error): another job's successful write of the
+    /// same blocks does not make them readable back, since the failed write
+    /// may have come later and left them in any state.
+    pub write_failed: Vec<(u64, u32)>,
     /// Verification mismatches (filled in by the verify pass).
     pub mismatches: u64,
     /// Blocks the verify pass could not read (`--continue-on-error` only).
@@ -202,6 +207,9 @@ struct Work {
     /// `--verify`: the slots whose last write completed successfully (one
     /// bit each), the only ones read back at the end.
     written: SlotBits,
+    /// `--verify`: the slots a write failed on (`--continue-on-error`; cold,
+    /// so a list, not a second bitmap of every slot).
+    write_failed: Vec<u64>,
     /// `--verify`: per tag, the slot + 1 of the write in flight under it
     /// (0: a read, or none).
     write_slot: Vec<u64>,
@@ -422,6 +430,7 @@ impl Job {
                     io_blocks,
                     slots,
                     written: SlotBits::new(if plan.verify { slots } else { 0 }),
+                    write_failed: Vec::new(),
                     write_slot: if plan.verify {
                         vec![0; plan.depth as usize]
                     } else {
@@ -645,6 +654,9 @@ impl Work {
             let slot = std::mem::take(w);
             if slot != 0 {
                 self.written.set(slot - 1, ok);
+                if !ok {
+                    self.write_failed.push(slot - 1);
+                }
             }
         }
     }
@@ -897,6 +909,13 @@ pub fn run(
             } else {
                 Vec::new()
             };
+            let mut failed = std::mem::take(&mut j.write_failed);
+            failed.sort_unstable();
+            failed.dedup();
+            let write_failed = failed
+                .into_iter()
+                .map(|s| (s * j.io_blocks as u64, j.io_blocks))
+                .collect();
             JobResult {
                 core: plan.core,
                 nsid: j.ns.nsid,
@@ -911,6 +930,7 @@ pub fn run(
                 stats: qp.stats(),
                 timing,
                 written,
+                write_failed,
                 mismatches: 0,
                 unreadable: 0,
             }
