@@ -73,8 +73,23 @@ pub fn run(a: PerfArgs) -> Result<bool> {
     let qp = plan::queue_pair_options(&a, &plan)?;
     let (cores, namespaces, read_percent) = (plan.cores, plan.namespaces, plan.read_percent);
 
-    let tsc_hz = tsc::calibrate(Duration::from_millis(100))
-        .ok_or_else(|| anyhow!("the CPU time-stamp counter does not advance"))?;
+    // Calibrated on the first worker's core: a thread that moved between
+    // the two ends would difference two CPUs' counters, which need not agree
+    // where the kernel marks the TSC unstable (as in the QEMU guest). If the
+    // pinning fails, the worker's own pinning reports it.
+    let core0 = cores.first().copied();
+    let tsc_hz = std::thread::scope(|s| {
+        s.spawn(|| {
+            if let Some(id) = core0 {
+                let _ = core_affinity::set_for_current(core_affinity::CoreId { id });
+            }
+            tsc::calibrate(Duration::from_millis(100))
+        })
+        .join()
+    })
+    .ok()
+    .flatten()
+    .ok_or_else(|| anyhow!("the CPU time-stamp counter does not advance"))?;
     let ticks = |s: u64| (s as f64 * tsc_hz) as u64;
     let seed = a.seed.unwrap_or_else(|| {
         std::time::SystemTime::now()
