@@ -686,6 +686,66 @@ fn a_block_count_beyond_what_the_pair_can_split_says_transfer_too_large() {
     assert!(r.buffer.is_some());
 }
 
+/// A command outside the namespace that would also need more pieces than the
+/// pair holds is refused as outside the namespace (`LbaRange`, what one
+/// command of it would get), not as too large to split: no depth would make
+/// it run. With and without data; nothing sent, the buffer back.
+#[test]
+fn a_split_outside_the_namespace_says_lba_range_before_its_size() {
+    // A Read above 65536 blocks (the only way one reaches the split with a
+    // range that is also outside: below that, the range is checked first).
+    {
+        let (m, c) = setup(common::config_one_ns(512, 64));
+        let ns = c.namespace(1).unwrap().clone();
+        let mut qp = depth_3_pair(&c);
+        let seen = m.commands_fetched();
+        let blocks = 70_000u32;
+        let pieces = u64::from(blocks).div_ceil((qp.max_transfer() / 512) as u64);
+        assert!(pieces > u64::from(qp.max_depth()), "{pieces} pieces");
+        let r = qp
+            .submit(
+                read(&ns, 0, blocks),
+                Some(c.alloc_dma(blocks as usize * 512).unwrap()),
+                1,
+            )
+            .unwrap_err();
+        assert_eq!(r.reason, Reject::LbaRange);
+        assert!(r.buffer.is_some());
+        assert_eq!(m.commands_fetched(), seen, "nothing sent");
+        drop(qp);
+        drop(c);
+        assert_clean(&m);
+    }
+    let (m, c) = setup(no_data_config(4096, 64, 1, 0));
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = depth_3_pair(&c);
+    let seen = m.commands_fetched();
+    let wz = IoCommand::WriteZeroes {
+        ns: &ns,
+        slba: 1,
+        blocks: 4 * 65_536,
+        deallocate: false,
+    };
+    assert_eq!(
+        qp.submit_io(wz, IoData::none(), 1).unwrap_err().reason,
+        Reject::LbaRange
+    );
+    // Past the end by its start alone, with a count a split would carry.
+    let verify = IoCommand::Verify {
+        ns: &ns,
+        slba: u64::MAX - 1,
+        blocks: 7,
+    };
+    assert_eq!(
+        qp.submit_io(verify, IoData::none(), 1).unwrap_err().reason,
+        Reject::LbaRange
+    );
+    assert_eq!(m.commands_fetched(), seen, "nothing sent");
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
 /// A model of one namespace of `lba_size`-byte blocks with Verify, Write
 /// Zeroes and Write Uncorrectable, and the given size limits.
 fn no_data_config(lba_size: u32, blocks: u64, vsl: u8, wzsl: u8) -> ModelConfig {
@@ -897,7 +957,8 @@ fn write_zeroes_above_65536_blocks_zeroes_every_piece() {
 /// reason (the size limit: there is no transfer to name), nothing sent.
 #[test]
 fn a_command_without_data_needing_more_pieces_than_the_depth_keeps_its_reason() {
-    let (m, c) = setup(no_data_config(4096, 64, 1, 0));
+    // 2^20 blocks: the Write Zeroes of 4 × 65536 blocks below lies inside.
+    let (m, c) = setup(no_data_config(4096, 1 << 20, 1, 0));
     let ns = c.namespace(1).unwrap().clone();
     let mut qp = depth_3_pair(&c);
     let seen = m.commands_fetched();

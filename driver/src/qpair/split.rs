@@ -29,7 +29,8 @@
 //!   counted; then every child takes its slot and gets its data pointer
 //!   (a refusal releases the slots taken); only then are the SQEs written.
 //!   A refused split queued nothing and hands everything back
-//!   ([`Reject::QueueFull`] when the slots are not free now; the original
+//!   ([`Reject::QueueFull`] when the slots are not free now;
+//!   [`Reject::LbaRange`] for a range outside the namespace; the original
 //!   reason when the split can never fit: more children than the pair's
 //!   depth, a block larger than MDTS, or a block size that would start a
 //!   child off a dword boundary; the placement's reason, e.g. a part of a
@@ -552,6 +553,15 @@ impl<D: Device> IoQueuePair<D> {
             | IoCommand::WriteUncorrectable { ns, slba, blocks } => (ns, slba, u64::from(blocks)),
             _ => return refuse(reason, io),
         };
+        // Outside the namespace is the first thing to say: the refusal
+        // below for more pieces than the pair holds would otherwise name
+        // the size of a command that could never run at any depth.
+        if slba
+            .checked_add(blocks)
+            .is_none_or(|end| end > ns.lba_count())
+        {
+            return refuse(Reject::LbaRange, io);
+        }
         let no_data = no_data_limit(&cmd);
         let (block_bytes, md_bytes, per) = match no_data {
             // No memory to cut: each child covers at most what the size
