@@ -162,6 +162,12 @@ pub(crate) struct AdminQueue {
     /// [`AdminQueue::post_aers`] target, capped as it caps it): their
     /// command identifiers are never given to detached commands.
     aer_target: u32,
+    /// Asynchronous Event Requests this queue's controller ended for good
+    /// (Asynchronous Event Request Limit Exceeded, DNR, or retryable errors
+    /// without end): it takes that many fewer than the target, so
+    /// [`AdminQueue::post_aers`] posts that many fewer (a reset, which
+    /// builds a new queue, tries the whole target again).
+    aers_refused: u32,
     /// The controller's "released on the kernel's request" flag
     /// (`Inner::removed`, shared by [`AdminQueue::share_removal`]): once
     /// set, no doorbell is written — the release may already have disabled
@@ -212,6 +218,7 @@ impl AdminQueue {
             waiting: Vec::new(),
             epoch: 0,
             aer_target: 0,
+            aers_refused: 0,
             removed: Arc::new(AtomicBool::new(false)),
         })
     }
@@ -392,8 +399,14 @@ impl AdminQueue {
                         self.aer_error_streak += 1;
                     } else {
                         // Asynchronous Event Request Limit Exceeded, DNR
-                        // set, or errors without end: not re-posted.
+                        // set, or errors without end: not re-posted. Nor is
+                        // its identifier kept for it any longer (the
+                        // controller takes fewer than AERL + 1): application
+                        // commands may use it until a reset posts the
+                        // target again.
                         self.aer_lost = true;
+                        self.aers_refused += 1;
+                        self.aer_target = self.aer_target.saturating_sub(1);
                     }
                 }
                 SlotKind::Sync => s.done = Some(cqe),
@@ -615,13 +628,14 @@ impl AdminQueue {
     }
 
     /// Posts Asynchronous Event Requests until `target` are outstanding (plus
-    /// re-posting those that completed).
+    /// re-posting those that completed), less those the controller ended
+    /// for good (`aers_refused`).
     pub(crate) fn post_aers<D: Device>(&mut self, dev: &D, target: u32) -> Result<()> {
         let outstanding = self.aers_outstanding();
         // Keep at least two command identifiers for real admin commands, however
         // small the admin queue.
         let cap = (self.slots.len() as u32).saturating_sub(DRIVER_CIDS);
-        self.aer_target = target.min(cap);
+        self.aer_target = target.min(cap).saturating_sub(self.aers_refused);
         let mut want = self.aer_target.saturating_sub(outstanding);
         if want > 0 && self.sq_ring.free_slots() <= 2 {
             // As `make_room`: every caller has just reaped (or the queue is

@@ -638,3 +638,66 @@ fn a_command_sent_after_waiting_for_an_identifier_gets_its_whole_bound() {
     drop(c);
     assert_clean(&m);
 }
+
+/// A controller that reports AERL 3 (four Asynchronous Event Requests) but
+/// takes one ends the other three with Asynchronous Event Request Limit
+/// Exceeded. The identifiers kept for them are given up: on an 8-entry
+/// admin queue three application commands run at once (with four kept for
+/// requests that will never be posted, one did), and an event's re-post
+/// posts the one request the controller takes, not four again (three of
+/// which it would refuse once more).
+#[test]
+fn event_requests_the_controller_refuses_give_their_identifiers_back() {
+    const ASYNC_EVENT_REQUEST: u8 = 0x0c;
+    // The Identify Controller page of a model with AERL 3...
+    let page = {
+        let probe = ModelController::new(Default::default());
+        let c = open(&probe, mmio_opts());
+        identify_controller(&c, T).expect("identify")
+    };
+    assert_eq!(page[259], 3, "AERL");
+    // ...on a model that takes one request (AERL 0).
+    let m = ModelController::new(upnvme_tests::ModelConfig {
+        aerl: 0,
+        ..Default::default()
+    });
+    m.set_identify_data(cns::CONTROLLER, 0, Some(page));
+    let c = open(
+        &m,
+        ControllerOptions {
+            admin_queue_entries: 8,
+            ..mmio_opts()
+        },
+    );
+    // Bring-up posted four; three came back refused (seen at a poll).
+    assert!(c.poll_async_events().expect("poll").is_empty());
+    assert_eq!(m.outstanding_async_requests(), 1);
+    let aers_sent = |m: &ModelController| {
+        m.commands_seen()
+            .iter()
+            .filter(|&&(qid, op, _)| qid == 0 && op == ASYNC_EVENT_REQUEST)
+            .count()
+    };
+    assert_eq!(aers_sent(&m), 4);
+    std::thread::scope(|s| {
+        let mut threads = Vec::new();
+        for i in 0..3 {
+            // A fault matches one command: held one at a time.
+            hold(&m, IDENTIFY);
+            threads.push(s.spawn(|| identify_controller(&c, Duration::from_secs(5))));
+            wait_held_n(&m, i + 1);
+        }
+        m.release_delayed();
+        for t in threads {
+            assert_eq!(t.join().unwrap().expect("passthrough").len(), PAGE);
+        }
+    });
+    // An event completes the one request; the poll posts one again.
+    m.raise_async_event(1, 0, 0x02);
+    assert_eq!(c.poll_async_events().expect("poll").len(), 1);
+    assert_eq!(m.outstanding_async_requests(), 1);
+    assert_eq!(aers_sent(&m), 5, "only the request the controller takes");
+    assert!(c.failure().is_none(), "{:?}", c.failure());
+    drop(c);
+    assert_clean(&m);
+}
