@@ -140,6 +140,30 @@ pub enum DmaError {
         /// The OS error.
         os_error: io::Error,
     },
+    /// VFIO_GROUP_GET_DEVICE_FD refused to open the device; the message
+    /// names the cause its errno stands for.
+    #[error(
+        "VFIO_GROUP_GET_DEVICE_FD for {address} failed: {os_error}; {}",
+        get_device_fd_hint(os_error)
+    )]
+    GetDeviceFd {
+        /// The device.
+        address: String,
+        /// The OS error.
+        os_error: io::Error,
+    },
+    /// mmap of BAR0's VFIO region failed; the message names the likely
+    /// cause for its errno.
+    #[error(
+        "mmap of BAR0 of {address} failed: {os_error}; {}",
+        map_bar_hint(os_error)
+    )]
+    MapBar {
+        /// The device.
+        address: String,
+        /// The OS error.
+        os_error: io::Error,
+    },
     /// The kernel's VFIO lacks something upnvme needs.
     #[error(
         "VFIO does not support {what}; upnvme needs Linux >= 4.x with vfio_iommu_type1 loaded (`modprobe vfio-pci`)"
@@ -231,6 +255,46 @@ fn set_iommu_hint(e: &io::Error) -> &'static str {
     }
 }
 
+/// What a VFIO_GROUP_GET_DEVICE_FD refusal means, by errno (Linux's
+/// `vfio_group_ioctl_get_device_fd` and `vfio_device_open`).
+fn get_device_fd_hint(e: &io::Error) -> &'static str {
+    match e.raw_os_error() {
+        Some(libc::ENODEV) => {
+            "the group has no such device bound to vfio-pci (it was unbound or removed \
+             meanwhile): `upnvme setup bind ADDRESS` binds it, `upnvme setup status` shows \
+             where it is"
+        }
+        Some(libc::EBUSY) => {
+            "the device is open already through its VFIO device cdev \
+             (/dev/vfio/devices/vfioX, the iommufd interface: a VMM or another userspace \
+             driver); `upnvme list` names the process holding it; stop it first"
+        }
+        Some(libc::EPERM) | Some(libc::EACCES) => {
+            "not permitted: a group in VFIO's no-IOMMU mode needs CAP_SYS_RAWIO; run as root"
+        }
+        _ => {
+            "vfio-pci could not enable the device; the kernel log (`dmesg | grep -i vfio`) \
+             says why (a device that fails to reset or is in a low-power state)"
+        }
+    }
+}
+
+/// What a refused mmap of BAR0 means, by errno.
+fn map_bar_hint(e: &io::Error) -> &'static str {
+    match e.raw_os_error() {
+        Some(libc::EINVAL) => {
+            "vfio-pci refused to map the whole BAR: kernels before 4.16 exclude the page \
+             holding the MSI-X table (which NVMe controllers often place in BAR0) from \
+             mappings; use Linux 4.16 or later"
+        }
+        Some(libc::ENOMEM) | Some(libc::EAGAIN) => {
+            "the process's address space or memory map count is exhausted \
+             (vm.max_map_count): release memory or raise the limit"
+        }
+        _ => "the kernel log (`dmesg | grep -i vfio`) may say why",
+    }
+}
+
 impl DmaError {
     /// Builds [`DmaError::Sys`] from the last OS error.
     pub(crate) fn last_os(what: impl Into<String>) -> Self {
@@ -264,6 +328,50 @@ mod tests {
         }
         .to_string();
         assert!(m.contains("dmesg") && !m.contains("firmware"), "{m}");
+    }
+
+    /// VFIO_GROUP_GET_DEVICE_FD and the BAR0 mmap name the cause of their
+    /// errno (before, only "… failed: Device or resource busy").
+    #[test]
+    fn a_refused_device_open_or_bar_mapping_says_why() {
+        let open = |errno| {
+            DmaError::GetDeviceFd {
+                address: "0000:00:04.0".into(),
+                os_error: io::Error::from_raw_os_error(errno),
+            }
+            .to_string()
+        };
+        let m = open(libc::EBUSY);
+        assert!(
+            m.starts_with("VFIO_GROUP_GET_DEVICE_FD for 0000:00:04.0 failed: "),
+            "{m}"
+        );
+        assert!(
+            m.contains("/dev/vfio/devices/vfioX") && m.contains("upnvme list"),
+            "{m}"
+        );
+        let m = open(libc::ENODEV);
+        assert!(
+            m.contains("upnvme setup bind") && !m.contains("iommufd"),
+            "{m}"
+        );
+        let m = open(libc::EPERM);
+        assert!(m.contains("CAP_SYS_RAWIO"), "{m}");
+        assert!(open(libc::EIO).contains("dmesg"));
+        let bar = |errno| {
+            DmaError::MapBar {
+                address: "0000:00:04.0".into(),
+                os_error: io::Error::from_raw_os_error(errno),
+            }
+            .to_string()
+        };
+        let m = bar(libc::EINVAL);
+        assert!(
+            m.starts_with("mmap of BAR0 of 0000:00:04.0 failed: "),
+            "{m}"
+        );
+        assert!(m.contains("MSI-X") && m.contains("4.16"), "{m}");
+        assert!(bar(libc::ENOMEM).contains("max_map_count"));
     }
 
     fn map_dma(errno: i32) -> String {

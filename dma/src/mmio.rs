@@ -61,7 +61,10 @@ impl Bar {
             )
         };
         if ptr == libc::MAP_FAILED {
-            return Err(DmaError::last_os(format!("mmap of BAR0 of {what}")));
+            return Err(DmaError::MapBar {
+                address: what.to_string(),
+                os_error: std::io::Error::last_os_error(),
+            });
         }
         let ptr = NonNull::new(ptr.cast::<u8>()).ok_or_else(|| DmaError::Bar {
             address: what.to_string(),

@@ -438,9 +438,10 @@ impl VfioDevice {
             )
         };
         if fd < 0 {
-            return Err(DmaError::last_os(format!(
-                "VFIO_GROUP_GET_DEVICE_FD for {address}"
-            )));
+            return Err(DmaError::GetDeviceFd {
+                address: address.to_string(),
+                os_error: std::io::Error::last_os_error(),
+            });
         }
         // SAFETY: `fd` is a fresh file descriptor returned by the kernel that
         // nothing else owns.
