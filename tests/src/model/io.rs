@@ -33,18 +33,27 @@ fn pi_fields(cmd: &Command) -> PiFields {
     }
 }
 
-/// MPTR (CDW4-5) as a plain address: with PSDT 10b it would point at an
-/// SGL, which the model does not offer (SGLS bit 19 clear); the caller's
-/// data pointer already refused that.
-fn mptr(cmd: &Command) -> Result<u64, Status> {
-    let m = cmd.mptr();
-    if m & 3 != 0 {
-        return Err(Status::INVALID_FIELD.with_dnr());
-    }
-    Ok(m)
-}
-
 impl State {
+    /// MPTR (CDW4-5) as a plain address: with PSDT 10b it would point at an
+    /// SGL, which the model does not offer (SGLS bit 19 clear); the caller's
+    /// data pointer already refused that. With PSDT 00b "that address shall
+    /// be dword aligned" (NVMe Base 2.0, §4.1, MPTR): a host that sends
+    /// another broke the rule, recorded as a violation (QEMU, like the
+    /// model, refuses the command with Invalid Field; other controllers may
+    /// not).
+    fn mptr(&mut self, cmd: &Command) -> Result<u64, Status> {
+        let m = cmd.mptr();
+        if m & 3 != 0 {
+            self.violation(format!(
+                "opcode {:#04x} CID {:#06x}: MPTR {m:#x} is not dword aligned",
+                cmd.opcode(),
+                cmd.cid()
+            ));
+            return Err(Status::INVALID_FIELD.with_dnr());
+        }
+        Ok(m)
+    }
+
     /// Executes an I/O command fetched from an I/O submission queue.
     pub(crate) fn io(&mut self, cmd: &Command) -> Outcome {
         let oncs = self.cfg.oncs;
@@ -213,7 +222,8 @@ impl State {
     /// Reads `len` metadata bytes from MPTR (CDW4-5), one contiguous buffer.
     fn read_host_meta(&mut self, cmd: &Command, len: usize) -> Result<Vec<u8>, Status> {
         let mut meta = vec![0u8; len];
-        if let Err(f) = self.mem.read(mptr(cmd)?, &mut meta) {
+        let at = self.mptr(cmd)?;
+        if let Err(f) = self.mem.read(at, &mut meta) {
             self.dma_fault(f, "metadata read");
             return Err(Status::DATA_TRANSFER_ERROR);
         }
@@ -222,7 +232,8 @@ impl State {
 
     /// Writes metadata to MPTR.
     fn write_host_meta(&mut self, cmd: &Command, meta: &[u8]) -> Result<(), Status> {
-        if let Err(f) = self.mem.write(mptr(cmd)?, meta) {
+        let at = self.mptr(cmd)?;
+        if let Err(f) = self.mem.write(at, meta) {
             self.dma_fault(f, "metadata write");
             return Err(Status::DATA_TRANSFER_ERROR);
         }

@@ -307,3 +307,42 @@ fn queue_creation_rules() {
     assert!(!h.m.queue_exists(1));
     h.assert_clean();
 }
+
+/// A Write on a namespace with separate metadata (8 bytes per block through
+/// MPTR): a dword-aligned MPTR moves the metadata; a misaligned one is
+/// refused with Invalid Field and recorded as a host violation (the Base
+/// specification's MPTR "shall be dword aligned"), so a driver that sent
+/// one fails `assert_clean` instead of passing on the refusal alone.
+#[test]
+fn a_misaligned_metadata_pointer_is_a_violation() {
+    let mut h = Host::with(ModelConfig {
+        namespaces: vec![NamespaceConfig {
+            lba_size: 512,
+            ms: 8,
+            extended: false,
+            ..NamespaceConfig::default()
+        }],
+        ..ModelConfig::default()
+    });
+    let mut io = h.create_pair(1, 16);
+    let data = h.buffer(4096);
+    data.write_bytes(0, &pattern(512, 3)).unwrap();
+    let meta = h.buffer(4096);
+    meta.write_bytes(0, &[0xa5; 8]).unwrap();
+    let c = io.call(&h.m, rw(0x01, 4, 1, data.iova(), 0).put64(16, meta.iova()));
+    assert_eq!(c.status, Status::SUCCESS);
+    assert_eq!(h.m.namespace_metadata(1, 4, 1), vec![0xa5; 8]);
+    h.assert_clean();
+    let c = io.call(
+        &h.m,
+        rw(0x01, 5, 1, data.iova(), 0).put64(16, meta.iova() + 2),
+    );
+    assert_eq!(c.status, Status::INVALID_FIELD.with_dnr());
+    let v = h.m.take_violations();
+    assert_eq!(v.len(), 1, "{v:?}");
+    assert!(
+        v[0].contains("MPTR") && v[0].contains("not dword aligned"),
+        "{v:?}"
+    );
+    h.assert_clean();
+}
