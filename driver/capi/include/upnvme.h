@@ -61,6 +61,61 @@
 #define UPNVME_IO_LIMITED_RETRY (1 << 1)
 
 /**
+ * Identify Controller ONCS bit 0: Compare.
+ */
+#define UPNVME_ONCS_COMPARE (1 << 0)
+
+/**
+ * Identify Controller ONCS bit 1: Write Uncorrectable.
+ */
+#define UPNVME_ONCS_WRITE_UNCORRECTABLE (1 << 1)
+
+/**
+ * Identify Controller ONCS bit 2: Dataset Management (`upnvme_deallocate`;
+ * without it the call is refused with `UPNVME_ENOTSUP`).
+ */
+#define UPNVME_ONCS_DSM (1 << 2)
+
+/**
+ * Identify Controller ONCS bit 3: Write Zeroes (`upnvme_write_zeroes`;
+ * without it the call is refused with `UPNVME_ENOTSUP`).
+ */
+#define UPNVME_ONCS_WRITE_ZEROES (1 << 3)
+
+/**
+ * Identify Controller ONCS bit 4: the Save field of Set Features and the
+ * Select field of Get Features.
+ */
+#define UPNVME_ONCS_SAVE_SELECT (1 << 4)
+
+/**
+ * Identify Controller ONCS bit 5: reservations.
+ */
+#define UPNVME_ONCS_RESERVATIONS (1 << 5)
+
+/**
+ * Identify Controller ONCS bit 6: the Timestamp feature.
+ */
+#define UPNVME_ONCS_TIMESTAMP (1 << 6)
+
+/**
+ * Identify Controller ONCS bit 7: Verify.
+ */
+#define UPNVME_ONCS_VERIFY (1 << 7)
+
+/**
+ * Identify Controller ONCS bit 8: Copy.
+ */
+#define UPNVME_ONCS_COPY (1 << 8)
+
+/**
+ * Identify Controller VWC bit 0: a volatile write cache is present. Without
+ * it a write is durable when it completes, and `upnvme_flush` (Flush, a
+ * mandatory command) completes successfully having nothing to do.
+ */
+#define UPNVME_VWC_PRESENT (1 << 0)
+
+/**
  * Success.
  */
 #define UPNVME_OK 0
@@ -373,6 +428,88 @@ typedef struct upnvme_ns_info {
    */
   uint8_t pi_type;
 } upnvme_ns_info;
+
+/**
+ * What a controller is and what it supports: Identify Controller as the
+ * library read it when it opened the controller (the data its queue pairs
+ * check commands against: a command whose ONCS bit is clear is refused
+ * with `UPNVME_ENOTSUP`, nothing sent). Filled by `upnvme_ctrl_get_info`.
+ *
+ * Size-versioned like the options structs: the library writes at most the
+ * caller's `sizeof` and sets `size` to the bytes it wrote, so a field is
+ * filled when `offsetof(field) + sizeof(field) <= size`
+ * (`UPNVME_CTRL_INFO_HAS(&info, field)`); later versions add fields at the
+ * end only, and bytes past `size` are left as they were.
+ */
+typedef struct upnvme_ctrl_info {
+  /**
+   * The bytes the library filled (set by `upnvme_ctrl_get_info`).
+   */
+  uint32_t size;
+  /**
+   * VID, PCI Vendor ID.
+   */
+  uint16_t vid;
+  /**
+   * SSVID, PCI Subsystem Vendor ID.
+   */
+  uint16_t ssvid;
+  /**
+   * CNTLID, Controller ID.
+   */
+  uint16_t cntlid;
+  /**
+   * OACS, Optional Admin Command Support.
+   */
+  uint16_t oacs;
+  /**
+   * ONCS, Optional NVM Command Support: `UPNVME_ONCS_*` bits.
+   */
+  uint16_t oncs;
+  /**
+   * VWC, Volatile Write Cache: `UPNVME_VWC_PRESENT` (bit 0); bits 2:1
+   * tell whether Flush takes the broadcast NSID.
+   */
+  uint8_t vwc;
+  /**
+   * Reserved, 0.
+   */
+  uint8_t rsvd15;
+  /**
+   * VER, the NVMe version (major in bits 31:16, minor 15:8, tertiary
+   * 7:0); 0 when the controller does not report it.
+   */
+  uint32_t ver;
+  /**
+   * NN, Number of Namespaces: the largest NSID the controller supports.
+   */
+  uint32_t nn;
+  /**
+   * SGLS, SGL Support (bits 1:0 non-zero: SGLs for NVM commands).
+   */
+  uint32_t sgls;
+  /**
+   * I/O queue pairs the controller granted (Set Features, Number of
+   * Queues): at most this many `upnvme_qpair_create` at once.
+   */
+  uint16_t io_queues;
+  /**
+   * Reserved, 0.
+   */
+  uint16_t rsvd30;
+  /**
+   * SN, Serial Number: ASCII, trailing spaces removed, NUL-terminated.
+   */
+  char sn[21];
+  /**
+   * MN, Model Number: as `sn`.
+   */
+  char mn[41];
+  /**
+   * FR, Firmware Revision (at bring-up): as `sn`.
+   */
+  char fr[9];
+} upnvme_ctrl_info;
 
 /**
  * Options of `upnvme_qpair_create`. Fill with `upnvme_qpair_opts_default(&o)`
@@ -767,6 +904,29 @@ uint64_t upnvme_ctrl_max_transfer(const struct upnvme_ctrl *ctrl);
 uint32_t upnvme_ctrl_max_queue_entries(const struct upnvme_ctrl *ctrl);
 
 /**
+ * Fills `info` with what the controller is and supports — Identify
+ * Controller as the library read it at open: ONCS (`UPNVME_ONCS_DSM`,
+ * `UPNVME_ONCS_WRITE_ZEROES`, ...), VWC, the granted I/O queues, serial and
+ * model numbers — writing at most `size` bytes: pass
+ * `sizeof(struct upnvme_ctrl_info)` as your header has it, or call the
+ * header inline `upnvme_ctrl_get_info(ctrl, &info)`, which does. `size` is
+ * set to the bytes written (at most the library's struct): a field is
+ * filled when it lies within them (`UPNVME_CTRL_INFO_HAS`), so a program
+ * built against a newer header can tell what an older library left out.
+ * A command whose ONCS bit is clear is refused by the queue pairs with
+ * `UPNVME_ENOTSUP` (nothing sent): check the bit once, before the I/O,
+ * rather than meeting the refusal per command. `UPNVME_EINVAL` for a NULL
+ * handle or `info`, or a `size` below 4 (nothing written).
+ *
+ * # Safety
+ * `ctrl` is null or a live handle; `info` is null or valid for writes of
+ * `size` bytes.
+ */
+int upnvme_ctrl_get_info_sized(const struct upnvme_ctrl *ctrl,
+                               struct upnvme_ctrl_info *info,
+                               size_t size);
+
+/**
  * Allocates a DMA buffer of `len` bytes (4 KiB aligned, zeroed, mapped for
  * the controller). Free it with `upnvme_buf_free`.
  *
@@ -1123,4 +1283,20 @@ static inline int upnvme_ctrl_opts_default(struct upnvme_ctrl_opts *opts) {
 static inline int upnvme_qpair_opts_default(struct upnvme_qpair_opts *opts) {
   return upnvme_qpair_opts_init(opts, sizeof *opts);
 }
+
+/**
+ * Fills *info with what the controller is and supports:
+ * upnvme_ctrl_get_info_sized(ctrl, info, sizeof *info).
+ */
+static inline int upnvme_ctrl_get_info(const struct upnvme_ctrl *ctrl,
+                                       struct upnvme_ctrl_info *info) {
+  return upnvme_ctrl_get_info_sized(ctrl, info, sizeof *info);
+}
+
+/**
+ * Whether the library filled `field` of the struct upnvme_ctrl_info at `info`
+ * (a library older than the header writes fewer bytes and says so in size).
+ */
+#define UPNVME_CTRL_INFO_HAS(info, field) \
+  (offsetof(struct upnvme_ctrl_info, field) + sizeof((info)->field) <= (info)->size)
 #endif  /* UPNVME_H_INLINES */

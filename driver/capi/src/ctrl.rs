@@ -3,7 +3,7 @@
 //! (`upnvme_ctrl_admin_passthru`).
 
 use std::collections::VecDeque;
-use std::ffi::c_int;
+use std::ffi::{c_char, c_int};
 use std::ops::Deref;
 use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
 use std::time::Duration;
@@ -238,6 +238,124 @@ pub struct upnvme_ns_info {
     pub metadata_extended: bool,
     /// DPS bits 2:0: protection information type (0 = none).
     pub pi_type: u8,
+}
+
+/// Identify Controller ONCS bit 0: Compare.
+pub const UPNVME_ONCS_COMPARE: u16 = 1 << 0;
+/// Identify Controller ONCS bit 1: Write Uncorrectable.
+pub const UPNVME_ONCS_WRITE_UNCORRECTABLE: u16 = 1 << 1;
+/// Identify Controller ONCS bit 2: Dataset Management (`upnvme_deallocate`;
+/// without it the call is refused with `UPNVME_ENOTSUP`).
+pub const UPNVME_ONCS_DSM: u16 = 1 << 2;
+/// Identify Controller ONCS bit 3: Write Zeroes (`upnvme_write_zeroes`;
+/// without it the call is refused with `UPNVME_ENOTSUP`).
+pub const UPNVME_ONCS_WRITE_ZEROES: u16 = 1 << 3;
+/// Identify Controller ONCS bit 4: the Save field of Set Features and the
+/// Select field of Get Features.
+pub const UPNVME_ONCS_SAVE_SELECT: u16 = 1 << 4;
+/// Identify Controller ONCS bit 5: reservations.
+pub const UPNVME_ONCS_RESERVATIONS: u16 = 1 << 5;
+/// Identify Controller ONCS bit 6: the Timestamp feature.
+pub const UPNVME_ONCS_TIMESTAMP: u16 = 1 << 6;
+/// Identify Controller ONCS bit 7: Verify.
+pub const UPNVME_ONCS_VERIFY: u16 = 1 << 7;
+/// Identify Controller ONCS bit 8: Copy.
+pub const UPNVME_ONCS_COPY: u16 = 1 << 8;
+/// Identify Controller VWC bit 0: a volatile write cache is present. Without
+/// it a write is durable when it completes, and `upnvme_flush` (Flush, a
+/// mandatory command) completes successfully having nothing to do.
+pub const UPNVME_VWC_PRESENT: u8 = 1 << 0;
+
+/// What a controller is and what it supports: Identify Controller as the
+/// library read it when it opened the controller (the data its queue pairs
+/// check commands against: a command whose ONCS bit is clear is refused
+/// with `UPNVME_ENOTSUP`, nothing sent). Filled by `upnvme_ctrl_get_info`.
+///
+/// Size-versioned like the options structs: the library writes at most the
+/// caller's `sizeof` and sets `size` to the bytes it wrote, so a field is
+/// filled when `offsetof(field) + sizeof(field) <= size`
+/// (`UPNVME_CTRL_INFO_HAS(&info, field)`); later versions add fields at the
+/// end only, and bytes past `size` are left as they were.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct upnvme_ctrl_info {
+    /// The bytes the library filled (set by `upnvme_ctrl_get_info`).
+    pub size: u32,
+    /// VID, PCI Vendor ID.
+    pub vid: u16,
+    /// SSVID, PCI Subsystem Vendor ID.
+    pub ssvid: u16,
+    /// CNTLID, Controller ID.
+    pub cntlid: u16,
+    /// OACS, Optional Admin Command Support.
+    pub oacs: u16,
+    /// ONCS, Optional NVM Command Support: `UPNVME_ONCS_*` bits.
+    pub oncs: u16,
+    /// VWC, Volatile Write Cache: `UPNVME_VWC_PRESENT` (bit 0); bits 2:1
+    /// tell whether Flush takes the broadcast NSID.
+    pub vwc: u8,
+    /// Reserved, 0.
+    pub rsvd15: u8,
+    /// VER, the NVMe version (major in bits 31:16, minor 15:8, tertiary
+    /// 7:0); 0 when the controller does not report it.
+    pub ver: u32,
+    /// NN, Number of Namespaces: the largest NSID the controller supports.
+    pub nn: u32,
+    /// SGLS, SGL Support (bits 1:0 non-zero: SGLs for NVM commands).
+    pub sgls: u32,
+    /// I/O queue pairs the controller granted (Set Features, Number of
+    /// Queues): at most this many `upnvme_qpair_create` at once.
+    pub io_queues: u16,
+    /// Reserved, 0.
+    pub rsvd30: u16,
+    /// SN, Serial Number: ASCII, trailing spaces removed, NUL-terminated.
+    pub sn: [c_char; 21],
+    /// MN, Model Number: as `sn`.
+    pub mn: [c_char; 41],
+    /// FR, Firmware Revision (at bring-up): as `sn`.
+    pub fr: [c_char; 9],
+}
+
+impl Default for upnvme_ctrl_info {
+    fn default() -> Self {
+        upnvme_ctrl_info {
+            size: std::mem::size_of::<upnvme_ctrl_info>() as u32,
+            vid: 0,
+            ssvid: 0,
+            cntlid: 0,
+            oacs: 0,
+            oncs: 0,
+            vwc: 0,
+            rsvd15: 0,
+            ver: 0,
+            nn: 0,
+            sgls: 0,
+            io_queues: 0,
+            rsvd30: 0,
+            sn: [0; 21],
+            mn: [0; 41],
+            fr: [0; 9],
+        }
+    }
+}
+
+// SAFETY: no `bool` field; every field is an integer or an array of them.
+unsafe impl crate::status::CallerOptions for upnvme_ctrl_info {
+    const BOOLS: &'static [usize] = &[];
+}
+
+/// `s` as a NUL-terminated C string of at most `N - 1` bytes, cut at a
+/// character boundary.
+fn c_string<const N: usize>(s: &str) -> [c_char; N] {
+    let mut out = [0 as c_char; N];
+    let mut end = s.len().min(N.saturating_sub(1));
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    for (d, &b) in out.iter_mut().zip(&s.as_bytes()[..end]) {
+        *d = b as c_char;
+    }
+    out
 }
 
 /// An asynchronous event (`upnvme_ctrl_poll_async_events`): the
@@ -486,6 +604,31 @@ impl<D: Device> Ctrl<D> {
         self.ctrl
             .into_inner()
             .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// What the controller is and supports (Identify Controller from
+    /// bring-up, which the queue pairs check commands against).
+    pub(crate) fn info(&self) -> upnvme::Result<upnvme_ctrl_info> {
+        let Some(c) = self.get() else {
+            return Err(closed());
+        };
+        let id = c.identify();
+        Ok(upnvme_ctrl_info {
+            vid: id.vid,
+            ssvid: id.ssvid,
+            cntlid: id.cntlid,
+            oacs: id.oacs,
+            oncs: id.oncs,
+            vwc: id.vwc,
+            ver: id.ver,
+            nn: id.nn,
+            sgls: id.sgls,
+            io_queues: c.granted_io_queues(),
+            sn: c_string(&id.sn),
+            mn: c_string(&id.mn),
+            fr: c_string(&id.fr),
+            ..upnvme_ctrl_info::default()
+        })
     }
 
     /// Geometry of namespace `nsid`.

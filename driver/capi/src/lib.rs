@@ -32,8 +32,11 @@ use upnvme::{Controller, VfioNvme};
 pub use buf::{upnvme_buf, upnvme_pool};
 use ctrl::CtrlRef;
 pub use ctrl::{
-    Ctrl, upnvme_admin_cmd, upnvme_admin_cpl, upnvme_async_event, upnvme_ctrl_opts, upnvme_format,
-    upnvme_ns_info,
+    Ctrl, UPNVME_ONCS_COMPARE, UPNVME_ONCS_COPY, UPNVME_ONCS_DSM, UPNVME_ONCS_RESERVATIONS,
+    UPNVME_ONCS_SAVE_SELECT, UPNVME_ONCS_TIMESTAMP, UPNVME_ONCS_VERIFY,
+    UPNVME_ONCS_WRITE_UNCORRECTABLE, UPNVME_ONCS_WRITE_ZEROES, UPNVME_VWC_PRESENT,
+    upnvme_admin_cmd, upnvme_admin_cpl, upnvme_async_event, upnvme_ctrl_info, upnvme_ctrl_opts,
+    upnvme_format, upnvme_ns_info,
 };
 pub use qpair::{Cmd, Qpair, upnvme_cmd_cb, upnvme_cpl, upnvme_qpair_opts, upnvme_range};
 pub use status::*;
@@ -666,6 +669,53 @@ pub unsafe extern "C" fn upnvme_ctrl_max_queue_entries(ctrl: *const upnvme_ctrl)
             return 0;
         };
         c.cap().max_queue_entries().min(65536)
+    })
+}
+
+/// Fills `info` with what the controller is and supports — Identify
+/// Controller as the library read it at open: ONCS (`UPNVME_ONCS_DSM`,
+/// `UPNVME_ONCS_WRITE_ZEROES`, ...), VWC, the granted I/O queues, serial and
+/// model numbers — writing at most `size` bytes: pass
+/// `sizeof(struct upnvme_ctrl_info)` as your header has it, or call the
+/// header inline `upnvme_ctrl_get_info(ctrl, &info)`, which does. `size` is
+/// set to the bytes written (at most the library's struct): a field is
+/// filled when it lies within them (`UPNVME_CTRL_INFO_HAS`), so a program
+/// built against a newer header can tell what an older library left out.
+/// A command whose ONCS bit is clear is refused by the queue pairs with
+/// `UPNVME_ENOTSUP` (nothing sent): check the bit once, before the I/O,
+/// rather than meeting the refusal per command. `UPNVME_EINVAL` for a NULL
+/// handle or `info`, or a `size` below 4 (nothing written).
+///
+/// # Safety
+/// `ctrl` is null or a live handle; `info` is null or valid for writes of
+/// `size` bytes.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn upnvme_ctrl_get_info_sized(
+    ctrl: *const upnvme_ctrl,
+    info: *mut upnvme_ctrl_info,
+    size: usize,
+) -> c_int {
+    guard(|| {
+        if info.is_null() || size < std::mem::size_of::<u32>() {
+            return fail(
+                UPNVME_EINVAL,
+                format!(
+                    "upnvme_ctrl_get_info: info {} with size {size}: pass a struct \
+                     upnvme_ctrl_info and its sizeof (the upnvme_ctrl_get_info inline does)",
+                    if info.is_null() { "NULL" } else { "given" }
+                ),
+            );
+        }
+        // SAFETY: null or live (the caller's contract).
+        let Some(h) = (unsafe { ctrl.as_ref() }) else {
+            return fail(UPNVME_EINVAL, "the controller handle is NULL");
+        };
+        match h.0.info() {
+            // SAFETY: `info` is non-null and valid for `size` bytes (the
+            // caller's contract).
+            Ok(i) => unsafe { status::write_sized(info, size, i) },
+            Err(e) => fail_error(&e),
+        }
     })
 }
 

@@ -27,7 +27,8 @@ fn header_is_up_to_date() {
 
 /// The header compiles as C99 and C++11 without warnings, included twice
 /// (its own guard covers the inline `*_opts_default` functions, which sit
-/// after cbindgen's guard), and the inlines pass the caller's `sizeof`.
+/// after cbindgen's guard), and the inlines pass the caller's `sizeof`
+/// (`upnvme_ctrl_get_info` and the `UPNVME_CTRL_INFO_HAS` macro too).
 #[test]
 fn header_compiles_twice_included_as_c_and_cpp() {
     let dir = env!("CARGO_MANIFEST_DIR");
@@ -42,6 +43,14 @@ fn header_compiles_twice_included_as_c_and_cpp() {
            struct upnvme_qpair_opts q;\n\
            struct upnvme_ctrl_opts c;\n\
            return upnvme_qpair_opts_default(&q) + upnvme_ctrl_opts_default(&c);\n\
+         }\n\
+         int g(const struct upnvme_ctrl *ctrl);\n\
+         int g(const struct upnvme_ctrl *ctrl) {\n\
+           struct upnvme_ctrl_info info;\n\
+           int rc = upnvme_ctrl_get_info(ctrl, &info);\n\
+           if (rc != UPNVME_OK || !UPNVME_CTRL_INFO_HAS(&info, oncs))\n\
+             return rc;\n\
+           return (info.oncs & UPNVME_ONCS_DSM) != 0;\n\
          }\n",
     )
     .unwrap();
