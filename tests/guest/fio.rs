@@ -495,6 +495,15 @@ fn fio_refuses_block_sizes_the_namespace_or_the_controller_cannot_take() {
         &["--rw=randwrite", "--fsync_on_close=1"],
         "fsync_on_close=1 calls fsync() on a file descriptor",
     );
+    // An upnvme_entries no queue pair can have, named with the range, at
+    // setup (it failed in the job's thread, naming the library's
+    // "queue entries"; fio stores -1 as 4294967295).
+    for (arg, shown) in [("1", "1"), ("-1", "4294967295")] {
+        refused(
+            &[&format!("--upnvme_entries={arg}")],
+            &format!("upnvme_entries={shown}: a queue pair of "),
+        );
+    }
 }
 
 /// `end_fsync=1`, the way the engine's refusal of `fsync_on_close=1` points

@@ -103,6 +103,9 @@ struct shared_ctrl {
 	struct upnvme_ctrl *ctrl;
 	unsigned int refs;
 	int shadow_doorbells; /* the option it was opened with */
+	/* Identify Controller ONCS (UPNVME_ONCS_*): the optional commands
+	 * the controller offers, which its queue pairs refuse otherwise. */
+	uint16_t oncs;
 };
 
 static pthread_mutex_t ctrls_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -288,6 +291,18 @@ static bool sizes_fit_blocks(struct thread_data *td, uint32_t lba, const char **
 	return true;
 }
 
+/* What makes the job issue trims (Dataset Management, deallocate), or
+ * NULL: its rw mode, or verify's trim_percentage with trim_backlog (fio
+ * then trims blocks it wrote and verified). */
+static const char *job_trims(struct thread_data *td)
+{
+	if (td_trim(td))
+		return "its rw mode (trim, randtrim, trimwrite, randtrimwrite)";
+	if (td->o.trim_percentage && td->o.trim_backlog)
+		return "trim_percentage with trim_backlog";
+	return NULL;
+}
+
 /* The controller at `name` ("dddd:bb:dd.f", or "" for the only vfio-bound
  * one), opened by the first file that names it and shared after that. ""
  * is resolved to its address first, so a job that names the controller
@@ -335,6 +350,18 @@ static struct shared_ctrl *ctrl_get(struct thread_data *td, const char *name, in
 		*err = errno_of(rc);
 		return NULL;
 	}
+	struct upnvme_ctrl_info info = {0};
+	rc = upnvme_ctrl_get_info(c->ctrl, &info);
+	if (rc != UPNVME_OK || !UPNVME_CTRL_INFO_HAS(&info, oncs)) {
+		log_err("upnvme: %s: reading what the controller supports: %s\n", addr,
+			rc != UPNVME_OK ? upnvme_last_error() : "the library filled too little");
+		upnvme_ctrl_close(c->ctrl);
+		free(c);
+		pthread_mutex_unlock(&ctrls_lock);
+		*err = rc != UPNVME_OK ? errno_of(rc) : EIO;
+		return NULL;
+	}
+	c->oncs = info.oncs;
 	c->refs = 1;
 	c->shadow_doorbells = o->shadow_doorbells != 0;
 	c->next = ctrls;
@@ -411,6 +438,7 @@ static int upnvme_fio_setup(struct thread_data *td)
 
 static int open_files(struct thread_data *td)
 {
+	struct upnvme_fio_options *o = td->eo;
 	struct fio_file *f;
 	unsigned int i;
 
@@ -445,8 +473,9 @@ static int open_files(struct thread_data *td)
 		}
 		/* What would fail at every I/O is refused before the run. */
 		struct upnvme_fio_file *first = td->files[0] ? td->files[0]->engine_data : NULL;
-		const char *what = NULL;
+		const char *what = NULL, *why;
 		unsigned long long value = 0;
+		unsigned int max_entries = upnvme_ctrl_max_queue_entries(uf->sc->ctrl);
 		bool refuse = true;
 		/* Where this job starts (offset=, offset_increment= and their
 		 * percentages): fio's own rule, which reads the file's size. */
@@ -470,6 +499,15 @@ static int open_files(struct thread_data *td)
 			log_err("upnvme: the job starts at byte %llu (offset= / offset_increment=), not "
 				"a multiple of namespace %u's %u-byte blocks\n",
 				start, uf->nsid, info.lba_size);
+		} else if ((why = job_trims(td)) && !(uf->sc->oncs & UPNVME_ONCS_DSM)) {
+			log_err("upnvme: the job trims (%s), and %s does not support Dataset "
+				"Management (Identify Controller ONCS bit 2 is clear): every trim would "
+				"fail; run a mode without trims on this controller\n",
+				why, uf->sc->addr);
+		} else if (o->entries && (o->entries < 2 || o->entries > max_entries)) {
+			log_err("upnvme: upnvme_entries=%u: a queue pair of %s takes 2 to %u entries "
+				"(CAP.MQES + 1); 0 (the default) sizes it for the iodepth\n",
+				o->entries, uf->sc->addr, max_entries);
 		} else if (td->o.pre_read) {
 			log_err("upnvme: pre_read=1 reads the file through a file descriptor, and this "
 				"engine has none (the namespace is reached through VFIO): leave it out\n");
