@@ -122,6 +122,9 @@ struct upnvme_fio_file {
 	uint32_t nsid;
 	uint32_t lba_size;
 	struct upnvme_qpair *qp;
+	/* The last process_completions' error on `qp` (0: it succeeded): its
+	 * commands in flight may never complete (a failed controller). */
+	int poll_rc;
 	/* Its job's thread has started (ran init): from then on only that
 	 * thread's cleanup releases the file (under ctrls_lock). */
 	int started;
@@ -849,8 +852,20 @@ static enum fio_q_status upnvme_fio_queue(struct thread_data *td, struct io_u *i
 		/* A Flush covers the writes completed before it is submitted
 		 * (NVM Command Set, Flush): wait for those in flight, as fsync
 		 * after them would (fio reaps on FIO_Q_BUSY and asks again). */
-		if (upnvme_qpair_in_flight(uf->qp) > 0)
+		if (upnvme_qpair_in_flight(uf->qp) > 0) {
+			/* Unless reaping failed: they may never complete, and
+			 * fio's end_fsync and pre-verify sync ask again after
+			 * "busy" without reaping — it would spin for ever. */
+			if (uf->poll_rc) {
+				log_err("upnvme: %s: %u command(s) in flight that may never "
+					"complete (%s)\n",
+					io_ddir_name(io_u->ddir), upnvme_qpair_in_flight(uf->qp),
+					upnvme_strerror(uf->poll_rc));
+				io_u->error = errno_of(uf->poll_rc);
+				return FIO_Q_COMPLETED;
+			}
 			return FIO_Q_BUSY;
+		}
 		rc = upnvme_flush(uf->qp, uf->nsid, upnvme_fio_done, u);
 		break;
 	default:
@@ -940,6 +955,7 @@ static int upnvme_fio_getevents(struct thread_data *td, unsigned int min, unsign
 			if (!uf || !uf->qp || t->nr_events >= max)
 				continue;
 			int rc = upnvme_qpair_process_completions(uf->qp, max - t->nr_events);
+			uf->poll_rc = rc < 0 ? rc : 0;
 			if (rc < 0) {
 				log_err("upnvme: process_completions: %s\n", upnvme_last_error());
 				/* The io_us collected so far completed: hand them to
