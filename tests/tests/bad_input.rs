@@ -652,7 +652,10 @@ fn zero_blocks() {
 /// depth.
 #[test]
 fn more_than_65536_blocks() {
-    let (m, c, mut qp) = pair();
+    // A namespace the command lies inside (the model stores only what is
+    // written): outside it, the range is what is refused (row 18).
+    let (m, c) = setup(config_one_ns(4096, 1 << 26));
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
     let ns = ns1(&c);
     let blocks = (qp.max_depth() + 1) * 65_536;
     let wz = IoCommand::WriteZeroes {
