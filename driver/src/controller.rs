@@ -931,13 +931,19 @@ impl<D: Device> Inner<D> {
     /// The admin lock is not taken (a caller may hold it in a long wait; it
     /// sees the all-ones registers and gives up).
     pub(crate) fn release_on_request(&self) {
-        self.removed.store(true, Ordering::Release);
         // From here to the new generation no queue pair writes a doorbell
         // (its one-load check fails): the CC.EN = 0 below deletes every
         // queue, and the device's release may take a while (closing a VFIO
         // device resets the function). A pair that wants to submit
         // meanwhile waits for the end (`wait_for_reset`).
         self.state.fetch_or(STATE_RELEASING, Ordering::AcqRel);
+        // After the bit: whoever sees the flag and then waits for the
+        // release's end (`wait_for_release`) finds the bit set, or cleared
+        // by that end — never a release that has not marked itself yet.
+        // SeqCst (a locked instruction on x86): the flag is visible to
+        // others before the CC read below, as a reset's last look at it
+        // after its CC.EN = 1 assumes.
+        self.removed.store(true, Ordering::SeqCst);
         // A panic from here on (a device access, `Device::release`) would
         // leave "releasing" set and every submission waiting for its end.
         let _unwinding = ReleasingGuard(self);
@@ -1908,6 +1914,19 @@ impl<D: Device> Inner<D> {
     pub(crate) fn wait_for_reset(&self) {
         while self.state() & (STATE_RESETTING | STATE_RELEASING) != 0 {
             std::thread::yield_now();
+        }
+    }
+
+    /// When a release on the kernel's request has begun: returns once it is
+    /// over (bounded by its steps: up to [`RELEASE_DISABLE_WAIT`], then
+    /// `Device::release`), so that its outcome — a new generation that
+    /// ends every command in flight, or closed and failed without one — is
+    /// visible. At once when no release began.
+    pub(crate) fn wait_for_release(&self) {
+        if self.is_removed() {
+            while self.state() & STATE_RELEASING != 0 {
+                std::thread::yield_now();
+            }
         }
     }
 

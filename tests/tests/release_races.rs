@@ -1523,3 +1523,44 @@ fn a_panicking_release_does_not_leave_submissions_waiting_for_ever() {
         .expect("a submission after a panicked release has not returned within 3 s");
     assert_eq!(r, Err(Reject::Unusable));
 }
+
+/// A pair closed while a release is under way (held in `Device::release`,
+/// as VFIO's close of the device file is while it resets the function):
+/// the close's Delete I/O SQ is refused at once (the release flag), and the
+/// release has not yet ended the commands. The close must wait for the
+/// release's end and hand back every command once, with its buffer, as
+/// `ControllerRemoved` — before (a review), it returned nothing and the
+/// pair's drop quarantined the buffers: three commands never ended.
+#[test]
+fn a_pair_close_during_a_slow_release_returns_every_command_once() {
+    let m = ModelController::new(config_one_ns(4096, 1024));
+    m.offer_release_request();
+    let trap = Trap::new(&m);
+    let c = Controller::with_device(Front(trap.clone()), opts()).unwrap();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    held_reads(&m, &c, &mut qp, 0..3);
+    trap.gate.hold.store(true, Ordering::SeqCst);
+    m.request_release();
+    wait_until(
+        "the release's Device::release",
+        Duration::from_secs(3),
+        || trap.gate.entered.load(Ordering::SeqCst),
+    );
+    let start = Instant::now();
+    let out = std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(200));
+            trap.gate.go.store(true, Ordering::SeqCst);
+        });
+        qp.close(Duration::ZERO)
+    });
+    assert!(start.elapsed() < Duration::from_secs(4));
+    assert_each_once_with_buffer(&out, &[0, 1, 2]);
+    for c in &out {
+        assert_eq!(c.result, Err(IoError::ControllerRemoved), "{c:?}");
+    }
+    drop(out);
+    drop(c);
+    assert_eq!(m.live_dma_buffers(), 0);
+    assert_eq!(m.violations(), Vec::<String>::new());
+}

@@ -16,16 +16,24 @@ impl<D: Device> IoQueuePair<D> {
     /// what is still without a completion ends with
     /// [`IoError::QueueDeleted`]: the device can no longer reach it.
     ///
+    /// A release on the kernel's request (a removal, an unbind) refuses the
+    /// deletion; the close then waits for the release to end (it is bounded:
+    /// a disable of at most 500 ms, then the device's release) and returns
+    /// what is left with [`IoError::ControllerRemoved`], with its buffer.
+    ///
     /// Only when the controller cannot confirm the deletion (it failed or
-    /// vanished, or refused the deletion) does a command stay without a
-    /// completion: its buffer is quarantined until the controller is
-    /// disabled, never freed while the queues may exist. A reset from
-    /// another thread during the close ends the commands it ended here, as
-    /// the pair's next call would have — except when it lands right before
-    /// the queue deletion, which then finds the queues gone and ends what is
-    /// left with [`IoError::QueueDeleted`] (a command the pair had aborted
-    /// included, which would otherwise end as `TimedOut`). A pair that is simply dropped
-    /// delivers nothing (see `Drop`).
+    /// vanished, or refused the deletion) and was not disabled since does a
+    /// command stay without a completion: its buffer is quarantined until
+    /// the controller is disabled, never freed while the queues may exist
+    /// (also after a release that could not confirm that DMA stopped).
+    ///
+    /// A reset from another thread during the close ends the commands it
+    /// ended here, as the pair's next call would have — except when it
+    /// lands right before the queue deletion, which then finds the queues
+    /// gone and ends what is left with [`IoError::QueueDeleted`] (a command
+    /// the pair had aborted included, which would otherwise end as
+    /// `TimedOut`). A pair that is simply dropped delivers nothing (see
+    /// `Drop`).
     pub fn close(mut self, timeout: Duration) -> Vec<Completion> {
         let mut out = Vec::new();
         let start = Instant::now();
@@ -69,6 +77,15 @@ impl<D: Device> IoQueuePair<D> {
             let _ = qp.process_completions(u32::MAX, |_, c| late.push(c));
         });
         out.append(&mut late);
+        if !deleted {
+            // A release on the kernel's request refuses the deletion at
+            // once (no admin command goes to the controller it disables)
+            // and ends the commands itself, at its end — which may still
+            // be a while away (closing a VFIO device resets the function):
+            // wait for it, or the commands would stay undelivered and
+            // their buffers be quarantined by the drop.
+            self.ctrl.wait_for_release();
+        }
         if !deleted && self.generation_changed() {
             // A reset (from another thread) came between: it disabled the
             // controller since these queues were created, so nothing can
