@@ -235,6 +235,17 @@ impl AdminQueue {
         self.removed.load(Ordering::Acquire)
     }
 
+    /// Whether a release on the kernel's request has begun and `csts` (read
+    /// since) says the controller stopped: disabled (RDY = 0) — the
+    /// release's CC.EN = 0, on a device whose registers stay live because
+    /// it could not be given back (a released one reads all ones, which
+    /// `check_csts` reports). No completion comes any more, so a waiter
+    /// looks at the CQ once more and gives up with `ControllerRemoved`
+    /// instead of waiting out its bound.
+    pub(crate) fn stopped_by_release(&self, csts: Csts) -> bool {
+        self.released() && !csts.rdy()
+    }
+
     /// The queues' pages (and those of timed-out commands), without access:
     /// what is quarantined when the controller may still use them.
     pub(crate) fn into_pages(self) -> Vec<DmaPages> {
@@ -472,6 +483,8 @@ impl AdminQueue {
         let slot = self.submit(dev, sqe, SlotKind::Sync)?;
         let start = Instant::now();
         let mut polls = 0u32;
+        // The release stopped the controller: this is the last look.
+        let mut last_look = false;
         let ended = loop {
             if let Err(e) = self.reap(dev, name) {
                 break e;
@@ -490,11 +503,21 @@ impl AdminQueue {
                 drop(prp_list);
                 return Ok((cqe, data));
             }
+            if last_look {
+                break Error::ControllerRemoved { device: dev.name() };
+            }
             polls += 1;
             if polls >= POLLS_PER_CLOCK {
                 polls = 0;
-                if let Err(e) = check_csts(dev, name) {
-                    break e;
+                match check_csts(dev, name) {
+                    Err(e) => break e,
+                    Ok(csts) if self.stopped_by_release(csts) => {
+                        // One more reap (at the top): a completion posted
+                        // before the controller stopped is the answer.
+                        last_look = true;
+                        continue;
+                    }
+                    Ok(_) => {}
                 }
                 let waited = start.elapsed();
                 if waited >= timeout {
@@ -743,7 +766,11 @@ impl AdminQueue {
 
 /// Checks CSTS for a vanished (all ones) or fatally failed (CFS) controller.
 pub(crate) fn check_csts<D: Device>(dev: &D, name: &str) -> Result<Csts> {
-    let csts = Csts(dev.read32(REG_CSTS));
+    csts_alive(Csts(dev.read32(REG_CSTS)), name)
+}
+
+/// [`check_csts`] on a value read already.
+pub(crate) fn csts_alive(csts: Csts, name: &str) -> Result<Csts> {
     if csts.is_all_ones() {
         return Err(Error::ControllerGone {
             device: name.to_string(),

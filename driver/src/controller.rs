@@ -1459,16 +1459,25 @@ impl<D: Device> Inner<D> {
             // meanwhile: the command is in flight, and its completion is the
             // answer.
             let outcome = self.with_admin_in_flight(|dev, name, admin| {
+                // CSTS is read before the reap below, so that whatever a
+                // controller the release stopped posted before it stopped
+                // is seen there; it answers no more after.
+                let csts = looks.is_multiple_of(16).then(|| Csts(dev.read32(REG_CSTS)));
                 // The CQ first: a completion there is the answer, whatever
-                // CSTS says now.
+                // CSTS says.
                 admin.reap(dev, name)?;
                 match admin.detached_outcome(ticket) {
                     Detached::Done(cqe, buf) => return Ok(Some((cqe, buf))),
                     Detached::Ended => return Err(ended()),
                     Detached::Pending => {}
                 }
-                if looks.is_multiple_of(16) {
-                    check_csts(dev, name)?;
+                if let Some(csts) = csts {
+                    if admin.stopped_by_release(csts) {
+                        return Err(Error::ControllerRemoved {
+                            device: name.to_string(),
+                        });
+                    }
+                    crate::admin::csts_alive(csts, name)?;
                 }
                 let waited = sent.elapsed();
                 if waited >= timeout {

@@ -1564,3 +1564,61 @@ fn a_pair_close_during_a_slow_release_returns_every_command_once() {
     assert_eq!(m.live_dma_buffers(), 0);
     assert_eq!(m.violations(), Vec::<String>::new());
 }
+
+/// An admin command held by the controller when the kernel asks for it
+/// back, on a device the release disables (CSTS.RDY = 0) but cannot give
+/// back (`Device::release` false: its registers stay live instead of
+/// reading all ones). No completion can come from a disabled controller:
+/// the waiter ends promptly with `ControllerRemoved` — the synchronous
+/// path (Identify Controller, under the admin lock) and the detached one
+/// (an application's passthrough) alike — instead of waiting out its
+/// bound (here 10 s; by default the controller's admin timeout).
+#[test]
+fn an_admin_wait_ends_once_the_release_disabled_the_controller() {
+    for detached in [false, true] {
+        let m = ModelController::new(config_one_ns(4096, 1024));
+        m.offer_release_request();
+        let trap = Trap::new(&m);
+        trap.refuse_release.store(true, Ordering::SeqCst);
+        let c = Controller::with_device(
+            Front(trap.clone()),
+            ControllerOptions {
+                admin_timeout: Some(Duration::from_secs(10)),
+                ..opts()
+            },
+        )
+        .unwrap();
+        m.inject(Fault::DelayCompletion {
+            on: Match::Identify { cns: 1, nsid: 0 },
+            doorbells: None,
+        });
+        let start = Instant::now();
+        let r = std::thread::scope(|s| {
+            let waiter = s.spawn(|| {
+                if detached {
+                    c.admin_passthrough(upnvme_queues::Sqe::identify(1, 0, 0), 4096, None)
+                        .map(drop)
+                } else {
+                    c.identify_controller().map(drop)
+                }
+            });
+            wait_until("the held Identify", Duration::from_secs(3), || {
+                m.delayed_completions() == 1
+            });
+            m.request_release();
+            waiter.join().unwrap()
+        });
+        let took = start.elapsed();
+        assert!(
+            matches!(r, Err(Error::ControllerRemoved { .. })),
+            "detached {detached}: {r:?}"
+        );
+        assert!(
+            took < Duration::from_secs(3),
+            "detached {detached}: the wait took {took:?} after the release disabled the controller"
+        );
+        assert_eq!(m.read32(reg::CSTS) & 1, 0, "the release disabled it");
+        drop(c);
+        assert_eq!(m.violations(), Vec::<String>::new());
+    }
+}
