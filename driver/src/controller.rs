@@ -236,6 +236,7 @@ impl Controller<VfioNvme> {
     /// such device, a device that is not NVMe or is bound to another driver, an
     /// IOMMU that is off, a group that is not viable, missing hugepages.
     pub fn open(pci_address: &str, options: ControllerOptions) -> Result<Self> {
+        options.check()?;
         let addr: PciAddress = pci_address.parse()?;
         let dev = VfioNvme::open(&addr, options.page_backing, &Sysfs::default())?;
         Controller::with_device(dev, options)
@@ -244,7 +245,11 @@ impl Controller<VfioNvme> {
 
 impl<D: Device> Controller<D> {
     /// Brings up the controller behind `dev`.
+    ///
+    /// Options no controller can be run with (a timeout of zero) are
+    /// refused with [`Error::InvalidArgument`] before the device is touched.
     pub fn with_device(dev: D, options: ControllerOptions) -> Result<Self> {
+        options.check()?;
         let (inner, namespaces, unusable) = bring_up(dev, options)?;
         let inner = Arc::new(inner);
         if let Some(req) = inner.dev.release_request() {
@@ -327,8 +332,8 @@ impl<D: Device> Controller<D> {
         self.inner.nvm_limits
     }
 
-    /// The active namespaces found at bring-up (or refreshed by Format
-    /// NVM), by ascending NSID.
+    /// The active namespaces found at bring-up (or read again by Format
+    /// NVM and [`Controller::refresh_namespaces`]), by ascending NSID.
     pub fn namespaces(&self) -> &[Namespace] {
         &self.namespaces
     }
@@ -592,7 +597,8 @@ impl<D: Device> Controller<D> {
     /// ([`AsyncEvent::is_namespace_attribute_changed`]) is followed before
     /// it is returned: the Changed Namespace List (log 04h) is read (which
     /// re-arms the notice) and the handles of listed namespaces whose
-    /// geometry changed, or that are gone, are retired; take new ones after
+    /// geometry or identity (NGUID, EUI64) changed, or that are gone, are
+    /// retired; take new ones after
     /// [`Controller::refresh_namespaces`] (docs/io.md, "Namespaces changed
     /// by someone else"). An empty list (the log was read elsewhere, by a
     /// [`Controller::get_log_page`] of log 04h) or an unreadable one makes
@@ -805,7 +811,7 @@ impl<D: Device> Controller<D> {
     ///
     /// Before it returns, the namespace handles are checked against Identify
     /// Namespace (a namespace changed during the reset raised no notice) and
-    /// those whose geometry changed are retired (a namespace attached
+    /// those whose geometry or identity changed are retired (a namespace attached
     /// during the reset is looked for too), as
     /// [`Controller::poll_async_events`] does after a reset a queue pair
     /// started. Should the controller fail during that check, the error is

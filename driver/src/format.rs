@@ -41,13 +41,15 @@ pub struct FormatNvm {
     pub extended: bool,
     /// PI (bits 7:5): protection information type 0 (none) to 3.
     pub pi_type: u8,
-    /// PIL (bit 8): the PI tuple in the first 8 bytes of the metadata
-    /// (otherwise the last 8).
+    /// PIL (bit 8): the PI tuple in the first bytes of the metadata
+    /// (otherwise the last): 8 bytes, or 16 with a 32- or 64-bit guard.
     pub pi_first: bool,
     /// SES (bits 11:9).
     pub secure_erase: SecureErase,
     /// How long to wait for the command (a secure erase of a large device
     /// takes minutes); `None`: the controller's admin timeout.
+    /// `Some(Duration::ZERO)` is refused before anything is sent: the
+    /// wait would end at once while the controller goes on formatting.
     pub timeout: Option<Duration>,
 }
 
@@ -219,16 +221,37 @@ impl<D: Device> Controller<D> {
                 )));
             }
         }
+        if format.timeout == Some(Duration::ZERO) {
+            return Err(bad(
+                "a timeout of 0 would end the wait at once while the controller goes on \
+                 formatting; pass None for the admin timeout, or minutes for a secure erase of a \
+                 large device"
+                    .into(),
+            ));
+        }
         if format.pi_type > 3 {
-            return Err(bad(format!("PI type {} (0..=3)", format.pi_type)));
+            return Err(bad(format!(
+                "PI type {}: must be 0 (none) to 3",
+                format.pi_type
+            )));
         }
         if format.pi_type != 0 {
             // The tuple's size follows the format's guard (ELBAF.PIF, CNS
             // 05h, on a controller with Extended LBA Formats): 8 bytes, or
             // 16 with a 32- or 64-bit guard.
             let pif = if self.identify().ctratt_elbas() {
-                Pif::from_elbaf(self.inner.elbaf(nsid, usize::from(format.lbaf))?)
-                    .unwrap_or_default()
+                let elbaf = self.inner.elbaf(nsid, usize::from(format.lbaf))?;
+                // A reserved guard (11b): the namespace would be unusable
+                // after the format.
+                Pif::from_elbaf(elbaf).ok_or_else(|| {
+                    bad(format!(
+                        "LBA format {}'s protection information format (ELBAF.PIF {}) is \
+                         reserved: the driver could not use the namespace after it; choose \
+                         another LBA format",
+                        format.lbaf,
+                        (elbaf >> 7) & 0x3
+                    ))
+                })?
             } else {
                 Pif::Guard16
             };
@@ -243,14 +266,34 @@ impl<D: Device> Controller<D> {
                     lbaf.ms
                 )));
             }
-            // DPC bit 3: PI in the first 8 bytes of the metadata; bit 4:
-            // in the last 8 (NVM Command Set, Identify Namespace DPC).
+            // DPC bit 3: PI in the first bytes of the metadata; bit 4:
+            // in the last (NVM Command Set, Identify Namespace DPC).
             let location = if format.pi_first { 1 << 3 } else { 1 << 4 };
             if id.dpc & (1 << (format.pi_type - 1)) == 0 || id.dpc & location == 0 {
+                let types: Vec<String> = (1..=3u8)
+                    .filter(|t| id.dpc & (1 << (t - 1)) != 0)
+                    .map(|t| t.to_string())
+                    .collect();
+                let places: Vec<&str> = [(1 << 3, "first"), (1 << 4, "last")]
+                    .into_iter()
+                    .filter(|(bit, _)| id.dpc & bit != 0)
+                    .map(|(_, place)| place)
+                    .collect();
+                let offered = if types.is_empty() || places.is_empty() {
+                    "it offers no protection information: leave pi_type 0".to_string()
+                } else {
+                    format!(
+                        "it offers type {} in the {} bytes",
+                        types.join(", "),
+                        places.join(" or ")
+                    )
+                };
                 return Err(bad(format!(
-                    "PI type {} in the {} 8 metadata bytes is not offered (Identify Namespace DPC = {:#x})",
+                    "PI type {} in the {} {} metadata bytes is not offered (Identify Namespace \
+                     DPC = {:#x}): {offered}",
                     format.pi_type,
                     if format.pi_first { "first" } else { "last" },
+                    pif.tuple_size(),
                     id.dpc
                 )));
             }

@@ -71,15 +71,19 @@ pub struct MetadataLayout {
 }
 
 impl MetadataLayout {
-    /// The PI format of the layout, `None` without protection information.
+    /// The PI format of the layout, `None` without protection information
+    /// or with a reserved type (DPS bits 2:0 above 3: no tuple layout is
+    /// defined for it, and queue pairs refuse protection fields on it).
     pub fn pi_format(&self, lba_size: u32) -> Option<upnvme_queues::pi::PiFormat> {
-        (self.pi_type != 0).then_some(upnvme_queues::pi::PiFormat {
-            lba_size: lba_size as usize,
-            ms: usize::from(self.ms),
-            first: self.pi_first,
-            pi_type: self.pi_type,
-            pif: self.pif,
-        })
+        (1..=3)
+            .contains(&self.pi_type)
+            .then_some(upnvme_queues::pi::PiFormat {
+                lba_size: lba_size as usize,
+                ms: usize::from(self.ms),
+                first: self.pi_first,
+                pi_type: self.pi_type,
+                pif: self.pif,
+            })
     }
 }
 
@@ -117,8 +121,10 @@ pub(crate) fn next_controller_instance() -> u64 {
 
 impl Namespace {
     /// Builds a namespace from its Identify Namespace data; `None` when the
-    /// current LBA format (FLBAS) is unusable (LBADS outside 9..=31). The
-    /// handle belongs to no controller (queue pairs refuse it) until the
+    /// driver cannot use it ([`Controller::namespace`](crate::Controller::namespace)
+    /// says why): FLBAS names no listed LBA format, the format's LBADS is
+    /// outside 9..=31, or NSZE blocks of that size do not fit in 2^64 bytes.
+    /// The handle belongs to no controller (queue pairs refuse it) until the
     /// controller's bring-up adopts it.
     pub fn from_identify(id: u32, identify: IdentifyNamespace) -> Option<Namespace> {
         Namespace::from_identify_elbaf(id, identify, 0)
@@ -129,23 +135,39 @@ impl Namespace {
     pub(crate) fn unusable_reason(identify: &IdentifyNamespace, elbaf: u32) -> Option<String> {
         if Pif::from_elbaf(elbaf).is_none() {
             return Some(format!(
-                "its protection information format (ELBAF.PIF {}) is reserved",
+                "the protection information format of its LBA format {} (ELBAF.PIF {}) is \
+                 reserved; format it with another LBA format (Controller::format_nvm, \
+                 `upnvme format`)",
+                identify.current_lba_format_index(),
                 (elbaf >> 7) & 0x3
             ));
         }
         let i = identify.current_lba_format_index();
         let Some(fmt) = identify.current_lba_format() else {
             return Some(format!(
-                "FLBAS names LBA format {i}, beyond the {} it has ({})",
+                "FLBAS names LBA format {i}, beyond the {} it has ({}); format it with one of \
+                 its LBA formats (Controller::format_nvm, `upnvme format`)",
                 identify.lba_format_count(),
                 identify.lba_format_fields()
             ));
         };
-        if fmt.lba_size().is_none() {
+        let Some(lba_size) = fmt.lba_size() else {
             return Some(format!(
                 "its LBA format {i} has LBADS {}, outside 9..=31 (512 B to 2 GiB blocks); \
                  format it with another LBA format first (Controller::format_nvm, `upnvme format`)",
                 fmt.lbads
+            ));
+        };
+        // Byte offsets and sizes of the namespace are u64 (`size_bytes`,
+        // the C API's `size_bytes`): a size beyond 2^64 bytes (16 EiB) is
+        // no namespace a controller can have, and no figure derived from it
+        // could be trusted.
+        if identify.size_bytes().is_none() {
+            return Some(format!(
+                "its Identify Namespace reports NSZE {} blocks of {lba_size} bytes, more than \
+                 2^64 bytes: the controller's data is not plausible; \
+                 Controller::refresh_namespaces reads it again",
+                identify.nsze
             ));
         }
         None
@@ -162,6 +184,7 @@ impl Namespace {
         Pif::from_elbaf(elbaf)?;
         let fmt = identify.current_lba_format()?;
         let lba_size = identify.lba_size()?;
+        identify.size_bytes()?;
         Some(Namespace {
             id,
             lba_shift: lba_size.trailing_zeros(),
@@ -233,7 +256,8 @@ impl Namespace {
         self.shared.identify.ncap
     }
 
-    /// Size in bytes (NSZE × LBA size).
+    /// Size in bytes (NSZE × LBA size; a handle exists only for a
+    /// namespace where it fits in a u64).
     pub fn size_bytes(&self) -> u64 {
         self.shared
             .identify
@@ -296,23 +320,33 @@ impl Namespace {
 
     /// True once Format NVM changed the namespace's format after this
     /// handle was taken, or a Namespace Attribute Changed notice showed its
-    /// geometry changed or the namespace gone: queue pairs refuse it; take a
-    /// new one with [`crate::Controller::namespace`] (after
-    /// [`crate::Controller::refresh_namespaces`] for a change made by
-    /// someone else).
+    /// geometry changed, the namespace gone, or another namespace under its
+    /// NSID (deleted and created again: a new NGUID or EUI64): queue pairs
+    /// refuse it; take a new one with [`crate::Controller::namespace`]
+    /// (after [`crate::Controller::refresh_namespaces`] for a change made
+    /// by someone else).
     #[inline(always)]
     pub fn is_stale(&self) -> bool {
         self.shared.retired.load(Ordering::Relaxed)
     }
 
-    /// Whether `other` describes the namespace as this handle does for
-    /// I/O: NSID, size (NSZE), LBA data size, metadata size and layout,
-    /// protection information.
-    pub(crate) fn same_geometry(&self, other: &Namespace) -> bool {
+    /// Whether `other` is the namespace this handle names, as this handle
+    /// describes it for I/O: the same NSID, size (NSZE), LBA data size,
+    /// metadata size and layout and protection information — and the same
+    /// namespace, not another one created under its NSID after it was
+    /// deleted (Namespace Management): the same NGUID and EUI64 (Identify
+    /// Namespace; zero where the controller reports none). A handle of a
+    /// deleted namespace must not write into its successor because the two
+    /// happen to share a geometry (Linux drops a namespace whose
+    /// identifiers changed, `nvme_ns_ids_equal`, for the same reason).
+    pub(crate) fn same_namespace(&self, other: &Namespace) -> bool {
+        let (a, b) = (&self.shared.identify, &other.shared.identify);
         self.id == other.id
             && self.blocks == other.blocks
             && self.lba_size == other.lba_size
             && self.metadata_layout_always() == other.metadata_layout_always()
+            && a.nguid == b.nguid
+            && a.eui64 == b.eui64
     }
 
     /// Marks every clone of this handle stale (after Format NVM, or a

@@ -14,8 +14,10 @@
 //! [`Controller::poll_async_events`] meets a Notice / Namespace Attribute
 //! Changed event, it reads the Changed Namespace List (log 04h, which also
 //! re-arms the event) and Identify Namespace of each namespace listed, and
-//! retires every handle whose geometry changed or whose namespace is gone:
-//! queue pairs refuse it ([`crate::Reject::StaleNamespace`]).
+//! retires every handle whose geometry changed or whose namespace is gone —
+//! including one deleted and created again under the same NSID, which
+//! Identify Namespace tells by its NGUID or EUI64: queue pairs refuse it
+//! ([`crate::Reject::StaleNamespace`]).
 //! [`Controller::refresh_namespaces`] then reads the list again and hands
 //! out new handles.
 //!
@@ -138,8 +140,9 @@ pub struct NamespaceChanges {
     /// handles are retired.
     pub removed: Vec<u32>,
     /// Namespaces whose geometry (size, LBA format, metadata, protection
-    /// information) changed, or that became usable or unusable: old handles
-    /// are retired, [`Controller::namespace`] gives the new one.
+    /// information) or identity (NGUID, EUI64: deleted and created again
+    /// under the same NSID) changed, or that became usable or unusable: old
+    /// handles are retired, [`Controller::namespace`] gives the new one.
     pub changed: Vec<u32>,
 }
 
@@ -366,7 +369,8 @@ impl<D: Device> Controller<D> {
     /// After `events` came in: for a Namespace Attribute Changed notice,
     /// reads the Changed Namespace List (log 04h, Retain Asynchronous Event
     /// clear: the notice is re-armed) and retires the handles of every
-    /// listed namespace whose geometry changed or that is gone. When the
+    /// listed namespace whose geometry or identity (NGUID, EUI64) changed
+    /// or that is gone. When the
     /// list cannot be read, is empty (someone else read it first: the
     /// notice still says something changed), or says more than 1024
     /// namespaces changed, every handle is checked; a handle whose
@@ -431,7 +435,7 @@ impl<D: Device> Controller<D> {
         let mut retired = false;
         for old in changed {
             let keep = match self.check_namespace(old.id()) {
-                Checked::Handle(fresh) => fresh.same_geometry(old),
+                Checked::Handle(fresh) => fresh.same_namespace(old),
                 Checked::ControllerDown => break,
                 Checked::Transient => true,
                 Checked::Unusable => false,
@@ -534,7 +538,8 @@ impl<D: Device> Controller<D> {
     /// then Identify Namespace of each) and replaces the controller's: new
     /// namespaces get handles, and the handles of namespaces that are gone
     /// or whose geometry (size, LBA format, metadata, protection
-    /// information) changed are retired, so queue pairs refuse them
+    /// information) or identity (NGUID, EUI64: another namespace created
+    /// under the NSID) changed are retired, so queue pairs refuse them
     /// ([`crate::Reject::StaleNamespace`]); take new ones with
     /// [`Controller::namespace`]. Handles of namespaces that did not change
     /// stay valid (a handle's Identify data is as of when it was taken;
@@ -589,7 +594,7 @@ impl<D: Device> Controller<D> {
         let listed_now = |n: u32| now.contains(&n);
         for old in &self.namespaces {
             match namespaces.iter().find(|h| h.id() == old.id()) {
-                Some(fresh) if fresh.same_geometry(old) && !old.is_stale() => {}
+                Some(fresh) if fresh.same_namespace(old) && !old.is_stale() => {}
                 Some(_) => {
                     old.retire();
                     changes.changed.push(old.id());

@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use upnvme_dma::PageBacking;
 
+use crate::error::{Error, Result};
+
 /// Largest transfer per command a queue pair sends, whatever MDTS allows
 /// (a larger read or write is split by the pair into commands of at most
 /// this and MDTS; the PRP list pages for one are preallocated per tracker).
@@ -42,6 +44,8 @@ pub struct ControllerOptions {
     /// Identify Namespace instead).
     pub async_events: u8,
     /// Bound on each admin command; `None` derives it from CAP.TO (at least 5 s).
+    /// `Some(Duration::ZERO)` is refused ([`Error::InvalidArgument`]), as
+    /// for the two bounds below: no wait could end in time.
     pub admin_timeout: Option<Duration>,
     /// Bound on the controller-ready waits; `None` uses CAP.TO as the spec says, or CRTO.CRWMT when the
     /// controller reports CAP.CRMS.CRWMS and CRWMT is longer (NVMe 2.0).
@@ -52,6 +56,43 @@ pub struct ControllerOptions {
     pub shutdown_timeout: Option<Duration>,
     /// What backs DMA memory.
     pub page_backing: PageBacking,
+}
+
+impl ControllerOptions {
+    /// Refuses what no controller can be run with, before the device is
+    /// touched: a bound of zero on a wait (`Some(Duration::ZERO)`). The
+    /// counts are requests and are clamped instead (docs/bad-input.md).
+    pub(crate) fn check(&self) -> Result<()> {
+        let bounds = [
+            (
+                "admin_timeout",
+                self.admin_timeout,
+                "every admin command would time out before the controller could answer",
+                "None for max(CAP.TO, 5 s)",
+            ),
+            (
+                "ready_timeout",
+                self.ready_timeout,
+                "bring-up and every reset would time out before CSTS.RDY could change",
+                "None for CAP.TO",
+            ),
+            (
+                "shutdown_timeout",
+                self.shutdown_timeout,
+                "close would disable the controller without waiting for its shutdown, and data \
+                 in its volatile write cache could be lost",
+                "None for RTD3E clamped to 5-60 s",
+            ),
+        ];
+        for (name, bound, why, default) in bounds {
+            if bound == Some(Duration::ZERO) {
+                return Err(Error::InvalidArgument(format!(
+                    "ControllerOptions::{name} of 0: {why}; pass {default}, or a positive duration"
+                )));
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Default for ControllerOptions {

@@ -573,8 +573,20 @@ impl IdentifyNamespace {
 
     /// Index of the LBA format in use: FLBAS bits 3:0, extended by bits 6:5
     /// as the two most significant bits when more than 16 formats exist.
+    ///
+    /// With 16 formats or fewer (NLBAF + 1 + NULBAF <= 16) bits 6:5 are
+    /// ignored: the NVM Command Set specification tells the host to ignore
+    /// them then (they were reserved before NVMe 2.0), so a controller that
+    /// leaves something in them still names the format its bits 3:0 give.
+    /// (The specification's own condition, NLBAF <= 16, is off by one for
+    /// a 0-based count: with NLBAF 16 the seventeenth format, index 16,
+    /// needs bit 5, so the count of formats decides here.)
     pub fn current_lba_format_index(&self) -> usize {
-        usize::from(self.flbas & 0xf) | (usize::from((self.flbas >> 5) & 0x3) << 4)
+        let low = usize::from(self.flbas & 0xf);
+        if self.lba_format_count() <= 16 {
+            return low;
+        }
+        low | (usize::from((self.flbas >> 5) & 0x3) << 4)
     }
 
     /// The LBA format in use, or `None` if FLBAS selects a format beyond
@@ -871,8 +883,16 @@ mod tests {
         let ns = IdentifyNamespace::parse(&b).unwrap();
         assert_eq!(ns.current_lba_format_index(), 18);
         assert_eq!(ns.lba_size(), Some(512));
+        // NLBAF 16 (seventeen formats): index 16 needs bit 5.
+        b[25] = 16;
+        b[26] = 0x20;
+        b[128 + 4 * 16..128 + 4 * 17].copy_from_slice(&(12u32 << 16).to_le_bytes());
+        let ns = IdentifyNamespace::parse(&b).unwrap();
+        assert_eq!(ns.current_lba_format_index(), 16);
+        assert_eq!(ns.lba_size(), Some(4096));
         // FLBAS beyond NLBAF: no format.
         b[25] = 3;
+        b[26] = 0x05;
         let ns = IdentifyNamespace::parse(&b).unwrap();
         assert_eq!(ns.current_lba_format(), None);
         assert_eq!(ns.metadata_size(), 0);
@@ -882,11 +902,46 @@ mod tests {
         assert_eq!(z.lba_size(), None);
     }
 
+    /// With 16 LBA formats or fewer, FLBAS bits 6:5 are ignored (the
+    /// specification says the host should; a review found a namespace of 8
+    /// formats with bit 5 set reported unusable, "format 20 beyond the 8
+    /// it has"); with NULBAF taking the count above 16 they count again.
+    #[test]
+    fn flbas_bits_6_5_are_ignored_with_16_formats_or_fewer() {
+        let mut b = ns_buf(); // 8 formats, format 4 is 4 KiB with 8 B metadata
+        b[26] = 0x60 | 0x10 | 0x04; // bits 6:5 set, extended LBA, index 4
+        let ns = IdentifyNamespace::parse(&b).unwrap();
+        assert_eq!(ns.current_lba_format_index(), 4);
+        assert_eq!(ns.lba_size(), Some(4096));
+        assert!(ns.metadata_extended());
+        // Exactly 16 formats: still 4 bits.
+        b[25] = 15;
+        assert_eq!(
+            IdentifyNamespace::parse(&b)
+                .unwrap()
+                .current_lba_format_index(),
+            4
+        );
+        // 15 general formats and 2 unique ones (17 in all): bits 6:5 count.
+        b[25] = 14;
+        b[82] = 2;
+        b[26] = 0x20; // index 16: bit 5 set, bits 3:0 clear
+        b[128 + 4 * 16..128 + 4 * 17].copy_from_slice(&(9u32 << 16).to_le_bytes());
+        let ns = IdentifyNamespace::parse(&b).unwrap();
+        assert_eq!(ns.lba_format_count(), 17);
+        assert_eq!(ns.current_lba_format_index(), 16);
+        assert_eq!(ns.lba_size(), Some(512));
+    }
+
     #[test]
     fn lba_format_validity() {
         assert_eq!(LbaFormat::from_dword(8 << 16).lba_size(), None);
         assert_eq!(LbaFormat::from_dword(31 << 16).lba_size(), Some(1 << 31));
         assert_eq!(LbaFormat::from_dword(32 << 16).lba_size(), None);
+        // LBADS 63, 64 and 255 would overflow a shift: refused, no panic.
+        for lbads in [63u32, 64, 255] {
+            assert_eq!(LbaFormat::from_dword(lbads << 16).lba_size(), None);
+        }
     }
 
     #[test]

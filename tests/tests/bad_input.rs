@@ -1036,6 +1036,20 @@ fn queue_entries_outside_2_to_mqes() {
         assert_eq!(e.to_string(), format!("invalid argument: {text}"));
     }
     assert_eq!(m.commands_fetched(), queues, "no queue was created");
+    // A CQ smaller than the SQ is allowed (the specification allows it) and
+    // bounds the depth: at most cq_entries - 1 commands in flight.
+    let qp = c
+        .io_queue_pair(QueuePairOptions {
+            entries: Some(8),
+            cq_entries: Some(4),
+            ..Default::default()
+        })
+        .unwrap();
+    assert_eq!(
+        (qp.sq_entries(), qp.cq_entries(), qp.max_depth()),
+        (8, 4, 3)
+    );
+    drop(qp);
     drop(c);
     assert_clean(&m);
 }
@@ -1067,6 +1081,90 @@ fn out_of_range_controller_options_are_clamped() {
         assert_eq!(c.granted_io_queues(), want_io, "io_queues {io_queues}");
         c.close().unwrap();
     }
+    assert_clean(&m);
+}
+
+/// A bound of zero on a wait is refused, not taken (a review: each was
+/// accepted; a zero shutdown bound disabled the controller without waiting
+/// for its shutdown, a zero command timeout aborted every command a scan
+/// found in flight). `None` keeps the defaults; positive bounds are taken.
+#[test]
+fn zero_timeouts_are_refused() {
+    let m = ModelController::new(ModelConfig::default());
+    let zero = Some(Duration::ZERO);
+    for (o, text) in [
+        (
+            ControllerOptions {
+                admin_timeout: zero,
+                ..opts()
+            },
+            "invalid argument: ControllerOptions::admin_timeout of 0: every admin command would \
+             time out before the controller could answer; pass None for max(CAP.TO, 5 s), or a \
+             positive duration",
+        ),
+        (
+            ControllerOptions {
+                ready_timeout: zero,
+                ..opts()
+            },
+            "invalid argument: ControllerOptions::ready_timeout of 0: bring-up and every reset \
+             would time out before CSTS.RDY could change; pass None for CAP.TO, or a positive \
+             duration",
+        ),
+        (
+            ControllerOptions {
+                shutdown_timeout: zero,
+                ..opts()
+            },
+            "invalid argument: ControllerOptions::shutdown_timeout of 0: close would disable the \
+             controller without waiting for its shutdown, and data in its volatile write cache \
+             could be lost; pass None for RTD3E clamped to 5-60 s, or a positive duration",
+        ),
+    ] {
+        let e = Controller::with_device(m.clone(), o.clone()).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
+        assert_eq!(e.to_string(), text);
+        // Refused before the device is opened or touched.
+        let e = Controller::open("0000:zz:04.0", o).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
+    }
+    assert_eq!(m.commands_fetched(), 0, "nothing reached the model");
+    assert_eq!(m.cc() & 1, 0, "the controller was never enabled");
+
+    let c = open(&m, opts());
+    let fetched = m.commands_fetched();
+    let e = c
+        .io_queue_pair(QueuePairOptions {
+            command_timeout: zero,
+            ..Default::default()
+        })
+        .unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
+    assert_eq!(
+        e.to_string(),
+        "invalid argument: QueuePairOptions::command_timeout of 0: every command still in flight \
+         at the first timeout scan would be aborted (and the controller reset); pass None to \
+         disable command timeouts, or a positive duration (the default is 30 s)"
+    );
+    assert_eq!(m.commands_fetched(), fetched, "no queue was created");
+    // The smallest positive bounds are taken.
+    let tiny = Some(Duration::from_nanos(1));
+    let qp = c
+        .io_queue_pair(QueuePairOptions {
+            command_timeout: tiny,
+            ..Default::default()
+        })
+        .unwrap();
+    drop(qp);
+    drop(c);
+    let c = open(
+        &m,
+        ControllerOptions {
+            shutdown_timeout: Some(Duration::from_secs(1)),
+            ..opts()
+        },
+    );
+    c.close().unwrap();
     assert_clean(&m);
 }
 
@@ -1670,7 +1768,9 @@ fn an_active_namespace_the_driver_cannot_use_says_why_and_the_others_work() {
     );
     assert_eq!(
         e.to_string(),
-        "namespace 2 on model is active but upnvme cannot use it: FLBAS names LBA format 5, beyond the 1 it has (NLBAF 0)"
+        "namespace 2 on model is active but upnvme cannot use it: FLBAS names LBA format 5, beyond \
+         the 1 it has (NLBAF 0); format it with one of its LBA formats (Controller::format_nvm, \
+         `upnvme format`)"
     );
     // Formatting it is the way out: its Identify data is read again for
     // the checks (an LBA format beyond NLBAF is refused before sending), and
@@ -1686,6 +1786,119 @@ fn an_active_namespace_the_driver_cannot_use_says_why_and_the_others_work() {
     assert_eq!(c.namespace(2).unwrap().id(), 2);
     assert_eq!(c.namespaces().len(), 2);
     drop(c);
+    assert_clean(&m);
+}
+
+/// Identify Namespace fields a controller may get wrong, each judged on its
+/// own (a review): FLBAS bits 6:5 with 16 formats or fewer are ignored, as
+/// the specification says (before, a namespace of 8 formats with bit 5 set
+/// was "format 20, beyond the 8 it has"); LBADS below 9 or above 31 (up to
+/// 255, which would overflow any shift), NSZE blocks beyond 2^64 bytes
+/// (before: accepted, `size_bytes` saturated at u64::MAX) and a reserved
+/// ELBAF.PIF make the namespace unusable with why and what to do; a
+/// reserved PI type (DPS bits 2:0 above 3) has no PI format.
+#[test]
+fn identify_namespace_fields_are_checked_one_by_one() {
+    let two = || ModelConfig {
+        elbas: true,
+        namespaces: vec![
+            NamespaceConfig {
+                nsid: 1,
+                ..NamespaceConfig::default()
+            },
+            NamespaceConfig {
+                nsid: 2,
+                ..NamespaceConfig::default()
+            },
+        ],
+        ..ModelConfig::default()
+    };
+    let m = ModelController::new(two());
+    let c = open(&m, opts());
+    let (_, id) = c
+        .admin_passthrough(upnvme::Sqe::identify(0, 2, 0), 4096, None)
+        .unwrap();
+    drop(c);
+    // The model's namespace: 8 formats (NLBAF 7), format 4 (4 KiB).
+    assert_eq!((id[25], id[26]), (7, 4));
+    let unusable = |page: Vec<u8>, cns: u8| {
+        m.set_identify_data(cns, 2, Some(page));
+        let c = open(&m, opts());
+        assert!(c.namespace(1).is_ok(), "the other namespace works");
+        let e = c.namespace(2).unwrap_err();
+        assert!(
+            matches!(e, Error::UnusableNamespace { nsid: 2, .. }),
+            "{e:?}"
+        );
+        m.set_identify_data(cns, 2, None);
+        e.to_string()
+    };
+
+    // FLBAS bits 6:5 set, 8 formats: format 4 all the same.
+    let mut page = id.clone();
+    page[26] = 0x60 | 4;
+    m.set_identify_data(0, 2, Some(page));
+    let c = open(&m, opts());
+    let ns = c.namespace(2).unwrap();
+    assert_eq!((ns.lba_size(), ns.lba_count()), (4096, 16384));
+    drop(c);
+    m.set_identify_data(0, 2, None);
+
+    // LBADS outside 9..=31, up to 255.
+    for lbads in [0u8, 8, 32, 63, 64, 255] {
+        let mut page = id.clone();
+        page[128 + 4 * 4 + 2] = lbads;
+        assert_eq!(
+            unusable(page, 0),
+            format!(
+                "namespace 2 on model is active but upnvme cannot use it: its LBA format 4 has \
+                 LBADS {lbads}, outside 9..=31 (512 B to 2 GiB blocks); format it with another \
+                 LBA format first (Controller::format_nvm, `upnvme format`)"
+            )
+        );
+    }
+
+    // NSZE blocks beyond 2^64 bytes.
+    let mut page = id.clone();
+    page[0..8].copy_from_slice(&(u64::MAX / 4096 + 1).to_le_bytes());
+    assert_eq!(
+        unusable(page, 0),
+        "namespace 2 on model is active but upnvme cannot use it: its Identify Namespace reports \
+         NSZE 4503599627370496 blocks of 4096 bytes, more than 2^64 bytes: the controller's data \
+         is not plausible; Controller::refresh_namespaces reads it again"
+    );
+    // The largest NSZE that fits is a namespace.
+    let mut page = id.clone();
+    page[0..8].copy_from_slice(&(u64::MAX / 4096).to_le_bytes());
+    m.set_identify_data(0, 2, Some(page));
+    let c = open(&m, opts());
+    assert_eq!(c.namespace(2).unwrap().size_bytes(), u64::MAX / 4096 * 4096);
+    drop(c);
+    m.set_identify_data(0, 2, None);
+
+    // A reserved ELBAF.PIF (11b) for the current format (ELBAF4, CNS 05h
+    // bytes 31:28).
+    let mut page = vec![0u8; 4096];
+    page[28..32].copy_from_slice(&(3u32 << 7).to_le_bytes());
+    assert_eq!(
+        unusable(page, 0x05),
+        "namespace 2 on model is active but upnvme cannot use it: the protection information \
+         format of its LBA format 4 (ELBAF.PIF 3) is reserved; format it with another LBA \
+         format (Controller::format_nvm, `upnvme format`)"
+    );
+
+    // DPS type 5 (reserved) with 8 metadata bytes: usable for I/O without
+    // protection fields, but no PI format to build tuples by.
+    let mut page = id.clone();
+    page[26] = 5; // format 5: 4 KiB + 8 bytes
+    page[29] = 5;
+    m.set_identify_data(0, 2, Some(page));
+    let c = open(&m, opts());
+    let ns = c.namespace(2).unwrap();
+    assert_eq!(ns.metadata_layout().map(|l| l.pi_type), Some(5));
+    assert_eq!(ns.pi_format(), None);
+    drop(c);
+    m.set_identify_data(0, 2, None);
     assert_clean(&m);
 }
 

@@ -657,6 +657,105 @@ fn format_nvm_changes_the_geometry_and_retires_old_handles() {
     assert_clean(&m);
 }
 
+/// Format NVM refusals say what the namespace offers instead (a review):
+/// a PI type or location DPC lacks names the ones it has, and the tuple's
+/// real size (16 bytes with a 64-bit guard, not always 8); a target format
+/// whose ELBAF.PIF is reserved (the namespace would be unusable after it) and
+/// a timeout of zero (the wait would end while the controller formats) are
+/// refused. No Format NVM is sent for any.
+#[test]
+fn format_nvm_refusals_name_what_the_namespace_offers() {
+    let m = ModelController::new(ModelConfig {
+        elbas: true,
+        namespaces: vec![NamespaceConfig {
+            lba_size: BS as u32,
+            blocks: BLOCKS,
+            dpc: 0x09, // Type 1, in the first bytes only
+            ..NamespaceConfig::default()
+        }],
+        ..with_format(0, false, 0, false)
+    });
+    // CNS 05h: ELBAF2 (512 + 16) a 64-bit guard, ELBAF6 (4096 + 16) PIF 11b.
+    let mut nvm = vec![0u8; 4096];
+    nvm[12 + 4 * 2..16 + 4 * 2].copy_from_slice(&(2u32 << 7).to_le_bytes());
+    nvm[12 + 4 * 6..16 + 4 * 6].copy_from_slice(&(3u32 << 7).to_le_bytes());
+    m.set_identify_data(0x05, 1, Some(nvm));
+    let mut c = common::open(&m, common::opts());
+    let refusals = [
+        (
+            FormatNvm {
+                pi_type: 1,
+                ..FormatNvm::lbaf(1)
+            },
+            "invalid argument: Format NVM of namespace 1: PI type 1 in the last 8 metadata bytes \
+             is not offered (Identify Namespace DPC = 0x9): it offers type 1 in the first bytes",
+        ),
+        (
+            FormatNvm {
+                pi_type: 2,
+                pi_first: true,
+                ..FormatNvm::lbaf(2)
+            },
+            "invalid argument: Format NVM of namespace 1: PI type 2 in the first 16 metadata \
+             bytes is not offered (Identify Namespace DPC = 0x9): it offers type 1 in the first \
+             bytes",
+        ),
+        (
+            FormatNvm {
+                pi_type: 1,
+                pi_first: true,
+                ..FormatNvm::lbaf(6)
+            },
+            "invalid argument: Format NVM of namespace 1: LBA format 6's protection information \
+             format (ELBAF.PIF 3) is reserved: the driver could not use the namespace after it; \
+             choose another LBA format",
+        ),
+        (
+            FormatNvm {
+                timeout: Some(std::time::Duration::ZERO),
+                ..FormatNvm::lbaf(4)
+            },
+            "invalid argument: Format NVM of namespace 1: a timeout of 0 would end the wait at \
+             once while the controller goes on formatting; pass None for the admin timeout, or \
+             minutes for a secure erase of a large device",
+        ),
+        (
+            FormatNvm {
+                pi_type: 4,
+                ..FormatNvm::lbaf(1)
+            },
+            "invalid argument: Format NVM of namespace 1: PI type 4: must be 0 (none) to 3",
+        ),
+    ];
+    for (f, text) in refusals {
+        let e = c.format_nvm(1, &f).unwrap_err();
+        assert_eq!(e.to_string(), text);
+    }
+    assert!(
+        m.commands_seen()
+            .iter()
+            .all(|&(q, op, _)| q != 0 || op != 0x80),
+        "no Format NVM was sent"
+    );
+    // What DPC offers goes.
+    let ns = c
+        .format_nvm(
+            1,
+            &FormatNvm {
+                pi_type: 1,
+                pi_first: true,
+                ..FormatNvm::lbaf(1)
+            },
+        )
+        .unwrap();
+    assert_eq!(
+        ns.metadata_layout().map(|l| (l.pi_type, l.pi_first)),
+        Some((1, true))
+    );
+    drop(c);
+    assert_clean(&m);
+}
+
 /// FNA bit 0: a format of one namespace formats every namespace, so every
 /// handle's geometry changes. The driver retires all of them and reads
 /// every namespace again; an old handle of the other namespace must not go

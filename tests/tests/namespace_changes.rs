@@ -131,6 +131,83 @@ fn a_detached_namespace_is_retired_and_a_new_one_listed() {
     assert_clean(&m);
 }
 
+/// A namespace deleted and created again under its NSID with the same
+/// geometry is another namespace (its NGUID differs): the old handle is
+/// retired, whether a notice or only `refresh_namespaces` finds it. Before,
+/// the geometry alone was compared, and a handle of the deleted namespace
+/// went on reading and writing its successor (a review found it).
+#[test]
+fn a_namespace_deleted_and_created_again_with_the_same_geometry_retires_its_handle() {
+    let with_nguid = |nsid, id: u8| upnvme_tests::NamespaceConfig {
+        nguid: [id; 16],
+        ..ns(nsid, 512, 4096)
+    };
+    let (m, mut c) = setup(ModelConfig {
+        namespaces: vec![with_nguid(1, 0xa1), with_nguid(2, 0xa2)],
+        ..ModelConfig::default()
+    });
+    let one = c.namespace(1).unwrap().clone();
+    let two = c.namespace(2).unwrap().clone();
+    assert_eq!(one.identify().nguid, [0xa1; 16]);
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    // Namespace 1 is re-created by another host, same size and format: the
+    // notice retires its handle before a write reaches the new namespace.
+    m.change_namespace(1, Some(with_nguid(1, 0xb1)));
+    assert_eq!(notices(&c), 1);
+    assert!(one.is_stale(), "another namespace now has NSID 1");
+    assert!(!two.is_stale());
+    let w = qp
+        .submit_io(
+            IoCommand::Write {
+                ns: &one,
+                slba: 0,
+                blocks: 1,
+            },
+            IoData::buffer(c.alloc_dma(512).unwrap()),
+            1,
+        )
+        .unwrap_err();
+    assert_eq!(w.reason, Reject::StaleNamespace { nsid: 1 });
+    // A change of namespace 1 that keeps its identity and geometry (another
+    // host formats it to the same format) keeps the handle, as before.
+    let changes = c.refresh_namespaces().unwrap();
+    assert_eq!(changes.changed, vec![1]);
+    let one = c.namespace(1).unwrap().clone();
+    assert_eq!(one.identify().nguid, [0xb1; 16]);
+    m.change_namespace(1, Some(with_nguid(1, 0xb1)));
+    assert_eq!(notices(&c), 1);
+    assert!(!one.is_stale());
+    // Namespace 2 is re-created without the driver polling the events: the
+    // refresh finds it by its NGUID and reports it changed.
+    m.change_namespace(2, Some(with_nguid(2, 0xb2)));
+    let changes = c.refresh_namespaces().unwrap();
+    assert_eq!(
+        changes,
+        NamespaceChanges {
+            changed: vec![2],
+            ..NamespaceChanges::default()
+        }
+    );
+    assert!(two.is_stale());
+    let new = c.namespace(2).unwrap().clone();
+    assert_eq!(new.identify().nguid, [0xb2; 16]);
+    m.write_namespace_data(2, 0, &pattern(3, 512));
+    let r = run_io(
+        &mut qp,
+        IoCommand::Read {
+            ns: &new,
+            slba: 0,
+            blocks: 1,
+        },
+        IoData::buffer(c.alloc_dma(512).unwrap()),
+    );
+    assert!(r.result.is_ok(), "{:?}", r.result);
+    assert_eq!(read_back(r.buffer.as_ref().unwrap(), 512), pattern(3, 512));
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
 #[test]
 fn notices_are_enabled_again_after_a_reset() {
     let (m, c) = two_namespaces();

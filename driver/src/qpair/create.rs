@@ -46,6 +46,14 @@ impl<D: Device> IoQueuePair<D> {
             }
             Ok(n)
         };
+        if opts.command_timeout == Some(std::time::Duration::ZERO) {
+            return Err(Error::InvalidArgument(
+                "QueuePairOptions::command_timeout of 0: every command still in flight at the \
+                 first timeout scan would be aborted (and the controller reset); pass None to \
+                 disable command timeouts, or a positive duration (the default is 30 s)"
+                    .into(),
+            ));
+        }
         let sq_entries = match opts.entries {
             Some(n) => check("queue entries", n)?,
             None => 256.min(mqes / 2).max(2),

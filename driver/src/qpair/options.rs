@@ -116,11 +116,17 @@ impl SqAnnounce {
 /// Options of one I/O queue pair. No global knobs: every pair can differ.
 #[derive(Clone, Debug)]
 pub struct QueuePairOptions {
-    /// Submission queue entries (2..=CAP.MQES+1). `None`: min(256, CQ limit/2).
-    /// At most `entries - 1` commands (and at most 4096) are in flight.
+    /// Submission queue entries (2..=CAP.MQES+1; others are refused with
+    /// [`crate::Error::InvalidArgument`]). `None`: min(256, (CAP.MQES+1)/2).
+    /// At most `entries - 1` commands (and at most 4096) are in flight, and
+    /// fewer with a smaller CQ (see `cq_entries`).
     pub entries: Option<u32>,
-    /// Completion queue entries. `None`: twice the SQ, capped at CAP.MQES+1 —
-    /// the slack is what lets the CQ head doorbell be moderated.
+    /// Completion queue entries (2..=CAP.MQES+1, as `entries`). `None`:
+    /// twice the SQ, capped at CAP.MQES+1 — the slack is what lets the CQ
+    /// head doorbell be moderated. A CQ smaller than the SQ is allowed, and
+    /// then bounds the pair's depth: at most `cq_entries - 1` commands are
+    /// in flight ([`crate::IoQueuePair::max_depth`] says the depth a pair
+    /// got).
     pub cq_entries: Option<u32>,
     /// Let the shadow doorbell EventIdx skip MMIO writes (when the controller
     /// has Doorbell Buffer Config active, which is off by default:
@@ -141,7 +147,9 @@ pub struct QueuePairOptions {
     /// read per I/O): a command is stamped by the first scan after its
     /// submission, so it times out up to two scan intervals late, never
     /// early. It then completes exactly once with
-    /// [`crate::IoError::TimedOut`]. `None` disables command timeouts.
+    /// [`crate::IoError::TimedOut`]. `None` disables command timeouts;
+    /// `Some(Duration::ZERO)` is refused ([`crate::Error::InvalidArgument`]):
+    /// it would abort every command the first scan finds in flight.
     pub command_timeout: Option<Duration>,
     /// PRPs or SGLs for data transfers.
     pub sgl: SglMode,

@@ -275,6 +275,12 @@ pub struct NamespaceConfig {
     /// MSRC, the Copy limit of source ranges, 0-based (byte 80; QEMU's
     /// `msrc`, default 127).
     pub msrc: u8,
+    /// NGUID, the Namespace Globally Unique Identifier (bytes 119:104;
+    /// default all zeros: not reported). A namespace deleted and created
+    /// again under its NSID gets another one
+    /// ([`ModelController::change_namespace`](super::ModelController::change_namespace)
+    /// with a new value).
+    pub nguid: [u8; 16],
 }
 
 impl NamespaceConfig {
@@ -320,6 +326,7 @@ impl Default for NamespaceConfig {
             mssrl: 128,
             mcl: 128,
             msrc: 127,
+            nguid: [0; 16],
         }
     }
 }

@@ -101,6 +101,7 @@ pub(crate) fn namespace(ns: &Namespace) -> Vec<u8> {
     put(&mut p, 74, &ns.cfg.mssrl.to_le_bytes()); // MSSRL
     put(&mut p, 76, &ns.cfg.mcl.to_le_bytes()); // MCL
     p[80] = ns.cfg.msrc; // MSRC (0-based)
+    put(&mut p, 104, &ns.cfg.nguid); // NGUID
     for (i, (bs, ms)) in formats.iter().enumerate() {
         // LBAFn: MS (15:0), LBADS (23:16), RP 0.
         let lbaf = u32::from(*ms) | bs.trailing_zeros() << 16;
