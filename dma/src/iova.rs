@@ -47,12 +47,17 @@ const MAX_IOVA: u64 = 1 << 63;
 
 impl IovaAllocator {
     /// An allocator over `ranges` (in any order; overlapping or adjacent
-    /// ranges are merged, so no address is reachable twice).
+    /// ranges are merged, so no address is reachable twice). What it keeps
+    /// ([`IovaAllocator::ranges`]) is what it hands out: the ranges cut to
+    /// 2 MiB ..= 2^63 - 1.
     pub fn new(mut ranges: Vec<IovaRange>) -> Self {
         // Nothing at or above `MAX_IOVA`: a block's end (`iova + len`) is
         // then always representable, so freeing it and a buffer's
-        // `iova + offset` arithmetic never overflow.
+        // `iova + offset` arithmetic never overflow. Nothing below
+        // `MIN_IOVA` either, so the ranges reported say what can be had
+        // (a registration larger than any of them is refused as such).
         for r in &mut ranges {
+            r.start = r.start.max(MIN_IOVA);
             r.end = r.end.min(MAX_IOVA - 1);
         }
         ranges.retain(|r| r.end >= r.start);
@@ -66,7 +71,7 @@ impl IovaAllocator {
                 _ => merged.push(r),
             }
         }
-        let next = merged.first().map_or(0, |r| r.start.max(MIN_IOVA));
+        let next = merged.first().map_or(0, |r| r.start);
         IovaAllocator {
             ranges: merged,
             current: 0,
@@ -75,7 +80,8 @@ impl IovaAllocator {
         }
     }
 
-    /// The ranges this allocator draws from.
+    /// The ranges this allocator draws from (those it was given, cut to
+    /// what it hands out, merged).
     pub fn ranges(&self) -> &[IovaRange] {
         &self.ranges
     }
@@ -100,7 +106,7 @@ impl IovaAllocator {
                 // The alignment gap stays usable (a later, smaller
                 // allocation takes it from the free list).
                 if aligned > start {
-                    self.free(start, aligned - start);
+                    self.insert_free(start, aligned - start);
                 }
                 self.next = last.wrapping_add(1);
                 if last == u64::MAX {
@@ -115,7 +121,7 @@ impl IovaAllocator {
                 self.next = n.start;
             }
             if start <= r.end {
-                self.free(start, r.end - start + 1);
+                self.insert_free(start, r.end - start + 1);
                 // The tail may have merged with a block freed earlier into
                 // one that holds the request.
                 if let Some(iova) = self.take_free(size, align) {
@@ -160,9 +166,34 @@ impl IovaAllocator {
 
     /// Returns a block to the allocator; it merges with the free blocks it
     /// touches, so blocks freed one by one serve a larger allocation again.
-    /// A block of 0 bytes, one that wraps around the address space, or one
-    /// that overlaps a block already free (a double free) is ignored.
+    /// A block of 0 bytes, one that wraps around the address space, one
+    /// that overlaps a block already free (a double free), or one that
+    /// reaches outside the space handed out so far (never allocated: kept,
+    /// it would be handed out twice) is ignored.
     pub fn free(&mut self, iova: u64, size: u64) {
+        if self.handed_out(iova, size) {
+            self.insert_free(iova, size);
+        }
+    }
+
+    /// Whether `iova..iova + size` lies inside one range, in the part of
+    /// it the bump pointer has passed (every block outside that part is
+    /// still to be handed out, not free to be given back).
+    fn handed_out(&self, iova: u64, size: u64) -> bool {
+        let Some(last) = size.checked_sub(1).and_then(|s| iova.checked_add(s)) else {
+            return false;
+        };
+        let k = self.ranges.partition_point(|r| r.end < iova);
+        let Some(r) = self.ranges.get(k) else {
+            return false;
+        };
+        r.start <= iova && last <= r.end && (k < self.current || last < self.next)
+    }
+
+    /// Puts a block on the free list, merged with its neighbours; a block
+    /// of 0 bytes, one that wraps, or one that overlaps a free block is
+    /// ignored.
+    fn insert_free(&mut self, iova: u64, size: u64) {
         let Some(end) = iova.checked_add(size).filter(|_| size != 0) else {
             return;
         };
@@ -332,6 +363,52 @@ mod tests {
         sorted.dedup();
         assert_eq!(sorted.len(), 4, "{got:x?}");
         assert!(a.alloc(0x20_0000, 0x20_0000).is_err());
+    }
+
+    /// A free of space never handed out (beyond the bump pointer, in a
+    /// range not reached yet, outside every range, straddling a range's
+    /// end) is ignored: kept, that space would be handed out twice, once
+    /// from the free list and once by the bump pointer.
+    #[test]
+    fn a_free_of_space_never_handed_out_is_ignored() {
+        let ranges = vec![
+            IovaRange {
+                start: 0,
+                end: (8 << 20) - 1,
+            },
+            IovaRange {
+                start: 1 << 30,
+                end: (1 << 30) + (8 << 20) - 1,
+            },
+        ];
+        let mut a = IovaAllocator::new(ranges);
+        // The part below 2 MiB is never handed out, and not reported.
+        assert_eq!(a.ranges()[0].start, MIN_IOVA);
+        let x = a.alloc(0x20_0000, 0x1000).unwrap();
+        assert_eq!(x, MIN_IOVA);
+        a.free(x + 0x20_0000, 0x1000); // above the bump pointer
+        a.free(1 << 30, 0x1000); // a range not reached yet
+        a.free(0x1000, 0x1000); // below 2 MiB
+        a.free(1 << 29, 0x1000); // between the ranges
+        a.free((8 << 20) - 0x1000, 0x2000); // past a range's end
+        a.free(x, 0); // nothing
+        a.free(u64::MAX - 0xfff, 0x1000); // beyond every range
+        // Every later block is distinct: nothing was handed out twice.
+        let mut got = vec![x];
+        while let Ok(iova) = a.alloc(0x1000, 0x1000) {
+            got.push(iova);
+        }
+        let n = got.len();
+        got.sort_unstable();
+        got.dedup();
+        assert_eq!(got.len(), n, "an IOVA handed out twice");
+        // 6 MiB of the first range and 8 MiB of the second: 4 KiB blocks,
+        // after the first 2 MiB block.
+        assert_eq!(n, 1 + ((6 << 20) - 0x20_0000 + (8 << 20)) / 0x1000);
+        // A block really handed out (in a range already left behind) still
+        // comes back.
+        a.free(x, 0x20_0000);
+        assert_eq!(a.alloc(0x20_0000, 0x20_0000).unwrap(), x);
     }
 
     #[test]
