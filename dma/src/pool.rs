@@ -17,8 +17,10 @@
 //! ```
 //!
 //! Buffers are not zeroed when they come back: a buffer from [`DmaPool::get`]
-//! holds whatever its last user (or the device) left in it; only memory fresh
-//! from the kernel is zero. A pool buffer that is dropped instead of put back
+//! holds whatever its last user (or the device) left in it. A new pool's
+//! buffers hold what its slab held: zeros for `Controller::dma_pool` (whose
+//! slab comes zeroed from the allocator), the application's bytes for a
+//! pool over registered memory. A pool buffer that is dropped instead of put back
 //! is gone from the pool (its pages return to the allocator with the slab,
 //! once the pool and all its buffers are gone).
 
@@ -73,17 +75,39 @@ impl DmaPool {
         len.checked_next_multiple_of(PAGE_SIZE)
     }
 
-    /// Carves `slab` (at least `count` × [`DmaPool::stride`]`(len)` bytes,
+    /// The slab a pool of `count` buffers of `len` bytes needs:
+    /// `count` × [`DmaPool::stride`]`(len)` bytes (each buffer starts on a
+    /// 4 KiB page). An error that says what to change when there can be no
+    /// such pool (no buffers, buffers of 0 bytes, or more bytes than the
+    /// address space holds).
+    pub fn slab_len(len: usize, count: usize) -> Result<usize, DmaError> {
+        if len == 0 {
+            return Err(DmaError::InvalidAllocation(format!(
+                "a pool of {count} buffers of 0 bytes: ask for buffers of at least 1 byte"
+            )));
+        }
+        if count == 0 {
+            return Err(DmaError::InvalidAllocation(format!(
+                "a pool of 0 buffers of {len} bytes: ask for at least one buffer"
+            )));
+        }
+        Self::stride(len)
+            .and_then(|s| s.checked_mul(count))
+            .ok_or_else(|| {
+                DmaError::InvalidAllocation(format!(
+                    "a pool of {count} buffers of {len} bytes (each on its own whole 4 KiB pages) \
+                     needs more bytes than the address space holds: ask for fewer or smaller \
+                     buffers"
+                ))
+            })
+    }
+
+    /// Carves `slab` (at least [`DmaPool::slab_len`]`(len, count)` bytes,
     /// starting on a 4 KiB page) into `count` buffers of `len` bytes.
     pub fn new(slab: DmaBuffer, len: usize, count: usize) -> Result<DmaPool, DmaError> {
         static NEXT_ID: AtomicU64 = AtomicU64::new(1);
-        let stride = Self::stride(len).filter(|_| len > 0);
-        let need = stride.and_then(|s| s.checked_mul(count));
-        let (Some(stride), Some(need)) = (stride, need) else {
-            return Err(DmaError::InvalidAllocation(format!(
-                "a pool of {count} buffers of {len} bytes"
-            )));
-        };
+        let need = Self::slab_len(len, count)?;
+        let stride = need / count;
         if !slab.iova().is_multiple_of(PAGE_SIZE as u64) {
             return Err(DmaError::InvalidAllocation(format!(
                 "a pool's slab must start on a 4 KiB page; this one starts at IOVA {:#x} \
@@ -91,9 +115,11 @@ impl DmaPool {
                 slab.iova()
             )));
         }
-        if count == 0 || need > slab.len() {
+        if need > slab.len() {
             return Err(DmaError::InvalidAllocation(format!(
-                "a pool of {count} buffers of {len} bytes needs {need} bytes; the slab has {}",
+                "a pool of {count} buffers of {len} bytes needs a slab of {need} bytes \
+                 ({count} × {stride}: each buffer starts on a 4 KiB page); this one has {}: \
+                 carve a slab of at least {need} bytes, or ask for fewer buffers",
                 slab.len()
             )));
         }
@@ -176,6 +202,26 @@ mod tests {
         assert!(p.put(slab(4096)).is_err(), "a buffer from no pool");
         assert!(DmaPool::new(slab(4096), 4096, 2).is_err(), "slab too small");
         assert!(DmaPool::new(slab(4096), 0, 1).is_err());
+    }
+
+    /// Each impossible pool is refused with what to change, not only the
+    /// numbers asked for.
+    #[test]
+    fn impossible_pools_say_what_to_change() {
+        let cases: [(usize, usize, usize, &str); 5] = [
+            (0, 4, 4096, "ask for buffers of at least 1 byte"),
+            (4096, 0, 4096, "ask for at least one buffer"),
+            (usize::MAX, 1, 4096, "ask for fewer or smaller buffers"),
+            (4096, usize::MAX, 4096, "ask for fewer or smaller buffers"),
+            (5000, 2, 8192, "needs a slab of 16384 bytes (2 × 8192"),
+        ];
+        for (len, count, slab_len, fix) in cases {
+            let e = DmaPool::new(slab(slab_len), len, count).unwrap_err();
+            assert!(e.to_string().contains(fix), "({len}, {count}): {e}");
+            assert!(matches!(e, DmaError::InvalidAllocation(_)), "{e:?}");
+        }
+        assert_eq!(DmaPool::slab_len(5000, 3).unwrap(), 3 * 8192);
+        assert_eq!(DmaPool::slab_len(4096, 2).unwrap(), 8192);
     }
 
     #[test]

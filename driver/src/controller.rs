@@ -305,15 +305,10 @@ impl<D: Device> Controller<D> {
     /// O(1), take no lock and allocate nothing; see [`DmaPool`] for what reuse
     /// means for the data left in a buffer.
     pub fn dma_pool(&self, len: usize, count: usize) -> Result<DmaPool> {
-        let stride = DmaPool::stride(len).filter(|_| len > 0).ok_or_else(|| {
-            Error::InvalidArgument(format!("a DMA pool of {count} buffers of {len} bytes"))
+        let total = DmaPool::slab_len(len, count).map_err(|e| match e {
+            upnvme_dma::DmaError::InvalidAllocation(why) => Error::InvalidArgument(why),
+            other => Error::Dma(other),
         })?;
-        let total = stride
-            .checked_mul(count)
-            .filter(|&t| t > 0)
-            .ok_or_else(|| {
-                Error::InvalidArgument(format!("a DMA pool of {count} buffers of {len} bytes"))
-            })?;
         let slab = self.inner.dev.alloc_dma(total)?;
         Ok(DmaPool::new(slab, len, count)?)
     }
