@@ -1,6 +1,13 @@
 //! A page-granular allocator that carves device-mapped regions into
 //! [`DmaBuffer`]s. Not on the I/O path: queues, PRP list pages and I/O buffers
 //! are allocated once and reused; a dropped buffer's pages come back here.
+//!
+//! Regions of the standard size (2 MiB, or one page of a larger backing)
+//! stay mapped while the allocator lives and serve later allocations. A
+//! region made larger than that for one big allocation is unmapped when
+//! its last buffer goes: its hugepages and IOVA range go back to the
+//! system rather than staying pinned for an allocation that may never come
+//! again.
 
 use std::sync::{Arc, Mutex};
 
@@ -17,10 +24,16 @@ struct Region {
     free: Vec<(usize, usize)>,
     /// Buffers handed out from this region and not yet dropped.
     live: usize,
+    /// Larger than a standard region (made for one allocation that did not
+    /// fit one): unmapped when `live` falls to 0.
+    oversized: bool,
 }
 
 struct State {
-    regions: Vec<Region>,
+    /// The mapped regions; `None` where an oversized region was unmapped
+    /// (the slot is reused by the next new region, so indices held by
+    /// live buffers stay valid).
+    regions: Vec<Option<Region>>,
     /// Allocations [`DmaAllocator::alloc_or`] served from its fallback.
     fallbacks: u64,
     /// Why the most recent of them could not come from here.
@@ -49,7 +62,7 @@ pub struct DmaAllocator {
 
 impl std::fmt::Debug for DmaAllocator {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let regions = self.state.lock().map(|s| s.regions.len()).unwrap_or(0);
+        let regions = self.regions();
         f.debug_struct("DmaAllocator")
             .field("backing", &self.backing)
             .field("access", &self.access)
@@ -144,6 +157,7 @@ impl DmaAllocator {
             .lock()
             .map_err(|_| DmaError::InvalidAllocation(POISONED.into()))?;
         let found = state.regions.iter_mut().enumerate().find_map(|(index, r)| {
+            let r = r.as_mut()?;
             let i = r.free.iter().position(|&(_, l)| l >= len)?;
             let (off, l) = r.free[i];
             if l == len {
@@ -170,7 +184,8 @@ impl DmaAllocator {
                 drop(state);
                 // At least one backing page, and at least 2 MiB so 4 KiB-backed
                 // allocators do not map (and IOMMU-map) page by page.
-                let size = len.max(self.backing.page_size()).max(2 << 20);
+                let standard = self.backing.page_size().max(2 << 20);
+                let size = len.max(standard);
                 let region =
                     DmaRegion::new_with(size, self.backing, self.mapper.clone(), self.access)?;
                 let mut free = Vec::new();
@@ -182,12 +197,23 @@ impl DmaAllocator {
                     .state
                     .lock()
                     .map_err(|_| DmaError::InvalidAllocation(POISONED.into()))?;
-                state.regions.push(Region {
+                let entry = Region {
                     region: region.clone(),
                     free,
                     live: 1,
-                });
-                let index = state.regions.len() - 1;
+                    oversized: len > standard,
+                };
+                // The first slot an unmapped region left, else a new one.
+                let index = match state.regions.iter().position(Option::is_none) {
+                    Some(i) => {
+                        state.regions[i] = Some(entry);
+                        i
+                    }
+                    None => {
+                        state.regions.push(Some(entry));
+                        state.regions.len() - 1
+                    }
+                };
                 drop(state);
                 (region, 0, index, true)
             }
@@ -198,16 +224,29 @@ impl DmaAllocator {
             offset,
             len,
             Some(Box::new(move |region: &DmaRegion, off, l| {
-                // Regions are never removed while the allocator lives, so
-                // the index found at allocation still names this region (a
-                // free is one lookup, not a scan of every region).
-                if let Some(state) = weak.upgrade()
-                    && let Ok(mut s) = state.lock()
-                    && let Some(r) = s.regions.get_mut(index).filter(|r| r.region.same(region))
-                {
-                    r.live = r.live.saturating_sub(1);
-                    give_back(&mut r.free, off, l);
-                }
+                // A region leaves its slot only when its last buffer is
+                // gone, so the index found at allocation still names this
+                // region (a free is one lookup, not a scan of every
+                // region); `same` makes sure of it.
+                let Some(state) = weak.upgrade() else { return };
+                let Ok(mut s) = state.lock() else { return };
+                let Some(slot) = s.regions.get_mut(index) else {
+                    return;
+                };
+                let retire = match slot {
+                    Some(r) if r.region.same(region) => {
+                        r.live = r.live.saturating_sub(1);
+                        give_back(&mut r.free, off, l);
+                        r.live == 0 && r.oversized
+                    }
+                    _ => return,
+                };
+                let retired = if retire { slot.take() } else { None };
+                drop(s);
+                // Dropped after the lock: the IOMMU unmap and munmap happen
+                // when the last handle goes (the buffer being dropped holds
+                // one until just after this returns), never under the lock.
+                drop(retired);
             })),
         )?;
         // A new region's pages come zeroed from the kernel (anonymous
@@ -218,9 +257,13 @@ impl DmaAllocator {
         Ok(buf)
     }
 
-    /// Number of regions mapped so far.
+    /// Number of regions mapped now (an oversized region no longer
+    /// counts once its last buffer is gone).
     pub fn regions(&self) -> usize {
-        self.state.lock().map(|s| s.regions.len()).unwrap_or(0)
+        self.state
+            .lock()
+            .map(|s| s.regions.iter().flatten().count())
+            .unwrap_or(0)
     }
 
     /// Buffers handed out and not yet dropped (pages kept by a
@@ -228,7 +271,7 @@ impl DmaAllocator {
     pub fn live_buffers(&self) -> usize {
         self.state
             .lock()
-            .map(|s| s.regions.iter().map(|r| r.live).sum())
+            .map(|s| s.regions.iter().flatten().map(|r| r.live).sum())
             .unwrap_or(0)
     }
 
@@ -239,6 +282,7 @@ impl DmaAllocator {
             .map(|s| {
                 s.regions
                     .iter()
+                    .flatten()
                     .flat_map(|r| r.free.iter().map(|&(_, l)| l))
                     .sum()
             })
@@ -561,6 +605,53 @@ mod tests {
         drop(pages);
         assert_eq!(a.free_bytes(), free);
         drop(other);
+    }
+
+    /// A region made for one allocation larger than a standard region goes
+    /// back (IOMMU unmap, munmap) with its last buffer, whoever holds it
+    /// last (a split piece, detached pages); standard regions stay for
+    /// reuse. Its slot serves the next new region, and a free of a buffer
+    /// of another region in that slot is not confused with it.
+    #[test]
+    fn an_oversized_region_is_unmapped_with_its_last_buffer() {
+        let mapper = fake();
+        let a = DmaAllocator::new(mapper.clone(), PageBacking::Small4K);
+        let live = || mapper.live.load(Ordering::SeqCst);
+        let small = a.alloc(4096).unwrap();
+        let big = a.alloc((3 << 20) + 100).unwrap();
+        assert_eq!((a.regions(), live()), (2, 2));
+        assert_eq!(big.len(), (3 << 20) + 4096);
+        let mut pieces = big.split(1 << 20).unwrap();
+        let kept = pieces[3].detach_pages();
+        let last = pieces.pop().unwrap();
+        drop(pieces);
+        assert_eq!(live(), 2, "a piece still holds the region");
+        drop(last);
+        assert_eq!(live(), 2, "detached pages still hold the region");
+        assert_eq!(a.live_buffers(), 2);
+        drop(kept);
+        assert_eq!((a.regions(), live(), a.live_buffers()), (1, 1, 1));
+        // The standard region stays mapped without buffers, for reuse.
+        let iova = small.iova();
+        drop(small);
+        assert_eq!((a.regions(), live()), (1, 1));
+        assert_eq!(a.alloc(4096).unwrap().iova(), iova);
+        // Big allocations again: the freed slot is reused, and each region
+        // goes with its own buffer.
+        let b1 = a.alloc(4 << 20).unwrap();
+        let b2 = a.alloc(5 << 20).unwrap();
+        assert_eq!((a.regions(), live()), (3, 3));
+        drop(b1);
+        assert_eq!((a.regions(), live()), (2, 2));
+        let b3 = a.alloc(3 << 20).unwrap();
+        assert_eq!((a.regions(), live()), (3, 3));
+        drop(b2);
+        assert_eq!((a.regions(), live()), (2, 2));
+        b3.write_u64(8, 1).unwrap();
+        drop(b3);
+        assert_eq!((a.regions(), live()), (1, 1));
+        drop(a);
+        assert_eq!(live(), 0);
     }
 
     #[test]

@@ -115,7 +115,7 @@ pub enum DmaError {
     },
     /// No IOVA space left in the ranges the IOMMU reported.
     #[error(
-        "no free IOVA space for a region of {size} bytes inside the IOMMU's valid ranges {ranges}: drop DMA buffers and pools that are no longer needed, or use smaller buffers (a region is the request rounded up to the page backing: 2 MiB, or 1 GiB with PageBacking::Huge1G)"
+        "no free IOVA space for a region of {size} bytes inside the IOMMU's valid ranges {ranges}: unregister application memory that is no longer needed, drop DMA buffers and pools that are no longer needed (a region made larger than the standard 2 MiB, or one 1 GiB page with PageBacking::Huge1G, for one allocation is unmapped with its last buffer; standard regions stay mapped for reuse), or use smaller buffers"
     )]
     IovaExhausted {
         /// Bytes requested.
