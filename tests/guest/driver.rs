@@ -300,6 +300,26 @@ fn the_same_controller_cannot_be_opened_twice() {
     a.close().unwrap();
 }
 
+/// DMA memory of a closed controller keeps its VFIO container (and group)
+/// open: opening the device again fails until it is gone, and the error
+/// names it rather than only "another Controller".
+#[test]
+fn a_buffer_of_a_closed_controller_keeps_the_device_open_and_the_error_says_so() {
+    let addr = &devices()[0];
+    let a = open(addr);
+    let buf = a.alloc_dma(4096).unwrap();
+    a.close().unwrap();
+    let e = Controller::open(addr, ControllerOptions::default()).unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        msg.contains("already open") && msg.contains("DMA buffers, pools or registered memory"),
+        "{msg}"
+    );
+    buf.write_u32(0, 7).unwrap();
+    drop(buf);
+    open(addr).close().unwrap();
+}
+
 #[test]
 fn bad_addresses_are_explained() {
     let e = Controller::open("00:04", ControllerOptions::default()).unwrap_err();

@@ -386,7 +386,7 @@ impl VfioDevice {
             .map_err(|e| {
                 let hint = match e.raw_os_error() {
                     Some(libc::EBUSY) => {
-                        "the group is already open: another process (or another Controller in this process) uses this device"
+                        "the group is already open: another process uses this device, or this process does (another Controller of it, or DMA buffers, pools or registered memory of a closed Controller of it, which keep its VFIO container and group open: drop or unregister them first)"
                     }
                     Some(libc::ENOENT) => {
                         "the vfio-pci module is not loaded or the device is not bound to it (`upnvme setup bind <address>`)"
