@@ -249,7 +249,7 @@ pub enum UnregisterError {
     /// dropped; the pages stay pinned for the device until its VFIO
     /// container closes.
     #[error(
-        "the {len}-byte registration could not be unmapped from the IOMMU (the device may still reach it), so it is not handed back; its process mapping was dropped and the device keeps its pages pinned until the VFIO container closes"
+        "the {len}-byte registration could not be unmapped from the IOMMU (the device may still reach it), so it is not handed back; its process mapping was dropped and the device keeps its pages pinned until the VFIO container closes: close the controller and drop every buffer, pool and registration of it to release them"
     )]
     StillMapped {
         /// The registration's size.
@@ -315,8 +315,9 @@ impl RegisteredMemory {
     /// passes it). The mapping must be non-empty, start on a 4 KiB page and
     /// be whole 4 KiB pages long; it is mapped at one contiguous IOVA range
     /// allocated inside the IOMMU's valid ranges, aligned to 2 MiB when the
-    /// memory is 2 MiB hugepages. On any refusal the mapping comes back in
-    /// the error.
+    /// memory is whole 2 MiB (or 1 GiB) hugepages (less when it is shorter:
+    /// to the largest power of two its address and length are multiples
+    /// of). On any refusal the mapping comes back in the error.
     pub fn new(mapping: MmapMut, mapper: Arc<dyn DmaMapper>) -> Result<Self, RegisterError> {
         let len = mapping.len();
         let vaddr = mapping.as_ptr() as usize;

@@ -12,7 +12,8 @@ use std::time::Duration;
 use common::{T, assert_clean, model, open, opts, pattern, run_io, setup};
 use upnvme::memmap2::{MmapMut, MmapOptions};
 use upnvme::{
-    CarveError, IoCommand, IoData, IoVec, QueuePairOptions, RegisterFailure, UnregisterError,
+    CarveError, DmaPool, IoCommand, IoData, IoVec, QueuePairOptions, RegisterFailure,
+    UnregisterError,
 };
 use upnvme_tests::{Fault, Match, ModelConfig};
 
@@ -332,6 +333,124 @@ fn bad_carvings_are_refused_with_typed_errors() {
     drop((mid, hi));
     assert_eq!(reg.free_bytes(), 16 << 10, "free runs merged back");
     assert!(reg.alloc(16 << 10).is_ok());
+    drop(reg.unregister().unwrap());
+    c.close().unwrap();
+    assert_clean(&m);
+}
+
+/// A pool over registered memory: its buffers carry I/O, show the
+/// application's bytes (not zeroed), refuse a registered buffer that is not
+/// the pool's, and hold the registration — as one buffer — until the pool
+/// and every buffer it handed out are gone.
+#[test]
+fn a_pool_over_registered_memory_carries_io_and_holds_the_registration() {
+    let (m, c) = setup(ModelConfig::default());
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let app = pattern(5, 4 * LBA);
+    let reg = c.register_memory(mapping_with(64 << 10, 0, &app)).unwrap();
+    let mut pool = DmaPool::new(reg.alloc(4 * LBA).unwrap(), LBA, 4).unwrap();
+    assert_eq!(reg.live_buffers(), 1, "the pool's slab");
+    let b = pool.get().unwrap();
+    assert_eq!(
+        b.to_vec(),
+        app[..LBA],
+        "not zeroed: the application's bytes"
+    );
+    let b = qp.write_blocking(&ns, 40, 1, b, T).unwrap();
+    pool.put(b).unwrap();
+    let mut held: Vec<_> = std::iter::from_fn(|| pool.get()).collect();
+    assert_eq!(held.len(), 4);
+    let last = held.pop().unwrap();
+    let last = qp.read_blocking(&ns, 40, 1, last, T).unwrap();
+    assert_eq!(last.to_vec(), app[..LBA]);
+    let last_at = (last.iova() - reg.iova()) as usize;
+    for b in held {
+        pool.put(b).unwrap();
+    }
+    // A buffer of the same registration, not of the pool, is refused.
+    let other = reg.alloc(LBA).unwrap();
+    let other = pool.put(other).unwrap_err().0;
+    drop(other);
+    // The pool (with a buffer out) holds the registration.
+    drop(pool);
+    let reg = match reg.unregister() {
+        Err(UnregisterError::StillInUse {
+            buffers: 1,
+            registration,
+        }) => registration,
+        other => panic!("expected StillInUse with one buffer, got {other:?}"),
+    };
+    drop(last);
+    assert_eq!(reg.free_bytes(), 64 << 10);
+    let mapping = reg.unregister().unwrap();
+    assert_eq!(&mapping[last_at..last_at + LBA], &app[..LBA]);
+    drop(qp);
+    c.close().unwrap();
+    assert_clean(&m);
+}
+
+/// `RegisteredMemory` is `Sync`: threads carving from one registration at
+/// once never get buffers that share a byte (each fills its buffers with
+/// its own byte and finds them unchanged after the others ran), and every
+/// page comes back.
+#[test]
+fn threads_carving_one_registration_never_share_a_page() {
+    let (m, c) = setup(ModelConfig::default());
+    let reg = std::sync::Arc::new(
+        c.register_memory(MmapMut::map_anon(256 << 10).unwrap())
+            .unwrap(),
+    );
+    let threads: Vec<_> = (1..=4u8)
+        .map(|t| {
+            let reg = reg.clone();
+            std::thread::spawn(move || {
+                let mut held = std::collections::VecDeque::new();
+                let mut carved = 0;
+                for round in 0..400usize {
+                    let len = 1 + (round * 4099 + usize::from(t) * 977) % (3 * LBA);
+                    let b = if round % 3 == 0 {
+                        // At an offset: another thread's pages are refused.
+                        let off = (round * 7 + usize::from(t)) % 60 * LBA;
+                        match reg.buffer(off, len) {
+                            Ok(b) => b,
+                            Err(CarveError::Overlaps { .. } | CarveError::OutOfRange { .. }) => {
+                                continue;
+                            }
+                            Err(e) => panic!("{e}"),
+                        }
+                    } else {
+                        match reg.alloc(len) {
+                            Ok(b) => b,
+                            Err(CarveError::NoSpace { .. }) => continue,
+                            Err(e) => panic!("{e}"),
+                        }
+                    };
+                    b.fill(0, len, t).unwrap();
+                    held.push_back(b);
+                    carved += 1;
+                    if held.len() > 3 {
+                        let b = held.pop_front().unwrap();
+                        assert!(
+                            b.to_vec().iter().all(|&x| x == t),
+                            "thread {t}: another thread wrote into its buffer"
+                        );
+                    }
+                    std::thread::yield_now();
+                }
+                for b in held {
+                    assert!(b.to_vec().iter().all(|&x| x == t));
+                }
+                carved
+            })
+        })
+        .collect();
+    for t in threads {
+        assert!(t.join().unwrap() > 100, "too few carvings to mean anything");
+    }
+    let reg = std::sync::Arc::try_unwrap(reg).unwrap();
+    assert_eq!(reg.live_buffers(), 0);
+    assert_eq!(reg.free_bytes(), 256 << 10, "every page came back");
     drop(reg.unregister().unwrap());
     c.close().unwrap();
     assert_clean(&m);
