@@ -927,7 +927,8 @@ int upnvme_ctrl_get_info_sized(const struct upnvme_ctrl *ctrl,
                                size_t size);
 
 /**
- * Allocates a DMA buffer of `len` bytes (4 KiB aligned, zeroed, mapped for
+ * Allocates a DMA buffer of `len` bytes rounded up to whole 4 KiB pages
+ * (`upnvme_buf_len` gives that length; 4 KiB aligned, zeroed, mapped for
  * the controller). Free it with `upnvme_buf_free`.
  *
  * # Safety
