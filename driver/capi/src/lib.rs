@@ -41,7 +41,7 @@ pub use ctrl::{
 pub use qpair::{Cmd, Qpair, upnvme_cmd_cb, upnvme_cpl, upnvme_qpair_opts, upnvme_range};
 pub use status::*;
 
-use status::{fail, fail_error, guard, guard_or, read_sized};
+use status::{fail, fail_error, fail_fixed, guard, guard_or, read_sized};
 
 /// A controller handle (from `upnvme_ctrl_open`). Opaque to C.
 pub struct upnvme_ctrl(pub Ctrl<VfioNvme>);
@@ -906,7 +906,8 @@ pub unsafe extern "C" fn upnvme_pool_create(
 }
 
 /// A buffer from the pool, or NULL when all are handed out (or `pool` is
-/// NULL); `upnvme_last_error` then says which.
+/// NULL); `upnvme_last_error` then says which. O(1), no lock, and no
+/// allocation, also when the pool is empty.
 ///
 /// # Safety
 /// `pool` is null or a live pool.
@@ -919,9 +920,11 @@ pub unsafe extern "C" fn upnvme_pool_get(pool: *mut upnvme_pool) -> *mut upnvme_
             return std::ptr::null_mut();
         };
         p.get().unwrap_or_else(|| {
-            fail(
+            // A fixed message: an empty pool is a normal step of a loop
+            // that gets until NULL, and get allocates nothing.
+            fail_fixed(
                 UPNVME_EAGAIN,
-                "the pool is empty: every buffer is handed out (upnvme_pool_put gives one back)",
+                c"the pool is empty: every buffer is handed out (upnvme_pool_put gives one back)",
             );
             std::ptr::null_mut()
         })

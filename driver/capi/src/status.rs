@@ -2,7 +2,7 @@
 //! guard that keeps panics from crossing the ABI.
 
 use std::cell::RefCell;
-use std::ffi::{CString, c_char, c_int};
+use std::ffi::{CStr, CString, c_char, c_int};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 
 use upnvme::dma::DmaError;
@@ -44,8 +44,16 @@ pub const UPNVME_ESETUP: c_int = -1000;
 /// A bug inside the library (a Rust panic, caught at the ABI boundary).
 pub const UPNVME_EINTERNAL: c_int = -1001;
 
+/// A thread's last error message: made for the error, or a fixed text
+/// (recorded without allocating, for refusals that are a normal step of a
+/// loop, e.g. an empty pool).
+enum LastError {
+    Owned(CString),
+    Fixed(&'static CStr),
+}
+
 thread_local! {
-    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+    static LAST_ERROR: RefCell<LastError> = const { RefCell::new(LastError::Fixed(c"")) };
 }
 
 /// Records `msg` as this thread's last error and returns `code`.
@@ -54,7 +62,15 @@ pub(crate) fn fail(code: c_int, msg: impl std::fmt::Display) -> c_int {
     let c = CString::new(text).unwrap_or_default();
     // `try_with`: during the thread's teardown the slot may be gone, and a
     // panic here (outside the entry points' catch_unwind) would abort.
-    let _ = LAST_ERROR.try_with(|e| *e.borrow_mut() = c);
+    let _ = LAST_ERROR.try_with(|e| *e.borrow_mut() = LastError::Owned(c));
+    code
+}
+
+/// Records the fixed `msg` as this thread's last error, without allocating,
+/// and returns `code`: for a refusal that is part of a normal loop (an
+/// empty pool), whose call is documented to allocate nothing.
+pub(crate) fn fail_fixed(code: c_int, msg: &'static CStr) -> c_int {
+    let _ = LAST_ERROR.try_with(|e| *e.borrow_mut() = LastError::Fixed(msg));
     code
 }
 
@@ -62,7 +78,10 @@ pub(crate) fn fail(code: c_int, msg: impl std::fmt::Display) -> c_int {
 /// thread's teardown, when its slot is gone).
 pub(crate) fn last_error() -> *const c_char {
     LAST_ERROR
-        .try_with(|e| e.borrow().as_ptr())
+        .try_with(|e| match &*e.borrow() {
+            LastError::Owned(c) => c.as_ptr(),
+            LastError::Fixed(c) => c.as_ptr(),
+        })
         .unwrap_or(c"".as_ptr())
 }
 

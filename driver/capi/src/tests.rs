@@ -426,6 +426,48 @@ fn pools_hand_out_and_take_back_their_own_buffers_only() {
     assert!(p.get().is_some());
 }
 
+/// Counts this thread's heap allocations inside `count(..)`; otherwise the
+/// system allocator.
+#[global_allocator]
+static GLOBAL: upnvme::dma::alloc_count::CountingAllocator =
+    upnvme::dma::alloc_count::CountingAllocator;
+
+/// `upnvme_pool_get` and `upnvme_pool_put` allocate nothing, as docs/capi.md
+/// says — also the `get` that finds the pool empty, the normal end of a
+/// "get until NULL" loop (it recorded its message by formatting a new
+/// string each time). The message is still there afterwards.
+#[test]
+fn pool_get_and_put_allocate_nothing_even_on_an_empty_pool() {
+    let (_m, c) = model();
+    let p = Box::into_raw(upnvme_pool::new(c.dma_pool(4096, 2).unwrap()));
+    // Earlier errors' message, replaced below (and this thread's slot made).
+    fail(UPNVME_EINVAL, "an earlier error");
+    let (rounds, n) = upnvme::dma::alloc_count::count(|| {
+        let mut rounds = 0;
+        for _ in 0..100 {
+            // SAFETY: a live pool, this thread's.
+            let get = || unsafe { crate::upnvme_pool_get(p) };
+            let (a, b, none) = (get(), get(), get());
+            assert!(!a.is_null() && !b.is_null() && none.is_null());
+            for h in [a, b] {
+                // SAFETY: live pool, a handle from it, not in flight.
+                assert_eq!(unsafe { crate::upnvme_pool_put(p, h) }, UPNVME_OK);
+            }
+            rounds += 1;
+        }
+        rounds
+    });
+    assert_eq!(rounds, 100);
+    assert_eq!(n, 0, "allocations in pool get/put");
+    assert!(
+        last_error().contains("the pool is empty"),
+        "{}",
+        last_error()
+    );
+    // SAFETY: a live pool, not used afterwards.
+    unsafe { crate::upnvme_pool_destroy(p) };
+}
+
 #[test]
 fn a_handle_given_back_to_its_pool_is_refused_everywhere() {
     let (m, c) = model();
