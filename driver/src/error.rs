@@ -65,7 +65,7 @@ pub enum Error {
 
     /// Register reads return all ones: the device was removed or fell off the bus.
     #[error(
-        "controller {device} is gone (register reads return all ones): hot-removed, reset by someone else, or its PCI link is down"
+        "controller {device} is gone (register reads return all ones): hot-removed, reset by someone else, or its PCI link is down; if the link comes back (a recovered PCIe error) Controller::reset re-initialises it, otherwise drop the controller with its queue pairs and DMA memory and open it again once the device is back (`upnvme setup status` lists it)"
     )]
     ControllerGone {
         /// The device name (PCI address).

@@ -1400,12 +1400,12 @@ fn device_gone() {
     assert!(matches!(e, Error::ControllerGone { .. }), "{e:?}");
     assert_eq!(
         e.to_string(),
-        "controller model is gone (register reads return all ones): hot-removed, reset by someone else, or its PCI link is down"
+        "controller model is gone (register reads return all ones): hot-removed, reset by someone else, or its PCI link is down; if the link comes back (a recovered PCIe error) Controller::reset re-initialises it, otherwise drop the controller with its queue pairs and DMA memory and open it again once the device is back (`upnvme setup status` lists it)"
     );
     // Gone after bring-up: every call says so.
     let (m, c, mut qp) = pair();
     m.unplug();
-    let gone = "controller model is gone (register reads return all ones): hot-removed, reset by someone else, or its PCI link is down";
+    let gone = "controller model is gone (register reads return all ones): hot-removed, reset by someone else, or its PCI link is down; if the link comes back (a recovered PCIe error) Controller::reset re-initialises it, otherwise drop the controller with its queue pairs and DMA memory and open it again once the device is back (`upnvme setup status` lists it)";
     assert_eq!(c.status().unwrap_err().to_string(), gone);
     let buf = c.alloc_dma(4096).unwrap();
     let f = qp
