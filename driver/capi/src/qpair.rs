@@ -13,14 +13,14 @@ use std::time::Duration;
 
 use upnvme::{
     Completion, Device, DsmRange, IoCommand, IoData, IoFlags, IoQueuePair, Namespace,
-    QueuePairOptions, SqAnnounce,
+    QueuePairOptions, Reject, SqAnnounce,
 };
 
 use crate::buf::upnvme_buf;
 use crate::ctrl::SharedNamespaces;
 use crate::status::{
-    UPNVME_EBUSY, UPNVME_EINVAL, UPNVME_ENODEV, UPNVME_OK, error_code, fail, io_error_code,
-    reject_code,
+    UPNVME_EAGAIN, UPNVME_EBUSY, UPNVME_EINVAL, UPNVME_ENODEV, UPNVME_OK, error_code, fail,
+    fail_fixed, io_error_code, reject_code,
 };
 
 /// Options of `upnvme_qpair_create`. Fill with `upnvme_qpair_opts_default(&o)`
@@ -667,6 +667,15 @@ impl<D: Device> Qpair<D> {
                     // reference taken above is no longer used.
                     let h = unsafe { &mut *kept };
                     h.settle(r.buffer);
+                }
+                if r.reason == Reject::QueueFull {
+                    // Back-pressure, a normal step of a submission loop:
+                    // recorded without allocating.
+                    return fail_fixed(
+                        UPNVME_EAGAIN,
+                        c"the I/O queue is full: reap completions \
+                          (upnvme_qpair_process_completions) before submitting more",
+                    );
                 }
                 fail(reject_code(r.reason), self.qp.describe(r.reason))
             }

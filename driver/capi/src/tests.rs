@@ -468,6 +468,47 @@ fn pool_get_and_put_allocate_nothing_even_on_an_empty_pool() {
     unsafe { crate::upnvme_pool_destroy(p) };
 }
 
+/// A submission refused because the queue is full (the back-pressure every
+/// submission loop meets, UPNVME_EAGAIN) records its message without
+/// allocating (before: a formatted String and CString per refusal).
+#[test]
+fn a_full_queue_refusal_allocates_nothing() {
+    let (_m, c) = model();
+    let mut qp = pair(&c, 4);
+    let qpp: *mut Qpair<ModelController> = &mut *qp;
+    let flush = |q: &mut Qpair<ModelController>| {
+        // SAFETY: a command without data, no callback.
+        unsafe {
+            q.submit(
+                1,
+                Cmd::Flush,
+                std::ptr::null_mut(),
+                None,
+                std::ptr::null_mut(),
+            )
+        }
+    };
+    for round in 0..3 {
+        for _ in 0..3 {
+            assert_eq!(flush(&mut qp), UPNVME_OK);
+        }
+        // Earlier errors' message, replaced below.
+        fail(UPNVME_EINVAL, "an earlier error");
+        let (rc, n) = upnvme::dma::alloc_count::count(|| flush(&mut qp));
+        assert_eq!(rc, UPNVME_EAGAIN);
+        assert!(last_error().contains("queue is full"), "{}", last_error());
+        // The first round may grow the C side's slot lists.
+        if round > 0 {
+            assert_eq!(n, 0, "allocations in a refused submission");
+        }
+        let mut reaped = 0;
+        while reaped < 3 {
+            // SAFETY: live pair, this thread's.
+            reaped += unsafe { Qpair::process_completions(qpp, 0) };
+        }
+    }
+}
+
 #[test]
 fn a_handle_given_back_to_its_pool_is_refused_everywhere() {
     let (m, c) = model();
