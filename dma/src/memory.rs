@@ -150,6 +150,18 @@ pub(crate) fn advise_fork(
     Ok(())
 }
 
+/// The machine's physical memory in bytes (`None` when the kernel does not
+/// say).
+fn physical_memory() -> Option<u64> {
+    // SAFETY: sysconf reads a system value; it has no memory effects and no
+    // preconditions.
+    let pages = unsafe { libc::sysconf(libc::_SC_PHYS_PAGES) };
+    // SAFETY: as above.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    let (pages, page) = (u64::try_from(pages).ok()?, u64::try_from(page).ok()?);
+    pages.checked_mul(page).filter(|&b| b > 0)
+}
+
 impl HostMemory {
     /// Maps `len` bytes (rounded up to the backing's page size), zeroed,
     /// populated and locked.
@@ -163,6 +175,19 @@ impl HostMemory {
         let len = len
             .checked_next_multiple_of(page)
             .ok_or_else(|| DmaError::InvalidAllocation(crate::alloc::too_large(len, page)))?;
+        // Pinned RAM, populated at once: more than the machine has would
+        // only end in the OOM killer (4 KiB pages as root, where
+        // RLIMIT_MEMLOCK does not stop it) or in advice to reserve more
+        // hugepages than there is memory.
+        if let Some(ram) = physical_memory()
+            && len as u64 > ram
+        {
+            return Err(DmaError::InvalidAllocation(format!(
+                "{len} bytes is more than this machine's memory ({ram} bytes): DMA memory is \
+                 pinned RAM; ask for less (a large transfer can go in parts, or as a vector \
+                 of smaller buffers)"
+            )));
+        }
         let mut flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE;
         match backing {
             PageBacking::Huge2M => flags |= libc::MAP_HUGETLB | libc::MAP_HUGE_2MB,
@@ -1293,6 +1318,29 @@ impl DmaBuffer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A mapping larger than the machine's memory is refused before mmap,
+    /// with what to do, for every backing (not populated until the OOM
+    /// killer stops it, nor answered with a hugepage count to reserve).
+    /// The behaviour before cannot be shown safely: with 4 KiB pages as root
+    /// it was the OOM killer.
+    #[test]
+    fn a_mapping_larger_than_the_machines_memory_is_refused() {
+        let ram = physical_memory().expect("sysconf reports the memory");
+        let len = usize::try_from(ram).unwrap() * 2;
+        for backing in [
+            PageBacking::Small4K,
+            PageBacking::Huge2M,
+            PageBacking::Huge1G,
+        ] {
+            let Err(e) = HostMemory::map(len, backing) else {
+                panic!("{backing:?}: mapped {len} bytes");
+            };
+            let m = e.to_string();
+            assert!(m.contains("more than this machine's memory"), "{m}");
+            assert!(m.contains("ask for less"), "{m}");
+        }
+    }
 
     #[test]
     fn dma_memory_is_not_inherited_by_fork() {
