@@ -40,7 +40,7 @@ pub struct GetFeatureArgs {
     /// Bytes of the feature's data structure (default: the length the
     /// specification gives the feature, none for a feature it does not
     /// list, such as a vendor's).
-    #[arg(short = 'l', long, value_parser = number::<usize>)]
+    #[arg(short = 'l', long, value_parser = crate::passthru::data_len)]
     data_len: Option<usize>,
     /// UUID Index (CDW14 bits 6:0) of a vendor feature.
     #[arg(short = 'U', long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..128))]
@@ -74,7 +74,7 @@ pub struct SetFeatureArgs {
     /// Bytes of the data structure (default: the length the specification
     /// gives the feature; needed for a feature it does not list, such as a
     /// vendor's); the data itself comes with --data.
-    #[arg(short = 'l', long, value_parser = number::<usize>)]
+    #[arg(short = 'l', long, value_parser = crate::passthru::data_len)]
     data_len: Option<usize>,
     /// UUID Index (CDW14 bits 6:0) of a vendor feature.
     #[arg(short = 'U', long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..128))]
@@ -240,6 +240,7 @@ pub fn get_log(a: &GetLogArgs) -> Result<()> {
     if a.xfer_len.is_some_and(|x| x == 0 || !x.is_multiple_of(4)) {
         return Err(usage("--xfer-len: a non-zero multiple of 4").into());
     }
+    let data = log_buffer(a.len)?;
     let c = a.dev.open()?;
     // Pieces of at most the transfer limit (the passthrough's own limit:
     // MDTS, and 513 pages of data).
@@ -262,7 +263,7 @@ pub fn get_log(a: &GetLogArgs) -> Result<()> {
         Err(usage(why).into())
     } else {
         let piece = a.xfer_len.unwrap_or(limit).max(4);
-        read_log(&c, a, piece)
+        read_log(&c, a, piece, data)
     };
     let closed = c.close();
     let data = r?;
@@ -307,8 +308,12 @@ fn log_range_refusal(lpa: u8, a: &GetLogArgs, limit: usize) -> Option<String> {
 /// The log in pieces of `piece` bytes: Retain Asynchronous Event set on
 /// every one but the last, which has --rae's (so the event type is re-armed
 /// only once the whole log was read).
-fn read_log(c: &upnvme::Controller, a: &GetLogArgs, piece: usize) -> Result<Vec<u8>> {
-    let mut data = Vec::with_capacity(a.len);
+fn read_log(
+    c: &upnvme::Controller,
+    a: &GetLogArgs,
+    piece: usize,
+    mut data: Vec<u8>,
+) -> Result<Vec<u8>> {
     while data.len() < a.len {
         let n = piece.min(a.len - data.len());
         let last = data.len() + n == a.len;
@@ -320,6 +325,21 @@ fn read_log(c: &upnvme::Controller, a: &GetLogArgs, piece: usize) -> Result<Vec<
         let (_, d) = c.admin_passthrough(sqe, n, None).map_err(refusal)?;
         data.extend_from_slice(&d);
     }
+    Ok(data)
+}
+
+/// An empty buffer with room for a log of `len` bytes, reserved before the
+/// device is opened: a length no memory can hold is a usage error (exit 2)
+/// rather than an abort (`--log-len 0xfffffffffffffffc` panicked with
+/// "capacity overflow" once the controller was open).
+fn log_buffer(len: usize) -> Result<Vec<u8>> {
+    let mut data = Vec::new();
+    data.try_reserve_exact(len).map_err(|e| {
+        usage(format!(
+            "--log-len {len}: cannot hold a log of {len} bytes in memory ({e}): read it in \
+             parts with --lpo and a smaller --log-len"
+        ))
+    })?;
     Ok(data)
 }
 

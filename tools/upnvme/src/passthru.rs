@@ -52,8 +52,9 @@ pub struct AdminPassthruArgs {
     cdw15: u32,
     /// Bytes the command moves through its data pointer. With --input-file
     /// it defaults to the file's length; a larger value pads the file's
-    /// data with zeros.
-    #[arg(short = 'l', long, value_parser = crate::rw::number::<usize>)]
+    /// data with zeros. At most 2101248 (513 pages of 4 KiB; the
+    /// controller's MDTS may allow less).
+    #[arg(short = 'l', long, value_parser = data_len)]
     data_len: Option<usize>,
     /// Data also comes from the controller (printed as a hex dump, or raw
     /// with --raw-binary), whatever the opcode's bit 1 says (for vendor
@@ -76,6 +77,27 @@ pub struct AdminPassthruArgs {
     /// MTFA).
     #[arg(short = 't', long, value_parser = clap::value_parser!(u64).range(1..))]
     timeout: Option<u64>,
+}
+
+/// The most an admin command moves through upnvme's data pointer, whatever
+/// the controller's MDTS: 513 pages of 4 KiB (PRP1 and one PRP List page;
+/// `Controller::admin_passthrough` refuses more).
+pub const ADMIN_DATA_MAX: usize = 513 * 4096;
+
+/// A `--data-len` (decimal or 0x…): at most [`ADMIN_DATA_MAX`], refused at
+/// parse time (exit 2) — a larger one would only be refused after the
+/// data was read and padded to it (a length of terabytes aborted the tool
+/// allocating it).
+pub(crate) fn data_len(s: &str) -> std::result::Result<usize, String> {
+    let len = crate::rw::number::<usize>(s)?;
+    if len > ADMIN_DATA_MAX {
+        return Err(format!(
+            "{len} bytes is more than an admin command moves through upnvme: at most \
+             {ADMIN_DATA_MAX} (513 pages of 4 KiB; the controller's MDTS, `upnvme identify`, \
+             may allow less)"
+        ));
+    }
+    Ok(len)
 }
 
 /// Which way the data goes.
@@ -146,9 +168,10 @@ impl AdminPassthruArgs {
 /// The data to send from `path` ("-": stdin), read before the controller
 /// is opened: never more than `max` bytes (so a pipe whose writer stays
 /// open, a FIFO or /dev/zero cannot hang the tool). A regular file longer
-/// than `max` is refused; without `max` a regular file is read whole and
-/// anything else (stdin, a pipe, a device) is refused, since its length is
-/// not the data's. `flag` names the option in the messages.
+/// than `max` is refused; without `max` a regular file is read whole (one
+/// above [`ADMIN_DATA_MAX`] is refused unread) and anything else (stdin, a
+/// pipe, a device) is refused, since its length is not the data's. `flag`
+/// names the option in the messages.
 pub fn read_input(path: &Path, max: Option<usize>, flag: &str) -> Result<Vec<u8>> {
     let stdin = path.as_os_str() == "-";
     let what = if stdin {
@@ -184,6 +207,12 @@ pub fn read_input(path: &Path, max: Option<usize>, flag: &str) -> Result<Vec<u8>
             file.take(max as u64).read_to_end(&mut data).map_err(fail)?;
             Ok(data)
         }
+        None if meta.is_file() && meta.len() > ADMIN_DATA_MAX as u64 => Err(usage(format!(
+            "{flag} {what} holds {} bytes, more than an admin command moves through upnvme (at \
+             most {ADMIN_DATA_MAX}: 513 pages of 4 KiB)",
+            meta.len()
+        ))
+        .into()),
         None if meta.is_file() => {
             (&file).read_to_end(&mut data).map_err(fail)?;
             Ok(data)

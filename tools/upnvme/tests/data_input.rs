@@ -277,3 +277,116 @@ fn a_data_length_without_data_is_not_dropped() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Lengths no admin command moves are refused before anything is
+/// allocated (exit 2): `admin-passthru -l 0xffffffffffff -i f` aborted
+/// ("memory allocation of 281474976710655 bytes failed", exit 134) padding
+/// the file's data to it, `-l 0xfffffffffffffff0` panicked ("capacity
+/// overflow", exit 101), `set-feature --data f -l 0xffffffffffff` aborted
+/// the same way, and `get-log -l 0xfffffffffffffffc` panicked once the
+/// controller was open. A regular file above the limit without `-l` is
+/// refused unread. The limit itself (513 pages of 4 KiB) goes on to the
+/// (absent) device: exit 1.
+#[test]
+fn lengths_no_memory_or_command_can_hold_are_refused_not_aborted() {
+    let dir = std::env::temp_dir().join(format!("upnvme-data-len-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let small = dir.join("small.bin");
+    std::fs::write(&small, b"hi\n").unwrap();
+    let small = small.to_str().unwrap().to_string();
+    let big = dir.join("big.bin");
+    std::fs::File::create(&big)
+        .unwrap()
+        .set_len(3 << 20)
+        .unwrap();
+    let big = big.to_str().unwrap().to_string();
+    let dev = ["-d", "0000:ff:1f.7"];
+    let run = |args: &[&str]| {
+        let mut all = args.to_vec();
+        all.extend(dev);
+        run_bounded(&all, None).unwrap_or_else(|| panic!("{args:?} still running after 10 s"))
+    };
+    for (args, says) in [
+        (
+            &[
+                "admin-passthru",
+                "-O",
+                "0x11",
+                "-l",
+                "0xffffffffffff",
+                "-i",
+                &small,
+            ][..],
+            "more than an admin command moves through upnvme",
+        ),
+        (
+            &[
+                "admin-passthru",
+                "-O",
+                "0x11",
+                "-l",
+                "0xfffffffffffffff0",
+                "-i",
+                &small,
+            ],
+            "more than an admin command moves through upnvme",
+        ),
+        (
+            &[
+                "admin-passthru",
+                "-O",
+                "0x11",
+                "-l",
+                "2101252",
+                "-i",
+                &small,
+            ],
+            "at most 2101248",
+        ),
+        (
+            &[
+                "set-feature",
+                "-f",
+                "0x16",
+                "-l",
+                "0xffffffffffff",
+                "--data",
+                &small,
+            ],
+            "more than an admin command moves through upnvme",
+        ),
+        (
+            &["get-feature", "-f", "0xc0", "-l", "0xffffffffffff"],
+            "more than an admin command moves through upnvme",
+        ),
+        (
+            &["get-log", "-i", "2", "-l", "0xfffffffffffffffc"],
+            "cannot hold a log of 18446744073709551612 bytes in memory",
+        ),
+        (
+            &["admin-passthru", "-O", "0xc1", "-i", &big],
+            "holds 3145728 bytes, more than an admin command moves",
+        ),
+    ] {
+        let o = run(args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+    let o = run(&[
+        "admin-passthru",
+        "-O",
+        "0x11",
+        "-l",
+        "2101248",
+        "-i",
+        &small,
+    ]);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
