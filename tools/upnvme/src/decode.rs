@@ -217,6 +217,21 @@ fn relative_performance(rp: u8) -> &'static str {
     }
 }
 
+/// An LBA format's LBADS in words (NVM Command Set 1.0, "LBA Format Data
+/// Structure"): 2^LBADS bytes; 0 means the format is not available, and a
+/// non-zero value below 9 (512 bytes) is not a supported size.
+fn lba_data_size(lbads: u8) -> String {
+    match lbads {
+        0 => "not available (LBADS 0)".to_string(),
+        1..=8 => format!(
+            "{} bytes (LBADS {lbads}: below 512, not supported)",
+            1u32 << lbads
+        ),
+        9..=63 => format!("{} bytes", 1u64 << lbads),
+        _ => format!("2^{lbads} bytes (LBADS {lbads}: not a usable size)"),
+    }
+}
+
 /// Identify Namespace's capability fields and the LBA formats.
 pub fn namespace(id: &IdentifyNamespace) -> Vec<Field> {
     let mut out = vec![bits(
@@ -231,13 +246,20 @@ pub fn namespace(id: &IdentifyNamespace) -> Vec<Field> {
         ],
     )];
     let flbas = u64::from(id.flbas);
+    // The driver's reading (bits 6:5 count only with more than 16
+    // formats), so that this line and the "(in use)" format agree.
+    let in_use = id.current_lba_format_index();
     out.push(Field {
         name: "flbas",
         value: flbas,
         lines: vec![
             format!(
-                "[6:5,3:0] LBA format in use: {}",
-                (flbas & 0xf) | (flbas >> 5 & 0x3) << 4
+                "[6:5,3:0] LBA format in use: {in_use}{}",
+                if id.lba_format_count() <= 16 && flbas >> 5 & 0x3 != 0 {
+                    " (bits 6:5 ignored: 16 formats or fewer)"
+                } else {
+                    ""
+                }
             ),
             format!(
                 "[4] metadata: {}",
@@ -284,14 +306,13 @@ pub fn namespace(id: &IdentifyNamespace) -> Vec<Field> {
             ),
         ],
     });
-    let in_use = id.current_lba_format_index();
     for (i, f) in id.lbaf.iter().enumerate() {
         out.push(Field {
             name: "lbaf",
             value: i as u64,
             lines: vec![format!(
-                "format {i:>2}: data {} bytes, metadata {} bytes, relative performance {} ({}){}",
-                1u64.checked_shl(f.lbads.into()).unwrap_or(0),
+                "format {i:>2}: data {}, metadata {} bytes, relative performance {} ({}){}",
+                lba_data_size(f.lbads),
                 f.ms,
                 f.rp,
                 relative_performance(f.rp),
@@ -403,5 +424,58 @@ mod tests {
             "format  1: data 4096 bytes, metadata 8 bytes, relative performance 2 (good) (in use)"
         );
         assert_eq!(to_json(&f)["lbaf"].as_array().unwrap().len(), 2);
+    }
+
+    /// With 16 formats or fewer FLBAS bits 6:5 are not part of the index
+    /// (NVM Command Set 1.0): the FLBAS line named format 17 for FLBAS
+    /// 0x21 on a namespace of two formats, while the list marked format 1
+    /// "(in use)" and the driver used format 1. An LBADS of 0 (format not
+    /// available) read "data 1 bytes".
+    #[test]
+    fn the_format_in_use_is_the_drivers_and_unavailable_formats_say_so() {
+        let lbaf = |lbads| upnvme::queues::LbaFormat {
+            ms: 0,
+            lbads,
+            rp: 0,
+        };
+        let mut id = IdentifyNamespace {
+            flbas: 0x21,
+            nlbaf: 2,
+            ..Default::default()
+        };
+        id.lbaf = vec![lbaf(9), lbaf(12), lbaf(0)];
+        let f = namespace(&id);
+        let flbas = &f.iter().find(|x| x.name == "flbas").unwrap().lines[0];
+        assert_eq!(
+            flbas,
+            "[6:5,3:0] LBA format in use: 1 (bits 6:5 ignored: 16 formats or fewer)"
+        );
+        let formats: Vec<&str> = f
+            .iter()
+            .filter(|x| x.name == "lbaf")
+            .map(|x| x.lines[0].as_str())
+            .collect();
+        assert!(formats[1].ends_with("(in use)"), "{formats:?}");
+        assert_eq!(
+            formats[2],
+            "format  2: data not available (LBADS 0), metadata 0 bytes, relative performance 0 (best)"
+        );
+        assert_eq!(
+            lba_data_size(8),
+            "256 bytes (LBADS 8: below 512, not supported)"
+        );
+        assert_eq!(
+            lba_data_size(64),
+            "2^64 bytes (LBADS 64: not a usable size)"
+        );
+        // With more than 16 formats bits 6:5 count.
+        id.nlbaf = 16;
+        id.nulbaf = 2;
+        id.lbaf = (0..19).map(|_| lbaf(9)).collect();
+        let f = namespace(&id);
+        assert_eq!(
+            f.iter().find(|x| x.name == "flbas").unwrap().lines[0],
+            "[6:5,3:0] LBA format in use: 17"
+        );
     }
 }
