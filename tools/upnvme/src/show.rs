@@ -364,46 +364,248 @@ pub fn identify_json(c: &Controller, nsid: Option<u32>, human: bool) -> Result<(
 pub fn smart_log(c: &Controller, json: bool) -> Result<()> {
     let s = c.smart_log()?;
     if json {
-        let doc = serde_json::json!({
-            "device": c.device_name(),
-            "critical_warning": s.critical_warning,
-            "temperature_kelvin": s.temperature_kelvin,
-            "available_spare": s.avail_spare,
-            "spare_threshold": s.spare_thresh,
-            "percentage_used": s.percent_used,
-            "data_units_read": s.data_units_read.to_string(),
-            "data_units_written": s.data_units_written.to_string(),
-            "host_read_commands": s.host_read_commands.to_string(),
-            "host_write_commands": s.host_write_commands.to_string(),
-            "controller_busy_time": s.ctrl_busy_time.to_string(),
-            "power_cycles": s.power_cycles.to_string(),
-            "power_on_hours": s.power_on_hours.to_string(),
-            "unsafe_shutdowns": s.unsafe_shutdowns.to_string(),
-            "media_errors": s.media_errors.to_string(),
-            "num_err_log_entries": s.num_err_log_entries.to_string(),
-        });
+        let doc = smart_log_json(c.device_name(), &s);
         outln!("{}", serde_json::to_string_pretty(&doc)?);
-        return Ok(());
+    } else {
+        out!("{}", smart_log_text(c.device_name(), &s));
     }
-    outln!("SMART / Health Information log of {}", c.device_name());
-    outln!("  critical_warning    : 0x{:02x}", s.critical_warning);
-    outln!(
-        "  temperature         : {} K ({} C)",
-        s.temperature_kelvin,
-        s.temperature_kelvin as i32 - 273
-    );
-    outln!("  available_spare     : {}%", s.avail_spare);
-    outln!("  spare_threshold     : {}%", s.spare_thresh);
-    outln!("  percentage_used     : {}%", s.percent_used);
-    outln!("  data_units_read     : {}", s.data_units_read);
-    outln!("  data_units_written  : {}", s.data_units_written);
-    outln!("  host_read_commands  : {}", s.host_read_commands);
-    outln!("  host_write_commands : {}", s.host_write_commands);
-    outln!("  controller_busy_time: {}", s.ctrl_busy_time);
-    outln!("  power_cycles        : {}", s.power_cycles);
-    outln!("  power_on_hours      : {}", s.power_on_hours);
-    outln!("  unsafe_shutdowns    : {}", s.unsafe_shutdowns);
-    outln!("  media_errors        : {}", s.media_errors);
-    outln!("  num_err_log_entries : {}", s.num_err_log_entries);
     Ok(())
+}
+
+/// Critical Warning's bits (Base 2.0, "SMART / Health Information Log
+/// Page", byte 0).
+const CRITICAL_WARNING: [(u32, &str); 6] = [
+    (0, "available spare below threshold"),
+    (1, "temperature outside a threshold"),
+    (2, "NVM subsystem reliability degraded"),
+    (3, "media placed in read-only mode"),
+    (4, "volatile memory backup device failed"),
+    (5, "Persistent Memory Region read-only"),
+];
+
+/// The bits set in Critical Warning, in words ("none" when clear).
+fn critical_warnings(cw: u8) -> String {
+    if cw == 0 {
+        return "none".to_string();
+    }
+    let mut words: Vec<String> = CRITICAL_WARNING
+        .iter()
+        .filter(|&&(bit, _)| cw >> bit & 1 != 0)
+        .map(|&(_, what)| what.to_string())
+        .collect();
+    if cw & 0xc0 != 0 {
+        words.push(format!("reserved bits {:#04x}", cw & 0xc0));
+    }
+    words.join(", ")
+}
+
+/// A Data Units counter (thousands of 512-byte units, rounded up) in bytes
+/// with an SI prefix, as nvme-cli prints it: `1000` → `512.00 MB`.
+fn data_units(units: u128) -> String {
+    const PREFIXES: [&str; 7] = ["", "k", "M", "G", "T", "P", "E"];
+    let bytes = units.saturating_mul(512_000);
+    let mut v = bytes as f64;
+    let mut p = 0;
+    while v >= 1000.0 && p < PREFIXES.len() - 1 {
+        v /= 1000.0;
+        p += 1;
+    }
+    if p == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.2} {}B", PREFIXES[p])
+    }
+}
+
+/// A temperature in kelvin, and in degrees Celsius (kelvin − 273).
+fn kelvin(k: u16) -> String {
+    format!("{k} K ({} C)", i32::from(k) - 273)
+}
+
+/// The SMART / Health Information log as `upnvme smart-log` prints it:
+/// every field of the page, one a line.
+fn smart_log_text(device: &str, s: &upnvme::queues::SmartLog) -> String {
+    let mut t = format!("SMART / Health Information log of {device}\n");
+    let mut line = |name: &str, value: String| t.push_str(&format!("  {name:<20}: {value}\n"));
+    line(
+        "critical_warning",
+        format!(
+            "0x{:02x} ({})",
+            s.critical_warning,
+            critical_warnings(s.critical_warning)
+        ),
+    );
+    line("temperature", kelvin(s.temperature_kelvin));
+    line("available_spare", format!("{}%", s.avail_spare));
+    line("spare_threshold", format!("{}%", s.spare_thresh));
+    line("percentage_used", format!("{}%", s.percent_used));
+    line(
+        "endurance_grp_warn",
+        format!("0x{:02x}", s.endu_grp_crit_warn),
+    );
+    line(
+        "data_units_read",
+        format!("{} ({})", s.data_units_read, data_units(s.data_units_read)),
+    );
+    line(
+        "data_units_written",
+        format!(
+            "{} ({})",
+            s.data_units_written,
+            data_units(s.data_units_written)
+        ),
+    );
+    line("host_read_commands", s.host_read_commands.to_string());
+    line("host_write_commands", s.host_write_commands.to_string());
+    line(
+        "controller_busy_time",
+        format!("{} minutes", s.ctrl_busy_time),
+    );
+    line("power_cycles", s.power_cycles.to_string());
+    line("power_on_hours", s.power_on_hours.to_string());
+    line("unsafe_shutdowns", s.unsafe_shutdowns.to_string());
+    line("media_errors", s.media_errors.to_string());
+    line("num_err_log_entries", s.num_err_log_entries.to_string());
+    line(
+        "warning_temp_time",
+        format!("{} minutes", s.warning_temp_time),
+    );
+    line(
+        "critical_comp_time",
+        format!("{} minutes", s.critical_comp_time),
+    );
+    // 0: the sensor is not implemented.
+    for (i, &k) in s.temp_sensors.iter().enumerate() {
+        if k != 0 {
+            line(&format!("temperature_sensor_{}", i + 1), kelvin(k));
+        }
+    }
+    line("thm_temp1_trans_count", s.thm_temp1_trans_count.to_string());
+    line("thm_temp2_trans_count", s.thm_temp2_trans_count.to_string());
+    line(
+        "thm_temp1_total_time",
+        format!("{} seconds", s.thm_temp1_total_time),
+    );
+    line(
+        "thm_temp2_total_time",
+        format!("{} seconds", s.thm_temp2_total_time),
+    );
+    t
+}
+
+/// The SMART / Health Information log as `upnvme smart-log --json` prints
+/// it: the 128-bit counters as decimal strings (beyond what a JSON number
+/// carries exactly), the rest as numbers; `temperature_sensors_kelvin`
+/// holds Temperature Sensor 1..8, 0 for a sensor not implemented.
+fn smart_log_json(device: &str, s: &upnvme::queues::SmartLog) -> serde_json::Value {
+    serde_json::json!({
+        "device": device,
+        "critical_warning": s.critical_warning,
+        "temperature_kelvin": s.temperature_kelvin,
+        "available_spare": s.avail_spare,
+        "spare_threshold": s.spare_thresh,
+        "percentage_used": s.percent_used,
+        "endurance_grp_critical_warning_summary": s.endu_grp_crit_warn,
+        "data_units_read": s.data_units_read.to_string(),
+        "data_units_written": s.data_units_written.to_string(),
+        "host_read_commands": s.host_read_commands.to_string(),
+        "host_write_commands": s.host_write_commands.to_string(),
+        "controller_busy_time": s.ctrl_busy_time.to_string(),
+        "power_cycles": s.power_cycles.to_string(),
+        "power_on_hours": s.power_on_hours.to_string(),
+        "unsafe_shutdowns": s.unsafe_shutdowns.to_string(),
+        "media_errors": s.media_errors.to_string(),
+        "num_err_log_entries": s.num_err_log_entries.to_string(),
+        "warning_temp_time": s.warning_temp_time,
+        "critical_comp_time": s.critical_comp_time,
+        "temperature_sensors_kelvin": s.temp_sensors,
+        "thm_temp1_trans_count": s.thm_temp1_trans_count,
+        "thm_temp2_trans_count": s.thm_temp2_trans_count,
+        "thm_temp1_total_time": s.thm_temp1_total_time,
+        "thm_temp2_total_time": s.thm_temp2_total_time,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use upnvme::queues::SmartLog;
+
+    /// Every field of the page is shown, in its unit: the text and JSON
+    /// left out the Endurance Group Critical Warning Summary, Warning and
+    /// Critical Composite Temperature Time, the temperature sensors and the
+    /// thermal management counters the library parses, printed Critical
+    /// Warning as a number only and Data Units without saying they count
+    /// thousands of 512-byte units.
+    #[test]
+    fn the_smart_log_shows_every_field_in_its_unit() {
+        let mut s = SmartLog {
+            critical_warning: 0x05,
+            temperature_kelvin: 310,
+            avail_spare: 100,
+            spare_thresh: 10,
+            percent_used: 3,
+            endu_grp_crit_warn: 0x01,
+            data_units_read: 2_000,
+            data_units_written: 3,
+            host_read_commands: u128::MAX,
+            ctrl_busy_time: 7,
+            warning_temp_time: 11,
+            critical_comp_time: 2,
+            thm_temp1_trans_count: 4,
+            thm_temp2_total_time: 90,
+            ..SmartLog::default()
+        };
+        s.temp_sensors[0] = 305;
+        s.temp_sensors[2] = 320;
+        // Through the page's bytes, as the controller sends them.
+        let s = SmartLog::parse(&s.to_bytes()).unwrap();
+        let t = smart_log_text("0000:00:04.0", &s);
+        for want in [
+            "  critical_warning    : 0x05 (available spare below threshold, NVM subsystem reliability degraded)",
+            "  temperature         : 310 K (37 C)",
+            "  endurance_grp_warn  : 0x01",
+            // 2000 × 1000 × 512 bytes.
+            "  data_units_read     : 2000 (1.02 GB)",
+            "  data_units_written  : 3 (1.54 MB)",
+            "  host_read_commands  : 340282366920938463463374607431768211455",
+            "  controller_busy_time: 7 minutes",
+            "  warning_temp_time   : 11 minutes",
+            "  critical_comp_time  : 2 minutes",
+            "  temperature_sensor_1: 305 K (32 C)",
+            "  temperature_sensor_3: 320 K (47 C)",
+            "  thm_temp1_trans_count: 4",
+            "  thm_temp2_total_time: 90 seconds",
+        ] {
+            assert!(t.lines().any(|l| l == want), "{want:?} missing from\n{t}");
+        }
+        assert!(!t.contains("temperature_sensor_2"), "{t}");
+        let j = smart_log_json("0000:00:04.0", &s);
+        assert_eq!(j["critical_warning"], 5);
+        assert_eq!(j["data_units_read"], "2000");
+        assert_eq!(j["host_read_commands"], u128::MAX.to_string());
+        assert_eq!(j["endurance_grp_critical_warning_summary"], 1);
+        assert_eq!(j["warning_temp_time"], 11);
+        assert_eq!(j["critical_comp_time"], 2);
+        assert_eq!(
+            j["temperature_sensors_kelvin"],
+            serde_json::json!([305, 0, 320, 0, 0, 0, 0, 0])
+        );
+        assert_eq!(j["thm_temp2_total_time"], 90);
+    }
+
+    #[test]
+    fn critical_warning_and_data_units_in_words() {
+        assert_eq!(critical_warnings(0), "none");
+        assert_eq!(
+            critical_warnings(0xff),
+            "available spare below threshold, temperature outside a threshold, NVM subsystem \
+             reliability degraded, media placed in read-only mode, volatile memory backup \
+             device failed, Persistent Memory Region read-only, reserved bits 0xc0"
+        );
+        assert_eq!(data_units(0), "0 B");
+        assert_eq!(data_units(1), "512.00 kB");
+        // Saturated, and in the largest prefix.
+        assert!(data_units(u128::MAX).ends_with(" EB"));
+    }
 }
