@@ -84,7 +84,7 @@ enum Command {
         dev: DeviceArgs,
         #[command(flatten)]
         range: BlockRange,
-        /// Output file (default: stdout).
+        /// Output file (default, or "-": stdout).
         #[arg(long)]
         data: Option<std::path::PathBuf>,
         #[command(flatten)]
@@ -97,7 +97,7 @@ enum Command {
         dev: DeviceArgs,
         #[command(flatten)]
         range: BlockRange,
-        /// Input file (default: stdin).
+        /// Input file (default, or "-": stdin).
         #[arg(long)]
         data: Option<std::path::PathBuf>,
         #[command(flatten)]
@@ -313,7 +313,7 @@ fn run(cli: Cli) -> Result<()> {
                 range.nsid,
                 range.start_block,
                 range.block_count,
-                data.as_deref(),
+                rw::file_or_std(data.as_deref()),
                 &md,
             )?;
             c.close()?;
@@ -331,7 +331,7 @@ fn run(cli: Cli) -> Result<()> {
                 range.nsid,
                 range.start_block,
                 range.block_count,
-                data.as_deref(),
+                rw::file_or_std(data.as_deref()),
                 &md,
             )?;
             c.close()?;

@@ -264,6 +264,13 @@ fn buffers(c: &Controller, s: &Shape, per: u32) -> Result<(DmaBuffer, Option<Dma
     Ok((c.alloc_dma(data_len)?, md))
 }
 
+/// `--data PATH` of `read` / `write`: `None` (stdout / stdin) for no path
+/// or "-", as `set-feature --data -` and `admin-passthru -i -` take it (a
+/// read with `--data -` wrote a file named "-" and printed nothing).
+pub fn file_or_std(p: Option<&Path>) -> Option<&Path> {
+    p.filter(|p| p.as_os_str() != "-")
+}
+
 /// Reads `count` blocks from `start` to `out` (stdout when `None`), and
 /// their metadata to `--metadata`.
 pub fn read(
@@ -527,6 +534,17 @@ mod tests {
         assert_eq!(
             read_so_far(None, 10, 512),
             "; stdout holds LBAs 10..=521 (512 blocks), nothing from LBA 522 on"
+        );
+    }
+
+    #[test]
+    fn a_dash_is_stdin_or_stdout() {
+        assert_eq!(file_or_std(Some(Path::new("-"))), None);
+        assert_eq!(file_or_std(None), None);
+        assert_eq!(file_or_std(Some(Path::new("./-"))), Some(Path::new("./-")));
+        assert_eq!(
+            file_or_std(Some(Path::new("d.bin"))),
+            Some(Path::new("d.bin"))
         );
     }
 
