@@ -348,10 +348,11 @@ pub enum RangeCommand {
     /// Dataset Management: CDW10.NR is 8 bits, 0-based — 1..=256 ranges of
     /// 16 bytes, one page.
     DatasetManagement,
-    /// Copy (Source Range Entries Descriptor Format 0h): 1..=128 ranges of
-    /// 32 bytes, the one list page the pair keeps per command, and no more
-    /// than the namespace's MSRC allows (Identify Namespace byte 80,
-    /// 0-based).
+    /// Copy: as many source range entries as fill the one list page the
+    /// pair keeps per command — 1..=128 of Descriptor Format 0h (32 bytes,
+    /// a 16-bit guard format), 1..=102 of Format 1h (40 bytes, a 32- or
+    /// 64-bit guard format) — and no more than the namespace's MSRC allows
+    /// (Identify Namespace byte 80, 0-based).
     Copy,
 }
 

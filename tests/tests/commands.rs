@@ -848,3 +848,71 @@ fn copy_limits_not_filled_in_leave_the_copy_to_the_controller() {
     }
     assert_clean(&m);
 }
+
+/// On a namespace whose LBA format has a 64-bit guard (ELBAF.PIF 10b) a
+/// Copy must use Source Range Entries Descriptor Format 1h (40-byte
+/// entries): Format 0h is only for the 16-bit guard, and a controller (QEMU,
+/// the model) fails it with Invalid Format. The driver sent Format 0h on
+/// every namespace (found in review).
+#[test]
+fn a_copy_on_a_64_bit_guard_format_uses_descriptor_format_1h() {
+    let mut cfg = config_one_ns(512, 8192);
+    cfg.oncs = ModelConfig::ONCS_COPY;
+    cfg.elbas = true;
+    cfg.namespaces[0].ms = 16;
+    cfg.namespaces[0].extended = true;
+    cfg.namespaces[0].pi_type = 1;
+    cfg.namespaces[0].pif = 2;
+    let (m, c) = setup(cfg);
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let a = pattern(11, 2 * 512);
+    let b = pattern(12, 3 * 512);
+    m.write_namespace_data(1, 100, &a);
+    m.write_namespace_data(1, 200, &b);
+    let ranges = [
+        CopyRange {
+            slba: 200,
+            blocks: 3,
+        },
+        CopyRange {
+            slba: 100,
+            blocks: 2,
+        },
+    ];
+    let cmd = IoCommand::Copy {
+        ns: &ns,
+        sdlba: 1000,
+        ranges: &ranges,
+    };
+    let done = run_io(&mut qp, cmd, IoData::none());
+    assert!(done.is_ok(), "{:?}", done.result);
+    assert_eq!(last_cdw12(&m), (0x19, 1 | 1 << 8), "NR 0-based, format 1h");
+    let mut want = b.clone();
+    want.extend_from_slice(&a);
+    assert_eq!(m.namespace_data(1, 1000, 5), want);
+    // 40-byte entries: 102 fill the command's page, 103 do not.
+    let many = vec![CopyRange { slba: 0, blocks: 1 }; 103];
+    let cmd = IoCommand::Copy {
+        ns: &ns,
+        sdlba: 2000,
+        ranges: &many,
+    };
+    assert_eq!(
+        qp.submit_io(cmd, IoData::none(), 1).unwrap_err().reason,
+        Reject::RangeCount {
+            command: RangeCommand::Copy,
+            ranges: 103,
+            max: 102,
+        }
+    );
+    let cmd = IoCommand::Copy {
+        ns: &ns,
+        sdlba: 2000,
+        ranges: &many[..102],
+    };
+    let done = run_io(&mut qp, cmd, IoData::none());
+    assert!(done.is_ok(), "{:?}", done.result);
+    drop(qp);
+    assert_clean(&m);
+}

@@ -165,8 +165,14 @@ impl DsmAttributes {
     }
 }
 
-/// One Copy source range, Source Range Entries Format 0 (32 bytes; NVM
-/// Command Set Specification, "Copy command").
+/// One Copy source range (NVM Command Set Specification, "Copy command",
+/// Source Range Entries Copy Descriptor Formats 0h and 1h). The driver
+/// sends Format 0h (32-byte entries) on a namespace whose LBA format has
+/// the 16-bit guard protection information format (ELBAF.PIF 00b, every
+/// format of a controller without Extended LBA Formats) and Format 1h
+/// (40-byte entries) on one with a 32- or 64-bit guard format: a controller
+/// refuses the other pairing with Invalid Format. SLBA and NLB sit at the
+/// same offsets in both.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CopyRange {
     /// Starting LBA (bytes 15:08).
@@ -176,15 +182,28 @@ pub struct CopyRange {
 }
 
 impl CopyRange {
-    /// Size of one Format 0 entry.
+    /// Size of one Format 0h entry.
     pub const SIZE: usize = 32;
+    /// Size of one Format 1h entry.
+    pub const SIZE_FORMAT_1: usize = 40;
 
-    /// The entry's 32-byte little-endian image (tags and masks zero).
+    /// The entry's 32-byte little-endian Format 0h image (tags and masks
+    /// zero).
     pub fn to_le_bytes(&self) -> [u8; 32] {
         let mut out = [0u8; 32];
         out[8..16].copy_from_slice(&self.slba.to_le_bytes());
         let nlb = self.blocks.clamp(1, 65536) - 1;
         out[16..18].copy_from_slice(&(nlb as u16).to_le_bytes());
+        out
+    }
+
+    /// The entry's 40-byte little-endian Format 1h image: SLBA (bytes
+    /// 15:08) and NLB (bytes 17:16, 0-based) as in Format 0h; the expected
+    /// storage and reference tag (bytes 31:22), application tag and mask
+    /// (bytes 35:32) zero.
+    pub fn to_le_bytes_format_1(&self) -> [u8; 40] {
+        let mut out = [0u8; 40];
+        out[..32].copy_from_slice(&self.to_le_bytes());
         out
     }
 }

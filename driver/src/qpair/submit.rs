@@ -13,6 +13,7 @@
 //! belt against a device whose SQHD lags its completions.
 
 use upnvme_dma::DmaBuffer;
+use upnvme_queues::pi::Pif;
 use upnvme_queues::prp::{build_contiguous, build_list};
 use upnvme_queues::sgl::{self, PSDT_SGL_MPTR_ADDRESS};
 use upnvme_queues::sqe::{io_qwords, opcode::nvm};
@@ -28,10 +29,26 @@ use crate::namespace::Namespace;
 
 /// Most ranges a Dataset Management command carries (NR is 8 bits, 0-based).
 pub(super) const MAX_DSM_RANGES: usize = 256;
-/// Most source ranges the driver sends in one Copy: 128 Format 0 entries
-/// fill the one 4 KiB page PRP1 points at (the spec allows 256; the
+/// Most source ranges the driver sends in one Copy with entries of
+/// `entry` bytes: as many as fill the one 4 KiB page PRP1 points at, 128
+/// Format 0h or 102 Format 1h entries (the spec allows 256; the
 /// namespace's MSRC may allow fewer: [`copy_limits`]).
-const MAX_COPY_RANGES: usize = 128;
+const fn max_copy_ranges(entry: usize) -> usize {
+    PAGE / entry
+}
+
+/// The Copy Descriptor Format (CDW12 bits 11:8) a Copy to `ns` uses and
+/// the size of one of its source range entries: Format 0h (32 bytes) on a
+/// format with the 16-bit guard protection information format (ELBAF.PIF
+/// 00b), Format 1h (40 bytes) on one with a 32- or 64-bit guard, as the
+/// NVM Command Set requires (the controller fails the other pairing with
+/// Invalid Format).
+fn copy_format(ns: &Namespace) -> (u32, usize) {
+    match ns.metadata_layout_always().pif {
+        Pif::Guard16 => (0, CopyRange::SIZE),
+        Pif::Guard32 | Pif::Guard64 => (1, CopyRange::SIZE_FORMAT_1),
+    }
+}
 
 /// Identify Controller ONCS bits (Optional NVM Command Support).
 const ONCS_COMPARE: u16 = 1 << 0;
@@ -575,8 +592,8 @@ impl<D: Device> IoQueuePair<D> {
             | (Data::Ranges, IoCommand::DatasetManagement { ranges, .. }) => {
                 self.place_ranges(ranges, slot).map(|prp1| (prp1, 0, false))
             }
-            (Data::CopyRanges, IoCommand::Copy { ranges, .. }) => self
-                .place_copy_ranges(ranges, slot)
+            (Data::CopyRanges, IoCommand::Copy { ns, ranges, .. }) => self
+                .place_copy_ranges(ns, ranges, slot)
                 .map(|prp1| (prp1, 0, false)),
             _ => Ok((0, 0, false)),
         }
@@ -866,9 +883,9 @@ impl<D: Device> IoQueuePair<D> {
                     Some(end) if end <= ns.lba_count() => {}
                     _ => return Err(Reject::LbaRange),
                 }
-                // CDW12: NR (bits 7:0, 0-based), Descriptor Format 0h
-                // (bits 11:8), FUA and LR.
-                let cdw12 = (ranges.len() as u32 - 1) | flags.cdw12();
+                // CDW12: NR (bits 7:0, 0-based), Descriptor Format (bits
+                // 11:8), FUA and LR.
+                let cdw12 = (ranges.len() as u32 - 1) | copy_format(ns).0 << 8 | flags.cdw12();
                 let q = io_qwords(nvm::COPY, 0, ns.id(), 0, 0, sdlba, cdw12);
                 Ok((q, Data::CopyRanges))
             }
@@ -1066,20 +1083,30 @@ impl<D: Device> IoQueuePair<D> {
     /// Copy source ranges (Format 0, 32 bytes each) in the slot's list page;
     /// returns PRP1, which points there.
     #[inline(never)]
-    fn place_copy_ranges(&mut self, ranges: &[CopyRange], slot: u16) -> Result<u64, Reject> {
+    fn place_copy_ranges(
+        &mut self,
+        ns: &Namespace,
+        ranges: &[CopyRange],
+        slot: u16,
+    ) -> Result<u64, Reject> {
         let list_iova = self.list_iova(slot);
+        let (format, entry) = copy_format(ns);
         let refused = Reject::RangeCount {
             command: RangeCommand::Copy,
             ranges: ranges.len() as u32,
-            max: MAX_COPY_RANGES as u32,
+            max: max_copy_ranges(entry) as u32,
         };
-        if ranges.len() * CopyRange::SIZE > PAGE {
+        if ranges.len() * entry > PAGE {
             return Err(refused);
         }
         for (i, r) in ranges.iter().enumerate() {
-            self.lists
-                .write_bytes(slot, i * CopyRange::SIZE, &r.to_le_bytes())
-                .map_err(|_| refused)?;
+            let written = if format == 0 {
+                self.lists.write_bytes(slot, i * entry, &r.to_le_bytes())
+            } else {
+                self.lists
+                    .write_bytes(slot, i * entry, &r.to_le_bytes_format_1())
+            };
+            written.map_err(|_| refused)?;
         }
         Ok(list_iova)
     }
@@ -1088,7 +1115,7 @@ impl<D: Device> IoQueuePair<D> {
 /// A namespace's Copy limits (Identify Namespace): what the pair checks
 /// before it sends a Copy.
 struct CopyLimits {
-    /// Source ranges per command: MSRC + 1, at most [`MAX_COPY_RANGES`].
+    /// Source ranges per command: MSRC + 1, at most [`max_copy_ranges`].
     ranges: usize,
     /// MSSRL: logical blocks per source range (0: not reported).
     range_blocks: u32,
@@ -1102,15 +1129,16 @@ struct CopyLimits {
 /// only the command's own format limits apply (its status says the rest).
 fn copy_limits(ns: &Namespace) -> CopyLimits {
     let id = ns.identify();
+    let max = max_copy_ranges(copy_format(ns).1);
     if id.mssrl == 0 && id.mcl == 0 && id.msrc == 0 {
         return CopyLimits {
-            ranges: MAX_COPY_RANGES,
+            ranges: max,
             range_blocks: 0,
             blocks: 0,
         };
     }
     CopyLimits {
-        ranges: (usize::from(id.msrc) + 1).min(MAX_COPY_RANGES),
+        ranges: (usize::from(id.msrc) + 1).min(max),
         range_blocks: u32::from(id.mssrl),
         blocks: id.mcl,
     }

@@ -399,19 +399,30 @@ impl State {
     }
 
     /// Copy: CDW10-11 SDLBA, CDW12 NR (7:0, 0-based) and Descriptor Format
-    /// (11:8, only 0h here); the Format 0 source ranges (32 bytes: SLBA at
-    /// 15:08, NLB 0-based at 17:16) come through the data pointer. Every
-    /// range is checked (and read) before the destination is written.
+    /// (11:8): Format 0h (32-byte entries) on a namespace with the 16-bit
+    /// guard protection information format (PIF 00b), Format 1h (40-byte
+    /// entries) on one with a 32- or 64-bit guard; the other pairing is
+    /// Invalid Format, as QEMU's nvme_copy (Formats 2h and 3h, with a source
+    /// NSID, are not offered: Invalid Field). SLBA sits at bytes 15:08 and
+    /// NLB (0-based) at 17:16 in both. The source ranges come through the
+    /// data pointer. Every range is checked (and read) before the
+    /// destination is written.
     fn copy(&mut self, cmd: &Command) -> Outcome {
         let i = match self.ns_index(cmd) {
             Ok(i) => i,
             Err(s) => return Outcome::err(s),
         };
-        if cmd.cdw(12) >> 8 & 0xf != 0 {
+        let format = cmd.cdw(12) >> 8 & 0xf;
+        if format > 1 {
             return Outcome::err(Status::INVALID_FIELD.with_dnr());
         }
+        let wide_guard = self.namespaces.get(i).is_some_and(|n| n.cfg.pif != 0);
+        if (format == 1) != wide_guard {
+            return Outcome::err(Status::new(1, 0x0a).with_dnr());
+        }
+        let entry = if format == 1 { 40 } else { 32 };
         let nr = (cmd.cdw(12) & 0xff) as usize + 1;
-        let list = match self.read_host_data(cmd, nr * 32) {
+        let list = match self.read_host_data(cmd, nr * entry) {
             Ok(l) => l,
             Err(s) => return Outcome::err(s),
         };
@@ -423,7 +434,7 @@ impl State {
             return Outcome::err(COMMAND_SIZE_LIMIT.with_dnr());
         }
         let mut total = 0u64;
-        for r in list.chunks_exact(32) {
+        for r in list.chunks_exact(entry) {
             let nlb = u64::from(u16::from_le_bytes([r[16], r[17]])) + 1;
             if nlb > u64::from(mssrl) {
                 return Outcome::err(COMMAND_SIZE_LIMIT.with_dnr());
@@ -435,7 +446,7 @@ impl State {
         }
         let mut data = Vec::new();
         let mut meta = Vec::new();
-        for r in list.chunks_exact(32) {
+        for r in list.chunks_exact(entry) {
             let mut slba = [0u8; 8];
             slba.copy_from_slice(&r[8..16]);
             let slba = u64::from_le_bytes(slba);
