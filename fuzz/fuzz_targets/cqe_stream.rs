@@ -12,7 +12,8 @@
 //! - every completion tag is delivered at most once, with the buffer it was
 //!   submitted with, and a buffer is never handed out while the harness
 //!   already owns it;
-//! - a refused command hands its buffer straight back;
+//! - a refused command hands its buffer straight back; the pair never has
+//!   more commands in flight than its depth;
 //! - `DeviceFault` leaves the controller failed; while it is failed (and was
 //!   not reset) every call errors and no doorbell is written;
 //! - at the end, a controller reset completes every command still in flight,
@@ -501,6 +502,15 @@ impl Harness {
             stale.is_empty(),
             "doorbell for a deleted queue (action {action}): {stale:?}"
         );
+        // No more commands in flight than the pair has slots.
+        if let Some(qp) = self.qp.as_ref() {
+            assert!(
+                qp.in_flight() <= qp.max_depth(),
+                "{} commands in flight, depth {} (action {action})",
+                qp.in_flight(),
+                qp.max_depth()
+            );
+        }
         if failed_before && self.c.resets() == resets_before {
             // A failed controller refuses everything until it is reset.
             match outcome {
