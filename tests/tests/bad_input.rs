@@ -328,8 +328,10 @@ fn hugepage_counts() -> (u64, u64) {
 
 #[test]
 fn too_few_hugepages() {
-    // More 2 MiB hugepages than any machine running these tests reserves.
-    let bytes: usize = 1 << 40;
+    // One 2 MiB hugepage more than are free now (not more than the
+    // machine's memory, which is refused before any hugepage is asked for:
+    // `memory.rs::a_mapping_larger_than_the_machines_memory_is_refused`).
+    let bytes = (hugepage_counts().0 as usize + 1) * (2 << 20);
     let alloc = DmaAllocator::new(no_device(), PageBacking::Huge2M);
     let e = Error::from(alloc.alloc(bytes).unwrap_err());
     let (free, total) = hugepage_counts();
@@ -345,7 +347,7 @@ fn too_few_hugepages() {
     assert_eq!(
         e.to_string(),
         format!(
-            "cannot map 1099511627776 bytes of 2048 KiB hugepages ({free} of {total} free): reserve more with `echo {suggest} > /sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages` or `upnvme setup hugepages {suggest}` (or set PageBacking::Small4K to opt in to 4 KiB pages)"
+            "cannot map {bytes} bytes of 2048 KiB hugepages ({free} of {total} free): reserve more with `echo {suggest} > /sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages` or `upnvme setup hugepages {suggest}` (or set PageBacking::Small4K to opt in to 4 KiB pages)"
         )
     );
 }
