@@ -1530,6 +1530,16 @@ impl<D: Device> Inner<D> {
                 sqe.opcode()
             )));
         }
+        if timeout.is_zero() {
+            // Sent and given up at once: the command would run on with its
+            // memory quarantined and an identifier taken, its result lost.
+            return Err(Error::InvalidArgument(format!(
+                "admin command 0x{:02x} through admin_passthrough_with_timeout: a timeout of \
+                 zero would give the command up as soon as it is sent; pass the time it may \
+                 take (admin_passthrough uses ControllerOptions::admin_timeout)",
+                sqe.opcode()
+            )));
+        }
         if sqe.opcode() == admin_op::GET_LOG_PAGE
             && !self.identify.lpa_extended_data()
             && (sqe.dw[10] >> 28 != 0
@@ -1543,7 +1553,11 @@ impl<D: Device> Inner<D> {
             // PRP List was built would put the log into the list page —
             // or the log's start as the bytes asked for.
             return Err(Error::InvalidArgument(format!(
-                "Get Log Page through admin_passthrough with NUMDL bits 15:12, NUMDU or                  LPOL/LPOU set (CDW10 0x{:08x}, CDW11 0x{:08x}, CDW12 0x{:08x}, CDW13 0x{:08x}):                  the controller has no Extended Data for Get Log Page (Identify Controller LPA                  bit 2 clear), so no Log Page Offset and at most 4096 dwords (a 12-bit Number                  of Dwords)",
+                "Get Log Page through admin_passthrough with NUMDL bits 15:12, NUMDU or \
+                 LPOL/LPOU set (CDW10 0x{:08x}, CDW11 0x{:08x}, CDW12 0x{:08x}, CDW13 0x{:08x}): \
+                 the controller has no Extended Data for Get Log Page (Identify Controller LPA \
+                 bit 2 clear), so no Log Page Offset and at most 4096 dwords (a 12-bit Number \
+                 of Dwords)",
                 sqe.dw[10], sqe.dw[11], sqe.dw[12], sqe.dw[13]
             )));
         }

@@ -1482,6 +1482,10 @@ fn log_page_offsets_and_long_reads_need_extended_data() {
             matches!(&r, Err(Error::InvalidArgument(msg)) if msg.contains("LPA")),
             "NUMD {numd}, CDW11 {cdw11}, LPOL {lpol}: {r:?}"
         );
+        // One line, single spaces (the text once kept its source
+        // indentation: a string continued without a backslash).
+        let text = r.unwrap_err().to_string();
+        assert!(!text.contains('\n') && !text.contains("  "), "{text:?}");
     }
     assert_eq!(m.commands_fetched(), fetched, "nothing reached the device");
     let sqe = Sqe::passthrough(

@@ -1149,6 +1149,24 @@ fn zero_timeouts_are_refused() {
          disable command timeouts, or a positive duration (the default is 30 s)"
     );
     assert_eq!(m.commands_fetched(), fetched, "no queue was created");
+    // An admin passthrough with a timeout of zero would be sent and given
+    // up at once (its memory quarantined, its result lost): refused.
+    let e = c
+        .admin_passthrough_with_timeout(
+            upnvme_queues::Sqe::identify(upnvme_queues::cns::CONTROLLER, 0, 0),
+            4096,
+            None,
+            Duration::ZERO,
+        )
+        .unwrap_err();
+    assert!(matches!(e, Error::InvalidArgument(_)), "{e:?}");
+    assert_eq!(
+        e.to_string(),
+        "invalid argument: admin command 0x06 through admin_passthrough_with_timeout: a timeout \
+         of zero would give the command up as soon as it is sent; pass the time it may take \
+         (admin_passthrough uses ControllerOptions::admin_timeout)"
+    );
+    assert_eq!(m.commands_fetched(), fetched, "nothing was sent");
     // The smallest positive bounds are taken.
     let tiny = Some(Duration::from_nanos(1));
     let qp = c
