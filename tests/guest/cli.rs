@@ -1,6 +1,7 @@
 //! Guest tests of the `upnvme` tool: every subcommand against the emulated
 //! controllers — `setup status|bind|unbind|hugepages` (including the
 //! refusals), `list`, `identify` (fields equal the VM options), `smart-log`,
+//! `error-log`, `fw-log`, `get-feature -H`,
 //! `read`/`write` byte-exact through files, `perf` with and without each
 //! option (text, `--json` with the documented fields, `--histogram-csv`),
 //! `--verify` finding no mismatch, SIGINT/SIGTERM ending a run early with its
@@ -532,6 +533,60 @@ fn get_feature_set_feature_and_get_log_as_nvme_cli() {
         let o = upnvme(&all);
         assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
         assert!(stderr(&o).contains(says), "{args:?}: {}", stderr(&o));
+    }
+}
+
+/// `error-log`: QEMU keeps ELPE + 1 entries and records no errors in them
+/// (its Error Information log is all zeros), so every entry read is
+/// skipped as not valid (Error Count 0); `-e` reads fewer. `fw-log`:
+/// QEMU's AFI is 01h (slot 1 active, nothing at the next reset) and slot
+/// 1 carries a revision; FR is Identify Controller's. (QEMU reports "1.0"
+/// in FRS1 but its own version in FR, so the two are not compared.)
+#[test]
+fn error_log_and_fw_log() {
+    let dev = device();
+    let id = json(&upnvme(&["identify", "-d", &dev, "--json"]));
+    let elpe = id["controller"]["elpe"].as_u64().unwrap();
+    let v = json(&upnvme(&["error-log", "-d", &dev, "--json"]));
+    assert_eq!(v["device"], dev.as_str());
+    assert_eq!(v["elpe"], elpe);
+    assert_eq!(v["entries_read"], elpe + 1, "{v}");
+    assert_eq!(v["entries"], serde_json::json!([]), "{v}");
+    let t = ok(&upnvme(&["error-log", "-d", &dev]));
+    assert_eq!(
+        t,
+        format!(
+            "Error Information log of {dev}: {} entries read (Identify Controller ELPE {elpe}: \
+             the controller keeps {}), 0 in use\n",
+            elpe + 1,
+            elpe + 1
+        )
+    );
+    let v = json(&upnvme(&["error-log", "-d", &dev, "-e", "1", "--json"]));
+    assert_eq!(v["entries_read"], 1, "{v}");
+    let err = fails(&upnvme(&["error-log", "-d", &dev, "-e", "0"]), 2);
+    assert!(err.contains("1 to 256 entries"), "{err}");
+
+    let fr = id["controller"]["fr"].as_str().unwrap().to_string();
+    let v = json(&upnvme(&["fw-log", "-d", &dev, "--json"]));
+    assert_eq!(v["device"], dev.as_str());
+    assert_eq!(v["afi"], 1, "{v}");
+    assert_eq!(v["active_slot"], 1, "{v}");
+    assert_eq!(v["next_reset_slot"], Value::Null, "{v}");
+    assert_eq!(v["frmw"], id["controller"]["frmw"]);
+    assert_eq!(v["fr"], fr.as_str());
+    let slots = v["slots"].as_array().unwrap();
+    assert_eq!(slots[0]["slot"], 1, "{v}");
+    let rev = slots[0]["revision"].as_str().unwrap().to_string();
+    assert!(!rev.is_empty() && rev.trim() == rev, "{v}");
+    let t = ok(&upnvme(&["fw-log", "-d", &dev]));
+    for want in [
+        format!("Firmware Slot Information log of {dev}"),
+        "  afi   : 0x01 (active slot 1, next reset: none)".to_string(),
+        format!("  frs1  : {rev} (active)"),
+        format!("  fr    : {fr}"),
+    ] {
+        assert!(t.lines().any(|l| l == want), "{want:?} missing from\n{t}");
     }
 }
 

@@ -1,7 +1,8 @@
 //! `upnvme`: the command-line face of the upnvme driver, in nvme-cli's spirit.
 //!
 //! Subcommands: `perf` (4 KiB round-trip latency and IOPS), `list`,
-//! `identify`, `smart-log`, `get-log`, `get-feature`, `set-feature`, `read`,
+//! `identify`, `smart-log`, `error-log`, `fw-log`, `get-log`,
+//! `get-feature`, `set-feature`, `read`,
 //! `write`, `format`, `admin-passthru`,
 //! `setup status|bind|unbind|hugepages`.
 
@@ -24,6 +25,7 @@ macro_rules! outln {
 
 mod decode;
 mod feature;
+mod logs;
 mod passthru;
 mod perf;
 mod rw;
@@ -78,6 +80,15 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Show the Error Information log (Log Identifier 01h), as nvme-cli's
+    /// error-log: each entry in use decoded (Status Field by name, Parameter
+    /// Error Location as byte and bit, ...); entries whose Error Count is 0
+    /// (not valid) are skipped.
+    ErrorLog(logs::ErrorLogArgs),
+    /// Show the Firmware Slot Information log (Log Identifier 03h), as
+    /// nvme-cli's fw-log: the active slot, the slot activated at the next
+    /// reset, each slot's firmware revision, and Identify Controller FRMW.
+    FwLog(logs::FwLogArgs),
     /// Read logical blocks to a file (default: stdout), byte-exact.
     Read {
         #[command(flatten)]
@@ -280,6 +291,8 @@ fn run(cli: Cli) -> Result<()> {
         Command::GetFeature(a) => feature::get(&a),
         Command::SetFeature(a) => feature::set(&a),
         Command::GetLog(a) => feature::get_log(&a),
+        Command::ErrorLog(a) => logs::error_log(&a),
+        Command::FwLog(a) => logs::fw_log(&a),
         Command::Identify {
             dev,
             nsid,
@@ -534,6 +547,19 @@ mod tests {
                 "--json",
             ],
             &["upnvme", "smart-log", "--json"],
+            &["upnvme", "error-log"],
+            &[
+                "upnvme",
+                "error-log",
+                "-d",
+                "0000:00:04.0",
+                "-e",
+                "4",
+                "--json",
+            ],
+            &["upnvme", "error-log", "--log-entries", "0x40"],
+            &["upnvme", "fw-log"],
+            &["upnvme", "fw-log", "-d", "00:04.0", "--json"],
             &[
                 "upnvme", "read", "-n", "1", "-s", "8", "-c", "2", "--data", "f",
             ],

@@ -44,7 +44,7 @@ fn readme_perf_pi_verify_example_passes_the_argument_checks() {
 /// message) for perf as for the other subcommands.
 #[test]
 fn a_malformed_device_address_is_a_usage_error_for_every_subcommand() {
-    for sub in ["identify", "perf", "smart-log"] {
+    for sub in ["identify", "perf", "smart-log", "error-log", "fw-log"] {
         let o = upnvme(&[sub, "-d", "00:04"]);
         let err = stderr(&o);
         assert_eq!(o.status.code(), Some(2), "{sub} -d 00:04: {err}");
@@ -113,4 +113,16 @@ fn perf_and_format_arguments_refused_at_parse_time() {
     }
     let o = upnvme(&["perf", "-e", "PRACT=1,pract=0"]);
     assert!(stderr(&o).contains("PRACT given twice"), "{}", stderr(&o));
+}
+
+/// `error-log -e` outside 1..=256 (a controller keeps ELPE + 1 entries,
+/// ELPE a byte) is refused with exit status 2 before any device is sought.
+#[test]
+fn error_log_entries_out_of_range_are_usage_errors() {
+    for bad in ["0", "257", "0x101", "many"] {
+        let o = upnvme(&["error-log", "-e", bad]);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "-e {bad}: {err}");
+        assert!(err.contains("--log-entries"), "-e {bad}: {err}");
+    }
 }
