@@ -536,6 +536,112 @@ fn get_feature_set_feature_and_get_log_as_nvme_cli() {
     }
 }
 
+/// `get-feature -H`: Number of Queues decoded into counts that cover the
+/// I/O queue pairs the driver was granted (and no more than the VM's
+/// max_ioqpairs); Temperature Threshold in kelvin and °C, matching the raw
+/// value; Host Behavior Support's bytes in words instead of a hex dump;
+/// Select 3 as capabilities; -H with -b is a usage error.
+#[test]
+fn get_feature_human_readable_decodes_the_values() {
+    let dev = device();
+    let max_pairs = env_u64("UPNVME_VM_MAX_IOQPAIRS");
+    let granted = json(&upnvme(&["identify", "-d", &dev, "--json"]))["granted_io_queue_pairs"]
+        .as_u64()
+        .unwrap();
+    let raw_value = |out: &str| -> u32 {
+        let first = out.lines().next().unwrap();
+        let hex = first.rsplit("value:0x").next().unwrap();
+        u32::from_str_radix(&hex[..8], 16).unwrap_or_else(|e| panic!("{out}: {e}"))
+    };
+    let out = ok(&upnvme(&["get-feature", "-d", &dev, "-f", "7", "-H"]));
+    assert!(
+        out.starts_with("get-feature:0x07 (Number of Queues), Current value:0x"),
+        "{out}"
+    );
+    let v = raw_value(&out);
+    let (nsqa, ncqa) = (u64::from(v & 0xffff), u64::from(v >> 16));
+    for want in [
+        format!(
+            "  Number of I/O Completion Queues Allocated (NCQA): {ncqa} ({} queues)",
+            ncqa + 1
+        ),
+        format!(
+            "  Number of I/O Submission Queues Allocated (NSQA): {nsqa} ({} queues)",
+            nsqa + 1
+        ),
+    ] {
+        assert!(
+            out.lines().any(|l| l == want),
+            "{want:?} missing from\n{out}"
+        );
+    }
+    assert_eq!(out.lines().count(), 3, "{out}");
+    assert!(nsqa.min(ncqa) + 1 >= granted, "granted {granted}: {out}");
+    assert!(
+        nsqa.max(ncqa) < max_pairs,
+        "max_ioqpairs {max_pairs}: {out}"
+    );
+
+    let out = ok(&upnvme(&["get-feature", "-d", &dev, "-f", "4", "-H"]));
+    let k = raw_value(&out) & 0xffff;
+    for want in [
+        format!(
+            "  Temperature Threshold (TMPTH): {k} K ({} °C)",
+            i64::from(k) - 273
+        ),
+        "  Threshold Temperature Select (TMPSEL): 0 (Composite Temperature)".to_string(),
+        "  Threshold Type Select (THSEL): 0 (Over Temperature Threshold)".to_string(),
+    ] {
+        assert!(
+            out.lines().any(|l| l == want),
+            "{want:?} missing from\n{out}"
+        );
+    }
+
+    let out = ok(&upnvme(&["get-feature", "-d", &dev, "-f", "0x16", "-H"]));
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("  Advanced Command Retry Enable (ACRE): ")),
+        "{out}"
+    );
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("  LBA Format Extension Enable (LBAFEE): ")),
+        "{out}"
+    );
+    // Decoded instead of the 32-line hex dump.
+    assert!(out.lines().count() <= 5, "{out}");
+
+    let out = ok(&upnvme(&["get-feature", "-d", &dev, "-f", "0x0b", "-H"]));
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("  [ 8] Namespace Attribute Notices (NAN): ")),
+        "{out}"
+    );
+
+    let out = ok(&upnvme(&[
+        "get-feature",
+        "-d",
+        &dev,
+        "-f",
+        "7",
+        "-s",
+        "3",
+        "-H",
+    ]));
+    assert!(
+        out.starts_with("get-feature:0x07 (Number of Queues), Supported capabilities value:0x"),
+        "{out}"
+    );
+    assert!(out.contains("\n  [0] saveable: "), "{out}");
+
+    let err = fails(
+        &upnvme(&["get-feature", "-d", &dev, "-f", "7", "-H", "-b"]),
+        2,
+    );
+    assert!(err.contains("cannot be used with"), "{err}");
+}
+
 /// `error-log`: QEMU keeps ELPE + 1 entries and records no errors in them
 /// (its Error Information log is all zeros), so every entry read is
 /// skipped as not valid (Error Count 0); `-e` reads fewer. `fw-log`:

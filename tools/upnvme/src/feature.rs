@@ -49,6 +49,15 @@ pub struct GetFeatureArgs {
     /// hex dump (the value line goes to stderr then).
     #[arg(short = 'b', long)]
     raw_binary: bool,
+    /// Decode the value in words under the value line (Arbitration, Power
+    /// Management, Temperature Threshold, Error Recovery, Volatile Write
+    /// Cache, Number of Queues, Interrupt Coalescing, Interrupt Vector
+    /// Configuration, Write Atomicity Normal, Asynchronous Event
+    /// Configuration, Autonomous Power State Transition, Host Behavior
+    /// Support; with -s 3 any feature's capabilities), as nvme-cli's -H;
+    /// other features are shown raw.
+    #[arg(short = 'H', long = "human-readable", conflicts_with = "raw_binary")]
+    human: bool,
 }
 
 /// The flags of `upnvme set-feature`.
@@ -158,7 +167,22 @@ pub fn get(a: &GetFeatureArgs) -> Result<()> {
         cqe.dw0()
     );
     // Shown even when the shutdown after it fails (then reported).
-    print_data(&line, &data, a.raw_binary)?;
+    let decoded = a
+        .human
+        .then(|| crate::feature_decode::decode(a.fid, a.sel, a.cdw11, cqe.dw0(), &data))
+        .flatten();
+    match decoded {
+        Some(lines) => {
+            outln!("{line}");
+            for l in lines {
+                outln!("  {l}");
+            }
+            if !crate::feature_decode::decodes_structure(a.fid, a.sel) && !data.is_empty() {
+                out!("{}", hex_dump(&data));
+            }
+        }
+        None => print_data(&line, &data, a.raw_binary)?,
+    }
     Ok(closed?)
 }
 

@@ -25,6 +25,7 @@ macro_rules! outln {
 
 mod decode;
 mod feature;
+mod feature_decode;
 mod logs;
 mod passthru;
 mod perf;
@@ -560,6 +561,27 @@ mod tests {
             &["upnvme", "error-log", "--log-entries", "0x40"],
             &["upnvme", "fw-log"],
             &["upnvme", "fw-log", "-d", "00:04.0", "--json"],
+            &["upnvme", "get-feature", "-f", "7", "-H"],
+            &[
+                "upnvme",
+                "get-feature",
+                "-f",
+                "0x04",
+                "--cdw11",
+                "0x100000",
+                "--human-readable",
+            ],
+            &[
+                "upnvme",
+                "get-feature",
+                "-f",
+                "0x0c",
+                "-s",
+                "3",
+                "-H",
+                "-n",
+                "0x1",
+            ],
             &[
                 "upnvme", "read", "-n", "1", "-s", "8", "-c", "2", "--data", "f",
             ],
@@ -587,6 +609,20 @@ mod tests {
                 size: 2048
             }
         ));
+    }
+
+    /// `get-feature -H` decodes; with `-b` (raw bytes) it is refused.
+    #[test]
+    fn get_feature_human_readable_flag() {
+        let Command::GetFeature(_) =
+            Cli::try_parse_from(["upnvme", "get-feature", "-f", "4", "-H"])
+                .unwrap()
+                .command
+        else {
+            panic!("not get-feature")
+        };
+        let e = Cli::try_parse_from(["upnvme", "get-feature", "-f", "4", "-H", "-b"]).unwrap_err();
+        assert_eq!(e.exit_code(), 2, "{e}");
     }
 
     #[test]
