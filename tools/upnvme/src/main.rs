@@ -61,8 +61,9 @@ enum Command {
     Identify {
         #[command(flatten)]
         dev: DeviceArgs,
-        /// Show only this namespace (default: the controller and every namespace).
-        #[arg(short, long)]
+        /// Show only this namespace (default: the controller and every
+        /// namespace), decimal or 0x-prefixed hex.
+        #[arg(short, long, value_parser = rw::number::<u32>)]
         nsid: Option<u32>,
         /// Print JSON.
         #[arg(long)]
@@ -121,8 +122,8 @@ enum Command {
     Format {
         #[command(flatten)]
         dev: DeviceArgs,
-        /// Namespace ID.
-        #[arg(short, long, default_value_t = 1)]
+        /// Namespace ID, decimal or 0x-prefixed hex.
+        #[arg(short, long, default_value_t = 1, value_parser = rw::number::<u32>)]
         nsid: u32,
         /// LBA format index (Identify Namespace LBAF).
         #[arg(short = 'l', long)]
@@ -173,8 +174,8 @@ enum Command {
 /// Which blocks of which namespace.
 #[derive(clap::Args, Debug)]
 struct BlockRange {
-    /// Namespace ID.
-    #[arg(short, long, default_value_t = 1)]
+    /// Namespace ID, decimal or 0x-prefixed hex.
+    #[arg(short, long, default_value_t = 1, value_parser = rw::number::<u32>)]
     nsid: u32,
     /// First logical block.
     #[arg(short, long, default_value_t = 0)]
@@ -609,6 +610,37 @@ mod tests {
                 size: 2048
             }
         ));
+    }
+
+    /// Every `-n` / `--nsid` / `--namespace-id` takes decimal or 0x hex.
+    #[test]
+    fn namespace_ids_take_hex_everywhere() {
+        let nsid_of = |args: &[&str]| -> u32 {
+            match Cli::try_parse_from(args)
+                .unwrap_or_else(|e| panic!("{args:?}: {e}"))
+                .command
+            {
+                Command::Identify { nsid, .. } => nsid.unwrap(),
+                Command::Read { range, .. } | Command::Write { range, .. } => range.nsid,
+                Command::Format { nsid, .. } => nsid,
+                Command::Perf(p) => p.nsid.unwrap(),
+                c => panic!("{c:?}"),
+            }
+        };
+        assert_eq!(nsid_of(&["upnvme", "identify", "-n", "0x10"]), 16);
+        assert_eq!(nsid_of(&["upnvme", "identify", "--nsid", "3"]), 3);
+        assert_eq!(nsid_of(&["upnvme", "read", "-n", "0x2"]), 2);
+        assert_eq!(nsid_of(&["upnvme", "write", "--nsid", "0XA"]), 10);
+        assert_eq!(nsid_of(&["upnvme", "format", "-n", "0x1", "-l", "0"]), 1);
+        assert_eq!(nsid_of(&["upnvme", "perf", "-n", "0xffffffff"]), u32::MAX);
+        for args in [
+            &["upnvme", "identify", "-n", "0x100000000"][..],
+            &["upnvme", "read", "-n", "x1"],
+            &["upnvme", "perf", "-n", "-1"],
+        ] {
+            let e = Cli::try_parse_from(args).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{args:?}");
+        }
     }
 
     /// `get-feature -H` decodes; with `-b` (raw bytes) it is refused.

@@ -87,8 +87,8 @@ struct Args {
     /// Warm-up seconds (I/O whose latency is discarded).
     #[arg(long, default_value_t = 1)]
     warmup: u64,
-    /// Namespace to read from.
-    #[arg(short = 'n', long = "nsid", default_value_t = 1)]
+    /// Namespace to read from, decimal or 0x-prefixed hex.
+    #[arg(short = 'n', long = "nsid", default_value_t = 1, value_parser = nsid)]
     nsid: u32,
     /// Core to pin the loop to.
     #[arg(short = 'c', long = "core", default_value_t = 0)]
@@ -123,6 +123,15 @@ struct Args {
 
 /// xorshift64*, as `upnvme perf` uses for LBA choice.
 #[inline(always)]
+/// `--nsid`: decimal or 0x-prefixed hexadecimal, as `upnvme`'s `-n`.
+fn nsid(s: &str) -> std::result::Result<u32, String> {
+    match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(hex) => u32::from_str_radix(hex, 16),
+        None => s.parse::<u32>(),
+    }
+    .map_err(|e| format!("'{s}' is not a decimal or 0x-prefixed hexadecimal namespace ID: {e}"))
+}
+
 fn next_rand(x: &mut u64) -> u64 {
     *x ^= *x >> 12;
     *x ^= *x << 25;
@@ -713,5 +722,25 @@ fn main() {
             eprintln!("upnvme-rawfloor: error: {e:#}");
             std::process::exit(1);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `-n` takes hex as `upnvme`'s subcommands do.
+    #[test]
+    fn nsid_is_decimal_or_hex() {
+        assert_eq!(nsid("0x10"), Ok(16));
+        assert_eq!(nsid("0XFFFFFFFF"), Ok(u32::MAX));
+        assert_eq!(nsid("7"), Ok(7));
+        assert!(nsid("0x1_0000_0000").is_err());
+        assert!(nsid("0x100000000").is_err());
+        assert!(nsid("-1").is_err());
+        let a = Args::try_parse_from(["upnvme-rawfloor", "-n", "0x2"]).unwrap();
+        assert_eq!(a.nsid, 2);
+        let e = Args::try_parse_from(["upnvme-rawfloor", "--nsid", "two"]).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
     }
 }

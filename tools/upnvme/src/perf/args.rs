@@ -130,9 +130,9 @@ pub struct PerfArgs {
     /// mask ("-c 3" is core 3; SPDK's "-c 3" is "-c 0x3").
     #[arg(short = 'c', long = "core-mask", default_value = "0")]
     pub cores: String,
-    /// Namespace ID (default: every active namespace; one queue pair per
-    /// namespace and core).
-    #[arg(short = 'n', long = "nsid")]
+    /// Namespace ID, decimal or 0x-prefixed hex (default: every active
+    /// namespace; one queue pair per namespace and core).
+    #[arg(short = 'n', long = "nsid", value_parser = crate::rw::number::<u32>)]
     pub nsid: Option<u32>,
     /// Warm-up seconds before measuring (I/O runs, results are discarded).
     #[arg(long = "warmup", default_value_t = 1)]
