@@ -131,6 +131,19 @@ impl State {
 
     /// Someone else changes namespace `nsid` ([`super::ModelController::change_namespace`]).
     pub(crate) fn change_namespace(&mut self, nsid: u32, cfg: Option<NamespaceConfig>) {
+        self.change_namespace_with(nsid, cfg, true, true);
+    }
+
+    /// [`State::change_namespace`], listed in log 04h only when `listed`
+    /// and with a notice only when `notice`
+    /// ([`super::ModelController::change_namespace_unannounced`]).
+    pub(crate) fn change_namespace_with(
+        &mut self,
+        nsid: u32,
+        cfg: Option<NamespaceConfig>,
+        listed: bool,
+        notice: bool,
+    ) {
         match (self.namespace(nsid), cfg) {
             (Some(i), Some(cfg)) => {
                 self.namespaces[i].format(NamespaceConfig { nsid, ..cfg });
@@ -146,15 +159,19 @@ impl State {
             }
             (None, None) => {}
         }
-        self.namespace_changed(nsid);
+        if listed {
+            self.list_changed_namespace(nsid);
+        }
+        if notice {
+            self.notice_namespace_change();
+        }
     }
 
-    /// Namespace `nsid` changed (another host formatted, resized, attached
-    /// or detached it): listed in log 04h, and a Notice / Namespace
-    /// Attribute Changed event raised if the host enabled them
-    /// (Asynchronous Event Configuration bit 8) and has read the list
-    /// since the last one.
-    pub(crate) fn namespace_changed(&mut self, nsid: u32) {
+    /// Lists `nsid` in the Changed Namespace List (log 04h), once; the
+    /// 1025th NSID overflows it. (With [`State::notice_namespace_change`]:
+    /// namespace `nsid` changed — another host formatted, resized, attached
+    /// or detached it.)
+    pub(crate) fn list_changed_namespace(&mut self, nsid: u32) {
         if !self.changed_nsids.contains(&nsid) {
             if self.changed_nsids.len() == 1024 {
                 self.changed_overflow = true;
@@ -162,6 +179,12 @@ impl State {
                 self.changed_nsids.push(nsid);
             }
         }
+    }
+
+    /// Raises a Notice / Namespace Attribute Changed event if the host
+    /// enabled them (Asynchronous Event Configuration bit 8) and has read
+    /// log 04h since the last one.
+    pub(crate) fn notice_namespace_change(&mut self) {
         if self.features.aec & AEC_NS_ATTRIBUTE_NOTICES != 0 && !self.ns_notice_masked {
             self.ns_notice_masked = true;
             // Notice (2h), Namespace Attribute Changed (00h), log 04h.

@@ -327,6 +327,39 @@ impl ModelController {
         self.state().change_namespace(nsid, cfg);
     }
 
+    /// [`ModelController::change_namespace`] by a controller that does not
+    /// keep the rules: the namespace is listed in the Changed Namespace List
+    /// only when `listed`, and the event is raised only when `notice` (and
+    /// the host enabled the notices and read log 04h since the last one).
+    /// A host learns of a change neither listed nor noticed only by reading
+    /// Identify Namespace again.
+    pub fn change_namespace_unannounced(
+        &self,
+        nsid: u32,
+        cfg: Option<NamespaceConfig>,
+        listed: bool,
+        notice: bool,
+    ) {
+        self.state()
+            .change_namespace_with(nsid, cfg, listed, notice);
+    }
+
+    /// The Changed Namespace List (log 04h) as the next Get Log Page would
+    /// return it: the NSIDs listed since the host last read it with Retain
+    /// Asynchronous Event clear, `None` when more than 1024 changed (the
+    /// first entry FFFFFFFFh).
+    pub fn changed_namespace_list(&self) -> Option<Vec<u32>> {
+        let s = self.state();
+        (!s.changed_overflow).then(|| s.changed_nsids.clone())
+    }
+
+    /// Namespace `nsid` as it is now (after changes and Format NVM), `None`
+    /// when it is not attached.
+    pub fn namespace_config(&self, nsid: u32) -> Option<NamespaceConfig> {
+        let s = self.state();
+        s.namespace(nsid).map(|i| s.namespaces[i].cfg)
+    }
+
     /// Sets the SMART / Health Information log's Critical Warning byte (for
     /// example before raising a SMART / Health asynchronous event).
     pub fn set_critical_warning(&self, warning: u8) {
