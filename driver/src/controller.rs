@@ -534,8 +534,8 @@ impl<D: Device> Controller<D> {
         }
         let data = self.read_log_page(lid, nsid, len, offset)?;
         if self.inner.notice_gaps.log_read(lid) {
-            // The Changed Namespace List the driver owed itself went to the
-            // caller: what it named is checked at the next poll.
+            // The Changed Namespace List went to the caller: what it named
+            // is checked at the next poll.
             self.inner
                 .namespaces_unverified
                 .store(true, Ordering::Release);
@@ -1618,7 +1618,8 @@ impl<D: Device> Inner<D> {
             true,
         )?;
         // Get Log Page with Retain Asynchronous Event (CDW10 bit 15) clear of
-        // the Changed Namespace List the driver failed to read.
+        // the Changed Namespace List: what it named is checked at the next
+        // poll.
         if sqe.opcode() == admin_op::GET_LOG_PAGE
             && sqe.dw[10] & (1 << 15) == 0
             && done.0.status().is_success()

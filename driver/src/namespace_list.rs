@@ -83,10 +83,19 @@ impl NoticeGaps {
     }
 
     /// Log `lid` was read with RAE clear by the application. Returns whether
-    /// the Changed Namespace List was owed: its content went to the
-    /// application, so every handle must be checked once.
+    /// it was the Changed Namespace List: the controller cleared it, so
+    /// what it named (changes the driver has not followed yet: owed after
+    /// a failed read, or behind a notice not yet handed out) the driver's
+    /// next read will not name, and every handle must be checked once.
+    /// (Before, only an owed list was: a change the application's read took
+    /// between a notice and the poll that followed it left its handle
+    /// current when a later change made the driver's list non-empty.)
     pub(crate) fn log_read(&self, lid: u8) -> bool {
-        lid == log_id::CHANGED_NS_LIST && self.list_owed.swap(false, Ordering::AcqRel)
+        if lid != log_id::CHANGED_NS_LIST {
+            return false;
+        }
+        self.list_owed.store(false, Ordering::Release);
+        true
     }
 }
 

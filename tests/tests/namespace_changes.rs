@@ -629,3 +629,29 @@ fn a_notice_setting_refused_after_a_reset_makes_polls_check_every_handle() {
         "no checks with the notices on"
     );
 }
+
+/// The application reads the Changed Namespace List itself (RAE clear)
+/// after another host changed namespace 1 and before the driver followed
+/// the notice; namespace 2 changes afterwards. The list the driver reads
+/// names only namespace 2: namespace 1's handle must still be retired (the
+/// notice the driver holds says a change it has not followed happened).
+#[test]
+fn a_changed_namespace_list_the_application_read_between_two_changes_still_retires_both() {
+    let (m, c) = two_namespaces();
+    let one = c.namespace(1).unwrap().clone();
+    let two = c.namespace(2).unwrap().clone();
+    m.change_namespace(1, Some(ns(1, 4096, 512)));
+    let list = c.get_log_page(0x04, 0xffff_ffff, 4096, 0).unwrap();
+    assert_eq!(&list[..8], &[1, 0, 0, 0, 0, 0, 0, 0]);
+    m.change_namespace(2, Some(ns(2, 4096, 512)));
+    let noticed: usize = (0..3).map(|_| notices(&c)).sum();
+    assert!(noticed >= 1);
+    assert!(two.is_stale(), "listed");
+    assert!(
+        one.is_stale(),
+        "namespace 1's change went to the application's read; its handle still says 512-byte \
+         blocks"
+    );
+    drop(c);
+    assert_clean(&m);
+}
