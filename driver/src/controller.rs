@@ -1090,6 +1090,11 @@ impl<D: Device> Inner<D> {
         self.identify.oncs
     }
 
+    /// Identify Controller OCFS (Optional Copy Formats Supported).
+    pub(crate) fn ocfs(&self) -> u16 {
+        self.identify.ocfs
+    }
+
     /// Largest transfer in bytes per command, `None` when MDTS = 0.
     pub(crate) fn max_transfer(&self) -> Option<usize> {
         mdts_limit(self.cap.min_page_size(), self.identify.mdts)

@@ -388,6 +388,7 @@ impl Reject {
             Reject::QueueFull
                 | Reject::Unusable
                 | Reject::Unsupported { .. }
+                | Reject::CopyFormat { .. }
                 | Reject::MetadataFormat(_)
                 | Reject::NotDescribable
         )
@@ -531,6 +532,14 @@ pub enum Reject {
         /// The command's name.
         command: &'static str,
     },
+    /// A Copy whose namespace format needs a Copy Descriptor Format the
+    /// controller does not report in Identify Controller OCFS (Optional Copy
+    /// Formats Supported): Format 0h with a 16-bit guard or no protection
+    /// information, 1h with a 32- or 64-bit guard. Not sent.
+    CopyFormat {
+        /// The Descriptor Format the namespace's format needs (0 or 1).
+        format: u8,
+    },
     /// FUA or Limited Retry on a command whose CDW12 has no such bits.
     FlagsNotApplicable,
     /// A raw command ([`crate::IoCommand::Raw`]) the driver cannot send as
@@ -659,6 +668,13 @@ impl std::fmt::Display for Reject {
                 f,
                 "the controller does not support {command} (Identify Controller ONCS); nothing \
                  was sent"
+            ),
+            Reject::CopyFormat { format } => write!(
+                f,
+                "the controller does not support Copy Descriptor Format {format}h (Identify \
+                 Controller OCFS bit {format} clear), which this namespace's format needs (0h: \
+                 a 16-bit guard or no protection information; 1h: a 32- or 64-bit guard); \
+                 nothing was sent"
             ),
             Reject::FlagsNotApplicable => f.write_str(
                 "FUA and Limited Retry apply to Read, Write, Compare, Write Zeroes, Verify and \

@@ -139,6 +139,10 @@ pub struct IdentifyController {
     pub awun: u16,
     /// AWUPF, Atomic Write Unit Power Fail, 0-based blocks (bytes 529:528).
     pub awupf: u16,
+    /// OCFS, Optional Copy Formats Supported (bytes 535:534): bit *n* set
+    /// when Copy Descriptor Format *n*h is supported (0 from a controller
+    /// that does not report it).
+    pub ocfs: u16,
     /// SGLS, SGL Support (bytes 539:536).
     pub sgls: u32,
     /// SUBNQN, NVM Subsystem NVMe Qualified Name (bytes 1023:768, UTF-8).
@@ -189,6 +193,7 @@ impl IdentifyController {
             vwc: u8_at(buf, 525),
             awun: le16(buf, 526),
             awupf: le16(buf, 528),
+            ocfs: le16(buf, 534),
             sgls: le32(buf, 536),
             subnqn: string(buf, 768, 256),
         })

@@ -11,7 +11,7 @@ use upnvme::{
     Controller, CopyRange, DsmAttributes, DsmRange, IoCommand, IoData, IoError, IoFlags, NvmLimit,
     QueuePairOptions, RangeCommand, Reject, Sqe,
 };
-use upnvme_tests::{ModelConfig, ModelController, NvmLimitsConfig};
+use upnvme_tests::{ModelConfig, ModelController, NamespaceConfig, NvmLimitsConfig};
 
 fn all_commands() -> (ModelController, Controller<ModelController>) {
     setup(ModelConfig {
@@ -915,4 +915,66 @@ fn a_copy_on_a_64_bit_guard_format_uses_descriptor_format_1h() {
     assert!(done.is_ok(), "{:?}", done.result);
     drop(qp);
     assert_clean(&m);
+}
+
+/// A controller that reports its Copy formats (Identify Controller OCFS)
+/// without Format 1h: a Copy on a 64-bit guard format, which needs it, is
+/// refused before the device (it would fail with Invalid Format); one on a
+/// namespace without PI (Format 0h) goes. OCFS 0 (not reported): both go.
+#[test]
+fn a_copy_in_a_descriptor_format_ocfs_does_not_report_is_refused() {
+    for (ocfs, refused) in [(0x1u16, true), (0x0, false)] {
+        let mut cfg = config_one_ns(512, 8192);
+        cfg.oncs = ModelConfig::ONCS_COPY;
+        cfg.ocfs = ocfs;
+        cfg.elbas = true;
+        cfg.namespaces[0].ms = 16;
+        cfg.namespaces[0].extended = true;
+        cfg.namespaces[0].pi_type = 1;
+        cfg.namespaces[0].pif = 2;
+        cfg.namespaces.push(NamespaceConfig {
+            nsid: 2,
+            ..cfg.namespaces[0]
+        });
+        cfg.namespaces[1].ms = 0;
+        cfg.namespaces[1].pi_type = 0;
+        cfg.namespaces[1].pif = 0;
+        cfg.namespaces[1].extended = false;
+        let (m, c) = setup(cfg);
+        assert_eq!(c.identify().ocfs, ocfs);
+        let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+        let ranges = [CopyRange { slba: 0, blocks: 2 }];
+        let guard64 = c.namespace(1).unwrap().clone();
+        let copy = IoCommand::Copy {
+            ns: &guard64,
+            sdlba: 100,
+            ranges: &ranges,
+        };
+        let seen = m.commands_fetched();
+        if refused {
+            let r = qp.submit_io(copy, IoData::none(), 1).unwrap_err();
+            assert_eq!(r.reason, Reject::CopyFormat { format: 1 });
+            assert_eq!(m.commands_fetched(), seen, "nothing sent");
+            assert!(
+                r.reason.to_string().contains("OCFS bit 1 clear"),
+                "{}",
+                r.reason
+            );
+        } else {
+            let done = run_io(&mut qp, copy, IoData::none());
+            assert!(done.is_ok(), "{:?}", done.result);
+        }
+        let plain = c.namespace(2).unwrap().clone();
+        let copy = IoCommand::Copy {
+            ns: &plain,
+            sdlba: 100,
+            ranges: &ranges,
+        };
+        let done = run_io(&mut qp, copy, IoData::none());
+        assert!(done.is_ok(), "OCFS {ocfs:#x}: {:?}", done.result);
+        assert_eq!(last_cdw12(&m), (0x19, 0), "format 0h");
+        drop(qp);
+        drop(c);
+        assert_clean(&m);
+    }
 }

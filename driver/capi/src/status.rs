@@ -145,9 +145,10 @@ pub(crate) fn reject_code(r: Reject) -> c_int {
         Reject::Unusable => UPNVME_ENODEV,
         // Not a bad argument: the controller lacks the command (ONCS) or
         // cannot be given the memory (no SGLs), or the format is unusable.
-        Reject::MetadataFormat(_) | Reject::Unsupported { .. } | Reject::NotDescribable => {
-            UPNVME_ENOTSUP
-        }
+        Reject::MetadataFormat(_)
+        | Reject::Unsupported { .. }
+        | Reject::CopyFormat { .. }
+        | Reject::NotDescribable => UPNVME_ENOTSUP,
         _ => UPNVME_EINVAL,
     }
 }

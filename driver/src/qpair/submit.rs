@@ -883,9 +883,20 @@ impl<D: Device> IoQueuePair<D> {
                     Some(end) if end <= ns.lba_count() => {}
                     _ => return Err(Reject::LbaRange),
                 }
+                // A controller that reports its Copy formats (OCFS) without
+                // the one the namespace's guard needs would fail the command
+                // with Invalid Format: refused here, nothing sent. (OCFS 0:
+                // not reported, the command goes.)
+                let format = copy_format(ns).0;
+                let ocfs = self.ctrl.ocfs();
+                if ocfs != 0 && ocfs & (1 << format) == 0 {
+                    return Err(Reject::CopyFormat {
+                        format: format as u8,
+                    });
+                }
                 // CDW12: NR (bits 7:0, 0-based), Descriptor Format (bits
                 // 11:8), FUA and LR.
-                let cdw12 = (ranges.len() as u32 - 1) | copy_format(ns).0 << 8 | flags.cdw12();
+                let cdw12 = (ranges.len() as u32 - 1) | format << 8 | flags.cdw12();
                 let q = io_qwords(nvm::COPY, 0, ns.id(), 0, 0, sdlba, cdw12);
                 Ok((q, Data::CopyRanges))
             }

@@ -72,6 +72,10 @@ pub struct ModelConfig {
     /// CDW0.PSDT = 01b fails with Invalid Field), 01b without alignment
     /// requirement, 10b with dword-aligned Data Blocks.
     pub sgls: u32,
+    /// Identify Controller OCFS (bytes 535:534), Optional Copy Formats
+    /// Supported: bit *n* for Copy Descriptor Format *n*h. The model runs
+    /// Formats 0h and 1h whatever it reports (default 03h, as QEMU).
+    pub ocfs: u16,
     /// Identify Controller KAS (bytes 321:320) non-zero and the Keep Alive
     /// command accepted. Off by default, as in QEMU (Keep Alive is then an
     /// Invalid Command Opcode).
@@ -210,6 +214,7 @@ impl Default for ModelConfig {
             vwc: false,
             oncs: Self::ONCS_COMPARE | Self::ONCS_DSM | Self::ONCS_WRITE_ZEROES,
             sgls: 0,
+            ocfs: 0x3,
             keep_alive: false,
             fna: 0,
             smart_critical_warning: 0,

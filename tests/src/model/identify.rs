@@ -69,6 +69,7 @@ pub(crate) fn controller(cfg: &ModelConfig) -> Vec<u8> {
     p[525] = if cfg.vwc { 0x07 } else { 0x00 }; // VWC (+ flush broadcast bits 2:1 = 11b)
     put(&mut p, 526, &0u16.to_le_bytes()); // AWUN
     put(&mut p, 528, &0u16.to_le_bytes()); // AWUPF
+    put(&mut p, 534, &cfg.ocfs.to_le_bytes()); // OCFS
     put(&mut p, 536, &cfg.sgls.to_le_bytes()); // SGLS
     let nqn = format!("nqn.2024-01.invalid.upnvme:model:{}", cfg.serial);
     let mut subnqn = [0u8; 256];
