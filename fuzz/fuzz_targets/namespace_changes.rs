@@ -77,8 +77,11 @@ struct InFlight {
     buf: u64,
     md: Option<u64>,
     /// It must succeed, unless something dirtied the controller or its
-    /// namespace meanwhile (`dirt`, `epoch` as when it was submitted).
-    expect_ok: Option<(u64, u32, u64)>,
+    /// namespace meanwhile (`dirt`, `epoch` as when it was submitted), or a
+    /// reset ended it (the controller's reset count when it was submitted:
+    /// a fatal status set before the submission is acted on by a later call,
+    /// which resets and ends the commands in flight with ControllerReset).
+    expect_ok: Option<(u64, u32, u64, u64)>,
     /// Sent on a current handle of a namespace that had changed (the
     /// driver not told yet: the window no notice closes): the model may
     /// see it move the old geometry's transfer (a DMA fault, a violation).
@@ -378,9 +381,10 @@ impl Harness {
             if let Some(m) = c.metadata {
                 self.take_back(m);
             }
-            if let Some((dirt, nsid, epoch)) = f.expect_ok
+            if let Some((dirt, nsid, epoch, resets)) = f.expect_ok
                 && dirt == self.dirt
                 && epoch == self.epoch[nsid as usize]
+                && resets == self.c.resets()
             {
                 assert!(
                     c.result.is_ok(),
@@ -469,8 +473,14 @@ impl Harness {
                         buf: buf_iova,
                         md: md_iova,
                         old_geometry,
-                        expect_ok: unchanged
-                            .then(|| (self.dirt, h.id(), self.epoch[h.id() as usize])),
+                        expect_ok: unchanged.then(|| {
+                            (
+                                self.dirt,
+                                h.id(),
+                                self.epoch[h.id() as usize],
+                                self.c.resets(),
+                            )
+                        }),
                     },
                 );
             }
