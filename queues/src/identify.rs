@@ -199,6 +199,26 @@ impl IdentifyController {
         })
     }
 
+    /// When a command that failed with `status` may be sent again (NVMe 2.0
+    /// "Command Retry Delay"): `None` when it must not be retried as it is —
+    /// DNR (Do Not Retry) is set, or it did not fail — else the delay the
+    /// completion's CRD field asks for: none for CRD 0, CRDT1..CRDT3 × 100 ms
+    /// for CRD 1..3.
+    ///
+    /// A controller reports CRD other than 0 only after the host set ACRE
+    /// (Advanced Command Retry Enable) in the Host Behavior Support feature
+    /// (FID 16h); without it every retryable failure says "at once".
+    pub fn retry_delay(&self, status: crate::Status) -> Option<core::time::Duration> {
+        if status.is_success() || status.dnr() {
+            return None;
+        }
+        let units = match status.crd() {
+            0 => 0,
+            n => self.crdt[usize::from(n - 1)],
+        };
+        Some(core::time::Duration::from_millis(u64::from(units) * 100))
+    }
+
     /// Encodes the structure into 4096 bytes (the inverse of
     /// [`IdentifyController::parse`] for the fields modelled; used by
     /// controller models). Strings are space padded, SUBNQN NUL padded.
@@ -670,6 +690,29 @@ pub fn parse_ns_list(buf: &[u8]) -> Vec<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn retry_delay_follows_dnr_and_crd() {
+        use crate::Status;
+        use core::time::Duration;
+        let c = IdentifyController {
+            crdt: [5, 0, 65535],
+            ..Default::default()
+        };
+        let failed = Status::new(0, 0x04); // Data Transfer Error
+        assert_eq!(c.retry_delay(failed), Some(Duration::ZERO));
+        assert_eq!(c.retry_delay(failed.with_dnr(true)), None);
+        assert_eq!(c.retry_delay(Status::SUCCESS), None);
+        let crd = |n: u16| Status(failed.0 | n << 11);
+        assert_eq!(c.retry_delay(crd(1)), Some(Duration::from_millis(500)));
+        assert_eq!(c.retry_delay(crd(2)), Some(Duration::ZERO));
+        assert_eq!(
+            c.retry_delay(crd(3)),
+            Some(Duration::from_millis(6_553_500))
+        );
+        // DNR wins over CRD.
+        assert_eq!(c.retry_delay(crd(1).with_dnr(true)), None);
+    }
 
     #[test]
     fn nvm_controller_limits_parse_at_their_offsets() {

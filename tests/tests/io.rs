@@ -544,6 +544,45 @@ fn device_errors_complete_with_status_and_buffer() {
     assert_clean(&m);
 }
 
+/// A failed completion's CRD (Command Retry Delay) reaches the application
+/// in its status, and `IdentifyController::retry_delay` turns it into the
+/// wait the controller's CRDT asks for; DNR means no retry at all.
+#[test]
+fn a_failed_completion_says_when_to_retry() {
+    let (m, c) = setup(ModelConfig {
+        crdt: [3, 0, 12],
+        ..ModelConfig::default()
+    });
+    assert_eq!(c.identify().crdt, [3, 0, 12]);
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let qid = qp.qid();
+    let ns = c.namespace(1).unwrap().clone();
+    // Namespace Not Ready (SCT 0h, SC 82h) with CRD 1 and with CRD 3, then
+    // with DNR set.
+    let cases = [
+        (Status(0x0082 | 1 << 11), Some(Duration::from_millis(300))),
+        (Status(0x0082 | 3 << 11), Some(Duration::from_millis(1200))),
+        (Status(0x0082), Some(Duration::ZERO)),
+        (Status(0x0082 | 1 << 11).with_dnr(), None),
+    ];
+    for (status, delay) in cases {
+        m.inject(Fault::Status {
+            on: Match::Queue(qid),
+            status,
+        });
+        let buf = c.alloc_dma(4096).unwrap();
+        let f = qp.read_blocking(&ns, 0, 1, buf, T).unwrap_err();
+        let Error::Command { status: s, .. } = &f.error else {
+            panic!("{:?}", f.error);
+        };
+        assert_eq!(s.0, status.0, "{status:?}");
+        assert_eq!(c.identify().retry_delay(*s), delay, "{status:?}");
+    }
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
 #[test]
 fn queue_full_at_max_depth_returns_at_once_with_the_buffer() {
     let (m, c) = setup(ModelConfig::default());

@@ -389,9 +389,13 @@ typedef struct upnvme_admin_cpl {
    */
   uint8_t sc;
   /**
-   * Do Not Retry.
+   * Do Not Retry: do not send the command again as it is.
    */
   bool dnr;
+  /**
+   * Command Retry Delay (CRD, 0–3): as `upnvme_cpl.crd`.
+   */
+  uint8_t crd;
 } upnvme_admin_cpl;
 
 /**
@@ -509,6 +513,12 @@ typedef struct upnvme_ctrl_info {
    * FR, Firmware Revision (at bring-up): as `sn`.
    */
   char fr[9];
+  /**
+   * CRDT1..CRDT3, Command Retry Delay Times in 100 ms units: a failed
+   * completion's `crd` 1–3 asks the host to wait `crdt[crd - 1]` × 100 ms
+   * before sending the command again.
+   */
+  uint16_t crdt[3];
 } upnvme_ctrl_info;
 
 /**
@@ -596,9 +606,16 @@ typedef struct upnvme_cpl {
    */
   uint8_t sc;
   /**
-   * Do Not Retry.
+   * Do Not Retry: do not send the command again as it is.
    */
   bool dnr;
+  /**
+   * Command Retry Delay (CRD, 0–3) of a failed completion (with
+   * `UPNVME_EIO`): 0 retry at once, 1–3 wait CRDT1–CRDT3 × 100 ms
+   * (`upnvme_ctrl_info.crdt`). Non-zero only when the application set
+   * ACRE in the Host Behavior Support feature (FID 16h).
+   */
+  uint8_t crd;
   /**
    * Completion dword 0 (command specific).
    */

@@ -215,8 +215,10 @@ pub struct upnvme_admin_cpl {
     pub sct: u8,
     /// Status Code.
     pub sc: u8,
-    /// Do Not Retry.
+    /// Do Not Retry: do not send the command again as it is.
     pub dnr: bool,
+    /// Command Retry Delay (CRD, 0–3): as `upnvme_cpl.crd`.
+    pub crd: u8,
 }
 
 /// What a namespace is (Identify Namespace, current LBA format).
@@ -314,6 +316,10 @@ pub struct upnvme_ctrl_info {
     pub mn: [c_char; 41],
     /// FR, Firmware Revision (at bring-up): as `sn`.
     pub fr: [c_char; 9],
+    /// CRDT1..CRDT3, Command Retry Delay Times in 100 ms units: a failed
+    /// completion's `crd` 1–3 asks the host to wait `crdt[crd - 1]` × 100 ms
+    /// before sending the command again.
+    pub crdt: [u16; 3],
 }
 
 impl Default for upnvme_ctrl_info {
@@ -335,6 +341,7 @@ impl Default for upnvme_ctrl_info {
             sn: [0; 21],
             mn: [0; 41],
             fr: [0; 9],
+            crdt: [0; 3],
         }
     }
 }
@@ -568,6 +575,7 @@ impl<D: Device> Ctrl<D> {
                     cpl.sct = status.sct();
                     cpl.sc = status.sc();
                     cpl.dnr = status.dnr();
+                    cpl.crd = status.crd();
                 }
                 fail_error(&e)
             }
@@ -627,6 +635,7 @@ impl<D: Device> Ctrl<D> {
             sn: c_string(&id.sn),
             mn: c_string(&id.mn),
             fr: c_string(&id.fr),
+            crdt: id.crdt,
             ..upnvme_ctrl_info::default()
         })
     }

@@ -133,8 +133,13 @@ pub struct upnvme_cpl {
     pub sct: u8,
     /// Status Code.
     pub sc: u8,
-    /// Do Not Retry.
+    /// Do Not Retry: do not send the command again as it is.
     pub dnr: bool,
+    /// Command Retry Delay (CRD, 0–3) of a failed completion (with
+    /// `UPNVME_EIO`): 0 retry at once, 1–3 wait CRDT1–CRDT3 × 100 ms
+    /// (`upnvme_ctrl_info.crdt`). Non-zero only when the application set
+    /// ACRE in the Host Behavior Support feature (FID 16h).
+    pub crd: u8,
     /// Completion dword 0 (command specific).
     pub dw0: u32,
     /// The command's buffer handle (null for commands without one), owned by
@@ -441,6 +446,7 @@ impl<D: Device> Qpair<D> {
                 sct: 0,
                 sc: 0,
                 dnr: false,
+                crd: 0,
                 dw0: 0,
                 buf: ctx.buf,
             };
@@ -702,19 +708,20 @@ impl<D: Device> Qpair<D> {
             let h = unsafe { &mut *ctx.buf };
             h.settle(c.buffer);
         }
-        let (status, sct, sc, dnr) = match &c.result {
-            Ok(_) => (UPNVME_OK, 0, 0, false),
+        let (status, sct, sc, dnr, crd) = match &c.result {
+            Ok(_) => (UPNVME_OK, 0, 0, false, 0),
             Err(e @ upnvme::IoError::Status(s))
             | Err(e @ upnvme::IoError::Protection { status: s, .. }) => {
-                (io_error_code(e), s.sct(), s.sc(), s.dnr())
+                (io_error_code(e), s.sct(), s.sc(), s.dnr(), s.crd())
             }
-            Err(e) => (io_error_code(e), 0, 0, false),
+            Err(e) => (io_error_code(e), 0, 0, false, 0),
         };
         let cpl = upnvme_cpl {
             status,
             sct,
             sc,
             dnr,
+            crd,
             dw0: *c.result.as_ref().unwrap_or(&0),
             buf: ctx.buf,
         };

@@ -201,11 +201,86 @@ fn the_info_call_refuses_null_and_tiny_sizes() {
 /// The layout C callers compile against: fields only ever added at the end.
 #[test]
 fn the_info_layout_is_pinned() {
-    assert_eq!(size_of::<upnvme_ctrl_info>(), 104);
+    assert_eq!(size_of::<upnvme_ctrl_info>(), 112);
     assert_eq!(offset_of!(upnvme_ctrl_info, oncs), 12);
     assert_eq!(offset_of!(upnvme_ctrl_info, vwc), 14);
     assert_eq!(offset_of!(upnvme_ctrl_info, io_queues), 28);
     assert_eq!(offset_of!(upnvme_ctrl_info, sn), 32);
     assert_eq!(offset_of!(upnvme_ctrl_info, mn), 53);
     assert_eq!(offset_of!(upnvme_ctrl_info, fr), 94);
+    assert_eq!(offset_of!(upnvme_ctrl_info, crdt), 104);
+    // `crd` took the padding byte after `dnr`: no other field moved.
+    assert_eq!(offset_of!(qpair::upnvme_cpl, crd), 7);
+    assert_eq!(offset_of!(qpair::upnvme_cpl, dw0), 8);
+    assert_eq!(offset_of!(qpair::upnvme_cpl, buf), 16);
+    assert_eq!(size_of::<qpair::upnvme_cpl>(), 24);
+    assert_eq!(offset_of!(ctrl::upnvme_admin_cpl, crd), 11);
+    assert_eq!(size_of::<ctrl::upnvme_admin_cpl>(), 12);
+}
+
+unsafe extern "C" fn keep_cpl(arg: *mut std::ffi::c_void, cpl: *const qpair::upnvme_cpl) {
+    // SAFETY: `cpl` is valid for the call.
+    let cpl = unsafe { *cpl };
+    // SAFETY: the test's `Option<upnvme_cpl>`, alive until the pair is
+    // drained.
+    unsafe { *arg.cast::<Option<qpair::upnvme_cpl>>() = Some(cpl) };
+}
+
+/// A failed completion carries its Command Retry Delay (`crd`) and the info
+/// the CRDT it selects: `crdt[crd - 1]` × 100 ms.
+#[test]
+fn a_failed_completion_carries_crd_and_the_info_crdt() {
+    let cfg = ModelConfig {
+        crdt: [4, 9, 0],
+        namespaces: vec![NamespaceConfig {
+            nsid: 1,
+            lba_size: 512,
+            blocks: 256,
+            ..NamespaceConfig::default()
+        }],
+        ..Default::default()
+    };
+    let m = ModelController::new(cfg);
+    let h = Ctrl::new(Controller::with_device(m.clone(), upnvme_tests::host_options()).unwrap());
+    assert_eq!(h.info().unwrap().crdt, [4, 9, 0]);
+    let qp = h
+        .get()
+        .unwrap()
+        .io_queue_pair(QueuePairOptions {
+            entries: Some(8),
+            ..Default::default()
+        })
+        .unwrap();
+    let qid = qp.qid();
+    let mut qp = Box::new(Qpair::new(qp, h.nss.clone()));
+    // Namespace Not Ready (SC 82h) with CRD 2, then with CRD 2 and DNR.
+    for (raw, dnr) in [
+        (0x0082 | 2 << 11, false),
+        (0x0082 | 2 << 11 | 1 << 14, true),
+    ] {
+        m.inject(upnvme_tests::Fault::Status {
+            on: upnvme_tests::Match::Queue(qid),
+            status: upnvme_tests::Status(raw),
+        });
+        let mut got: Option<qpair::upnvme_cpl> = None;
+        let wz = Cmd::WriteZeroes {
+            slba: 0,
+            blocks: 8,
+            deallocate: false,
+        };
+        let arg: *mut Option<qpair::upnvme_cpl> = &mut got;
+        // SAFETY: no buffer; the callback's argument outlives the command
+        // (the loop below drains the pair).
+        let rc = unsafe { qp.submit(1, wz, std::ptr::null_mut(), Some(keep_cpl), arg.cast()) };
+        assert_eq!(rc, UPNVME_OK);
+        let start = std::time::Instant::now();
+        while qp.outstanding() > 0 && start.elapsed() < std::time::Duration::from_secs(5) {
+            let p: *mut Qpair<ModelController> = &mut *qp;
+            // SAFETY: a live pair of this thread.
+            assert!(unsafe { Qpair::process_completions(p, 0) } >= 0);
+        }
+        let cpl = got.expect("the callback ran");
+        assert_eq!(cpl.status, UPNVME_EIO);
+        assert_eq!((cpl.sct, cpl.sc, cpl.dnr, cpl.crd), (0, 0x82, dnr, 2));
+    }
 }

@@ -23,6 +23,10 @@ pub struct ModelConfig {
     pub vid: u16,
     /// Identify Controller CNTLID (bytes 79:78), Controller ID.
     pub cntlid: u16,
+    /// Identify Controller CRDT1..CRDT3 (bytes 133:128), Command Retry
+    /// Delay Times in 100 ms units. The model never sets CRD itself; a
+    /// [`Fault::Status`](super::Fault::Status) can carry one.
+    pub crdt: [u16; 3],
     /// Identify Controller MDTS (byte 77), Maximum Data Transfer Size, as a
     /// power of two in units of the minimum memory page size (CAP.MPSMIN,
     /// 4 KiB); 0 means no limit.
@@ -201,6 +205,7 @@ impl Default for ModelConfig {
             firmware: "1.0".into(),
             vid: 0x1b36,
             cntlid: 0,
+            crdt: [0; 3],
             mdts: 7,
             mqes: 2047,
             max_ioqpairs: 64,

@@ -47,6 +47,9 @@ pub(crate) fn controller(cfg: &ModelConfig) -> Vec<u8> {
     put(&mut p, 88, &cfg.rtd3e_us.to_le_bytes()); // RTD3E
     put(&mut p, 92, &(1u32 << 8).to_le_bytes()); // OAES: Namespace Attribute Notices
     put(&mut p, 96, &(u32::from(cfg.elbas) << 15).to_le_bytes()); // CTRATT: ELBAS
+    for (i, t) in cfg.crdt.iter().enumerate() {
+        put(&mut p, 128 + 2 * i, &t.to_le_bytes()); // CRDT1..CRDT3
+    }
     // OACS bit 1 Format NVM, bit 8 Doorbell Buffer Config.
     let oacs: u16 = 1 << 1 | if cfg.oacs_dbbc { 1 << 8 } else { 0 };
     put(&mut p, 256, &oacs.to_le_bytes()); // OACS
