@@ -726,6 +726,9 @@ fn identify_fields_equal_the_vm_options() {
             "{cap_hex}"
         );
         assert_eq!(v["max_transfer_bytes"], 4096u64 << mdts);
+        // CRDT1..3 and OCFS as Identify Controller reports them.
+        assert_eq!(c["crdt"].as_array().map(Vec::len), Some(3), "{c}");
+        assert!(c["ocfs"].is_u64(), "{c}");
         let granted = v["granted_io_queue_pairs"].as_u64().unwrap();
         assert!((1..=max_pairs).contains(&granted), "granted {granted}");
         // The admin SQ is in memory mapped read-only for the device.
@@ -744,6 +747,7 @@ fn identify_fields_equal_the_vm_options() {
         let t = ok(&upnvme(&["identify", "-d", dev]));
         assert!(t.contains(&format!("  sn      : {prefix}{i}\n")), "{t}");
         assert!(t.contains("  mn      : QEMU NVMe Ctrl\n"), "{t}");
+        assert!(t.contains("  crdt    : "), "{t}");
         assert!(
             t.contains("  SQs and list pages      : read-only for the device\n"),
             "{t}"

@@ -191,6 +191,12 @@ pub fn identify(c: &Controller, nsid: Option<u32>, human: bool) -> Result<()> {
         outln!("  nn      : {}", id.nn);
         outln!("  vwc     : 0x{:02x}", id.vwc);
         outln!("  rtd3e   : {} us", id.rtd3e);
+        outln!(
+            "  crdt    : {} / {} / {} ms (Command Retry Delay Times 1-3)",
+            u32::from(id.crdt[0]) * 100,
+            u32::from(id.crdt[1]) * 100,
+            u32::from(id.crdt[2]) * 100
+        );
         outln!("  subnqn  : {}", id.subnqn);
         outln!(
             "  CAP     : 0x{:016x} (mqes {}: {} entries, to {} ms, dstrd {}, mpsmin {} B)",
@@ -328,6 +334,7 @@ pub fn identify_json(c: &Controller, nsid: Option<u32>, human: bool) -> Result<(
             "vid": id.vid, "ssvid": id.ssvid, "sn": id.sn, "mn": id.mn, "fr": id.fr,
             "rab": id.rab, "cmic": id.cmic, "mdts": id.mdts, "cntlid": id.cntlid, "ver": id.ver,
             "rtd3r": id.rtd3r, "rtd3e": id.rtd3e, "oaes": id.oaes, "ctratt": id.ctratt,
+            "cntrltype": id.cntrltype, "crdt": id.crdt, "ocfs": id.ocfs,
             "oacs": id.oacs, "acl": id.acl, "aerl": id.aerl, "frmw": id.frmw, "lpa": id.lpa,
             "elpe": id.elpe, "npss": id.npss, "wctemp": id.wctemp, "cctemp": id.cctemp,
             "sqes": id.sqes, "cqes": id.cqes, "nn": id.nn, "oncs": id.oncs, "fuses": id.fuses,
