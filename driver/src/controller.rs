@@ -253,7 +253,16 @@ impl<D: Device> Controller<D> {
         let (inner, namespaces, unusable) = bring_up(dev, options)?;
         let inner = Arc::new(inner);
         if let Some(req) = inner.dev.release_request() {
-            watch_release_requests(Arc::downgrade(&inner), req);
+            // Without the thread a removal request (unbind) would wait until
+            // the application drops everything: refuse the open instead (the
+            // controller is shut down as `inner` drops).
+            watch_release_requests(Arc::downgrade(&inner), req, None).map_err(|source| {
+                Error::ThreadSpawn {
+                    device: inner.name.clone(),
+                    what: "release-request watcher",
+                    source,
+                }
+            })?;
         }
         Ok(Controller {
             inner,
@@ -2329,12 +2338,18 @@ impl<D: Device> Drop for ReleasingGuard<'_, D> {
 /// not). The thread holds
 /// only a weak reference between ticks, so it never keeps the controller
 /// alive, and ends within a tick once the controller is gone.
+/// `stack`: the thread's stack size (`None`: Rust's default). Fails only
+/// when the system refuses the thread.
 fn watch_release_requests<D: Device>(
     inner: std::sync::Weak<Inner<D>>,
     req: Arc<dyn crate::device::ReleaseRequest>,
-) {
-    let spawned = std::thread::Builder::new()
-        .name("upnvme-release".into())
+    stack: Option<usize>,
+) -> std::io::Result<()> {
+    let mut builder = std::thread::Builder::new().name("upnvme-release".into());
+    if let Some(n) = stack {
+        builder = builder.stack_size(n);
+    }
+    builder
         .spawn(move || {
             loop {
                 if inner.strong_count() == 0 {
@@ -2350,9 +2365,8 @@ fn watch_release_requests<D: Device>(
                     return;
                 }
             }
-        });
-    // Without the thread the device cannot be asked back; it still works.
-    drop(spawned);
+        })
+        .map(drop)
 }
 
 impl<D: Device> Drop for Inner<D> {
@@ -2984,4 +2998,42 @@ fn default_shutdown_timeout(rtd3e_us: u32) -> Duration {
 /// What `upnvme list` shows about a controller without opening it.
 pub fn list_controllers() -> Result<Vec<upnvme_dma::pci::PciFunction>> {
     Ok(Sysfs::default().nvme_controllers()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct NeverRequested;
+
+    impl crate::device::ReleaseRequest for NeverRequested {
+        fn wait(&self, timeout: Duration) -> bool {
+            std::thread::sleep(timeout.min(Duration::from_millis(1)));
+            false
+        }
+    }
+
+    /// A watcher the system refuses is an error the open returns (it was
+    /// dropped, and the controller went on without hot-removal handling),
+    /// and the error says what to do.
+    #[test]
+    fn a_refused_release_watcher_is_an_error() {
+        let gone = std::sync::Weak::<Inner<crate::VfioNvme>>::new();
+        // A stack no system maps: the spawn fails.
+        let e = watch_release_requests(gone.clone(), Arc::new(NeverRequested), Some(1 << 62))
+            .expect_err("a 4 EiB stack was mapped");
+        let e = Error::ThreadSpawn {
+            device: "0000:00:04.0".into(),
+            what: "release-request watcher",
+            source: e,
+        };
+        let msg = e.to_string();
+        assert!(
+            msg.contains("release-request watcher") && msg.contains("ulimit -u"),
+            "{msg}"
+        );
+        // The default stack: started (and it ends at once, the controller
+        // being gone).
+        watch_release_requests(gone, Arc::new(NeverRequested), None).unwrap();
+    }
 }

@@ -175,6 +175,20 @@ pub enum Error {
         granted: u16,
     },
 
+    /// A thread the library needs could not be started (the process is out
+    /// of threads or memory).
+    #[error(
+        "could not start the {what} thread on {device}: {source}; the process is out of threads or memory: raise its limits (ulimit -u, /proc/sys/kernel/threads-max) or end threads it no longer needs, then open the controller again"
+    )]
+    ThreadSpawn {
+        /// The device name.
+        device: String,
+        /// What the thread does.
+        what: &'static str,
+        /// Why the system refused it.
+        source: std::io::Error,
+    },
+
     /// The caller passed something invalid.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
