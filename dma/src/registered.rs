@@ -113,6 +113,13 @@ pub enum RegisterFailure {
         /// The valid ranges, formatted.
         ranges: String,
     },
+    /// `madvise(MADV_DONTFORK)` refused the mapping (the kernel does not
+    /// allow it on device mappings, VM_IO / VM_PFNMAP, or on a range that
+    /// is not wholly mapped).
+    #[error(
+        "the kernel refused to keep the application's memory out of forked children: {0}; register ordinary memory the process mapped itself (anonymous, hugetlbfs, shmem/tmpfs), not a device mapping (a BAR, /dev/mem), in one piece"
+    )]
+    DontFork(#[source] DmaError),
     /// The IOMMU (VFIO_IOMMU_MAP_DMA) refused the mapping.
     #[error(
         "the IOMMU refused to map the application's memory: {0}; the mapping must be pinnable: anonymous memory (hugepages or not), or a hugetlbfs or shmem/tmpfs file mapped shared (the kernel refuses long-term pins of writable mappings of files on ordinary filesystems)"
@@ -354,7 +361,9 @@ impl RegisteredMemory {
                 mapping,
             ));
         }
-        let backing = match kernel_page_size(vaddr) {
+        // One read of smaps for both the backing and the fork flag.
+        let entry = smaps_entry(vaddr);
+        let backing = match entry.as_deref().and_then(kernel_page_size) {
             Some(s) if s == PageBacking::Huge1G.page_size() => PageBacking::Huge1G,
             Some(s) if s == PageBacking::Huge2M.page_size() => PageBacking::Huge2M,
             _ => PageBacking::Small4K,
@@ -368,15 +377,14 @@ impl RegisteredMemory {
         let vma_len = len.next_multiple_of(backing.page_size());
         // Whether a fork inherits it now (smaps VmFlags without `dc`): what
         // the hand-back restores.
-        let inherited = !smaps_field(vaddr, "VmFlags:")
-            .is_some_and(|f| f.split_whitespace().any(|flag| flag == "dc"));
+        let inherited = inherited_by_fork(entry.as_deref());
         if let Err(e) = crate::memory::advise_fork(
             std::ptr::NonNull::new(vaddr as *mut u8).expect("checked non-zero above"),
             vma_len,
             false,
             "the registered mapping",
         ) {
-            return Err(RegisterError::new(RegisterFailure::Map(e), mapping));
+            return Err(RegisterError::new(RegisterFailure::DontFork(e), mapping));
         }
         let mem = HostMemory::adopt(mapping, backing, inherited)
             .map_err(|m| RegisterError::new(RegisterFailure::NotPageAligned { vaddr: 0 }, m))?;
@@ -616,38 +624,94 @@ fn format_ranges(ranges: &[crate::IovaRange]) -> String {
         .join(", ")
 }
 
-/// The KernelPageSize of the mapping containing `vaddr`, from
-/// `/proc/self/smaps` (None when it cannot be read).
-fn kernel_page_size(vaddr: usize) -> Option<usize> {
-    let v = smaps_field(vaddr, "KernelPageSize:")?;
+/// The KernelPageSize line's value of an smaps entry, in bytes.
+fn kernel_page_size(entry: &str) -> Option<usize> {
+    let v = field(entry, "KernelPageSize:")?;
     let kib = v.trim().strip_suffix("kB")?.trim().parse::<usize>().ok()?;
     kib.checked_mul(1024)
 }
 
-/// The value of `field` (with its colon, e.g. `"VmFlags:"`) in the
-/// `/proc/self/smaps` entry of the mapping containing `vaddr` (None when it
-/// cannot be read).
-pub(crate) fn smaps_field(vaddr: usize, field: &str) -> Option<String> {
-    let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
-    let mut inside = false;
+/// Whether a fork inherits the mapping of an smaps entry: its VmFlags lack
+/// `dc` (VM_DONTCOPY). True when the flags cannot be read.
+fn inherited_by_fork(entry: Option<&str>) -> bool {
+    !entry
+        .and_then(|e| field(e, "VmFlags:"))
+        .is_some_and(|f| f.split_whitespace().any(|flag| flag == "dc"))
+}
+
+/// The `/proc/self/smaps` entry (the lines after its address line) of the
+/// mapping containing `vaddr`; None when it cannot be read. One read of the
+/// file, which the kernel builds by walking every mapping's page tables:
+/// callers take every field they need from one entry.
+pub(crate) fn smaps_entry(vaddr: usize) -> Option<String> {
+    entry_in(&std::fs::read_to_string("/proc/self/smaps").ok()?, vaddr)
+}
+
+/// The entry of `smaps` (the file's text) for the mapping containing
+/// `vaddr`.
+fn entry_in(smaps: &str, vaddr: usize) -> Option<String> {
+    let mut entry: Option<String> = None;
     for line in smaps.lines() {
         let head = line.split(' ').next().unwrap_or("");
         if let Some((a, b)) = head.split_once('-')
             && let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
         {
-            inside = a <= vaddr && vaddr < b;
+            if entry.is_some() {
+                break;
+            }
+            if a <= vaddr && vaddr < b {
+                entry = Some(String::new());
+            }
             continue;
         }
-        if inside && let Some(v) = line.strip_prefix(field) {
-            return Some(v.to_string());
+        if let Some(e) = entry.as_mut() {
+            e.push_str(line);
+            e.push('\n');
         }
     }
-    None
+    entry
+}
+
+/// The value of `name` (with its colon, e.g. `"VmFlags:"`) in an smaps
+/// entry.
+fn field<'a>(entry: &'a str, name: &str) -> Option<&'a str> {
+    entry.lines().find_map(|l| l.strip_prefix(name))
+}
+
+/// The value of `name` in the `/proc/self/smaps` entry of the mapping
+/// containing `vaddr` (None when it cannot be read).
+#[cfg(test)]
+pub(crate) fn smaps_field(vaddr: usize, name: &str) -> Option<String> {
+    field(&smaps_entry(vaddr)?, name).map(str::to_string)
 }
 
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
+
+    /// The entry ends at the next mapping's address line: no field of a
+    /// neighbour is taken for the mapping's own.
+    #[test]
+    fn an_smaps_entry_is_its_own_lines_only() {
+        let smaps = "\
+7f0000000000-7f0000200000 rw-p 00000000 00:0f 1 /anon_hugepage (deleted)
+Size:               2048 kB
+KernelPageSize:     2048 kB
+VmFlags: rd wr mr mw me sd ht dc
+7f0000200000-7f0000201000 rw-p 00000000 00:00 0
+Size:                  4 kB
+VmFlags: rd wr mr mw me ac sd
+";
+        let e = entry_in(smaps, 0x7f00_0000_1000).unwrap();
+        assert_eq!(kernel_page_size(&e), Some(2 << 20));
+        assert!(!inherited_by_fork(Some(&e)));
+        // The next mapping has no KernelPageSize line of its own.
+        let e = entry_in(smaps, 0x7f00_0020_0000).unwrap();
+        assert_eq!(kernel_page_size(&e), None);
+        assert!(inherited_by_fork(Some(&e)));
+        assert!(entry_in(smaps, 0x7f00_0030_0000).is_none());
+        assert!(inherited_by_fork(None));
+    }
     use std::sync::atomic::{AtomicU64, Ordering};
 
     /// Hands out fake IOVAs, counts live mappings, keeps no handle.
