@@ -61,6 +61,12 @@
 #define UPNVME_IO_LIMITED_RETRY (1 << 1)
 
 /**
+ * Identify Namespace DLFEAT bits 2:0 = 001b (`info.dlfeat & 7`): a
+ * deallocated block (`upnvme_deallocate`) reads as all zeroes.
+ */
+#define UPNVME_DLFEAT_READS_ZEROES 1
+
+/**
  * Identify Controller ONCS bit 0: Compare.
  */
 #define UPNVME_ONCS_COMPARE (1 << 0)
@@ -431,6 +437,13 @@ typedef struct upnvme_ns_info {
    * DPS bits 2:0: protection information type (0 = none).
    */
   uint8_t pi_type;
+  /**
+   * DLFEAT, Deallocate Logical Block Features: bits 2:0 what a
+   * deallocated block reads as (`UPNVME_DLFEAT_READS_ZEROES`: all
+   * zeroes; 010b all ones; 000b not reported), bit 3 Write Zeroes can
+   * deallocate. (It took the padding after `pi_type`: no field moved.)
+   */
+  uint8_t dlfeat;
 } upnvme_ns_info;
 
 /**

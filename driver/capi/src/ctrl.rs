@@ -240,7 +240,16 @@ pub struct upnvme_ns_info {
     pub metadata_extended: bool,
     /// DPS bits 2:0: protection information type (0 = none).
     pub pi_type: u8,
+    /// DLFEAT, Deallocate Logical Block Features: bits 2:0 what a
+    /// deallocated block reads as (`UPNVME_DLFEAT_READS_ZEROES`: all
+    /// zeroes; 010b all ones; 000b not reported), bit 3 Write Zeroes can
+    /// deallocate. (It took the padding after `pi_type`: no field moved.)
+    pub dlfeat: u8,
 }
+
+/// Identify Namespace DLFEAT bits 2:0 = 001b (`info.dlfeat & 7`): a
+/// deallocated block (`upnvme_deallocate`) reads as all zeroes.
+pub const UPNVME_DLFEAT_READS_ZEROES: u8 = 1;
 
 /// Identify Controller ONCS bit 0: Compare.
 pub const UPNVME_ONCS_COMPARE: u16 = 1 << 0;
@@ -655,6 +664,7 @@ impl<D: Device> Ctrl<D> {
             metadata_size: ns.metadata_size(),
             metadata_extended: layout.is_some_and(|l| l.extended),
             pi_type: layout.map_or(0, |l| l.pi_type),
+            dlfeat: ns.identify().dlfeat,
         })
     }
 }

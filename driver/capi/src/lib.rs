@@ -32,8 +32,8 @@ use upnvme::{Controller, VfioNvme};
 pub use buf::{upnvme_buf, upnvme_pool};
 use ctrl::CtrlRef;
 pub use ctrl::{
-    Ctrl, UPNVME_ONCS_COMPARE, UPNVME_ONCS_COPY, UPNVME_ONCS_DSM, UPNVME_ONCS_RESERVATIONS,
-    UPNVME_ONCS_SAVE_SELECT, UPNVME_ONCS_TIMESTAMP, UPNVME_ONCS_VERIFY,
+    Ctrl, UPNVME_DLFEAT_READS_ZEROES, UPNVME_ONCS_COMPARE, UPNVME_ONCS_COPY, UPNVME_ONCS_DSM,
+    UPNVME_ONCS_RESERVATIONS, UPNVME_ONCS_SAVE_SELECT, UPNVME_ONCS_TIMESTAMP, UPNVME_ONCS_VERIFY,
     UPNVME_ONCS_WRITE_UNCORRECTABLE, UPNVME_ONCS_WRITE_ZEROES, UPNVME_VWC_PRESENT,
     upnvme_admin_cmd, upnvme_admin_cpl, upnvme_async_event, upnvme_ctrl_info, upnvme_ctrl_opts,
     upnvme_format, upnvme_ns_info,

@@ -284,3 +284,17 @@ fn a_failed_completion_carries_crd_and_the_info_crdt() {
         assert_eq!((cpl.sct, cpl.sc, cpl.dnr, cpl.crd), (0, 0x82, dnr, 2));
     }
 }
+
+/// The namespace info carries DLFEAT (what a deallocated block reads as),
+/// in the padding byte after `pi_type`: no field moved.
+#[test]
+fn the_namespace_info_carries_dlfeat() {
+    let h = handle(ModelConfig::default());
+    let i = h.ns_info(1).unwrap();
+    // The model: reads as zeroes (001b), Write Zeroes deallocates (bit 3).
+    assert_eq!(i.dlfeat, 0x09);
+    assert_eq!(i.dlfeat & 7, ctrl::UPNVME_DLFEAT_READS_ZEROES);
+    assert_eq!(offset_of!(ctrl::upnvme_ns_info, pi_type), 27);
+    assert_eq!(offset_of!(ctrl::upnvme_ns_info, dlfeat), 28);
+    assert_eq!(size_of::<ctrl::upnvme_ns_info>(), 32);
+}
