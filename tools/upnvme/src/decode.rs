@@ -90,6 +90,10 @@ pub fn controller(id: &IdentifyController) -> Vec<Field> {
                 "[4] activation without reset: {}",
                 supported(frmw >> 4 & 1 != 0)
             ),
+            format!(
+                "[5] multiple update detection (MUDS): {}",
+                supported(frmw >> 5 & 1 != 0)
+            ),
         ],
     });
     out.push(bits(
@@ -348,6 +352,10 @@ pub fn to_json(fields: &[Field]) -> serde_json::Value {
 mod tests {
     use super::*;
 
+    fn get_lines(f: &[Field], name: &str) -> Vec<String> {
+        f.iter().find(|x| x.name == name).unwrap().lines.clone()
+    }
+
     #[test]
     fn controller_fields_in_words() {
         let id = IdentifyController {
@@ -355,9 +363,13 @@ mod tests {
             oncs: 0x015f,
             sgls: 0x0010_0001,
             vwc: 0x07,
+            frmw: 0x23,
             ..Default::default()
         };
         let f = controller(&id);
+        let frmw = &get_lines(&f, "frmw");
+        assert_eq!(frmw[1], "[3:1] firmware slots: 1");
+        assert_eq!(frmw[3], "[5] multiple update detection (MUDS): supported");
         let get = |n: &str| f.iter().find(|x| x.name == n).unwrap();
         let oacs = &get("oacs").lines;
         assert!(
