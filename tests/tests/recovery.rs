@@ -1436,3 +1436,60 @@ fn a_timeout_reset_does_not_discard_a_success_already_in_the_cq() {
         }
     }
 }
+
+/// The same when the reset comes from an Abort that got no answer: the
+/// Abort's wait (up to the admin timeout) gives other commands time to
+/// complete, and the reset that follows in the same scan must not turn
+/// those successes, posted in the CQ before it, into `ControllerReset`
+/// (from a review: the scan reaped before its Aborts, not after them).
+#[test]
+fn a_reset_after_an_unanswered_abort_does_not_discard_a_success_posted_meanwhile() {
+    const ABORT: u8 = 0x08;
+    let m = ModelController::new(config_one_ns(4096, 256));
+    let c = open(
+        &m,
+        upnvme::ControllerOptions {
+            admin_timeout: Some(Duration::from_millis(300)),
+            ..opts()
+        },
+    );
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(qp_opts(50)).unwrap();
+    // X: lost by the controller.
+    m.inject(Fault::DropCompletion(Match::Nth(m.commands_fetched())));
+    qp.submit(read_cmd(&ns, 0), Some(c.alloc_dma(4096).unwrap()), 10)
+        .unwrap();
+    empty_polls(&mut qp, 1024); // scan 1 stamps X
+    std::thread::sleep(Duration::from_millis(60));
+    // B: completed by the device at the next doorbell write anywhere —
+    // the Abort's SQ tail doorbell — so while the Abort waits for an
+    // answer that never comes.
+    m.inject(Fault::DelayCompletion {
+        on: Match::Nth(m.commands_fetched()),
+        doorbells: Some(1),
+    });
+    m.inject(Fault::DropCompletion(Match::Opcode {
+        qid: 0,
+        opcode: ABORT,
+    }));
+    qp.submit(read_cmd(&ns, 1), Some(c.alloc_dma(4096).unwrap()), 11)
+        .unwrap();
+    // Scan 2: X is overdue, its Abort gets no answer, the controller is
+    // reset.
+    let (mut got, err) = poll_for(&mut qp, 2, T);
+    assert!(err.is_none(), "{err:?}");
+    assert_eq!(c.resets(), 1);
+    assert_eq!(qp.stats().aborts, 1);
+    got.sort_by_key(|c| c.tag);
+    let results: Vec<_> = got.iter().map(|c| (c.tag, c.result)).collect();
+    assert_eq!(
+        results,
+        vec![(10, Err(IoError::TimedOut)), (11, Ok(0))],
+        "tag 11 completed successfully during the Abort's wait (its completion was in the \
+         CQ before the reset)"
+    );
+    assert!(got.iter().all(|c| c.buffer.is_some()));
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}

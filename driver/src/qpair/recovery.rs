@@ -279,7 +279,9 @@ impl<D: Device> IoQueuePair<D> {
     /// command whose completion sits in the CQ is not overdue — the scan
     /// runs after a reap bounded by the caller's `max`, and the host may
     /// have looked late — so it gets no Abort, and a reset for another
-    /// command does not turn its success into `ControllerReset`.
+    /// command does not turn its success into `ControllerReset`. The same
+    /// reap runs again right before a reset, after the Aborts (each may
+    /// have waited up to the admin timeout while others completed).
     pub(super) fn check_timeouts(&mut self) -> Result<()> {
         let now = clock::now().max(1);
         let (mut to_abort, mut reset) = self.overdue(now);
@@ -377,6 +379,12 @@ impl<D: Device> IoQueuePair<D> {
             }
         }
         if reset && !self.generation_changed() {
+            // The Aborts above waited for their answers (each up to the
+            // admin timeout): what the controller posted meanwhile is
+            // parked as it completed, not ended by the reset. (A reap that
+            // meets a device fault stops there; the reset still runs: it
+            // is what ends a fault too.)
+            self.park_posted();
             self.stats.timeout_resets += 1;
             self.ctrl.reset_after_timeout(self.generation)?;
             // The commands the reset ended are parked with their buffers
