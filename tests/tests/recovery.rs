@@ -1493,3 +1493,45 @@ fn a_reset_after_an_unanswered_abort_does_not_discard_a_success_posted_meanwhile
     drop(c);
     assert_clean(&m);
 }
+
+/// Two commands overdue, and the device vanishes with the first one's
+/// Abort: the second Abort is never sent (the admin path refuses a
+/// controller it found gone), so it is not counted either, and the scan
+/// says the controller is gone instead of reporting success; the commands
+/// keep their buffers (the device may still own them). Before, the scan
+/// went on "sending" Aborts into the refusal and counted each in
+/// `QueueStats::aborts` (from a review).
+#[test]
+fn aborts_that_a_vanished_controller_never_got_are_not_counted() {
+    const ABORT: u8 = 0x08;
+    let m = ModelController::new(config_one_ns(4096, 256));
+    let c = open(&m, opts());
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(qp_opts(50)).unwrap();
+    let n0 = m.commands_fetched();
+    for n in n0..n0 + 2 {
+        m.inject(Fault::DropCompletion(Match::Nth(n)));
+    }
+    m.inject(Fault::UnplugOn(Match::Opcode {
+        qid: 0,
+        opcode: ABORT,
+    }));
+    for tag in [1, 2] {
+        submit_read(&c, &mut qp, &ns, tag);
+    }
+    empty_polls(&mut qp, 1024); // scan 1 stamps both
+    std::thread::sleep(Duration::from_millis(60));
+    empty_polls(&mut qp, 1023);
+    // Scan 2: both overdue; the first Abort meets the unplug.
+    let err = qp
+        .process_completions(u32::MAX, |_, c| panic!("unexpected {c:?}"))
+        .expect_err("the controller is gone");
+    assert!(matches!(err, Error::ControllerGone { .. }), "{err}");
+    assert_eq!(aborts_sent(&m), 1);
+    assert_eq!(
+        qp.stats().aborts,
+        1,
+        "an Abort the controller never got was counted"
+    );
+    assert_eq!(qp.in_flight(), 2, "the device may still own their buffers");
+}

@@ -327,54 +327,72 @@ impl<D: Device> IoQueuePair<D> {
             // No Abort to a fatal controller (its admin path would reset it,
             // and this scan then again): the overdue commands end as
             // TimedOut with the one reset below.
-            for &slot in &to_abort {
-                if let Some(tr) = self.trackers.get_mut(slot) {
-                    tr.aborted = true;
-                }
-            }
+            self.time_out(&to_abort);
             to_abort.clear();
             reset = true;
         }
         for (i, &slot) in to_abort.iter().enumerate() {
-            if let Some(cid) = self.trackers.cid_of(slot) {
-                // The Abort's status does not matter: either the command
-                // completes (with Command Abort Requested) or, after a second
-                // timeout, the controller is reset. An Abort that got no
-                // answer (or a broken one) left the controller marked failed,
-                // and a failed controller's pair never gets to a second scan:
-                // reset now, or nothing would end the overdue commands.
-                let r = self.ctrl.admin_command(
-                    Sqe::abort(self.qid, cid),
-                    &format!("Abort (SQ {}, CID 0x{cid:04x})", self.qid),
-                );
-                if let Some(tr) = self.trackers.get_mut(slot) {
-                    tr.aborted = true;
-                }
-                self.stats.aborts += 1;
-                if self.generation_changed() {
-                    // The Abort met a fatal controller and was answered by a
-                    // reset (`with_admin`): the queues are gone and the
-                    // commands end at the pair's next call. The other overdue
-                    // ones end as TimedOut too, without Aborts for queues the
-                    // new controller does not have.
-                    for &rest in &to_abort[i + 1..] {
-                        if let Some(tr) = self.trackers.get_mut(rest) {
-                            tr.aborted = true;
-                        }
-                    }
-                    break;
-                }
-                if matches!(r, Err(Error::Timeout { .. } | Error::DeviceFault { .. })) {
+            let Some(cid) = self.trackers.cid_of(slot) else {
+                continue;
+            };
+            if let Err(e) = self.ctrl.check_usable() {
+                // Failed, closed or released since the CSTS check (by
+                // another thread): the admin path would refuse the Abort,
+                // so none is sent or counted. The overdue commands end as
+                // TimedOut with the reset or close that ends them; until
+                // then they keep their buffers (the device may own them).
+                self.time_out(&to_abort[i..]);
+                return if self.ctrl.is_removed() {
+                    Ok(())
+                } else {
+                    Err(e)
+                };
+            }
+            // The Abort's status does not matter: either the command
+            // completes (with Command Abort Requested) or, after a second
+            // timeout, the controller is reset. An Abort that got no
+            // answer (or a broken one) left the controller marked failed,
+            // and a failed controller's pair never gets to a second scan:
+            // reset now, or nothing would end the overdue commands.
+            let r = self.ctrl.admin_command(
+                Sqe::abort(self.qid, cid),
+                &format!("Abort (SQ {}, CID 0x{cid:04x})", self.qid),
+            );
+            self.time_out(&[slot]);
+            self.stats.aborts += 1;
+            if self.generation_changed() {
+                // The Abort met a fatal controller and was answered by a
+                // reset (`with_admin`): the queues are gone and the
+                // commands end at the pair's next call. The other overdue
+                // ones end as TimedOut too, without Aborts for queues the
+                // new controller does not have.
+                self.time_out(&to_abort[i + 1..]);
+                break;
+            }
+            match r {
+                // Answered (its status does not matter, see above).
+                Ok(_) | Err(Error::Command { .. }) => {}
+                Err(Error::Timeout { .. } | Error::DeviceFault { .. }) => {
                     // No Abort gets through now: the other overdue commands
                     // are timed out too (the reset below ends them as
                     // TimedOut, not as ControllerReset).
-                    for &rest in &to_abort[i + 1..] {
-                        if let Some(tr) = self.trackers.get_mut(rest) {
-                            tr.aborted = true;
-                        }
-                    }
+                    self.time_out(&to_abort[i + 1..]);
                     reset = true;
                     break;
+                }
+                Err(e) => {
+                    // The controller vanished, was released, or its fatal
+                    // status could not be cleared by a reset: it is marked
+                    // failed, and the admin path refuses further Aborts (and
+                    // a reset could not reach a device that is gone). The
+                    // commands keep their buffers; the error is the
+                    // caller's, as the CSTS check above gives it.
+                    self.time_out(&to_abort[i + 1..]);
+                    return if self.ctrl.is_removed() {
+                        Ok(())
+                    } else {
+                        Err(e)
+                    };
                 }
             }
         }
@@ -394,6 +412,18 @@ impl<D: Device> IoQueuePair<D> {
             let _ = self.sync_generation();
         }
         Ok(())
+    }
+
+    /// Marks the commands in `slots` as timed out (`Tracker::aborted`):
+    /// however they end from here — Command Abort Requested, or the reset
+    /// or close that ends them — they end as [`IoError::TimedOut`], and a
+    /// later scan resets the controller once they are two timeouts old.
+    fn time_out(&mut self, slots: &[u16]) {
+        for &slot in slots {
+            if let Some(tr) = self.trackers.get_mut(slot) {
+                tr.aborted = true;
+            }
+        }
     }
 
     /// The scan of [`IoQueuePair::check_timeouts`]: stamps the commands in
