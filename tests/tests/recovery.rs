@@ -1535,3 +1535,58 @@ fn aborts_that_a_vanished_controller_never_got_are_not_counted() {
     );
     assert_eq!(qp.in_flight(), 2, "the device may still own their buffers");
 }
+
+/// The same when the reset itself fails after it disabled the controller
+/// (here CSTS.RDY never comes back): the reset ended the command — nothing
+/// can reach its buffer — so the blocking call returns it, timed out, with
+/// its buffer, instead of a bare error whose command surfaced only at a
+/// later poll (from a review).
+#[test]
+fn a_blocking_call_ended_by_a_timeout_reset_gets_its_buffer_even_if_the_reset_then_fails() {
+    let m = ModelController::new(config_one_ns(4096, 256));
+    let c = open(
+        &m,
+        upnvme::ControllerOptions {
+            ready_timeout: Some(Duration::from_millis(300)),
+            ..opts()
+        },
+    );
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c
+        .io_queue_pair(QueuePairOptions {
+            entries: Some(16),
+            command_timeout: Some(Duration::from_millis(30)),
+            ..Default::default()
+        })
+        .unwrap();
+    m.inject(Fault::DropCompletion(Match::Opcode {
+        qid: qp.qid(),
+        opcode: READ,
+    }));
+    // The timeout reset's CC.EN = 1 never brings CSTS.RDY.
+    m.inject(Fault::NeverReady);
+    let f = qp
+        .read_blocking(&ns, 1, 1, c.alloc_dma(4096).unwrap(), T)
+        .expect_err("the read was lost");
+    assert_eq!(c.resets(), 1, "the reset disabled the controller");
+    assert!(
+        matches!(
+            f.error,
+            Error::Io {
+                error: IoError::TimedOut,
+                ..
+            }
+        ),
+        "{}",
+        f.error
+    );
+    assert!(f.buffer.is_some(), "the buffer comes back with the call");
+    // Delivered once: nothing surfaces later; the failure is the next
+    // call's answer.
+    let mut late = 0;
+    let r = qp.process_completions(u32::MAX, |_, _| late += 1);
+    assert_eq!(late, 0);
+    assert!(r.is_err(), "{r:?}");
+    drop(qp);
+    assert_eq!(m.dma_faults(), 0);
+}

@@ -32,7 +32,9 @@ impl<D: Device> IoQueuePair<D> {
     /// `process_completions` with tag [`BLOCKING_TAG`]. The same holds for
     /// every other `IoFailure` without a buffer while the command was out
     /// (the controller failed elsewhere, CSTS read all ones, a timeout reset
-    /// that failed): the command is still in flight, and should the
+    /// that failed before it disabled the controller — one that failed
+    /// later ended the command, which then comes back as `TimedOut` with
+    /// its buffer): the command is still in flight, and should the
     /// controller come back (a reset), its ending surfaces there too.
     pub fn execute_blocking(
         &mut self,
@@ -181,6 +183,15 @@ impl<D: Device> IoQueuePair<D> {
                     && timeout.saturating_sub(start.elapsed()) > self.ctrl.admin_timeout
                     && let Err(error) = self.check_timeouts()
                 {
+                    // A reset that failed after it disabled the controller
+                    // ended the command (parked, with its buffer): that is
+                    // its answer; the failure is the next call's.
+                    if !self.key_in_flight(key)
+                        && let Some(i) = self.ready.iter().rposition(|(s, _)| *s == key)
+                        && let Some((_, c)) = self.ready.remove(i)
+                    {
+                        return finish_blocking(c, &cmd);
+                    }
                     return Err(IoFailure {
                         error,
                         buffer: None,

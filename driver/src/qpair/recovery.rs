@@ -251,7 +251,9 @@ impl<D: Device> IoQueuePair<D> {
             // (ControllerRemoved, ControllerReset), not as a failure here.
             Err(_) if self.ctrl.is_removed() || self.generation_changed() => Ok(()),
             Err(Error::ControllerFatal { .. }) => {
-                self.ctrl.reset_unless_since(self.generation)?;
+                self.ctrl
+                    .reset_unless_since(self.generation)
+                    .map_err(|e| self.reset_failed(e))?;
                 let _ = self.sync_generation();
                 Ok(())
             }
@@ -404,7 +406,9 @@ impl<D: Device> IoQueuePair<D> {
             // is what ends a fault too.)
             self.park_posted();
             self.stats.timeout_resets += 1;
-            self.ctrl.reset_after_timeout(self.generation)?;
+            self.ctrl
+                .reset_after_timeout(self.generation)
+                .map_err(|e| self.reset_failed(e))?;
             // The commands the reset ended are parked with their buffers
             // whatever the re-creation does; a re-creation that fails now is
             // retried (and reported) by the next reap, so a blocking caller
@@ -412,6 +416,21 @@ impl<D: Device> IoQueuePair<D> {
             let _ = self.sync_generation();
         }
         Ok(())
+    }
+
+    /// `e`, the error of a reset this pair asked for, after parking what
+    /// that reset ended: one that failed after it disabled the controller
+    /// (a new generation: a later step such as CSTS.RDY = 1 or Identify
+    /// failed) ended every command in flight, and nothing can reach their
+    /// memory any more — they are delivered with their buffers (a blocking
+    /// call finds its own among them) instead of staying in flight until a
+    /// later call notices the generation.
+    #[cold]
+    fn reset_failed(&mut self, e: Error) -> Error {
+        if self.generation_changed() {
+            let _ = self.sync_generation();
+        }
+        e
     }
 
     /// Marks the commands in `slots` as timed out (`Tracker::aborted`):
