@@ -861,10 +861,15 @@ const REAP_BATCH: usize = 32;
 /// refusal into `Error::QueuesNotRecreated` — which is `UPNVME_ENODEV` as
 /// that is: the pair cannot take commands now (the message says why and
 /// when it tries again). `UPNVME_EIO` is a completion's NVMe status, and no
-/// completion comes with this code.
+/// completion comes with this code. So is a wait of the pair's own
+/// recovery that timed out — a reset it started (CSTS.RDY, an admin
+/// command of the reset) or a re-creation without an answer: each leaves
+/// the controller marked failed, which is what `UPNVME_ENODEV` says
+/// (`UPNVME_ETIMEDOUT` is a command's or a caller's wait; a destroy takes
+/// only `UPNVME_ENODEV` for commands that can no longer complete).
 pub(crate) fn poll_error_code(e: &upnvme::Error) -> c_int {
     match e {
-        upnvme::Error::Command { .. } => UPNVME_ENODEV,
+        upnvme::Error::Command { .. } | upnvme::Error::Timeout { .. } => UPNVME_ENODEV,
         e => error_code(e),
     }
 }

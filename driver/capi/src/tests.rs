@@ -2691,3 +2691,80 @@ fn a_ring_that_unwinds_poisons_the_pair() {
     drop(qp);
     let _ = c.close();
 }
+
+/// A command the controller lost, its Abort answered "not aborted", and the
+/// timeout reset that follows fails after disabling the controller
+/// (CSTS.RDY never comes back): `upnvme_qpair_process_completions` says
+/// `UPNVME_ENODEV` (the controller failed), as documented — it said
+/// `UPNVME_ETIMEDOUT`, a code it does not document, and
+/// `upnvme_qpair_destroy` answered such a pair `UPNVME_EBUSY` ("process
+/// completions until none is left") — and the command's callback runs
+/// once, `UPNVME_ETIMEDOUT`, with its buffer (from a review).
+#[test]
+fn a_poll_whose_timeout_reset_fails_says_enodev() {
+    let m = ModelController::new(one_ns());
+    let c = Controller::with_device(
+        m.clone(),
+        upnvme::ControllerOptions {
+            ready_timeout: Some(Duration::from_millis(300)),
+            ..upnvme_tests::host_options()
+        },
+    )
+    .unwrap();
+    let lib = c
+        .io_queue_pair(QueuePairOptions {
+            entries: Some(8),
+            command_timeout: Some(Duration::from_millis(20)),
+            ..Default::default()
+        })
+        .unwrap();
+    let mut qp = Box::new(Qpair::new(
+        lib,
+        std::sync::Arc::new(std::sync::Mutex::new(c.namespaces().to_vec())),
+    ));
+    let qpp: *mut Qpair<ModelController> = &mut *qp;
+    m.inject(upnvme_tests::Fault::DropCompletion(
+        upnvme_tests::Match::Queue(qp.qp.qid()),
+    ));
+    m.inject(upnvme_tests::Fault::NeverReady);
+    let b = handle(&c, 512);
+    let mut seen: Vec<c_int> = Vec::new();
+    let arg: *mut Vec<c_int> = &mut seen;
+    // SAFETY: live pair and handle.
+    let rc = unsafe {
+        qp.submit(
+            1,
+            Cmd::Read { slba: 0, blocks: 1 },
+            b,
+            Some(count_cb),
+            arg.cast(),
+        )
+    };
+    assert_eq!(rc, UPNVME_OK, "{}", last_error());
+    let start = std::time::Instant::now();
+    let mut codes = Vec::new();
+    // SAFETY: the test's vector; no callback runs while it is read.
+    while unsafe { (*arg).is_empty() } && start.elapsed() < Duration::from_secs(5) {
+        // SAFETY: a live pair of this thread.
+        let n = unsafe { Qpair::process_completions(qpp, 0) };
+        if n < 0 {
+            codes.push(n);
+        }
+    }
+    assert_eq!(c.resets(), 1, "the timeout reset disabled the controller");
+    assert_eq!(seen, vec![UPNVME_ETIMEDOUT], "the lost command ends once");
+    assert!(
+        codes.iter().all(|&n| n == UPNVME_ENODEV),
+        "the poll returned {codes:?} (ENODEV = {UPNVME_ENODEV})"
+    );
+    // SAFETY: a live pair of this thread.
+    assert_eq!(unsafe { Qpair::process_completions(qpp, 0) }, UPNVME_ENODEV);
+    // SAFETY: the handle is ours again, with its buffer.
+    assert!(!unsafe { upnvme_buf_data(b) }.is_null());
+    // SAFETY: freed once.
+    assert_eq!(unsafe { upnvme_buf_free(b) }, UPNVME_OK);
+    // SAFETY: live pair, this thread's.
+    assert_eq!(unsafe { Qpair::end_for_destroy(qpp) }, UPNVME_OK);
+    drop(qp);
+    assert_eq!(m.dma_faults(), 0);
+}
