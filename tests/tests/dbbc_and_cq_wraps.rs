@@ -424,7 +424,12 @@ fn pairs_created_while_resets_toggle_dbbc_never_lose_a_doorbell() {
                     let _ = qp.describe(r.reason);
                     continue;
                 }
-                for _ in 0..200_000 {
+                // Bounded by time, not by a poll count: under load the
+                // resetting thread may hold the controller for longer than
+                // a count of polls lasts (seen with 200,000 polls at a load
+                // average of 5-6 on 2 cores).
+                let wait = Instant::now();
+                while wait.elapsed() < Duration::from_secs(5) {
                     // An error (a reset in between) is tried again; a
                     // completion may be ControllerReset; a lost doorbell
                     // is the failure.
