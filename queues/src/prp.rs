@@ -10,7 +10,11 @@
 //!   Each list entry is a page-aligned data page. A list fills its memory page
 //!   to the end; when more entries follow, the last entry of that page instead
 //!   points to the next list page ("chaining"). A page whose last slot is
-//!   exactly the last data entry holds that entry, not a pointer.
+//!   exactly the last data entry holds that entry, not a pointer. That chain
+//!   pointer is itself an entry of a PRP List, and "PRP entries contained
+//!   within a PRP List shall have a memory page offset of 0h": only the first
+//!   list page (PRP2's) may start at an offset, every later one starts on a
+//!   page (QEMU fails another with PRP Offset Invalid).
 //!
 //! Everything is pure arithmetic over IOVAs: the driver copies the resulting
 //! list entries into DMA memory. [`decode`] is the device's view (used by
@@ -243,10 +247,12 @@ pub fn data_pages(first_iova: u64, len: usize, page_size: usize) -> DataPages {
 /// - `out`: the list memory as one flat array of entries: list page 0's
 ///   slots, then list page 1's, and so on (exactly the layout of a
 ///   contiguous list region, which the driver copies in page by page).
-/// - `list_page_iova(i)`: the IOVA of list page `i`'s first slot (qword
-///   aligned; page 0's is what PRP2 must hold). A list page holds slots up to
-///   the end of its memory page, so a page-aligned list page has
-///   `page_size / 8` slots.
+/// - `list_page_iova(i)`: the IOVA of list page `i`'s first slot: page 0's
+///   (what PRP2 must hold) qword aligned, at any offset in its page; every
+///   later page's page aligned, since the chain pointer to it is a PRP List
+///   entry, whose offset must be 0h ([`PrpError::PageUnaligned`] otherwise).
+///   A list page holds slots up to the end of its memory page, so a
+///   page-aligned list page has `page_size / 8` slots.
 ///
 /// When more entries remain than fit in a list page, its last slot receives
 /// `list_page_iova(i + 1)` (the chain pointer). No allocation.
@@ -292,11 +298,16 @@ where
         }
         pending = it.next();
         // On the last slot of a list page with more entries to come: chain.
-        // Each chain consumes an `out` slot, so this terminates via
-        // ListTooSmall even if the caller's pages have a single slot each.
+        // Only page 0 may be short (an offset into its page); every later
+        // one is a whole page of at least 512 slots, so this runs at most
+        // once per entry.
         while k + 1 == cap && pending.is_some() {
             page += 1;
             let next = list_page_iova(page);
+            // The chain pointer is a PRP List entry: offset 0h.
+            if next & mask != 0 {
+                return Err(PrpError::PageUnaligned(next));
+            }
             let next_cap = slots_in(next)?;
             put(written, next)?;
             written += 1;
@@ -456,6 +467,11 @@ where
             if hops_left == 0 {
                 return Err(PrpError::ChainLoop);
             }
+            // A chain pointer is an entry of the list: offset 0h (unlike
+            // PRP2's list pointer).
+            if value & mask != 0 {
+                return Err(PrpError::PageUnaligned(value));
+            }
             hops_left -= 1;
             ptr = value;
             continue;
@@ -612,12 +628,61 @@ mod tests {
             Err(PrpError::ListUnaligned(0x9004))
         );
         assert_eq!(build_list([], &mut out, PS, |_| 0x9000), Ok(0));
-        // Single-slot list pages forever: terminates with ListTooSmall.
+        // A single-slot first list page chains at once; the next list page
+        // must then be a whole page (a chain pointer has offset 0h), so
+        // single-slot pages cannot follow one another.
         let mut big = vec![0u64; 64];
         assert_eq!(
             build_list([0x1000u64, 0x2000], &mut big, PS, |_| 0x9ff8),
-            Err(PrpError::ListTooSmall { available: 64 })
+            Err(PrpError::PageUnaligned(0x9ff8))
         );
+        let n = build_list([0x1000u64, 0x2000], &mut big, PS, |i| {
+            if i == 0 { 0x9ff8 } else { 0xa000 }
+        })
+        .unwrap();
+        assert_eq!(&big[..n], &[0xa000, 0x1000, 0x2000]);
+    }
+
+    /// The chain pointer at the end of a list page is a PRP List entry, so
+    /// its offset must be 0h (NVMe 2.0 §4.3.1; QEMU's nvme_map_prp fails
+    /// another with PRP Offset Invalid). Only PRP2's list pointer may carry
+    /// an offset. The builder refuses a later list page off a page, and the
+    /// device's walk refuses such a chain pointer.
+    #[test]
+    fn a_chain_pointer_is_a_list_entry_with_offset_0() {
+        let entries = (1..=513u64).map(|i| i << 12);
+        let mut out = vec![0u64; 1024];
+        assert_eq!(
+            build_list(entries.clone(), &mut out, PS, |i| 0x10_0000
+                + (i as u64) * 0x1008),
+            Err(PrpError::PageUnaligned(0x10_1008))
+        );
+        // PRP2 itself at an offset is fine: its page chains to a whole page.
+        let n = build_list(entries, &mut out, PS, |i| {
+            if i == 0 { 0x10_0ff0 } else { 0x20_0000 }
+        })
+        .unwrap();
+        assert_eq!(&out[..3], &[1 << 12, 0x20_0000, 2 << 12]);
+        assert_eq!(n, 514);
+        // The device's view: a list page whose chain slot points 8 bytes
+        // into a page is refused, whatever that page holds.
+        let mut mem: HashMap<u64, u64> = (0..511u64)
+            .map(|j| (0x80_0000 + 8 * j, (j + 2) << 12))
+            .collect();
+        mem.insert(0x80_0ff8, 0x90_0008);
+        for j in 0..8u64 {
+            mem.insert(0x90_0008 + 8 * j, (600 + j) << 12);
+            mem.insert(0x90_0000 + 8 * j, (700 + j) << 12);
+        }
+        let len = 514 * PS;
+        assert_eq!(
+            decode(0x1000, 0x80_0000, len, PS, |a| mem.get(&a).copied()),
+            Err(PrpError::PageUnaligned(0x90_0008))
+        );
+        mem.insert(0x80_0ff8, 0x90_0000);
+        let segs = decode(0x1000, 0x80_0000, len, PS, |a| mem.get(&a).copied()).unwrap();
+        assert_eq!(segs.len(), 514);
+        assert_eq!(segs[512].iova, 700 << 12);
     }
 
     #[test]
@@ -654,9 +719,13 @@ mod tests {
 
     #[test]
     fn decode_rejects_hostile_lists() {
-        // A chain pointer that points to itself.
+        // A chain pointer that points to itself: off a page, so refused
+        // as an entry; a page-aligned loop moves a page of entries per hop
+        // and ends with the transfer.
         let segs = decode(0x1000, 0x5ff8, 600 * PS, PS, |_| Some(0x5ff8));
-        assert_eq!(segs, Err(PrpError::ChainLoop));
+        assert_eq!(segs, Err(PrpError::PageUnaligned(0x5ff8)));
+        let segs = decode(0x1000, 0x5ff8, 600 * PS, PS, |_| Some(0x5000)).unwrap();
+        assert_eq!(segs.len(), 600);
         assert_eq!(
             decode(0x1000, 0x5000, 3 * PS, PS, |_| None),
             Err(PrpError::MissingListEntry(0x5000))
