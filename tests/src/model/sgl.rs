@@ -4,7 +4,10 @@
 //!
 //! - SGL1 (DPTR) is a Data Block, a Segment or a Last Segment descriptor.
 //! - A segment is an array of 16-byte descriptors (its length a non-zero
-//!   multiple of 16). In a Segment's segment only the last descriptor may be
+//!   multiple of 16) and "a Qword aligned data structure": a (Last) Segment
+//!   descriptor whose Address is not qword aligned is refused (Invalid SGL
+//!   Segment Descriptor; QEMU does not check, other controllers may read the
+//!   descriptors shifted). In a Segment's segment only the last descriptor may be
 //!   a (Last) Segment descriptor, pointing at the next one; a Last Segment's
 //!   segment holds Data Blocks only.
 //! - With SGLS bits 1:0 = 10b every Data Block address and length must be
@@ -82,7 +85,7 @@ pub(crate) fn segments(
     // Each segment must move at least one byte or end the list: bound the
     // walk by the transfer length (a loop of segments would not terminate).
     for _ in 0..=len {
-        if seg_len == 0 || seg_len % 16 != 0 {
+        if seg_len == 0 || seg_len % 16 != 0 || addr & 7 != 0 {
             return Err(fail(SEGMENT_INVALID));
         }
         let n = seg_len / 16;

@@ -248,6 +248,43 @@ fn a_refused_sgl_is_a_host_violation() {
     h.assert_clean();
 }
 
+/// An SGL segment is "a Qword aligned data structure" (NVMe Base 2.0,
+/// "Scatter Gather List (SGL)"): a Last Segment descriptor whose Address is
+/// 4 bytes into a qword is a host violation (Invalid SGL Segment
+/// Descriptor), 8 bytes in is fine.
+#[test]
+fn an_sgl_segment_off_a_qword_is_a_host_violation() {
+    let mut h = Host::with(ModelConfig {
+        sgls: 1,
+        ..ModelConfig::default()
+    });
+    let mut q = h.create_pair(1, 16);
+    let data = h.buffer(2 * PAGE as usize);
+    let lists = h.buffer(PAGE as usize);
+    for at in [4u64, 8] {
+        // Two Data Blocks of one page each at `at` bytes into the page.
+        for (i, page) in [0u64, 1].into_iter().enumerate() {
+            let d = at as usize + 16 * i;
+            lists
+                .write_bytes(d, &(data.iova() + page * PAGE).to_le_bytes())
+                .unwrap();
+            lists.write_bytes(d + 8, &PAGE.to_le_bytes()).unwrap();
+        }
+        let last_segment = 32 | 0x30 << 56;
+        let c = q.call(
+            &h.m,
+            rw(0x02, 0, 2, lists.iova() + at, last_segment).flags(0x40),
+        );
+        if at == 4 {
+            assert_eq!(c.status.code_only(), Status::new(0, 0x0d), "at {at}");
+            assert_eq!(h.m.take_violations().len(), 1, "at {at}");
+        } else {
+            assert_eq!(c.status, Status::SUCCESS, "at {at}");
+        }
+    }
+    h.assert_clean();
+}
+
 /// The mirror rule (CC.EN: clearing it from 1 to 0 while CSTS.RDY is 0 has
 /// undefined results): after setting CC.EN the host waits for CSTS.RDY = 1
 /// before clearing it. A controller that never becomes ready
