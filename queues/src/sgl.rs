@@ -147,6 +147,9 @@ pub enum SglError {
     Unaligned(u64),
     /// `address + length` wraps the 64-bit address space.
     Overflow,
+    /// A list page (an SGL segment) that is not qword aligned: "an SGL
+    /// segment is a Qword aligned data structure" (NVMe 2.0 §4.3.2).
+    SegmentUnaligned(u64),
     /// The list needs more descriptor slots than the caller's memory holds.
     ListTooSmall {
         /// Descriptor slots available.
@@ -175,6 +178,9 @@ impl fmt::Display for SglError {
                  requirement (SGLS bits 1:0 = 10b)"
             ),
             SglError::Overflow => f.write_str("SGL piece wraps the 64-bit address space"),
+            SglError::SegmentUnaligned(a) => {
+                write!(f, "SGL segment at {a:#x} is not qword aligned")
+            }
             SglError::ListTooSmall { available } => write!(
                 f,
                 "the SGL needs more than the {available} descriptor slots of the command's list \
@@ -253,7 +259,9 @@ fn check_piece(iova: u64, len: usize, support: SglSupport) -> Result<u32, SglErr
 ///   list would not describe the transfer);
 /// - `out`: descriptor memory as a flat array of qwords, two per slot: list
 ///   page 0's slots, then page 1's (`page_size / 16` slots per page);
-/// - `list_page_iova(i)`: the IOVA of list page `i` (page aligned).
+/// - `list_page_iova(i)`: the IOVA of list page `i` (page aligned; one that
+///   is not even qword aligned is [`SglError::SegmentUnaligned`], since
+///   an SGL segment is a qword-aligned structure).
 ///
 /// One piece needs no list. No allocation.
 pub fn build<I, F>(
@@ -286,8 +294,11 @@ where
     let pages = list_pages(count, page_size);
     // The descriptor pointing at list page `p` (holding the rest).
     let pointer = |p: usize, iova: u64, left: usize| {
+        if iova & 7 != 0 {
+            return Err(SglError::SegmentUnaligned(iova));
+        }
         let in_page = if p + 1 == pages { left } else { per_page };
-        Descriptor {
+        Ok(Descriptor {
             address: iova,
             length: (in_page * DESCRIPTOR_SIZE) as u32,
             kind: if p + 1 == pages {
@@ -295,9 +306,9 @@ where
             } else {
                 DescriptorType::Segment
             },
-        }
+        })
     };
-    let sgl1 = pointer(0, list_page_iova(0), count);
+    let sgl1 = pointer(0, list_page_iova(0), count)?;
     let mut slot = 0usize;
     let mut left = count;
     for p in 0..pages {
@@ -312,7 +323,7 @@ where
         }
         left -= data_here;
         if p + 1 < pages {
-            let q = pointer(p + 1, list_page_iova(p + 1), left).to_qwords();
+            let q = pointer(p + 1, list_page_iova(p + 1), left)?.to_qwords();
             out[2 * slot] = q[0];
             out[2 * slot + 1] = q[1];
             slot += 1;
@@ -379,6 +390,9 @@ where
     loop {
         if seg.length == 0 || !(seg.length as usize).is_multiple_of(DESCRIPTOR_SIZE) {
             return Err(SglError::BadDescriptor(seg.address));
+        }
+        if seg.address & 7 != 0 {
+            return Err(SglError::SegmentUnaligned(seg.address));
         }
         hops += 1;
         if hops > len.max(1) {
@@ -581,6 +595,54 @@ mod tests {
             Err(SglError::ZeroLength)
         );
         assert!(build(three, 3, SglSupport::Unaligned, &mut out, PS, |_| 0).is_ok());
+    }
+
+    /// An SGL segment is a qword-aligned structure (NVMe 2.0 §4.3.2): the
+    /// builder refuses a list page that is not, and the device's walk a
+    /// (Last) Segment descriptor pointing at one; 8 bytes into a page is
+    /// fine.
+    #[test]
+    fn segments_are_qword_aligned() {
+        let pieces = [(0x1000u64, 8usize), (0x2000, 8), (0x3000, 8)];
+        let mut out = vec![0u64; 2 * 512];
+        for base in [0x9004u64, 0x9001] {
+            assert_eq!(
+                build(pieces, 3, SglSupport::Unaligned, &mut out, PS, |_| base),
+                Err(SglError::SegmentUnaligned(base))
+            );
+        }
+        // 300 pieces: list page 1 is the one off a qword.
+        let many: Vec<(u64, usize)> = (0..300u64).map(|i| (i << 12, 8)).collect();
+        assert_eq!(
+            build(
+                many.iter().copied(),
+                300,
+                SglSupport::Unaligned,
+                &mut out,
+                PS,
+                |i| { 0x10_0000 + (i as u64) * 0x1004 }
+            ),
+            Err(SglError::SegmentUnaligned(0x10_1004))
+        );
+        let (sgl1, n) = build(pieces, 3, SglSupport::Unaligned, &mut out, PS, |_| 0x9008).unwrap();
+        assert_eq!(sgl1.address, 0x9008);
+        let mem: HashMap<u64, [u64; 2]> = (0..n)
+            .map(|s| (0x9008 + 16 * s as u64, [out[2 * s], out[2 * s + 1]]))
+            .collect();
+        assert_eq!(
+            decode(sgl1, 24, |a| mem.get(&a).copied()),
+            Ok(pieces.to_vec())
+        );
+        // The same segment 4 bytes further on.
+        let shifted = Descriptor {
+            address: 0x900c,
+            ..sgl1
+        };
+        let mem4: HashMap<u64, [u64; 2]> = mem.iter().map(|(a, d)| (a + 4, *d)).collect();
+        assert_eq!(
+            decode(shifted, 24, |a| mem4.get(&a).copied()),
+            Err(SglError::SegmentUnaligned(0x900c))
+        );
     }
 
     #[test]
