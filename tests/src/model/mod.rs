@@ -30,7 +30,8 @@
 //! CC.EN set again before CSTS.RDY returned to 0, CC.EN cleared while
 //! CSTS.RDY is still on its way to 1, invalid register accesses,
 //! a data pointer the host may not build (a PRP offset rule broken, an SGL
-//! that is malformed or does not describe the transfer exactly, PSDT the
+//! that is malformed — a segment off a qword among them — or does not
+//! describe the transfer exactly, PSDT the
 //! controller does not offer, an SGL on an admin command) and a transfer
 //! above MDTS — these also complete with the error status QEMU gives.
 //!
