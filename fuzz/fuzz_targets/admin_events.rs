@@ -985,11 +985,22 @@ impl Harness {
             }
         };
         let tag = self.tag();
+        let failed_before = self.c.failure().is_some();
+        let resets_before = self.c.resets();
+        let doorbells_before = self.m.total_doorbell_writes();
         let start = Instant::now();
         let qp = self.qp.as_mut().expect("a pair");
         let res = qp.submit(cmd, Some(b), tag);
         let took = start.elapsed();
         self.faults_used();
+        if failed_before && self.c.resets() == resets_before {
+            assert!(res.is_err(), "a submission accepted by a failed controller");
+            assert_eq!(
+                self.m.total_doorbell_writes(),
+                doorbells_before,
+                "a submission rang a doorbell of a failed controller"
+            );
+        }
         let bound = self.bound(self.admin_timeout * 2, false);
         assert!(took <= bound, "submit took {took:?}, bound {bound:?}");
         match res {
@@ -1076,6 +1087,11 @@ impl Harness {
     }
 
     fn step(&mut self, r: &mut Reader<'_>) {
+        // A failed controller refuses everything until a reset: reset it
+        // often, so that the input goes on exercising a working one.
+        if self.c.failure().is_some() && r.below(3) == 0 {
+            self.reset();
+        }
         let action = r.below(26);
         if debug() {
             eprintln!("action {action}");
