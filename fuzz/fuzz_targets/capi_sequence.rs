@@ -166,6 +166,13 @@ struct World {
     /// `UPNVME_ENODEV` and refuse work).
     destroying: Vec<usize>,
     lba: u32,
+    /// What happened, for `UPNVME_FUZZ_DEBUG=1`.
+    stats: std::collections::BTreeMap<String, u32>,
+}
+
+/// Counts an event for `UPNVME_FUZZ_DEBUG=1`.
+fn note(w: &mut World, what: impl Into<String>) {
+    *w.stats.entry(what.into()).or_default() += 1;
 }
 
 fn w<R>(f: impl FnOnce(&mut World) -> R) -> R {
@@ -274,6 +281,7 @@ unsafe extern "C" fn on_done(arg: *mut c_void, cpl: *const upnvme_cpl) {
         sub.calls += 1;
         assert_eq!(sub.calls, 1, "callback of submission {id} ran twice");
         let (pair, buf, cb) = (sub.pair, sub.buf, sub.cb);
+        note(w, format!("callback {cb:?} status {}", cpl.status));
         *w.frames
             .last_mut()
             .expect("callbacks run only inside process_completions or destroy") += 1;
@@ -454,6 +462,7 @@ fn submit(
         }
     };
     check(&format!("submit {op:?} nsid {nsid}"), rc, SUBMIT);
+    w(|w| note(w, format!("submit rc {rc}")));
     if !data || h.is_null() {
         if rc == UPNVME_OK {
             w(|w| w.subs[id].accepted = true);
@@ -479,13 +488,27 @@ fn submit(
         return rc;
     }
     // Refused: the handle is as it was.
-    let refusal_ok = ending && rc == UPNVME_ENODEV || nsid != 1;
+    // Checked before the buffer: unknown flag bits (refused first), another
+    // NSID, a pair being destroyed.
+    let bad_flags = matches!(
+        op,
+        Op::Read { flags: Some(f), .. } | Op::Write { flags: Some(f), .. } if f > 3
+    );
+    let refusal_ok = ending && rc == UPNVME_ENODEV || nsid != 1 || bad_flags;
     match before {
         BufState::InFlight(_) if !refusal_ok => {
-            assert_eq!(rc, UPNVME_EBUSY, "a buffer in flight submitted again")
+            let msg = last_error();
+            assert_eq!(
+                rc, UPNVME_EBUSY,
+                "a buffer in flight submitted again: {msg}"
+            )
         }
         BufState::Spare | BufState::Empty if !refusal_ok => {
-            assert_eq!(rc, UPNVME_EINVAL, "submission of a {before:?} handle")
+            let msg = last_error();
+            assert_eq!(
+                rc, UPNVME_EINVAL,
+                "submission of a {before:?} handle: {msg}"
+            )
         }
         BufState::Owned => {
             assert!(
@@ -554,6 +577,7 @@ fn destroy(pair: usize) -> c_int {
         w.destroying.pop();
     });
     check("qpair_destroy", rc, &[UPNVME_EBUSY]);
+    w(|w| note(w, format!("destroy rc {rc}")));
     if rc == UPNVME_OK {
         w(|w| {
             w.pairs[pair].alive = false;
@@ -862,7 +886,8 @@ impl Harness {
         let blocks = match r.below(8) {
             0 => r.u32(),
             1 => 0,
-            _ => 1 + r.below(8),
+            2 | 3 => 1 + r.below(8),
+            _ => 1,
         };
         let flags = match r.below(4) {
             0 => Some(r.u8() as u32 & 0x7),
@@ -1101,6 +1126,15 @@ impl Harness {
             return;
         };
         let (h, state) = w(|w| (w.bufs[b].h, w.bufs[b].state));
+        w(|w| {
+            note(
+                w,
+                format!("misuse of {state:?}")
+                    .split('(')
+                    .next()
+                    .unwrap_or(""),
+            )
+        });
         match r.below(3) {
             0 => {
                 // SAFETY: a live handle (spare: while its pool lives).
@@ -1496,19 +1530,28 @@ fuzz_target!(|data: &[u8]| {
             frames: Vec::new(),
             destroying: Vec::new(),
             lba,
+            stats: Default::default(),
         })
     });
     let mut h = Harness {
         m,
         ctrl: std::ptr::null_mut(),
     };
+    // A controller and a queue pair to start from (later actions close,
+    // destroy and make them again).
     h.open(&mut r);
+    h.create_pair(&mut r);
     let mut steps = 0;
     while !r.is_empty() && steps < MAX_ACTIONS {
         h.step(&mut r);
         steps += 1;
     }
     h.finish();
-    WORLD.with(|x| *x.borrow_mut() = None);
+    let w = WORLD.with(|x| x.borrow_mut().take());
+    if std::env::var_os("UPNVME_FUZZ_DEBUG").is_some_and(|v| v == "1")
+        && let Some(w) = w
+    {
+        eprintln!("capi_sequence: {:?}", w.stats);
+    }
     MODEL.with(|x| *x.borrow_mut() = None);
 });
