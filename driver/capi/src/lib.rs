@@ -1417,7 +1417,8 @@ pub unsafe extern "C" fn upnvme_deallocate(
 
 /// Reaps completions and runs their callbacks: at most `max` (0: every
 /// ready one, up to the pair's depth per call, so callbacks that resubmit
-/// cannot keep one call going). Returns how many ran, or a negative code:
+/// cannot keep one call going). Returns how many completions it reaped
+/// (commands submitted without a callback count too), or a negative code:
 /// `UPNVME_ENODEV` when the controller failed, was closed or is gone, or
 /// when the controller refused to re-create the pair's queues after a
 /// reset (`upnvme_last_error()` says why and when the pair tries again:
