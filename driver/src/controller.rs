@@ -1860,7 +1860,7 @@ impl<D: Device> Inner<D> {
     /// [`crate::IoError::ControllerReset`] (buffers returned), re-creates its
     /// I/O queues under the same queue ID and carries on.
     pub(crate) fn reset(&self) -> Result<()> {
-        self.reset_with(self.admin_timeout, None)
+        self.reset_with(self.admin_timeout, None).map(drop)
     }
 
     /// [`Inner::reset`] for a fatal status or an overdue command seen in
@@ -1870,18 +1870,21 @@ impl<D: Device> Inner<D> {
     /// reset the healthy controller it brought back). Decided under the
     /// admin lock, which a reset holds throughout.
     pub(crate) fn reset_unless_since(&self, seen: u64) -> Result<()> {
-        self.reset_with(self.admin_timeout, Some(seen))
+        self.reset_with(self.admin_timeout, Some(seen)).map(drop)
     }
 
     /// [`Inner::reset_unless_since`] for a controller that let a command
     /// time out even after an Abort: it may not complete the queue
     /// deletions either, so they get at most one second (the reset itself
-    /// does not need them).
-    pub(crate) fn reset_after_timeout(&self, seen: u64) -> Result<()> {
+    /// does not need them). `Ok(false)` when a reset since `seen` made
+    /// this one unneeded (nothing was done).
+    pub(crate) fn reset_after_timeout(&self, seen: u64) -> Result<bool> {
         self.reset_with(self.admin_timeout.min(Duration::from_secs(1)), Some(seen))
     }
 
-    fn reset_with(&self, deletion_budget: Duration, seen: Option<u64>) -> Result<()> {
+    /// `Ok(true)` when this call reset the controller, `Ok(false)` when a
+    /// reset since `seen` made it unneeded.
+    fn reset_with(&self, deletion_budget: Duration, seen: Option<u64>) -> Result<bool> {
         // A release on the kernel's request under way counts as closed: the
         // reset must not enable the controller the release is giving back.
         if self.is_closed() || self.is_removed() {
@@ -1898,7 +1901,7 @@ impl<D: Device> Inner<D> {
             return Err(self.closed_error());
         }
         if seen.is_some_and(|g| g != self.generation()) {
-            return Ok(());
+            return Ok(false);
         }
         // From here to the end no queue pair writes a doorbell (its one-load
         // check fails): the deletions below remove its queues before CC.EN =
@@ -1917,7 +1920,7 @@ impl<D: Device> Inner<D> {
             self.mark_failed(e);
         }
         drop(resetting);
-        r
+        r.map(|()| true)
     }
 
     /// `e`, or `ControllerRemoved` for the all-ones registers of a device

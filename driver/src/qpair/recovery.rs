@@ -405,10 +405,12 @@ impl<D: Device> IoQueuePair<D> {
             // meets a device fault stops there; the reset still runs: it
             // is what ends a fault too.)
             self.park_posted();
-            self.stats.timeout_resets += 1;
-            self.ctrl
-                .reset_after_timeout(self.generation)
-                .map_err(|e| self.reset_failed(e))?;
+            // Counted when this pair's request reset the controller (or
+            // failed trying), not when another thread's reset since made it
+            // unneeded.
+            let reset = self.ctrl.reset_after_timeout(self.generation);
+            self.stats.timeout_resets += u64::from(!matches!(reset, Ok(false)));
+            reset.map_err(|e| self.reset_failed(e))?;
             // The commands the reset ended are parked with their buffers
             // whatever the re-creation does; a re-creation that fails now is
             // retried (and reported) by the next reap, so a blocking caller

@@ -37,8 +37,9 @@ pub struct QueueStats {
     pub mmio_skipped_by_event_idx: u64,
     /// Abort commands sent for overdue commands.
     pub aborts: u64,
-    /// Controller resets this pair triggered because an aborted command did
-    /// not come back (or CSTS.CFS was set).
+    /// Controller resets this pair started because an aborted command did
+    /// not come back (or CSTS.CFS was set), failed ones included; not
+    /// counted when another thread's reset since had already answered it.
     pub timeout_resets: u64,
 }
 
