@@ -464,11 +464,15 @@ impl<D: Device> IoQueuePair<D> {
             let Some(tr) = self.trackers.get_mut(slot) else {
                 continue;
             };
-            if tr.stamp == 0 {
+            // A clock behind the stamp (a TSC reset by a suspend, a core
+            // behind the one that stamped) restarts the wait from now: a
+            // saturating age of 0 would keep the command from timing out
+            // until the counter caught up with its stamp.
+            if tr.stamp == 0 || now < tr.stamp {
                 tr.stamp = now;
                 continue;
             }
-            let age = now.saturating_sub(tr.stamp);
+            let age = now - tr.stamp;
             if !tr.aborted && age > t {
                 to_abort.push(slot);
             } else if tr.aborted && age > t.saturating_mul(2) {
