@@ -339,12 +339,16 @@ impl Namespace {
     /// deleted namespace must not write into its successor because the two
     /// happen to share a geometry (Linux drops a namespace whose
     /// identifiers changed, `nvme_ns_ids_equal`, for the same reason).
+    /// Without metadata (LBAF.MS 0) the layout bits (FLBAS bit 4, DPS) move
+    /// no byte of a transfer and are not compared.
     pub(crate) fn same_namespace(&self, other: &Namespace) -> bool {
         let (a, b) = (&self.shared.identify, &other.shared.identify);
+        let layout = |n: &Namespace| Some(n.metadata_layout_always()).filter(|l| l.ms != 0);
         self.id == other.id
             && self.blocks == other.blocks
             && self.lba_size == other.lba_size
-            && self.metadata_layout_always() == other.metadata_layout_always()
+            && self.metadata_size == other.metadata_size
+            && layout(self) == layout(other)
             && a.nguid == b.nguid
             && a.eui64 == b.eui64
     }

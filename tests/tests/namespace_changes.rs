@@ -131,6 +131,40 @@ fn a_detached_namespace_is_retired_and_a_new_one_listed() {
     assert_clean(&m);
 }
 
+/// A change that flips only FLBAS bit 4 (extended LBA) of a namespace
+/// without metadata moves no byte of any transfer: the handle stays
+/// current. Before, the layout was compared whatever MS was, and the
+/// handle was retired (the namespace_changes fuzz target found it: the
+/// namespace deleted and created again with the same NGUID and geometry
+/// but the bit set).
+#[test]
+fn a_layout_bit_without_metadata_keeps_the_handle() {
+    let cfg = |extended| upnvme_tests::NamespaceConfig {
+        nguid: [0xa1; 16],
+        extended,
+        ..ns(1, 512, 4096)
+    };
+    let (m, c) = setup(ModelConfig {
+        namespaces: vec![cfg(false)],
+        ..ModelConfig::default()
+    });
+    let one = c.namespace(1).unwrap().clone();
+    assert_eq!(one.identify().flbas & 0x10, 0);
+    m.change_namespace(1, Some(cfg(true)));
+    assert_eq!(notices(&c), 1);
+    assert!(!one.is_stale(), "only FLBAS bit 4 changed, and MS is 0");
+    // Metadata does make the layout count: 8 bytes, extended, is another
+    // format.
+    m.change_namespace(
+        1,
+        Some(upnvme_tests::NamespaceConfig { ms: 8, ..cfg(true) }),
+    );
+    assert_eq!(notices(&c), 1);
+    assert!(one.is_stale());
+    drop(c);
+    assert_clean(&m);
+}
+
 /// A namespace deleted and created again under its NSID with the same
 /// geometry is another namespace (its NGUID differs): the old handle is
 /// retired, whether a notice or only `refresh_namespaces` finds it. Before,
