@@ -16,27 +16,21 @@ pub mod qpair;
 #[path = "../src/status.rs"]
 pub mod status;
 
+mod common;
+
 use std::ffi::{CStr, c_char};
 use std::mem::{offset_of, size_of};
 
-use upnvme::{Controller, QueuePairOptions};
-use upnvme_tests::{ModelConfig, ModelController, NamespaceConfig};
+use common::model_with;
+use upnvme::QueuePairOptions;
+use upnvme_tests::{ModelConfig, ModelController};
 
 use ctrl::{Ctrl, UPNVME_ONCS_DSM, UPNVME_ONCS_WRITE_ZEROES, UPNVME_VWC_PRESENT, upnvme_ctrl_info};
 use qpair::{Cmd, Qpair, upnvme_range};
 use status::*;
 
 fn handle(cfg: ModelConfig) -> Ctrl<ModelController> {
-    let m = ModelController::new(ModelConfig {
-        namespaces: vec![NamespaceConfig {
-            nsid: 1,
-            lba_size: 512,
-            blocks: 256,
-            ..NamespaceConfig::default()
-        }],
-        ..cfg
-    });
-    Ctrl::new(Controller::with_device(m, upnvme_tests::host_options()).unwrap())
+    Ctrl::new(model_with(cfg).1)
 }
 
 fn text(s: &[c_char]) -> String {
@@ -230,18 +224,11 @@ unsafe extern "C" fn keep_cpl(arg: *mut std::ffi::c_void, cpl: *const qpair::upn
 /// the CRDT it selects: `crdt[crd - 1]` × 100 ms.
 #[test]
 fn a_failed_completion_carries_crd_and_the_info_crdt() {
-    let cfg = ModelConfig {
+    let (m, c) = model_with(ModelConfig {
         crdt: [4, 9, 0],
-        namespaces: vec![NamespaceConfig {
-            nsid: 1,
-            lba_size: 512,
-            blocks: 256,
-            ..NamespaceConfig::default()
-        }],
         ..Default::default()
-    };
-    let m = ModelController::new(cfg);
-    let h = Ctrl::new(Controller::with_device(m.clone(), upnvme_tests::host_options()).unwrap());
+    });
+    let h = Ctrl::new(c);
     assert_eq!(h.info().unwrap().crdt, [4, 9, 0]);
     let qp = h
         .get()
