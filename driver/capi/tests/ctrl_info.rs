@@ -41,9 +41,8 @@ fn text(s: &[c_char]) -> String {
         .into_owned()
 }
 
-/// The status of a Dataset Management and a Write Zeroes submitted on a
-/// pair of `h`: what the pairs make of the controller's ONCS.
-fn submit_both(h: &Ctrl<ModelController>) -> (i32, i32) {
+/// An 8-entry C API queue pair of `h`, and its queue ID.
+fn pair(h: &Ctrl<ModelController>) -> (u16, Box<Qpair<ModelController>>) {
     let qp = h
         .get()
         .unwrap()
@@ -52,7 +51,23 @@ fn submit_both(h: &Ctrl<ModelController>) -> (i32, i32) {
             ..Default::default()
         })
         .unwrap();
-    let mut qp = Box::new(Qpair::new(qp, h.nss.clone()));
+    (qp.qid(), Box::new(Qpair::new(qp, h.nss.clone())))
+}
+
+/// Processes completions until nothing is outstanding (at most 5 s).
+fn drain(qp: &mut Box<Qpair<ModelController>>) {
+    let start = std::time::Instant::now();
+    while qp.outstanding() > 0 && start.elapsed() < std::time::Duration::from_secs(5) {
+        let p: *mut Qpair<ModelController> = &mut **qp;
+        // SAFETY: a live pair of this thread.
+        assert!(unsafe { Qpair::process_completions(p, 0) } >= 0);
+    }
+}
+
+/// The status of a Dataset Management and a Write Zeroes submitted on a
+/// pair of `h`: what the pairs make of the controller's ONCS.
+fn submit_both(h: &Ctrl<ModelController>) -> (i32, i32) {
+    let (_, mut qp) = pair(h);
     let ranges = [upnvme_range { slba: 0, blocks: 8 }];
     let dsm = Cmd::Deallocate { ranges: &ranges };
     let wz = Cmd::WriteZeroes {
@@ -64,12 +79,7 @@ fn submit_both(h: &Ctrl<ModelController>) -> (i32, i32) {
     let a = unsafe { qp.submit(1, dsm, std::ptr::null_mut(), None, std::ptr::null_mut()) };
     // SAFETY: as above.
     let b = unsafe { qp.submit(1, wz, std::ptr::null_mut(), None, std::ptr::null_mut()) };
-    let start = std::time::Instant::now();
-    while qp.outstanding() > 0 && start.elapsed() < std::time::Duration::from_secs(5) {
-        let p: *mut Qpair<ModelController> = &mut *qp;
-        // SAFETY: a live pair of this thread.
-        assert!(unsafe { Qpair::process_completions(p, 0) } >= 0);
-    }
+    drain(&mut qp);
     assert_eq!(qp.outstanding(), 0);
     (a, b)
 }
@@ -230,16 +240,7 @@ fn a_failed_completion_carries_crd_and_the_info_crdt() {
     });
     let h = Ctrl::new(c);
     assert_eq!(h.info().unwrap().crdt, [4, 9, 0]);
-    let qp = h
-        .get()
-        .unwrap()
-        .io_queue_pair(QueuePairOptions {
-            entries: Some(8),
-            ..Default::default()
-        })
-        .unwrap();
-    let qid = qp.qid();
-    let mut qp = Box::new(Qpair::new(qp, h.nss.clone()));
+    let (qid, mut qp) = pair(&h);
     // Namespace Not Ready (SC 82h) with CRD 2, then with CRD 2 and DNR.
     for (raw, dnr) in [
         (0x0082 | 2 << 11, false),
@@ -260,12 +261,7 @@ fn a_failed_completion_carries_crd_and_the_info_crdt() {
         // (the loop below drains the pair).
         let rc = unsafe { qp.submit(1, wz, std::ptr::null_mut(), Some(keep_cpl), arg.cast()) };
         assert_eq!(rc, UPNVME_OK);
-        let start = std::time::Instant::now();
-        while qp.outstanding() > 0 && start.elapsed() < std::time::Duration::from_secs(5) {
-            let p: *mut Qpair<ModelController> = &mut *qp;
-            // SAFETY: a live pair of this thread.
-            assert!(unsafe { Qpair::process_completions(p, 0) } >= 0);
-        }
+        drain(&mut qp);
         let cpl = got.expect("the callback ran");
         assert_eq!(cpl.status, UPNVME_EIO);
         assert_eq!((cpl.sct, cpl.sc, cpl.dnr, cpl.crd), (0, 0x82, dnr, 2));
