@@ -819,7 +819,21 @@ impl Harness {
             self.bump(nsid);
         }
         self.dirt += 1;
+        let fetched = self.m.commands_fetched();
         let res = self.c.format_nvm(nsid, &fmt);
+        // Whether the Format NVM reached the controller: a refusal before it
+        // (the checks, or an unusable namespace's Identify on a controller
+        // that failed earlier) changed nothing, and may leave the handles
+        // current.
+        let sent = self
+            .m
+            .commands_seen()
+            .iter()
+            .skip(usize::try_from(fetched).unwrap_or(usize::MAX))
+            .any(|&(sq, opcode, _)| sq == 0 && opcode == 0x80);
+        if debug() {
+            eprintln!("  format {nsid}: {res:?}");
+        }
         let used = self.faults_used();
         if matches!(res, Err(Error::InvalidArgument(_))) || self.truth(nsid).is_none() {
             return;
@@ -828,7 +842,7 @@ impl Harness {
             return;
         }
         for h in before {
-            if h.id() == nsid || self.fna_all {
+            if sent && (h.id() == nsid || self.fna_all) {
                 assert!(
                     h.is_stale(),
                     "a handle of namespace {} taken before Format NVM ({res:?}) is current",
