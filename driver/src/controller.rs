@@ -1094,6 +1094,12 @@ impl<D: Device> Inner<D> {
         upnvme_queues::sgl::SglSupport::from_sgls(self.identify.sgls)
     }
 
+    /// Identify Controller SGLS SDT (bits 15:8): the recommended maximum
+    /// number of Data Block descriptors per command, `None` when 0.
+    pub(crate) fn sgl_descriptor_threshold(&self) -> Option<u8> {
+        upnvme_queues::sgl::descriptor_threshold(self.identify.sgls)
+    }
+
     /// Identify Controller ONCS (Optional NVM Command Support).
     pub(crate) fn oncs(&self) -> u16 {
         self.identify.oncs

@@ -135,6 +135,18 @@ impl SglSupport {
     }
 }
 
+/// Identify Controller SGLS bits 15:8, SGL Descriptor Threshold (SDT): the
+/// recommended maximum number of Data Block (and non-empty Bit Bucket)
+/// descriptors in one command — beyond it, the controller's performance
+/// may be reduced (NVMe Base Specification 2.1, §4.3.2). `None` when the
+/// field is 0 (no threshold reported).
+pub fn descriptor_threshold(sgls: u32) -> Option<u8> {
+    match (sgls >> 8) as u8 {
+        0 => None,
+        n => Some(n),
+    }
+}
+
 /// Errors from building or decoding an SGL.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SglError {
@@ -474,6 +486,9 @@ mod tests {
         assert_eq!(SglSupport::from_sgls(0x0010_0001), SglSupport::Unaligned);
         assert_eq!(SglSupport::from_sgls(2), SglSupport::DwordAligned);
         assert_eq!(SglSupport::from_sgls(3), SglSupport::None);
+        assert_eq!(descriptor_threshold(0x0010_0001), None);
+        assert_eq!(descriptor_threshold(0x0001_2002), Some(0x20));
+        assert_eq!(descriptor_threshold(0xffff_ff01), Some(0xff));
     }
 
     #[test]

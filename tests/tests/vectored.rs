@@ -302,6 +302,76 @@ fn auto_prefers_an_sgl_beyond_two_pages_where_the_controller_has_one() {
 }
 
 #[test]
+fn auto_keeps_vectors_above_the_sgl_descriptor_threshold_on_prps() {
+    // SGLS: supported, SDT (bits 15:8) 2 descriptors per command.
+    let (m, c) = model_with_sgls(0x0201);
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let base = m.transfers_by_encoding();
+    let mut slba = 0u64;
+    // (layout, the transfer goes as an SGL)
+    type Case<'a> = (&'a [(usize, usize, usize)], bool);
+    let cases: [Case<'_>; 4] = [
+        // Two pieces: at the threshold, an SGL.
+        (&[(4096, 0, 4096), (4096, 0, 1024)], true),
+        // Three page-aligned pieces: above it, and PRPs can: PRPs.
+        (&[(4096, 0, 4096), (4096, 0, 4096), (4096, 0, 512)], false),
+        // Three pieces PRPs cannot describe (an odd inner boundary): an
+        // SGL all the same.
+        (&[(4096, 0, 1000), (4096, 0, 3096), (4096, 0, 512)], true),
+        // One contiguous buffer beyond two pages: one descriptor, an SGL.
+        (&[(16384, 0, 12288)], true),
+    ];
+    for (layout, sgl) in cases {
+        let v = vector(&c, layout);
+        let bytes = v.total_len();
+        let blocks = (bytes / 512) as u32;
+        let data = pattern(slba + 7, bytes);
+        scatter(&v, &data);
+        let (prp0, sgl0) = encodings(&m, base);
+        let done = run_io(
+            &mut qp,
+            IoCommand::Write {
+                ns: &ns,
+                slba,
+                blocks,
+            },
+            IoData::vectored(v),
+        );
+        assert!(done.is_ok(), "{layout:?}: {:?}", done.result);
+        let want = if sgl {
+            (prp0, sgl0 + 1)
+        } else {
+            (prp0 + 1, sgl0)
+        };
+        assert_eq!(encodings(&m, base), want, "{layout:?}");
+        assert_eq!(m.namespace_data(1, slba, u64::from(blocks)), data);
+        slba += u64::from(blocks);
+    }
+    // SglMode::Always ignores the threshold.
+    let mut always = c
+        .io_queue_pair(QueuePairOptions {
+            sgl: SglMode::Always,
+            ..QueuePairOptions::default()
+        })
+        .unwrap();
+    let v = vector(&c, &[(4096, 0, 4096), (4096, 0, 4096), (4096, 0, 512)]);
+    let (prp0, sgl0) = encodings(&m, base);
+    let done = run_io(
+        &mut always,
+        IoCommand::Read {
+            ns: &ns,
+            slba: 8,
+            blocks: 17,
+        },
+        IoData::vectored(v),
+    );
+    assert!(done.is_ok(), "{:?}", done.result);
+    assert_eq!(encodings(&m, base), (prp0, sgl0 + 1));
+    assert_clean(&m);
+}
+
+#[test]
 fn a_vector_longer_than_the_transfer_uses_only_what_it_needs() {
     let (m, c) = model_with_sgls(1);
     let ns = c.namespace(1).unwrap().clone();

@@ -217,6 +217,9 @@ impl<D: Device> IoQueuePair<D> {
             max_transfer,
             sgl,
             sgl_mode: opts.sgl,
+            sgl_threshold: ctrl
+                .sgl_descriptor_threshold()
+                .map_or(usize::MAX, usize::from),
             oncs: ctrl.oncs(),
             limits: super::limits::SizeLimits::new(ctrl.nvm_limits, ctrl.cap().min_page_size()),
             inline_prp_end: if opts.sgl == SglMode::Always {

@@ -238,6 +238,11 @@ pub struct IoQueuePair<D: Device = VfioNvme> {
     /// The controller's SGL support (Identify Controller SGLS).
     sgl: upnvme_queues::sgl::SglSupport,
     sgl_mode: SglMode,
+    /// Identify Controller SGLS SDT (SGL Descriptor Threshold): with
+    /// [`SglMode::Auto`], a vector of more pieces than this goes as PRPs
+    /// where PRPs can describe it. `usize::MAX` when the controller
+    /// reports none.
+    sgl_threshold: usize,
     /// Identify Controller ONCS: optional commands are refused unless set.
     oncs: u16,
     /// The NVM Command Set's size limits (limits.rs).

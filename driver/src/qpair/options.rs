@@ -34,7 +34,10 @@ pub enum SglMode {
     /// Block descriptor instead of a PRP List, measured 5–39 % faster for
     /// 64–128 KiB transfers under QEMU (docs/benchmarks.md, "PRP or SGL"),
     /// and what spdk_nvme_perf does on such controllers — and PRPs where
-    /// SGLs are not offered or cannot describe the memory.
+    /// SGLs are not offered or cannot describe the memory. A vector of more
+    /// pieces than the controller's SGL Descriptor Threshold (Identify
+    /// Controller SGLS SDT, when not 0) goes as PRPs where they can
+    /// describe it.
     #[default]
     Auto,
     /// An SGL for every data transfer of the application's memory (one

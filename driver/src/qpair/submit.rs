@@ -651,7 +651,11 @@ impl<D: Device> IoQueuePair<D> {
     /// A vector: an SGL where the controller supports SGLs and the mode
     /// allows; PRPs when every inner boundary is page aligned and the mode
     /// allows (also when an SGL was not possible, with [`SglMode::Auto`]);
-    /// a refusal otherwise.
+    /// a refusal otherwise. With [`SglMode::Auto`], a vector of more
+    /// pieces (Data Block descriptors) than the controller's SGL Descriptor
+    /// Threshold (Identify Controller SGLS SDT: beyond it "the performance
+    /// of the controller may be reduced") goes as PRPs where they can
+    /// describe it, and as an SGL only where they cannot.
     ///
     /// `offset` skips that many bytes of the vector first (a split's child,
     /// split.rs; 0 otherwise).
@@ -665,7 +669,8 @@ impl<D: Device> IoQueuePair<D> {
         let count = v.pieces_at(offset, bytes).count();
         let prp_ok =
             self.sgl_mode != SglMode::Always && prp_describable(v.pieces_at(offset, bytes), count);
-        if self.sgl_mode != SglMode::Never && self.sgl.supported() {
+        let above_threshold = self.sgl_mode == SglMode::Auto && count > self.sgl_threshold;
+        if self.sgl_mode != SglMode::Never && self.sgl.supported() && !(above_threshold && prp_ok) {
             match self.place_vector_sgl(v, offset, bytes, count, slot) {
                 Ok(d) => return Ok(d),
                 Err(_) if prp_ok => {}

@@ -172,6 +172,13 @@ pub fn controller(id: &IdentifyController) -> Vec<Field> {
             _ => "reserved value",
         }
     )];
+    sgl_lines.push(format!(
+        "[15:8] SGL Descriptor Threshold: {}",
+        match sgls >> 8 & 0xff {
+            0 => "not reported".to_string(),
+            n => format!("{n} descriptors per command (beyond: may be slower)"),
+        }
+    ));
     for (bit, what) in [
         (2u32, "Keyed SGL Data Block descriptor"),
         (16, "SGL Bit Bucket descriptor"),
@@ -387,6 +394,15 @@ mod tests {
             "[1:0] SGLs for NVM commands: supported, no alignment or granularity requirement"
         );
         assert!(sgls.contains(&"[20] Address field as an offset: supported".to_string()));
+        assert_eq!(sgls[1], "[15:8] SGL Descriptor Threshold: not reported");
+        let sdt = controller(&IdentifyController {
+            sgls: 0x0000_1001,
+            ..Default::default()
+        });
+        assert_eq!(
+            get_lines(&sdt, "sgls")[1],
+            "[15:8] SGL Descriptor Threshold: 16 descriptors per command (beyond: may be slower)"
+        );
         assert_eq!(get("vwc").lines[0], "[0] volatile write cache: present");
         assert_eq!(
             get("vwc").lines[1],
