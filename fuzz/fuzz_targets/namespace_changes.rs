@@ -485,9 +485,16 @@ impl Harness {
                 );
             }
             Err(f) => {
+                if debug() {
+                    eprintln!("  refused: {:?}", qp_describe(self.qp.as_ref(), f.reason));
+                }
+                // A pair that cannot take commands (its queues not
+                // re-created after a reset, the controller not marked failed:
+                // "the next submit tries again") refuses before it looks at
+                // the handle; nothing is sent either way (checked below).
                 if stale && !failed {
                     assert!(
-                        matches!(f.reason, Reject::StaleNamespace { .. }),
+                        matches!(f.reason, Reject::StaleNamespace { .. } | Reject::Unusable),
                         "stale namespace {} refused with {:?}",
                         h.id(),
                         f.reason
@@ -1096,3 +1103,7 @@ fuzz_target!(|data: &[u8]| {
     }
     h.finish();
 });
+
+fn qp_describe(qp: Option<&upnvme::IoQueuePair<ModelController>>, r: Reject) -> String {
+    qp.map(|q| q.describe(r).to_string()).unwrap_or_default()
+}
