@@ -271,6 +271,13 @@ impl Harness {
                     self.events_untrusted = true;
                 }
                 Fault::DuplicateCompletion(_) | Fault::WrongPhase(_) => self.cq_overfilled = true,
+                // A success status forced on an Asynchronous Event Request
+                // completes it as an event (dword 0 zero: Error status,
+                // Write to Invalid Doorbell Register) the harness did not
+                // raise.
+                Fault::Status { status, .. } if status.0 & 0x7ff == 0 && wild(&f) => {
+                    self.events_untrusted = true;
+                }
                 _ => {}
             }
         }
