@@ -1255,6 +1255,57 @@ impl<D: Device> Inner<D> {
         self.execute(sqe, None, what).map(|(c, _)| c)
     }
 
+    /// [`Inner::admin_command`] that waits for the admin lock only until
+    /// `lock_by` (`None`: for as long as it takes): `Ok(None)` when another
+    /// holder (an admin command, a reset, a Format NVM on a small admin
+    /// queue) still had it then, and nothing was sent. The command itself
+    /// is then waited for up to the admin timeout, so it ends by `lock_by`
+    /// plus the admin timeout. For the timeout scan's Abort inside a
+    /// blocking call, which must keep to the caller's timeout (std has no
+    /// timed lock: `try_lock` every [`ADMIN_LOCK_POLL`]).
+    pub(crate) fn admin_command_by(
+        &self,
+        sqe: Sqe,
+        what: &str,
+        lock_by: Option<Instant>,
+    ) -> Result<Option<Cqe>> {
+        let Some(lock_by) = lock_by else {
+            return self.admin_command(sqe, what).map(Some);
+        };
+        self.check_usable()?;
+        let mut admin = loop {
+            match self.admin.try_lock() {
+                Ok(admin) => break admin,
+                Err(std::sync::TryLockError::Poisoned(_)) => {
+                    return Err(Error::ControllerFailed {
+                        device: self.name.clone(),
+                        reason: "admin queue lock poisoned".into(),
+                    });
+                }
+                Err(std::sync::TryLockError::WouldBlock) => {}
+            }
+            let now = Instant::now();
+            if now >= lock_by {
+                return Ok(None);
+            }
+            std::thread::sleep(ADMIN_LOCK_POLL.min(lock_by - now));
+        };
+        // Again under the lock, as `with_admin`.
+        self.check_usable()?;
+        let r = admin.execute(
+            &self.dev,
+            &self.name,
+            sqe,
+            None,
+            None,
+            self.admin_timeout,
+            what,
+        );
+        drop(admin);
+        let (cqe, _) = self.settle(r)?;
+        succeeded(cqe, what).map(Some)
+    }
+
     /// Fails fast when the controller is closed or failed.
     pub(crate) fn check_usable(&self) -> Result<()> {
         if self.is_removed() {
@@ -2431,6 +2482,10 @@ const LOG_PAGE_BYTES_WITHOUT_EXTENDED_DATA: usize = 4096 * 4;
 /// How often [`Inner::execute_detached`] looks at the admin CQ once
 /// [`DETACHED_SPIN`] has passed.
 const DETACHED_POLL: Duration = Duration::from_micros(200);
+
+/// How often [`Inner::admin_command_by`] tries the admin lock while another
+/// holds it.
+const ADMIN_LOCK_POLL: Duration = Duration::from_micros(200);
 
 /// How long [`Inner::execute_detached`] looks at the admin CQ without
 /// sleeping in between: most admin commands complete within it.

@@ -1269,6 +1269,90 @@ fn a_blocking_call_keeps_to_its_timeout_when_the_abort_gets_no_answer() {
     assert_clean(&m);
 }
 
+/// The timeout scan's Abort inside a blocking call waits for the admin lock
+/// only while the call's timeout leaves room for it: another thread holds
+/// the lock for a Get Log Page with Retain Asynchronous Event clear (waited
+/// for under the lock, up to its own 30 s timeout) whose completion the
+/// model holds back. The blocking read (1 s, its completion lost, a 20 ms
+/// command timeout, a 300 ms admin timeout) must still end at about 1 s
+/// with `Timeout`, not when the holder lets go (from a review: the Abort
+/// waited on `Mutex::lock`, and the call overran its timeout by as long
+/// as the other thread kept the lock). The pair's later polls then abort
+/// the command and reset, and it comes back once with its buffer.
+#[test]
+fn a_blocking_call_keeps_to_its_timeout_while_another_thread_holds_the_admin_lock() {
+    const GET_LOG_PAGE: u8 = 0x02;
+    let m = ModelController::new(config_one_ns(4096, 256));
+    let c = open(
+        &m,
+        upnvme::ControllerOptions {
+            admin_timeout: Some(Duration::from_millis(300)),
+            ..opts()
+        },
+    );
+    let ns = c.namespace(1).unwrap().clone();
+    let mut qp = c.io_queue_pair(qp_opts(20)).unwrap();
+    m.inject(Fault::DelayCompletion {
+        on: Match::Opcode {
+            qid: 0,
+            opcode: GET_LOG_PAGE,
+        },
+        doorbells: None,
+    });
+    m.inject(Fault::DropCompletion(Match::Opcode {
+        qid: qp.qid(),
+        opcode: READ,
+    }));
+    let (took, f) = std::thread::scope(|s| {
+        let holder = s.spawn(|| {
+            // Error Information log, one page, RAE clear.
+            let sqe = upnvme_queues::Sqe::get_log_page(0x01, 0xffff_ffff, 1024, 0, false);
+            c.admin_passthrough_with_timeout(sqe, 4096, None, Duration::from_secs(30))
+        });
+        let start = Instant::now();
+        while m.delayed_completions() < 1 {
+            assert!(
+                start.elapsed() < T,
+                "the Get Log Page never reached the model"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let reader = s.spawn(|| {
+            let start = Instant::now();
+            let cmd = read_cmd(&ns, 0);
+            let f = qp
+                .execute_blocking(
+                    cmd,
+                    Some(c.alloc_dma(4096).unwrap()),
+                    Duration::from_secs(1),
+                )
+                .unwrap_err();
+            (start.elapsed(), f)
+        });
+        // Let the holder go after 8 s at the latest, so that a call that
+        // overruns still returns (and the test fails on its time).
+        let start = Instant::now();
+        while !reader.is_finished() && start.elapsed() < Duration::from_secs(8) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        m.release_delayed();
+        holder.join().unwrap().expect("the Get Log Page");
+        reader.join().unwrap()
+    });
+    assert!(matches!(f.error, Error::Timeout { .. }), "{}", f.error);
+    assert!(f.buffer.is_none());
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    // Recovered by the pair's next polls: Abort, reset, TimedOut once.
+    let (done, err) = poll_for(&mut qp, 1, Duration::from_secs(20));
+    assert!(err.is_none(), "{err:?}");
+    assert_eq!(done.len(), 1);
+    assert_eq!(done[0].result, Err(IoError::TimedOut));
+    assert!(done[0].buffer.is_some());
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
 /// A loop of `next_completion` with `reap_on_submit`: every resubmission
 /// parks the next completion, so each call is served from the parked ones
 /// alone. It must still count as a poll: a command the controller lost

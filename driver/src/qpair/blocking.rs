@@ -21,7 +21,9 @@ impl<D: Device> IoQueuePair<D> {
     /// The pair's command timeout recovery (an Abort, then a reset) runs
     /// inside the wait only while more than the controller's admin timeout
     /// of `timeout` is left, so the wait keeps to `timeout` (give or take
-    /// one scan) even when an Abort gets no answer; what is overdue then is
+    /// one scan) even when an Abort gets no answer, or when another
+    /// thread holds the admin lock (the Abort then waits for the lock only
+    /// while the room left allows, and is skipped after); what is overdue then is
     /// recovered by the pair's next `process_completions` (or a blocking
     /// call with a longer `timeout`): a pair used only through blocking
     /// calls of at most the admin timeout never aborts a stuck command.
@@ -178,10 +180,16 @@ impl<D: Device> IoQueuePair<D> {
                 // admin timeout) and then reset: only while the caller's
                 // timeout leaves room for that. Otherwise the wait ends at
                 // its own timeout and the pair's next call recovers what is
-                // overdue.
+                // overdue. The Abort waits for the admin lock (another
+                // thread's admin command or reset may hold it) only as long
+                // as the room left allows: `check_timeouts` skips it after.
+                let left = timeout.saturating_sub(start.elapsed());
                 if self.timeout_ticks > 0
-                    && timeout.saturating_sub(start.elapsed()) > self.ctrl.admin_timeout
-                    && let Err(error) = self.check_timeouts()
+                    && left > self.ctrl.admin_timeout
+                    && let Err(error) = self.check_timeouts(
+                        // None: no deadline an Instant can express.
+                        Instant::now().checked_add(left - self.ctrl.admin_timeout),
+                    )
                 {
                     // A reset that failed after it disabled the controller
                     // ended the command (parked, with its buffer): that is

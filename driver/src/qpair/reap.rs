@@ -529,7 +529,7 @@ impl<D: Device> IoQueuePair<D> {
                 self.check_csts_while_polling()?;
             }
             if self.timeout_ticks > 0 && self.trackers.in_flight() > 0 {
-                self.check_timeouts()?;
+                self.check_timeouts(None)?;
             }
         }
         Ok(())

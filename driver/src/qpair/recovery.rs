@@ -4,7 +4,7 @@
 use upnvme_queues::{CqRing, SqRing, Sqe};
 
 use super::split::Key;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::{Completion, IoQueuePair, clock};
 use crate::controller::CreateFailure;
@@ -284,7 +284,17 @@ impl<D: Device> IoQueuePair<D> {
     /// command does not turn its success into `ControllerReset`. The same
     /// reap runs again right before a reset, after the Aborts (each may
     /// have waited up to the admin timeout while others completed).
-    pub(super) fn check_timeouts(&mut self) -> Result<()> {
+    ///
+    /// `abort_lock_by` (a blocking call's: its deadline less the admin
+    /// timeout) bounds each Abort's wait for the admin lock, which another
+    /// thread's admin command, Format NVM or reset may hold for long: an
+    /// Abort that cannot have the lock by then is not sent, and the scan
+    /// ends there — nothing more is aborted or reset (a reset needs the
+    /// same lock) — so the call keeps to its timeout; the overdue commands
+    /// stay as they are, for a later scan. `None` (the polled path, which
+    /// has no deadline): each Abort waits for the lock as long as its
+    /// holder keeps it.
+    pub(super) fn check_timeouts(&mut self, abort_lock_by: Option<Instant>) -> Result<()> {
         let now = clock::now().max(1);
         let (mut to_abort, mut reset) = self.overdue(now);
         if to_abort.is_empty() && !reset {
@@ -356,10 +366,18 @@ impl<D: Device> IoQueuePair<D> {
             // answer (or a broken one) left the controller marked failed,
             // and a failed controller's pair never gets to a second scan:
             // reset now, or nothing would end the overdue commands.
-            let r = self.ctrl.admin_command(
+            let r = match self.ctrl.admin_command_by(
                 Sqe::abort(self.qid, cid),
                 &format!("Abort (SQ {}, CID 0x{cid:04x})", self.qid),
-            );
+                abort_lock_by,
+            ) {
+                // The admin lock stayed busy past `abort_lock_by`: nothing
+                // was sent, and this and the other overdue commands keep
+                // their state for the next scan.
+                Ok(None) => return Ok(()),
+                Ok(Some(cqe)) => Ok(cqe),
+                Err(e) => Err(e),
+            };
             self.time_out(&[slot]);
             self.stats.aborts += 1;
             if self.generation_changed() {
