@@ -119,3 +119,51 @@ fn close_racing_a_reset_delivers_every_command() {
         "commands lost by close() racing a reset ({rounds} rounds)"
     );
 }
+
+/// close(timeout)'s drain keeps to its timeout when the pair's command
+/// timeout recovery would wait longer: a read whose completion the model
+/// lost is overdue after 20 ms, and the Abort for it gets no answer either
+/// (a 10 s admin timeout). A 200 ms close must go on to the queue deletion
+/// at about 200 ms and hand the read back once, with its buffer — not wait
+/// out the Abort first (from a review: the drain's `process_completions`
+/// ran the timeout scan with no regard for close's timeout, and the close
+/// took the whole admin timeout).
+#[test]
+fn close_keeps_to_its_timeout_when_an_abort_would_wait_longer() {
+    use std::time::Instant;
+    const READ: u8 = 0x02;
+    const ABORT: u8 = 0x08;
+    let m = ModelController::new(config_one_ns(4096, 1024));
+    let c = open(
+        &m,
+        upnvme::ControllerOptions {
+            admin_timeout: Some(Duration::from_secs(10)),
+            ..opts()
+        },
+    );
+    let mut qp = c
+        .io_queue_pair(QueuePairOptions {
+            command_timeout: Some(Duration::from_millis(20)),
+            ..Default::default()
+        })
+        .unwrap();
+    m.inject(Fault::DropCompletion(Match::Opcode {
+        qid: qp.qid(),
+        opcode: READ,
+    }));
+    m.inject(Fault::DropCompletion(Match::Opcode {
+        qid: 0,
+        opcode: ABORT,
+    }));
+    submit_reads(&c, &mut qp, 1);
+    let start = Instant::now();
+    let got = qp.close(Duration::from_millis(200));
+    let took = start.elapsed();
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].tag, 0);
+    assert!(got[0].buffer.is_some());
+    m.clear_faults();
+    drop(c);
+    assert_clean(&m);
+}

@@ -176,20 +176,12 @@ impl<D: Device> IoQueuePair<D> {
                         }
                     }
                 }
-                // The command timeout scan may wait for an Abort (up to the
-                // admin timeout) and then reset: only while the caller's
-                // timeout leaves room for that. Otherwise the wait ends at
-                // its own timeout and the pair's next call recovers what is
-                // overdue. The Abort waits for the admin lock (another
-                // thread's admin command or reset may hold it) only as long
-                // as the room left allows: `check_timeouts` skips it after.
-                let left = timeout.saturating_sub(start.elapsed());
+                // The command timeout scan, within what is left of the
+                // caller's timeout (`check_timeouts_within`); what it leaves
+                // the pair's next call recovers.
                 if self.timeout_ticks > 0
-                    && left > self.ctrl.admin_timeout
-                    && let Err(error) = self.check_timeouts(
-                        // None: no deadline an Instant can express.
-                        Instant::now().checked_add(left - self.ctrl.admin_timeout),
-                    )
+                    && let Err(error) =
+                        self.check_timeouts_within(timeout.saturating_sub(start.elapsed()))
                 {
                     // A reset that failed after it disabled the controller
                     // ended the command (parked, with its buffer): that is

@@ -16,6 +16,14 @@ impl<D: Device> IoQueuePair<D> {
     /// what is still without a completion ends with
     /// [`IoError::QueueDeleted`]: the device can no longer reach it.
     ///
+    /// The drain keeps to `timeout`: the command timeout recovery (an
+    /// Abort, then a reset) runs inside it only while more than the
+    /// controller's admin timeout of `timeout` is left, as in
+    /// [`IoQueuePair::execute_blocking`]. The deletion after it is not
+    /// bounded by `timeout`: it waits for the admin queue (another thread's
+    /// admin command or reset may hold it) and for each deletion up to the
+    /// admin timeout.
+    ///
     /// A release on the kernel's request (a removal, an unbind) refuses the
     /// deletion; the close then waits for the release to end (it is bounded:
     /// a disable of at most 500 ms, then the device's release) and returns
@@ -45,6 +53,9 @@ impl<D: Device> IoQueuePair<D> {
         // `Duration::ZERO` thus reaps until the CQ is empty, then deletes.
         let mut empty = 0u32;
         let mut periodic = Periodic::default();
+        // The drain's timeout scans keep to `timeout` as a blocking wait's
+        // do (none past it: `None` only for a timeout no Instant holds).
+        self.drain_deadline = start.checked_add(timeout);
         loop {
             let before = out.len();
             let r = self.process_completions(u32::MAX, |_, c| out.push(c));
@@ -71,6 +82,10 @@ impl<D: Device> IoQueuePair<D> {
                 }
             }
         }
+        // The deletion is not bounded by `timeout`: its reap between the
+        // deletions scans as the polled path does (a reset there ends
+        // what the deletion would have).
+        self.drain_deadline = None;
         let mut late = Vec::new();
         self.closing = true;
         let deleted = self.delete_queues(|qp| {

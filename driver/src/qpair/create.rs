@@ -238,6 +238,7 @@ impl<D: Device> IoQueuePair<D> {
             recreate_retry: Default::default(),
             deleted: false,
             closing: false,
+            drain_deadline: None,
             generation,
             lists,
             prp_scratch: vec![0u64; list_pages_per_slot * PAGE / 8].into_boxed_slice(),

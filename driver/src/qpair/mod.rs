@@ -278,6 +278,10 @@ pub struct IoQueuePair<D: Device = VfioNvme> {
     /// `close` is deleting the queues: what the deletion aborts ends with
     /// `IoError::QueueDeleted`.
     closing: bool,
+    /// While `close` drains: when its timeout ends. The polled path's
+    /// timeout scan then keeps to it as a blocking wait's does
+    /// (`IoQueuePair::check_timeouts_within`); `None` otherwise.
+    drain_deadline: Option<std::time::Instant>,
     /// Controller reset generation this pair's queues belong to.
     generation: u64,
     /// List pages (PRP Lists, SGL segments, ranges): one area of whole

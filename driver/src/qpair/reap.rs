@@ -529,7 +529,12 @@ impl<D: Device> IoQueuePair<D> {
                 self.check_csts_while_polling()?;
             }
             if self.timeout_ticks > 0 && self.trackers.in_flight() > 0 {
-                self.check_timeouts(None)?;
+                match self.drain_deadline {
+                    None => self.check_timeouts(None)?,
+                    Some(d) => self.check_timeouts_within(
+                        d.saturating_duration_since(std::time::Instant::now()),
+                    )?,
+                }
             }
         }
         Ok(())

@@ -465,6 +465,23 @@ impl<D: Device> IoQueuePair<D> {
         }
     }
 
+    /// [`IoQueuePair::check_timeouts`] inside a wait that has `left` of its
+    /// timeout to go (a blocking helper, `close`'s drain): the scan may wait
+    /// for an Abort (up to the admin timeout) and then reset, so it runs
+    /// only while more than the admin timeout is left, and each Abort waits
+    /// for the admin lock only until the admin timeout before the end.
+    /// Otherwise nothing is done: the wait ends at its own timeout.
+    pub(super) fn check_timeouts_within(&mut self, left: Duration) -> Result<()> {
+        let Some(room) = left.checked_sub(self.ctrl.admin_timeout) else {
+            return Ok(());
+        };
+        if room.is_zero() {
+            return Ok(());
+        }
+        // None: no deadline an Instant can express (no bound, then).
+        self.check_timeouts(Instant::now().checked_add(room))
+    }
+
     /// The scan of [`IoQueuePair::check_timeouts`]: stamps the commands in
     /// flight that have no stamp yet, and returns those overdue for an
     /// Abort and whether an aborted one is overdue for a reset. Allocates
