@@ -28,6 +28,16 @@ impl<D: Device> IoQueuePair<D> {
     /// call with a longer `timeout`): a pair used only through blocking
     /// calls of at most the admin timeout never aborts a stuck command.
     ///
+    /// Not bounded by `timeout` (each bounded by its own steps instead):
+    /// the submission, when the pair must first catch up with a reset (it
+    /// waits for the reset's end, then for the admin lock — as long as its
+    /// holder keeps it — and Create I/O CQ/SQ, each up to the admin
+    /// timeout); and a controller reset the wait starts — after an Abort
+    /// that got no answer or an aborted command's second timeout, or for
+    /// CSTS.CFS — which waits for the admin lock and then takes the reset's
+    /// steps (queue deletions up to one second, CSTS.RDY waits up to the
+    /// ready timeout, the bring-up's admin commands).
+    ///
     /// On an NVMe error status the buffer comes back in the [`IoFailure`]. On
     /// timeout the command stays in flight and keeps its buffer (the device may
     /// still write it); its completion surfaces later from
