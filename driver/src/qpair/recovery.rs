@@ -499,19 +499,11 @@ impl<D: Device> IoQueuePair<D> {
             let Some(tr) = self.trackers.get_mut(slot) else {
                 continue;
             };
-            // A clock behind the stamp (a TSC reset by a suspend, a core
-            // behind the one that stamped) restarts the wait from now: a
-            // saturating age of 0 would keep the command from timing out
-            // until the counter caught up with its stamp.
-            if tr.stamp == 0 || now < tr.stamp {
-                tr.stamp = now;
-                continue;
-            }
-            let age = now - tr.stamp;
-            if !tr.aborted && age > t {
-                to_abort.push(slot);
-            } else if tr.aborted && age > t.saturating_mul(2) {
-                reset = true;
+            match verdict(tr.stamp, now, t, tr.aborted) {
+                Verdict::Restamp => tr.stamp = now,
+                Verdict::Wait => {}
+                Verdict::Abort => to_abort.push(slot),
+                Verdict::Reset => reset = true,
             }
         }
         (to_abort, reset)
@@ -761,5 +753,67 @@ impl<D: Device> IoQueuePair<D> {
         self.needs_recreate = false;
         self.refresh_expect_state();
         Ok(())
+    }
+}
+
+/// What the timeout scan does with one command in flight.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Verdict {
+    /// Not stamped yet (0), or the clock reads behind the stamp: the wait
+    /// restarts from now.
+    Restamp,
+    /// Not overdue.
+    Wait,
+    /// Overdue, not aborted yet: send an Abort.
+    Abort,
+    /// Aborted, and overdue twice over: reset the controller.
+    Reset,
+}
+
+/// The scan's decision for a command stamped at `stamp` (clock ticks; 0:
+/// not stamped yet), read at `now`, with a timeout of `t` ticks. A clock
+/// behind the stamp (a TSC reset by a suspend, a core behind the one that
+/// stamped) restarts the wait from now: a saturating age of 0 would keep
+/// the command from timing out until the counter caught up with its stamp.
+fn verdict(stamp: u64, now: u64, t: u64, aborted: bool) -> Verdict {
+    if stamp == 0 || now < stamp {
+        return Verdict::Restamp;
+    }
+    let age = now - stamp;
+    if !aborted && age > t {
+        Verdict::Abort
+    } else if aborted && age > t.saturating_mul(2) {
+        Verdict::Reset
+    } else {
+        Verdict::Wait
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Verdict, verdict};
+
+    #[test]
+    fn a_clock_behind_the_stamp_restarts_the_wait() {
+        // After a suspend reset the TSC: far behind the stamp.
+        assert_eq!(verdict(1_000_000, 5, 100, false), Verdict::Restamp);
+        assert_eq!(verdict(1_000_000, 5, 100, true), Verdict::Restamp);
+        // Restamped at 5, the command times out 100 ticks later, not once
+        // the counter passes the old stamp.
+        assert_eq!(verdict(5, 105, 100, false), Verdict::Wait);
+        assert_eq!(verdict(5, 106, 100, false), Verdict::Abort);
+        // Not stamped yet.
+        assert_eq!(verdict(0, 7, 100, false), Verdict::Restamp);
+    }
+
+    #[test]
+    fn an_aborted_command_resets_at_twice_the_timeout() {
+        assert_eq!(verdict(10, 110, 100, false), Verdict::Wait);
+        assert_eq!(verdict(10, 111, 100, false), Verdict::Abort);
+        assert_eq!(verdict(10, 111, 100, true), Verdict::Wait);
+        assert_eq!(verdict(10, 210, 100, true), Verdict::Wait);
+        assert_eq!(verdict(10, 211, 100, true), Verdict::Reset);
+        // A timeout so long that twice it overflows never resets.
+        assert_eq!(verdict(1, u64::MAX, u64::MAX / 2 + 1, true), Verdict::Wait);
     }
 }
