@@ -126,6 +126,19 @@ pub fn controller(id: &IdentifyController) -> Vec<Field> {
         ],
     ));
     out.push(bits(
+        "ocfs",
+        id.ocfs.into(),
+        &[
+            (0, "Copy Format 0h (16-bit guard protection information)"),
+            (
+                1,
+                "Copy Format 1h (32- or 64-bit guard protection information)",
+            ),
+            (2, "Copy Format 2h (cross-namespace, 16-bit guard)"),
+            (3, "Copy Format 3h (cross-namespace, 32- or 64-bit guard)"),
+        ],
+    ));
+    out.push(bits(
         "fuses",
         id.fuses.into(),
         &[(0, "Compare and Write fused operation")],
@@ -385,6 +398,13 @@ mod tests {
         );
         assert!(oacs.contains(&"[ 8] Doorbell Buffer Config: supported".to_string()));
         assert!(oacs.contains(&"[ 0] Security Send and Receive: not supported".to_string()));
+        let ocfs = &get("ocfs").lines;
+        assert!(
+            ocfs.contains(
+                &"[ 2] Copy Format 2h (cross-namespace, 16-bit guard): not supported".to_string()
+            ),
+            "{ocfs:?}"
+        );
         let oncs = &get("oncs").lines;
         assert!(oncs.contains(&"[ 8] Copy: supported".to_string()));
         assert!(oncs.contains(&"[ 7] Verify: not supported".to_string()));
