@@ -4,7 +4,7 @@
 //! an explicit sequence of [`BringupStep`]s, each bounded by a timeout derived
 //! from CAP.TO (or the caller's options), never a bare spin.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -126,6 +126,16 @@ pub(crate) struct Inner<D: Device> {
     /// Extended LBA Formats, CTRATT.ELBAS, and took the feature): set again
     /// after every reset.
     lbafee: bool,
+    /// The Copy Descriptor Formats the driver enables in Host Behavior
+    /// Support (CDFE, bytes 05:04): the cross-namespace formats 2h and 3h
+    /// the controller reports in Identify Controller OCFS, where it took
+    /// them; set again after every reset.
+    driver_cdfe: u16,
+    /// The Copy Descriptor Formats enabled now (CDFE as last set, by the
+    /// driver or the application; 0 after a Controller Level Reset until
+    /// it is set again): a cross-namespace Copy goes only in a format
+    /// enabled here.
+    cdfe: AtomicU16,
     /// The Host Behavior Support data structure (512 bytes) the application
     /// set last through `admin_passthrough` and the controller accepted:
     /// every reset sets it again (LBAFEE in it stays set where the driver
@@ -1110,6 +1120,12 @@ impl<D: Device> Inner<D> {
         self.identify.ocfs
     }
 
+    /// Host Behavior Support CDFE as set now: bit *n* enables Copy
+    /// Descriptor Format *n*h (formats 2h–4h need it).
+    pub(crate) fn copy_formats_enabled(&self) -> u16 {
+        self.cdfe.load(Ordering::Acquire)
+    }
+
     /// Largest transfer in bytes per command, `None` when MDTS = 0.
     pub(crate) fn max_transfer(&self) -> Option<usize> {
         mdts_limit(self.cap.min_page_size(), self.identify.mdts)
@@ -1767,11 +1783,15 @@ impl<D: Device> Inner<D> {
     }
 
     /// The application set Host Behavior Support to `data` (its first 512
-    /// bytes, zero-padded as the transfer was): resets set it again.
+    /// bytes, zero-padded as the transfer was): resets set it again, and
+    /// its CDFE says which Copy Descriptor Formats are enabled.
     fn hbs_set_by_application(&self, data: &[u8]) {
         let mut hbs = Box::new([0u8; HBS_LEN]);
         let n = data.len().min(HBS_LEN);
         hbs[..n].copy_from_slice(&data[..n]);
+        // The formats it enables are the controller's now (cleared ones
+        // refuse a cross-namespace Copy in them before it is sent).
+        self.cdfe.store(hbs_cdfe(&hbs[..]), Ordering::Release);
         *self
             .hbs_by_application
             .lock()
@@ -2146,17 +2166,21 @@ impl<D: Device> Inner<D> {
             });
         }
         // Host Behavior Support again (a Controller Level Reset sets it
-        // back): the application's structure if it set one, else LBAFEE
-        // alone where the driver set it.
+        // back): the application's structure if it set one, else the
+        // driver's (LBAFEE, CDFE) where it set one.
+        self.cdfe.store(0, Ordering::Release);
         let by_application = self.hbs_by_application().map(|d| *d);
         let mut restored = false;
         if let Some(data) = by_application {
             let what = "Set Features (Host Behavior Support, the application's, after reset)";
-            let mut sqe = host_behavior_lbafee();
+            let mut sqe = host_behavior_sqe();
             let (buf, list) = admin_data_buffer(dev, HBS_LEN, &mut sqe, PAGE)?;
             buf.write_bytes(0, &data)?;
             let (cqe, _) = admin.execute(dev, name, sqe, Some(buf), list, t, what)?;
             restored = cqe.status().is_success();
+            if restored {
+                self.cdfe.store(hbs_cdfe(&data), Ordering::Release);
+            }
             if !restored && cqe.status().dnr() {
                 // Accepted before the reset, refused for good after it: the
                 // controller's defaults hold now (the application's value
@@ -2166,13 +2190,14 @@ impl<D: Device> Inner<D> {
                 self.forget_hbs_by_application();
             }
         }
-        if self.lbafee && !restored {
-            let what = "Set Features (Host Behavior Support, LBAFEE)";
-            let mut sqe = host_behavior_lbafee();
+        if (self.lbafee || self.driver_cdfe != 0) && !restored {
+            let what = "Set Features (Host Behavior Support, the driver's)";
+            let mut sqe = host_behavior_sqe();
             let (buf, list) = admin_data_buffer(dev, HBS_LEN, &mut sqe, PAGE)?;
-            buf.write_bytes(0, &HBS_LBAFEE)?;
+            buf.write_bytes(0, &driver_hbs(self.lbafee, self.driver_cdfe))?;
             let (cqe, _) = admin.execute(dev, name, sqe, Some(buf), list, t, what)?;
             succeeded(cqe, what)?;
+            self.cdfe.store(self.driver_cdfe, Ordering::Release);
         }
         if let Some(aec) = self.aec_to_restore() {
             // Namespace Attribute Notices again (a Controller Level Reset
@@ -2508,17 +2533,31 @@ fn succeeded(cqe: Cqe, what: &str) -> Result<Cqe> {
 /// Features FID 16h).
 const HBS_LEN: usize = 512;
 
-/// Host Behavior Support with LBAFEE (byte 2, bit 0) set and everything
-/// else (ACRE, ETDAS, ...) clear.
-const HBS_LBAFEE: [u8; HBS_LEN] = {
-    let mut b = [0u8; HBS_LEN];
-    b[2] = 1;
-    b
-};
+/// The Copy Descriptor Formats a host enables in Host Behavior Support
+/// CDFE (NVMe 2.1): 2h and 3h, the cross-namespace formats (bits 2 and 3).
+const CDFE_CROSS_NAMESPACE: u16 = 0b1100;
 
-/// Set Features, Host Behavior Support, not saved: the data buffer is
-/// [`HBS_LBAFEE`].
-fn host_behavior_lbafee() -> Sqe {
+/// The driver's Host Behavior Support structure: LBAFEE (byte 2, bit 0) as
+/// `lbafee`, CDFE (bytes 05:04) `cdfe`, everything else (ACRE, ETDAS, ...)
+/// clear.
+fn driver_hbs(lbafee: bool, cdfe: u16) -> [u8; HBS_LEN] {
+    let mut b = [0u8; HBS_LEN];
+    b[2] = u8::from(lbafee);
+    b[4..6].copy_from_slice(&cdfe.to_le_bytes());
+    b
+}
+
+/// CDFE (bytes 05:04) of a Host Behavior Support structure.
+fn hbs_cdfe(hbs: &[u8]) -> u16 {
+    match hbs.get(4..6) {
+        Some(b) => u16::from_le_bytes([b[0], b[1]]),
+        None => 0,
+    }
+}
+
+/// Set Features, Host Behavior Support, not saved (the 512-byte structure
+/// in the data buffer).
+fn host_behavior_sqe() -> Sqe {
     Sqe::set_features(feature::HOST_BEHAVIOR_SUPPORT, 0, false)
 }
 
@@ -2907,6 +2946,8 @@ fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<BroughtUp<D
         nvm_limits: IdentifyControllerNvm::default(),
         granted_io_queues: 0,
         lbafee: false,
+        driver_cdfe: 0,
+        cdfe: AtomicU16::new(0),
         hbs_by_application: Mutex::new(None),
         aec: AtomicU64::new(0),
         shadow: None,
@@ -2967,21 +3008,34 @@ fn bring_up<D: Device>(dev: D, options: ControllerOptions) -> Result<BroughtUp<D
         *q = vec![false; inner.granted_io_queues as usize];
     }
 
-    // Host Behavior Support (FID 16h), LBA Format Extension Enable, when the
-    // controller has Extended LBA Formats (CTRATT.ELBAS): without it a
-    // controller refuses I/O to a namespace formatted with a 32- or 64-bit
-    // guard (NVM Command Set 1.0, "Extended LBA Formats"). Refused with a
-    // status, the driver carries on without it: such namespaces then fail
-    // their commands with that controller's status, others are unaffected.
-    if inner.identify.ctratt_elbas() {
-        let what = "Set Features (Host Behavior Support, LBAFEE)";
-        match inner.execute_with(
-            host_behavior_lbafee(),
-            Some(HBS_LEN),
-            Some(&HBS_LBAFEE),
-            what,
-        ) {
-            Ok(_) => inner.lbafee = true,
+    // Host Behavior Support (FID 16h):
+    // - LBA Format Extension Enable, when the controller has Extended LBA
+    //   Formats (CTRATT.ELBAS): without it a controller refuses I/O to a
+    //   namespace formatted with a 32- or 64-bit guard (NVM Command Set 1.0,
+    //   "Extended LBA Formats");
+    // - Copy Descriptor Formats Enable (CDFE) for the cross-namespace Copy
+    //   formats 2h and 3h the controller reports in OCFS: without it a
+    //   controller fails such a Copy with Invalid Field (NVMe 2.1).
+    // Refused with a status, the driver tries LBAFEE alone (a controller
+    // that does not know CDFE), then carries on without: namespaces of a
+    // wide guard then fail their commands with that controller's status,
+    // and a cross-namespace Copy is refused before it is sent.
+    let lbafee = inner.identify.ctratt_elbas();
+    let cdfe = inner.identify.ocfs & CDFE_CROSS_NAMESPACE;
+    let mut tries = vec![(lbafee, cdfe)];
+    if lbafee && cdfe != 0 {
+        tries.push((true, 0));
+    }
+    for (lbafee, cdfe) in tries.into_iter().filter(|&(l, c)| l || c != 0) {
+        let what = "Set Features (Host Behavior Support, the driver's: LBAFEE, CDFE)";
+        let hbs = driver_hbs(lbafee, cdfe);
+        match inner.execute_with(host_behavior_sqe(), Some(HBS_LEN), Some(&hbs), what) {
+            Ok(_) => {
+                inner.lbafee = lbafee;
+                inner.driver_cdfe = cdfe;
+                inner.cdfe.store(cdfe, Ordering::Release);
+                break;
+            }
             Err(Error::Command { .. }) => {}
             Err(e) => return Err(e),
         }

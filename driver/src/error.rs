@@ -549,9 +549,11 @@ pub enum Reject {
     /// A Copy whose namespace format needs a Copy Descriptor Format the
     /// controller does not report in Identify Controller OCFS (Optional Copy
     /// Formats Supported): Format 0h with a 16-bit guard or no protection
-    /// information, 1h with a 32- or 64-bit guard. Not sent.
+    /// information, 1h with a 32- or 64-bit guard; for a cross-namespace
+    /// Copy 2h and 3h, which must also be enabled (Host Behavior Support
+    /// CDFE). Not sent.
     CopyFormat {
-        /// The Descriptor Format the namespace's format needs (0 or 1).
+        /// The Descriptor Format the namespace's format needs (0 to 3).
         format: u8,
     },
     /// FUA or Limited Retry on a command whose CDW12 has no such bits.
@@ -683,12 +685,22 @@ impl std::fmt::Display for Reject {
                 "the controller does not support {command} (Identify Controller ONCS); nothing \
                  was sent"
             ),
-            Reject::CopyFormat { format } => write!(
+            Reject::CopyFormat { format } if format < 2 => write!(
                 f,
                 "the controller does not support Copy Descriptor Format {format}h (Identify \
                  Controller OCFS bit {format} clear), which this namespace's format needs (0h: \
                  a 16-bit guard or no protection information; 1h: a 32- or 64-bit guard); \
                  nothing was sent"
+            ),
+            Reject::CopyFormat { format } => write!(
+                f,
+                "a cross-namespace Copy to this namespace needs Copy Descriptor Format \
+                 {format}h (2h: a 16-bit guard or no protection information; 3h: a 32- or \
+                 64-bit guard), which the controller does not report (Identify Controller OCFS \
+                 bit {format} clear) or has not enabled (Host Behavior Support CDFE bit \
+                 {format} clear: the driver sets it at bring-up where OCFS reports the format; a \
+                 Host Behavior Support the application set without it clears it); nothing was \
+                 sent"
             ),
             Reject::FlagsNotApplicable => f.write_str(
                 "FUA and Limited Retry apply to Read, Write, Compare, Write Zeroes, Verify and \

@@ -52,9 +52,9 @@ pub use options::ControllerOptions;
 pub use options::MAX_TRANSFER_CAP;
 pub use passthrough::AdminHandle;
 pub use qpair::{
-    BLOCKING_TAG, Backoff, Completion, CopyRange, CqHeadPolicy, DsmAttributes, IoCommand, IoData,
-    IoFlags, IoQueuePair, IoSegment, IoVec, Protection, QueuePairOptions, QueueStats,
-    SegmentOutOfBounds, SglMode, SqAnnounce,
+    BLOCKING_TAG, Backoff, Completion, CopyRange, CopySource, CqHeadPolicy, DsmAttributes,
+    IoCommand, IoData, IoFlags, IoQueuePair, IoSegment, IoVec, Protection, QueuePairOptions,
+    QueueStats, SegmentOutOfBounds, SglMode, SqAnnounce,
 };
 pub use upnvme_dma as dma;
 pub use upnvme_dma::memmap2;

@@ -8,8 +8,8 @@ mod common;
 
 use common::{T, assert_clean, buffer_with, config_one_ns, pattern, read_back, run_io, setup};
 use upnvme::{
-    Controller, CopyRange, DsmAttributes, DsmRange, IoCommand, IoData, IoError, IoFlags, NvmLimit,
-    QueuePairOptions, RangeCommand, Reject, Sqe,
+    Controller, CopyRange, CopySource, DsmAttributes, DsmRange, IoCommand, IoData, IoError,
+    IoFlags, NvmLimit, QueuePairOptions, RangeCommand, Reject, Sqe,
 };
 use upnvme_tests::{ModelConfig, ModelController, NamespaceConfig, NvmLimitsConfig};
 
@@ -977,4 +977,260 @@ fn a_copy_in_a_descriptor_format_ocfs_does_not_report_is_refused() {
         drop(c);
         assert_clean(&m);
     }
+}
+
+/// Two namespaces of 512-byte blocks on a controller that reports the
+/// cross-namespace Copy formats (OCFS 0Fh, as QEMU 10.0) and Copy.
+fn cross_copy_config() -> ModelConfig {
+    let mut cfg = config_one_ns(512, 8192);
+    cfg.oncs = ModelConfig::ONCS_COPY;
+    cfg.ocfs = 0xf;
+    cfg.namespaces.push(NamespaceConfig {
+        nsid: 2,
+        ..cfg.namespaces[0]
+    });
+    cfg
+}
+
+/// A cross-namespace Copy (Copy Descriptor Format 2h): the driver enables
+/// Formats 2h and 3h at bring-up (Host Behavior Support CDFE, bytes 05:04),
+/// each entry names its source namespace (SNSID, bytes 03:00), and the
+/// blocks of namespace 2 and of namespace 1 itself land in namespace 1 in
+/// order. Without the CDFE the model (as QEMU) fails Format 2h with Invalid
+/// Field, and without the SNSID it would copy from namespace 1.
+#[test]
+fn a_cross_namespace_copy_moves_blocks_of_another_namespace() {
+    let (m, c) = setup(cross_copy_config());
+    let hbs = m.host_behavior().expect("Host Behavior Support set");
+    assert_eq!(u16::from_le_bytes([hbs[4], hbs[5]]), 0b1100, "CDFE 2h, 3h");
+    assert_eq!(hbs[2], 0, "no LBAFEE without Extended LBA Formats");
+    let (ns1, ns2) = (
+        c.namespace(1).unwrap().clone(),
+        c.namespace(2).unwrap().clone(),
+    );
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let a = pattern(21, 3 * 512);
+    let b = pattern(22, 2 * 512);
+    m.write_namespace_data(2, 100, &a);
+    m.write_namespace_data(1, 100, &b);
+    let sources = [
+        CopySource {
+            ns: &ns2,
+            slba: 100,
+            blocks: 3,
+        },
+        CopySource {
+            ns: &ns1,
+            slba: 100,
+            blocks: 2,
+        },
+    ];
+    let cmd = IoCommand::CrossNamespaceCopy {
+        ns: &ns1,
+        sdlba: 1000,
+        sources: &sources,
+    };
+    let done = run_io(&mut qp, cmd, IoData::none().flags(IoFlags::FUA));
+    assert!(done.is_ok(), "{:?}", done.result);
+    assert_eq!(
+        last_cdw12(&m),
+        (0x19, 1 | 2 << 8 | 1 << 30),
+        "NR 0-based, format 2h, FUA"
+    );
+    let mut want = a.clone();
+    want.extend_from_slice(&b);
+    assert_eq!(m.namespace_data(1, 1000, 5), want);
+    // The other way round: namespace 1's blocks into namespace 2.
+    let back = [CopySource {
+        ns: &ns1,
+        slba: 1000,
+        blocks: 5,
+    }];
+    let cmd = IoCommand::CrossNamespaceCopy {
+        ns: &ns2,
+        sdlba: 4000,
+        sources: &back,
+    };
+    let done = run_io(&mut qp, cmd, IoData::none());
+    assert!(done.is_ok(), "{:?}", done.result);
+    assert_eq!(m.namespace_data(2, 4000, 5), want);
+    drop(qp);
+    assert_clean(&m);
+}
+
+/// What the pair refuses before the device: a source range outside its own
+/// namespace (the destination's size does not count), one beyond the
+/// source's MSSRL, a source handle of another controller, a stale source
+/// handle (Format NVM), and Format 2h where the controller does not report
+/// it (OCFS 03h) — then the driver does not enable it either.
+#[test]
+fn a_cross_namespace_copy_is_checked_against_each_source() {
+    let mut cfg = cross_copy_config();
+    cfg.namespaces[1].blocks = 256;
+    cfg.namespaces[1].mssrl = 8;
+    let (m, c) = setup(cfg);
+    let (ns1, ns2) = (
+        c.namespace(1).unwrap().clone(),
+        c.namespace(2).unwrap().clone(),
+    );
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let refused = |qp: &mut upnvme::IoQueuePair<ModelController>, sources: &[CopySource]| {
+        let seen = m.commands_fetched();
+        let cmd = IoCommand::CrossNamespaceCopy {
+            ns: &ns1,
+            sdlba: 0,
+            sources,
+        };
+        let r = qp.submit_io(cmd, IoData::none(), 1).unwrap_err().reason;
+        assert_eq!(m.commands_fetched(), seen, "nothing sent for {r:?}");
+        r
+    };
+    let src = |ns, slba, blocks| CopySource { ns, slba, blocks };
+    assert_eq!(refused(&mut qp, &[src(&ns2, 250, 7)]), Reject::LbaRange);
+    assert_eq!(
+        refused(&mut qp, &[src(&ns2, 0, 9)]),
+        Reject::SizeLimit {
+            limit: NvmLimit::CopyRangeBlocks,
+            max: 8
+        }
+    );
+    assert_eq!(
+        refused(&mut qp, &[]),
+        Reject::RangeCount {
+            command: RangeCommand::Copy,
+            ranges: 0,
+            max: 128
+        }
+    );
+    // 9 blocks of namespace 1 (its MSSRL is 128) go.
+    let cmd = IoCommand::CrossNamespaceCopy {
+        ns: &ns2,
+        sdlba: 0,
+        sources: &[src(&ns1, 0, 9)],
+    };
+    let done = run_io(&mut qp, cmd, IoData::none());
+    assert!(done.is_ok(), "{:?}", done.result);
+    // Another controller's handle.
+    let (m_other, other) = setup(cross_copy_config());
+    let foreign = other.namespace(2).unwrap().clone();
+    assert_eq!(
+        refused(&mut qp, &[src(&foreign, 0, 1)]),
+        Reject::ForeignNamespace
+    );
+    drop(other);
+    assert_clean(&m_other);
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+
+    // OCFS 03h: no Format 2h; the driver sets no CDFE and refuses.
+    let mut cfg = cross_copy_config();
+    cfg.ocfs = 0x3;
+    let (m, c) = setup(cfg);
+    assert_eq!(m.host_behavior(), None, "nothing to enable");
+    let (ns1, ns2) = (
+        c.namespace(1).unwrap().clone(),
+        c.namespace(2).unwrap().clone(),
+    );
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let cmd = IoCommand::CrossNamespaceCopy {
+        ns: &ns1,
+        sdlba: 0,
+        sources: &[src(&ns2, 0, 1)],
+    };
+    let seen = m.commands_fetched();
+    let r = qp.submit_io(cmd, IoData::none(), 1).unwrap_err().reason;
+    assert_eq!(r, Reject::CopyFormat { format: 2 });
+    assert!(r.to_string().contains("OCFS"), "{r}");
+    assert_eq!(m.commands_fetched(), seen);
+    drop(qp);
+    drop(c);
+    assert_clean(&m);
+}
+
+/// A 64-bit guard destination takes Format 3h (40-byte entries, SNSID in
+/// bytes 03:00) between two namespaces of the same format, and the driver
+/// enables LBAFEE and CDFE in one Host Behavior Support.
+#[test]
+fn a_cross_namespace_copy_to_a_64_bit_guard_format_uses_format_3h() {
+    let mut cfg = cross_copy_config();
+    cfg.elbas = true;
+    for n in &mut cfg.namespaces {
+        n.ms = 16;
+        n.extended = true;
+        n.pi_type = 1;
+        n.pif = 2;
+    }
+    let (m, c) = setup(cfg);
+    let hbs = m.host_behavior().expect("Host Behavior Support set");
+    assert_eq!((hbs[2], hbs[4]), (1, 0b1100), "LBAFEE and CDFE");
+    let (ns1, ns2) = (
+        c.namespace(1).unwrap().clone(),
+        c.namespace(2).unwrap().clone(),
+    );
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let a = pattern(31, 2 * 512);
+    m.write_namespace_data(2, 10, &a);
+    let cmd = IoCommand::CrossNamespaceCopy {
+        ns: &ns1,
+        sdlba: 50,
+        sources: &[CopySource {
+            ns: &ns2,
+            slba: 10,
+            blocks: 2,
+        }],
+    };
+    let done = run_io(&mut qp, cmd, IoData::none());
+    assert!(done.is_ok(), "{:?}", done.result);
+    assert_eq!(last_cdw12(&m), (0x19, 3 << 8), "format 3h");
+    assert_eq!(m.namespace_data(1, 50, 2), a);
+    drop(qp);
+    assert_clean(&m);
+}
+
+/// The enabled formats follow resets and the application: a reset sets
+/// the driver's CDFE again; an application's Host Behavior Support without
+/// CDFE disables Formats 2h and 3h (refused before the device), kept
+/// across a reset; one with it enables them again.
+#[test]
+fn cross_namespace_copy_formats_follow_resets_and_the_application() {
+    let (m, c) = setup(cross_copy_config());
+    let (ns1, ns2) = (
+        c.namespace(1).unwrap().clone(),
+        c.namespace(2).unwrap().clone(),
+    );
+    let sources = [CopySource {
+        ns: &ns2,
+        slba: 0,
+        blocks: 1,
+    }];
+    let copy = || IoCommand::CrossNamespaceCopy {
+        ns: &ns1,
+        sdlba: 0,
+        sources: &sources,
+    };
+    c.reset().unwrap();
+    let hbs = m.host_behavior().expect("set again after the reset");
+    assert_eq!(hbs[4], 0b1100);
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    assert!(run_io(&mut qp, copy(), IoData::none()).is_ok());
+    let set_hbs = |cdfe: u8| {
+        let mut data = vec![0u8; 512];
+        data[4] = cdfe;
+        let sqe = Sqe::set_features(0x16, 0, false);
+        c.admin_passthrough(sqe, 512, Some(&data)).unwrap();
+    };
+    set_hbs(0);
+    let r = qp.submit_io(copy(), IoData::none(), 1).unwrap_err().reason;
+    assert_eq!(r, Reject::CopyFormat { format: 2 });
+    drop(qp);
+    c.reset().unwrap();
+    assert_eq!(m.host_behavior().unwrap()[4], 0, "the application's again");
+    let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+    let r = qp.submit_io(copy(), IoData::none(), 1).unwrap_err().reason;
+    assert_eq!(r, Reject::CopyFormat { format: 2 });
+    set_hbs(0b100);
+    assert!(run_io(&mut qp, copy(), IoData::none()).is_ok());
+    drop(qp);
+    assert_clean(&m);
 }

@@ -120,12 +120,37 @@ pub enum IoCommand<'a> {
         /// beyond them).
         ranges: &'a [CopyRange],
     },
+    /// Copy (opcode 19h) with Copy Descriptor Format 2h or 3h: a
+    /// cross-namespace copy (NVM Command Set Specification, "Copy command";
+    /// NVMe 2.1): each source range names its namespace (SNSID), which may
+    /// be another namespace of this controller or `ns` itself; the ranges
+    /// are copied, in order, to consecutive blocks from `sdlba` in `ns`.
+    /// The driver sends Format 2h (32-byte entries) where `ns` has a 16-bit
+    /// guard (or no protection information) and Format 3h (40 bytes) where
+    /// it has a 32- or 64-bit guard; the controller must report that format
+    /// in Identify Controller OCFS and the driver enables it at bring-up
+    /// (Set Features Host Behavior Support, CDFE), else the command is
+    /// refused with [`crate::Reject::CopyFormat`]. MSRC and MCL are `ns`'s,
+    /// MSSRL the source namespace's. Whether two namespaces' formats can be
+    /// copied between (same LBA data size; metadata and protection
+    /// information as the spec's "Incompatible Namespace or Format" rules
+    /// say) is the controller's to decide: it fails the command with that
+    /// status otherwise.
+    CrossNamespaceCopy {
+        /// The destination namespace.
+        ns: &'a Namespace,
+        /// Starting Destination LBA (SDLBA).
+        sdlba: u64,
+        /// The source ranges (1..=128, each 1..=65536 blocks of its
+        /// namespace), handles of this controller's namespaces.
+        sources: &'a [CopySource<'a>],
+    },
     /// Any I/O command, built by the caller (vendor commands, commands the
     /// driver has no variant for). The driver keeps the opcode, CDW2..3 and
     /// CDW10..15 of `sqe`, sets NSID from `ns`, the CID, and the data pointer
     /// for the memory passed with the command; fused commands and a
     /// non-zero MPTR are refused, since the driver could not describe them.
-    /// For Read, Write, Compare, Dataset Management, Copy (formats 0h/1h)
+    /// For Read, Write, Compare, Dataset Management, Copy (formats 0h–3h)
     /// and the Reservation commands `data_len` must cover what the SQE
     /// transfers (and a separate-metadata format needs the metadata
     /// buffer), and the data pointer describes exactly that; any other
@@ -199,12 +224,52 @@ impl CopyRange {
 
     /// The entry's 40-byte little-endian Format 1h image: SLBA (bytes
     /// 15:08) and NLB (bytes 17:16, 0-based) as in Format 0h; the expected
-    /// storage and reference tag (bytes 31:22), application tag and mask
-    /// (bytes 35:32) zero.
+    /// storage and reference tag (bytes 35:26), application tag and mask
+    /// (bytes 39:36) zero.
     pub fn to_le_bytes_format_1(&self) -> [u8; 40] {
         let mut out = [0u8; 40];
         out[..32].copy_from_slice(&self.to_le_bytes());
         out
+    }
+}
+
+/// One source range of a cross-namespace Copy
+/// ([`IoCommand::CrossNamespaceCopy`]): Copy Descriptor Formats 2h and 3h
+/// (NVM Command Set Specification, "Copy command"), whose entries are those
+/// of Formats 0h and 1h with the Source Namespace Identifier (SNSID, bytes
+/// 03:00) filled in; Source Options and the expected tags are zero.
+#[derive(Clone, Copy, Debug)]
+pub struct CopySource<'a> {
+    /// The namespace the blocks are read from (SNSID): a handle of the
+    /// destination's controller.
+    pub ns: &'a Namespace,
+    /// Starting LBA in `ns` (bytes 15:08).
+    pub slba: u64,
+    /// Number of logical blocks, 1-based (bytes 17:16 hold it 0-based).
+    pub blocks: u32,
+}
+
+impl CopySource<'_> {
+    /// The entry's 32-byte little-endian Format 2h image.
+    pub fn to_le_bytes_format_2(&self) -> [u8; 32] {
+        let mut out = self.range().to_le_bytes();
+        out[..4].copy_from_slice(&self.ns.id().to_le_bytes());
+        out
+    }
+
+    /// The entry's 40-byte little-endian Format 3h image.
+    pub fn to_le_bytes_format_3(&self) -> [u8; 40] {
+        let mut out = self.range().to_le_bytes_format_1();
+        out[..4].copy_from_slice(&self.ns.id().to_le_bytes());
+        out
+    }
+
+    /// SLBA and NLB as a same-namespace range.
+    pub fn range(&self) -> CopyRange {
+        CopyRange {
+            slba: self.slba,
+            blocks: self.blocks,
+        }
     }
 }
 
@@ -325,6 +390,7 @@ impl IoCommand<'_> {
             | IoCommand::Verify { ns, .. }
             | IoCommand::WriteUncorrectable { ns, .. }
             | IoCommand::Copy { ns, .. }
+            | IoCommand::CrossNamespaceCopy { ns, .. }
             | IoCommand::Raw { ns, .. } => ns,
         }
     }
@@ -347,7 +413,7 @@ impl IoCommand<'_> {
             }
             IoCommand::Verify { .. } => "Verify",
             IoCommand::WriteUncorrectable { .. } => "Write Uncorrectable",
-            IoCommand::Copy { .. } => "Copy",
+            IoCommand::Copy { .. } | IoCommand::CrossNamespaceCopy { .. } => "Copy",
             IoCommand::Raw { .. } => "I/O command (raw)",
         }
     }

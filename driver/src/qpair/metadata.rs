@@ -359,11 +359,11 @@ fn raw_transfer(ns: &Namespace, op: u8, sqe: &Sqe) -> (usize, Option<usize>) {
         }
         // CDW10.NR + 1 ranges of 16 bytes.
         nvm::DATASET_MANAGEMENT => (((sqe.dw[10] & 0xff) as usize + 1) * 16, None),
-        // CDW12.NR + 1 source range entries of Descriptor Format 0h (32
-        // bytes) or 1h (40 bytes); other formats are the caller's.
+        // CDW12.NR + 1 source range entries of Descriptor Format 0h or 2h
+        // (32 bytes) or 1h or 3h (40 bytes); other formats are the caller's.
         nvm::COPY => match (sqe.dw[12] >> 8) & 0xf {
-            0 => (((sqe.dw[12] & 0xff) as usize + 1) * 32, None),
-            1 => (((sqe.dw[12] & 0xff) as usize + 1) * 40, None),
+            0 | 2 => (((sqe.dw[12] & 0xff) as usize + 1) * 32, None),
+            1 | 3 => (((sqe.dw[12] & 0xff) as usize + 1) * 40, None),
             _ => (0, None),
         },
         // The reservation data structures: CRKEY and NRKEY / PRKEY, CRKEY

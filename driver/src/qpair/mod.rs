@@ -96,7 +96,9 @@ use std::sync::Arc;
 use upnvme_dma::{CqMemory, DmaBuffer, ListPages, SqMemory};
 use upnvme_queues::{CidTable, CqRing, SqRing};
 
-pub use command::{Completion, CopyRange, DsmAttributes, IoCommand, IoFlags, Protection};
+pub use command::{
+    Completion, CopyRange, CopySource, DsmAttributes, IoCommand, IoFlags, Protection,
+};
 pub use doorbell::CqHeadPolicy;
 use doorbell::Doorbells;
 pub use iodata::{IoData, IoSegment, IoVec, SegmentOutOfBounds};

@@ -19,7 +19,7 @@ use upnvme_queues::sgl::{self, PSDT_SGL_MPTR_ADDRESS};
 use upnvme_queues::sqe::{io_qwords, opcode::nvm};
 use upnvme_queues::{DsmRange, Sqe};
 
-use super::command::{CopyRange, DsmAttributes, IoFlags, Protection};
+use super::command::{CopyRange, CopySource, DsmAttributes, IoFlags, Protection};
 use super::iodata::{IoData, IoVec};
 use super::split::{Key, may_split};
 use super::{IoCommand, IoQueuePair, PAGE, SglMode};
@@ -595,6 +595,9 @@ impl<D: Device> IoQueuePair<D> {
             (Data::CopyRanges, IoCommand::Copy { ns, ranges, .. }) => self
                 .place_copy_ranges(ns, ranges, slot)
                 .map(|prp1| (prp1, 0, false)),
+            (Data::CopyRanges, IoCommand::CrossNamespaceCopy { ns, sources, .. }) => self
+                .place_copy_sources(ns, sources, slot)
+                .map(|prp1| (prp1, 0, false)),
             _ => Ok((0, 0, false)),
         }
     }
@@ -859,31 +862,12 @@ impl<D: Device> IoQueuePair<D> {
             }
             IoCommand::Copy { sdlba, ranges, .. } => {
                 self.oncs_check(ONCS_COPY, "Copy")?;
-                let limits = copy_limits(ns);
-                if ranges.is_empty() || ranges.len() > limits.ranges {
-                    return Err(Reject::RangeCount {
-                        command: RangeCommand::Copy,
-                        ranges: ranges.len().min(u32::MAX as usize) as u32,
-                        max: limits.ranges as u32,
-                    });
-                }
-                let mut total = 0u64;
-                for r in ranges {
-                    check_range(ns, r.slba, r.blocks)?;
-                    if limits.range_blocks != 0 && r.blocks > limits.range_blocks {
-                        return Err(Reject::SizeLimit {
-                            limit: NvmLimit::CopyRangeBlocks,
-                            max: u64::from(limits.range_blocks),
-                        });
-                    }
-                    total += u64::from(r.blocks);
-                }
-                if limits.blocks != 0 && total > u64::from(limits.blocks) {
-                    return Err(Reject::SizeLimit {
-                        limit: NvmLimit::CopyBlocks,
-                        max: u64::from(limits.blocks),
-                    });
-                }
+                let own = copy_limits(ns);
+                let total = self.check_copy_ranges(
+                    ns,
+                    ranges.len(),
+                    ranges.iter().map(|r| Ok((r.slba, r.blocks, own))),
+                )?;
                 match sdlba.checked_add(total) {
                     Some(end) if end <= ns.lba_count() => {}
                     _ => return Err(Reject::LbaRange),
@@ -902,6 +886,41 @@ impl<D: Device> IoQueuePair<D> {
                 // CDW12: NR (bits 7:0, 0-based), Descriptor Format (bits
                 // 11:8), FUA and LR.
                 let cdw12 = (ranges.len() as u32 - 1) | format << 8 | flags.cdw12();
+                let q = io_qwords(nvm::COPY, 0, ns.id(), 0, 0, sdlba, cdw12);
+                Ok((q, Data::CopyRanges))
+            }
+            IoCommand::CrossNamespaceCopy { sdlba, sources, .. } => {
+                self.oncs_check(ONCS_COPY, "Copy")?;
+                // Every source a current handle of this controller, its
+                // range inside its namespace and within that namespace's
+                // MSSRL (the controller reads it from the source, as QEMU's
+                // nvme_do_copy does); MSRC and MCL are the destination's.
+                let instance = self.instance;
+                let total = self.check_copy_ranges(
+                    ns,
+                    sources.len(),
+                    sources.iter().map(|s| {
+                        if s.ns.controller() != instance || s.ns.is_stale() {
+                            return Err(namespace_refused(s.ns, instance));
+                        }
+                        Ok((s.slba, s.blocks, copy_limits(s.ns)))
+                    }),
+                )?;
+                match sdlba.checked_add(total) {
+                    Some(end) if end <= ns.lba_count() => {}
+                    _ => return Err(Reject::LbaRange),
+                }
+                // Formats 2h and 3h go only where the controller reports
+                // them (OCFS; unlike 0h, "not reported" is not assumed) and
+                // the driver enabled them (Host Behavior Support CDFE): a
+                // controller fails them with Invalid Field otherwise.
+                let format = copy_format(ns).0 + 2;
+                if self.ctrl.ocfs() & self.ctrl.copy_formats_enabled() & (1 << format) == 0 {
+                    return Err(Reject::CopyFormat {
+                        format: format as u8,
+                    });
+                }
+                let cdw12 = (sources.len() as u32 - 1) | format << 8 | flags.cdw12();
                 let q = io_qwords(nvm::COPY, 0, ns.id(), 0, 0, sdlba, cdw12);
                 Ok((q, Data::CopyRanges))
             }
@@ -1128,9 +1147,87 @@ impl<D: Device> IoQueuePair<D> {
     }
 }
 
+impl<D: Device> IoQueuePair<D> {
+    /// Checks a Copy's source ranges against the destination `ns`'s limits
+    /// (the range count against MSRC, the blocks in all against MCL) and
+    /// each range against its own namespace and MSSRL: `ranges` yields, per
+    /// range, its SLBA, block count and its source namespace's limits, or
+    /// why that source is refused. Returns the blocks in all.
+    fn check_copy_ranges<'n>(
+        &self,
+        ns: &Namespace,
+        count: usize,
+        ranges: impl Iterator<Item = Result<(u64, u32, CopyLimits<'n>), Reject>>,
+    ) -> Result<u64, Reject> {
+        let limits = copy_limits(ns);
+        if count == 0 || count > limits.ranges {
+            return Err(Reject::RangeCount {
+                command: RangeCommand::Copy,
+                ranges: count.min(u32::MAX as usize) as u32,
+                max: limits.ranges as u32,
+            });
+        }
+        let mut total = 0u64;
+        for r in ranges {
+            let (slba, blocks, source) = r?;
+            check_range(source.ns, slba, blocks)?;
+            if source.range_blocks != 0 && blocks > source.range_blocks {
+                return Err(Reject::SizeLimit {
+                    limit: NvmLimit::CopyRangeBlocks,
+                    max: u64::from(source.range_blocks),
+                });
+            }
+            total += u64::from(blocks);
+        }
+        if limits.blocks != 0 && total > u64::from(limits.blocks) {
+            return Err(Reject::SizeLimit {
+                limit: NvmLimit::CopyBlocks,
+                max: u64::from(limits.blocks),
+            });
+        }
+        Ok(total)
+    }
+
+    /// Cross-namespace Copy source ranges (Format 2h, 32 bytes each, or 3h,
+    /// 40 bytes, as the destination `ns`'s guard needs) in the slot's list
+    /// page; returns PRP1, which points there.
+    #[inline(never)]
+    fn place_copy_sources(
+        &mut self,
+        ns: &Namespace,
+        sources: &[CopySource<'_>],
+        slot: u16,
+    ) -> Result<u64, Reject> {
+        let list_iova = self.list_iova(slot);
+        let (format, entry) = copy_format(ns);
+        let refused = Reject::RangeCount {
+            command: RangeCommand::Copy,
+            ranges: sources.len() as u32,
+            max: max_copy_ranges(entry) as u32,
+        };
+        if sources.len() * entry > PAGE {
+            return Err(refused);
+        }
+        for (i, s) in sources.iter().enumerate() {
+            let written = if format == 0 {
+                self.lists
+                    .write_bytes(slot, i * entry, &s.to_le_bytes_format_2())
+            } else {
+                self.lists
+                    .write_bytes(slot, i * entry, &s.to_le_bytes_format_3())
+            };
+            written.map_err(|_| refused)?;
+        }
+        Ok(list_iova)
+    }
+}
+
 /// A namespace's Copy limits (Identify Namespace): what the pair checks
 /// before it sends a Copy.
-struct CopyLimits {
+#[derive(Clone, Copy)]
+struct CopyLimits<'n> {
+    /// The namespace.
+    ns: &'n Namespace,
     /// Source ranges per command: MSRC + 1, at most [`max_copy_ranges`].
     ranges: usize,
     /// MSSRL: logical blocks per source range (0: not reported).
@@ -1143,17 +1240,19 @@ struct CopyLimits {
 /// and MCL non-zero (NVM Command Set Specification, Identify Namespace); one
 /// that reports MSSRL, MCL and MSRC all zero has not filled them in, and
 /// only the command's own format limits apply (its status says the rest).
-fn copy_limits(ns: &Namespace) -> CopyLimits {
+fn copy_limits(ns: &Namespace) -> CopyLimits<'_> {
     let id = ns.identify();
     let max = max_copy_ranges(copy_format(ns).1);
     if id.mssrl == 0 && id.mcl == 0 && id.msrc == 0 {
         return CopyLimits {
+            ns,
             ranges: max,
             range_blocks: 0,
             blocks: 0,
         };
     }
     CopyLimits {
+        ns,
         ranges: (usize::from(id.msrc) + 1).min(max),
         range_blocks: u32::from(id.mssrl),
         blocks: id.mcl,

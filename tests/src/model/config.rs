@@ -78,7 +78,10 @@ pub struct ModelConfig {
     pub sgls: u32,
     /// Identify Controller OCFS (bytes 535:534), Optional Copy Formats
     /// Supported: bit *n* for Copy Descriptor Format *n*h. The model runs
-    /// Formats 0h and 1h whatever it reports (default 03h, as QEMU).
+    /// Formats 0h and 1h whatever it reports (default 03h; QEMU 10.0
+    /// reports 0Fh), the cross-namespace Formats 2h and 3h only where
+    /// reported here and enabled by the host (Host Behavior Support CDFE,
+    /// which the model then accepts).
     pub ocfs: u16,
     /// Identify Controller KAS (bytes 321:320) non-zero and the Keep Alive
     /// command accepted. Off by default, as in QEMU (Keep Alive is then an

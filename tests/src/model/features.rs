@@ -76,15 +76,19 @@ impl State {
                 self.features.aec = cdw11;
                 Outcome::ok(0)
             }
-            FID_HOST_BEHAVIOR_SUPPORT if self.cfg.elbas => match self.read_host_data(cmd, 512) {
-                Ok(d) => {
-                    self.features.lbafee = d[2] & 1 != 0;
-                    self.features.hbs = Some(d);
-                    self.stats.hbs_sets += 1;
-                    Outcome::ok(0)
+            // Accepted where it has something to enable: Extended LBA
+            // Formats (LBAFEE) or the cross-namespace Copy formats (CDFE).
+            FID_HOST_BEHAVIOR_SUPPORT if self.cfg.elbas || self.cfg.ocfs & 0b1100 != 0 => {
+                match self.read_host_data(cmd, 512) {
+                    Ok(d) => {
+                        self.features.lbafee = d[2] & 1 != 0;
+                        self.features.hbs = Some(d);
+                        self.stats.hbs_sets += 1;
+                        Outcome::ok(0)
+                    }
+                    Err(s) => Outcome::err(s),
                 }
-                Err(s) => Outcome::err(s),
-            },
+            }
             FID_TEMPERATURE_THRESHOLD => match Self::temp_key(cdw11) {
                 Some(key) => {
                     self.features.temp.insert(key, (cdw11 & 0xffff) as u16);

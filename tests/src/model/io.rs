@@ -18,6 +18,8 @@ const UNRECOVERED_READ_ERROR: Status = Status::new(2, 0x81);
 /// Command Size Limit Exceeded (Command Specific Status 83h, NVM Command
 /// Set): a Copy beyond the namespace's MSRC, MSSRL or MCL.
 const COMMAND_SIZE_LIMIT: Status = Status::new(1, 0x83);
+/// Copy: Incompatible Namespace or Format (NVM Command Set, SCT 1h, 85h).
+const INCOMPATIBLE_NAMESPACE_OR_FORMAT: Status = Status::new(1, 0x85);
 
 /// Flush to all namespaces (Flush with NSID FFFFFFFFh).
 const BROADCAST_NSID: u32 = 0xffff_ffff;
@@ -413,53 +415,90 @@ impl State {
             Err(s) => return Outcome::err(s),
         };
         let format = cmd.cdw(12) >> 8 & 0xf;
-        if format > 1 {
+        // As QEMU's nvme_copy: a cross-namespace format (2h, 3h) the model
+        // does not report in OCFS or the host has not enabled in Host
+        // Behavior Support CDFE is Invalid Field (Formats 0h and 1h run
+        // whatever OCFS says, so that a controller reporting 0 is modelled).
+        let cdfe = self
+            .features
+            .hbs
+            .as_ref()
+            .map_or(0, |h| u16::from_le_bytes([h[4], h[5]]));
+        let cross = format == 2 || format == 3;
+        if format > 3 || (cross && self.cfg.ocfs & cdfe & (1 << format) == 0) {
             return Outcome::err(Status::INVALID_FIELD.with_dnr());
         }
         let wide_guard = self.namespaces.get(i).is_some_and(|n| n.cfg.pif != 0);
-        if (format == 1) != wide_guard {
+        if (format & 1 == 1) != wide_guard {
             return Outcome::err(Status::new(1, 0x0a).with_dnr());
         }
-        let entry = if format == 1 { 40 } else { 32 };
+        let entry = if format & 1 == 1 { 40 } else { 32 };
         let nr = (cmd.cdw(12) & 0xff) as usize + 1;
         let list = match self.read_host_data(cmd, nr * entry) {
             Ok(l) => l,
             Err(s) => return Outcome::err(s),
         };
-        let ns = &mut self.namespaces[i];
-        // The namespace's limits, checked as QEMU's nvme_copy does: MSRC
-        // before the ranges, MSSRL per range, MCL over all of them.
-        let (msrc, mssrl, mcl) = (ns.cfg.msrc, ns.cfg.mssrl, ns.cfg.mcl);
+        // The destination's limits, checked as QEMU's nvme_copy does: MSRC
+        // before the ranges, MCL over all of them; MSSRL per range is the
+        // source namespace's (nvme_do_copy).
+        let (msrc, mcl) = (self.namespaces[i].cfg.msrc, self.namespaces[i].cfg.mcl);
         if nr > usize::from(msrc) + 1 {
             return Outcome::err(COMMAND_SIZE_LIMIT.with_dnr());
         }
-        let mut total = 0u64;
-        for r in list.chunks_exact(entry) {
-            let nlb = u64::from(u16::from_le_bytes([r[16], r[17]])) + 1;
-            if nlb > u64::from(mssrl) {
-                return Outcome::err(COMMAND_SIZE_LIMIT.with_dnr());
-            }
-            total += nlb;
-        }
+        let nlb_of = |r: &[u8]| u64::from(u16::from_le_bytes([r[16], r[17]])) + 1;
+        let total: u64 = list.chunks_exact(entry).map(nlb_of).sum();
         if total > u64::from(mcl) {
             return Outcome::err(COMMAND_SIZE_LIMIT.with_dnr());
         }
+        let dnsid = cmd.nsid();
         let mut data = Vec::new();
         let mut meta = Vec::new();
         for r in list.chunks_exact(entry) {
+            let snsid = if cross {
+                u32::from_le_bytes([r[0], r[1], r[2], r[3]])
+            } else {
+                dnsid
+            };
+            let s = if snsid == dnsid {
+                i
+            } else {
+                match self.namespace(snsid) {
+                    Some(s) => s,
+                    None if snsid == 0 || snsid > self.cfg.nn() => {
+                        return Outcome::err(Status::INVALID_NAMESPACE.with_dnr());
+                    }
+                    None => return Outcome::err(Status::INVALID_FIELD.with_dnr()),
+                }
+            };
+            let (src, dst) = (&self.namespaces[s], &self.namespaces[i]);
+            // The model copies only between namespaces of the same LBA
+            // data and metadata size and protection (no PRACT
+            // conversions): anything else is Incompatible Namespace or
+            // Format, as QEMU answers the cases it does not convert.
+            if s != i
+                && (src.cfg.lba_size != dst.cfg.lba_size
+                    || src.cfg.ms != dst.cfg.ms
+                    || src.cfg.pi_type != dst.cfg.pi_type)
+            {
+                return Outcome::err(INCOMPATIBLE_NAMESPACE_OR_FORMAT.with_dnr());
+            }
             let mut slba = [0u8; 8];
             slba.copy_from_slice(&r[8..16]);
             let slba = u64::from_le_bytes(slba);
-            let nlb = u64::from(u16::from_le_bytes([r[16], r[17]])) + 1;
-            if !ns.in_range(slba, nlb) {
+            let nlb = nlb_of(r);
+            if nlb > u64::from(src.cfg.mssrl) {
+                return Outcome::err(COMMAND_SIZE_LIMIT.with_dnr());
+            }
+            if !src.in_range(slba, nlb) {
                 return Outcome::err(Status::LBA_OUT_OF_RANGE.with_dnr());
             }
-            if ns.any_uncorrectable(slba, nlb) {
+            if src.any_uncorrectable(slba, nlb) {
                 return Outcome::err(UNRECOVERED_READ_ERROR);
             }
-            data.extend_from_slice(&ns.read(slba, nlb));
-            meta.extend_from_slice(&ns.read_meta(slba, nlb));
+            data.extend_from_slice(&src.read(slba, nlb));
+            meta.extend_from_slice(&src.read_meta(slba, nlb));
         }
+        let ns = &mut self.namespaces[i];
         let sdlba = cmd.cdw10_11();
         if !ns.in_range(sdlba, (data.len() / ns.lba_size()) as u64) {
             return Outcome::err(Status::LBA_OUT_OF_RANGE.with_dnr());

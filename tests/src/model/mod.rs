@@ -458,7 +458,8 @@ impl ModelController {
     }
 
     /// Set Features Host Behavior Support commands the model accepted
-    /// (with `ModelConfig::elbas`), resets included.
+    /// (with `ModelConfig::elbas`, or OCFS reporting Format 2h or 3h),
+    /// resets included.
     pub fn host_behavior_sets(&self) -> u32 {
         self.state().stats.hbs_sets
     }
