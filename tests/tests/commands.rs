@@ -1068,7 +1068,7 @@ fn a_cross_namespace_copy_is_checked_against_each_source() {
     let mut cfg = cross_copy_config();
     cfg.namespaces[1].blocks = 256;
     cfg.namespaces[1].mssrl = 8;
-    let (m, c) = setup(cfg);
+    let (m, mut c) = setup(cfg);
     let (ns1, ns2) = (
         c.namespace(1).unwrap().clone(),
         c.namespace(2).unwrap().clone(),
@@ -1119,6 +1119,20 @@ fn a_cross_namespace_copy_is_checked_against_each_source() {
     );
     drop(other);
     assert_clean(&m_other);
+    // A handle Format NVM retired (the fresh one goes; the pair's queues,
+    // deleted by the format's reset, are created again by that Copy).
+    let fresh = c.format_nvm(2, &upnvme::FormatNvm::lbaf(0)).unwrap();
+    let cmd = IoCommand::CrossNamespaceCopy {
+        ns: &ns1,
+        sdlba: 0,
+        sources: &[src(&fresh, 0, 1)],
+    };
+    let done = run_io(&mut qp, cmd, IoData::none());
+    assert!(done.is_ok(), "{:?}", done.result);
+    assert_eq!(
+        refused(&mut qp, &[src(&ns2, 0, 1)]),
+        Reject::StaleNamespace { nsid: 2 }
+    );
     drop(qp);
     drop(c);
     assert_clean(&m);
