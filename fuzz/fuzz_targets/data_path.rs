@@ -10,7 +10,9 @@
 //! lengths and offsets (the PRP and SGL planners, split.rs cutting transfers
 //! above MDTS, children starting inside segments), Write Zeroes, Deallocate
 //! with ranges of any count and length, Verify and Write Uncorrectable
-//! (split at their limits), with and without the separate metadata buffer.
+//! (split at their limits), Copy (Descriptor Format 0h/1h) and the same
+//! ranges as a cross-namespace Copy naming namespace 1 as their source
+//! (Format 2h/3h), with and without the separate metadata buffer.
 //!
 //! The oracle is the shadow: the namespace's data, metadata and
 //! uncorrectable blocks as the commands that completed so far left them.
@@ -21,6 +23,8 @@
 //!   uncorrectable, and then the bytes it describes (data, interleaved or
 //!   separate metadata) are the shadow's, and every byte of its memory it
 //!   does not describe still holds the canary it had before;
+//! - a Copy succeeds exactly when no source block is uncorrectable, and
+//!   then its destination holds the sources' data and metadata in order;
 //! - a Write, Write Zeroes, Deallocate and Write Uncorrectable succeed and
 //!   change exactly their blocks; a Compare succeeds exactly when its memory
 //!   equals the shadow; a Verify exactly when no block is uncorrectable;
@@ -36,8 +40,8 @@ use std::collections::HashMap;
 
 use libfuzzer_sys::fuzz_target;
 use upnvme::{
-    Completion, Controller, DmaBuffer, DsmRange, IoCommand, IoData, IoError, IoQueuePair, IoVec,
-    Namespace, QueuePairOptions, Rejected, SglMode,
+    Completion, Controller, CopyRange, CopySource, DmaBuffer, DsmRange, IoCommand, IoData, IoError,
+    IoQueuePair, IoVec, Namespace, QueuePairOptions, Rejected, SglMode,
 };
 use upnvme_fuzz::{Reader, options};
 use upnvme_tests::{ModelConfig, ModelController, NamespaceConfig, NvmLimitsConfig};
@@ -120,6 +124,23 @@ impl Shadow {
         }
     }
 
+    /// A Copy: the ranges' data and metadata, read first, in order from
+    /// `sdlba` (as the model runs it).
+    fn copy(&mut self, ranges: &[(u64, u64)], sdlba: u64) {
+        let mut data = Vec::new();
+        let mut meta = Vec::new();
+        for &(s, n) in ranges {
+            let (a, b) = (s as usize, (s + n) as usize);
+            data.extend_from_slice(&self.data[a * self.bs..b * self.bs]);
+            meta.extend_from_slice(&self.meta[a * self.ms..b * self.ms]);
+        }
+        let d = sdlba as usize;
+        self.data[d * self.bs..d * self.bs + data.len()].copy_from_slice(&data);
+        self.meta[d * self.ms..d * self.ms + meta.len()].copy_from_slice(&meta);
+        let blocks = data.len() / self.bs;
+        self.bad[d..d + blocks].fill(false);
+    }
+
     fn any_bad(&self, slba: u64, blocks: u64) -> bool {
         self.bad[slba as usize..(slba + blocks) as usize]
             .iter()
@@ -167,6 +188,11 @@ enum Expect {
     Uncorrectable {
         slba: u64,
         blocks: u64,
+    },
+    Copy {
+        ranges: Vec<(u64, u64)>,
+        sdlba: u64,
+        bad: bool,
     },
 }
 
@@ -532,6 +558,12 @@ impl Harness {
                     self.shadow.bad[b as usize] = true;
                 }
             }
+            Expect::Copy { ranges, sdlba, bad } => {
+                assert_eq!(res.is_ok(), !bad, "Copy: {res:?}");
+                if !bad {
+                    self.shadow.copy(&ranges, sdlba);
+                }
+            }
         }
     }
 
@@ -740,6 +772,67 @@ impl Harness {
                 let res = self.qp.submit_io(cmd, IoData::none(), tag);
                 self.no_memory(res, tag, Expect::Uncorrectable { slba, blocks });
             }
+            // Copy, or the same ranges as a cross-namespace Copy whose
+            // every source is namespace 1 (SNSID 1, Format 2h/3h).
+            14 => {
+                // Its outcome depends on the Write Uncorrectables before it.
+                self.drain();
+                let n = match r.below(8) {
+                    0 => 0,
+                    1 => 129 + r.below(2) as usize,
+                    _ => 1 + r.below(4) as usize,
+                };
+                let ranges: Vec<CopyRange> = (0..n)
+                    .map(|_| {
+                        let (slba, blocks) = self.slba_blocks(r, 8);
+                        CopyRange {
+                            slba,
+                            blocks: blocks as u32,
+                        }
+                    })
+                    .collect();
+                let spans: Vec<(u64, u64)> = ranges
+                    .iter()
+                    .map(|c| (c.slba, u64::from(c.blocks)))
+                    .collect();
+                let total: u64 = spans.iter().map(|&(_, n)| n).sum();
+                let sdlba = match r.below(8) {
+                    0 => BLOCKS.saturating_sub(total) + 1,
+                    _ => u64::from(r.below((BLOCKS.saturating_sub(total) + 1) as u32)),
+                };
+                let bad = spans
+                    .iter()
+                    .any(|&(s, n)| s + n <= BLOCKS && self.shadow.any_bad(s, n));
+                let expect = Expect::Copy {
+                    ranges: spans,
+                    sdlba,
+                    bad,
+                };
+                let res = if r.bool() {
+                    let cmd = IoCommand::Copy {
+                        ns: &ns,
+                        sdlba,
+                        ranges: &ranges,
+                    };
+                    self.qp.submit_io(cmd, IoData::none(), tag)
+                } else {
+                    let sources: Vec<CopySource<'_>> = ranges
+                        .iter()
+                        .map(|c| CopySource {
+                            ns: &ns,
+                            slba: c.slba,
+                            blocks: c.blocks,
+                        })
+                        .collect();
+                    let cmd = IoCommand::CrossNamespaceCopy {
+                        ns: &ns,
+                        sdlba,
+                        sources: &sources,
+                    };
+                    self.qp.submit_io(cmd, IoData::none(), tag)
+                };
+                self.no_memory(res, tag, expect);
+            }
             _ => self.drain(),
         }
         // Commands complete in the order they executed: a read checked at
@@ -812,7 +905,10 @@ fuzz_target!(|data: &[u8]| {
             | ModelConfig::ONCS_DSM
             | ModelConfig::ONCS_WRITE_ZEROES
             | ModelConfig::ONCS_WRITE_UNCORRECTABLE
-            | ModelConfig::ONCS_VERIFY,
+            | ModelConfig::ONCS_VERIFY
+            | ModelConfig::ONCS_COPY,
+        // Every Copy Descriptor Format, as QEMU 10.0.
+        ocfs: 0xf,
         sgls: r.below(3),
         nvm_limits: NvmLimitsConfig {
             vsl: r.below(3) as u8,
