@@ -488,6 +488,10 @@ impl Harness {
                 inside(*slba, (host.len() / self.shadow.host_block()) as u64)
             }
             Expect::Zero { ranges } => ranges.iter().all(|&(s, n)| inside(s, n)),
+            Expect::Copy { ranges, sdlba, .. } => {
+                let total = ranges.iter().map(|&(_, n)| n).sum();
+                ranges.iter().all(|&(s, n)| inside(s, n)) && inside(*sdlba, total)
+            }
             Expect::Compare { .. } | Expect::Verify { .. } => true,
         };
         assert!(

@@ -3,7 +3,7 @@
 //! Subcommands: `perf` (4 KiB round-trip latency and IOPS), `list`,
 //! `identify`, `smart-log`, `error-log`, `fw-log`, `get-log`,
 //! `get-feature`, `set-feature`, `read`,
-//! `write`, `format`, `admin-passthru`,
+//! `write`, `copy`, `format`, `admin-passthru`,
 //! `setup status|bind|unbind|hugepages`.
 
 /// `print!` that returns an error instead of panicking when stdout is gone
@@ -23,6 +23,7 @@ macro_rules! outln {
     }};
 }
 
+mod copy;
 mod decode;
 mod feature;
 mod feature_decode;
@@ -115,6 +116,16 @@ enum Command {
         data: Option<std::path::PathBuf>,
         #[command(flatten)]
         md: rw::MetadataArgs,
+    },
+    /// Copy logical blocks inside the device (Copy, opcode 19h), as
+    /// nvme-cli's copy: the source ranges, in order, to consecutive blocks
+    /// from --sdlba; with --snsids, from other namespaces (a cross-namespace
+    /// Copy).
+    Copy {
+        #[command(flatten)]
+        dev: DeviceArgs,
+        #[command(flatten)]
+        args: copy::CopyArgs,
     },
     /// Format a namespace (Format NVM): choose its LBA format (index from
     /// `upnvme identify -H`), metadata layout and protection information.
@@ -313,6 +324,12 @@ fn run(cli: Cli) -> Result<()> {
         Command::SmartLog { dev, json } => {
             let c = dev.open()?;
             show::smart_log(&c, json)?;
+            c.close()?;
+            Ok(())
+        }
+        Command::Copy { dev, args } => {
+            let c = dev.open()?;
+            copy::copy(&c, &args)?;
             c.close()?;
             Ok(())
         }
@@ -613,6 +630,23 @@ mod tests {
     }
 
     /// Every `-n` / `--nsid` / `--namespace-id` takes decimal or 0x hex.
+    #[test]
+    fn copy_takes_comma_separated_ranges() {
+        let cli = Cli::try_parse_from([
+            "upnvme", "copy", "--sdlba", "0x10", "-s", "1,0x20", "-b", "3,4", "-N", "2,1",
+        ])
+        .unwrap();
+        let Command::Copy { args, .. } = cli.command else {
+            panic!("{:?}", cli.command)
+        };
+        assert_eq!(
+            (args.nsid, args.sdlba, args.slbs, args.blocks, args.snsids),
+            (1, 16, vec![1, 32], vec![3, 4], Some(vec![2, 1]))
+        );
+        let missing = Cli::try_parse_from(["upnvme", "copy", "--sdlba", "0", "-s", "1"]);
+        assert!(missing.is_err(), "--blocks is required");
+    }
+
     #[test]
     fn namespace_ids_take_hex_everywhere() {
         let nsid_of = |args: &[&str]| -> u32 {
