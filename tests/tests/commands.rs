@@ -1248,3 +1248,34 @@ fn cross_namespace_copy_formats_follow_resets_and_the_application() {
     drop(qp);
     assert_clean(&m);
 }
+
+/// The entry images of a cross-namespace Copy (NVM Command Set, Copy
+/// Descriptor Formats 2h and 3h): SNSID in bytes 03:00, SLBA in 15:08, NLB
+/// 0-based in 17:16, everything else zero; Format 3h is Format 2h's bytes
+/// followed by eight zero bytes (tags and masks, which the driver leaves 0).
+#[test]
+fn copy_source_entries_carry_the_snsid_in_bytes_3_0() {
+    let (m, c) = setup(cross_copy_config());
+    let ns2 = c.namespace(2).unwrap().clone();
+    let s = CopySource {
+        ns: &ns2,
+        slba: 0x0102_0304_0506_0708,
+        blocks: 0x10,
+    };
+    let f2 = s.to_le_bytes_format_2();
+    let mut want = [0u8; 32];
+    want[..4].copy_from_slice(&2u32.to_le_bytes());
+    want[8..16].copy_from_slice(&0x0102_0304_0506_0708u64.to_le_bytes());
+    want[16..18].copy_from_slice(&0x0fu16.to_le_bytes());
+    assert_eq!(f2, want);
+    let f3 = s.to_le_bytes_format_3();
+    assert_eq!(f3[..32], f2);
+    assert_eq!(f3[32..], [0u8; 8]);
+    assert_eq!(
+        s.range().to_le_bytes()[4..],
+        f2[4..],
+        "Format 0h without SNSID"
+    );
+    drop(c);
+    assert_clean(&m);
+}

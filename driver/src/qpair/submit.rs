@@ -19,7 +19,7 @@ use upnvme_queues::sgl::{self, PSDT_SGL_MPTR_ADDRESS};
 use upnvme_queues::sqe::{io_qwords, opcode::nvm};
 use upnvme_queues::{DsmRange, Sqe};
 
-use super::command::{CopyRange, CopySource, DsmAttributes, IoFlags, Protection};
+use super::command::{CopyRange, DsmAttributes, IoFlags, Protection};
 use super::iodata::{IoData, IoVec};
 use super::split::{Key, may_split};
 use super::{IoCommand, IoQueuePair, PAGE, SglMode};
@@ -593,10 +593,15 @@ impl<D: Device> IoQueuePair<D> {
                 self.place_ranges(ranges, slot).map(|prp1| (prp1, 0, false))
             }
             (Data::CopyRanges, IoCommand::Copy { ns, ranges, .. }) => self
-                .place_copy_ranges(ns, ranges, slot)
+                .place_copy_list(ns, ranges.len(), |i| ranges[i].to_le_bytes_format_1(), slot)
                 .map(|prp1| (prp1, 0, false)),
             (Data::CopyRanges, IoCommand::CrossNamespaceCopy { ns, sources, .. }) => self
-                .place_copy_sources(ns, sources, slot)
+                .place_copy_list(
+                    ns,
+                    sources.len(),
+                    |i| sources[i].to_le_bytes_format_3(),
+                    slot,
+                )
                 .map(|prp1| (prp1, 0, false)),
             _ => Ok((0, 0, false)),
         }
@@ -1115,33 +1120,32 @@ fn prp_describable(pieces: impl Iterator<Item = (u64, usize)>, count: usize) -> 
 }
 
 impl<D: Device> IoQueuePair<D> {
-    /// Copy source ranges (Format 0, 32 bytes each) in the slot's list page;
-    /// returns PRP1, which points there.
+    /// `count` Copy source range entries in the slot's list page; returns
+    /// PRP1, which points there. `entry_at(i)` is entry `i`'s 40-byte image
+    /// (Format 1h/3h), of which the first 32 bytes are the Format 0h/2h
+    /// entry: the destination `ns`'s guard chooses how many are written.
     #[inline(never)]
-    fn place_copy_ranges(
+    fn place_copy_list(
         &mut self,
         ns: &Namespace,
-        ranges: &[CopyRange],
+        count: usize,
+        entry_at: impl Fn(usize) -> [u8; 40],
         slot: u16,
     ) -> Result<u64, Reject> {
         let list_iova = self.list_iova(slot);
-        let (format, entry) = copy_format(ns);
+        let entry = copy_format(ns).1;
         let refused = Reject::RangeCount {
             command: RangeCommand::Copy,
-            ranges: ranges.len() as u32,
+            ranges: count as u32,
             max: max_copy_ranges(entry) as u32,
         };
-        if ranges.len() * entry > PAGE {
+        if count * entry > PAGE {
             return Err(refused);
         }
-        for (i, r) in ranges.iter().enumerate() {
-            let written = if format == 0 {
-                self.lists.write_bytes(slot, i * entry, &r.to_le_bytes())
-            } else {
-                self.lists
-                    .write_bytes(slot, i * entry, &r.to_le_bytes_format_1())
-            };
-            written.map_err(|_| refused)?;
+        for i in 0..count {
+            self.lists
+                .write_bytes(slot, i * entry, &entry_at(i)[..entry])
+                .map_err(|_| refused)?;
         }
         Ok(list_iova)
     }
@@ -1186,39 +1190,6 @@ impl<D: Device> IoQueuePair<D> {
             });
         }
         Ok(total)
-    }
-
-    /// Cross-namespace Copy source ranges (Format 2h, 32 bytes each, or 3h,
-    /// 40 bytes, as the destination `ns`'s guard needs) in the slot's list
-    /// page; returns PRP1, which points there.
-    #[inline(never)]
-    fn place_copy_sources(
-        &mut self,
-        ns: &Namespace,
-        sources: &[CopySource<'_>],
-        slot: u16,
-    ) -> Result<u64, Reject> {
-        let list_iova = self.list_iova(slot);
-        let (format, entry) = copy_format(ns);
-        let refused = Reject::RangeCount {
-            command: RangeCommand::Copy,
-            ranges: sources.len() as u32,
-            max: max_copy_ranges(entry) as u32,
-        };
-        if sources.len() * entry > PAGE {
-            return Err(refused);
-        }
-        for (i, s) in sources.iter().enumerate() {
-            let written = if format == 0 {
-                self.lists
-                    .write_bytes(slot, i * entry, &s.to_le_bytes_format_2())
-            } else {
-                self.lists
-                    .write_bytes(slot, i * entry, &s.to_le_bytes_format_3())
-            };
-            written.map_err(|_| refused)?;
-        }
-        Ok(list_iova)
     }
 }
 
