@@ -2191,13 +2191,28 @@ impl<D: Device> Inner<D> {
             }
         }
         if (self.lbafee || self.driver_cdfe != 0) && !restored {
-            let what = "Set Features (Host Behavior Support, the driver's)";
-            let mut sqe = host_behavior_sqe();
-            let (buf, list) = admin_data_buffer(dev, HBS_LEN, &mut sqe, PAGE)?;
-            buf.write_bytes(0, &driver_hbs(self.lbafee, self.driver_cdfe))?;
-            let (cqe, _) = admin.execute(dev, name, sqe, Some(buf), list, t, what)?;
-            succeeded(cqe, what)?;
-            self.cdfe.store(self.driver_cdfe, Ordering::Release);
+            // As at bring-up, CDFE is optional: refused with a status, LBAFEE
+            // alone where the driver set it (the handles' formats were read
+            // with it: its refusal fails the reset), else none (a
+            // cross-namespace Copy is refused until a later reset sets it).
+            let mut tries = vec![(self.lbafee, self.driver_cdfe)];
+            if self.lbafee && self.driver_cdfe != 0 {
+                tries.push((true, 0));
+            }
+            for (lbafee, cdfe) in tries {
+                let what = "Set Features (Host Behavior Support, the driver's)";
+                let mut sqe = host_behavior_sqe();
+                let (buf, list) = admin_data_buffer(dev, HBS_LEN, &mut sqe, PAGE)?;
+                buf.write_bytes(0, &driver_hbs(lbafee, cdfe))?;
+                let (cqe, _) = admin.execute(dev, name, sqe, Some(buf), list, t, what)?;
+                if cqe.status().is_success() {
+                    self.cdfe.store(cdfe, Ordering::Release);
+                    break;
+                }
+                if lbafee && cdfe == 0 {
+                    succeeded(cqe, what)?;
+                }
+            }
         }
         if let Some(aec) = self.aec_to_restore() {
             // Namespace Attribute Notices again (a Controller Level Reset

@@ -11,7 +11,9 @@ use upnvme::{
     Controller, CopyRange, CopySource, DsmAttributes, DsmRange, IoCommand, IoData, IoError,
     IoFlags, NvmLimit, QueuePairOptions, RangeCommand, Reject, Sqe,
 };
-use upnvme_tests::{ModelConfig, ModelController, NamespaceConfig, NvmLimitsConfig};
+use upnvme_tests::{
+    Fault, Match, ModelConfig, ModelController, NamespaceConfig, NvmLimitsConfig, Status,
+};
 
 fn all_commands() -> (ModelController, Controller<ModelController>) {
     setup(ModelConfig {
@@ -1278,4 +1280,61 @@ fn copy_source_entries_carry_the_snsid_in_bytes_3_0() {
     );
     drop(c);
     assert_clean(&m);
+}
+
+/// The cross-namespace formats are optional after a reset as at bring-up:
+/// a reset whose Set Features Host Behavior Support with the driver's CDFE
+/// the controller refuses succeeds without them (a cross-namespace Copy is
+/// refused before the device, other I/O goes), with LBAFEE alone where the
+/// driver needs it (Extended LBA Formats), and the next reset sets CDFE
+/// again.
+#[test]
+fn a_reset_whose_cdfe_is_refused_goes_on_without_the_cross_namespace_formats() {
+    for elbas in [false, true] {
+        let mut cfg = cross_copy_config();
+        cfg.elbas = elbas;
+        let (m, c) = setup(cfg);
+        let (ns1, ns2) = (
+            c.namespace(1).unwrap().clone(),
+            c.namespace(2).unwrap().clone(),
+        );
+        let sources = [CopySource {
+            ns: &ns2,
+            slba: 0,
+            blocks: 1,
+        }];
+        let copy = || IoCommand::CrossNamespaceCopy {
+            ns: &ns1,
+            sdlba: 0,
+            sources: &sources,
+        };
+        m.inject(Fault::Status {
+            on: Match::SetFeatures { fid: 0x16 },
+            status: Status::INVALID_FIELD.with_dnr(),
+        });
+        c.reset()
+            .unwrap_or_else(|e| panic!("elbas {elbas}: reset failed: {e}"));
+        let hbs = m.host_behavior();
+        if elbas {
+            let hbs = hbs.expect("LBAFEE alone after the refusal");
+            assert_eq!((hbs[2], hbs[4]), (1, 0), "LBAFEE, no CDFE");
+        } else {
+            assert_eq!(hbs, None, "nothing set: the controller's defaults");
+        }
+        let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+        let seen = m.commands_fetched();
+        let r = qp.submit_io(copy(), IoData::none(), 1).unwrap_err().reason;
+        assert_eq!(r, Reject::CopyFormat { format: 2 }, "elbas {elbas}");
+        assert_eq!(m.commands_fetched(), seen, "nothing sent");
+        let buf = c.alloc_dma(512).unwrap();
+        qp.write_blocking(&ns1, 0, 1, buf, T).unwrap();
+        drop(qp);
+        c.reset().unwrap();
+        assert_eq!(m.host_behavior().unwrap()[4], 0b1100, "CDFE again");
+        let mut qp = c.io_queue_pair(QueuePairOptions::default()).unwrap();
+        assert!(run_io(&mut qp, copy(), IoData::none()).is_ok());
+        drop(qp);
+        drop(c);
+        assert_clean(&m);
+    }
 }
