@@ -698,9 +698,9 @@ impl std::fmt::Display for Reject {
                  {format}h (2h: a 16-bit guard or no protection information; 3h: a 32- or \
                  64-bit guard), which the controller does not report (Identify Controller OCFS \
                  bit {format} clear) or has not enabled (Host Behavior Support CDFE bit \
-                 {format} clear: the driver sets it at bring-up where OCFS reports the format; a \
-                 Host Behavior Support the application set without it clears it); nothing was \
-                 sent"
+                 {format} clear: the driver sets it at bring-up and after every reset where OCFS \
+                 reports the format, unless the controller refuses it then; a Host Behavior \
+                 Support the application set without it clears it); nothing was sent"
             ),
             Reject::FlagsNotApplicable => f.write_str(
                 "FUA and Limited Retry apply to Read, Write, Compare, Write Zeroes, Verify and \

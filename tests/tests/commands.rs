@@ -1325,6 +1325,10 @@ fn a_reset_whose_cdfe_is_refused_goes_on_without_the_cross_namespace_formats() {
         let seen = m.commands_fetched();
         let r = qp.submit_io(copy(), IoData::none(), 1).unwrap_err().reason;
         assert_eq!(r, Reject::CopyFormat { format: 2 }, "elbas {elbas}");
+        assert!(
+            r.to_string().contains("unless the controller refuses it"),
+            "{r}"
+        );
         assert_eq!(m.commands_fetched(), seen, "nothing sent");
         let buf = c.alloc_dma(512).unwrap();
         qp.write_blocking(&ns1, 0, 1, buf, T).unwrap();
