@@ -114,7 +114,10 @@ pub enum IoCommand<'a> {
         ns: &'a Namespace,
         /// Starting Destination LBA (SDLBA).
         sdlba: u64,
-        /// The source ranges (1..=128, each 1..=65536 blocks), within the
+        /// The source ranges (1..=128 where the namespace has a 16-bit guard
+        /// or no protection information, Format 0h's 32-byte entries;
+        /// 1..=102 with a 32- or 64-bit guard, Format 1h's 40-byte ones: the
+        /// entries fill one 4 KiB page), each 1..=65536 blocks, within the
         /// namespace's Identify Namespace MSRC, MSSRL and MCL (refused with
         /// [`crate::Reject::RangeCount`] / [`crate::Reject::SizeLimit`]
         /// beyond them).
@@ -141,8 +144,11 @@ pub enum IoCommand<'a> {
         ns: &'a Namespace,
         /// Starting Destination LBA (SDLBA).
         sdlba: u64,
-        /// The source ranges (1..=128, each 1..=65536 blocks of its
-        /// namespace), handles of this controller's namespaces.
+        /// The source ranges (1..=128 with Format 2h's 32-byte entries,
+        /// 1..=102 with Format 3h's 40-byte ones: the entries fill one 4 KiB
+        /// page; at most `ns`'s MSRC + 1), each 1..=65536 blocks of its
+        /// namespace and within that namespace's MSSRL, handles of this
+        /// controller's namespaces.
         sources: &'a [CopySource<'a>],
     },
     /// Any I/O command, built by the caller (vendor commands, commands the
