@@ -396,6 +396,16 @@ impl<D: Device> Controller<D> {
         self.inner.granted_io_queues
     }
 
+    /// The Copy Descriptor Formats enabled in the Host Behavior Support
+    /// feature (FID 16h) as of now, CDFE: bit *n* enables Format *n*h.
+    /// Formats 2h and 3h ([`crate::IoCommand::CrossNamespaceCopy`]) need it;
+    /// the driver enables what Identify Controller OCFS reports at bring-up
+    /// and after a reset, and follows an application's own Host Behavior
+    /// Support structure. 0 when the controller refused it.
+    pub fn copy_formats_enabled(&self) -> u16 {
+        self.inner.copy_formats_enabled()
+    }
+
     /// Largest data transfer of one I/O command in bytes: MDTS × the minimum
     /// memory page size, capped at 4 MiB (the queue pairs' per-command limit;
     /// also the value when MDTS is 0, "no limit"). Always `Some`.

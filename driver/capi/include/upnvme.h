@@ -532,6 +532,22 @@ typedef struct upnvme_ctrl_info {
    * before sending the command again.
    */
   uint16_t crdt[3];
+  /**
+   * OCFS, Optional Copy Formats Supported: bit *n* set, the controller
+   * supports Copy Descriptor Format *n*h (`upnvme_copy`: 0h/1h within a
+   * namespace, 2h/3h across namespaces; 0 leaves formats 0h/1h
+   * unrestricted).
+   */
+  uint16_t ocfs;
+  /**
+   * CDFE, the Copy Descriptor Formats enabled in the Host Behavior
+   * Support feature as of this call (bit *n*: Format *n*h): formats 2h
+   * and 3h need it, and the library enables what OCFS reports at
+   * bring-up and after a reset. A cross-namespace `upnvme_copy` goes
+   * where `ocfs & cdfe` has bit 2 (16-bit guard or no protection
+   * information) or 3 (32- or 64-bit guard).
+   */
+  uint16_t cdfe;
 } upnvme_ctrl_info;
 
 /**
@@ -659,6 +675,26 @@ typedef struct upnvme_range {
    */
   uint32_t blocks;
 } upnvme_range;
+
+/**
+ * One source range of `upnvme_copy` (a Copy command's Source Range entry).
+ */
+typedef struct upnvme_copy_range {
+  /**
+   * Starting LBA in the source namespace.
+   */
+  uint64_t slba;
+  /**
+   * Number of logical blocks (1-based, at most 65536).
+   */
+  uint32_t blocks;
+  /**
+   * The source namespace (SNSID): 0 or the destination's NSID for the
+   * destination namespace itself, else another active namespace of the
+   * controller (a cross-namespace Copy, Copy Descriptor Format 2h/3h).
+   */
+  uint32_t snsid;
+} upnvme_copy_range;
 
 #ifdef __cplusplus
 extern "C" {
@@ -1271,6 +1307,35 @@ int upnvme_deallocate(struct upnvme_qpair *qp,
                       uint32_t count,
                       upnvme_cmd_cb cb,
                       void *cb_arg);
+
+/**
+ * Copy (opcode 19h) of `count` source ranges (1..=128), in order, to
+ * consecutive blocks of namespace `nsid` from `sdlba`; the device moves the
+ * data, no buffer is involved. The ranges are copied before the call
+ * returns (at any alignment; they may be in a `upnvme_buf`'s memory). A
+ * range whose `snsid` is 0 or `nsid` is read from `nsid`; when any names
+ * another namespace, the command is a cross-namespace Copy (Copy Descriptor
+ * Format 2h, or 3h on a 32- or 64-bit guard format), which the controller
+ * must report in OCFS and the library must have enabled at bring-up
+ * (`upnvme_ctrl_info.ocfs` and `.cdfe`, bits 2 and 3), else
+ * `UPNVME_ENOTSUP` and nothing sent. Without Copy (`UPNVME_ONCS_COPY`):
+ * `UPNVME_ENOTSUP`. More ranges than one command carries (128 with 16-bit
+ * guard or no protection information, 102 with a wider guard), or beyond
+ * the namespace's MSRC, MSSRL or MCL: `UPNVME_EINVAL` with the limit in
+ * `upnvme_last_error()`, nothing sent (a Copy is not split: a later part
+ * could read blocks an earlier part wrote). Whether two namespaces' formats
+ * can be copied between is the controller's to say, in `cpl`.
+ *
+ * # Safety
+ * `qp` a live pair; `ranges` valid for `count` reads.
+ */
+int upnvme_copy(struct upnvme_qpair *qp,
+                uint32_t nsid,
+                uint64_t sdlba,
+                const struct upnvme_copy_range *ranges,
+                uint32_t count,
+                upnvme_cmd_cb cb,
+                void *cb_arg);
 
 /**
  * Reaps completions and runs their callbacks: at most `max` (0: every

@@ -329,6 +329,18 @@ pub struct upnvme_ctrl_info {
     /// completion's `crd` 1–3 asks the host to wait `crdt[crd - 1]` × 100 ms
     /// before sending the command again.
     pub crdt: [u16; 3],
+    /// OCFS, Optional Copy Formats Supported: bit *n* set, the controller
+    /// supports Copy Descriptor Format *n*h (`upnvme_copy`: 0h/1h within a
+    /// namespace, 2h/3h across namespaces; 0 leaves formats 0h/1h
+    /// unrestricted).
+    pub ocfs: u16,
+    /// CDFE, the Copy Descriptor Formats enabled in the Host Behavior
+    /// Support feature as of this call (bit *n*: Format *n*h): formats 2h
+    /// and 3h need it, and the library enables what OCFS reports at
+    /// bring-up and after a reset. A cross-namespace `upnvme_copy` goes
+    /// where `ocfs & cdfe` has bit 2 (16-bit guard or no protection
+    /// information) or 3 (32- or 64-bit guard).
+    pub cdfe: u16,
 }
 
 impl Default for upnvme_ctrl_info {
@@ -351,6 +363,8 @@ impl Default for upnvme_ctrl_info {
             mn: [0; 41],
             fr: [0; 9],
             crdt: [0; 3],
+            ocfs: 0,
+            cdfe: 0,
         }
     }
 }
@@ -645,6 +659,8 @@ impl<D: Device> Ctrl<D> {
             mn: c_string(&id.mn),
             fr: c_string(&id.fr),
             crdt: id.crdt,
+            ocfs: id.ocfs,
+            cdfe: c.copy_formats_enabled(),
             ..upnvme_ctrl_info::default()
         })
     }

@@ -38,7 +38,9 @@ pub use ctrl::{
     upnvme_admin_cmd, upnvme_admin_cpl, upnvme_async_event, upnvme_ctrl_info, upnvme_ctrl_opts,
     upnvme_format, upnvme_ns_info,
 };
-pub use qpair::{Cmd, Qpair, upnvme_cmd_cb, upnvme_cpl, upnvme_qpair_opts, upnvme_range};
+pub use qpair::{
+    Cmd, Qpair, upnvme_cmd_cb, upnvme_copy_range, upnvme_cpl, upnvme_qpair_opts, upnvme_range,
+};
 pub use status::*;
 
 use status::{fail, fail_error, fail_fixed, guard, guard_or, read_sized};
@@ -1407,6 +1409,81 @@ pub unsafe extern "C" fn upnvme_deallocate(
                 qp,
                 nsid,
                 Cmd::Deallocate { ranges: r },
+                std::ptr::null_mut(),
+                cb,
+                cb_arg,
+            )
+        }
+    })
+}
+
+/// Copy (opcode 19h) of `count` source ranges (1..=128), in order, to
+/// consecutive blocks of namespace `nsid` from `sdlba`; the device moves the
+/// data, no buffer is involved. The ranges are copied before the call
+/// returns (at any alignment; they may be in a `upnvme_buf`'s memory). A
+/// range whose `snsid` is 0 or `nsid` is read from `nsid`; when any names
+/// another namespace, the command is a cross-namespace Copy (Copy Descriptor
+/// Format 2h, or 3h on a 32- or 64-bit guard format), which the controller
+/// must report in OCFS and the library must have enabled at bring-up
+/// (`upnvme_ctrl_info.ocfs` and `.cdfe`, bits 2 and 3), else
+/// `UPNVME_ENOTSUP` and nothing sent. Without Copy (`UPNVME_ONCS_COPY`):
+/// `UPNVME_ENOTSUP`. More ranges than one command carries (128 with 16-bit
+/// guard or no protection information, 102 with a wider guard), or beyond
+/// the namespace's MSRC, MSSRL or MCL: `UPNVME_EINVAL` with the limit in
+/// `upnvme_last_error()`, nothing sent (a Copy is not split: a later part
+/// could read blocks an earlier part wrote). Whether two namespaces' formats
+/// can be copied between is the controller's to say, in `cpl`.
+///
+/// # Safety
+/// `qp` a live pair; `ranges` valid for `count` reads.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn upnvme_copy(
+    qp: *mut upnvme_qpair,
+    nsid: u32,
+    sdlba: u64,
+    ranges: *const upnvme_copy_range,
+    count: u32,
+    cb: upnvme_cmd_cb,
+    cb_arg: *mut c_void,
+) -> c_int {
+    guard(|| {
+        if ranges.is_null() || count == 0 {
+            return fail(
+                UPNVME_EINVAL,
+                format!("upnvme_copy: ranges must be non-NULL and count at least 1 (got {count})"),
+            );
+        }
+        // Copied, never referenced, as in `upnvme_deallocate`.
+        let read = |i: usize| {
+            // SAFETY: `i < count`, and `ranges` is non-null and valid for
+            // `count` reads (the caller's contract); an unaligned read of a
+            // struct of integers, valid for any bit pattern, into our own
+            // value.
+            unsafe { ranges.wrapping_add(i).read_unaligned() }
+        };
+        let count = count as usize;
+        let blank = upnvme_copy_range {
+            slba: 0,
+            blocks: 0,
+            snsid: 0,
+        };
+        let mut one = [blank; 128];
+        let many: Vec<upnvme_copy_range>;
+        let r: &[upnvme_copy_range] = if count <= one.len() {
+            for (i, d) in one.iter_mut().take(count).enumerate() {
+                *d = read(i);
+            }
+            &one[..count]
+        } else {
+            many = (0..count).map(read).collect();
+            &many
+        };
+        // SAFETY: the caller's contract.
+        unsafe {
+            submit(
+                qp,
+                nsid,
+                Cmd::Copy { sdlba, ranges: r },
                 std::ptr::null_mut(),
                 cb,
                 cb_arg,

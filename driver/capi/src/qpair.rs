@@ -12,8 +12,8 @@ use std::ffi::{c_int, c_void};
 use std::time::Duration;
 
 use upnvme::{
-    Completion, Device, DsmRange, IoCommand, IoData, IoFlags, IoQueuePair, Namespace,
-    QueuePairOptions, Reject, SqAnnounce,
+    Completion, CopyRange, CopySource, Device, DsmRange, IoCommand, IoData, IoFlags, IoQueuePair,
+    Namespace, QueuePairOptions, Reject, SqAnnounce,
 };
 
 use crate::buf::upnvme_buf;
@@ -161,6 +161,20 @@ pub struct upnvme_range {
     pub blocks: u32,
 }
 
+/// One source range of `upnvme_copy` (a Copy command's Source Range entry).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct upnvme_copy_range {
+    /// Starting LBA in the source namespace.
+    pub slba: u64,
+    /// Number of logical blocks (1-based, at most 65536).
+    pub blocks: u32,
+    /// The source namespace (SNSID): 0 or the destination's NSID for the
+    /// destination namespace itself, else another active namespace of the
+    /// controller (a cross-namespace Copy, Copy Descriptor Format 2h/3h).
+    pub snsid: u32,
+}
+
 /// A command of the C API (the namespace is given by NSID beside it).
 #[derive(Clone, Copy, Debug)]
 pub enum Cmd<'a> {
@@ -194,7 +208,19 @@ pub enum Cmd<'a> {
         /// The ranges.
         ranges: &'a [upnvme_range],
     },
+    /// Copy (opcode 19h): the source ranges, in order, to consecutive
+    /// blocks from `sdlba`.
+    Copy {
+        /// Starting Destination LBA (SDLBA).
+        sdlba: u64,
+        /// The source ranges.
+        ranges: &'a [upnvme_copy_range],
+    },
 }
+
+/// Most source ranges one Copy carries from the C API: what the library
+/// sends in one command (its entries fill one 4 KiB page: 128 of 32 bytes).
+const MAX_COPY_RANGES: usize = 128;
 
 /// What a command in flight calls back.
 #[derive(Clone, Copy)]
@@ -513,12 +539,12 @@ impl<D: Device> Qpair<D> {
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .clone();
         }
-        let Some(ns) = self.nss.iter().find(|n| n.id() == nsid) else {
+        if !self.nss.iter().any(|n| n.id() == nsid) {
             return fail(
                 UPNVME_EINVAL,
                 format!("namespace {nsid} is not an active namespace of this controller"),
             );
-        };
+        }
         if let Cmd::Deallocate { ranges } = cmd
             && ranges.is_empty()
         {
@@ -527,6 +553,40 @@ impl<D: Device> Qpair<D> {
                 "Dataset Management with 0 ranges: must be at least 1".to_string(),
             );
         }
+        // A Copy's source namespaces, each resolved like `nsid` (the list
+        // was refreshed above when `nsid` needed it; a source retired or
+        // listed only since gets one more look, once per command).
+        if let Cmd::Copy { ranges, .. } = cmd {
+            let mut refreshed = false;
+            for (i, r) in ranges.iter().enumerate() {
+                let snsid = if r.snsid == 0 { nsid } else { r.snsid };
+                if !refreshed && !self.nss.iter().any(|n| n.id() == snsid && !n.is_stale()) {
+                    refreshed = true;
+                    self.nss = self
+                        .shared
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .clone();
+                }
+                if !self.nss.iter().any(|n| n.id() == snsid) {
+                    return fail(
+                        UPNVME_EINVAL,
+                        format!(
+                            "Copy source range {i}: namespace {snsid} (snsid) is not an active \
+                             namespace of this controller"
+                        ),
+                    );
+                }
+            }
+        }
+        let Some(ns) = self.nss.iter().find(|n| n.id() == nsid) else {
+            // Checked above; the list only changes where a source needed a
+            // refresh, and a refresh that dropped `nsid` lands here.
+            return fail(
+                UPNVME_EINVAL,
+                format!("namespace {nsid} is not an active namespace of this controller"),
+            );
+        };
         let data = matches!(cmd, Cmd::Read { .. } | Cmd::Write { .. });
         if data && ns.metadata_size() != 0 {
             return fail(
@@ -646,6 +706,61 @@ impl<D: Device> Qpair<D> {
                 };
                 let cmd = IoCommand::Deallocate { ns, ranges };
                 send(&mut self.qp, cmd, buffer, u64::from(slot))
+            }
+            Cmd::Copy { sdlba, ranges: r } => {
+                // Each source's handle, found above; a range of `ns` itself
+                // (SNSID 0 or `nsid`) stays a same-namespace Copy (Format
+                // 0h/1h, which needs no Host Behavior Support) unless
+                // another namespace is in the list too. On the stack up to
+                // what one command carries; more go to the library on the
+                // heap, which refuses them with the limit.
+                let source = |s: &upnvme_copy_range| {
+                    let snsid = if s.snsid == 0 { nsid } else { s.snsid };
+                    CopySource {
+                        ns: self.nss.iter().find(|n| n.id() == snsid).unwrap_or(ns),
+                        slba: s.slba,
+                        blocks: s.blocks,
+                    }
+                };
+                let cross = r.iter().any(|s| s.snsid != 0 && s.snsid != nsid);
+                if cross {
+                    let blank = CopySource {
+                        ns,
+                        slba: 0,
+                        blocks: 0,
+                    };
+                    let mut one = [blank; MAX_COPY_RANGES];
+                    let many: Vec<CopySource<'_>>;
+                    let sources: &[CopySource<'_>] = if r.len() <= one.len() {
+                        for (d, s) in one.iter_mut().zip(r) {
+                            *d = source(s);
+                        }
+                        &one[..r.len()]
+                    } else {
+                        many = r.iter().map(source).collect();
+                        &many
+                    };
+                    let cmd = IoCommand::CrossNamespaceCopy { ns, sdlba, sources };
+                    send(&mut self.qp, cmd, buffer, u64::from(slot))
+                } else {
+                    let range = |s: &upnvme_copy_range| CopyRange {
+                        slba: s.slba,
+                        blocks: s.blocks,
+                    };
+                    let mut one = [CopyRange::default(); MAX_COPY_RANGES];
+                    let many: Vec<CopyRange>;
+                    let ranges: &[CopyRange] = if r.len() <= one.len() {
+                        for (d, s) in one.iter_mut().zip(r) {
+                            *d = range(s);
+                        }
+                        &one[..r.len()]
+                    } else {
+                        many = r.iter().map(range).collect();
+                        &many
+                    };
+                    let cmd = IoCommand::Copy { ns, sdlba, ranges };
+                    send(&mut self.qp, cmd, buffer, u64::from(slot))
+                }
             }
         };
         // The buffer is the command's now, or back in the refusal: no

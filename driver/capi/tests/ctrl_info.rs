@@ -205,7 +205,7 @@ fn the_info_call_refuses_null_and_tiny_sizes() {
 /// The layout C callers compile against: fields only ever added at the end.
 #[test]
 fn the_info_layout_is_pinned() {
-    assert_eq!(size_of::<upnvme_ctrl_info>(), 112);
+    assert_eq!(size_of::<upnvme_ctrl_info>(), 116);
     assert_eq!(offset_of!(upnvme_ctrl_info, oncs), 12);
     assert_eq!(offset_of!(upnvme_ctrl_info, vwc), 14);
     assert_eq!(offset_of!(upnvme_ctrl_info, io_queues), 28);
@@ -213,6 +213,9 @@ fn the_info_layout_is_pinned() {
     assert_eq!(offset_of!(upnvme_ctrl_info, mn), 53);
     assert_eq!(offset_of!(upnvme_ctrl_info, fr), 94);
     assert_eq!(offset_of!(upnvme_ctrl_info, crdt), 104);
+    // `ocfs` took the padding after `crdt`; `cdfe` made the struct longer.
+    assert_eq!(offset_of!(upnvme_ctrl_info, ocfs), 110);
+    assert_eq!(offset_of!(upnvme_ctrl_info, cdfe), 112);
     // `crd` took the padding byte after `dnr`: no other field moved.
     assert_eq!(offset_of!(qpair::upnvme_cpl, crd), 7);
     assert_eq!(offset_of!(qpair::upnvme_cpl, dw0), 8);
