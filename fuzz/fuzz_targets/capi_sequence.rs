@@ -306,7 +306,7 @@ unsafe extern "C" fn on_done(arg: *mut c_void, cpl: *const upnvme_cpl) {
     match cb {
         Cb::Record => {}
         Cb::Resubmit => {
-            submit(pair, 1, Op::Flush, None, Cb::Record, false, None);
+            submit(pair, 1, Op::Flush, None, Cb::Record, false, None, None);
             if let Some(b) = buf
                 && w(|w| w.bufs[b].state) == BufState::Owned
             {
@@ -315,7 +315,7 @@ unsafe extern "C" fn on_done(arg: *mut c_void, cpl: *const upnvme_cpl) {
                     blocks: 1,
                     flags: None,
                 };
-                submit(pair, 1, op, Some(b), Cb::Record, false, None);
+                submit(pair, 1, op, Some(b), Cb::Record, false, None, None);
             }
         }
         Cb::TryDestroy => {
@@ -372,12 +372,19 @@ enum Op {
         deallocate: bool,
     },
     Deallocate,
+    Copy {
+        sdlba: u64,
+    },
 }
+
+/// Copy's source ranges (`None`: a NULL array).
+type CopyRanges = Option<Vec<qpair::upnvme_copy_range>>;
 
 /// Where Deallocate's ranges are: the harness's memory, or a buffer's DMA
 /// memory at any offset (buffer index, offset).
 type RangesAt = Option<(Vec<upnvme_range>, Option<(usize, usize)>)>;
 
+#[allow(clippy::too_many_arguments)]
 fn submit(
     pair: usize,
     nsid: u32,
@@ -386,6 +393,7 @@ fn submit(
     cb: Cb,
     null_cb: bool,
     ranges: RangesAt,
+    copies: CopyRanges,
 ) -> c_int {
     let data = matches!(op, Op::Read { .. } | Op::Write { .. });
     let (q, h, before, id, ending) = w(|w| {
@@ -459,10 +467,22 @@ fn submit(
                     capi::upnvme_deallocate(q, nsid, base, r.len() as u32, cbp, arg)
                 }
             },
+            Op::Copy { sdlba } => match &copies {
+                None => capi::upnvme_copy(q, nsid, sdlba, std::ptr::null(), 1, cbp, arg),
+                Some(c) => capi::upnvme_copy(q, nsid, sdlba, c.as_ptr(), c.len() as u32, cbp, arg),
+            },
         }
     };
     check(&format!("submit {op:?} nsid {nsid}"), rc, SUBMIT);
-    w(|w| note(w, format!("submit rc {rc}")));
+    let kind = match op {
+        Op::Read { .. } => "read",
+        Op::Write { .. } => "write",
+        Op::Flush => "flush",
+        Op::WriteZeroes { .. } => "write_zeroes",
+        Op::Deallocate => "deallocate",
+        Op::Copy { .. } => "copy",
+    };
+    w(|w| note(w, format!("submit {kind} rc {rc}")));
     if !data || h.is_null() {
         if rc == UPNVME_OK {
             w(|w| w.subs[id].accepted = true);
@@ -910,7 +930,8 @@ impl Harness {
                 blocks,
                 deallocate: r.bool(),
             },
-            _ => Op::Deallocate,
+            _ if r.bool() => Op::Deallocate,
+            _ => Op::Copy { sdlba: slba },
         };
         let cb = match r.below(8) {
             0 => Cb::Resubmit,
@@ -979,7 +1000,34 @@ impl Harness {
             // length.
             unsafe { std::ptr::write_bytes(data_of(h), 0xa5, capi::upnvme_buf_len(h)) };
         }
-        submit(pair, nsid, op, buf, cb, null_cb, ranges);
+        // Copy's source ranges: mostly a few, of namespace 1 (SNSID 0 or 1),
+        // of namespace 2 (a cross-namespace Copy; a metadata format, so
+        // the model fails it) or of one that may not exist; sometimes none,
+        // a NULL array or more than one command carries.
+        let copies = if let Op::Copy { .. } = op {
+            let n = match r.below(8) {
+                0 => 0,
+                1 => 129,
+                _ => 1 + r.below(4) as usize,
+            };
+            (n != 0 || r.bool()).then(|| {
+                (0..n)
+                    .map(|_| qpair::upnvme_copy_range {
+                        slba: u64::from(r.below(NS_BLOCKS as u32 + 4)),
+                        blocks: r.below(20),
+                        snsid: match r.below(8) {
+                            0 => 1,
+                            1 => 2,
+                            2 => r.below(5),
+                            _ => 0,
+                        },
+                    })
+                    .collect()
+            })
+        } else {
+            None
+        };
+        submit(pair, nsid, op, buf, cb, null_cb, ranges, copies);
     }
 
     /// A new buffer of `len` bytes (when the controller is open).
@@ -1495,6 +1543,12 @@ fuzz_target!(|data: &[u8]| {
     if r.below(4) == 0 {
         oncs &= !(ModelConfig::ONCS_DSM | ModelConfig::ONCS_WRITE_ZEROES);
     }
+    if r.bool() {
+        oncs |= ModelConfig::ONCS_COPY;
+    }
+    // Copy Descriptor Formats: none reported, 0h/1h, or every one (the
+    // library then enables 2h/3h through Host Behavior Support).
+    let ocfs = [0, 0x3, 0xf][r.below(3) as usize];
     let mut namespaces = vec![NamespaceConfig {
         nsid: 1,
         lba_size: lba,
@@ -1517,6 +1571,7 @@ fuzz_target!(|data: &[u8]| {
         oacs_dbbc: r.bool(),
         vwc: r.bool(),
         oncs,
+        ocfs,
         namespaces,
         ..Default::default()
     });
