@@ -114,16 +114,19 @@ fn c_admin_example_identifies_resets_and_formats() {
     );
 }
 
-/// `copy_c` (driver/capi/examples/copy.c): `upnvme_copy` within namespace 1
-/// (two ranges, reversed) and, where the configuration has a namespace 2 of
-/// the same format and the controller enabled Format 2h, from namespace 2
-/// into namespace 1; the program reads the copies back and compares them
-/// byte for byte. What it should find is read here first, through the Rust
-/// library, so a path silently skipped fails the test.
+/// `commands_c` (driver/capi/examples/commands.c): `upnvme_copy` within
+/// namespace 1 (two ranges, reversed) and, where the configuration has a
+/// namespace 2 of the same format and the controller enabled Format 2h, from
+/// namespace 2 into namespace 1; `upnvme_compare` of equal and of different
+/// data (Compare Failure); `upnvme_verify` and `upnvme_write_uncorrectable`
+/// where the controller reports them (else their refusals). The program reads the
+/// copies back and compares them byte for byte. What it should find is read
+/// here first, through the Rust library, so a path silently skipped fails
+/// the test.
 #[test]
-fn c_copy_example_copies_within_and_across_namespaces() {
+fn c_commands_example_copies_compares_and_verifies() {
     let dev = device();
-    let (copy, cross) = {
+    let (oncs, cross) = {
         let c = upnvme::Controller::open(&dev, upnvme::ControllerOptions::default()).unwrap();
         let ns1 = c.namespace(1).unwrap();
         let cross = c.namespace(2).is_ok_and(|n| {
@@ -132,14 +135,14 @@ fn c_copy_example_copies_within_and_across_namespaces() {
                 && ns1.metadata_size() == 0
                 && n.lba_count() >= 60_016
         }) && c.identify().ocfs & c.copy_formats_enabled() & (1 << 2) != 0;
-        let copy = c.identify().oncs & (1 << 8) != 0;
+        let oncs = c.identify().oncs;
         c.close().unwrap();
-        (copy, cross)
+        (oncs, cross)
     };
-    let o = Command::new("copy_c")
+    let o = Command::new("commands_c")
         .arg(&dev)
         .output()
-        .expect("copy_c is on the guest's PATH (cargo xtask builds it)");
+        .expect("commands_c is on the guest's PATH (cargo xtask builds it)");
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(
         o.status.success(),
@@ -147,19 +150,27 @@ fn c_copy_example_copies_within_and_across_namespaces() {
         o.status.code(),
         String::from_utf8_lossy(&o.stderr)
     );
-    assert!(copy, "QEMU's controller has Copy (ONCS bit 8): {out}");
-    assert!(
-        out.contains("copy: 2 ranges within namespace 1, 4 blocks of"),
-        "{out}"
-    );
-    if cross {
-        assert!(
-            out.contains(
-                "copy: namespace 1 and namespace 2 into namespace 1, 4 blocks, read back equal"
-            ),
-            "{out}"
-        );
-    } else {
-        assert!(!out.contains("into namespace 1"), "{out}");
+    // QEMU 10.0.2's controller reports Copy (ONCS bit 8) and Compare (0),
+    // not Verify (7) or Write Uncorrectable (1).
+    assert_eq!(oncs & 0x101, 0x101, "ONCS {oncs:#x}: {out}");
+    for line in [
+        "copy: 2 ranges within namespace 1, 4 blocks of",
+        "compare: equal blocks match, a changed byte is Compare Failure (sct 2 sc 0x85)",
+    ] {
+        assert!(out.contains(line), "{line}: {out}");
     }
+    let verify = if oncs & (1 << 7) != 0 {
+        "verify: 4 blocks read and checked on the controller"
+    } else {
+        "verify: not supported (ONCS bit 7 clear), refused"
+    };
+    assert!(out.contains(verify), "{out}");
+    let wu = if oncs & (1 << 1) != 0 {
+        "write uncorrectable: the block failed a Read (sct 2 sc 0x81) until written"
+    } else {
+        "write uncorrectable: not supported (ONCS bit 1 clear), refused"
+    };
+    assert!(out.contains(wu), "{out}");
+    let across = "copy: namespace 1 and namespace 2 into namespace 1, 4 blocks, read back equal";
+    assert_eq!(out.contains(across), cross, "{out}");
 }

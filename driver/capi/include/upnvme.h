@@ -1229,6 +1229,61 @@ int upnvme_write(struct upnvme_qpair *qp,
                  void *cb_arg);
 
 /**
+ * Compare (opcode 05h): the controller compares `blocks` logical blocks
+ * at `slba` of namespace `nsid` with `buf` (at least `blocks × LBA size`
+ * bytes, which it only reads); a difference completes with `UPNVME_EIO`
+ * and `cpl.sct` 2h, `cpl.sc` 85h (Compare Failure). Without Compare
+ * (`UPNVME_ONCS_COMPARE`): `UPNVME_ENOTSUP`, nothing sent. As
+ * `upnvme_read` otherwise (the buffer is the command's until `cb`).
+ *
+ * # Safety
+ * `qp` a live pair; `buf` a live handle.
+ */
+int upnvme_compare(struct upnvme_qpair *qp,
+                   uint32_t nsid,
+                   struct upnvme_buf *buf,
+                   uint64_t slba,
+                   uint32_t blocks,
+                   upnvme_cmd_cb cb,
+                   void *cb_arg);
+
+/**
+ * Verify (opcode 0Ch): the controller reads `blocks` logical blocks at
+ * `slba` and checks them (and their protection information) without
+ * moving data to the host; an unreadable block completes with
+ * `UPNVME_EIO` and its status in `cpl`. Above the controller's VSL or
+ * 65536 blocks the library sends several commands within them and calls
+ * `cb` once. Without Verify (`UPNVME_ONCS_VERIFY`): `UPNVME_ENOTSUP`,
+ * nothing sent.
+ *
+ * # Safety
+ * `qp` a live pair.
+ */
+int upnvme_verify(struct upnvme_qpair *qp,
+                  uint32_t nsid,
+                  uint64_t slba,
+                  uint32_t blocks,
+                  upnvme_cmd_cb cb,
+                  void *cb_arg);
+
+/**
+ * Write Uncorrectable (opcode 04h): marks `blocks` logical blocks at
+ * `slba` invalid — reading them fails (Unrecovered Read Error) until they
+ * are written again. Above the controller's WUSL or 65536 blocks the
+ * library sends several commands within them and calls `cb` once. Without
+ * it (`UPNVME_ONCS_WRITE_UNCORRECTABLE`): `UPNVME_ENOTSUP`, nothing sent.
+ *
+ * # Safety
+ * `qp` a live pair.
+ */
+int upnvme_write_uncorrectable(struct upnvme_qpair *qp,
+                               uint32_t nsid,
+                               uint64_t slba,
+                               uint32_t blocks,
+                               upnvme_cmd_cb cb,
+                               void *cb_arg);
+
+/**
  * `upnvme_read` with per-command `flags`: `UPNVME_IO_FUA`,
  * `UPNVME_IO_LIMITED_RETRY`, or 0. Another bit is refused with
  * `UPNVME_EINVAL` and nothing is sent.

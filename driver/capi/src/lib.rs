@@ -1235,6 +1235,75 @@ pub unsafe extern "C" fn upnvme_write(
     unsafe { submit(qp, nsid, Cmd::Write { slba, blocks }, buf, cb, cb_arg) }
 }
 
+/// Compare (opcode 05h): the controller compares `blocks` logical blocks
+/// at `slba` of namespace `nsid` with `buf` (at least `blocks × LBA size`
+/// bytes, which it only reads); a difference completes with `UPNVME_EIO`
+/// and `cpl.sct` 2h, `cpl.sc` 85h (Compare Failure). Without Compare
+/// (`UPNVME_ONCS_COMPARE`): `UPNVME_ENOTSUP`, nothing sent. As
+/// `upnvme_read` otherwise (the buffer is the command's until `cb`).
+///
+/// # Safety
+/// `qp` a live pair; `buf` a live handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn upnvme_compare(
+    qp: *mut upnvme_qpair,
+    nsid: u32,
+    buf: *mut upnvme_buf,
+    slba: u64,
+    blocks: u32,
+    cb: upnvme_cmd_cb,
+    cb_arg: *mut c_void,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    unsafe { submit(qp, nsid, Cmd::Compare { slba, blocks }, buf, cb, cb_arg) }
+}
+
+/// Verify (opcode 0Ch): the controller reads `blocks` logical blocks at
+/// `slba` and checks them (and their protection information) without
+/// moving data to the host; an unreadable block completes with
+/// `UPNVME_EIO` and its status in `cpl`. Above the controller's VSL or
+/// 65536 blocks the library sends several commands within them and calls
+/// `cb` once. Without Verify (`UPNVME_ONCS_VERIFY`): `UPNVME_ENOTSUP`,
+/// nothing sent.
+///
+/// # Safety
+/// `qp` a live pair.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn upnvme_verify(
+    qp: *mut upnvme_qpair,
+    nsid: u32,
+    slba: u64,
+    blocks: u32,
+    cb: upnvme_cmd_cb,
+    cb_arg: *mut c_void,
+) -> c_int {
+    let cmd = Cmd::Verify { slba, blocks };
+    // SAFETY: the caller's contract.
+    unsafe { submit(qp, nsid, cmd, std::ptr::null_mut(), cb, cb_arg) }
+}
+
+/// Write Uncorrectable (opcode 04h): marks `blocks` logical blocks at
+/// `slba` invalid — reading them fails (Unrecovered Read Error) until they
+/// are written again. Above the controller's WUSL or 65536 blocks the
+/// library sends several commands within them and calls `cb` once. Without
+/// it (`UPNVME_ONCS_WRITE_UNCORRECTABLE`): `UPNVME_ENOTSUP`, nothing sent.
+///
+/// # Safety
+/// `qp` a live pair.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn upnvme_write_uncorrectable(
+    qp: *mut upnvme_qpair,
+    nsid: u32,
+    slba: u64,
+    blocks: u32,
+    cb: upnvme_cmd_cb,
+    cb_arg: *mut c_void,
+) -> c_int {
+    let cmd = Cmd::WriteUncorrectable { slba, blocks };
+    // SAFETY: the caller's contract.
+    unsafe { submit(qp, nsid, cmd, std::ptr::null_mut(), cb, cb_arg) }
+}
+
 /// `flags` bit of `upnvme_read_flags` / `upnvme_write_flags`: FUA (CDW12
 /// bit 30), Force Unit Access — a write reaches non-volatile media before it
 /// completes (what `O_SYNC`/`O_DSYNC` ask of a write); a read comes from

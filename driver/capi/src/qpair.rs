@@ -192,6 +192,27 @@ pub enum Cmd<'a> {
         /// Blocks (1-based).
         blocks: u32,
     },
+    /// Compare (opcode 05h) with the buffer.
+    Compare {
+        /// Starting LBA.
+        slba: u64,
+        /// Blocks (1-based).
+        blocks: u32,
+    },
+    /// Verify (opcode 0Ch).
+    Verify {
+        /// Starting LBA.
+        slba: u64,
+        /// Blocks (1-based).
+        blocks: u32,
+    },
+    /// Write Uncorrectable (opcode 04h).
+    WriteUncorrectable {
+        /// Starting LBA.
+        slba: u64,
+        /// Blocks (1-based).
+        blocks: u32,
+    },
     /// Flush (opcode 00h).
     Flush,
     /// Write Zeroes (opcode 08h).
@@ -587,7 +608,10 @@ impl<D: Device> Qpair<D> {
                 format!("namespace {nsid} is not an active namespace of this controller"),
             );
         };
-        let data = matches!(cmd, Cmd::Read { .. } | Cmd::Write { .. });
+        let data = matches!(
+            cmd,
+            Cmd::Read { .. } | Cmd::Write { .. } | Cmd::Compare { .. }
+        );
         if data && ns.metadata_size() != 0 {
             return fail(
                 crate::status::UPNVME_ENOTSUP,
@@ -608,7 +632,10 @@ impl<D: Device> Qpair<D> {
         let mut unwound = Unwound(std::ptr::null_mut());
         if data {
             let Some(h) = handle else {
-                return fail(UPNVME_EINVAL, "Read and Write need a buffer (buf is NULL)");
+                return fail(
+                    UPNVME_EINVAL,
+                    "Read, Write and Compare need a buffer (buf is NULL)",
+                );
             };
             if let Some((code, why)) = h.busy() {
                 return fail(code, why);
@@ -659,6 +686,24 @@ impl<D: Device> Qpair<D> {
             Cmd::Write { slba, blocks } => send_flags(
                 &mut self.qp,
                 IoCommand::Write { ns, slba, blocks },
+                buffer,
+                u64::from(slot),
+            ),
+            Cmd::Compare { slba, blocks } => send_flags(
+                &mut self.qp,
+                IoCommand::Compare { ns, slba, blocks },
+                buffer,
+                u64::from(slot),
+            ),
+            Cmd::Verify { slba, blocks } => send(
+                &mut self.qp,
+                IoCommand::Verify { ns, slba, blocks },
+                buffer,
+                u64::from(slot),
+            ),
+            Cmd::WriteUncorrectable { slba, blocks } => send(
+                &mut self.qp,
+                IoCommand::WriteUncorrectable { ns, slba, blocks },
                 buffer,
                 u64::from(slot),
             ),

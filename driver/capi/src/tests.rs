@@ -2944,3 +2944,142 @@ fn copy_refusals_name_what_is_wrong_and_send_nothing() {
     assert_eq!(copy_c(&mut qp, 1, 0, &[range(0, 1, 0)]), UPNVME_ENOTSUP);
     assert_eq!(m.commands_fetched(), before, "nothing sent");
 }
+
+/// Keeps a copy of each completion.
+unsafe extern "C" fn cpl_cb(arg: *mut c_void, cpl: *const upnvme_cpl) {
+    // SAFETY: valid for the call.
+    let cpl = unsafe { *cpl };
+    // SAFETY: `arg` is the test's Vec, alive and not otherwise borrowed
+    // while the pair runs callbacks.
+    unsafe { (*arg.cast::<Vec<upnvme_cpl>>()).push(cpl) };
+}
+
+/// One command through `Qpair::submit`, reaped: its completion.
+fn one_cmd(
+    qp: &mut Qpair<ModelController>,
+    cmd: Cmd<'_>,
+    buf: *mut upnvme_buf,
+) -> Result<upnvme_cpl, c_int> {
+    let mut seen: Vec<upnvme_cpl> = Vec::new();
+    let arg: *mut Vec<upnvme_cpl> = &mut seen;
+    // SAFETY: `buf` null or a live handle of the test; `seen` outlives the
+    // reap below.
+    let rc = unsafe { qp.submit(1, cmd, buf, Some(cpl_cb), arg.cast()) };
+    if rc != UPNVME_OK {
+        return Err(rc);
+    }
+    let qpp: *mut Qpair<ModelController> = qp;
+    let start = std::time::Instant::now();
+    while seen.is_empty() && start.elapsed() < Duration::from_secs(5) {
+        // SAFETY: a live pair of this thread.
+        assert!(unsafe { Qpair::process_completions(qpp, 0) } >= 0);
+    }
+    assert_eq!(seen.len(), 1, "one completion");
+    Ok(seen[0])
+}
+
+/// `upnvme_compare`, `upnvme_verify` and `upnvme_write_uncorrectable`:
+/// Compare of equal data succeeds and of different data fails with
+/// Compare Failure (SCT 2h, SC 85h) in `cpl`, handing the buffer back
+/// either way; Verify of readable blocks succeeds, and after Write
+/// Uncorrectable of one of them fails (Unrecovered Read Error, 2h/81h), as
+/// does a Read of it. Compare without a buffer is refused; a controller
+/// without the commands refuses each with `UPNVME_ENOTSUP`, nothing sent.
+#[test]
+fn compare_verify_and_write_uncorrectable_from_c() {
+    let (m, c) = model_with(ModelConfig {
+        oncs: ModelConfig::ONCS_COMPARE
+            | ModelConfig::ONCS_VERIFY
+            | ModelConfig::ONCS_WRITE_UNCORRECTABLE,
+        ..one_ns()
+    });
+    let data: Vec<u8> = (0..4 * 512).map(|i| (i * 13 % 253) as u8).collect();
+    m.write_namespace_data(1, 10, &data);
+    let mut qp = pair(&c, 8);
+    let b = handle(&c, 4 * 512);
+    let fill = |bytes: &[u8]| {
+        // SAFETY: `b` is a live handle.
+        let to = unsafe { upnvme_buf_data(b) }.cast::<u8>();
+        // SAFETY: `b` is not in flight and has 4 × 512 bytes of memory at
+        // `to`, which no Rust reference covers; `bytes` is at most that long.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), to, bytes.len()) }
+    };
+    fill(&data);
+    let compare = Cmd::Compare {
+        slba: 10,
+        blocks: 4,
+    };
+    let cpl = one_cmd(&mut qp, compare, b).unwrap();
+    assert_eq!((cpl.status, cpl.buf), (UPNVME_OK, b));
+    let mut other = data.clone();
+    other[1500] ^= 1;
+    fill(&other);
+    let cpl = one_cmd(&mut qp, compare, b).unwrap();
+    assert_eq!(
+        (cpl.status, cpl.sct, cpl.sc, cpl.buf),
+        (UPNVME_EIO, 2, 0x85, b)
+    );
+    assert_eq!(
+        one_cmd(&mut qp, compare, std::ptr::null_mut()).unwrap_err(),
+        UPNVME_EINVAL
+    );
+    assert!(last_error().contains("need a buffer"), "{}", last_error());
+
+    let verify = Cmd::Verify {
+        slba: 10,
+        blocks: 4,
+    };
+    assert_eq!(
+        one_cmd(&mut qp, verify, std::ptr::null_mut())
+            .unwrap()
+            .status,
+        UPNVME_OK
+    );
+    let wu = Cmd::WriteUncorrectable {
+        slba: 12,
+        blocks: 1,
+    };
+    assert_eq!(
+        one_cmd(&mut qp, wu, std::ptr::null_mut()).unwrap().status,
+        UPNVME_OK
+    );
+    let cpl = one_cmd(&mut qp, verify, std::ptr::null_mut()).unwrap();
+    assert_eq!((cpl.status, cpl.sct, cpl.sc), (UPNVME_EIO, 2, 0x81));
+    let read = Cmd::Read {
+        slba: 12,
+        blocks: 1,
+    };
+    let cpl = one_cmd(&mut qp, read, b).unwrap();
+    assert_eq!((cpl.status, cpl.sct, cpl.sc), (UPNVME_EIO, 2, 0x81));
+    // SAFETY: live, no longer in flight; freed once.
+    assert_eq!(unsafe { upnvme_buf_free(b) }, UPNVME_OK);
+    drop(qp);
+    drop(c);
+    assert_eq!(m.dma_faults(), 0);
+    assert!(m.violations().is_empty(), "{:?}", m.violations());
+
+    let (m, c) = model_with(ModelConfig {
+        oncs: 0,
+        ..one_ns()
+    });
+    let mut qp = pair(&c, 8);
+    let b = handle(&c, 512);
+    let before = m.commands_fetched();
+    for (cmd, buf) in [
+        (Cmd::Compare { slba: 0, blocks: 1 }, b),
+        (Cmd::Verify { slba: 0, blocks: 1 }, std::ptr::null_mut()),
+        (
+            Cmd::WriteUncorrectable { slba: 0, blocks: 1 },
+            std::ptr::null_mut(),
+        ),
+    ] {
+        assert_eq!(
+            one_cmd(&mut qp, cmd, buf).unwrap_err(),
+            UPNVME_ENOTSUP,
+            "{cmd:?}"
+        );
+    }
+    assert_eq!(m.commands_fetched(), before, "nothing sent");
+    // SAFETY: live, handed back by the refusal; freed once.
+    assert_eq!(unsafe { upnvme_buf_free(b) }, UPNVME_OK);
+}

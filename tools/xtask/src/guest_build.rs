@@ -18,7 +18,7 @@ pub const TEST_BINARY: &str = "upnvme-guest-tests";
 pub const C_EXAMPLES: [(&str, &str); 3] = [
     ("hello_world", "hello_world_c"),
     ("admin", "admin_c"),
-    ("copy", "copy_c"),
+    ("commands", "commands_c"),
 ];
 /// How long one build (of the guest programs, the C library, the cost harness) may take.
 pub const BUILD_TIMEOUT: Duration = Duration::from_secs(90 * 60);

@@ -1,20 +1,27 @@
 /*
- * Copy from C (upnvme_copy, NVMe Copy command, opcode 19h): the controller
- * moves blocks without the host touching the data.
+ * NVM commands beyond read and write, from C: Copy (upnvme_copy, the
+ * controller moves blocks without the host touching the data), Compare,
+ * Verify and Write Uncorrectable.
  *
  * 1. Writes two 2-block patterns to namespace 1, copies them in reverse
  *    order to another LBA of namespace 1 (one Copy, two source ranges), reads
  *    the 4 blocks back and compares.
- * 2. Where namespace 2 has the same block size and no metadata and the
+ * 2. Compare: the copied blocks against what they should hold (success),
+ *    then against data with one byte changed (Compare Failure, SCT 2h SC 85h).
+ * 3. Verify of the copied blocks and Write Uncorrectable, each where the
+ *    controller reports it (ONCS bits 7 and 1; else the call is refused with
+ *    ENOTSUP): one block marked uncorrectable fails a Read (Unrecovered Read
+ *    Error, 2h/81h) until a Write makes it readable again.
+ * 4. Where namespace 2 has the same block size and no metadata and the
  *    controller takes cross-namespace Copy formats (upnvme_ctrl_info's
  *    ocfs & cdfe, bit 2), writes a pattern to namespace 2 and copies it, after
  *    a range of namespace 1, into namespace 1 (snsid 2), then compares.
  *
- *   cc -o copy_c copy.c $(pkg-config --cflags --libs upnvme)
- *   ./copy_c [0000:00:04.0]
+ *   cc -o commands_c commands.c $(pkg-config --cflags --libs upnvme)
+ *   ./commands_c [0000:00:04.0]
  *
  * It uses blocks 60000 and up of each namespace (their data is overwritten).
- * (inside the test bed: `cargo xtask vm -- copy_c`)
+ * (inside the test bed: `cargo xtask vm -- commands_c`)
  */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include <stdint.h>
@@ -84,6 +91,12 @@ static int copy(struct upnvme_qpair *qp, uint32_t nsid, uint64_t sdlba,
     struct done d = {0};
     int rc = upnvme_copy(qp, nsid, sdlba, ranges, count, on_done, &d);
     return rc != UPNVME_OK ? rc : wait_for(qp, &d);
+}
+
+/* Waits for the command `rc` says was submitted with `d`. */
+static int sent(struct upnvme_qpair *qp, int rc, struct done *d)
+{
+    return rc != UPNVME_OK ? rc : wait_for(qp, d);
 }
 
 /* Fills `len` bytes with a pattern of `seed`. */
@@ -174,7 +187,72 @@ int main(int argc, char **argv)
     }
     printf("copy: 2 ranges within namespace 1, 4 blocks of %zu bytes, read back equal\n", lba);
 
-    /* 2. Across namespaces, where namespace 2 matches and Format 2h is on. */
+    /* 2. Compare: equal, then one byte different. The data is `want`'s. */
+    struct done d = {0};
+    rc = sent(qp, upnvme_compare(qp, 1, buf, BASE + 8, 4, on_done, &d), &d);
+    if (rc != UPNVME_OK) {
+        fail("upnvme_compare", rc);
+        goto out;
+    }
+    data[3 * lba + 17] ^= 0x40;
+    d = (struct done){0};
+    rc = upnvme_compare(qp, 1, buf, BASE + 8, 4, on_done, &d);
+    if (rc != UPNVME_OK || wait_for(qp, &d) != UPNVME_EIO || d.sct != 2 || d.sc != 0x85) {
+        fprintf(stderr, "compare of different data: rc %d status %d sct %u sc %#x, not "
+                        "Compare Failure\n", rc, d.status, d.sct, d.sc);
+        goto out;
+    }
+    printf("compare: equal blocks match, a changed byte is Compare Failure (sct 2 sc 0x85)\n");
+
+    /* 3. Verify, Write Uncorrectable. */
+    if (info.oncs & UPNVME_ONCS_VERIFY) {
+        d = (struct done){0};
+        rc = sent(qp, upnvme_verify(qp, 1, BASE + 8, 4, on_done, &d), &d);
+        if (rc != UPNVME_OK) {
+            fail("upnvme_verify", rc);
+            goto out;
+        }
+        printf("verify: 4 blocks read and checked on the controller\n");
+    } else {
+        rc = upnvme_verify(qp, 1, BASE + 8, 4, NULL, NULL);
+        if (rc != UPNVME_ENOTSUP) {
+            fprintf(stderr, "verify without ONCS bit 7: %d, not ENOTSUP\n", rc);
+            goto out;
+        }
+        printf("verify: not supported (ONCS bit 7 clear), refused\n");
+    }
+    if (!(info.oncs & UPNVME_ONCS_WRITE_UNCORRECTABLE)) {
+        rc = upnvme_write_uncorrectable(qp, 1, BASE + 9, 1, NULL, NULL);
+        if (rc != UPNVME_ENOTSUP) {
+            fprintf(stderr, "write uncorrectable without ONCS bit 1: %d, not ENOTSUP\n", rc);
+            goto out;
+        }
+        printf("write uncorrectable: not supported (ONCS bit 1 clear), refused\n");
+    } else {
+        d = (struct done){0};
+        rc = sent(qp, upnvme_write_uncorrectable(qp, 1, BASE + 9, 1, on_done, &d), &d);
+        if (rc != UPNVME_OK) {
+            fail("upnvme_write_uncorrectable", rc);
+            goto out;
+        }
+        d = (struct done){0};
+        rc = upnvme_read(qp, 1, buf, BASE + 9, 1, on_done, &d);
+        if (rc != UPNVME_OK || wait_for(qp, &d) != UPNVME_EIO || d.sct != 2 || d.sc != 0x81) {
+            fprintf(stderr, "read of an uncorrectable block: rc %d sct %u sc %#x\n", rc, d.sct,
+                    d.sc);
+            goto out;
+        }
+        /* Written again, the block reads: restore block BASE + 9. */
+        memcpy(data, want + lba, lba);
+        rc = rw(qp, 1, 1, buf, BASE + 9, 1);
+        if (rc != UPNVME_OK) {
+            fail("upnvme_write", rc);
+            goto out;
+        }
+        printf("write uncorrectable: the block failed a Read (sct 2 sc 0x81) until written\n");
+    }
+
+    /* 4. Across namespaces, where namespace 2 matches and Format 2h is on. */
     struct upnvme_ns_info ns2;
     if (upnvme_ns_get_info(ctrl, 2, &ns2) != UPNVME_OK || ns2.lba_size != ns1.lba_size ||
         ns2.metadata_size != 0 || ns2.blocks < BASE + 16) {
