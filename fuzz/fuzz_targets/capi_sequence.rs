@@ -375,6 +375,18 @@ enum Op {
     Copy {
         sdlba: u64,
     },
+    Compare {
+        slba: u64,
+        blocks: u32,
+    },
+    Verify {
+        slba: u64,
+        blocks: u32,
+    },
+    WriteUncorrectable {
+        slba: u64,
+        blocks: u32,
+    },
 }
 
 /// Copy's source ranges (`None`: a NULL array).
@@ -395,7 +407,7 @@ fn submit(
     ranges: RangesAt,
     copies: CopyRanges,
 ) -> c_int {
-    let data = matches!(op, Op::Read { .. } | Op::Write { .. });
+    let data = matches!(op, Op::Read { .. } | Op::Write { .. } | Op::Compare { .. });
     let (q, h, before, id, ending) = w(|w| {
         let id = w.subs.len();
         w.subs.push(Sub {
@@ -445,6 +457,13 @@ fn submit(
                 blocks,
                 flags: Some(f),
             } => capi::upnvme_write_flags(q, nsid, h, slba, blocks, f, cbp, arg),
+            Op::Compare { slba, blocks } => {
+                capi::upnvme_compare(q, nsid, h, slba, blocks, cbp, arg)
+            }
+            Op::Verify { slba, blocks } => capi::upnvme_verify(q, nsid, slba, blocks, cbp, arg),
+            Op::WriteUncorrectable { slba, blocks } => {
+                capi::upnvme_write_uncorrectable(q, nsid, slba, blocks, cbp, arg)
+            }
             Op::Flush => capi::upnvme_flush(q, nsid, cbp, arg),
             Op::WriteZeroes {
                 slba,
@@ -481,6 +500,9 @@ fn submit(
         Op::WriteZeroes { .. } => "write_zeroes",
         Op::Deallocate => "deallocate",
         Op::Copy { .. } => "copy",
+        Op::Compare { .. } => "compare",
+        Op::Verify { .. } => "verify",
+        Op::WriteUncorrectable { .. } => "write_uncorrectable",
     };
     w(|w| note(w, format!("submit {kind} rc {rc}")));
     if !data || h.is_null() {
@@ -913,7 +935,7 @@ impl Harness {
             0 => Some(r.u8() as u32 & 0x7),
             _ => None,
         };
-        let op = match r.below(8) {
+        let op = match r.below(10) {
             0..=2 => Op::Read {
                 slba,
                 blocks,
@@ -930,8 +952,11 @@ impl Harness {
                 blocks,
                 deallocate: r.bool(),
             },
-            _ if r.bool() => Op::Deallocate,
-            _ => Op::Copy { sdlba: slba },
+            7 if r.bool() => Op::Deallocate,
+            7 => Op::Copy { sdlba: slba },
+            8 => Op::Compare { slba, blocks },
+            _ if r.bool() => Op::Verify { slba, blocks },
+            _ => Op::WriteUncorrectable { slba, blocks },
         };
         let cb = match r.below(8) {
             0 => Cb::Resubmit,
@@ -951,7 +976,7 @@ impl Harness {
             _ => self.buf_in(r, |s| s == BufState::Owned),
         };
         let buf = match (buf, op) {
-            (None, Op::Read { .. } | Op::Write { .. }) if r.below(4) != 0 => {
+            (None, Op::Read { .. } | Op::Write { .. } | Op::Compare { .. }) if r.below(4) != 0 => {
                 // Fill with a new buffer of about the right size.
                 self.alloc_len(lba as usize * (blocks.clamp(1, 8) as usize))
             }
@@ -991,8 +1016,8 @@ impl Harness {
         } else {
             None
         };
-        // A Write's data is the harness's to fill (ASan sees a stale one).
-        if let (Some(b), Op::Write { .. }) = (buf, op)
+        // A Write's or Compare's data is the harness's to fill (ASan sees a stale one).
+        if let (Some(b), Op::Write { .. } | Op::Compare { .. }) = (buf, op)
             && w(|w| w.bufs[b].state) == BufState::Owned
         {
             let h = w(|w| w.bufs[b].h);
@@ -1545,6 +1570,9 @@ fuzz_target!(|data: &[u8]| {
     }
     if r.bool() {
         oncs |= ModelConfig::ONCS_COPY;
+    }
+    if r.bool() {
+        oncs |= ModelConfig::ONCS_VERIFY | ModelConfig::ONCS_WRITE_UNCORRECTABLE;
     }
     // Copy Descriptor Formats: none reported, 0h/1h, or every one (the
     // library then enables 2h/3h through Host Behavior Support).
