@@ -117,7 +117,8 @@ fn c_admin_example_identifies_resets_and_formats() {
 /// `commands_c` (driver/capi/examples/commands.c): `upnvme_copy` within
 /// namespace 1 (two ranges, reversed) and, where the configuration has a
 /// namespace 2 of the same format and the controller enabled Format 2h, from
-/// namespace 2 into namespace 1; `upnvme_compare` of equal and of different
+/// namespace 2 into namespace 1; a raw Read and an unknown opcode through
+/// `upnvme_io_passthru`; `upnvme_compare` of equal and of different
 /// data (Compare Failure); `upnvme_verify` and `upnvme_write_uncorrectable`
 /// where the controller reports them (else their refusals). The program reads the
 /// copies back and compares them byte for byte. What it should find is read
@@ -155,6 +156,7 @@ fn c_commands_example_copies_compares_and_verifies() {
     assert_eq!(oncs & 0x101, 0x101, "ONCS {oncs:#x}: {out}");
     for line in [
         "copy: 2 ranges within namespace 1, 4 blocks of",
+        "io passthru: a raw Read matched, opcode 0xc4 is Invalid Command Opcode (sct 0 sc 0x01)",
         "compare: equal blocks match, a changed byte is Compare Failure (sct 2 sc 0x85)",
     ] {
         assert!(out.contains(line), "{line}: {out}");

@@ -1,18 +1,20 @@
 /*
  * NVM commands beyond read and write, from C: Copy (upnvme_copy, the
- * controller moves blocks without the host touching the data), Compare,
- * Verify and Write Uncorrectable.
+ * controller moves blocks without the host touching the data), a raw
+ * command (upnvme_io_passthru), Compare, Verify and Write Uncorrectable.
  *
  * 1. Writes two 2-block patterns to namespace 1, copies them in reverse
  *    order to another LBA of namespace 1 (one Copy, two source ranges), reads
  *    the 4 blocks back and compares.
- * 2. Compare: the copied blocks against what they should hold (success),
+ * 2. The copied blocks again through upnvme_io_passthru (a raw Read), and an
+ *    opcode the controller lacks (Invalid Command Opcode in the completion).
+ * 3. Compare: the copied blocks against what they should hold (success),
  *    then against data with one byte changed (Compare Failure, SCT 2h SC 85h).
- * 3. Verify of the copied blocks and Write Uncorrectable, each where the
+ * 4. Verify of the copied blocks and Write Uncorrectable, each where the
  *    controller reports it (ONCS bits 7 and 1; else the call is refused with
  *    ENOTSUP): one block marked uncorrectable fails a Read (Unrecovered Read
  *    Error, 2h/81h) until a Write makes it readable again.
- * 4. Where namespace 2 has the same block size and no metadata and the
+ * 5. Where namespace 2 has the same block size and no metadata and the
  *    controller takes cross-namespace Copy formats (upnvme_ctrl_info's
  *    ocfs & cdfe, bit 2), writes a pattern to namespace 2 and copies it, after
  *    a range of namespace 1, into namespace 1 (snsid 2), then compares.
@@ -187,8 +189,35 @@ int main(int argc, char **argv)
     }
     printf("copy: 2 ranges within namespace 1, 4 blocks of %zu bytes, read back equal\n", lba);
 
-    /* 2. Compare: equal, then one byte different. The data is `want`'s. */
+    /* 2. The same blocks through upnvme_io_passthru: a raw Read (02h),
+     * SLBA in CDW10-11, NLB (0-based) in CDW12; then an opcode the
+     * controller does not have (C4h, vendor specific), which completes with
+     * Invalid Command Opcode (sct 0 sc 0x01). */
+    memset(data, 0, 4 * lba);
+    struct upnvme_io_cmd raw = {.opcode = 0x02, .nsid = 1, .cdw10 = BASE + 8, .cdw12 = 3};
     struct done d = {0};
+    rc = sent(qp, upnvme_io_passthru(qp, &raw, buf, 4 * lba, on_done, &d), &d);
+    if (rc != UPNVME_OK) {
+        fail("upnvme_io_passthru (Read)", rc);
+        goto out;
+    }
+    if (memcmp(data, want, 4 * lba) != 0) {
+        fprintf(stderr, "io passthru: the raw Read brought other data\n");
+        goto out;
+    }
+    struct upnvme_io_cmd vendor = {.opcode = 0xc4, .nsid = 1};
+    d = (struct done){0};
+    rc = upnvme_io_passthru(qp, &vendor, NULL, 0, on_done, &d);
+    if (rc != UPNVME_OK || wait_for(qp, &d) != UPNVME_EIO || d.sct != 0 || d.sc != 0x01) {
+        fprintf(stderr, "io passthru of opcode C4h: rc %d status %d sct %u sc %#x\n", rc,
+                d.status, d.sct, d.sc);
+        goto out;
+    }
+    printf("io passthru: a raw Read matched, opcode 0xc4 is Invalid Command Opcode (sct 0 sc "
+           "0x01)\n");
+
+    /* 3. Compare: equal, then one byte different. The data is `want`'s. */
+    d = (struct done){0};
     rc = sent(qp, upnvme_compare(qp, 1, buf, BASE + 8, 4, on_done, &d), &d);
     if (rc != UPNVME_OK) {
         fail("upnvme_compare", rc);
@@ -204,7 +233,7 @@ int main(int argc, char **argv)
     }
     printf("compare: equal blocks match, a changed byte is Compare Failure (sct 2 sc 0x85)\n");
 
-    /* 3. Verify, Write Uncorrectable. */
+    /* 4. Verify, Write Uncorrectable. */
     if (info.oncs & UPNVME_ONCS_VERIFY) {
         d = (struct done){0};
         rc = sent(qp, upnvme_verify(qp, 1, BASE + 8, 4, on_done, &d), &d);
@@ -252,7 +281,7 @@ int main(int argc, char **argv)
         printf("write uncorrectable: the block failed a Read (sct 2 sc 0x81) until written\n");
     }
 
-    /* 4. Across namespaces, where namespace 2 matches and Format 2h is on. */
+    /* 5. Across namespaces, where namespace 2 matches and Format 2h is on. */
     struct upnvme_ns_info ns2;
     if (upnvme_ns_get_info(ctrl, 2, &ns2) != UPNVME_OK || ns2.lba_size != ns1.lba_size ||
         ns2.metadata_size != 0 || ns2.blocks < BASE + 16) {

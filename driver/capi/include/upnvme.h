@@ -663,6 +663,59 @@ typedef struct upnvme_cpl {
 typedef void (*upnvme_cmd_cb)(void *cb_arg, const struct upnvme_cpl *cpl);
 
 /**
+ * An I/O command for `upnvme_io_passthru` (nvme-cli's `io-passthru`
+ * fields): the library keeps the opcode, Command Dwords 2–3 and 10–15, and
+ * sets the CID, the data pointer and NSID (from `nsid`, which must be an
+ * active namespace); fused commands and MPTR are not expressible.
+ */
+typedef struct upnvme_io_cmd {
+  /**
+   * Opcode (CDW0 bits 7:0).
+   */
+  uint8_t opcode;
+  /**
+   * Reserved: 0.
+   */
+  uint8_t rsvd[3];
+  /**
+   * Namespace Identifier (NSID): an active namespace of the controller.
+   */
+  uint32_t nsid;
+  /**
+   * Command dword 2.
+   */
+  uint32_t cdw2;
+  /**
+   * Command dword 3.
+   */
+  uint32_t cdw3;
+  /**
+   * Command dword 10.
+   */
+  uint32_t cdw10;
+  /**
+   * Command dword 11.
+   */
+  uint32_t cdw11;
+  /**
+   * Command dword 12.
+   */
+  uint32_t cdw12;
+  /**
+   * Command dword 13.
+   */
+  uint32_t cdw13;
+  /**
+   * Command dword 14.
+   */
+  uint32_t cdw14;
+  /**
+   * Command dword 15.
+   */
+  uint32_t cdw15;
+} upnvme_io_cmd;
+
+/**
  * One Dataset Management range (`upnvme_deallocate`).
  */
 typedef struct upnvme_range {
@@ -1282,6 +1335,33 @@ int upnvme_write_uncorrectable(struct upnvme_qpair *qp,
                                uint32_t blocks,
                                upnvme_cmd_cb cb,
                                void *cb_arg);
+
+/**
+ * Any I/O command, built by the caller (nvme-cli's `io-passthru`; SPDK's
+ * `spdk_nvme_ctrlr_cmd_io_raw`): vendor-specific commands, or NVM commands
+ * this API has no function for. `cmd` is read by copy before the call
+ * returns; the library keeps its opcode, CDW2–3 and CDW10–15, sets NSID
+ * from `cmd->nsid` (an active namespace), the CID and the data pointer.
+ * `buf` (held by the command until `cb`, as a write's) carries `data_len`
+ * bytes, in the direction the command moves them; NULL with `data_len` 0
+ * for a command without data. For Read, Write, Compare, Dataset
+ * Management, Copy and the Reservation commands `data_len` must cover what
+ * the SQE moves (else `UPNVME_EINVAL`, nothing sent); any other opcode gets
+ * a data pointer for exactly `data_len` bytes and must move exactly that
+ * many. A namespace with separate metadata cannot take a raw data command
+ * from C (no metadata buffer: `UPNVME_EINVAL`). Not split: above the
+ * controller's MDTS, `UPNVME_EINVAL`. `cmd->rsvd` must be 0. Completion
+ * dword 0 comes back in `cpl->dw0`.
+ *
+ * # Safety
+ * `qp` a live pair; `cmd` valid for a read; `buf` null or a live handle.
+ */
+int upnvme_io_passthru(struct upnvme_qpair *qp,
+                       const struct upnvme_io_cmd *cmd,
+                       struct upnvme_buf *buf,
+                       size_t data_len,
+                       upnvme_cmd_cb cb,
+                       void *cb_arg);
 
 /**
  * `upnvme_read` with per-command `flags`: `UPNVME_IO_FUA`,

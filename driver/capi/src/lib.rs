@@ -39,7 +39,8 @@ pub use ctrl::{
     upnvme_format, upnvme_ns_info,
 };
 pub use qpair::{
-    Cmd, Qpair, upnvme_cmd_cb, upnvme_copy_range, upnvme_cpl, upnvme_qpair_opts, upnvme_range,
+    Cmd, Qpair, upnvme_cmd_cb, upnvme_copy_range, upnvme_cpl, upnvme_io_cmd, upnvme_qpair_opts,
+    upnvme_range,
 };
 pub use status::*;
 
@@ -1302,6 +1303,74 @@ pub unsafe extern "C" fn upnvme_write_uncorrectable(
     let cmd = Cmd::WriteUncorrectable { slba, blocks };
     // SAFETY: the caller's contract.
     unsafe { submit(qp, nsid, cmd, std::ptr::null_mut(), cb, cb_arg) }
+}
+
+/// Any I/O command, built by the caller (nvme-cli's `io-passthru`; SPDK's
+/// `spdk_nvme_ctrlr_cmd_io_raw`): vendor-specific commands, or NVM commands
+/// this API has no function for. `cmd` is read by copy before the call
+/// returns; the library keeps its opcode, CDW2–3 and CDW10–15, sets NSID
+/// from `cmd->nsid` (an active namespace), the CID and the data pointer.
+/// `buf` (held by the command until `cb`, as a write's) carries `data_len`
+/// bytes, in the direction the command moves them; NULL with `data_len` 0
+/// for a command without data. For Read, Write, Compare, Dataset
+/// Management, Copy and the Reservation commands `data_len` must cover what
+/// the SQE moves (else `UPNVME_EINVAL`, nothing sent); any other opcode gets
+/// a data pointer for exactly `data_len` bytes and must move exactly that
+/// many. A namespace with separate metadata cannot take a raw data command
+/// from C (no metadata buffer: `UPNVME_EINVAL`). Not split: above the
+/// controller's MDTS, `UPNVME_EINVAL`. `cmd->rsvd` must be 0. Completion
+/// dword 0 comes back in `cpl->dw0`.
+///
+/// # Safety
+/// `qp` a live pair; `cmd` valid for a read; `buf` null or a live handle.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn upnvme_io_passthru(
+    qp: *mut upnvme_qpair,
+    cmd: *const upnvme_io_cmd,
+    buf: *mut upnvme_buf,
+    data_len: usize,
+    cb: upnvme_cmd_cb,
+    cb_arg: *mut c_void,
+) -> c_int {
+    guard(|| {
+        if cmd.is_null() {
+            return fail(UPNVME_EINVAL, "upnvme_io_passthru: cmd is NULL");
+        }
+        // SAFETY: non-null and valid for a read (the caller's contract); the
+        // struct is integers only, valid for any bit pattern; copied, never
+        // referenced, and at any alignment.
+        let c = unsafe { cmd.read_unaligned() };
+        if c.rsvd != [0; 3] {
+            return fail(
+                UPNVME_EINVAL,
+                format!("upnvme_io_passthru: rsvd is {:?}; it must be 0", c.rsvd),
+            );
+        }
+        match (buf.is_null(), data_len) {
+            (true, n) if n != 0 => {
+                return fail(
+                    UPNVME_EINVAL,
+                    format!("upnvme_io_passthru: data_len is {n} but buf is NULL"),
+                );
+            }
+            (false, 0) => {
+                return fail(
+                    UPNVME_EINVAL,
+                    "upnvme_io_passthru: a buffer with data_len 0; pass NULL for a command \
+                     without data",
+                );
+            }
+            _ => {}
+        }
+        let sqe = upnvme::Sqe::passthrough(
+            c.opcode,
+            c.nsid,
+            [c.cdw2, c.cdw3],
+            [c.cdw10, c.cdw11, c.cdw12, c.cdw13, c.cdw14, c.cdw15],
+        );
+        // SAFETY: the caller's contract.
+        unsafe { submit(qp, c.nsid, Cmd::Raw { sqe, data_len }, buf, cb, cb_arg) }
+    })
 }
 
 /// `flags` bit of `upnvme_read_flags` / `upnvme_write_flags`: FUA (CDW12

@@ -175,6 +175,37 @@ pub struct upnvme_copy_range {
     pub snsid: u32,
 }
 
+/// An I/O command for `upnvme_io_passthru` (nvme-cli's `io-passthru`
+/// fields): the library keeps the opcode, Command Dwords 2–3 and 10–15, and
+/// sets the CID, the data pointer and NSID (from `nsid`, which must be an
+/// active namespace); fused commands and MPTR are not expressible.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct upnvme_io_cmd {
+    /// Opcode (CDW0 bits 7:0).
+    pub opcode: u8,
+    /// Reserved: 0.
+    pub rsvd: [u8; 3],
+    /// Namespace Identifier (NSID): an active namespace of the controller.
+    pub nsid: u32,
+    /// Command dword 2.
+    pub cdw2: u32,
+    /// Command dword 3.
+    pub cdw3: u32,
+    /// Command dword 10.
+    pub cdw10: u32,
+    /// Command dword 11.
+    pub cdw11: u32,
+    /// Command dword 12.
+    pub cdw12: u32,
+    /// Command dword 13.
+    pub cdw13: u32,
+    /// Command dword 14.
+    pub cdw14: u32,
+    /// Command dword 15.
+    pub cdw15: u32,
+}
+
 /// A command of the C API (the namespace is given by NSID beside it).
 #[derive(Clone, Copy, Debug)]
 pub enum Cmd<'a> {
@@ -215,6 +246,14 @@ pub enum Cmd<'a> {
     },
     /// Flush (opcode 00h).
     Flush,
+    /// Any I/O command (`upnvme_io_passthru`): the buffer, when given,
+    /// carries `data_len` bytes.
+    Raw {
+        /// The command (NSID is set from the namespace).
+        sqe: upnvme::Sqe,
+        /// Bytes the data pointer describes (0: none).
+        data_len: usize,
+    },
     /// Write Zeroes (opcode 08h).
     WriteZeroes {
         /// Starting LBA.
@@ -608,11 +647,14 @@ impl<D: Device> Qpair<D> {
                 format!("namespace {nsid} is not an active namespace of this controller"),
             );
         };
-        let data = matches!(
+        let plain = matches!(
             cmd,
             Cmd::Read { .. } | Cmd::Write { .. } | Cmd::Compare { .. }
         );
-        if data && ns.metadata_size() != 0 {
+        // A raw command holds a buffer when it is given one (its own
+        // function refuses a data length without one and the reverse).
+        let data = plain || matches!(cmd, Cmd::Raw { .. }) && !buf.is_null();
+        if plain && ns.metadata_size() != 0 {
             return fail(
                 crate::status::UPNVME_ENOTSUP,
                 format!(
@@ -704,6 +746,16 @@ impl<D: Device> Qpair<D> {
             Cmd::WriteUncorrectable { slba, blocks } => send(
                 &mut self.qp,
                 IoCommand::WriteUncorrectable { ns, slba, blocks },
+                buffer,
+                u64::from(slot),
+            ),
+            Cmd::Raw { sqe, data_len } => send(
+                &mut self.qp,
+                IoCommand::Raw {
+                    ns,
+                    sqe: &sqe,
+                    data_len,
+                },
                 buffer,
                 u64::from(slot),
             ),

@@ -3083,3 +3083,152 @@ fn compare_verify_and_write_uncorrectable_from_c() {
     // SAFETY: live, handed back by the refusal; freed once.
     assert_eq!(unsafe { upnvme_buf_free(b) }, UPNVME_OK);
 }
+
+/// An I/O passthrough command (`upnvme_io_passthru`'s `Cmd::Raw`) for
+/// namespace 1: `opcode` with CDW10–12 as given.
+fn raw(opcode: u8, cdw10: u32, cdw12: u32, data_len: usize) -> Cmd<'static> {
+    Cmd::Raw {
+        sqe: upnvme::Sqe::passthrough(opcode, 1, [0, 0], [cdw10, 0, cdw12, 0, 0, 0]),
+        data_len,
+    }
+}
+
+/// `upnvme_io_passthru`: a raw Read (02h) brings the blocks into the
+/// buffer, a raw Write (01h) puts the buffer's bytes on the blocks, a Flush
+/// (00h) goes without data, and an opcode the controller lacks completes
+/// with its status (Invalid Command Opcode) in `cpl`; the buffer comes back
+/// with each completion. A Read whose `data_len` is shorter than its NLB
+/// moves is refused (nothing sent) and hands the buffer back.
+#[test]
+fn io_passthru_moves_data_in_the_commands_direction() {
+    let (m, c) = model();
+    let data: Vec<u8> = (0..1024).map(|i| (i * 29 % 251) as u8).collect();
+    m.write_namespace_data(1, 20, &data);
+    let mut qp = pair(&c, 8);
+    let b = handle(&c, 1024);
+    let cpl = one_cmd(&mut qp, raw(0x02, 20, 1, 1024), b).unwrap();
+    assert_eq!((cpl.status, cpl.buf), (UPNVME_OK, b));
+    let mut back = vec![0u8; 1024];
+    // SAFETY: `b` is a live handle.
+    let from = unsafe { upnvme_buf_data(b) }.cast::<u8>().cast_const();
+    // SAFETY: `b` is not in flight and has 1024 bytes of memory at `from`,
+    // which no Rust reference covers; `back` is our own.
+    unsafe { std::ptr::copy_nonoverlapping(from, back.as_mut_ptr(), 1024) };
+    assert_eq!(back, data);
+
+    let cpl = one_cmd(&mut qp, raw(0x01, 40, 1, 1024), b).unwrap();
+    assert_eq!(cpl.status, UPNVME_OK);
+    assert_eq!(m.namespace_data(1, 40, 2), data);
+    let cpl = one_cmd(&mut qp, raw(0x00, 0, 0, 0), std::ptr::null_mut()).unwrap();
+    assert_eq!(cpl.status, UPNVME_OK);
+    let cpl = one_cmd(&mut qp, raw(0xc4, 0, 0, 0), std::ptr::null_mut()).unwrap();
+    assert_eq!((cpl.status, cpl.sct, cpl.sc), (UPNVME_EIO, 0, 0x01));
+
+    let before = m.commands_fetched();
+    let short = one_cmd(&mut qp, raw(0x02, 20, 1, 512), b).unwrap_err();
+    assert_eq!(short, UPNVME_EINVAL, "{}", last_error());
+    assert_eq!(m.commands_fetched(), before, "nothing sent");
+    // SAFETY: live, handed back by the refusal; freed once.
+    assert_eq!(unsafe { upnvme_buf_free(b) }, UPNVME_OK);
+    drop(qp);
+    drop(c);
+    assert_eq!(m.dma_faults(), 0);
+    assert!(m.violations().is_empty(), "{:?}", m.violations());
+}
+
+/// What `upnvme_io_passthru` refuses before it looks at the pair: a NULL
+/// command, a non-zero `rsvd`, a data length without a buffer and a buffer
+/// without a data length.
+#[test]
+fn io_passthru_refuses_malformed_calls_first() {
+    let cmd = crate::upnvme_io_cmd {
+        opcode: 0x02,
+        nsid: 1,
+        ..Default::default()
+    };
+    let call = |cmd: *const crate::upnvme_io_cmd, buf: *mut upnvme_buf, len: usize| {
+        // SAFETY: every call below is refused before the NULL pair or the
+        // (never dereferenced) buffer pointer is used; `cmd` is NULL or
+        // valid for a read.
+        unsafe {
+            crate::upnvme_io_passthru(
+                std::ptr::null_mut(),
+                cmd,
+                buf,
+                len,
+                None,
+                std::ptr::null_mut(),
+            )
+        }
+    };
+    assert_eq!(
+        call(std::ptr::null(), std::ptr::null_mut(), 0),
+        UPNVME_EINVAL
+    );
+    assert!(last_error().contains("cmd is NULL"), "{}", last_error());
+    let bad = crate::upnvme_io_cmd {
+        rsvd: [0, 1, 0],
+        ..cmd
+    };
+    assert_eq!(call(&bad, std::ptr::null_mut(), 0), UPNVME_EINVAL);
+    assert!(last_error().contains("rsvd"), "{}", last_error());
+    assert_eq!(call(&cmd, std::ptr::null_mut(), 512), UPNVME_EINVAL);
+    assert!(last_error().contains("buf is NULL"), "{}", last_error());
+    let not_a_handle = std::ptr::NonNull::<upnvme_buf>::dangling().as_ptr();
+    assert_eq!(call(&cmd, not_a_handle, 0), UPNVME_EINVAL);
+    assert!(last_error().contains("data_len 0"), "{}", last_error());
+    // Well formed: refused for the NULL pair only.
+    assert_eq!(call(&cmd, std::ptr::null_mut(), 0), UPNVME_EINVAL);
+    assert!(
+        last_error().contains("queue pair handle is NULL"),
+        "{}",
+        last_error()
+    );
+}
+
+/// `upnvme_io_passthru` of a data command on a namespace with separate
+/// metadata (a buffer the C API has no way to pass) is refused, nothing
+/// sent; on an extended-LBA namespace the data length covers the metadata
+/// interleaved with each block.
+#[test]
+fn io_passthru_and_metadata_formats() {
+    let ns = |nsid, extended| NamespaceConfig {
+        nsid,
+        lba_size: 512,
+        blocks: BLOCKS,
+        ms: 8,
+        extended,
+        ..NamespaceConfig::default()
+    };
+    let (m, c) = model_with(ModelConfig {
+        namespaces: vec![ns(1, false), ns(2, true)],
+        ..Default::default()
+    });
+    let mut qp = pair(&c, 8);
+    let b = handle(&c, 2 * 520);
+    let before = m.commands_fetched();
+    let rc = one_cmd(&mut qp, raw(0x02, 0, 0, 512), b).unwrap_err();
+    assert_eq!(rc, UPNVME_EINVAL, "{}", last_error());
+    assert!(last_error().contains("separate buffer"), "{}", last_error());
+    assert_eq!(m.commands_fetched(), before, "nothing sent");
+    let read2 = Cmd::Raw {
+        sqe: upnvme::Sqe::passthrough(0x02, 2, [0, 0], [0, 0, 1, 0, 0, 0]),
+        data_len: 2 * 520,
+    };
+    let mut seen: Vec<upnvme_cpl> = Vec::new();
+    let arg: *mut Vec<upnvme_cpl> = &mut seen;
+    // SAFETY: `b` live and not in flight; `seen` outlives the reap.
+    let rc = unsafe { qp.submit(2, read2, b, Some(cpl_cb), arg.cast()) };
+    assert_eq!(rc, UPNVME_OK, "{}", last_error());
+    let qpp: *mut Qpair<ModelController> = &mut *qp;
+    while seen.is_empty() {
+        // SAFETY: a live pair of this thread.
+        assert!(unsafe { Qpair::process_completions(qpp, 0) } >= 0);
+    }
+    assert_eq!((seen[0].status, seen[0].buf), (UPNVME_OK, b));
+    // SAFETY: live, back from its command; freed once.
+    assert_eq!(unsafe { upnvme_buf_free(b) }, UPNVME_OK);
+    drop(qp);
+    drop(c);
+    assert_eq!(m.dma_faults(), 0);
+}
