@@ -615,19 +615,25 @@ impl<D: Device> Qpair<D> {
         }
         // A Copy's source namespaces, each resolved like `nsid` (the list
         // was refreshed above when `nsid` needed it; a source retired or
-        // listed only since gets one more look, once per command).
+        // listed only since gets one more look, once per command). Every
+        // source is checked after that look, against the list the command
+        // is built from: one checked before it may be gone from the new
+        // list (another thread's refresh meanwhile), and the command must
+        // not go with that range read from another namespace.
         if let Cmd::Copy { ranges, .. } = cmd {
-            let mut refreshed = false;
+            let snsid = |r: &upnvme_copy_range| if r.snsid == 0 { nsid } else { r.snsid };
+            if ranges.iter().any(|r| {
+                let s = snsid(r);
+                !self.nss.iter().any(|n| n.id() == s && !n.is_stale())
+            }) {
+                self.nss = self
+                    .shared
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .clone();
+            }
             for (i, r) in ranges.iter().enumerate() {
-                let snsid = if r.snsid == 0 { nsid } else { r.snsid };
-                if !refreshed && !self.nss.iter().any(|n| n.id() == snsid && !n.is_stale()) {
-                    refreshed = true;
-                    self.nss = self
-                        .shared
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .clone();
-                }
+                let snsid = snsid(r);
                 if !self.nss.iter().any(|n| n.id() == snsid) {
                     return fail(
                         UPNVME_EINVAL,
@@ -805,7 +811,8 @@ impl<D: Device> Qpair<D> {
                 send(&mut self.qp, cmd, buffer, u64::from(slot))
             }
             Cmd::Copy { sdlba, ranges: r } => {
-                // Each source's handle, found above; a range of `ns` itself
+                // Each source's handle, in this very list (checked above,
+                // so the `ns` fallback is never taken); a range of `ns` itself
                 // (SNSID 0 or `nsid`) stays a same-namespace Copy (Format
                 // 0h/1h, which needs no Host Behavior Support) unless
                 // another namespace is in the list too. On the stack up to

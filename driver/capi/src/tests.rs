@@ -3228,6 +3228,59 @@ fn io_passthru_and_metadata_formats() {
     assert_eq!((seen[0].status, seen[0].buf), (UPNVME_OK, b));
     // SAFETY: live, back from its command; freed once.
     assert_eq!(unsafe { upnvme_buf_free(b) }, UPNVME_OK);
+/// A Copy's sources are checked against the very namespace list the
+/// command is built from. Range 0's namespace 2 is in the pair's list; range
+/// 1's namespace 3 is not, so the pair takes the controller's current list —
+/// in which (another thread's refresh having detached it meanwhile, as the
+/// shared list below stands for) namespace 2 is gone. The Copy must then be
+/// refused naming namespace 2, not sent with range 0 read from the
+/// destination namespace instead.
+#[test]
+fn a_copy_source_dropped_by_the_refresh_a_later_source_needs_is_refused() {
+    let ns = NamespaceConfig {
+        nsid: 1,
+        lba_size: 512,
+        blocks: 1024,
+        ..NamespaceConfig::default()
+    };
+    let (m, c) = model_with(ModelConfig {
+        namespaces: vec![
+            ns,
+            NamespaceConfig { nsid: 2, ..ns },
+            NamespaceConfig { nsid: 3, ..ns },
+        ],
+        oncs: ModelConfig::ONCS_COPY,
+        ocfs: 0xf,
+        ..Default::default()
+    });
+    m.write_namespace_data(1, 0, &[0x11; 512]);
+    m.write_namespace_data(2, 0, &[0x22; 512]);
+    m.write_namespace_data(3, 0, &[0x33; 512]);
+    let all = c.namespaces().to_vec();
+    let shared = std::sync::Arc::new(std::sync::Mutex::new(vec![all[0].clone(), all[1].clone()]));
+    let qp = c
+        .io_queue_pair(QueuePairOptions {
+            entries: Some(8),
+            ..Default::default()
+        })
+        .unwrap();
+    let mut qp = Box::new(Qpair::new(qp, shared.clone()));
+    // The controller's list now: namespace 2 gone, namespace 3 listed.
+    *shared.lock().unwrap() = vec![all[0].clone(), all[2].clone()];
+    let before = m.commands_fetched();
+    let rc = copy_c(&mut qp, 1, 100, &[range(0, 1, 2), range(0, 1, 3)]);
+    assert_eq!(
+        rc,
+        UPNVME_EINVAL,
+        "sent; namespace 1 at 100 now holds {:02x?}",
+        &m.namespace_data(1, 100, 1)[..4]
+    );
+    assert!(
+        last_error().contains("Copy source range 0: namespace 2 (snsid) is not an active"),
+        "{}",
+        last_error()
+    );
+    assert_eq!(m.commands_fetched(), before, "nothing sent");
     drop(qp);
     drop(c);
     assert_eq!(m.dma_faults(), 0);
