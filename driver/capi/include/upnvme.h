@@ -533,6 +533,12 @@ typedef struct upnvme_ctrl_info {
    */
   uint16_t crdt[3];
   /**
+   * Reserved, 0: the previous version's tail padding (its `sizeof` was
+   * 112, which an older library writes whole), so no later field lies
+   * where an older library's padding bytes land.
+   */
+  uint16_t rsvd110;
+  /**
    * OCFS, Optional Copy Formats Supported: bit *n* set, the controller
    * supports Copy Descriptor Format *n*h (`upnvme_copy`: 0h/1h within a
    * namespace, 2h/3h across namespaces; 0 leaves formats 0h/1h

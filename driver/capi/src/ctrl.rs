@@ -329,6 +329,10 @@ pub struct upnvme_ctrl_info {
     /// completion's `crd` 1–3 asks the host to wait `crdt[crd - 1]` × 100 ms
     /// before sending the command again.
     pub crdt: [u16; 3],
+    /// Reserved, 0: the previous version's tail padding (its `sizeof` was
+    /// 112, which an older library writes whole), so no later field lies
+    /// where an older library's padding bytes land.
+    pub rsvd110: u16,
     /// OCFS, Optional Copy Formats Supported: bit *n* set, the controller
     /// supports Copy Descriptor Format *n*h (`upnvme_copy`: 0h/1h within a
     /// namespace, 2h/3h across namespaces; 0 leaves formats 0h/1h
@@ -363,6 +367,7 @@ impl Default for upnvme_ctrl_info {
             mn: [0; 41],
             fr: [0; 9],
             crdt: [0; 3],
+            rsvd110: 0,
             ocfs: 0,
             cdfe: 0,
         }

@@ -213,9 +213,11 @@ fn the_info_layout_is_pinned() {
     assert_eq!(offset_of!(upnvme_ctrl_info, mn), 53);
     assert_eq!(offset_of!(upnvme_ctrl_info, fr), 94);
     assert_eq!(offset_of!(upnvme_ctrl_info, crdt), 104);
-    // `ocfs` took the padding after `crdt`; `cdfe` made the struct longer.
-    assert_eq!(offset_of!(upnvme_ctrl_info, ocfs), 110);
-    assert_eq!(offset_of!(upnvme_ctrl_info, cdfe), 112);
+    // The padding after `crdt` is reserved (`rsvd110`): an older library
+    // writes it, so `ocfs` and `cdfe` start past the old sizeof, 112.
+    assert_eq!(offset_of!(upnvme_ctrl_info, rsvd110), 110);
+    assert_eq!(offset_of!(upnvme_ctrl_info, ocfs), 112);
+    assert_eq!(offset_of!(upnvme_ctrl_info, cdfe), 114);
     // `crd` took the padding byte after `dnr`: no other field moved.
     assert_eq!(offset_of!(qpair::upnvme_cpl, crd), 7);
     assert_eq!(offset_of!(qpair::upnvme_cpl, dw0), 8);
@@ -223,6 +225,22 @@ fn the_info_layout_is_pinned() {
     assert_eq!(size_of::<qpair::upnvme_cpl>(), 24);
     assert_eq!(offset_of!(ctrl::upnvme_admin_cpl, crd), 11);
     assert_eq!(size_of::<ctrl::upnvme_admin_cpl>(), 12);
+}
+
+/// Every field lies wholly past the `sizeof` of each earlier version of the
+/// struct that lacked it. An older library writes its whole struct, tail
+/// padding included, and sets `size` to that `sizeof`; a field placed in
+/// that padding would pass `UPNVME_CTRL_INFO_HAS` in a program built
+/// against the newer header while holding the older library's padding
+/// bytes (as the options structs' rule, tests.rs::options_struct_sizes_are_pinned).
+#[test]
+fn fields_added_later_are_not_filled_by_an_older_library() {
+    // `UPNVME_CTRL_INFO_HAS(&info, field)` for an `info.size` of `size`.
+    let has = |offset: usize, len: usize, size: usize| offset + len <= size;
+    // Up to `fr`: sizeof 104. Up to `crdt`: sizeof 112.
+    assert!(!has(offset_of!(upnvme_ctrl_info, crdt), 6, 104));
+    assert!(!has(offset_of!(upnvme_ctrl_info, ocfs), 2, 112));
+    assert!(!has(offset_of!(upnvme_ctrl_info, cdfe), 2, 112));
 }
 
 unsafe extern "C" fn keep_cpl(arg: *mut std::ffi::c_void, cpl: *const qpair::upnvme_cpl) {
