@@ -77,22 +77,26 @@ static int wait_for(struct upnvme_qpair *qp, struct done *d)
     return d->status;
 }
 
-/* Writes (write != 0) or reads `blocks` blocks at `slba` of `nsid`. */
-static int rw(struct upnvme_qpair *qp, int write, uint32_t nsid, struct upnvme_buf *buf,
-              uint64_t slba, uint32_t blocks)
+/* Writes (write != 0) or reads `blocks` blocks at `slba` of `nsid`. `d` is
+ * main's, not this function's: a command given up after wait_for's 10 s
+ * keeps it until the pair is destroyed after the close, which runs its
+ * callback (UPNVME_ENODEV) after this function has returned. */
+static int rw(struct upnvme_qpair *qp, struct done *d, int write, uint32_t nsid,
+              struct upnvme_buf *buf, uint64_t slba, uint32_t blocks)
 {
-    struct done d = {0};
-    int rc = write ? upnvme_write(qp, nsid, buf, slba, blocks, on_done, &d)
-                   : upnvme_read(qp, nsid, buf, slba, blocks, on_done, &d);
-    return rc != UPNVME_OK ? rc : wait_for(qp, &d);
+    *d = (struct done){0};
+    int rc = write ? upnvme_write(qp, nsid, buf, slba, blocks, on_done, d)
+                   : upnvme_read(qp, nsid, buf, slba, blocks, on_done, d);
+    return rc != UPNVME_OK ? rc : wait_for(qp, d);
 }
 
-static int copy(struct upnvme_qpair *qp, uint32_t nsid, uint64_t sdlba,
+/* A Copy, `d` as in rw. */
+static int copy(struct upnvme_qpair *qp, struct done *d, uint32_t nsid, uint64_t sdlba,
                 const struct upnvme_copy_range *ranges, uint32_t count)
 {
-    struct done d = {0};
-    int rc = upnvme_copy(qp, nsid, sdlba, ranges, count, on_done, &d);
-    return rc != UPNVME_OK ? rc : wait_for(qp, &d);
+    *d = (struct done){0};
+    int rc = upnvme_copy(qp, nsid, sdlba, ranges, count, on_done, d);
+    return rc != UPNVME_OK ? rc : wait_for(qp, d);
 }
 
 /* Waits for the command `rc` says was submitted with `d`. */
@@ -115,6 +119,9 @@ int main(int argc, char **argv)
     struct upnvme_qpair *qp = NULL;
     struct upnvme_buf *buf = NULL;
     uint8_t *want = NULL;
+    /* Every command's completion: alive until main returns, past the
+     * callbacks the pair's destroy runs (see rw). */
+    struct done d = {0};
     int ret = 1;
 
     int rc = upnvme_ctrl_open(addr, NULL, &ctrl);
@@ -161,7 +168,7 @@ int main(int argc, char **argv)
 
     /* 1. Within namespace 1: A at BASE, B at BASE + 2, then B, A at BASE + 8. */
     fill(data, 4 * lba, 1);
-    rc = rw(qp, 1, 1, buf, BASE, 4);
+    rc = rw(qp, &d, 1, 1, buf, BASE, 4);
     if (rc != UPNVME_OK) {
         fail("upnvme_write", rc);
         goto out;
@@ -172,13 +179,13 @@ int main(int argc, char **argv)
         {.slba = BASE + 2, .blocks = 2, .snsid = 0},
         {.slba = BASE, .blocks = 2, .snsid = 1},
     };
-    rc = copy(qp, 1, BASE + 8, within, 2);
+    rc = copy(qp, &d, 1, BASE + 8, within, 2);
     if (rc != UPNVME_OK) {
         fail("upnvme_copy", rc);
         goto out;
     }
     memset(data, 0, 4 * lba);
-    rc = rw(qp, 0, 1, buf, BASE + 8, 4);
+    rc = rw(qp, &d, 0, 1, buf, BASE + 8, 4);
     if (rc != UPNVME_OK) {
         fail("upnvme_read", rc);
         goto out;
@@ -195,7 +202,7 @@ int main(int argc, char **argv)
      * Invalid Command Opcode (sct 0 sc 0x01). */
     memset(data, 0, 4 * lba);
     struct upnvme_io_cmd raw = {.opcode = 0x02, .nsid = 1, .cdw10 = BASE + 8, .cdw12 = 3};
-    struct done d = {0};
+    d = (struct done){0};
     rc = sent(qp, upnvme_io_passthru(qp, &raw, buf, 4 * lba, on_done, &d), &d);
     if (rc != UPNVME_OK) {
         fail("upnvme_io_passthru (Read)", rc);
@@ -273,7 +280,7 @@ int main(int argc, char **argv)
         }
         /* Written again, the block reads: restore block BASE + 9. */
         memcpy(data, want + lba, lba);
-        rc = rw(qp, 1, 1, buf, BASE + 9, 1);
+        rc = rw(qp, &d, 1, 1, buf, BASE + 9, 1);
         if (rc != UPNVME_OK) {
             fail("upnvme_write", rc);
             goto out;
@@ -303,7 +310,7 @@ int main(int argc, char **argv)
         goto out;
     }
     fill(data, 3 * lba, 2);
-    rc = rw(qp, 1, 2, buf, BASE, 3);
+    rc = rw(qp, &d, 1, 2, buf, BASE, 3);
     if (rc != UPNVME_OK) {
         fail("upnvme_write (namespace 2)", rc);
         goto out;
@@ -317,13 +324,13 @@ int main(int argc, char **argv)
         {.slba = BASE + 11, .blocks = 1, .snsid = 0},
         {.slba = BASE, .blocks = 3, .snsid = 2},
     };
-    rc = copy(qp, 1, BASE + 12, across, 2);
+    rc = copy(qp, &d, 1, BASE + 12, across, 2);
     if (rc != UPNVME_OK) {
         fail("upnvme_copy (cross-namespace)", rc);
         goto out;
     }
     memset(data, 0, 4 * lba);
-    rc = rw(qp, 0, 1, buf, BASE + 12, 4);
+    rc = rw(qp, &d, 0, 1, buf, BASE + 12, 4);
     if (rc != UPNVME_OK) {
         fail("upnvme_read", rc);
         goto out;

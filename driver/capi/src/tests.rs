@@ -3228,6 +3228,11 @@ fn io_passthru_and_metadata_formats() {
     assert_eq!((seen[0].status, seen[0].buf), (UPNVME_OK, b));
     // SAFETY: live, back from its command; freed once.
     assert_eq!(unsafe { upnvme_buf_free(b) }, UPNVME_OK);
+    drop(qp);
+    drop(c);
+    assert_eq!(m.dma_faults(), 0);
+}
+
 /// A Copy's sources are checked against the very namespace list the
 /// command is built from. Range 0's namespace 2 is in the pair's list; range
 /// 1's namespace 3 is not, so the pair takes the controller's current list —
