@@ -8,8 +8,10 @@
  *    the 4 blocks back and compares.
  * 2. The copied blocks again through upnvme_io_passthru (a raw Read), and an
  *    opcode the controller lacks (Invalid Command Opcode in the completion).
- * 3. Compare: the copied blocks against what they should hold (success),
- *    then against data with one byte changed (Compare Failure, SCT 2h SC 85h).
+ * 3. Compare, where the controller reports it (ONCS bit 0; else the call
+ *    is refused with ENOTSUP): the copied blocks against what they should
+ *    hold (success), then against data with one byte changed (Compare
+ *    Failure, SCT 2h SC 85h).
  * 4. Verify of the copied blocks and Write Uncorrectable, each where the
  *    controller reports it (ONCS bits 7 and 1; else the call is refused with
  *    ENOTSUP): one block marked uncorrectable fails a Read (Unrecovered Read
@@ -223,22 +225,32 @@ int main(int argc, char **argv)
     printf("io passthru: a raw Read matched, opcode 0xc4 is Invalid Command Opcode (sct 0 sc "
            "0x01)\n");
 
-    /* 3. Compare: equal, then one byte different. The data is `want`'s. */
-    d = (struct done){0};
-    rc = sent(qp, upnvme_compare(qp, 1, buf, BASE + 8, 4, on_done, &d), &d);
-    if (rc != UPNVME_OK) {
-        fail("upnvme_compare", rc);
-        goto out;
+    /* 3. Compare, where the controller reports it (ONCS bit 0): equal, then
+     * one byte different. The data is `want`'s. */
+    if (!(info.oncs & UPNVME_ONCS_COMPARE)) {
+        rc = upnvme_compare(qp, 1, buf, BASE + 8, 4, NULL, NULL);
+        if (rc != UPNVME_ENOTSUP) {
+            fprintf(stderr, "compare without ONCS bit 0: %d, not ENOTSUP\n", rc);
+            goto out;
+        }
+        printf("compare: not supported (ONCS bit 0 clear), refused\n");
+    } else {
+        d = (struct done){0};
+        rc = sent(qp, upnvme_compare(qp, 1, buf, BASE + 8, 4, on_done, &d), &d);
+        if (rc != UPNVME_OK) {
+            fail("upnvme_compare", rc);
+            goto out;
+        }
+        data[3 * lba + 17] ^= 0x40;
+        d = (struct done){0};
+        rc = upnvme_compare(qp, 1, buf, BASE + 8, 4, on_done, &d);
+        if (rc != UPNVME_OK || wait_for(qp, &d) != UPNVME_EIO || d.sct != 2 || d.sc != 0x85) {
+            fprintf(stderr, "compare of different data: rc %d status %d sct %u sc %#x, not "
+                            "Compare Failure\n", rc, d.status, d.sct, d.sc);
+            goto out;
+        }
+        printf("compare: equal blocks match, a changed byte is Compare Failure (sct 2 sc 0x85)\n");
     }
-    data[3 * lba + 17] ^= 0x40;
-    d = (struct done){0};
-    rc = upnvme_compare(qp, 1, buf, BASE + 8, 4, on_done, &d);
-    if (rc != UPNVME_OK || wait_for(qp, &d) != UPNVME_EIO || d.sct != 2 || d.sc != 0x85) {
-        fprintf(stderr, "compare of different data: rc %d status %d sct %u sc %#x, not "
-                        "Compare Failure\n", rc, d.status, d.sct, d.sc);
-        goto out;
-    }
-    printf("compare: equal blocks match, a changed byte is Compare Failure (sct 2 sc 0x85)\n");
 
     /* 4. Verify, Write Uncorrectable. */
     if (info.oncs & UPNVME_ONCS_VERIFY) {

@@ -1,8 +1,8 @@
 //! The C example driver/capi/examples/commands.c on the host, linked against
 //! tests/stub/upnvme_stub.c (a stand-in for libupnvme_c with one namespace
 //! in memory): the paths the guest's QEMU controller never takes — a
-//! command that never completes — which `cargo xtask test` (guest capi.rs)
-//! cannot reach.
+//! controller without Compare, a command that never completes — which
+//! `cargo xtask test` (guest capi.rs) cannot reach.
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
@@ -42,6 +42,26 @@ fn run(exe: &PathBuf, env: &[(&str, &str)]) -> (Option<i32>, String, String) {
         String::from_utf8_lossy(&stdout).into_owned(),
         String::from_utf8_lossy(&stderr).into_owned(),
     )
+}
+
+/// With Copy and Compare the example runs through (the stub is usable);
+/// without Compare (ONCS bit 0 clear) it meets and reports the refusal, as
+/// it does for Verify and Write Uncorrectable, instead of failing.
+#[test]
+fn commands_c_takes_a_controller_without_compare() {
+    let exe = build("commands_compare");
+    let (code, out, err) = run(&exe, &[("STUB_ONCS", "101")]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(
+        out.contains("compare: equal blocks match, a changed byte is Compare Failure"),
+        "{out}"
+    );
+    let (code, out, err) = run(&exe, &[("STUB_ONCS", "100")]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(
+        out.contains("compare: not supported (ONCS bit 0 clear), refused"),
+        "{out}"
+    );
 }
 
 /// A command that does not complete within the example's 10 s: it gives
