@@ -255,6 +255,25 @@ int upnvme_copy(struct upnvme_qpair *qp, uint32_t nsid, uint64_t sdlba,
     return post(cb, arg, NULL, UPNVME_OK, 0, 0);
 }
 
+/* A raw Read (02h: SLBA in CDW10-11, 0-based NLB in CDW12 15:0) moves
+ * data; any other opcode completes with Invalid Command Opcode (0h/01h). */
+int upnvme_io_passthru(struct upnvme_qpair *qp, const struct upnvme_io_cmd *cmd,
+                       struct upnvme_buf *buf, size_t data_len, upnvme_cmd_cb cb, void *arg)
+{
+    (void)qp;
+    if (!cmd || (data_len != 0) != (buf != NULL))
+        return UPNVME_EINVAL;
+    if (cmd->opcode != 0x02)
+        return post(cb, arg, buf, UPNVME_EIO, 0, 0x01);
+    uint64_t slba = (uint64_t)cmd->cdw11 << 32 | cmd->cdw10;
+    uint32_t blocks = (cmd->cdw12 & 0xffff) + 1;
+    uint8_t *m = at(cmd->nsid, slba, blocks);
+    if (!m || !buf || data_len < (size_t)blocks * LBA || buf->len < data_len)
+        return UPNVME_EINVAL;
+    memcpy(buf->p, m, (size_t)blocks * LBA);
+    return post(cb, arg, buf, UPNVME_OK, 0, 0);
+}
+
 int upnvme_qpair_process_completions(struct upnvme_qpair *qp, uint32_t max)
 {
     (void)qp;
