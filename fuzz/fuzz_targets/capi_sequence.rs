@@ -1573,6 +1573,8 @@ fuzz_target!(|data: &[u8]| {
     }
     if r.bool() {
         oncs |= ModelConfig::ONCS_VERIFY | ModelConfig::ONCS_WRITE_UNCORRECTABLE;
+    } else if r.bool() {
+        oncs &= !ModelConfig::ONCS_COMPARE;
     }
     // Copy Descriptor Formats: none reported, 0h/1h, or every one (the
     // library then enables 2h/3h through Host Behavior Support).

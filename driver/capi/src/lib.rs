@@ -1591,31 +1591,31 @@ pub unsafe extern "C" fn upnvme_copy(
                 format!("upnvme_copy: ranges must be non-NULL and count at least 1 (got {count})"),
             );
         }
+        // Refused before anything is read or allocated: one Copy carries
+        // at most 128 entries (a huge `count` must not become a huge copy).
+        if count > 128 {
+            return fail(
+                UPNVME_EINVAL,
+                format!(
+                    "upnvme_copy: {count} source ranges; one Copy carries at most 128 (102 on a \
+                     32- or 64-bit guard format): send several"
+                ),
+            );
+        }
         // Copied, never referenced, as in `upnvme_deallocate`.
-        let read = |i: usize| {
+        let mut one = [upnvme_copy_range {
+            slba: 0,
+            blocks: 0,
+            snsid: 0,
+        }; 128];
+        for (i, d) in one.iter_mut().take(count as usize).enumerate() {
             // SAFETY: `i < count`, and `ranges` is non-null and valid for
             // `count` reads (the caller's contract); an unaligned read of a
             // struct of integers, valid for any bit pattern, into our own
             // value.
-            unsafe { ranges.wrapping_add(i).read_unaligned() }
-        };
-        let count = count as usize;
-        let blank = upnvme_copy_range {
-            slba: 0,
-            blocks: 0,
-            snsid: 0,
-        };
-        let mut one = [blank; 128];
-        let many: Vec<upnvme_copy_range>;
-        let r: &[upnvme_copy_range] = if count <= one.len() {
-            for (i, d) in one.iter_mut().take(count).enumerate() {
-                *d = read(i);
-            }
-            &one[..count]
-        } else {
-            many = (0..count).map(read).collect();
-            &many
-        };
+            *d = unsafe { ranges.wrapping_add(i).read_unaligned() };
+        }
+        let r = &one[..count as usize];
         // SAFETY: the caller's contract.
         unsafe {
             submit(

@@ -2913,6 +2913,22 @@ fn copy_refusals_name_what_is_wrong_and_send_nothing() {
         "{}",
         last_error()
     );
+    // More than one Copy carries: refused before a range is read.
+    let many = [one; 129];
+    // SAFETY: `many` is valid for 129 reads; refused before any.
+    let rc = unsafe {
+        crate::upnvme_copy(
+            std::ptr::null_mut(),
+            1,
+            0,
+            many.as_ptr(),
+            129,
+            None,
+            std::ptr::null_mut(),
+        )
+    };
+    assert_eq!(rc, UPNVME_EINVAL);
+    assert!(last_error().contains("at most 128"), "{}", last_error());
 
     let (m, c) = model_with(copy_config(0x3));
     let h = crate::Ctrl::new(c);

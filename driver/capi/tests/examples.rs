@@ -45,8 +45,9 @@ fn run(exe: &PathBuf, env: &[(&str, &str)]) -> (Option<i32>, String, String) {
 }
 
 /// With Copy and Compare the example runs through (the stub is usable);
-/// without Compare (ONCS bit 0 clear) it meets and reports the refusal, as
-/// it does for Verify and Write Uncorrectable, instead of failing.
+/// without Compare (ONCS bit 0 clear) or Copy (bit 8) it meets and reports
+/// the refusal, as it does for Verify and Write Uncorrectable, instead of
+/// failing.
 #[test]
 fn commands_c_takes_a_controller_without_compare() {
     let exe = build("commands_compare");
@@ -62,6 +63,17 @@ fn commands_c_takes_a_controller_without_compare() {
         out.contains("compare: not supported (ONCS bit 0 clear), refused"),
         "{out}"
     );
+    // Without Copy either: the refusal, then the other steps on blocks
+    // written instead.
+    let (code, out, err) = run(&exe, &[("STUB_ONCS", "1")]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    for line in [
+        "copy: not supported (ONCS bit 8 clear), refused",
+        "io passthru: a raw Read matched",
+        "compare: equal blocks match",
+    ] {
+        assert!(out.contains(line), "{line}: {out}");
+    }
 }
 
 /// A command that does not complete within the example's 10 s: it gives
