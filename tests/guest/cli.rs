@@ -433,6 +433,99 @@ fn copy_moves_ranges_within_and_across_namespaces() {
 
 // ---------------------------------------------------------------- identify, list, smart-log
 
+/// `upnvme io-passthru`: a raw Write (01h) from a file lands on the blocks
+/// (`upnvme read` gives them back), a raw Read (02h) brings them back raw
+/// on stdout, an opcode the controller lacks fails with its status (exit
+/// 1), and a Read whose data length is shorter than its NLB, or no
+/// namespace, is refused (exit 2, nothing sent).
+#[test]
+fn io_passthru_moves_blocks_and_reports_statuses() {
+    let dev = device();
+    let lba = env_u64("UPNVME_VM_LBA_SIZE") as usize;
+    let data: Vec<u8> = (0..2 * lba).map(|i| (i * 7 + i / lba) as u8).collect();
+    fs::write("/tmp/io-passthru.bin", &data).unwrap();
+    // Write (01h): SLBA 60400 in CDW10, NLB 1 (0-based: two blocks).
+    let out = ok(&upnvme(&[
+        "io-passthru",
+        "-d",
+        &dev,
+        "-n",
+        "1",
+        "-O",
+        "0x01",
+        "--cdw10",
+        "60400",
+        "--cdw12",
+        "1",
+        "-i",
+        "/tmp/io-passthru.bin",
+    ]));
+    assert!(
+        out.starts_with("I/O command 0x01: Successful Completion"),
+        "{out}"
+    );
+    let o = upnvme(&["read", "-d", &dev, "-s", "60400", "-c", "2"]);
+    ok(&o);
+    assert!(o.stdout == data, "the raw Write's blocks");
+    // Read (02h), raw on stdout, the report on stderr.
+    let len = (2 * lba).to_string();
+    let o = upnvme(&[
+        "io-passthru",
+        "-d",
+        &dev,
+        "-n",
+        "1",
+        "-O",
+        "0x02",
+        "--cdw10",
+        "60400",
+        "--cdw12",
+        "1",
+        "-l",
+        &len,
+        "-b",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(o.stdout == data, "the raw Read's data");
+    assert!(
+        stderr(&o).contains("Successful Completion"),
+        "{}",
+        stderr(&o)
+    );
+    // An opcode QEMU does not have: its status, exit 1.
+    let err = fails(
+        &upnvme(&["io-passthru", "-d", &dev, "-n", "1", "-O", "0xc4"]),
+        1,
+    );
+    assert!(err.contains("Invalid Command Opcode"), "{err}");
+    // Refused, nothing sent: a data length shorter than NLB moves; no -n.
+    let short = lba.to_string();
+    let err = fails(
+        &upnvme(&[
+            "io-passthru",
+            "-d",
+            &dev,
+            "-n",
+            "1",
+            "-O",
+            "0x02",
+            "--cdw10",
+            "60400",
+            "--cdw12",
+            "1",
+            "-l",
+            &short,
+        ]),
+        2,
+    );
+    assert!(
+        err.contains(&format!("the transfer needs {} bytes", 2 * lba)),
+        "{err}"
+    );
+    let err = fails(&upnvme(&["io-passthru", "-d", &dev, "-O", "0x00"]), 2);
+    assert!(err.contains("pass -n NSID"), "{err}");
+}
+
 /// `upnvme admin-passthru`: Identify Controller back raw, a log page as a
 /// hex dump, Get Features' dword 0, a data structure sent to the controller
 /// and read back, an NVMe error status (exit 1) and a refused command

@@ -3,7 +3,7 @@
 //! Subcommands: `perf` (4 KiB round-trip latency and IOPS), `list`,
 //! `identify`, `smart-log`, `error-log`, `fw-log`, `get-log`,
 //! `get-feature`, `set-feature`, `read`,
-//! `write`, `copy`, `format`, `admin-passthru`,
+//! `write`, `copy`, `format`, `admin-passthru`, `io-passthru`,
 //! `setup status|bind|unbind|hugepages`.
 
 /// `print!` that returns an error instead of panicking when stdout is gone
@@ -175,6 +175,11 @@ enum Command {
     /// Event Request, Doorbell Buffer Config, Format NVM (`upnvme format`
     /// sends it), Namespace Management / Attachment) are refused.
     AdminPassthru(passthru::AdminPassthruArgs),
+    /// Send an I/O command, as nvme-cli's io-passthru: any opcode (vendor
+    /// specific, or an NVM command without its own subcommand) to namespace
+    /// -n on a new I/O queue pair; data from a file or back to stdout, as
+    /// admin-passthru. Not split: at most the controller's MDTS.
+    IoPassthru(passthru::IoPassthruArgs),
     /// Prepare the machine (run as root): `status` shows the IOMMU, the NVMe
     /// controllers with their drivers and IOMMU groups, and the hugepages;
     /// `bind` / `unbind` move controllers between vfio-pci and the kernel's
@@ -301,6 +306,7 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::List => show::list(),
         Command::AdminPassthru(a) => passthru::run(&a),
+        Command::IoPassthru(a) => passthru::run_io(&a),
         Command::GetFeature(a) => feature::get(&a),
         Command::SetFeature(a) => feature::set(&a),
         Command::GetLog(a) => feature::get_log(&a),

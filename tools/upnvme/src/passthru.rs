@@ -1,14 +1,16 @@
-//! `upnvme admin-passthru`: any admin command the driver does not own, as
-//! nvme-cli's `admin-passthru` sends it — the opcode, NSID and command
-//! dwords from flags, data from a file or back to stdout (a hex dump, or raw
-//! with `-b`), completion dword 0 in the report.
+//! `upnvme admin-passthru` and `io-passthru`: any admin command the driver
+//! does not own, or any I/O command, as nvme-cli's passthrough commands send
+//! them — the opcode, NSID and command dwords from flags, data from a file
+//! or back to stdout (a hex dump, or raw with `-b`), completion dword 0 in
+//! the report.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use upnvme::{Controller, Sqe};
+use std::time::Instant;
+use upnvme::{Controller, IoCommand, IoData, QueuePairOptions, Sqe};
 
 use crate::DeviceArgs;
 use crate::usage::usage;
@@ -18,6 +20,23 @@ use crate::usage::usage;
 pub struct AdminPassthruArgs {
     #[command(flatten)]
     dev: DeviceArgs,
+    #[command(flatten)]
+    cmd: PassthruCmd,
+}
+
+/// The flags of `upnvme io-passthru`: the same fields as
+/// `admin-passthru`'s, sent on an I/O queue pair to namespace `-n`.
+#[derive(clap::Args, Debug)]
+pub struct IoPassthruArgs {
+    #[command(flatten)]
+    dev: DeviceArgs,
+    #[command(flatten)]
+    cmd: PassthruCmd,
+}
+
+/// The command and its data, as nvme-cli's passthrough commands take them.
+#[derive(clap::Args, Debug)]
+pub struct PassthruCmd {
     /// Opcode (decimal or 0x-prefixed hex); its bits 1:0 give the data
     /// direction (01b host to controller, 10b controller to host, 11b both),
     /// to which --read / --write add.
@@ -72,9 +91,9 @@ pub struct AdminPassthruArgs {
     /// report goes to stderr then).
     #[arg(short = 'b', long)]
     raw_binary: bool,
-    /// Bound on the command in milliseconds (default: the admin timeout;
-    /// a Firmware Commit that activates may need up to the controller's
-    /// MTFA).
+    /// Bound on the command in milliseconds (default: the admin timeout,
+    /// for io-passthru 30 s; a Firmware Commit that activates may need up to
+    /// the controller's MTFA).
     #[arg(short = 't', long, value_parser = clap::value_parser!(u64).range(1..))]
     timeout: Option<u64>,
 }
@@ -109,7 +128,7 @@ enum Direction {
     Both,
 }
 
-impl AdminPassthruArgs {
+impl PassthruCmd {
     /// The opcode's direction, with what --read / --write add (as
     /// nvme-cli: the flags add to the opcode's bits, never take away).
     fn direction(&self) -> Direction {
@@ -224,8 +243,9 @@ pub fn read_input(path: &Path, max: Option<usize>, flag: &str) -> Result<Vec<u8>
     }
 }
 
-/// Runs `upnvme admin-passthru`.
-pub fn run(a: &AdminPassthruArgs) -> Result<()> {
+/// Checks the flags and reads the data to send, before the controller is
+/// opened: the direction, the data (if any) and the data pointer's length.
+fn prepare(a: &PassthruCmd) -> Result<(Direction, Option<Vec<u8>>, usize)> {
     let direction = a.direction();
     if direction == Direction::None && a.data_len.is_some_and(|l| l > 0) {
         return Err(usage(format!(
@@ -241,30 +261,117 @@ pub fn run(a: &AdminPassthruArgs) -> Result<()> {
         Some(d) => d.len(),
         None => a.data_len.unwrap_or(0),
     };
+    Ok((direction, out, data_len))
+}
+
+/// Runs `upnvme admin-passthru`.
+pub fn run(a: &AdminPassthruArgs) -> Result<()> {
+    let (direction, out, data_len) = prepare(&a.cmd)?;
     let c = a.dev.open()?;
-    let result = send(&c, a, data_len, out.as_deref());
+    let result = send(&c, &a.cmd, data_len, out.as_deref());
     let closed = c.close();
     let (cqe, data) = result?;
     // What the command did is shown even when the shutdown after it fails
     // (then reported, exit 1).
-    shown(a, direction, &cqe, &data)?;
+    let report = format!(
+        "admin command 0x{:02x}: Successful Completion, dword 0 0x{:08x}, dword 1 0x{:08x}",
+        a.cmd.opcode,
+        cqe.dw0(),
+        cqe.dw[1]
+    );
+    shown(&a.cmd, direction, &report, &data)?;
     closed?;
     Ok(())
 }
 
-/// Prints the completion and the data received.
-fn shown(
-    a: &AdminPassthruArgs,
-    direction: Direction,
-    cqe: &upnvme::Cqe,
-    data: &[u8],
-) -> Result<()> {
+/// Runs `upnvme io-passthru`: the command on a new I/O queue pair of the
+/// controller, to namespace `-n` (an active namespace).
+pub fn run_io(a: &IoPassthruArgs) -> Result<()> {
+    if a.cmd.nsid == 0 {
+        return Err(usage(
+            "io-passthru needs a namespace: pass -n NSID (an active namespace; `upnvme list` \
+             shows them)",
+        )
+        .into());
+    }
+    let (direction, out, data_len) = prepare(&a.cmd)?;
+    let c = a.dev.open()?;
+    let result = send_io(&c, &a.cmd, data_len, out.as_deref());
+    let closed = c.close();
+    let (dw0, data) = result?;
     let report = format!(
-        "admin command 0x{:02x}: Successful Completion, dword 0 0x{:08x}, dword 1 0x{:08x}",
-        a.opcode,
-        cqe.dw0(),
-        cqe.dw[1]
+        "I/O command 0x{:02x}: Successful Completion, dword 0 0x{dw0:08x}",
+        a.cmd.opcode
     );
+    shown(&a.cmd, direction, &report, &data)?;
+    closed?;
+    Ok(())
+}
+
+/// The I/O command on a queue pair of `c`: its completion dword 0 and the
+/// data it brought. A refusal (nothing sent) is a usage error; an NVMe
+/// error status or no completion within the timeout is an error.
+fn send_io(
+    c: &Controller,
+    a: &PassthruCmd,
+    data_len: usize,
+    out: Option<&[u8]>,
+) -> Result<(u32, Vec<u8>)> {
+    let ns = c
+        .namespace(a.nsid)
+        .map_err(|e| usage(format!("-n {}: {e}", a.nsid)))?
+        .clone();
+    let mut qp = c.io_queue_pair(QueuePairOptions::default())?;
+    let buf = match data_len {
+        0 => None,
+        n => {
+            let b = c.alloc_dma(n)?;
+            if let Some(d) = out {
+                b.write_bytes(0, d)?;
+            }
+            Some(b)
+        }
+    };
+    let sqe = a.sqe();
+    let cmd = IoCommand::Raw {
+        ns: &ns,
+        sqe: &sqe,
+        data_len,
+    };
+    if let Err(r) = qp.submit_io(cmd, IoData::from(buf), 0) {
+        return Err(usage(qp.describe(r.reason).to_string()).into());
+    }
+    let limit = Duration::from_millis(a.timeout.unwrap_or(30_000));
+    let start = Instant::now();
+    let done = loop {
+        let mut got = None;
+        qp.process_completions(1, |_, c| got = Some(c))?;
+        if let Some(c) = got {
+            break c;
+        }
+        if start.elapsed() > limit {
+            anyhow::bail!(
+                "I/O command 0x{:02x}: no completion within {} ms (it stays in flight until \
+                 the controller is closed)",
+                a.opcode,
+                limit.as_millis()
+            );
+        }
+    };
+    let dw0 = done
+        .result
+        .with_context(|| format!("I/O command 0x{:02x}", a.opcode))?;
+    let mut data = vec![0u8; data_len];
+    if let Some(b) = &done.buffer
+        && data_len > 0
+    {
+        b.read_bytes(0, &mut data)?;
+    }
+    Ok((dw0, data))
+}
+
+/// Prints the completion's `report` and the data received.
+fn shown(a: &PassthruCmd, direction: Direction, report: &str, data: &[u8]) -> Result<()> {
     let receives = matches!(direction, Direction::FromController | Direction::Both);
     if a.raw_binary {
         eprintln!("{report}");
@@ -286,7 +393,7 @@ fn shown(
 /// errors.
 fn send(
     c: &Controller,
-    a: &AdminPassthruArgs,
+    a: &PassthruCmd,
     data_len: usize,
     out: Option<&[u8]>,
 ) -> Result<(upnvme::Cqe, Vec<u8>)> {
