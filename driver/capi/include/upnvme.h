@@ -122,6 +122,37 @@
 #define UPNVME_VWC_PRESENT (1 << 0)
 
 /**
+ * `upnvme_io_ext.pi` bit: PRACT (CDW12 bit 29), Protection Information
+ * Action — on a write the controller generates each block's protection
+ * information (with 8- or 16-byte metadata that is only the tuple, the
+ * host sends data only); on a read it checks it and, for such metadata,
+ * strips it (the buffer gets data only).
+ */
+#define UPNVME_PI_PRACT (1 << 0)
+
+/**
+ * `upnvme_io_ext.pi` bit: PRCHK bit 2, check each block's Guard.
+ */
+#define UPNVME_PI_CHECK_GUARD (1 << 1)
+
+/**
+ * `upnvme_io_ext.pi` bit: PRCHK bit 1, check the Application Tag under
+ * `app_tag_mask`.
+ */
+#define UPNVME_PI_CHECK_APP_TAG (1 << 2)
+
+/**
+ * `upnvme_io_ext.pi` bit: PRCHK bit 0, check the Reference Tag.
+ */
+#define UPNVME_PI_CHECK_REF_TAG (1 << 3)
+
+/**
+ * `upnvme_io_ext.pi` bit: `ref_tag` holds the (expected) initial
+ * reference tag; without it the command's starting LBA is used.
+ */
+#define UPNVME_PI_REF_TAG (1 << 4)
+
+/**
  * Success.
  */
 #define UPNVME_OK 0
@@ -425,8 +456,10 @@ typedef struct upnvme_ns_info {
    */
   uint64_t size_bytes;
   /**
-   * Metadata bytes per block (LBAF.MS); Read and Write are refused with
-   * `UPNVME_ENOTSUP` when it is not 0 (the C API moves no metadata).
+   * Metadata bytes per block (LBAF.MS). When it is not 0, `upnvme_read`,
+   * `upnvme_write` and `upnvme_compare` are refused with `UPNVME_ENOTSUP`
+   * (their buffers carry data only): use `upnvme_read_ext` and the other
+   * `_ext` functions, which take a metadata buffer and protection fields.
    */
   uint16_t metadata_size;
   /**
@@ -444,6 +477,21 @@ typedef struct upnvme_ns_info {
    * deallocate. (It took the padding after `pi_type`: no field moved.)
    */
   uint8_t dlfeat;
+  /**
+   * DPS bit 3: the protection information tuple is the first bytes of
+   * each block's metadata (else the last). False without protection
+   * information. (In the padding after `dlfeat`, as `pi_guard_bits`:
+   * no field moved and the struct's size is unchanged; a library built
+   * before them writes unspecified padding bytes there.)
+   */
+  bool pi_first;
+  /**
+   * The guard size of the protection information in bits (ELBAF.PIF):
+   * 16 (an 8-byte tuple, CRC-16), 32 (CRC-32C, 16 bytes; the library
+   * refuses protection fields on it) or 64 (CRC-64, 16 bytes); 0
+   * without protection information.
+   */
+  uint8_t pi_guard_bits;
 } upnvme_ns_info;
 
 /**
@@ -660,6 +708,13 @@ typedef struct upnvme_cpl {
    * the application again.
    */
   struct upnvme_buf *buf;
+  /**
+   * The command's separate metadata buffer handle (`upnvme_io_ext.md`;
+   * null without one), owned by the application again. Added after
+   * `buf`: a program built against a header without it reads the fields
+   * before it only.
+   */
+  struct upnvme_buf *md;
 } upnvme_cpl;
 
 /**
@@ -720,6 +775,56 @@ typedef struct upnvme_io_cmd {
    */
   uint32_t cdw15;
 } upnvme_io_cmd;
+
+/**
+ * What the `_ext` functions (`upnvme_read_ext`, ...) add to a command:
+ * CDW12's flags, a separate metadata buffer, and End-to-end Data
+ * Protection fields (NVM Command Set Specification, "Protection
+ * Information Field" and Command Dwords 12, 14 and 15 of Read, Write,
+ * Compare, Verify and Write Zeroes). Zero it and set `size`
+ * (`struct upnvme_io_ext e = { .size = sizeof e };`): fields past the
+ * `size` a caller was built with read as 0.
+ */
+typedef struct upnvme_io_ext {
+  /**
+   * `sizeof(struct upnvme_io_ext)` as the caller's header has it (a
+   * struct with `size` below 4 is refused with `UPNVME_EINVAL`).
+   */
+  uint32_t size;
+  /**
+   * `UPNVME_IO_FUA`, `UPNVME_IO_LIMITED_RETRY`, or 0.
+   */
+  uint32_t flags;
+  /**
+   * The separate metadata buffer (MPTR) for a namespace whose metadata
+   * is not part of each block (`upnvme_ns_info.metadata_extended`
+   * false): at least `blocks × metadata_size` bytes, held by the command
+   * until its callback (`upnvme_cpl.md`), like the data buffer. NULL
+   * otherwise: on an extended-LBA namespace the data buffer carries each
+   * block's metadata after its data (`blocks × (lba_size +
+   * metadata_size)` bytes).
+   */
+  struct upnvme_buf *md;
+  /**
+   * `UPNVME_PI_*` bits: PRACT, the PRCHK checks, and whether `ref_tag`
+   * is given; 0 sends no protection fields (PRINFO 0).
+   */
+  uint32_t pi;
+  /**
+   * The (expected) Logical Block Application Tag (CDW15 bits 15:0).
+   */
+  uint16_t app_tag;
+  /**
+   * Which application tag bits are checked (CDW15 bits 31:16).
+   */
+  uint16_t app_tag_mask;
+  /**
+   * The (expected) Initial Logical Block Reference Tag, with
+   * `UPNVME_PI_REF_TAG`; without it, the command's starting LBA (which
+   * Type 1 requires).
+   */
+  uint64_t ref_tag;
+} upnvme_io_ext;
 
 /**
  * One Dataset Management range (`upnvme_deallocate`).
@@ -1354,10 +1459,10 @@ int upnvme_write_uncorrectable(struct upnvme_qpair *qp,
  * Management, Copy and the Reservation commands `data_len` must cover what
  * the SQE moves (else `UPNVME_EINVAL`, nothing sent); any other opcode gets
  * a data pointer for exactly `data_len` bytes and must move exactly that
- * many. A namespace with separate metadata cannot take a raw data command
- * from C (no metadata buffer: `UPNVME_EINVAL`). Not split: above the
- * controller's MDTS, `UPNVME_EINVAL`. `cmd->rsvd` must be 0. Completion
- * dword 0 comes back in `cpl->dw0`.
+ * many. A data command on a namespace with separate metadata needs its
+ * metadata buffer: `upnvme_io_passthru_ext` (here: `UPNVME_EINVAL`). Not
+ * split: above the controller's MDTS, `UPNVME_EINVAL`. `cmd->rsvd` must be
+ * 0. Completion dword 0 comes back in `cpl->dw0`.
  *
  * # Safety
  * `qp` a live pair; `cmd` valid for a read; `buf` null or a live handle.
@@ -1368,6 +1473,27 @@ int upnvme_io_passthru(struct upnvme_qpair *qp,
                        size_t data_len,
                        upnvme_cmd_cb cb,
                        void *cb_arg);
+
+/**
+ * `upnvme_io_passthru` with `ext->md`, the separate metadata buffer the
+ * command's MPTR points at (Read, Write and Compare on a namespace whose
+ * metadata is separate: at least what CDW12.NLB and PRINFO.PRACT say it
+ * moves; another opcode: the buffer's length, which the device is trusted
+ * to keep to). A raw command carries its own flags and protection fields
+ * in CDW12–15: `ext->flags` and `ext->pi` must be 0 (`UPNVME_EINVAL`).
+ * The metadata handle comes back in `cpl->md`.
+ *
+ * # Safety
+ * As `upnvme_io_passthru`; `ext` null or valid for reads of `ext->size`
+ * bytes, its `md` null or a live handle.
+ */
+int upnvme_io_passthru_ext(struct upnvme_qpair *qp,
+                           const struct upnvme_io_cmd *cmd,
+                           struct upnvme_buf *buf,
+                           size_t data_len,
+                           const struct upnvme_io_ext *ext,
+                           upnvme_cmd_cb cb,
+                           void *cb_arg);
 
 /**
  * `upnvme_read` with per-command `flags`: `UPNVME_IO_FUA`,
@@ -1401,6 +1527,112 @@ int upnvme_write_flags(struct upnvme_qpair *qp,
                        uint32_t flags,
                        upnvme_cmd_cb cb,
                        void *cb_arg);
+
+/**
+ * `upnvme_read` with what `ext` adds (NULL: nothing): `ext->flags`
+ * (`UPNVME_IO_FUA`, `UPNVME_IO_LIMITED_RETRY`), a separate metadata buffer
+ * `ext->md`, and protection fields (`ext->pi`, the tags). Unlike
+ * `upnvme_read` it reads a namespace with metadata: with the metadata
+ * separate (`upnvme_ns_info.metadata_extended` false) `ext->md` receives
+ * `blocks × metadata_size` bytes; with extended LBAs `buf` receives each
+ * block's data followed by its metadata (`blocks × (lba_size +
+ * metadata_size)` bytes). With `UPNVME_PI_PRACT` where the metadata is
+ * only the protection information tuple (8 bytes, or 16 with a 64-bit
+ * guard), the controller checks and strips it: `buf` gets data only and
+ * no `md` is given. A buffer too small for what the format moves, a
+ * metadata buffer where the format has none (or none where it needs one),
+ * protection fields on a namespace without protection information: each
+ * is refused with `UPNVME_EINVAL` (`UPNVME_ENOTSUP` for what the format
+ * cannot do at all) and nothing is sent. A check that fails completes with
+ * `UPNVME_EIO` and `cpl.sct` 2h, `cpl.sc` 82h–84h (Guard, Application
+ * Tag, Reference Tag Check Error). Both handles are the command's until
+ * `cb`, which gets them in `cpl->buf` and `cpl->md`.
+ *
+ * # Safety
+ * `qp` a live pair; `buf` a live handle; `ext` null or valid for reads of
+ * `ext->size` bytes, its `md` null or a live handle.
+ */
+int upnvme_read_ext(struct upnvme_qpair *qp,
+                    uint32_t nsid,
+                    struct upnvme_buf *buf,
+                    uint64_t slba,
+                    uint32_t blocks,
+                    const struct upnvme_io_ext *ext,
+                    upnvme_cmd_cb cb,
+                    void *cb_arg);
+
+/**
+ * `upnvme_write` with what `ext` adds, as `upnvme_read_ext`: `buf` (and
+ * `ext->md`) carry the data and metadata the format stores. With
+ * `UPNVME_PI_PRACT` the controller generates each block's protection
+ * information (its reference tag from `ext->ref_tag` or the LBA); where
+ * the metadata is only that tuple, `buf` carries data only and no `md` is
+ * given.
+ *
+ * # Safety
+ * As `upnvme_read_ext`.
+ */
+int upnvme_write_ext(struct upnvme_qpair *qp,
+                     uint32_t nsid,
+                     struct upnvme_buf *buf,
+                     uint64_t slba,
+                     uint32_t blocks,
+                     const struct upnvme_io_ext *ext,
+                     upnvme_cmd_cb cb,
+                     void *cb_arg);
+
+/**
+ * `upnvme_compare` with what `ext` adds, as `upnvme_read_ext` (the
+ * controller compares the data and, where `buf` or `md` carry it, the
+ * metadata).
+ *
+ * # Safety
+ * As `upnvme_read_ext`.
+ */
+int upnvme_compare_ext(struct upnvme_qpair *qp,
+                       uint32_t nsid,
+                       struct upnvme_buf *buf,
+                       uint64_t slba,
+                       uint32_t blocks,
+                       const struct upnvme_io_ext *ext,
+                       upnvme_cmd_cb cb,
+                       void *cb_arg);
+
+/**
+ * `upnvme_verify` with what `ext` adds: `ext->flags` and the protection
+ * checks (`UPNVME_PI_CHECK_*`, the expected tags) the controller applies
+ * to the blocks it reads; no buffer, so `ext->md` must be NULL
+ * (`UPNVME_EINVAL`).
+ *
+ * # Safety
+ * `qp` a live pair; `ext` as in `upnvme_read_ext`.
+ */
+int upnvme_verify_ext(struct upnvme_qpair *qp,
+                      uint32_t nsid,
+                      uint64_t slba,
+                      uint32_t blocks,
+                      const struct upnvme_io_ext *ext,
+                      upnvme_cmd_cb cb,
+                      void *cb_arg);
+
+/**
+ * `upnvme_write_zeroes` with what `ext` adds: `ext->flags`, and
+ * `UPNVME_PI_PRACT` (with `ext->ref_tag`, `app_tag`) on a namespace with
+ * protection information, so that the controller writes valid protection
+ * information for the zeroed blocks (the PRCHK bits must be 0: there is
+ * no data to check); `ext->md` must be NULL.
+ *
+ * # Safety
+ * `qp` a live pair; `ext` as in `upnvme_read_ext`.
+ */
+int upnvme_write_zeroes_ext(struct upnvme_qpair *qp,
+                            uint32_t nsid,
+                            uint64_t slba,
+                            uint32_t blocks,
+                            bool deallocate,
+                            const struct upnvme_io_ext *ext,
+                            upnvme_cmd_cb cb,
+                            void *cb_arg);
 
 /**
  * Flush (commit the volatile write cache) of namespace `nsid`, an active

@@ -233,8 +233,10 @@ pub struct upnvme_ns_info {
     pub blocks: u64,
     /// NSZE × LBA size.
     pub size_bytes: u64,
-    /// Metadata bytes per block (LBAF.MS); Read and Write are refused with
-    /// `UPNVME_ENOTSUP` when it is not 0 (the C API moves no metadata).
+    /// Metadata bytes per block (LBAF.MS). When it is not 0, `upnvme_read`,
+    /// `upnvme_write` and `upnvme_compare` are refused with `UPNVME_ENOTSUP`
+    /// (their buffers carry data only): use `upnvme_read_ext` and the other
+    /// `_ext` functions, which take a metadata buffer and protection fields.
     pub metadata_size: u16,
     /// FLBAS bit 4: metadata at the end of each block (extended LBA).
     pub metadata_extended: bool,
@@ -245,6 +247,17 @@ pub struct upnvme_ns_info {
     /// zeroes; 010b all ones; 000b not reported), bit 3 Write Zeroes can
     /// deallocate. (It took the padding after `pi_type`: no field moved.)
     pub dlfeat: u8,
+    /// DPS bit 3: the protection information tuple is the first bytes of
+    /// each block's metadata (else the last). False without protection
+    /// information. (In the padding after `dlfeat`, as `pi_guard_bits`:
+    /// no field moved and the struct's size is unchanged; a library built
+    /// before them writes unspecified padding bytes there.)
+    pub pi_first: bool,
+    /// The guard size of the protection information in bits (ELBAF.PIF):
+    /// 16 (an 8-byte tuple, CRC-16), 32 (CRC-32C, 16 bytes; the library
+    /// refuses protection fields on it) or 64 (CRC-64, 16 bytes); 0
+    /// without protection information.
+    pub pi_guard_bits: u8,
 }
 
 /// Identify Namespace DLFEAT bits 2:0 = 001b (`info.dlfeat & 7`): a
@@ -686,6 +699,10 @@ impl<D: Device> Ctrl<D> {
             metadata_extended: layout.is_some_and(|l| l.extended),
             pi_type: layout.map_or(0, |l| l.pi_type),
             dlfeat: ns.identify().dlfeat,
+            pi_first: layout.is_some_and(|l| l.pi_type != 0 && l.pi_first),
+            pi_guard_bits: layout
+                .filter(|l| l.pi_type != 0)
+                .map_or(0, |l| l.pif.guard_bits() as u8),
         })
     }
 }

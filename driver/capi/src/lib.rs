@@ -39,8 +39,9 @@ pub use ctrl::{
     upnvme_format, upnvme_ns_info,
 };
 pub use qpair::{
-    Cmd, Qpair, upnvme_cmd_cb, upnvme_copy_range, upnvme_cpl, upnvme_io_cmd, upnvme_qpair_opts,
-    upnvme_range,
+    Cmd, Ext, Qpair, UPNVME_PI_CHECK_APP_TAG, UPNVME_PI_CHECK_GUARD, UPNVME_PI_CHECK_REF_TAG,
+    UPNVME_PI_PRACT, UPNVME_PI_REF_TAG, upnvme_cmd_cb, upnvme_copy_range, upnvme_cpl,
+    upnvme_io_cmd, upnvme_io_ext, upnvme_qpair_opts, upnvme_range,
 };
 pub use status::*;
 
@@ -1192,7 +1193,76 @@ unsafe fn submit_flags(
             return fail(UPNVME_EINVAL, "the queue pair handle is NULL");
         };
         // SAFETY: `buf` null or live (the caller's contract).
-        unsafe { q.0.submit_with(nsid, cmd, f, buf, cb, arg) }
+        unsafe { q.0.submit_with(nsid, cmd, Ext::flags(f), buf, cb, arg) }
+    })
+}
+
+/// [`submit`] with a C `upnvme_io_ext` (NULL: none of its additions),
+/// read as far as its `size` says; an unknown `flags` or `pi` bit is
+/// refused with `UPNVME_EINVAL`. The command may address a namespace with
+/// metadata (the library checks the buffers against its format).
+///
+/// # Safety
+/// As [`submit`]; `ext` is null or valid for reads of its `size` bytes
+/// (at least 4), and its `md` null or a live handle.
+unsafe fn submit_ext(
+    qp: *mut upnvme_qpair,
+    nsid: u32,
+    cmd: Cmd<'_>,
+    ext: *const upnvme_io_ext,
+    buf: *mut upnvme_buf,
+    cb: upnvme_cmd_cb,
+    arg: *mut c_void,
+) -> c_int {
+    guard(|| {
+        // SAFETY: the caller's contract.
+        let x = match unsafe { ext_of(ext) } {
+            Ok(x) => x,
+            Err(rc) => return rc,
+        };
+        // SAFETY: as in `submit`.
+        let Some(q) = (unsafe { qp.as_mut() }) else {
+            return fail(UPNVME_EINVAL, "the queue pair handle is NULL");
+        };
+        // SAFETY: `buf` and `x.md` null or live (the caller's contract).
+        unsafe { q.0.submit_with(nsid, cmd, x, buf, cb, arg) }
+    })
+}
+
+/// What a C `upnvme_io_ext` asks for (NULL: nothing), read as far as its
+/// `size` says; `Err` with the code (the message recorded) for a `size`
+/// below 4 or an unknown `flags` or `pi` bit.
+///
+/// # Safety
+/// `ext` is null or valid for reads of its `size` bytes (at least 4).
+pub(crate) unsafe fn ext_of(ext: *const upnvme_io_ext) -> Result<Ext, c_int> {
+    // SAFETY: `ext` is null or valid for 4 bytes (the caller's contract);
+    // read unaligned, as `read_sized` reads it.
+    if !ext.is_null() && unsafe { ext.cast::<u32>().read_unaligned() } < 4 {
+        return Err(fail(
+            UPNVME_EINVAL,
+            "upnvme_io_ext.size is below 4: set it to sizeof(struct upnvme_io_ext) \
+             (`struct upnvme_io_ext e = { .size = sizeof e };`), or pass NULL",
+        ));
+    }
+    // SAFETY: as above: null, or valid for its `size` bytes.
+    let e = unsafe { read_sized(ext) }?;
+    let Some(flags) = io_flags(e.flags) else {
+        return Err(fail(
+            UPNVME_EINVAL,
+            format!(
+                "upnvme_io_ext.flags 0x{:x}: bits other than UPNVME_IO_FUA (0x1) and \
+                 UPNVME_IO_LIMITED_RETRY (0x2) are not defined; nothing was sent",
+                e.flags
+            ),
+        ));
+    };
+    let protection = e.protection().map_err(|why| fail(UPNVME_EINVAL, why))?;
+    Ok(Ext {
+        flags,
+        md: e.md,
+        protection,
+        metadata_aware: true,
     })
 }
 
@@ -1316,10 +1386,10 @@ pub unsafe extern "C" fn upnvme_write_uncorrectable(
 /// Management, Copy and the Reservation commands `data_len` must cover what
 /// the SQE moves (else `UPNVME_EINVAL`, nothing sent); any other opcode gets
 /// a data pointer for exactly `data_len` bytes and must move exactly that
-/// many. A namespace with separate metadata cannot take a raw data command
-/// from C (no metadata buffer: `UPNVME_EINVAL`). Not split: above the
-/// controller's MDTS, `UPNVME_EINVAL`. `cmd->rsvd` must be 0. Completion
-/// dword 0 comes back in `cpl->dw0`.
+/// many. A data command on a namespace with separate metadata needs its
+/// metadata buffer: `upnvme_io_passthru_ext` (here: `UPNVME_EINVAL`). Not
+/// split: above the controller's MDTS, `UPNVME_EINVAL`. `cmd->rsvd` must be
+/// 0. Completion dword 0 comes back in `cpl->dw0`.
 ///
 /// # Safety
 /// `qp` a live pair; `cmd` valid for a read; `buf` null or a live handle.
@@ -1329,6 +1399,49 @@ pub unsafe extern "C" fn upnvme_io_passthru(
     cmd: *const upnvme_io_cmd,
     buf: *mut upnvme_buf,
     data_len: usize,
+    cb: upnvme_cmd_cb,
+    cb_arg: *mut c_void,
+) -> c_int {
+    // SAFETY: the caller's contract (no `ext`).
+    unsafe { io_passthru(qp, cmd, buf, data_len, std::ptr::null(), cb, cb_arg) }
+}
+
+/// `upnvme_io_passthru` with `ext->md`, the separate metadata buffer the
+/// command's MPTR points at (Read, Write and Compare on a namespace whose
+/// metadata is separate: at least what CDW12.NLB and PRINFO.PRACT say it
+/// moves; another opcode: the buffer's length, which the device is trusted
+/// to keep to). A raw command carries its own flags and protection fields
+/// in CDW12–15: `ext->flags` and `ext->pi` must be 0 (`UPNVME_EINVAL`).
+/// The metadata handle comes back in `cpl->md`.
+///
+/// # Safety
+/// As `upnvme_io_passthru`; `ext` null or valid for reads of `ext->size`
+/// bytes, its `md` null or a live handle.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn upnvme_io_passthru_ext(
+    qp: *mut upnvme_qpair,
+    cmd: *const upnvme_io_cmd,
+    buf: *mut upnvme_buf,
+    data_len: usize,
+    ext: *const upnvme_io_ext,
+    cb: upnvme_cmd_cb,
+    cb_arg: *mut c_void,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    unsafe { io_passthru(qp, cmd, buf, data_len, ext, cb, cb_arg) }
+}
+
+/// `upnvme_io_passthru` and its `_ext` form.
+///
+/// # Safety
+/// As `upnvme_io_passthru_ext`.
+unsafe fn io_passthru(
+    qp: *mut upnvme_qpair,
+    cmd: *const upnvme_io_cmd,
+    buf: *mut upnvme_buf,
+    data_len: usize,
+    ext: *const upnvme_io_ext,
     cb: upnvme_cmd_cb,
     cb_arg: *mut c_void,
 ) -> c_int {
@@ -1368,8 +1481,9 @@ pub unsafe extern "C" fn upnvme_io_passthru(
             [c.cdw2, c.cdw3],
             [c.cdw10, c.cdw11, c.cdw12, c.cdw13, c.cdw14, c.cdw15],
         );
+        let raw = Cmd::Raw { sqe, data_len };
         // SAFETY: the caller's contract.
-        unsafe { submit(qp, c.nsid, Cmd::Raw { sqe, data_len }, buf, cb, cb_arg) }
+        unsafe { submit_ext(qp, c.nsid, raw, ext, buf, cb, cb_arg) }
     })
 }
 
@@ -1444,6 +1558,152 @@ pub unsafe extern "C" fn upnvme_write_flags(
             cb_arg,
         )
     }
+}
+
+/// `upnvme_read` with what `ext` adds (NULL: nothing): `ext->flags`
+/// (`UPNVME_IO_FUA`, `UPNVME_IO_LIMITED_RETRY`), a separate metadata buffer
+/// `ext->md`, and protection fields (`ext->pi`, the tags). Unlike
+/// `upnvme_read` it reads a namespace with metadata: with the metadata
+/// separate (`upnvme_ns_info.metadata_extended` false) `ext->md` receives
+/// `blocks × metadata_size` bytes; with extended LBAs `buf` receives each
+/// block's data followed by its metadata (`blocks × (lba_size +
+/// metadata_size)` bytes). With `UPNVME_PI_PRACT` where the metadata is
+/// only the protection information tuple (8 bytes, or 16 with a 64-bit
+/// guard), the controller checks and strips it: `buf` gets data only and
+/// no `md` is given. A buffer too small for what the format moves, a
+/// metadata buffer where the format has none (or none where it needs one),
+/// protection fields on a namespace without protection information: each
+/// is refused with `UPNVME_EINVAL` (`UPNVME_ENOTSUP` for what the format
+/// cannot do at all) and nothing is sent. A check that fails completes with
+/// `UPNVME_EIO` and `cpl.sct` 2h, `cpl.sc` 82h–84h (Guard, Application
+/// Tag, Reference Tag Check Error). Both handles are the command's until
+/// `cb`, which gets them in `cpl->buf` and `cpl->md`.
+///
+/// # Safety
+/// `qp` a live pair; `buf` a live handle; `ext` null or valid for reads of
+/// `ext->size` bytes, its `md` null or a live handle.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn upnvme_read_ext(
+    qp: *mut upnvme_qpair,
+    nsid: u32,
+    buf: *mut upnvme_buf,
+    slba: u64,
+    blocks: u32,
+    ext: *const upnvme_io_ext,
+    cb: upnvme_cmd_cb,
+    cb_arg: *mut c_void,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    unsafe { submit_ext(qp, nsid, Cmd::Read { slba, blocks }, ext, buf, cb, cb_arg) }
+}
+
+/// `upnvme_write` with what `ext` adds, as `upnvme_read_ext`: `buf` (and
+/// `ext->md`) carry the data and metadata the format stores. With
+/// `UPNVME_PI_PRACT` the controller generates each block's protection
+/// information (its reference tag from `ext->ref_tag` or the LBA); where
+/// the metadata is only that tuple, `buf` carries data only and no `md` is
+/// given.
+///
+/// # Safety
+/// As `upnvme_read_ext`.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn upnvme_write_ext(
+    qp: *mut upnvme_qpair,
+    nsid: u32,
+    buf: *mut upnvme_buf,
+    slba: u64,
+    blocks: u32,
+    ext: *const upnvme_io_ext,
+    cb: upnvme_cmd_cb,
+    cb_arg: *mut c_void,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    unsafe { submit_ext(qp, nsid, Cmd::Write { slba, blocks }, ext, buf, cb, cb_arg) }
+}
+
+/// `upnvme_compare` with what `ext` adds, as `upnvme_read_ext` (the
+/// controller compares the data and, where `buf` or `md` carry it, the
+/// metadata).
+///
+/// # Safety
+/// As `upnvme_read_ext`.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn upnvme_compare_ext(
+    qp: *mut upnvme_qpair,
+    nsid: u32,
+    buf: *mut upnvme_buf,
+    slba: u64,
+    blocks: u32,
+    ext: *const upnvme_io_ext,
+    cb: upnvme_cmd_cb,
+    cb_arg: *mut c_void,
+) -> c_int {
+    // SAFETY: the caller's contract.
+    unsafe {
+        submit_ext(
+            qp,
+            nsid,
+            Cmd::Compare { slba, blocks },
+            ext,
+            buf,
+            cb,
+            cb_arg,
+        )
+    }
+}
+
+/// `upnvme_verify` with what `ext` adds: `ext->flags` and the protection
+/// checks (`UPNVME_PI_CHECK_*`, the expected tags) the controller applies
+/// to the blocks it reads; no buffer, so `ext->md` must be NULL
+/// (`UPNVME_EINVAL`).
+///
+/// # Safety
+/// `qp` a live pair; `ext` as in `upnvme_read_ext`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn upnvme_verify_ext(
+    qp: *mut upnvme_qpair,
+    nsid: u32,
+    slba: u64,
+    blocks: u32,
+    ext: *const upnvme_io_ext,
+    cb: upnvme_cmd_cb,
+    cb_arg: *mut c_void,
+) -> c_int {
+    let cmd = Cmd::Verify { slba, blocks };
+    // SAFETY: the caller's contract.
+    unsafe { submit_ext(qp, nsid, cmd, ext, std::ptr::null_mut(), cb, cb_arg) }
+}
+
+/// `upnvme_write_zeroes` with what `ext` adds: `ext->flags`, and
+/// `UPNVME_PI_PRACT` (with `ext->ref_tag`, `app_tag`) on a namespace with
+/// protection information, so that the controller writes valid protection
+/// information for the zeroed blocks (the PRCHK bits must be 0: there is
+/// no data to check); `ext->md` must be NULL.
+///
+/// # Safety
+/// `qp` a live pair; `ext` as in `upnvme_read_ext`.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn upnvme_write_zeroes_ext(
+    qp: *mut upnvme_qpair,
+    nsid: u32,
+    slba: u64,
+    blocks: u32,
+    deallocate: bool,
+    ext: *const upnvme_io_ext,
+    cb: upnvme_cmd_cb,
+    cb_arg: *mut c_void,
+) -> c_int {
+    let cmd = Cmd::WriteZeroes {
+        slba,
+        blocks,
+        deallocate,
+    };
+    // SAFETY: the caller's contract.
+    unsafe { submit_ext(qp, nsid, cmd, ext, std::ptr::null_mut(), cb, cb_arg) }
 }
 
 /// Flush (commit the volatile write cache) of namespace `nsid`, an active

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use upnvme::{
     Completion, CopyRange, CopySource, Device, DsmRange, IoCommand, IoData, IoFlags, IoQueuePair,
-    Namespace, QueuePairOptions, Reject, SqAnnounce,
+    Namespace, Protection, QueuePairOptions, Reject, SqAnnounce,
 };
 
 use crate::buf::upnvme_buf;
@@ -145,6 +145,11 @@ pub struct upnvme_cpl {
     /// The command's buffer handle (null for commands without one), owned by
     /// the application again.
     pub buf: *mut upnvme_buf,
+    /// The command's separate metadata buffer handle (`upnvme_io_ext.md`;
+    /// null without one), owned by the application again. Added after
+    /// `buf`: a program built against a header without it reads the fields
+    /// before it only.
+    pub md: *mut upnvme_buf,
 }
 
 /// A completion callback: `cb_arg` as given at submission, `cpl` valid for
@@ -204,6 +209,107 @@ pub struct upnvme_io_cmd {
     pub cdw14: u32,
     /// Command dword 15.
     pub cdw15: u32,
+}
+
+/// What the `_ext` functions (`upnvme_read_ext`, ...) add to a command:
+/// CDW12's flags, a separate metadata buffer, and End-to-end Data
+/// Protection fields (NVM Command Set Specification, "Protection
+/// Information Field" and Command Dwords 12, 14 and 15 of Read, Write,
+/// Compare, Verify and Write Zeroes). Zero it and set `size`
+/// (`struct upnvme_io_ext e = { .size = sizeof e };`): fields past the
+/// `size` a caller was built with read as 0.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct upnvme_io_ext {
+    /// `sizeof(struct upnvme_io_ext)` as the caller's header has it (a
+    /// struct with `size` below 4 is refused with `UPNVME_EINVAL`).
+    pub size: u32,
+    /// `UPNVME_IO_FUA`, `UPNVME_IO_LIMITED_RETRY`, or 0.
+    pub flags: u32,
+    /// The separate metadata buffer (MPTR) for a namespace whose metadata
+    /// is not part of each block (`upnvme_ns_info.metadata_extended`
+    /// false): at least `blocks × metadata_size` bytes, held by the command
+    /// until its callback (`upnvme_cpl.md`), like the data buffer. NULL
+    /// otherwise: on an extended-LBA namespace the data buffer carries each
+    /// block's metadata after its data (`blocks × (lba_size +
+    /// metadata_size)` bytes).
+    pub md: *mut upnvme_buf,
+    /// `UPNVME_PI_*` bits: PRACT, the PRCHK checks, and whether `ref_tag`
+    /// is given; 0 sends no protection fields (PRINFO 0).
+    pub pi: u32,
+    /// The (expected) Logical Block Application Tag (CDW15 bits 15:0).
+    pub app_tag: u16,
+    /// Which application tag bits are checked (CDW15 bits 31:16).
+    pub app_tag_mask: u16,
+    /// The (expected) Initial Logical Block Reference Tag, with
+    /// `UPNVME_PI_REF_TAG`; without it, the command's starting LBA (which
+    /// Type 1 requires).
+    pub ref_tag: u64,
+}
+
+impl Default for upnvme_io_ext {
+    fn default() -> Self {
+        upnvme_io_ext {
+            size: std::mem::size_of::<upnvme_io_ext>() as u32,
+            flags: 0,
+            md: std::ptr::null_mut(),
+            pi: 0,
+            app_tag: 0,
+            app_tag_mask: 0,
+            ref_tag: 0,
+        }
+    }
+}
+
+// SAFETY: no `bool` field; the others are integers and a raw pointer, valid
+// for any bit pattern.
+unsafe impl crate::status::CallerOptions for upnvme_io_ext {
+    const BOOLS: &'static [usize] = &[];
+}
+
+/// `upnvme_io_ext.pi` bit: PRACT (CDW12 bit 29), Protection Information
+/// Action — on a write the controller generates each block's protection
+/// information (with 8- or 16-byte metadata that is only the tuple, the
+/// host sends data only); on a read it checks it and, for such metadata,
+/// strips it (the buffer gets data only).
+pub const UPNVME_PI_PRACT: u32 = 1 << 0;
+/// `upnvme_io_ext.pi` bit: PRCHK bit 2, check each block's Guard.
+pub const UPNVME_PI_CHECK_GUARD: u32 = 1 << 1;
+/// `upnvme_io_ext.pi` bit: PRCHK bit 1, check the Application Tag under
+/// `app_tag_mask`.
+pub const UPNVME_PI_CHECK_APP_TAG: u32 = 1 << 2;
+/// `upnvme_io_ext.pi` bit: PRCHK bit 0, check the Reference Tag.
+pub const UPNVME_PI_CHECK_REF_TAG: u32 = 1 << 3;
+/// `upnvme_io_ext.pi` bit: `ref_tag` holds the (expected) initial
+/// reference tag; without it the command's starting LBA is used.
+pub const UPNVME_PI_REF_TAG: u32 = 1 << 4;
+
+impl upnvme_io_ext {
+    /// The protection fields these bits and tags ask for (`None` for `pi`
+    /// 0), or a refusal naming an unknown bit.
+    pub(crate) fn protection(&self) -> Result<Option<Protection>, String> {
+        const KNOWN: u32 = UPNVME_PI_PRACT
+            | UPNVME_PI_CHECK_GUARD
+            | UPNVME_PI_CHECK_APP_TAG
+            | UPNVME_PI_CHECK_REF_TAG
+            | UPNVME_PI_REF_TAG;
+        let pi = self.pi;
+        if pi & !KNOWN != 0 {
+            return Err(format!(
+                "upnvme_io_ext.pi 0x{pi:x}: bits other than the UPNVME_PI_* ones (0x1f) are \
+                 not defined; nothing was sent"
+            ));
+        }
+        Ok((pi != 0).then_some(Protection {
+            pract: pi & UPNVME_PI_PRACT != 0,
+            check_guard: pi & UPNVME_PI_CHECK_GUARD != 0,
+            check_app_tag: pi & UPNVME_PI_CHECK_APP_TAG != 0,
+            check_ref_tag: pi & UPNVME_PI_CHECK_REF_TAG != 0,
+            ref_tag: (pi & UPNVME_PI_REF_TAG != 0).then_some(self.ref_tag),
+            app_tag: self.app_tag,
+            app_tag_mask: self.app_tag_mask,
+        }))
+    }
 }
 
 /// A command of the C API (the namespace is given by NSID beside it).
@@ -288,6 +394,63 @@ struct Ctx {
     cb: upnvme_cmd_cb,
     arg: *mut c_void,
     buf: *mut upnvme_buf,
+    /// The separate metadata buffer's handle (null: none).
+    md: *mut upnvme_buf,
+}
+
+impl Ctx {
+    /// Settles both handles of a command that ended without handing its
+    /// memory back (the driver keeps it while the device might still use
+    /// it).
+    ///
+    /// # Safety
+    /// Each non-null handle was live at submission and is in flight (so it
+    /// cannot have been freed: `upnvme_buf_free`, `upnvme_pool_put` and
+    /// `upnvme_buf_split` refuse a handle in flight); no reference to it is
+    /// live.
+    unsafe fn settle_kept(&self) {
+        for h in [self.buf, self.md] {
+            if !h.is_null() {
+                // SAFETY: the caller's contract.
+                unsafe { (*h).settle(None) };
+            }
+        }
+    }
+}
+
+/// What a command carries beside its buffer: CDW12's flags, a separate
+/// metadata buffer and the protection fields (`upnvme_io_ext`), and
+/// whether the caller asked through a function that handles metadata.
+#[derive(Clone, Copy, Debug)]
+pub struct Ext {
+    /// FUA / Limited Retry.
+    pub flags: IoFlags,
+    /// The separate metadata buffer's handle (null: none).
+    pub md: *mut upnvme_buf,
+    /// PRACT, PRCHK and the tags (None: PRINFO 0, no tags).
+    pub protection: Option<Protection>,
+    /// The caller used an `_ext` function: a namespace with metadata is the
+    /// library's to check (the plain functions refuse it outright, as they
+    /// always have: their buffers carry data only).
+    pub metadata_aware: bool,
+}
+
+impl Ext {
+    /// No flags, no metadata, no protection fields: the plain functions.
+    pub const PLAIN: Ext = Ext {
+        flags: IoFlags::NONE,
+        md: std::ptr::null_mut(),
+        protection: None,
+        metadata_aware: false,
+    };
+
+    /// Only `flags` (the `_flags` functions).
+    pub fn flags(flags: IoFlags) -> Ext {
+        Ext {
+            flags,
+            ..Ext::PLAIN
+        }
+    }
 }
 
 /// Armed while `submit` holds a handle's buffer outside both the handle and
@@ -296,15 +459,17 @@ struct Ctx {
 /// not in flight, no data pointer — so it can still be freed, and nothing
 /// points at a buffer the unwinding may have released or the device may
 /// still use.
-pub(crate) struct Unwound(pub(crate) *mut upnvme_buf);
+pub(crate) struct Unwound(pub(crate) [*mut upnvme_buf; 2]);
 
 impl Drop for Unwound {
     fn drop(&mut self) {
-        if !self.0.is_null() {
-            // SAFETY: armed only with a live handle whose buffer `submit`
-            // took; no reference to the handle is live while the guard
-            // drops (`submit`'s reference ended with the take).
-            unsafe { (*self.0).settle(None) };
+        for h in self.0 {
+            if !h.is_null() {
+                // SAFETY: armed only with live handles whose buffers
+                // `submit` took; no reference to a handle is live while the
+                // guard drops (`submit`'s references ended with the takes).
+                unsafe { (*h).settle(None) };
+            }
         }
     }
 }
@@ -345,6 +510,7 @@ const NO_CTX: Ctx = Ctx {
     cb: None,
     arg: std::ptr::null_mut(),
     buf: std::ptr::null_mut(),
+    md: std::ptr::null_mut(),
 };
 
 impl<D: Device> Qpair<D> {
@@ -417,14 +583,10 @@ impl<D: Device> Qpair<D> {
     /// (not in flight, no memory), so the caller can free them.
     fn drop_poisoned(&mut self) {
         for ctx in self.ctxs.iter_mut().filter_map(Option::take) {
-            if !ctx.buf.is_null() {
-                // SAFETY: the handle was live at submission and cannot have
-                // been freed while in flight (`upnvme_buf_free`,
-                // `upnvme_pool_put` and `upnvme_buf_split` refuse a handle
-                // in flight); one slot holds it (slots are taken once); no
-                // callback runs.
-                unsafe { (*ctx.buf).settle(None) };
-            }
+            // SAFETY: the handles were live at submission and cannot have
+            // been freed while in flight; one slot holds them (slots are
+            // taken once); no callback runs.
+            unsafe { ctx.settle_kept() };
         }
     }
 
@@ -518,15 +680,13 @@ impl<D: Device> Qpair<D> {
             // yet"); `ending` refuses submissions meanwhile.
             // SAFETY: as above; no callback runs now.
             unsafe { (*this).free.push(slot) };
-            if !ctx.buf.is_null() {
-                // Settled right before its own callback, not before the
-                // first: until then the handle is in flight, so an earlier
-                // callback cannot free it (`upnvme_buf_free` refuses) and
-                // leave this callback a dangling pointer.
-                // SAFETY: the handle was live at submission and cannot be
-                // freed while in flight (`upnvme_buf_free` refuses).
-                unsafe { (*ctx.buf).settle(None) };
-            }
+            // Settled right before its own callback, not before the
+            // first: until then the handles are in flight, so an earlier
+            // callback cannot free them (`upnvme_buf_free` refuses) and
+            // leave this callback a dangling pointer.
+            // SAFETY: the handles were live at submission and cannot be
+            // freed while in flight.
+            unsafe { ctx.settle_kept() };
             let cpl = upnvme_cpl {
                 status: UPNVME_ENODEV,
                 sct: 0,
@@ -535,6 +695,7 @@ impl<D: Device> Qpair<D> {
                 crd: 0,
                 dw0: 0,
                 buf: ctx.buf,
+                md: ctx.md,
             };
             if let Some(cb) = ctx.cb {
                 // SAFETY: a C function pointer given at submission, called
@@ -562,20 +723,21 @@ impl<D: Device> Qpair<D> {
         arg: *mut c_void,
     ) -> c_int {
         // SAFETY: the caller's contract.
-        unsafe { self.submit_with(nsid, cmd, IoFlags::NONE, buf, cb, arg) }
+        unsafe { self.submit_with(nsid, cmd, Ext::PLAIN, buf, cb, arg) }
     }
 
-    /// [`Qpair::submit`] with per-command flags (CDW12 FUA, LR) for a Read
-    /// or Write (ignored by the other commands, whose C functions take
-    /// none).
+    /// [`Qpair::submit`] with what `ext` adds: per-command flags (CDW12
+    /// FUA, LR), a separate metadata buffer (MPTR) and protection fields;
+    /// the library refuses each where the command or the namespace's
+    /// format has no place for it.
     ///
     /// # Safety
-    /// `buf` is null or a live handle from this library.
+    /// `buf` and `ext.md` are each null or a live handle from this library.
     pub unsafe fn submit_with(
         &mut self,
         nsid: u32,
         cmd: Cmd<'_>,
-        flags: IoFlags,
+        ext: Ext,
         buf: *mut upnvme_buf,
         cb: upnvme_cmd_cb,
         arg: *mut c_void,
@@ -660,13 +822,13 @@ impl<D: Device> Qpair<D> {
         // A raw command holds a buffer when it is given one (its own
         // function refuses a data length without one and the reverse).
         let data = plain || matches!(cmd, Cmd::Raw { .. }) && !buf.is_null();
-        if plain && ns.metadata_size() != 0 {
+        if plain && ns.metadata_size() != 0 && !ext.metadata_aware {
             return fail(
                 crate::status::UPNVME_ENOTSUP,
                 format!(
-                    "namespace {nsid} has metadata ({} bytes per block): the C API moves data \
-                     only, so it does not read or write such a namespace; format it without \
-                     metadata (`upnvme format`) or use the Rust API (IoData::metadata)",
+                    "namespace {nsid} has metadata ({} bytes per block): this function moves \
+                     data only; use its _ext form (upnvme_read_ext, upnvme_write_ext, \
+                     upnvme_compare_ext), which takes the metadata and protection fields",
                     ns.metadata_size()
                 ),
             );
@@ -677,7 +839,30 @@ impl<D: Device> Qpair<D> {
         let handle = unsafe { buf.as_mut() };
         let mut buffer = None;
         let mut kept = std::ptr::null_mut();
-        let mut unwound = Unwound(std::ptr::null_mut());
+        let mut unwound = Unwound([std::ptr::null_mut(); 2]);
+        if !ext.md.is_null() && ext.md == buf {
+            return fail(
+                UPNVME_EINVAL,
+                "the metadata buffer (md) is the data buffer's handle: pass two buffers",
+            );
+        }
+        // Checked (not taken) before the data buffer is taken, so that a
+        // refusal here leaves both handles as they were.
+        // SAFETY: `ext.md` is null or a live handle (the caller's
+        // contract), not `buf` (above); no other reference to it exists
+        // while this function runs.
+        if let Some(m) = unsafe { ext.md.as_ref() } {
+            if let Some((code, why)) = m.busy() {
+                return fail(code, why);
+            }
+            if m.buf.is_none() {
+                return fail(
+                    UPNVME_EINVAL,
+                    "the metadata buffer was kept by the driver when its last command ended \
+                     (the device might still have used it); free it and use another",
+                );
+            }
+        }
         if data {
             let Some(h) = handle else {
                 return fail(
@@ -697,7 +882,13 @@ impl<D: Device> Qpair<D> {
             };
             buffer = Some(b);
             kept = buf;
-            unwound.0 = buf;
+            unwound.0[0] = buf;
+        }
+        let mut md_buffer = None;
+        // SAFETY: as above.
+        if let Some(m) = unsafe { ext.md.as_mut() } {
+            md_buffer = m.buf.take();
+            unwound.0[1] = ext.md;
         }
         let slot = match self.free.pop() {
             Some(s) => s,
@@ -709,15 +900,16 @@ impl<D: Device> Qpair<D> {
         // Cleared below; stays set if the submission unwinds.
         self.poisoned = true;
         let delay = self.delay_doorbell;
-        let send = |qp: &mut IoQueuePair<D>, cmd: IoCommand<'_>, buffer, tag| {
-            if delay {
-                qp.queue(cmd, buffer, tag)
-            } else {
-                qp.submit(cmd, buffer, tag)
+        // Whatever `ext` adds goes to the library, which refuses it where
+        // the command or the namespace's format has no place for it.
+        let mut send = |qp: &mut IoQueuePair<D>, cmd: IoCommand<'_>, buffer, tag| {
+            let mut io = IoData::from(buffer).flags(ext.flags);
+            if let Some(m) = md_buffer.take() {
+                io = io.metadata(m);
             }
-        };
-        let send_flags = |qp: &mut IoQueuePair<D>, cmd: IoCommand<'_>, buffer, tag| {
-            let io = IoData::from(buffer).flags(flags);
+            if let Some(p) = ext.protection {
+                io = io.protection(p);
+            }
             if delay {
                 qp.queue_io(cmd, io, tag)
             } else {
@@ -725,19 +917,19 @@ impl<D: Device> Qpair<D> {
             }
         };
         let result = match cmd {
-            Cmd::Read { slba, blocks } => send_flags(
+            Cmd::Read { slba, blocks } => send(
                 &mut self.qp,
                 IoCommand::Read { ns, slba, blocks },
                 buffer,
                 u64::from(slot),
             ),
-            Cmd::Write { slba, blocks } => send_flags(
+            Cmd::Write { slba, blocks } => send(
                 &mut self.qp,
                 IoCommand::Write { ns, slba, blocks },
                 buffer,
                 u64::from(slot),
             ),
-            Cmd::Compare { slba, blocks } => send_flags(
+            Cmd::Compare { slba, blocks } => send(
                 &mut self.qp,
                 IoCommand::Compare { ns, slba, blocks },
                 buffer,
@@ -869,7 +1061,7 @@ impl<D: Device> Qpair<D> {
         };
         // The buffer is the command's now, or back in the refusal: no
         // unwinding left to guard against.
-        unwound.0 = std::ptr::null_mut();
+        unwound.0 = [std::ptr::null_mut(); 2];
         self.poisoned = false;
         match result {
             Ok(()) => {
@@ -882,7 +1074,17 @@ impl<D: Device> Qpair<D> {
                     // reference taken above is no longer used.
                     unsafe { (*kept).inflight = true };
                 }
-                self.ctxs[slot as usize] = Some(Ctx { cb, arg, buf: kept });
+                if !ext.md.is_null() {
+                    // SAFETY: `ext.md` is live (see above); no reference to
+                    // it is held now.
+                    unsafe { (*ext.md).inflight = true };
+                }
+                self.ctxs[slot as usize] = Some(Ctx {
+                    cb,
+                    arg,
+                    buf: kept,
+                    md: ext.md,
+                });
                 UPNVME_OK
             }
             Err(r) => {
@@ -892,6 +1094,11 @@ impl<D: Device> Qpair<D> {
                     // reference taken above is no longer used.
                     let h = unsafe { &mut *kept };
                     h.settle(r.buffer);
+                }
+                if !ext.md.is_null() {
+                    // SAFETY: `ext.md` is live (see above); no reference to
+                    // it is held now.
+                    unsafe { (*ext.md).settle(r.metadata) };
                 }
                 if r.reason == Reject::QueueFull {
                     // Back-pressure, a normal step of a submission loop:
@@ -927,6 +1134,10 @@ impl<D: Device> Qpair<D> {
             let h = unsafe { &mut *ctx.buf };
             h.settle(c.buffer);
         }
+        if !ctx.md.is_null() {
+            // SAFETY: as for the buffer.
+            unsafe { (*ctx.md).settle(c.metadata) };
+        }
         let (status, sct, sc, dnr, crd) = match &c.result {
             Ok(_) => (UPNVME_OK, 0, 0, false, 0),
             Err(e @ upnvme::IoError::Status(s))
@@ -943,6 +1154,7 @@ impl<D: Device> Qpair<D> {
             crd,
             dw0: *c.result.as_ref().unwrap_or(&0),
             buf: ctx.buf,
+            md: ctx.md,
         };
         (ctx, cpl)
     }

@@ -318,7 +318,16 @@ fn per_command_flags_reach_cdw12_and_unknown_bits_are_refused() {
     for (cmd, flags, want) in cases {
         let before = seen.len();
         // SAFETY: live pair and handle.
-        let rc = unsafe { qp.submit_with(1, cmd, flags, b, Some(count_cb), arg.cast()) };
+        let rc = unsafe {
+            qp.submit_with(
+                1,
+                cmd,
+                crate::Ext::flags(flags),
+                b,
+                Some(count_cb),
+                arg.cast(),
+            )
+        };
         assert_eq!(rc, UPNVME_OK, "{}", last_error());
         reap_until(qpp, arg, before + 1);
         assert_eq!(last(&m), want, "{cmd:?} {flags:?}");
@@ -1114,7 +1123,7 @@ fn a_panic_inside_submit_leaves_the_handle_freeable_without_memory() {
     let b = handle(&c, 4096);
     // What `submit` does up to the library call, then a panic.
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        let guard = crate::qpair::Unwound(b);
+        let guard = crate::qpair::Unwound([b, std::ptr::null_mut()]);
         // SAFETY: the test's live handle; no other reference to it now.
         let taken = unsafe { (*b).buf.take() };
         assert!(taken.is_some());
@@ -3305,4 +3314,406 @@ fn a_copy_source_dropped_by_the_refresh_a_later_source_needs_is_refused() {
     drop(qp);
     drop(c);
     assert_eq!(m.dma_faults(), 0);
+}
+
+/// A namespace of 512-byte blocks with `ms` bytes of metadata, separate or
+/// extended, with protection information of `pi_type` (0: none).
+fn md_ns(nsid: u32, ms: u16, extended: bool, pi_type: u8) -> NamespaceConfig {
+    NamespaceConfig {
+        nsid,
+        lba_size: 512,
+        blocks: BLOCKS,
+        ms,
+        extended,
+        pi_type,
+        ..NamespaceConfig::default()
+    }
+}
+
+/// A `upnvme_io_ext` with `pi` bits and a metadata handle.
+fn ext(pi: u32, md: *mut upnvme_buf) -> crate::upnvme_io_ext {
+    crate::upnvme_io_ext {
+        pi,
+        md,
+        ..Default::default()
+    }
+}
+
+/// One command with `ext` (as the `_ext` functions build it) on namespace
+/// `nsid`, reaped: its completion, or the refusal's code.
+fn one_ext(
+    qp: &mut Qpair<ModelController>,
+    nsid: u32,
+    cmd: Cmd<'_>,
+    e: &crate::upnvme_io_ext,
+    buf: *mut upnvme_buf,
+) -> Result<upnvme_cpl, c_int> {
+    // SAFETY: the test's struct, valid for its size.
+    let x = unsafe { crate::ext_of(e) }?;
+    let mut seen: Vec<upnvme_cpl> = Vec::new();
+    let arg: *mut Vec<upnvme_cpl> = &mut seen;
+    // SAFETY: `buf` and `e.md` null or live handles of the test; `seen`
+    // outlives the reap below.
+    let rc = unsafe { qp.submit_with(nsid, cmd, x, buf, Some(cpl_cb), arg.cast()) };
+    if rc != UPNVME_OK {
+        return Err(rc);
+    }
+    let qpp: *mut Qpair<ModelController> = qp;
+    let start = std::time::Instant::now();
+    while seen.is_empty() && start.elapsed() < Duration::from_secs(5) {
+        // SAFETY: a live pair of this thread.
+        assert!(unsafe { Qpair::process_completions(qpp, 0) } >= 0);
+    }
+    Ok(seen.pop().expect("no completion in 5 s"))
+}
+
+/// The bytes of a handle's buffer.
+fn bytes(b: *mut upnvme_buf, len: usize) -> Vec<u8> {
+    // SAFETY: a live handle of the test, not in flight: its buffer is there
+    // and at least `len` long (the tests' own sizes).
+    let h = unsafe { &*b };
+    let mut v = vec![0; len];
+    h.buf.as_ref().unwrap().read_bytes(0, &mut v).unwrap();
+    v
+}
+
+/// Whether a handle holds its memory and no command holds it: back from its
+/// command, or never taken.
+fn settled(h: *mut upnvme_buf) -> bool {
+    // SAFETY: a live handle of the test, not borrowed elsewhere.
+    let r = unsafe { &*h };
+    // SAFETY: as above.
+    let data = unsafe { upnvme_buf_data(h) };
+    r.buf.is_some() && !r.inflight && !data.is_null()
+}
+
+/// Fills a handle's buffer with `data` from its first byte.
+fn fill(b: *mut upnvme_buf, data: &[u8]) {
+    // SAFETY: as in `bytes`.
+    let h = unsafe { &mut *b };
+    h.buf.as_mut().unwrap().write_bytes(0, data).unwrap();
+}
+
+/// `upnvme_write_ext` / `upnvme_read_ext` on a namespace with separate
+/// metadata: the metadata buffer carries each block's metadata to and from
+/// the controller, both handles come back in the completion (`cpl.buf`,
+/// `cpl.md`), and the plain functions still refuse the namespace, naming
+/// the `_ext` functions.
+#[test]
+fn ext_moves_separate_metadata_and_hands_both_buffers_back() {
+    let (m, c) = model_with(ModelConfig {
+        namespaces: vec![md_ns(1, 16, false, 0)],
+        ..Default::default()
+    });
+    let mut qp = pair(&c, 8);
+    let b = handle(&c, 4096);
+    let md = handle(&c, 4096);
+    let data: Vec<u8> = (0..1024).map(|i| (i * 7 + 3) as u8).collect();
+    let meta: Vec<u8> = (0..32).map(|i| 0xa0 ^ i as u8).collect();
+    fill(b, &data);
+    fill(md, &meta);
+    let write = Cmd::Write { slba: 9, blocks: 2 };
+    let cpl = one_ext(&mut qp, 1, write, &ext(0, md), b).unwrap();
+    assert_eq!((cpl.status, cpl.buf, cpl.md), (UPNVME_OK, b, md));
+    assert_eq!(m.namespace_data(1, 9, 2), data);
+    assert_eq!(m.namespace_metadata(1, 9, 2), meta);
+    fill(b, &[0; 1024]);
+    fill(md, &[0; 32]);
+    let read = Cmd::Read { slba: 9, blocks: 2 };
+    let cpl = one_ext(&mut qp, 1, read, &ext(0, md), b).unwrap();
+    assert_eq!((cpl.status, cpl.buf, cpl.md), (UPNVME_OK, b, md));
+    assert_eq!(bytes(b, 1024), data);
+    assert_eq!(bytes(md, 32), meta);
+    assert!(settled(b) && settled(md));
+    // A Compare of the same data and metadata succeeds.
+    let compare = Cmd::Compare { slba: 9, blocks: 2 };
+    let cpl = one_ext(&mut qp, 1, compare, &ext(0, md), b).unwrap();
+    assert_eq!(cpl.status, UPNVME_OK);
+    // The plain read: refused, pointing at the _ext functions.
+    // SAFETY: live handle.
+    let rc = unsafe { qp.submit(1, read, b, None, std::ptr::null_mut()) };
+    assert_eq!(rc, UPNVME_ENOTSUP);
+    assert!(last_error().contains("upnvme_read_ext"), "{}", last_error());
+    // With NULL ext the library asks for the metadata buffer.
+    let before = m.commands_fetched();
+    // SAFETY: NULL ext.
+    let x = unsafe { crate::ext_of(std::ptr::null()) }.unwrap();
+    // SAFETY: live handle.
+    let rc = unsafe { qp.submit_with(1, read, x, b, None, std::ptr::null_mut()) };
+    assert_eq!(rc, UPNVME_EINVAL, "{}", last_error());
+    assert_eq!(m.commands_fetched(), before, "nothing sent");
+    assert!(settled(b), "handed back by the refusal");
+    for h in [b, md] {
+        // SAFETY: live handles, not in flight; freed once.
+        assert_eq!(unsafe { upnvme_buf_free(h) }, UPNVME_OK);
+    }
+    drop(qp);
+    drop(c);
+    assert_eq!(m.dma_faults(), 0);
+    assert!(m.violations().is_empty(), "{:?}", m.violations());
+}
+
+/// Protection information through `upnvme_io_ext.pi`: PRACT on a write
+/// makes the controller generate each block's tuple (8-byte metadata: the
+/// buffer carries data only, no `md`); a read with the checks and a
+/// metadata buffer gets the tuples, whose reference tag is the LBA; a read
+/// expecting another reference tag fails with Reference Tag Check Error
+/// (2h/84h); Verify checks without data; Write Zeroes with PRACT leaves
+/// valid tuples.
+#[test]
+fn ext_protection_fields_reach_the_controller() {
+    let (m, c) = model_with(ModelConfig {
+        namespaces: vec![md_ns(1, 8, false, 1)],
+        oncs: ModelConfig::default().oncs | 1 << 7 | 1 << 3,
+        ..Default::default()
+    });
+    let mut qp = pair(&c, 8);
+    let b = handle(&c, 4096);
+    let md = handle(&c, 4096);
+    let data: Vec<u8> = (0..1024).map(|i| (i * 13 + 1) as u8).collect();
+    fill(b, &data);
+    let checks = crate::UPNVME_PI_CHECK_GUARD | crate::UPNVME_PI_CHECK_REF_TAG;
+    let write = Cmd::Write {
+        slba: 40,
+        blocks: 2,
+    };
+    let pract = ext(crate::UPNVME_PI_PRACT | checks, std::ptr::null_mut());
+    let cpl = one_ext(&mut qp, 1, write, &pract, b).unwrap();
+    assert_eq!((cpl.status, cpl.md), (UPNVME_OK, std::ptr::null_mut()));
+    assert_eq!(m.namespace_data(1, 40, 2), data);
+    let read = Cmd::Read {
+        slba: 40,
+        blocks: 2,
+    };
+    fill(b, &[0; 1024]);
+    let cpl = one_ext(&mut qp, 1, read, &ext(checks, md), b).unwrap();
+    assert_eq!((cpl.status, cpl.md), (UPNVME_OK, md), "{cpl:?}");
+    assert_eq!(bytes(b, 1024), data);
+    let tuples = bytes(md, 16);
+    for (i, t) in tuples.chunks(8).enumerate() {
+        // Type 1: the reference tag (bytes 7:4, big-endian) is the LBA.
+        assert_eq!(&t[4..8], &(40 + i as u32).to_be_bytes(), "block {i}");
+    }
+    // PRACT on the read: checked and stripped, no metadata buffer.
+    let cpl = one_ext(&mut qp, 1, read, &pract, b).unwrap();
+    assert_eq!(cpl.status, UPNVME_OK);
+    // An expected reference tag that is not the one written: Type 1 takes
+    // only the LBA's, so the library refuses it; a Reference Tag Check
+    // Error needs a block whose tag is wrong.
+    let mut wrong = ext(checks | crate::UPNVME_PI_REF_TAG, md);
+    wrong.ref_tag = 41;
+    assert_eq!(
+        one_ext(&mut qp, 1, read, &wrong, b).unwrap_err(),
+        UPNVME_EINVAL
+    );
+    let mut bad = tuples.clone();
+    bad[4..8].copy_from_slice(&7u32.to_be_bytes());
+    fill(md, &bad);
+    // Written without checks (the controller stores what it is given) ...
+    let cpl = one_ext(&mut qp, 1, write, &ext(0, md), b).unwrap();
+    assert_eq!(cpl.status, UPNVME_OK);
+    // ... then read with the reference tag check.
+    let cpl = one_ext(&mut qp, 1, read, &ext(checks, md), b).unwrap();
+    assert_eq!(
+        (cpl.status, cpl.sct, cpl.sc),
+        (UPNVME_EIO, 2, 0x84),
+        "{cpl:?}"
+    );
+    assert_eq!((cpl.buf, cpl.md), (b, md));
+    // Verify with the check finds the same block; without checks it passes.
+    let verify = Cmd::Verify {
+        slba: 40,
+        blocks: 2,
+    };
+    let v = ext(crate::UPNVME_PI_CHECK_REF_TAG, std::ptr::null_mut());
+    let cpl = one_ext(&mut qp, 1, verify, &v, std::ptr::null_mut()).unwrap();
+    assert_eq!((cpl.status, cpl.sct, cpl.sc), (UPNVME_EIO, 2, 0x84));
+    let cpl = one_ext(
+        &mut qp,
+        1,
+        verify,
+        &ext(0, std::ptr::null_mut()),
+        std::ptr::null_mut(),
+    )
+    .unwrap();
+    assert_eq!(cpl.status, UPNVME_OK);
+    // Verify takes no metadata buffer.
+    assert_eq!(
+        one_ext(&mut qp, 1, verify, &ext(0, md), std::ptr::null_mut()).unwrap_err(),
+        UPNVME_EINVAL
+    );
+    assert!(settled(md), "handed back by the refusal");
+    // Write Zeroes with PRACT: zeroed blocks with valid tuples.
+    let wz = Cmd::WriteZeroes {
+        slba: 40,
+        blocks: 2,
+        deallocate: false,
+    };
+    let p = ext(crate::UPNVME_PI_PRACT, std::ptr::null_mut());
+    let cpl = one_ext(&mut qp, 1, wz, &p, std::ptr::null_mut()).unwrap();
+    assert_eq!(cpl.status, UPNVME_OK);
+    let cpl = one_ext(&mut qp, 1, read, &ext(checks, md), b).unwrap();
+    assert_eq!(cpl.status, UPNVME_OK, "{cpl:?}");
+    assert_eq!(bytes(b, 1024), vec![0; 1024]);
+    // PRCHK on Write Zeroes is refused (no data to check).
+    let p = ext(crate::UPNVME_PI_PRACT | checks, std::ptr::null_mut());
+    assert_eq!(
+        one_ext(&mut qp, 1, wz, &p, std::ptr::null_mut()).unwrap_err(),
+        UPNVME_EINVAL
+    );
+    for h in [b, md] {
+        // SAFETY: live handles, not in flight; freed once.
+        assert_eq!(unsafe { upnvme_buf_free(h) }, UPNVME_OK);
+    }
+    drop(qp);
+    drop(c);
+    assert_eq!(m.dma_faults(), 0);
+    assert!(m.violations().is_empty(), "{:?}", m.violations());
+}
+
+/// On an extended-LBA namespace the data buffer carries each block's
+/// metadata after its data and no metadata buffer is taken; a buffer sized
+/// for data only is refused. Refusals hand both handles back untouched.
+#[test]
+fn ext_extended_lba_and_refusals_keep_the_handles() {
+    let (m, c) = model_with(ModelConfig {
+        namespaces: vec![md_ns(1, 8, true, 0), md_ns(2, 0, false, 0)],
+        ..Default::default()
+    });
+    let mut qp = pair(&c, 8);
+    let b = handle(&c, 4096);
+    let md = handle(&c, 4096);
+    let blocks: Vec<u8> = (0..1040).map(|i| (i * 5 + 11) as u8).collect();
+    fill(b, &blocks);
+    let write = Cmd::Write { slba: 3, blocks: 2 };
+    let none = ext(0, std::ptr::null_mut());
+    let cpl = one_ext(&mut qp, 1, write, &none, b).unwrap();
+    assert_eq!(cpl.status, UPNVME_OK);
+    assert_eq!(
+        m.namespace_data(1, 3, 2),
+        [&blocks[..512], &blocks[520..1032]].concat()
+    );
+    assert_eq!(
+        m.namespace_metadata(1, 3, 2),
+        [&blocks[512..520], &blocks[1032..1040]].concat()
+    );
+    fill(b, &[0; 1040]);
+    let read = Cmd::Read { slba: 3, blocks: 2 };
+    let cpl = one_ext(&mut qp, 1, read, &none, b).unwrap();
+    assert_eq!(cpl.status, UPNVME_OK);
+    assert_eq!(bytes(b, 1040), blocks);
+    let before = m.commands_fetched();
+    // A metadata buffer where the metadata is in the blocks.
+    assert_eq!(
+        one_ext(&mut qp, 1, read, &ext(0, md), b).unwrap_err(),
+        UPNVME_EINVAL
+    );
+    assert!(settled(b) && settled(md));
+    // A metadata buffer on a namespace without metadata.
+    assert_eq!(
+        one_ext(&mut qp, 2, read, &ext(0, md), b).unwrap_err(),
+        UPNVME_EINVAL
+    );
+    assert!(settled(b) && settled(md));
+    // Protection fields on a namespace without protection information.
+    let pi = ext(crate::UPNVME_PI_CHECK_GUARD, std::ptr::null_mut());
+    assert_ne!(one_ext(&mut qp, 1, read, &pi, b).unwrap_err(), UPNVME_OK);
+    // One handle as both buffers.
+    assert_eq!(
+        one_ext(&mut qp, 1, read, &ext(0, b), b).unwrap_err(),
+        UPNVME_EINVAL
+    );
+    assert!(last_error().contains("two buffers"), "{}", last_error());
+    assert!(settled(b));
+    // Unknown bits, a size below 4.
+    assert_eq!(
+        one_ext(&mut qp, 1, read, &ext(1 << 5, std::ptr::null_mut()), b).unwrap_err(),
+        UPNVME_EINVAL
+    );
+    let mut unknown_flag = none;
+    unknown_flag.flags = 1 << 2;
+    assert_eq!(
+        one_ext(&mut qp, 1, read, &unknown_flag, b).unwrap_err(),
+        UPNVME_EINVAL
+    );
+    let mut zero = none;
+    zero.size = 0;
+    assert_eq!(
+        one_ext(&mut qp, 1, read, &zero, b).unwrap_err(),
+        UPNVME_EINVAL
+    );
+    assert!(last_error().contains("size"), "{}", last_error());
+    assert_eq!(m.commands_fetched(), before, "nothing sent");
+    // A metadata handle in flight is refused before anything is taken.
+    // SAFETY: the test's handle, no other reference.
+    unsafe { (*md).inflight = true };
+    let ns1 = c.namespaces()[0].clone();
+    drop(ns1);
+    assert_eq!(
+        one_ext(&mut qp, 2, read, &ext(0, md), b).unwrap_err(),
+        UPNVME_EBUSY
+    );
+    assert!(settled(b));
+    // SAFETY: as above.
+    unsafe { (*md).inflight = false };
+    for h in [b, md] {
+        // SAFETY: live handles, not in flight; freed once.
+        assert_eq!(unsafe { upnvme_buf_free(h) }, UPNVME_OK);
+    }
+    drop(qp);
+    drop(c);
+    assert_eq!(m.dma_faults(), 0);
+}
+
+/// A size-versioned `upnvme_io_ext`: a caller built when the struct ended
+/// after `md` gets no protection fields, whatever lies beyond its size.
+#[test]
+fn ext_is_read_only_as_far_as_its_size() {
+    let mut e = ext(crate::UPNVME_PI_PRACT, std::ptr::null_mut());
+    e.flags = crate::UPNVME_IO_FUA;
+    e.size = std::mem::offset_of!(crate::upnvme_io_ext, pi) as u32;
+    // SAFETY: the test's struct, valid for its whole size.
+    let x = unsafe { crate::ext_of(&e) }.unwrap();
+    assert_eq!(x.flags, upnvme::IoFlags::FUA);
+    assert!(x.protection.is_none() && x.metadata_aware);
+    e.size = std::mem::size_of::<crate::upnvme_io_ext>() as u32;
+    e.ref_tag = 77;
+    e.pi = crate::UPNVME_PI_PRACT | crate::UPNVME_PI_REF_TAG | crate::UPNVME_PI_CHECK_APP_TAG;
+    e.app_tag = 0x1234;
+    e.app_tag_mask = 0xff00;
+    // SAFETY: as above.
+    let p = unsafe { crate::ext_of(&e) }.unwrap().protection.unwrap();
+    assert_eq!(
+        p,
+        upnvme::Protection {
+            pract: true,
+            check_guard: false,
+            check_app_tag: true,
+            check_ref_tag: false,
+            ref_tag: Some(77),
+            app_tag: 0x1234,
+            app_tag_mask: 0xff00,
+        }
+    );
+}
+
+/// `upnvme_ns_info` reports where the protection information tuple sits
+/// and its guard size.
+#[test]
+fn ns_info_reports_the_pi_tuple_layout() {
+    let first = NamespaceConfig {
+        pi_first: true,
+        ..md_ns(2, 16, false, 2)
+    };
+    let (_m, c) = model_with(ModelConfig {
+        namespaces: vec![md_ns(1, 8, true, 1), first, md_ns(3, 8, false, 0)],
+        ..Default::default()
+    });
+    let h = crate::Ctrl::new(c);
+    let i = h.ns_info(1).unwrap();
+    assert_eq!((i.pi_type, i.pi_first, i.pi_guard_bits), (1, false, 16));
+    let i = h.ns_info(2).unwrap();
+    assert_eq!((i.pi_type, i.pi_first, i.pi_guard_bits), (2, true, 16));
+    let i = h.ns_info(3).unwrap();
+    assert_eq!((i.pi_type, i.pi_first, i.pi_guard_bits), (0, false, 0));
 }

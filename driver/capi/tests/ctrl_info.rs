@@ -222,7 +222,23 @@ fn the_info_layout_is_pinned() {
     assert_eq!(offset_of!(qpair::upnvme_cpl, crd), 7);
     assert_eq!(offset_of!(qpair::upnvme_cpl, dw0), 8);
     assert_eq!(offset_of!(qpair::upnvme_cpl, buf), 16);
-    assert_eq!(size_of::<qpair::upnvme_cpl>(), 24);
+    // `md` was added after `buf`: the library writes the completion and
+    // passes it by pointer, so a caller built before it reads what it knows.
+    assert_eq!(offset_of!(qpair::upnvme_cpl, md), 24);
+    assert_eq!(size_of::<qpair::upnvme_cpl>(), 32);
+    // `pi_first` and `pi_guard_bits` took the padding after `dlfeat`.
+    assert_eq!(offset_of!(ctrl::upnvme_ns_info, dlfeat), 28);
+    assert_eq!(offset_of!(ctrl::upnvme_ns_info, pi_first), 29);
+    assert_eq!(offset_of!(ctrl::upnvme_ns_info, pi_guard_bits), 30);
+    assert_eq!(size_of::<ctrl::upnvme_ns_info>(), 32);
+    // Size-versioned by its `size`: fields only ever added at the end.
+    assert_eq!(offset_of!(qpair::upnvme_io_ext, flags), 4);
+    assert_eq!(offset_of!(qpair::upnvme_io_ext, md), 8);
+    assert_eq!(offset_of!(qpair::upnvme_io_ext, pi), 16);
+    assert_eq!(offset_of!(qpair::upnvme_io_ext, app_tag), 20);
+    assert_eq!(offset_of!(qpair::upnvme_io_ext, app_tag_mask), 22);
+    assert_eq!(offset_of!(qpair::upnvme_io_ext, ref_tag), 24);
+    assert_eq!(size_of::<qpair::upnvme_io_ext>(), 32);
     assert_eq!(offset_of!(ctrl::upnvme_admin_cpl, crd), 11);
     assert_eq!(size_of::<ctrl::upnvme_admin_cpl>(), 12);
 }

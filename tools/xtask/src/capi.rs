@@ -1,5 +1,5 @@
 //! The C API's install tree (`cargo xtask capi`), and the C programs built
-//! against it: the C examples (`hello_world_c`, `admin_c`, `commands_c`) for the guest.
+//! against it: the C examples (`hello_world_c`, `admin_c`, `commands_c`, `metadata_c`) for the guest.
 //!
 //! An install tree is a prefix with `include/upnvme.h`, `lib/libupnvme_c.a`
 //! (and, when built, `libupnvme_c.so.0` — its SONAME — with `libupnvme_c.so`

@@ -15,10 +15,11 @@ pub const TRIPLE: &str = "x86_64-unknown-linux-gnu";
 pub const TEST_BINARY: &str = "upnvme-guest-tests";
 /// The C examples (driver/capi/examples/NAME.c) and their names in the
 /// guest (`NAME_c`).
-pub const C_EXAMPLES: [(&str, &str); 3] = [
+pub const C_EXAMPLES: [(&str, &str); 4] = [
     ("hello_world", "hello_world_c"),
     ("admin", "admin_c"),
     ("commands", "commands_c"),
+    ("metadata", "metadata_c"),
 ];
 /// How long one build (of the guest programs, the C library, the cost harness) may take.
 pub const BUILD_TIMEOUT: Duration = Duration::from_secs(90 * 60);
