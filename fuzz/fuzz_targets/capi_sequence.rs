@@ -3,7 +3,11 @@
 //! decoded from the fuzzer's bytes — open and close a controller, create and
 //! destroy queue pairs (also with commands in flight), allocate, free and
 //! split buffers, pools (create, get, put, destroy), Read / Write (with and
-//! without flags) / Flush / Write Zeroes / Deallocate with callbacks that
+//! without flags) / Flush / Write Zeroes / Deallocate / Copy / Compare /
+//! Verify / Write Uncorrectable, and the `_ext` forms (`upnvme_io_ext`: NULL,
+//! short, unknown bits, a separate metadata buffer — also one the API must
+//! refuse — protection fields, on a namespace with metadata of either
+//! layout, with or without protection information) with callbacks that
 //! record, submit again on the same pair, reap again (nested), try to
 //! destroy their pair or free a buffer in flight (refused), free their own
 //! buffer, or with no callback at all; completions with every kind of `max`;
@@ -25,6 +29,10 @@
 //!   more than `max`); a destroy that succeeds has run every callback of
 //!   its pair; `upnvme_qpair_in_flight` counts the commands whose callback
 //!   has not run;
+//! - an `_ext` command's metadata buffer is in flight exactly while the
+//!   command is accepted and its callback has not run, comes back in
+//!   `cpl->md`, and a refused submission leaves it as it was (another
+//!   command's stays in flight);
 //! - a buffer handle given to a command is refused (`UPNVME_EBUSY`) for
 //!   another command, free, put and split until its callback ran; a pool
 //!   buffer put back, and a handle whose memory the driver kept, are refused
@@ -149,6 +157,8 @@ enum Cb {
 struct Sub {
     pair: usize,
     buf: Option<usize>,
+    /// The separate metadata buffer of an `_ext` submission.
+    md: Option<usize>,
     accepted: bool,
     null_cb: bool,
     calls: u32,
@@ -301,12 +311,42 @@ unsafe extern "C" fn on_done(arg: *mut c_void, cpl: *const upnvme_cpl) {
             }
             w.bufs[b].state = held_state(h);
         }
+        let md = w.subs[id].md;
+        let hm = md.map_or(std::ptr::null_mut(), |b| w.bufs[b].h);
+        assert_eq!(
+            cpl.md, hm,
+            "submission {id}: cpl->md is not its metadata buffer"
+        );
+        if let Some(b) = md {
+            assert_eq!(w.bufs[b].state, BufState::InFlight(id));
+            assert!(
+                !in_flight_flag(hm),
+                "submission {id}: its metadata buffer is still in flight in its callback"
+            );
+            if cpl.status == UPNVME_OK {
+                assert!(
+                    !data_of(hm).is_null(),
+                    "submission {id} succeeded but its metadata buffer came back without memory"
+                );
+            }
+            w.bufs[b].state = held_state(hm);
+        }
         (pair, w.pairs[pair].q, buf, cb)
     });
     match cb {
         Cb::Record => {}
         Cb::Resubmit => {
-            submit(pair, 1, Op::Flush, None, Cb::Record, false, None, None);
+            submit(
+                pair,
+                1,
+                Op::Flush,
+                None,
+                Cb::Record,
+                false,
+                None,
+                None,
+                None,
+            );
             if let Some(b) = buf
                 && w(|w| w.bufs[b].state) == BufState::Owned
             {
@@ -315,7 +355,7 @@ unsafe extern "C" fn on_done(arg: *mut c_void, cpl: *const upnvme_cpl) {
                     blocks: 1,
                     flags: None,
                 };
-                submit(pair, 1, op, Some(b), Cb::Record, false, None, None);
+                submit(pair, 1, op, Some(b), Cb::Record, false, None, None, None);
             }
         }
         Cb::TryDestroy => {
@@ -389,6 +429,21 @@ enum Op {
     },
 }
 
+/// The `upnvme_io_ext` an `_ext` submission passes.
+#[derive(Clone, Copy, Debug)]
+struct ExtSpec {
+    /// NULL instead of the struct.
+    null: bool,
+    size: u32,
+    flags: u32,
+    pi: u32,
+    /// The metadata buffer (a harness buffer index).
+    md: Option<usize>,
+    ref_tag: u64,
+    app_tag: u16,
+    app_tag_mask: u16,
+}
+
 /// Copy's source ranges (`None`: a NULL array).
 type CopyRanges = Option<Vec<qpair::upnvme_copy_range>>;
 
@@ -406,13 +461,22 @@ fn submit(
     null_cb: bool,
     ranges: RangesAt,
     copies: CopyRanges,
+    ext: Option<ExtSpec>,
 ) -> c_int {
     let data = matches!(op, Op::Read { .. } | Op::Write { .. } | Op::Compare { .. });
+    let md = ext.and_then(|e| if e.null { None } else { e.md });
+    let (hm, md_before) = w(|w| {
+        md.map_or((std::ptr::null_mut(), None), |b| {
+            (w.bufs[b].h, Some(w.bufs[b].state))
+        })
+    });
+    let md_data_before = (!hm.is_null()).then(|| data_of(hm));
     let (q, h, before, id, ending) = w(|w| {
         let id = w.subs.len();
         w.subs.push(Sub {
             pair,
             buf: if data { buf } else { None },
+            md,
             accepted: false,
             null_cb,
             calls: 0,
@@ -431,64 +495,103 @@ fn submit(
     let data_before = (!h.is_null()).then(|| data_of(h));
     let cbp: qpair::upnvme_cmd_cb = if null_cb { None } else { Some(on_done) };
     let arg = id as *mut c_void;
-    // SAFETY: `q` is a live pair of this thread; `h` is NULL or a live
-    // handle (the harness passes no freed one; a spare one only while its
-    // pool lives, where the API promises to refuse it); the ranges are
-    // valid for `count` reads.
+    let e = ext.map(|e| qpair::upnvme_io_ext {
+        size: e.size,
+        flags: e.flags,
+        md: hm,
+        pi: e.pi,
+        app_tag: e.app_tag,
+        app_tag_mask: e.app_tag_mask,
+        ref_tag: e.ref_tag,
+    });
+    let ep: *const qpair::upnvme_io_ext = match (ext, &e) {
+        (Some(x), Some(e)) if !x.null => e,
+        _ => std::ptr::null(),
+    };
+    // SAFETY: `q` is a live pair of this thread; `h` and `hm` are NULL or
+    // live handles (the harness passes no freed one; a spare one only while
+    // its pool lives, where the API promises to refuse it); the ranges are
+    // valid for `count` reads; `ep` is NULL or the struct above, valid for
+    // its `size` whenever that is at most its own size (`size` beyond it is
+    // read only as far as the struct, as the header promises).
     let rc = unsafe {
-        match op {
-            Op::Read {
-                slba,
-                blocks,
-                flags: None,
-            } => capi::upnvme_read(q, nsid, h, slba, blocks, cbp, arg),
-            Op::Read {
-                slba,
-                blocks,
-                flags: Some(f),
-            } => capi::upnvme_read_flags(q, nsid, h, slba, blocks, f, cbp, arg),
-            Op::Write {
-                slba,
-                blocks,
-                flags: None,
-            } => capi::upnvme_write(q, nsid, h, slba, blocks, cbp, arg),
-            Op::Write {
-                slba,
-                blocks,
-                flags: Some(f),
-            } => capi::upnvme_write_flags(q, nsid, h, slba, blocks, f, cbp, arg),
-            Op::Compare { slba, blocks } => {
-                capi::upnvme_compare(q, nsid, h, slba, blocks, cbp, arg)
+        match (op, ext) {
+            (Op::Read { slba, blocks, .. }, Some(_)) => {
+                capi::upnvme_read_ext(q, nsid, h, slba, blocks, ep, cbp, arg)
             }
-            Op::Verify { slba, blocks } => capi::upnvme_verify(q, nsid, slba, blocks, cbp, arg),
-            Op::WriteUncorrectable { slba, blocks } => {
-                capi::upnvme_write_uncorrectable(q, nsid, slba, blocks, cbp, arg)
+            (Op::Write { slba, blocks, .. }, Some(_)) => {
+                capi::upnvme_write_ext(q, nsid, h, slba, blocks, ep, cbp, arg)
             }
-            Op::Flush => capi::upnvme_flush(q, nsid, cbp, arg),
-            Op::WriteZeroes {
-                slba,
-                blocks,
-                deallocate,
-            } => capi::upnvme_write_zeroes(q, nsid, slba, blocks, deallocate, cbp, arg),
-            Op::Deallocate => match &ranges {
-                None => capi::upnvme_deallocate(q, nsid, std::ptr::null(), 0, cbp, arg),
-                Some((r, None)) => {
-                    capi::upnvme_deallocate(q, nsid, r.as_ptr(), r.len() as u32, cbp, arg)
+            (Op::Compare { slba, blocks }, Some(_)) => {
+                capi::upnvme_compare_ext(q, nsid, h, slba, blocks, ep, cbp, arg)
+            }
+            (Op::Verify { slba, blocks }, Some(_)) => {
+                capi::upnvme_verify_ext(q, nsid, slba, blocks, ep, cbp, arg)
+            }
+            (
+                Op::WriteZeroes {
+                    slba,
+                    blocks,
+                    deallocate,
+                },
+                Some(_),
+            ) => capi::upnvme_write_zeroes_ext(q, nsid, slba, blocks, deallocate, ep, cbp, arg),
+            (op, _) => match op {
+                Op::Read {
+                    slba,
+                    blocks,
+                    flags: None,
+                } => capi::upnvme_read(q, nsid, h, slba, blocks, cbp, arg),
+                Op::Read {
+                    slba,
+                    blocks,
+                    flags: Some(f),
+                } => capi::upnvme_read_flags(q, nsid, h, slba, blocks, f, cbp, arg),
+                Op::Write {
+                    slba,
+                    blocks,
+                    flags: None,
+                } => capi::upnvme_write(q, nsid, h, slba, blocks, cbp, arg),
+                Op::Write {
+                    slba,
+                    blocks,
+                    flags: Some(f),
+                } => capi::upnvme_write_flags(q, nsid, h, slba, blocks, f, cbp, arg),
+                Op::Compare { slba, blocks } => {
+                    capi::upnvme_compare(q, nsid, h, slba, blocks, cbp, arg)
                 }
-                Some((r, Some((b, off)))) => {
-                    let bh = w(|w| w.bufs[*b].h);
-                    let base = data_of(bh).wrapping_add(*off).cast::<upnvme_range>();
-                    for (i, x) in r.iter().enumerate() {
-                        // Unaligned, in DMA memory the harness owns
-                        // (checked to hold them when chosen).
-                        base.wrapping_add(i).write_unaligned(*x);
+                Op::Verify { slba, blocks } => capi::upnvme_verify(q, nsid, slba, blocks, cbp, arg),
+                Op::WriteUncorrectable { slba, blocks } => {
+                    capi::upnvme_write_uncorrectable(q, nsid, slba, blocks, cbp, arg)
+                }
+                Op::Flush => capi::upnvme_flush(q, nsid, cbp, arg),
+                Op::WriteZeroes {
+                    slba,
+                    blocks,
+                    deallocate,
+                } => capi::upnvme_write_zeroes(q, nsid, slba, blocks, deallocate, cbp, arg),
+                Op::Deallocate => match &ranges {
+                    None => capi::upnvme_deallocate(q, nsid, std::ptr::null(), 0, cbp, arg),
+                    Some((r, None)) => {
+                        capi::upnvme_deallocate(q, nsid, r.as_ptr(), r.len() as u32, cbp, arg)
                     }
-                    capi::upnvme_deallocate(q, nsid, base, r.len() as u32, cbp, arg)
-                }
-            },
-            Op::Copy { sdlba } => match &copies {
-                None => capi::upnvme_copy(q, nsid, sdlba, std::ptr::null(), 1, cbp, arg),
-                Some(c) => capi::upnvme_copy(q, nsid, sdlba, c.as_ptr(), c.len() as u32, cbp, arg),
+                    Some((r, Some((b, off)))) => {
+                        let bh = w(|w| w.bufs[*b].h);
+                        let base = data_of(bh).wrapping_add(*off).cast::<upnvme_range>();
+                        for (i, x) in r.iter().enumerate() {
+                            // Unaligned, in DMA memory the harness owns
+                            // (checked to hold them when chosen).
+                            base.wrapping_add(i).write_unaligned(*x);
+                        }
+                        capi::upnvme_deallocate(q, nsid, base, r.len() as u32, cbp, arg)
+                    }
+                },
+                Op::Copy { sdlba } => match &copies {
+                    None => capi::upnvme_copy(q, nsid, sdlba, std::ptr::null(), 1, cbp, arg),
+                    Some(c) => {
+                        capi::upnvme_copy(q, nsid, sdlba, c.as_ptr(), c.len() as u32, cbp, arg)
+                    }
+                },
             },
         }
     };
@@ -504,7 +607,53 @@ fn submit(
         Op::Verify { .. } => "verify",
         Op::WriteUncorrectable { .. } => "write_uncorrectable",
     };
+    let kind = if ext.is_some() {
+        format!("{kind}_ext")
+    } else {
+        kind.to_string()
+    };
     w(|w| note(w, format!("submit {kind} rc {rc}")));
+    // The metadata handle: the command's when accepted; as it was otherwise.
+    if let (Some(b), Some(mb)) = (md, md_before) {
+        if rc == UPNVME_OK {
+            assert_eq!(
+                mb,
+                BufState::Owned,
+                "a submission took metadata buffer {b} in state {mb:?}"
+            );
+            assert!(
+                in_flight_flag(hm),
+                "an accepted metadata buffer is not in flight"
+            );
+            w(|w| {
+                note(w, format!("{kind} accepted with a metadata buffer"));
+                w.bufs[b].state = if null_cb {
+                    BufState::NoCb(pair)
+                } else {
+                    BufState::InFlight(id)
+                };
+            });
+        } else {
+            match mb {
+                BufState::Owned => {
+                    assert!(
+                        !in_flight_flag(hm),
+                        "a refused submission left its metadata buffer in flight"
+                    );
+                    assert_eq!(
+                        Some(data_of(hm)),
+                        md_data_before,
+                        "a refused submission changed its metadata buffer's memory"
+                    );
+                }
+                BufState::InFlight(_) | BufState::NoCb(_) => assert!(
+                    in_flight_flag(hm),
+                    "a refused submission released another command's metadata buffer"
+                ),
+                _ => {}
+            }
+        }
+    }
     if !data || h.is_null() {
         if rc == UPNVME_OK {
             w(|w| w.subs[id].accepted = true);
@@ -536,7 +685,9 @@ fn submit(
         op,
         Op::Read { flags: Some(f), .. } | Op::Write { flags: Some(f), .. } if f > 3
     );
-    let refusal_ok = ending && rc == UPNVME_ENODEV || nsid != 1 || bad_flags;
+    // An `_ext` submission's own checks (its struct, its metadata buffer)
+    // come before the data buffer's.
+    let refusal_ok = ending && rc == UPNVME_ENODEV || nsid != 1 || bad_flags || ext.is_some();
     match before {
         BufState::InFlight(_) if !refusal_ok => {
             let msg = last_error();
@@ -958,6 +1109,22 @@ impl Harness {
             _ if r.bool() => Op::Verify { slba, blocks },
             _ => Op::WriteUncorrectable { slba, blocks },
         };
+        // One in four of the commands that have an `_ext` form goes through it.
+        let ext = if matches!(
+            op,
+            Op::Read { .. }
+                | Op::Write { .. }
+                | Op::Compare { .. }
+                | Op::Verify { .. }
+                | Op::WriteZeroes { .. }
+        ) && r.below(4) == 0
+        {
+            Some(self.ext_spec(r, blocks))
+        } else {
+            None
+        };
+        // Namespace 2, where the model has it, is the one with metadata.
+        let nsid = if ext.is_some() && r.bool() { 2 } else { nsid };
         let cb = match r.below(8) {
             0 => Cb::Resubmit,
             1 => Cb::TryDestroy,
@@ -1052,7 +1219,55 @@ impl Harness {
         } else {
             None
         };
-        submit(pair, nsid, op, buf, cb, null_cb, ranges, copies);
+        submit(pair, nsid, op, buf, cb, null_cb, ranges, copies, ext);
+    }
+
+    /// An `upnvme_io_ext`: mostly well-formed, sometimes NULL, short, with
+    /// unknown bits, a metadata buffer the API must refuse (in flight, put
+    /// back, kept) or none.
+    fn ext_spec(&self, r: &mut Reader<'_>, blocks: u32) -> ExtSpec {
+        let full = std::mem::size_of::<qpair::upnvme_io_ext>() as u32;
+        let null = r.below(8) == 0;
+        let size = match r.below(8) {
+            0 => r.below(full + 8),
+            _ => full,
+        };
+        let flags = if r.below(4) == 0 {
+            r.u8() as u32 & 0x7
+        } else {
+            0
+        };
+        let pi = match r.below(6) {
+            0..=2 => 0,
+            3 => r.u8() as u32 & 0x3f,
+            4 => {
+                capi::UPNVME_PI_PRACT | capi::UPNVME_PI_CHECK_GUARD | capi::UPNVME_PI_CHECK_REF_TAG
+            }
+            _ => capi::UPNVME_PI_CHECK_GUARD | capi::UPNVME_PI_CHECK_REF_TAG,
+        };
+        let md = match r.below(8) {
+            0 | 1 => None,
+            2 => self.buf_in(r, |s| {
+                matches!(s, BufState::InFlight(_) | BufState::Spare | BufState::Empty)
+            }),
+            3 | 4 => self.buf_in(r, |s| s == BufState::Owned),
+            _ => self.alloc_len(8 * blocks.clamp(1, 8) as usize),
+        };
+        let (ref_tag, app_tag, app_tag_mask) = if r.below(4) == 0 {
+            (r.u64(), r.u16(), r.u16())
+        } else {
+            (0, 0, 0)
+        };
+        ExtSpec {
+            null,
+            size,
+            flags,
+            pi,
+            md,
+            ref_tag,
+            app_tag,
+            app_tag_mask,
+        }
     }
 
     /// A new buffer of `len` bytes (when the controller is open).
@@ -1586,12 +1801,16 @@ fuzz_target!(|data: &[u8]| {
         ..NamespaceConfig::default()
     }];
     if r.bool() {
-        // Metadata: the C API refuses Read and Write on it (ENOTSUP).
+        // Metadata: the plain Read and Write refuse it (ENOTSUP); the
+        // `_ext` functions take it, separate or extended, with or without
+        // protection information.
         namespaces.push(NamespaceConfig {
             nsid: 2,
             lba_size: 512,
             blocks: NS_BLOCKS,
             ms: 8,
+            extended: r.bool(),
+            pi_type: r.below(3) as u8,
             ..NamespaceConfig::default()
         });
     }

@@ -1198,8 +1198,8 @@ unsafe fn submit_flags(
 }
 
 /// [`submit`] with a C `upnvme_io_ext` (NULL: none of its additions),
-/// read as far as its `size` says; an unknown `flags` or `pi` bit is
-/// refused with `UPNVME_EINVAL`. The command may address a namespace with
+/// read as [`ext_of`] reads it; an unknown `flags` or `pi` bit is refused
+/// with `UPNVME_EINVAL`. The command may address a namespace with
 /// metadata (the library checks the buffers against its format).
 ///
 /// # Safety
@@ -1229,20 +1229,34 @@ unsafe fn submit_ext(
     })
 }
 
-/// What a C `upnvme_io_ext` asks for (NULL: nothing), read as far as its
-/// `size` says; `Err` with the code (the message recorded) for a `size`
-/// below 4 or an unknown `flags` or `pi` bit.
+/// What a C `upnvme_io_ext` asks for (NULL: nothing), read up to the end
+/// of this version of the struct; `Err` with the code (the message
+/// recorded) for a `size` below this version's (the first) or an unknown
+/// `flags` or `pi` bit.
 ///
 /// # Safety
 /// `ext` is null or valid for reads of its `size` bytes (at least 4).
 pub(crate) unsafe fn ext_of(ext: *const upnvme_io_ext) -> Result<Ext, c_int> {
+    // The struct's first version is all of today's fields: a `size` below
+    // it is no version's `sizeof` (a caller that did not set it, or set it
+    // to something else). Read as far as it says, it could end inside a
+    // field — half of `md`, a pointer made of the caller's bytes and the
+    // default's — so it is refused. Later versions only add fields at the
+    // end, so any larger `size` is read up to this struct's end.
+    const FIRST_VERSION: usize = std::mem::size_of::<upnvme_io_ext>();
     // SAFETY: `ext` is null or valid for 4 bytes (the caller's contract);
     // read unaligned, as `read_sized` reads it.
-    if !ext.is_null() && unsafe { ext.cast::<u32>().read_unaligned() } < 4 {
+    let size = (!ext.is_null()).then(|| unsafe { ext.cast::<u32>().read_unaligned() });
+    if let Some(size) = size
+        && (size as usize) < FIRST_VERSION
+    {
         return Err(fail(
             UPNVME_EINVAL,
-            "upnvme_io_ext.size is below 4: set it to sizeof(struct upnvme_io_ext) \
-             (`struct upnvme_io_ext e = { .size = sizeof e };`), or pass NULL",
+            format!(
+                "upnvme_io_ext.size is {size}, below the struct's {FIRST_VERSION} bytes: set \
+                 it to sizeof(struct upnvme_io_ext) (`struct upnvme_io_ext e = {{ .size = \
+                 sizeof e }};`), or pass NULL"
+            ),
         ));
     }
     // SAFETY: as above: null, or valid for its `size` bytes.

@@ -3642,7 +3642,11 @@ fn ext_extended_lba_and_refusals_keep_the_handles() {
         one_ext(&mut qp, 1, read, &zero, b).unwrap_err(),
         UPNVME_EINVAL
     );
-    assert!(last_error().contains("size"), "{}", last_error());
+    assert!(
+        last_error().contains("upnvme_io_ext.size is 0"),
+        "{}",
+        last_error()
+    );
     assert_eq!(m.commands_fetched(), before, "nothing sent");
     // A metadata handle in flight is refused before anything is taken.
     // SAFETY: the test's handle, no other reference.
@@ -3665,26 +3669,46 @@ fn ext_extended_lba_and_refusals_keep_the_handles() {
     assert_eq!(m.dma_faults(), 0);
 }
 
-/// A size-versioned `upnvme_io_ext`: a caller built when the struct ended
-/// after `md` gets no protection fields, whatever lies beyond its size.
+/// A size-versioned `upnvme_io_ext`: a `size` below this first version's
+/// is refused (read as far as it says, it could end inside `md`, a pointer
+/// half the caller's bytes); a larger one, from a newer header, is read up
+/// to this version's end.
 #[test]
-fn ext_is_read_only_as_far_as_its_size() {
-    let mut e = ext(crate::UPNVME_PI_PRACT, std::ptr::null_mut());
-    e.flags = crate::UPNVME_IO_FUA;
-    e.size = std::mem::offset_of!(crate::upnvme_io_ext, pi) as u32;
-    // SAFETY: the test's struct, valid for its whole size.
-    let x = unsafe { crate::ext_of(&e) }.unwrap();
+fn ext_size_below_the_first_version_is_refused() {
+    #[repr(C)]
+    struct Newer {
+        e: crate::upnvme_io_ext,
+        later: u64,
+    }
+    let mut n = Newer {
+        e: ext(
+            crate::UPNVME_PI_PRACT | crate::UPNVME_PI_REF_TAG | crate::UPNVME_PI_CHECK_APP_TAG,
+            std::ptr::null_mut(),
+        ),
+        later: u64::MAX,
+    };
+    for size in [4, 12, 16, 31] {
+        n.e.size = size;
+        // SAFETY: the test's struct, valid for its whole size.
+        let rc = unsafe { crate::ext_of(&n.e) }.unwrap_err();
+        assert_eq!(rc, UPNVME_EINVAL);
+        assert!(
+            last_error().contains("below the struct's 32 bytes"),
+            "{}",
+            last_error()
+        );
+    }
+    n.e.size = std::mem::size_of::<Newer>() as u32;
+    n.e.flags = crate::UPNVME_IO_FUA;
+    n.e.ref_tag = 77;
+    n.e.app_tag = 0x1234;
+    n.e.app_tag_mask = 0xff00;
+    // SAFETY: valid for its `size` (the whole `Newer`).
+    let x = unsafe { crate::ext_of(&n.e) }.unwrap();
     assert_eq!(x.flags, upnvme::IoFlags::FUA);
-    assert!(x.protection.is_none() && x.metadata_aware);
-    e.size = std::mem::size_of::<crate::upnvme_io_ext>() as u32;
-    e.ref_tag = 77;
-    e.pi = crate::UPNVME_PI_PRACT | crate::UPNVME_PI_REF_TAG | crate::UPNVME_PI_CHECK_APP_TAG;
-    e.app_tag = 0x1234;
-    e.app_tag_mask = 0xff00;
-    // SAFETY: as above.
-    let p = unsafe { crate::ext_of(&e) }.unwrap().protection.unwrap();
+    assert!(x.metadata_aware && x.md.is_null());
     assert_eq!(
-        p,
+        x.protection.unwrap(),
         upnvme::Protection {
             pract: true,
             check_guard: false,
@@ -3695,6 +3719,10 @@ fn ext_is_read_only_as_far_as_its_size() {
             app_tag_mask: 0xff00,
         }
     );
+    // NULL: nothing added, but namespaces with metadata are taken.
+    // SAFETY: NULL.
+    let x = unsafe { crate::ext_of(std::ptr::null()) }.unwrap();
+    assert!(x.protection.is_none() && x.md.is_null() && x.metadata_aware);
 }
 
 /// `upnvme_ns_info` reports where the protection information tuple sits
