@@ -782,13 +782,15 @@ typedef struct upnvme_io_cmd {
  * Protection fields (NVM Command Set Specification, "Protection
  * Information Field" and Command Dwords 12, 14 and 15 of Read, Write,
  * Compare, Verify and Write Zeroes). Zero it and set `size`
- * (`struct upnvme_io_ext e = { .size = sizeof e };`): fields past the
- * `size` a caller was built with read as 0.
+ * (`struct upnvme_io_ext e = { .size = sizeof e };`). Later versions only
+ * add fields at the end; a library reads at most its own version's.
  */
 typedef struct upnvme_io_ext {
   /**
-   * `sizeof(struct upnvme_io_ext)` as the caller's header has it (a
-   * struct with `size` below 4 is refused with `UPNVME_EINVAL`).
+   * `sizeof(struct upnvme_io_ext)` as the caller's header has it. A
+   * `size` below this first version's 32 bytes is refused with
+   * `UPNVME_EINVAL` (it is no version's size: read as far as it says,
+   * it could end inside a field).
    */
   uint32_t size;
   /**
