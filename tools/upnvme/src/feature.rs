@@ -196,7 +196,7 @@ pub fn set(a: &SetFeatureArgs) -> Result<()> {
     let len = a.data_len.or(structure.map(|(_, l)| l));
     let data = match (len, structure, &a.data) {
         (Some(len), _, Some(path)) => {
-            let mut d = read_input(path, Some(len), "--data")?;
+            let mut d = read_input(path, Some(len), "--data", crate::passthru::Kind::Admin)?;
             d.resize(len, 0);
             Some(d)
         }

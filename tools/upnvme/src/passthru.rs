@@ -71,9 +71,10 @@ pub struct PassthruCmd {
     cdw15: u32,
     /// Bytes the command moves through its data pointer. With --input-file
     /// it defaults to the file's length; a larger value pads the file's
-    /// data with zeros. At most 2101248 (513 pages of 4 KiB; the
-    /// controller's MDTS may allow less).
-    #[arg(short = 'l', long, value_parser = data_len)]
+    /// data with zeros. At most 2101248 for an admin command (513 pages of
+    /// 4 KiB) and 4194304 for an I/O command (4 MiB); the controller's MDTS
+    /// may allow less.
+    #[arg(short = 'l', long, value_parser = crate::rw::number::<usize>)]
     data_len: Option<usize>,
     /// Data also comes from the controller (printed as a hex dump, or raw
     /// with --raw-binary), whatever the opcode's bit 1 says (for vendor
@@ -103,6 +104,41 @@ pub struct PassthruCmd {
 /// `Controller::admin_passthrough` refuses more).
 pub const ADMIN_DATA_MAX: usize = 513 * 4096;
 
+/// Which queue a passthrough command goes to, for the most data it moves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// The admin queue: at most [`ADMIN_DATA_MAX`].
+    Admin,
+    /// An I/O queue: at most `upnvme::MAX_TRANSFER_CAP` (4 MiB; a raw
+    /// command is never split, so the controller's MDTS may allow less).
+    Io,
+}
+
+impl Kind {
+    /// The most data a command of this kind moves through upnvme.
+    pub fn max(self) -> usize {
+        match self {
+            Kind::Admin => ADMIN_DATA_MAX,
+            Kind::Io => upnvme::MAX_TRANSFER_CAP,
+        }
+    }
+
+    /// "more than … moves through upnvme (…)": the limit, in words.
+    pub fn limit(self) -> String {
+        match self {
+            Kind::Admin => format!(
+                "more than an admin command moves through upnvme: at most {ADMIN_DATA_MAX} (513 \
+                 pages of 4 KiB; the controller's MDTS, `upnvme identify`, may allow less)"
+            ),
+            Kind::Io => format!(
+                "more than an I/O command moves through upnvme: at most {} (4 MiB; the \
+                 controller's MDTS, `upnvme identify`, may allow less)",
+                upnvme::MAX_TRANSFER_CAP
+            ),
+        }
+    }
+}
+
 /// A `--data-len` (decimal or 0x…): at most [`ADMIN_DATA_MAX`], refused at
 /// parse time (exit 2) — a larger one would only be refused after the
 /// data was read and padded to it (a length of terabytes aborted the tool
@@ -110,11 +146,7 @@ pub const ADMIN_DATA_MAX: usize = 513 * 4096;
 pub(crate) fn data_len(s: &str) -> std::result::Result<usize, String> {
     let len = crate::rw::number::<usize>(s)?;
     if len > ADMIN_DATA_MAX {
-        return Err(format!(
-            "{len} bytes is more than an admin command moves through upnvme: at most \
-             {ADMIN_DATA_MAX} (513 pages of 4 KiB; the controller's MDTS, `upnvme identify`, \
-             may allow less)"
-        ));
+        return Err(format!("{len} bytes is {}", Kind::Admin.limit()));
     }
     Ok(len)
 }
@@ -155,7 +187,7 @@ impl PassthruCmd {
 
     /// The data to send (zero-padded to --data-len), checked before the
     /// controller is opened.
-    fn data_out(&self, direction: Direction) -> Result<Option<Vec<u8>>> {
+    fn data_out(&self, direction: Direction, kind: Kind) -> Result<Option<Vec<u8>>> {
         let sends = matches!(direction, Direction::ToController | Direction::Both);
         if !sends {
             if self.input_file.is_some() {
@@ -176,7 +208,7 @@ impl PassthruCmd {
         }
         // Without --input-file: --data-len bytes of stdin (above).
         let path = self.input_file.as_deref().unwrap_or(Path::new("-"));
-        let mut data = read_input(path, self.data_len, "--input-file")?;
+        let mut data = read_input(path, self.data_len, "--input-file", kind)?;
         if let Some(len) = self.data_len {
             data.resize(len, 0);
         }
@@ -188,10 +220,10 @@ impl PassthruCmd {
 /// is opened: never more than `max` bytes (so a pipe whose writer stays
 /// open, a FIFO or /dev/zero cannot hang the tool). A regular file longer
 /// than `max` is refused; without `max` a regular file is read whole (one
-/// above [`ADMIN_DATA_MAX`] is refused unread) and anything else (stdin, a
-/// pipe, a device) is refused, since its length is not the data's. `flag`
-/// names the option in the messages.
-pub fn read_input(path: &Path, max: Option<usize>, flag: &str) -> Result<Vec<u8>> {
+/// above what a `kind` command moves is refused unread) and anything else
+/// (stdin, a pipe, a device) is refused, since its length is not the data's.
+/// `flag` names the option in the messages.
+pub fn read_input(path: &Path, max: Option<usize>, flag: &str, kind: Kind) -> Result<Vec<u8>> {
     let stdin = path.as_os_str() == "-";
     let what = if stdin {
         "stdin".to_string()
@@ -226,10 +258,10 @@ pub fn read_input(path: &Path, max: Option<usize>, flag: &str) -> Result<Vec<u8>
             file.take(max as u64).read_to_end(&mut data).map_err(fail)?;
             Ok(data)
         }
-        None if meta.is_file() && meta.len() > ADMIN_DATA_MAX as u64 => Err(usage(format!(
-            "{flag} {what} holds {} bytes, more than an admin command moves through upnvme (at \
-             most {ADMIN_DATA_MAX}: 513 pages of 4 KiB)",
-            meta.len()
+        None if meta.is_file() && meta.len() > kind.max() as u64 => Err(usage(format!(
+            "{flag} {what} holds {} bytes, {}",
+            meta.len(),
+            kind.limit()
         ))
         .into()),
         None if meta.is_file() => {
@@ -245,7 +277,15 @@ pub fn read_input(path: &Path, max: Option<usize>, flag: &str) -> Result<Vec<u8>
 
 /// Checks the flags and reads the data to send, before the controller is
 /// opened: the direction, the data (if any) and the data pointer's length.
-fn prepare(a: &PassthruCmd) -> Result<(Direction, Option<Vec<u8>>, usize)> {
+/// A `--data-len` above what a `kind` command moves is refused before
+/// anything is read or allocated (a length of terabytes aborted the tool
+/// allocating it).
+fn prepare(a: &PassthruCmd, kind: Kind) -> Result<(Direction, Option<Vec<u8>>, usize)> {
+    if let Some(len) = a.data_len
+        && len > kind.max()
+    {
+        return Err(usage(format!("--data-len {len}: {len} bytes is {}", kind.limit())).into());
+    }
     let direction = a.direction();
     if direction == Direction::None && a.data_len.is_some_and(|l| l > 0) {
         return Err(usage(format!(
@@ -256,7 +296,7 @@ fn prepare(a: &PassthruCmd) -> Result<(Direction, Option<Vec<u8>>, usize)> {
         ))
         .into());
     }
-    let out = a.data_out(direction)?;
+    let out = a.data_out(direction, kind)?;
     let data_len = match &out {
         Some(d) => d.len(),
         None => a.data_len.unwrap_or(0),
@@ -266,7 +306,7 @@ fn prepare(a: &PassthruCmd) -> Result<(Direction, Option<Vec<u8>>, usize)> {
 
 /// Runs `upnvme admin-passthru`.
 pub fn run(a: &AdminPassthruArgs) -> Result<()> {
-    let (direction, out, data_len) = prepare(&a.cmd)?;
+    let (direction, out, data_len) = prepare(&a.cmd, Kind::Admin)?;
     let c = a.dev.open()?;
     let result = send(&c, &a.cmd, data_len, out.as_deref());
     let closed = c.close();
@@ -294,7 +334,7 @@ pub fn run_io(a: &IoPassthruArgs) -> Result<()> {
         )
         .into());
     }
-    let (direction, out, data_len) = prepare(&a.cmd)?;
+    let (direction, out, data_len) = prepare(&a.cmd, Kind::Io)?;
     let c = a.dev.open()?;
     let result = send_io(&c, &a.cmd, data_len, out.as_deref());
     let closed = c.close();

@@ -367,6 +367,33 @@ fn lengths_no_memory_or_command_can_hold_are_refused_not_aborted() {
             &["admin-passthru", "-O", "0xc1", "-i", &big],
             "holds 3145728 bytes, more than an admin command moves",
         ),
+        // An I/O command moves up to 4 MiB (not an admin command's 2101248).
+        (
+            &[
+                "io-passthru",
+                "-n",
+                "1",
+                "-O",
+                "0x01",
+                "-l",
+                "4194308",
+                "-i",
+                &small,
+            ],
+            "more than an I/O command moves through upnvme: at most 4194304",
+        ),
+        (
+            &[
+                "io-passthru",
+                "-n",
+                "1",
+                "-O",
+                "0x02",
+                "-l",
+                "0xffffffffffff",
+            ],
+            "more than an I/O command moves through upnvme",
+        ),
     ] {
         let o = run(args);
         let err = String::from_utf8_lossy(&o.stderr);
@@ -388,5 +415,26 @@ fn lengths_no_memory_or_command_can_hold_are_refused_not_aborted() {
         "{}",
         String::from_utf8_lossy(&o.stderr)
     );
+    // What an I/O command may move gets past the checks to the device
+    // (which this address does not name: exit 1).
+    for args in [
+        &["io-passthru", "-n", "1", "-O", "0x01", "-i", &big][..],
+        &[
+            "io-passthru",
+            "-n",
+            "1",
+            "-O",
+            "0x01",
+            "-l",
+            "4194304",
+            "-i",
+            &small,
+        ],
+    ] {
+        let o = run(args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        assert!(!err.contains("more than"), "{args:?}: {err}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
