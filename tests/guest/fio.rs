@@ -645,3 +645,57 @@ fn fio_deep_jobs_get_the_deepest_pair_and_sync_writes_verify() {
         ]));
     }
 }
+
+/// Protection information through the engine (`upnvme_pi_act`,
+/// `upnvme_pi_chk`, `upnvme_apptag`): on the metadata-pi configurations
+/// (namespace 1 formatted with PI Type 1, its metadata only the tuple) a
+/// verified random write with PRACT and every check passes, and the same
+/// job without `upnvme_pi_act` is refused before it runs, naming the
+/// option; elsewhere (namespace 1 without metadata) the PI options are
+/// refused, naming the missing protection information.
+#[test]
+fn fio_metadata_pract_with_every_check_verifies() {
+    if !enabled() {
+        return;
+    }
+    let f = filename(1);
+    let job = |pi: &[&str]| {
+        let mut a = vec![
+            "--name=pi",
+            f.as_str(),
+            "--rw=randwrite",
+            "--bs=4k",
+            "--iodepth=8",
+            "--size=8M",
+            "--verify=crc32c",
+            "--do_verify=1",
+        ];
+        a.extend_from_slice(pi);
+        fio(&a)
+    };
+    let pi = [
+        "--upnvme_pi_act=1",
+        "--upnvme_pi_chk=GUARD,REFTAG,APPTAG",
+        "--upnvme_apptag=0x0bee",
+    ];
+    if crate::vm::env_u64("UPNVME_VM_NS1_PI") == 0 {
+        let o = job(&pi);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{err}");
+        assert!(
+            err.contains("namespace 1 of") && err.contains("has no protection information"),
+            "{err}"
+        );
+        return;
+    }
+    let out = passed(&job(&pi));
+    assert!(out.contains("issued rwts: total=2048,2048,0,0"), "{out}");
+    let o = job(&[]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(err.contains("set upnvme_pi_act=1"), "{err}");
+    let o = job(&["--upnvme_pi_act=1", "--upnvme_pi_chk=GUARD,CRC"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(err.contains("'CRC' is not a check"), "{err}");
+}

@@ -19,6 +19,15 @@
  * default, each batch announced once below 65 commands in flight and each
  * command from 65 on).
  *
+ * End-to-end protection information (a namespace formatted with PI whose
+ * metadata is only the PI tuple: 8 bytes, 16 with a 64-bit guard):
+ * upnvme_pi_act=1 (PRACT: the controller generates each block's tuple on a
+ * write and checks and strips it on a read, so the buffers carry data only),
+ * upnvme_pi_chk=GUARD,REFTAG,APPTAG (the checks, any of them; default none),
+ * upnvme_apptag=N and upnvme_apptag_mask=N (the Application Tag and the bits
+ * checked; defaults 0x1234 and 0xffff, as fio's io_uring_cmd engine). Other
+ * namespaces with metadata are refused: the engine passes no metadata buffers.
+ *
  * Memory: fio's I/O buffers are one DMA buffer (iomem_alloc), split into one
  * piece per io_u (each I/O owns its piece while in flight). Completion times are
  * fio's own: getevents returns the io_us as soon as their completions are reaped.
@@ -48,6 +57,10 @@ struct upnvme_fio_options {
 	unsigned int reap_on_submit;
 	unsigned int entries;
 	unsigned int sq_announce_each;
+	unsigned int pi_act;
+	char *pi_chk;
+	unsigned int apptag;
+	unsigned int apptag_mask;
 };
 
 static struct fio_option options[] = {
@@ -92,6 +105,47 @@ static struct fio_option options[] = {
 		.group = FIO_OPT_G_INVALID,
 	},
 	{
+		.name = "upnvme_pi_act",
+		.lname = "upnvme protection information action",
+		.type = FIO_OPT_BOOL,
+		.off1 = offsetof(struct upnvme_fio_options, pi_act),
+		.def = "0",
+		.help = "PRACT: the controller generates protection information on writes and "
+			"checks and strips it on reads (a namespace whose metadata is only the PI tuple)",
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
+		.name = "upnvme_pi_chk",
+		.lname = "upnvme protection information checks",
+		.type = FIO_OPT_STR_STORE,
+		.off1 = offsetof(struct upnvme_fio_options, pi_chk),
+		.def = "",
+		.help = "Protection information checks (PRCHK): a comma list of GUARD, REFTAG, APPTAG",
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
+		.name = "upnvme_apptag",
+		.lname = "upnvme application tag",
+		.type = FIO_OPT_INT,
+		.off1 = offsetof(struct upnvme_fio_options, apptag),
+		.def = "0x1234",
+		.help = "Logical Block Application Tag written with PRACT and checked with APPTAG",
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
+		.name = "upnvme_apptag_mask",
+		.lname = "upnvme application tag mask",
+		.type = FIO_OPT_INT,
+		.off1 = offsetof(struct upnvme_fio_options, apptag_mask),
+		.def = "0xffff",
+		.help = "Which Application Tag bits APPTAG checks",
+		.category = FIO_OPT_C_ENGINE,
+		.group = FIO_OPT_G_INVALID,
+	},
+	{
 		.name = NULL,
 	},
 };
@@ -121,6 +175,10 @@ struct upnvme_fio_file {
 	struct shared_ctrl *sc;
 	uint32_t nsid;
 	uint32_t lba_size;
+	/* UPNVME_PI_* bits for each read and write (0: no protection fields),
+	 * and the Application Tag and its mask. */
+	uint32_t pi;
+	uint16_t apptag, apptag_mask;
 	struct upnvme_qpair *qp;
 	/* The last process_completions' error on `qp` (0: it succeeded): its
 	 * commands in flight may never complete (a failed controller). */
@@ -292,6 +350,37 @@ static bool sizes_fit_blocks(struct thread_data *td, uint32_t lba, const char **
 		}
 	}
 	return true;
+}
+
+/* The UPNVME_PI_CHECK_* bits of an upnvme_pi_chk list ("GUARD,REFTAG",
+ * any case, ',' or ':' between); -1 for an unknown word (named on stderr). */
+static int parse_pi_chk(const char *list, uint32_t *bits)
+{
+	*bits = 0;
+	if (!list || !*list)
+		return 0;
+	char *copy = strdup(list);
+	if (!copy)
+		return -1;
+	int rc = 0;
+	char *save = NULL;
+	for (char *w = strtok_r(copy, ",: ", &save); w; w = strtok_r(NULL, ",: ", &save)) {
+		if (!strcasecmp(w, "GUARD")) {
+			*bits |= UPNVME_PI_CHECK_GUARD;
+		} else if (!strcasecmp(w, "REFTAG")) {
+			*bits |= UPNVME_PI_CHECK_REF_TAG;
+		} else if (!strcasecmp(w, "APPTAG")) {
+			*bits |= UPNVME_PI_CHECK_APP_TAG;
+		} else {
+			log_err("upnvme: upnvme_pi_chk=%s: '%s' is not a check (GUARD, REFTAG or "
+				"APPTAG)\n",
+				list, w);
+			rc = -1;
+			break;
+		}
+	}
+	free(copy);
+	return rc;
 }
 
 /* What makes the job issue trims (Dataset Management, deallocate), or
@@ -477,6 +566,12 @@ static int open_files(struct thread_data *td)
 		/* What would fail at every I/O is refused before the run. */
 		struct upnvme_fio_file *first = td->files[0] ? td->files[0]->engine_data : NULL;
 		const char *what = NULL, *why;
+		uint32_t checks = 0;
+		/* With protection information whose tuple is all of the
+		 * metadata, PRACT keeps every byte of metadata on the device. */
+		unsigned int tuple = info.pi_guard_bits == 16 ? 8 : 16;
+		bool pi = info.pi_type != 0;
+		bool pract_moves_none = pi && info.metadata_size == tuple;
 		unsigned long long value = 0;
 		unsigned int max_entries = upnvme_ctrl_max_queue_entries(uf->sc->ctrl);
 		bool refuse = true;
@@ -489,11 +584,33 @@ static int open_files(struct thread_data *td)
 				"is mapped for its first file's controller only; use one job per "
 				"controller\n",
 				f->file_name, td->files[0]->file_name);
-		} else if (info.metadata_size) {
-			log_err("upnvme: namespace %u of '%s' has %u metadata bytes per block: the fio "
-				"engine moves no metadata; format it without (upnvme format --ms 0 "
-				"--lbaf N) or use another namespace\n",
-				uf->nsid, f->file_name, info.metadata_size);
+		} else if (parse_pi_chk(o->pi_chk, &checks)) {
+			/* Said above. */
+		} else if (!pi && (o->pi_act || checks)) {
+			log_err("upnvme: upnvme_pi_act / upnvme_pi_chk: namespace %u of '%s' has no "
+				"protection information (PI type 0)\n",
+				uf->nsid, f->file_name);
+		} else if (info.metadata_size && !(pract_moves_none && o->pi_act)) {
+			if (pract_moves_none)
+				log_err("upnvme: namespace %u of '%s' has protection information (type "
+					"%u, %u-byte tuple): set upnvme_pi_act=1, so that the controller "
+					"generates and strips it (the engine passes no metadata buffers)\n",
+					uf->nsid, f->file_name, info.pi_type, tuple);
+			else
+				log_err("upnvme: namespace %u of '%s' has %u metadata bytes per block: "
+					"the fio engine moves no metadata (only a format whose metadata is "
+					"the protection information tuple works, with upnvme_pi_act=1); "
+					"format it without (upnvme format --ms 0 --lbaf N) or use another "
+					"namespace\n",
+					uf->nsid, f->file_name, info.metadata_size);
+		} else if (pi && info.pi_type == 3 && (checks & UPNVME_PI_CHECK_REF_TAG)) {
+			log_err("upnvme: upnvme_pi_chk=REFTAG: namespace %u of '%s' has protection "
+				"information Type 3, which has no reference tag to check\n",
+				uf->nsid, f->file_name);
+		} else if (pi && info.pi_guard_bits == 32) {
+			log_err("upnvme: namespace %u of '%s' has a 32-bit guard, for which the library "
+				"builds no protection fields\n",
+				uf->nsid, f->file_name);
 		} else if (!sizes_fit_blocks(td, info.lba_size, &what, &value)) {
 			log_err("upnvme: %s of %llu bytes is not a multiple of namespace %u's %u-byte "
 				"blocks\n",
@@ -527,6 +644,9 @@ static int open_files(struct thread_data *td)
 			return 1;
 		}
 		uf->lba_size = info.lba_size;
+		uf->pi = (o->pi_act ? UPNVME_PI_PRACT : 0) | checks;
+		uf->apptag = (uint16_t)o->apptag;
+		uf->apptag_mask = (uint16_t)o->apptag_mask;
 		uf->owner = td;
 		f->real_file_size = info.size_bytes;
 		f->filetype = FIO_TYPE_BLOCK;
@@ -835,6 +955,21 @@ static enum fio_q_status upnvme_fio_queue(struct thread_data *td, struct io_u *i
 		/* sync=1 / sync=dsync (O_SYNC / O_DSYNC): each write is durable
 		 * when it completes — Force Unit Access, as the kernel does for
 		 * such writes to a block device. */
+		if (uf->pi) {
+			struct upnvme_io_ext ext = {
+				.size = sizeof(ext),
+				.flags = io_u->ddir == DDIR_WRITE && td->o.sync_io ? UPNVME_IO_FUA : 0,
+				.pi = uf->pi,
+				.app_tag = uf->apptag,
+				.app_tag_mask = uf->apptag_mask,
+			};
+			rc = io_u->ddir == DDIR_READ
+				     ? upnvme_read_ext(uf->qp, uf->nsid, u->piece, slba,
+						       (uint32_t)blocks, &ext, upnvme_fio_done, u)
+				     : upnvme_write_ext(uf->qp, uf->nsid, u->piece, slba,
+							(uint32_t)blocks, &ext, upnvme_fio_done, u);
+			break;
+		}
 		rc = io_u->ddir == DDIR_READ
 			     ? upnvme_read(uf->qp, uf->nsid, u->piece, slba, (uint32_t)blocks,
 					   upnvme_fio_done, u)

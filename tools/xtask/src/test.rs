@@ -126,7 +126,7 @@ pub const CONFIGS: &[GuestConfig] = &[
         env: &[],
         filter: Some("metadata"),
         check_metadata_backing: true,
-        fio: false,
+        fio: true,
     },
     GuestConfig {
         name: "metadata-pi64",
@@ -145,7 +145,7 @@ pub const CONFIGS: &[GuestConfig] = &[
         env: &[],
         filter: Some("metadata"),
         check_metadata_backing: true,
-        fio: false,
+        fio: true,
     },
     GuestConfig {
         name: "hotplug",
