@@ -3745,3 +3745,324 @@ fn ns_info_reports_the_pi_tuple_layout() {
     let i = h.ns_info(3).unwrap();
     assert_eq!((i.pi_type, i.pi_first, i.pi_guard_bits), (0, false, 0));
 }
+
+/// Submits one command with `e` on namespace 1 without reaping it; the
+/// completions go to `seen` (`cpl_cb`).
+fn submit_ext(
+    qp: &mut Qpair<ModelController>,
+    cmd: Cmd<'_>,
+    e: &crate::upnvme_io_ext,
+    buf: *mut upnvme_buf,
+    cb: crate::upnvme_cmd_cb,
+    arg: *mut c_void,
+) -> c_int {
+    // SAFETY: the test's struct, valid for its size.
+    let x = match unsafe { crate::ext_of(e) } {
+        Ok(x) => x,
+        Err(rc) => return rc,
+    };
+    // SAFETY: `buf` and `e.md` null or live handles of the test; `arg`
+    // outlives the pair's callbacks.
+    unsafe { qp.submit_with(1, cmd, x, buf, cb, arg) }
+}
+
+/// Whether a handle is empty and free: not in flight, no memory (its
+/// command ended without handing the memory back), so it can be freed.
+fn emptied(h: *mut upnvme_buf) -> bool {
+    // SAFETY: a live handle of the test, not borrowed elsewhere.
+    let r = unsafe { &*h };
+    // SAFETY: as above.
+    let data = unsafe { upnvme_buf_data(h) };
+    r.buf.is_none() && !r.inflight && data.is_null() && r.len == 0
+}
+
+/// A metadata handle in flight is refused by everything that would free,
+/// give back, split or reuse it — `upnvme_buf_free`, `upnvme_pool_put`,
+/// `upnvme_buf_split`, another command as its data or metadata buffer —
+/// and each refusal leaves the other handle it was given as it was; back
+/// from its command, the pool takes it. A piece of a split buffer serves as
+/// a metadata buffer when it starts dword aligned, and is refused (both
+/// handles handed back) when it does not.
+#[test]
+fn a_metadata_handle_in_flight_is_refused_everywhere_and_pieces_serve_as_one() {
+    let (m, c) = model_with(ModelConfig {
+        namespaces: vec![md_ns(1, 16, false, 0)],
+        ..Default::default()
+    });
+    let mut qp = pair(&c, 8);
+    let qpp: *mut Qpair<ModelController> = &mut *qp;
+    let b = handle(&c, 4096);
+    let b2 = handle(&c, 4096);
+    let mut p = upnvme_pool::new(c.dma_pool(4096, 2).unwrap());
+    let pp: *mut upnvme_pool = &mut *p;
+    let md = p.get().unwrap();
+    let mut seen: Vec<upnvme_cpl> = Vec::new();
+    let arg: *mut Vec<upnvme_cpl> = &mut seen;
+    let read = Cmd::Read { slba: 0, blocks: 2 };
+    let rc = submit_ext(&mut qp, read, &ext(0, md), b, Some(cpl_cb), arg.cast());
+    assert_eq!(rc, UPNVME_OK, "{}", last_error());
+    // SAFETY: the test's live handle and pool.
+    assert_eq!(unsafe { crate::upnvme_pool_put(pp, md) }, UPNVME_EBUSY);
+    // SAFETY: as above; refused, so still live.
+    assert_eq!(unsafe { upnvme_buf_free(md) }, UPNVME_EBUSY);
+    let mut pieces = [std::ptr::null_mut(); 8];
+    let mut n = 0usize;
+    // SAFETY: as above; `pieces` holds 8, `n` is writable.
+    let rc = unsafe { crate::upnvme_buf_split(md, 512, pieces.as_mut_ptr(), 8, &mut n) };
+    assert_eq!(rc, UPNVME_EBUSY);
+    // As another command's data buffer, and as its metadata buffer.
+    // SAFETY: NULL.
+    let x = unsafe { crate::ext_of(std::ptr::null()) }.unwrap();
+    // SAFETY: live handles of the test.
+    let rc = unsafe { qp.submit_with(1, read, x, md, None, std::ptr::null_mut()) };
+    assert_eq!(rc, UPNVME_EBUSY);
+    let rc = submit_ext(&mut qp, read, &ext(0, md), b2, None, std::ptr::null_mut());
+    assert_eq!(rc, UPNVME_EBUSY);
+    assert!(
+        settled(b2),
+        "the data buffer of the refusal is the caller's"
+    );
+    let start = std::time::Instant::now();
+    while seen.is_empty() && start.elapsed() < Duration::from_secs(5) {
+        // SAFETY: a live pair of this thread.
+        assert!(unsafe { Qpair::process_completions(qpp, 0) } >= 0);
+    }
+    assert_eq!(
+        (seen[0].status, seen[0].buf, seen[0].md),
+        (UPNVME_OK, b, md)
+    );
+    assert!(settled(md) && settled(b));
+    // SAFETY: back from its command; given up to the pool.
+    assert_eq!(unsafe { crate::upnvme_pool_put(pp, md) }, UPNVME_OK);
+    // Pieces of 36 bytes: the second starts at 36 (dword aligned), the
+    // third at 72; pieces of 34: the second at 34 (not aligned).
+    for (len, ok) in [(36, true), (34, false)] {
+        let whole = handle(&c, 4096);
+        let mut pieces = vec![std::ptr::null_mut(); 4096usize.div_ceil(len)];
+        let mut n = 0usize;
+        // SAFETY: a live handle; `pieces` holds `n` slots.
+        let rc = unsafe {
+            crate::upnvme_buf_split(whole, len, pieces.as_mut_ptr(), pieces.len(), &mut n)
+        };
+        assert_eq!(rc, UPNVME_OK, "{}", last_error());
+        let piece = pieces[1];
+        let r = one_ext(&mut qp, 1, read, &ext(0, piece), b);
+        if ok {
+            let cpl = r.unwrap();
+            assert_eq!((cpl.status, cpl.md), (UPNVME_OK, piece));
+        } else {
+            assert_eq!(r.unwrap_err(), UPNVME_EINVAL);
+            assert!(last_error().contains("dword aligned"), "{}", last_error());
+        }
+        assert!(settled(piece) && settled(b));
+        for h in pieces {
+            // SAFETY: live pieces, not in flight; freed once.
+            assert_eq!(unsafe { upnvme_buf_free(h) }, UPNVME_OK);
+        }
+    }
+    for h in [b, b2] {
+        // SAFETY: live handles, not in flight; freed once.
+        assert_eq!(unsafe { upnvme_buf_free(h) }, UPNVME_OK);
+    }
+    drop(qp);
+    drop(p);
+    drop(c);
+    assert_eq!(m.dma_faults(), 0);
+}
+
+/// What the callbacks of commands ended by a destroy saw, and what freeing
+/// another command's metadata handle from the first of them gave.
+struct EndedExt {
+    other_md: *mut upnvme_buf,
+    seen: Vec<(c_int, *mut upnvme_buf, *mut upnvme_buf, bool, bool)>,
+    free_rc: Vec<c_int>,
+}
+
+unsafe extern "C" fn ended_ext_cb(arg: *mut c_void, cpl: *const upnvme_cpl) {
+    // SAFETY: `arg` is the test's `EndedExt`, alive for the whole test.
+    let e = unsafe { &mut *arg.cast::<EndedExt>() };
+    // SAFETY: valid for the call.
+    let cpl = unsafe { *cpl };
+    // SAFETY: the handle is the application's again (live).
+    let inflight = unsafe { (*cpl.md).inflight };
+    // SAFETY: as above.
+    let data = unsafe { upnvme_buf_data(cpl.md) };
+    e.seen
+        .push((cpl.status, cpl.buf, cpl.md, inflight, data.is_null()));
+    if e.free_rc.is_empty() {
+        // SAFETY: a live handle of the test (refused while its command has
+        // not ended).
+        e.free_rc.push(unsafe { upnvme_buf_free(e.other_md) });
+    }
+}
+
+/// Commands with a metadata buffer that can never complete (the device is
+/// gone) end at destroy: each callback gets both handles back, not in
+/// flight and without memory; until its own callback a command's metadata
+/// handle stays in flight (an earlier callback cannot free it); afterwards
+/// every handle can be freed.
+#[test]
+fn destroy_ends_commands_with_both_handles_back_empty() {
+    let (m, c) = model_with(ModelConfig {
+        namespaces: vec![md_ns(1, 16, false, 0)],
+        ..Default::default()
+    });
+    let mut qp = pair(&c, 8);
+    let qpp: *mut Qpair<ModelController> = &mut *qp;
+    let bufs = [handle(&c, 4096), handle(&c, 4096)];
+    let mds = [handle(&c, 4096), handle(&c, 4096)];
+    let mut e = EndedExt {
+        other_md: mds[1],
+        seen: Vec::new(),
+        free_rc: Vec::new(),
+    };
+    let arg: *mut EndedExt = &mut e;
+    m.inject(upnvme_tests::Fault::UnplugOn(upnvme_tests::Match::Queue(
+        qp.qp.qid(),
+    )));
+    let read = Cmd::Read { slba: 0, blocks: 2 };
+    for (b, md) in bufs.into_iter().zip(mds) {
+        let rc = submit_ext(
+            &mut qp,
+            read,
+            &ext(0, md),
+            b,
+            Some(ended_ext_cb),
+            arg.cast(),
+        );
+        assert_eq!(rc, UPNVME_OK, "{}", last_error());
+    }
+    assert!(c.smart_log().is_err(), "the device is gone");
+    // SAFETY: live pair, this thread's.
+    assert_eq!(unsafe { Qpair::end_for_destroy(qpp) }, UPNVME_OK);
+    assert_eq!(
+        e.seen,
+        vec![
+            (UPNVME_ENODEV, bufs[0], mds[0], false, true),
+            (UPNVME_ENODEV, bufs[1], mds[1], false, true),
+        ]
+    );
+    assert_eq!(e.free_rc, vec![UPNVME_EBUSY]);
+    for h in bufs.into_iter().chain(mds) {
+        assert!(emptied(h));
+        // SAFETY: live handles, their commands ended; freed once.
+        assert_eq!(unsafe { upnvme_buf_free(h) }, UPNVME_OK);
+    }
+    drop(qp);
+    drop(c);
+    assert_eq!(m.dma_faults(), 0);
+}
+
+/// A poisoned pair's commands end at destroy without their callbacks; the
+/// metadata handle comes back empty and freeable, as the data handle does.
+#[test]
+fn destroying_a_poisoned_pair_hands_back_the_metadata_handle_empty() {
+    let (m, c) = model_with(ModelConfig {
+        namespaces: vec![md_ns(1, 16, false, 0)],
+        ..Default::default()
+    });
+    let mut qp = pair(&c, 8);
+    let qpp: *mut Qpair<ModelController> = &mut *qp;
+    let b = handle(&c, 4096);
+    let md = handle(&c, 4096);
+    m.inject(upnvme_tests::Fault::DelayCompletion {
+        on: upnvme_tests::Match::Queue(qp.qp.qid()),
+        doorbells: None,
+    });
+    let read = Cmd::Read { slba: 0, blocks: 2 };
+    let rc = submit_ext(&mut qp, read, &ext(0, md), b, None, std::ptr::null_mut());
+    assert_eq!(rc, UPNVME_OK, "{}", last_error());
+    // SAFETY: the test's live handle.
+    assert_eq!(unsafe { upnvme_buf_free(md) }, UPNVME_EBUSY, "in flight");
+    qp.poison();
+    // SAFETY: live pair, this thread's.
+    assert_eq!(unsafe { Qpair::end_for_destroy(qpp) }, UPNVME_OK);
+    for h in [b, md] {
+        assert!(emptied(h));
+        // SAFETY: live handles, no longer in flight; freed once.
+        assert_eq!(unsafe { upnvme_buf_free(h) }, UPNVME_OK);
+    }
+    drop(qp);
+    let _ = c.close();
+    assert_eq!(m.dma_faults(), 0);
+}
+
+/// A submission that unwinds with both buffers taken settles both handles
+/// without memory (the guard `submit_with` arms for the two).
+#[test]
+fn a_panic_inside_submit_leaves_both_handles_freeable_without_memory() {
+    let (_m, c) = model();
+    let b = handle(&c, 4096);
+    let md = handle(&c, 4096);
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let guard = crate::qpair::Unwound([b, md]);
+        // SAFETY: the test's live handles; no other reference to them now.
+        let taken = (unsafe { (*b).buf.take() }, unsafe { (*md).buf.take() });
+        assert!(taken.0.is_some() && taken.1.is_some());
+        let _keep = (guard, taken);
+        panic!("inside the library");
+    }));
+    assert!(r.is_err());
+    for h in [b, md] {
+        assert!(emptied(h));
+        // SAFETY: as above; freed once.
+        assert_eq!(unsafe { upnvme_buf_free(h) }, UPNVME_OK);
+    }
+}
+
+/// `upnvme_io_passthru_ext`: a raw Read on a namespace with separate
+/// metadata takes the metadata buffer (MPTR) and hands it back in
+/// `cpl->md`; PI bits and flags in `ext` are refused (a raw command carries
+/// its own), both handles handed back. A Write through `_ext` above MDTS is
+/// split, the metadata buffer with it, and completes once.
+#[test]
+fn io_passthru_ext_carries_the_metadata_buffer_and_splits_keep_it() {
+    let (m, c) = model_with(ModelConfig {
+        namespaces: vec![md_ns(1, 8, false, 0)],
+        mdts: 1,
+        ..Default::default()
+    });
+    let mut qp = pair(&c, 8);
+    let b = handle(&c, 64 * 512);
+    let md = handle(&c, 4096);
+    let data: Vec<u8> = (0..64 * 512).map(|i| (i * 7 + 3) as u8).collect();
+    let meta: Vec<u8> = (0..64 * 8).map(|i| (i * 3 + 1) as u8).collect();
+    fill(b, &data);
+    fill(md, &meta);
+    let write = Cmd::Write {
+        slba: 10,
+        blocks: 64,
+    };
+    let cpl = one_ext(&mut qp, 1, write, &ext(0, md), b).unwrap();
+    assert_eq!((cpl.status, cpl.buf, cpl.md), (UPNVME_OK, b, md));
+    assert_eq!(m.namespace_data(1, 10, 64), data);
+    assert_eq!(m.namespace_metadata(1, 10, 64), meta);
+    fill(md, &[0; 512]);
+    // Raw Read of blocks 10 and 11 (CDW10 SLBA, CDW12 NLB 1).
+    let raw_read = Cmd::Raw {
+        sqe: upnvme::Sqe::passthrough(0x02, 1, [0, 0], [10, 0, 1, 0, 0, 0]),
+        data_len: 1024,
+    };
+    let cpl = one_ext(&mut qp, 1, raw_read, &ext(0, md), b).unwrap();
+    assert_eq!((cpl.status, cpl.buf, cpl.md), (UPNVME_OK, b, md));
+    assert_eq!(bytes(md, 16), meta[..16]);
+    let pi = ext(crate::UPNVME_PI_CHECK_GUARD, md);
+    assert_eq!(
+        one_ext(&mut qp, 1, raw_read, &pi, b).unwrap_err(),
+        UPNVME_EINVAL
+    );
+    let mut fua = ext(0, md);
+    fua.flags = crate::UPNVME_IO_FUA;
+    assert_eq!(
+        one_ext(&mut qp, 1, raw_read, &fua, b).unwrap_err(),
+        UPNVME_EINVAL
+    );
+    assert!(settled(b) && settled(md));
+    for h in [b, md] {
+        // SAFETY: live handles, not in flight; freed once.
+        assert_eq!(unsafe { upnvme_buf_free(h) }, UPNVME_OK);
+    }
+    drop(qp);
+    drop(c);
+    assert_eq!(m.dma_faults(), 0);
+}
