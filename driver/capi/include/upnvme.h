@@ -9,9 +9,10 @@
  * Ownership:
  * - Each handle comes from one *_open / *_create / *_alloc / *_get / *_split call
  *   and is released once by its *_close / *_destroy / *_free / *_put partner.
- * - A buffer passed to upnvme_read / upnvme_write belongs to the command until its
- *   callback runs (cpl->buf is the same handle): do not touch its data meanwhile.
- *   Submitting or freeing it again is refused with UPNVME_EBUSY.
+ * - A buffer passed to upnvme_read / upnvme_write (or as upnvme_io_ext.md, a separate
+ *   metadata buffer) belongs to the command until its callback runs (cpl->buf and
+ *   cpl->md are the same handles): do not touch its data meanwhile. Submitting,
+ *   freeing, putting back or splitting it is refused with UPNVME_EBUSY.
  * - A buffer handle is used by one thread at a time (it may move between threads, as
  *   its command does); two threads calling functions on the same handle at once is
  *   undefined behaviour, as for the pair.
@@ -457,9 +458,10 @@ typedef struct upnvme_ns_info {
   uint64_t size_bytes;
   /**
    * Metadata bytes per block (LBAF.MS). When it is not 0, `upnvme_read`,
-   * `upnvme_write` and `upnvme_compare` are refused with `UPNVME_ENOTSUP`
-   * (their buffers carry data only): use `upnvme_read_ext` and the other
-   * `_ext` functions, which take a metadata buffer and protection fields.
+   * `upnvme_write`, `upnvme_compare`, `upnvme_read_flags` and
+   * `upnvme_write_flags` are refused with `UPNVME_ENOTSUP` (their buffers
+   * carry data only): use `upnvme_read_ext` and the other `_ext`
+   * functions, which take a metadata buffer and protection fields.
    */
   uint16_t metadata_size;
   /**
@@ -712,7 +714,9 @@ typedef struct upnvme_cpl {
    * The command's separate metadata buffer handle (`upnvme_io_ext.md`;
    * null without one), owned by the application again. Added after
    * `buf`: a program built against a header without it reads the fields
-   * before it only.
+   * before it only. A program built with it should read it only for
+   * commands submitted through an `_ext` function: a library older than
+   * this field (which has no `_ext` functions) does not write it.
    */
   struct upnvme_buf *md;
 } upnvme_cpl;
@@ -1325,11 +1329,12 @@ int upnvme_qpair_ring(struct upnvme_qpair *qp);
  * callbacks. When they cannot complete any more (the controller failed or
  * was closed, or the device is gone: processing completions gives
  * `UPNVME_ENODEV`), each ends here, once: its callback runs with
- * `UPNVME_ENODEV` and a buffer handle without memory (`upnvme_buf_data`
- * is NULL; free the handle with `upnvme_buf_free`), and the pair is
- * deleted. A pair that refuses work after an internal error
- * (`UPNVME_EINTERNAL`) is deleted at once: its commands' callbacks do not
- * run and their buffer handles come back without memory. A destroy that
+ * `UPNVME_ENODEV` and its buffer handles (`cpl->buf`, and `cpl->md` for
+ * a separate metadata buffer) without memory (`upnvme_buf_data` is NULL;
+ * free them with `upnvme_buf_free`), and the pair is deleted. A pair that
+ * refuses work after an internal error (`UPNVME_EINTERNAL`) is deleted at
+ * once: its commands' callbacks do not run and their buffer handles (data
+ * and metadata) come back without memory. A destroy that
  * succeeds leaves `upnvme_last_error()` as it was. NULL is a no-op.
  * Any result but `UPNVME_EBUSY` gives the handle up: `UPNVME_EINTERNAL`
  * here (a library bug, caught) may come after the pair was freed, so the

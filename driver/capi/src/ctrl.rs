@@ -234,9 +234,10 @@ pub struct upnvme_ns_info {
     /// NSZE × LBA size.
     pub size_bytes: u64,
     /// Metadata bytes per block (LBAF.MS). When it is not 0, `upnvme_read`,
-    /// `upnvme_write` and `upnvme_compare` are refused with `UPNVME_ENOTSUP`
-    /// (their buffers carry data only): use `upnvme_read_ext` and the other
-    /// `_ext` functions, which take a metadata buffer and protection fields.
+    /// `upnvme_write`, `upnvme_compare`, `upnvme_read_flags` and
+    /// `upnvme_write_flags` are refused with `UPNVME_ENOTSUP` (their buffers
+    /// carry data only): use `upnvme_read_ext` and the other `_ext`
+    /// functions, which take a metadata buffer and protection fields.
     pub metadata_size: u16,
     /// FLBAS bit 4: metadata at the end of each block (extended LBA).
     pub metadata_extended: bool,

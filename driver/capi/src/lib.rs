@@ -1082,11 +1082,12 @@ pub unsafe extern "C" fn upnvme_qpair_ring(qp: *mut upnvme_qpair) -> c_int {
 /// callbacks. When they cannot complete any more (the controller failed or
 /// was closed, or the device is gone: processing completions gives
 /// `UPNVME_ENODEV`), each ends here, once: its callback runs with
-/// `UPNVME_ENODEV` and a buffer handle without memory (`upnvme_buf_data`
-/// is NULL; free the handle with `upnvme_buf_free`), and the pair is
-/// deleted. A pair that refuses work after an internal error
-/// (`UPNVME_EINTERNAL`) is deleted at once: its commands' callbacks do not
-/// run and their buffer handles come back without memory. A destroy that
+/// `UPNVME_ENODEV` and its buffer handles (`cpl->buf`, and `cpl->md` for
+/// a separate metadata buffer) without memory (`upnvme_buf_data` is NULL;
+/// free them with `upnvme_buf_free`), and the pair is deleted. A pair that
+/// refuses work after an internal error (`UPNVME_EINTERNAL`) is deleted at
+/// once: its commands' callbacks do not run and their buffer handles (data
+/// and metadata) come back without memory. A destroy that
 /// succeeds leaves `upnvme_last_error()` as it was. NULL is a no-op.
 /// Any result but `UPNVME_EBUSY` gives the handle up: `UPNVME_EINTERNAL`
 /// here (a library bug, caught) may come after the pair was freed, so the

@@ -148,7 +148,9 @@ pub struct upnvme_cpl {
     /// The command's separate metadata buffer handle (`upnvme_io_ext.md`;
     /// null without one), owned by the application again. Added after
     /// `buf`: a program built against a header without it reads the fields
-    /// before it only.
+    /// before it only. A program built with it should read it only for
+    /// commands submitted through an `_ext` function: a library older than
+    /// this field (which has no `_ext` functions) does not write it.
     pub md: *mut upnvme_buf,
 }
 
@@ -609,10 +611,11 @@ impl<D: Device> Qpair<D> {
     /// completions and retry) unless the controller cannot take commands
     /// any more (failed, closed, or the device is gone). Those commands
     /// would never complete, so each ends here, once: its callback runs
-    /// with `UPNVME_ENODEV`, and its buffer handle comes back without its
-    /// buffer (the driver keeps the memory while the device might still
-    /// reach it; the handle is freed with `upnvme_buf_free`). The pair
-    /// refuses submissions while these callbacks run.
+    /// with `UPNVME_ENODEV`, and its buffer handles (data and metadata)
+    /// come back without their buffers (the driver keeps the memory while
+    /// the device might still reach it; the handles are freed with
+    /// `upnvme_buf_free`). The pair refuses submissions while these
+    /// callbacks run.
     ///
     /// # Safety
     /// As [`Qpair::process_completions`].
