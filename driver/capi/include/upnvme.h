@@ -792,9 +792,9 @@ typedef struct upnvme_io_cmd {
 typedef struct upnvme_io_ext {
   /**
    * `sizeof(struct upnvme_io_ext)` as the caller's header has it. A
-   * `size` below this first version's 32 bytes is refused with
-   * `UPNVME_EINVAL` (it is no version's size: read as far as it says,
-   * it could end inside a field).
+   * `size` below this first version's (32 bytes on 64-bit targets) is
+   * refused with `UPNVME_EINVAL` (it is no version's size: read as far
+   * as it says, it could end inside a field).
    */
   uint32_t size;
   /**
@@ -1549,8 +1549,10 @@ int upnvme_write_flags(struct upnvme_qpair *qp,
  * no `md` is given. A buffer too small for what the format moves, a
  * metadata buffer where the format has none (or none where it needs one),
  * protection fields on a namespace without protection information: each
- * is refused with `UPNVME_EINVAL` (`UPNVME_ENOTSUP` for what the format
- * cannot do at all) and nothing is sent. A check that fails completes with
+ * is refused with `UPNVME_EINVAL` (protection fields on a 32-bit guard or
+ * a format with storage tags too; `UPNVME_ENOTSUP` for a format no data
+ * transfer can be described for: protection information with fewer
+ * metadata bytes than its tuple) and nothing is sent. A check that fails completes with
  * `UPNVME_EIO` and `cpl.sct` 2h, `cpl.sc` 82h–84h (Guard, Application
  * Tag, Reference Tag Check Error). Both handles are the command's until
  * `cb`, which gets them in `cpl->buf` and `cpl->md`.

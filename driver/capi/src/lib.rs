@@ -1243,8 +1243,12 @@ pub(crate) unsafe fn ext_of(ext: *const upnvme_io_ext) -> Result<Ext, c_int> {
     // to something else). Read as far as it says, it could end inside a
     // field — half of `md`, a pointer made of the caller's bytes and the
     // default's — so it is refused. Later versions only add fields at the
-    // end, so any larger `size` is read up to this struct's end.
-    const FIRST_VERSION: usize = std::mem::size_of::<upnvme_io_ext>();
+    // end, so any larger `size` is read up to this struct's end. The first
+    // version ends with `ref_tag` (32 bytes on 64-bit targets, 28 where a
+    // pointer has 4 bytes and a u64 4-byte alignment): a field added later
+    // does not move that end.
+    const FIRST_VERSION: usize =
+        std::mem::offset_of!(upnvme_io_ext, ref_tag) + std::mem::size_of::<u64>();
     // SAFETY: `ext` is null or valid for 4 bytes (the caller's contract);
     // read unaligned, as `read_sized` reads it.
     let size = (!ext.is_null()).then(|| unsafe { ext.cast::<u32>().read_unaligned() });
@@ -1588,8 +1592,10 @@ pub unsafe extern "C" fn upnvme_write_flags(
 /// no `md` is given. A buffer too small for what the format moves, a
 /// metadata buffer where the format has none (or none where it needs one),
 /// protection fields on a namespace without protection information: each
-/// is refused with `UPNVME_EINVAL` (`UPNVME_ENOTSUP` for what the format
-/// cannot do at all) and nothing is sent. A check that fails completes with
+/// is refused with `UPNVME_EINVAL` (protection fields on a 32-bit guard or
+/// a format with storage tags too; `UPNVME_ENOTSUP` for a format no data
+/// transfer can be described for: protection information with fewer
+/// metadata bytes than its tuple) and nothing is sent. A check that fails completes with
 /// `UPNVME_EIO` and `cpl.sct` 2h, `cpl.sc` 82h–84h (Guard, Application
 /// Tag, Reference Tag Check Error). Both handles are the command's until
 /// `cb`, which gets them in `cpl->buf` and `cpl->md`.

@@ -224,9 +224,9 @@ pub struct upnvme_io_cmd {
 #[derive(Clone, Copy, Debug)]
 pub struct upnvme_io_ext {
     /// `sizeof(struct upnvme_io_ext)` as the caller's header has it. A
-    /// `size` below this first version's 32 bytes is refused with
-    /// `UPNVME_EINVAL` (it is no version's size: read as far as it says,
-    /// it could end inside a field).
+    /// `size` below this first version's (32 bytes on 64-bit targets) is
+    /// refused with `UPNVME_EINVAL` (it is no version's size: read as far
+    /// as it says, it could end inside a field).
     pub size: u32,
     /// `UPNVME_IO_FUA`, `UPNVME_IO_LIMITED_RETRY`, or 0.
     pub flags: u32,
