@@ -509,8 +509,8 @@ pub enum Reject {
     /// A metadata buffer came with a command that transfers none through
     /// MPTR: a namespace without metadata, an extended-LBA format (the
     /// metadata travels inside the data buffer), PRACT on a format whose
-    /// metadata is only the 8-byte PI tuple (the controller inserts and
-    /// strips it), or a command without data.
+    /// metadata is only the PI tuple (8 bytes, 16 with a 64-bit guard: the
+    /// controller inserts and strips it), or a command without data.
     MetadataNotApplicable,
     /// Protection information fields ([`crate::IoData::protection`]) that do
     /// not apply: the reason.
@@ -722,7 +722,8 @@ impl std::fmt::Display for Reject {
             Reject::MetadataNotApplicable => f.write_str(
                 "a metadata buffer came with a command that transfers no separate metadata (no \
                  metadata in the format, extended LBA where metadata travels in the data buffer, \
-                 PRACT with 8-byte metadata, or a command without data): leave it out",
+                 PRACT where the metadata is only the PI tuple (8 bytes, 16 with a 64-bit guard), \
+                 or a command without data): leave it out",
             ),
             Reject::ProtectionNotApplicable(why) => {
                 write!(f, "protection information does not apply: {why}")

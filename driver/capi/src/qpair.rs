@@ -1009,19 +1009,20 @@ impl<D: Device> Qpair<D> {
             }
             Cmd::Copy { sdlba, ranges: r } => {
                 // Each source's handle, in this very list (checked above,
-                // so the `ns` fallback is never taken); a range of `ns` itself
-                // (SNSID 0 or `nsid`) stays a same-namespace Copy (Format
-                // 0h/1h, which needs no Host Behavior Support) unless
-                // another namespace is in the list too. On the stack up to
-                // what one command carries; more go to the library on the
-                // heap, which refuses them with the limit.
+                // and nothing changes the list in between); a range of `ns`
+                // itself (SNSID 0 or `nsid`) stays a same-namespace Copy
+                // (Format 0h/1h, which needs no Host Behavior Support)
+                // unless another namespace is in the list too. On the stack
+                // up to what one command carries; more go to the library on
+                // the heap, which refuses them with the limit.
+                let nss = &self.nss;
                 let source = |s: &upnvme_copy_range| {
                     let snsid = if s.snsid == 0 { nsid } else { s.snsid };
-                    CopySource {
-                        ns: self.nss.iter().find(|n| n.id() == snsid).unwrap_or(ns),
+                    nss.iter().find(|n| n.id() == snsid).map(|n| CopySource {
+                        ns: n,
                         slba: s.slba,
                         blocks: s.blocks,
-                    }
+                    })
                 };
                 let cross = r.iter().any(|s| s.snsid != 0 && s.snsid != nsid);
                 if cross {
@@ -1031,18 +1032,42 @@ impl<D: Device> Qpair<D> {
                         blocks: 0,
                     };
                     let mut one = [blank; MAX_COPY_RANGES];
-                    let many: Vec<CopySource<'_>>;
-                    let sources: &[CopySource<'_>] = if r.len() <= one.len() {
+                    let many: Option<Vec<CopySource<'_>>>;
+                    let sources: Option<&[CopySource<'_>]> = if r.len() <= one.len() {
+                        let mut all = true;
                         for (d, s) in one.iter_mut().zip(r) {
-                            *d = source(s);
+                            match source(s) {
+                                Some(x) => *d = x,
+                                None => all = false,
+                            }
                         }
-                        &one[..r.len()]
+                        all.then_some(&one[..r.len()])
                     } else {
                         many = r.iter().map(source).collect();
-                        &many
+                        many.as_deref()
                     };
-                    let cmd = IoCommand::CrossNamespaceCopy { ns, sdlba, sources };
-                    send(&mut self.qp, cmd, buffer, u64::from(slot))
+                    match sources {
+                        Some(sources) => {
+                            let cmd = IoCommand::CrossNamespaceCopy { ns, sdlba, sources };
+                            send(&mut self.qp, cmd, buffer, u64::from(slot))
+                        }
+                        // A source not in the list the command is built
+                        // from: refused as the handle it would have been
+                        // (the pre-check above makes this unreachable; it
+                        // is here so that no range is ever read from
+                        // another namespace than the one it names).
+                        None => Err(upnvme::Rejected {
+                            reason: Reject::StaleNamespace {
+                                nsid: r
+                                    .iter()
+                                    .find(|s| source(s).is_none())
+                                    .map_or(nsid, |s| s.snsid),
+                            },
+                            buffer,
+                            segments: None,
+                            metadata: md_buffer.take(),
+                        }),
+                    }
                 } else {
                     let range = |s: &upnvme_copy_range| CopyRange {
                         slba: s.slba,
