@@ -148,7 +148,14 @@ pub fn build(paths: &Paths) -> Result<Vec<GuestBinary>> {
     out.extend(built(paths, &["-p", "upnvme", "--examples"], "example")?);
     out.extend(build_c_programs(paths)?);
     let mut tests = cargo(paths);
+    // The test executable only drives the guest (none of its tests times
+    // anything): without the release profile's fat LTO and single codegen
+    // unit, which cost a minute of build per CI run on a slow host. The
+    // programs above — `upnvme perf` and the C library, which the
+    // benchmarks measure — keep them.
     tests
+        .env("CARGO_PROFILE_RELEASE_LTO", "false")
+        .env("CARGO_PROFILE_RELEASE_CODEGEN_UNITS", "16")
         .args(["test", "--release", "--target", TRIPLE, "--target-dir"])
         .arg(&paths.guest_target)
         .args([
